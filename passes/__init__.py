@@ -1,0 +1,1 @@
+"""Co-execution passes: split, chain and place operators on GPU + CPU."""

@@ -1,0 +1,1 @@
+"""dlight-style schedule rules for CPU (llvm) and OpenCL targets."""
