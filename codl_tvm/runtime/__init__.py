@@ -1,0 +1,285 @@
+"""The codl-tvm OpenCL runtime plugin for TVM's PyPI wheel.
+
+TVM's wheel generates OpenCL kernels but has no OpenCL runtime. :func:`load` builds (once, cached)
+and loads a small C++ plugin that registers ``device_api.opencl``, the OpenCL module loader and an
+event timer with the stock TVM runtime. Device tensors live in shared virtual memory (SVM), so the
+CPU can address them: :func:`cpu_view` gives a CPU tensor over the same bytes, with no copy.
+
+Device selection, by argument or environment variable (arguments win):
+
+- ``CODL_OPENCL_PLATFORM``: substring of the platform name (case-insensitive), e.g. ``pocl``;
+- ``CODL_OPENCL_DEVICE``: index of the one device to use on that platform (default: all);
+- ``CODL_OPENCL_SVM``: force ``fine``, ``coarse`` or ``buffer`` allocation (default: the best the
+  devices support);
+- ``CODL_TVM_CACHE_DIR``: root of codl-tvm's caches (program binaries go to ``opencl-programs``
+  below it; default ``~/.cache/codl-tvm``); ``CODL_OPENCL_PROGRAM_CACHE=0`` disables the disk cache.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import struct
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from codl_tvm.runtime import _build
+
+__all__ = [
+    "DeviceInfo",
+    "KernelEvent",
+    "OpenCLInfo",
+    "cache_stats",
+    "cpu_view",
+    "default_cache_dir",
+    "host_clock_ns",
+    "info",
+    "is_available",
+    "load",
+    "opencl_module_from_source",
+    "record_kernels",
+    "svm_map",
+    "svm_mode",
+    "svm_unmap",
+]
+
+_lock = threading.Lock()
+_loaded_path: str | None = None
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """One OpenCL device of the selected platform."""
+
+    index: int
+    name: str
+    vendor: str
+    version: str
+    driver_version: str
+    opencl_c_version: str
+    compute_units: int
+    max_clock_mhz: int
+    global_mem_bytes: int
+    local_mem_bytes: int
+    max_work_group_size: int
+    svm_fine_grain: bool
+    svm_coarse_grain: bool
+    svm_atomics: bool
+    fp16: bool
+
+
+@dataclass(frozen=True)
+class OpenCLInfo:
+    """The platform in use, its selected devices and the allocation mode."""
+
+    platform: str
+    platform_version: str
+    platform_vendor: str
+    svm_mode: str
+    svm_atomics: bool
+    devices: tuple[DeviceInfo, ...] = field(default_factory=tuple)
+    skipped_platforms: tuple[dict[str, str], ...] = field(default_factory=tuple)
+
+
+@dataclass(frozen=True)
+class KernelEvent:
+    """One OpenCL kernel launch with its device timestamps (ns, the device's profiling clock)."""
+
+    name: str
+    device: int
+    queued_ns: int
+    start_ns: int
+    end_ns: int
+
+    @property
+    def duration_ms(self) -> float:
+        """Execution time of the kernel in milliseconds."""
+        return (self.end_ns - self.start_ns) / 1e6
+
+
+def default_cache_dir() -> Path:
+    """Root of codl-tvm's on-disk caches (``CODL_TVM_CACHE_DIR`` or ``~/.cache/codl-tvm``)."""
+    root = os.environ.get("CODL_TVM_CACHE_DIR")
+    return Path(root) if root else Path.home() / ".cache" / "codl-tvm"
+
+
+def _global(name: str):
+    import tvm_ffi
+
+    return tvm_ffi.get_global_func(name)
+
+
+def load(
+    platform: str | None = None,
+    device: int | None = None,
+    svm: str | None = None,
+    program_cache_dir: str | os.PathLike | None = None,
+) -> str:
+    """Build (first time only) and load the OpenCL runtime plugin; return the library path.
+
+    Idempotent. Selection arguments apply only before the first OpenCL use in the process;
+    asking for a different selection afterwards raises.
+
+    Parameters
+    ----------
+    platform
+        Substring of the OpenCL platform name; default ``CODL_OPENCL_PLATFORM`` or the first
+        platform with devices.
+    device
+        Index of the single device to use; default ``CODL_OPENCL_DEVICE`` or all devices.
+    svm
+        ``"fine"``, ``"coarse"`` or ``"buffer"`` to force an allocation mode (tests, debugging).
+    program_cache_dir
+        Directory of cached program binaries; ``""`` disables the disk cache.
+    """
+    global _loaded_path
+    with _lock:
+        if _loaded_path is None:
+            _build.register_pip_opencl_drivers(default_cache_dir())
+            icd = _build.pyopencl_icd_loader()
+            path = os.environ.get("CODL_TVM_PLUGIN_LIB") or _build.build_plugin()
+            _build.load_library(path)
+            if icd:
+                _global("codl.opencl.set_library_path")(icd)
+            _loaded_path = path
+    if platform is None:
+        platform = os.environ.get("CODL_OPENCL_PLATFORM", "")
+    if device is None:
+        env_dev = os.environ.get("CODL_OPENCL_DEVICE", "")
+        device = int(env_dev) if env_dev.strip() else -1
+    if svm is None:
+        svm = os.environ.get("CODL_OPENCL_SVM", "")
+    if svm not in ("", "fine", "coarse", "buffer"):
+        raise ValueError(f"svm must be 'fine', 'coarse' or 'buffer', not {svm!r}")
+    if program_cache_dir is None:
+        if os.environ.get("CODL_OPENCL_PROGRAM_CACHE", "1").lower() in ("0", "off", "false"):
+            program_cache_dir = ""
+        else:
+            program_cache_dir = default_cache_dir() / "opencl-programs"
+    _global("codl.opencl.configure")(platform, device, svm, str(program_cache_dir))
+    return _loaded_path
+
+
+def is_available() -> bool:
+    """Whether an OpenCL device can be used (loads the plugin; never raises)."""
+    try:
+        load()
+        info()
+    except Exception:
+        return False
+    return True
+
+
+def info() -> OpenCLInfo:
+    """Describe the platform, devices and SVM mode in use (initialises OpenCL)."""
+    load()
+    raw = json.loads(_global("codl.opencl.info")())
+    devices = tuple(DeviceInfo(**d) for d in raw.pop("devices"))
+    skipped = tuple(raw.pop("skipped_platforms"))
+    return OpenCLInfo(devices=devices, skipped_platforms=skipped, **raw)
+
+
+def svm_mode() -> str:
+    """The allocation mode: ``"fine"``, ``"coarse"`` (map/unmap) or ``"buffer"`` (copies)."""
+    return info().svm_mode
+
+
+def cache_stats() -> dict[str, int]:
+    """Program-cache counters: source builds, binary loads, disk hits, writes and errors."""
+    load()
+    return json.loads(_global("codl.opencl.cache_stats")())
+
+
+def host_clock_ns() -> int:
+    """Host ``CLOCK_MONOTONIC_RAW`` in ns, the time base PoCL's event timestamps use."""
+    load()
+    return int(_global("codl.opencl.host_clock_ns")())
+
+
+def cpu_view(tensor):
+    """A CPU tensor over the same SVM bytes as an OpenCL ``tensor`` (no copy).
+
+    The view keeps ``tensor`` alive. With coarse-grained SVM, bracket host access with
+    :func:`svm_map` / :func:`svm_unmap`; finish queued GPU work before reading results.
+    """
+    load()
+    return _global("codl.opencl.cpu_view")(tensor)
+
+
+def svm_map(tensor, write: bool = True) -> None:
+    """Map a coarse-grained SVM tensor for host access (a no-op for fine-grained SVM)."""
+    load()
+    _global("codl.opencl.svm_map")(tensor, write)
+
+
+def svm_unmap(tensor) -> None:
+    """Unmap a tensor mapped with :func:`svm_map` before the GPU uses it again."""
+    load()
+    _global("codl.opencl.svm_unmap")(tensor)
+
+
+@contextlib.contextmanager
+def record_kernels() -> Iterator[list[KernelEvent]]:
+    """Record every OpenCL kernel launched inside the ``with`` block.
+
+    The yielded list is filled when the block exits (waiting for the kernels to finish).
+    """
+    load()
+    events: list[KernelEvent] = []
+    _global("codl.opencl.record_start")()
+    try:
+        yield events
+    finally:
+        raw = json.loads(_global("codl.opencl.record_stop")())
+        events.extend(KernelEvent(**r) for r in raw)
+
+
+_DTYPE_CODES = {"int": 0, "uint": 1, "float": 2, "handle": 3}
+
+
+def _pack_type(type_str: str) -> bytes:
+    if type_str == "handle":
+        return struct.pack("<BBH", 3, 64, 1)
+    for prefix, code in _DTYPE_CODES.items():
+        if type_str.startswith(prefix) and type_str[len(prefix) :].isdigit():
+            return struct.pack("<BBH", code, int(type_str[len(prefix) :]), 1)
+    raise ValueError(f"unsupported OpenCL kernel argument type {type_str!r}")
+
+
+def _pack_str(s: str | bytes) -> bytes:
+    data = s.encode() if isinstance(s, str) else s
+    return struct.pack("<Q", len(data)) + data
+
+
+def opencl_module_from_source(
+    source: str, functions: Mapping[str, tuple[Sequence[str], Sequence[str]]]
+):
+    """Create an OpenCL module from hand-written OpenCL C, through TVM's module format.
+
+    Parameters
+    ----------
+    source
+        OpenCL C source holding every kernel named in ``functions``.
+    functions
+        Kernel name -> (argument types, launch tags). Argument types are ``"handle"`` (a tensor
+        data pointer) or scalars like ``"int32"``/``"float32"``; launch tags are TVM's, e.g.
+        ``("blockIdx.x", "threadIdx.x")``: the call then takes one int per tag after the
+        arguments and launches grid x block work-items per dimension.
+
+    Returns
+    -------
+    tvm.runtime.Module
+        A module whose functions launch the kernels on the current OpenCL device.
+    """
+    load()
+    blob = _pack_str("cl") + struct.pack("<Q", len(functions))
+    for name, (arg_types, tags) in functions.items():
+        blob += _pack_str(name) + _pack_str(name) + struct.pack("<Q", len(arg_types))
+        blob += b"".join(_pack_type(t) for t in arg_types)
+        blob += struct.pack("<Q", len(tags)) + b"".join(_pack_str(t) for t in tags)
+        blob += struct.pack("<Q", 0)
+    blob += _pack_str(source)
+    return _global("ffi.Module.load_from_bytes.opencl")(blob)

@@ -1,0 +1,805 @@
+/*
+ * codl-tvm OpenCL runtime plugin for TVM's PyPI wheel (built without USE_OPENCL).
+ *
+ * Registers with the stock TVM runtime:
+ *  - `device_api.opencl`: a DeviceAPI allocating in shared virtual memory (fine-grained where the
+ *    device has it, coarse-grained otherwise, host-mappable buffers as the last resort), so device
+ *    tensors are host-addressable and CPU kernels can use them without copies;
+ *  - `ffi.Module.load_from_bytes.opencl`: the loader of TVM's serialized OpenCL modules (format
+ *    "cl": function-info map and source with `// Function: name` delimiters), with each kernel
+ *    compiled once per context and program binaries cached on disk;
+ *  - `runtime.timer.opencl`: an event-based timer so `time_evaluator` works on tvm.opencl();
+ *  - `codl.opencl.*`: configuration, device info, cache statistics, kernel-event recording, CPU
+ *    views of SVM tensors and SVM map/unmap.
+ */
+#include <tvm/ffi/container/array.h>
+#include <tvm/ffi/cast.h>
+#include <tvm/ffi/container/tensor.h>
+#include <tvm/ffi/extra/module.h>
+#include <tvm/ffi/function.h>
+#include <tvm/ffi/reflection/registry.h>
+#include <tvm/runtime/device_api.h>
+
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <thread>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "workspace.h"
+
+namespace codl {
+
+/*!
+ * \brief Mirror of tvm::runtime::TimerNode (tvm/runtime/timer.h cannot be included: the wheel
+ * lacks headers it needs). Same type key, so the runtime resolves the same type index, and the
+ * same virtual methods in the same order, so `Timer::Start` calls into our subclass.
+ */
+class TimerNodeABI : public tvm::ffi::Object {
+ public:
+  virtual void Start() = 0;
+  virtual void Stop() = 0;
+  virtual int64_t SyncAndGetElapsedNanos() = 0;
+  virtual ~TimerNodeABI() {}
+  static constexpr const bool _type_mutable = true;
+  TVM_FFI_DECLARE_OBJECT_INFO("runtime.TimerNode", TimerNodeABI, tvm::ffi::Object);
+};
+
+using namespace cl;  // NOLINT(build/namespaces)
+using tvm::Device;
+using tvm::runtime::DeviceAPI;
+using tvm::runtime::DeviceAttrKind;
+namespace ffi = tvm::ffi;
+
+namespace {
+
+thread_local int tls_device_id = 0;
+
+// ---------------------------------------------------------------------------------------------
+// Device API
+// ---------------------------------------------------------------------------------------------
+
+class OpenCLSVMDeviceAPI final : public DeviceAPI {
+ public:
+  static OpenCLSVMDeviceAPI* Global() {
+    static OpenCLSVMDeviceAPI* inst = new OpenCLSVMDeviceAPI();
+    return inst;
+  }
+
+  void SetDevice(Device dev) final { tls_device_id = dev.device_id; }
+
+  void GetAttr(Device dev, DeviceAttrKind kind, ffi::Any* rv) final {
+    Workspace* w = Workspace::Global();
+    if (kind == tvm::runtime::kExist) {
+      try {
+        w->EnsureInit();
+        *rv = static_cast<int>(dev.device_id >= 0 &&
+                               dev.device_id < static_cast<int>(w->num_devices()));
+      } catch (...) {
+        *rv = 0;
+      }
+      return;
+    }
+    const DeviceEntry& e = w->Device(dev.device_id);
+    switch (kind) {
+      case tvm::runtime::kMaxThreadsPerBlock: *rv = static_cast<int64_t>(e.max_work_group_size); break;
+      case tvm::runtime::kWarpSize: *rv = 1; break;
+      case tvm::runtime::kMaxSharedMemoryPerBlock: *rv = static_cast<int64_t>(e.local_mem_bytes); break;
+      case tvm::runtime::kComputeVersion: *rv = ffi::String(e.c_version); break;
+      case tvm::runtime::kDeviceName: *rv = ffi::String(e.name); break;
+      case tvm::runtime::kMaxClockRate: *rv = static_cast<int64_t>(e.max_clock_mhz); break;
+      case tvm::runtime::kMultiProcessorCount: *rv = static_cast<int64_t>(e.compute_units); break;
+      case tvm::runtime::kMaxThreadDimensions: {
+        std::ostringstream os;
+        os << "[" << e.max_work_item_sizes[0] << ", " << e.max_work_item_sizes[1] << ", "
+           << e.max_work_item_sizes[2] << "]";
+        *rv = ffi::String(os.str());
+        break;
+      }
+      case tvm::runtime::kDriverVersion: *rv = ffi::String(e.driver_version); break;
+      case tvm::runtime::kApiVersion: *rv = ffi::String(e.version); break;
+      case tvm::runtime::kTotalGlobalMemory: *rv = static_cast<int64_t>(e.global_mem_bytes); break;
+      default: break;
+    }
+  }
+
+  void* AllocDataSpace(Device dev, size_t nbytes, size_t alignment, DLDataType) final {
+    Workspace* w = Workspace::Global();
+    w->Device(dev.device_id);  // validates the id and initialises
+    size_t n = nbytes == 0 ? 1 : nbytes;
+    const Api& api = GetApi();
+    if (w->svm_mode() == SvmMode::kBuffer) {
+      cl_int err = CL_SUCCESS;
+      cl_mem mem = api.clCreateBuffer(w->context(), CL_MEM_READ_WRITE | CL_MEM_ALLOC_HOST_PTR, n,
+                                      nullptr, &err);
+      if (err != CL_SUCCESS) ThrowCLError("clCreateBuffer", err, std::to_string(n) + " bytes");
+      auto* desc = new BufferDescriptor{mem, n};
+      w->RegisterAlloc(desc, 0);
+      return desc;
+    }
+    cl_svm_mem_flags flags = CL_MEM_READ_WRITE;
+    if (w->svm_mode() == SvmMode::kFineGrain) {
+      flags |= CL_MEM_SVM_FINE_GRAIN_BUFFER;
+      if (w->svm_atomics()) flags |= CL_MEM_SVM_ATOMICS;
+    }
+    cl_uint align = static_cast<cl_uint>(std::max<size_t>(alignment, 128));
+    void* ptr = api.clSVMAlloc(w->context(), flags, n, align);
+    if (ptr == nullptr) {
+      TVM_FFI_THROW(RuntimeError) << "OpenCL call clSVMAlloc failed: could not allocate " << n
+                                  << " bytes of " << SvmModeName(w->svm_mode())
+                                  << "-grained SVM on opencl(" << dev.device_id << ")";
+    }
+    w->RegisterAlloc(ptr, n);
+    return ptr;
+  }
+
+  void FreeDataSpace(Device dev, void* ptr) final {
+    Workspace* w = Workspace::Global();
+    if (ptr == nullptr || !w->initialized()) return;
+    const Api& api = GetApi();
+    // Kernels still queued may use the memory: finish every queue first.
+    for (size_t i = 0; i < w->num_devices(); ++i) api.clFinish(w->Queue(static_cast<int>(i)));
+    w->UnregisterAlloc(ptr);
+    if (w->svm_mode() == SvmMode::kBuffer) {
+      auto* desc = static_cast<BufferDescriptor*>(ptr);
+      api.clReleaseMemObject(desc->mem);
+      delete desc;
+    } else {
+      api.clSVMFree(w->context(), ptr);
+    }
+  }
+
+  void StreamSync(Device dev, TVMStreamHandle stream) final {
+    cl_command_queue q = stream ? static_cast<cl_command_queue>(stream)
+                                : Workspace::Global()->Queue(dev.device_id);
+    CODL_CL_CALL(clFinish, q);
+  }
+
+  bool SupportsDevicePointerArithmeticsOnHost() final {
+    Workspace* w = Workspace::Global();
+    w->EnsureInit();
+    return w->svm_mode() != SvmMode::kBuffer;
+  }
+
+ protected:
+  void CopyDataFromTo(const void* from, size_t from_offset, void* to, size_t to_offset,
+                      size_t size, Device dev_from, Device dev_to, DLDataType,
+                      TVMStreamHandle stream) final {
+    if (size == 0) return;
+    Workspace* w = Workspace::Global();
+    bool from_cl = dev_from.device_type == kDLOpenCL;
+    bool to_cl = dev_to.device_type == kDLOpenCL;
+    int dev_id = from_cl ? dev_from.device_id : dev_to.device_id;
+    cl_command_queue q = stream ? static_cast<cl_command_queue>(stream) : w->Queue(dev_id);
+    const char* src = static_cast<const char*>(from) + from_offset;
+    char* dst = static_cast<char*>(to) + to_offset;
+    if (!from_cl && !to_cl) {
+      std::memcpy(dst, src, size);
+      return;
+    }
+    if (w->svm_mode() != SvmMode::kBuffer) {
+      // Blocking, on the in-order queue: ordered after every kernel enqueued before it.
+      CODL_CL_CALL(clEnqueueSVMMemcpy, q, CL_TRUE, dst, src, size, 0, nullptr, nullptr);
+      return;
+    }
+    auto* bf = static_cast<const BufferDescriptor*>(from);
+    auto* bt = static_cast<BufferDescriptor*>(to);
+    if (from_cl && to_cl) {
+      CODL_CL_CALL(clEnqueueCopyBuffer, q, bf->mem, bt->mem, from_offset, to_offset, size, 0,
+                   nullptr, nullptr);
+      CODL_CL_CALL(clFinish, q);
+    } else if (from_cl) {
+      CODL_CL_CALL(clEnqueueReadBuffer, q, bf->mem, CL_TRUE, from_offset, size, dst, 0, nullptr,
+                   nullptr);
+    } else {
+      CODL_CL_CALL(clEnqueueWriteBuffer, q, bt->mem, CL_TRUE, to_offset, size, src, 0, nullptr,
+                   nullptr);
+    }
+  }
+};
+
+// ---------------------------------------------------------------------------------------------
+// Program binary cache on disk
+// ---------------------------------------------------------------------------------------------
+
+uint64_t Fnv1a(const std::string& s, uint64_t seed) {
+  uint64_t h = seed;
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 1099511628211ULL;
+  }
+  return h;
+}
+
+std::string CacheKey(const std::string& source, const DeviceEntry& dev, const std::string& opts) {
+  std::string material = source + '\0' + dev.name + '\0' + dev.vendor + '\0' + dev.version +
+                         '\0' + dev.driver_version + '\0' + opts + "\0codl-v1";
+  char buf[40];
+  snprintf(buf, sizeof(buf), "%016llx%016llx",
+           static_cast<unsigned long long>(Fnv1a(material, 14695981039346656037ULL)),
+           static_cast<unsigned long long>(Fnv1a(material, 0x9E3779B97F4A7C15ULL)));
+  return buf;
+}
+
+bool ReadFile(const std::string& path, std::string* out) {
+  std::ifstream f(path, std::ios::binary);
+  if (!f) return false;
+  std::ostringstream os;
+  os << f.rdbuf();
+  *out = os.str();
+  return true;
+}
+
+void MakeDirs(const std::string& path) {
+  std::string cur;
+  for (size_t i = 0; i <= path.size(); ++i) {
+    if (i == path.size() || path[i] == '/') {
+      if (!cur.empty()) mkdir(cur.c_str(), 0755);
+    }
+    if (i < path.size()) cur += path[i];
+  }
+}
+
+std::string BuildLog(cl_program prog, cl_device_id dev) {
+  size_t n = 0;
+  GetApi().clGetProgramBuildInfo(prog, dev, CL_PROGRAM_BUILD_LOG, 0, nullptr, &n);
+  std::string log(n, '\0');
+  if (n) GetApi().clGetProgramBuildInfo(prog, dev, CL_PROGRAM_BUILD_LOG, n, log.data(), nullptr);
+  while (!log.empty() && (log.back() == '\0' || log.back() == '\n')) log.pop_back();
+  return log;
+}
+
+/*! \brief Build `source` for device `dev_id`, from the disk cache when a binary is there. */
+cl_program BuildProgram(const std::string& source, int dev_id, const std::string& opts,
+                        const std::string& what) {
+  Workspace* w = Workspace::Global();
+  const DeviceEntry& dev = w->Device(dev_id);
+  const Api& api = GetApi();
+  std::string cache_dir = w->config().cache_dir;
+  std::string path;
+  if (!cache_dir.empty()) {
+    path = cache_dir + "/" + CacheKey(source, dev, opts) + ".bin";
+    std::string bin;
+    if (ReadFile(path, &bin) && !bin.empty()) {
+      const unsigned char* ptr = reinterpret_cast<const unsigned char*>(bin.data());
+      size_t len = bin.size();
+      cl_int status = CL_SUCCESS, err = CL_SUCCESS;
+      cl_program prog = api.clCreateProgramWithBinary(w->context(), 1, &dev.id, &len, &ptr,
+                                                      &status, &err);
+      if (err == CL_SUCCESS && status == CL_SUCCESS &&
+          api.clBuildProgram(prog, 1, &dev.id, opts.c_str(), nullptr, nullptr) == CL_SUCCESS) {
+        w->binary_loads++;
+        w->disk_hits++;
+        return prog;
+      }
+      // A stale or foreign binary: rebuild from source and overwrite it.
+      if (prog) api.clReleaseProgram(prog);
+      w->disk_errors++;
+    }
+  }
+  const char* src = source.c_str();
+  size_t len = source.size();
+  cl_int err = CL_SUCCESS;
+  cl_program prog = api.clCreateProgramWithSource(w->context(), 1, &src, &len, &err);
+  if (err != CL_SUCCESS) ThrowCLError("clCreateProgramWithSource", err, what);
+  err = api.clBuildProgram(prog, 1, &dev.id, opts.c_str(), nullptr, nullptr);
+  if (err != CL_SUCCESS) {
+    std::string log = BuildLog(prog, dev.id);
+    api.clReleaseProgram(prog);
+    ThrowCLError("clBuildProgram", err,
+                 what + " on '" + dev.name + "'; build log:\n" + (log.empty() ? "<empty>" : log));
+  }
+  w->source_builds++;
+  if (!path.empty()) {
+    size_t bin_size = 0;
+    if (api.clGetProgramInfo(prog, CL_PROGRAM_BINARY_SIZES, sizeof(bin_size), &bin_size,
+                             nullptr) == CL_SUCCESS &&
+        bin_size > 0) {
+      std::string bin(bin_size, '\0');
+      unsigned char* bptr = reinterpret_cast<unsigned char*>(bin.data());
+      if (api.clGetProgramInfo(prog, CL_PROGRAM_BINARIES, sizeof(bptr), &bptr, nullptr) ==
+          CL_SUCCESS) {
+        // Write then rename so concurrent processes never read a partial file.
+        MakeDirs(cache_dir);
+        std::string tmp = path + ".tmp" + std::to_string(getpid());
+        std::ofstream f(tmp, std::ios::binary);
+        f.write(bin.data(), static_cast<std::streamsize>(bin.size()));
+        f.close();
+        if (f && std::rename(tmp.c_str(), path.c_str()) == 0) {
+          w->disk_writes++;
+        } else {
+          std::remove(tmp.c_str());
+          w->disk_errors++;
+        }
+      }
+    }
+  }
+  return prog;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Module: TVM's serialized OpenCL module
+// ---------------------------------------------------------------------------------------------
+
+struct FunctionInfo {
+  std::string name;
+  std::vector<DLDataType> arg_types;
+  std::vector<std::string> launch_tags;
+};
+
+class BlobReader {
+ public:
+  BlobReader(const char* data, size_t size) : data_(data), size_(size) {}
+  uint64_t U64() { return Read<uint64_t>(); }
+  template <typename T>
+  T Read() {
+    Need(sizeof(T), "a number");
+    T v;
+    std::memcpy(&v, data_ + pos_, sizeof(T));
+    pos_ += sizeof(T);
+    return v;
+  }
+  std::string Str(const char* what) {
+    uint64_t n = U64();
+    Need(n, what);
+    std::string s(data_ + pos_, n);
+    pos_ += n;
+    return s;
+  }
+
+ private:
+  void Need(uint64_t n, const char* what) {
+    if (n > size_ - pos_) {
+      TVM_FFI_THROW(ValueError) << "corrupt OpenCL module blob: " << what << " of " << n
+                                << " bytes at offset " << pos_ << " runs past its end ("
+                                << size_ << " bytes)";
+    }
+  }
+  const char* data_;
+  size_t size_;
+  size_t pos_{0};
+};
+
+class OpenCLModuleObj;
+
+/*! \brief One kernel of a module: argument layout, launch tags and per-thread kernel objects. */
+class KernelFunction {
+ public:
+  KernelFunction(OpenCLModuleObj* mod, ffi::ObjectPtr<ffi::Object> keep, FunctionInfo info);
+  ~KernelFunction();
+  void Launch(ffi::PackedArgs args);
+
+ private:
+  cl_kernel GetKernel(int dev_id);
+
+  OpenCLModuleObj* mod_;
+  ffi::ObjectPtr<ffi::Object> keep_alive_;
+  FunctionInfo info_;
+  std::vector<int> tag_slot_;  // launch tag -> slot in [grid x,y,z, block x,y,z]
+  int work_dim_{1};
+  std::mutex mu_;
+  // Kernel objects are not thread-safe for clSetKernelArg: one per (thread, device).
+  std::unordered_map<std::thread::id, std::vector<cl_kernel>> kernels_;
+};
+
+class OpenCLModuleObj : public ffi::ModuleObj {
+ public:
+  OpenCLModuleObj(std::string fmt, std::vector<FunctionInfo> funcs, std::string source)
+      : fmt_(std::move(fmt)), source_(std::move(source)) {
+    for (auto& f : funcs) fmap_[f.name] = std::move(f);
+    SplitSource();
+  }
+  ~OpenCLModuleObj() {
+    for (auto& kv : programs_) {
+      for (cl_program p : kv.second) {
+        if (p) GetApi().clReleaseProgram(p);
+      }
+    }
+  }
+
+  const char* kind() const final { return "opencl"; }
+  int GetPropertyMask() const final { return ffi::Module::kBinarySerializable | ffi::Module::kRunnable; }
+
+  ffi::Optional<ffi::Function> GetFunction(const ffi::String& name) final {
+    auto it = fmap_.find(std::string(name));
+    if (it == fmap_.end()) return std::nullopt;
+    auto fn = std::make_shared<KernelFunction>(this, ffi::GetObjectPtr<ffi::Object>(static_cast<ffi::Object*>(this)),
+                                               it->second);
+    return ffi::Function::FromPacked(
+        [fn](ffi::PackedArgs args, ffi::Any*) { fn->Launch(args); });
+  }
+
+  ffi::Bytes SaveToBytes() const final {
+    std::string out;
+    auto put_u64 = [&out](uint64_t v) { out.append(reinterpret_cast<const char*>(&v), 8); };
+    auto put_str = [&](const std::string& s) {
+      put_u64(s.size());
+      out += s;
+    };
+    put_str(fmt_);
+    put_u64(fmap_.size());
+    for (const auto& kv : fmap_) {
+      put_str(kv.first);
+      put_str(kv.second.name);
+      put_u64(kv.second.arg_types.size());
+      for (DLDataType t : kv.second.arg_types) {
+        out.push_back(static_cast<char>(t.code));
+        out.push_back(static_cast<char>(t.bits));
+        out.append(reinterpret_cast<const char*>(&t.lanes), 2);
+      }
+      put_u64(kv.second.launch_tags.size());
+      for (const auto& tag : kv.second.launch_tags) put_str(tag);
+      put_u64(0);  // arg_extra_tags
+    }
+    put_str(source_);
+    return ffi::Bytes(out);
+  }
+
+  ffi::String InspectSource(const ffi::String& format) const final { return source_; }
+
+  /*! \brief The program holding `func` on `dev_id`, built on first use. */
+  cl_program GetProgram(const std::string& func, int dev_id) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto& progs = programs_[func];
+    if (progs.size() <= static_cast<size_t>(dev_id)) progs.resize(dev_id + 1, nullptr);
+    if (progs[dev_id] == nullptr) {
+      auto it = sources_.find(func);
+      const std::string& src = it != sources_.end() ? it->second : source_;
+      progs[dev_id] = BuildProgram(src, dev_id, "", "kernel " + func);
+    }
+    return progs[dev_id];
+  }
+
+ private:
+  // TVM separates kernels by `// Function: name` lines; each is compiled on its own (with the
+  // shared preamble before the first delimiter) so only the kernels a run uses are compiled.
+  void SplitSource() {
+    const std::string marker = "// Function: ";
+    size_t first = source_.find(marker);
+    if (first == std::string::npos) return;
+    std::string preamble = source_.substr(0, first);
+    size_t pos = first;
+    while (pos != std::string::npos) {
+      size_t name_begin = pos + marker.size();
+      size_t name_end = source_.find('\n', name_begin);
+      if (name_end == std::string::npos) break;
+      std::string name = source_.substr(name_begin, name_end - name_begin);
+      while (!name.empty() && (name.back() == '\r' || name.back() == ' ')) name.pop_back();
+      size_t next = source_.find(marker, name_end);
+      sources_[name] = preamble + source_.substr(pos, next == std::string::npos
+                                                          ? std::string::npos
+                                                          : next - pos);
+      pos = next;
+    }
+  }
+
+  std::string fmt_;
+  std::unordered_map<std::string, FunctionInfo> fmap_;
+  std::string source_;
+  std::unordered_map<std::string, std::string> sources_;
+  std::mutex mu_;
+  std::unordered_map<std::string, std::vector<cl_program>> programs_;
+};
+
+KernelFunction::KernelFunction(OpenCLModuleObj* mod, ffi::ObjectPtr<ffi::Object> keep,
+                               FunctionInfo info)
+    : mod_(mod), keep_alive_(std::move(keep)), info_(std::move(info)) {
+  bool used[6] = {false, false, false, false, false, false};
+  for (const auto& tag : info_.launch_tags) {
+    int rank = -1;
+    if (tag.rfind("blockIdx.", 0) == 0) rank = 0;
+    if (tag.rfind("threadIdx.", 0) == 0) rank = 1;
+    char axis = tag.empty() ? '?' : tag.back();
+    if (rank < 0 || axis < 'x' || axis > 'z') {
+      TVM_FFI_THROW(ValueError) << "OpenCL kernel " << info_.name
+                                << " uses launch parameter '" << tag
+                                << "', which the codl-tvm OpenCL runtime does not support";
+    }
+    int slot = rank * 3 + (axis - 'x');
+    tag_slot_.push_back(slot);
+    used[slot] = true;
+  }
+  for (int d = 0; d < 3; ++d) {
+    if (used[d] || used[d + 3]) work_dim_ = d + 1;
+  }
+}
+
+KernelFunction::~KernelFunction() {
+  if (!Workspace::Global()->initialized()) return;
+  for (auto& kv : kernels_) {
+    for (cl_kernel k : kv.second) {
+      if (k) GetApi().clReleaseKernel(k);
+    }
+  }
+}
+
+cl_kernel KernelFunction::GetKernel(int dev_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto& ks = kernels_[std::this_thread::get_id()];
+  if (ks.size() <= static_cast<size_t>(dev_id)) ks.resize(dev_id + 1, nullptr);
+  if (ks[dev_id] == nullptr) {
+    cl_program prog = mod_->GetProgram(info_.name, dev_id);
+    cl_int err = CL_SUCCESS;
+    ks[dev_id] = GetApi().clCreateKernel(prog, info_.name.c_str(), &err);
+    if (err != CL_SUCCESS) ThrowCLError("clCreateKernel", err, info_.name);
+  }
+  return ks[dev_id];
+}
+
+void KernelFunction::Launch(ffi::PackedArgs args) {
+  Workspace* w = Workspace::Global();
+  int dev_id = tls_device_id;
+  cl_command_queue queue = w->Queue(dev_id);
+  cl_kernel kernel = GetKernel(dev_id);
+  const Api& api = GetApi();
+  size_t nargs = info_.arg_types.size();
+  if (static_cast<size_t>(args.size()) != nargs + tag_slot_.size()) {
+    TVM_FFI_THROW(ValueError) << "OpenCL kernel " << info_.name << " expects "
+                              << nargs + tag_slot_.size() << " arguments, got " << args.size();
+  }
+  bool svm = w->svm_mode() != SvmMode::kBuffer;
+  for (size_t i = 0; i < nargs; ++i) {
+    DLDataType t = info_.arg_types[i];
+    cl_int err = CL_SUCCESS;
+    cl_uint idx = static_cast<cl_uint>(i);
+    if (t.code == kDLOpaqueHandle) {
+      void* ptr = args[i].cast<void*>();
+      if (svm) {
+        err = api.clSetKernelArgSVMPointer(kernel, idx, ptr);
+      } else {
+        cl_mem mem = ptr ? static_cast<BufferDescriptor*>(ptr)->mem : nullptr;
+        err = api.clSetKernelArg(kernel, idx, sizeof(cl_mem), &mem);
+      }
+    } else if (t.code == kDLInt || t.code == kDLUInt) {
+      int64_t v = args[i].cast<int64_t>();
+      if (t.bits == 64) {
+        err = api.clSetKernelArg(kernel, idx, 8, &v);
+      } else if (t.bits == 32) {
+        int32_t v32 = static_cast<int32_t>(v);
+        err = api.clSetKernelArg(kernel, idx, 4, &v32);
+      } else if (t.bits == 16) {
+        int16_t v16 = static_cast<int16_t>(v);
+        err = api.clSetKernelArg(kernel, idx, 2, &v16);
+      } else {
+        int8_t v8 = static_cast<int8_t>(v);
+        err = api.clSetKernelArg(kernel, idx, 1, &v8);
+      }
+    } else if (t.code == kDLFloat && (t.bits == 32 || t.bits == 64)) {
+      double v = args[i].cast<double>();
+      if (t.bits == 64) {
+        err = api.clSetKernelArg(kernel, idx, 8, &v);
+      } else {
+        float f = static_cast<float>(v);
+        err = api.clSetKernelArg(kernel, idx, 4, &f);
+      }
+    } else {
+      TVM_FFI_THROW(ValueError) << "OpenCL kernel " << info_.name << ": argument " << i
+                                << " has an unsupported scalar type (code "
+                                << static_cast<int>(t.code) << ", " << static_cast<int>(t.bits)
+                                << " bits)";
+    }
+    if (err != CL_SUCCESS) {
+      ThrowCLError(t.code == kDLOpaqueHandle && svm ? "clSetKernelArgSVMPointer" : "clSetKernelArg",
+                   err, info_.name + " argument " + std::to_string(i));
+    }
+  }
+  size_t sizes[6] = {1, 1, 1, 1, 1, 1};
+  const TVMFFIAny* raw = reinterpret_cast<const TVMFFIAny*>(args.data());
+  for (size_t j = 0; j < tag_slot_.size(); ++j) {
+    int64_t v = raw[nargs + j].v_int64;
+    if (v > 0) sizes[tag_slot_[j]] = static_cast<size_t>(v);
+  }
+  size_t global[3], local[3];
+  for (int d = 0; d < 3; ++d) {
+    global[d] = sizes[d] * sizes[d + 3];
+    local[d] = sizes[d + 3];
+  }
+  cl_event ev = nullptr;
+  bool record = w->recording();
+  cl_int err = api.clEnqueueNDRangeKernel(queue, kernel, static_cast<cl_uint>(work_dim_), nullptr,
+                                          global, local, 0, nullptr, record ? &ev : nullptr);
+  if (err != CL_SUCCESS) {
+    std::ostringstream os;
+    os << info_.name << " with global (" << global[0] << ", " << global[1] << ", " << global[2]
+       << ") local (" << local[0] << ", " << local[1] << ", " << local[2] << ")";
+    ThrowCLError("clEnqueueNDRangeKernel", err, os.str());
+  }
+  if (record) w->Record(KernelRecord{info_.name, dev_id, ev});
+}
+
+ffi::Module LoadFromBytes(const ffi::Bytes& bytes) {
+  BlobReader r(bytes.data(), bytes.size());
+  std::string fmt = r.Str("format");
+  if (fmt != "cl") {
+    TVM_FFI_THROW(ValueError) << "OpenCL module format '" << fmt
+                              << "' is not supported by the codl-tvm runtime (only 'cl' source)";
+  }
+  uint64_t n = r.U64();
+  std::vector<FunctionInfo> funcs;
+  for (uint64_t i = 0; i < n; ++i) {
+    r.Str("function key");
+    FunctionInfo info;
+    info.name = r.Str("function name");
+    uint64_t nargs = r.U64();
+    for (uint64_t a = 0; a < nargs; ++a) {
+      DLDataType t;
+      t.code = r.Read<uint8_t>();
+      t.bits = r.Read<uint8_t>();
+      t.lanes = r.Read<uint16_t>();
+      info.arg_types.push_back(t);
+    }
+    uint64_t ntags = r.U64();
+    for (uint64_t k = 0; k < ntags; ++k) info.launch_tags.push_back(r.Str("launch tag"));
+    uint64_t nextra = r.U64();
+    for (uint64_t k = 0; k < nextra; ++k) r.Read<int32_t>();
+    funcs.push_back(std::move(info));
+  }
+  std::string source = r.Str("source");
+  return ffi::Module(ffi::make_object<OpenCLModuleObj>(fmt, std::move(funcs), std::move(source)));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Timer: marker events on the device queue (like CUDA's event timer)
+// ---------------------------------------------------------------------------------------------
+
+class OpenCLEventTimerNode : public TimerNodeABI {
+ public:
+  explicit OpenCLEventTimerNode(int dev_id) : dev_id_(dev_id) {}
+  ~OpenCLEventTimerNode() {
+    if (start_) GetApi().clReleaseEvent(start_);
+    if (stop_) GetApi().clReleaseEvent(stop_);
+  }
+  void Start() final {
+    host_start_ = HostClockNs();
+    CODL_CL_CALL(clEnqueueMarkerWithWaitList, Queue(), 0, nullptr, &start_);
+  }
+  void Stop() final { CODL_CL_CALL(clEnqueueMarkerWithWaitList, Queue(), 0, nullptr, &stop_); }
+  int64_t SyncAndGetElapsedNanos() final {
+    CODL_CL_CALL(clWaitForEvents, 1, &stop_);
+    cl_ulong t0 = 0, t1 = 0;
+    const Api& api = GetApi();
+    if (api.clGetEventProfilingInfo(start_, CL_PROFILING_COMMAND_END, sizeof(t0), &t0, nullptr) ==
+            CL_SUCCESS &&
+        api.clGetEventProfilingInfo(stop_, CL_PROFILING_COMMAND_END, sizeof(t1), &t1, nullptr) ==
+            CL_SUCCESS &&
+        t1 >= t0) {
+      return static_cast<int64_t>(t1 - t0);
+    }
+    // Drivers without marker timestamps: host time up to the completion of the stop marker.
+    return HostClockNs() - host_start_;
+  }
+  TVM_FFI_DECLARE_OBJECT_INFO_FINAL("codl.OpenCLEventTimer", OpenCLEventTimerNode,
+                                    TimerNodeABI);
+
+ private:
+  cl_command_queue Queue() { return Workspace::Global()->Queue(dev_id_); }
+  int dev_id_;
+  cl_event start_{nullptr}, stop_{nullptr};
+  int64_t host_start_{0};
+};
+
+// ---------------------------------------------------------------------------------------------
+// CPU views of SVM tensors
+// ---------------------------------------------------------------------------------------------
+
+/*! \brief Keeps the owning OpenCL tensor alive while a CPU view of its memory exists. */
+struct ViewAlloc {
+  ffi::Tensor owner;
+  void AllocData(DLTensor* t) { t->data = owner.GetDLTensorPtr()->data; t->byte_offset = owner.GetDLTensorPtr()->byte_offset; }
+  void FreeData(DLTensor*) {}
+};
+
+void CheckSvmTensor(const ffi::Tensor& t, const char* what) {
+  if (t.GetDLTensorPtr()->device.device_type != kDLOpenCL) {
+    TVM_FFI_THROW(ValueError) << what << " expects an OpenCL tensor, got device type "
+                              << static_cast<int>(t.GetDLTensorPtr()->device.device_type);
+  }
+  Workspace* w = Workspace::Global();
+  w->EnsureInit();
+  if (w->svm_mode() == SvmMode::kBuffer) {
+    TVM_FFI_THROW(RuntimeError) << what << " needs SVM, but the OpenCL runtime runs in buffer mode "
+                                << "(no SVM on '" << w->Device(t.GetDLTensorPtr()->device.device_id).name << "')";
+  }
+}
+
+ffi::Tensor CpuView(ffi::Tensor t) {
+  CheckSvmTensor(t, "codl.opencl.cpu_view");
+  std::vector<int64_t> shape(t.GetDLTensorPtr()->shape, t.GetDLTensorPtr()->shape + t.GetDLTensorPtr()->ndim);
+  return ffi::Tensor::FromNDAlloc(ViewAlloc{t}, ffi::ShapeView(shape.data(), shape.size()),
+                                  t.GetDLTensorPtr()->dtype, DLDevice{kDLCPU, 0});
+}
+
+void SvmMap(ffi::Tensor t, bool write) {
+  CheckSvmTensor(t, "codl.opencl.svm_map");
+  Workspace* w = Workspace::Global();
+  if (w->svm_mode() != SvmMode::kCoarseGrain) return;  // fine-grained: coherent, nothing to do
+  void* ptr = static_cast<char*>(t.GetDLTensorPtr()->data) + t.GetDLTensorPtr()->byte_offset;
+  size_t n = ffi::GetDataSize(*t.GetDLTensorPtr());
+  CODL_CL_CALL(clEnqueueSVMMap, w->Queue(t.GetDLTensorPtr()->device.device_id), CL_TRUE,
+               write ? (CL_MAP_READ | CL_MAP_WRITE) : CL_MAP_READ, ptr, n, 0, nullptr, nullptr);
+}
+
+void SvmUnmap(ffi::Tensor t) {
+  CheckSvmTensor(t, "codl.opencl.svm_unmap");
+  Workspace* w = Workspace::Global();
+  if (w->svm_mode() != SvmMode::kCoarseGrain) return;
+  void* ptr = static_cast<char*>(t.GetDLTensorPtr()->data) + t.GetDLTensorPtr()->byte_offset;
+  CODL_CL_CALL(clEnqueueSVMUnmap, w->Queue(t.GetDLTensorPtr()->device.device_id), ptr, 0, nullptr, nullptr);
+}
+
+std::string RecordsJson(std::vector<KernelRecord> recs) {
+  std::ostringstream os;
+  os << "[";
+  const Api& api = GetApi();
+  for (size_t i = 0; i < recs.size(); ++i) {
+    cl_ulong q = 0, s = 0, e = 0;
+    api.clWaitForEvents(1, &recs[i].event);
+    api.clGetEventProfilingInfo(recs[i].event, CL_PROFILING_COMMAND_QUEUED, 8, &q, nullptr);
+    api.clGetEventProfilingInfo(recs[i].event, CL_PROFILING_COMMAND_START, 8, &s, nullptr);
+    api.clGetEventProfilingInfo(recs[i].event, CL_PROFILING_COMMAND_END, 8, &e, nullptr);
+    api.clReleaseEvent(recs[i].event);
+    os << (i ? ", " : "") << "{\"name\": \"" << JsonEscape(recs[i].name)
+       << "\", \"device\": " << recs[i].device << ", \"queued_ns\": " << q
+       << ", \"start_ns\": " << s << ", \"end_ns\": " << e << "}";
+  }
+  os << "]";
+  return os.str();
+}
+
+}  // namespace
+
+TVM_FFI_STATIC_INIT_BLOCK() {
+  namespace refl = tvm::ffi::reflection;
+  refl::ObjectDef<OpenCLEventTimerNode>();
+  refl::GlobalDef()
+      .def("device_api.opencl",
+           []() -> void* { return static_cast<DeviceAPI*>(OpenCLSVMDeviceAPI::Global()); })
+      .def("ffi.Module.load_from_bytes.opencl", LoadFromBytes)
+      .def("runtime.timer.opencl",
+           [](DLDevice dev) -> ffi::ObjectRef {
+             Workspace::Global()->Device(dev.device_id);
+             return ffi::ObjectRef(ffi::make_object<OpenCLEventTimerNode>(dev.device_id));
+           })
+      .def("codl.opencl.set_library_path",
+           [](ffi::String path) { cl::SetLibraryPath(std::string(path)); })
+      .def("codl.opencl.configure",
+           [](ffi::String platform, int device, ffi::String svm, ffi::String cache_dir) {
+             WorkspaceConfig c;
+             c.platform_filter = platform;
+             c.device_index = device;
+             c.svm_override = svm;
+             c.cache_dir = cache_dir;
+             Workspace::Global()->Configure(c);
+           })
+      .def("codl.opencl.initialized", []() { return Workspace::Global()->initialized(); })
+      .def("codl.opencl.info", []() { return ffi::String(Workspace::Global()->InfoJson()); })
+      .def("codl.opencl.cache_stats",
+           []() {
+             Workspace* w = Workspace::Global();
+             std::ostringstream os;
+             os << "{\"source_builds\": " << w->source_builds.load()
+                << ", \"binary_loads\": " << w->binary_loads.load()
+                << ", \"disk_hits\": " << w->disk_hits.load()
+                << ", \"disk_writes\": " << w->disk_writes.load()
+                << ", \"disk_errors\": " << w->disk_errors.load() << "}";
+             return ffi::String(os.str());
+           })
+      .def("codl.opencl.record_start", []() { Workspace::Global()->StartRecording(); })
+      .def("codl.opencl.record_stop",
+           []() { return ffi::String(RecordsJson(Workspace::Global()->StopRecording())); })
+      .def("codl.opencl.host_clock_ns", []() { return HostClockNs(); })
+      .def("codl.opencl.cpu_view", CpuView)
+      .def("codl.opencl.svm_map", SvmMap)
+      .def("codl.opencl.svm_unmap", SvmUnmap)
+      .def("codl.opencl.finish", [](int dev_id) {
+        CODL_CL_CALL(clFinish, Workspace::Global()->Queue(dev_id));
+      });
+}
+
+}  // namespace codl

@@ -1,0 +1,134 @@
+/*
+ * codl-tvm OpenCL runtime plugin: the process-wide OpenCL workspace (platform, context, one queue
+ * per device, SVM mode, kernel-event recording), shared by the device API, the module loader and
+ * the co-execution synchronisation builtins.
+ */
+#ifndef CODL_TVM_RUNTIME_WORKSPACE_H_
+#define CODL_TVM_RUNTIME_WORKSPACE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <unordered_map>
+#include <vector>
+
+#include "cl_api.h"
+
+namespace codl {
+
+/*! \brief How device tensors are allocated, from the best to the last resort. */
+enum class SvmMode : int {
+  kFineGrain = 0,    // clSVMAlloc(FINE_GRAIN): host and device see the same bytes, no map.
+  kCoarseGrain = 1,  // clSVMAlloc: host access between clEnqueueSVMMap and Unmap.
+  kBuffer = 2,       // clCreateBuffer(ALLOC_HOST_PTR): no host pointer, copies only.
+};
+
+const char* SvmModeName(SvmMode mode);
+
+/*! \brief One OpenCL device of the selected platform. */
+struct DeviceEntry {
+  cl::cl_device_id id{nullptr};
+  std::string name, vendor, version, driver_version, c_version, extensions;
+  uint32_t compute_units{0};
+  uint32_t max_clock_mhz{0};
+  uint64_t global_mem_bytes{0};
+  uint64_t local_mem_bytes{0};
+  size_t max_work_group_size{0};
+  size_t max_work_item_sizes[3]{0, 0, 0};
+  uint64_t svm_caps{0};
+  cl::cl_command_queue queue{nullptr};
+};
+
+/*! \brief A kernel launch recorded while recording is on (profiler, trace). */
+struct KernelRecord {
+  std::string name;
+  int device{0};
+  cl::cl_event event{nullptr};
+};
+
+/*! \brief Last-resort buffer-mode allocation: the tensor's data pointer points at this. */
+struct BufferDescriptor {
+  cl::cl_mem mem{nullptr};
+  size_t nbytes{0};
+};
+
+/*! \brief User choices applied at initialisation (API call or environment variables). */
+struct WorkspaceConfig {
+  std::string platform_filter;  // substring of the platform name (case-insensitive)
+  int device_index{-1};         // -1: all devices of the platform
+  std::string svm_override;     // "", "fine", "coarse" or "buffer"
+  std::string cache_dir;        // program-binary cache; "" disables the disk cache
+};
+
+class Workspace {
+ public:
+  static Workspace* Global();
+
+  /*! \brief Set the configuration; only allowed before the first use. */
+  void Configure(const WorkspaceConfig& config);
+  /*! \brief Initialise on first use (thread-safe); throws a clear error when impossible. */
+  void EnsureInit();
+  bool initialized() const { return initialized_.load(); }
+
+  const DeviceEntry& Device(int dev_id);
+  cl::cl_command_queue Queue(int dev_id) { return Device(dev_id).queue; }
+  size_t num_devices() const { return devices_.size(); }
+
+  cl::cl_context context() const { return context_; }
+  SvmMode svm_mode() const { return svm_mode_; }
+  bool svm_atomics() const { return svm_atomics_; }
+  const WorkspaceConfig& config() const { return config_; }
+
+  /*! \brief Allocation registry: base pointer -> size (to find the base of an interior pointer). */
+  void RegisterAlloc(void* ptr, size_t nbytes);
+  void UnregisterAlloc(void* ptr);
+  /*! \brief Find the allocation containing `ptr`; returns false when none does. */
+  bool FindAlloc(const void* ptr, void** base, size_t* nbytes);
+
+  /*! \brief Kernel-event recording (used by kernel timers and the profiler). */
+  bool recording() const { return recording_.load(std::memory_order_relaxed) > 0; }
+  void StartRecording();
+  std::vector<KernelRecord> StopRecording();
+  void Record(KernelRecord rec);
+
+  /*! \brief A JSON description of the platform, devices and SVM mode. */
+  std::string InfoJson();
+
+  // Statistics of the program cache.
+  std::atomic<int64_t> source_builds{0}, binary_loads{0}, disk_hits{0}, disk_writes{0},
+      disk_errors{0};
+
+ private:
+  void InitLocked();
+
+  std::mutex init_mu_;
+  std::atomic<bool> initialized_{false};
+  WorkspaceConfig config_;
+  bool configured_{false};
+  std::string platform_name_, platform_version_, platform_vendor_;
+  cl::cl_platform_id platform_{nullptr};
+  cl::cl_context context_{nullptr};
+  std::vector<DeviceEntry> devices_;
+  std::vector<std::pair<std::string, std::string>> skipped_;  // platform, reason
+  SvmMode svm_mode_{SvmMode::kBuffer};
+  bool svm_atomics_{false};
+
+  std::mutex alloc_mu_;
+  std::unordered_map<void*, size_t> allocs_;
+
+  std::atomic<int> recording_{0};
+  std::mutex rec_mu_;
+  std::vector<KernelRecord> records_;
+};
+
+/*! \brief Host monotonic clock in ns (CLOCK_MONOTONIC_RAW: PoCL's profiling time base). */
+int64_t HostClockNs();
+
+/*! \brief Escape a string for a JSON literal. */
+std::string JsonEscape(const std::string& s);
+
+}  // namespace codl
+
+#endif  // CODL_TVM_RUNTIME_WORKSPACE_H_
