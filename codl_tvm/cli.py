@@ -1,0 +1,160 @@
+"""The ``codl-tvm`` command line.
+
+``codl-tvm run [MODEL.onnx] --device {cpu,opencl}`` imports an ONNX model (the bundled CNN by
+default), builds it for the device, runs it and prints output shapes and latency. Inputs come
+from ``--inputs IN.npz`` (keyed by the graph's input names) or are seeded random;
+``--save-outputs OUT.npz`` stores outputs keyed by the graph's output names.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from importlib import resources
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["bundled_model_path", "main"]
+
+
+class CliError(Exception):
+    """A user-facing error: printed as one line, exit status 2."""
+
+
+def bundled_model_path() -> Path:
+    """Path of the small CNN shipped with the package."""
+    return Path(str(resources.files("codl_tvm") / "data" / "codl_small_cnn.onnx"))
+
+
+def _load_inputs(path: str | None, model, seed: int) -> list[np.ndarray]:
+    from codl_tvm.frontend import ModelError, check_inputs, random_inputs
+
+    if path is None:
+        values = random_inputs(model, seed)
+        source = "random inputs"
+    else:
+        if not Path(path).is_file():
+            raise CliError(f"--inputs {path}: no such file")
+        try:
+            with np.load(path, allow_pickle=False) as data:
+                values = {k: data[k] for k in data.files}
+        except Exception as exc:
+            raise CliError(f"--inputs {path}: not a readable .npz file ({exc})") from None
+        source = f"--inputs {path}"
+    try:
+        return check_inputs(model, values, source)
+    except ModelError as exc:
+        raise CliError(str(exc)) from None
+
+
+def _save_outputs(path: str, model, outputs: list[np.ndarray], force: bool) -> None:
+    out = Path(path)
+    if out.exists() and not force:
+        raise CliError(f"--save-outputs {path}: file exists; pass --force to overwrite it")
+    if out.suffix != ".npz":
+        raise CliError(f"--save-outputs {path}: the file name must end in .npz")
+    np.savez(out, **{spec.name: arr for spec, arr in zip(model.outputs, outputs)})
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from codl_tvm.frontend import ModelError, load_onnx
+    from codl_tvm.runner import build
+
+    if args.save_outputs and Path(args.save_outputs).exists() and not args.force:
+        raise CliError(f"--save-outputs {args.save_outputs}: file exists; pass --force to "
+                       "overwrite it")
+    model_path = args.model or str(bundled_model_path())
+    try:
+        model = load_onnx(model_path)
+    except ModelError as exc:
+        raise CliError(str(exc)) from None
+    inputs = _load_inputs(args.inputs, model, args.seed)
+    if args.device == "opencl":
+        from codl_tvm import runtime
+
+        try:
+            runtime.load()
+            info = runtime.info()
+        except Exception as exc:
+            raise CliError(f"OpenCL is not usable here: {exc}") from None
+        print(f"OpenCL: {info.platform} / {info.devices[0].name} "
+              f"({info.devices[0].compute_units} CUs, SVM {info.svm_mode})")
+    built = build(model.mod, args.device)
+    outputs = built(inputs)
+    lat = built.time(inputs, number=args.number, repeat=args.repeat)
+    print(f"model: {model.path}")
+    print(f"device: {args.device}")
+    for spec, arr in zip(model.outputs, outputs):
+        print(f"output {spec.name}: shape {tuple(arr.shape)} dtype {arr.dtype}")
+    print(f"latency: median {lat.median_ms:.3f} ms (min {lat.min_ms:.3f}, max {lat.max_ms:.3f}, "
+          f"{lat.repeats} repeats of {args.number})")
+    if args.check:
+        ref = build(model.mod, "cpu")(inputs) if args.device != "cpu" else None
+        if ref is not None:
+            err = max(float(np.max(np.abs(a - b))) for a, b in zip(outputs, ref))
+            print(f"max abs difference against the CPU build: {err:.3g}")
+    if args.save_outputs:
+        _save_outputs(args.save_outputs, model, outputs, args.force)
+        print(f"saved outputs to {args.save_outputs}")
+    return 0
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    from dataclasses import asdict
+
+    from codl_tvm import runtime
+
+    try:
+        runtime.load()
+        info = runtime.info()
+    except Exception as exc:
+        raise CliError(f"OpenCL is not usable here: {exc}") from None
+    print(json.dumps(asdict(info), indent=2))
+    return 0
+
+
+def _add_run(sub) -> None:
+    p = sub.add_parser("run", help="build and run an ONNX model on one device")
+    p.add_argument("model", nargs="?", help="ONNX model (default: the bundled CNN)")
+    p.add_argument("--device", choices=("cpu", "opencl"), default="opencl")
+    p.add_argument("--inputs", help=".npz of inputs keyed by graph input names")
+    p.add_argument("--save-outputs", help=".npz to write outputs to, keyed by output names")
+    p.add_argument("--force", action="store_true", help="overwrite --save-outputs if it exists")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    p.add_argument("--repeat", type=int, default=3, help="timing repeats")
+    p.add_argument("--number", type=int, default=5, help="runs per timing repeat")
+    p.add_argument("--check", action="store_true", help="compare with the CPU build")
+    p.set_defaults(func=cmd_run)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="codl-tvm", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_run(sub)
+    p = sub.add_parser("info", help="describe the OpenCL platform and devices in use")
+    p.set_defaults(func=cmd_info)
+    # Subcommands of optional components register themselves when present.
+    for module in ("codl_tvm.cost_model.evaluate", "codl_tvm.deploy"):
+        try:
+            mod = __import__(module, fromlist=["register_cli"])
+        except ImportError:
+            continue
+        if hasattr(mod, "register_cli"):
+            mod.register_cli(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except CliError as exc:
+        print(f"codl-tvm: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,105 @@
+"""codl-tvm's Relax build pipelines, as phase functions returning ``list[Pass]``.
+
+``single_device_pipeline(target)`` builds a model for one processor: TVM's legalization and
+fusion, then codl-tvm's schedule rules (``codl_tvm.schedules``) ahead of dlight's GPU rules, then
+TVM's lowering and finalisation. The co-execution pipeline adds the partitioning phases in front.
+Set ``CODL_TVM_DUMP_IR=DIR`` to write the IR after every phase (``NN-phase.py``).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import tvm
+from tvm import relax
+from tvm.s_tir import dlight as dl
+
+__all__ = [
+    "dataflow_lower_passes",
+    "finalize_passes",
+    "legalize_passes",
+    "schedule_passes",
+    "single_device_pipeline",
+]
+
+
+def legalize_passes(target: tvm.target.Target) -> list[tvm.transform.Pass]:
+    """Lower Relax ops to TIR and fuse them."""
+    return [
+        relax.transform.LegalizeOps(),
+        relax.transform.AnnotateTIROpPattern(),
+        relax.transform.FoldConstant(),
+        relax.transform.FuseOps(),
+        relax.transform.FuseTIR(),
+    ]
+
+
+def schedule_passes(target: tvm.target.Target) -> list[tvm.transform.Pass]:
+    """Schedule every PrimFunc: codl-tvm's rules first, then dlight's GPU rules on GPUs."""
+    rules = []
+    try:
+        from codl_tvm.schedules import schedule_rules
+    except ImportError:  # schedules not installed in a runtime-only deployment
+        schedule_rules = None
+    if schedule_rules is not None:
+        rules.extend(schedule_rules(target))
+    if target.kind.name != "llvm":
+        rules.extend(
+            [dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(),
+             dl.gpu.Fallback()]
+        )
+    return [dl.ApplyDefaultSchedule(*rules)] if rules else []
+
+
+def dataflow_lower_passes(target: tvm.target.Target) -> list[tvm.transform.Pass]:
+    """Leave dataflow form and turn calls into explicit allocations."""
+    return [
+        relax.transform.RewriteDataflowReshape(),
+        relax.transform.ToNonDataflow(),
+        relax.transform.RemovePurityChecking(),
+        relax.transform.CallTIRRewrite(),
+    ]
+
+
+def finalize_passes(target: tvm.target.Target) -> list[tvm.transform.Pass]:
+    """Plan memory and lower to the VM's builtins."""
+    return [
+        relax.transform.StaticPlanBlockMemory(),
+        relax.transform.LowerAllocTensor(),
+        relax.transform.KillAfterLastUse(),
+        relax.transform.LowerRuntimeBuiltin(),
+        relax.transform.ComputePrimValue(),
+        relax.transform.VMShapeLower(),
+        relax.transform.AttachGlobalSymbol(),
+    ]
+
+
+def _run_phases(mod: tvm.IRModule, phases: list[tuple[str, list]]) -> tvm.IRModule:
+    dump = os.environ.get("CODL_TVM_DUMP_IR")
+    for i, (name, passes) in enumerate(phases):
+        if passes:
+            mod = tvm.transform.Sequential(passes)(mod)
+        if dump:
+            Path(dump).mkdir(parents=True, exist_ok=True)
+            (Path(dump) / f"{i:02d}-{name}.py").write_text(mod.script(show_meta=False))
+    return mod
+
+
+def single_device_pipeline(target: tvm.target.Target) -> tvm.transform.Pass:
+    """The Relax pipeline for a model that runs on one processor."""
+
+    @tvm.transform.module_pass(opt_level=0, name="codl.SingleDevicePipeline")
+    def _pipeline(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        with target:
+            return _run_phases(
+                mod,
+                [
+                    ("legalize", legalize_passes(target)),
+                    ("schedule", schedule_passes(target)),
+                    ("dataflow-lower", dataflow_lower_passes(target)),
+                    ("finalize", finalize_passes(target)),
+                ],
+            )
+
+    return _pipeline

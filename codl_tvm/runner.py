@@ -1,0 +1,134 @@
+"""Build a Relax module for one processor and run it in the stock Relax VM.
+
+OpenCL modules built in-process hold TVM's codegen-time OpenCL stub, which cannot launch kernels;
+they are exported to a shared library and loaded back, so the codl-tvm runtime plugin's loader
+creates the real module (this is also how a model is deployed).
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["BuiltModel", "Latency", "build", "default_target", "run"]
+
+DEVICES = ("cpu", "opencl")
+
+
+def default_target(device: str):
+    """The default TVM target of a processor: host LLVM, or OpenCL with an LLVM host."""
+    import tvm
+
+    if device == "cpu":
+        return tvm.target.Target({"kind": "llvm"})
+    if device == "opencl":
+        return tvm.target.Target({"kind": "opencl"}, host={"kind": "llvm"})
+    raise ValueError(f"unknown device {device!r}; expected one of {DEVICES}")
+
+
+@dataclass
+class Latency:
+    """Latency statistics of repeated runs, in milliseconds."""
+
+    median_ms: float
+    mean_ms: float
+    min_ms: float
+    max_ms: float
+    repeats: int
+
+
+@dataclass
+class BuiltModel:
+    """A model compiled for one device and loaded into a Relax VM."""
+
+    device: str
+    library: Path
+    vm: object
+    tvm_device: object
+
+    def __call__(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """Run once; return every output as a numpy array."""
+        import tvm
+
+        args = [tvm.runtime.tensor(x, self.tvm_device) for x in inputs]
+        out = self.vm["main"](*args)
+        return _flatten(out)
+
+    def time(self, inputs: Sequence[np.ndarray], number: int = 5, repeat: int = 3) -> Latency:
+        """Time ``main`` with TVM's ``time_evaluator`` (device timer; warm-up run first)."""
+        import tvm
+
+        args = [tvm.runtime.tensor(x, self.tvm_device) for x in inputs]
+        self.vm["main"](*args)
+        res = self.vm.time_evaluator("main", self.tvm_device, number=number, repeat=repeat)(*args)
+        results_ms = [r * 1e3 for r in res.results]
+        return Latency(
+            median_ms=float(np.median(results_ms)),
+            mean_ms=float(np.mean(results_ms)),
+            min_ms=float(np.min(results_ms)),
+            max_ms=float(np.max(results_ms)),
+            repeats=len(results_ms),
+        )
+
+
+def _flatten(out) -> list[np.ndarray]:
+    if hasattr(out, "numpy"):
+        return [out.numpy()]
+    result = []
+    for item in out:
+        result.extend(_flatten(item))
+    return result
+
+
+def build(mod, device: str, target=None, work_dir: str | Path | None = None,
+          relax_pipeline=None) -> BuiltModel:
+    """Compile ``mod`` for ``device`` ("cpu" or "opencl"), export it, and load it into a VM.
+
+    Parameters
+    ----------
+    mod
+        A Relax IRModule with a ``main`` function.
+    device
+        ``"cpu"`` or ``"opencl"``.
+    target
+        A TVM target overriding :func:`default_target`.
+    work_dir
+        Where the exported library goes (a fresh temporary directory by default).
+    relax_pipeline
+        A Relax pipeline passed to ``tvm.compile`` (default: codl-tvm's pipeline for the target).
+    """
+    import tvm
+    from tvm import relax
+
+    if device not in DEVICES:
+        raise ValueError(f"unknown device {device!r}; expected one of {DEVICES}")
+    target = target or default_target(device)
+    if relax_pipeline is None:
+        from codl_tvm.pipeline import single_device_pipeline
+
+        relax_pipeline = single_device_pipeline(target)
+    if device == "opencl":
+        from codl_tvm import runtime
+
+        runtime.load()
+    ex = tvm.compile(mod, target=target, relax_pipeline=relax_pipeline)
+    work = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="codl-tvm-"))
+    work.mkdir(parents=True, exist_ok=True)
+    lib_path = work / f"model_{device}.so"
+    ex.export_library(str(lib_path))
+    lib = tvm.runtime.load_module(str(lib_path))
+    dev = tvm.cpu(0) if device == "cpu" else tvm.opencl(0)
+    vm = relax.VirtualMachine(lib, dev)
+    return BuiltModel(device=device, library=lib_path, vm=vm, tvm_device=dev)
+
+
+def run(built: BuiltModel, inputs: Sequence[np.ndarray]) -> tuple[list[np.ndarray], float]:
+    """Run once and return the outputs and the host wall time in ms (for display only)."""
+    t0 = time.perf_counter()
+    outs = built(inputs)
+    return outs, (time.perf_counter() - t0) * 1e3
