@@ -35,6 +35,30 @@ def legalize_passes(target: tvm.target.Target) -> list[tvm.transform.Pass]:
     ]
 
 
+class _CheckedRule(dl.ScheduleRule):
+    """Wrap a dlight rule; decline when its schedule cannot be lowered.
+
+    dlight's GPU reduction rules schedule grouped convolutions (e.g. depthwise with a channel
+    multiplier) into cross-thread reductions that TVM 0.27 then fails to lower; declining lets
+    the next rule (Fallback) schedule the function instead of failing the whole build.
+    """
+
+    def __init__(self, rule: dl.ScheduleRule) -> None:
+        self.rule = rule
+
+    def apply(self, func, target, tunable):
+        sch = self.rule.apply(func, target, tunable)
+        if sch is None or isinstance(sch, list):
+            return sch
+        try:
+            from tvm.s_tir.transform import LowerCrossThreadReduction
+
+            LowerCrossThreadReduction()(sch.mod)
+        except Exception:  # TVM raises ValueError/TVMError/InternalError alike here
+            return None
+        return sch
+
+
 def schedule_passes(target: tvm.target.Target) -> list[tvm.transform.Pass]:
     """Schedule every PrimFunc: codl-tvm's rules first, then dlight's GPU rules on GPUs."""
     rules = []
@@ -46,8 +70,8 @@ def schedule_passes(target: tvm.target.Target) -> list[tvm.transform.Pass]:
         rules.extend(schedule_rules(target))
     if target.kind.name != "llvm":
         rules.extend(
-            [dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(),
-             dl.gpu.Fallback()]
+            [dl.gpu.Matmul(), _CheckedRule(dl.gpu.GEMV()), _CheckedRule(dl.gpu.Reduction()),
+             _CheckedRule(dl.gpu.GeneralReduction()), dl.gpu.Fallback()]
         )
     return [dl.ApplyDefaultSchedule(*rules)] if rules else []
 

@@ -48,6 +48,7 @@ __all__ = [
 
 _lock = threading.Lock()
 _loaded_path: str | None = None
+_configured = [False]
 
 
 @dataclass(frozen=True)
@@ -145,6 +146,11 @@ def load(
             if icd:
                 _global("codl.opencl.set_library_path")(icd)
             _loaded_path = path
+        first = not _configured[0]
+        _configured[0] = True
+    explicit = any(v is not None for v in (platform, device, svm, program_cache_dir))
+    if not first and not explicit:
+        return _loaded_path
     if platform is None:
         platform = os.environ.get("CODL_OPENCL_PLATFORM", "")
     if device is None:

@@ -549,7 +549,18 @@ void KernelFunction::Launch(ffi::PackedArgs args) {
     cl_int err = CL_SUCCESS;
     cl_uint idx = static_cast<cl_uint>(i);
     if (t.code == kDLOpaqueHandle) {
-      void* ptr = args[i].cast<void*>();
+      void* ptr = nullptr;
+      if (auto dl = args[i].try_cast<DLTensor*>()) {
+        // Called from Python with tensors rather than from host code with data pointers.
+        DLTensor* t = dl.value();
+        if (!svm && t->byte_offset != 0) {
+          TVM_FFI_THROW(ValueError) << "OpenCL kernel " << info_.name << ": argument " << i
+                                    << " is a view with a byte offset, unsupported in buffer mode";
+        }
+        ptr = svm ? static_cast<char*>(t->data) + t->byte_offset : t->data;
+      } else {
+        ptr = args[i].cast<void*>();
+      }
       if (svm) {
         err = api.clSetKernelArgSVMPointer(kernel, idx, ptr);
       } else {

@@ -1,0 +1,213 @@
+"""Tile sizes, vector widths and workgroup shapes of codl-tvm's schedule rules, per target.
+
+Every number the rules use lives here, in frozen dataclasses with named presets, so a tuner can
+sweep them and a test can pin them. :func:`cpu_config` and :func:`opencl_config` pick a preset from
+a :class:`tvm.target.Target`:
+
+- CPU (kind ``llvm``): keys containing ``arm_cpu`` give :data:`NEON` (128-bit, 32 registers).
+  Otherwise the x86 preset follows ``mcpu``/``mattr``: AVX-512 (512-bit, 32 registers), AVX2
+  (256-bit, 16 registers) or, for the plain ``llvm`` target, which LLVM compiles for generic
+  x86-64, :data:`SSE` (128-bit, 16 registers).
+- OpenCL (kind ``opencl``): the ``device`` attribute or a target key names the device class
+  (``adreno``, ``mali``, ``nvidia``, ``pocl``); anything else gets :data:`OPENCL_GENERIC`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from tvm.target import Target
+
+__all__ = [
+    "ADRENO",
+    "AVX2",
+    "AVX512",
+    "MALI",
+    "NEON",
+    "NVIDIA",
+    "OPENCL_GENERIC",
+    "POCL",
+    "SSE",
+    "CPUConfig",
+    "OpenCLConfig",
+    "cpu_config",
+    "opencl_config",
+]
+
+
+@dataclass(frozen=True)
+class CPUConfig:
+    """Schedule parameters of one CPU vector ISA.
+
+    Attributes
+    ----------
+    name : str
+        Preset name, recorded on scheduled kernels (``codl.config``).
+    vector_bits : int
+        Width of one SIMD register in bits; the vector width in elements is
+        ``vector_bits // dtype_bits``.
+    max_row_vectors : int
+        The vectorised output row tile (conv: output width) may span up to this many registers.
+    conv_oc_tile : int
+        Output channels held in registers at once by the direct and GEMM conv (register tile).
+    conv_oh_tile : int
+        Output rows held in registers at once by the direct conv when one register covers the
+        row tile (weights are then reused across rows).
+    matmul_m_tile : int
+        Rows of a matmul (or spatial axis next to the vectorised one in a reduction) held in
+        registers at once.
+    max_accumulators : int
+        Upper bound on accumulator registers of one register tile; tiles shrink to fit.
+    min_parallel_work : int
+        Output elements below which a kernel runs serially (thread-pool wake-up costs more).
+    injective_chunk : int
+        Elements per parallel task of elementwise/injective kernels.
+    """
+
+    name: str
+    vector_bits: int
+    max_row_vectors: int = 2
+    conv_oc_tile: int = 4
+    conv_oh_tile: int = 2
+    matmul_m_tile: int = 4
+    max_accumulators: int = 12
+    min_parallel_work: int = 4096
+    injective_chunk: int = 4096
+
+    def lanes(self, dtype_bits: int) -> int:
+        """Vector width in elements of ``dtype_bits`` bits (at least 1)."""
+        return max(1, self.vector_bits // dtype_bits)
+
+
+@dataclass(frozen=True)
+class OpenCLConfig:
+    """Schedule parameters of one OpenCL device class.
+
+    Attributes
+    ----------
+    name : str
+        Preset name, recorded on scheduled kernels (``codl.config``).
+    conv_threads_oc : int
+        Work-items along output channels in one workgroup of the direct conv.
+    conv_threads_ow : int
+        Work-items along output width in one workgroup.
+    conv_threads_oh : int
+        Work-items along output height in one workgroup.
+    conv_reg_oc : int
+        Output channels computed by one work-item (register tile).
+    conv_reg_ow : int
+        Output columns computed by one work-item (register tile).
+    conv_ic_unroll : int
+        Input channels per unrolled step of the reduction.
+    max_workgroup_size : int
+        Upper bound on work-items per workgroup; thread tiles shrink to fit.
+    pool_threads : int
+        Work-items per workgroup of pooling and other spatial kernels.
+    """
+
+    name: str
+    conv_threads_oc: int = 8
+    conv_threads_ow: int = 8
+    conv_threads_oh: int = 2
+    conv_reg_oc: int = 4
+    conv_reg_ow: int = 2
+    conv_ic_unroll: int = 4
+    max_workgroup_size: int = 256
+    pool_threads: int = 128
+
+
+SSE = CPUConfig(name="sse", vector_bits=128, conv_oc_tile=4, conv_oh_tile=2, max_accumulators=12)
+AVX2 = CPUConfig(name="avx2", vector_bits=256, conv_oc_tile=4, conv_oh_tile=2, max_accumulators=12)
+AVX512 = CPUConfig(
+    name="avx512", vector_bits=512, conv_oc_tile=8, conv_oh_tile=2, max_accumulators=24
+)
+NEON = CPUConfig(name="neon", vector_bits=128, conv_oc_tile=8, conv_oh_tile=2, max_accumulators=24)
+
+OPENCL_GENERIC = OpenCLConfig(name="opencl-generic")
+ADRENO = OpenCLConfig(
+    name="adreno", conv_threads_oc=4, conv_threads_ow=16, conv_threads_oh=2, conv_reg_oc=4,
+    conv_reg_ow=2, max_workgroup_size=256, pool_threads=64,
+)
+MALI = OpenCLConfig(
+    name="mali", conv_threads_oc=4, conv_threads_ow=8, conv_threads_oh=2, conv_reg_oc=4,
+    conv_reg_ow=2, max_workgroup_size=128, pool_threads=64,
+)
+NVIDIA = OpenCLConfig(
+    name="nvidia", conv_threads_oc=8, conv_threads_ow=16, conv_threads_oh=2, conv_reg_oc=4,
+    conv_reg_ow=2, max_workgroup_size=1024, pool_threads=256,
+)
+# PoCL runs a workgroup as a loop on one core and vectorises across work-items: a workgroup of
+# whole output rows with a wide channel register tile keeps each core busy with few launches.
+POCL = OpenCLConfig(
+    name="pocl", conv_threads_oc=1, conv_threads_ow=16, conv_threads_oh=1, conv_reg_oc=8,
+    conv_reg_ow=1, max_workgroup_size=256, pool_threads=64,
+)
+
+_X86_AVX512_CPUS = (
+    "skylake-avx512", "cascadelake", "cooperlake", "icelake-server", "icelake-client",
+    "tigerlake", "sapphirerapids", "emeraldrapids", "graniterapids", "znver4", "znver5",
+    "rocketlake", "cannonlake", "x86-64-v4",
+)
+_X86_AVX2_CPUS = (
+    "haswell", "broadwell", "skylake", "alderlake", "raptorlake", "meteorlake", "znver1",
+    "znver2", "znver3", "x86-64-v3", "core-avx2",
+)
+_OPENCL_PRESETS = {"adreno": ADRENO, "mali": MALI, "nvidia": NVIDIA, "pocl": POCL}
+
+
+def cpu_config(target: Target, **overrides) -> CPUConfig:
+    """The CPU preset for an ``llvm`` target, with optional field overrides.
+
+    Parameters
+    ----------
+    target : Target
+        A target of kind ``llvm``.
+    **overrides
+        Fields of :class:`CPUConfig` to replace (e.g. ``conv_oc_tile=4``).
+
+    Returns
+    -------
+    CPUConfig
+    """
+    if target.kind.name != "llvm":
+        raise ValueError(f"cpu_config needs an llvm target, got kind {target.kind.name!r}")
+    mcpu = str(target.attrs.get("mcpu", "") or "").lower()
+    mattr = [str(a).lower() for a in (target.attrs.get("mattr", None) or [])]
+    if "arm_cpu" in target.keys:
+        base = NEON
+    elif mcpu in _X86_AVX512_CPUS or any(a.startswith("+avx512f") for a in mattr):
+        base = AVX512
+    elif mcpu in _X86_AVX2_CPUS or "+avx2" in mattr:
+        base = AVX2
+    else:
+        base = SSE
+    return dataclasses.replace(base, **overrides) if overrides else base
+
+
+def opencl_config(target: Target, **overrides) -> OpenCLConfig:
+    """The OpenCL preset for a target's device class, with optional field overrides.
+
+    Parameters
+    ----------
+    target : Target
+        A target of kind ``opencl``; its ``device`` attribute or keys name the device class.
+    **overrides
+        Fields of :class:`OpenCLConfig` to replace.
+
+    Returns
+    -------
+    OpenCLConfig
+    """
+    if target.kind.name != "opencl":
+        raise ValueError(f"opencl_config needs an opencl target, got kind {target.kind.name!r}")
+    names = [str(target.attrs.get("device", "") or "").lower(), *(str(k) for k in target.keys)]
+    base = OPENCL_GENERIC
+    for name in names:
+        if name in _OPENCL_PRESETS:
+            base = _OPENCL_PRESETS[name]
+            break
+    max_threads = int(target.attrs.get("max_num_threads", base.max_workgroup_size))
+    if max_threads < base.max_workgroup_size:
+        base = dataclasses.replace(base, max_workgroup_size=max_threads)
+    return dataclasses.replace(base, **overrides) if overrides else base
