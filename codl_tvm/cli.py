@@ -63,8 +63,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     from codl_tvm.runner import build
 
     if args.save_outputs and Path(args.save_outputs).exists() and not args.force:
-        raise CliError(f"--save-outputs {args.save_outputs}: file exists; pass --force to "
-                       "overwrite it")
+        raise CliError(
+            f"--save-outputs {args.save_outputs}: file exists; pass --force to overwrite it"
+        )
     model_path = args.model or str(bundled_model_path())
     try:
         model = load_onnx(model_path)
@@ -79,8 +80,10 @@ def cmd_run(args: argparse.Namespace) -> int:
             info = runtime.info()
         except Exception as exc:
             raise CliError(f"OpenCL is not usable here: {exc}") from None
-        print(f"OpenCL: {info.platform} / {info.devices[0].name} "
-              f"({info.devices[0].compute_units} CUs, SVM {info.svm_mode})")
+        print(
+            f"OpenCL: {info.platform} / {info.devices[0].name} "
+            f"({info.devices[0].compute_units} CUs, SVM {info.svm_mode})"
+        )
     built = build(model.mod, args.device)
     outputs = built(inputs)
     lat = built.time(inputs, number=args.number, repeat=args.repeat)
@@ -88,8 +91,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"device: {args.device}")
     for spec, arr in zip(model.outputs, outputs):
         print(f"output {spec.name}: shape {tuple(arr.shape)} dtype {arr.dtype}")
-    print(f"latency: median {lat.median_ms:.3f} ms (min {lat.min_ms:.3f}, max {lat.max_ms:.3f}, "
-          f"{lat.repeats} repeats of {args.number})")
+    print(
+        f"latency: median {lat.median_ms:.3f} ms (min {lat.min_ms:.3f}, max {lat.max_ms:.3f}, "
+        f"{lat.repeats} repeats of {args.number})"
+    )
     if args.check:
         ref = build(model.mod, "cpu")(inputs) if args.device != "cpu" else None
         if ref is not None:

@@ -45,8 +45,16 @@ class OnnxModel:
     outputs: tuple[TensorSpec, ...]
 
 
-_ONNX_DTYPES = {1: "float32", 2: "uint8", 3: "int8", 6: "int32", 7: "int64", 9: "bool", 10: "float16",
-                11: "float64"}
+_ONNX_DTYPES = {
+    1: "float32",
+    2: "uint8",
+    3: "int8",
+    6: "int32",
+    7: "int64",
+    9: "bool",
+    10: "float16",
+    11: "float64",
+}
 
 
 def _spec(value_info, path: str, what: str) -> TensorSpec:
@@ -64,7 +72,8 @@ def _spec(value_info, path: str, what: str) -> TensorSpec:
     dtype = _ONNX_DTYPES.get(ttype.elem_type)
     if dtype is None:
         raise ModelError(
-            f"{path}: {what} '{value_info.name}' has unsupported ONNX element type {ttype.elem_type}"
+            f"{path}: {what} '{value_info.name}' has unsupported ONNX element type "
+            f"{ttype.elem_type}"
         )
     return TensorSpec(value_info.name, tuple(dims), dtype)
 
@@ -110,8 +119,9 @@ def _output_specs(mod, names: tuple[str, ...], path: str) -> list[TensorSpec]:
     ret = mod["main"].ret_ty
     infos = list(ret.fields) if isinstance(ret, relax.TupleType) else [ret]
     if len(infos) != len(names):
-        raise ModelError(f"{path}: main returns {len(infos)} values but the graph has "
-                         f"{len(names)} outputs")
+        raise ModelError(
+            f"{path}: main returns {len(infos)} values but the graph has {len(names)} outputs"
+        )
     specs = []
     for name, info in zip(names, infos):
         shape = tuple(int(v) for v in info.shape.values) if info.shape is not None else ()
@@ -135,20 +145,28 @@ def check_inputs(model: OnnxModel, values: dict[str, np.ndarray], source: str) -
     """Order ``values`` as ``main`` expects, checking names, shapes and dtypes."""
     missing = [s.name for s in model.inputs if s.name not in values]
     if missing:
-        raise ModelError(f"{source}: missing input(s) {missing}; the model "
-                         f"{model.path} needs {[s.name for s in model.inputs]}")
+        raise ModelError(
+            f"{source}: missing input(s) {missing}; the model "
+            f"{model.path} needs {[s.name for s in model.inputs]}"
+        )
     extra = sorted(set(values) - {s.name for s in model.inputs})
     if extra:
-        raise ModelError(f"{source}: unknown input(s) {extra}; the model {model.path} "
-                         f"takes {[s.name for s in model.inputs]}")
+        raise ModelError(
+            f"{source}: unknown input(s) {extra}; the model {model.path} "
+            f"takes {[s.name for s in model.inputs]}"
+        )
     ordered = []
     for spec in model.inputs:
         arr = np.asarray(values[spec.name])
         if tuple(arr.shape) != spec.shape:
-            raise ModelError(f"{source}: input '{spec.name}' has shape {tuple(arr.shape)}, "
-                             f"the model expects {spec.shape}")
+            raise ModelError(
+                f"{source}: input '{spec.name}' has shape {tuple(arr.shape)}, "
+                f"the model expects {spec.shape}"
+            )
         if str(arr.dtype) != spec.dtype:
-            raise ModelError(f"{source}: input '{spec.name}' has dtype {arr.dtype}, "
-                             f"the model expects {spec.dtype}")
+            raise ModelError(
+                f"{source}: input '{spec.name}' has dtype {arr.dtype}, "
+                f"the model expects {spec.dtype}"
+            )
         ordered.append(np.ascontiguousarray(arr))
     return ordered

@@ -70,8 +70,13 @@ def schedule_passes(target: tvm.target.Target) -> list[tvm.transform.Pass]:
         rules.extend(schedule_rules(target))
     if target.kind.name != "llvm":
         rules.extend(
-            [dl.gpu.Matmul(), _CheckedRule(dl.gpu.GEMV()), _CheckedRule(dl.gpu.Reduction()),
-             _CheckedRule(dl.gpu.GeneralReduction()), dl.gpu.Fallback()]
+            [
+                dl.gpu.Matmul(),
+                _CheckedRule(dl.gpu.GEMV()),
+                _CheckedRule(dl.gpu.Reduction()),
+                _CheckedRule(dl.gpu.GeneralReduction()),
+                dl.gpu.Fallback(),
+            ]
         )
     return [dl.ApplyDefaultSchedule(*rules)] if rules else []
 

@@ -85,8 +85,9 @@ def _flatten(out) -> list[np.ndarray]:
     return result
 
 
-def build(mod, device: str, target=None, work_dir: str | Path | None = None,
-          relax_pipeline=None) -> BuiltModel:
+def build(
+    mod, device: str, target=None, work_dir: str | Path | None = None, relax_pipeline=None
+) -> BuiltModel:
     """Compile ``mod`` for ``device`` ("cpu" or "opencl"), export it, and load it into a VM.
 
     Parameters

@@ -1,1 +1,36 @@
-"""Co-execution passes: split, chain and place operators on GPU + CPU."""
+"""Co-execution passes: split, chain and place operators on GPU + CPU.
+
+- :class:`PartitionOperators` (``partition.py``): splits the operators and chains of a
+  :class:`~codl_tvm.plan.PartitionPlan` into a GPU part and a CPU part merged with ``concat``.
+- :func:`collect_parts` (``parts.py``): which variables belong to which processor, and which
+  output region each part produces.
+- ``halo.py``: the pure-Python row/channel geometry (halo propagation through chains, Eq. 1).
+"""
+
+from .halo import (
+    ChannelMap,
+    PartSpan,
+    SlidingWindow,
+    Span,
+    chain_channel_spans,
+    chain_row_spans,
+    split_point,
+)
+from .partition import PartitionOperators
+from .parts import PARTS_ATTR, PartRecord, Processor, SplitRecord, collect_parts
+
+__all__ = [
+    "PARTS_ATTR",
+    "ChannelMap",
+    "PartRecord",
+    "PartSpan",
+    "PartitionOperators",
+    "Processor",
+    "SlidingWindow",
+    "Span",
+    "SplitRecord",
+    "chain_channel_spans",
+    "chain_row_spans",
+    "collect_parts",
+    "split_point",
+]

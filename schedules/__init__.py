@@ -1,1 +1,113 @@
-"""dlight-style schedule rules for CPU (llvm) and OpenCL targets."""
+"""dlight-style schedule rules for CPU (llvm) and OpenCL targets.
+
+Run after ``LegalizeOps`` + ``FuseOps`` + ``FuseTIR`` (NCHW PrimFuncs, padding as a separate
+block, elementwise epilogues fused after the reduction), under ``with target:``:
+
+.. code-block:: python
+
+    from codl_tvm.schedules import apply_schedules
+
+    with target:
+        mod = apply_schedules(target)(mod)
+
+``schedule_rules(target)`` lists the rules in order. Every rule gates on the PrimFunc's own
+target (its ``target`` attribute, else the current target), so one list serves a heterogeneous
+module: for an OpenCL build it holds the OpenCL rules, then the CPU rules (for PrimFuncs placed
+on the host CPU), then dlight's GPU rules as a fallback. Scheduled kernels carry ``codl.*``
+attributes (algorithm, preset, parallel extent, vector width, workgroup size and count; see
+:mod:`codl_tvm.schedules.common`); :func:`explain` tells why rules declined a PrimFunc.
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm.s_tir import dlight as dl
+from tvm.s_tir.dlight.base import ScheduleRule
+from tvm.target import Target
+
+from .common import CodlRule, RecordedRule, choose_row_width, kernel_features
+from .config import CPUConfig, OpenCLConfig, cpu_config, opencl_config
+from .cpu import CPUConv2D, CPUInjective, CPUReduction, conv2d_algorithm
+from .opencl import OpenCLConv2D, OpenCLPool2D
+
+__all__ = [
+    "CPUConfig",
+    "CPUConv2D",
+    "CPUInjective",
+    "CPUReduction",
+    "CodlRule",
+    "OpenCLConfig",
+    "OpenCLConv2D",
+    "OpenCLPool2D",
+    "RecordedRule",
+    "apply_schedules",
+    "choose_row_width",
+    "conv2d_algorithm",
+    "cpu_config",
+    "explain",
+    "kernel_features",
+    "opencl_config",
+    "schedule_rules",
+]
+
+
+def _cpu_rules(config: CPUConfig | None) -> list[ScheduleRule]:
+    return [CPUConv2D(config), CPUReduction(config), CPUInjective(config)]
+
+
+def _gpu_rules(config: OpenCLConfig | None) -> list[ScheduleRule]:
+    return [
+        OpenCLConv2D(config),
+        OpenCLPool2D(config),
+        RecordedRule(dl.gpu.Matmul(), "matmul"),
+        RecordedRule(dl.gpu.GEMV(), "gemv"),
+        RecordedRule(dl.gpu.Reduction(), "reduction"),
+        RecordedRule(dl.gpu.GeneralReduction(), "reduction"),
+        RecordedRule(dl.gpu.Fallback(), "fallback"),
+    ]
+
+
+def schedule_rules(
+    target: Target,
+    cpu: CPUConfig | None = None,
+    opencl: OpenCLConfig | None = None,
+) -> list[ScheduleRule]:
+    """The rules to apply for a build target, most specific first.
+
+    Parameters
+    ----------
+    target : Target
+        The build target: kind ``llvm`` (CPU only) or ``opencl`` (with an llvm host).
+    cpu, opencl : CPUConfig | OpenCLConfig | None
+        Fixed presets; by default each rule picks the preset of the PrimFunc's own target.
+
+    Returns
+    -------
+    list[ScheduleRule]
+    """
+    kind = target.kind.name
+    if kind == "llvm":
+        return _cpu_rules(cpu)
+    if kind == "opencl":
+        return [*_gpu_rules(opencl), *_cpu_rules(cpu)]
+    raise ValueError(
+        f"codl_tvm.schedules has rules for llvm and opencl targets, not {kind!r}"
+    )
+
+
+def apply_schedules(
+    target: Target,
+    cpu: CPUConfig | None = None,
+    opencl: OpenCLConfig | None = None,
+) -> tvm.ir.transform.Pass:
+    """A dlight ``ApplyDefaultSchedule`` pass with :func:`schedule_rules`; run under ``target``."""
+    return dl.ApplyDefaultSchedule(*schedule_rules(target, cpu, opencl))
+
+
+def explain(func: tvm.tirx.PrimFunc, target: Target) -> dict[str, str | None]:
+    """For each codl rule of ``target``, why it declines ``func`` (None where it applies)."""
+    return {
+        type(rule).__name__: rule.explain(func, target)
+        for rule in schedule_rules(target)
+        if isinstance(rule, CodlRule)
+    }

@@ -8,7 +8,7 @@ import pytest
 
 from codl_tvm.frontend import load_onnx, random_inputs
 from codl_tvm.runner import build
-from tests.onnx_data import light_model, with_random_weights
+from codl_tvm.models import light_model
 
 FAST = ["squeezenet", "bvlc_alexnet"]
 SLOW = ["vgg19", "resnet50", "inception_v1"]
@@ -19,7 +19,7 @@ RTOL = 1e-4
 def _compare(name: str) -> None:
     ort = pytest.importorskip("onnxruntime")
     # Seeded random weights: the stored constant weights make every output uniform.
-    proto = with_random_weights(light_model(name), seed=3)
+    proto = light_model(name, seed=3)
     model = load_onnx(proto)
     feeds = random_inputs(model, seed=7)
     inputs = [feeds[s.name] for s in model.inputs]

@@ -43,16 +43,26 @@ def _run_case(group: str, name: str, device: str) -> None:
     outputs = build(model.mod, device)(inputs)
     assert len(outputs) == len(expected)
     for got, want in zip(outputs, expected):
-        np.testing.assert_allclose(got, want.reshape(got.shape) if want.size == got.size else want,
-                                   rtol=RTOL, atol=ATOL)
+        np.testing.assert_allclose(
+            got, want.reshape(got.shape) if want.size == got.size else want, rtol=RTOL, atol=ATOL
+        )
 
 
 def test_case_lists_are_complete():
     # The acceptance list names these families; losing one from the data would be silent.
     names = set(CONVERTED)
-    for required in ("test_Conv2d", "test_Conv2d_depthwise", "test_Conv2d_groups",
-                     "test_Conv2d_dilated", "test_Conv2d_strided", "test_MaxPool2d",
-                     "test_AvgPool2d", "test_Linear", "test_BatchNorm2d_eval", "test_ReLU"):
+    for required in (
+        "test_Conv2d",
+        "test_Conv2d_depthwise",
+        "test_Conv2d_groups",
+        "test_Conv2d_dilated",
+        "test_Conv2d_strided",
+        "test_MaxPool2d",
+        "test_AvgPool2d",
+        "test_Linear",
+        "test_BatchNorm2d_eval",
+        "test_ReLU",
+    ):
         assert required in names
 
 

@@ -26,8 +26,9 @@ __kernel void scale_add(__global float* restrict y, __global const float* restri
   if (i < n) y[i] = a * x[i] + 1.0f;
 }
 """
-SCALE_FUNCS = {"scale_add": (["handle", "handle", "float32", "int32"],
-                             ["blockIdx.x", "threadIdx.x"])}
+SCALE_FUNCS = {
+    "scale_add": (["handle", "handle", "float32", "int32"], ["blockIdx.x", "threadIdx.x"])
+}
 
 
 def _scale_module():
@@ -85,8 +86,10 @@ def test_zero_copy_cpu_kernel_reads_and_writes_opencl_tensors(opencl):
     # ... and the GPU kernel's output is visible to numpy through the view after a sync.
     dev.sync()
     np.testing.assert_array_equal(np.from_dlpack(runtime.cpu_view(c)), np.full(256, 8.0))
-    assert np.from_dlpack(runtime.cpu_view(c)).ctypes.data == np.from_dlpack(
-        runtime.cpu_view(c)).ctypes.data
+    assert (
+        np.from_dlpack(runtime.cpu_view(c)).ctypes.data
+        == np.from_dlpack(runtime.cpu_view(c)).ctypes.data
+    )
 
 
 def test_cpu_view_rejects_cpu_tensor(opencl):
@@ -190,11 +193,17 @@ def test_unknown_device_index_is_a_clear_error(opencl):
 
 # -- separate processes: selection happens once per process ------------------------------------
 
+
 def _python(code: str, env: dict[str, str] | None = None, timeout: int = 240):
     full_env = dict(os.environ)
     full_env.update(env or {})
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=full_env,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 RUN_SCALE = """
@@ -258,8 +267,9 @@ def test_platform_selection_by_environment(opencl, tmp_path):
 
 
 def test_device_index_out_of_range_by_environment(opencl):
-    proc = _python("from codl_tvm import runtime; runtime.load(); runtime.info()",
-                   {"CODL_OPENCL_DEVICE": "17"})
+    proc = _python(
+        "from codl_tvm import runtime; runtime.load(); runtime.info()", {"CODL_OPENCL_DEVICE": "17"}
+    )
     assert proc.returncode != 0
     assert "OpenCL device index 17 does not exist" in proc.stderr
 

@@ -34,8 +34,8 @@ from codl_tvm.cost_model.features import (
     FeatureError,
     OpFeatures,
     OpParams,
-    PartShape,
     Partition,
+    PartShape,
     op_features,
     part_shape,
 )

@@ -42,8 +42,12 @@ def build_plugin(build_directory: str | None = None) -> str:
         name="codl_tvm_opencl",
         sources=[str(p) for p in plugin_sources()],
         extra_cflags=["-O2", "-Wall", "-Wno-unused-function", "-fvisibility=hidden"],
-        extra_ldflags=[f"-L{lib_dir}", *[f"-l{lib}" for lib in runtime_libs], "-ldl",
-                       f"-Wl,-rpath,{lib_dir}"],
+        extra_ldflags=[
+            f"-L{lib_dir}",
+            *[f"-l{lib}" for lib in runtime_libs],
+            "-ldl",
+            f"-Wl,-rpath,{lib_dir}",
+        ],
         extra_include_paths=[str(tvm_dir / "include"), str(_SRC_DIR)],
         build_directory=build_directory,
     )
@@ -59,7 +63,7 @@ def pyopencl_icd_loader() -> str | None:
     spec = importlib.util.find_spec("pyopencl")
     if spec is None or not spec.submodule_search_locations:
         return None
-    pkg_dir = Path(list(spec.submodule_search_locations)[0])
+    pkg_dir = Path(next(iter(spec.submodule_search_locations)))
     libs = sorted(glob.glob(str(pkg_dir / ".libs" / "libOpenCL*.so*")))
     if not libs:
         return None

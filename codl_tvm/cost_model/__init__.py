@@ -1,0 +1,71 @@
+"""Latency cost models of operator parts on the CPU and GPU (CoDL section 5, SVM paper section 3).
+
+``features`` describes an operator part with named fields, ``dataset`` stores measurements,
+``base.CostModel`` is the interface (fit / predict / save / load, JSON files), implemented by
+``analytical.CodlModel`` (CoDL's Eq. 3 per implementation, Eq. 2 composition), ``gbdt.GbdtModel``
+(xgboost per implementation with dispatch features) and ``flops.FlopsModel`` (FLOPs-linear
+baseline and fallback); ``evaluate`` holds the metrics and the ``cost-model`` commands.
+Importing this package imports neither xgboost nor matplotlib.
+"""
+
+from codl_tvm.cost_model.analytical import PRESETS, CodlConfig, CodlModel, ProcessorBlocking
+from codl_tvm.cost_model.base import (
+    CoexecLatency,
+    CostModel,
+    CostModelFallbackWarning,
+    ModelFileError,
+    SharingModel,
+    load_model,
+)
+from codl_tvm.cost_model.dataset import (
+    Dataset,
+    DatasetError,
+    DatasetWriter,
+    OpRecord,
+    SharingRecord,
+    load_dataset,
+    save_dataset,
+)
+from codl_tvm.cost_model.features import (
+    DispatchFeatures,
+    FeatureError,
+    OpFeatures,
+    OpParams,
+    Partition,
+    PartShape,
+    op_features,
+    part_shape,
+)
+from codl_tvm.cost_model.flops import FlopsModel
+from codl_tvm.cost_model.gbdt import GbdtConfig, GbdtModel
+
+__all__ = [
+    "PRESETS",
+    "CodlConfig",
+    "CodlModel",
+    "CoexecLatency",
+    "CostModel",
+    "CostModelFallbackWarning",
+    "Dataset",
+    "DatasetError",
+    "DatasetWriter",
+    "DispatchFeatures",
+    "FeatureError",
+    "FlopsModel",
+    "GbdtConfig",
+    "GbdtModel",
+    "ModelFileError",
+    "OpFeatures",
+    "OpParams",
+    "OpRecord",
+    "PartShape",
+    "Partition",
+    "ProcessorBlocking",
+    "SharingModel",
+    "SharingRecord",
+    "load_dataset",
+    "load_model",
+    "op_features",
+    "part_shape",
+    "save_dataset",
+]

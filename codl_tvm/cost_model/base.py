@@ -1,0 +1,395 @@
+"""The cost-model interface, its JSON file format and CoDL's Eq. 2 composition.
+
+Every model (CoDL's analytical model, GBDT, FLOPs-linear) is a ``CostModel``:
+
+- ``fit(records)`` learns from dataset records (``OpRecord`` for compute, ``SharingRecord`` for
+  data-sharing costs; other records are ignored),
+- ``predict(features) -> latency_ms`` for one operator part on one processor,
+- ``save(path)`` / ``load(path)``: one JSON file (never pickle) with ``format``, ``version`` and
+  ``kind``; a corrupt, foreign or version-mismatched file raises ``ModelFileError`` naming the
+  file and the problem.
+
+A model that does not cover an operator (operator kind, processor or implementation it never saw)
+predicts it with its embedded FLOPs-linear model and emits a ``CostModelFallbackWarning`` naming
+the operator.
+
+``predict_coexec`` composes CoDL's Eq. 2,
+``T = T_trans + T_map + T_psync + max(T_cpu, T_gpu)``, where the data-sharing terms are linear in
+the bytes the CPU side shares (its input part plus its output part) and are added only when both
+processors run a part and the operator is not inside a chain (``chained=False``): inside a chain
+each processor reads data it produced itself (CoDL section 4.2). Unmap and post-sync are fitted
+when measured but, as in CoDL, left out of Eq. 2 (they are ~50 us).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import warnings
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from importlib import import_module
+from pathlib import Path
+from typing import ClassVar
+
+import numpy as np
+
+from codl_tvm.cost_model._linalg import nnls
+from codl_tvm.cost_model.dataset import SHARING_KINDS, OpRecord, SharingRecord
+from codl_tvm.cost_model.features import (
+    PROCESSORS,
+    DispatchFeatures,
+    OpFeatures,
+    OpParams,
+    Partition,
+    op_features,
+)
+
+__all__ = [
+    "MODEL_FORMAT",
+    "MODEL_KINDS",
+    "MODEL_VERSION",
+    "CoexecLatency",
+    "CostModel",
+    "CostModelFallbackWarning",
+    "ModelFileError",
+    "SharingModel",
+    "load_model",
+    "shared_nbytes",
+]
+
+MODEL_FORMAT = "codl-tvm-cost-model"
+MODEL_VERSION = 1
+# kind -> "module:Class", resolved lazily (gbdt needs xgboost only when used).
+MODEL_KINDS: dict[str, str] = {
+    "codl": "codl_tvm.cost_model.analytical:CodlModel",
+    "gbdt": "codl_tvm.cost_model.gbdt:GbdtModel",
+    "flops": "codl_tvm.cost_model.flops:FlopsModel",
+}
+
+
+class ModelFileError(ValueError):
+    """A model file is unreadable, not a cost model, of another version or kind, or corrupt."""
+
+
+class CostModelFallbackWarning(UserWarning):
+    """An operator the model does not cover was predicted with the FLOPs-linear fallback."""
+
+
+def _model_class(kind: str) -> type[CostModel]:
+    module, _, name = MODEL_KINDS[kind].partition(":")
+    return getattr(import_module(module), name)
+
+
+# ---------------------------------------------------------------------------------------------
+# Data-sharing costs (CoDL section 5.1).
+
+
+@dataclass(frozen=True)
+class _Linear:
+    intercept_ms: float
+    ms_per_byte: float
+    n: int
+
+    def __call__(self, nbytes: float) -> float:
+        return self.intercept_ms + self.ms_per_byte * nbytes
+
+
+class SharingModel:
+    """Data-sharing latency per kind: linear in bytes (transform, map, unmap) or a constant
+    upper bound (pre-sync, post-sync: no pattern in bytes, CoDL Fig. 14b).
+
+    Coefficients are non-negative (non-negative least squares).
+    """
+
+    CONSTANT_KINDS: ClassVar[tuple[str, ...]] = ("presync", "postsync")
+
+    def __init__(self, linear: dict[str, _Linear] | None = None,
+                 constant_ms: dict[str, float] | None = None) -> None:
+        self.linear = dict(linear or {})
+        self.constant_ms = dict(constant_ms or {})
+
+    @classmethod
+    def fit(cls, records: Iterable[SharingRecord], presync_quantile: float = 1.0) -> SharingModel:
+        """Fit every kind present; ``presync_quantile`` picks the constant (1.0 = the measured
+        upper bound, as CoDL does)."""
+        by_kind: dict[str, list[SharingRecord]] = {}
+        for r in records:
+            by_kind.setdefault(r.kind, []).append(r)
+        linear, constant = {}, {}
+        for kind, recs in by_kind.items():
+            y = np.array([r.latency_ms for r in recs])
+            if kind in cls.CONSTANT_KINDS:
+                constant[kind] = float(np.quantile(y, presync_quantile))
+                continue
+            x = np.array([r.nbytes for r in recs], dtype=np.float64)
+            a = np.stack([np.ones_like(x), x], axis=1)
+            coef = nnls(a, y) if len(recs) > 1 else np.array([y[0], 0.0])
+            linear[kind] = _Linear(float(coef[0]), float(coef[1]), len(recs))
+        return cls(linear, constant)
+
+    def has(self, kind: str) -> bool:
+        return kind in self.linear or kind in self.constant_ms
+
+    def predict(self, kind: str, nbytes: float) -> float:
+        """Latency in ms of one ``kind`` step sharing ``nbytes`` (0 where never measured)."""
+        if kind not in SHARING_KINDS:
+            raise ValueError(f"sharing kind {kind!r} is not one of {SHARING_KINDS}")
+        if kind in self.constant_ms:
+            return self.constant_ms[kind]
+        if kind in self.linear:
+            return self.linear[kind](nbytes)
+        return 0.0
+
+    def to_json(self) -> dict:
+        return {
+            "linear": {k: {"intercept_ms": v.intercept_ms, "ms_per_byte": v.ms_per_byte,
+                           "n": v.n} for k, v in sorted(self.linear.items())},
+            "constant_ms": dict(sorted(self.constant_ms.items())),
+        }
+
+    @classmethod
+    def from_json(cls, obj: dict) -> SharingModel:
+        linear = {k: _Linear(float(v["intercept_ms"]), float(v["ms_per_byte"]), int(v["n"]))
+                  for k, v in obj["linear"].items()}
+        for k in (*linear, *obj["constant_ms"]):
+            if k not in SHARING_KINDS:
+                raise ValueError(f"unknown sharing kind {k!r}")
+        return cls(linear, {k: float(v) for k, v in obj["constant_ms"].items()})
+
+
+def shared_nbytes(params: OpParams, partition: Partition, dtype_bytes: int = 4) -> int:
+    """Bytes shared between the processors for one co-executed operator: the CPU part's input
+    (its rows plus halo for H, all of it for OC) and its output part."""
+    from codl_tvm.cost_model.features import part_shape
+
+    cpu = part_shape(params, partition, "cpu")
+    if cpu.empty:
+        return 0
+    return dtype_bytes * (cpu.in_h * cpu.in_w * cpu.ic + cpu.out_h * cpu.out_w * cpu.oc)
+
+
+@dataclass(frozen=True)
+class CoexecLatency:
+    """Eq. 2 terms of one co-executed operator (ms)."""
+
+    total_ms: float
+    cpu_ms: float
+    gpu_ms: float
+    transform_ms: float = 0.0
+    map_ms: float = 0.0
+    presync_ms: float = 0.0
+    shared_nbytes: int = 0
+
+
+# ---------------------------------------------------------------------------------------------
+# The interface.
+
+
+def _num(obj, key: str) -> float:
+    v = obj[key]
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+        raise ValueError(f"{key!r} must be a finite number, got {v!r}")
+    return float(v)
+
+
+class CostModel(ABC):
+    """Predicts the latency of one operator part on one processor (see the module docstring).
+
+    Subclasses implement ``_fit_ops``, ``covers``, ``_predict_covered``, ``_body_json`` and
+    ``_load_body``; fallback, sharing costs, Eq. 2 and the file format live here.
+    """
+
+    kind: ClassVar[str]
+
+    def __init__(self) -> None:
+        self.fallback: CostModel | None = None
+        self.sharing: SharingModel | None = None
+        self.meta: dict = {}
+        self.presync_quantile = 1.0
+
+    # -- fitting -------------------------------------------------------------------------------
+    def fit(self, records: Iterable) -> CostModel:
+        """Fit on dataset records; returns ``self``."""
+        records = list(records)
+        ops = [r for r in records if isinstance(r, OpRecord)]
+        shares = [r for r in records if isinstance(r, SharingRecord)]
+        if not ops:
+            raise ValueError(f"{self.kind} cost model: no operator records to fit")
+        self._fit_ops(ops)
+        if self.kind != "flops":
+            self.fallback = _model_class("flops")().fit(ops)
+        self.sharing = SharingModel.fit(shares, self.presync_quantile) if shares else None
+        self.meta.setdefault("n_train", len(ops))
+        self.meta.setdefault("n_train_sharing", len(shares))
+        return self
+
+    @abstractmethod
+    def _fit_ops(self, records: list[OpRecord]) -> None: ...
+
+    # -- prediction ----------------------------------------------------------------------------
+    @abstractmethod
+    def covers(self, features: OpFeatures) -> bool:
+        """Whether the model has a sub-model for this operator kind/processor/implementation."""
+
+    @abstractmethod
+    def _predict_covered(self, features: Sequence[OpFeatures]) -> np.ndarray: ...
+
+    def predict(self, features: OpFeatures) -> float:
+        """Latency in ms of one part (falls back to FLOPs, with a warning, if not covered)."""
+        return float(self.predict_many([features])[0])
+
+    def predict_many(self, features: Sequence[OpFeatures]) -> np.ndarray:
+        features = list(features)
+        out = np.empty(len(features))
+        mask = [self.covers(f) for f in features]
+        covered = [i for i, ok in enumerate(mask) if ok]
+        missing = [i for i, ok in enumerate(mask) if not ok]
+        if covered:
+            out[covered] = self._predict_covered([features[i] for i in covered])
+        if missing:
+            if self.fallback is None:
+                raise ValueError(f"{self.kind} cost model covers no sub-model for "
+                                 f"{features[missing[0]].describe()} and has no fallback")
+            for i in missing:
+                warnings.warn(CostModelFallbackWarning(
+                    f"{self.kind} cost model has no sub-model for operator "
+                    f"{features[i].describe()}; predicting it with the FLOPs-linear fallback"),
+                    stacklevel=3)
+            out[missing] = self.fallback.predict_many([features[i] for i in missing])
+        return out
+
+    def predict_sharing(self, kind: str, nbytes: float) -> float:
+        """Data-sharing latency in ms (0 for a kind that was never measured)."""
+        return 0.0 if self.sharing is None else self.sharing.predict(kind, nbytes)
+
+    def predict_coexec(
+        self,
+        params: OpParams,
+        partition: Partition,
+        impl: Mapping[str, str] | str,
+        chained: bool = False,
+        dispatch: Mapping[str, DispatchFeatures] | None = None,
+        name: str | None = None,
+        dtype_bytes: int = 4,
+    ) -> CoexecLatency:
+        """CoDL Eq. 2 for one operator under ``partition`` (see the module docstring).
+
+        ``impl`` is the implementation per processor (or one name for both); ``dispatch`` the
+        dispatch features per processor where known.
+        """
+        impls = {p: impl for p in PROCESSORS} if isinstance(impl, str) else dict(impl)
+        dispatch = dispatch or {}
+        times = {}
+        for proc in PROCESSORS:
+            if partition.dim == "none":
+                runs = (partition.ratio >= 1.0) == (proc == "gpu")
+            else:
+                runs = (partition.ratio > 0.0) if proc == "gpu" else (partition.ratio < 1.0)
+            feats = None
+            if runs:
+                if proc not in impls:
+                    raise ValueError(f"{params.describe()}: no implementation given for {proc}")
+                feats = op_features(params, proc, impls[proc], partition, dispatch.get(proc),
+                                    name=name)
+            times[proc] = 0.0 if feats is None or feats.part.empty else self.predict(feats)
+        both = times["cpu"] > 0.0 and times["gpu"] > 0.0
+        trans = mapping = presync = 0.0
+        nbytes = 0
+        if both and not chained:
+            nbytes = shared_nbytes(params, partition, dtype_bytes)
+            if self.sharing is None:
+                warnings.warn(f"{self.kind} cost model has no data-sharing measurements; "
+                              f"T_trans, T_map and T_psync of {params.describe()} are taken as 0",
+                              stacklevel=2)
+            trans = self.predict_sharing("transform", nbytes)
+            mapping = self.predict_sharing("map", nbytes)
+            presync = self.predict_sharing("presync", nbytes)
+        total = trans + mapping + presync + max(times["cpu"], times["gpu"])
+        return CoexecLatency(total, times["cpu"], times["gpu"], trans, mapping, presync, nbytes)
+
+    # -- files ---------------------------------------------------------------------------------
+    @abstractmethod
+    def _body_json(self) -> dict: ...
+
+    @abstractmethod
+    def _load_body(self, body: dict) -> None: ...
+
+    def to_json(self) -> dict:
+        return {
+            "format": MODEL_FORMAT,
+            "version": MODEL_VERSION,
+            "kind": self.kind,
+            "meta": self.meta,
+            "model": self._body_json(),
+            "fallback": None if self.fallback is None else self.fallback.to_json(),
+            "sharing": None if self.sharing is None else self.sharing.to_json(),
+        }
+
+    def dumps(self) -> str:
+        """The model file's text (compact JSON; floats round-trip exactly)."""
+        return json.dumps(self.to_json(), separators=(",", ":"), allow_nan=False)
+
+    def save(self, path: str | os.PathLike) -> None:
+        path = Path(path)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(self.dumps() + "\n", encoding="utf-8")
+        os.replace(tmp, path)
+
+    @classmethod
+    def from_json(cls, obj: dict, source: str = "<model>") -> CostModel:
+        """Build a model from its JSON dict (raises ``ModelFileError`` naming ``source``)."""
+        if not isinstance(obj, dict) or obj.get("format") != MODEL_FORMAT:
+            raise ModelFileError(f"{source}: not a codl-tvm cost model file (expected \"format\": "
+                                 f"\"{MODEL_FORMAT}\")")
+        version = obj.get("version")
+        if version != MODEL_VERSION:
+            raise ModelFileError(f"{source}: cost model format version {version!r} is not "
+                                 f"supported (this codl-tvm reads version {MODEL_VERSION}); "
+                                 "refit the model with `codl-tvm cost-model fit`")
+        kind = obj.get("kind")
+        if kind not in MODEL_KINDS:
+            raise ModelFileError(f"{source}: unknown cost model kind {kind!r} (known: "
+                                 f"{sorted(MODEL_KINDS)})")
+        klass = _model_class(kind)
+        if cls is not CostModel and not issubclass(klass, cls):
+            raise ModelFileError(f"{source}: holds a {kind!r} model, not a {cls.kind!r} model")
+        model = klass()
+        try:
+            model.meta = dict(obj.get("meta") or {})
+            model._load_body(obj["model"])
+            if obj.get("fallback") is not None:
+                model.fallback = CostModel.from_json(obj["fallback"], f"{source} (fallback)")
+            if obj.get("sharing") is not None:
+                model.sharing = SharingModel.from_json(obj["sharing"])
+        except ModelFileError:
+            raise
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
+            what = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)
+            raise ModelFileError(f"{source}: corrupt {kind!r} cost model ({what})") from None
+        return model
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> CostModel:
+        """Load a model file (``CostModel.load`` accepts any kind; a subclass only its own)."""
+        path = Path(path)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise ModelFileError(f"{path}: no such cost model file") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ModelFileError(f"{path}: cannot read the cost model file ({exc})") from None
+        try:
+            obj = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ModelFileError(f"{path}: corrupt cost model file, not valid JSON ({exc.msg} at "
+                                 f"line {exc.lineno} column {exc.colno})") from None
+        return cls.from_json(obj, str(path))
+
+
+def load_model(path: str | os.PathLike) -> CostModel:
+    """Load a cost model file of any kind."""
+    return CostModel.load(path)
+

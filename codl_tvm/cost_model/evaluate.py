@@ -1,0 +1,358 @@
+"""Fit and evaluate cost models; the ``codl-tvm cost-model`` commands.
+
+Held-out split: a record is in the test part when a seeded hash of its key (``OpRecord.key``:
+operator, shape, partition, processor, implementation, device) falls below the held-out fraction
+(CoDL used 70/30). Membership depends on the record alone, so repeated measurements of one
+configuration stay on one side, and appending to a dataset never moves a record from the test
+part into the training part.
+
+Metrics (CoDL Table 3/4, SVM paper Table 1): +-10% accuracy (share of predictions within 10% of
+the measurement) and MAPE, overall, per processor and per (operator, processor,
+implementation); model file size; prediction time per operator (``time.perf_counter``; reported,
+never asserted). The FLOPs-linear baseline reported beside a model is the one embedded in it,
+fitted on the same training part.
+
+Commands (``register_cli`` adds them to the ``codl-tvm`` parser)::
+
+    codl-tvm cost-model fit DATA.jsonl -o MODEL.json [--kind codl|gbdt|flops] [--holdout 0.3]
+    codl-tvm cost-model eval MODEL.json DATA.jsonl [--json] [--plot OUT.png] [--all]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import time
+import warnings
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from codl_tvm.cost_model.base import CostModel, CostModelFallbackWarning, ModelFileError
+from codl_tvm.cost_model.dataset import DatasetError, OpRecord, SharingRecord, load_dataset
+
+__all__ = [
+    "Accuracy",
+    "EvalReport",
+    "accuracy",
+    "evaluate",
+    "fit_model",
+    "format_report",
+    "plot_scatter",
+    "register_cli",
+    "split_records",
+]
+
+
+def _in_test(key: str, holdout: float, seed: int) -> bool:
+    digest = hashlib.sha256(f"{seed}\x00{key}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2.0**64 < holdout
+
+
+def split_records(records: Iterable, holdout: float = 0.3, seed: int = 0) -> tuple[list, list]:
+    """``(train, test)``: each record goes to test when its seeded key hash is < ``holdout``."""
+    if not 0.0 <= holdout < 1.0:
+        raise ValueError(f"held-out fraction must be in [0, 1), got {holdout!r}")
+    train, test = [], []
+    for r in records:
+        (test if _in_test(r.key(), holdout, seed) else train).append(r)
+    return train, test
+
+
+@dataclass(frozen=True)
+class Accuracy:
+    """``acc10``: share of |pred - meas| / meas <= 10%; ``mape``: mean |pred - meas| / meas in %."""
+
+    n: int
+    acc10: float
+    mape: float
+
+
+def accuracy(predicted: Sequence[float], measured: Sequence[float], tol: float = 0.10) -> Accuracy:
+    """+-``tol`` accuracy and MAPE of predictions against measurements (all > 0)."""
+    p = np.asarray(predicted, dtype=np.float64)
+    m = np.asarray(measured, dtype=np.float64)
+    if p.shape != m.shape:
+        raise ValueError(f"{p.shape[0]} predictions for {m.shape[0]} measurements")
+    if len(m) == 0:
+        return Accuracy(0, float("nan"), float("nan"))
+    if np.any(m <= 0):
+        raise ValueError("measured latencies must be > 0 for relative errors")
+    rel = np.abs(p - m) / m
+    # The tiny slack keeps exact 10% errors (e.g. 1.1 vs 1.0) inside despite rounding.
+    return Accuracy(len(m), float(np.mean(rel <= tol + 1e-12)), float(100.0 * np.mean(rel)))
+
+
+@dataclass
+class EvalReport:
+    """Accuracy of a model (and its FLOPs baseline) on a set of records."""
+
+    kind: str
+    model_bytes: int
+    n_eval: int
+    split: str
+    overall: Accuracy
+    per_processor: dict[str, Accuracy]
+    per_group: dict[str, Accuracy]
+    baseline: dict[str, Accuracy]
+    n_fallback: int
+    predict_us_per_op: float
+    predict_batch_us_per_op: float
+    sharing: dict[str, Accuracy] = field(default_factory=dict)
+    predicted: list[float] = field(default_factory=list, repr=False)
+    measured: list[float] = field(default_factory=list, repr=False)
+    baseline_predicted: list[float] = field(default_factory=list, repr=False)
+    labels: list[str] = field(default_factory=list, repr=False)
+
+    def to_json(self) -> dict:
+        out = asdict(self)
+        for k in ("predicted", "measured", "baseline_predicted", "labels"):
+            out.pop(k)
+        return out
+
+
+def _by(labels: list[str], pred: np.ndarray, meas: np.ndarray) -> dict[str, Accuracy]:
+    out = {}
+    for label in sorted(set(labels)):
+        sel = np.array([x == label for x in labels])
+        out[label] = accuracy(pred[sel], meas[sel])
+    return out
+
+
+def evaluate(
+    model: CostModel,
+    records: Iterable,
+    split: str = "all records",
+    timing: bool = True,
+) -> EvalReport:
+    """Evaluate ``model`` (and its embedded FLOPs baseline) on ``records``."""
+    records = list(records)
+    ops = [r for r in records if isinstance(r, OpRecord)]
+    shares = [r for r in records if isinstance(r, SharingRecord)]
+    if not ops:
+        raise ValueError("no operator records to evaluate on")
+    feats = [r.features() for r in ops]
+    meas = np.array([r.latency_ms for r in ops])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", CostModelFallbackWarning)
+        pred = model.predict_many(feats)
+    n_fallback = sum(issubclass(w.category, CostModelFallbackWarning) for w in caught)
+    baseline_model = model.fallback if model.fallback is not None else model
+    base = baseline_model.predict_many(feats)
+
+    per_op_us = batch_us = float("nan")
+    if timing:
+        sample = feats[: min(len(feats), 200)]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", CostModelFallbackWarning)
+            t0 = time.perf_counter()
+            for f in sample:
+                model.predict(f)
+            per_op_us = (time.perf_counter() - t0) / len(sample) * 1e6
+            t0 = time.perf_counter()
+            model.predict_many(feats)
+            batch_us = (time.perf_counter() - t0) / len(feats) * 1e6
+
+    procs = [f.processor for f in feats]
+    groups = [f"{f.op}/{f.processor}/{f.impl}" for f in feats]
+    sharing = {}
+    if shares and model.sharing is not None:
+        kinds = [r.kind for r in shares]
+        sp = np.array([model.predict_sharing(r.kind, r.nbytes) for r in shares])
+        sm = np.array([r.latency_ms for r in shares])
+        keep = sm > 0
+        sharing = _by([k for k, ok in zip(kinds, keep) if ok], sp[keep], sm[keep])
+    return EvalReport(
+        kind=model.kind,
+        model_bytes=len(model.dumps().encode()),
+        n_eval=len(ops),
+        split=split,
+        overall=accuracy(pred, meas),
+        per_processor=_by(procs, pred, meas),
+        per_group=_by(groups, pred, meas),
+        baseline={"overall": accuracy(base, meas), **_by(procs, base, meas)},
+        n_fallback=n_fallback,
+        predict_us_per_op=per_op_us,
+        predict_batch_us_per_op=batch_us,
+        sharing=sharing,
+        predicted=[float(x) for x in pred],
+        measured=[float(x) for x in meas],
+        baseline_predicted=[float(x) for x in base],
+        labels=groups,
+    )
+
+
+def fit_model(kind: str, records: Iterable, **options) -> CostModel:
+    """Fit a model of ``kind`` (``codl``: option ``config`` = CodlConfig or preset name;
+    ``gbdt``: option ``config`` = GbdtConfig)."""
+    if kind == "codl":
+        from codl_tvm.cost_model.analytical import CodlModel
+
+        model = CodlModel(**options)
+    elif kind == "gbdt":
+        from codl_tvm.cost_model.gbdt import GbdtModel
+
+        model = GbdtModel(**options)
+    elif kind == "flops":
+        from codl_tvm.cost_model.flops import FlopsModel
+
+        model = FlopsModel(**options)
+    else:
+        raise ValueError(f"unknown cost model kind {kind!r} (codl, gbdt, flops)")
+    return model.fit(records)
+
+
+def _fmt(a: Accuracy) -> str:
+    return f"n={a.n:5d}  +-10%: {100 * a.acc10:5.1f}%  MAPE: {a.mape:6.2f}%"
+
+
+def format_report(r: EvalReport) -> str:
+    """Human-readable report."""
+    lines = [f"cost model: {r.kind}   size: {r.model_bytes} bytes (FLOPs fallback included)",
+             f"evaluated on: {r.split} ({r.n_eval} operator records)",
+             f"  overall          {_fmt(r.overall)}"]
+    lines += [f"  {p:<16} {_fmt(a)}" for p, a in r.per_processor.items()]
+    lines.append("per operator/processor/implementation:")
+    lines += [f"  {g:<30} {_fmt(a)}" for g, a in r.per_group.items()]
+    lines.append("FLOPs-linear baseline (same training data):")
+    lines += [f"  {g:<16} {_fmt(a)}" for g, a in r.baseline.items()]
+    if r.sharing:
+        lines.append("data-sharing costs:")
+        lines += [f"  {k:<16} {_fmt(a)}" for k, a in r.sharing.items()]
+    if r.n_fallback:
+        lines.append(f"{r.n_fallback} operators were not covered and used the FLOPs fallback")
+    lines.append(f"prediction time: {r.predict_us_per_op:.1f} us per op one at a time, "
+                 f"{r.predict_batch_us_per_op:.1f} us per op in a batch (this machine)")
+    return "\n".join(lines)
+
+
+def plot_scatter(report: EvalReport, path: str, title: str | None = None) -> None:
+    """Predicted vs measured latency (log-log, +-10% band), the model beside the FLOPs baseline.
+
+    matplotlib is imported here, with the Agg canvas (no display, no global backend change).
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    meas = np.array(report.measured)
+    fig = Figure(figsize=(10, 4.6))
+    FigureCanvasAgg(fig)
+    lo, hi = meas.min() / 1.5, meas.max() * 1.5
+    line = np.array([lo, hi])
+    panels = ((report.predicted, f"{report.kind} (+-10%: {100 * report.overall.acc10:.0f}%, "
+                                 f"MAPE {report.overall.mape:.1f}%)"),
+              (report.baseline_predicted,
+               f"FLOPs baseline (+-10%: {100 * report.baseline['overall'].acc10:.0f}%, "
+               f"MAPE {report.baseline['overall'].mape:.1f}%)"))
+    for i, (pred, label) in enumerate(panels):
+        ax = fig.add_subplot(1, 2, i + 1)
+        pred = np.array(pred)
+        for group in sorted(set(report.labels)):
+            sel = np.array([g == group for g in report.labels])
+            ax.scatter(meas[sel], pred[sel], s=8, alpha=0.7, label=group)
+        ax.plot(line, line, "k-", lw=0.8)
+        ax.fill_between(line, line * 0.9, line * 1.1, color="grey", alpha=0.25, lw=0)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlim(lo, hi)
+        ax.set_ylim(lo, hi)
+        ax.set_xlabel("measured latency (ms)")
+        ax.set_ylabel("predicted latency (ms)")
+        ax.set_title(label, fontsize=9)
+        if i == 0:
+            ax.legend(fontsize=6, loc="upper left")
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+# ---------------------------------------------------------------------------------------------
+# CLI
+
+
+def _cli_error(message: str) -> Exception:
+    try:
+        from codl_tvm.cli import CliError
+    except ImportError:  # pragma: no cover - the CLI module ships with the package
+        return SystemExit(f"codl-tvm: error: {message}")
+    return CliError(message)
+
+
+def cmd_fit(args: argparse.Namespace) -> int:
+    try:
+        data = load_dataset(args.data)
+        train, test = split_records(data.records, args.holdout, args.seed)
+        options = {}
+        if args.kind == "codl":
+            options["config"] = args.preset
+        elif args.kind == "gbdt" and args.trees is not None:
+            from codl_tvm.cost_model.gbdt import GbdtConfig
+
+            options["config"] = GbdtConfig(n_estimators=args.trees)
+        model = fit_model(args.kind, train, **options)
+    except (DatasetError, ValueError) as exc:
+        raise _cli_error(str(exc)) from None
+    model.meta.update({"dataset": str(args.data), "holdout": args.holdout, "seed": args.seed,
+                       "n_train": sum(isinstance(r, OpRecord) for r in train),
+                       "n_test": sum(isinstance(r, OpRecord) for r in test)})
+    model.save(args.output)
+    print(f"fitted a {args.kind} cost model on {model.meta['n_train']} operator records "
+          f"({args.holdout:.0%} held out, seed {args.seed}); wrote {args.output} "
+          f"({len(model.dumps().encode())} bytes)")
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    try:
+        model = CostModel.load(args.model)
+        data = load_dataset(args.data)
+        holdout = float(model.meta.get("holdout", 0.0))
+        seed = int(model.meta.get("seed", 0))
+        if args.all or holdout == 0.0:
+            records, split = data.records, f"all records of {args.data}"
+        else:
+            _, records = split_records(data.records, holdout, seed)
+            split = f"held-out {holdout:.0%} of {args.data} (seed {seed})"
+        report = evaluate(model, records, split)
+    except (DatasetError, ModelFileError, ValueError) as exc:
+        raise _cli_error(str(exc)) from None
+    if args.json:
+        print(json.dumps(report.to_json(), indent=2))
+    else:
+        print(format_report(report))
+    if args.plot:
+        plot_scatter(report, args.plot, title=f"{args.model} on {split}")
+        if not args.json:
+            print(f"wrote {args.plot}")
+    return 0
+
+
+def register_cli(subparsers) -> None:
+    """Add ``cost-model fit`` and ``cost-model eval`` to an argparse subparsers object."""
+    p = subparsers.add_parser("cost-model", help="fit and evaluate latency cost models")
+    sub = p.add_subparsers(dest="cost_model_command", required=True)
+
+    f = sub.add_parser("fit", help="fit a cost model on a latency dataset")
+    f.add_argument("data", help="dataset (.jsonl) written by `codl-tvm profile`")
+    f.add_argument("-o", "--output", required=True, help="model file to write (.json)")
+    f.add_argument("--kind", choices=("codl", "gbdt", "flops"), default="codl")
+    f.add_argument("--preset", default="mobile",
+                   help="blocking preset of the codl model (mobile, pocl-local, emulated-soc, "
+                        "nvidia-h100)")
+    f.add_argument("--trees", type=int, help="boosting rounds of the gbdt model")
+    f.add_argument("--holdout", type=float, default=0.3,
+                   help="fraction of records held out for `eval` (default 0.3; 0 = fit on all)")
+    f.add_argument("--seed", type=int, default=0, help="seed of the held-out split")
+    f.set_defaults(func=cmd_fit)
+
+    e = sub.add_parser("eval", help="accuracy of a cost model on a dataset's held-out part")
+    e.add_argument("model", help="model file (.json)")
+    e.add_argument("data", help="dataset (.jsonl)")
+    e.add_argument("--json", action="store_true", help="print the report as JSON")
+    e.add_argument("--plot", help="write a predicted-vs-measured scatter plot (PNG)")
+    e.add_argument("--all", action="store_true",
+                   help="evaluate on every record (e.g. a dataset the model was not fitted on)")
+    e.set_defaults(func=cmd_eval)

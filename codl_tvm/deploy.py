@@ -1,0 +1,413 @@
+"""Deploy an ONNX model to a device behind a TVM RPC tracker and check it against the host.
+
+``codl-tvm deploy MODEL.onnx --tracker HOST:PORT --key KEY [--target PRESET] [--device cpu]``
+imports the model, asks the tracker for a device of ``KEY`` (bounded wait), checks the device's
+TVM version before anything is uploaded, cross-compiles for the target preset
+(:mod:`codl_tvm.targets`), uploads the library, runs it in the Relax VM on the remote device,
+compares the outputs with a build for this machine's CPU, and prints the remote latency measured
+by ``time_evaluator`` on the device.
+
+Without ``--target`` the preset follows what the remote reports (x86-64 -> ``host``, aarch64
+Android -> ``android-arm64``, other aarch64 -> ``linux-arm64``; servers started with
+``python -m codl_tvm.rpc_utils serve`` report it). ``--device opencl`` needs a remote whose
+server loaded codl-tvm's OpenCL plugin (``serve --opencl``); ``--device coexec`` and ``--plan``
+need the co-execution pipeline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from codl_tvm.rpc_utils import (
+    RemoteDevice,
+    RPCError,
+    check_remote_versions,
+    request_remote,
+)
+from codl_tvm.targets import TargetPreset, get_preset
+
+__all__ = [
+    "DeployError",
+    "DeployResult",
+    "RemoteRun",
+    "compare_outputs",
+    "compile_for",
+    "deploy",
+    "register_cli",
+    "run_remote",
+    "select_preset",
+]
+
+DEVICES = ("cpu", "opencl", "coexec")
+
+
+class DeployError(RuntimeError):
+    """The deployment cannot proceed; the message names the problem."""
+
+
+@dataclass(frozen=True)
+class RemoteRun:
+    """Outputs of one remote run and the remote latency statistics (ms)."""
+
+    outputs: list[np.ndarray]
+    median_ms: float | None
+    min_ms: float | None
+    max_ms: float | None
+    repeats: int
+
+
+@dataclass(frozen=True)
+class DeployResult:
+    """What :func:`deploy` did and measured.
+
+    Attributes
+    ----------
+    device
+        The remote device (``key@host:port``).
+    preset
+        The target preset the model was compiled for.
+    library
+        The exported model library.
+    outputs, reference
+        Remote outputs and the host CPU build's outputs, in graph output order.
+    max_abs_error
+        Largest absolute difference between the two.
+    matches
+        Whether every output is within ``atol + rtol * max|reference|``.
+    run
+        The remote run, with latency.
+    remote_versions
+        What the remote reported about itself (``None`` for a stock server).
+    """
+
+    device: str
+    preset: str
+    library: Path
+    outputs: list[np.ndarray]
+    reference: list[np.ndarray]
+    max_abs_error: float
+    matches: bool
+    run: RemoteRun
+    remote_versions: dict | None
+
+
+def select_preset(target: str | TargetPreset | None, device: str,
+                  remote_info: dict | None, remote_name: str) -> TargetPreset:
+    """The preset to compile for: ``target`` if given (checked against what the remote reports),
+    else derived from the remote's machine and OS.
+
+    Raises
+    ------
+    DeployError
+        No target and the remote cannot report its machine, or the preset's CPU differs from it.
+    KeyError
+        Unknown preset name (the message lists the valid ones).
+    """
+    import platform
+
+    machine = (remote_info or {}).get("machine")
+    if target is None:
+        if machine is None:
+            raise DeployError(f"remote device {remote_name} does not report its machine; pass "
+                              "--target PRESET (see `codl-tvm deploy --list-targets`)")
+        android = (remote_info or {}).get("android") == "1"
+        if machine in ("aarch64", "arm64"):
+            name = ("android-adreno" if android else "linux-arm64-mali") if device == "opencl" \
+                else ("android-arm64" if android else "linux-arm64")
+        elif machine == platform.machine():
+            name = "opencl" if device == "opencl" else "host"
+        else:
+            raise DeployError(f"remote device {remote_name} is a {machine} machine and no preset "
+                              "matches it; pass --target PRESET")
+        return get_preset(name)
+    preset = get_preset(target)
+    if machine is not None:
+        want = preset.triple.split("-")[0] if preset.triple else platform.machine()
+        have = "aarch64" if machine == "arm64" else machine
+        if want != have:
+            raise DeployError(f"target preset '{preset.name}' builds for {want} but remote device "
+                              f"{remote_name} reports a {have} machine; choose a matching "
+                              "--target")
+    if device == "opencl" and not preset.has_gpu:
+        raise DeployError(f"--device opencl needs a preset with an OpenCL GPU; '{preset.name}' "
+                          f"has none")
+    return preset
+
+
+def compile_for(mod, preset: str | TargetPreset, device: str = "cpu",
+                work_dir: str | Path | None = None, mcpu: str | None = None) -> Path:
+    """Compile a Relax module for ``preset``'s ``device`` and export it as a shared library.
+
+    Cross presets link with the NDK or clang + lld (:func:`codl_tvm.targets.export_library`).
+    """
+    import tvm
+
+    from codl_tvm.pipeline import single_device_pipeline
+    from codl_tvm.targets import export_library
+
+    preset = get_preset(preset)
+    target = preset.target("opencl" if device == "opencl" else "cpu", mcpu)
+    ex = tvm.compile(mod, target=target, relax_pipeline=single_device_pipeline(target))
+    work = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="codl-tvm-deploy-"))
+    work.mkdir(parents=True, exist_ok=True)
+    path = work / f"model_{preset.name}_{device}.so"
+    export_library(ex, path, preset)
+    return path
+
+
+def run_remote(remote: RemoteDevice, library: str | Path, inputs: Sequence[np.ndarray],
+               device: str = "cpu", number: int = 5, repeat: int = 3) -> RemoteRun:
+    """Upload ``library``, run ``main`` once on the remote device, then time it.
+
+    ``repeat=0`` skips timing. Any failure of the remote raises
+    :class:`codl_tvm.rpc_utils.RemoteFailure` naming the device and the stage.
+    """
+    import tvm
+    from tvm.runtime.vm import VirtualMachine
+
+    library = Path(library)
+    sess = remote.session
+    remote.call("uploading the model", lambda: sess.upload(str(library)))
+    rlib = remote.call("loading the model", lambda: sess.load_module(library.name))
+    dev = sess.cl(0) if device == "opencl" else sess.cpu(0)
+    vm = remote.call("creating the VM", lambda: VirtualMachine(rlib, dev))
+    args = remote.call("copying inputs",
+                       lambda: [tvm.runtime.tensor(np.ascontiguousarray(x), dev) for x in inputs])
+    out = remote.call("running main", lambda: vm["main"](*args))
+    outputs = remote.call("copying outputs back", lambda: _flatten(out))
+    if repeat <= 0:
+        return RemoteRun(outputs, None, None, None, 0)
+
+    def _time():
+        vm.set_input("main", *args)
+        return vm.time_evaluator("invoke_stateful", dev, number=number, repeat=repeat)("main")
+
+    res = remote.call("timing main", _time)
+    ms = [r * 1e3 for r in res.results]
+    return RemoteRun(outputs, float(np.median(ms)), float(np.min(ms)), float(np.max(ms)), len(ms))
+
+
+def _flatten(out) -> list[np.ndarray]:
+    if hasattr(out, "numpy"):
+        return [out.numpy()]
+    result = []
+    for item in out:
+        result.extend(_flatten(item))
+    return result
+
+
+def compare_outputs(outputs: Sequence[np.ndarray], reference: Sequence[np.ndarray],
+                    atol: float = 1e-4, rtol: float = 1e-3) -> tuple[float, bool]:
+    """Max absolute error over all outputs, and whether each is within
+    ``atol + rtol * max|reference|``."""
+    if len(outputs) != len(reference):
+        return float("inf"), False
+    worst, ok = 0.0, True
+    for out, ref in zip(outputs, reference):
+        if out.shape != ref.shape:
+            return float("inf"), False
+        if out.size == 0:
+            continue
+        err = float(np.max(np.abs(out.astype(np.float64) - ref.astype(np.float64))))
+        worst = max(worst, err)
+        ok = ok and err <= atol + rtol * float(np.max(np.abs(ref)))
+    return worst, ok
+
+
+def _check_device(device: str, plan: str | None) -> None:
+    if device not in DEVICES:
+        raise DeployError(f"unknown device {device!r}; expected one of {DEVICES}")
+    if device == "coexec" or plan is not None:
+        raise DeployError(
+            "--device coexec and --plan are not available yet: deploying a co-executed model "
+            "needs codl-tvm's co-execution pipeline and runtime, which this version lacks; "
+            "use --device cpu or --device opencl"
+        )
+    if device == "opencl":
+        try:
+            from codl_tvm import runtime
+        except ImportError:
+            runtime = None
+        if runtime is None or not hasattr(runtime, "load"):
+            raise DeployError("--device opencl needs codl_tvm.runtime (the OpenCL plugin), which "
+                              "this installation lacks")
+
+
+def deploy(
+    model,
+    tracker: str,
+    key: str,
+    target: str | TargetPreset | None = None,
+    device: str = "cpu",
+    inputs: dict[str, np.ndarray] | None = None,
+    plan: str | None = None,
+    number: int = 5,
+    repeat: int = 3,
+    seed: int = 0,
+    request_timeout_s: float = 10.0,
+    session_timeout_s: float = 600.0,
+    atol: float = 1e-4,
+    rtol: float = 1e-3,
+    work_dir: str | Path | None = None,
+    log: Callable[[str], None] | None = print,
+) -> DeployResult:
+    """Compile ``model`` for a device of ``key``, run it there and compare with the host.
+
+    Parameters
+    ----------
+    model
+        ONNX file path, ``onnx.ModelProto`` or a :class:`codl_tvm.frontend.OnnxModel`.
+    tracker, key
+        ``HOST:PORT`` of the TVM RPC tracker and the device key.
+    target
+        A preset name (:func:`codl_tvm.targets.preset_names`); default: from the remote's report.
+    device
+        ``"cpu"`` or ``"opencl"`` (``"coexec"`` is not available yet).
+    inputs
+        Inputs keyed by graph input name (default: seeded random).
+    number, repeat
+        ``time_evaluator`` runs per repeat and repeats (``repeat=0``: no timing).
+    request_timeout_s
+        Bound on reaching the tracker and getting a free device.
+    session_timeout_s
+        The server ends the session after this long (0: never).
+    atol, rtol
+        Tolerance of the comparison with the host.
+    log
+        Receives progress lines (``None``: quiet).
+
+    Raises
+    ------
+    codl_tvm.frontend.ModelError, DeployError, codl_tvm.targets.ToolchainError,
+    codl_tvm.rpc_utils.RPCError (TrackerUnreachable, NoFreeDevice, VersionMismatch, RemoteFailure)
+    """
+    from codl_tvm.frontend import OnnxModel, check_inputs, load_onnx, random_inputs
+    from codl_tvm.runner import build
+
+    say = log or (lambda _msg: None)
+    _check_device(device, plan)
+    onnx_model = model if isinstance(model, OnnxModel) else load_onnx(model)
+    values = inputs if inputs is not None else random_inputs(onnx_model, seed)
+    ordered = check_inputs(onnx_model, values,
+                           "inputs" if inputs is not None else "random inputs")
+    if target is not None:
+        get_preset(target)  # fail on a bad name before touching the network
+    remote = request_remote(tracker, key, timeout_s=request_timeout_s,
+                            session_timeout_s=session_timeout_s)
+    try:
+        say(f"connected to {remote.name}")
+        info = check_remote_versions(remote)
+        if info is None:
+            say(f"warning: {remote.name} does not report its TVM version (stock RPC server); "
+                "cannot check it before upload")
+        else:
+            say(f"remote: TVM {info.get('tvm')}, {info.get('machine')} "
+                f"{'Android' if info.get('android') == '1' else info.get('system')}")
+        if device == "opencl" and (info or {}).get("opencl") != "1":
+            why = (info or {}).get("opencl_error", "its server did not load codl-tvm's OpenCL "
+                                   "plugin (start it with `python -m codl_tvm.rpc_utils serve "
+                                   "--opencl`)")
+            raise DeployError(f"remote device {remote.name} has no usable OpenCL runtime: {why}")
+        preset = select_preset(target, device, info, remote.name)
+        say(f"compiling for '{preset.name}' ({device})")
+        lib = compile_for(onnx_model.mod, preset, device, work_dir)
+        say(f"uploading {lib.name} ({lib.stat().st_size} bytes) and running on {remote.name}")
+        run = run_remote(remote, lib, ordered, device, number=number, repeat=repeat)
+    finally:
+        remote.close()
+    say("running the host reference (llvm)")
+    reference = build(onnx_model.mod, "cpu")(ordered)
+    err, ok = compare_outputs(run.outputs, reference, atol, rtol)
+    return DeployResult(remote.name, preset.name, lib, run.outputs, reference, err, ok, run, info)
+
+
+def _cmd_deploy(args: argparse.Namespace) -> int:
+    from codl_tvm.cli import CliError
+    from codl_tvm.frontend import ModelError, load_onnx
+    from codl_tvm.targets import PRESETS, ToolchainError
+
+    if args.list_targets:
+        for preset in PRESETS.values():
+            print(f"{preset.name:18s} {preset.description}")
+        return 0
+    if not args.model:
+        raise CliError("deploy: give an ONNX model (MODEL.onnx)")
+    if not args.tracker or not args.key:
+        raise CliError("deploy: --tracker HOST:PORT and --key KEY are required")
+    if args.save_outputs:
+        out = Path(args.save_outputs)
+        if out.suffix != ".npz":
+            raise CliError(f"--save-outputs {out}: the file name must end in .npz")
+        if out.exists() and not args.force:
+            raise CliError(f"--save-outputs {out}: file exists; pass --force to overwrite it")
+    try:
+        model = load_onnx(args.model)
+        inputs = None
+        if args.inputs:
+            if not Path(args.inputs).is_file():
+                raise CliError(f"--inputs {args.inputs}: no such file")
+            try:
+                with np.load(args.inputs, allow_pickle=False) as data:
+                    inputs = {k: data[k] for k in data.files}
+            except Exception as exc:
+                raise CliError(f"--inputs {args.inputs}: not a readable .npz file ({exc})") \
+                    from None
+        result = deploy(model, args.tracker, args.key, target=args.target, device=args.device,
+                        inputs=inputs, plan=args.plan, number=args.number, repeat=args.repeat,
+                        seed=args.seed, request_timeout_s=args.timeout,
+                        session_timeout_s=args.session_timeout, atol=args.atol, rtol=args.rtol)
+    except (ModelError, DeployError, ToolchainError, RPCError, ValueError) as exc:
+        raise CliError(str(exc)) from None
+    except KeyError as exc:
+        raise CliError(str(exc.args[0]) if exc.args else str(exc)) from None
+    for spec, arr in zip(model.outputs, result.outputs):
+        print(f"output {spec.name}: shape {tuple(arr.shape)} dtype {arr.dtype}")
+    if result.run.median_ms is not None:
+        print(f"remote latency on {result.device}: median {result.run.median_ms:.3f} ms "
+              f"(min {result.run.min_ms:.3f}, max {result.run.max_ms:.3f}, "
+              f"{result.run.repeats} repeats of {args.number})")
+    verdict = "matches" if result.matches else "DOES NOT match"
+    print(f"max abs difference against the host build: {result.max_abs_error:.3g} ({verdict} "
+          f"within atol {args.atol:g} + rtol {args.rtol:g})")
+    if args.save_outputs:
+        np.savez(args.save_outputs,
+                 **{spec.name: arr for spec, arr in zip(model.outputs, result.outputs)})
+        print(f"saved outputs to {args.save_outputs}")
+    return 0 if result.matches else 1
+
+
+def register_cli(subparsers) -> argparse.ArgumentParser:
+    """Add ``deploy`` to the ``codl-tvm`` argparse subparsers (sets ``func``)."""
+    p = subparsers.add_parser(
+        "deploy", help="compile, upload and run an ONNX model on a device behind a TVM RPC tracker",
+        description=__doc__.splitlines()[0])
+    p.add_argument("model", nargs="?", help="the ONNX model")
+    p.add_argument("--tracker", help="HOST:PORT of the TVM RPC tracker")
+    p.add_argument("--key", help="device key registered with the tracker")
+    p.add_argument("--target", help="target preset (default: from the remote's report); "
+                   "--list-targets shows them")
+    p.add_argument("--list-targets", action="store_true", help="list target presets and exit")
+    p.add_argument("--device", choices=DEVICES, default="cpu",
+                   help="processor to run on (coexec: not available yet)")
+    p.add_argument("--plan", help="partition plan (JSON) for --device coexec (not available yet)")
+    p.add_argument("--inputs", help=".npz of inputs keyed by graph input names")
+    p.add_argument("--save-outputs", help=".npz to write the remote outputs to")
+    p.add_argument("--force", action="store_true", help="overwrite --save-outputs if it exists")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    p.add_argument("--repeat", type=int, default=3, help="timing repeats (0: no timing)")
+    p.add_argument("--number", type=int, default=5, help="runs per timing repeat")
+    p.add_argument("--timeout", type=float, default=10.0,
+                   help="seconds to wait for the tracker and a free device")
+    p.add_argument("--session-timeout", type=float, default=600.0,
+                   help="seconds the remote session may last (0: no limit)")
+    p.add_argument("--atol", type=float, default=1e-4, help="absolute tolerance vs the host")
+    p.add_argument("--rtol", type=float, default=1e-3,
+                   help="tolerance relative to the largest reference value")
+    p.set_defaults(func=_cmd_deploy)
+    return p

@@ -1,0 +1,104 @@
+"""Models used by tests, tutorials and benchmarks: the bundled CNN and onnx's light models.
+
+onnx's light models (VGG19, ResNet50, SqueezeNet, Inception v1, AlexNet, ...) ship inside the
+onnx package with every weight stored as ``ConstantOfShape`` (one value everywhere), which makes
+all logits equal: :func:`light_model` replaces those weights with seeded random ones so outputs
+depend on the input and comparisons mean something.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+__all__ = [
+    "LIGHT_MODELS",
+    "light_model",
+    "light_model_path",
+    "sanitize_names",
+    "with_random_weights",
+]
+
+LIGHT_MODELS = ("squeezenet", "bvlc_alexnet", "resnet50", "inception_v1", "vgg19")
+
+
+def light_model_path(name: str) -> Path:
+    """Path of onnx's light model ``name`` (e.g. "resnet50")."""
+    import onnx
+
+    path = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light" / f"light_{name}.onnx"
+    if not path.is_file():
+        raise FileNotFoundError(f"onnx ships no light model '{name}' ({path})")
+    return path
+
+
+def with_random_weights(model, seed: int = 0):
+    """Return a copy of ``model`` whose ``ConstantOfShape`` weights are seeded random tensors.
+
+    He-scaled normal weights for tensors of rank >= 2; 1-D parameters uniform in [0.5, 1.5] so
+    batch-norm variances and scales stay valid.
+    """
+    import onnx
+    from onnx import numpy_helper
+
+    rng = np.random.default_rng(seed)
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    graph = out.graph
+    inits = {t.name: t for t in graph.initializer}
+    keep_nodes, dropped = [], set()
+    for node in graph.node:
+        shape_init = inits.get(node.input[0]) if node.op_type == "ConstantOfShape" else None
+        if shape_init is None:
+            keep_nodes.append(node)
+            continue
+        shape = tuple(int(v) for v in numpy_helper.to_array(shape_init))
+        if len(shape) == 1:
+            value = rng.uniform(0.5, 1.5, shape)
+        else:
+            fan_in = int(np.prod(shape[1:]))
+            value = rng.standard_normal(shape) * np.sqrt(2.0 / fan_in)
+        graph.initializer.append(numpy_helper.from_array(value.astype("float32"), node.output[0]))
+        dropped.add(node.input[0])
+    del graph.node[:]
+    graph.node.extend(keep_nodes)
+    kept = [t for t in graph.initializer if t.name not in dropped]
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
+    # IR version 3 lists initializers among the graph inputs; keep only the true inputs (IR >= 4)
+    # so importers see each weight once.
+    init_names = {t.name for t in graph.initializer}
+    kept_inputs = [i for i in graph.input if i.name not in dropped and i.name not in init_names]
+    del graph.input[:]
+    graph.input.extend(kept_inputs)
+    out.ir_version = max(out.ir_version, 4)
+    return out
+
+
+def sanitize_names(model):
+    """Rename tensors to C identifiers (``gpu_0/conv1_w_0`` -> ``gpu_0_conv1_w_0``), in place.
+
+    TVM's OpenCL codegen names kernel parameters after the Relax variables, so a weight kept as
+    a model parameter with a ``/`` in its name produces OpenCL source that does not compile.
+    """
+    import re
+
+    def fix(name: str) -> str:
+        return re.sub(r"[^0-9A-Za-z_]", "_", name) if name else name
+
+    graph = model.graph
+    for node in graph.node:
+        node.input[:] = [fix(n) for n in node.input]
+        node.output[:] = [fix(n) for n in node.output]
+    for coll in (graph.input, graph.output, graph.value_info, graph.initializer):
+        for item in coll:
+            item.name = fix(item.name)
+    return model
+
+
+def light_model(name: str, seed: int = 3):
+    """onnx's light model ``name`` with seeded random weights and C-identifier tensor names."""
+    import onnx
+
+    return sanitize_names(with_random_weights(onnx.load(str(light_model_path(name))), seed=seed))

@@ -1,0 +1,502 @@
+"""codl.PartitionOperators: split the operators and chains of a plan between GPU and CPU.
+
+Preconditions
+-------------
+- Runs on the Relax module as imported (e.g. from ONNX), **before** LegalizeOps or any fusion:
+  ``main`` is in normal form, with static shapes, and the plan's operator names are those of
+  :func:`codl_tvm.plan.partitionable_ops` on the module given to the pass.
+- conv2d in NCHW/OIHW, pools in NCHW, matmul with its weight as the second operand (``(..., K,
+  N)``, split along N). The plan is validated first (:meth:`PartitionPlan.validate`).
+- Every operator of a chain must read the output of the previous one (after its followers), and
+  that output must have no other use; otherwise :class:`~codl_tvm.plan.PlanError` says which.
+
+What is emitted
+---------------
+For every plan entry (an :class:`~codl_tvm.plan.OpPartition` is a chain of one operator) the
+chain's last output, of extent ``E`` along the split axis (H: axis 2; OC: axis 1, or the last
+axis for matmul), is cut at ``n = round(ratio * E)`` (for a grouped conv, at whole groups): the
+GPU part produces ``[0, n)``, the CPU part ``[n, E)``. A part with nothing to produce is not
+created, so ratio 0 or 1 gives one part and no concat. Each part is a run of ordinary Relax
+ops, all bound to fresh variables named ``codl{K}_{gpu|cpu}_...``::
+
+    codlK_gpu_in   = R.strided_slice(x, axes=[2], begin=[a], end=[b])   # rows it reads (+ halo)
+    codlK_gpu_0_conv2d = R.nn.conv2d(codlK_gpu_in, w, padding=[pt', l, pb', r], ...)
+    codlK_gpu_1_add    = R.add(codlK_gpu_0_conv2d, bias)                # follower
+    codlK_gpu_2_relu   = R.nn.relu(codlK_gpu_1_add)                     # follower
+    ...                                                                  # next chain ops
+    (the same for cpu)
+    codlK_out = R.concat((codlK_gpu_<last>, codlK_cpu_<last>), axis=2)   # the merge
+
+H parts read their input rows plus the halo (:func:`codl_tvm.passes.halo.chain_row_spans`):
+the slice is clamped to the image and the clamped amounts become the part's own top/bottom
+padding, so every part is exact; in a chain each part computes the halo rows it needs from its
+own data (redundant compute at the part border, CoDL Eq. 1 and Fig. 12). OC parts slice the
+weights (and per-channel operands: bias, batch-norm parameters) along the output channels;
+constant weights (also through reshape/permute_dims of a constant) are sliced here, at compile
+time, into new constants; others get a ``strided_slice`` in the part. Grouped and depthwise
+convs are split by whole groups and read only their groups' input channels. Followers (unary
+elementwise ops, binary elementwise ops such as bias or residual add, batch_norm + ``[0]``) are
+absorbed while their input has a single use; their other operand is sliced to the part's
+rows/channels unless it broadcasts along the split axis. Slices that would cover the whole axis
+are not emitted. ``main`` gets a ``"codl_parts"`` attribute recording, for each split, which
+variables belong to which processor and which output region each part writes;
+:func:`codl_tvm.passes.parts.collect_parts` reads it back.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+import numpy as np
+import tvm
+from tvm import relax
+from tvm.relax.expr_functor import PyExprMutator, mutator
+
+from codl_tvm.plan import (
+    ChainPlan,
+    PartitionDim,
+    PartitionPlan,
+    PlanError,
+    iter_main_bindings,
+    partitionable_bindings,
+)
+
+from .halo import (
+    ChannelMap,
+    PartSpan,
+    SlidingWindow,
+    Span,
+    chain_channel_spans,
+    chain_row_spans,
+    split_point,
+)
+from .parts import PARTS_ATTR, Processor
+
+__all__ = ["PartitionOperators"]
+
+_UNARY = frozenset(
+    f"relax.{n}"
+    for n in ("nn.relu", "clip", "sigmoid", "tanh", "nn.silu", "nn.gelu", "nn.gelu_tanh",
+              "nn.leakyrelu", "nn.softplus", "nn.selu", "exp", "negative", "sqrt", "abs",
+              "erf", "astype")
+)
+_BINARY = frozenset(
+    f"relax.{n}" for n in ("add", "subtract", "multiply", "divide", "maximum", "minimum", "power")
+)
+
+
+@dataclass
+class _Step:
+    """One binding of a chain: an anchor operator or a follower."""
+
+    var: relax.Var
+    value: relax.Expr
+    role: str  # "anchor", "unary", "binary", "batch_norm", "getitem"
+    kind: str  # anchor kind (conv2d, ...) or the op name
+    in_shape: tuple[int, ...]
+    out_shape: tuple[int, ...]
+
+
+@dataclass
+class _Chain:
+    entry: ChainPlan
+    steps: list[_Step]
+    input: relax.Expr
+    axis: int
+    dropped: list[relax.Var] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        ops = self.entry.ops
+        return ops[0] if len(ops) == 1 else f"{ops[0]}..{ops[-1]}"
+
+
+def _shape(expr) -> tuple[int, ...]:
+    ty = expr.ty
+    return tuple(int(v) for v in ty.shape.values)
+
+
+def _op_name(value) -> str | None:
+    if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op):
+        return value.op.name
+    return None
+
+
+class _Analysis:
+    """Bindings and uses of ``main``, and the chains of a plan resolved to bindings."""
+
+    def __init__(self, mod: tvm.IRModule):
+        self.block_of: dict[relax.Var, int] = {}
+        self.value_of: dict[relax.Var, relax.Expr] = {}
+        self.uses: dict[relax.Var, list[relax.Var | None]] = {}
+        iter_main_bindings(mod)  # checks that main is a Relax function in normal form
+        for bi, block in enumerate(mod["main"].body.blocks):
+            for binding in block.bindings:
+                var = binding.var
+                self.block_of[var] = bi
+                self.value_of[var] = binding.value
+                for used in relax.analysis.free_vars(binding.value):
+                    self.uses.setdefault(used, []).append(var)
+        for used in relax.analysis.free_vars(mod["main"].body.body):
+            self.uses.setdefault(used, []).append(None)
+        self.anchors = {info.name: (info, b) for info, b in partitionable_bindings(mod)}
+
+    def single_user(self, var: relax.Var) -> relax.Var | None:
+        users = self.uses.get(var, [])
+        if len(users) == 1 and users[0] is not None and self.block_of[users[0]] == \
+                self.block_of[var]:
+            return users[0]
+        return None
+
+    def chain(self, entry: ChainPlan) -> _Chain:
+        where = f"chain {list(entry.ops)}" if len(entry.ops) > 1 else f"op {entry.ops[0]}"
+        steps: list[_Step] = []
+        dropped: list[relax.Var] = []
+        first_input = None
+        for k, name in enumerate(entry.ops):
+            info, binding = self.anchors[name]
+            data = binding.value.args[0]
+            if k == 0:
+                first_input = data
+            else:
+                prev = steps[-1].var
+                if not data.same_as(prev):
+                    raise PlanError(f"{where}: {name} does not read the output of "
+                                    f"{entry.ops[k - 1]} (and its followers); chained operators "
+                                    "must be consecutive")
+                if self.single_user(prev) is None:
+                    raise PlanError(f"{where}: the output of {entry.ops[k - 1]} "
+                                    f"({prev.name}) is also used outside the chain; split "
+                                    "the chain there")
+            steps.append(_Step(binding.var, binding.value, "anchor", info.kind,
+                               _shape(data), _shape(binding.var)))
+            self._absorb(steps, dropped)
+        kinds = {s.kind for s in steps if s.role == "anchor"}
+        if "matmul" in kinds and len(kinds) > 1:
+            raise PlanError(f"{where}: cannot chain matmul with {sorted(kinds - {'matmul'})}")
+        if entry.dim == PartitionDim.H:
+            axis = 2
+        else:
+            axis = len(steps[-1].out_shape) - 1 if "matmul" in kinds else 1
+        blocks = {self.block_of[s.var] for s in steps}
+        if len(blocks) != 1:
+            raise PlanError(f"{where}: operators lie in different binding blocks of main")
+        return _Chain(entry, steps, first_input, axis, dropped)
+
+    def _absorb(self, steps: list[_Step], dropped: list[relax.Var]) -> None:
+        """Append the elementwise followers of ``steps[-1]`` while each has a single use."""
+        chain_vars = {s.var for s in steps}
+        while True:
+            cur = steps[-1].var
+            user = self.single_user(cur)
+            if user is None:
+                return
+            value = self.value_of[user]
+            op = _op_name(value)
+            shape = _shape(cur)
+            if op in _UNARY and value.args[0].same_as(cur) and not any(
+                    isinstance(a, relax.Var) for a in value.args[1:]) and _shape(user) == shape:
+                steps.append(_Step(user, value, "unary", op, shape, shape))
+            elif op in _BINARY and _shape(user) == shape and any(
+                    a.same_as(cur) for a in value.args):
+                others = [a for a in value.args if not a.same_as(cur)]
+                if any(isinstance(a, relax.Var) and a in chain_vars for a in others):
+                    return
+                steps.append(_Step(user, value, "binary", op, shape, shape))
+            elif (op == "relax.nn.batch_norm" and value.args[0].same_as(cur)
+                  and int(value.attrs.axis) == 1 and len(shape) == 4):
+                getitems = self.uses.get(user, [])
+                main_out = None
+                side = []
+                for g in getitems:
+                    gv = self.value_of.get(g) if g is not None else None
+                    if not isinstance(gv, relax.TupleGetItem):
+                        return
+                    if gv.index == 0 and main_out is None:
+                        main_out = g
+                    elif self.uses.get(g):
+                        return  # mean/var outputs are used: keep batch_norm unsplit
+                    else:
+                        side.append(g)
+                if main_out is None or _shape(main_out) != shape:
+                    return
+                steps.append(_Step(user, value, "batch_norm", op, shape, shape))
+                steps.append(_Step(main_out, self.value_of[main_out], "getitem", "getitem",
+                                   shape, shape))
+                dropped.extend(side)
+            else:
+                return
+            chain_vars.add(steps[-1].var)
+
+
+def _window(step: _Step) -> SlidingWindow:
+    a = step.value.attrs
+    if step.kind == "conv2d":
+        kernel = _shape(step.value.args[1])[2]
+        ceil = False
+    else:
+        kernel = int(a.pool_size[0])
+        ceil = bool(a.ceil_mode)
+    pad = [int(p) for p in a.padding]
+    return SlidingWindow(step.in_shape[2], kernel, int(a.strides[0]), int(a.dilation[0]),
+                         pad[0], pad[2], ceil)
+
+
+def _channel_map(step: _Step) -> ChannelMap | None:
+    if step.kind == "conv2d":
+        w = _shape(step.value.args[1])
+        return ChannelMap(step.in_shape[1], w[0], int(step.value.attrs.groups))
+    if step.kind == "matmul":
+        return ChannelMap(step.in_shape[-1], step.out_shape[-1], 1)
+    return None  # pools: channel-wise
+
+
+@mutator
+class _Rewriter(PyExprMutator):
+    """Re-emits ``main`` with every planned chain replaced by its parts and their merge."""
+
+    def __init__(self, mod: tvm.IRModule, analysis: _Analysis, chains: list[_Chain],
+                 first_id: int):
+        super().__init__(mod)
+        self._an = analysis
+        self._by_last = {c.steps[-1].var: c for c in chains}
+        self._skip = set()
+        for c in chains:
+            self._skip.update(s.var for s in c.steps[:-1])
+            self._skip.update(c.dropped)
+        self._next_id = first_id
+        self._used = {p.name for p in mod["main"].params}
+        self._used.update(v.name for v in analysis.value_of)
+        self.records: list[dict] = []
+
+    # -- the visitor ---------------------------------------------------------------------------
+    def visit_var_binding_(self, binding: relax.VarBinding) -> None:
+        var = binding.var
+        if var in self._skip:
+            return
+        chain = self._by_last.get(var)
+        if chain is None:
+            super().visit_var_binding_(binding)
+            return
+        self.set_var_remap(var, self._emit_chain(chain))
+
+    # -- helpers -------------------------------------------------------------------------------
+    def _fresh(self, name: str) -> str:
+        candidate, k = name, 1
+        while candidate in self._used:
+            candidate, k = f"{name}_{k}", k + 1
+        self._used.add(candidate)
+        return candidate
+
+    def _emit(self, expr: relax.Expr, name: str, bindings: list, output: bool = False):
+        if output and self.builder_.current_block_is_dataflow():
+            var = self.builder_.emit_output(expr, self._fresh(name))
+        else:
+            var = self.builder_.emit(expr, self._fresh(name))
+        bindings.append(var)
+        return var
+
+    def _const_array(self, expr: relax.Expr) -> np.ndarray | None:
+        """The value of ``expr`` when it is a constant, possibly reshaped or transposed."""
+        if isinstance(expr, tvm.ir.Constant):
+            return expr.value.numpy()
+        if isinstance(expr, relax.Var) and expr in self._an.value_of:
+            value = self._an.value_of[expr]
+            op = _op_name(value)
+            if op == "relax.reshape":
+                src = self._const_array(value.args[0])
+                return None if src is None else src.reshape(_shape(expr))
+            if op == "relax.permute_dims":
+                src = self._const_array(value.args[0])
+                if src is None:
+                    return None
+                axes = value.attrs.axes
+                return np.transpose(src, None if axes is None else [int(a) for a in axes])
+        return None
+
+    def _slice(self, orig: relax.Expr, axis: int, span: Span, name: str, bindings: list):
+        """``orig`` restricted to ``span`` along ``axis``: a new constant, a slice, or itself."""
+        full = _shape(orig)[axis]
+        if span.start == 0 and span.stop == full:
+            return self.visit_expr(orig)
+        arr = self._const_array(orig)
+        if arr is not None:
+            index = [slice(None)] * arr.ndim
+            index[axis] = slice(span.start, span.stop)
+            return relax.const(np.ascontiguousarray(arr[tuple(index)]), str(arr.dtype))
+        sliced = relax.op.strided_slice(self.visit_expr(orig), axes=[axis], begin=[span.start],
+                                        end=[span.stop], assume_inbound=True)
+        return self._emit(sliced, name, bindings)
+
+    def _slice_operand(self, orig: relax.Expr, chain_rank: int, axis: int, full: int,
+                       span: Span, name: str, bindings: list, where: str):
+        """A broadcasting operand of a follower, restricted to the part's rows/channels."""
+        if not isinstance(orig.ty, relax.TensorType):
+            return self.visit_expr(orig)
+        shape = _shape(orig)
+        local = axis - (chain_rank - len(shape))
+        if local < 0 or shape[local] == 1:
+            return self.visit_expr(orig)
+        if shape[local] != full:
+            raise PlanError(f"{where}: operand of shape {shape} does not match extent {full} "
+                            f"along axis {axis}")
+        return self._slice(orig, local, span, name, bindings)
+
+    # -- one chain -----------------------------------------------------------------------------
+    def _emit_chain(self, chain: _Chain):
+        sid = self._next_id
+        self._next_id += 1
+        steps, axis, dim = chain.steps, chain.axis, chain.entry.dim
+        extent = steps[-1].out_shape[axis]
+        if dim == PartitionDim.H:
+            geoms = [_window(s) if s.role == "anchor" else None for s in steps]
+            spans_of = chain_row_spans
+            gran = 1
+        else:
+            geoms = [_channel_map(s) if s.role == "anchor" else None for s in steps]
+            spans_of = chain_channel_spans
+            last = next((g for g in reversed(geoms) if g is not None), None)
+            gran = last.out_per_group if last is not None else 1
+        cut = split_point(extent, chain.entry.ratio, gran)
+        regions = [(Processor.GPU, Span(0, cut)), (Processor.CPU, Span(cut, extent))]
+        regions = [(p, s) for p, s in regions if len(s) > 0]
+        is_output = not isinstance(steps[-1].var, relax.DataflowVar)
+        single = len(regions) == 1
+        parts, outs = [], []
+        for proc, region in regions:
+            spans = spans_of(geoms, region)
+            bindings: list = []
+            out = self._emit_part(chain, sid, proc, spans, bindings, single and is_output)
+            outs.append(out)
+            parts.append({"processor": proc.value, "region": [region.start, region.stop],
+                          "bindings": [v.name for v in bindings]})
+        if single:
+            merged = outs[0]
+        else:
+            merged = self._emit(relax.op.concat(outs, axis=axis), f"codl{sid}_out", [],
+                                output=is_output)
+        self.records.append({
+            "name": chain.name, "ops": list(chain.entry.ops), "dim": dim.value, "axis": axis,
+            "ratio": chain.entry.ratio, "output": merged.name, "parts": parts,
+        })
+        return merged
+
+    def _emit_part(self, chain: _Chain, sid: int, proc: Processor, spans: list[PartSpan],
+                   bindings: list, last_is_output: bool):
+        prefix = f"codl{sid}_{proc.value}"
+        axis = chain.axis
+        cur = self._slice(chain.input, axis, spans[0].inp, f"{prefix}_in", bindings)
+        prev = chain.input
+        for j, (step, ps) in enumerate(zip(chain.steps, spans)):
+            where = f"{chain.name} step {j} ({step.kind})"
+            tag = step.kind.rsplit(".", 1)[-1]
+            expr = self._step_expr(step, prev, ps, cur, chain, f"{prefix}_{j}", bindings, where)
+            prev = step.var
+            trim = ps.computed is not None and ps.computed != ps.out
+            final = j == len(chain.steps) - 1 and not trim
+            cur = self._emit(expr, f"{prefix}_{j}_{tag}", bindings, last_is_output and final)
+            if trim:
+                lo = ps.out.start - ps.computed.start
+                sliced = relax.op.strided_slice(cur, axes=[axis], begin=[lo],
+                                                end=[lo + len(ps.out)], assume_inbound=True)
+                final = j == len(chain.steps) - 1
+                cur = self._emit(sliced, f"{prefix}_{j}_trim", bindings,
+                                 last_is_output and final)
+        return cur
+
+    def _step_expr(self, step: _Step, prev: relax.Expr, ps: PartSpan, x, chain: _Chain,
+                   prefix: str, bindings: list, where: str):
+        value, axis, dim = step.value, chain.axis, chain.entry.dim
+        if step.role == "anchor":
+            return self._anchor_expr(step, ps, x, dim, axis, prefix, bindings)
+        if step.role == "getitem":
+            return relax.TupleGetItem(x, value.index)
+        if step.role == "unary":
+            args = [x, *(self.visit_expr(a) for a in value.args[1:])]
+            return relax.Call(value.op, args, value.attrs, value.ty_args)
+        full = step.in_shape[axis]
+        if step.role == "binary":
+            args = []
+            for k, a in enumerate(value.args):
+                if a.same_as(prev):
+                    args.append(x)
+                else:
+                    args.append(self._slice_operand(a, len(step.in_shape), axis, full, ps.out,
+                                                    f"{prefix}_arg{k}", bindings, where))
+            return relax.Call(value.op, args, value.attrs, value.ty_args)
+        # batch_norm: per-channel parameters follow an OC split
+        params = []
+        for k, a in enumerate(value.args[1:], start=1):
+            if dim == PartitionDim.OC:
+                params.append(self._slice(a, 0, ps.out, f"{prefix}_bn{k}", bindings))
+            else:
+                params.append(self.visit_expr(a))
+        return relax.Call(value.op, [x, *params], value.attrs, value.ty_args)
+
+    def _anchor_expr(self, step: _Step, ps: PartSpan, x, dim: PartitionDim, axis: int,
+                     prefix: str, bindings: list):
+        value, a = step.value, step.value.attrs
+        if step.kind == "matmul":
+            w = value.args[1]
+            w_axis = len(_shape(w)) - 1
+            weight = self._slice(w, w_axis, ps.computed, f"{prefix}_w", bindings)
+            return relax.op.matmul(x, weight, out_dtype=a.out_dtype)
+        pad = [int(p) for p in a.padding]
+        if dim == PartitionDim.H:
+            pad = [ps.pad_before, pad[1], ps.pad_after, pad[3]]
+        if step.kind == "conv2d":
+            w = value.args[1]
+            groups = int(a.groups)
+            if dim == PartitionDim.OC:
+                cmap = _channel_map(step)
+                groups = len(ps.computed) // cmap.out_per_group
+                weight = self._slice(w, 0, ps.computed, f"{prefix}_w", bindings)
+            else:
+                weight = self.visit_expr(w)
+            return relax.op.nn.conv2d(
+                x, weight, strides=a.strides, padding=pad, dilation=a.dilation, groups=groups,
+                data_layout=a.data_layout, kernel_layout=a.kernel_layout,
+                out_layout=a.out_layout, out_dtype=a.out_dtype,
+            )
+        pool = relax.op.nn.max_pool2d if step.kind == "max_pool2d" else relax.op.nn.avg_pool2d
+        ceil = ps.ceil_mode if dim == PartitionDim.H else bool(a.ceil_mode)
+        return pool(x, pool_size=a.pool_size, strides=a.strides, padding=pad,
+                    dilation=a.dilation, ceil_mode=ceil, count_include_pad=a.count_include_pad,
+                    layout=a.layout, out_layout=a.out_layout)
+
+
+@tvm.transform.module_pass(opt_level=0, name="codl.PartitionOperators")
+class PartitionOperators:
+    """Split the operators and chains of ``plan`` into a GPU part and a CPU part.
+
+    Parameters
+    ----------
+    plan
+        The partition plan; its operator names refer to the module this pass is applied to
+        (see :mod:`codl_tvm.plan`). An empty plan leaves the module unchanged.
+
+    See the module docstring for preconditions and the exact IR emitted.
+    """
+
+    def __init__(self, plan: PartitionPlan):
+        if not isinstance(plan, PartitionPlan):
+            raise TypeError(f"PartitionOperators needs a PartitionPlan, got {type(plan).__name__}")
+        self.plan = plan
+
+    def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext):
+        entries = self.plan.entries()
+        if not entries:
+            return mod
+        self.plan.validate(mod)
+        analysis = _Analysis(mod)
+        chains = [analysis.chain(e) for e in entries]
+        main = mod["main"]
+        old = []
+        if main.attrs is not None and PARTS_ATTR in main.attrs:
+            old = json.loads(str(main.attrs[PARTS_ATTR]))
+        rewriter = _Rewriter(mod, analysis, chains, len(old))
+        new_main = rewriter.visit_expr(main)
+        new_main = new_main.with_attr(PARTS_ATTR, json.dumps(old + rewriter.records))
+        rewriter.builder_.update_func(mod.get_global_var("main"), new_main)
+        return rewriter.builder_.get()

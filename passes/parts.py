@@ -1,0 +1,116 @@
+"""Which processor each part of a partitioned operator belongs to, recovered from the IR.
+
+:class:`~codl_tvm.passes.partition.PartitionOperators` records every split it makes in the
+``"codl_parts"`` attribute of ``main`` (a JSON string, so that it survives any pass that keeps
+function attributes) and names the variables of each part uniquely. :func:`collect_parts` reads
+that record back and resolves the names to the Relax variables of the current ``main``; it raises
+when a name no longer exists (a pass in between removed or renamed it).
+
+Record format (one object per split, i.e. per plan entry)::
+
+    {"name": "conv2d_0", "ops": ["conv2d_0"], "dim": "H", "axis": 2, "ratio": 0.5,
+     "output": "codl0_out",
+     "parts": [{"processor": "gpu", "region": [0, 4], "bindings": ["codl0_gpu_in", ...]},
+               {"processor": "cpu", "region": [4, 8], "bindings": [...]}]}
+
+``region`` is the part's half-open range of the merged output along ``axis``; the last name in
+``bindings`` is the part's output; ``output`` is the merged result (a ``concat`` of the part
+outputs along ``axis`` in part order, or the single part's output when only one part exists).
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from dataclasses import dataclass
+
+from codl_tvm.plan import PartitionDim
+
+__all__ = ["PARTS_ATTR", "PartRecord", "Processor", "SplitRecord", "collect_parts"]
+
+PARTS_ATTR = "codl_parts"
+
+
+class Processor(str, enum.Enum):
+    """The processor a part runs on. The GPU takes the first ``ratio`` of the output."""
+
+    GPU = "gpu"
+    CPU = "cpu"
+
+
+@dataclass(frozen=True)
+class PartRecord:
+    """One processor's part of a split.
+
+    Attributes
+    ----------
+    processor
+        Where the part belongs.
+    region
+        ``(start, stop)`` of the merged output along the split axis that this part produces.
+    bindings
+        Every variable the part binds, in order: the slice of the shared input (if any), each
+        operator of the chain with its followers, weight slices that could not be folded.
+    """
+
+    processor: Processor
+    region: tuple[int, int]
+    bindings: tuple[object, ...]
+
+    @property
+    def output(self):
+        """The variable holding the part's result (rows/channels ``region``)."""
+        return self.bindings[-1]
+
+
+@dataclass(frozen=True)
+class SplitRecord:
+    """A split operator or chain: its parts and the variable they are merged into."""
+
+    name: str
+    ops: tuple[str, ...]
+    dim: PartitionDim
+    axis: int
+    ratio: float
+    output: object
+    parts: tuple[PartRecord, ...]
+
+
+def collect_parts(mod) -> list[SplitRecord]:
+    """The splits recorded in ``mod["main"]``, with names resolved to the current variables."""
+    func = mod["main"]
+    attrs = func.attrs
+    if attrs is None or PARTS_ATTR not in attrs:
+        return []
+    records = json.loads(str(attrs[PARTS_ATTR]))
+    by_name: dict[str, object] = {}
+    dupes: set[str] = set()
+    for param in func.params:
+        by_name[param.name] = param
+    for block in func.body.blocks:
+        for binding in block.bindings:
+            name = binding.var.name
+            if name in by_name:
+                dupes.add(name)
+            by_name[name] = binding.var
+
+    def resolve(name: str, split: str):
+        if name in dupes:
+            raise ValueError(f"split {split}: variable name {name!r} is bound more than once in "
+                             "main; the part record is ambiguous")
+        if name not in by_name:
+            raise ValueError(f"split {split}: variable {name!r} is no longer bound in main (a "
+                             "pass after PartitionOperators removed or renamed it)")
+        return by_name[name]
+
+    out = []
+    for rec in records:
+        parts = tuple(
+            PartRecord(Processor(p["processor"]), (int(p["region"][0]), int(p["region"][1])),
+                       tuple(resolve(n, rec["name"]) for n in p["bindings"]))
+            for p in rec["parts"]
+        )
+        out.append(SplitRecord(rec["name"], tuple(rec["ops"]), PartitionDim(rec["dim"]),
+                               int(rec["axis"]), float(rec["ratio"]),
+                               resolve(rec["output"], rec["name"]), parts))
+    return out

@@ -1,0 +1,191 @@
+"""Shared machinery of codl-tvm's schedule rules: the rule base class and dispatch features.
+
+Every rule subclasses :class:`CodlRule`. ``apply`` works on a fresh :class:`tvm.s_tir.Schedule`,
+and either returns it with the kernel's algorithm and dispatch features attached as PrimFunc
+attributes, or returns None and keeps the reason in :meth:`CodlRule.explain`. Features are read
+back from the scheduled TIR (parallel, vectorised and thread-bound loops), so they describe what
+was built, not what was intended:
+
+``codl.algorithm`` (str)
+    ``direct``, ``gemm``, ``depthwise``, ``winograd``, ``pool``, ``matmul``, ``reduction``,
+    ``injective``, or for dlight's GPU rules ``dlight.<Rule>``.
+``codl.config`` (str)
+    Name of the :mod:`codl_tvm.schedules.config` preset used.
+``codl.parallel_extent`` (int, CPU)
+    Iterations of the outermost parallel loop (0 when the kernel runs serially).
+``codl.vector_width`` (int, CPU)
+    Largest vectorised loop extent (1 when nothing is vectorised).
+``codl.workgroup_size`` / ``codl.workgroup_count`` (int, GPU)
+    Work-items per workgroup and workgroups of the largest launch of the kernel.
+"""
+
+from __future__ import annotations
+
+import math
+
+import tvm_ffi
+from tvm import s_tir, tirx
+from tvm.s_tir.dlight.base import ScheduleRule
+from tvm.target import Target
+
+__all__ = [
+    "CodlRule",
+    "RecordedRule",
+    "choose_row_width",
+    "kernel_features",
+]
+
+
+def choose_row_width(extent: int, lanes: int, max_vectors: int) -> int:
+    """Pick the vectorised tile width along a row of ``extent`` elements.
+
+    A width that divides ``extent`` avoids a predicated tail, which TVM's vectoriser would turn
+    into scalar code for the whole loop. Rows that fit in ``max_vectors`` registers become one
+    tile (LLVM splits odd-length vectors into native ones).
+
+    Parameters
+    ----------
+    extent : int
+        Elements in the row (e.g. output width).
+    lanes : int
+        Elements per SIMD register.
+    max_vectors : int
+        Registers one tile may span.
+
+    Returns
+    -------
+    int
+        The tile width (1 <= width <= extent).
+    """
+    if extent <= 0 or lanes <= 0:
+        raise ValueError(f"choose_row_width: extent={extent}, lanes={lanes} must be positive")
+    limit = lanes * max(1, max_vectors)
+    if extent <= limit:
+        return extent
+    best, best_eff = 0, 0.0
+    for width in range(max(1, lanes // 2), limit + 1):
+        if extent % width:
+            continue
+        eff = width / (math.ceil(width / lanes) * lanes)
+        if eff > best_eff + 1e-9 or (abs(eff - best_eff) < 1e-9 and width > best):
+            best, best_eff = width, eff
+    if best and best_eff >= 0.6:
+        return best
+    return lanes
+
+
+def kernel_features(func: tirx.PrimFunc) -> dict[str, int]:
+    """Dispatch features of a scheduled PrimFunc, read from its loops.
+
+    Returns
+    -------
+    dict[str, int]
+        ``parallel_extent``, ``vector_width``, ``workgroup_size``, ``workgroup_count``.
+    """
+    parallel: list[int] = []
+    vector: list[int] = []
+    threads: dict[str, int] = {}
+    blocks: dict[str, int] = {}
+
+    def visit(node):
+        ext = node.extent.value if isinstance(node.extent, tirx.IntImm) else 0
+        if node.kind == tirx.ForKind.PARALLEL:
+            parallel.append(ext)
+        elif node.kind == tirx.ForKind.VECTORIZED:
+            vector.append(ext)
+        elif node.kind == tirx.ForKind.THREAD_BINDING and node.thread_binding is not None:
+            tag = str(node.thread_binding.thread_tag)
+            table = threads if tag.startswith("threadIdx") else blocks
+            table[tag] = max(table.get(tag, 1), ext)
+
+    tvm_ffi.structural_walk(func.body, [(tirx.For, visit)])
+    return {
+        "parallel_extent": max(parallel, default=0),
+        "vector_width": max(vector, default=1),
+        "workgroup_size": math.prod(threads.values()) if threads else 0,
+        "workgroup_count": math.prod(blocks.values()) if blocks else 0,
+    }
+
+
+def _with_record(sch: s_tir.Schedule, algorithm: str, config: str, gpu: bool) -> s_tir.Schedule:
+    func = sch.mod["main"]
+    feats = kernel_features(func)
+    attrs = {"codl.algorithm": algorithm, "codl.config": config}
+    if gpu:
+        attrs["codl.workgroup_size"] = feats["workgroup_size"]
+        attrs["codl.workgroup_count"] = feats["workgroup_count"]
+    else:
+        attrs["codl.parallel_extent"] = feats["parallel_extent"]
+        attrs["codl.vector_width"] = feats["vector_width"]
+    return s_tir.Schedule(func.with_attrs(attrs))
+
+
+class CodlRule(ScheduleRule):
+    """Base of codl-tvm's rules: target gating, decline reasons and recorded features.
+
+    Subclasses set ``target_kind`` and implement :meth:`schedule`, which either schedules ``sch``
+    in place and returns ``(algorithm, config_name)`` or returns a reason string to decline.
+    """
+
+    target_kind: str = ""
+
+    def __init__(self) -> None:
+        self._last_reason: str | None = None
+
+    def is_target_available(self, target: Target) -> bool:
+        return target is not None and target.kind.name == self.target_kind
+
+    def schedule(self, sch: s_tir.Schedule, target: Target) -> tuple[str, str] | str:
+        raise NotImplementedError
+
+    def explain(self, func: tirx.PrimFunc, target: Target) -> str | None:
+        """Why this rule declines ``func`` on ``target`` (None if it applies)."""
+        self.apply(func, target, False)
+        return self._last_reason
+
+    def apply(
+        self, func: tirx.PrimFunc, target: Target, tunable: bool
+    ) -> s_tir.Schedule | None:
+        self._last_reason = None
+        if not isinstance(func, tirx.PrimFunc):
+            self._last_reason = "not a PrimFunc"
+            return None
+        if not self.is_target_available(target):
+            kind = None if target is None else target.kind.name
+            self._last_reason = f"target kind {kind!r}, rule needs {self.target_kind!r}"
+            return None
+        sch = s_tir.Schedule(func)
+        try:
+            result = self.schedule(sch, target)
+        except s_tir.ScheduleError as err:
+            first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            self._last_reason = f"schedule primitive failed: {first}"
+            return None
+        if isinstance(result, str):
+            self._last_reason = result
+            return None
+        algorithm, config = result
+        return _with_record(sch, algorithm, config, gpu=self.target_kind != "llvm")
+
+
+class RecordedRule(ScheduleRule):
+    """Wrap a dlight rule so its kernels carry ``codl.*`` attributes too."""
+
+    def __init__(self, rule: ScheduleRule, algorithm: str, config: str = "dlight") -> None:
+        self.rule = rule
+        self.algorithm = algorithm
+        self.config = config
+
+    def is_target_available(self, target: Target) -> bool:
+        return self.rule.is_target_available(target)
+
+    def apply(self, func, target, tunable):
+        result = self.rule.apply(func, target, tunable)
+        if result is None:
+            return None
+        if isinstance(result, list):
+            if len(result) != 1:
+                return result
+            result = result[0]
+        gpu = target is not None and "gpu" in target.keys
+        return _with_record(result, self.algorithm, self.config, gpu=gpu)

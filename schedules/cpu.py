@@ -1,0 +1,294 @@
+"""CPU (``llvm``) schedule rules: conv2d (direct, GEMM 1x1, depthwise), reductions, injective.
+
+Layout choice: NCHW stays the memory layout; tiling and vectorisation happen inside the schedule.
+The co-execution passes split convs along H or OC of NCHW tensors at the Relax level, and a part's
+rows (``Y[:, :, h0:h1, :]``) or channels (``Y[:, k0:k1]``) are then contiguous slices that CPU
+and GPU write with no layout transform and no copy. A blocked layout (NCHWc) would vectorise over
+channels instead, but would need a transform at every CPU/GPU boundary and make an OC split a
+strided write; keeping NCHW also leaves weights untouched (no per-call packing).
+
+Schedules (tile sizes and vector widths from :mod:`codl_tvm.schedules.config`):
+
+``direct`` (any kernel, stride, dilation, groups)
+    Register tile of ``oc_tile`` output channels x ``oh_tile`` rows x one vectorised run of the
+    output row (``choose_row_width``), accumulated over ``(c, ky, kx)`` in a stack buffer that
+    LLVM keeps in registers; weights are broadcast, input rows are vector loads. The tile loops
+    ``(n, oc, oh, ow)`` are fused into one parallel loop. Padding stays a separate, parallel
+    block (inlining its condition into the vector loop would scalarise it).
+``gemm`` (1x1, stride 1, no padding, one group)
+    ``out[f, p] = sum_c w[f, c] * x[c, p]`` over the flattened image ``p = y*W + x``:
+    vectorised over ``p`` (any H, W, even 1 row), ``oc_tile`` rows of the weight in registers.
+``depthwise``
+    The direct schedule with one input channel per output channel (no channel register reuse).
+``pool`` / ``matmul`` / ``reduction``
+    One reduction block: spatial loops outside, the reduction, then a vectorised innermost
+    spatial run when every access is contiguous along it (matmul ``[M, K] x [K, N]``, pooling
+    rows); otherwise parallel spatial loops with a serial reduction (global average pooling).
+``injective``
+    Elementwise/broadcast/layout kernels: producers inlined, loops fused, parallel chunks.
+
+Elementwise epilogues fused after a reduction (bias add, relu, clip, the average-pool divide) are
+inlined into the write-back of the register tile, so they cost no extra pass over memory.
+Winograd is not implemented yet; 3x3 stride-1 convs use ``direct``.
+"""
+
+from __future__ import annotations
+
+import math
+
+from tvm import s_tir
+from tvm.s_tir.schedule import LoopRV, SBlockRV
+from tvm.target import Target
+
+from .analysis import (
+    Conv2DInfo,
+    FuncBlocks,
+    classify_blocks,
+    is_trivial_copy,
+    match_conv2d,
+    match_pool2d,
+    match_reduction,
+)
+from .common import CodlRule, choose_row_width
+from .config import CPUConfig, cpu_config
+
+__all__ = ["CPUConv2D", "CPUInjective", "CPUReduction", "conv2d_algorithm"]
+
+
+def conv2d_algorithm(info: Conv2DInfo) -> str:
+    """The algorithm the CPU rule uses for a conv: ``gemm``, ``depthwise`` or ``direct``."""
+    if info.pointwise:
+        return "gemm"
+    if info.depthwise:
+        return "depthwise"
+    return "direct"
+
+
+def _extent(sch: s_tir.Schedule, loop: LoopRV) -> int:
+    return int(sch.get(loop).extent)
+
+
+def _schedule_injective(sch: s_tir.Schedule, block: SBlockRV, cfg: CPUConfig) -> None:
+    """Fuse a spatial block's loops and run them in parallel chunks (serial if small)."""
+    loops = sch.get_loops(block)
+    if not loops:
+        return
+    total = math.prod(_extent(sch, lp) for lp in loops)
+    fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
+    if total < cfg.min_parallel_work:
+        return
+    chunk = max(cfg.injective_chunk, 1)
+    outer, _ = sch.split(fused, [None, chunk])
+    sch.parallel(outer)
+
+
+def _prepare_prologue(sch: s_tir.Schedule, blocks: FuncBlocks, cfg: CPUConfig) -> None:
+    """Inline plain copies/reshapes into their consumers; parallelise the rest (padding)."""
+    for block in blocks.prologue:
+        if is_trivial_copy(sch, block):
+            try:
+                sch.compute_inline(block)
+                continue
+            except s_tir.ScheduleError:
+                pass
+        _schedule_injective(sch, block, cfg)
+
+
+def _inline_epilogue(sch: s_tir.Schedule, blocks: FuncBlocks, cfg: CPUConfig) -> None:
+    """Inline elementwise epilogues into the write-back block; parallelise any that resist."""
+    remaining = list(blocks.epilogue)
+    while remaining:
+        try:
+            sch.reverse_compute_inline(remaining[0])
+        except s_tir.ScheduleError:
+            break
+        remaining.pop(0)
+    for block in remaining:
+        _schedule_injective(sch, block, cfg)
+
+
+def _finish_tile(
+    sch: s_tir.Schedule,
+    main: SBlockRV,
+    writeback: SBlockRV,
+    parallel_loop: LoopRV,
+    first_reduction: LoopRV,
+    vector_loop: LoopRV | None,
+    unroll: list[LoopRV],
+    work: int,
+    cfg: CPUConfig,
+) -> None:
+    """Common tail: write-back under the parallel loop, init split off, vectorise, unroll."""
+    sch.reverse_compute_at(writeback, parallel_loop, preserve_unit_loops=True)
+    if work >= cfg.min_parallel_work and _extent(sch, parallel_loop) > 1:
+        sch.parallel(parallel_loop)
+    for loop in unroll:
+        if _extent(sch, loop) > 1:
+            sch.unroll(loop)
+    if vector_loop is not None and _extent(sch, vector_loop) > 1:
+        sch.vectorize(vector_loop)
+    wb_loops = sch.get_loops(writeback)
+    if vector_loop is not None and len(wb_loops) > 1 and _extent(sch, wb_loops[-1]) > 1:
+        sch.vectorize(wb_loops[-1])
+    init = sch.decompose_reduction(main, first_reduction)
+    init_loops = sch.get_loops(init)
+    if vector_loop is not None and len(init_loops) > 1 and _extent(sch, init_loops[-1]) > 1:
+        sch.vectorize(init_loops[-1])
+
+
+class _CPURule(CodlRule):
+    target_kind = "llvm"
+
+    def __init__(self, config: CPUConfig | None = None) -> None:
+        super().__init__()
+        self.config = config
+
+    def _config(self, target: Target) -> CPUConfig:
+        return self.config if self.config is not None else cpu_config(target)
+
+
+class CPUConv2D(_CPURule):
+    """NCHW conv2d on CPUs: ``gemm`` for 1x1 stride-1 unpadded, else ``direct``/``depthwise``.
+
+    Declines (``explain`` gives the reason) when the function has no NCHW/OIHW conv2d block,
+    has dynamic shapes, or more than one reduction.
+    """
+
+    def schedule(self, sch: s_tir.Schedule, target: Target) -> tuple[str, str] | str:
+        cfg = self._config(target)
+        blocks = classify_blocks(sch)
+        if isinstance(blocks, str):
+            return blocks
+        info = match_conv2d(sch, blocks)
+        if isinstance(info, str):
+            return f"not a conv2d: {info}"
+        algorithm = conv2d_algorithm(info)
+        _prepare_prologue(sch, blocks, cfg)
+        conv = blocks.main
+        writeback = sch.cache_write(conv, 0, "global")
+        _inline_epilogue(sch, blocks, cfg)
+        lanes = cfg.lanes(info.dtype_bits)
+        work = info.batch * info.out_channels * info.out_height * info.out_width
+        work *= info.in_channels_per_group * info.kernel_h * info.kernel_w
+        if algorithm == "gemm":
+            self._gemm(sch, conv, writeback, info, cfg, lanes, work)
+        else:
+            self._direct(sch, conv, writeback, info, cfg, lanes, work)
+        return algorithm, cfg.name
+
+    @staticmethod
+    def _oc_tile(cfg: CPUConfig, accumulators_per_oc: int, out_channels: int) -> int:
+        tile = max(1, cfg.conv_oc_tile)
+        while tile > 1 and tile * accumulators_per_oc > cfg.max_accumulators:
+            tile //= 2
+        return min(tile, out_channels)
+
+    def _direct(self, sch, conv, writeback, info, cfg, lanes, work) -> None:
+        width = choose_row_width(info.out_width, lanes, cfg.max_row_vectors)
+        nvec = math.ceil(width / lanes)
+        oh_tile = min(cfg.conv_oh_tile if nvec == 1 else 1, info.out_height)
+        oc_tile = self._oc_tile(cfg, nvec * oh_tile, info.out_channels)
+        n, f, y, x, c, ky, kx = sch.get_loops(conv)
+        fo, fi = sch.split(f, [None, oc_tile])
+        yo, yi = sch.split(y, [None, oh_tile])
+        xo, xi = sch.split(x, [None, width])
+        sch.reorder(n, fo, yo, xo, c, ky, kx, yi, fi, xi)
+        par = sch.fuse(n, fo, yo, xo)
+        unroll = [yi, fi]
+        if info.kernel_w <= 7:
+            unroll.append(kx)
+        _finish_tile(sch, conv, writeback, par, c, xi, unroll, work, cfg)
+
+    def _gemm(self, sch, conv, writeback, info, cfg, lanes, work) -> None:
+        ow = info.out_width
+
+        def flat_iter(n, f, y, x, c, ky, kx):
+            return (n, f, y * ow + x, c, ky, kx)
+
+        def flat_buf(n, f, y, x):
+            return (n, f, y * ow + x)
+
+        sch.transform_layout(conv, ("write", 0), flat_buf)
+        sch.transform_block_layout(conv, flat_iter)
+        sch.transform_block_layout(writeback, flat_buf)
+        pixels = info.out_height * info.out_width
+        width = choose_row_width(pixels, lanes, cfg.max_row_vectors)
+        nvec = math.ceil(width / lanes)
+        oc_tile = self._oc_tile(cfg, nvec, info.out_channels)
+        n, f, p, c, ky, kx = sch.get_loops(conv)
+        fo, fi = sch.split(f, [None, oc_tile])
+        po, pi = sch.split(p, [None, width])
+        sch.reorder(n, fo, po, c, ky, kx, fi, pi)
+        par = sch.fuse(n, fo, po)
+        _finish_tile(sch, conv, writeback, par, c, pi, [fi], work, cfg)
+
+
+class CPUReduction(_CPURule):
+    """One reduction block (pooling, matmul, mean, ...) plus injective pro/epilogues."""
+
+    def schedule(self, sch: s_tir.Schedule, target: Target) -> tuple[str, str] | str:
+        cfg = self._config(target)
+        blocks = classify_blocks(sch)
+        if isinstance(blocks, str):
+            return blocks
+        if blocks.main is None:
+            return "no reduction block"
+        info = match_reduction(sch, blocks.main)
+        if isinstance(info, str):
+            return info
+        algorithm = "reduction"
+        if not isinstance(match_pool2d(sch, blocks), str):
+            algorithm = "pool"
+        elif info.kinds.endswith("SSR") or info.kinds == "SR":
+            algorithm = "matmul"
+        _prepare_prologue(sch, blocks, cfg)
+        main = blocks.main
+        writeback = sch.cache_write(main, 0, "global")
+        _inline_epilogue(sch, blocks, cfg)
+        n_spatial = info.kinds.count("S")
+        loops = sch.get_loops(main)
+        spatial, reduction = loops[:n_spatial], loops[n_spatial:]
+        work = math.prod(info.extents)
+        lanes = cfg.lanes(info.dtype_bits)
+        vector_loop = None
+        unroll: list[LoopRV] = []
+        if info.vector_axis is not None and info.extents[n_spatial - 1] > 1:
+            width = choose_row_width(info.extents[n_spatial - 1], lanes, cfg.max_row_vectors)
+            vo, vi = sch.split(spatial[-1], [None, width])
+            outer = [*spatial[:-1], vo]
+            inner = [vi]
+            if algorithm == "matmul" and n_spatial >= 2 and info.extents[n_spatial - 2] > 1:
+                m_tile = min(cfg.matmul_m_tile, info.extents[n_spatial - 2])
+                mo, mi = sch.split(spatial[-2], [None, m_tile])
+                outer = [*spatial[:-2], mo, vo]
+                inner = [mi, vi]
+                unroll.append(mi)
+            sch.reorder(*outer, *reduction, *inner)
+            vector_loop = vi
+        else:
+            outer = spatial
+        par = sch.fuse(*outer) if len(outer) > 1 else outer[0]
+        _finish_tile(sch, main, writeback, par, reduction[0], vector_loop, unroll, work, cfg)
+        return algorithm, cfg.name
+
+
+class CPUInjective(_CPURule):
+    """Kernels without reductions: inline producers, fuse, parallel chunks."""
+
+    def schedule(self, sch: s_tir.Schedule, target: Target) -> tuple[str, str] | str:
+        cfg = self._config(target)
+        blocks = classify_blocks(sch)
+        if isinstance(blocks, str):
+            return blocks
+        if blocks.main is not None:
+            return "has a reduction block"
+        remaining = []
+        for block in blocks.prologue[:-1]:
+            try:
+                sch.compute_inline(block)
+            except s_tir.ScheduleError:
+                remaining.append(block)
+        remaining.extend(blocks.prologue[-1:])
+        for block in remaining:
+            _schedule_injective(sch, block, cfg)
+        return "injective", cfg.name

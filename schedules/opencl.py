@@ -1,0 +1,153 @@
+"""OpenCL schedule rules: direct conv2d with workgroup tiling, and window pooling.
+
+Works on the same NCHW PrimFuncs as the CPU rules (see :mod:`codl_tvm.schedules.cpu` for the
+layout choice). Parameters per device class come from :class:`~codl_tvm.schedules.config.OpenCLConfig`.
+
+``direct`` conv2d
+    Each work-item computes ``reg_oc`` output channels x ``reg_ow`` output columns of one row
+    in private registers, accumulating over ``(c, ky, kx)``; a workgroup covers
+    ``threads_oc * reg_oc`` channels x ``threads_oh`` rows x ``threads_ow * reg_ow`` columns.
+    Padding is inlined into the input read (a bounds check per load, cheap on GPUs), fused
+    elementwise epilogues into the register write-back. Grid: ``(n * oc blocks, oh blocks,
+    ow blocks)``; thread tiles shrink to the output so a 1-row or 1-channel part of a split conv
+    does not launch idle work-items.
+``pool``
+    One work-item per output element; the window is reduced serially in a register.
+
+Dense/matmul, GEMV, other reductions and everything else fall back to dlight's GPU rules, wrapped
+so that their kernels record ``codl.*`` attributes too (see :func:`codl_tvm.schedules.schedule_rules`).
+Winograd is not implemented yet.
+"""
+
+from __future__ import annotations
+
+import math
+
+from tvm import s_tir
+from tvm.s_tir.schedule import SBlockRV
+from tvm.target import Target
+
+from .analysis import FuncBlocks, classify_blocks, match_conv2d, match_pool2d
+from .common import CodlRule
+from .config import OpenCLConfig, opencl_config
+
+__all__ = ["OpenCLConv2D", "OpenCLPool2D"]
+
+
+def _bind_spatial(sch: s_tir.Schedule, block: SBlockRV, threads: int) -> None:
+    """Map a spatial block onto a 1-D grid of ``threads``-wide workgroups."""
+    loops = sch.get_loops(block)
+    fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
+    total = int(sch.get(fused).extent)
+    bx, tx = sch.split(fused, [None, max(1, min(threads, total))])
+    sch.bind(bx, "blockIdx.x")
+    sch.bind(tx, "threadIdx.x")
+
+
+def _inline_prologue(sch: s_tir.Schedule, blocks: FuncBlocks, threads: int) -> None:
+    for block in blocks.prologue:
+        try:
+            sch.compute_inline(block)
+        except s_tir.ScheduleError:
+            _bind_spatial(sch, block, threads)
+
+
+def _inline_epilogue(sch: s_tir.Schedule, blocks: FuncBlocks, threads: int) -> None:
+    remaining = list(blocks.epilogue)
+    while remaining:
+        try:
+            sch.reverse_compute_inline(remaining[0])
+        except s_tir.ScheduleError:
+            break
+        remaining.pop(0)
+    for block in remaining:
+        _bind_spatial(sch, block, threads)
+
+
+class _OpenCLRule(CodlRule):
+    target_kind = "opencl"
+
+    def __init__(self, config: OpenCLConfig | None = None) -> None:
+        super().__init__()
+        self.config = config
+
+    def _config(self, target: Target) -> OpenCLConfig:
+        return self.config if self.config is not None else opencl_config(target)
+
+
+def _fit(threads: int, reg: int, extent: int) -> int:
+    """Shrink a thread count so threads * reg does not overshoot extent by more than one tile."""
+    return max(1, min(threads, math.ceil(extent / max(1, reg))))
+
+
+class OpenCLConv2D(_OpenCLRule):
+    """Direct NCHW conv2d with workgroup and register tiling (any shape, groups, dilation)."""
+
+    def schedule(self, sch: s_tir.Schedule, target: Target) -> tuple[str, str] | str:
+        cfg = self._config(target)
+        blocks = classify_blocks(sch)
+        if isinstance(blocks, str):
+            return blocks
+        info = match_conv2d(sch, blocks)
+        if isinstance(info, str):
+            return f"not a conv2d: {info}"
+        reg_oc = min(cfg.conv_reg_oc, info.out_channels)
+        reg_ow = min(cfg.conv_reg_ow, info.out_width)
+        t_oc = _fit(cfg.conv_threads_oc, reg_oc, info.out_channels)
+        t_ow = _fit(cfg.conv_threads_ow, reg_ow, info.out_width)
+        t_oh = _fit(cfg.conv_threads_oh, 1, info.out_height)
+        while t_oc * t_ow * t_oh > cfg.max_workgroup_size:
+            if t_oc >= t_oh and t_oc > 1:
+                t_oc = max(1, t_oc // 2)
+            elif t_oh > 1:
+                t_oh = max(1, t_oh // 2)
+            else:
+                t_ow = max(1, t_ow // 2)
+        _inline_prologue(sch, blocks, cfg.pool_threads)
+        conv = blocks.main
+        n, f, y, x, c, ky, kx = sch.get_loops(conv)
+        bf, tf, rf = sch.split(f, [None, t_oc, reg_oc])
+        by, ty = sch.split(y, [None, t_oh])
+        bx, tx, rx = sch.split(x, [None, t_ow, reg_ow])
+        sch.reorder(n, bf, by, bx, tf, ty, tx, c, ky, kx, rf, rx)
+        bz = sch.fuse(n, bf)
+        sch.bind(bz, "blockIdx.z")
+        sch.bind(by, "blockIdx.y")
+        sch.bind(bx, "blockIdx.x")
+        t = sch.fuse(tf, ty, tx)
+        sch.bind(t, "threadIdx.x")
+        writeback = sch.cache_write(conv, 0, "local")
+        _inline_epilogue(sch, blocks, cfg.pool_threads)
+        sch.reverse_compute_at(writeback, t, preserve_unit_loops=True)
+        sch.unroll(rf)
+        sch.unroll(rx)
+        if info.kernel_w <= 7:
+            sch.unroll(kx)
+        sch.decompose_reduction(conv, c)
+        return "direct", cfg.name
+
+
+class OpenCLPool2D(_OpenCLRule):
+    """NCHW window pooling (max, or the sum of an average pool with its divide fused)."""
+
+    def schedule(self, sch: s_tir.Schedule, target: Target) -> tuple[str, str] | str:
+        cfg = self._config(target)
+        blocks = classify_blocks(sch)
+        if isinstance(blocks, str):
+            return blocks
+        info = match_pool2d(sch, blocks)
+        if isinstance(info, str):
+            return f"not a pool2d: {info}"
+        _inline_prologue(sch, blocks, cfg.pool_threads)
+        pool = blocks.main
+        n, ch, y, x, ky, kx = sch.get_loops(pool)
+        fused = sch.fuse(n, ch, y, x)
+        total = math.prod(info.out_shape)
+        bx, tx = sch.split(fused, [None, max(1, min(cfg.pool_threads, total))])
+        sch.bind(bx, "blockIdx.x")
+        sch.bind(tx, "threadIdx.x")
+        writeback = sch.cache_write(pool, 0, "local")
+        _inline_epilogue(sch, blocks, cfg.pool_threads)
+        sch.reverse_compute_at(writeback, tx, preserve_unit_loops=True)
+        sch.decompose_reduction(pool, ky)
+        return "pool", cfg.name

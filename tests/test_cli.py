@@ -1,0 +1,101 @@
+"""The codl-tvm command line: run on cpu/opencl, the npz contract, and its error messages."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from codl_tvm.cli import bundled_model_path, main
+from codl_tvm.frontend import load_onnx, random_inputs
+from codl_tvm.runner import build
+
+
+def _run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.opencl
+def test_run_opencl_matches_cpu_build(opencl, tmp_path, capsys):
+    model = load_onnx(bundled_model_path())
+    feeds = random_inputs(model, seed=5)
+    np.savez(tmp_path / "in.npz", **feeds)
+    code, out, _ = _run(
+        capsys,
+        "run",
+        "--device",
+        "opencl",
+        "--inputs",
+        str(tmp_path / "in.npz"),
+        "--save-outputs",
+        str(tmp_path / "out.npz"),
+        "--repeat",
+        "1",
+        "--number",
+        "1",
+    )
+    assert code == 0
+    assert "output logits: shape (1, 10)" in out and "latency: median" in out
+    saved = np.load(tmp_path / "out.npz")
+    assert list(saved.files) == ["logits"]
+    ref = build(model.mod, "cpu")([feeds["input"]])[0]
+    np.testing.assert_allclose(saved["logits"], ref, rtol=1e-4, atol=1e-5)
+
+
+def test_run_cpu_with_onnx_operator_model(tmp_path, capsys):
+    from tests.onnx_data import case_dir, load_case
+
+    directory = case_dir("pytorch-converted", "test_Conv2d_strided")
+    _, inputs, expected = load_case(directory)
+    model = load_onnx(directory / "model.onnx")
+    np.savez(tmp_path / "in.npz", **{model.inputs[0].name: inputs[0]})
+    code, _out, _ = _run(
+        capsys,
+        "run",
+        str(directory / "model.onnx"),
+        "--device",
+        "cpu",
+        "--inputs",
+        str(tmp_path / "in.npz"),
+        "--save-outputs",
+        str(tmp_path / "o.npz"),
+        "--repeat",
+        "1",
+        "--number",
+        "1",
+    )
+    assert code == 0
+    got = np.load(tmp_path / "o.npz")[model.outputs[0].name]
+    np.testing.assert_allclose(got, expected[0], rtol=1e-4, atol=1e-5)
+
+
+def test_existing_output_file_is_not_overwritten(tmp_path, capsys):
+    target = tmp_path / "out.npz"
+    target.write_bytes(b"precious")
+    code, _, err = _run(capsys, "run", "--device", "cpu", "--save-outputs", str(target))
+    assert code == 2 and "file exists" in err
+    assert target.read_bytes() == b"precious"
+
+
+@pytest.mark.parametrize(
+    ("feeds", "message"),
+    [
+        ({"wrong_name": np.zeros((1, 3, 64, 64), np.float32)}, "missing input(s) ['input']"),
+        ({"input": np.zeros((1, 3, 32, 32), np.float32)}, "has shape (1, 3, 32, 32)"),
+        ({"input": np.zeros((1, 3, 64, 64), np.float64)}, "has dtype float64"),
+    ],
+)
+def test_bad_inputs_are_named(tmp_path, capsys, feeds, message):
+    np.savez(tmp_path / "in.npz", **feeds)
+    code, _, err = _run(capsys, "run", "--device", "cpu", "--inputs", str(tmp_path / "in.npz"))
+    assert code == 2 and message in err
+
+
+def test_missing_and_invalid_model_files(tmp_path, capsys):
+    code, _, err = _run(capsys, "run", str(tmp_path / "nope.onnx"), "--device", "cpu")
+    assert code == 2 and "nope.onnx: no such model file" in err
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"\x00garbage")
+    code, _, err = _run(capsys, "run", str(bad), "--device", "cpu")
+    assert code == 2 and "bad.onnx" in err
