@@ -160,10 +160,19 @@ class ChannelMap:
     def out_per_group(self) -> int:
         return self.out_channels // self.groups
 
+    @property
+    def granularity(self) -> int:
+        """Channels a part must be made of: whole groups, or any channel for one group."""
+        return 1 if self.groups == 1 else self.out_per_group
+
     def aligned(self, out: Span) -> Span:
-        """The smallest span of whole groups that covers ``out``."""
-        g = self.out_per_group
+        """The smallest span of whole units (see :attr:`granularity`) that covers ``out``."""
+        g = self.granularity
         return Span(out.start // g * g, -(-out.stop // g) * g)
+
+    def part_groups(self, computed: Span) -> int:
+        """The ``groups`` attribute of the part conv computing the aligned span ``computed``."""
+        return 1 if self.groups == 1 else len(computed) // self.out_per_group
 
     def input_span(self, out: Span) -> PartSpan:
         """Input channels read (and channels computed) by the part producing channels ``out``."""
@@ -171,6 +180,8 @@ class ChannelMap:
             raise ValueError(f"output channels [{out.start}, {out.stop}) outside [0, "
                              f"{self.out_channels})")
         comp = self.aligned(out)
+        if self.groups == 1:
+            return PartSpan(out, Span(0, self.in_channels), computed=comp)
         ipg = self.in_channels // self.groups
         g0, g1 = comp.start // self.out_per_group, comp.stop // self.out_per_group
         return PartSpan(out, Span(g0 * ipg, g1 * ipg), computed=comp)

@@ -357,7 +357,7 @@ class _Rewriter(PyExprMutator):
             geoms = [_channel_map(s) if s.role == "anchor" else None for s in steps]
             spans_of = chain_channel_spans
             last = next((g for g in reversed(geoms) if g is not None), None)
-            gran = last.out_per_group if last is not None else 1
+            gran = last.granularity if last is not None else 1
         cut = split_point(extent, chain.entry.ratio, gran)
         regions = [(Processor.GPU, Span(0, cut)), (Processor.CPU, Span(cut, extent))]
         regions = [(p, s) for p, s in regions if len(s) > 0]
@@ -449,8 +449,7 @@ class _Rewriter(PyExprMutator):
             w = value.args[1]
             groups = int(a.groups)
             if dim == PartitionDim.OC:
-                cmap = _channel_map(step)
-                groups = len(ps.computed) // cmap.out_per_group
+                groups = _channel_map(step).part_groups(ps.computed)
                 weight = self._slice(w, 0, ps.computed, f"{prefix}_w", bindings)
             else:
                 weight = self.visit_expr(w)

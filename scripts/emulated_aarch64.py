@@ -28,7 +28,8 @@ Examples::
     python scripts/emulated_aarch64.py stop --port 9300
 
 The root lives in ``--root`` (default ``$CODL_TVM_AARCH64_ROOT`` or
-``~/.cache/codl-tvm/aarch64-root``). Every step has a time limit (``--timeout`` seconds) and fails
+``~/.cache/codl-tvm/aarch64-emu``, holding the aarch64 ``sysroot``, the wrapper and logs).
+Every step has a time limit (``--timeout`` seconds) and fails
 with a message naming the step.
 """
 
@@ -67,7 +68,7 @@ def default_root() -> Path:
     if env:
         return Path(env).expanduser()
     cache = Path(os.environ.get("CODL_TVM_CACHE_DIR", Path.home() / ".cache" / "codl-tvm"))
-    return cache.expanduser() / "aarch64-root"
+    return cache.expanduser() / "aarch64-emu"
 
 
 def run(cmd: list[str], step: str, timeout_s: float, env: dict | None = None,
@@ -325,8 +326,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("command", choices=("prepare", "serve", "stop"))
     parser.add_argument("--root", type=Path, default=None,
-                        help="aarch64 root directory (default: $CODL_TVM_AARCH64_ROOT or "
-                        "~/.cache/codl-tvm/aarch64-root)")
+                        help="directory of the emulated device: sysroot, wrapper, logs (default: $CODL_TVM_AARCH64_ROOT or "
+                        "~/.cache/codl-tvm/aarch64-emu)")
     parser.add_argument("--tracker", default="127.0.0.1:9190", help="tracker HOST:PORT")
     parser.add_argument("--key", default="aarch64-emu", help="device key to register under")
     parser.add_argument("--port", type=int, default=9300, help="server port")
@@ -334,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="seconds allowed per step (download, install, start-up)")
     parser.add_argument("--force", action="store_true", help="rebuild the root")
     args = parser.parse_args(argv)
-    root = (args.root or default_root()).expanduser().resolve()
+    root = (args.root or default_root()).expanduser().resolve() / "sysroot"
     try:
         if args.command == "prepare":
             wrapper = prepare(root, args.timeout, args.force)

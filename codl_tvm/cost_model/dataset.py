@@ -224,7 +224,8 @@ def _parse_params(ctx: _Ctx, op: str, obj) -> OpParams:
         raise ctx.fail("params", "expected an object")
     kw = {k: ctx.get(obj, k, int, "params.") for k in ("h", "w", "ic", "oc")}
     for k, default in (("kernel", 1), ("stride", 1), ("dilation", 1), ("groups", 1)):
-        kw[k] = ctx.get(obj, k, int, "params.", optional=True) or default
+        value = ctx.get(obj, k, int, "params.", optional=True)
+        kw[k] = default if value is None else value
     pad = obj.get("padding", [0, 0, 0, 0])
     if isinstance(pad, int) and not isinstance(pad, bool):
         pad = [pad] * 4

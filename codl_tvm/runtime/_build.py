@@ -116,5 +116,16 @@ def register_pip_opencl_drivers(cache_root: Path) -> None:
 
 
 def load_library(path: str) -> ctypes.CDLL:
-    """``dlopen`` the plugin globally; its static initialisers register the TVM globals."""
+    """``dlopen`` the plugin globally; its static initialisers register the TVM globals.
+
+    The libraries it links against are opened first by full path, so a prebuilt plugin loads
+    wherever TVM is installed (its build-time rpath may point elsewhere).
+    """
+    import tvm
+    import tvm_ffi
+
+    for lib in (Path(tvm_ffi.__file__).parent / "lib" / "libtvm_ffi.so",
+                Path(tvm.__file__).parent / "lib" / "libtvm_runtime.so"):
+        if lib.is_file():
+            ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL)
     return ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
