@@ -88,6 +88,7 @@ def _reference(proto, feeds):
 
 def cmd_run(args: argparse.Namespace) -> None:
     import tvm
+    from tvm.runtime.vm import VirtualMachine
 
     from codl_tvm import runtime
     from codl_tvm.bench import time_host_us
@@ -101,7 +102,7 @@ def cmd_run(args: argparse.Namespace) -> None:
     manifest = json.loads((Path(args.dir) / "manifest.json").read_text())
     for name, entry in manifest["models"].items():
         lib = tvm.runtime.load_module(str(Path(args.dir) / f"{name}_opencl.so"))
-        vm = tvm.runtime.vm.VirtualMachine(lib, dev)
+        vm = VirtualMachine(lib, dev)
         proto, feeds, vm_args = _model_args(name, entry, dev)
         out = vm["main"](*vm_args)
         got = out.numpy() if hasattr(out, "numpy") else out[0].numpy()
@@ -161,6 +162,7 @@ def cmd_coldstart(args: argparse.Namespace) -> None:
     """Run in a fresh process: time to the first output of one model."""
     t0 = time.perf_counter()
     import tvm
+    from tvm.runtime.vm import VirtualMachine
 
     from codl_tvm import runtime
 
@@ -170,7 +172,7 @@ def cmd_coldstart(args: argparse.Namespace) -> None:
     dev = tvm.opencl(0)
     t_import = time.perf_counter()
     lib = tvm.runtime.load_module(str(Path(args.dir) / f"{args.model}_opencl.so"))
-    vm = tvm.runtime.vm.VirtualMachine(lib, dev)
+    vm = VirtualMachine(lib, dev)
     _, _, vm_args = _model_args(args.model, entry, dev)
     t_load = time.perf_counter()
     vm["main"](*vm_args)

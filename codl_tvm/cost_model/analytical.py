@@ -131,15 +131,19 @@ class CodlConfig:
 
     def __post_init__(self) -> None:
         if not isinstance(self.winograd_tile, int) or self.winograd_tile < 1:
-            raise ValueError(f"CodlConfig.winograd_tile must be an integer >= 1, got "
-                             f"{self.winograd_tile!r}")
+            raise ValueError(
+                f"CodlConfig.winograd_tile must be an integer >= 1, got {self.winograd_tile!r}"
+            )
         for impl, formula in self.impl_formulas:
             if formula not in FORMULAS:
-                raise ValueError(f"CodlConfig.impl_formulas: formula {formula!r} of {impl!r} is "
-                                 f"not one of {sorted(FORMULAS)}")
+                raise ValueError(
+                    f"CodlConfig.impl_formulas: formula {formula!r} of {impl!r} is "
+                    f"not one of {sorted(FORMULAS)}"
+                )
         if not 0.0 <= self.presync_quantile <= 1.0:
-            raise ValueError(f"CodlConfig.presync_quantile must be in [0, 1], got "
-                             f"{self.presync_quantile!r}")
+            raise ValueError(
+                f"CodlConfig.presync_quantile must be in [0, 1], got {self.presync_quantile!r}"
+            )
         object.__setattr__(self, "_formula_map", dict(self.impl_formulas))
 
     def formula(self, impl: str) -> str:
@@ -180,11 +184,13 @@ PRESETS: dict[str, CodlConfig] = {
     "pocl-local": CodlConfig(cpu=ProcessorBlocking(1, 64, 8), gpu=ProcessorBlocking(1, 64, 8)),
     # The device machine's emulated SoC (DEVICE.md): PoCL on 8 cores, TVM on the other 8,
     # skylake-avx512 (16 fp32 lanes).
-    "emulated-soc": CodlConfig(cpu=ProcessorBlocking(8, 256, 16),
-                               gpu=ProcessorBlocking(8, 256, 16)),
+    "emulated-soc": CodlConfig(
+        cpu=ProcessorBlocking(8, 256, 16), gpu=ProcessorBlocking(8, 256, 16)
+    ),
     # The device machine's H100 through NVIDIA OpenCL: 132 SMs, 32-wide warps.
-    "nvidia-h100": CodlConfig(cpu=ProcessorBlocking(8, 256, 16),
-                              gpu=ProcessorBlocking(132, 256, 32)),
+    "nvidia-h100": CodlConfig(
+        cpu=ProcessorBlocking(8, 256, 16), gpu=ProcessorBlocking(132, 256, 32)
+    ),
 }
 
 
@@ -214,9 +220,11 @@ def _work_sizes(formula: str, f: OpFeatures, tile: int) -> list[tuple[str, int, 
         return [("packing", 1, hw * q.ic * k * k), ("mm", 1, hw * cin * q.oc * k * k)]
     alpha = tile + k - 1
     tiles = _ceil_div(q.out_h, tile) * _ceil_div(q.out_w, tile)
-    return [("input_transform", 1, q.ic * tiles * alpha * alpha),
-            ("gemm", alpha * alpha, tiles * cin * q.oc),
-            ("output_transform", 1, q.oc * tiles * tile * tile)]
+    return [
+        ("input_transform", 1, q.ic * tiles * alpha * alpha),
+        ("gemm", alpha * alpha, tiles * cin * q.oc),
+        ("output_transform", 1, q.oc * tiles * tile * tile),
+    ]
 
 
 def kernel_steps(formula: str, f: OpFeatures, config: CodlConfig) -> list[tuple[str, int]]:
@@ -232,11 +240,14 @@ def kernel_steps(formula: str, f: OpFeatures, config: CodlConfig) -> list[tuple[
                 steps = _ceil_div(d.wg_count, blk.cores) * _ceil_div(d.wg_size, blk.unit_size)
             elif f.processor == "cpu" and d.cpu_parallel_blocks:
                 blocks = d.cpu_parallel_blocks
-                steps = (_ceil_div(blocks, d.threads or blk.cores)
-                         * _ceil_div(_ceil_div(size, blocks), d.vector_width or blk.unit_size))
+                steps = _ceil_div(blocks, d.threads or blk.cores) * _ceil_div(
+                    _ceil_div(size, blocks), d.vector_width or blk.unit_size
+                )
         if steps is None:
-            steps = mult * (_ceil_div(size, blk.block_size * blk.cores)
-                            * _ceil_div(blk.block_size, blk.unit_size))
+            steps = mult * (
+                _ceil_div(size, blk.block_size * blk.cores)
+                * _ceil_div(blk.block_size, blk.unit_size)
+            )
         out.append((name, steps))
     return out
 
@@ -254,9 +265,15 @@ class _Group:
     nonneg: bool = False
 
     def to_json(self) -> dict:
-        return {"op": self.op, "processor": self.processor, "impl": self.impl,
-                "formula": self.formula, "n": self.n, "nonneg": self.nonneg,
-                "coef": {k: list(v) for k, v in self.coef.items()}}
+        return {
+            "op": self.op,
+            "processor": self.processor,
+            "impl": self.impl,
+            "formula": self.formula,
+            "n": self.n,
+            "nonneg": self.nonneg,
+            "coef": {k: list(v) for k, v in self.coef.items()},
+        }
 
     @classmethod
     def from_json(cls, obj: dict, n_features: int) -> _Group:
@@ -264,19 +281,28 @@ class _Group:
         if formula not in FORMULAS:
             raise ValueError(f"unknown formula {formula!r}")
         if obj["op"] not in OP_KINDS or obj["processor"] not in PROCESSORS:
-            raise ValueError(f"unknown operator kind/processor {obj['op']!r}/"
-                             f"{obj['processor']!r}")
+            raise ValueError(f"unknown operator kind/processor {obj['op']!r}/{obj['processor']!r}")
         coef = {}
         for kernel in FORMULAS[formula]:
             values = obj["coef"][kernel]
             if len(values) != n_features or not all(
-                    isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
-                    for v in values):
-                raise ValueError(f"coefficients of {obj['impl']!r}/{kernel} must be "
-                                 f"{n_features} finite numbers, got {values!r}")
+                isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+                for v in values
+            ):
+                raise ValueError(
+                    f"coefficients of {obj['impl']!r}/{kernel} must be "
+                    f"{n_features} finite numbers, got {values!r}"
+                )
             coef[kernel] = [float(v) for v in values]
-        return cls(obj["op"], obj["processor"], str(obj["impl"]), formula, coef, int(obj["n"]),
-                   bool(obj.get("nonneg", False)))
+        return cls(
+            obj["op"],
+            obj["processor"],
+            str(obj["impl"]),
+            formula,
+            coef,
+            int(obj["n"]),
+            bool(obj.get("nonneg", False)),
+        )
 
 
 class CodlModel(CostModel):
@@ -294,8 +320,7 @@ class CodlModel(CostModel):
         super().__init__()
         if isinstance(config, str):
             if config not in PRESETS:
-                raise ValueError(f"unknown CodlConfig preset {config!r} (known: "
-                                 f"{sorted(PRESETS)})")
+                raise ValueError(f"unknown CodlConfig preset {config!r} (known: {sorted(PRESETS)})")
             config = PRESETS[config]
         self.config = config
         self.presync_quantile = config.presync_quantile
@@ -322,9 +347,11 @@ class CodlModel(CostModel):
             kernels = FORMULAS[formula]
             n_coef = n_feat * len(kernels)
             if len(recs) < n_coef:
-                warnings.warn(f"codl cost model: only {len(recs)} records for {key} (needs "
-                              f">= {n_coef}); those operators will use the FLOPs fallback",
-                              stacklevel=3)
+                warnings.warn(
+                    f"codl cost model: only {len(recs)} records for {key} (needs "
+                    f">= {n_coef}); those operators will use the FLOPs fallback",
+                    stacklevel=3,
+                )
                 continue
             feats = [r.features() for r in recs]
             rows = [self._design_row(formula, f) for f in feats]
@@ -338,10 +365,13 @@ class CodlModel(CostModel):
             if np.any(t_unit < -1e-9 * np.abs(t_unit).max(initial=1.0)):
                 coef = weighted_lstsq(a, y, w, nonneg=True).reshape(len(kernels), n_feat)
                 nonneg = True
-            self.groups[key] = _Group(*key, formula,
-                                      {k: [float(c) for c in coef[i]]
-                                       for i, k in enumerate(kernels)},
-                                      len(recs), nonneg)
+            self.groups[key] = _Group(
+                *key,
+                formula,
+                {k: [float(c) for c in coef[i]] for i, k in enumerate(kernels)},
+                len(recs),
+                nonneg,
+            )
 
     def covers(self, features: OpFeatures) -> bool:
         return (features.op, features.processor, features.impl) in self.groups
@@ -365,15 +395,20 @@ class CodlModel(CostModel):
         return np.array([self._predict_one(f) for f in features])
 
     def _body_json(self) -> dict:
-        return {"config": self.config.to_json(), "features": list(self.feature_names),
-                "groups": [g.to_json() for _, g in sorted(self.groups.items())]}
+        return {
+            "config": self.config.to_json(),
+            "features": list(self.feature_names),
+            "groups": [g.to_json() for _, g in sorted(self.groups.items())],
+        }
 
     def _load_body(self, body: dict) -> None:
         self.config = CodlConfig.from_json(body["config"])
         self.presync_quantile = self.config.presync_quantile
         if list(body["features"]) != list(self.feature_names):
-            raise ValueError(f"feature names {body['features']!r} do not match the config "
-                             f"({list(self.feature_names)!r})")
+            raise ValueError(
+                f"feature names {body['features']!r} do not match the config "
+                f"({list(self.feature_names)!r})"
+            )
         n_feat = len(self.feature_names)
         self.groups = {}
         for obj in body["groups"]:

@@ -106,8 +106,9 @@ class SharingModel:
 
     CONSTANT_KINDS: ClassVar[tuple[str, ...]] = ("presync", "postsync")
 
-    def __init__(self, linear: dict[str, _Linear] | None = None,
-                 constant_ms: dict[str, float] | None = None) -> None:
+    def __init__(
+        self, linear: dict[str, _Linear] | None = None, constant_ms: dict[str, float] | None = None
+    ) -> None:
         self.linear = dict(linear or {})
         self.constant_ms = dict(constant_ms or {})
 
@@ -145,15 +146,19 @@ class SharingModel:
 
     def to_json(self) -> dict:
         return {
-            "linear": {k: {"intercept_ms": v.intercept_ms, "ms_per_byte": v.ms_per_byte,
-                           "n": v.n} for k, v in sorted(self.linear.items())},
+            "linear": {
+                k: {"intercept_ms": v.intercept_ms, "ms_per_byte": v.ms_per_byte, "n": v.n}
+                for k, v in sorted(self.linear.items())
+            },
             "constant_ms": dict(sorted(self.constant_ms.items())),
         }
 
     @classmethod
     def from_json(cls, obj: dict) -> SharingModel:
-        linear = {k: _Linear(float(v["intercept_ms"]), float(v["ms_per_byte"]), int(v["n"]))
-                  for k, v in obj["linear"].items()}
+        linear = {
+            k: _Linear(float(v["intercept_ms"]), float(v["ms_per_byte"]), int(v["n"]))
+            for k, v in obj["linear"].items()
+        }
         for k in (*linear, *obj["constant_ms"]):
             if k not in SHARING_KINDS:
                 raise ValueError(f"unknown sharing kind {k!r}")
@@ -251,13 +256,18 @@ class CostModel(ABC):
             out[covered] = self._predict_covered([features[i] for i in covered])
         if missing:
             if self.fallback is None:
-                raise ValueError(f"{self.kind} cost model covers no sub-model for "
-                                 f"{features[missing[0]].describe()} and has no fallback")
+                raise ValueError(
+                    f"{self.kind} cost model covers no sub-model for "
+                    f"{features[missing[0]].describe()} and has no fallback"
+                )
             for i in missing:
-                warnings.warn(CostModelFallbackWarning(
-                    f"{self.kind} cost model has no sub-model for operator "
-                    f"{features[i].describe()}; predicting it with the FLOPs-linear fallback"),
-                    stacklevel=3)
+                warnings.warn(
+                    CostModelFallbackWarning(
+                        f"{self.kind} cost model has no sub-model for operator "
+                        f"{features[i].describe()}; predicting it with the FLOPs-linear fallback"
+                    ),
+                    stacklevel=3,
+                )
             out[missing] = self.fallback.predict_many([features[i] for i in missing])
         return out
 
@@ -292,8 +302,9 @@ class CostModel(ABC):
             if runs:
                 if proc not in impls:
                     raise ValueError(f"{params.describe()}: no implementation given for {proc}")
-                feats = op_features(params, proc, impls[proc], partition, dispatch.get(proc),
-                                    name=name)
+                feats = op_features(
+                    params, proc, impls[proc], partition, dispatch.get(proc), name=name
+                )
             times[proc] = 0.0 if feats is None or feats.part.empty else self.predict(feats)
         both = times["cpu"] > 0.0 and times["gpu"] > 0.0
         trans = mapping = presync = 0.0
@@ -301,9 +312,11 @@ class CostModel(ABC):
         if both and not chained:
             nbytes = shared_nbytes(params, partition, dtype_bytes)
             if self.sharing is None:
-                warnings.warn(f"{self.kind} cost model has no data-sharing measurements; "
-                              f"T_trans, T_map and T_psync of {params.describe()} are taken as 0",
-                              stacklevel=2)
+                warnings.warn(
+                    f"{self.kind} cost model has no data-sharing measurements; "
+                    f"T_trans, T_map and T_psync of {params.describe()} are taken as 0",
+                    stacklevel=2,
+                )
             trans = self.predict_sharing("transform", nbytes)
             mapping = self.predict_sharing("map", nbytes)
             presync = self.predict_sharing("presync", nbytes)
@@ -342,17 +355,21 @@ class CostModel(ABC):
     def from_json(cls, obj: dict, source: str = "<model>") -> CostModel:
         """Build a model from its JSON dict (raises ``ModelFileError`` naming ``source``)."""
         if not isinstance(obj, dict) or obj.get("format") != MODEL_FORMAT:
-            raise ModelFileError(f"{source}: not a codl-tvm cost model file (expected \"format\": "
-                                 f"\"{MODEL_FORMAT}\")")
+            raise ModelFileError(
+                f'{source}: not a codl-tvm cost model file (expected "format": "{MODEL_FORMAT}")'
+            )
         version = obj.get("version")
         if version != MODEL_VERSION:
-            raise ModelFileError(f"{source}: cost model format version {version!r} is not "
-                                 f"supported (this codl-tvm reads version {MODEL_VERSION}); "
-                                 "refit the model with `codl-tvm cost-model fit`")
+            raise ModelFileError(
+                f"{source}: cost model format version {version!r} is not "
+                f"supported (this codl-tvm reads version {MODEL_VERSION}); "
+                "refit the model with `codl-tvm cost-model fit`"
+            )
         kind = obj.get("kind")
         if kind not in MODEL_KINDS:
-            raise ModelFileError(f"{source}: unknown cost model kind {kind!r} (known: "
-                                 f"{sorted(MODEL_KINDS)})")
+            raise ModelFileError(
+                f"{source}: unknown cost model kind {kind!r} (known: {sorted(MODEL_KINDS)})"
+            )
         klass = _model_class(kind)
         if cls is not CostModel and not issubclass(klass, cls):
             raise ModelFileError(f"{source}: holds a {kind!r} model, not a {cls.kind!r} model")
@@ -384,12 +401,13 @@ class CostModel(ABC):
         try:
             obj = json.loads(text)
         except json.JSONDecodeError as exc:
-            raise ModelFileError(f"{path}: corrupt cost model file, not valid JSON ({exc.msg} at "
-                                 f"line {exc.lineno} column {exc.colno})") from None
+            raise ModelFileError(
+                f"{path}: corrupt cost model file, not valid JSON ({exc.msg} at "
+                f"line {exc.lineno} column {exc.colno})"
+            ) from None
         return cls.from_json(obj, str(path))
 
 
 def load_model(path: str | os.PathLike) -> CostModel:
     """Load a cost model file of any kind."""
     return CostModel.load(path)
-

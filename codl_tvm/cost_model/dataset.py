@@ -87,24 +87,29 @@ class OpRecord:
 
     def __post_init__(self) -> None:
         if self.part is None:
-            object.__setattr__(self, "part", part_shape(self.params, self.partition,
-                                                        self.processor))
+            object.__setattr__(
+                self, "part", part_shape(self.params, self.partition, self.processor)
+            )
         what = f"record {self.params.describe()} on {self.processor}"
         lat = self.latency_ms
-        if isinstance(lat, bool) or not isinstance(lat, int | float) or not math.isfinite(lat) \
-                or lat <= 0:
+        if (
+            isinstance(lat, bool)
+            or not isinstance(lat, int | float)
+            or not math.isfinite(lat)
+            or lat <= 0
+        ):
             raise DatasetError(f"{what}: latency_ms must be a finite number > 0, got {lat!r}")
         object.__setattr__(self, "latency_ms", float(lat))
-        if isinstance(self.repeats, bool) or not isinstance(self.repeats, int) \
-                or self.repeats < 1:
+        if isinstance(self.repeats, bool) or not isinstance(self.repeats, int) or self.repeats < 1:
             raise DatasetError(f"{what}: repeats must be an integer >= 1, got {self.repeats!r}")
         if not isinstance(self.impl, str) or not self.impl:
             raise DatasetError(f"{what}: impl must be a non-empty string, got {self.impl!r}")
         if not isinstance(self.device, Mapping):
             raise DatasetError(f"{what}: device must be a dict, got {type(self.device).__name__}")
         if self.part.empty:
-            raise DatasetError(f"{what}: the part is empty ({self.part}); an empty part is not "
-                               "measured")
+            raise DatasetError(
+                f"{what}: the part is empty ({self.part}); an empty part is not measured"
+            )
 
     @property
     def op(self) -> str:
@@ -112,21 +117,43 @@ class OpRecord:
 
     def features(self) -> OpFeatures:
         """The model input of this record (with the recorded part shape)."""
-        return op_features(self.params, self.processor, self.impl, self.partition,
-                           self.dispatch, self.part, self.name)
+        return op_features(
+            self.params,
+            self.processor,
+            self.impl,
+            self.partition,
+            self.dispatch,
+            self.part,
+            self.name,
+        )
 
     def key(self) -> str:
         """Identity of the measurement (what a resumed profiling run skips)."""
-        return _canonical({"op": self.op, "params": self.params.to_json(),
-                           "partition": self.partition.to_json(), "processor": self.processor,
-                           "impl": self.impl, "device": dict(self.device)})
+        return _canonical(
+            {
+                "op": self.op,
+                "params": self.params.to_json(),
+                "partition": self.partition.to_json(),
+                "processor": self.processor,
+                "impl": self.impl,
+                "device": dict(self.device),
+            }
+        )
 
     def to_json(self, device_id: str) -> dict:
-        out = {"type": "op", "device": device_id, "op": self.op,
-               "params": self.params.to_json(), "partition": self.partition.to_json(),
-               "part": self.part.to_json(), "processor": self.processor, "impl": self.impl,
-               "dispatch": self.dispatch.to_json(), "latency_ms": self.latency_ms,
-               "repeats": self.repeats}
+        out = {
+            "type": "op",
+            "device": device_id,
+            "op": self.op,
+            "params": self.params.to_json(),
+            "partition": self.partition.to_json(),
+            "part": self.part.to_json(),
+            "processor": self.processor,
+            "impl": self.impl,
+            "dispatch": self.dispatch.to_json(),
+            "latency_ms": self.latency_ms,
+            "repeats": self.repeats,
+        }
         if self.name is not None:
             out["name"] = self.name
         return out
@@ -144,27 +171,34 @@ class SharingRecord:
 
     def __post_init__(self) -> None:
         if self.kind not in SHARING_KINDS:
-            raise DatasetError(f"sharing record: kind {self.kind!r} is not one of "
-                               f"{SHARING_KINDS}")
+            raise DatasetError(f"sharing record: kind {self.kind!r} is not one of {SHARING_KINDS}")
         what = f"sharing record {self.kind} of {self.nbytes!r} bytes"
         if isinstance(self.nbytes, bool) or not isinstance(self.nbytes, int) or self.nbytes < 0:
             raise DatasetError(f"{what}: nbytes must be an integer >= 0")
         lat = self.latency_ms
-        if isinstance(lat, bool) or not isinstance(lat, int | float) or not math.isfinite(lat) \
-                or lat < 0:
+        if (
+            isinstance(lat, bool)
+            or not isinstance(lat, int | float)
+            or not math.isfinite(lat)
+            or lat < 0
+        ):
             raise DatasetError(f"{what}: latency_ms must be a finite number >= 0, got {lat!r}")
         object.__setattr__(self, "latency_ms", float(lat))
-        if isinstance(self.repeats, bool) or not isinstance(self.repeats, int) \
-                or self.repeats < 1:
+        if isinstance(self.repeats, bool) or not isinstance(self.repeats, int) or self.repeats < 1:
             raise DatasetError(f"{what}: repeats must be an integer >= 1, got {self.repeats!r}")
 
     def key(self) -> str:
-        return _canonical({"kind": self.kind, "nbytes": self.nbytes,
-                           "device": dict(self.device)})
+        return _canonical({"kind": self.kind, "nbytes": self.nbytes, "device": dict(self.device)})
 
     def to_json(self, device_id: str) -> dict:
-        return {"type": "sharing", "device": device_id, "kind": self.kind,
-                "nbytes": self.nbytes, "latency_ms": self.latency_ms, "repeats": self.repeats}
+        return {
+            "type": "sharing",
+            "device": device_id,
+            "kind": self.kind,
+            "nbytes": self.nbytes,
+            "latency_ms": self.latency_ms,
+            "repeats": self.repeats,
+        }
 
 
 Record = OpRecord | SharingRecord
@@ -214,8 +248,10 @@ class _Ctx:
             return None
         ok = isinstance(value, kind) and not (isinstance(value, bool) and kind is not bool)
         if not ok:
-            raise self.fail(name, f"expected {getattr(kind, '__name__', kind)}, got "
-                                  f"{type(value).__name__} {value!r}")
+            raise self.fail(
+                name,
+                f"expected {getattr(kind, '__name__', kind)}, got {type(value).__name__} {value!r}",
+            )
         return value
 
 
@@ -229,11 +265,13 @@ def _parse_params(ctx: _Ctx, op: str, obj) -> OpParams:
     pad = obj.get("padding", [0, 0, 0, 0])
     if isinstance(pad, int) and not isinstance(pad, bool):
         pad = [pad] * 4
-    if not (isinstance(pad, list) and len(pad) == 4
-            and all(isinstance(p, int) and not isinstance(p, bool) for p in pad)):
+    if not (
+        isinstance(pad, list)
+        and len(pad) == 4
+        and all(isinstance(p, int) and not isinstance(p, bool) for p in pad)
+    ):
         raise ctx.fail("params.padding", f"expected 4 integers, got {pad!r}")
-    unknown = set(obj) - {"h", "w", "ic", "oc", "kernel", "stride", "dilation", "groups",
-                          "padding"}
+    unknown = set(obj) - {"h", "w", "ic", "oc", "kernel", "stride", "dilation", "groups", "padding"}
     if unknown:
         raise ctx.fail("params", f"unknown keys {sorted(unknown)}")
     try:
@@ -276,17 +314,31 @@ def _parse_op(ctx: _Ctx, obj: dict, device: Mapping) -> OpRecord:
     repeats = ctx.get(obj, "repeats", int)
     name = ctx.get(obj, "name", str, optional=True)
     try:
-        return OpRecord(params, partition, processor, ctx.get(obj, "impl", str), latency,
-                        repeats, part, dispatch, device, name)
+        return OpRecord(
+            params,
+            partition,
+            processor,
+            ctx.get(obj, "impl", str),
+            latency,
+            repeats,
+            part,
+            dispatch,
+            device,
+            name,
+        )
     except (DatasetError, FeatureError) as exc:
         raise DatasetError(f"{ctx.where}: {exc}") from None
 
 
 def _parse_sharing(ctx: _Ctx, obj: dict, device: Mapping) -> SharingRecord:
     try:
-        return SharingRecord(ctx.get(obj, "kind", str), ctx.get(obj, "nbytes", int),
-                             ctx.get(obj, "latency_ms", int | float),
-                             ctx.get(obj, "repeats", int), device)
+        return SharingRecord(
+            ctx.get(obj, "kind", str),
+            ctx.get(obj, "nbytes", int),
+            ctx.get(obj, "latency_ms", int | float),
+            ctx.get(obj, "repeats", int),
+            device,
+        )
     except DatasetError as exc:
         if str(exc).startswith(ctx.where):
             raise
@@ -295,12 +347,16 @@ def _parse_sharing(ctx: _Ctx, obj: dict, device: Mapping) -> SharingRecord:
 
 def _check_header(path: Path, header) -> dict:
     if not isinstance(header, dict) or header.get("format") != DATASET_FORMAT:
-        raise DatasetError(f"{path}:1: not a codl-tvm latency dataset (the first line must be a "
-                           f"header with \"format\": \"{DATASET_FORMAT}\")")
+        raise DatasetError(
+            f"{path}:1: not a codl-tvm latency dataset (the first line must be a "
+            f'header with "format": "{DATASET_FORMAT}")'
+        )
     version = header.get("version")
     if version != DATASET_VERSION:
-        raise DatasetError(f"{path}:1: dataset format version {version!r} is not supported "
-                           f"(this codl-tvm reads version {DATASET_VERSION})")
+        raise DatasetError(
+            f"{path}:1: dataset format version {version!r} is not supported "
+            f"(this codl-tvm reads version {DATASET_VERSION})"
+        )
     meta = header.get("meta", {})
     if not isinstance(meta, dict):
         raise DatasetError(f"{path}:1: field 'meta': expected an object")
@@ -313,8 +369,10 @@ def _iter_lines(path: Path) -> Iterator[tuple[int, dict]]:
             if not line.strip():
                 continue
             if not line.endswith("\n"):
-                raise DatasetError(f"{path}:{lineno}: incomplete last line (a run stopped while "
-                                   "writing?); reopen the file with DatasetWriter to drop it")
+                raise DatasetError(
+                    f"{path}:{lineno}: incomplete last line (a run stopped while "
+                    "writing?); reopen the file with DatasetWriter to drop it"
+                )
             try:
                 obj = json.loads(line)
             except json.JSONDecodeError as exc:
@@ -346,8 +404,9 @@ def _read(path: Path) -> tuple[dict, dict[str, dict], list[Record]]:
             raise ctx.fail("type", f"expected 'op', 'sharing' or 'device', got {kind!r}")
         dev_id = ctx.get(obj, "device", str)
         if dev_id not in devices:
-            raise ctx.fail("device", f"device id {dev_id!r} is not defined by an earlier "
-                                     "'device' line")
+            raise ctx.fail(
+                "device", f"device id {dev_id!r} is not defined by an earlier 'device' line"
+            )
         parse = _parse_op if kind == "op" else _parse_sharing
         records.append(parse(ctx, obj, devices[dev_id]))
     return meta, devices, records
@@ -391,8 +450,11 @@ class DatasetWriter:
         if data.endswith(b"\n"):
             return
         cut = data.rfind(b"\n") + 1
-        warnings.warn(f"{self.path}: dropping an incomplete last line ({len(data) - cut} bytes) "
-                      "left by an interrupted run", stacklevel=3)
+        warnings.warn(
+            f"{self.path}: dropping an incomplete last line ({len(data) - cut} bytes) "
+            "left by an interrupted run",
+            stacklevel=3,
+        )
         with open(self.path, "r+b") as f:
             f.truncate(cut)
 
@@ -418,8 +480,9 @@ class DatasetWriter:
     def append(self, record: Record) -> None:
         """Write one record and flush it (so an interrupted run keeps what it measured)."""
         if not isinstance(record, OpRecord | SharingRecord):
-            raise DatasetError(f"cannot append a {type(record).__name__}; expected OpRecord or "
-                               "SharingRecord")
+            raise DatasetError(
+                f"cannot append a {type(record).__name__}; expected OpRecord or SharingRecord"
+            )
         self._write(record.to_json(self._device_id(record.device)))
         self._keys.add(record.key())
         self._file.flush()

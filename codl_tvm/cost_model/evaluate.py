@@ -210,9 +210,11 @@ def _fmt(a: Accuracy) -> str:
 
 def format_report(r: EvalReport) -> str:
     """Human-readable report."""
-    lines = [f"cost model: {r.kind}   size: {r.model_bytes} bytes (FLOPs fallback included)",
-             f"evaluated on: {r.split} ({r.n_eval} operator records)",
-             f"  overall          {_fmt(r.overall)}"]
+    lines = [
+        f"cost model: {r.kind}   size: {r.model_bytes} bytes (FLOPs fallback included)",
+        f"evaluated on: {r.split} ({r.n_eval} operator records)",
+        f"  overall          {_fmt(r.overall)}",
+    ]
     lines += [f"  {p:<16} {_fmt(a)}" for p, a in r.per_processor.items()]
     lines.append("per operator/processor/implementation:")
     lines += [f"  {g:<30} {_fmt(a)}" for g, a in r.per_group.items()]
@@ -223,8 +225,10 @@ def format_report(r: EvalReport) -> str:
         lines += [f"  {k:<16} {_fmt(a)}" for k, a in r.sharing.items()]
     if r.n_fallback:
         lines.append(f"{r.n_fallback} operators were not covered and used the FLOPs fallback")
-    lines.append(f"prediction time: {r.predict_us_per_op:.1f} us per op one at a time, "
-                 f"{r.predict_batch_us_per_op:.1f} us per op in a batch (this machine)")
+    lines.append(
+        f"prediction time: {r.predict_us_per_op:.1f} us per op one at a time, "
+        f"{r.predict_batch_us_per_op:.1f} us per op in a batch (this machine)"
+    )
     return "\n".join(lines)
 
 
@@ -241,11 +245,18 @@ def plot_scatter(report: EvalReport, path: str, title: str | None = None) -> Non
     FigureCanvasAgg(fig)
     lo, hi = meas.min() / 1.5, meas.max() * 1.5
     line = np.array([lo, hi])
-    panels = ((report.predicted, f"{report.kind} (+-10%: {100 * report.overall.acc10:.0f}%, "
-                                 f"MAPE {report.overall.mape:.1f}%)"),
-              (report.baseline_predicted,
-               f"FLOPs baseline (+-10%: {100 * report.baseline['overall'].acc10:.0f}%, "
-               f"MAPE {report.baseline['overall'].mape:.1f}%)"))
+    panels = (
+        (
+            report.predicted,
+            f"{report.kind} (+-10%: {100 * report.overall.acc10:.0f}%, "
+            f"MAPE {report.overall.mape:.1f}%)",
+        ),
+        (
+            report.baseline_predicted,
+            f"FLOPs baseline (+-10%: {100 * report.baseline['overall'].acc10:.0f}%, "
+            f"MAPE {report.baseline['overall'].mape:.1f}%)",
+        ),
+    )
     for i, (pred, label) in enumerate(panels):
         ax = fig.add_subplot(1, 2, i + 1)
         pred = np.array(pred)
@@ -295,13 +306,21 @@ def cmd_fit(args: argparse.Namespace) -> int:
         model = fit_model(args.kind, train, **options)
     except (DatasetError, ValueError) as exc:
         raise _cli_error(str(exc)) from None
-    model.meta.update({"dataset": str(args.data), "holdout": args.holdout, "seed": args.seed,
-                       "n_train": sum(isinstance(r, OpRecord) for r in train),
-                       "n_test": sum(isinstance(r, OpRecord) for r in test)})
+    model.meta.update(
+        {
+            "dataset": str(args.data),
+            "holdout": args.holdout,
+            "seed": args.seed,
+            "n_train": sum(isinstance(r, OpRecord) for r in train),
+            "n_test": sum(isinstance(r, OpRecord) for r in test),
+        }
+    )
     model.save(args.output)
-    print(f"fitted a {args.kind} cost model on {model.meta['n_train']} operator records "
-          f"({args.holdout:.0%} held out, seed {args.seed}); wrote {args.output} "
-          f"({len(model.dumps().encode())} bytes)")
+    print(
+        f"fitted a {args.kind} cost model on {model.meta['n_train']} operator records "
+        f"({args.holdout:.0%} held out, seed {args.seed}); wrote {args.output} "
+        f"({len(model.dumps().encode())} bytes)"
+    )
     return 0
 
 
@@ -339,12 +358,18 @@ def register_cli(subparsers) -> None:
     f.add_argument("data", help="dataset (.jsonl) written by `codl-tvm profile`")
     f.add_argument("-o", "--output", required=True, help="model file to write (.json)")
     f.add_argument("--kind", choices=("codl", "gbdt", "flops"), default="codl")
-    f.add_argument("--preset", default="mobile",
-                   help="blocking preset of the codl model (mobile, pocl-local, emulated-soc, "
-                        "nvidia-h100)")
+    f.add_argument(
+        "--preset",
+        default="mobile",
+        help="blocking preset of the codl model (mobile, pocl-local, emulated-soc, nvidia-h100)",
+    )
     f.add_argument("--trees", type=int, help="boosting rounds of the gbdt model")
-    f.add_argument("--holdout", type=float, default=0.3,
-                   help="fraction of records held out for `eval` (default 0.3; 0 = fit on all)")
+    f.add_argument(
+        "--holdout",
+        type=float,
+        default=0.3,
+        help="fraction of records held out for `eval` (default 0.3; 0 = fit on all)",
+    )
     f.add_argument("--seed", type=int, default=0, help="seed of the held-out split")
     f.set_defaults(func=cmd_fit)
 
@@ -353,6 +378,9 @@ def register_cli(subparsers) -> None:
     e.add_argument("data", help="dataset (.jsonl)")
     e.add_argument("--json", action="store_true", help="print the report as JSON")
     e.add_argument("--plot", help="write a predicted-vs-measured scatter plot (PNG)")
-    e.add_argument("--all", action="store_true",
-                   help="evaluate on every record (e.g. a dataset the model was not fitted on)")
+    e.add_argument(
+        "--all",
+        action="store_true",
+        help="evaluate on every record (e.g. a dataset the model was not fitted on)",
+    )
     e.set_defaults(func=cmd_eval)

@@ -100,8 +100,10 @@ class OpParams:
         if isinstance(pad, int) and not isinstance(pad, bool):
             pad = (pad, pad, pad, pad)
         if not isinstance(pad, tuple | list) or len(pad) != 4:
-            raise FeatureError(f"{self.op}: padding must be 4 integers (top, left, bottom, "
-                               f"right), got {self.padding!r}")
+            raise FeatureError(
+                f"{self.op}: padding must be 4 integers (top, left, bottom, "
+                f"right), got {self.padding!r}"
+            )
         object.__setattr__(self, "padding", tuple(pad))
         ctx = self.describe()
         for name in ("h", "w", "ic", "oc", "kernel", "stride", "dilation", "groups"):
@@ -109,14 +111,23 @@ class OpParams:
         for p in pad:
             _pos_int(p, "padding", ctx, minimum=0)
         if self.ic % self.groups or self.oc % self.groups:
-            raise FeatureError(f"{ctx}: groups={self.groups} must divide IC={self.ic} and "
-                               f"OC={self.oc}")
+            raise FeatureError(
+                f"{ctx}: groups={self.groups} must divide IC={self.ic} and OC={self.oc}"
+            )
         if self.op == "pool" and self.ic != self.oc:
             raise FeatureError(f"{ctx}: pooling needs IC == OC, got IC={self.ic} OC={self.oc}")
-        if self.op == "dense" and (self.w != 1 or self.kernel != 1 or self.stride != 1
-                                   or any(pad) or self.dilation != 1 or self.groups != 1):
-            raise FeatureError(f"{ctx}: dense is described with w=1, kernel=1, stride=1, no "
-                               "padding, dilation=1, groups=1")
+        if self.op == "dense" and (
+            self.w != 1
+            or self.kernel != 1
+            or self.stride != 1
+            or any(pad)
+            or self.dilation != 1
+            or self.groups != 1
+        ):
+            raise FeatureError(
+                f"{ctx}: dense is described with w=1, kernel=1, stride=1, no "
+                "padding, dilation=1, groups=1"
+            )
         if self.out_h < 1 or self.out_w < 1:
             raise FeatureError(f"{ctx}: empty output ({self.out_h}x{self.out_w})")
 
@@ -135,14 +146,24 @@ class OpParams:
 
     def describe(self) -> str:
         """Short human-readable description used in error and warning messages."""
-        return (f"{self.op}(H={self.h} W={self.w} IC={self.ic} OC={self.oc} F={self.kernel} "
-                f"S={self.stride} P={list(self.padding)} "
-                f"D={self.dilation} G={self.groups})")
+        return (
+            f"{self.op}(H={self.h} W={self.w} IC={self.ic} OC={self.oc} F={self.kernel} "
+            f"S={self.stride} P={list(self.padding)} "
+            f"D={self.dilation} G={self.groups})"
+        )
 
     def to_json(self) -> dict:
-        return {"h": self.h, "w": self.w, "ic": self.ic, "oc": self.oc, "kernel": self.kernel,
-                "stride": self.stride, "padding": list(self.padding), "dilation": self.dilation,
-                "groups": self.groups}
+        return {
+            "h": self.h,
+            "w": self.w,
+            "ic": self.ic,
+            "oc": self.oc,
+            "kernel": self.kernel,
+            "stride": self.stride,
+            "padding": list(self.padding),
+            "dilation": self.dilation,
+            "groups": self.groups,
+        }
 
 
 @dataclass(frozen=True)
@@ -194,9 +215,17 @@ class PartShape:
         return self.out_h == 0 or self.out_w == 0 or self.oc == 0
 
     def to_json(self) -> dict:
-        return {"out_h": self.out_h, "out_w": self.out_w, "oc": self.oc, "in_h": self.in_h,
-                "in_w": self.in_w, "ic": self.ic, "groups": self.groups, "row0": self.row0,
-                "oc0": self.oc0}
+        return {
+            "out_h": self.out_h,
+            "out_w": self.out_w,
+            "oc": self.oc,
+            "in_h": self.in_h,
+            "in_w": self.in_w,
+            "ic": self.ic,
+            "groups": self.groups,
+            "row0": self.row0,
+            "oc0": self.oc0,
+        }
 
 
 def _input_rows(params: OpParams, row0: int, rows: int) -> int:
@@ -211,31 +240,50 @@ def _input_rows(params: OpParams, row0: int, rows: int) -> int:
 def part_shape(params: OpParams, partition: Partition, processor: str) -> PartShape:
     """Shape of the part ``processor`` computes under ``partition`` (see module docstring)."""
     if processor not in PROCESSORS:
-        raise FeatureError(f"{params.describe()}: processor {processor!r} is not one of "
-                           f"{PROCESSORS}")
-    full = PartShape(params.out_h, params.out_w, params.oc, params.h, params.w, params.ic,
-                     params.groups)
+        raise FeatureError(
+            f"{params.describe()}: processor {processor!r} is not one of {PROCESSORS}"
+        )
+    full = PartShape(
+        params.out_h, params.out_w, params.oc, params.h, params.w, params.ic, params.groups
+    )
     if partition.dim == "none":
         return full
     on_gpu = processor == "gpu"
     if partition.dim == "H":
         gpu, cpu = split_extent(params.out_h, partition.ratio)
         row0, rows = (0, gpu) if on_gpu else (gpu, cpu)
-        return PartShape(rows, params.out_w, params.oc, _input_rows(params, row0, rows),
-                         params.w, params.ic, params.groups, row0=row0)
+        return PartShape(
+            rows,
+            params.out_w,
+            params.oc,
+            _input_rows(params, row0, rows),
+            params.w,
+            params.ic,
+            params.groups,
+            row0=row0,
+        )
     # OC split.
     if params.op == "pool" or (params.groups > 1 and params.groups == params.ic == params.oc):
         # Channel-wise ops: the input channels follow the output channels.
         gpu, cpu = split_extent(params.oc, partition.ratio)
         oc0, oc = (0, gpu) if on_gpu else (gpu, cpu)
-        return PartShape(params.out_h, params.out_w, oc, params.h, params.w, oc,
-                         oc if params.groups > 1 else 1, oc0=oc0)
+        return PartShape(
+            params.out_h,
+            params.out_w,
+            oc,
+            params.h,
+            params.w,
+            oc,
+            oc if params.groups > 1 else 1,
+            oc0=oc0,
+        )
     if params.groups > 1:
         gpu, cpu = split_extent(params.groups, partition.ratio)
         g0, g = (0, gpu) if on_gpu else (gpu, cpu)
         opg, ipg = params.oc // params.groups, params.ic // params.groups
-        return PartShape(params.out_h, params.out_w, g * opg, params.h, params.w, g * ipg, g,
-                         oc0=g0 * opg)
+        return PartShape(
+            params.out_h, params.out_w, g * opg, params.h, params.w, g * ipg, g, oc0=g0 * opg
+        )
     gpu, cpu = split_extent(params.oc, partition.ratio)
     oc0, oc = (0, gpu) if on_gpu else (gpu, cpu)
     return PartShape(params.out_h, params.out_w, oc, params.h, params.w, params.ic, 1, oc0=oc0)
@@ -277,8 +325,14 @@ class DispatchFeatures:
     num_kernels: int | None = None
 
     def __post_init__(self) -> None:
-        for name in ("wg_size", "wg_count", "cpu_parallel_blocks", "vector_width", "threads",
-                     "num_kernels"):
+        for name in (
+            "wg_size",
+            "wg_count",
+            "cpu_parallel_blocks",
+            "vector_width",
+            "threads",
+            "num_kernels",
+        ):
             value = getattr(self, name)
             if value is not None:
                 _pos_int(value, name, "dispatch features")
@@ -304,8 +358,10 @@ class OpFeatures:
     def describe(self) -> str:
         """Names the operator for messages: name, shape, processor, implementation."""
         label = f"{self.name!r} " if self.name else ""
-        return (f"{label}{self.params.describe()} on {self.processor} impl {self.impl!r} "
-                f"partition {self.partition.dim}:{self.partition.ratio:g}")
+        return (
+            f"{label}{self.params.describe()} on {self.processor} impl {self.impl!r} "
+            f"partition {self.partition.dim}:{self.partition.ratio:g}"
+        )
 
     def numeric(self) -> dict[str, float]:
         """Named numeric features (NaN for unknown dispatch features), e.g. for GBDT."""
@@ -316,20 +372,31 @@ class OpFeatures:
             return nan if v is None else float(v)
 
         return {
-            "h": float(p.h), "w": float(p.w), "ic": float(p.ic), "oc": float(p.oc),
-            "kernel": float(p.kernel), "stride": float(p.stride),
+            "h": float(p.h),
+            "w": float(p.w),
+            "ic": float(p.ic),
+            "oc": float(p.oc),
+            "kernel": float(p.kernel),
+            "stride": float(p.stride),
             "pad_h": float(p.padding[0] + p.padding[2]),
             "pad_w": float(p.padding[1] + p.padding[3]),
-            "dilation": float(p.dilation), "groups": float(p.groups),
+            "dilation": float(p.dilation),
+            "groups": float(p.groups),
             "dim_h": 1.0 if self.partition.dim == "H" else 0.0,
             "dim_oc": 1.0 if self.partition.dim == "OC" else 0.0,
             "ratio": self.partition.ratio,
-            "part_out_h": float(q.out_h), "part_out_w": float(q.out_w), "part_oc": float(q.oc),
-            "part_in_h": float(q.in_h), "part_ic": float(q.ic), "part_groups": float(q.groups),
+            "part_out_h": float(q.out_h),
+            "part_out_w": float(q.out_w),
+            "part_oc": float(q.oc),
+            "part_in_h": float(q.in_h),
+            "part_ic": float(q.ic),
+            "part_groups": float(q.groups),
             "flops": float(self.flops),
-            "wg_size": opt(d.wg_size), "wg_count": opt(d.wg_count),
+            "wg_size": opt(d.wg_size),
+            "wg_count": opt(d.wg_count),
             "cpu_parallel_blocks": opt(d.cpu_parallel_blocks),
-            "vector_width": opt(d.vector_width), "threads": opt(d.threads),
+            "vector_width": opt(d.vector_width),
+            "threads": opt(d.threads),
             "num_kernels": opt(d.num_kernels),
         }
 
@@ -349,13 +416,23 @@ def op_features(
     """
     partition = partition or Partition()
     if not isinstance(impl, str) or not impl:
-        raise FeatureError(f"{params.describe()}: implementation must be a non-empty string, "
-                           f"got {impl!r}")
+        raise FeatureError(
+            f"{params.describe()}: implementation must be a non-empty string, got {impl!r}"
+        )
     if part is None:
         part = part_shape(params, partition, processor)
     elif processor not in PROCESSORS:
-        raise FeatureError(f"{params.describe()}: processor {processor!r} is not one of "
-                           f"{PROCESSORS}")
-    return OpFeatures(params.op, processor, impl, params, partition, part,
-                      op_flops(params.op, part, params.kernel), dispatch or DispatchFeatures(),
-                      name)
+        raise FeatureError(
+            f"{params.describe()}: processor {processor!r} is not one of {PROCESSORS}"
+        )
+    return OpFeatures(
+        params.op,
+        processor,
+        impl,
+        params,
+        partition,
+        part,
+        op_flops(params.op, part, params.kernel),
+        dispatch or DispatchFeatures(),
+        name,
+    )

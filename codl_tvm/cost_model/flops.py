@@ -41,8 +41,7 @@ class FlopsLine:
         return cls(float(coef[0]), float(coef[1]), len(flops))
 
     def to_json(self) -> dict:
-        return {"intercept_ms": self.intercept_ms, "ms_per_gflop": self.ms_per_gflop,
-                "n": self.n}
+        return {"intercept_ms": self.intercept_ms, "ms_per_gflop": self.ms_per_gflop, "n": self.n}
 
     @classmethod
     def from_json(cls, obj: dict) -> FlopsLine:
@@ -69,8 +68,9 @@ class FlopsModel(CostModel):
         ops = np.array([r.op for r in records])
         procs = np.array([r.processor for r in records])
         self.overall = FlopsLine.fit(flops, lat)
-        self.per_processor = {p: FlopsLine.fit(flops[procs == p], lat[procs == p])
-                              for p in sorted(set(procs))}
+        self.per_processor = {
+            p: FlopsLine.fit(flops[procs == p], lat[procs == p]) for p in sorted(set(procs))
+        }
         self.lines = {}
         for key in sorted(set(zip(ops, procs))):
             sel = (ops == key[0]) & (procs == key[1])
@@ -87,13 +87,14 @@ class FlopsModel(CostModel):
 
     def _predict_covered(self, features: Sequence[OpFeatures]) -> np.ndarray:
         # A line fitted on few points can cross zero for tiny ops; latencies stay positive.
-        return np.array([max(self.line_for(f.op, f.processor)(f.flops), 1e-6)
-                         for f in features])
+        return np.array([max(self.line_for(f.op, f.processor)(f.flops), 1e-6) for f in features])
 
     def _body_json(self) -> dict:
         return {
-            "lines": [{"op": op, "processor": p, **line.to_json()}
-                      for (op, p), line in sorted(self.lines.items())],
+            "lines": [
+                {"op": op, "processor": p, **line.to_json()}
+                for (op, p), line in sorted(self.lines.items())
+            ],
             "per_processor": {p: line.to_json() for p, line in sorted(self.per_processor.items())},
             "overall": None if self.overall is None else self.overall.to_json(),
         }
@@ -102,9 +103,9 @@ class FlopsModel(CostModel):
         self.lines = {}
         for obj in body["lines"]:
             if obj["op"] not in OP_KINDS or obj["processor"] not in PROCESSORS:
-                raise ValueError(f"unknown operator kind/processor {obj['op']!r}/"
-                                 f"{obj['processor']!r}")
+                raise ValueError(
+                    f"unknown operator kind/processor {obj['op']!r}/{obj['processor']!r}"
+                )
             self.lines[(obj["op"], obj["processor"])] = FlopsLine.from_json(obj)
-        self.per_processor = {p: FlopsLine.from_json(v)
-                              for p, v in body["per_processor"].items()}
+        self.per_processor = {p: FlopsLine.from_json(v) for p, v in body["per_processor"].items()}
         self.overall = None if body["overall"] is None else FlopsLine.from_json(body["overall"])

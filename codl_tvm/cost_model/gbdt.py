@@ -25,10 +25,32 @@ from codl_tvm.cost_model.features import OP_KINDS, PROCESSORS, OpFeatures
 __all__ = ["FEATURE_NAMES", "GbdtConfig", "GbdtModel"]
 
 FEATURE_NAMES: tuple[str, ...] = (
-    "h", "w", "ic", "oc", "kernel", "stride", "pad_h", "pad_w", "dilation", "groups",
-    "dim_h", "dim_oc", "ratio", "part_out_h", "part_out_w", "part_oc", "part_in_h", "part_ic",
-    "part_groups", "flops", "wg_size", "wg_count", "cpu_parallel_blocks", "vector_width",
-    "threads", "num_kernels",
+    "h",
+    "w",
+    "ic",
+    "oc",
+    "kernel",
+    "stride",
+    "pad_h",
+    "pad_w",
+    "dilation",
+    "groups",
+    "dim_h",
+    "dim_oc",
+    "ratio",
+    "part_out_h",
+    "part_out_w",
+    "part_oc",
+    "part_in_h",
+    "part_ic",
+    "part_groups",
+    "flops",
+    "wg_size",
+    "wg_count",
+    "cpu_parallel_blocks",
+    "vector_width",
+    "threads",
+    "num_kernels",
 )
 
 
@@ -51,10 +73,17 @@ class GbdtConfig:
     min_records: int = 8
 
     def params(self) -> dict:
-        return {"max_depth": self.max_depth, "eta": self.learning_rate,
-                "subsample": self.subsample, "min_child_weight": self.min_child_weight,
-                "lambda": self.reg_lambda, "seed": self.seed, "nthread": self.nthread,
-                "objective": "reg:squarederror", "tree_method": "hist"}
+        return {
+            "max_depth": self.max_depth,
+            "eta": self.learning_rate,
+            "subsample": self.subsample,
+            "min_child_weight": self.min_child_weight,
+            "lambda": self.reg_lambda,
+            "seed": self.seed,
+            "nthread": self.nthread,
+            "objective": "reg:squarederror",
+            "tree_method": "hist",
+        }
 
 
 def _matrix(features: Sequence[OpFeatures]) -> np.ndarray:
@@ -83,15 +112,19 @@ class GbdtModel(CostModel):
         self.boosters, self._raw, self._counts = {}, {}, {}
         for key, recs in sorted(by_key.items()):
             if len(recs) < self.config.min_records:
-                warnings.warn(f"gbdt cost model: only {len(recs)} records for {key} (needs "
-                              f">= {self.config.min_records}); those operators will use the "
-                              "FLOPs fallback", stacklevel=3)
+                warnings.warn(
+                    f"gbdt cost model: only {len(recs)} records for {key} (needs "
+                    f">= {self.config.min_records}); those operators will use the "
+                    "FLOPs fallback",
+                    stacklevel=3,
+                )
                 continue
             x = _matrix([r.features() for r in recs])
             y = np.log(np.array([r.latency_ms for r in recs]))
             dtrain = xgb.DMatrix(x, label=y, feature_names=list(FEATURE_NAMES))
-            booster = xgb.train(self.config.params(), dtrain,
-                                num_boost_round=self.config.n_estimators)
+            booster = xgb.train(
+                self.config.params(), dtrain, num_boost_round=self.config.n_estimators
+            )
             # Keep the JSON form and predict with a booster loaded from it, so a model predicts
             # the same before and after a save/load round trip.
             raw = json.loads(bytes(booster.save_raw(raw_format="json")))
@@ -125,15 +158,25 @@ class GbdtModel(CostModel):
         return {
             "config": asdict(self.config),
             "features": list(FEATURE_NAMES),
-            "groups": [{"op": k[0], "processor": k[1], "impl": k[2], "n": self._counts[k],
-                        "booster": self._raw[k]} for k in sorted(self._raw)],
+            "groups": [
+                {
+                    "op": k[0],
+                    "processor": k[1],
+                    "impl": k[2],
+                    "n": self._counts[k],
+                    "booster": self._raw[k],
+                }
+                for k in sorted(self._raw)
+            ],
         }
 
     def _load_body(self, body: dict) -> None:
         self.config = GbdtConfig(**body["config"])
         if list(body["features"]) != list(FEATURE_NAMES):
-            raise ValueError("the model's feature names differ from this codl-tvm's "
-                             f"({body['features']!r}); refit the model")
+            raise ValueError(
+                "the model's feature names differ from this codl-tvm's "
+                f"({body['features']!r}); refit the model"
+            )
         self.boosters, self._raw, self._counts = {}, {}, {}
         for obj in body["groups"]:
             key = (obj["op"], obj["processor"], str(obj["impl"]))
@@ -144,8 +187,9 @@ class GbdtModel(CostModel):
             try:
                 booster = self._booster_from(obj["booster"])
             except Exception as exc:  # xgboost raises its own XGBoostError
-                raise ValueError(f"xgboost cannot load the booster of {key}: "
-                                 f"{str(exc).splitlines()[0]}") from None
+                raise ValueError(
+                    f"xgboost cannot load the booster of {key}: {str(exc).splitlines()[0]}"
+                ) from None
             self._raw[key] = obj["booster"]
             self.boosters[key] = booster
             self._counts[key] = int(obj["n"])
