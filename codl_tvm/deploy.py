@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import tempfile
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -173,8 +174,10 @@ def run_remote(remote: RemoteDevice, library: str | Path, inputs: Sequence[np.nd
 
     library = Path(library)
     sess = remote.session
-    remote.call("uploading the model", lambda: sess.upload(str(library)))
-    rlib = remote.call("loading the model", lambda: sess.load_module(library.name))
+    # A fresh remote name per upload: overwriting a library the server has loaded crashes it.
+    name = f"{library.stem}-{uuid.uuid4().hex[:12]}{library.suffix}"
+    remote.call("uploading the model", lambda: sess.upload(str(library), name))
+    rlib = remote.call("loading the model", lambda: sess.load_module(name))
     dev = sess.cl(0) if device == "opencl" else sess.cpu(0)
     vm = remote.call("creating the VM", lambda: VirtualMachine(rlib, dev))
     args = remote.call("copying inputs",

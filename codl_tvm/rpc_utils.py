@@ -50,6 +50,7 @@ __all__ = [
     "request_remote",
     "serve",
     "tracker_summary",
+    "version_mismatches",
     "wait_for_devices",
 ]
 
@@ -387,6 +388,12 @@ def remote_versions(remote: RemoteDevice, timeout_s: float = 10.0) -> dict[str, 
     return box.get("value")
 
 
+def version_mismatches(remote_info: dict[str, str], local_info: dict[str, str]) -> list[str]:
+    """Human-readable differences in the ``tvm`` and ``tvm_ffi`` versions (empty: compatible)."""
+    return [f"{name} {remote_info.get(name, 'unknown')} there, {local_info.get(name)} here"
+            for name in ("tvm", "tvm_ffi") if remote_info.get(name) != local_info.get(name)]
+
+
 def check_remote_versions(remote: RemoteDevice, strict: bool = False) -> dict[str, str] | None:
     """Compare the remote's TVM and tvm-ffi versions with this machine's, before any upload.
 
@@ -406,13 +413,11 @@ def check_remote_versions(remote: RemoteDevice, strict: bool = False) -> dict[st
                 "server); start it with `python -m codl_tvm.rpc_utils serve` to check versions"
             )
         return None
-    local = local_versions()
-    diffs = [f"{name} {remote_info.get(name, 'unknown')} there, {local[name]} here"
-             for name in ("tvm", "tvm_ffi") if remote_info.get(name) != local[name]]
+    diffs = version_mismatches(remote_info, local_versions())
     if diffs:
         raise VersionMismatch(
             f"remote device {remote.name} runs a different TVM ({'; '.join(diffs)}); install "
-            f"apache-tvm=={local['tvm']} there (or the same version here) before deploying"
+            f"the same apache-tvm version on both sides before deploying"
         )
     return remote_info
 
@@ -576,6 +581,8 @@ class DeviceFarm:
                     with lock:
                         live[0] -= 1
                         last = live[0] == 0
+                        if dev in self.devices:
+                            self.devices.remove(dev)  # dropped from the farm for good
                     if last:  # nobody is left to run the queue: fail what remains
                         while True:
                             try:

@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import tvm
+import tvm_ffi
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
@@ -74,6 +75,9 @@ from .halo import (
 from .parts import PARTS_ATTR, Processor
 
 __all__ = ["PartitionOperators"]
+
+# Plan errors raised inside the pass reach the caller as PlanError, not as a generic RuntimeError.
+tvm_ffi.register_error("PlanError", PlanError)
 
 _UNARY = frozenset(
     f"relax.{n}"

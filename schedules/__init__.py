@@ -26,11 +26,34 @@ from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.target import Target
 
 from .common import CodlRule, RecordedRule, choose_row_width, kernel_features
-from .config import CPUConfig, OpenCLConfig, cpu_config, opencl_config
+from .config import (
+    ADRENO,
+    AVX2,
+    AVX512,
+    MALI,
+    NEON,
+    NVIDIA,
+    OPENCL_GENERIC,
+    POCL,
+    SSE,
+    CPUConfig,
+    OpenCLConfig,
+    cpu_config,
+    opencl_config,
+)
 from .cpu import CPUConv2D, CPUInjective, CPUReduction, conv2d_algorithm
 from .opencl import OpenCLConv2D, OpenCLPool2D
 
 __all__ = [
+    "ADRENO",
+    "AVX2",
+    "AVX512",
+    "MALI",
+    "NEON",
+    "NVIDIA",
+    "OPENCL_GENERIC",
+    "POCL",
+    "SSE",
     "CPUConfig",
     "CPUConv2D",
     "CPUInjective",
@@ -90,9 +113,7 @@ def schedule_rules(
         return _cpu_rules(cpu)
     if kind == "opencl":
         return [*_gpu_rules(opencl), *_cpu_rules(cpu)]
-    raise ValueError(
-        f"codl_tvm.schedules has rules for llvm and opencl targets, not {kind!r}"
-    )
+    raise ValueError(f"codl_tvm.schedules has rules for llvm and opencl targets, not {kind!r}")
 
 
 def apply_schedules(

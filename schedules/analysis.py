@@ -199,8 +199,8 @@ def _contiguous_along(indices, var) -> bool:
     last = indices[-1]
     if not _uses(last, var):
         return True
-    c = _coefficients(last, [var])
-    return c is not None and c[0] in (1, 2)
+    c = detect_linear_equation(last, [var])
+    return len(c) == 2 and _int(c[0]) in (1, 2)
 
 
 def _loads(expr) -> list[TensorLoad]:
@@ -215,8 +215,11 @@ def match_reduction(sch: s_tir.Schedule, block: SBlockRV) -> ReductionInfo | str
     """Describe a reduction block with spatial iterations first and reductions last."""
     stmt = sch.get(block)
     kinds = "".join(
-        "S" if iv.iter_type == tirx.IterVar.DataPar else "R"
-        if iv.iter_type == tirx.IterVar.CommReduce else "?"
+        "S"
+        if iv.iter_type == tirx.IterVar.DataPar
+        else "R"
+        if iv.iter_type == tirx.IterVar.CommReduce
+        else "?"
         for iv in stmt.iter_vars
     )
     if "?" in kinds:
@@ -269,9 +272,7 @@ def is_trivial_copy(sch: s_tir.Schedule, block: SBlockRV) -> bool:
     return isinstance(value, TensorLoad)
 
 
-def match_conv2d(
-    sch: s_tir.Schedule, blocks: FuncBlocks
-) -> Conv2DInfo | str:
+def match_conv2d(sch: s_tir.Schedule, blocks: FuncBlocks) -> Conv2DInfo | str:
     """Recognise an NCHW conv2d reduction block (with groups, dilation, stride)."""
     if blocks.main is None:
         return "no reduction block"
@@ -299,14 +300,13 @@ def match_conv2d(
 
     def is_weight(load) -> bool:
         return len(load.indices) == 4 and all(
-            isinstance(i, tirx.Var) and i.same_as(v)
-            for i, v in zip(load.indices, (f, c, ky, kx))
+            isinstance(i, tirx.Var) and i.same_as(v) for i, v in zip(load.indices, (f, c, ky, kx))
         )
 
     if is_weight(b):
-        data, weight = a, b
+        data = a
     elif is_weight(a):
-        data, weight = b, a
+        data = b
     else:
         return "no operand is indexed [f, c, ky, kx] (OIHW weight)"
     if len(data.indices) != 4:

@@ -143,9 +143,7 @@ class CodlRule(ScheduleRule):
         self.apply(func, target, False)
         return self._last_reason
 
-    def apply(
-        self, func: tirx.PrimFunc, target: Target, tunable: bool
-    ) -> s_tir.Schedule | None:
+    def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> s_tir.Schedule | None:
         self._last_reason = None
         if not isinstance(func, tirx.PrimFunc):
             self._last_reason = "not a PrimFunc"

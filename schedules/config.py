@@ -59,6 +59,10 @@ class CPUConfig:
         registers at once.
     max_accumulators : int
         Upper bound on accumulator registers of one register tile; tiles shrink to fit.
+    max_tile_bytes : int
+        Upper bound on the per-thread accumulator buffer of one tile. TVM's LLVM backend keeps a
+        buffer of at most 1024 bytes on the stack (``kMaxStackAlloca``), where LLVM promotes it to
+        registers; larger ones go to the heap workspace.
     min_parallel_work : int
         Output elements below which a kernel runs serially (thread-pool wake-up costs more).
     injective_chunk : int
@@ -72,6 +76,7 @@ class CPUConfig:
     conv_oh_tile: int = 2
     matmul_m_tile: int = 4
     max_accumulators: int = 12
+    max_tile_bytes: int = 1024
     min_parallel_work: int = 4096
     injective_chunk: int = 4096
 
@@ -126,32 +131,76 @@ NEON = CPUConfig(name="neon", vector_bits=128, conv_oc_tile=8, conv_oh_tile=2, m
 
 OPENCL_GENERIC = OpenCLConfig(name="opencl-generic")
 ADRENO = OpenCLConfig(
-    name="adreno", conv_threads_oc=4, conv_threads_ow=16, conv_threads_oh=2, conv_reg_oc=4,
-    conv_reg_ow=2, max_workgroup_size=256, pool_threads=64,
+    name="adreno",
+    conv_threads_oc=4,
+    conv_threads_ow=16,
+    conv_threads_oh=2,
+    conv_reg_oc=4,
+    conv_reg_ow=2,
+    max_workgroup_size=256,
+    pool_threads=64,
 )
 MALI = OpenCLConfig(
-    name="mali", conv_threads_oc=4, conv_threads_ow=8, conv_threads_oh=2, conv_reg_oc=4,
-    conv_reg_ow=2, max_workgroup_size=128, pool_threads=64,
+    name="mali",
+    conv_threads_oc=4,
+    conv_threads_ow=8,
+    conv_threads_oh=2,
+    conv_reg_oc=4,
+    conv_reg_ow=2,
+    max_workgroup_size=128,
+    pool_threads=64,
 )
 NVIDIA = OpenCLConfig(
-    name="nvidia", conv_threads_oc=8, conv_threads_ow=16, conv_threads_oh=2, conv_reg_oc=4,
-    conv_reg_ow=2, max_workgroup_size=1024, pool_threads=256,
+    name="nvidia",
+    conv_threads_oc=8,
+    conv_threads_ow=16,
+    conv_threads_oh=2,
+    conv_reg_oc=4,
+    conv_reg_ow=2,
+    max_workgroup_size=1024,
+    pool_threads=256,
 )
 # PoCL runs a workgroup as a loop on one core and vectorises across work-items: a workgroup of
 # whole output rows with a wide channel register tile keeps each core busy with few launches.
 POCL = OpenCLConfig(
-    name="pocl", conv_threads_oc=1, conv_threads_ow=16, conv_threads_oh=1, conv_reg_oc=8,
-    conv_reg_ow=1, max_workgroup_size=256, pool_threads=64,
+    name="pocl",
+    conv_threads_oc=1,
+    conv_threads_ow=16,
+    conv_threads_oh=1,
+    conv_reg_oc=8,
+    conv_reg_ow=1,
+    max_workgroup_size=256,
+    pool_threads=64,
 )
 
 _X86_AVX512_CPUS = (
-    "skylake-avx512", "cascadelake", "cooperlake", "icelake-server", "icelake-client",
-    "tigerlake", "sapphirerapids", "emeraldrapids", "graniterapids", "znver4", "znver5",
-    "rocketlake", "cannonlake", "x86-64-v4",
+    "skylake-avx512",
+    "cascadelake",
+    "cooperlake",
+    "icelake-server",
+    "icelake-client",
+    "tigerlake",
+    "sapphirerapids",
+    "emeraldrapids",
+    "graniterapids",
+    "znver4",
+    "znver5",
+    "rocketlake",
+    "cannonlake",
+    "x86-64-v4",
 )
 _X86_AVX2_CPUS = (
-    "haswell", "broadwell", "skylake", "alderlake", "raptorlake", "meteorlake", "znver1",
-    "znver2", "znver3", "x86-64-v3", "core-avx2",
+    "haswell",
+    "broadwell",
+    "skylake",
+    "alderlake",
+    "raptorlake",
+    "meteorlake",
+    "znver1",
+    "znver2",
+    "znver3",
+    "x86-64-v3",
+    "core-avx2",
 )
 _OPENCL_PRESETS = {"adreno": ADRENO, "mali": MALI, "nvidia": NVIDIA, "pocl": POCL}
 

@@ -37,6 +37,7 @@ from __future__ import annotations
 import math
 
 from tvm import s_tir
+from tvm.relax.analysis import has_reshape_pattern
 from tvm.s_tir.schedule import LoopRV, SBlockRV
 from tvm.target import Target
 
@@ -177,9 +178,14 @@ class CPUConv2D(_CPURule):
         return algorithm, cfg.name
 
     @staticmethod
-    def _oc_tile(cfg: CPUConfig, accumulators_per_oc: int, out_channels: int) -> int:
+    def _oc_tile(
+        cfg: CPUConfig, accumulators_per_oc: int, bytes_per_oc: int, out_channels: int
+    ) -> int:
         tile = max(1, cfg.conv_oc_tile)
-        while tile > 1 and tile * accumulators_per_oc > cfg.max_accumulators:
+        while tile > 1 and (
+            tile * accumulators_per_oc > cfg.max_accumulators
+            or tile * bytes_per_oc > cfg.max_tile_bytes
+        ):
             tile //= 2
         return min(tile, out_channels)
 
@@ -187,7 +193,9 @@ class CPUConv2D(_CPURule):
         width = choose_row_width(info.out_width, lanes, cfg.max_row_vectors)
         nvec = math.ceil(width / lanes)
         oh_tile = min(cfg.conv_oh_tile if nvec == 1 else 1, info.out_height)
-        oc_tile = self._oc_tile(cfg, nvec * oh_tile, info.out_channels)
+        oc_tile = self._oc_tile(
+            cfg, nvec * oh_tile, oh_tile * width * info.dtype_bits // 8, info.out_channels
+        )
         n, f, y, x, c, ky, kx = sch.get_loops(conv)
         fo, fi = sch.split(f, [None, oc_tile])
         yo, yi = sch.split(y, [None, oh_tile])
@@ -214,7 +222,7 @@ class CPUConv2D(_CPURule):
         pixels = info.out_height * info.out_width
         width = choose_row_width(pixels, lanes, cfg.max_row_vectors)
         nvec = math.ceil(width / lanes)
-        oc_tile = self._oc_tile(cfg, nvec, info.out_channels)
+        oc_tile = self._oc_tile(cfg, nvec, width * info.dtype_bits // 8, info.out_channels)
         n, f, p, c, ky, kx = sch.get_loops(conv)
         fo, fi = sch.split(f, [None, oc_tile])
         po, pi = sch.split(p, [None, width])
@@ -282,6 +290,8 @@ class CPUInjective(_CPURule):
             return blocks
         if blocks.main is not None:
             return "has a reduction block"
+        if has_reshape_pattern(sch.mod["main"]):
+            return "a reshape: left for RewriteDataflowReshape to turn into a view"
         remaining = []
         for block in blocks.prologue[:-1]:
             try:

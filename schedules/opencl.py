@@ -1,7 +1,8 @@
 """OpenCL schedule rules: direct conv2d with workgroup tiling, and window pooling.
 
 Works on the same NCHW PrimFuncs as the CPU rules (see :mod:`codl_tvm.schedules.cpu` for the
-layout choice). Parameters per device class come from :class:`~codl_tvm.schedules.config.OpenCLConfig`.
+layout choice). Parameters per device class come from
+:class:`~codl_tvm.schedules.config.OpenCLConfig`.
 
 ``direct`` conv2d
     Each work-item computes ``reg_oc`` output channels x ``reg_ow`` output columns of one row
@@ -15,7 +16,8 @@ layout choice). Parameters per device class come from :class:`~codl_tvm.schedule
     One work-item per output element; the window is reduced serially in a register.
 
 Dense/matmul, GEMV, other reductions and everything else fall back to dlight's GPU rules, wrapped
-so that their kernels record ``codl.*`` attributes too (see :func:`codl_tvm.schedules.schedule_rules`).
+so that their kernels record ``codl.*`` attributes too (see
+:func:`codl_tvm.schedules.schedule_rules`).
 Winograd is not implemented yet.
 """
 
@@ -140,7 +142,7 @@ class OpenCLPool2D(_OpenCLRule):
             return f"not a pool2d: {info}"
         _inline_prologue(sch, blocks, cfg.pool_threads)
         pool = blocks.main
-        n, ch, y, x, ky, kx = sch.get_loops(pool)
+        n, ch, y, x, ky, _ = sch.get_loops(pool)
         fused = sch.fuse(n, ch, y, x)
         total = math.prod(info.out_shape)
         bx, tx = sch.split(fused, [None, max(1, min(cfg.pool_threads, total))])

@@ -72,8 +72,9 @@ def default_root() -> Path:
 
 
 def run(cmd: list[str], step: str, timeout_s: float, env: dict | None = None,
-        quiet: bool = True) -> str:
-    say(f"{step}: {' '.join(cmd[:6])}{' ...' if len(cmd) > 6 else ''}")
+        quiet: bool = True, announce: bool = True) -> str:
+    if announce:
+        say(f"{step}: {' '.join(cmd[:6])}{' ...' if len(cmd) > 6 else ''}")
     try:
         proc = subprocess.run(cmd, capture_output=quiet, text=True, timeout=timeout_s,
                               env={**os.environ, **(env or {})})
@@ -154,7 +155,8 @@ def fetch_debs(work: Path, root: Path, timeout_s: float) -> None:
         raise StepError("download arm64 packages: apt downloaded nothing")
     say(f"unpacking {len(debs)} arm64 packages into {root}")
     for deb in debs:
-        run(["dpkg", "-x", str(deb), str(root)], f"dpkg -x {deb.name}", timeout_s)
+        run(["dpkg", "-x", str(deb), str(root)], f"dpkg -x {deb.name}", timeout_s,
+            announce=False)
 
 
 def root_python(root: Path) -> Path:

@@ -4,8 +4,9 @@
 ``base.CostModel`` is the interface (fit / predict / save / load, JSON files), implemented by
 ``analytical.CodlModel`` (CoDL's Eq. 3 per implementation, Eq. 2 composition), ``gbdt.GbdtModel``
 (xgboost per implementation with dispatch features) and ``flops.FlopsModel`` (FLOPs-linear
-baseline and fallback); ``evaluate`` holds the metrics and the ``cost-model`` commands.
-Importing this package imports neither xgboost nor matplotlib.
+baseline and fallback); ``evaluate`` holds the metrics and the ``cost-model`` commands,
+``dispatch`` reads work-group and parallel-loop features from scheduled TIR, ``sampling`` draws
+shapes to profile. Importing this package imports neither TVM, xgboost nor matplotlib.
 """
 
 from codl_tvm.cost_model.analytical import PRESETS, CodlConfig, CodlModel, ProcessorBlocking
@@ -26,6 +27,7 @@ from codl_tvm.cost_model.dataset import (
     load_dataset,
     save_dataset,
 )
+from codl_tvm.cost_model.dispatch import dispatch_features, kernel_launches
 from codl_tvm.cost_model.features import (
     DispatchFeatures,
     FeatureError,
@@ -63,6 +65,8 @@ __all__ = [
     "ProcessorBlocking",
     "SharingModel",
     "SharingRecord",
+    "dispatch_features",
+    "kernel_launches",
     "load_dataset",
     "load_model",
     "op_features",

@@ -83,6 +83,13 @@ def _model_class(kind: str) -> type[CostModel]:
     return getattr(import_module(module), name)
 
 
+def _num(obj, key: str) -> float:
+    v = obj[key]
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+        raise ValueError(f"{key!r} must be a finite number, got {v!r}")
+    return float(v)
+
+
 # ---------------------------------------------------------------------------------------------
 # Data-sharing costs (CoDL section 5.1).
 
@@ -156,13 +163,13 @@ class SharingModel:
     @classmethod
     def from_json(cls, obj: dict) -> SharingModel:
         linear = {
-            k: _Linear(float(v["intercept_ms"]), float(v["ms_per_byte"]), int(v["n"]))
+            k: _Linear(_num(v, "intercept_ms"), _num(v, "ms_per_byte"), int(v["n"]))
             for k, v in obj["linear"].items()
         }
         for k in (*linear, *obj["constant_ms"]):
             if k not in SHARING_KINDS:
                 raise ValueError(f"unknown sharing kind {k!r}")
-        return cls(linear, {k: float(v) for k, v in obj["constant_ms"].items()})
+        return cls(linear, {k: _num(obj["constant_ms"], k) for k in obj["constant_ms"]})
 
 
 def shared_nbytes(params: OpParams, partition: Partition, dtype_bytes: int = 4) -> int:
@@ -193,13 +200,6 @@ class CoexecLatency:
 # The interface.
 
 
-def _num(obj, key: str) -> float:
-    v = obj[key]
-    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
-        raise ValueError(f"{key!r} must be a finite number, got {v!r}")
-    return float(v)
-
-
 class CostModel(ABC):
     """Predicts the latency of one operator part on one processor (see the module docstring).
 
@@ -227,8 +227,8 @@ class CostModel(ABC):
         if self.kind != "flops":
             self.fallback = _model_class("flops")().fit(ops)
         self.sharing = SharingModel.fit(shares, self.presync_quantile) if shares else None
-        self.meta.setdefault("n_train", len(ops))
-        self.meta.setdefault("n_train_sharing", len(shares))
+        self.meta["n_train"] = len(ops)
+        self.meta["n_train_sharing"] = len(shares)
         return self
 
     @abstractmethod

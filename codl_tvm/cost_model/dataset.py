@@ -5,11 +5,13 @@ File layout (``*.jsonl``), one JSON object per line::
     {"format": "codl-tvm-latency-dataset", "version": 1, "meta": {...}}        # header, line 1
     {"type": "device", "id": "d0", "desc": {"gpu": "PoCL 5.0, 8 CUs", ...}}    # before its use
     {"type": "op", "device": "d0", "op": "conv2d", "params": {...}, "partition": {...},
-     "part": {...}, "processor": "gpu", "impl": "direct", "dispatch": {...},
-     "latency_ms": 1.25, "repeats": 20, "name": "conv_3"}
+     "processor": "gpu", "impl": "direct", "dispatch": {...}, "latency_ms": 1.25,
+     "repeats": 20, "name": "conv_3"}
     {"type": "sharing", "device": "d0", "kind": "map", "nbytes": 802816, "latency_ms": 0.21,
      "repeats": 20}
 
+``part`` (the part's shape, ``features.PartShape``) is written only where it differs from
+``features.part_shape``'s convention, ``dispatch`` only where known, ``name`` only where given.
 Device descriptions are stored once (``device`` lines) and referenced by id, so thousands of
 records stay small. Appending is resumable: ``DatasetWriter`` reopens a file, checks its header,
 drops an incomplete last line (a run killed mid-write), knows the keys already measured
@@ -147,13 +149,16 @@ class OpRecord:
             "op": self.op,
             "params": self.params.to_json(),
             "partition": self.partition.to_json(),
-            "part": self.part.to_json(),
             "processor": self.processor,
             "impl": self.impl,
-            "dispatch": self.dispatch.to_json(),
             "latency_ms": self.latency_ms,
             "repeats": self.repeats,
         }
+        # The part is stored only where it differs from the split convention (smaller files).
+        if self.part != part_shape(self.params, self.partition, self.processor):
+            out["part"] = self.part.to_json()
+        if self.dispatch != DispatchFeatures():
+            out["dispatch"] = self.dispatch.to_json()
         if self.name is not None:
             out["name"] = self.name
         return out
@@ -271,7 +276,9 @@ def _parse_params(ctx: _Ctx, op: str, obj) -> OpParams:
         and all(isinstance(p, int) and not isinstance(p, bool) for p in pad)
     ):
         raise ctx.fail("params.padding", f"expected 4 integers, got {pad!r}")
-    unknown = set(obj) - {"h", "w", "ic", "oc", "kernel", "stride", "dilation", "groups", "padding"}
+    kw["ceil_mode"] = ctx.get(obj, "ceil_mode", bool, "params.", optional=True) or False
+    known = {"h", "w", "ic", "oc", "kernel", "stride", "dilation", "groups", "padding", "ceil_mode"}
+    unknown = set(obj) - known
     if unknown:
         raise ctx.fail("params", f"unknown keys {sorted(unknown)}")
     try:

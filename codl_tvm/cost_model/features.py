@@ -9,10 +9,12 @@ Conventions (shared with the dataset format and every cost model):
 - A ``Partition`` names the dimension (``"H"``: output rows, ``"OC"``: output channels, or
   ``"none"``: the processor runs the whole operator) and the GPU ratio ``rho`` in [0, 1]
   (0 = CPU only, 1 = GPU only), as in the partition plan of the co-execution passes.
-- Split of an extent ``n`` by ``rho`` (``split_extent``): the GPU gets ``ceil(rho * n)`` (rows or
-  channels), the CPU gets the rest, ``floor((1 - rho) * n)``. The GPU takes the *first* rows or
-  channels. An H part reads its input rows plus the halo the filter needs, clipped to the input
-  (padding rows are not read). For grouped convolutions OC is split in whole groups.
+- Split of an extent ``n`` by ``rho`` (``split_extent``): the GPU gets ``floor(rho * n + 0.5)``
+  (round half up) rows or channels, the CPU the rest, exactly as the partitioning passes cut
+  (``codl_tvm.passes.halo.split_point``). The GPU takes the *first* rows or channels. An H part
+  reads its input rows plus the halo the filter needs, clamped to the input (padding rows are not
+  read). Grouped convolutions are split in whole groups, depthwise ones per channel.
+- ``pool`` may have ``ceil_mode`` (output size rounded up, as the passes compute it).
 
 Nothing here measures or guesses dispatch: ``DispatchFeatures`` carries what the profiler read
 from the built kernel (OpenCL work-group size and count; CPU parallel blocks, vector width,
@@ -43,9 +45,6 @@ __all__ = [
 OP_KINDS: tuple[str, ...] = ("conv2d", "dense", "pool")
 PROCESSORS: tuple[str, ...] = ("cpu", "gpu")
 DIMS: tuple[str, ...] = ("H", "OC", "none")
-
-# Float error guard for ceil(rho * n): 0.3 * 10 is 3.0000000000000004 in binary floating point.
-_RATIO_EPS = 1e-9
 
 
 class FeatureError(ValueError):
@@ -80,6 +79,8 @@ class OpParams:
         Dilation (both axes).
     groups : int
         Convolution groups (``ic`` for depthwise).
+    ceil_mode : bool
+        Pooling only: round the output size up.
     """
 
     op: str
@@ -92,6 +93,7 @@ class OpParams:
     padding: tuple[int, int, int, int] = (0, 0, 0, 0)
     dilation: int = 1
     groups: int = 1
+    ceil_mode: bool = False
 
     def __post_init__(self) -> None:
         if self.op not in OP_KINDS:
@@ -113,6 +115,10 @@ class OpParams:
         if self.ic % self.groups or self.oc % self.groups:
             raise FeatureError(
                 f"{ctx}: groups={self.groups} must divide IC={self.ic} and OC={self.oc}"
+            )
+        if not isinstance(self.ceil_mode, bool) or (self.ceil_mode and self.op != "pool"):
+            raise FeatureError(
+                f"{ctx}: ceil_mode must be a bool and is only for pool, got {self.ceil_mode!r}"
             )
         if self.op == "pool" and self.ic != self.oc:
             raise FeatureError(f"{ctx}: pooling needs IC == OC, got IC={self.ic} OC={self.oc}")
@@ -138,11 +144,16 @@ class OpParams:
 
     @property
     def out_h(self) -> int:
-        return (self.h + self.padding[0] + self.padding[2] - self.span) // self.stride + 1
+        return self._out(self.h + self.padding[0] + self.padding[2])
 
     @property
     def out_w(self) -> int:
-        return (self.w + self.padding[1] + self.padding[3] - self.span) // self.stride + 1
+        return self._out(self.w + self.padding[1] + self.padding[3])
+
+    def _out(self, padded: int) -> int:
+        if self.ceil_mode:
+            return -(-(padded - self.span) // self.stride) + 1
+        return (padded - self.span) // self.stride + 1
 
     def describe(self) -> str:
         """Short human-readable description used in error and warning messages."""
@@ -153,7 +164,7 @@ class OpParams:
         )
 
     def to_json(self) -> dict:
-        return {
+        out = {
             "h": self.h,
             "w": self.w,
             "ic": self.ic,
@@ -164,6 +175,9 @@ class OpParams:
             "dilation": self.dilation,
             "groups": self.groups,
         }
+        if self.ceil_mode:
+            out["ceil_mode"] = True
+        return out
 
 
 @dataclass(frozen=True)
@@ -186,8 +200,8 @@ class Partition:
 
 
 def split_extent(n: int, ratio: float) -> tuple[int, int]:
-    """Split ``n`` rows/channels: ``(gpu, cpu)`` = ``(ceil(rho * n), n - ceil(rho * n))``."""
-    gpu = min(n, max(0, math.ceil(ratio * n - _RATIO_EPS)))
+    """Split ``n`` rows/channels/groups into ``(gpu, cpu)``; the GPU gets ``floor(rho*n + 0.5)``."""
+    gpu = min(n, max(0, math.floor(ratio * n + 0.5)))
     return gpu, n - gpu
 
 

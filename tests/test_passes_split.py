@@ -1,0 +1,404 @@
+"""codl.PartitionOperators on single operators: numerics against the unpartitioned build (llvm).
+
+Every check builds the module before and after the pass with ``tvm.compile(target=llvm)``, runs
+both on ``tvm.cpu()`` and requires fp32 agreement within rtol=1e-5, atol=1e-5.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from tvm import relax
+
+from codl_tvm.passes import PartitionOperators, Processor, collect_parts
+from codl_tvm.plan import (
+    OpPartition,
+    PartitionDim,
+    PartitionPlan,
+    PlanError,
+    partitionable_ops,
+    uniform_plan,
+)
+
+RTOL = ATOL = 1e-5
+TARGET = tvm.target.Target({"kind": "llvm"})
+H, OC = PartitionDim.H, PartitionDim.OC
+
+
+# -- helpers shared with test_passes_chain.py ------------------------------------------------
+
+
+def rand(shape, seed=0, positive=False):
+    data = np.random.default_rng(seed).standard_normal(shape).astype("float32")
+    return np.abs(data) + 0.5 if positive else data
+
+
+def make_module(x_shape, body, extra_params=()):
+    """A module whose ``main(x, *extra)`` returns ``body(bb, x, *extra)`` (emitted in dataflow)."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType(tuple(x_shape), "float32"))
+    extra = [relax.Var(n, relax.TensorType(tuple(s), "float32")) for n, s in extra_params]
+    with bb.function("main", [x, *extra]):
+        with bb.dataflow():
+            out = body(bb, x, *extra)
+            gv = bb.emit_output(out)
+        bb.emit_func_output(gv)
+    return bb.get()
+
+
+def run(mod, *inputs):
+    ex = tvm.compile(mod, target=TARGET)
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    out = vm["main"](*(tvm.runtime.tensor(a, tvm.cpu()) for a in inputs))
+    return out.numpy()
+
+
+def check(mod, plan, *inputs, reference=None):
+    """Apply ``plan``; compare against the unpartitioned build; return the partitioned module."""
+    ref = run(mod, *inputs) if reference is None else reference
+    part = PartitionOperators(plan)(mod)
+    relax.analysis.well_formed(part)
+    got = run(part, *inputs)
+    np.testing.assert_allclose(got, ref, rtol=RTOL, atol=ATOL)
+    return part
+
+
+def one_op(name, dim, ratio):
+    return PartitionPlan(ops=(OpPartition(name, dim, ratio),))
+
+
+def conv(bb, x, oc, k, stride=1, pad=0, dil=1, groups=1, seed=1, kw=None):
+    ic = int(x.ty.shape[1])
+    kw = k if kw is None else kw
+    w = relax.const(rand((oc, ic // groups, k, kw), seed))
+    pads = pad if isinstance(pad, (list, tuple)) else [pad] * 4
+    return bb.emit(relax.op.nn.conv2d(x, w, strides=stride, padding=pads, dilation=dil,
+                                      groups=groups))
+
+
+def ops_in(mod, name):
+    return [b for blk in mod["main"].body.blocks for b in blk.bindings
+            if isinstance(b.value, relax.Call) and getattr(b.value.op, "name", "") == name]
+
+
+def check_records(mod, dim):
+    """The part record covers the merged output exactly, in GPU-then-CPU order."""
+    records = collect_parts(mod)
+    for rec in records:
+        ext = int(rec.output.ty.shape[rec.axis])
+        pos = 0
+        for part in rec.parts:
+            assert part.region[0] == pos and part.region[1] > pos
+            assert int(part.output.ty.shape[rec.axis]) == part.region[1] - part.region[0]
+            pos = part.region[1]
+        assert pos == ext
+        assert dim is None or rec.dim == dim
+        procs = [p.processor for p in rec.parts]
+        assert procs in ([Processor.GPU, Processor.CPU], [Processor.GPU], [Processor.CPU])
+    return records
+
+
+# -- conv2d ----------------------------------------------------------------------------------
+
+RATIOS = [0.0, 1.0, 0.5, 0.3]
+
+
+@pytest.mark.parametrize("k", [1, 3, 5, 7])
+@pytest.mark.parametrize("stride", [1, 2])
+@pytest.mark.parametrize("dim", [H, OC])
+def test_conv_kernel_stride(k, stride, dim):
+    pad = k // 2
+    mod = make_module((1, 3, 11, 9), lambda bb, x: conv(bb, x, 6, k, stride, pad))
+    x = rand((1, 3, 11, 9), 7)
+    ref = run(mod, x)
+    for ratio in RATIOS:
+        part = check(mod, one_op("conv2d_0", dim, ratio), x, reference=ref)
+        check_records(part, dim)
+
+
+@pytest.mark.parametrize("dim", [H, OC])
+def test_conv_one_row_or_channel_each_side(dim):
+    # 11 rows (H) / 6 channels (OC) out: ratios that leave exactly one row/channel to one side
+    mod = make_module((1, 3, 11, 7), lambda bb, x: conv(bb, x, 6, 3, 1, 1))
+    x = rand((1, 3, 11, 7), 3)
+    ref = run(mod, x)
+    extent = 11 if dim == H else 6
+    for ratio in (1 / extent, (extent - 1) / extent):
+        part = check(mod, one_op("conv2d_0", dim, ratio), x, reference=ref)
+        (rec,) = check_records(part, dim)
+        sizes = sorted(p.region[1] - p.region[0] for p in rec.parts)
+        assert sizes == [1, extent - 1]
+
+
+@pytest.mark.parametrize(
+    "pad,dil,stride",
+    [([2, 0, 1, 1], 1, 1), ([0, 1, 3, 0], 1, 2), (2, 2, 1), (3, 3, 2), (0, 2, 2)],
+)
+@pytest.mark.parametrize("dim", [H, OC])
+def test_conv_padding_dilation(pad, dil, stride, dim):
+    mod = make_module((1, 4, 13, 8), lambda bb, x: conv(bb, x, 5, 3, stride, pad, dil))
+    x = rand((1, 4, 13, 8), 5)
+    ref = run(mod, x)
+    for ratio in (0.5, 0.2, 0.9):
+        check(mod, one_op("conv2d_0", dim, ratio), x, reference=ref)
+
+
+@pytest.mark.parametrize("groups,oc", [(2, 6), (3, 3), (6, 6), (6, 12)])
+@pytest.mark.parametrize("dim", [H, OC])
+def test_conv_groups_and_depthwise(groups, oc, dim):
+    mod = make_module((1, 6, 9, 9), lambda bb, x: conv(bb, x, oc, 3, 1, 1, groups=groups))
+    x = rand((1, 6, 9, 9), 11)
+    ref = run(mod, x)
+    for ratio in (0.0, 0.4, 0.5, 0.75, 1.0):
+        part = check(mod, one_op("conv2d_0", dim, ratio), x, reference=ref)
+        if dim == OC:
+            (rec,) = collect_parts(part)
+            per_group = oc // groups
+            for p in rec.parts:  # whole groups only
+                assert p.region[0] % per_group == 0 and p.region[1] % per_group == 0
+            for b in ops_in(part, "relax.nn.conv2d"):
+                w = [int(v) for v in b.value.args[1].ty.shape]
+                assert w[0] // per_group == int(b.value.attrs.groups)
+
+
+def test_conv_rectangular_kernel_and_batch():
+    mod = make_module((2, 3, 10, 8), lambda bb, x: conv(bb, x, 4, 5, (2, 1), [2, 1, 2, 1],
+                                                         kw=3))
+    x = rand((2, 3, 10, 8), 2)
+    ref = run(mod, x)
+    for dim in (H, OC):
+        check(mod, one_op("conv2d_0", dim, 0.6), x, reference=ref)
+
+
+# -- followers -------------------------------------------------------------------------------
+
+
+def _conv_block(bb, x):
+    y = conv(bb, x, 4, 3, 1, 1)
+    bias = bb.emit(relax.op.reshape(relax.const(rand((4,), 3)), (1, 4, 1, 1)))
+    y = bb.emit(relax.op.add(y, bias))
+    bn = bb.emit(relax.op.nn.batch_norm(
+        y, relax.const(rand((4,), 4)), relax.const(rand((4,), 5)), relax.const(rand((4,), 6)),
+        relax.const(rand((4,), 7, positive=True)), axis=1, training=False))
+    y = bb.emit(relax.TupleGetItem(bn, 0))
+    bb.emit(relax.TupleGetItem(bn, 1))  # unused side outputs, as the ONNX importer emits
+    y = bb.emit(relax.op.clip(y, -0.5, 1.5))
+    y = bb.emit(relax.op.add(y, x))  # residual from outside the split
+    return bb.emit(relax.op.nn.relu(y))
+
+
+@pytest.mark.parametrize("dim", [H, OC])
+def test_followers_follow_the_split(dim):
+    mod = make_module((1, 4, 8, 6), _conv_block)
+    x = rand((1, 4, 8, 6), 1)
+    ref = run(mod, x)
+    for ratio in (0.25, 0.5, 1.0):
+        part = check(mod, one_op("conv2d_0", dim, ratio), x, reference=ref)
+        (rec,) = collect_parts(part)
+        # bias add, batch_norm, clip, residual add, relu all live inside each part
+        for p in rec.parts:
+            names = [v.name for v in p.bindings]
+            for kind in ("conv2d", "add", "batch_norm", "clip", "relu"):
+                assert any(n.endswith(kind) for n in names), (kind, names)
+        assert not ops_in(part, "relax.nn.batch_norm") or all(
+            b.var.name.startswith("codl") for b in ops_in(part, "relax.nn.batch_norm"))
+
+
+def test_follower_with_other_use_stays_outside():
+    def body(bb, x):
+        y = conv(bb, x, 4, 3, 1, 1)
+        r = bb.emit(relax.op.nn.relu(y))
+        s = bb.emit(relax.op.sigmoid(y))  # y has two users: the split ends at the conv
+        return bb.emit(relax.op.add(r, s))
+
+    mod = make_module((1, 4, 8, 6), body)
+    x = rand((1, 4, 8, 6), 1)
+    part = check(mod, one_op("conv2d_0", H, 0.5), x)
+    (rec,) = collect_parts(part)
+    assert [v.name.rsplit("_", 1)[-1] for v in rec.parts[0].bindings] == ["in", "conv2d"]
+
+
+# -- pooling ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "kind,size,stride,pad,ceil,incl",
+    [
+        ("max", 2, 2, 0, False, False),
+        ("max", 3, 2, 1, False, False),
+        ("max", 3, 2, 1, True, False),
+        ("avg", 3, 1, 1, False, False),
+        ("avg", 3, 1, 1, False, True),
+        ("avg", 3, 2, 1, True, True),
+        ("avg", 3, 2, 1, True, False),
+        ("avg", 2, 2, 0, False, False),
+    ],
+)
+@pytest.mark.parametrize("dim", [H, OC])
+def test_pooling(kind, size, stride, pad, ceil, incl, dim):
+    pool = relax.op.nn.max_pool2d if kind == "max" else relax.op.nn.avg_pool2d
+    mod = make_module((1, 3, 10, 7), lambda bb, x: bb.emit(pool(
+        x, size, stride, pad, ceil_mode=ceil, count_include_pad=incl)))
+    x = rand((1, 3, 10, 7), 9)
+    ref = run(mod, x)
+    name = partitionable_ops(mod)[0].name
+    for ratio in (0.0, 0.2, 0.5, 0.8, 1.0):
+        part = check(mod, one_op(name, dim, ratio), x, reference=ref)
+        check_records(part, dim)
+
+
+# -- dense / matmul --------------------------------------------------------------------------
+
+
+def test_matmul_constant_weight_is_split_at_compile_time():
+    def body(bb, x):
+        # as the ONNX importer emits Gemm: permute_dims of a constant, matmul, add bias
+        wt = bb.emit(relax.op.permute_dims(relax.const(rand((7, 12), 2)), [1, 0]))
+        y = bb.emit(relax.op.matmul(x, wt))
+        y = bb.emit(relax.op.add(y, relax.const(rand((7,), 3))))
+        return bb.emit(relax.op.nn.relu(y))
+
+    mod = make_module((2, 12), body)
+    x = rand((2, 12), 1)
+    ref = run(mod, x)
+    for ratio in (0.0, 1 / 7, 0.5, 6 / 7, 1.0):
+        part = check(mod, one_op("matmul_0", OC, ratio), x, reference=ref)
+        (rec,) = check_records(part, OC)
+        assert rec.axis == 1
+        assert not ops_in(part, "relax.strided_slice")  # no runtime slice of weight or input
+        if len(rec.parts) == 2:  # the weight slices became constants
+            for b in ops_in(part, "relax.matmul"):
+                assert isinstance(b.value.args[1], tvm.ir.Constant)
+
+
+def test_matmul_weight_parameter_is_sliced_in_ir():
+    mod = make_module((3, 8), lambda bb, x, w: bb.emit(relax.op.matmul(x, w)),
+                      extra_params=[("w", (8, 5))])
+    x, w = rand((3, 8), 1), rand((8, 5), 2)
+    part = check(mod, one_op("matmul_0", OC, 0.4), x, w)
+    assert len(ops_in(part, "relax.strided_slice")) == 2  # one weight slice per part
+
+
+def test_matmul_has_no_h_split():
+    mod = make_module((3, 8), lambda bb, x: bb.emit(relax.op.matmul(x, relax.const(
+        rand((8, 5))))))
+    with pytest.raises(PlanError, match=r"matmul_0 .*cannot be split along H"):
+        PartitionOperators(one_op("matmul_0", H, 0.5))(mod)
+    assert [o.name for o in uniform_plan(mod, "H", 0.5).ops] == []
+
+
+# -- structure -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("ratio,proc", [(0.0, Processor.CPU), (0.1, Processor.CPU),
+                                        (1.0, Processor.GPU), (0.95, Processor.GPU)])
+def test_empty_part_is_not_created(ratio, proc):
+    # 4 output rows: 0.1 * 4 rounds to 0 rows, 0.95 * 4 to all 4 rows
+    mod = make_module((1, 2, 8, 8), lambda bb, x: conv(bb, x, 3, 3, 2, 1))
+    x = rand((1, 2, 8, 8), 4)
+    part = check(mod, one_op("conv2d_0", H, ratio), x)
+    (rec,) = collect_parts(part)
+    assert [p.processor for p in rec.parts] == [proc]
+    assert rec.parts[0].region == (0, 4)
+    assert not ops_in(part, "relax.concat")
+    assert not ops_in(part, "relax.strided_slice")  # the whole input: no slice either
+    assert len(ops_in(part, "relax.nn.conv2d")) == 1
+    other = "gpu" if proc == Processor.CPU else "cpu"
+    assert not any(other in b.var.name for blk in part["main"].body.blocks for b in blk.bindings)
+
+
+def test_emitted_ir_shape_h_split():
+    mod = make_module((1, 2, 8, 8), lambda bb, x: bb.emit(relax.op.nn.relu(conv(bb, x, 3, 3,
+                                                                                  1, 1))))
+    part = PartitionOperators(one_op("conv2d_0", H, 0.5))(mod)
+    names = [b.var.name for blk in part["main"].body.blocks for b in blk.bindings]
+    assert names == ["codl0_gpu_in", "codl0_gpu_0_conv2d", "codl0_gpu_1_relu",
+                     "codl0_cpu_in", "codl0_cpu_0_conv2d", "codl0_cpu_1_relu", "codl0_out", "gv"]
+    convs = ops_in(part, "relax.nn.conv2d")
+    assert [[int(p) for p in b.value.attrs.padding] for b in convs] == [[1, 1, 0, 1],
+                                                                         [0, 1, 1, 1]]
+    slices = ops_in(part, "relax.strided_slice")
+    assert [(int(b.value.args[2][0]), int(b.value.args[3][0])) for b in slices] in (
+        [(0, 5), (3, 8)],)
+    (rec,) = collect_parts(part)
+    assert rec.output.name == "codl0_out" and rec.axis == 2
+    assert [(p.processor, p.region) for p in rec.parts] == [(Processor.GPU, (0, 4)),
+                                                            (Processor.CPU, (4, 8))]
+
+
+@pytest.mark.parametrize("ratio", [0.5, 0.0])
+def test_split_of_a_dataflow_block_output(ratio):
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 2, 6, 6), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            gv = bb.emit_output(relax.op.nn.conv2d(x, relax.const(rand((3, 2, 3, 3))),
+                                                   padding=[1, 1, 1, 1]))
+        bb.emit_func_output(gv)
+    mod = bb.get()
+    part = check(mod, one_op("conv2d_0", OC, ratio), rand((1, 2, 6, 6), 2))
+    (rec,) = collect_parts(part)
+    assert not isinstance(rec.output, relax.DataflowVar)  # still the block's output
+
+
+def test_uniform_plan_on_every_op_and_stale_record_detection():
+    def body(bb, x):
+        y = bb.emit(relax.op.nn.relu(conv(bb, x, 4, 3, 1, 1)))
+        y = bb.emit(relax.op.nn.max_pool2d(y, 2, 2))
+        return conv(bb, y, 6, 3, 2, 1, seed=3)
+
+    mod = make_module((1, 3, 12, 12), body)
+    x = rand((1, 3, 12, 12), 8)
+    ref = run(mod, x)
+    for dim in (H, OC):
+        part = check(mod, uniform_plan(mod, dim, 0.5), x, reference=ref)
+        assert len(check_records(part, dim)) == 3
+    cleaned = relax.transform.DeadCodeElimination()(part)
+    assert len(collect_parts(cleaned)) == 3  # names survive dead-code elimination
+    # CanonicalizeBindings folds `gv = codl2_out` into one variable named gv: the record is
+    # stale and collect_parts says so instead of returning wrong variables
+    renamed = relax.transform.CanonicalizeBindings()(part)
+    with pytest.raises(ValueError, match="'codl2_out' is no longer bound"):
+        collect_parts(renamed)
+
+
+def test_plan_errors_are_raised_by_the_pass():
+    mod = make_module((1, 2, 6, 6), lambda bb, x: conv(bb, x, 3, 3, 1, 1))
+    with pytest.raises(PlanError, match="no partitionable operator 'conv2d_7'"):
+        PartitionOperators(one_op("conv2d_7", H, 0.5))(mod)
+    with pytest.raises(TypeError, match="needs a PartitionPlan"):
+        PartitionOperators({"ops": []})
+    assert PartitionOperators(PartitionPlan())(mod).same_as(mod)
+
+
+# -- property test ---------------------------------------------------------------------------
+
+
+@st.composite
+def conv_cases(draw):
+    k = draw(st.sampled_from([1, 2, 3, 5]))
+    dil = draw(st.integers(1, 2))
+    eff = dil * (k - 1) + 1
+    stride = draw(st.integers(1, 3))
+    pads = [draw(st.integers(0, eff - 1)) for _ in range(4)]
+    groups = draw(st.sampled_from([1, 2]))
+    ic = groups * draw(st.integers(1, 3))
+    oc = groups * draw(st.integers(1, 3))
+    h = draw(st.integers(max(eff - pads[0] - pads[2], 1), 12))
+    w = draw(st.integers(max(eff - pads[1] - pads[3], 1), 6))
+    dim = draw(st.sampled_from([H, OC]))
+    ratio = draw(st.floats(0.0, 1.0))
+    return (ic, oc, k, stride, pads, dil, groups, h, w, dim, ratio)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(conv_cases())
+def test_property_conv_split_matches(case):
+    ic, oc, k, stride, pads, dil, groups, h, w, dim, ratio = case
+    mod = make_module((1, ic, h, w), lambda bb, x: bb.emit(relax.op.nn.relu(
+        conv(bb, x, oc, k, stride, pads, dil, groups))))
+    part = check(mod, one_op("conv2d_0", dim, ratio), rand((1, ic, h, w), 1))
+    check_records(part, dim)

@@ -1,0 +1,251 @@
+"""OpenCL schedule rules: structure under ``with Target(...)``, compilation for every device
+class, and numerics on the local OpenCL device (PoCL from pip) against numpy."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+import tvm_ffi
+from codl_tvm.schedules import (
+    ADRENO,
+    MALI,
+    NVIDIA,
+    OPENCL_GENERIC,
+    POCL,
+    OpenCLConv2D,
+    OpenCLPool2D,
+    apply_schedules,
+    explain,
+    opencl_config,
+    schedule_rules,
+)
+from tvm import relax, tirx
+from tvm.target import Target
+
+from .test_schedules_cpu import conv2d_ref, conv_module, pool_ref, prim_funcs
+
+HOST = {"kind": "llvm"}
+OPENCL = Target({"kind": "opencl"}, host=HOST)
+DEVICE_TARGETS = {
+    "generic": OPENCL,
+    "adreno": Target({"kind": "opencl", "device": "adreno"}, host=HOST),
+    "mali": Target({"kind": "opencl", "device": "mali"}, host=HOST),
+    "nvidia": Target({"kind": "opencl", "device": "nvidia", "max_num_threads": 1024}, host=HOST),
+    "pocl": Target({"kind": "opencl", "device": "pocl"}, host=HOST),
+}
+
+
+def _legalize(mod):
+    return tvm.transform.Sequential(
+        [
+            relax.transform.LegalizeOps(),
+            relax.transform.AnnotateTIROpPattern(),
+            relax.transform.FuseOps(),
+            relax.transform.FuseTIR(),
+        ]
+    )(mod)
+
+
+def schedule(mod, target):
+    mod = _legalize(mod)
+    with target:
+        return apply_schedules(target)(mod)
+
+
+def thread_extents(func: tirx.PrimFunc) -> dict[str, int]:
+    out: dict[str, int] = {}
+
+    def visit(loop):
+        if loop.kind == tirx.ForKind.THREAD_BINDING:
+            out[str(loop.thread_binding.thread_tag)] = int(loop.extent)
+
+    tvm_ffi.structural_walk(func.body, [(tirx.For, visit)])
+    return out
+
+
+def opencl_source(ex) -> str:
+    def find(mod):
+        if mod.kind == "opencl":
+            return mod.inspect_source()
+        for sub in mod.imports:
+            src = find(sub)
+            if src:
+                return src
+        return ""
+
+    return find(ex.mod)
+
+
+def pool_module(shape, kind, window, stride, padding):
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType(shape, "float32"))
+    op = relax.op.nn.max_pool2d if kind == "max" else relax.op.nn.avg_pool2d
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(bb.emit(op(x, window, stride, padding)))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def dense_module(m, k, n):
+    bb = relax.BlockBuilder()
+    a = relax.Var("a", relax.TensorType((m, k), "float32"))
+    b = relax.Var("b", relax.TensorType((k, n), "float32"))
+    with bb.function("main", [a, b]):
+        with bb.dataflow():
+            out = bb.emit_output(bb.emit(relax.op.nn.relu(relax.op.matmul(a, b))))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+# ---------------------------------------------------------------------------------------------
+# structure and compilation (no device needed)
+
+
+def test_opencl_configs_per_device_class():
+    assert opencl_config(OPENCL) == OPENCL_GENERIC
+    assert opencl_config(DEVICE_TARGETS["adreno"]) == ADRENO
+    assert opencl_config(DEVICE_TARGETS["mali"]) == MALI
+    assert opencl_config(DEVICE_TARGETS["nvidia"]) == NVIDIA
+    assert opencl_config(DEVICE_TARGETS["pocl"]).name == POCL.name
+    # the target's own work-group limit caps the preset
+    assert opencl_config(Target({"kind": "opencl", "device": "nvidia"})).max_workgroup_size == 256
+    with pytest.raises(ValueError, match="opencl target"):
+        opencl_config(Target({"kind": "llvm"}))
+
+
+@pytest.mark.parametrize("device", sorted(DEVICE_TARGETS))
+@pytest.mark.parametrize(
+    "shapes",
+    [
+        ((1, 64, 56, 56), (64, 64, 3, 3), 1, 1, 1),
+        ((1, 256, 52, 52), (128, 256, 1, 1), 1, 0, 1),
+        ((1, 32, 3, 30), (8, 32, 3, 3), 1, (0, 1, 0, 1), 1),
+        ((1, 16, 14, 14), (16, 1, 3, 3), 2, 1, 16),
+    ],
+    ids=["56x56-3x3", "52x52-1x1", "one-row", "depthwise-s2"],
+)
+def test_conv_schedule_compiles_for_device_class(device, shapes):
+    xshape, wshape, stride, pad, groups = shapes
+    target = DEVICE_TARGETS[device]
+    mod = schedule(conv_module(xshape, wshape, stride, pad, 1, groups, True), target)
+    (func,) = prim_funcs(mod).values()
+    assert func.attrs["codl.algorithm"] == "direct"
+    assert func.attrs["codl.config"] == opencl_config(target).name
+    threads = thread_extents(func)
+    assert {"blockIdx.x", "blockIdx.y", "blockIdx.z", "threadIdx.x"} <= set(threads)
+    assert func.attrs["codl.workgroup_size"] == threads["threadIdx.x"]
+    assert 1 <= threads["threadIdx.x"] <= opencl_config(target).max_workgroup_size
+    assert func.attrs["codl.workgroup_count"] == (
+        threads["blockIdx.x"] * threads["blockIdx.y"] * threads["blockIdx.z"]
+    )
+    src = opencl_source(tvm.compile(mod, target=target))
+    assert "__kernel void fused_conv2d_add_relu_kernel" in src
+
+
+def test_pool_and_dense_get_recorded_schedules():
+    mod = schedule(pool_module((1, 8, 20, 20), "max", (3, 3), (2, 2), (1, 1, 1, 1)), OPENCL)
+    (func,) = prim_funcs(mod).values()
+    assert func.attrs["codl.algorithm"] == "pool"
+    assert func.attrs["codl.workgroup_size"] > 0
+    mod = schedule(dense_module(1, 64, 100), OPENCL)
+    funcs = prim_funcs(mod).values()
+    assert all(f.attrs.get("tirx.is_scheduled") for f in funcs)
+    assert all(f.attrs.get("codl.algorithm") for f in funcs)
+    assert "__kernel" in opencl_source(tvm.compile(mod, target=OPENCL))
+
+
+def test_opencl_rules_decline_with_reason():
+    pool = _legalize(pool_module((1, 4, 8, 8), "max", (2, 2), (2, 2), (0, 0, 0, 0)))
+    (pool_func,) = prim_funcs(pool).values()
+    reasons = explain(pool_func, OPENCL)
+    assert reasons["OpenCLConv2D"].startswith("not a conv2d")
+    assert reasons["OpenCLPool2D"] is None
+    conv = _legalize(conv_module((1, 4, 8, 8), (4, 4, 3, 3), 1, 1, 1, 1, False))
+    (conv_func,) = prim_funcs(conv).values()
+    assert OpenCLConv2D().apply(conv_func, Target({"kind": "llvm"}), False) is None
+    assert OpenCLPool2D().explain(conv_func, OPENCL).startswith("not a pool2d")
+
+
+def test_cpu_functions_in_an_opencl_build_get_cpu_rules():
+    """A PrimFunc whose own target is llvm (CPU part of a co-executed op) gets a CPU schedule."""
+    conv = _legalize(conv_module((1, 4, 8, 8), (4, 4, 3, 3), 1, 1, 1, 1, False))
+    gv = next(g for g, f in conv.functions_items() if isinstance(f, tirx.PrimFunc))
+    conv[gv] = conv[gv].with_attr("target", Target({"kind": "llvm"}))
+    with OPENCL:
+        mod = apply_schedules(OPENCL)(conv)
+    func = mod[gv]
+    assert func.attrs["codl.algorithm"] == "direct"
+    assert func.attrs["codl.config"] == "sse"
+    assert func.attrs["codl.parallel_extent"] >= 0
+    names = [type(r).__name__ for r in schedule_rules(OPENCL)]
+    assert names.index("OpenCLConv2D") < names.index("CPUConv2D")
+
+
+# ---------------------------------------------------------------------------------------------
+# numerics on the local OpenCL device
+
+
+def _run_opencl(mod, target, inputs):
+    from codl_tvm import runner
+
+    built = runner.build(mod, "opencl", target=target)
+    return built(inputs)[0]
+
+
+RUN_CASES = [
+    ((1, 8, 21, 19), (16, 8, 3, 3), 1, (1, 1, 1, 1), 1, 1),
+    ((1, 16, 13, 13), (24, 16, 1, 1), 1, (0, 0, 0, 0), 1, 1),
+    ((1, 8, 11, 9), (5, 8, 3, 3), 2, (1, 1, 1, 1), 1, 1),
+    ((1, 8, 12, 14), (8, 1, 3, 3), 2, (1, 1, 1, 1), 1, 8),
+    ((1, 8, 11, 9), (8, 2, 3, 3), 1, (2, 2, 2, 2), 2, 4),
+    ((1, 3, 17, 17), (7, 3, 7, 7), 2, (3, 3, 3, 3), 1, 1),
+    ((1, 16, 2, 20), (3, 16, 3, 3), 1, (1, 1, 0, 1), 1, 1),
+]
+
+
+@pytest.mark.opencl
+@pytest.mark.parametrize("device", ["generic", "pocl"])
+@pytest.mark.parametrize("case", RUN_CASES, ids=lambda c: f"{c[0]}-{c[1]}-s{c[2]}-g{c[5]}")
+def test_conv_on_opencl_matches_numpy(opencl, case, device):
+    xshape, wshape, stride, pad, dil, groups = case
+    target = DEVICE_TARGETS[device]
+    mod = schedule(conv_module(xshape, wshape, stride, pad, dil, groups, True), target)
+    (func,) = prim_funcs(mod).values()
+    assert func.attrs["codl.algorithm"] == "direct"
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal(xshape).astype("float32")
+    w = rng.standard_normal(wshape).astype("float32")
+    b = rng.standard_normal((1, wshape[0], 1, 1)).astype("float32")
+    ref = np.maximum(conv2d_ref(x, w, (stride,) * 2, pad, (dil,) * 2, groups) + b, 0)
+    out = _run_opencl(mod, target, [x, w, b])
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4 * max(1.0, np.abs(ref).max()))
+
+
+@pytest.mark.opencl
+@pytest.mark.parametrize(
+    "case",
+    [
+        ("max", (1, 8, 21, 19), (3, 3), (2, 2), (1, 1, 1, 1)),
+        ("avg", (1, 6, 12, 30), (2, 2), (2, 2), (0, 0, 0, 0)),
+    ],
+)
+def test_pool_on_opencl_matches_numpy(opencl, case):
+    kind, shape, window, stride, padding = case
+    mod = schedule(pool_module(shape, kind, window, stride, padding), OPENCL)
+    x = np.random.default_rng(8).standard_normal(shape).astype("float32")
+    out = _run_opencl(mod, OPENCL, [x])
+    np.testing.assert_allclose(
+        out, pool_ref(x, kind, window, stride, padding), rtol=1e-5, atol=1e-5
+    )
+
+
+@pytest.mark.opencl
+def test_dense_on_opencl_matches_numpy(opencl):
+    mod = schedule(dense_module(2, 96, 50), OPENCL)
+    rng = np.random.default_rng(9)
+    a = rng.standard_normal((2, 96)).astype("float32")
+    b = rng.standard_normal((96, 50)).astype("float32")
+    out = _run_opencl(mod, OPENCL, [a, b])
+    np.testing.assert_allclose(out, np.maximum(a.astype(np.float64) @ b, 0), rtol=1e-4, atol=1e-4)

@@ -1,0 +1,152 @@
+"""
+Deploy a model to a device behind a TVM RPC tracker
+===================================================
+
+Phones and boards are reached through TVM's RPC stack: a *tracker* on the workstation keeps a
+queue of devices, each device runs an *RPC server* registered with the tracker under a *key*
+("android", "rk3588", ...), and a client asks the tracker for a free device of a key, uploads a
+compiled library and runs it there.
+
+This tutorial walks through that path with codl-tvm:
+
+1. start a tracker and an RPC server,
+2. compile an ONNX model for the device's target preset,
+3. upload, run it remotely and compare the outputs with the host,
+4. measure the remote latency with ``time_evaluator``,
+5. spread jobs over every device of a key (a device farm), as the profiler does.
+
+With ``local_demo = True`` (the default, used in CI) the tracker and the server run on this
+machine and the "device" is its own CPU. Set ``local_demo = False`` and the environment variables
+``CODL_TVM_TRACKER`` (``HOST:PORT``), ``CODL_TVM_KEY`` and ``CODL_TVM_TARGET`` to use a real
+device.
+"""
+
+# %%
+# Setup
+# -----
+# On the workstation, a tracker is one command::
+#
+#   python -m tvm.exec.rpc_tracker --host 0.0.0.0 --port 9190
+#
+# On a Linux board (or an x86 machine), codl-tvm's server is TVM's RPC server plus a function
+# reporting its TVM version and machine, so the client can check them before uploading::
+#
+#   python -m codl_tvm.rpc_utils serve --tracker WORKSTATION:9190 --key rk3588 --host 0.0.0.0
+#
+# Add ``--opencl`` to load codl-tvm's OpenCL runtime plugin into the server (TVM's PyPI wheel has
+# no OpenCL runtime of its own). On an Android phone, TVM's Android RPC app registers with the
+# tracker the same way; it does not report its version, so codl-tvm warns and continues.
+#
+# Without a device, ``scripts/emulated_aarch64.py serve --tracker 127.0.0.1:9190`` starts an
+# aarch64 Python with TVM's aarch64 wheel under qemu-user and registers it as ``aarch64-emu``.
+
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+from codl_tvm import deploy, rpc_utils, targets
+from codl_tvm.cli import bundled_model_path
+from codl_tvm.frontend import load_onnx, random_inputs
+
+local_demo = True
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+started: list[subprocess.Popen] = []
+if local_demo:
+    port = free_port()
+    tracker = f"127.0.0.1:{port}"
+    key = "local-cpu"
+    target = "host"
+    started.append(subprocess.Popen(
+        [sys.executable, "-m", "tvm.exec.rpc_tracker", "--host", "127.0.0.1", "--port",
+         str(port), "--port-end", str(port + 1), "--silent"], start_new_session=True))
+    # the server retries the tracker until it is up; wait_for_devices waits for both
+    server_port = free_port()
+    started.append(subprocess.Popen(
+        [sys.executable, "-m", "codl_tvm.rpc_utils", "serve", "--tracker", tracker, "--key", key,
+         "--port", str(server_port), "--port-end", str(server_port + 1), "--silent"],
+        start_new_session=True))
+else:
+    tracker = os.environ["CODL_TVM_TRACKER"]
+    key = os.environ["CODL_TVM_KEY"]
+    target = os.environ.get("CODL_TVM_TARGET")  # None: chosen from what the device reports
+
+rpc_utils.wait_for_devices(tracker, key, count=1, timeout_s=90)
+summary = rpc_utils.tracker_summary(tracker)
+print("tracker queue:", summary["queue_info"])
+
+# %%
+# Target presets
+# --------------
+# A preset names the TVM target of one kind of device (JSON-dict targets, as TVM 0.27 wants).
+# Cross presets are linked with the Android NDK when ``TVM_NDK_CC`` is set, else with
+# clang + lld (``-nostdlib``: the device's TVM runtime resolves every symbol when it loads the
+# library, so no aarch64 sysroot is needed on the workstation).
+
+for preset in targets.PRESETS.values():
+    print(f"{preset.name:18s} link: {targets.link_method(preset):5s} {preset.description}")
+
+# %%
+# Deploy and compare
+# ------------------
+# :func:`codl_tvm.deploy.deploy` requests a device (failing after ``request_timeout_s`` if the
+# tracker does not answer or no device is free), checks the remote TVM version, compiles,
+# uploads, runs, and compares with a build for this machine's CPU. The command line does the
+# same::
+#
+#   codl-tvm deploy model.onnx --tracker HOST:PORT --key KEY --target android-arm64
+#
+# (``codl-tvm deploy --list-targets`` lists the presets.)
+
+model = load_onnx(bundled_model_path())
+inputs = random_inputs(model, seed=0)
+result = deploy.deploy(model, tracker, key, target=target, inputs=inputs, number=3, repeat=3,
+                       request_timeout_s=30)
+print(f"ran on {result.device} ({result.preset}); remote reports {result.remote_versions}")
+print(f"max abs difference against the host: {result.max_abs_error:.3g}, "
+      f"matches: {result.matches}")
+print(f"remote latency: median {result.run.median_ms:.3f} ms over {result.run.repeats} repeats")
+
+# %%
+# A device farm
+# -------------
+# :class:`codl_tvm.rpc_utils.DeviceFarm` takes every free device of a key and runs jobs on them in
+# parallel threads, with a per-job timeout and retries; the profiler measures operators this
+# way. A job receives a connected :class:`~codl_tvm.rpc_utils.RemoteDevice`.
+
+library = deploy.compile_for(model.mod, result.preset)
+batches = [[random_inputs(model, seed=s)["input"]] for s in range(3)]
+
+
+def make_job(x):
+    return lambda remote: deploy.run_remote(remote, library, x, repeat=0).outputs[0]
+
+
+rpc_utils.wait_for_devices(tracker, key, count=1, timeout_s=30)
+with rpc_utils.DeviceFarm(tracker, key, request_timeout_s=30) as farm:
+    print("farm devices:", [d.name for d in farm.devices])
+    jobs = farm.run([make_job(x) for x in batches], job_timeout_s=120, retries=1)
+for job in jobs:
+    print(f"job {job.index} on {job.device}: ok={job.ok}, "
+          f"top class {int(np.argmax(job.value)) if job.ok else None}")
+
+# %%
+# Clean up
+# --------
+for proc in reversed(started):
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+time.sleep(0.1)
