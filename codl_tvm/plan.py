@@ -69,8 +69,10 @@ class PartitionDim(str, enum.Enum):
         try:
             return cls(str(value).upper())
         except ValueError:
-            raise PlanError(f"{where}: unknown partition dimension {value!r}; "
-                            f"expected one of {[d.value for d in cls]}") from None
+            raise PlanError(
+                f"{where}: unknown partition dimension {value!r}; "
+                f"expected one of {[d.value for d in cls]}"
+            ) from None
 
 
 def _check_ratio(ratio: Any, where: str) -> float:
@@ -92,8 +94,9 @@ class OpPartition:
 
     def __post_init__(self):
         if not isinstance(self.op, str) or not self.op:
-            raise PlanError(f"op partition: operator name must be a non-empty string, "
-                            f"got {self.op!r}")
+            raise PlanError(
+                f"op partition: operator name must be a non-empty string, got {self.op!r}"
+            )
         object.__setattr__(self, "dim", PartitionDim.parse(self.dim, f"op {self.op}"))
         object.__setattr__(self, "ratio", _check_ratio(self.ratio, f"op {self.op}"))
 
@@ -139,8 +142,10 @@ class PartitionPlan:
 
     def __post_init__(self):
         if self.version != PLAN_VERSION:
-            raise PlanError(f"plan version {self.version!r} is not supported (this codl-tvm "
-                            f"reads version {PLAN_VERSION})")
+            raise PlanError(
+                f"plan version {self.version!r} is not supported (this codl-tvm "
+                f"reads version {PLAN_VERSION})"
+            )
         object.__setattr__(self, "ops", tuple(self.ops))
         object.__setattr__(self, "chains", tuple(self.chains))
         seen: dict[str, str] = {}
@@ -148,8 +153,9 @@ class PartitionPlan:
             where = f"chain {list(entry.ops)}" if len(entry.ops) > 1 else f"op {entry.ops[0]}"
             for name in entry.ops:
                 if name in seen:
-                    raise PlanError(f"{where}: operator {name} is already partitioned by "
-                                    f"{seen[name]}")
+                    raise PlanError(
+                        f"{where}: operator {name} is already partitioned by {seen[name]}"
+                    )
                 seen[name] = where
 
     def entries(self) -> list[ChainPlan]:
@@ -176,12 +182,18 @@ class PartitionPlan:
             raise PlanError("plan: missing 'version'")
         version = data["version"]
         if version != PLAN_VERSION:
-            raise PlanError(f"plan version {version!r} is not supported (this codl-tvm reads "
-                            f"version {PLAN_VERSION})")
-        ops = [_entry(OpPartition, e, ("op", "dim", "ratio"), i, "ops")
-               for i, e in enumerate(data.get("ops", []))]
-        chains = [_entry(ChainPlan, e, ("ops", "dim", "ratio"), i, "chains")
-                  for i, e in enumerate(data.get("chains", []))]
+            raise PlanError(
+                f"plan version {version!r} is not supported (this codl-tvm reads "
+                f"version {PLAN_VERSION})"
+            )
+        ops = [
+            _entry(OpPartition, e, ("op", "dim", "ratio"), i, "ops")
+            for i, e in enumerate(data.get("ops", []))
+        ]
+        chains = [
+            _entry(ChainPlan, e, ("ops", "dim", "ratio"), i, "chains")
+            for i, e in enumerate(data.get("chains", []))
+        ]
         fp = data.get("model_fingerprint")
         if fp is not None and not isinstance(fp, str):
             raise PlanError(f"plan: model_fingerprint must be a string, got {fp!r}")
@@ -224,8 +236,10 @@ class PartitionPlan:
         if self.model_fingerprint is not None:
             actual = model_fingerprint(mod, infos)
             if actual != self.model_fingerprint:
-                raise PlanError(f"plan was made for model fingerprint {self.model_fingerprint}, "
-                                f"this module has {actual}")
+                raise PlanError(
+                    f"plan was made for model fingerprint {self.model_fingerprint}, "
+                    f"this module has {actual}"
+                )
         for entry in self.entries():
             where = f"chain {list(entry.ops)}" if len(entry.ops) > 1 else f"op {entry.ops[0]}"
             for name in entry.ops:
@@ -233,11 +247,15 @@ class PartitionPlan:
                 if info is None:
                     known = ", ".join(i.name for i in infos[:12]) or "none"
                     more = ", ..." if len(infos) > 12 else ""
-                    raise PlanError(f"{where}: the module has no partitionable operator "
-                                    f"{name!r} (it has: {known}{more})")
+                    raise PlanError(
+                        f"{where}: the module has no partitionable operator "
+                        f"{name!r} (it has: {known}{more})"
+                    )
                 if entry.dim not in info.dims:
-                    raise PlanError(f"{where}: {name} ({info.kind}, input {info.input_shape}) "
-                                    f"cannot be split along {entry.dim.value}: {info.reason}")
+                    raise PlanError(
+                        f"{where}: {name} ({info.kind}, input {info.input_shape}) "
+                        f"cannot be split along {entry.dim.value}: {info.reason}"
+                    )
             idx = [by_name[n].index for n in entry.ops]
             if idx != sorted(idx):
                 raise PlanError(f"{where}: operators are not in data-flow order")
@@ -250,8 +268,9 @@ def _entry(cls, data: Any, keys: tuple[str, ...], i: int, what: str):
     missing = [k for k in keys if k not in data]
     unknown = set(data) - set(keys)
     if missing or unknown:
-        raise PlanError(f"plan: {what}[{i}] {dict(data)}: missing {missing}, unknown "
-                        f"{sorted(unknown)}")
+        raise PlanError(
+            f"plan: {what}[{i}] {dict(data)}: missing {missing}, unknown {sorted(unknown)}"
+        )
     return cls(**{k: data[k] for k in keys})
 
 
@@ -328,17 +347,26 @@ def _op_info(index: int, var, call) -> OpInfo:
     if in_shape is None or out_shape is None or (kind in ("conv2d", "matmul") and w_shape is None):
         reason = "shapes are not static"
     elif kind == "conv2d":
-        attrs = {"strides": _ints(a.strides), "padding": _ints(a.padding),
-                 "dilation": _ints(a.dilation), "groups": int(a.groups)}
+        attrs = {
+            "strides": _ints(a.strides),
+            "padding": _ints(a.padding),
+            "dilation": _ints(a.dilation),
+            "groups": int(a.groups),
+        }
         layouts = (str(a.data_layout), str(a.kernel_layout), str(a.out_layout))
         if layouts != ("NCHW", "OIHW", "NCHW"):
             reason = f"layouts {layouts} are not (NCHW, OIHW, NCHW)"
         else:
             dims = (PartitionDim.H, PartitionDim.OC)
     elif kind in ("max_pool2d", "avg_pool2d"):
-        attrs = {"pool_size": _ints(a.pool_size), "strides": _ints(a.strides),
-                 "padding": _ints(a.padding), "dilation": _ints(a.dilation),
-                 "ceil_mode": bool(a.ceil_mode), "count_include_pad": bool(a.count_include_pad)}
+        attrs = {
+            "pool_size": _ints(a.pool_size),
+            "strides": _ints(a.strides),
+            "padding": _ints(a.padding),
+            "dilation": _ints(a.dilation),
+            "ceil_mode": bool(a.ceil_mode),
+            "count_include_pad": bool(a.count_include_pad),
+        }
         layouts = (str(a.layout), str(a.out_layout))
         if layouts != ("NCHW", "NCHW"):
             reason = f"layouts {layouts} are not NCHW"
@@ -350,8 +378,9 @@ def _op_info(index: int, var, call) -> OpInfo:
         else:
             dims = (PartitionDim.OC,)
             reason = "matmul is split along its output channels (OC) only"
-    return OpInfo(name, index, kind, var.name, in_shape or (), w_shape, out_shape or (),
-                  attrs, dims, reason)
+    return OpInfo(
+        name, index, kind, var.name, in_shape or (), w_shape, out_shape or (), attrs, dims, reason
+    )
 
 
 def iter_main_bindings(mod):
@@ -374,8 +403,11 @@ def partitionable_bindings(mod) -> list[tuple[OpInfo, object]]:
     found: list[tuple[OpInfo, object]] = []
     for _, binding in iter_main_bindings(mod):
         value = getattr(binding, "value", None)
-        if (isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op)
-                and value.op.name in _KINDS):
+        if (
+            isinstance(value, relax.Call)
+            and isinstance(value.op, tvm.ir.Op)
+            and value.op.name in _KINDS
+        ):
             found.append((_op_info(len(found), binding.var, value), binding))
     return found
 
@@ -388,13 +420,15 @@ def partitionable_ops(mod) -> list[OpInfo]:
 def model_fingerprint(mod, infos: Iterable[OpInfo] | None = None) -> str:
     """A short hash of the kinds, shapes and attributes of the module's partitionable operators."""
     infos = partitionable_ops(mod) if infos is None else infos
-    desc = [[i.name, list(i.input_shape), list(i.weight_shape or ()), list(i.output_shape),
-             i.attrs] for i in infos]
+    desc = [
+        [i.name, list(i.input_shape), list(i.weight_shape or ()), list(i.output_shape), i.attrs]
+        for i in infos
+    ]
     return hashlib.sha256(json.dumps(desc, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def uniform_plan(mod, dim: PartitionDim | str, ratio: float) -> PartitionPlan:
-    """Split every partitionable operator of ``mod`` on its own along ``dim`` with GPU share ``ratio``.
+    """Split every partitionable operator of ``mod`` alone along ``dim``, GPU share ``ratio``.
 
     Operators that cannot be split along ``dim`` (e.g. ``matmul`` for H, or an NHWC conv) are left
     out of the plan and run unsplit.

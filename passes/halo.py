@@ -98,8 +98,9 @@ class SlidingWindow:
             if getattr(self, name) < 1:
                 raise ValueError(f"sliding window: {name} must be >= 1, got {getattr(self, name)}")
         if self.pad_before < 0 or self.pad_after < 0:
-            raise ValueError(f"sliding window: negative padding ({self.pad_before}, "
-                             f"{self.pad_after})")
+            raise ValueError(
+                f"sliding window: negative padding ({self.pad_before}, {self.pad_after})"
+            )
         if self.out_extent < 1:
             raise ValueError(f"sliding window {self} produces no output rows")
 
@@ -117,14 +118,17 @@ class SlidingWindow:
     def input_span(self, out: Span) -> PartSpan:
         """Input rows (clamped) and own padding of the part producing output rows ``out``."""
         if not 0 <= out.start < out.stop <= self.out_extent:
-            raise ValueError(f"output rows [{out.start}, {out.stop}) outside [0, "
-                             f"{self.out_extent}) of {self}")
+            raise ValueError(
+                f"output rows [{out.start}, {out.stop}) outside [0, {self.out_extent}) of {self}"
+            )
         start = out.start * self.stride - self.pad_before
         end = (out.stop - 1) * self.stride + self.effective_kernel - self.pad_before
         lo, hi = max(start, 0), min(end, self.in_extent)
         if hi <= lo:
-            raise ValueError(f"output rows [{out.start}, {out.stop}) of {self} read only padding; "
-                             "such a part cannot be cut out of the input")
+            raise ValueError(
+                f"output rows [{out.start}, {out.stop}) of {self} read only padding; "
+                "such a part cannot be cut out of the input"
+            )
         pad_before, pad_after = lo - start, end - hi
         ceil_mode = False
         if self.ceil_mode and out.stop == self.out_extent:
@@ -149,8 +153,10 @@ class ChannelMap:
 
     def __post_init__(self):
         if self.groups < 1 or self.in_channels % self.groups or self.out_channels % self.groups:
-            raise ValueError(f"channel map: {self.in_channels} inputs and {self.out_channels} "
-                             f"outputs cannot form {self.groups} groups")
+            raise ValueError(
+                f"channel map: {self.in_channels} inputs and {self.out_channels} "
+                f"outputs cannot form {self.groups} groups"
+            )
 
     @classmethod
     def identity(cls, channels: int) -> ChannelMap:
@@ -177,8 +183,9 @@ class ChannelMap:
     def input_span(self, out: Span) -> PartSpan:
         """Input channels read (and channels computed) by the part producing channels ``out``."""
         if not 0 <= out.start < out.stop <= self.out_channels:
-            raise ValueError(f"output channels [{out.start}, {out.stop}) outside [0, "
-                             f"{self.out_channels})")
+            raise ValueError(
+                f"output channels [{out.start}, {out.stop}) outside [0, {self.out_channels})"
+            )
         comp = self.aligned(out)
         if self.groups == 1:
             return PartSpan(out, Span(0, self.in_channels), computed=comp)

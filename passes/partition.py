@@ -81,9 +81,24 @@ tvm_ffi.register_error("PlanError", PlanError)
 
 _UNARY = frozenset(
     f"relax.{n}"
-    for n in ("nn.relu", "clip", "sigmoid", "tanh", "nn.silu", "nn.gelu", "nn.gelu_tanh",
-              "nn.leakyrelu", "nn.softplus", "nn.selu", "exp", "negative", "sqrt", "abs",
-              "erf", "astype")
+    for n in (
+        "nn.relu",
+        "clip",
+        "sigmoid",
+        "tanh",
+        "nn.silu",
+        "nn.gelu",
+        "nn.gelu_tanh",
+        "nn.leakyrelu",
+        "nn.softplus",
+        "nn.selu",
+        "exp",
+        "negative",
+        "sqrt",
+        "abs",
+        "erf",
+        "astype",
+    )
 )
 _BINARY = frozenset(
     f"relax.{n}" for n in ("add", "subtract", "multiply", "divide", "maximum", "minimum", "power")
@@ -148,8 +163,11 @@ class _Analysis:
 
     def single_user(self, var: relax.Var) -> relax.Var | None:
         users = self.uses.get(var, [])
-        if len(users) == 1 and users[0] is not None and self.block_of[users[0]] == \
-                self.block_of[var]:
+        if (
+            len(users) == 1
+            and users[0] is not None
+            and self.block_of[users[0]] == self.block_of[var]
+        ):
             return users[0]
         return None
 
@@ -166,15 +184,27 @@ class _Analysis:
             else:
                 prev = steps[-1].var
                 if not data.same_as(prev):
-                    raise PlanError(f"{where}: {name} does not read the output of "
-                                    f"{entry.ops[k - 1]} (and its followers); chained operators "
-                                    "must be consecutive")
+                    raise PlanError(
+                        f"{where}: {name} does not read the output of "
+                        f"{entry.ops[k - 1]} (and its followers); chained operators "
+                        "must be consecutive"
+                    )
                 if self.single_user(prev) is None:
-                    raise PlanError(f"{where}: the output of {entry.ops[k - 1]} "
-                                    f"({prev.name}) is also used outside the chain; split "
-                                    "the chain there")
-            steps.append(_Step(binding.var, binding.value, "anchor", info.kind,
-                               _shape(data), _shape(binding.var)))
+                    raise PlanError(
+                        f"{where}: the output of {entry.ops[k - 1]} "
+                        f"({prev.name}) is also used outside the chain; split "
+                        "the chain there"
+                    )
+            steps.append(
+                _Step(
+                    binding.var,
+                    binding.value,
+                    "anchor",
+                    info.kind,
+                    _shape(data),
+                    _shape(binding.var),
+                )
+            )
             self._absorb(steps, dropped)
         kinds = {s.kind for s in steps if s.role == "anchor"}
         if "matmul" in kinds and len(kinds) > 1:
@@ -199,17 +229,26 @@ class _Analysis:
             value = self.value_of[user]
             op = _op_name(value)
             shape = _shape(cur)
-            if op in _UNARY and value.args[0].same_as(cur) and not any(
-                    isinstance(a, relax.Var) for a in value.args[1:]) and _shape(user) == shape:
+            if (
+                op in _UNARY
+                and value.args[0].same_as(cur)
+                and not any(isinstance(a, relax.Var) for a in value.args[1:])
+                and _shape(user) == shape
+            ):
                 steps.append(_Step(user, value, "unary", op, shape, shape))
-            elif op in _BINARY and _shape(user) == shape and any(
-                    a.same_as(cur) for a in value.args):
+            elif (
+                op in _BINARY and _shape(user) == shape and any(a.same_as(cur) for a in value.args)
+            ):
                 others = [a for a in value.args if not a.same_as(cur)]
                 if any(isinstance(a, relax.Var) and a in chain_vars for a in others):
                     return
                 steps.append(_Step(user, value, "binary", op, shape, shape))
-            elif (op == "relax.nn.batch_norm" and value.args[0].same_as(cur)
-                  and int(value.attrs.axis) == 1 and len(shape) == 4):
+            elif (
+                op == "relax.nn.batch_norm"
+                and value.args[0].same_as(cur)
+                and int(value.attrs.axis) == 1
+                and len(shape) == 4
+            ):
                 getitems = self.uses.get(user, [])
                 main_out = None
                 side = []
@@ -226,8 +265,9 @@ class _Analysis:
                 if main_out is None or _shape(main_out) != shape:
                     return
                 steps.append(_Step(user, value, "batch_norm", op, shape, shape))
-                steps.append(_Step(main_out, self.value_of[main_out], "getitem", "getitem",
-                                   shape, shape))
+                steps.append(
+                    _Step(main_out, self.value_of[main_out], "getitem", "getitem", shape, shape)
+                )
                 dropped.extend(side)
             else:
                 return
@@ -243,8 +283,9 @@ def _window(step: _Step) -> SlidingWindow:
         kernel = int(a.pool_size[0])
         ceil = bool(a.ceil_mode)
     pad = [int(p) for p in a.padding]
-    return SlidingWindow(step.in_shape[2], kernel, int(a.strides[0]), int(a.dilation[0]),
-                         pad[0], pad[2], ceil)
+    return SlidingWindow(
+        step.in_shape[2], kernel, int(a.strides[0]), int(a.dilation[0]), pad[0], pad[2], ceil
+    )
 
 
 def _channel_map(step: _Step) -> ChannelMap | None:
@@ -260,8 +301,7 @@ def _channel_map(step: _Step) -> ChannelMap | None:
 class _Rewriter(PyExprMutator):
     """Re-emits ``main`` with every planned chain replaced by its parts and their merge."""
 
-    def __init__(self, mod: tvm.IRModule, analysis: _Analysis, chains: list[_Chain],
-                 first_id: int):
+    def __init__(self, mod: tvm.IRModule, analysis: _Analysis, chains: list[_Chain], first_id: int):
         super().__init__(mod)
         self._an = analysis
         self._by_last = {c.steps[-1].var: c for c in chains}
@@ -329,12 +369,26 @@ class _Rewriter(PyExprMutator):
             index = [slice(None)] * arr.ndim
             index[axis] = slice(span.start, span.stop)
             return relax.const(np.ascontiguousarray(arr[tuple(index)]), str(arr.dtype))
-        sliced = relax.op.strided_slice(self.visit_expr(orig), axes=[axis], begin=[span.start],
-                                        end=[span.stop], assume_inbound=True)
+        sliced = relax.op.strided_slice(
+            self.visit_expr(orig),
+            axes=[axis],
+            begin=[span.start],
+            end=[span.stop],
+            assume_inbound=True,
+        )
         return self._emit(sliced, name, bindings)
 
-    def _slice_operand(self, orig: relax.Expr, chain_rank: int, axis: int, full: int,
-                       span: Span, name: str, bindings: list, where: str):
+    def _slice_operand(
+        self,
+        orig: relax.Expr,
+        chain_rank: int,
+        axis: int,
+        full: int,
+        span: Span,
+        name: str,
+        bindings: list,
+        where: str,
+    ):
         """A broadcasting operand of a follower, restricted to the part's rows/channels."""
         if not isinstance(orig.ty, relax.TensorType):
             return self.visit_expr(orig)
@@ -343,9 +397,15 @@ class _Rewriter(PyExprMutator):
         if local < 0 or shape[local] == 1:
             return self.visit_expr(orig)
         if shape[local] != full:
-            raise PlanError(f"{where}: operand of shape {shape} does not match extent {full} "
-                            f"along axis {axis}")
+            raise PlanError(
+                f"{where}: operand of shape {shape} does not match extent {full} along axis {axis}"
+            )
         return self._slice(orig, local, span, name, bindings)
+
+    def _input_name(self, orig: relax.Expr) -> str | None:
+        """Name of the (remapped) variable the chain reads, or None for a constant."""
+        new = self.visit_expr(orig)
+        return new.name if isinstance(new, relax.Var) else None
 
     # -- one chain -----------------------------------------------------------------------------
     def _emit_chain(self, chain: _Chain):
@@ -369,25 +429,51 @@ class _Rewriter(PyExprMutator):
         single = len(regions) == 1
         parts, outs = [], []
         for proc, region in regions:
-            spans = spans_of(geoms, region)
+            try:
+                spans = spans_of(geoms, region)
+            except ValueError as exc:
+                where = f"chain {chain.name}" if len(steps) > 1 else f"op {chain.name}"
+                raise PlanError(f"{where}, {proc.value} part {region.as_tuple()}: {exc}") from None
             bindings: list = []
             out = self._emit_part(chain, sid, proc, spans, bindings, single and is_output)
             outs.append(out)
-            parts.append({"processor": proc.value, "region": [region.start, region.stop],
-                          "bindings": [v.name for v in bindings]})
+            parts.append(
+                {
+                    "processor": proc.value,
+                    "region": [region.start, region.stop],
+                    "input_region": list(spans[0].inp.as_tuple()),
+                    "bindings": [v.name for v in bindings],
+                }
+            )
         if single:
             merged = outs[0]
         else:
-            merged = self._emit(relax.op.concat(outs, axis=axis), f"codl{sid}_out", [],
-                                output=is_output)
-        self.records.append({
-            "name": chain.name, "ops": list(chain.entry.ops), "dim": dim.value, "axis": axis,
-            "ratio": chain.entry.ratio, "output": merged.name, "parts": parts,
-        })
+            merged = self._emit(
+                relax.op.concat(outs, axis=axis), f"codl{sid}_out", [], output=is_output
+            )
+        self.records.append(
+            {
+                "name": chain.name,
+                "ops": list(chain.entry.ops),
+                "dim": dim.value,
+                "axis": axis,
+                "ratio": chain.entry.ratio,
+                "input": self._input_name(chain.input),
+                "output": merged.name,
+                "parts": parts,
+            }
+        )
         return merged
 
-    def _emit_part(self, chain: _Chain, sid: int, proc: Processor, spans: list[PartSpan],
-                   bindings: list, last_is_output: bool):
+    def _emit_part(
+        self,
+        chain: _Chain,
+        sid: int,
+        proc: Processor,
+        spans: list[PartSpan],
+        bindings: list,
+        last_is_output: bool,
+    ):
         prefix = f"codl{sid}_{proc.value}"
         axis = chain.axis
         cur = self._slice(chain.input, axis, spans[0].inp, f"{prefix}_in", bindings)
@@ -402,15 +488,24 @@ class _Rewriter(PyExprMutator):
             cur = self._emit(expr, f"{prefix}_{j}_{tag}", bindings, last_is_output and final)
             if trim:
                 lo = ps.out.start - ps.computed.start
-                sliced = relax.op.strided_slice(cur, axes=[axis], begin=[lo],
-                                                end=[lo + len(ps.out)], assume_inbound=True)
+                sliced = relax.op.strided_slice(
+                    cur, axes=[axis], begin=[lo], end=[lo + len(ps.out)], assume_inbound=True
+                )
                 final = j == len(chain.steps) - 1
-                cur = self._emit(sliced, f"{prefix}_{j}_trim", bindings,
-                                 last_is_output and final)
+                cur = self._emit(sliced, f"{prefix}_{j}_trim", bindings, last_is_output and final)
         return cur
 
-    def _step_expr(self, step: _Step, prev: relax.Expr, ps: PartSpan, x, chain: _Chain,
-                   prefix: str, bindings: list, where: str):
+    def _step_expr(
+        self,
+        step: _Step,
+        prev: relax.Expr,
+        ps: PartSpan,
+        x,
+        chain: _Chain,
+        prefix: str,
+        bindings: list,
+        where: str,
+    ):
         value, axis, dim = step.value, chain.axis, chain.entry.dim
         if step.role == "anchor":
             return self._anchor_expr(step, ps, x, dim, axis, prefix, bindings)
@@ -426,8 +521,18 @@ class _Rewriter(PyExprMutator):
                 if a.same_as(prev):
                     args.append(x)
                 else:
-                    args.append(self._slice_operand(a, len(step.in_shape), axis, full, ps.out,
-                                                    f"{prefix}_arg{k}", bindings, where))
+                    args.append(
+                        self._slice_operand(
+                            a,
+                            len(step.in_shape),
+                            axis,
+                            full,
+                            ps.out,
+                            f"{prefix}_arg{k}",
+                            bindings,
+                            where,
+                        )
+                    )
             return relax.Call(value.op, args, value.attrs, value.ty_args)
         # batch_norm: per-channel parameters follow an OC split
         params = []
@@ -438,8 +543,16 @@ class _Rewriter(PyExprMutator):
                 params.append(self.visit_expr(a))
         return relax.Call(value.op, [x, *params], value.attrs, value.ty_args)
 
-    def _anchor_expr(self, step: _Step, ps: PartSpan, x, dim: PartitionDim, axis: int,
-                     prefix: str, bindings: list):
+    def _anchor_expr(
+        self,
+        step: _Step,
+        ps: PartSpan,
+        x,
+        dim: PartitionDim,
+        axis: int,
+        prefix: str,
+        bindings: list,
+    ):
         value, a = step.value, step.value.attrs
         if step.kind == "matmul":
             w = value.args[1]
@@ -458,15 +571,30 @@ class _Rewriter(PyExprMutator):
             else:
                 weight = self.visit_expr(w)
             return relax.op.nn.conv2d(
-                x, weight, strides=a.strides, padding=pad, dilation=a.dilation, groups=groups,
-                data_layout=a.data_layout, kernel_layout=a.kernel_layout,
-                out_layout=a.out_layout, out_dtype=a.out_dtype,
+                x,
+                weight,
+                strides=a.strides,
+                padding=pad,
+                dilation=a.dilation,
+                groups=groups,
+                data_layout=a.data_layout,
+                kernel_layout=a.kernel_layout,
+                out_layout=a.out_layout,
+                out_dtype=a.out_dtype,
             )
         pool = relax.op.nn.max_pool2d if step.kind == "max_pool2d" else relax.op.nn.avg_pool2d
         ceil = ps.ceil_mode if dim == PartitionDim.H else bool(a.ceil_mode)
-        return pool(x, pool_size=a.pool_size, strides=a.strides, padding=pad,
-                    dilation=a.dilation, ceil_mode=ceil, count_include_pad=a.count_include_pad,
-                    layout=a.layout, out_layout=a.out_layout)
+        return pool(
+            x,
+            pool_size=a.pool_size,
+            strides=a.strides,
+            padding=pad,
+            dilation=a.dilation,
+            ceil_mode=ceil,
+            count_include_pad=a.count_include_pad,
+            layout=a.layout,
+            out_layout=a.out_layout,
+        )
 
 
 @tvm.transform.module_pass(opt_level=0, name="codl.PartitionOperators")

@@ -9,13 +9,18 @@ when a name no longer exists (a pass in between removed or renamed it).
 Record format (one object per split, i.e. per plan entry)::
 
     {"name": "conv2d_0", "ops": ["conv2d_0"], "dim": "H", "axis": 2, "ratio": 0.5,
-     "output": "codl0_out",
-     "parts": [{"processor": "gpu", "region": [0, 4], "bindings": ["codl0_gpu_in", ...]},
-               {"processor": "cpu", "region": [4, 8], "bindings": [...]}]}
+     "input": "x", "output": "codl0_out",
+     "parts": [{"processor": "gpu", "region": [0, 4], "input_region": [0, 5],
+                "bindings": ["codl0_gpu_in", ...]},
+               {"processor": "cpu", "region": [4, 8], "input_region": [3, 8],
+                "bindings": [...]}]}
 
-``region`` is the part's half-open range of the merged output along ``axis``; the last name in
+``region`` is the part's half-open range of the merged output along ``axis``; ``input_region``
+the range of the shared chain input (``input``; ``null`` for a constant) it reads along ``axis``,
+halo included (for OC: the input channels, e.g. all of them for a dense conv); the last name in
 ``bindings`` is the part's output; ``output`` is the merged result (a ``concat`` of the part
 outputs along ``axis`` in part order, or the single part's output when only one part exists).
+The GPU part always comes first and produces the first ``ratio`` of the output.
 """
 
 from __future__ import annotations
@@ -48,6 +53,9 @@ class PartRecord:
         Where the part belongs.
     region
         ``(start, stop)`` of the merged output along the split axis that this part produces.
+    input_region
+        ``(start, stop)`` of the split's input along the same axis that the part reads (its
+        own rows plus the halo for H; for OC the input channels it needs).
     bindings
         Every variable the part binds, in order: the slice of the shared input (if any), each
         operator of the chain with its followers, weight slices that could not be folded.
@@ -55,6 +63,7 @@ class PartRecord:
 
     processor: Processor
     region: tuple[int, int]
+    input_region: tuple[int, int]
     bindings: tuple[object, ...]
 
     @property
@@ -65,13 +74,18 @@ class PartRecord:
 
 @dataclass(frozen=True)
 class SplitRecord:
-    """A split operator or chain: its parts and the variable they are merged into."""
+    """A split operator or chain: the variable it reads, its parts, and their merge.
+
+    ``input`` is the shared variable the split reads (``None`` when it reads a constant),
+    ``output`` the variable holding the merged result.
+    """
 
     name: str
     ops: tuple[str, ...]
     dim: PartitionDim
     axis: int
     ratio: float
+    input: object | None
     output: object
     parts: tuple[PartRecord, ...]
 
@@ -96,21 +110,39 @@ def collect_parts(mod) -> list[SplitRecord]:
 
     def resolve(name: str, split: str):
         if name in dupes:
-            raise ValueError(f"split {split}: variable name {name!r} is bound more than once in "
-                             "main; the part record is ambiguous")
+            raise ValueError(
+                f"split {split}: variable name {name!r} is bound more than once in "
+                "main; the part record is ambiguous"
+            )
         if name not in by_name:
-            raise ValueError(f"split {split}: variable {name!r} is no longer bound in main (a "
-                             "pass after PartitionOperators removed or renamed it)")
+            raise ValueError(
+                f"split {split}: variable {name!r} is no longer bound in main (a "
+                "pass after PartitionOperators removed or renamed it)"
+            )
         return by_name[name]
 
     out = []
     for rec in records:
         parts = tuple(
-            PartRecord(Processor(p["processor"]), (int(p["region"][0]), int(p["region"][1])),
-                       tuple(resolve(n, rec["name"]) for n in p["bindings"]))
+            PartRecord(
+                Processor(p["processor"]),
+                (int(p["region"][0]), int(p["region"][1])),
+                (int(p["input_region"][0]), int(p["input_region"][1])),
+                tuple(resolve(n, rec["name"]) for n in p["bindings"]),
+            )
             for p in rec["parts"]
         )
-        out.append(SplitRecord(rec["name"], tuple(rec["ops"]), PartitionDim(rec["dim"]),
-                               int(rec["axis"]), float(rec["ratio"]),
-                               resolve(rec["output"], rec["name"]), parts))
+        inp = rec.get("input")
+        out.append(
+            SplitRecord(
+                rec["name"],
+                tuple(rec["ops"]),
+                PartitionDim(rec["dim"]),
+                int(rec["axis"]),
+                float(rec["ratio"]),
+                None if inp is None else resolve(inp, rec["name"]),
+                resolve(rec["output"], rec["name"]),
+                parts,
+            )
+        )
     return out

@@ -103,8 +103,15 @@ class OpenCLConfig:
         Output channels computed by one work-item (register tile).
     conv_reg_ow : int
         Output columns computed by one work-item (register tile).
-    conv_ic_unroll : int
-        Input channels per unrolled step of the reduction.
+    conv_ic_chunk : int
+        Input channels staged in local (shared) memory per step when ``conv_use_local_memory``;
+        shrinks to fit the device's local memory.
+    conv_use_local_memory : bool
+        Stage input rows and weights of a workgroup's tile in local memory (GPUs with on-chip
+        local memory; off for CPU OpenCL, where it only adds barriers).
+    local_memory_bytes : int
+        Local memory the conv may use per workgroup (0: the target's
+        ``max_shared_memory_per_block``).
     max_workgroup_size : int
         Upper bound on work-items per workgroup; thread tiles shrink to fit.
     pool_threads : int
@@ -117,7 +124,9 @@ class OpenCLConfig:
     conv_threads_oh: int = 2
     conv_reg_oc: int = 4
     conv_reg_ow: int = 2
-    conv_ic_unroll: int = 4
+    conv_ic_chunk: int = 8
+    conv_use_local_memory: bool = False
+    local_memory_bytes: int = 0
     max_workgroup_size: int = 256
     pool_threads: int = 128
 
@@ -139,7 +148,9 @@ ADRENO = OpenCLConfig(
     conv_reg_ow=2,
     max_workgroup_size=256,
     pool_threads=64,
+    conv_use_local_memory=True,
 )
+# Mali has no on-chip local memory (it is ordinary cached memory): read global memory directly.
 MALI = OpenCLConfig(
     name="mali",
     conv_threads_oc=4,
@@ -150,16 +161,22 @@ MALI = OpenCLConfig(
     max_workgroup_size=128,
     pool_threads=64,
 )
+# 32 oc x 2 rows x 32 columns per workgroup of 128 work-items, 16 accumulators each (enough
+# workgroups for 132 SMs on mid-sized layers); input rows and weights of 8 input channels at a
+# time in local memory (about 13 KB).
 NVIDIA = OpenCLConfig(
     name="nvidia",
-    conv_threads_oc=8,
+    conv_threads_oc=4,
     conv_threads_ow=16,
     conv_threads_oh=2,
-    conv_reg_oc=4,
+    conv_reg_oc=8,
     conv_reg_ow=2,
     max_workgroup_size=1024,
     pool_threads=256,
+    conv_use_local_memory=True,
+    conv_ic_chunk=8,
 )
+
 # PoCL runs a workgroup as a loop on one core and vectorises across work-items: a workgroup of
 # whole output rows with a wide channel register tile keeps each core busy with few launches.
 POCL = OpenCLConfig(

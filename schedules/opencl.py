@@ -29,7 +29,7 @@ from tvm import s_tir
 from tvm.s_tir.schedule import SBlockRV
 from tvm.target import Target
 
-from .analysis import FuncBlocks, classify_blocks, match_conv2d, match_pool2d
+from .analysis import FuncBlocks, _loads, classify_blocks, match_conv2d, match_pool2d
 from .common import CodlRule
 from .config import OpenCLConfig, opencl_config
 
@@ -64,6 +64,44 @@ def _inline_epilogue(sch: s_tir.Schedule, blocks: FuncBlocks, threads: int) -> N
         remaining.pop(0)
     for block in remaining:
         _bind_spatial(sch, block, threads)
+
+
+def _without(blocks: FuncBlocks, block: SBlockRV | None) -> FuncBlocks:
+    if block is None:
+        return blocks
+    return FuncBlocks(
+        prologue=[b for b in blocks.prologue if not b.same_as(block)],
+        main=blocks.main,
+        epilogue=blocks.epilogue,
+    )
+
+
+def _read_index(sch: s_tir.Schedule, block: SBlockRV, buffer) -> int:
+    for i, region in enumerate(sch.get(block).reads):
+        if region.source.same_as(buffer):
+            return i
+    raise s_tir.ScheduleError(f"block does not read {buffer}")
+
+
+def _data_buffer(sch: s_tir.Schedule, conv: SBlockRV):
+    """The conv's input (pad output or parameter): the read that is not [f, c, ky, kx]."""
+    stmt = sch.get(conv)
+    weight = _weight_buffer(sch, conv, None)
+    for region in stmt.reads:
+        if not region.source.same_as(stmt.body.buffer) and not region.source.same_as(weight):
+            return region.source
+    raise s_tir.ScheduleError("conv block has no data operand")
+
+
+def _weight_buffer(sch: s_tir.Schedule, conv: SBlockRV, _data):
+    stmt = sch.get(conv)
+    ivs = [iv.var for iv in stmt.iter_vars]
+    f, c, ky, kx = ivs[1], ivs[4], ivs[5], ivs[6]
+    for load in _loads(stmt.body.value):
+        idx = list(load.indices)
+        if len(idx) == 4 and all(i.same_as(v) for i, v in zip(idx, (f, c, ky, kx))):
+            return load.source
+    raise s_tir.ScheduleError("conv block has no OIHW weight operand")
 
 
 class _OpenCLRule(CodlRule):
@@ -105,19 +143,48 @@ class OpenCLConv2D(_OpenCLRule):
                 t_oh = max(1, t_oh // 2)
             else:
                 t_ow = max(1, t_ow // 2)
-        _inline_prologue(sch, blocks, cfg.pool_threads)
+        chunk = self._local_chunk(cfg, target, info, t_oc * reg_oc, t_oh, t_ow * reg_ow)
         conv = blocks.main
+        data_buffer = _data_buffer(sch, conv)
+        padder = next(
+            (b for b in blocks.prologue if sch.get(b).body.buffer.same_as(data_buffer)), None
+        )
+        if chunk:
+            # the pad block is inlined into the local-memory copy below, not into the conv
+            _inline_prologue(sch, _without(blocks, padder), cfg.pool_threads)
+        else:
+            _inline_prologue(sch, blocks, cfg.pool_threads)
         n, f, y, x, c, ky, kx = sch.get_loops(conv)
         bf, tf, rf = sch.split(f, [None, t_oc, reg_oc])
         by, ty = sch.split(y, [None, t_oh])
         bx, tx, rx = sch.split(x, [None, t_ow, reg_ow])
-        sch.reorder(n, bf, by, bx, tf, ty, tx, c, ky, kx, rf, rx)
         bz = sch.fuse(n, bf)
         sch.bind(bz, "blockIdx.z")
         sch.bind(by, "blockIdx.y")
         sch.bind(bx, "blockIdx.x")
-        t = sch.fuse(tf, ty, tx)
-        sch.bind(t, "threadIdx.x")
+        threads = t_oc * t_oh * t_ow
+        if chunk:
+            co, ci = sch.split(c, [None, chunk])
+            sch.reorder(bz, by, bx, tf, ty, tx, co, ci, ky, kx, rf, rx)
+            t = sch.fuse(tf, ty, tx)
+            sch.bind(t, "threadIdx.x")
+            weight_buffer = _weight_buffer(sch, conv, data_buffer)
+            for buf in (data_buffer, weight_buffer):
+                index = _read_index(sch, conv, buf)
+                shared = sch.cache_read(conv, index, "shared")
+                sch.compute_at(shared, co, preserve_unit_loops=True)
+                inner = sch.get_loops(shared)[5:]
+                fused = sch.fuse(*inner) if len(inner) > 1 else inner[0]
+                _, tx_copy = sch.split(fused, [None, threads])
+                sch.bind(tx_copy, "threadIdx.x")
+                if buf.same_as(data_buffer) and padder is not None:
+                    sch.compute_inline(padder)
+            first_reduction = co
+        else:
+            sch.reorder(bz, by, bx, tf, ty, tx, c, ky, kx, rf, rx)
+            t = sch.fuse(tf, ty, tx)
+            sch.bind(t, "threadIdx.x")
+            first_reduction = c
         writeback = sch.cache_write(conv, 0, "local")
         _inline_epilogue(sch, blocks, cfg.pool_threads)
         sch.reverse_compute_at(writeback, t, preserve_unit_loops=True)
@@ -125,8 +192,30 @@ class OpenCLConv2D(_OpenCLRule):
         sch.unroll(rx)
         if info.kernel_w <= 7:
             sch.unroll(kx)
-        sch.decompose_reduction(conv, c)
+        sch.decompose_reduction(conv, first_reduction)
         return "direct", cfg.name
+
+    @staticmethod
+    def _local_chunk(cfg, target, info, tile_oc: int, tile_oh: int, tile_ow: int) -> int:
+        """Input channels staged per step in local memory (0: read global memory directly)."""
+        if not cfg.conv_use_local_memory:
+            return 0
+        limit = int(target.attrs.get("max_shared_memory_per_block", 0) or 0)
+        if cfg.local_memory_bytes:
+            limit = min(limit, cfg.local_memory_bytes) if limit else cfg.local_memory_bytes
+        rows = (tile_oh - 1) * info.stride_h + (info.kernel_h - 1) * info.dilation_h + 1
+        cols = (tile_ow - 1) * info.stride_w + (info.kernel_w - 1) * info.dilation_w + 1
+        nbytes = info.dtype_bits // 8
+        chunk = min(cfg.conv_ic_chunk, info.in_channels_per_group)
+        while chunk >= 1:
+            data = chunk * rows * cols if info.groups == 1 else 0
+            weights = tile_oc * chunk * info.kernel_h * info.kernel_w
+            if (data + weights) * nbytes <= limit and info.in_channels_per_group % chunk == 0:
+                break
+            chunk -= 1
+        if info.groups != 1 or chunk < 1:
+            return 0  # grouped convs read a different input channel per output channel
+        return chunk
 
 
 class OpenCLPool2D(_OpenCLRule):

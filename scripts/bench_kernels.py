@@ -143,7 +143,7 @@ def compile_all(args: argparse.Namespace) -> None:
     for dev in filter(None, args.opencl_devices.split(",")):
         attrs = {"kind": "opencl", "device": dev}
         if dev == "nvidia":
-            attrs["max_num_threads"] = 1024
+            attrs.update(max_num_threads=1024, max_shared_memory_per_block=49152)
         targets[f"opencl-{dev}"] = Target(attrs, host=host)
     if len(targets) > 1:
         try:
@@ -232,7 +232,9 @@ def onnx_model(name: str):
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
         inits,
     )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8  # readable by older onnxruntime releases too
+    return model
 
 
 def _parse_cpus(spec: str) -> set[int]:

@@ -6,10 +6,6 @@ Numerics: fp32, rtol=1e-5, atol=1e-5 against the unpartitioned llvm build.
 from __future__ import annotations
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-from tvm import relax
-
 from codl_tvm.passes import (
     ChannelMap,
     PartitionOperators,
@@ -21,6 +17,10 @@ from codl_tvm.passes import (
     collect_parts,
     split_point,
 )
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from tvm import relax
+
 from codl_tvm.plan import (
     ChainPlan,
     OpPartition,
@@ -46,10 +46,14 @@ def test_two_same_convs_halo_grows_backwards():
     # GPU: output rows [0, 4). conv2 needs [-1, 5) -> [0, 5) + 1 top pad; conv1 for [0, 5)
     # needs [-1, 6) -> [0, 6) + 1 top pad: the halo grows by one row per conv.
     assert _rows(chain_row_spans([conv3, conv3], (0, 4))) == [
-        ((0, 6), 1, 0, (0, 5)), ((0, 5), 1, 0, (0, 4))]
+        ((0, 6), 1, 0, (0, 5)),
+        ((0, 5), 1, 0, (0, 4)),
+    ]
     # CPU: output rows [4, 8). conv2 needs [3, 9) -> [3, 8) + 1 bottom pad; conv1 [2, 8).
     assert _rows(chain_row_spans([conv3, conv3], Span(4, 8))) == [
-        ((2, 8), 0, 1, (3, 8)), ((3, 8), 0, 1, (4, 8))]
+        ((2, 8), 0, 1, (3, 8)),
+        ((3, 8), 0, 1, (4, 8)),
+    ]
 
 
 def test_stride_two_conv_then_pool():
@@ -58,9 +62,15 @@ def test_stride_two_conv_then_pool():
     assert conv_s2.out_extent == 4 and pool.out_extent == 2
     # pool row 1 reads conv rows [2, 4); conv rows [2, 4) read input rows 3..7 (2*2-1 to 3*2+1)
     assert _rows(chain_row_spans([conv_s2, None, pool], (1, 2))) == [
-        ((3, 8), 0, 0, (2, 4)), ((2, 4), 0, 0, (2, 4)), ((2, 4), 0, 0, (1, 2))]
+        ((3, 8), 0, 0, (2, 4)),
+        ((2, 4), 0, 0, (2, 4)),
+        ((2, 4), 0, 0, (1, 2)),
+    ]
     assert _rows(chain_row_spans([conv_s2, None, pool], (0, 1))) == [
-        ((0, 4), 1, 0, (0, 2)), ((0, 2), 0, 0, (0, 2)), ((0, 2), 0, 0, (0, 1))]
+        ((0, 4), 1, 0, (0, 2)),
+        ((0, 2), 0, 0, (0, 2)),
+        ((0, 2), 0, 0, (0, 1)),
+    ]
 
 
 def test_dilation_and_asymmetric_padding():
@@ -72,8 +82,9 @@ def test_dilation_and_asymmetric_padding():
     assert _rows(chain_row_spans([dil], (2, 4))) == [((0, 6), 0, 0, (2, 4))]
 
 
-@pytest.mark.parametrize("stride,kernel,o0,o1", [(1, 3, 2, 5), (2, 3, 1, 3), (1, 5, 3, 4),
-                                                 (2, 7, 2, 5)])
+@pytest.mark.parametrize(
+    "stride,kernel,o0,o1", [(1, 3, 2, 5), (2, 3, 1, 3), (1, 5, 3, 4), (2, 7, 2, 5)]
+)
 def test_eq1_padding_of_an_interior_part(stride, kernel, o0, o1):
     # CoDL Eq. 1: P = S*(H_O - 1) - H_I + F extra rows beyond the H_I rows the part owns
     win = SlidingWindow(40, kernel, stride, 1, kernel // 2, kernel // 2)
@@ -99,7 +110,10 @@ def test_channel_spans():
     # from all of its 8 inputs
     spans = chain_channel_spans([dense, None, dw], (0, 4))
     assert [(s.inp.as_tuple(), s.out.as_tuple()) for s in spans] == [
-        ((0, 8), (0, 2)), ((0, 2), (0, 2)), ((0, 2), (0, 4))]
+        ((0, 8), (0, 2)),
+        ((0, 2), (0, 2)),
+        ((0, 2), (0, 4)),
+    ]
     grouped = ChannelMap(6, 9, 3)  # 3 outputs per group
     part = grouped.input_span(Span(4, 8))  # needs groups 1..2 whole
     assert part.computed.as_tuple() == (3, 9) and part.inp.as_tuple() == (2, 6)
@@ -109,7 +123,7 @@ def test_channel_spans():
 def test_split_point_rounding_and_errors():
     assert [split_point(10, r) for r in (0, 0.04, 0.05, 0.5, 0.96, 1)] == [0, 0, 1, 5, 10, 10]
     assert split_point(12, 0.5, 4) == 8 and split_point(12, 0.3, 4) == 4
-    with pytest.raises(ValueError, match="ratio 1.5 is outside"):
+    with pytest.raises(ValueError, match=r"ratio 1\.5 is outside"):
         split_point(4, 1.5)
     with pytest.raises(ValueError, match="not a multiple of granularity"):
         split_point(10, 0.5, 4)
@@ -154,15 +168,19 @@ def test_chain_h_lengths(stack, length, ratio):
     # data is shared only at the chain's entry and exit: one slice of x per part, one concat
     parts = len(rec.parts)
     assert len(ops_in(part, "relax.concat")) == (1 if parts == 2 else 0)
-    slices = [b for b in ops_in(part, "relax.strided_slice") if b.value.args[0].same_as(
-        part["main"].params[0])]
+    slices = [
+        b
+        for b in ops_in(part, "relax.strided_slice")
+        if b.value.args[0].same_as(part["main"].params[0])
+    ]
     # (a part whose halo reaches over the whole input reads it unsliced)
     assert len(slices) <= (parts if parts == 2 else 0)
     # each part computes every chained op from its own data
     for p in rec.parts:
         kinds = [v.name.split("_", 3)[-1] for v in p.bindings if not v.name.endswith("_in")]
         assert [k for k in kinds if k in ("conv2d", "max_pool2d", "avg_pool2d")] == [
-            n.rsplit("_", 1)[0] for n in names[:length]]
+            n.rsplit("_", 1)[0] for n in names[:length]
+        ]
 
 
 def test_chain_ir_slices_match_the_halo_helper(stack):
@@ -170,16 +188,23 @@ def test_chain_ir_slices_match_the_halo_helper(stack):
     plan = PartitionPlan(chains=(ChainPlan(tuple(names[:4]), H, 0.5),))
     part = PartitionOperators(plan)(mod)
     (rec,) = collect_parts(part)
-    windows = [SlidingWindow(20, 3, 1, 1, 1, 1), None, None, SlidingWindow(20, 3, 2, 1, 1, 1),
-               SlidingWindow(10, 2, 2), SlidingWindow(5, 3, 1, 2, 2, 2)]
+    windows = [
+        SlidingWindow(20, 3, 1, 1, 1, 1),
+        None,
+        None,
+        SlidingWindow(20, 3, 2, 1, 1, 1),
+        SlidingWindow(10, 2, 2),
+        SlidingWindow(5, 3, 1, 2, 2, 2),
+    ]
     for p in rec.parts:
         expected = chain_row_spans(windows, p.region)
         sl = p.bindings[0]
         if not sl.name.endswith("_in"):  # the part reads the whole input: no slice
             assert expected[0].inp.as_tuple() == (0, 20)
             continue
-        binding = next(b for blk in part["main"].body.blocks for b in blk.bindings
-                       if b.var.same_as(sl))
+        binding = next(
+            b for blk in part["main"].body.blocks for b in blk.bindings if b.var.same_as(sl)
+        )
         begin, end = int(binding.value.args[2][0]), int(binding.value.args[3][0])
         assert (begin, end) == expected[0].inp.as_tuple()
         # the halo makes the parts overlap at the chain entry (redundant rows)
@@ -234,13 +259,17 @@ def test_chain_with_residual_from_outside_and_mixed_plan():
     x = rand((1, 4, 10, 8), 5)
     ref = run(mod, x)
     for ratio in (0.1, 0.5, 0.9):
-        plan = PartitionPlan(ops=(OpPartition("max_pool2d_2", OC, 0.5),),
-                             chains=(ChainPlan(("conv2d_0", "conv2d_1"), H, ratio),))
+        plan = PartitionPlan(
+            ops=(OpPartition("max_pool2d_2", OC, 0.5),),
+            chains=(ChainPlan(("conv2d_0", "conv2d_1"), H, ratio),),
+        )
         part = check(mod, plan, x, reference=ref)
         records = check_records(part, None)
         # records come in the order of main, whatever the order in the plan
-        assert [(r.ops, r.dim) for r in records] == [(("conv2d_0", "conv2d_1"), H),
-                                                     (("max_pool2d_2",), OC)]
+        assert [(r.ops, r.dim) for r in records] == [
+            (("conv2d_0", "conv2d_1"), H),
+            (("max_pool2d_2",), OC),
+        ]
 
 
 def test_chain_errors():
@@ -252,24 +281,31 @@ def test_chain_errors():
 
     mod = make_module((1, 4, 6, 6), body)
     with pytest.raises(PlanError, match=r"output of conv2d_0 .* also used outside the chain"):
-        PartitionOperators(PartitionPlan(chains=(ChainPlan(("conv2d_0", "conv2d_1"), H,
-                                                           0.5),)))(mod)
+        PartitionOperators(PartitionPlan(chains=(ChainPlan(("conv2d_0", "conv2d_1"), H, 0.5),)))(
+            mod
+        )
     with pytest.raises(PlanError, match="conv2d_2 does not read the output of conv2d_0"):
-        PartitionOperators(PartitionPlan(chains=(ChainPlan(("conv2d_0", "conv2d_2"), H,
-                                                           0.5),)))(mod)
+        PartitionOperators(PartitionPlan(chains=(ChainPlan(("conv2d_0", "conv2d_2"), H, 0.5),)))(
+            mod
+        )
     with pytest.raises(PlanError, match="not in data-flow order"):
-        PartitionOperators(PartitionPlan(chains=(ChainPlan(("conv2d_1", "conv2d_0"), H,
-                                                           0.5),)))(mod)
+        PartitionOperators(PartitionPlan(chains=(ChainPlan(("conv2d_1", "conv2d_0"), H, 0.5),)))(
+            mod
+        )
 
 
 def test_processor_of_each_part():
-    mod = make_module((1, 2, 8, 8), lambda bb, x: conv(bb, conv(bb, x, 3, 3, 1, 1), 3, 3, 1, 1,
-                                                       seed=2))
-    part = PartitionOperators(PartitionPlan(chains=(ChainPlan(("conv2d_0", "conv2d_1"), H,
-                                                              0.25),)))(mod)
+    mod = make_module(
+        (1, 2, 8, 8), lambda bb, x: conv(bb, conv(bb, x, 3, 3, 1, 1), 3, 3, 1, 1, seed=2)
+    )
+    part = PartitionOperators(
+        PartitionPlan(chains=(ChainPlan(("conv2d_0", "conv2d_1"), H, 0.25),))
+    )(mod)
     (rec,) = collect_parts(part)
-    assert [(p.processor, p.region) for p in rec.parts] == [(Processor.GPU, (0, 2)),
-                                                            (Processor.CPU, (2, 8))]
+    assert [(p.processor, p.region) for p in rec.parts] == [
+        (Processor.GPU, (0, 2)),
+        (Processor.CPU, (2, 8)),
+    ]
     assert all(v.name.startswith("codl0_gpu") for v in rec.parts[0].bindings)
     assert all(v.name.startswith("codl0_cpu") for v in rec.parts[1].bindings)
     assert rec.ops == ("conv2d_0", "conv2d_1") and rec.name == "conv2d_0..conv2d_1"
@@ -285,8 +321,11 @@ def chain_cases(draw):
     h = h0 = draw(st.integers(8, 16))
     for _ in range(n):
         kind = draw(st.sampled_from(["conv", "conv", "dw", "max", "avg"]))
-        k = draw(st.sampled_from([1, 3, 5])) if kind in ("conv", "dw") else draw(
-            st.sampled_from([2, 3]))
+        k = (
+            draw(st.sampled_from([1, 3, 5]))
+            if kind in ("conv", "dw")
+            else draw(st.sampled_from([2, 3]))
+        )
         stride = draw(st.integers(1, 2))
         pad = draw(st.integers(0, k // 2))
         if (h + 2 * pad - k) // stride + 1 < 2:

@@ -9,11 +9,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tvm
+from codl_tvm.passes import PartitionOperators, Processor, collect_parts
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tvm import relax
 
-from codl_tvm.passes import PartitionOperators, Processor, collect_parts
 from codl_tvm.plan import (
     OpPartition,
     PartitionDim,
@@ -60,7 +60,7 @@ def check(mod, plan, *inputs, reference=None):
     """Apply ``plan``; compare against the unpartitioned build; return the partitioned module."""
     ref = run(mod, *inputs) if reference is None else reference
     part = PartitionOperators(plan)(mod)
-    relax.analysis.well_formed(part)
+    relax.analysis.well_formed(part)  # raises on the first violation
     got = run(part, *inputs)
     np.testing.assert_allclose(got, ref, rtol=RTOL, atol=ATOL)
     return part
@@ -75,13 +75,18 @@ def conv(bb, x, oc, k, stride=1, pad=0, dil=1, groups=1, seed=1, kw=None):
     kw = k if kw is None else kw
     w = relax.const(rand((oc, ic // groups, k, kw), seed))
     pads = pad if isinstance(pad, (list, tuple)) else [pad] * 4
-    return bb.emit(relax.op.nn.conv2d(x, w, strides=stride, padding=pads, dilation=dil,
-                                      groups=groups))
+    return bb.emit(
+        relax.op.nn.conv2d(x, w, strides=stride, padding=pads, dilation=dil, groups=groups)
+    )
 
 
 def ops_in(mod, name):
-    return [b for blk in mod["main"].body.blocks for b in blk.bindings
-            if isinstance(b.value, relax.Call) and getattr(b.value.op, "name", "") == name]
+    return [
+        b
+        for blk in mod["main"].body.blocks
+        for b in blk.bindings
+        if isinstance(b.value, relax.Call) and getattr(b.value.op, "name", "") == name
+    ]
 
 
 def check_records(mod, dim):
@@ -96,6 +101,10 @@ def check_records(mod, dim):
             pos = part.region[1]
         assert pos == ext
         assert dim is None or rec.dim == dim
+        if rec.input is not None:
+            in_ext = int(rec.input.ty.shape[rec.axis])
+            for part in rec.parts:
+                assert 0 <= part.input_region[0] < part.input_region[1] <= in_ext
         procs = [p.processor for p in rec.parts]
         assert procs in ([Processor.GPU, Processor.CPU], [Processor.GPU], [Processor.CPU])
     return records
@@ -165,8 +174,7 @@ def test_conv_groups_and_depthwise(groups, oc, dim):
 
 
 def test_conv_rectangular_kernel_and_batch():
-    mod = make_module((2, 3, 10, 8), lambda bb, x: conv(bb, x, 4, 5, (2, 1), [2, 1, 2, 1],
-                                                         kw=3))
+    mod = make_module((2, 3, 10, 8), lambda bb, x: conv(bb, x, 4, 5, (2, 1), [2, 1, 2, 1], kw=3))
     x = rand((2, 3, 10, 8), 2)
     ref = run(mod, x)
     for dim in (H, OC):
@@ -180,9 +188,17 @@ def _conv_block(bb, x):
     y = conv(bb, x, 4, 3, 1, 1)
     bias = bb.emit(relax.op.reshape(relax.const(rand((4,), 3)), (1, 4, 1, 1)))
     y = bb.emit(relax.op.add(y, bias))
-    bn = bb.emit(relax.op.nn.batch_norm(
-        y, relax.const(rand((4,), 4)), relax.const(rand((4,), 5)), relax.const(rand((4,), 6)),
-        relax.const(rand((4,), 7, positive=True)), axis=1, training=False))
+    bn = bb.emit(
+        relax.op.nn.batch_norm(
+            y,
+            relax.const(rand((4,), 4)),
+            relax.const(rand((4,), 5)),
+            relax.const(rand((4,), 6)),
+            relax.const(rand((4,), 7, positive=True)),
+            axis=1,
+            training=False,
+        )
+    )
     y = bb.emit(relax.TupleGetItem(bn, 0))
     bb.emit(relax.TupleGetItem(bn, 1))  # unused side outputs, as the ONNX importer emits
     y = bb.emit(relax.op.clip(y, -0.5, 1.5))
@@ -204,7 +220,8 @@ def test_followers_follow_the_split(dim):
             for kind in ("conv2d", "add", "batch_norm", "clip", "relu"):
                 assert any(n.endswith(kind) for n in names), (kind, names)
         assert not ops_in(part, "relax.nn.batch_norm") or all(
-            b.var.name.startswith("codl") for b in ops_in(part, "relax.nn.batch_norm"))
+            b.var.name.startswith("codl") for b in ops_in(part, "relax.nn.batch_norm")
+        )
 
 
 def test_follower_with_other_use_stays_outside():
@@ -240,8 +257,10 @@ def test_follower_with_other_use_stays_outside():
 @pytest.mark.parametrize("dim", [H, OC])
 def test_pooling(kind, size, stride, pad, ceil, incl, dim):
     pool = relax.op.nn.max_pool2d if kind == "max" else relax.op.nn.avg_pool2d
-    mod = make_module((1, 3, 10, 7), lambda bb, x: bb.emit(pool(
-        x, size, stride, pad, ceil_mode=ceil, count_include_pad=incl)))
+    mod = make_module(
+        (1, 3, 10, 7),
+        lambda bb, x: bb.emit(pool(x, size, stride, pad, ceil_mode=ceil, count_include_pad=incl)),
+    )
     x = rand((1, 3, 10, 7), 9)
     ref = run(mod, x)
     name = partitionable_ops(mod)[0].name
@@ -275,16 +294,16 @@ def test_matmul_constant_weight_is_split_at_compile_time():
 
 
 def test_matmul_weight_parameter_is_sliced_in_ir():
-    mod = make_module((3, 8), lambda bb, x, w: bb.emit(relax.op.matmul(x, w)),
-                      extra_params=[("w", (8, 5))])
+    mod = make_module(
+        (3, 8), lambda bb, x, w: bb.emit(relax.op.matmul(x, w)), extra_params=[("w", (8, 5))]
+    )
     x, w = rand((3, 8), 1), rand((8, 5), 2)
     part = check(mod, one_op("matmul_0", OC, 0.4), x, w)
     assert len(ops_in(part, "relax.strided_slice")) == 2  # one weight slice per part
 
 
 def test_matmul_has_no_h_split():
-    mod = make_module((3, 8), lambda bb, x: bb.emit(relax.op.matmul(x, relax.const(
-        rand((8, 5))))))
+    mod = make_module((3, 8), lambda bb, x: bb.emit(relax.op.matmul(x, relax.const(rand((8, 5))))))
     with pytest.raises(PlanError, match=r"matmul_0 .*cannot be split along H"):
         PartitionOperators(one_op("matmul_0", H, 0.5))(mod)
     assert [o.name for o in uniform_plan(mod, "H", 0.5).ops] == []
@@ -293,8 +312,10 @@ def test_matmul_has_no_h_split():
 # -- structure -------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("ratio,proc", [(0.0, Processor.CPU), (0.1, Processor.CPU),
-                                        (1.0, Processor.GPU), (0.95, Processor.GPU)])
+@pytest.mark.parametrize(
+    "ratio,proc",
+    [(0.0, Processor.CPU), (0.1, Processor.CPU), (1.0, Processor.GPU), (0.95, Processor.GPU)],
+)
 def test_empty_part_is_not_created(ratio, proc):
     # 4 output rows: 0.1 * 4 rounds to 0 rows, 0.95 * 4 to all 4 rows
     mod = make_module((1, 2, 8, 8), lambda bb, x: conv(bb, x, 3, 3, 2, 1))
@@ -311,22 +332,34 @@ def test_empty_part_is_not_created(ratio, proc):
 
 
 def test_emitted_ir_shape_h_split():
-    mod = make_module((1, 2, 8, 8), lambda bb, x: bb.emit(relax.op.nn.relu(conv(bb, x, 3, 3,
-                                                                                  1, 1))))
+    mod = make_module(
+        (1, 2, 8, 8), lambda bb, x: bb.emit(relax.op.nn.relu(conv(bb, x, 3, 3, 1, 1)))
+    )
     part = PartitionOperators(one_op("conv2d_0", H, 0.5))(mod)
     names = [b.var.name for blk in part["main"].body.blocks for b in blk.bindings]
-    assert names == ["codl0_gpu_in", "codl0_gpu_0_conv2d", "codl0_gpu_1_relu",
-                     "codl0_cpu_in", "codl0_cpu_0_conv2d", "codl0_cpu_1_relu", "codl0_out", "gv"]
+    assert names == [
+        "codl0_gpu_in",
+        "codl0_gpu_0_conv2d",
+        "codl0_gpu_1_relu",
+        "codl0_cpu_in",
+        "codl0_cpu_0_conv2d",
+        "codl0_cpu_1_relu",
+        "codl0_out",
+        "gv",
+    ]
     convs = ops_in(part, "relax.nn.conv2d")
-    assert [[int(p) for p in b.value.attrs.padding] for b in convs] == [[1, 1, 0, 1],
-                                                                         [0, 1, 1, 1]]
+    assert [[int(p) for p in b.value.attrs.padding] for b in convs] == [[1, 1, 0, 1], [0, 1, 1, 1]]
     slices = ops_in(part, "relax.strided_slice")
     assert [(int(b.value.args[2][0]), int(b.value.args[3][0])) for b in slices] in (
-        [(0, 5), (3, 8)],)
+        [(0, 5), (3, 8)],
+    )
     (rec,) = collect_parts(part)
     assert rec.output.name == "codl0_out" and rec.axis == 2
-    assert [(p.processor, p.region) for p in rec.parts] == [(Processor.GPU, (0, 4)),
-                                                            (Processor.CPU, (4, 8))]
+    assert [(p.processor, p.region, p.input_region) for p in rec.parts] == [
+        (Processor.GPU, (0, 4), (0, 5)),
+        (Processor.CPU, (4, 8), (3, 8)),
+    ]
+    assert rec.input.same_as(part["main"].params[0])
 
 
 @pytest.mark.parametrize("ratio", [0.5, 0.0])
@@ -335,8 +368,9 @@ def test_split_of_a_dataflow_block_output(ratio):
     x = relax.Var("x", relax.TensorType((1, 2, 6, 6), "float32"))
     with bb.function("main", [x]):
         with bb.dataflow():
-            gv = bb.emit_output(relax.op.nn.conv2d(x, relax.const(rand((3, 2, 3, 3))),
-                                                   padding=[1, 1, 1, 1]))
+            gv = bb.emit_output(
+                relax.op.nn.conv2d(x, relax.const(rand((3, 2, 3, 3))), padding=[1, 1, 1, 1])
+            )
         bb.emit_func_output(gv)
     mod = bb.get()
     part = check(mod, one_op("conv2d_0", OC, ratio), rand((1, 2, 6, 6), 2))
@@ -398,7 +432,50 @@ def conv_cases(draw):
 @given(conv_cases())
 def test_property_conv_split_matches(case):
     ic, oc, k, stride, pads, dil, groups, h, w, dim, ratio = case
-    mod = make_module((1, ic, h, w), lambda bb, x: bb.emit(relax.op.nn.relu(
-        conv(bb, x, oc, k, stride, pads, dil, groups))))
+    mod = make_module(
+        (1, ic, h, w),
+        lambda bb, x: bb.emit(relax.op.nn.relu(conv(bb, x, oc, k, stride, pads, dil, groups))),
+    )
     part = check(mod, one_op("conv2d_0", dim, ratio), rand((1, ic, h, w), 1))
     check_records(part, dim)
+
+
+@st.composite
+def pool_cases(draw):
+    k = draw(st.integers(1, 4))
+    stride = draw(st.integers(1, 3))
+    pads = [draw(st.integers(0, k // 2)) for _ in range(4)]
+    h = draw(st.integers(k, 11))
+    return (
+        draw(st.sampled_from(["max", "avg"])),
+        k,
+        stride,
+        pads,
+        draw(st.booleans()),
+        draw(st.booleans()),
+        h,
+        draw(st.sampled_from([H, OC])),
+        draw(st.floats(0.0, 1.0)),
+    )
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(pool_cases())
+def test_property_pool_split_matches(case):
+    kind, k, stride, pads, ceil, incl, h, dim, ratio = case
+    pool = relax.op.nn.max_pool2d if kind == "max" else relax.op.nn.avg_pool2d
+    mod = make_module(
+        (1, 2, h, 5),
+        lambda bb, x: bb.emit(pool(x, k, stride, pads, ceil_mode=ceil, count_include_pad=incl)),
+    )
+    name = partitionable_ops(mod)[0].name
+    part = check(mod, one_op(name, dim, ratio), rand((1, 2, h, 5), 3))
+    check_records(part, dim)
+
+
+def test_part_reading_only_padding_is_a_plan_error():
+    # a 1x1 conv with 2 rows of top padding: its first output rows see padding only
+    mod = make_module((1, 2, 6, 6), lambda bb, x: conv(bb, x, 3, 1, 1, [2, 0, 0, 0]))
+    with pytest.raises(PlanError, match=r"op conv2d_0, gpu part \(0, 1\): .*read only padding"):
+        PartitionOperators(one_op("conv2d_0", H, 1 / 8))(mod)
+    check(mod, one_op("conv2d_0", H, 0.5), rand((1, 2, 6, 6)))  # 0.5 is fine

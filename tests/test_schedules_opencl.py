@@ -140,6 +140,8 @@ def test_conv_schedule_compiles_for_device_class(device, shapes):
     assert func.attrs["codl.workgroup_count"] == (
         threads["blockIdx.x"] * threads["blockIdx.y"] * threads["blockIdx.z"]
     )
+    uses_local = opencl_config(target).conv_use_local_memory and groups == 1
+    assert ('scope="shared"' in func.script()) == uses_local
     src = opencl_source(tvm.compile(mod, target=target))
     assert "__kernel void fused_conv2d_add_relu_kernel" in src
 
@@ -206,7 +208,7 @@ RUN_CASES = [
 
 
 @pytest.mark.opencl
-@pytest.mark.parametrize("device", ["generic", "pocl"])
+@pytest.mark.parametrize("device", ["generic", "pocl", "nvidia", "adreno"])
 @pytest.mark.parametrize("case", RUN_CASES, ids=lambda c: f"{c[0]}-{c[1]}-s{c[2]}-g{c[5]}")
 def test_conv_on_opencl_matches_numpy(opencl, case, device):
     xshape, wshape, stride, pad, dil, groups = case

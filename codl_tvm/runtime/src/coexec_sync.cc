@@ -1,0 +1,361 @@
+/*
+ * codl-tvm co-execution synchronisation between the OpenCL device (GPU) and the host CPU.
+ *
+ * A co-executed chain runs: mark = gpu_mark(); <enqueue the GPU part>; flush; cpu_wait(mark);
+ * <run the CPU part>; and, where a CPU kernel reads what the GPU part wrote, another mark + wait.
+ * `gpu_mark` records "everything enqueued so far" and `cpu_wait` blocks the host until it is done.
+ *
+ * Mechanisms (chosen per device; `codl.coexec.sync_mode` shows the choice):
+ *  - "flag": a tiny kernel stores a sequence number into a fine-grained SVM flag with release
+ *    semantics; the host spins on it with acquire loads (the SVM paper's active polling, ~us);
+ *  - "event": a marker event the host polls with clGetEventInfo;
+ *  - "finish": clFinish, exact only when nothing else is queued (the fallback).
+ * Spinning backs off (pause, then sched_yield, then short sleeps) so it never starves the
+ * driver's threads, and every wait has a timeout that raises instead of hanging.
+ */
+#include <sched.h>
+#include <time.h>
+#include <tvm/ffi/container/tensor.h>
+#include <tvm/ffi/function.h>
+#include <tvm/ffi/reflection/registry.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "workspace.h"
+
+namespace codl {
+
+using namespace cl;  // NOLINT(build/namespaces)
+namespace ffi = tvm::ffi;
+
+namespace {
+
+const char* kFlagSource =
+    "__kernel void codl_set_flag(__global volatile uint* flags, uint slot, uint value) {\n"
+    "  atomic_store_explicit((volatile __global atomic_uint*)&flags[slot], value,\n"
+    "                        memory_order_release, memory_scope_device);\n"
+    "}\n";
+constexpr uint32_t kFlagSlots = 1024;
+
+enum class SyncMode : int { kAuto = 0, kFlag = 1, kEvent = 2, kFinish = 3 };
+
+const char* ModeName(SyncMode m) {
+  switch (m) {
+    case SyncMode::kFlag: return "flag";
+    case SyncMode::kEvent: return "event";
+    case SyncMode::kFinish: return "finish";
+    default: return "auto";
+  }
+}
+
+SyncMode ParseMode(const std::string& s) {
+  if (s == "flag") return SyncMode::kFlag;
+  if (s == "event") return SyncMode::kEvent;
+  if (s == "finish") return SyncMode::kFinish;
+  if (s == "auto" || s.empty()) return SyncMode::kAuto;
+  TVM_FFI_THROW(ValueError) << "sync mode must be auto, flag, event or finish, not '" << s << "'";
+  TVM_FFI_UNREACHABLE();
+}
+
+/*! \brief A pending mark: what the host waits on. */
+struct Mark {
+  SyncMode mode{SyncMode::kFinish};
+  int dev_id{0};
+  uint32_t slot{0};
+  uint32_t value{0};
+  cl_event event{nullptr};
+};
+
+class CoexecSync {
+ public:
+  static CoexecSync* Global() {
+    static CoexecSync* inst = new CoexecSync();
+    return inst;
+  }
+
+  void SetMode(const std::string& mode) {
+    std::lock_guard<std::mutex> lock(mu_);
+    requested_ = ParseMode(mode);
+    resolved_.clear();
+  }
+
+  void SetTimeoutMs(double ms) { timeout_ns_ = static_cast<int64_t>(ms * 1e6); }
+  double TimeoutMs() const { return timeout_ns_ / 1e6; }
+  void SetSpin(int64_t spin_iters) { spin_iters_ = spin_iters; }
+
+  /*! \brief The mechanism used on `dev_id`, resolving "auto" by measurement on first use. */
+  SyncMode ModeFor(int dev_id) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = resolved_.find(dev_id);
+    if (it != resolved_.end()) return it->second;
+    SyncMode m = requested_;
+    if (m == SyncMode::kFlag && !FlagSupported()) {
+      TVM_FFI_THROW(RuntimeError) << "sync mode 'flag' needs fine-grained SVM with atomics; "
+                                  << "the OpenCL runtime runs in '"
+                                  << SvmModeName(Workspace::Global()->svm_mode()) << "' mode";
+    }
+    if (m == SyncMode::kAuto) m = Calibrate(dev_id);
+    resolved_[dev_id] = m;
+    return m;
+  }
+
+  bool FlagSupported() {
+    Workspace* w = Workspace::Global();
+    w->EnsureInit();
+    return w->svm_mode() == SvmMode::kFineGrain && w->svm_atomics();
+  }
+
+  Mark MakeMark(int dev_id, SyncMode mode) {
+    Workspace* w = Workspace::Global();
+    cl_command_queue q = w->Queue(dev_id);
+    Mark m;
+    m.mode = mode;
+    m.dev_id = dev_id;
+    if (mode == SyncMode::kFlag) {
+      EnsureFlags(dev_id);
+      m.slot = next_slot_.fetch_add(1) % kFlagSlots;
+      m.value = next_value_.fetch_add(1) + 1;
+      uint32_t slot = m.slot, value = m.value;
+      const Api& api = GetApi();
+      cl_kernel k = flag_kernels_[dev_id];
+      std::lock_guard<std::mutex> lock(kernel_mu_);
+      CODL_CL_CALL(clSetKernelArgSVMPointer, k, 0, flags_);
+      CODL_CL_CALL(clSetKernelArg, k, 1, sizeof(slot), &slot);
+      CODL_CL_CALL(clSetKernelArg, k, 2, sizeof(value), &value);
+      size_t one = 1;
+      CODL_CL_CALL(clEnqueueNDRangeKernel, q, k, 1, nullptr, &one, &one, 0, nullptr, nullptr);
+      (void)api;
+    } else if (mode == SyncMode::kEvent) {
+      CODL_CL_CALL(clEnqueueMarkerWithWaitList, q, 0, nullptr, &m.event);
+    }
+    // Real GPU drivers start executing only after a flush.
+    CODL_CL_CALL(clFlush, q);
+    return m;
+  }
+
+  void Wait(const Mark& m) {
+    Workspace* w = Workspace::Global();
+    const Api& api = GetApi();
+    int64_t start = HostClockNs();
+    int64_t spins = 0;
+    auto backoff = [&](const char* what) {
+      ++spins;
+      if (spins < spin_iters_) {
+#if defined(__x86_64__) || defined(__i386__)
+        __builtin_ia32_pause();
+#endif
+        return;
+      }
+      int64_t waited = HostClockNs() - start;
+      if (waited > timeout_ns_) {
+        std::ostringstream os;
+        os << "co-execution sync timed out after " << waited / 1e6 << " ms waiting for " << what
+           << " on opencl(" << m.dev_id << ") (timeout " << timeout_ns_ / 1e6
+           << " ms; set with codl_tvm.runtime.coexec.set_timeout_ms)";
+        TVM_FFI_THROW(RuntimeError) << os.str();
+      }
+      // Yield first, then sleep a little longer each time: never starve the driver's threads.
+      if (spins < spin_iters_ + 64) {
+        sched_yield();
+      } else {
+        timespec ts{0, std::min<int64_t>(50000, 1000 * (spins - spin_iters_ - 63))};
+        nanosleep(&ts, nullptr);
+      }
+    };
+    switch (m.mode) {
+      case SyncMode::kFlag: {
+        auto* flag = reinterpret_cast<std::atomic<uint32_t>*>(flags_) + m.slot;
+        while (flag->load(std::memory_order_acquire) != m.value) backoff("the GPU flag");
+        break;
+      }
+      case SyncMode::kEvent: {
+        cl_int status = 1;
+        while (true) {
+          cl_int err = api.clGetEventInfo(m.event, CL_EVENT_COMMAND_EXECUTION_STATUS,
+                                          sizeof(status), &status, nullptr);
+          if (err != CL_SUCCESS) ThrowCLError("clGetEventInfo", err, "co-execution mark");
+          if (status == CL_COMPLETE) break;
+          if (status < 0) ThrowCLError("marker event", status, "the GPU work before it failed");
+          backoff("the GPU marker event");
+        }
+        api.clReleaseEvent(m.event);
+        break;
+      }
+      default:
+        CODL_CL_CALL(clFinish, w->Queue(m.dev_id));
+    }
+  }
+
+  /*! \brief Block the device queue behind a user event (tests of the timeout path). */
+  int64_t BlockQueue(int dev_id) {
+    Workspace* w = Workspace::Global();
+    w->EnsureInit();
+    const Api& api = GetApi();
+    if (api.clCreateUserEvent == nullptr) ThrowCLError("clCreateUserEvent", -9999);
+    cl_int err = CL_SUCCESS;
+    cl_event ev = api.clCreateUserEvent(w->context(), &err);
+    if (err != CL_SUCCESS) ThrowCLError("clCreateUserEvent", err);
+    CODL_CL_CALL(clEnqueueMarkerWithWaitList, w->Queue(dev_id), 1, &ev, nullptr);
+    CODL_CL_CALL(clFlush, w->Queue(dev_id));
+    return reinterpret_cast<int64_t>(ev);
+  }
+
+  void UnblockQueue(int64_t handle) {
+    cl_event ev = reinterpret_cast<cl_event>(handle);
+    CODL_CL_CALL(clSetUserEventStatus, ev, CL_COMPLETE);
+    GetApi().clReleaseEvent(ev);
+  }
+
+  /*! \brief Median cost (us) of mark + wait with `mode` on an idle queue after a tiny kernel. */
+  double MeasureUs(int dev_id, SyncMode mode, int repeat) {
+    std::vector<int64_t> samples;
+    for (int i = 0; i < repeat; ++i) {
+      Mark pre = MakeMark(dev_id, SyncMode::kFinish);
+      Wait(pre);
+      int64_t t0 = HostClockNs();
+      Mark m = MakeMark(dev_id, mode);
+      Wait(m);
+      samples.push_back(HostClockNs() - t0);
+    }
+    std::sort(samples.begin(), samples.end());
+    return samples[samples.size() / 2] / 1e3;
+  }
+
+ private:
+  SyncMode Calibrate(int dev_id) {
+    // mu_ is held. Flag needs fine-grained SVM + atomics; otherwise an event beats clFinish
+    // because it waits only for the work before the mark.
+    if (!FlagSupported()) return SyncMode::kEvent;
+    double flag_us = MeasureUs(dev_id, SyncMode::kFlag, 50);
+    double event_us = MeasureUs(dev_id, SyncMode::kEvent, 50);
+    calibration_[dev_id] = {flag_us, event_us};
+    return flag_us <= event_us ? SyncMode::kFlag : SyncMode::kEvent;
+  }
+
+  void EnsureFlags(int dev_id) {
+    std::lock_guard<std::mutex> lock(kernel_mu_);
+    Workspace* w = Workspace::Global();
+    const Api& api = GetApi();
+    if (flags_ == nullptr) {
+      flags_ = api.clSVMAlloc(w->context(),
+                              CL_MEM_READ_WRITE | CL_MEM_SVM_FINE_GRAIN_BUFFER | CL_MEM_SVM_ATOMICS,
+                              kFlagSlots * sizeof(uint32_t), 64);
+      if (flags_ == nullptr) {
+        TVM_FFI_THROW(RuntimeError) << "clSVMAlloc of the co-execution flags failed";
+      }
+      std::memset(flags_, 0, kFlagSlots * sizeof(uint32_t));
+    }
+    if (flag_kernels_.size() <= static_cast<size_t>(dev_id)) flag_kernels_.resize(dev_id + 1);
+    if (flag_kernels_[dev_id] == nullptr) {
+      const DeviceEntry& dev = w->Device(dev_id);
+      const char* src = kFlagSource;
+      size_t len = strlen(src);
+      cl_int err = CL_SUCCESS;
+      cl_program prog = api.clCreateProgramWithSource(w->context(), 1, &src, &len, &err);
+      if (err != CL_SUCCESS) ThrowCLError("clCreateProgramWithSource", err, "codl_set_flag");
+      // C11 atomics need OpenCL C 2.0+ (PoCL and Intel default to 1.2).
+      err = api.clBuildProgram(prog, 1, &dev.id, "-cl-std=CL3.0", nullptr, nullptr);
+      if (err != CL_SUCCESS) err = api.clBuildProgram(prog, 1, &dev.id, "-cl-std=CL2.0", nullptr,
+                                                      nullptr);
+      if (err != CL_SUCCESS) ThrowCLError("clBuildProgram", err, "codl_set_flag");
+      flag_kernels_[dev_id] = api.clCreateKernel(prog, "codl_set_flag", &err);
+      if (err != CL_SUCCESS) ThrowCLError("clCreateKernel", err, "codl_set_flag");
+    }
+  }
+
+ public:
+  std::unordered_map<int, std::pair<double, double>> calibration_;
+
+ private:
+  std::mutex mu_, kernel_mu_;
+  SyncMode requested_{SyncMode::kAuto};
+  std::unordered_map<int, SyncMode> resolved_;
+  void* flags_{nullptr};
+  std::vector<cl_kernel> flag_kernels_;
+  std::atomic<uint32_t> next_slot_{0}, next_value_{0};
+  int64_t timeout_ns_{10LL * 1000 * 1000 * 1000};
+  int64_t spin_iters_{20000};
+};
+
+// Marks are handed to Relax as int64 handles into this table (Relax has no opaque object type
+// for them); a handle is consumed by the wait.
+std::mutex g_marks_mu;
+std::unordered_map<int64_t, Mark> g_marks;
+int64_t g_next_mark = 1;
+
+int64_t GpuMark(int dev_id) {
+  CoexecSync* s = CoexecSync::Global();
+  Mark m = s->MakeMark(dev_id, s->ModeFor(dev_id));
+  std::lock_guard<std::mutex> lock(g_marks_mu);
+  int64_t h = g_next_mark++;
+  g_marks[h] = m;
+  return h;
+}
+
+void CpuWait(int64_t handle) {
+  Mark m;
+  {
+    std::lock_guard<std::mutex> lock(g_marks_mu);
+    auto it = g_marks.find(handle);
+    if (it == g_marks.end()) {
+      TVM_FFI_THROW(ValueError) << "unknown or already-waited co-execution mark " << handle;
+    }
+    m = it->second;
+    g_marks.erase(it);
+  }
+  CoexecSync::Global()->Wait(m);
+}
+
+/*! \brief A CPU tensor over an OpenCL tensor's SVM bytes; CPU tensors pass through. */
+ffi::Tensor CpuViewOrSelf(ffi::Tensor t) {
+  if (t.GetDLTensorPtr()->device.device_type == kDLCPU) return t;
+  static ffi::Function view = ffi::Function::GetGlobal("codl.opencl.cpu_view").value();
+  return view(t).cast<ffi::Tensor>();
+}
+
+}  // namespace
+
+TVM_FFI_STATIC_INIT_BLOCK() {
+  namespace refl = tvm::ffi::reflection;
+  refl::GlobalDef()
+      .def("codl.coexec.gpu_mark", GpuMark)
+      .def("codl.coexec.cpu_wait", CpuWait)
+      .def("codl.coexec.cpu_view", CpuViewOrSelf)
+      .def("codl.coexec.set_sync_mode",
+           [](ffi::String mode) { CoexecSync::Global()->SetMode(std::string(mode)); })
+      .def("codl.coexec.sync_mode",
+           [](int dev_id) { return ffi::String(ModeName(CoexecSync::Global()->ModeFor(dev_id))); })
+      .def("codl.coexec.flag_supported", []() { return CoexecSync::Global()->FlagSupported(); })
+      .def("codl.coexec.set_timeout_ms", [](double ms) { CoexecSync::Global()->SetTimeoutMs(ms); })
+      .def("codl.coexec.timeout_ms", []() { return CoexecSync::Global()->TimeoutMs(); })
+      .def("codl.coexec.set_spin", [](int64_t n) { CoexecSync::Global()->SetSpin(n); })
+      .def("codl.coexec.measure_us",
+           [](int dev_id, ffi::String mode, int repeat) {
+             return CoexecSync::Global()->MeasureUs(dev_id, ParseMode(std::string(mode)), repeat);
+           })
+      .def("codl.coexec.calibration",
+           [](int dev_id) {
+             auto& c = CoexecSync::Global()->calibration_;
+             auto it = c.find(dev_id);
+             std::ostringstream os;
+             if (it == c.end()) {
+               os << "{}";
+             } else {
+               os << "{\"flag_us\": " << it->second.first << ", \"event_us\": "
+                  << it->second.second << "}";
+             }
+             return ffi::String(os.str());
+           })
+      .def("codl.coexec.block_queue", [](int dev_id) { return CoexecSync::Global()->BlockQueue(dev_id); })
+      .def("codl.coexec.unblock_queue",
+           [](int64_t h) { CoexecSync::Global()->UnblockQueue(h); });
+}
+
+}  // namespace codl
