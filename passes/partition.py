@@ -7,6 +7,7 @@ Preconditions
   :func:`codl_tvm.plan.partitionable_ops` on the module given to the pass.
 - conv2d in NCHW/OIHW, pools in NCHW, matmul with its weight as the second operand (``(..., K,
   N)``, split along N). The plan is validated first (:meth:`PartitionPlan.validate`).
+- ``main`` is not partitioned yet (no ``"codl_parts"`` attribute): apply one plan, once.
 - Every operator of a chain must read the output of the previous one (after its followers), and
   that output must have no other use; otherwise :class:`~codl_tvm.plan.PlanError` says which.
 
@@ -301,7 +302,7 @@ def _channel_map(step: _Step) -> ChannelMap | None:
 class _Rewriter(PyExprMutator):
     """Re-emits ``main`` with every planned chain replaced by its parts and their merge."""
 
-    def __init__(self, mod: tvm.IRModule, analysis: _Analysis, chains: list[_Chain], first_id: int):
+    def __init__(self, mod: tvm.IRModule, analysis: _Analysis, chains: list[_Chain]):
         super().__init__(mod)
         self._an = analysis
         self._by_last = {c.steps[-1].var: c for c in chains}
@@ -309,7 +310,7 @@ class _Rewriter(PyExprMutator):
         for c in chains:
             self._skip.update(s.var for s in c.steps[:-1])
             self._skip.update(c.dropped)
-        self._next_id = first_id
+        self._next_id = 0
         self._used = {p.name for p in mod["main"].params}
         self._used.update(v.name for v in analysis.value_of)
         self.records: list[dict] = []
@@ -619,15 +620,17 @@ class PartitionOperators:
         entries = self.plan.entries()
         if not entries:
             return mod
+        main = mod["main"]
+        if main.attrs is not None and PARTS_ATTR in main.attrs:
+            raise PlanError(
+                f"main is already partitioned (it has a '{PARTS_ATTR}' record); plans name the "
+                "operators of the unpartitioned module, so apply one plan, once"
+            )
         self.plan.validate(mod)
         analysis = _Analysis(mod)
         chains = [analysis.chain(e) for e in entries]
-        main = mod["main"]
-        old = []
-        if main.attrs is not None and PARTS_ATTR in main.attrs:
-            old = json.loads(str(main.attrs[PARTS_ATTR]))
-        rewriter = _Rewriter(mod, analysis, chains, len(old))
+        rewriter = _Rewriter(mod, analysis, chains)
         new_main = rewriter.visit_expr(main)
-        new_main = new_main.with_attr(PARTS_ATTR, json.dumps(old + rewriter.records))
+        new_main = new_main.with_attr(PARTS_ATTR, json.dumps(rewriter.records))
         rewriter.builder_.update_func(mod.get_global_var("main"), new_main)
         return rewriter.builder_.get()

@@ -43,7 +43,7 @@ def choose_row_width(extent: int, lanes: int, max_vectors: int) -> int:
     turns wider vectors of odd length (26, 28 floats on AVX-512) into shuffle sequences that
     were measured 10x slower. A width that divides ``extent`` avoids a predicated tail, which
     TVM's vectoriser would turn into scalar code for the whole loop; when no divisor is at
-    least 60% efficient, a row of at most ``max_vectors`` registers is one tile and a longer
+    least 50% efficient, a row of at most ``max_vectors`` registers is one tile and a longer
     one uses ``lanes`` with a tail.
 
     Parameters
@@ -73,7 +73,7 @@ def choose_row_width(extent: int, lanes: int, max_vectors: int) -> int:
         eff = width / (math.ceil(width / lanes) * lanes)
         if eff > best_eff + 1e-9 or (abs(eff - best_eff) < 1e-9 and width > best):
             best, best_eff = width, eff
-    if best and best_eff >= 0.6:
+    if best and best_eff >= 0.5:
         return best
     if extent <= lanes * max(1, max_vectors):
         return extent  # a short odd row: one odd-length vector beats a scalarised tail

@@ -116,6 +116,9 @@ class OpenCLConfig:
         Upper bound on work-items per workgroup; thread tiles shrink to fit.
     pool_threads : int
         Work-items per workgroup of pooling and other spatial kernels.
+    min_work_items : int
+        Register tiles shrink until the conv launches at least this many work-items (a big GPU
+        needs tens of thousands in flight; 0 keeps the tiles).
     """
 
     name: str
@@ -129,14 +132,29 @@ class OpenCLConfig:
     local_memory_bytes: int = 0
     max_workgroup_size: int = 256
     pool_threads: int = 128
+    min_work_items: int = 0
 
 
-SSE = CPUConfig(name="sse", vector_bits=128, conv_oc_tile=4, conv_oh_tile=2, max_accumulators=12)
+SSE = CPUConfig(
+    name="sse",
+    vector_bits=128,
+    max_row_vectors=4,
+    conv_oc_tile=4,
+    conv_oh_tile=2,
+    max_accumulators=12,
+)
 AVX2 = CPUConfig(name="avx2", vector_bits=256, conv_oc_tile=4, conv_oh_tile=2, max_accumulators=12)
 AVX512 = CPUConfig(
     name="avx512", vector_bits=512, conv_oc_tile=8, conv_oh_tile=2, max_accumulators=24
 )
-NEON = CPUConfig(name="neon", vector_bits=128, conv_oc_tile=8, conv_oh_tile=2, max_accumulators=24)
+NEON = CPUConfig(
+    name="neon",
+    vector_bits=128,
+    max_row_vectors=4,
+    conv_oc_tile=8,
+    conv_oh_tile=2,
+    max_accumulators=24,
+)
 
 OPENCL_GENERIC = OpenCLConfig(name="opencl-generic")
 ADRENO = OpenCLConfig(
@@ -175,6 +193,7 @@ NVIDIA = OpenCLConfig(
     pool_threads=256,
     conv_use_local_memory=True,
     conv_ic_chunk=8,
+    min_work_items=32768,
 )
 
 # PoCL runs a workgroup as a loop on one core and vectorises across work-items: a workgroup of

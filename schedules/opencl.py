@@ -133,6 +133,12 @@ class OpenCLConv2D(_OpenCLRule):
             return f"not a conv2d: {info}"
         reg_oc = min(cfg.conv_reg_oc, info.out_channels)
         reg_ow = min(cfg.conv_reg_ow, info.out_width)
+        outputs = info.batch * info.out_channels * info.out_height * info.out_width
+        while outputs < cfg.min_work_items * reg_oc * reg_ow and reg_oc * reg_ow > 1:
+            if reg_oc >= reg_ow:
+                reg_oc = max(1, reg_oc // 2)
+            else:
+                reg_ow = max(1, reg_ow // 2)
         t_oc = _fit(cfg.conv_threads_oc, reg_oc, info.out_channels)
         t_ow = _fit(cfg.conv_threads_ow, reg_ow, info.out_width)
         t_oh = _fit(cfg.conv_threads_oh, 1, info.out_height)

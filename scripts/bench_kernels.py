@@ -126,11 +126,26 @@ def _kernel_attrs(mod) -> dict[str, dict]:
     return out
 
 
+def _parse_variants(spec: str) -> dict[str, dict[str, int]]:
+    """``"oc16:conv_oc_tile=16,conv_oh_tile=1;oh4:conv_oh_tile=4"`` -> config overrides."""
+    variants: dict[str, dict[str, int]] = {}
+    for item in filter(None, (part.strip() for part in spec.split(";"))):
+        name, _, fields = item.partition(":")
+        if not name or not fields:
+            raise SystemExit(f"bad --cpu-variants entry {item!r}: expected name:field=value,...")
+        variants[name] = {
+            key.strip(): int(value)
+            for key, _, value in (f.partition("=") for f in fields.split(","))
+        }
+    return variants
+
+
 def compile_all(args: argparse.Namespace) -> None:
+    import dataclasses
     import shutil
 
     import tvm
-    from codl_tvm.schedules import apply_schedules
+    from codl_tvm.schedules import apply_schedules, cpu_config
     from tvm.target import Target
 
     from codl_tvm.bench import git_commit, write_json
@@ -152,6 +167,10 @@ def compile_all(args: argparse.Namespace) -> None:
             shutil.copy(build_plugin(), out / "libcodl_tvm_opencl.so")
         except Exception as err:  # the OpenCL rows then need the plugin built there
             print(f"warning: OpenCL plugin not built here: {err}", file=sys.stderr)
+    builds = [(k, t, None) for k, t in targets.items()]
+    for variant, overrides in _parse_variants(args.cpu_variants).items():
+        cfg = dataclasses.replace(cpu_config(targets["cpu"]), name=variant, **overrides)
+        builds.append((f"cpu@{variant}", targets["cpu"], cfg))
     ops = args.ops.split(",") if args.ops else list(OPS)
     manifest = {
         "commit": git_commit(),
@@ -170,11 +189,11 @@ def compile_all(args: argparse.Namespace) -> None:
             "libs": {},
             "kernels": {},
         }
-        for tname, target in targets.items():
+        for tname, target, cpu_cfg in builds:
             mod = relax_module(name)
             with target:
                 mod = tvm.transform.Sequential(legalize_passes(target))(mod)
-                mod = apply_schedules(target)(mod)
+                mod = apply_schedules(target, cpu=cpu_cfg)(mod)
             t0 = time.perf_counter()
             ex = tvm.compile(mod, target=target, relax_pipeline=single_device_pipeline(target))
             lib = f"{name}.{tname}.so"
@@ -371,10 +390,11 @@ def run_all(args: argparse.Namespace) -> None:
         row["onnxruntime"] = _time_host_ms(
             lambda s=sess, a=arrays: s.run(None, {"x": a["x"]}), args.min_seconds, 20
         )
-        for tname, dev in devices.items():
-            if tname not in entry["libs"]:
+        for tname, libname in entry["libs"].items():
+            dev = devices.get(tname.split("@")[0])
+            if dev is None:
                 continue
-            lib = tvm.runtime.load_module(str(run_dir / entry["libs"][tname]))
+            lib = tvm.runtime.load_module(str(run_dir / libname))
             vm = VirtualMachine(lib, dev)
             vm_args = [tvm.runtime.tensor(arrays[k], dev) for k in sorted(arrays)]
             out = vm["main"](*vm_args)
@@ -418,6 +438,12 @@ def main(argv: list[str] | None = None) -> None:
         "--opencl-devices",
         default="nvidia,pocl",
         help="OpenCL device classes to compile for ('' for none)",
+    )
+    parser.add_argument(
+        "--cpu-variants",
+        default="",
+        help="extra CPU builds with config overrides, e.g. "
+        "'oc16:conv_oc_tile=16,conv_oh_tile=1;oh4:conv_oh_tile=4'",
     )
     parser.add_argument("--threads", type=int, default=8, help="TVM and onnxruntime threads")
     parser.add_argument("--cpus", default="", help="CPU affinity, e.g. 8-15")

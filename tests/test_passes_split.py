@@ -13,6 +13,8 @@ from codl_tvm.passes import PartitionOperators, Processor, collect_parts
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tvm import relax
+from tvm.script import ir as I
+from tvm.script import relax as R
 
 from codl_tvm.plan import (
     OpPartition,
@@ -421,8 +423,10 @@ def conv_cases(draw):
     groups = draw(st.sampled_from([1, 2]))
     ic = groups * draw(st.integers(1, 3))
     oc = groups * draw(st.integers(1, 3))
-    h = draw(st.integers(max(eff - pads[0] - pads[2], 1), 12))
-    w = draw(st.integers(max(eff - pads[1] - pads[3], 1), 6))
+    h_min = max(eff - pads[0] - pads[2], 1)
+    w_min = max(eff - pads[1] - pads[3], 1)
+    h = draw(st.integers(h_min, h_min + 8))
+    w = draw(st.integers(w_min, w_min + 3))
     dim = draw(st.sampled_from([H, OC]))
     ratio = draw(st.floats(0.0, 1.0))
     return (ic, oc, k, stride, pads, dil, groups, h, w, dim, ratio)
@@ -479,3 +483,73 @@ def test_part_reading_only_padding_is_a_plan_error():
     with pytest.raises(PlanError, match=r"op conv2d_0, gpu part \(0, 1\): .*read only padding"):
         PartitionOperators(one_op("conv2d_0", H, 1 / 8))(mod)
     check(mod, one_op("conv2d_0", H, 0.5), rand((1, 2, 6, 6)))  # 0.5 is fine
+
+
+# -- exact IR (TVMScript Before/Expected) ----------------------------------------------------
+
+
+@I.ir_module
+class _ConvRelu:
+    @R.function
+    def main(
+        x: R.Tensor((1, 2, 8, 8), "float32"), w: R.Tensor((3, 2, 3, 3), "float32")
+    ) -> R.Tensor((1, 3, 8, 8), "float32"):
+        with R.dataflow():
+            y = R.nn.conv2d(x, w, padding=[1, 1, 1, 1])
+            gv = R.nn.relu(y)
+            R.output(gv)
+        return gv
+
+
+@I.ir_module
+class _ConvReluH:
+    @R.function
+    def main(
+        x: R.Tensor((1, 2, 8, 8), "float32"), w: R.Tensor((3, 2, 3, 3), "float32")
+    ) -> R.Tensor((1, 3, 8, 8), "float32"):
+        with R.dataflow():
+            # GPU: output rows [0, 3) read input rows [0, 4) with 1 row of own top padding
+            a = R.strided_slice(x, axes=[2], begin=[0], end=[4], assume_inbound=True)
+            b = R.nn.conv2d(a, w, padding=[1, 1, 0, 1])
+            c = R.nn.relu(b)
+            # CPU: output rows [3, 8) read input rows [2, 8) with 1 row of own bottom padding
+            d = R.strided_slice(x, axes=[2], begin=[2], end=[8], assume_inbound=True)
+            e = R.nn.conv2d(d, w, padding=[0, 1, 1, 1])
+            f = R.nn.relu(e)
+            gv = R.concat((c, f), axis=2)
+            R.output(gv)
+        return gv
+
+
+@I.ir_module
+class _ConvReluOC:
+    @R.function
+    def main(
+        x: R.Tensor((1, 2, 8, 8), "float32"), w: R.Tensor((3, 2, 3, 3), "float32")
+    ) -> R.Tensor((1, 3, 8, 8), "float32"):
+        with R.dataflow():
+            # GPU: output channel [0, 1) (round(0.4 * 3) = 1); the input is read whole
+            w0 = R.strided_slice(w, axes=[0], begin=[0], end=[1], assume_inbound=True)
+            b = R.nn.conv2d(x, w0, padding=[1, 1, 1, 1])
+            c = R.nn.relu(b)
+            w1 = R.strided_slice(w, axes=[0], begin=[1], end=[3], assume_inbound=True)
+            e = R.nn.conv2d(x, w1, padding=[1, 1, 1, 1])
+            f = R.nn.relu(e)
+            gv = R.concat((c, f), axis=1)
+            R.output(gv)
+        return gv
+
+
+@pytest.mark.parametrize("dim,ratio,expected", [(H, 0.4, _ConvReluH), (OC, 0.4, _ConvReluOC)])
+def test_exact_ir(dim, ratio, expected):
+    after = PartitionOperators(one_op("conv2d_0", dim, ratio))(_ConvRelu)
+    main = after["main"].without_attr("codl_parts")
+    tvm.ir.assert_structural_equal(main, expected["main"])
+    x, w = rand((1, 2, 8, 8), 1), rand((3, 2, 3, 3), 2)
+    np.testing.assert_allclose(run(after, x, w), run(_ConvRelu, x, w), rtol=RTOL, atol=ATOL)
+
+
+def test_second_application_is_refused():
+    once = PartitionOperators(one_op("conv2d_0", H, 0.5))(_ConvRelu)
+    with pytest.raises(PlanError, match="already partitioned"):
+        PartitionOperators(one_op("conv2d_0", H, 0.5))(once)

@@ -389,7 +389,11 @@ def test_codl_convs_parallel_and_vectorized(shapes, target):
     cfg = cpu_config(target)
     assert func.attrs["codl.config"] == cfg.name
     assert func.attrs["codl.parallel_extent"] >= 16
-    assert func.attrs["codl.vector_width"] >= min(cfg.lanes(32), xshape[3])
+    row = xshape[2] * xshape[3] if wshape[2] == 1 else xshape[3]
+    assert func.attrs["codl.vector_width"] == choose_row_width(
+        row, cfg.lanes(32), cfg.max_row_vectors
+    )
+    assert func.attrs["codl.vector_width"] >= min(cfg.lanes(32) // 2, row)
     assert func.attrs["codl.algorithm"] == ("gemm" if wshape[2] == 1 else "direct")
 
 

@@ -1,0 +1,84 @@
+"""codl.RecordFusedTargets / codl.RestoreTargets: keep kernel placement through FuseTIR.
+
+TVM 0.27's FuseTIR builds each fused PrimFunc without the ``target`` attribute of the kernels it
+fuses, which would compile a CPU part as OpenCL. The two passes bracket FuseTIR:
+
+- ``RecordFusedTargets`` (after FuseOps, before FuseTIR): for every fused Relax function, the
+  target its ``call_tir`` callees share (set by :class:`~codl_tvm.passes.place.PlaceParts`) is
+  recorded in ``main``'s ``"codl_fused_targets"`` attribute; a fused function whose kernels
+  disagree raises (FuseOps fused across processors).
+- ``RestoreTargets`` (after FuseTIR): sets the recorded target on each fused PrimFunc (FuseTIR
+  keeps the fused function's name) and removes the record.
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm import relax
+
+__all__ = ["FUSED_TARGETS_ATTR", "RecordFusedTargets", "RestoreTargets"]
+
+FUSED_TARGETS_ATTR = "codl_fused_targets"
+_CALL_TIR = tvm.ir.Op.get("relax.call_tir")
+
+
+def _call_tir_callees(func: relax.Function) -> list[tvm.ir.GlobalVar]:
+    out = []
+
+    def visit(expr):
+        if isinstance(expr, relax.Call) and expr.op.same_as(_CALL_TIR):
+            out.append(expr.args[0])
+
+    relax.analysis.post_order_visit(func.body, visit)
+    return out
+
+
+@tvm.transform.module_pass(opt_level=0, name="codl.RecordFusedTargets")
+class RecordFusedTargets:
+    """Record the target of every fused function (see the module docstring)."""
+
+    def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        record: dict[str, tvm.target.Target] = {}
+        for gv, func in mod.functions.items():
+            if not isinstance(func, relax.Function) or gv.name_hint == "main":
+                continue
+            if func.attrs is None or "Primitive" not in func.attrs:
+                continue
+            targets = []
+            for callee in _call_tir_callees(func):
+                target = mod[callee].attrs.get("target") if mod[callee].attrs else None
+                if target is not None:
+                    targets.append(target)
+            kinds = {t.kind.name for t in targets}
+            if len(kinds) > 1:
+                raise ValueError(
+                    f"fused function {gv.name_hint} mixes kernels for {sorted(kinds)}: FuseOps "
+                    "fused across processors (codl.PlaceParts must run before FuseOps)"
+                )
+            if targets:
+                record[gv.name_hint] = targets[0]
+        if not record:
+            return mod
+        mod = mod.clone() if hasattr(mod, "clone") else tvm.IRModule(dict(mod.functions))
+        main_gv = mod.get_global_var("main")
+        mod[main_gv] = mod[main_gv].with_attr(FUSED_TARGETS_ATTR, record)
+        return mod
+
+
+@tvm.transform.module_pass(opt_level=0, name="codl.RestoreTargets")
+class RestoreTargets:
+    """Put the recorded targets back on the fused PrimFuncs (see the module docstring)."""
+
+    def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        main_gv = mod.get_global_var("main")
+        main = mod[main_gv]
+        if main.attrs is None or FUSED_TARGETS_ATTR not in main.attrs:
+            return mod
+        record = main.attrs[FUSED_TARGETS_ATTR]
+        mod = mod.clone() if hasattr(mod, "clone") else tvm.IRModule(dict(mod.functions))
+        for gv, func in list(mod.functions.items()):
+            if isinstance(func, tvm.tirx.PrimFunc) and gv.name_hint in record:
+                if func.attrs is None or "target" not in func.attrs:
+                    mod[gv] = func.with_attr("target", record[gv.name_hint])
+        mod[main_gv] = main.without_attr(FUSED_TARGETS_ATTR)
+        return mod

@@ -1,0 +1,150 @@
+"""codl.PlaceParts: put every kernel of a partitioned model on its processor.
+
+Preconditions
+-------------
+- Runs after :class:`~codl_tvm.passes.partition.PartitionOperators`, LegalizeOps and
+  AnnotateTIROpPattern (FoldConstant may run before it), and **before FuseOps**: ``main``'s
+  bindings still carry the names the ``"codl_parts"`` record uses.
+
+What it does
+------------
+- Every ``call_tir`` binding gets a placement: ``cpu`` for the bindings of CPU parts, ``gpu``
+  for everything else (GPU parts and the operators outside any split, which stay on the GPU,
+  CoDL's default data-holding processor).
+- The callee PrimFunc gets the processor's target as its ``target`` attribute; a PrimFunc that
+  both processors call (LegalizeOps shares identical kernels) is cloned, ``<name>_cpu``. TVM then
+  compiles CPU kernels with LLVM and GPU kernels as OpenCL in one build.
+- The ``concat`` that merges a split's parts is marked opaque (so FuseOps keeps it a call of its
+  own, which :class:`~codl_tvm.passes.merge.MergePartsInPlace` later removes) and tagged
+  ``codl.merge`` with the split axis and every part's region.
+- Kernels FuseOps will create lose the attribute in FuseTIR (TVM 0.27); ``main`` records the
+  placement of every part variable in ``"codl_placement"`` so
+  :class:`~codl_tvm.passes.restore_targets.RestoreTargets` can put it back.
+"""
+
+from __future__ import annotations
+
+import json
+
+import tvm
+from tvm import relax
+
+from .parts import collect_parts
+
+__all__ = ["PLACEMENT_ATTR", "PlaceParts"]
+
+PLACEMENT_ATTR = "codl_placement"
+_OPAQUE = 8
+
+
+def _callee(binding):
+    value = binding.value
+    if isinstance(value, relax.Call) and value.op.same_as(tvm.ir.Op.get("relax.call_tir")):
+        return value.args[0]
+    return None
+
+
+@tvm.transform.module_pass(opt_level=0, name="codl.PlaceParts")
+class PlaceParts:
+    """Assign each kernel to the GPU or the CPU target (see the module docstring).
+
+    Parameters
+    ----------
+    gpu_target
+        The OpenCL target (with an LLVM host) of GPU kernels.
+    cpu_target
+        The LLVM target of CPU kernels.
+    """
+
+    def __init__(self, gpu_target: tvm.target.Target, cpu_target: tvm.target.Target) -> None:
+        self.gpu_target = gpu_target
+        self.cpu_target = cpu_target
+
+    def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        splits = collect_parts(mod)
+        placement: dict[str, str] = {}
+        merges: dict[str, dict] = {}
+        for split in splits:
+            for part in split.parts:
+                for var in part.bindings:
+                    placement[var.name] = part.processor.value
+            if len(split.parts) > 1:
+                merges[split.output.name] = {
+                    "axis": split.axis,
+                    "regions": [list(p.region) for p in split.parts],
+                    "processors": [p.processor.value for p in split.parts],
+                }
+        func = mod["main"]
+        rt = _Retarget(mod)
+        bb = rt.builder_
+        bindings = [b for block in func.body.blocks for b in block.bindings]
+        where_of = {}
+        users: dict[tvm.ir.GlobalVar, set[str]] = {}
+        for b in bindings:
+            gv = _callee(b)
+            if gv is None or not isinstance(mod[gv], tvm.tirx.PrimFunc):
+                continue
+            where = "merge" if b.var.name in merges else placement.get(b.var.name, "gpu")
+            where_of[b.var] = where
+            if where != "merge":
+                users.setdefault(gv, set()).add(where)
+        renames: dict[tuple[tvm.ir.GlobalVar, str], tvm.ir.GlobalVar] = {}
+        for gv, wheres in users.items():
+            prim = mod[gv]
+            for i, where in enumerate(sorted(wheres)):
+                target = self.cpu_target if where == "cpu" else self.gpu_target
+                new = prim.with_attr("target", target)
+                if i == 0:
+                    bb.update_func(gv, new)
+                    renames[(gv, where)] = gv
+                else:
+                    name = f"{gv.name_hint}_{where}"
+                    renames[(gv, where)] = bb.add_func(new.with_attr("global_symbol", name), name)
+        for b in bindings:
+            where = where_of.get(b.var)
+            if where is None:
+                continue
+            gv = _callee(b)
+            if where == "merge":
+                # Each merge kernel carries its own regions, so each gets its own copy.
+                name = f"codl_merge_{b.var.name}"
+                prim = mod[gv].with_attrs({
+                    "target": self.gpu_target,
+                    "op_pattern": _OPAQUE,
+                    "codl.merge": json.dumps(merges[b.var.name]),
+                    "global_symbol": name,
+                })
+                rt.callee_of[b.var] = bb.add_func(prim, name)
+            else:
+                rt.callee_of[b.var] = renames[(gv, where)]
+        new_main = rt.visit_expr(func)
+        bb.update_func(
+            mod.get_global_var("main"),
+            new_main.with_attr(PLACEMENT_ATTR, json.dumps(placement, sort_keys=True)),
+        )
+        out = bb.get()
+        for b in bindings:
+            gv = _callee(b)
+            if where_of.get(b.var) == "merge" and gv not in users and gv in out.get_global_vars():
+                del out[gv]  # only merges called it; each now has its own copy
+        return out
+
+
+@relax.expr_functor.mutator
+class _Retarget(relax.PyExprMutator):
+    """Point each call_tir at the PrimFunc chosen for its binding, keeping the bound variable."""
+
+    def __init__(self, mod) -> None:
+        super().__init__(mod)
+        self.callee_of: dict = {}
+
+    def visit_var_binding_(self, binding) -> None:
+        new_gv = self.callee_of.get(binding.var)
+        if new_gv is None:
+            super().visit_var_binding_(binding)
+            return
+        call = binding.value
+        value = relax.Call(call.op, [new_gv, *[self.visit_expr(a) for a in call.args[1:]]],
+                           call.attrs, call.ty_args)
+        value = self.builder_.normalize(value)
+        self.builder_.emit_normalized(relax.VarBinding(binding.var, value))
