@@ -132,3 +132,75 @@ def single_device_pipeline(target: tvm.target.Target) -> tvm.transform.Pass:
             )
 
     return _pipeline
+
+
+def coexec_schedule_passes(
+    gpu_target: tvm.target.Target, cpu_target: tvm.target.Target
+) -> list[tvm.transform.Pass]:
+    """Schedule every kernel for its own processor (dlight reads each PrimFunc's target)."""
+    rules = []
+    try:
+        from codl_tvm.schedules import schedule_rules
+    except ImportError:
+        schedule_rules = None
+    if schedule_rules is not None:
+        rules.extend(schedule_rules(cpu_target))
+        rules.extend(schedule_rules(gpu_target))
+    rules.extend(
+        [dl.gpu.Matmul(), _CheckedRule(dl.gpu.GEMV()), _CheckedRule(dl.gpu.Reduction()),
+         _CheckedRule(dl.gpu.GeneralReduction()), dl.gpu.Fallback()]
+    )
+    return [dl.ApplyDefaultSchedule(*rules)]
+
+
+def coexec_pipeline(
+    plan, gpu_target: tvm.target.Target, cpu_target: tvm.target.Target
+) -> tvm.transform.Pass:
+    """The Relax pipeline that co-executes ``plan``'s operators on the GPU and the CPU.
+
+    Build with ``tvm.compile(mod, target=gpu_target, relax_pipeline=coexec_pipeline(...))`` and
+    run in ``VirtualMachine(lib, [tvm.opencl(0), tvm.cpu(0)])``.
+    """
+    from codl_tvm.passes import PartitionOperators
+    from codl_tvm.passes.fused_targets import RecordFusedTargets, RestoreTargets
+    from codl_tvm.passes.merge import MergePartsInPlace
+    from codl_tvm.passes.place import PlaceParts
+    from codl_tvm.passes.sync import InsertCoexecSync
+
+    @tvm.transform.module_pass(opt_level=0, name="codl.CoexecPipeline")
+    def _pipeline(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        with gpu_target:
+            return _run_phases(
+                mod,
+                [
+                    ("partition", [PartitionOperators(plan)]),
+                    (
+                        "legalize-place-fuse",
+                        [
+                            relax.transform.LegalizeOps(),
+                            relax.transform.AnnotateTIROpPattern(),
+                            relax.transform.FoldConstant(),
+                            PlaceParts(gpu_target, cpu_target),
+                            relax.transform.FuseOps(),
+                            RecordFusedTargets(),
+                            relax.transform.FuseTIR(),
+                            RestoreTargets(),
+                        ],
+                    ),
+                    ("schedule", coexec_schedule_passes(gpu_target, cpu_target)),
+                    ("merge", [MergePartsInPlace()]),
+                    (
+                        "dataflow-lower",
+                        [
+                            relax.transform.RewriteDataflowReshape(),
+                            relax.transform.ToNonDataflow(),
+                            relax.transform.RemovePurityChecking(),
+                            InsertCoexecSync(),
+                            relax.transform.CallTIRRewrite(),
+                        ],
+                    ),
+                    ("finalize", finalize_passes(gpu_target)),
+                ],
+            )
+
+    return _pipeline

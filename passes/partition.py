@@ -39,8 +39,15 @@ convs are split by whole groups and read only their groups' input channels. Foll
 elementwise ops, binary elementwise ops such as bias or residual add, batch_norm + ``[0]``) are
 absorbed while their input has a single use; their other operand is sliced to the part's
 rows/channels unless it broadcasts along the split axis. Slices that would cover the whole axis
-are not emitted. ``main`` gets a ``"codl_parts"`` attribute recording, for each split, which
-variables belong to which processor and which output region each part writes;
+are not emitted. Other bindings a part may hold, in emission order: ``codlK_<p>_<j>_w`` (a
+non-constant weight sliced for OC), ``codlK_<p>_<j>_arg<k>`` / ``codlK_<p>_<j>_bn<k>`` (a
+non-constant follower operand sliced), ``codlK_<p>_<j>_trim`` (a grouped conv's whole groups cut
+back to the channels needed). The GPU part is emitted first, then the CPU part, then the merge.
+The variables of the original operators and followers inside the split disappear (including
+unused batch_norm mean/var outputs); the merge variable takes the place of the last one.
+
+``main`` gets a ``"codl_parts"`` attribute recording, for each split, which variables belong to
+which processor, which output region each part writes and which input region it reads;
 :func:`codl_tvm.passes.parts.collect_parts` reads it back.
 """
 

@@ -43,8 +43,8 @@ def choose_row_width(extent: int, lanes: int, max_vectors: int) -> int:
     turns wider vectors of odd length (26, 28 floats on AVX-512) into shuffle sequences that
     were measured 10x slower. A width that divides ``extent`` avoids a predicated tail, which
     TVM's vectoriser would turn into scalar code for the whole loop; when no divisor is at
-    least 50% efficient, a row of at most ``max_vectors`` registers is one tile and a longer
-    one uses ``lanes`` with a tail.
+    least 50% efficient, a row of at most ``max_vectors`` registers is one tile, a longer one
+    takes its widest divisor below ``lanes`` and only a prime-like row ``lanes`` with a tail.
 
     Parameters
     ----------
@@ -77,7 +77,9 @@ def choose_row_width(extent: int, lanes: int, max_vectors: int) -> int:
         return best
     if extent <= lanes * max(1, max_vectors):
         return extent  # a short odd row: one odd-length vector beats a scalarised tail
-    return lanes
+    # a narrow divisor still beats a tail, which scalarises the whole loop (e.g. 49 -> 7)
+    narrow = [w for w in range(lanes, 1, -1) if extent % w == 0]
+    return narrow[0] if narrow else lanes
 
 
 def kernel_features(func: tirx.PrimFunc) -> dict[str, int]:
@@ -113,7 +115,13 @@ def kernel_features(func: tirx.PrimFunc) -> dict[str, int]:
     }
 
 
-def _with_record(sch: s_tir.Schedule, algorithm: str, config: str, gpu: bool) -> s_tir.Schedule:
+def _with_record(
+    sch: s_tir.Schedule,
+    algorithm: str,
+    config: str,
+    gpu: bool,
+    overrides: dict[str, int] | None = None,
+) -> s_tir.Schedule:
     func = sch.mod["main"]
     feats = kernel_features(func)
     attrs = {"codl.algorithm": algorithm, "codl.config": config}
@@ -123,6 +131,7 @@ def _with_record(sch: s_tir.Schedule, algorithm: str, config: str, gpu: bool) ->
     else:
         attrs["codl.parallel_extent"] = feats["parallel_extent"]
         attrs["codl.vector_width"] = feats["vector_width"]
+    attrs.update(overrides or {})
     return s_tir.Schedule(func.with_attrs(attrs))
 
 
@@ -130,7 +139,9 @@ class CodlRule(ScheduleRule):
     """Base of codl-tvm's rules: target gating, decline reasons and recorded features.
 
     Subclasses set ``target_kind`` and implement :meth:`schedule`, which either schedules ``sch``
-    in place and returns ``(algorithm, config_name)`` or returns a reason string to decline.
+    in place and returns ``(algorithm, config_name)`` (optionally a third item: ``codl.*``
+    attributes that replace the ones read from the loops, e.g. the main loop nest's parallel
+    extent when a padding copy has a longer parallel loop) or returns a reason string.
     """
 
     target_kind: str = ""
@@ -168,8 +179,9 @@ class CodlRule(ScheduleRule):
         if isinstance(result, str):
             self._last_reason = result
             return None
-        algorithm, config = result
-        return _with_record(sch, algorithm, config, gpu=self.target_kind != "llvm")
+        algorithm, config, *rest = result
+        overrides = rest[0] if rest else None
+        return _with_record(sch, algorithm, config, self.target_kind != "llvm", overrides)
 
 
 class RecordedRule(ScheduleRule):

@@ -56,9 +56,9 @@ from .config import CPUConfig, cpu_config
 __all__ = ["CPUConv2D", "CPUInjective", "CPUReduction", "conv2d_algorithm"]
 
 
-def conv2d_algorithm(info: Conv2DInfo) -> str:
+def conv2d_algorithm(info: Conv2DInfo, config: CPUConfig | None = None) -> str:
     """The algorithm the CPU rule uses for a conv: ``gemm``, ``depthwise`` or ``direct``."""
-    if info.pointwise:
+    if info.pointwise and (config is None or config.conv1x1_gemm):
         return "gemm"
     if info.depthwise:
         return "depthwise"
@@ -70,17 +70,23 @@ def _extent(sch: s_tir.Schedule, loop: LoopRV) -> int:
 
 
 def _schedule_injective(sch: s_tir.Schedule, block: SBlockRV, cfg: CPUConfig) -> None:
-    """Fuse a spatial block's loops and run them in parallel chunks (serial if small)."""
+    """Run a spatial block's outer loops in parallel; the innermost loop stays a plain loop.
+
+    Fusing the innermost loop too would recover its index with a division and a modulo per
+    element (measured: the padding copy of a conv then cost more than the conv).
+    """
     loops = sch.get_loops(block)
     if not loops:
         return
     total = math.prod(_extent(sch, lp) for lp in loops)
-    fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
     if total < cfg.min_parallel_work:
         return
-    chunk = max(cfg.injective_chunk, 1)
-    outer, _ = sch.split(fused, [None, chunk])
-    sch.parallel(outer)
+    if len(loops) == 1:
+        outer, _ = sch.split(loops[0], [None, max(cfg.injective_chunk, 1)])
+    else:
+        outer = sch.fuse(*loops[:-1]) if len(loops) > 2 else loops[0]
+    if _extent(sch, outer) > 1:
+        sch.parallel(outer)
 
 
 def _prepare_prologue(sch: s_tir.Schedule, blocks: FuncBlocks, cfg: CPUConfig) -> None:
@@ -118,15 +124,21 @@ def _finish_tile(
     unroll: list[LoopRV],
     work: int,
     cfg: CPUConfig,
-) -> None:
-    """Common tail: write-back under the parallel loop, init split off, vectorise, unroll."""
+) -> dict[str, int]:
+    """Common tail: write-back under the parallel loop, init split off, vectorise, unroll.
+
+    Returns the ``codl.parallel_extent`` and ``codl.vector_width`` of this loop nest.
+    """
     sch.reverse_compute_at(writeback, parallel_loop, preserve_unit_loops=True)
+    features = {"codl.parallel_extent": 0, "codl.vector_width": 1}
     if work >= cfg.min_parallel_work and _extent(sch, parallel_loop) > 1:
+        features["codl.parallel_extent"] = _extent(sch, parallel_loop)
         sch.parallel(parallel_loop)
     for loop in unroll:
         if _extent(sch, loop) > 1:
             sch.unroll(loop)
     if vector_loop is not None and _extent(sch, vector_loop) > 1:
+        features["codl.vector_width"] = _extent(sch, vector_loop)
         sch.vectorize(vector_loop)
     wb_loops = sch.get_loops(writeback)
     if vector_loop is not None and len(wb_loops) > 1 and _extent(sch, wb_loops[-1]) > 1:
@@ -135,6 +147,7 @@ def _finish_tile(
     init_loops = sch.get_loops(init)
     if vector_loop is not None and len(init_loops) > 1 and _extent(sch, init_loops[-1]) > 1:
         sch.vectorize(init_loops[-1])
+    return features
 
 
 class _CPURule(CodlRule):
@@ -163,7 +176,7 @@ class CPUConv2D(_CPURule):
         info = match_conv2d(sch, blocks)
         if isinstance(info, str):
             return f"not a conv2d: {info}"
-        algorithm = conv2d_algorithm(info)
+        algorithm = conv2d_algorithm(info, cfg)
         _prepare_prologue(sch, blocks, cfg)
         conv = blocks.main
         writeback = sch.cache_write(conv, 0, "global")
@@ -172,30 +185,32 @@ class CPUConv2D(_CPURule):
         work = info.batch * info.out_channels * info.out_height * info.out_width
         work *= info.in_channels_per_group * info.kernel_h * info.kernel_w
         if algorithm == "gemm":
-            self._gemm(sch, conv, writeback, info, cfg, lanes, work)
+            features = self._gemm(sch, conv, writeback, info, cfg, lanes, work)
         else:
-            self._direct(sch, conv, writeback, info, cfg, lanes, work)
-        return algorithm, cfg.name
+            features = self._direct(sch, conv, writeback, info, cfg, lanes, work)
+        return algorithm, cfg.name, features
 
     @staticmethod
     def _oc_tile(
-        cfg: CPUConfig, accumulators_per_oc: int, bytes_per_oc: int, out_channels: int
+        cfg: CPUConfig, accumulators_per_oc: int, bytes_per_oc: int, info: Conv2DInfo
     ) -> int:
+        weight_bytes = (
+            info.in_channels_per_group * info.kernel_h * info.kernel_w * info.dtype_bits // 8
+        )
         tile = max(1, cfg.conv_oc_tile)
         while tile > 1 and (
             tile * accumulators_per_oc > cfg.max_accumulators
             or tile * bytes_per_oc > cfg.max_tile_bytes
+            or tile * weight_bytes > cfg.max_weight_tile_bytes
         ):
             tile //= 2
-        return min(tile, out_channels)
+        return min(tile, info.out_channels)
 
-    def _direct(self, sch, conv, writeback, info, cfg, lanes, work) -> None:
+    def _direct(self, sch, conv, writeback, info, cfg, lanes, work) -> dict[str, int]:
         width = choose_row_width(info.out_width, lanes, cfg.max_row_vectors)
         nvec = math.ceil(width / lanes)
         oh_tile = min(cfg.conv_oh_tile if nvec == 1 else 1, info.out_height)
-        oc_tile = self._oc_tile(
-            cfg, nvec * oh_tile, oh_tile * width * info.dtype_bits // 8, info.out_channels
-        )
+        oc_tile = self._oc_tile(cfg, nvec * oh_tile, oh_tile * width * info.dtype_bits // 8, info)
         n, f, y, x, c, ky, kx = sch.get_loops(conv)
         fo, fi = sch.split(f, [None, oc_tile])
         yo, yi = sch.split(y, [None, oh_tile])
@@ -205,9 +220,9 @@ class CPUConv2D(_CPURule):
         unroll = [yi, fi]
         if info.kernel_w <= 7:
             unroll.append(kx)
-        _finish_tile(sch, conv, writeback, par, c, xi, unroll, work, cfg)
+        return _finish_tile(sch, conv, writeback, par, c, xi, unroll, work, cfg)
 
-    def _gemm(self, sch, conv, writeback, info, cfg, lanes, work) -> None:
+    def _gemm(self, sch, conv, writeback, info, cfg, lanes, work) -> dict[str, int]:
         ow = info.out_width
 
         def flat_iter(n, f, y, x, c, ky, kx):
@@ -222,13 +237,13 @@ class CPUConv2D(_CPURule):
         pixels = info.out_height * info.out_width
         width = choose_row_width(pixels, lanes, cfg.max_row_vectors)
         nvec = math.ceil(width / lanes)
-        oc_tile = self._oc_tile(cfg, nvec, width * info.dtype_bits // 8, info.out_channels)
+        oc_tile = self._oc_tile(cfg, nvec, width * info.dtype_bits // 8, info)
         n, f, p, c, ky, kx = sch.get_loops(conv)
         fo, fi = sch.split(f, [None, oc_tile])
         po, pi = sch.split(p, [None, width])
         sch.reorder(n, fo, po, c, ky, kx, fi, pi)
         par = sch.fuse(n, fo, po)
-        _finish_tile(sch, conv, writeback, par, c, pi, [fi], work, cfg)
+        return _finish_tile(sch, conv, writeback, par, c, pi, [fi], work, cfg)
 
 
 class CPUReduction(_CPURule):
@@ -276,8 +291,10 @@ class CPUReduction(_CPURule):
         else:
             outer = spatial
         par = sch.fuse(*outer) if len(outer) > 1 else outer[0]
-        _finish_tile(sch, main, writeback, par, reduction[0], vector_loop, unroll, work, cfg)
-        return algorithm, cfg.name
+        features = _finish_tile(
+            sch, main, writeback, par, reduction[0], vector_loop, unroll, work, cfg
+        )
+        return algorithm, cfg.name, features
 
 
 class CPUInjective(_CPURule):

@@ -365,3 +365,20 @@ def test_property_chains_match(case):
     plan = PartitionPlan(chains=(ChainPlan(names, dim, ratio),))
     part = check(mod, plan, rand((1, 4, h, 7), 2))
     check_records(part, dim)
+
+
+def test_oc_chain_trims_whole_groups_computed_for_a_partial_need():
+    def body(bb, x):
+        y = conv(bb, x, 6, 3, 1, 1, seed=1)
+        y = conv(bb, y, 4, 3, 1, 1, groups=2, seed=2)  # 2 outputs per group
+        return conv(bb, y, 4, 3, 1, 1, groups=4, seed=3)  # depthwise: any channel
+
+    mod = make_module((1, 3, 6, 6), body)
+    x = rand((1, 3, 6, 6), 4)
+    plan = PartitionPlan(chains=(ChainPlan(("conv2d_0", "conv2d_1", "conv2d_2"), OC, 0.25),))
+    part = check(mod, plan, x)
+    (rec,) = collect_parts(part)
+    assert [p.region for p in rec.parts] == [(0, 1), (1, 4)]
+    # the grouped conv computes whole groups ([0, 2) and [0, 4)) and is trimmed to [0, 1), [1, 4)
+    trims = [v for p in rec.parts for v in p.bindings if v.name.endswith("_trim")]
+    assert [int(v.ty.shape[1]) for v in trims] == [1, 3]

@@ -320,6 +320,42 @@ ffi::Tensor CpuViewOrSelf(ffi::Tensor t) {
   return view(t).cast<ffi::Tensor>();
 }
 
+/*! \brief Keeps the full tensor alive while a region view of it exists. */
+struct RegionAlloc {
+  ffi::Tensor owner;
+  int64_t byte_offset;
+  void AllocData(DLTensor* t) {
+    t->data = owner.GetDLTensorPtr()->data;
+    t->byte_offset = byte_offset;
+  }
+  void FreeData(DLTensor*) {}
+};
+
+/*!
+ * \brief The rows [start, stop) of `t` along `axis` as a strided view (no copy): the part of a
+ * shared output one processor writes. Kernels taking it declare the full tensor's strides.
+ */
+ffi::Tensor RegionView(ffi::Tensor t, int64_t axis, int64_t start, int64_t stop) {
+  const DLTensor* d = t.GetDLTensorPtr();
+  if (axis < 0 || axis >= d->ndim || start < 0 || stop > d->shape[axis] || start >= stop) {
+    TVM_FFI_THROW(ValueError) << "region_view: rows [" << start << ", " << stop << ") of axis "
+                              << axis << " do not fit a tensor of rank " << d->ndim;
+  }
+  std::vector<int64_t> shape(d->shape, d->shape + d->ndim), strides(d->ndim);
+  int64_t acc = 1;
+  for (int i = d->ndim - 1; i >= 0; --i) {
+    strides[i] = d->strides ? d->strides[i] : acc;
+    acc *= d->shape[i];
+  }
+  shape[axis] = stop - start;
+  int64_t elem_bytes = (d->dtype.bits * d->dtype.lanes + 7) / 8;
+  int64_t offset = d->byte_offset + start * strides[axis] * elem_bytes;
+  return ffi::Tensor::FromNDAllocStrided(RegionAlloc{t, offset},
+                                         ffi::ShapeView(shape.data(), shape.size()),
+                                         ffi::ShapeView(strides.data(), strides.size()), d->dtype,
+                                         d->device);
+}
+
 }  // namespace
 
 TVM_FFI_STATIC_INIT_BLOCK() {
@@ -328,6 +364,13 @@ TVM_FFI_STATIC_INIT_BLOCK() {
       .def("codl.coexec.gpu_mark", GpuMark)
       .def("codl.coexec.cpu_wait", CpuWait)
       .def("codl.coexec.cpu_view", CpuViewOrSelf)
+      .def("codl.coexec.region_view", RegionView)
+      .def_packed("codl.coexec.join",
+                  [](ffi::PackedArgs args, ffi::Any* rv) {
+                    // The merged tensor, once every part written in place: orders the parts
+                    // before the tensor's uses in the Relax program.
+                    *rv = args[0];
+                  })
       .def("codl.coexec.set_sync_mode",
            [](ffi::String mode) { CoexecSync::Global()->SetMode(std::string(mode)); })
       .def("codl.coexec.sync_mode",

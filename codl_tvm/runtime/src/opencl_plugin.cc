@@ -721,9 +721,16 @@ void CheckSvmTensor(const ffi::Tensor& t, const char* what) {
 
 ffi::Tensor CpuView(ffi::Tensor t) {
   CheckSvmTensor(t, "codl.opencl.cpu_view");
-  std::vector<int64_t> shape(t.GetDLTensorPtr()->shape, t.GetDLTensorPtr()->shape + t.GetDLTensorPtr()->ndim);
+  const DLTensor* d = t.GetDLTensorPtr();
+  std::vector<int64_t> shape(d->shape, d->shape + d->ndim);
+  if (d->strides != nullptr) {
+    std::vector<int64_t> strides(d->strides, d->strides + d->ndim);
+    return ffi::Tensor::FromNDAllocStrided(ViewAlloc{t}, ffi::ShapeView(shape.data(), shape.size()),
+                                           ffi::ShapeView(strides.data(), strides.size()),
+                                           d->dtype, DLDevice{kDLCPU, 0});
+  }
   return ffi::Tensor::FromNDAlloc(ViewAlloc{t}, ffi::ShapeView(shape.data(), shape.size()),
-                                  t.GetDLTensorPtr()->dtype, DLDevice{kDLCPU, 0});
+                                  d->dtype, DLDevice{kDLCPU, 0});
 }
 
 void SvmMap(ffi::Tensor t, bool write) {

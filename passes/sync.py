@@ -1,0 +1,235 @@
+"""codl.InsertCoexecSync: let CPU kernels run on shared tensors while the GPU queue runs ahead.
+
+Preconditions
+-------------
+- Runs after ToNonDataflow and RemovePurityChecking and before CallTIRRewrite: ``main`` is one
+  sequence of bindings (executed in order by the VM) whose kernel calls are still ``call_tir``
+  / ``call_tir_inplace`` and whose callees carry a ``target`` (``llvm`` = CPU, else GPU), as
+  :class:`~codl_tvm.passes.place.PlaceParts` left them.
+- The VM runs with devices ``[opencl, cpu]``: device 0 holds shared tensors in SVM, device 1 the
+  CPU's private intermediates.
+
+What it does
+------------
+GPU kernels are enqueued asynchronously; CPU kernels run on the host thread in program order.
+- Every CPU kernel gets its tensors through ``codl.coexec.cpu_view`` (a CPU tensor over the
+  same SVM bytes, no copy). Its outputs go to the CPU device when only CPU kernels read them,
+  else to a fresh SVM tensor the GPU can read later; the call becomes ``call_tir_inplace``.
+- Before a CPU kernel reads a tensor that a GPU kernel wrote, the host waits, but only for
+  the GPU work up to that writer: a ``codl.coexec.gpu_mark`` is placed right after the writer
+  (before any later GPU kernel, e.g. the GPU part of the same chain) and a
+  ``codl.coexec.cpu_wait`` right before the CPU kernel. So the GPU part of a co-executed
+  operator runs while the CPU part computes (CoDL's order: enqueue GPU, run CPU, then sync).
+- A CPU kernel writing its region of a shared output (``codl.shared_output``, from
+  :class:`~codl_tvm.passes.merge.MergePartsInPlace`) does not wait for the GPU part writing the
+  other region of the same tensor.
+- Aliases are followed: region views, ``join`` and ``cpu_view`` results share their source's
+  pending GPU writes.
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm import relax
+
+__all__ = ["InsertCoexecSync"]
+
+_CALL_TIR = tvm.ir.Op.get("relax.call_tir")
+_CALL_TIR_INPLACE = tvm.ir.Op.get("relax.call_tir_inplace")
+_ALIASING = ("codl.coexec.region_view", "codl.coexec.join", "codl.coexec.cpu_view")
+CPU_DEVICE_INDEX = 1
+GPU_DEVICE_INDEX = 0
+
+
+def _is_kernel_call(value) -> bool:
+    return isinstance(value, relax.Call) and (
+        value.op.same_as(_CALL_TIR) or value.op.same_as(_CALL_TIR_INPLACE)
+    )
+
+
+def _packed_name(value) -> str | None:
+    if isinstance(value, relax.Call) and isinstance(value.op, relax.ExternFunc):
+        return str(value.op.global_symbol)
+    if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op):
+        if value.op.name in ("relax.call_pure_packed", "relax.call_packed") and value.args:
+            first = value.args[0]
+            if isinstance(first, relax.ExternFunc):
+                return str(first.global_symbol)
+    return None
+
+
+def _processor(mod, call) -> str:
+    callee = mod[call.args[0]]
+    target = callee.attrs.get("target") if callee.attrs is not None else None
+    return "cpu" if target is not None and target.kind.name == "llvm" else "gpu"
+
+
+def _inplace_indices(call) -> list[int]:
+    if call.op.same_as(_CALL_TIR_INPLACE):
+        return [int(i) for i in call.attrs.inplace_indices]
+    return []
+
+
+def _tensor_vars(expr) -> list:
+    return [v for v in relax.analysis.free_vars(expr) if isinstance(v.ty, relax.TensorType)]
+
+
+@tvm.transform.module_pass(opt_level=0, name="codl.InsertCoexecSync")
+class InsertCoexecSync:
+    """Insert CPU views, CPU output allocations, GPU marks and CPU waits (see module docstring)."""
+
+    def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        main_gv = mod.get_global_var("main")
+        func = mod[main_gv]
+        bindings = [b for block in func.body.blocks for b in block.bindings]
+        if not any(_is_kernel_call(b.value) and _processor(mod, b.value) == "cpu"
+                   for b in bindings):
+            return mod
+        plan = self._plan(mod, bindings, func)
+        rewriter = _Rewriter(mod, plan)
+        new_func = rewriter.visit_expr(func)
+        rewriter.builder_.update_func(main_gv, new_func)
+        return rewriter.builder_.get()
+
+    @staticmethod
+    def _plan(mod, bindings, func) -> dict:
+        """Decide mark positions, waits and output devices by one walk over the bindings."""
+        root: dict = {}  # var -> alias root var
+
+        def root_of(v):
+            while v in root:
+                v = root[v]
+            return v
+
+        last_gpu: dict = {}  # alias root -> index of the last GPU kernel writing it
+        waited_upto = -1
+        marks_after: set[int] = set()
+        waits_before: dict[int, int] = {}  # binding index -> mark after this GPU index
+        consumers: dict = {}
+        for i, b in enumerate(bindings):
+            for v in _tensor_vars(b.value):
+                consumers.setdefault(v, []).append(i)
+        returned = set(relax.analysis.free_vars(func.body.body))
+        cpu_private: set = set()  # CPU outputs read only by CPU kernels
+        for i, b in enumerate(bindings):
+            value = b.value
+            name = _packed_name(value)
+            if name in _ALIASING:
+                src = value.args[1] if isinstance(value.op, tvm.ir.Op) else value.args[0]
+                if isinstance(src, relax.Var):
+                    root[b.var] = root_of(src)
+                continue
+            if not _is_kernel_call(value):
+                continue
+            proc = _processor(mod, value)
+            args = list(value.args[1].fields) if isinstance(value.args[1], relax.Tuple) else []
+            inplace = _inplace_indices(value)
+            if proc == "gpu":
+                last_gpu[root_of(b.var)] = i
+                for k in inplace:
+                    if isinstance(args[k], relax.Var):
+                        last_gpu[root_of(args[k])] = i
+                        root[b.var] = root_of(args[k])
+                continue
+            callee = mod[value.args[0]]
+            shared = callee.attrs is not None and "codl.shared_output" in callee.attrs
+            need = -1
+            for k, a in enumerate(args):
+                if not isinstance(a, relax.Var) or (shared and k in inplace):
+                    continue
+                need = max(need, last_gpu.get(root_of(a), -1))
+            if need > waited_upto:
+                marks_after.add(need)
+                waits_before[i] = need
+                waited_upto = need
+            for k in inplace:
+                if isinstance(args[k], relax.Var):
+                    root[b.var] = root_of(args[k])
+            if not inplace:
+                users = consumers.get(b.var, [])
+                only_cpu = b.var not in returned and all(
+                    _is_kernel_call(bindings[j].value)
+                    and _processor(mod, bindings[j].value) == "cpu"
+                    for j in users
+                )
+                if only_cpu:
+                    cpu_private.add(b.var)
+        return {
+            "bindings": bindings,
+            "marks_after": marks_after,
+            "waits_before": waits_before,
+            "cpu_private": cpu_private,
+        }
+
+
+@relax.expr_functor.mutator
+class _Rewriter(relax.PyExprMutator):
+    def __init__(self, mod, plan) -> None:
+        super().__init__(mod)
+        self.mod_ = mod
+        self.plan = plan
+        self.index = {b.var: i for i, b in enumerate(plan["bindings"])}
+        self.marks: dict[int, relax.Var] = {}
+        self.on_cpu: set = set()  # new vars that are CPU tensors
+
+    def _packed(self, name: str, *args, ty, hint: str):
+        call = relax.Call(relax.ExternFunc(name), list(args), ty_args=[ty])
+        return self.builder_.emit(call, name_hint=hint)
+
+    def _cpu_view(self, var):
+        if var in self.on_cpu or not isinstance(var.ty, relax.TensorType):
+            return var
+        return self._packed("codl.coexec.cpu_view", var, ty=var.ty, hint=f"{var.name}_cpu")
+
+    def visit_var_binding_(self, binding) -> None:
+        i = self.index.get(binding.var)
+        value = binding.value
+        if i is not None and i in self.plan["waits_before"]:
+            mark = self.marks[self.plan["waits_before"][i]]
+            self._packed("codl.coexec.cpu_wait", mark, ty=relax.TupleType([]), hint="wait")
+        is_cpu = _is_kernel_call(value) and _processor(self.mod_, value) == "cpu"
+        if not is_cpu:
+            super().visit_var_binding_(binding)
+        else:
+            self._rewrite_cpu_call(binding)
+        if i is not None and i in self.plan["marks_after"]:
+            self.marks[i] = self._packed(
+                "codl.coexec.gpu_mark", relax.prim_value(GPU_DEVICE_INDEX),
+                ty=tvm.ir.PrimType("int64"), hint="mark",
+            )
+
+    def _rewrite_cpu_call(self, binding) -> None:
+        call = binding.value
+        args = [self.visit_expr(a) for a in call.args[1].fields]
+        views = [self._cpu_view(a) if isinstance(a, relax.Var) else a for a in args]
+        if call.op.same_as(_CALL_TIR_INPLACE):
+            new = relax.op.call_tir_inplace(
+                call.args[0], relax.Tuple(views), _inplace_indices(call), call.ty_args[0]
+            )
+            var = self.builder_.emit(new, name_hint=binding.var.name)
+            self.set_var_remap(binding.var, var)
+            return
+        out_tys = list(call.ty_args)
+        if len(out_tys) != 1 or not isinstance(out_tys[0], relax.TensorType):
+            raise ValueError(f"CPU kernel {binding.var.name}: only single-tensor outputs are "
+                             "supported on the CPU")
+        ty = out_tys[0]
+        private = binding.var in self.plan["cpu_private"]
+        device = CPU_DEVICE_INDEX if private else GPU_DEVICE_INDEX
+        buf = self.builder_.emit(
+            relax.op.builtin.alloc_tensor(ty.shape, str(ty.dtype), relax.prim_value(device)),
+            name_hint=f"{binding.var.name}_buf",
+        )
+        out_arg = buf if private else self._cpu_view(buf)
+        if private:
+            self.on_cpu.add(buf)
+        new = relax.op.call_tir_inplace(
+            call.args[0], relax.Tuple([*views, out_arg]), [len(views)], ty
+        )
+        result = self.builder_.emit(new, name_hint=binding.var.name)
+        if private:
+            self.on_cpu.add(result)
+            self.set_var_remap(binding.var, result)
+        else:
+            # Later kernels (GPU ones included) read the SVM tensor itself.
+            self.set_var_remap(binding.var, buf)
