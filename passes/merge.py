@@ -30,9 +30,10 @@ import json
 import re
 
 import tvm
+import tvm_ffi
 from tvm import relax
 
-__all__ = ["MergePartsInPlace", "strided_output"]
+__all__ = ["MergePartsInPlace", "site_id", "strided_output"]
 
 _CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 
@@ -72,6 +73,15 @@ def strided_output(func: tvm.tirx.PrimFunc, full_shape: tuple[int, ...]) -> tvm.
                 "offset_factor=1)")
     new_text = head[:decl] + new_decl + text[head_end:]
     return tvm.script.from_source(new_text)
+
+
+def _dtype_expr(dtype: str):
+    return tvm.ir.GenericConst(tvm.DataType(dtype), relax.AnyType())
+
+
+def site_id(func, tag: str, index: int) -> int:
+    """A call-site id, stable for a given function, unique across modules in a process."""
+    return hash((int(tvm_ffi.structural_hash(func)), tag, index)) & ((1 << 62) - 1)
 
 
 def _tensor_shape(ty) -> tuple[int, ...] | None:
@@ -124,7 +134,7 @@ class MergePartsInPlace:
                 mod[main_gv] = func
             return mod
 
-        rewriter = _Rewriter(mod, plans)
+        rewriter = _Rewriter(mod, plans, func)
         new_main = rewriter.visit_expr(func)
         if report:
             new_main = new_main.with_attr("codl_merge_report", json.dumps(report))
@@ -156,10 +166,13 @@ class MergePartsInPlace:
 
 @relax.expr_functor.mutator
 class _Rewriter(relax.PyExprMutator):
-    def __init__(self, mod, plans) -> None:
+    def __init__(self, mod, plans, func) -> None:
         super().__init__(mod)
         self.mod_ = mod
         self.plans = plans
+        self.func = func
+        self.returned = set(relax.analysis.free_vars(func.body.body))
+        self.sites: dict = {}
         self.part_of = {}  # part binding var -> (merge var, index)
         for merge_var, (_, parts) in plans.items():
             for k, b in enumerate(parts):
@@ -167,6 +180,11 @@ class _Rewriter(relax.PyExprMutator):
         self.shared = {}  # merge var -> shared tensor var
         self.results = {}  # merge var -> list of in-place results
         self.kernels = {}  # (gv) -> rewritten gv
+
+    def site(self, var) -> int:
+        if var not in self.sites:
+            self.sites[var] = site_id(self.func, "merge", len(self.sites))
+        return self.sites[var]
 
     def _kernel(self, gv, full_shape):
         key = (gv, full_shape)
@@ -186,8 +204,12 @@ class _Rewriter(relax.PyExprMutator):
             full_ty = merge_var.ty
             full_shape = _tensor_shape(full_ty)
             if merge_var not in self.shared:
-                alloc = relax.op.builtin.alloc_tensor(
-                    relax.ShapeExpr(list(full_shape)), str(full_ty.dtype), relax.prim_value(0)
+                # Outside the VM's memory plan: the CPU writes it (see codl.coexec.alloc).
+                alloc = relax.call_pure_packed(
+                    "codl.coexec.alloc", relax.prim_value(self.site(merge_var)),
+                    relax.ShapeExpr(list(full_shape)), _dtype_expr(str(full_ty.dtype)),
+                    relax.prim_value(0), relax.prim_value(merge_var not in self.returned),
+                    ty_args=[full_ty],
                 )
                 self.shared[merge_var] = self.builder_.emit(alloc, name_hint=f"{merge_var.name}_shared")
                 self.results[merge_var] = []

@@ -32,6 +32,8 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
+from .merge import _dtype_expr, site_id
+
 __all__ = ["InsertCoexecSync"]
 
 _CALL_TIR = tvm.ir.Op.get("relax.call_tir")
@@ -155,6 +157,8 @@ class InsertCoexecSync:
                 if only_cpu:
                     cpu_private.add(b.var)
         return {
+            "func": func,
+            "returned": returned,
             "bindings": bindings,
             "marks_after": marks_after,
             "waits_before": waits_before,
@@ -171,19 +175,28 @@ class _Rewriter(relax.PyExprMutator):
         self.index = {b.var: i for i, b in enumerate(plan["bindings"])}
         self.marks: dict[int, relax.Var] = {}
         self.on_cpu: set = set()  # new vars that are CPU tensors
+        self.drained = False
 
     def _packed(self, name: str, *args, ty, hint: str):
         call = relax.Call(relax.ExternFunc(name), list(args), ty_args=[ty])
         return self.builder_.emit(call, name_hint=hint)
 
-    def _cpu_view(self, var):
-        if var in self.on_cpu or not isinstance(var.ty, relax.TensorType):
-            return var
-        return self._packed("codl.coexec.cpu_view", var, ty=var.ty, hint=f"{var.name}_cpu")
+    def _cpu_view(self, expr):
+        if expr in self.on_cpu or not isinstance(expr.ty, relax.TensorType):
+            return expr
+        # Constants live on devices[0] (the GPU, in SVM): the CPU reads them through a view.
+        hint = f"{expr.name}_cpu" if isinstance(expr, relax.Var) else "const_cpu"
+        return self._packed("codl.coexec.cpu_view", expr, ty=expr.ty, hint=hint)
 
     def visit_var_binding_(self, binding) -> None:
         i = self.index.get(binding.var)
         value = binding.value
+        if not self.drained:
+            # GPU work of the previous call may still use buffers the CPU reuses: drain it.
+            self.drained = True
+            mark = self._packed("codl.coexec.gpu_mark", relax.prim_value(GPU_DEVICE_INDEX),
+                                ty=tvm.ir.PrimType("int64"), hint="entry_mark")
+            self._packed("codl.coexec.cpu_wait", mark, ty=relax.TupleType([]), hint="wait")
         if i is not None and i in self.plan["waits_before"]:
             mark = self.marks[self.plan["waits_before"][i]]
             self._packed("codl.coexec.cpu_wait", mark, ty=relax.TupleType([]), hint="wait")
@@ -201,7 +214,7 @@ class _Rewriter(relax.PyExprMutator):
     def _rewrite_cpu_call(self, binding) -> None:
         call = binding.value
         args = [self.visit_expr(a) for a in call.args[1].fields]
-        views = [self._cpu_view(a) if isinstance(a, relax.Var) else a for a in args]
+        views = [self._cpu_view(a) if isinstance(a.ty, relax.TensorType) else a for a in args]
         if call.op.same_as(_CALL_TIR_INPLACE):
             new = relax.op.call_tir_inplace(
                 call.args[0], relax.Tuple(views), _inplace_indices(call), call.ty_args[0]
@@ -216,9 +229,12 @@ class _Rewriter(relax.PyExprMutator):
         ty = out_tys[0]
         private = binding.var in self.plan["cpu_private"]
         device = CPU_DEVICE_INDEX if private else GPU_DEVICE_INDEX
-        buf = self.builder_.emit(
-            relax.op.builtin.alloc_tensor(ty.shape, str(ty.dtype), relax.prim_value(device)),
-            name_hint=f"{binding.var.name}_buf",
+        cache = binding.var not in self.plan["returned"]
+        site = site_id(self.plan["func"], "sync", self.index[binding.var])
+        buf = self._packed(
+            "codl.coexec.alloc", relax.prim_value(site), ty.shape, _dtype_expr(str(ty.dtype)),
+            relax.prim_value(device), relax.prim_value(cache), ty=ty,
+            hint=f"{binding.var.name}_buf",
         )
         out_arg = buf if private else self._cpu_view(buf)
         if private:

@@ -26,6 +26,7 @@ __all__ = [
     "FuncBlocks",
     "PoolInfo",
     "ReductionInfo",
+    "buffer_loads",
     "classify_blocks",
     "is_trivial_copy",
     "match_conv2d",
@@ -203,7 +204,7 @@ def _contiguous_along(indices, var) -> bool:
     return len(c) == 2 and _int(c[0]) in (1, 2)
 
 
-def _loads(expr) -> list[TensorLoad]:
+def buffer_loads(expr) -> list[TensorLoad]:
     """All buffer loads (``TensorLoad``, whose ``source`` is the buffer's data var) in expr."""
     found: list[TensorLoad] = []
 
@@ -239,7 +240,7 @@ def match_reduction(sch: s_tir.Schedule, block: SBlockRV) -> ReductionInfo | str
     ):
         return "output is not indexed by the spatial iterations in order"
     vec_var = spatial_vars[-1]
-    accesses = [load.indices for load in _loads(store.value)]
+    accesses = [load.indices for load in buffer_loads(store.value)]
     vector_axis = (
         n_spatial - 1 if all(_contiguous_along(list(ix), vec_var) for ix in accesses) else None
     )
@@ -363,7 +364,7 @@ def match_pool2d(sch: s_tir.Schedule, blocks: FuncBlocks) -> PoolInfo | str:
         kind = "sum"
     else:
         return "update is neither max nor +"
-    loads = [ld for ld in _loads(value) if not ld.source.same_as(stmt.body.buffer)]
+    loads = [ld for ld in buffer_loads(value) if not ld.source.same_as(stmt.body.buffer)]
     if len(loads) != 1 or len(loads[0].indices) != 4:
         return "window reduction must read one 4-D input"
     i0, i1, i2, i3 = loads[0].indices

@@ -11,10 +11,13 @@ Schedules (tile sizes and vector widths from :mod:`codl_tvm.schedules.config`):
 
 ``direct`` (any kernel, stride, dilation, groups)
     Register tile of ``oc_tile`` output channels x ``oh_tile`` rows x one vectorised run of the
-    output row (``choose_row_width``), accumulated over ``(c, ky, kx)`` in a stack buffer that
-    LLVM keeps in registers; weights are broadcast, input rows are vector loads. The tile loops
-    ``(n, oc, oh, ow)`` are fused into one parallel loop. Padding stays a separate, parallel
-    block (inlining its condition into the vector loop would scalarise it).
+    output row (``choose_row_width``: at most one register, or whole registers, and a divisor
+    of the row, since TVM scalarises a vector loop with a tail), accumulated over
+    ``(c, ky, kx)`` in a stack buffer that LLVM keeps in registers; weights are broadcast
+    (folded into the FMA as ``{1to16}`` on AVX-512), input rows are vector loads. The tile
+    loops ``(n, oc, oh, ow)`` are fused into one parallel loop. The channel tile shrinks when
+    its weights would not fit in L2. Padding stays a separate block, parallel over rows
+    (inlining its condition into the vector loop would scalarise it).
 ``gemm`` (1x1, stride 1, no padding, one group)
     ``out[f, p] = sum_c w[f, c] * x[c, p]`` over the flattened image ``p = y*W + x``:
     vectorised over ``p`` (any H, W, even 1 row), ``oc_tile`` rows of the weight in registers.
@@ -25,11 +28,14 @@ Schedules (tile sizes and vector widths from :mod:`codl_tvm.schedules.config`):
     spatial run when every access is contiguous along it (matmul ``[M, K] x [K, N]``, pooling
     rows); otherwise parallel spatial loops with a serial reduction (global average pooling).
 ``injective``
-    Elementwise/broadcast/layout kernels: producers inlined, loops fused, parallel chunks.
+    Elementwise/broadcast/layout kernels: producers inlined, outer loops fused and parallel,
+    the innermost loop left plain (no index division per element; LLVM vectorises it).
+    Pure reshapes are declined so that ``RewriteDataflowReshape`` can make them views.
 
 Elementwise epilogues fused after a reduction (bias add, relu, clip, the average-pool divide) are
 inlined into the write-back of the register tile, so they cost no extra pass over memory.
-Winograd is not implemented yet; 3x3 stride-1 convs use ``direct``.
+Winograd is not implemented yet; 3x3 stride-1 convs use ``direct``. Measured numbers for the
+AVX-512 preset are in the report of issue 4 (``scripts/bench_kernels.py``).
 """
 
 from __future__ import annotations

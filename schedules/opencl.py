@@ -11,7 +11,12 @@ layout choice). Parameters per device class come from
     Padding is inlined into the input read (a bounds check per load, cheap on GPUs), fused
     elementwise epilogues into the register write-back. Grid: ``(n * oc blocks, oh blocks,
     ow blocks)``; thread tiles shrink to the output so a 1-row or 1-channel part of a split conv
-    does not launch idle work-items.
+    does not launch idle work-items, and register tiles shrink until at least
+    ``min_work_items`` work-items run (a big GPU on a 13x13 layer). With
+    ``conv_use_local_memory`` (NVIDIA, Adreno) the workgroup first stages ``conv_ic_chunk``
+    input channels of its input rows (padding applied there) and of its weights in local
+    memory, cooperatively, then reduces from local memory; the chunk shrinks to fit the
+    target's ``max_shared_memory_per_block``. Grouped convs read global memory directly.
 ``pool``
     One work-item per output element; the window is reduced serially in a register.
 
@@ -29,7 +34,7 @@ from tvm import s_tir
 from tvm.s_tir.schedule import SBlockRV
 from tvm.target import Target
 
-from .analysis import FuncBlocks, _loads, classify_blocks, match_conv2d, match_pool2d
+from .analysis import FuncBlocks, buffer_loads, classify_blocks, match_conv2d, match_pool2d
 from .common import CodlRule
 from .config import OpenCLConfig, opencl_config
 
@@ -97,7 +102,7 @@ def _weight_buffer(sch: s_tir.Schedule, conv: SBlockRV, _data):
     stmt = sch.get(conv)
     ivs = [iv.var for iv in stmt.iter_vars]
     f, c, ky, kx = ivs[1], ivs[4], ivs[5], ivs[6]
-    for load in _loads(stmt.body.value):
+    for load in buffer_loads(stmt.body.value):
         idx = list(load.indices)
         if len(idx) == 4 and all(i.same_as(v) for i, v in zip(idx, (f, c, ky, kx))):
             return load.source

@@ -124,3 +124,24 @@ def test_onnx_plan_file_round_trip(imported, tmp_path):
     uniform_plan(mod, "OC", 0.5).save(path)
     part = PartitionOperators(PartitionPlan.load(path))(mod)
     np.testing.assert_allclose(run(part, x), ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def squeezenet():
+    from tests.onnx_data import light_model
+
+    mod = from_onnx(light_model("squeezenet"))
+    shape = tuple(int(v) for v in mod["main"].params[0].ty.shape.values)
+    x = np.random.default_rng(0).random(shape).astype("float32")
+    return mod, x, run(mod, x)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dim,ratio", [("H", 0.3), ("OC", 0.5)])
+def test_light_squeezenet_uniform_plans(squeezenet, dim, ratio):
+    """A real model (Fire modules: concat of split convs); minutes on 2 vCPUs without schedules."""
+    mod, x, ref = squeezenet
+    part = check(mod, uniform_plan(mod, dim, ratio), x, reference=ref)
+    assert len(collect_parts(part)) == len(
+        [i for i in partitionable_ops(mod) if dim in [d.value for d in i.dims]]
+    )

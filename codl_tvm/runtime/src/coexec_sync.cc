@@ -28,6 +28,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include <tvm/runtime/device_api.h>
+
 #include "workspace.h"
 
 namespace codl {
@@ -356,6 +358,50 @@ ffi::Tensor RegionView(ffi::Tensor t, int64_t axis, int64_t start, int64_t stop)
                                          d->device);
 }
 
+/*! \brief Owns memory from a TVM DeviceAPI (the plugin's for OpenCL, TVM's for the CPU). */
+struct DeviceAlloc {
+  void AllocData(DLTensor* t) {
+    tvm::runtime::DeviceAPI* api = tvm::runtime::DeviceAPI::Get(t->device);
+    t->data = api->AllocDataSpace(t->device, ffi::GetDataSize(*t), 128, t->dtype);
+  }
+  void FreeData(DLTensor* t) {
+    if (t->data) tvm::runtime::DeviceAPI::Get(t->device)->FreeDataSpace(t->device, t->data);
+  }
+};
+
+std::mutex g_sites_mu;
+std::unordered_map<int64_t, ffi::Tensor> g_sites;
+
+/*!
+ * \brief A tensor the CPU writes, outside the VM's memory plan.
+ *
+ * The VM's static plan reuses storage in program order, which is unsafe when the GPU queue runs
+ * behind the host: a CPU kernel could overwrite storage an earlier GPU kernel still reads. These
+ * tensors are allocated per call site once (cache = true; a drain at the function's entry makes
+ * reuse across calls safe) or fresh (for tensors the function returns).
+ */
+ffi::Tensor SiteAlloc(int64_t site, ffi::Shape shape, DLDataType dtype, int device_index,
+                      bool cache) {
+  DLDevice dev = device_index == 0 ? DLDevice{kDLOpenCL, 0} : DLDevice{kDLCPU, 0};
+  if (cache) {
+    std::lock_guard<std::mutex> lock(g_sites_mu);
+    auto it = g_sites.find(site);
+    if (it != g_sites.end()) {
+      const DLTensor* d = it->second.GetDLTensorPtr();
+      bool same = d->ndim == static_cast<int>(shape.size()) && d->dtype.code == dtype.code &&
+                  d->dtype.bits == dtype.bits && d->device.device_type == dev.device_type;
+      for (int i = 0; same && i < d->ndim; ++i) same = d->shape[i] == shape[i];
+      if (same) return it->second;
+    }
+  }
+  ffi::Tensor t = ffi::Tensor::FromNDAlloc(DeviceAlloc{}, shape, dtype, dev);
+  if (cache) {
+    std::lock_guard<std::mutex> lock(g_sites_mu);
+    g_sites[site] = t;
+  }
+  return t;
+}
+
 }  // namespace
 
 TVM_FFI_STATIC_INIT_BLOCK() {
@@ -365,6 +411,11 @@ TVM_FFI_STATIC_INIT_BLOCK() {
       .def("codl.coexec.cpu_wait", CpuWait)
       .def("codl.coexec.cpu_view", CpuViewOrSelf)
       .def("codl.coexec.region_view", RegionView)
+      .def("codl.coexec.alloc", SiteAlloc)
+      .def("codl.coexec.release_sites", []() {
+        std::lock_guard<std::mutex> lock(g_sites_mu);
+        g_sites.clear();
+      })
       .def_packed("codl.coexec.join",
                   [](ffi::PackedArgs args, ffi::Any* rv) {
                     // The merged tensor, once every part written in place: orders the parts
