@@ -1,3 +1,16 @@
-"""codl-tvm: CPU+GPU co-execution of deep-learning operators for Apache TVM."""
+"""codl-tvm: CPU+GPU co-execution of deep-learning operators for Apache TVM.
+
+``codl_tvm.compile(mod, plan)`` builds a Relax module whose partitioned operators run on the
+OpenCL device and the CPU at once (see :mod:`codl_tvm.coexec`).
+"""
 
 __version__ = "0.1.0"
+
+__all__ = ["__version__", "compile"]
+
+
+def compile(mod, plan, gpu=None, cpu=None, work_dir=None):  # noqa: A001 (mirrors tvm.compile)
+    """Build ``mod`` with ``plan`` for co-execution; see :func:`codl_tvm.coexec.compile_coexec`."""
+    from codl_tvm.coexec import compile_coexec
+
+    return compile_coexec(mod, plan, gpu=gpu, cpu=cpu, work_dir=work_dir)

@@ -72,6 +72,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     except ModelError as exc:
         raise CliError(str(exc)) from None
     inputs = _load_inputs(args.inputs, model, args.seed)
+    if args.device == "coexec":
+        return _run_coexec(args, model, inputs)
+    if args.plan or args.dim or args.ratio is not None:
+        raise CliError("--plan/--dim/--ratio apply to --device coexec only")
     if args.device == "opencl":
         from codl_tvm import runtime
 
@@ -106,6 +110,106 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _plan_from_args(args: argparse.Namespace, model):
+    from codl_tvm.plan import PartitionPlan, PlanError, uniform_plan
+
+    try:
+        if args.plan:
+            if args.dim or args.ratio is not None:
+                raise CliError("give either --plan or --dim/--ratio, not both")
+            if not Path(args.plan).is_file():
+                raise CliError(f"--plan {args.plan}: no such file")
+            plan = PartitionPlan.load(args.plan)
+        else:
+            dim = args.dim or "H"
+            ratio = 0.5 if args.ratio is None else args.ratio
+            plan = uniform_plan(model.mod, dim, ratio)
+        plan.validate(model.mod)
+    except PlanError as exc:
+        raise CliError(f"{args.plan or 'plan'}: {exc}") from None
+    return plan
+
+
+def _opencl_banner() -> None:
+    from codl_tvm import runtime
+
+    try:
+        runtime.load()
+        info = runtime.info()
+    except Exception as exc:
+        raise CliError(f"OpenCL is not usable here: {exc}") from None
+    print(f"OpenCL: {info.platform} / {info.devices[0].name} "
+          f"({info.devices[0].compute_units} CUs, SVM {info.svm_mode})")
+
+
+def _print_placements(placements: list[dict]) -> None:
+    print(f"{'operators':28s} {'dim':>3s} {'ratio':>6s}  placement")
+    for row in placements:
+        parts = ", ".join(f"{p['processor']} {row['dim']}[{p['region'][0]}:{p['region'][1]})"
+                          for p in row["parts"])
+        print(f"{'+'.join(row['ops'])[:28]:28s} {row['dim']:>3s} {row['ratio']:6.2f}  {parts}")
+
+
+def _run_coexec(args: argparse.Namespace, model, inputs) -> int:
+    from codl_tvm.coexec import compile_coexec
+    from codl_tvm.runtime import coexec as sync
+
+    plan = _plan_from_args(args, model)
+    _opencl_banner()
+    built = compile_coexec(model.mod, plan)
+    outputs = built(inputs)
+    lat = built.time(inputs, number=args.number, repeat=args.repeat)
+    print(f"model: {model.path}")
+    print(f"device: coexec (GPU + CPU), sync mode: {sync.sync_mode()}")
+    for spec, arr in zip(model.outputs, outputs):
+        print(f"output {spec.name}: shape {tuple(arr.shape)} dtype {arr.dtype}")
+    print(f"latency: median {lat.median_ms:.3f} ms (min {lat.min_ms:.3f}, max {lat.max_ms:.3f}, "
+          f"{lat.repeats} repeats of {args.number})")
+    if args.check:
+        from codl_tvm.runner import build
+
+        ref = build(model.mod, "cpu")(inputs)
+        err = max(float(np.max(np.abs(a - b))) for a, b in zip(outputs, ref))
+        print(f"max abs difference against the CPU build: {err:.3g}")
+    if args.save_outputs:
+        _save_outputs(args.save_outputs, model, outputs, args.force)
+        print(f"saved outputs to {args.save_outputs}")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """Co-execute the bundled CNN on the local OpenCL device + CPU and check it."""
+    from codl_tvm.coexec import compile_coexec
+    from codl_tvm.frontend import load_onnx, random_inputs
+    from codl_tvm.plan import uniform_plan
+    from codl_tvm.runner import build
+    from codl_tvm.runtime import coexec as sync
+
+    model = load_onnx(bundled_model_path())
+    inputs = [random_inputs(model, args.seed)[s.name] for s in model.inputs]
+    _opencl_banner()
+    plan = uniform_plan(model.mod, args.dim, args.ratio)
+    built = compile_coexec(model.mod, plan)
+    outputs = built(inputs)
+    ref = build(model.mod, "opencl")(inputs)
+    err = max(float(np.max(np.abs(a - b))) for a, b in zip(outputs, ref))
+    print(f"co-executed {model.path} ({len(plan.entries())} operators split along "
+          f"{args.dim} at GPU ratio {args.ratio}); sync mode: {sync.sync_mode()}")
+    _print_placements(built.placements)
+    ok = err <= 1e-4 * max(1.0, max(float(np.max(np.abs(r))) for r in ref))
+    print(f"max abs difference against the single-device (OpenCL) result: {err:.3g} "
+          f"-> {'OK' if ok else 'MISMATCH'}")
+    if args.trace:
+        from codl_tvm.trace import trace_inference
+
+        trace = trace_inference(built, inputs)
+        trace.save_chrome(args.trace)
+        png = str(Path(args.trace).with_suffix(".png"))
+        trace.save_png(png)
+        print(f"trace: {args.trace} (Chrome trace), {png} (timeline)")
+    return 0 if ok else 1
+
+
 def cmd_info(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
@@ -123,7 +227,10 @@ def cmd_info(args: argparse.Namespace) -> int:
 def _add_run(sub) -> None:
     p = sub.add_parser("run", help="build and run an ONNX model on one device")
     p.add_argument("model", nargs="?", help="ONNX model (default: the bundled CNN)")
-    p.add_argument("--device", choices=("cpu", "opencl"), default="opencl")
+    p.add_argument("--device", choices=("cpu", "opencl", "coexec"), default="opencl")
+    p.add_argument("--plan", help="PartitionPlan JSON (--device coexec)")
+    p.add_argument("--dim", choices=("H", "OC"), help="split every operator along this dim")
+    p.add_argument("--ratio", type=float, help="GPU share of every split operator, in [0, 1]")
     p.add_argument("--inputs", help=".npz of inputs keyed by graph input names")
     p.add_argument("--save-outputs", help=".npz to write outputs to, keyed by output names")
     p.add_argument("--force", action="store_true", help="overwrite --save-outputs if it exists")
@@ -138,6 +245,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="codl-tvm", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     _add_run(sub)
+    p = sub.add_parser("demo", help="co-execute the bundled CNN on GPU + CPU and check it")
+    p.add_argument("--dim", choices=("H", "OC"), default="H")
+    p.add_argument("--ratio", type=float, default=0.5)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--trace", help="write a Chrome trace JSON (and a PNG timeline beside it)")
+    p.set_defaults(func=cmd_demo)
     p = sub.add_parser("info", help="describe the OpenCL platform and devices in use")
     p.set_defaults(func=cmd_info)
     # Subcommands of optional components register themselves when present.

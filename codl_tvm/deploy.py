@@ -98,8 +98,9 @@ class DeployResult:
     remote_versions: dict | None
 
 
-def select_preset(target: str | TargetPreset | None, device: str,
-                  remote_info: dict | None, remote_name: str) -> TargetPreset:
+def select_preset(
+    target: str | TargetPreset | None, device: str, remote_info: dict | None, remote_name: str
+) -> TargetPreset:
     """The preset to compile for: ``target`` if given (checked against what the remote reports),
     else derived from the remote's machine and OS.
 
@@ -115,34 +116,49 @@ def select_preset(target: str | TargetPreset | None, device: str,
     machine = (remote_info or {}).get("machine")
     if target is None:
         if machine is None:
-            raise DeployError(f"remote device {remote_name} does not report its machine; pass "
-                              "--target PRESET (see `codl-tvm deploy --list-targets`)")
+            raise DeployError(
+                f"remote device {remote_name} does not report its machine; pass "
+                "--target PRESET (see `codl-tvm deploy --list-targets`)"
+            )
         android = (remote_info or {}).get("android") == "1"
         if machine in ("aarch64", "arm64"):
-            name = ("android-adreno" if android else "linux-arm64-mali") if device == "opencl" \
+            name = (
+                ("android-adreno" if android else "linux-arm64-mali")
+                if device == "opencl"
                 else ("android-arm64" if android else "linux-arm64")
+            )
         elif machine == platform.machine():
             name = "opencl" if device == "opencl" else "host"
         else:
-            raise DeployError(f"remote device {remote_name} is a {machine} machine and no preset "
-                              "matches it; pass --target PRESET")
+            raise DeployError(
+                f"remote device {remote_name} is a {machine} machine and no preset "
+                "matches it; pass --target PRESET"
+            )
         return get_preset(name)
     preset = get_preset(target)
     if machine is not None:
         want = preset.triple.split("-")[0] if preset.triple else platform.machine()
         have = "aarch64" if machine == "arm64" else machine
         if want != have:
-            raise DeployError(f"target preset '{preset.name}' builds for {want} but remote device "
-                              f"{remote_name} reports a {have} machine; choose a matching "
-                              "--target")
+            raise DeployError(
+                f"target preset '{preset.name}' builds for {want} but remote device "
+                f"{remote_name} reports a {have} machine; choose a matching "
+                "--target"
+            )
     if device == "opencl" and not preset.has_gpu:
-        raise DeployError(f"--device opencl needs a preset with an OpenCL GPU; '{preset.name}' "
-                          f"has none")
+        raise DeployError(
+            f"--device opencl needs a preset with an OpenCL GPU; '{preset.name}' has none"
+        )
     return preset
 
 
-def compile_for(mod, preset: str | TargetPreset, device: str = "cpu",
-                work_dir: str | Path | None = None, mcpu: str | None = None) -> Path:
+def compile_for(
+    mod,
+    preset: str | TargetPreset,
+    device: str = "cpu",
+    work_dir: str | Path | None = None,
+    mcpu: str | None = None,
+) -> Path:
     """Compile a Relax module for ``preset``'s ``device`` and export it as a shared library.
 
     Cross presets link with the NDK or clang + lld (:func:`codl_tvm.targets.export_library`).
@@ -162,8 +178,14 @@ def compile_for(mod, preset: str | TargetPreset, device: str = "cpu",
     return path
 
 
-def run_remote(remote: RemoteDevice, library: str | Path, inputs: Sequence[np.ndarray],
-               device: str = "cpu", number: int = 5, repeat: int = 3) -> RemoteRun:
+def run_remote(
+    remote: RemoteDevice,
+    library: str | Path,
+    inputs: Sequence[np.ndarray],
+    device: str = "cpu",
+    number: int = 5,
+    repeat: int = 3,
+) -> RemoteRun:
     """Upload ``library``, run ``main`` once on the remote device, then time it.
 
     ``repeat=0`` skips timing. Any failure of the remote raises
@@ -180,8 +202,9 @@ def run_remote(remote: RemoteDevice, library: str | Path, inputs: Sequence[np.nd
     rlib = remote.call("loading the model", lambda: sess.load_module(name))
     dev = sess.cl(0) if device == "opencl" else sess.cpu(0)
     vm = remote.call("creating the VM", lambda: VirtualMachine(rlib, dev))
-    args = remote.call("copying inputs",
-                       lambda: [tvm.runtime.tensor(np.ascontiguousarray(x), dev) for x in inputs])
+    args = remote.call(
+        "copying inputs", lambda: [tvm.runtime.tensor(np.ascontiguousarray(x), dev) for x in inputs]
+    )
     out = remote.call("running main", lambda: vm["main"](*args))
     outputs = remote.call("copying outputs back", lambda: _flatten(out))
     if repeat <= 0:
@@ -205,8 +228,12 @@ def _flatten(out) -> list[np.ndarray]:
     return result
 
 
-def compare_outputs(outputs: Sequence[np.ndarray], reference: Sequence[np.ndarray],
-                    atol: float = 1e-4, rtol: float = 1e-3) -> tuple[float, bool]:
+def compare_outputs(
+    outputs: Sequence[np.ndarray],
+    reference: Sequence[np.ndarray],
+    atol: float = 1e-4,
+    rtol: float = 1e-3,
+) -> tuple[float, bool]:
     """Max absolute error over all outputs, and whether each is within
     ``atol + rtol * max|reference|``."""
     if len(outputs) != len(reference):
@@ -238,8 +265,10 @@ def _check_device(device: str, plan: str | None) -> None:
         except ImportError:
             runtime = None
         if runtime is None or not hasattr(runtime, "load"):
-            raise DeployError("--device opencl needs codl_tvm.runtime (the OpenCL plugin), which "
-                              "this installation lacks")
+            raise DeployError(
+                "--device opencl needs codl_tvm.runtime (the OpenCL plugin), which "
+                "this installation lacks"
+            )
 
 
 def deploy(
@@ -297,25 +326,32 @@ def deploy(
     _check_device(device, plan)
     onnx_model = model if isinstance(model, OnnxModel) else load_onnx(model)
     values = inputs if inputs is not None else random_inputs(onnx_model, seed)
-    ordered = check_inputs(onnx_model, values,
-                           "inputs" if inputs is not None else "random inputs")
+    ordered = check_inputs(onnx_model, values, "inputs" if inputs is not None else "random inputs")
     if target is not None:
         get_preset(target)  # fail on a bad name before touching the network
-    remote = request_remote(tracker, key, timeout_s=request_timeout_s,
-                            session_timeout_s=session_timeout_s)
+    remote = request_remote(
+        tracker, key, timeout_s=request_timeout_s, session_timeout_s=session_timeout_s
+    )
     try:
         say(f"connected to {remote.name}")
         info = check_remote_versions(remote)
         if info is None:
-            say(f"warning: {remote.name} does not report its TVM version (stock RPC server); "
-                "cannot check it before upload")
+            say(
+                f"warning: {remote.name} does not report its TVM version (stock RPC server); "
+                "cannot check it before upload"
+            )
         else:
-            say(f"remote: TVM {info.get('tvm')}, {info.get('machine')} "
-                f"{'Android' if info.get('android') == '1' else info.get('system')}")
+            say(
+                f"remote: TVM {info.get('tvm')}, {info.get('machine')} "
+                f"{'Android' if info.get('android') == '1' else info.get('system')}"
+            )
         if device == "opencl" and (info or {}).get("opencl") != "1":
-            why = (info or {}).get("opencl_error", "its server did not load codl-tvm's OpenCL "
-                                   "plugin (start it with `python -m codl_tvm.rpc_utils serve "
-                                   "--opencl`)")
+            why = (info or {}).get(
+                "opencl_error",
+                "its server did not load codl-tvm's OpenCL "
+                "plugin (start it with `python -m codl_tvm.rpc_utils serve "
+                "--opencl`)",
+            )
             raise DeployError(f"remote device {remote.name} has no usable OpenCL runtime: {why}")
         preset = select_preset(target, device, info, remote.name)
         say(f"compiling for '{preset.name}' ({device})")
@@ -359,12 +395,25 @@ def _cmd_deploy(args: argparse.Namespace) -> int:
                 with np.load(args.inputs, allow_pickle=False) as data:
                     inputs = {k: data[k] for k in data.files}
             except Exception as exc:
-                raise CliError(f"--inputs {args.inputs}: not a readable .npz file ({exc})") \
-                    from None
-        result = deploy(model, args.tracker, args.key, target=args.target, device=args.device,
-                        inputs=inputs, plan=args.plan, number=args.number, repeat=args.repeat,
-                        seed=args.seed, request_timeout_s=args.timeout,
-                        session_timeout_s=args.session_timeout, atol=args.atol, rtol=args.rtol)
+                raise CliError(
+                    f"--inputs {args.inputs}: not a readable .npz file ({exc})"
+                ) from None
+        result = deploy(
+            model,
+            args.tracker,
+            args.key,
+            target=args.target,
+            device=args.device,
+            inputs=inputs,
+            plan=args.plan,
+            number=args.number,
+            repeat=args.repeat,
+            seed=args.seed,
+            request_timeout_s=args.timeout,
+            session_timeout_s=args.session_timeout,
+            atol=args.atol,
+            rtol=args.rtol,
+        )
     except (ModelError, DeployError, ToolchainError, RPCError, ValueError) as exc:
         raise CliError(str(exc)) from None
     except KeyError as exc:
@@ -372,15 +421,21 @@ def _cmd_deploy(args: argparse.Namespace) -> int:
     for spec, arr in zip(model.outputs, result.outputs):
         print(f"output {spec.name}: shape {tuple(arr.shape)} dtype {arr.dtype}")
     if result.run.median_ms is not None:
-        print(f"remote latency on {result.device}: median {result.run.median_ms:.3f} ms "
-              f"(min {result.run.min_ms:.3f}, max {result.run.max_ms:.3f}, "
-              f"{result.run.repeats} repeats of {args.number})")
+        print(
+            f"remote latency on {result.device}: median {result.run.median_ms:.3f} ms "
+            f"(min {result.run.min_ms:.3f}, max {result.run.max_ms:.3f}, "
+            f"{result.run.repeats} repeats of {args.number})"
+        )
     verdict = "matches" if result.matches else "DOES NOT match"
-    print(f"max abs difference against the host build: {result.max_abs_error:.3g} ({verdict} "
-          f"within atol {args.atol:g} + rtol {args.rtol:g})")
+    print(
+        f"max abs difference against the host build: {result.max_abs_error:.3g} ({verdict} "
+        f"within atol {args.atol:g} + rtol {args.rtol:g})"
+    )
     if args.save_outputs:
-        np.savez(args.save_outputs,
-                 **{spec.name: arr for spec, arr in zip(model.outputs, result.outputs)})
+        np.savez(
+            args.save_outputs,
+            **{spec.name: arr for spec, arr in zip(model.outputs, result.outputs)},
+        )
         print(f"saved outputs to {args.save_outputs}")
     return 0 if result.matches else 1
 
@@ -388,16 +443,24 @@ def _cmd_deploy(args: argparse.Namespace) -> int:
 def register_cli(subparsers) -> argparse.ArgumentParser:
     """Add ``deploy`` to the ``codl-tvm`` argparse subparsers (sets ``func``)."""
     p = subparsers.add_parser(
-        "deploy", help="compile, upload and run an ONNX model on a device behind a TVM RPC tracker",
-        description=__doc__.splitlines()[0])
+        "deploy",
+        help="compile, upload and run an ONNX model on a device behind a TVM RPC tracker",
+        description=__doc__.splitlines()[0],
+    )
     p.add_argument("model", nargs="?", help="the ONNX model")
     p.add_argument("--tracker", help="HOST:PORT of the TVM RPC tracker")
     p.add_argument("--key", help="device key registered with the tracker")
-    p.add_argument("--target", help="target preset (default: from the remote's report); "
-                   "--list-targets shows them")
+    p.add_argument(
+        "--target",
+        help="target preset (default: from the remote's report); --list-targets shows them",
+    )
     p.add_argument("--list-targets", action="store_true", help="list target presets and exit")
-    p.add_argument("--device", choices=DEVICES, default="cpu",
-                   help="processor to run on (coexec: not available yet)")
+    p.add_argument(
+        "--device",
+        choices=DEVICES,
+        default="cpu",
+        help="processor to run on (coexec: not available yet)",
+    )
     p.add_argument("--plan", help="partition plan (JSON) for --device coexec (not available yet)")
     p.add_argument("--inputs", help=".npz of inputs keyed by graph input names")
     p.add_argument("--save-outputs", help=".npz to write the remote outputs to")
@@ -405,12 +468,21 @@ def register_cli(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     p.add_argument("--repeat", type=int, default=3, help="timing repeats (0: no timing)")
     p.add_argument("--number", type=int, default=5, help="runs per timing repeat")
-    p.add_argument("--timeout", type=float, default=10.0,
-                   help="seconds to wait for the tracker and a free device")
-    p.add_argument("--session-timeout", type=float, default=600.0,
-                   help="seconds the remote session may last (0: no limit)")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=10.0,
+        help="seconds to wait for the tracker and a free device",
+    )
+    p.add_argument(
+        "--session-timeout",
+        type=float,
+        default=600.0,
+        help="seconds the remote session may last (0: no limit)",
+    )
     p.add_argument("--atol", type=float, default=1e-4, help="absolute tolerance vs the host")
-    p.add_argument("--rtol", type=float, default=1e-3,
-                   help="tolerance relative to the largest reference value")
+    p.add_argument(
+        "--rtol", type=float, default=1e-3, help="tolerance relative to the largest reference value"
+    )
     p.set_defaults(func=_cmd_deploy)
     return p

@@ -139,8 +139,10 @@ def _open_tracker(addr: tuple[str, int], timeout_s: float) -> socket.socket:
         (magic,) = struct.unpack("<i", _recvall(sock, 4))
     except OSError as exc:
         sock.close()
-        raise TrackerUnreachable(f"{where} accepted a connection but did not answer as a TVM "
-                                 f"RPC tracker within {timeout_s:g} s: {exc}") from None
+        raise TrackerUnreachable(
+            f"{where} accepted a connection but did not answer as a TVM "
+            f"RPC tracker within {timeout_s:g} s: {exc}"
+        ) from None
     if magic != _TRACKER_MAGIC:
         sock.close()
         raise TrackerUnreachable(f"{where} is not a TVM RPC tracker (wrong magic {magic:#x})")
@@ -161,8 +163,9 @@ def tracker_summary(tracker: str | tuple[str, int], timeout_s: float = 5.0) -> d
         _send_json(sock, [_CODE_SUMMARY])
         code, summary = _recv_json(sock)
     except OSError as exc:
-        raise TrackerUnreachable(f"tracker {addr[0]}:{addr[1]} did not send its summary within "
-                                 f"{timeout_s:g} s: {exc}") from None
+        raise TrackerUnreachable(
+            f"tracker {addr[0]}:{addr[1]} did not send its summary within {timeout_s:g} s: {exc}"
+        ) from None
     finally:
         sock.close()
     if code != _CODE_SUCCESS:
@@ -182,8 +185,9 @@ def _describe_keys(summary: dict) -> str:
     return ", ".join(keys) if keys else "none"
 
 
-def wait_for_devices(tracker: str | tuple[str, int], key: str, count: int = 1,
-                     timeout_s: float = 30.0) -> int:
+def wait_for_devices(
+    tracker: str | tuple[str, int], key: str, count: int = 1, timeout_s: float = 30.0
+) -> int:
     """Wait until at least ``count`` devices of ``key`` are free; return how many are.
 
     A tracker that is not up yet is retried until the deadline too.
@@ -216,10 +220,14 @@ def _no_device_message(tracker, key: str, summary: dict, timeout_s: float, count
     host, port = _address(tracker)
     servers, free, _pending = _key_status(summary, key)
     if servers == 0:
-        return (f"no device registered under key '{key}' at tracker {host}:{port} (waited "
-                f"{timeout_s:g} s); keys registered there: {_describe_keys(summary)}")
-    return (f"no free device under key '{key}' at tracker {host}:{port} after {timeout_s:g} s: "
-            f"{servers} registered, {free} free, {count} wanted (the others are in use)")
+        return (
+            f"no device registered under key '{key}' at tracker {host}:{port} (waited "
+            f"{timeout_s:g} s); keys registered there: {_describe_keys(summary)}"
+        )
+    return (
+        f"no free device under key '{key}' at tracker {host}:{port} after {timeout_s:g} s: "
+        f"{servers} registered, {free} free, {count} wanted (the others are in use)"
+    )
 
 
 @dataclass
@@ -300,12 +308,13 @@ def request_remote(
         sock.settimeout(max(0.05, deadline - time.monotonic()))
         try:
             code, value = _recv_json(sock)
-        except (TimeoutError, socket.timeout):
+        except TimeoutError:
             summary = tracker_summary(addr, timeout_s=5.0)
             raise NoFreeDevice(_no_device_message(addr, key, summary, timeout_s)) from None
         except OSError as exc:
-            raise TrackerUnreachable(f"tracker {addr[0]}:{addr[1]} dropped the request for "
-                                     f"'{key}': {exc}") from None
+            raise TrackerUnreachable(
+                f"tracker {addr[0]}:{addr[1]} dropped the request for '{key}': {exc}"
+            ) from None
     finally:
         sock.close()  # the tracker forgets a request whose connection closed
     if code != _CODE_SUCCESS:
@@ -348,7 +357,8 @@ def local_versions(opencl: bool | None = None) -> dict[str, str]:
         "python": platform.python_version(),
         "machine": platform.machine(),
         "system": platform.system(),
-        "android": "1" if hasattr(sys, "getandroidapilevel") or "ANDROID_ROOT" in os.environ
+        "android": "1"
+        if hasattr(sys, "getandroidapilevel") or "ANDROID_ROOT" in os.environ
         else "0",
     }
     if opencl is not None:
@@ -390,8 +400,11 @@ def remote_versions(remote: RemoteDevice, timeout_s: float = 10.0) -> dict[str, 
 
 def version_mismatches(remote_info: dict[str, str], local_info: dict[str, str]) -> list[str]:
     """Human-readable differences in the ``tvm`` and ``tvm_ffi`` versions (empty: compatible)."""
-    return [f"{name} {remote_info.get(name, 'unknown')} there, {local_info.get(name)} here"
-            for name in ("tvm", "tvm_ffi") if remote_info.get(name) != local_info.get(name)]
+    return [
+        f"{name} {remote_info.get(name, 'unknown')} there, {local_info.get(name)} here"
+        for name in ("tvm", "tvm_ffi")
+        if remote_info.get(name) != local_info.get(name)
+    ]
 
 
 def check_remote_versions(remote: RemoteDevice, strict: bool = False) -> dict[str, str] | None:
@@ -476,8 +489,14 @@ class DeviceFarm:
         Server-side session limit (0: none); it also frees a device stuck in a job.
     """
 
-    def __init__(self, tracker: str | tuple[str, int], key: str, max_devices: int | None = None,
-                 request_timeout_s: float = 10.0, session_timeout_s: float = 0.0) -> None:
+    def __init__(
+        self,
+        tracker: str | tuple[str, int],
+        key: str,
+        max_devices: int | None = None,
+        request_timeout_s: float = 10.0,
+        session_timeout_s: float = 0.0,
+    ) -> None:
         self.tracker = _address(tracker)
         self.key = key
         self.max_devices = max_devices
@@ -498,13 +517,22 @@ class DeviceFarm:
         want = free if self.max_devices is None else min(free, self.max_devices)
         for _ in range(want):
             try:
-                self.devices.append(request_remote(self.tracker, self.key, timeout_s=2.0,
-                                                   session_timeout_s=self.session_timeout_s))
+                self.devices.append(
+                    request_remote(
+                        self.tracker,
+                        self.key,
+                        timeout_s=2.0,
+                        session_timeout_s=self.session_timeout_s,
+                    )
+                )
             except (NoFreeDevice, RemoteFailure):
                 break  # taken by someone else in the meantime, or broken
         if not self.devices:
-            self.devices.append(request_remote(self.tracker, self.key, self.request_timeout_s,
-                                               self.session_timeout_s))
+            self.devices.append(
+                request_remote(
+                    self.tracker, self.key, self.request_timeout_s, self.session_timeout_s
+                )
+            )
         return self.devices
 
     def close(self) -> None:
@@ -528,8 +556,12 @@ class DeviceFarm:
         worker.join(timeout_s)
         return box.get("ok", False)
 
-    def run(self, jobs: Sequence[Callable[[RemoteDevice], Any]], job_timeout_s: float = 60.0,
-            retries: int = 1) -> list[JobResult]:
+    def run(
+        self,
+        jobs: Sequence[Callable[[RemoteDevice], Any]],
+        job_timeout_s: float = 60.0,
+        retries: int = 1,
+    ) -> list[JobResult]:
         """Run ``jobs`` over the farm's devices; results come back in job order."""
         if not self.devices:
             self.open()
@@ -589,12 +621,23 @@ class DeviceFarm:
                                 j, n = pending.get_nowait()
                             except queue.Empty:
                                 break
-                            _finish(j, JobResult(j, None, f"no live device left under key "
-                                                 f"'{self.key}' (last error: {err})", None, n))
+                            _finish(
+                                j,
+                                JobResult(
+                                    j,
+                                    None,
+                                    f"no live device left under key "
+                                    f"'{self.key}' (last error: {err})",
+                                    None,
+                                    n,
+                                ),
+                            )
                     return
 
-        threads = [threading.Thread(target=_worker, args=(d,), daemon=True,
-                                    name=f"farm-{d.name}") for d in self.devices]
+        threads = [
+            threading.Thread(target=_worker, args=(d,), daemon=True, name=f"farm-{d.name}")
+            for d in self.devices
+        ]
         for t in threads:
             t.start()
         for t in threads:
@@ -623,8 +666,15 @@ def _register_versions(opencl: bool = False) -> None:
         return _json.dumps(info)
 
 
-def serve(tracker: str, key: str, host: str = "127.0.0.1", port: int = 9090,
-          port_end: int | None = None, opencl: bool = False, silent: bool = False) -> None:
+def serve(
+    tracker: str,
+    key: str,
+    host: str = "127.0.0.1",
+    port: int = 9090,
+    port_end: int | None = None,
+    opencl: bool = False,
+    silent: bool = False,
+) -> None:
     """Run TVM's RPC server registered with ``tracker`` under ``key`` until killed.
 
     The server answers ``codl_tvm.rpc.versions`` (TVM, tvm-ffi, Python, machine), so clients can
@@ -636,17 +686,25 @@ def serve(tracker: str, key: str, host: str = "127.0.0.1", port: int = 9090,
 
     url, tport = parse_address(tracker)
     init = functools.partial(_register_versions, opencl)
-    server = tvm.rpc.Server(host, port, port_end or port + 100, key=key,
-                            tracker_addr=(url, tport), silent=silent,
-                            server_init_callback=init)
-    print(f"codl-tvm RPC server on {host}:{server.port}, key '{key}', tracker {tracker}",
-          flush=True)
+    server = tvm.rpc.Server(
+        host,
+        port,
+        port_end or port + 100,
+        key=key,
+        tracker_addr=(url, tport),
+        silent=silent,
+        server_init_callback=init,
+    )
+    print(
+        f"codl-tvm RPC server on {host}:{server.port}, key '{key}', tracker {tracker}", flush=True
+    )
     server.proc.join()
 
 
 def _main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m codl_tvm.rpc_utils",
-                                     description="codl-tvm RPC helpers")
+    parser = argparse.ArgumentParser(
+        prog="python -m codl_tvm.rpc_utils", description="codl-tvm RPC helpers"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("serve", help="start a TVM RPC server that reports its versions")
     p.add_argument("--tracker", required=True, help="HOST:PORT of the tracker")
@@ -656,8 +714,11 @@ def _main(argv: list[str] | None = None) -> int:
     p.add_argument("--port-end", type=int, default=None)
     p.add_argument("--opencl", action="store_true", help="load codl-tvm's OpenCL plugin")
     p.add_argument("--silent", action="store_true")
-    p.add_argument("--python", help="interpreter for the server's worker processes (sets "
-                   "sys.executable; used by the emulated device, whose workers run under qemu)")
+    p.add_argument(
+        "--python",
+        help="interpreter for the server's worker processes (sets "
+        "sys.executable; used by the emulated device, whose workers run under qemu)",
+    )
     q = sub.add_parser("summary", help="print the tracker's queue")
     q.add_argument("--tracker", required=True)
     q.add_argument("--timeout", type=float, default=5.0)

@@ -112,8 +112,9 @@ class TargetPreset:
             return self.cpu_target(mcpu)
         if device in ("opencl", "gpu"):
             return self.gpu_target(mcpu)
-        raise ValueError(f"unknown device {device!r} for target preset '{self.name}'; "
-                         "expected 'cpu' or 'opencl'")
+        raise ValueError(
+            f"unknown device {device!r} for target preset '{self.name}'; expected 'cpu' or 'opencl'"
+        )
 
 
 def _arm64(triple: str, mcpu: str | None = None) -> dict[str, Any]:
@@ -129,29 +130,73 @@ _LINUX_ARM64 = "aarch64-linux-gnu"
 PRESETS: dict[str, TargetPreset] = {
     p.name: p
     for p in (
-        TargetPreset("host", "the machine running codl-tvm (x86-64 or whatever LLVM detects)",
-                     cpu={"kind": "llvm"}),
-        TargetPreset("android-arm64", "aarch64 Android phone CPU (NEON)",
-                     cpu=_arm64(_ANDROID), triple=_ANDROID, os="android"),
-        TargetPreset("android-adreno", "aarch64 Android phone: Adreno GPU (OpenCL) + CPU",
-                     cpu=_arm64(_ANDROID), gpu={"kind": "opencl", "device": "adreno"},
-                     triple=_ANDROID, os="android"),
-        TargetPreset("android-mali", "aarch64 Android phone: Mali GPU (OpenCL) + CPU",
-                     cpu=_arm64(_ANDROID), gpu={"kind": "opencl", "device": "mali"},
-                     triple=_ANDROID, os="android"),
-        TargetPreset("linux-arm64", "aarch64 Linux board CPU (NEON), e.g. under qemu-aarch64",
-                     cpu=_arm64(_LINUX_ARM64), triple=_LINUX_ARM64, os="linux"),
-        TargetPreset("rpi4", "Raspberry Pi 4 (Cortex-A72, aarch64 Linux)",
-                     cpu=_arm64(_LINUX_ARM64, "cortex-a72"), triple=_LINUX_ARM64, os="linux"),
-        TargetPreset("linux-arm64-mali", "aarch64 Linux board with a Mali GPU (e.g. RK3588)",
-                     cpu=_arm64(_LINUX_ARM64, "cortex-a76"),
-                     gpu={"kind": "opencl", "device": "mali"}, triple=_LINUX_ARM64, os="linux"),
-        TargetPreset("opencl", "a generic OpenCL GPU on the host machine",
-                     cpu={"kind": "llvm"}, gpu={"kind": "opencl"}),
-        TargetPreset("pocl", "PoCL's CPU OpenCL device on the host machine (tests, CI)",
-                     cpu={"kind": "llvm"},
-                     gpu={"kind": "opencl", "max_threads_per_block": 256,
-                          "max_num_threads": 256, "thread_warp_size": 1}),
+        TargetPreset(
+            "host",
+            "the machine running codl-tvm (x86-64 or whatever LLVM detects)",
+            cpu={"kind": "llvm"},
+        ),
+        TargetPreset(
+            "android-arm64",
+            "aarch64 Android phone CPU (NEON)",
+            cpu=_arm64(_ANDROID),
+            triple=_ANDROID,
+            os="android",
+        ),
+        TargetPreset(
+            "android-adreno",
+            "aarch64 Android phone: Adreno GPU (OpenCL) + CPU",
+            cpu=_arm64(_ANDROID),
+            gpu={"kind": "opencl", "device": "adreno"},
+            triple=_ANDROID,
+            os="android",
+        ),
+        TargetPreset(
+            "android-mali",
+            "aarch64 Android phone: Mali GPU (OpenCL) + CPU",
+            cpu=_arm64(_ANDROID),
+            gpu={"kind": "opencl", "device": "mali"},
+            triple=_ANDROID,
+            os="android",
+        ),
+        TargetPreset(
+            "linux-arm64",
+            "aarch64 Linux board CPU (NEON), e.g. under qemu-aarch64",
+            cpu=_arm64(_LINUX_ARM64),
+            triple=_LINUX_ARM64,
+            os="linux",
+        ),
+        TargetPreset(
+            "rpi4",
+            "Raspberry Pi 4 (Cortex-A72, aarch64 Linux)",
+            cpu=_arm64(_LINUX_ARM64, "cortex-a72"),
+            triple=_LINUX_ARM64,
+            os="linux",
+        ),
+        TargetPreset(
+            "linux-arm64-mali",
+            "aarch64 Linux board with a Mali GPU (e.g. RK3588)",
+            cpu=_arm64(_LINUX_ARM64, "cortex-a76"),
+            gpu={"kind": "opencl", "device": "mali"},
+            triple=_LINUX_ARM64,
+            os="linux",
+        ),
+        TargetPreset(
+            "opencl",
+            "a generic OpenCL GPU on the host machine",
+            cpu={"kind": "llvm"},
+            gpu={"kind": "opencl"},
+        ),
+        TargetPreset(
+            "pocl",
+            "PoCL's CPU OpenCL device on the host machine (tests, CI)",
+            cpu={"kind": "llvm"},
+            gpu={
+                "kind": "opencl",
+                "max_threads_per_block": 256,
+                "max_num_threads": 256,
+                "thread_warp_size": 1,
+            },
+        ),
     )
 }
 
@@ -174,8 +219,9 @@ def get_preset(name: str | TargetPreset) -> TargetPreset:
     try:
         return PRESETS[name]
     except KeyError:
-        raise KeyError(f"unknown target preset {name!r}; valid presets: "
-                       f"{', '.join(PRESETS)}") from None
+        raise KeyError(
+            f"unknown target preset {name!r}; valid presets: {', '.join(PRESETS)}"
+        ) from None
 
 
 def link_method(preset: TargetPreset) -> str:
@@ -203,9 +249,11 @@ def check_toolchain(preset: TargetPreset) -> str:
     if method == "ndk":
         cc = os.environ["TVM_NDK_CC"]
         if not (Path(cc).is_file() or shutil.which(cc)):
-            raise ToolchainError(f"TVM_NDK_CC={cc} does not exist; point it at the NDK's clang "
-                                 "(e.g. .../toolchains/llvm/prebuilt/linux-x86_64/bin/"
-                                 "aarch64-linux-android29-clang) or unset it to use clang + lld")
+            raise ToolchainError(
+                f"TVM_NDK_CC={cc} does not exist; point it at the NDK's clang "
+                "(e.g. .../toolchains/llvm/prebuilt/linux-x86_64/bin/"
+                "aarch64-linux-android29-clang) or unset it to use clang + lld"
+            )
     elif method == "clang":
         missing = [tool for tool in ("clang", "ld.lld") if shutil.which(tool) is None]
         if missing:
@@ -258,6 +306,8 @@ def export_library(executable, path: str | Path, preset: str | TargetPreset) -> 
         executable.export_library(str(path), fcompile=fcompile)
     except RuntimeError as exc:
         lines = str(exc).strip().splitlines()
-        raise ToolchainError(f"linking the model library for '{preset.name}' ({method}) failed: "
-                             f"{lines[-1] if lines else exc}") from exc
+        raise ToolchainError(
+            f"linking the model library for '{preset.name}' ({method}) failed: "
+            f"{lines[-1] if lines else exc}"
+        ) from exc
     return path

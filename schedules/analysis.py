@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.ir.expr import TensorLoad
+from tvm.s_tir.dlight.analysis import get_root_block
 from tvm.s_tir.schedule import SBlockRV
 from tvm.sym import detect_linear_equation
 
@@ -126,9 +127,10 @@ def _is_reduction(sch: s_tir.Schedule, block: SBlockRV) -> bool:
 
 def classify_blocks(sch: s_tir.Schedule) -> FuncBlocks | str:
     """Split the root blocks into prologue, the one reduction block, and epilogue."""
-    root = sch.get_sblock("root") if _has_root(sch) else None
-    if root is None:
-        return "the function has no root block"
+    try:
+        root = get_root_block(sch)
+    except ValueError:
+        return "the function body is not a root block"
     blocks = sch.get_child_blocks(root)
     reductions = [i for i, b in enumerate(blocks) if _is_reduction(sch, b)]
     if len(reductions) > 1:
@@ -140,14 +142,6 @@ def classify_blocks(sch: s_tir.Schedule) -> FuncBlocks | str:
         return FuncBlocks(prologue=list(blocks), main=None, epilogue=[])
     i = reductions[0]
     return FuncBlocks(prologue=list(blocks[:i]), main=blocks[i], epilogue=list(blocks[i + 1 :]))
-
-
-def _has_root(sch: s_tir.Schedule) -> bool:
-    try:
-        sch.get_sblock("root")
-    except Exception:
-        return False
-    return True
 
 
 def _loop_extents(sch: s_tir.Schedule, block: SBlockRV) -> tuple[int, ...] | str:

@@ -71,13 +71,24 @@ def default_root() -> Path:
     return cache.expanduser() / "aarch64-emu"
 
 
-def run(cmd: list[str], step: str, timeout_s: float, env: dict | None = None,
-        quiet: bool = True, announce: bool = True) -> str:
+def run(
+    cmd: list[str],
+    step: str,
+    timeout_s: float,
+    env: dict | None = None,
+    quiet: bool = True,
+    announce: bool = True,
+) -> str:
     if announce:
         say(f"{step}: {' '.join(cmd[:6])}{' ...' if len(cmd) > 6 else ''}")
     try:
-        proc = subprocess.run(cmd, capture_output=quiet, text=True, timeout=timeout_s,
-                              env={**os.environ, **(env or {})})
+        proc = subprocess.run(
+            cmd,
+            capture_output=quiet,
+            text=True,
+            timeout=timeout_s,
+            env={**os.environ, **(env or {})},
+        )
     except subprocess.TimeoutExpired:
         raise StepError(f"{step}: timed out after {timeout_s:g} s") from None
     except FileNotFoundError as exc:
@@ -89,8 +100,12 @@ def run(cmd: list[str], step: str, timeout_s: float, env: dict | None = None,
 
 
 def tvm_version() -> str:
-    out = subprocess.run([sys.executable, "-c", "import tvm; print(tvm.__version__)"],
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", "import tvm; print(tvm.__version__)"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     if out.returncode != 0:
         raise StepError(f"cannot import tvm with {sys.executable}: {out.stderr.strip()[-300:]}")
     return out.stdout.strip().splitlines()[-1]
@@ -102,8 +117,10 @@ def ensure_host_tools(timeout_s: float, tools=tuple(HOST_PACKAGES)) -> None:
         return
     pkgs = sorted({HOST_PACKAGES[t] for t in missing})
     if os.geteuid() != 0 or shutil.which("apt-get") is None:
-        raise StepError(f"missing host tools {missing}; install the Debian/Ubuntu packages "
-                        f"{pkgs} (apt-get install {' '.join(pkgs)})")
+        raise StepError(
+            f"missing host tools {missing}; install the Debian/Ubuntu packages "
+            f"{pkgs} (apt-get install {' '.join(pkgs)})"
+        )
     env = {"DEBIAN_FRONTEND": "noninteractive"}
     run(["apt-get", "update", "-qq"], "apt-get update", timeout_s, env)
     run(["apt-get", "install", "-y", "-qq", *pkgs], f"install {' '.join(pkgs)}", timeout_s, env)
@@ -132,31 +149,38 @@ def fetch_debs(work: Path, root: Path, timeout_s: float) -> None:
         shutil.copy(src, apt / "sources.list.d" / f"{i:02d}-{Path(src).stem}{suffix}")
     (apt / "status").write_text("")
     conf = apt / "apt.conf"
-    conf.write_text("\n".join([
-        'APT::Architecture "arm64";',
-        'APT::Architectures { "arm64"; };',
-        f'Dir::State "{apt}";',
-        f'Dir::State::Lists "{apt}/lists";',
-        f'Dir::State::status "{apt}/status";',
-        f'Dir::Cache "{apt}";',
-        f'Dir::Cache::archives "{apt}/archives";',
-        f'Dir::Etc::SourceList "{apt}/none.list";',
-        f'Dir::Etc::SourceParts "{apt}/sources.list.d";',
-        'APT::Install-Recommends "false";',
-        'Debug::NoLocking "true";',
-        "",
-    ]))
+    conf.write_text(
+        "\n".join(
+            [
+                'APT::Architecture "arm64";',
+                'APT::Architectures { "arm64"; };',
+                f'Dir::State "{apt}";',
+                f'Dir::State::Lists "{apt}/lists";',
+                f'Dir::State::status "{apt}/status";',
+                f'Dir::Cache "{apt}";',
+                f'Dir::Cache::archives "{apt}/archives";',
+                f'Dir::Etc::SourceList "{apt}/none.list";',
+                f'Dir::Etc::SourceParts "{apt}/sources.list.d";',
+                'APT::Install-Recommends "false";',
+                'Debug::NoLocking "true";',
+                "",
+            ]
+        )
+    )
     env = {"APT_CONFIG": str(conf), "DEBIAN_FRONTEND": "noninteractive"}
     run(["apt-get", "update", "-qq"], "apt-get update (arm64 lists)", timeout_s, env)
-    run(["apt-get", "install", "-y", "-qq", "--download-only", *DEBS],
-        f"download arm64 {' '.join(DEBS)}", timeout_s, env)
+    run(
+        ["apt-get", "install", "-y", "-qq", "--download-only", *DEBS],
+        f"download arm64 {' '.join(DEBS)}",
+        timeout_s,
+        env,
+    )
     debs = sorted((apt / "archives").glob("*.deb"))
     if not debs:
         raise StepError("download arm64 packages: apt downloaded nothing")
     say(f"unpacking {len(debs)} arm64 packages into {root}")
     for deb in debs:
-        run(["dpkg", "-x", str(deb), str(root)], f"dpkg -x {deb.name}", timeout_s,
-            announce=False)
+        run(["dpkg", "-x", str(deb), str(root)], f"dpkg -x {deb.name}", timeout_s, announce=False)
 
 
 def root_python(root: Path) -> Path:
@@ -171,17 +195,54 @@ def install_wheels(work: Path, root: Path, py: Path, version: str, timeout_s: fl
     pyver = py.name.replace("python", "")
     wheels = work / "wheels"
     wheels.mkdir(parents=True, exist_ok=True)
-    platform_args = ["--only-binary=:all:", "--platform", "manylinux_2_28_aarch64",
-                     "--platform", "manylinux2014_aarch64", "--python-version", pyver,
-                     "--implementation", "cp"]
+    platform_args = [
+        "--only-binary=:all:",
+        "--platform",
+        "manylinux_2_28_aarch64",
+        "--platform",
+        "manylinux2014_aarch64",
+        "--python-version",
+        pyver,
+        "--implementation",
+        "cp",
+    ]
     pkgs = [f"apache-tvm=={version}", *WHEELS]
-    run([sys.executable, "-m", "pip", "download", "-q", "--dest", str(wheels), *platform_args,
-         *pkgs], "pip download aarch64 wheels", timeout_s)
+    run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "-q",
+            "--dest",
+            str(wheels),
+            *platform_args,
+            *pkgs,
+        ],
+        "pip download aarch64 wheels",
+        timeout_s,
+    )
     site = root / "usr" / "lib" / "python3" / "dist-packages"
     site.mkdir(parents=True, exist_ok=True)
-    run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--find-links", str(wheels),
-         "--target", str(site), "--upgrade", *platform_args, *pkgs],
-        "pip install wheels into the root", timeout_s)
+    run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-q",
+            "--no-index",
+            "--find-links",
+            str(wheels),
+            "--target",
+            str(site),
+            "--upgrade",
+            *platform_args,
+            *pkgs,
+        ],
+        "pip install wheels into the root",
+        timeout_s,
+    )
     for lib in site.glob("tvm/lib/libtvm_compiler*.so"):
         say(f"removing {lib.name} (runtime-only TVM imports faster under emulation)")
         lib.unlink()
@@ -196,10 +257,14 @@ def write_wrapper(root: Path, py: Path) -> Path:
     return wrapper
 
 
-def prepare(root: Path, timeout_s: float, force: bool = False) -> Path:
-    """Build the aarch64 root if needed; return the Python wrapper."""
+def prepare(root: Path, timeout_s: float, force: bool = False, version: str | None = None) -> Path:
+    """Build the aarch64 root if needed; return the Python wrapper.
+
+    ``version`` is the apache-tvm version to install (default: this machine's); another one
+    makes a device that the version check must refuse.
+    """
     ensure_host_tools(timeout_s)
-    version = tvm_version()
+    version = version or tvm_version()
     stamp = root / STAMP
     if stamp.is_file() and not force:
         data = json.loads(stamp.read_text())
@@ -219,8 +284,11 @@ def prepare(root: Path, timeout_s: float, force: bool = False) -> Path:
     codl = root / "opt" / "codl-tvm"
     codl.mkdir(parents=True, exist_ok=True)
     shutil.copy(REPO / "codl_tvm" / "rpc_utils.py", codl / "rpc_utils.py")
-    out = run([str(wrapper), "-c", "import platform, tvm; print(platform.machine(), "
-               "tvm.__version__)"], "check: import tvm under qemu", timeout_s)
+    out = run(
+        [str(wrapper), "-c", "import platform, tvm; print(platform.machine(), tvm.__version__)"],
+        "check: import tvm under qemu",
+        timeout_s,
+    )
     say(f"emulated python reports: {out.strip()}")
     if not out.strip().startswith("aarch64"):
         raise StepError(f"the emulated python reports {out.strip()!r}, expected aarch64")
@@ -262,15 +330,19 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def serve(root: Path, tracker: str, key: str, port: int, timeout_s: float) -> int:
+def serve(
+    root: Path, tracker: str, key: str, port: int, timeout_s: float, version: str | None = None
+) -> int:
     """Start the emulated RPC server (once per port) and wait until the tracker lists it."""
     host, _, tport = tracker.rpartition(":")
     if not host or not tport.isdigit():
         raise StepError(f"--tracker {tracker!r} is not HOST:PORT")
     addr = (host, int(tport))
     if _tracker_free(addr, key, 5.0) is None:
-        raise StepError(f"no TVM RPC tracker answers at {tracker}; start one first "
-                        f"(python -m tvm.exec.rpc_tracker --host {host} --port {tport})")
+        raise StepError(
+            f"no TVM RPC tracker answers at {tracker}; start one first "
+            f"(python -m tvm.exec.rpc_tracker --host {host} --port {tport})"
+        )
     pid_file = _pid_file(root, port)
     if pid_file.is_file():
         pid = int(pid_file.read_text().strip() or 0)
@@ -278,33 +350,50 @@ def serve(root: Path, tracker: str, key: str, port: int, timeout_s: float) -> in
             say(f"server already running (pid {pid}, port {port})")
             return pid
         pid_file.unlink()
-    wrapper = prepare(root, timeout_s)
+    wrapper = prepare(root, timeout_s, version=version)
     before = _tracker_free(addr, key, 5.0) or 0
     log = root.parent / f"server-{port}.log"
     script = root / "opt" / "codl-tvm" / "rpc_utils.py"
     shutil.copy(REPO / "codl_tvm" / "rpc_utils.py", script)  # keep in step with the checkout
-    cmd = [str(wrapper), str(script), "serve", "--tracker", tracker, "--key", key,
-           "--host", "127.0.0.1", "--port", str(port), "--port-end", str(port + 1),
-           "--python", str(wrapper)]
+    cmd = [
+        str(wrapper),
+        str(script),
+        "serve",
+        "--tracker",
+        tracker,
+        "--key",
+        key,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--port-end",
+        str(port + 1),
+        "--python",
+        str(wrapper),
+    ]
     say(f"starting the emulated RPC server on 127.0.0.1:{port}, key '{key}' (log: {log})")
     with open(log, "ab") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True, cwd=str(root.parent))
+        proc = subprocess.Popen(
+            cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, cwd=str(root.parent)
+        )
     pid_file.write_text(str(proc.pid))
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             tail = log.read_text(errors="replace").strip().splitlines()[-10:]
-            raise StepError(f"the emulated server exited with status {proc.returncode}:\n"
-                            + "\n".join(tail))
+            raise StepError(
+                f"the emulated server exited with status {proc.returncode}:\n" + "\n".join(tail)
+            )
         free = _tracker_free(addr, key, 5.0)
         if free is not None and free > before:
             say(f"registered with the tracker {tracker} as '{key}' (pid {proc.pid})")
             return proc.pid
         time.sleep(0.5)
     stop(root, port)
-    raise StepError(f"the emulated server did not register with {tracker} within "
-                    f"{timeout_s:g} s (log: {log})")
+    raise StepError(
+        f"the emulated server did not register with {tracker} within {timeout_s:g} s (log: {log})"
+    )
 
 
 def stop(root: Path, port: int) -> bool:
@@ -327,23 +416,36 @@ def stop(root: Path, port: int) -> bool:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("command", choices=("prepare", "serve", "stop"))
-    parser.add_argument("--root", type=Path, default=None,
-                        help="directory of the emulated device: sysroot, wrapper, logs (default: $CODL_TVM_AARCH64_ROOT or "
-                        "~/.cache/codl-tvm/aarch64-emu)")
+    parser.add_argument(
+        "--root",
+        type=Path,
+        default=None,
+        help="directory of the emulated device: sysroot, wrapper, logs "
+        "(default: $CODL_TVM_AARCH64_ROOT or ~/.cache/codl-tvm/aarch64-emu)",
+    )
     parser.add_argument("--tracker", default="127.0.0.1:9190", help="tracker HOST:PORT")
     parser.add_argument("--key", default="aarch64-emu", help="device key to register under")
     parser.add_argument("--port", type=int, default=9300, help="server port")
-    parser.add_argument("--timeout", type=float, default=600.0,
-                        help="seconds allowed per step (download, install, start-up)")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=600.0,
+        help="seconds allowed per step (download, install, start-up)",
+    )
     parser.add_argument("--force", action="store_true", help="rebuild the root")
+    parser.add_argument(
+        "--tvm-version",
+        default=None,
+        help="apache-tvm version for the device (default: this machine's); use another --root",
+    )
     args = parser.parse_args(argv)
     root = (args.root or default_root()).expanduser().resolve() / "sysroot"
     try:
         if args.command == "prepare":
-            wrapper = prepare(root, args.timeout, args.force)
+            wrapper = prepare(root, args.timeout, args.force, args.tvm_version)
             print(wrapper)
         elif args.command == "serve":
-            serve(root, args.tracker, args.key, args.port, args.timeout)
+            serve(root, args.tracker, args.key, args.port, args.timeout, args.tvm_version)
         else:
             stop(root, args.port)
     except StepError as exc:

@@ -139,7 +139,7 @@ def squeezenet():
 @pytest.mark.slow
 @pytest.mark.parametrize("dim,ratio", [("H", 0.3), ("OC", 0.5)])
 def test_light_squeezenet_uniform_plans(squeezenet, dim, ratio):
-    """A real model (Fire modules: concat of split convs); minutes on 2 vCPUs without schedules."""
+    """A real model (Fire modules: concat of split convs); ~20 s here, hence slow."""
     mod, x, ref = squeezenet
     part = check(mod, uniform_plan(mod, dim, ratio), x, reference=ref)
     assert len(collect_parts(part)) == len(

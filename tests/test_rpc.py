@@ -56,9 +56,12 @@ def _small_cnn(seed: int = 0):
         helper.make_node("Gemm", ["f", "fw", "fb"], ["y"], transB=1),
     ]
     graph = helper.make_graph(
-        nodes, "small_cnn",
+        nodes,
+        "small_cnn",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 10])], inits)
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 10])],
+        inits,
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
     onnx.checker.check_model(model)
     return model
@@ -76,8 +79,9 @@ class _Processes:
         self.procs: list[subprocess.Popen] = []
 
     def start(self, cmd: list[str]) -> subprocess.Popen:
-        proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            cmd, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
         self.procs.append(proc)
         return proc
 
@@ -105,8 +109,20 @@ def procs():
 @pytest.fixture(scope="module")
 def tracker(procs) -> str:
     port = _free_port()
-    procs.start([sys.executable, "-m", "tvm.exec.rpc_tracker", "--host", "127.0.0.1",
-                 "--port", str(port), "--port-end", str(port + 1), "--silent"])
+    procs.start(
+        [
+            sys.executable,
+            "-m",
+            "tvm.exec.rpc_tracker",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--port-end",
+            str(port + 1),
+            "--silent",
+        ]
+    )
     addr = f"127.0.0.1:{port}"
     deadline = time.monotonic() + 60
     while True:
@@ -122,9 +138,24 @@ def tracker(procs) -> str:
 def _start_server(procs: _Processes, tracker: str, key: str, extra=()) -> subprocess.Popen:
     before = _free(tracker, key)
     port = _free_port()
-    proc = procs.start([sys.executable, "-m", "codl_tvm.rpc_utils", "serve", "--tracker",
-                        tracker, "--key", key, "--port", str(port), "--port-end",
-                        str(port + 1), "--silent", *extra])
+    proc = procs.start(
+        [
+            sys.executable,
+            "-m",
+            "codl_tvm.rpc_utils",
+            "serve",
+            "--tracker",
+            tracker,
+            "--key",
+            key,
+            "--port",
+            str(port),
+            "--port-end",
+            str(port + 1),
+            "--silent",
+            *extra,
+        ]
+    )
     rpc_utils.wait_for_devices(tracker, key, before + 1, timeout_s=60)
     return proc
 
@@ -158,13 +189,15 @@ def cnn_library(cnn, tmp_path_factory) -> Path:
 def test_deploy_cpu_matches_host_and_onnxruntime(tracker, cpu_server, cnn):
     path, model = cnn
     inputs = random_inputs(model, seed=3)
-    result = deploy.deploy(model, tracker, cpu_server, target="host", inputs=inputs,
-                           number=1, repeat=2, log=None)
+    result = deploy.deploy(
+        model, tracker, cpu_server, target="host", inputs=inputs, number=1, repeat=2, log=None
+    )
     assert result.device.startswith("x86@127.0.0.1:")
     assert result.preset == "host"
     assert result.matches and result.max_abs_error < 1e-5
-    np.testing.assert_allclose(result.outputs[0], _onnxruntime(path, inputs)[0],
-                               rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(
+        result.outputs[0], _onnxruntime(path, inputs)[0], rtol=1e-4, atol=1e-5
+    )
     assert result.run.repeats == 2 and result.run.median_ms > 0
     import tvm
 
@@ -174,19 +207,35 @@ def test_deploy_cpu_matches_host_and_onnxruntime(tracker, cpu_server, cnn):
 def test_cli_deploy_with_npz(tracker, cpu_server, cnn, tmp_path, capsys):
     from codl_tvm.cli import main
 
-    path, model = cnn
+    path, _ = cnn
     x = np.random.default_rng(7).standard_normal((1, 3, 16, 16)).astype("float32")
     np.savez(tmp_path / "in.npz", x=x)
-    rc = main(["deploy", str(path), "--tracker", tracker, "--key", cpu_server,
-               "--inputs", str(tmp_path / "in.npz"), "--save-outputs",
-               str(tmp_path / "out.npz"), "--repeat", "1", "--number", "1"])
+    rc = main(
+        [
+            "deploy",
+            str(path),
+            "--tracker",
+            tracker,
+            "--key",
+            cpu_server,
+            "--inputs",
+            str(tmp_path / "in.npz"),
+            "--save-outputs",
+            str(tmp_path / "out.npz"),
+            "--repeat",
+            "1",
+            "--number",
+            "1",
+        ]
+    )
     out = capsys.readouterr().out
     assert rc == 0, out
     assert "remote latency on x86@127.0.0.1" in out and "matches" in out
     with np.load(tmp_path / "out.npz") as saved:
         assert saved.files == ["y"]
-        np.testing.assert_allclose(saved["y"], _onnxruntime(path, {"x": x})[0],
-                                   rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(
+            saved["y"], _onnxruntime(path, {"x": x})[0], rtol=1e-4, atol=1e-5
+        )
 
 
 def test_cli_rejects_bad_input(tracker, cpu_server, cnn, tmp_path, capsys):
@@ -196,8 +245,10 @@ def test_cli_rejects_bad_input(tracker, cpu_server, cnn, tmp_path, capsys):
     np.savez(tmp_path / "bad.npz", x=np.zeros((1, 3, 8, 8), "float32"))
     base = ["deploy", str(path), "--tracker", tracker, "--key", cpu_server]
     assert main([*base, "--inputs", str(tmp_path / "bad.npz")]) == 2
-    assert "input 'x' has shape (1, 3, 8, 8), the model expects (1, 3, 16, 16)" in \
-        capsys.readouterr().err
+    assert (
+        "input 'x' has shape (1, 3, 8, 8), the model expects (1, 3, 16, 16)"
+        in capsys.readouterr().err
+    )
     assert main([*base, "--target", "pixel9"]) == 2
     assert "unknown target preset 'pixel9'" in capsys.readouterr().err
     assert main([*base, "--target", "android-arm64"]) == 2
@@ -222,8 +273,10 @@ def test_unreachable_tracker_fails_fast(cnn):
 
 def test_no_free_device(tracker, cpu_server):
     t0 = time.monotonic()
-    with pytest.raises(rpc_utils.NoFreeDevice, match="no device registered under key 'pixel'.*"
-                       "keys registered there: .*x86"):
+    with pytest.raises(
+        rpc_utils.NoFreeDevice,
+        match=r"no device registered under key 'pixel'.*keys registered there: .*x86",
+    ):
         rpc_utils.request_remote(tracker, "pixel", timeout_s=1)
     rpc_utils.wait_for_devices(tracker, cpu_server, 1, timeout_s=30)
     held = rpc_utils.request_remote(tracker, cpu_server, timeout_s=5)
@@ -253,12 +306,28 @@ def test_version_check(procs, tracker, cpu_server):
     assert rpc_utils.version_mismatches(info, rpc_utils.local_versions()) == []
     older = {**info, "tvm": "0.26.0"}
     assert rpc_utils.version_mismatches(older, rpc_utils.local_versions()) == [
-        f"tvm 0.26.0 there, {tvm.__version__} here"]
+        f"tvm 0.26.0 there, {tvm.__version__} here"
+    ]
     # a stock TVM server cannot report: unknown, and an error when strict
     port = _free_port()
-    procs.start([sys.executable, "-m", "tvm.exec.rpc_server", "--host", "127.0.0.1",
-                 "--port", str(port), "--port-end", str(port + 1), "--tracker", tracker,
-                 "--key", "stock", "--silent"])
+    procs.start(
+        [
+            sys.executable,
+            "-m",
+            "tvm.exec.rpc_server",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--port-end",
+            str(port + 1),
+            "--tracker",
+            tracker,
+            "--key",
+            "stock",
+            "--silent",
+        ]
+    )
     rpc_utils.wait_for_devices(tracker, "stock", 1, timeout_s=60)
     stock = rpc_utils.request_remote(tracker, "stock", timeout_s=10)
     try:
@@ -331,40 +400,84 @@ def test_deploy_opencl_through_server_with_plugin(procs, tracker, cnn, opencl):
     path, model = cnn
     for seed in (1, 2):  # two sessions: the server keeps serving OpenCL after the first
         inputs = random_inputs(model, seed=seed)
-        result = deploy.deploy(model, tracker, "ocl", target="pocl", device="opencl",
-                               inputs=inputs, number=1, repeat=1, request_timeout_s=30, log=None)
+        result = deploy.deploy(
+            model,
+            tracker,
+            "ocl",
+            target="pocl",
+            device="opencl",
+            inputs=inputs,
+            number=1,
+            repeat=1,
+            request_timeout_s=30,
+            log=None,
+        )
         assert result.remote_versions["opencl"] == "1"
         assert result.matches, result.max_abs_error
-        np.testing.assert_allclose(result.outputs[0], _onnxruntime(path, inputs)[0],
-                                   rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(
+            result.outputs[0], _onnxruntime(path, inputs)[0], rtol=1e-4, atol=1e-5
+        )
         rpc_utils.wait_for_devices(tracker, "ocl", 1, timeout_s=30)
 
 
 @pytest.mark.slow
 def test_emulated_aarch64_deploy(procs, tracker, cnn):
     script = REPO / "scripts" / "emulated_aarch64.py"
-    prep = subprocess.run([sys.executable, str(script), "prepare", "--timeout", "600"],
-                          capture_output=True, text=True, timeout=1800)
+    prep = subprocess.run(
+        [sys.executable, str(script), "prepare", "--timeout", "600"],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     if prep.returncode != 0:
-        pytest.skip("the emulated aarch64 device cannot be prepared here: "
-                    + (prep.stderr.strip().splitlines() or ["unknown error"])[-1])
+        pytest.skip(
+            "the emulated aarch64 device cannot be prepared here: "
+            + (prep.stderr.strip().splitlines() or ["unknown error"])[-1]
+        )
     port = _free_port()
-    start = subprocess.run([sys.executable, str(script), "serve", "--tracker", tracker,
-                            "--key", "aarch64-emu", "--port", str(port), "--timeout", "300"],
-                           capture_output=True, text=True, timeout=600)
+    start = subprocess.run(
+        [
+            sys.executable,
+            str(script),
+            "serve",
+            "--tracker",
+            tracker,
+            "--key",
+            "aarch64-emu",
+            "--port",
+            str(port),
+            "--timeout",
+            "300",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert start.returncode == 0, start.stderr
     try:
         path, model = cnn
         inputs = random_inputs(model, seed=5)
         ref = _onnxruntime(path, inputs)[0]
         for target in (None, "android-arm64"):  # None: chosen from the remote's report
-            result = deploy.deploy(model, tracker, "aarch64-emu", target=target, inputs=inputs,
-                                   number=1, repeat=1, request_timeout_s=60, log=None)
+            result = deploy.deploy(
+                model,
+                tracker,
+                "aarch64-emu",
+                target=target,
+                inputs=inputs,
+                number=1,
+                repeat=1,
+                request_timeout_s=60,
+                log=None,
+            )
             assert result.preset == (target or "linux-arm64")
             assert result.remote_versions["machine"] == "aarch64"
             assert result.matches, result.max_abs_error
             np.testing.assert_allclose(result.outputs[0], ref, rtol=1e-4, atol=1e-4)
             rpc_utils.wait_for_devices(tracker, "aarch64-emu", 1, timeout_s=60)
     finally:
-        subprocess.run([sys.executable, str(script), "stop", "--port", str(port)],
-                       capture_output=True, timeout=60)
+        subprocess.run(
+            [sys.executable, str(script), "stop", "--port", str(port)],
+            capture_output=True,
+            timeout=60,
+        )

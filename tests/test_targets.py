@@ -58,12 +58,12 @@ def test_mcpu_override():
 
 
 def test_unknown_preset_lists_valid_names():
-    with pytest.raises(KeyError, match="unknown target preset 'pixel9'.*android-arm64"):
+    with pytest.raises(KeyError, match=r"unknown target preset 'pixel9'.*android-arm64"):
         targets.get_preset("pixel9")
 
 
 def test_cpu_only_preset_has_no_gpu_target():
-    with pytest.raises(ValueError, match="'android-arm64' has no OpenCL GPU.*android-adreno"):
+    with pytest.raises(ValueError, match=r"'android-arm64' has no OpenCL GPU.*android-adreno"):
         targets.get_preset("android-arm64").gpu_target()
     with pytest.raises(ValueError, match="unknown device 'npu'"):
         targets.get_preset("host").target("npu")
@@ -83,7 +83,7 @@ def test_link_method_follows_ndk_variable(monkeypatch):
 def test_missing_clang_is_reported(monkeypatch, tmp_path):
     monkeypatch.delenv("TVM_NDK_CC", raising=False)
     monkeypatch.setenv("PATH", str(tmp_path))  # an empty PATH: no clang, no lld
-    with pytest.raises(targets.ToolchainError, match="needs clang and lld.*apt-get install"):
+    with pytest.raises(targets.ToolchainError, match=r"needs clang and lld.*apt-get install"):
         targets.check_toolchain(targets.get_preset("android-arm64"))
 
 
@@ -98,8 +98,10 @@ def test_host_export_runs(tmp_path):
     np.testing.assert_allclose(out, np.maximum(x + y, 0), rtol=1e-6)
 
 
-@pytest.mark.skipif(shutil.which("clang") is None or shutil.which("ld.lld") is None,
-                    reason="clang and lld are not installed (apt-get install clang lld)")
+@pytest.mark.skipif(
+    shutil.which("clang") is None or shutil.which("ld.lld") is None,
+    reason="clang and lld are not installed (apt-get install clang lld)",
+)
 @pytest.mark.parametrize("name", ["android-arm64", "linux-arm64"])
 def test_cross_export_is_aarch64_elf(tmp_path, monkeypatch, name):
     monkeypatch.delenv("TVM_NDK_CC", raising=False)
@@ -110,5 +112,6 @@ def test_cross_export_is_aarch64_elf(tmp_path, monkeypatch, name):
     assert header[:4] == b"\x7fELF"
     assert int.from_bytes(header[18:20], "little") == 183  # EM_AARCH64
     if shutil.which("file"):
-        assert "aarch64" in subprocess.run(["file", str(lib)], capture_output=True,
-                                           text=True).stdout
+        assert (
+            "aarch64" in subprocess.run(["file", str(lib)], capture_output=True, text=True).stdout
+        )

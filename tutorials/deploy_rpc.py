@@ -41,10 +41,10 @@ device.
 # aarch64 Python with TVM's aarch64 wheel under qemu-user and registers it as ``aarch64-emu``.
 
 import os
+import signal
 import socket
 import subprocess
 import sys
-import time
 
 import numpy as np
 
@@ -67,15 +67,45 @@ if local_demo:
     tracker = f"127.0.0.1:{port}"
     key = "local-cpu"
     target = "host"
-    started.append(subprocess.Popen(
-        [sys.executable, "-m", "tvm.exec.rpc_tracker", "--host", "127.0.0.1", "--port",
-         str(port), "--port-end", str(port + 1), "--silent"], start_new_session=True))
+    started.append(
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tvm.exec.rpc_tracker",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--port-end",
+                str(port + 1),
+                "--silent",
+            ],
+            start_new_session=True,
+        )
+    )
     # the server retries the tracker until it is up; wait_for_devices waits for both
     server_port = free_port()
-    started.append(subprocess.Popen(
-        [sys.executable, "-m", "codl_tvm.rpc_utils", "serve", "--tracker", tracker, "--key", key,
-         "--port", str(server_port), "--port-end", str(server_port + 1), "--silent"],
-        start_new_session=True))
+    started.append(
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "codl_tvm.rpc_utils",
+                "serve",
+                "--tracker",
+                tracker,
+                "--key",
+                key,
+                "--port",
+                str(server_port),
+                "--port-end",
+                str(server_port + 1),
+                "--silent",
+            ],
+            start_new_session=True,
+        )
+    )
 else:
     tracker = os.environ["CODL_TVM_TRACKER"]
     key = os.environ["CODL_TVM_KEY"]
@@ -110,11 +140,11 @@ for preset in targets.PRESETS.values():
 
 model = load_onnx(bundled_model_path())
 inputs = random_inputs(model, seed=0)
-result = deploy.deploy(model, tracker, key, target=target, inputs=inputs, number=3, repeat=3,
-                       request_timeout_s=30)
+result = deploy.deploy(
+    model, tracker, key, target=target, inputs=inputs, number=3, repeat=3, request_timeout_s=30
+)
 print(f"ran on {result.device} ({result.preset}); remote reports {result.remote_versions}")
-print(f"max abs difference against the host: {result.max_abs_error:.3g}, "
-      f"matches: {result.matches}")
+print(f"max abs difference against the host: {result.max_abs_error:.3g}, matches: {result.matches}")
 print(f"remote latency: median {result.run.median_ms:.3f} ms over {result.run.repeats} repeats")
 
 # %%
@@ -137,16 +167,21 @@ with rpc_utils.DeviceFarm(tracker, key, request_timeout_s=30) as farm:
     print("farm devices:", [d.name for d in farm.devices])
     jobs = farm.run([make_job(x) for x in batches], job_timeout_s=120, retries=1)
 for job in jobs:
-    print(f"job {job.index} on {job.device}: ok={job.ok}, "
-          f"top class {int(np.argmax(job.value)) if job.ok else None}")
+    print(
+        f"job {job.index} on {job.device}: ok={job.ok}, "
+        f"top class {int(np.argmax(job.value)) if job.ok else None}"
+    )
 
 # %%
 # Clean up
 # --------
+# Each process was started in its own session; ending the group also ends TVM's worker
+# processes under it.
 for proc in reversed(started):
-    proc.terminate()
     try:
+        os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=10)
     except subprocess.TimeoutExpired:
-        proc.kill()
-time.sleep(0.1)
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass

@@ -1,0 +1,145 @@
+"""One-call co-execution: ``codl_tvm.compile(mod, plan)`` builds a model whose partitioned
+operators run on the OpenCL device (GPU) and the host CPU at the same time.
+
+The build is TVM's own ``tvm.compile`` with :func:`codl_tvm.pipeline.coexec_pipeline` as the
+Relax pipeline; the result runs in the stock Relax VM on ``[tvm.opencl(0), tvm.cpu(0)]`` with the
+codl-tvm OpenCL runtime plugin.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["CoexecModule", "compile_coexec", "placement_report"]
+
+
+def _targets(gpu, cpu):
+    import tvm
+
+    gpu = gpu or tvm.target.Target({"kind": "opencl"}, host={"kind": "llvm"})
+    cpu = cpu or tvm.target.Target({"kind": "llvm"})
+    if isinstance(gpu, dict):
+        gpu = tvm.target.Target(gpu, host={"kind": "llvm"})
+    if isinstance(cpu, dict):
+        cpu = tvm.target.Target(cpu)
+    if gpu.kind.name != "opencl":
+        raise ValueError(f"the GPU target must be an OpenCL target, not {gpu.kind.name}")
+    if cpu.kind.name != "llvm":
+        raise ValueError(f"the CPU target must be an LLVM target, not {cpu.kind.name}")
+    return gpu, cpu
+
+
+@dataclass
+class CoexecModule:
+    """A co-executed model: its library, the plan it was built with and a Relax VM.
+
+    Attributes
+    ----------
+    library
+        The exported shared library (deployable with ``tvm.runtime.load_module``).
+    plan
+        The :class:`~codl_tvm.plan.PartitionPlan` it was built with.
+    placements
+        One row per partitioned operator: its split, ratio and the regions each processor writes.
+    """
+
+    library: Path
+    plan: object
+    placements: list[dict] = field(default_factory=list)
+    _vm: object = None
+
+    @property
+    def vm(self):
+        """The Relax VM over ``[opencl(0), cpu(0)]`` (created on first use)."""
+        if self._vm is None:
+            import tvm
+            from tvm.runtime.vm import VirtualMachine
+
+            from codl_tvm import runtime
+
+            runtime.load()
+            lib = tvm.runtime.load_module(str(self.library))
+            self._vm = VirtualMachine(lib, [tvm.opencl(0), tvm.cpu(0)])
+        return self._vm
+
+    def __call__(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """Run once on numpy inputs; return numpy outputs."""
+        import tvm
+
+        from codl_tvm.runner import _flatten
+
+        args = [tvm.runtime.tensor(np.ascontiguousarray(x), tvm.opencl(0)) for x in inputs]
+        return _flatten(self.vm["main"](*args))
+
+    def time(self, inputs: Sequence[np.ndarray], number: int = 5, repeat: int = 3):
+        """Latency with ``time_evaluator`` on the OpenCL device's event timer."""
+        import tvm
+
+        from codl_tvm.runner import Latency
+
+        dev = tvm.opencl(0)
+        args = [tvm.runtime.tensor(np.ascontiguousarray(x), dev) for x in inputs]
+        self.vm["main"](*args)
+        res = self.vm.time_evaluator("main", dev, number=number, repeat=repeat)(*args)
+        ms = [r * 1e3 for r in res.results]
+        return Latency(float(np.median(ms)), float(np.mean(ms)), float(np.min(ms)),
+                       float(np.max(ms)), len(ms))
+
+
+def placement_report(mod, plan) -> list[dict]:
+    """For each plan entry: dimension, ratio and the output region of each processor."""
+    from codl_tvm.passes import PartitionOperators, collect_parts
+
+    parts = collect_parts(PartitionOperators(plan)(mod))
+    rows = []
+    for split in parts:
+        rows.append({
+            "ops": list(split.ops),
+            "dim": split.dim.value,
+            "ratio": split.ratio,
+            "axis": split.axis,
+            "parts": [{"processor": p.processor.value, "region": list(p.region)}
+                      for p in split.parts],
+        })
+    return rows
+
+
+def compile_coexec(mod, plan, gpu=None, cpu=None, work_dir: str | Path | None = None,
+                   name: str = "coexec") -> CoexecModule:
+    """Build ``mod`` so that ``plan``'s operators co-execute on the GPU and the CPU.
+
+    Parameters
+    ----------
+    mod
+        A Relax IRModule (e.g. from :func:`codl_tvm.frontend.load_onnx`).
+    plan
+        A :class:`~codl_tvm.plan.PartitionPlan` (see :func:`codl_tvm.plan.uniform_plan`).
+    gpu, cpu
+        TVM targets (or JSON dicts) of the OpenCL device and the CPU; by default generic OpenCL
+        with an LLVM host, and the host LLVM target.
+    work_dir
+        Where the library is written (a temporary directory by default).
+    """
+    import tvm
+
+    from codl_tvm import runtime
+    from codl_tvm.pipeline import coexec_pipeline
+
+    gpu, cpu = _targets(gpu, cpu)
+    plan.validate(mod)
+    runtime.load()
+    ex = tvm.compile(mod, target=gpu, relax_pipeline=coexec_pipeline(plan, gpu, cpu))
+    work = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="codl-coexec-"))
+    work.mkdir(parents=True, exist_ok=True)
+    lib = work / f"{name}.so"
+    ex.export_library(str(lib))
+    (work / f"{name}.plan.json").write_text(plan.to_json())
+    report = placement_report(mod, plan)
+    (work / f"{name}.placement.json").write_text(json.dumps(report, indent=2))
+    return CoexecModule(library=lib, plan=plan, placements=report)

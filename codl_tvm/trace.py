@@ -1,0 +1,194 @@
+"""Timeline of one co-executed inference: every kernel on a GPU lane and a CPU lane.
+
+GPU kernels come from OpenCL event timestamps (:func:`codl_tvm.runtime.record_kernels`), CPU
+kernels and synchronisation waits from host timestamps taken by a Relax VM instrument around each
+call. The two clocks are put on one time base by the launch of each GPU kernel: its host call
+precedes its device "queued" timestamp, so the smallest host-minus-device difference over all
+launches is the offset (error: one launch overhead, a few microseconds).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["Trace", "TraceEvent", "trace_inference"]
+
+_LANES = ("GPU", "CPU", "sync")
+
+
+@dataclass(frozen=True)
+class TraceEvent:
+    """One interval on a lane, in microseconds from the start of the inference."""
+
+    lane: str
+    name: str
+    start_us: float
+    end_us: float
+
+    @property
+    def dur_us(self) -> float:
+        return self.end_us - self.start_us
+
+
+@dataclass
+class Trace:
+    """The events of one inference, with summary statistics."""
+
+    events: list[TraceEvent] = field(default_factory=list)
+
+    def busy_us(self, lane: str) -> float:
+        """Time the lane is busy (union of its intervals)."""
+        return _union_length([(e.start_us, e.end_us) for e in self.events if e.lane == lane])
+
+    def overlap_us(self) -> float:
+        """Time during which a GPU kernel and a CPU kernel run at once."""
+        gpu = _merge([(e.start_us, e.end_us) for e in self.events if e.lane == "GPU"])
+        cpu = _merge([(e.start_us, e.end_us) for e in self.events if e.lane == "CPU"])
+        total, i, j = 0.0, 0, 0
+        while i < len(gpu) and j < len(cpu):
+            lo, hi = max(gpu[i][0], cpu[j][0]), min(gpu[i][1], cpu[j][1])
+            total += max(0.0, hi - lo)
+            if gpu[i][1] < cpu[j][1]:
+                i += 1
+            else:
+                j += 1
+        return total
+
+    def span_us(self) -> float:
+        if not self.events:
+            return 0.0
+        return max(e.end_us for e in self.events) - min(e.start_us for e in self.events)
+
+    def summary(self) -> dict[str, float]:
+        return {"span_us": self.span_us(), "gpu_busy_us": self.busy_us("GPU"),
+                "cpu_busy_us": self.busy_us("CPU"), "overlap_us": self.overlap_us(),
+                "sync_wait_us": self.busy_us("sync")}
+
+    def to_chrome(self) -> dict:
+        """Chrome trace-event JSON (chrome://tracing, Perfetto)."""
+        events = [{"name": "thread_name", "ph": "M", "pid": 0, "tid": i,
+                   "args": {"name": lane}} for i, lane in enumerate(_LANES)]
+        for e in self.events:
+            events.append({"name": e.name, "ph": "X", "pid": 0, "tid": _LANES.index(e.lane),
+                           "ts": e.start_us, "dur": max(e.dur_us, 0.001)})
+        return {"traceEvents": events, "displayTimeUnit": "ms",
+                "otherData": self.summary()}
+
+    def save_chrome(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_chrome(), indent=1))
+
+    def save_png(self, path: str | Path) -> None:
+        """Draw the timeline (one row per lane) with matplotlib."""
+        from matplotlib.figure import Figure
+
+        fig = Figure(figsize=(12, 2.6))
+        ax = fig.add_subplot(1, 1, 1)
+        colors = {"GPU": "tab:green", "CPU": "tab:blue", "sync": "tab:red"}
+        for row, lane in enumerate(_LANES):
+            bars = [(e.start_us / 1e3, max(e.dur_us, 0.5) / 1e3) for e in self.events
+                    if e.lane == lane]
+            if bars:
+                ax.broken_barh(bars, (row - 0.4, 0.8), facecolors=colors[lane])
+        ax.set_yticks(range(len(_LANES)), labels=list(_LANES))
+        ax.set_xlabel("time (ms)")
+        s = self.summary()
+        ax.set_title(f"span {s['span_us'] / 1e3:.2f} ms, GPU busy {s['gpu_busy_us'] / 1e3:.2f} "
+                     f"ms, CPU busy {s['cpu_busy_us'] / 1e3:.2f} ms, overlap "
+                     f"{s['overlap_us'] / 1e3:.2f} ms")
+        fig.tight_layout()
+        fig.savefig(str(path), dpi=110)
+
+
+def _merge(intervals):
+    out = []
+    for lo, hi in sorted(intervals):
+        if out and lo <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], hi)
+        else:
+            out.append([lo, hi])
+    return out
+
+
+def _union_length(intervals) -> float:
+    return float(sum(hi - lo for lo, hi in _merge(intervals)))
+
+
+def trace_inference(built, inputs: Sequence[np.ndarray], warmup: int = 1) -> Trace:
+    """Run ``built`` (a :class:`~codl_tvm.coexec.CoexecModule`) once and return its timeline."""
+    import tvm
+
+    from codl_tvm import runtime
+
+    vm = built.vm
+    dev = tvm.opencl(0)
+    args = [tvm.runtime.tensor(np.ascontiguousarray(x), dev) for x in inputs]
+    for _ in range(warmup):
+        vm["main"](*args)
+    dev.sync()
+    clock = tvm.get_global_func("codl.opencl.host_clock_ns")
+    calls: list[tuple[str, int, int]] = []
+    pending: list[tuple[str, int]] = []
+
+    def instrument(func, symbol, before_run, ret, *call_args):
+        now = clock()
+        if before_run:
+            pending.append((str(symbol), now))
+        else:
+            name, start = pending.pop()
+            calls.append((name, start, now))
+        return 0
+
+    vm.set_instrument(instrument)
+    try:
+        with runtime.record_kernels() as kernels:
+            vm["main"](*args)
+            dev.sync()
+    finally:
+        vm.set_instrument(None)
+    gpu_hosts = {k.name for k in kernels}
+    launch_starts: dict[str, list[int]] = {}
+    for name, start, _ in calls:
+        launch_starts.setdefault(name, []).append(start)
+    # Clock offset: host time of each launch call minus its device "queued" timestamp.
+    offsets = []
+    used: dict[str, int] = {}
+    for k in kernels:
+        host_name = _host_function(k.name, launch_starts)
+        if host_name is None:
+            continue
+        i = used.get(host_name, 0)
+        if i < len(launch_starts[host_name]):
+            offsets.append(launch_starts[host_name][i] - k.queued_ns)
+            used[host_name] = i + 1
+    offset = min(offsets) if offsets else 0
+    events = []
+    for k in kernels:
+        events.append(TraceEvent("GPU", k.name, (k.start_ns + offset) / 1e3,
+                                 (k.end_ns + offset) / 1e3))
+    gpu_host_names = {_host_function(n, launch_starts) for n in gpu_hosts}
+    for name, start, end in calls:
+        if name in gpu_host_names:
+            continue
+        if name == "codl.coexec.cpu_wait":
+            events.append(TraceEvent("sync", "wait", start / 1e3, end / 1e3))
+        elif not (name.startswith("vm.") or name.startswith("codl.")):
+            events.append(TraceEvent("CPU", name, start / 1e3, end / 1e3))
+    if not events:
+        return Trace([])
+    t0 = min(e.start_us for e in events)
+    return Trace(sorted((TraceEvent(e.lane, e.name, e.start_us - t0, e.end_us - t0)
+                         for e in events), key=lambda e: e.start_us))
+
+
+def _host_function(kernel_name: str, hosts) -> str | None:
+    """The host function that launches an OpenCL kernel (TVM names kernels ``<func>_kernel*``)."""
+    base = kernel_name
+    idx = base.rfind("_kernel")
+    if idx >= 0:
+        base = base[:idx]
+    return base if base in hosts else None
