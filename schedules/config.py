@@ -125,6 +125,10 @@ class OpenCLConfig:
         Upper bound on work-items per workgroup; thread tiles shrink to fit.
     pool_threads : int
         Work-items per workgroup of pooling and other spatial kernels.
+    conv_vector_lanes : int
+        Vectorise each work-item's output columns with OpenCL vector types of up to this many
+        lanes (``conv_reg_ow`` is then chosen like the CPU row width); 0 keeps scalar
+        work-items (GPUs, which vectorise across work-items themselves).
     min_work_items : int
         Register tiles shrink until the conv launches at least this many work-items (a big GPU
         needs tens of thousands in flight; 0 keeps the tiles).
@@ -141,6 +145,7 @@ class OpenCLConfig:
     local_memory_bytes: int = 0
     max_workgroup_size: int = 256
     pool_threads: int = 128
+    conv_vector_lanes: int = 0
     min_work_items: int = 0
 
 
@@ -208,15 +213,18 @@ NVIDIA = OpenCLConfig(
     min_work_items=32768,
 )
 
-# PoCL runs a workgroup as a loop on one core and vectorises across work-items: a workgroup of
-# whole output rows with a wide channel register tile keeps each core busy with few launches.
+# PoCL runs a workgroup as a loop over work-items on one core and vectorises only innermost
+# loops, so a work-item with a reduction loop inside is scalar code. Each work-item is instead a
+# CPU-style register tile: 16 output channels x one vector of up to 16 columns (AVX-512 on the
+# device machine's Xeon; LLVM splits it on narrower CPUs), 4 rows per workgroup.
 POCL = OpenCLConfig(
     name="pocl",
     conv_threads_oc=1,
-    conv_threads_ow=16,
-    conv_threads_oh=1,
-    conv_reg_oc=8,
+    conv_threads_ow=1,
+    conv_threads_oh=4,
+    conv_reg_oc=16,
     conv_reg_ow=1,
+    conv_vector_lanes=16,
     max_workgroup_size=256,
     pool_threads=64,
 )

@@ -17,6 +17,10 @@ layout choice). Parameters per device class come from
     input channels of its input rows (padding applied there) and of its weights in local
     memory, cooperatively, then reduces from local memory; the chunk shrinks to fit the
     target's ``max_shared_memory_per_block``. Grouped convs read global memory directly.
+    With ``conv_vector_lanes`` (CPU OpenCL: PoCL) each work-item is a CPU-style register tile:
+    its output columns are one OpenCL vector (``vload16``/``float16``), since PoCL vectorises
+    only innermost loops and would otherwise run the reduction in scalar code; padding then
+    runs as its own kernel.
 ``pool``
     One work-item per output element; the window is reduced serially in a register.
 
@@ -34,8 +38,15 @@ from tvm import s_tir
 from tvm.s_tir.schedule import SBlockRV
 from tvm.target import Target
 
-from .analysis import FuncBlocks, buffer_loads, classify_blocks, match_conv2d, match_pool2d
-from .common import CodlRule
+from .analysis import (
+    FuncBlocks,
+    buffer_loads,
+    classify_blocks,
+    is_trivial_copy,
+    match_conv2d,
+    match_pool2d,
+)
+from .common import CodlRule, choose_row_width
 from .config import OpenCLConfig, opencl_config
 
 __all__ = ["OpenCLConv2D", "OpenCLPool2D"]
@@ -138,6 +149,9 @@ class OpenCLConv2D(_OpenCLRule):
             return f"not a conv2d: {info}"
         reg_oc = min(cfg.conv_reg_oc, info.out_channels)
         reg_ow = min(cfg.conv_reg_ow, info.out_width)
+        vector = cfg.conv_vector_lanes > 1
+        if vector:
+            reg_ow = choose_row_width(info.out_width, cfg.conv_vector_lanes, 1)
         outputs = info.batch * info.out_channels * info.out_height * info.out_width
         while outputs < cfg.min_work_items * reg_oc * reg_ow and reg_oc * reg_ow > 1:
             if reg_oc >= reg_ow:
@@ -163,6 +177,10 @@ class OpenCLConv2D(_OpenCLRule):
         if chunk:
             # the pad block is inlined into the local-memory copy below, not into the conv
             _inline_prologue(sch, _without(blocks, padder), cfg.pool_threads)
+        elif vector and padder is not None and not is_trivial_copy(sch, padder):
+            # a bounds check inside the vector loop would scalarise it: pad in its own kernel
+            _inline_prologue(sch, _without(blocks, padder), cfg.pool_threads)
+            _bind_spatial(sch, padder, cfg.pool_threads)
         else:
             _inline_prologue(sch, blocks, cfg.pool_threads)
         n, f, y, x, c, ky, kx = sch.get_loops(conv)
@@ -200,11 +218,25 @@ class OpenCLConv2D(_OpenCLRule):
         _inline_epilogue(sch, blocks, cfg.pool_threads)
         sch.reverse_compute_at(writeback, t, preserve_unit_loops=True)
         sch.unroll(rf)
-        sch.unroll(rx)
+        if vector and reg_ow > 1:
+            sch.vectorize(rx)
+            sch.vectorize(sch.get_loops(writeback)[-1])
+        else:
+            sch.unroll(rx)
         if info.kernel_w <= 7:
             sch.unroll(kx)
-        sch.decompose_reduction(conv, first_reduction)
-        return "direct", cfg.name
+        init = sch.decompose_reduction(conv, first_reduction)
+        if vector and reg_ow > 1:
+            sch.vectorize(sch.get_loops(init)[-1])
+        groups = (
+            info.batch
+            * math.ceil(info.out_channels / (t_oc * reg_oc))
+            * math.ceil(info.out_height / t_oh)
+            * math.ceil(info.out_width / (t_ow * reg_ow))
+        )
+        # the conv's own launch (a padding kernel, if any, has its own shape)
+        features = {"codl.workgroup_size": threads, "codl.workgroup_count": groups}
+        return "direct", cfg.name, features
 
     @staticmethod
     def _local_chunk(cfg, target, info, tile_oc: int, tile_oh: int, tile_ow: int) -> int:

@@ -481,3 +481,60 @@ def test_emulated_aarch64_deploy(procs, tracker, cnn):
             capture_output=True,
             timeout=60,
         )
+
+
+OTHER_TVM = "0.26.0"
+
+
+@pytest.mark.slow
+def test_emulated_device_with_other_tvm_is_refused_before_upload(procs, tracker, cnn):
+    """A real aarch64 device running apache-tvm 0.26 (PyPI wheel): refused before any upload."""
+    script = REPO / "scripts" / "emulated_aarch64.py"
+    cache = Path(os.environ.get("CODL_TVM_CACHE_DIR", Path.home() / ".cache" / "codl-tvm"))
+    home = cache.expanduser() / f"aarch64-emu-tvm{OTHER_TVM}"
+    common = ["--root", str(home), "--tvm-version", OTHER_TVM]
+    prep = subprocess.run(
+        [sys.executable, str(script), "prepare", *common, "--timeout", "600"],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    if prep.returncode != 0:
+        pytest.skip(
+            f"an emulated aarch64 device with TVM {OTHER_TVM} cannot be prepared here: "
+            + (prep.stderr.strip().splitlines() or ["unknown error"])[-1]
+        )
+    port = _free_port()
+    start = subprocess.run(
+        [
+            sys.executable,
+            str(script),
+            "serve",
+            *common,
+            "--tracker",
+            tracker,
+            "--key",
+            "aarch64-old",
+            "--port",
+            str(port),
+            "--timeout",
+            "300",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert start.returncode == 0, start.stderr
+    work = Path(str(cnn[0])).parent / "old-tvm"
+    try:
+        with pytest.raises(rpc_utils.VersionMismatch, match=f"tvm {OTHER_TVM} there"):
+            deploy.deploy(
+                cnn[1], tracker, "aarch64-old", request_timeout_s=60, work_dir=work, log=None
+            )
+        assert not work.exists()  # refused before compiling, let alone uploading
+    finally:
+        subprocess.run(
+            [sys.executable, str(script), "stop", "--root", str(home), "--port", str(port)],
+            capture_output=True,
+            timeout=60,
+        )

@@ -23,7 +23,7 @@ from codl_tvm.schedules import (
 from tvm import relax, tirx
 from tvm.target import Target
 
-from .test_schedules_cpu import conv2d_ref, conv_module, pool_ref, prim_funcs
+from .test_schedules_cpu import conv2d_ref, conv_module, loop_kinds, pool_ref, prim_funcs
 
 HOST = {"kind": "llvm"}
 OPENCL = Target({"kind": "opencl"}, host=HOST)
@@ -53,15 +53,20 @@ def schedule(mod, target):
         return apply_schedules(target)(mod)
 
 
-def thread_extents(func: tirx.PrimFunc) -> dict[str, int]:
-    out: dict[str, int] = {}
+def kernel_launches(func: tirx.PrimFunc) -> list[dict[str, int]]:
+    """Thread extents of each kernel (outermost blockIdx loop nest) of a scheduled PrimFunc."""
+    launches: list[dict[str, int]] = []
 
     def visit(loop):
-        if loop.kind == tirx.ForKind.THREAD_BINDING:
-            out[str(loop.thread_binding.thread_tag)] = int(loop.extent)
+        if loop.kind != tirx.ForKind.THREAD_BINDING:
+            return
+        tag = str(loop.thread_binding.thread_tag)
+        if tag.startswith("blockIdx") and (not launches or tag in launches[-1]):
+            launches.append({})
+        launches[-1][tag] = max(launches[-1].get(tag, 1), int(loop.extent))
 
-    tvm_ffi.structural_walk(func.body, [(tirx.For, visit)])
-    return out
+    tvm_ffi.structural_walk(func.body, [(tirx.For, visit)], order="pre")
+    return launches
 
 
 def opencl_source(ex) -> str:
@@ -133,13 +138,16 @@ def test_conv_schedule_compiles_for_device_class(device, shapes):
     (func,) = prim_funcs(mod).values()
     assert func.attrs["codl.algorithm"] == "direct"
     assert func.attrs["codl.config"] == opencl_config(target).name
-    threads = thread_extents(func)
-    assert {"blockIdx.x", "blockIdx.y", "blockIdx.z", "threadIdx.x"} <= set(threads)
-    assert func.attrs["codl.workgroup_size"] == threads["threadIdx.x"]
-    assert 1 <= threads["threadIdx.x"] <= opencl_config(target).max_workgroup_size
+    launches = kernel_launches(func)
+    conv_launch = next(k for k in launches if "blockIdx.z" in k)  # the padding kernel is 1-D
+    assert {"blockIdx.x", "blockIdx.y", "threadIdx.x"} <= set(conv_launch)
+    assert func.attrs["codl.workgroup_size"] == conv_launch["threadIdx.x"]
+    assert 1 <= conv_launch["threadIdx.x"] <= opencl_config(target).max_workgroup_size
     assert func.attrs["codl.workgroup_count"] == (
-        threads["blockIdx.x"] * threads["blockIdx.y"] * threads["blockIdx.z"]
+        conv_launch["blockIdx.x"] * conv_launch["blockIdx.y"] * conv_launch["blockIdx.z"]
     )
+    vectorized = opencl_config(target).conv_vector_lanes > 1
+    assert (tirx.ForKind.VECTORIZED in loop_kinds(func)) == vectorized
     uses_local = opencl_config(target).conv_use_local_memory and groups == 1
     assert ('scope="shared"' in func.script()) == uses_local
     src = opencl_source(tvm.compile(mod, target=target))
