@@ -46,7 +46,7 @@ from .analysis import (
     match_conv2d,
     match_pool2d,
 )
-from .common import CodlRule, choose_row_width
+from .common import CodlRule
 from .config import OpenCLConfig, opencl_config
 
 __all__ = ["OpenCLConv2D", "OpenCLPool2D"]
@@ -131,6 +131,14 @@ class _OpenCLRule(CodlRule):
         return self.config if self.config is not None else opencl_config(target)
 
 
+def _opencl_vector_width(extent: int, lanes: int) -> int:
+    """Widest OpenCL vector type (16, 8, 4, 3 or 2 lanes, at most ``lanes``) dividing extent."""
+    for width in (16, 8, 4, 3, 2):
+        if width <= lanes and extent % width == 0:
+            return width
+    return 1
+
+
 def _fit(threads: int, reg: int, extent: int) -> int:
     """Shrink a thread count so threads * reg does not overshoot extent by more than one tile."""
     return max(1, min(threads, math.ceil(extent / max(1, reg))))
@@ -151,7 +159,7 @@ class OpenCLConv2D(_OpenCLRule):
         reg_ow = min(cfg.conv_reg_ow, info.out_width)
         vector = cfg.conv_vector_lanes > 1
         if vector:
-            reg_ow = choose_row_width(info.out_width, cfg.conv_vector_lanes, 1)
+            reg_ow = _opencl_vector_width(info.out_width, cfg.conv_vector_lanes)
         outputs = info.batch * info.out_channels * info.out_height * info.out_width
         while outputs < cfg.min_work_items * reg_oc * reg_ow and reg_oc * reg_ow > 1:
             if reg_oc >= reg_ow:

@@ -54,18 +54,21 @@ def schedule(mod, target):
 
 
 def kernel_launches(func: tirx.PrimFunc) -> list[dict[str, int]]:
-    """Thread extents of each kernel (outermost blockIdx loop nest) of a scheduled PrimFunc."""
-    launches: list[dict[str, int]] = []
+    """Thread extents of each kernel (each root-level loop nest) of a scheduled PrimFunc."""
+    body = func.body.block.body
+    nests = list(body.seq) if isinstance(body, tirx.SeqStmt) else [body]
+    launches = []
+    for nest in nests:
+        extents: dict[str, int] = {}
 
-    def visit(loop):
-        if loop.kind != tirx.ForKind.THREAD_BINDING:
-            return
-        tag = str(loop.thread_binding.thread_tag)
-        if tag.startswith("blockIdx") and (not launches or tag in launches[-1]):
-            launches.append({})
-        launches[-1][tag] = max(launches[-1].get(tag, 1), int(loop.extent))
+        def visit(loop, extents=extents):
+            if loop.kind == tirx.ForKind.THREAD_BINDING:
+                tag = str(loop.thread_binding.thread_tag)
+                extents[tag] = max(extents.get(tag, 1), int(loop.extent))
 
-    tvm_ffi.structural_walk(func.body, [(tirx.For, visit)], order="pre")
+        tvm_ffi.structural_walk(nest, [(tirx.For, visit)])
+        if extents:
+            launches.append(extents)
     return launches
 
 
@@ -146,7 +149,9 @@ def test_conv_schedule_compiles_for_device_class(device, shapes):
     assert func.attrs["codl.workgroup_count"] == (
         conv_launch["blockIdx.x"] * conv_launch["blockIdx.y"] * conv_launch["blockIdx.z"]
     )
-    vectorized = opencl_config(target).conv_vector_lanes > 1
+    left, right = (pad, pad) if isinstance(pad, int) else (pad[1], pad[3])
+    out_w = (xshape[3] + left + right - wshape[3]) // stride + 1
+    vectorized = opencl_config(target).conv_vector_lanes > 1 and out_w % 2 == 0
     assert (tirx.ForKind.VECTORIZED in loop_kinds(func)) == vectorized
     uses_local = opencl_config(target).conv_use_local_memory and groups == 1
     assert ('scope="shared"' in func.script()) == uses_local

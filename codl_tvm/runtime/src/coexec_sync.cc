@@ -116,6 +116,7 @@ class CoexecSync {
 
   Mark MakeMark(int dev_id, SyncMode mode) {
     Workspace* w = Workspace::Global();
+    w->UnmapAll();
     cl_command_queue q = w->Queue(dev_id);
     Mark m;
     m.mode = mode;

@@ -145,6 +145,7 @@ class OpenCLSVMDeviceAPI final : public DeviceAPI {
     const Api& api = GetApi();
     // Kernels still queued may use the memory: finish every queue first.
     for (size_t i = 0; i < w->num_devices(); ++i) api.clFinish(w->Queue(static_cast<int>(i)));
+    w->UnmapAll();
     w->UnregisterAlloc(ptr);
     if (w->svm_mode() == SvmMode::kBuffer) {
       auto* desc = static_cast<BufferDescriptor*>(ptr);
@@ -183,6 +184,7 @@ class OpenCLSVMDeviceAPI final : public DeviceAPI {
       std::memcpy(dst, src, size);
       return;
     }
+    w->UnmapAll();
     if (w->svm_mode() != SvmMode::kBuffer) {
       // Blocking, on the in-order queue: ordered after every kernel enqueued before it.
       CODL_CL_CALL(clEnqueueSVMMemcpy, q, CL_TRUE, dst, src, size, 0, nullptr, nullptr);
@@ -534,6 +536,7 @@ cl_kernel KernelFunction::GetKernel(int dev_id) {
 
 void KernelFunction::Launch(ffi::PackedArgs args) {
   Workspace* w = Workspace::Global();
+  w->UnmapAll();  // coarse-grained SVM: the host's mapping ends before the GPU touches memory
   int dev_id = tls_device_id;
   cl_command_queue queue = w->Queue(dev_id);
   cl_kernel kernel = GetKernel(dev_id);
@@ -721,6 +724,8 @@ void CheckSvmTensor(const ffi::Tensor& t, const char* what) {
 
 ffi::Tensor CpuView(ffi::Tensor t) {
   CheckSvmTensor(t, "codl.opencl.cpu_view");
+  // Coarse-grained SVM: host access needs a map (blocking, after queued GPU work).
+  Workspace::Global()->MapForHost(t.GetDLTensorPtr()->data);
   const DLTensor* d = t.GetDLTensorPtr();
   std::vector<int64_t> shape(d->shape, d->shape + d->ndim);
   if (d->strides != nullptr) {

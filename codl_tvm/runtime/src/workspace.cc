@@ -432,6 +432,32 @@ bool Workspace::FindAlloc(const void* ptr, void** base, size_t* nbytes) {
   return false;
 }
 
+void Workspace::MapForHost(const void* ptr) {
+  if (svm_mode_ != SvmMode::kCoarseGrain) return;
+  void* base = nullptr;
+  size_t nbytes = 0;
+  if (!FindAlloc(ptr, &base, &nbytes)) {
+    TVM_FFI_THROW(ValueError) << "pointer " << ptr << " is not in an SVM allocation of the "
+                              << "codl-tvm OpenCL runtime";
+  }
+  std::lock_guard<std::mutex> lock(map_mu_);
+  for (void* m : mapped_) {
+    if (m == base) return;
+  }
+  CODL_CL_CALL(clEnqueueSVMMap, Queue(0), CL_TRUE, CL_MAP_READ | CL_MAP_WRITE, base, nbytes, 0,
+               nullptr, nullptr);
+  mapped_.push_back(base);
+  any_mapped_.store(true);
+}
+
+void Workspace::UnmapAll() {
+  if (!any_mapped_.load(std::memory_order_relaxed)) return;
+  std::lock_guard<std::mutex> lock(map_mu_);
+  for (void* m : mapped_) CODL_CL_CALL(clEnqueueSVMUnmap, Queue(0), m, 0, nullptr, nullptr);
+  mapped_.clear();
+  any_mapped_.store(false);
+}
+
 void Workspace::StartRecording() { recording_.fetch_add(1); }
 
 std::vector<KernelRecord> Workspace::StopRecording() {

@@ -87,6 +87,14 @@ class Workspace {
   /*! \brief Find the allocation containing `ptr`; returns false when none does. */
   bool FindAlloc(const void* ptr, void** base, size_t* nbytes);
 
+  /*!
+   * \brief Coarse-grained SVM: map the allocation holding `ptr` for host access (blocking,
+   * so ordered after all queued GPU work). It stays mapped until UnmapAll, which every GPU-side
+   * command (kernel launch, copy, mark) calls first.
+   */
+  void MapForHost(const void* ptr);
+  void UnmapAll();
+
   /*! \brief Kernel-event recording (used by kernel timers and the profiler). */
   bool recording() const { return recording_.load(std::memory_order_relaxed) > 0; }
   void StartRecording();
@@ -117,6 +125,10 @@ class Workspace {
 
   std::mutex alloc_mu_;
   std::unordered_map<void*, size_t> allocs_;
+
+  std::mutex map_mu_;
+  std::vector<void*> mapped_;
+  std::atomic<bool> any_mapped_{false};
 
   std::atomic<int> recording_{0};
   std::mutex rec_mu_;
