@@ -9,7 +9,7 @@ __version__ = "0.1.0"
 __all__ = ["__version__", "compile"]
 
 
-def compile(mod, plan, gpu=None, cpu=None, work_dir=None):  # noqa: A001 (mirrors tvm.compile)
+def compile(mod, plan, gpu=None, cpu=None, work_dir=None):
     """Build ``mod`` with ``plan`` for co-execution; see :func:`codl_tvm.coexec.compile_coexec`."""
     from codl_tvm.coexec import compile_coexec
 

@@ -24,8 +24,13 @@ def git_commit() -> str:
     if env:
         return env
     try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                             cwd=Path(__file__).parent, timeout=10)
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            cwd=Path(__file__).parent,
+            timeout=10,
+        )
         return out.stdout.strip() or "unknown"
     except (OSError, subprocess.SubprocessError):
         return "unknown"
@@ -41,16 +46,26 @@ def machine_info() -> dict:
                 break
     except OSError:
         pass
-    return {"host": platform.node(), "cpu": cpu, "cores": os.cpu_count(),
-            "python": sys.version.split()[0], "platform": platform.platform()}
+    return {
+        "host": platform.node(),
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+    }
 
 
 def envelope(command: list[str] | str, results: dict, **extra) -> dict:
     """Wrap results with the command that produced them, the commit and the machine."""
     cmd = command if isinstance(command, str) else " ".join(command)
-    return {"command": cmd, "commit": git_commit(),
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "machine": machine_info(), **extra, "results": results}
+    return {
+        "command": cmd,
+        "commit": git_commit(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "machine": machine_info(),
+        **extra,
+        "results": results,
+    }
 
 
 def write_json(path: str | Path, data: dict) -> None:
@@ -69,5 +84,9 @@ def time_host_us(fn: Callable[[], object], repeat: int = 200, warmup: int = 20) 
         t0 = time.perf_counter_ns()
         fn()
         samples[i] = (time.perf_counter_ns() - t0) / 1e3
-    return {"median_us": float(np.median(samples)), "min_us": float(samples.min()),
-            "p90_us": float(np.percentile(samples, 90)), "repeat": repeat}
+    return {
+        "median_us": float(np.median(samples)),
+        "min_us": float(samples.min()),
+        "p90_us": float(np.percentile(samples, 90)),
+        "repeat": repeat,
+    }

@@ -138,15 +138,19 @@ def _opencl_banner() -> None:
         info = runtime.info()
     except Exception as exc:
         raise CliError(f"OpenCL is not usable here: {exc}") from None
-    print(f"OpenCL: {info.platform} / {info.devices[0].name} "
-          f"({info.devices[0].compute_units} CUs, SVM {info.svm_mode})")
+    print(
+        f"OpenCL: {info.platform} / {info.devices[0].name} "
+        f"({info.devices[0].compute_units} CUs, SVM {info.svm_mode})"
+    )
 
 
 def _print_placements(placements: list[dict]) -> None:
     print(f"{'operators':28s} {'dim':>3s} {'ratio':>6s}  placement")
     for row in placements:
-        parts = ", ".join(f"{p['processor']} {row['dim']}[{p['region'][0]}:{p['region'][1]})"
-                          for p in row["parts"])
+        parts = ", ".join(
+            f"{p['processor']} {row['dim']}[{p['region'][0]}:{p['region'][1]})"
+            for p in row["parts"]
+        )
         print(f"{'+'.join(row['ops'])[:28]:28s} {row['dim']:>3s} {row['ratio']:6.2f}  {parts}")
 
 
@@ -163,8 +167,10 @@ def _run_coexec(args: argparse.Namespace, model, inputs) -> int:
     print(f"device: coexec (GPU + CPU), sync mode: {sync.sync_mode()}")
     for spec, arr in zip(model.outputs, outputs):
         print(f"output {spec.name}: shape {tuple(arr.shape)} dtype {arr.dtype}")
-    print(f"latency: median {lat.median_ms:.3f} ms (min {lat.min_ms:.3f}, max {lat.max_ms:.3f}, "
-          f"{lat.repeats} repeats of {args.number})")
+    print(
+        f"latency: median {lat.median_ms:.3f} ms (min {lat.min_ms:.3f}, max {lat.max_ms:.3f}, "
+        f"{lat.repeats} repeats of {args.number})"
+    )
     if args.check:
         from codl_tvm.runner import build
 
@@ -193,12 +199,16 @@ def cmd_demo(args: argparse.Namespace) -> int:
     outputs = built(inputs)
     ref = build(model.mod, "opencl")(inputs)
     err = max(float(np.max(np.abs(a - b))) for a, b in zip(outputs, ref))
-    print(f"co-executed {model.path} ({len(plan.entries())} operators split along "
-          f"{args.dim} at GPU ratio {args.ratio}); sync mode: {sync.sync_mode()}")
+    print(
+        f"co-executed {model.path} ({len(plan.entries())} operators split along "
+        f"{args.dim} at GPU ratio {args.ratio}); sync mode: {sync.sync_mode()}"
+    )
     _print_placements(built.placements)
     ok = err <= 1e-4 * max(1.0, max(float(np.max(np.abs(r))) for r in ref))
-    print(f"max abs difference against the single-device (OpenCL) result: {err:.3g} "
-          f"-> {'OK' if ok else 'MISMATCH'}")
+    print(
+        f"max abs difference against the single-device (OpenCL) result: {err:.3g} "
+        f"-> {'OK' if ok else 'MISMATCH'}"
+    )
     if args.trace:
         from codl_tvm.trace import trace_inference
 

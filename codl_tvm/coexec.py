@@ -88,8 +88,9 @@ class CoexecModule:
         self.vm["main"](*args)
         res = self.vm.time_evaluator("main", dev, number=number, repeat=repeat)(*args)
         ms = [r * 1e3 for r in res.results]
-        return Latency(float(np.median(ms)), float(np.mean(ms)), float(np.min(ms)),
-                       float(np.max(ms)), len(ms))
+        return Latency(
+            float(np.median(ms)), float(np.mean(ms)), float(np.min(ms)), float(np.max(ms)), len(ms)
+        )
 
 
 def placement_report(mod, plan) -> list[dict]:
@@ -99,19 +100,23 @@ def placement_report(mod, plan) -> list[dict]:
     parts = collect_parts(PartitionOperators(plan)(mod))
     rows = []
     for split in parts:
-        rows.append({
-            "ops": list(split.ops),
-            "dim": split.dim.value,
-            "ratio": split.ratio,
-            "axis": split.axis,
-            "parts": [{"processor": p.processor.value, "region": list(p.region)}
-                      for p in split.parts],
-        })
+        rows.append(
+            {
+                "ops": list(split.ops),
+                "dim": split.dim.value,
+                "ratio": split.ratio,
+                "axis": split.axis,
+                "parts": [
+                    {"processor": p.processor.value, "region": list(p.region)} for p in split.parts
+                ],
+            }
+        )
     return rows
 
 
-def compile_coexec(mod, plan, gpu=None, cpu=None, work_dir: str | Path | None = None,
-                   name: str = "coexec") -> CoexecModule:
+def compile_coexec(
+    mod, plan, gpu=None, cpu=None, work_dir: str | Path | None = None, name: str = "coexec"
+) -> CoexecModule:
     """Build ``mod`` so that ``plan``'s operators co-execute on the GPU and the CPU.
 
     Parameters

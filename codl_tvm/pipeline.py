@@ -147,8 +147,13 @@ def coexec_schedule_passes(
         rules.extend(schedule_rules(cpu_target))
         rules.extend(schedule_rules(gpu_target))
     rules.extend(
-        [dl.gpu.Matmul(), _CheckedRule(dl.gpu.GEMV()), _CheckedRule(dl.gpu.Reduction()),
-         _CheckedRule(dl.gpu.GeneralReduction()), dl.gpu.Fallback()]
+        [
+            dl.gpu.Matmul(),
+            _CheckedRule(dl.gpu.GEMV()),
+            _CheckedRule(dl.gpu.Reduction()),
+            _CheckedRule(dl.gpu.GeneralReduction()),
+            dl.gpu.Fallback(),
+        ]
     )
     return [dl.ApplyDefaultSchedule(*rules)]
 

@@ -65,19 +65,32 @@ class Trace:
         return max(e.end_us for e in self.events) - min(e.start_us for e in self.events)
 
     def summary(self) -> dict[str, float]:
-        return {"span_us": self.span_us(), "gpu_busy_us": self.busy_us("GPU"),
-                "cpu_busy_us": self.busy_us("CPU"), "overlap_us": self.overlap_us(),
-                "sync_wait_us": self.busy_us("sync")}
+        return {
+            "span_us": self.span_us(),
+            "gpu_busy_us": self.busy_us("GPU"),
+            "cpu_busy_us": self.busy_us("CPU"),
+            "overlap_us": self.overlap_us(),
+            "sync_wait_us": self.busy_us("sync"),
+        }
 
     def to_chrome(self) -> dict:
         """Chrome trace-event JSON (chrome://tracing, Perfetto)."""
-        events = [{"name": "thread_name", "ph": "M", "pid": 0, "tid": i,
-                   "args": {"name": lane}} for i, lane in enumerate(_LANES)]
+        events = [
+            {"name": "thread_name", "ph": "M", "pid": 0, "tid": i, "args": {"name": lane}}
+            for i, lane in enumerate(_LANES)
+        ]
         for e in self.events:
-            events.append({"name": e.name, "ph": "X", "pid": 0, "tid": _LANES.index(e.lane),
-                           "ts": e.start_us, "dur": max(e.dur_us, 0.001)})
-        return {"traceEvents": events, "displayTimeUnit": "ms",
-                "otherData": self.summary()}
+            events.append(
+                {
+                    "name": e.name,
+                    "ph": "X",
+                    "pid": 0,
+                    "tid": _LANES.index(e.lane),
+                    "ts": e.start_us,
+                    "dur": max(e.dur_us, 0.001),
+                }
+            )
+        return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": self.summary()}
 
     def save_chrome(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_chrome(), indent=1))
@@ -90,16 +103,19 @@ class Trace:
         ax = fig.add_subplot(1, 1, 1)
         colors = {"GPU": "tab:green", "CPU": "tab:blue", "sync": "tab:red"}
         for row, lane in enumerate(_LANES):
-            bars = [(e.start_us / 1e3, max(e.dur_us, 0.5) / 1e3) for e in self.events
-                    if e.lane == lane]
+            bars = [
+                (e.start_us / 1e3, max(e.dur_us, 0.5) / 1e3) for e in self.events if e.lane == lane
+            ]
             if bars:
                 ax.broken_barh(bars, (row - 0.4, 0.8), facecolors=colors[lane])
         ax.set_yticks(range(len(_LANES)), labels=list(_LANES))
         ax.set_xlabel("time (ms)")
         s = self.summary()
-        ax.set_title(f"span {s['span_us'] / 1e3:.2f} ms, GPU busy {s['gpu_busy_us'] / 1e3:.2f} "
-                     f"ms, CPU busy {s['cpu_busy_us'] / 1e3:.2f} ms, overlap "
-                     f"{s['overlap_us'] / 1e3:.2f} ms")
+        ax.set_title(
+            f"span {s['span_us'] / 1e3:.2f} ms, GPU busy {s['gpu_busy_us'] / 1e3:.2f} "
+            f"ms, CPU busy {s['cpu_busy_us'] / 1e3:.2f} ms, overlap "
+            f"{s['overlap_us'] / 1e3:.2f} ms"
+        )
         fig.tight_layout()
         fig.savefig(str(path), dpi=110)
 
@@ -168,8 +184,9 @@ def trace_inference(built, inputs: Sequence[np.ndarray], warmup: int = 1) -> Tra
     offset = min(offsets) if offsets else 0
     events = []
     for k in kernels:
-        events.append(TraceEvent("GPU", k.name, (k.start_ns + offset) / 1e3,
-                                 (k.end_ns + offset) / 1e3))
+        events.append(
+            TraceEvent("GPU", k.name, (k.start_ns + offset) / 1e3, (k.end_ns + offset) / 1e3)
+        )
     gpu_host_names = {_host_function(n, launch_starts) for n in gpu_hosts}
     for name, start, end in calls:
         if name in gpu_host_names:
@@ -181,8 +198,12 @@ def trace_inference(built, inputs: Sequence[np.ndarray], warmup: int = 1) -> Tra
     if not events:
         return Trace([])
     t0 = min(e.start_us for e in events)
-    return Trace(sorted((TraceEvent(e.lane, e.name, e.start_us - t0, e.end_us - t0)
-                         for e in events), key=lambda e: e.start_us))
+    return Trace(
+        sorted(
+            (TraceEvent(e.lane, e.name, e.start_us - t0, e.end_us - t0) for e in events),
+            key=lambda e: e.start_us,
+        )
+    )
 
 
 def _host_function(kernel_name: str, hosts) -> str | None:

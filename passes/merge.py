@@ -69,8 +69,9 @@ def strided_output(func: tvm.tirx.PrimFunc, full_shape: tuple[int, ...]) -> tvm.
     strides = ", ".join(f"T.int64({s})" if wide else str(s) for s in _compact_strides(full_shape))
     if len(full_shape) == 1:
         strides += ","
-    new_decl = (f': T.Buffer({match.group(1)}, "{match.group(2)}", strides=({strides}), '
-                "offset_factor=1)")
+    new_decl = (
+        f': T.Buffer({match.group(1)}, "{match.group(2)}", strides=({strides}), offset_factor=1)'
+    )
     new_text = head[:decl] + new_decl + text[head_end:]
     return tvm.script.from_source(new_text)
 
@@ -140,9 +141,7 @@ class MergePartsInPlace:
             new_main = new_main.with_attr("codl_merge_report", json.dumps(report))
         rewriter.builder_.update_func(main_gv, new_main)
         out = rewriter.builder_.get()
-        # Merge kernels that are no longer called.
-        for merge_var in plans:
-            pass
+        # Drop the merge kernels no longer called.
         return relax.transform.DeadCodeElimination(["main"])(out)
 
     @staticmethod
@@ -200,18 +199,23 @@ class _Rewriter(relax.PyExprMutator):
     def visit_var_binding_(self, binding) -> None:
         if binding.var in self.part_of:
             merge_var, k = self.part_of[binding.var]
-            info, parts = self.plans[merge_var]
+            info, _ = self.plans[merge_var]
             full_ty = merge_var.ty
             full_shape = _tensor_shape(full_ty)
             if merge_var not in self.shared:
                 # Outside the VM's memory plan: the CPU writes it (see codl.coexec.alloc).
                 alloc = relax.call_pure_packed(
-                    "codl.coexec.alloc", relax.prim_value(self.site(merge_var)),
-                    relax.ShapeExpr(list(full_shape)), _dtype_expr(str(full_ty.dtype)),
-                    relax.prim_value(0), relax.prim_value(merge_var not in self.returned),
+                    "codl.coexec.alloc",
+                    relax.prim_value(self.site(merge_var)),
+                    relax.ShapeExpr(list(full_shape)),
+                    _dtype_expr(str(full_ty.dtype)),
+                    relax.prim_value(0),
+                    relax.prim_value(merge_var not in self.returned),
                     ty_args=[full_ty],
                 )
-                self.shared[merge_var] = self.builder_.emit(alloc, name_hint=f"{merge_var.name}_shared")
+                self.shared[merge_var] = self.builder_.emit(
+                    alloc, name_hint=f"{merge_var.name}_shared"
+                )
                 self.results[merge_var] = []
             shared = self.shared[merge_var]
             start, stop = info["regions"][k]
@@ -219,8 +223,12 @@ class _Rewriter(relax.PyExprMutator):
             part_ty = call.ty_args[0]
             view = self.builder_.emit(
                 relax.call_pure_packed(
-                    "codl.coexec.region_view", shared, relax.prim_value(info["axis"]),
-                    relax.prim_value(start), relax.prim_value(stop), ty_args=[part_ty],
+                    "codl.coexec.region_view",
+                    shared,
+                    relax.prim_value(info["axis"]),
+                    relax.prim_value(start),
+                    relax.prim_value(stop),
+                    ty_args=[part_ty],
                 ),
                 name_hint=f"{binding.var.name}_view",
             )
@@ -234,7 +242,9 @@ class _Rewriter(relax.PyExprMutator):
             return
         if binding.var in self.plans:
             join = relax.call_pure_packed(
-                "codl.coexec.join", self.shared[binding.var], *self.results[binding.var],
+                "codl.coexec.join",
+                self.shared[binding.var],
+                *self.results[binding.var],
                 ty_args=[binding.var.ty],
             )
             new_var = self.builder_.emit(join, name_hint=binding.var.name)

@@ -108,12 +108,14 @@ class PlaceParts:
             if where == "merge":
                 # Each merge kernel carries its own regions, so each gets its own copy.
                 name = f"codl_merge_{b.var.name}"
-                prim = mod[gv].with_attrs({
-                    "target": self.gpu_target,
-                    "op_pattern": _OPAQUE,
-                    "codl.merge": json.dumps(merges[b.var.name]),
-                    "global_symbol": name,
-                })
+                prim = mod[gv].with_attrs(
+                    {
+                        "target": self.gpu_target,
+                        "op_pattern": _OPAQUE,
+                        "codl.merge": json.dumps(merges[b.var.name]),
+                        "global_symbol": name,
+                    }
+                )
                 rt.callee_of[b.var] = bb.add_func(prim, name)
             else:
                 rt.callee_of[b.var] = renames[(gv, where)]
@@ -144,7 +146,11 @@ class _Retarget(relax.PyExprMutator):
             super().visit_var_binding_(binding)
             return
         call = binding.value
-        value = relax.Call(call.op, [new_gv, *[self.visit_expr(a) for a in call.args[1:]]],
-                           call.attrs, call.ty_args)
+        value = relax.Call(
+            call.op,
+            [new_gv, *[self.visit_expr(a) for a in call.args[1:]]],
+            call.attrs,
+            call.ty_args,
+        )
         value = self.builder_.normalize(value)
         self.builder_.emit_normalized(relax.VarBinding(binding.var, value))

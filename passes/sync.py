@@ -84,8 +84,9 @@ class InsertCoexecSync:
         main_gv = mod.get_global_var("main")
         func = mod[main_gv]
         bindings = [b for block in func.body.blocks for b in block.bindings]
-        if not any(_is_kernel_call(b.value) and _processor(mod, b.value) == "cpu"
-                   for b in bindings):
+        if not any(
+            _is_kernel_call(b.value) and _processor(mod, b.value) == "cpu" for b in bindings
+        ):
             return mod
         plan = self._plan(mod, bindings, func)
         rewriter = _Rewriter(mod, plan)
@@ -194,8 +195,12 @@ class _Rewriter(relax.PyExprMutator):
         if not self.drained:
             # GPU work of the previous call may still use buffers the CPU reuses: drain it.
             self.drained = True
-            mark = self._packed("codl.coexec.gpu_mark", relax.prim_value(GPU_DEVICE_INDEX),
-                                ty=tvm.ir.PrimType("int64"), hint="entry_mark")
+            mark = self._packed(
+                "codl.coexec.gpu_mark",
+                relax.prim_value(GPU_DEVICE_INDEX),
+                ty=tvm.ir.PrimType("int64"),
+                hint="entry_mark",
+            )
             self._packed("codl.coexec.cpu_wait", mark, ty=relax.TupleType([]), hint="wait")
         if i is not None and i in self.plan["waits_before"]:
             mark = self.marks[self.plan["waits_before"][i]]
@@ -207,8 +212,10 @@ class _Rewriter(relax.PyExprMutator):
             self._rewrite_cpu_call(binding)
         if i is not None and i in self.plan["marks_after"]:
             self.marks[i] = self._packed(
-                "codl.coexec.gpu_mark", relax.prim_value(GPU_DEVICE_INDEX),
-                ty=tvm.ir.PrimType("int64"), hint="mark",
+                "codl.coexec.gpu_mark",
+                relax.prim_value(GPU_DEVICE_INDEX),
+                ty=tvm.ir.PrimType("int64"),
+                hint="mark",
             )
 
     def _rewrite_cpu_call(self, binding) -> None:
@@ -224,16 +231,23 @@ class _Rewriter(relax.PyExprMutator):
             return
         out_tys = list(call.ty_args)
         if len(out_tys) != 1 or not isinstance(out_tys[0], relax.TensorType):
-            raise ValueError(f"CPU kernel {binding.var.name}: only single-tensor outputs are "
-                             "supported on the CPU")
+            raise ValueError(
+                f"CPU kernel {binding.var.name}: only single-tensor outputs are "
+                "supported on the CPU"
+            )
         ty = out_tys[0]
         private = binding.var in self.plan["cpu_private"]
         device = CPU_DEVICE_INDEX if private else GPU_DEVICE_INDEX
         cache = binding.var not in self.plan["returned"]
         site = site_id(self.plan["func"], "sync", self.index[binding.var])
         buf = self._packed(
-            "codl.coexec.alloc", relax.prim_value(site), ty.shape, _dtype_expr(str(ty.dtype)),
-            relax.prim_value(device), relax.prim_value(cache), ty=ty,
+            "codl.coexec.alloc",
+            relax.prim_value(site),
+            ty.shape,
+            _dtype_expr(str(ty.dtype)),
+            relax.prim_value(device),
+            relax.prim_value(cache),
+            ty=ty,
             hint=f"{binding.var.name}_buf",
         )
         out_arg = buf if private else self._cpu_view(buf)

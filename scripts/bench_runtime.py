@@ -55,8 +55,11 @@ def cmd_compile(args: argparse.Namespace) -> None:
         t0 = time.perf_counter()
         ex = tvm.compile(mod, target=target, relax_pipeline=single_device_pipeline(target))
         ex.export_library(str(out / f"{name}_opencl.so"))
-        manifest["models"][name] = {"inputs": inputs, "params": params,
-                                    "compile_s": time.perf_counter() - t0}
+        manifest["models"][name] = {
+            "inputs": inputs,
+            "params": params,
+            "compile_s": time.perf_counter() - t0,
+        }
         print(f"compiled {name} ({len(params)} params)", flush=True)
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2))
 
@@ -70,8 +73,9 @@ def _model_args(name: str, entry: dict, dev):
     proto = light_model(name, seed=3)
     init = {t.name: numpy_helper.to_array(t) for t in proto.graph.initializer}
     rng = np.random.default_rng(11)
-    feeds = {n: rng.random(shape, dtype=np.float64).astype("float32") for n, shape in
-             entry["inputs"]}
+    feeds = {
+        n: rng.random(shape, dtype=np.float64).astype("float32") for n, shape in entry["inputs"]
+    }
     args = [tvm.runtime.tensor(feeds[n], dev) for n, _ in entry["inputs"]]
     args += [tvm.runtime.tensor(init[p], dev) for p in entry["params"]]
     return proto, feeds, args
@@ -96,9 +100,13 @@ def cmd_run(args: argparse.Namespace) -> None:
     runtime.load(platform=args.platform)
     info = runtime.info()
     dev = tvm.opencl(0)
-    result = {"platform": info.platform, "device": info.devices[0].name,
-              "compute_units": info.devices[0].compute_units, "svm_mode": info.svm_mode,
-              "models": {}}
+    result = {
+        "platform": info.platform,
+        "device": info.devices[0].name,
+        "compute_units": info.devices[0].compute_units,
+        "svm_mode": info.svm_mode,
+        "models": {},
+    }
     manifest = json.loads((Path(args.dir) / "manifest.json").read_text())
     for name, entry in manifest["models"].items():
         lib = tvm.runtime.load_module(str(Path(args.dir) / f"{name}_opencl.so"))
@@ -109,15 +117,22 @@ def cmd_run(args: argparse.Namespace) -> None:
         ref = _reference(proto, feeds)
         err = None
         if ref is not None:
-            err = float(np.max(np.abs(got.reshape(ref[0].shape) - ref[0])) /
-                        max(float(np.max(np.abs(ref[0]))), 1e-12))
+            err = float(
+                np.max(np.abs(got.reshape(ref[0].shape) - ref[0]))
+                / max(float(np.max(np.abs(ref[0]))), 1e-12)
+            )
         res = vm.time_evaluator("main", dev, number=args.number, repeat=args.repeat)(*vm_args)
         times = [r * 1e3 for r in res.results]
-        result["models"][name] = {"median_ms": float(np.median(times)),
-                                  "min_ms": float(np.min(times)), "repeats": len(times),
-                                  "number": args.number, "max_rel_err_vs_onnxruntime": err}
-        print(f"{info.platform[:20]:20s} {name:14s} {np.median(times):9.3f} ms  err {err}",
-              flush=True)
+        result["models"][name] = {
+            "median_ms": float(np.median(times)),
+            "min_ms": float(np.min(times)),
+            "repeats": len(times),
+            "number": args.number,
+            "max_rel_err_vs_onnxruntime": err,
+        }
+        print(
+            f"{info.platform[:20]:20s} {name:14s} {np.median(times):9.3f} ms  err {err}", flush=True
+        )
     # Per-launch overhead of a tiny kernel: enqueue only, and launch + finish.
     mod = runtime.opencl_module_from_source(TINY_SRC, TINY_FUNCS)
     y = tvm.runtime.tensor(np.zeros(64, np.float32), dev)
@@ -127,8 +142,10 @@ def cmd_run(args: argparse.Namespace) -> None:
     launch_sync = time_host_us(lambda: (f(y, 1, 64), dev.sync()), repeat=2000, warmup=200)
     result["tiny_kernel_plugin"] = {"enqueue": launch, "enqueue_and_finish": launch_sync}
     result["tiny_kernel_pyopencl"] = _pyopencl_launch(info.platform)
-    print(json.dumps({k: result[k] for k in ("tiny_kernel_plugin", "tiny_kernel_pyopencl")}),
-          flush=True)
+    print(
+        json.dumps({k: result[k] for k in ("tiny_kernel_plugin", "tiny_kernel_pyopencl")}),
+        flush=True,
+    )
     Path(args.out).write_text(json.dumps(result, indent=2))
 
 
@@ -181,10 +198,17 @@ def cmd_coldstart(args: argparse.Namespace) -> None:
     vm["main"](*vm_args)
     dev.sync()
     t_second = time.perf_counter()
-    print(json.dumps({"import_ms": (t_import - t0) * 1e3, "load_ms": (t_load - t_import) * 1e3,
-                      "first_run_ms": (t_first - t_load) * 1e3,
-                      "second_run_ms": (t_second - t_first) * 1e3,
-                      "cache": runtime.cache_stats()}))
+    print(
+        json.dumps(
+            {
+                "import_ms": (t_import - t0) * 1e3,
+                "load_ms": (t_load - t_import) * 1e3,
+                "first_run_ms": (t_first - t_load) * 1e3,
+                "second_run_ms": (t_second - t_first) * 1e3,
+                "cache": runtime.cache_stats(),
+            }
+        )
+    )
 
 
 def cmd_all(args: argparse.Namespace) -> None:
@@ -194,8 +218,21 @@ def cmd_all(args: argparse.Namespace) -> None:
     script = str(Path(__file__).resolve())
     for plat in args.platforms.split(","):
         tmp = Path(tempfile.mkdtemp()) / "run.json"
-        cmd = [sys.executable, script, "run", "--dir", args.dir, "--platform", plat, "--out",
-               str(tmp), "--number", str(args.number), "--repeat", str(args.repeat)]
+        cmd = [
+            sys.executable,
+            script,
+            "run",
+            "--dir",
+            args.dir,
+            "--platform",
+            plat,
+            "--out",
+            str(tmp),
+            "--number",
+            str(args.number),
+            "--repeat",
+            str(args.repeat),
+        ]
         proc = subprocess.run(cmd, text=True, capture_output=True, timeout=args.timeout)
         sys.stdout.write(proc.stdout)
         if proc.returncode != 0:
@@ -211,21 +248,42 @@ def cmd_all(args: argparse.Namespace) -> None:
                 if label == "empty_cache":
                     shutil.rmtree(cache, ignore_errors=True)
                 t0 = time.perf_counter()
-                p = subprocess.run([sys.executable, script, "coldstart", "--dir", args.dir,
-                                    "--platform", plat, "--model", args.cold_model,
-                                    "--cache-dir", str(cache)], text=True, capture_output=True,
-                                   timeout=args.timeout)
+                p = subprocess.run(
+                    [
+                        sys.executable,
+                        script,
+                        "coldstart",
+                        "--dir",
+                        args.dir,
+                        "--platform",
+                        plat,
+                        "--model",
+                        args.cold_model,
+                        "--cache-dir",
+                        str(cache),
+                    ],
+                    text=True,
+                    capture_output=True,
+                    timeout=args.timeout,
+                )
                 wall = (time.perf_counter() - t0) * 1e3
                 if p.returncode != 0:
                     runs.append({"error": p.stderr[-1000:]})
                     continue
-                runs.append({"process_wall_ms": wall,
-                             **json.loads(p.stdout.strip().splitlines()[-1])})
+                runs.append(
+                    {"process_wall_ms": wall, **json.loads(p.stdout.strip().splitlines()[-1])}
+                )
             cold[label] = runs
         results[plat]["cold_start"] = {"model": args.cold_model, **cold}
         print(json.dumps(cold), flush=True)
-    write_json(args.out, envelope(sys.argv, results, env={
-        k: os.environ.get(k) for k in ("POCL_CPU_MAX_CU_COUNT", "OCL_ICD_VENDORS")}))
+    write_json(
+        args.out,
+        envelope(
+            sys.argv,
+            results,
+            env={k: os.environ.get(k) for k in ("POCL_CPU_MAX_CU_COUNT", "OCL_ICD_VENDORS")},
+        ),
+    )
 
 
 def main() -> None:

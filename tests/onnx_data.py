@@ -32,7 +32,6 @@ def load_case(directory: Path) -> tuple[onnx.ModelProto, list[np.ndarray], list[
     return model, read("input"), read("output")
 
 
-
 def light_model(name: str) -> onnx.ModelProto:
     """onnx's light model as shipped (constant-filled weights)."""
     return onnx.load(str(DATA / "light" / f"light_{name}.onnx"))

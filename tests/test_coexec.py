@@ -32,27 +32,48 @@ def _close(got, want):
     assert err <= tol, f"max abs error {err} > {tol}"
 
 
-def _conv_model(c_in, c_out, hw, k, stride=1, pad=None, dilation=1, group=1, pool=None,
-                seed=0):
+def _conv_model(c_in, c_out, hw, k, stride=1, pad=None, dilation=1, group=1, pool=None, seed=0):
     rng = np.random.default_rng(seed)
     pad = (k // 2) * dilation if pad is None else pad
     w = rng.standard_normal((c_out, c_in // group, k, k)).astype("float32") * 0.3
     b = rng.standard_normal(c_out).astype("float32") * 0.1
-    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], kernel_shape=[k, k],
-                              strides=[stride, stride], pads=[pad] * 4,
-                              dilations=[dilation, dilation], group=group),
-             helper.make_node("Relu", ["c"], ["y"])]
+    nodes = [
+        helper.make_node(
+            "Conv",
+            ["x", "w", "b"],
+            ["c"],
+            kernel_shape=[k, k],
+            strides=[stride, stride],
+            pads=[pad] * 4,
+            dilations=[dilation, dilation],
+            group=group,
+        ),
+        helper.make_node("Relu", ["c"], ["y"]),
+    ]
     out = "y"
     if pool == "max":
-        nodes.append(helper.make_node("MaxPool", ["y"], ["p"], kernel_shape=[3, 3],
-                                      strides=[2, 2], pads=[1, 1, 1, 1]))
+        nodes.append(
+            helper.make_node(
+                "MaxPool", ["y"], ["p"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]
+            )
+        )
         out = "p"
     elif pool == "avg":
-        nodes.append(helper.make_node("AveragePool", ["y"], ["p"], kernel_shape=[3, 3],
-                                      strides=[1, 1], pads=[1, 1, 1, 1], count_include_pad=1))
+        nodes.append(
+            helper.make_node(
+                "AveragePool",
+                ["y"],
+                ["p"],
+                kernel_shape=[3, 3],
+                strides=[1, 1],
+                pads=[1, 1, 1, 1],
+                count_include_pad=1,
+            )
+        )
         out = "p"
     graph = helper.make_graph(
-        nodes, "conv",
+        nodes,
+        "conv",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c_in, hw, hw])],
         [helper.make_tensor_value_info(out, TensorProto.FLOAT, None)],
         [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")],
@@ -88,8 +109,8 @@ def _check_plan(model, plan):
     ],
 )
 def test_single_conv(opencl, dim, ratio, conv):
-    c_in = 8 if conv.get("group", 1) != 4 else 8
-    c_out = 16 if conv.get("group", 1) != 8 else 8
+    c_in = 8
+    c_out = 16 if conv.get("group", 1) != 8 else 8  # depthwise: one output per input channel
     model = _conv_model(c_in, c_out, 16, **conv)
     _check_plan(model, uniform_plan(model.mod, dim, ratio))
 
@@ -109,8 +130,9 @@ def test_bundled_model_chains_and_ops(opencl, dim):
         ops=(OpPartition("conv2d_2", dim, 0.4),),
         chains=(
             ChainPlan(("conv2d_0", "conv2d_1"), dim, 0.5),
-            ChainPlan(("max_pool2d_3", "conv2d_4", "conv2d_5", "conv2d_6", "avg_pool2d_7"),
-                      dim, 0.37),
+            ChainPlan(
+                ("max_pool2d_3", "conv2d_4", "conv2d_5", "conv2d_6", "avg_pool2d_7"), dim, 0.37
+            ),
         ),
     )
     _check_plan(model, plan)
@@ -140,15 +162,18 @@ def test_light_model_coexec_against_onnxruntime(opencl, name):
     proto = light_model(name)
     model = load_onnx(proto)
     feeds = random_inputs(model, seed=2)
-    ref = ort.InferenceSession(proto.SerializeToString(),
-                               providers=["CPUExecutionProvider"]).run(None, feeds)
+    ref = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, feeds
+    )
     for dim in ("H", "OC"):
         got = codl_tvm.compile(model.mod, uniform_plan(model.mod, dim, 0.5))(
-            [feeds[s.name] for s in model.inputs])
+            [feeds[s.name] for s in model.inputs]
+        )
         _close(got[0], ref[0].reshape(got[0].shape))
 
 
 # -- synchronisation ---------------------------------------------------------------------------
+
 
 @pytest.fixture
 def restore_sync():
@@ -205,6 +230,7 @@ def test_sync_cost_is_measurable(opencl):
 
 # -- front ends --------------------------------------------------------------------------------
 
+
 def test_trace_has_both_lanes(opencl, tmp_path):
     from codl_tvm.trace import trace_inference
 
@@ -226,14 +252,41 @@ def test_cli_run_coexec_and_demo(opencl, tmp_path, capsys):
     np.savez(tmp_path / "in.npz", **feeds)
     plan = PartitionPlan(ops=(OpPartition("conv2d_0", "OC", 0.25),))
     plan.save(tmp_path / "plan.json")
-    code = main(["run", "--device", "coexec", "--plan", str(tmp_path / "plan.json"),
-                 "--inputs", str(tmp_path / "in.npz"), "--save-outputs",
-                 str(tmp_path / "out.npz"), "--repeat", "1", "--number", "1"])
+    code = main(
+        [
+            "run",
+            "--device",
+            "coexec",
+            "--plan",
+            str(tmp_path / "plan.json"),
+            "--inputs",
+            str(tmp_path / "in.npz"),
+            "--save-outputs",
+            str(tmp_path / "out.npz"),
+            "--repeat",
+            "1",
+            "--number",
+            "1",
+        ]
+    )
     assert code == 0
     ref = build(model.mod, "cpu")([feeds["input"]])[0]
     _close(np.load(tmp_path / "out.npz")["logits"], ref)
-    code = main(["run", "--device", "coexec", "--dim", "H", "--ratio", "0.6", "--repeat", "1",
-                 "--number", "1"])
+    code = main(
+        [
+            "run",
+            "--device",
+            "coexec",
+            "--dim",
+            "H",
+            "--ratio",
+            "0.6",
+            "--repeat",
+            "1",
+            "--number",
+            "1",
+        ]
+    )
     assert code == 0
     assert main(["demo"]) == 0
     out = capsys.readouterr().out
@@ -242,8 +295,9 @@ def test_cli_run_coexec_and_demo(opencl, tmp_path, capsys):
 
 def test_cli_rejects_bad_plans(opencl, tmp_path, capsys):
     bad = tmp_path / "plan.json"
-    bad.write_text(json.dumps({"version": 1, "ops": [{"op": "conv2d_99", "dim": "H",
-                                                      "ratio": 0.5}]}))
+    bad.write_text(
+        json.dumps({"version": 1, "ops": [{"op": "conv2d_99", "dim": "H", "ratio": 0.5}]})
+    )
     assert main(["run", "--device", "coexec", "--plan", str(bad)]) == 2
     assert "conv2d_99" in capsys.readouterr().err
     assert main(["run", "--device", "coexec", "--dim", "H", "--ratio", "1.5"]) == 2

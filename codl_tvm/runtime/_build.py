@@ -124,8 +124,10 @@ def load_library(path: str) -> ctypes.CDLL:
     import tvm
     import tvm_ffi
 
-    for lib in (Path(tvm_ffi.__file__).parent / "lib" / "libtvm_ffi.so",
-                Path(tvm.__file__).parent / "lib" / "libtvm_runtime.so"):
+    for lib in (
+        Path(tvm_ffi.__file__).parent / "lib" / "libtvm_ffi.so",
+        Path(tvm.__file__).parent / "lib" / "libtvm_runtime.so",
+    ):
         if lib.is_file():
             ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL)
     return ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)

@@ -1,0 +1,251 @@
+"""Benchmark co-execution (issue: Co-execute a model on GPU + CPU).
+
+1. Sync cost per sync point: SVM flag polling vs marker event vs clFinish, on an idle queue and
+   right after a GPU kernel (wake-up), in microseconds.
+2. Single convolutions of CoDL's shapes split along H and OC at several GPU ratios: measured
+   co-execution latency against the single-processor latencies (ratio 0 = CPU only, 1 = GPU
+   only) and the ideal T* = Tc*Tg/(Tc+Tg).
+
+Compile here, run on the device machine:
+
+    python scripts/bench_coexec.py compile --out .device/coexec
+    python scripts/bench_coexec.py run --dir .device/coexec --platform portable \\
+        --out results/coexec_pocl.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+# CoDL's conv shapes (Fig. 10, Table/Fig. 3-5): (H=W, IC, OC, kernel)
+SHAPES = {
+    "104x104x64-128_k3": (104, 64, 128, 3),
+    "13x13x1024-1024_k3": (13, 1024, 1024, 3),
+    "112x112x32-64_k3": (112, 32, 64, 3),
+    "52x52x256-128_k1": (52, 256, 128, 1),
+}
+RATIOS = (0.0, 0.25, 0.4, 0.5, 0.6, 0.75, 1.0)
+
+BUSY_SRC = """
+__kernel void busy(__global float* y, int iters) {
+  float acc = y[get_global_id(0)];
+  for (int i = 0; i < iters; ++i) acc = acc * 0.999f + 0.001f;
+  y[get_global_id(0)] = acc;
+}
+"""
+
+
+def conv_model(hw: int, c_in: int, c_out: int, k: int):
+    """A conv + bias + relu whose weights are graph inputs (libraries stay small)."""
+    from onnx import TensorProto, helper
+
+    nodes = [
+        helper.make_node("Conv", ["x", "w", "b"], ["c"], kernel_shape=[k, k], pads=[k // 2] * 4),
+        helper.make_node("Relu", ["c"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "conv",
+        [
+            helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c_in, hw, hw]),
+            helper.make_tensor_value_info("w", TensorProto.FLOAT, [c_out, c_in, k, k]),
+            helper.make_tensor_value_info("b", TensorProto.FLOAT, [c_out]),
+        ],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, c_out, hw, hw])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    return model
+
+
+def cmd_compile(args: argparse.Namespace) -> None:
+    import shutil
+
+    import tvm
+
+    import codl_tvm
+    from codl_tvm.frontend import load_onnx
+    from codl_tvm.plan import uniform_plan
+    from codl_tvm.runtime._build import build_plugin
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    shutil.copy(build_plugin(), out / "libcodl_tvm_opencl.so")
+    cpu = tvm.target.Target({"kind": "llvm", "mcpu": args.mcpu})
+    gpu = tvm.target.Target({"kind": "opencl"}, host={"kind": "llvm", "mcpu": args.mcpu})
+    manifest = {"convs": {}}
+    for name, (hw, ci, co, k) in SHAPES.items():
+        model = load_onnx(conv_model(hw, ci, co, k))
+        entries = []
+        for dim in ("H", "OC"):
+            for ratio in RATIOS:
+                if ratio in (0.0, 1.0) and dim == "OC":
+                    continue  # single-processor builds: one each
+                plan = uniform_plan(model.mod, dim, ratio)
+                tag = f"{name}_{dim}_{ratio:.2f}"
+                t0 = time.perf_counter()
+                codl_tvm.compile(model.mod, plan, gpu=gpu, cpu=cpu, work_dir=out).library.rename(
+                    out / f"{tag}.so"
+                )
+                entries.append(
+                    {
+                        "dim": dim,
+                        "ratio": ratio,
+                        "lib": f"{tag}.so",
+                        "compile_s": time.perf_counter() - t0,
+                    }
+                )
+                print("compiled", tag, flush=True)
+        manifest["convs"][name] = {"shape": [hw, ci, co, k], "builds": entries}
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=2))
+
+
+def _sync_costs(dev_id: int = 0) -> dict:
+    import tvm
+
+    from codl_tvm import runtime
+    from codl_tvm.runtime import coexec as sync
+
+    modes = ["event", "finish"] + (["flag"] if sync.flag_supported() else [])
+    idle = {m: sync.measure_sync_us(m, dev_id, repeat=500) for m in modes}
+    mod = runtime.opencl_module_from_source(
+        BUSY_SRC, {"busy": (["handle", "int32"], ["blockIdx.x", "threadIdx.x"])}
+    )
+    dev = tvm.opencl(dev_id)
+    y = tvm.runtime.tensor(np.zeros(64, np.float32), dev)
+    clock = tvm.get_global_func("codl.opencl.host_clock_ns")
+    wake = {}
+    for m in modes:
+        sync.set_sync_mode(m)
+        samples = []
+        for _ in range(200):
+            with runtime.record_kernels() as ev:
+                mod["busy"](y, 20000, 1, 64)
+                mark = sync.gpu_mark(dev_id)
+                sync.cpu_wait(mark)
+                t_host = clock()
+            samples.append((t_host, ev))
+        # Wake-up: host time when the wait returned minus the kernel's end, both on the host
+        # clock; the device clock is aligned by the smallest (host - device) seen at launch.
+        ends = [ev[0].end_ns for _, ev in samples]
+        hosts = [t for t, _ in samples]
+        wake[m] = {
+            "host_minus_device_end_us_median": float(
+                np.median(np.array(hosts) - np.array(ends)) / 1e3
+            )
+        }
+    sync.set_sync_mode("auto")
+    chosen = sync.sync_mode(dev_id)
+    return {
+        "idle_mark_wait_us": idle,
+        "after_kernel": wake,
+        "auto_choice": chosen,
+        "calibration": sync.calibration(dev_id),
+    }
+
+
+def cmd_run(args: argparse.Namespace) -> None:
+    import tvm
+    from tvm.runtime.vm import VirtualMachine
+
+    from codl_tvm import runtime
+    from codl_tvm.bench import envelope, write_json
+
+    runtime.load(platform=args.platform)
+    info = runtime.info()
+    result = {
+        "platform": info.platform,
+        "device": info.devices[0].name,
+        "compute_units": info.devices[0].compute_units,
+        "svm_mode": info.svm_mode,
+    }
+    try:
+        result["sync"] = _sync_costs()
+    except Exception as exc:  # keep the conv results even if one mechanism fails here
+        result["sync"] = {"error": str(exc)}
+    print(json.dumps(result["sync"]), flush=True)
+    manifest = json.loads((Path(args.dir) / "manifest.json").read_text())
+    dev = tvm.opencl(0)
+    rng = np.random.default_rng(0)
+    convs = {}
+    for name, entry in manifest["convs"].items():
+        hw, ci, co, k = entry["shape"]
+        x = rng.random((1, ci, hw, hw), dtype=np.float32)
+        w = (rng.standard_normal((co, ci, k, k)) * 0.05).astype(np.float32)
+        b = rng.standard_normal(co).astype(np.float32)
+        args_t = [tvm.runtime.tensor(a, dev) for a in (x, w, b)]
+        rows, ref = [], None
+        for build in entry["builds"]:
+            lib = tvm.runtime.load_module(str(Path(args.dir) / build["lib"]))
+            vm = VirtualMachine(lib, [dev, tvm.cpu(0)])
+            out = vm["main"](*args_t).numpy()
+            if ref is None:
+                ref = out
+            err = float(np.max(np.abs(out - ref)))
+            res = vm.time_evaluator("main", dev, number=args.number, repeat=args.repeat)(*args_t)
+            ms = float(np.median(res.results) * 1e3)
+            rows.append(
+                {
+                    "dim": build["dim"],
+                    "ratio": build["ratio"],
+                    "median_ms": ms,
+                    "max_abs_err_vs_cpu_only": err,
+                }
+            )
+            print(
+                f"{name:22s} {build['dim']:2s} {build['ratio']:.2f} {ms:9.3f} ms err {err:.2e}",
+                flush=True,
+            )
+        t_cpu = next(r["median_ms"] for r in rows if r["ratio"] == 0.0)
+        t_gpu = next(r["median_ms"] for r in rows if r["ratio"] == 1.0)
+        t_star = t_cpu * t_gpu / (t_cpu + t_gpu)
+        best = min(rows, key=lambda r: r["median_ms"])
+        convs[name] = {
+            "rows": rows,
+            "t_cpu_ms": t_cpu,
+            "t_gpu_ms": t_gpu,
+            "t_star_ms": t_star,
+            "best": best,
+            "best_efficiency_vs_t_star": t_star / best["median_ms"],
+            "speedup_vs_best_single": min(t_cpu, t_gpu) / best["median_ms"],
+        }
+    result["convs"] = convs
+    write_json(
+        args.out,
+        envelope(
+            sys.argv,
+            result,
+            env={
+                k: __import__("os").environ.get(k)
+                for k in ("POCL_CPU_MAX_CU_COUNT", "TVM_NUM_THREADS", "OCL_ICD_VENDORS")
+            },
+        ),
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("compile")
+    p.add_argument("--out", required=True)
+    p.add_argument("--mcpu", default="skylake-avx512")
+    p.set_defaults(func=cmd_compile)
+    p = sub.add_parser("run")
+    p.add_argument("--dir", required=True)
+    p.add_argument("--platform", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--number", type=int, default=5)
+    p.add_argument("--repeat", type=int, default=3)
+    p.set_defaults(func=cmd_run)
+    args = parser.parse_args()
+    args.func(args)
+
+
+if __name__ == "__main__":
+    main()
