@@ -126,20 +126,16 @@ def _sync_costs(dev_id: int = 0) -> dict:
         samples = []
         for _ in range(200):
             with runtime.record_kernels() as ev:
+                t_launch = clock()
                 mod["busy"](y, 20000, 1, 64)
                 mark = sync.gpu_mark(dev_id)
                 sync.cpu_wait(mark)
                 t_host = clock()
-            samples.append((t_host, ev))
-        # Wake-up: host time when the wait returned minus the kernel's end, both on the host
-        # clock; the device clock is aligned by the smallest (host - device) seen at launch.
-        ends = [ev[0].end_ns for _, ev in samples]
-        hosts = [t for t, _ in samples]
-        wake[m] = {
-            "host_minus_device_end_us_median": float(
-                np.median(np.array(hosts) - np.array(ends)) / 1e3
-            )
-        }
+            # Clock-base free: host time from launch to the wait's return, minus the device
+            # time from the kernel's queueing to its end = enqueue + wake-up latency.
+            samples.append((t_host - t_launch) - (ev[0].end_ns - ev[0].queued_ns))
+        wake[m] = {"wakeup_after_kernel_end_us_median": float(np.median(samples) / 1e3),
+                   "p90_us": float(np.percentile(samples, 90) / 1e3)}
     sync.set_sync_mode("auto")
     chosen = sync.sync_mode(dev_id)
     return {
