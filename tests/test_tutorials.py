@@ -1,0 +1,22 @@
+"""Every tutorial runs to the end (they compare numerics themselves)."""
+
+from __future__ import annotations
+
+import runpy
+from pathlib import Path
+
+import pytest
+
+TUTORIALS = Path(__file__).resolve().parents[1] / "tutorials"
+
+
+@pytest.mark.opencl
+def test_coexec_quickstart(opencl, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    runpy.run_path(str(TUTORIALS / "coexec_quickstart.py"), run_name="__main__")
+
+
+@pytest.mark.rpc
+def test_deploy_rpc(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    runpy.run_path(str(TUTORIALS / "deploy_rpc.py"), run_name="__main__")
