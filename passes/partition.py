@@ -551,6 +551,36 @@ class _Rewriter(PyExprMutator):
                 params.append(self.visit_expr(a))
         return relax.Call(value.op, [x, *params], value.attrs, value.ty_args)
 
+    @staticmethod
+    def _keep_ceil_width(step: _Step, pad, a) -> list[int]:
+        """Right padding that gives a part without ``ceil_mode`` the pool's ceil-mode width.
+
+        ``ceil_mode`` acts on both axes; an H part that drops it (only the part holding the
+        last row keeps it) would lose the last column when the width rounds up. Extra right
+        padding restores it exactly for max pooling and for average pooling that does not
+        count padding; average pooling that counts padding cannot be emulated.
+        """
+        pad = [int(p) for p in pad]
+        w_in, w_out = int(step.in_shape[3]), int(step.out_shape[3])
+        k, s, d = int(a.pool_size[1]), int(a.strides[1]), int(a.dilation[1])
+        span = d * (k - 1) + 1
+
+        def floor_width(extra: int) -> int:
+            return (w_in + pad[1] + pad[3] + extra - span) // s + 1
+
+        if floor_width(0) == w_out:
+            return pad
+        if step.kind != "max_pool2d" and bool(a.count_include_pad):
+            raise PlanError(
+                f"{step.var.name}: an average pool with ceil_mode and count_include_pad whose width "
+                f"rounds up ({w_in} -> {w_out}) cannot be split along H"
+            )
+        extra = 0
+        while floor_width(extra) < w_out:
+            extra += 1
+        pad[3] += extra
+        return pad
+
     def _anchor_expr(
         self,
         step: _Step,
@@ -592,6 +622,8 @@ class _Rewriter(PyExprMutator):
             )
         pool = relax.op.nn.max_pool2d if step.kind == "max_pool2d" else relax.op.nn.avg_pool2d
         ceil = ps.ceil_mode if dim == PartitionDim.H else bool(a.ceil_mode)
+        if bool(a.ceil_mode) and not ceil:
+            pad = self._keep_ceil_width(step, pad, a)
         return pool(
             x,
             pool_size=a.pool_size,

@@ -7,10 +7,11 @@ back from the scheduled TIR (parallel, vectorised and thread-bound loops), so th
 was built, not what was intended:
 
 ``codl.algorithm`` (str)
-    ``direct``, ``gemm``, ``depthwise``, ``winograd``, ``pool``, ``matmul``, ``reduction``,
-    ``injective``, or for dlight's GPU rules ``dlight.<Rule>``.
+    ``direct``, ``gemm``, ``depthwise``, ``pool``, ``matmul``, ``reduction`` or ``injective``
+    (``winograd`` is reserved; not implemented yet). Kernels of dlight's GPU rules record
+    ``matmul``, ``gemv``, ``reduction`` or ``fallback``.
 ``codl.config`` (str)
-    Name of the :mod:`codl_tvm.schedules.config` preset used.
+    Name of the :mod:`codl_tvm.schedules.config` preset used (``dlight`` for dlight's rules).
 ``codl.parallel_extent`` (int, CPU)
     Iterations of the outermost parallel loop (0 when the kernel runs serially).
 ``codl.vector_width`` (int, CPU)

@@ -71,9 +71,11 @@ class CPUConfig:
         buffer of at most 1024 bytes on the stack (``kMaxStackAlloca``), where LLVM promotes it to
         registers; larger ones go to the heap workspace.
     min_parallel_work : int
-        Output elements below which a kernel runs serially (thread-pool wake-up costs more).
+        Loop iterations (outputs x reduction) below which a kernel runs serially (waking the
+        thread pool costs more).
     injective_chunk : int
-        Elements per parallel task of elementwise/injective kernels.
+        Elements per parallel task of a one-dimensional elementwise kernel (multi-dimensional
+        ones run their outer loops in parallel).
     """
 
     name: str

@@ -158,10 +158,18 @@ class OpenCLConv2D(_OpenCLRule):
         reg_oc = min(cfg.conv_reg_oc, info.out_channels)
         reg_ow = min(cfg.conv_reg_ow, info.out_width)
         vector = cfg.conv_vector_lanes > 1
+        oc_vector = False
         if vector:
             reg_ow = _opencl_vector_width(info.out_width, cfg.conv_vector_lanes)
+            oc_lanes = _opencl_vector_width(info.out_channels, cfg.conv_vector_lanes)
+            if reg_ow < 4 and oc_lanes >= 4:
+                # an odd row (13, 7, 27): vectorise over output channels instead, a row of
+                # up to 16 columns unrolled; weights are gathered once per tap for the row
+                oc_vector = True
+                reg_oc = oc_lanes
+                reg_ow = max(w for w in range(1, 17) if info.out_width % w == 0)
         outputs = info.batch * info.out_channels * info.out_height * info.out_width
-        while outputs < cfg.min_work_items * reg_oc * reg_ow and reg_oc * reg_ow > 1:
+        while not vector and outputs < cfg.min_work_items * reg_oc * reg_ow and reg_oc * reg_ow > 1:
             if reg_oc >= reg_ow:
                 reg_oc = max(1, reg_oc // 2)
             else:
@@ -217,24 +225,36 @@ class OpenCLConv2D(_OpenCLRule):
                 if buf.same_as(data_buffer) and padder is not None:
                     sch.compute_inline(padder)
             first_reduction = co
+        elif oc_vector:
+            sch.reorder(bz, by, bx, tf, ty, tx, c, ky, kx, rx, rf)
+            t = sch.fuse(tf, ty, tx)
+            sch.bind(t, "threadIdx.x")
+            first_reduction = c
         else:
             sch.reorder(bz, by, bx, tf, ty, tx, c, ky, kx, rf, rx)
             t = sch.fuse(tf, ty, tx)
             sch.bind(t, "threadIdx.x")
             first_reduction = c
         writeback = sch.cache_write(conv, 0, "local")
+        if oc_vector:
+            # channels innermost in the private accumulators: one vector per column
+            sch.transform_layout(conv, ("write", 0), lambda n, f, y, x: (n, y, x, f))
         _inline_epilogue(sch, blocks, cfg.pool_threads)
         sch.reverse_compute_at(writeback, t, preserve_unit_loops=True)
-        sch.unroll(rf)
-        if vector and reg_ow > 1:
+        if oc_vector:
+            sch.unroll(rx)
+            sch.vectorize(rf)
+        elif vector and reg_ow > 1:
+            sch.unroll(rf)
             sch.vectorize(rx)
             sch.vectorize(sch.get_loops(writeback)[-1])
         else:
+            sch.unroll(rf)
             sch.unroll(rx)
         if info.kernel_w <= 7:
             sch.unroll(kx)
         init = sch.decompose_reduction(conv, first_reduction)
-        if vector and reg_ow > 1:
+        if (vector and reg_ow > 1) or oc_vector:
             sch.vectorize(sch.get_loops(init)[-1])
         groups = (
             info.batch

@@ -1,22 +1,31 @@
 """Per-kernel benchmark of codl-tvm's schedules against onnxruntime (and cuDNN for OpenCL).
 
 Operators: CoDL's conv shapes (each conv2d + bias + relu, as the ONNX frontend emits them), the
-64x112x112 conv of issue 4, a max pool and a dense layer. Compile here (full TVM), run on the
-device machine (runtime-only TVM):
+64x112x112 conv of issue 4, a strided and a depthwise conv, a max pool and a dense layer.
+Compile here (full TVM), run on the device machine (runtime-only TVM; ``out/`` is git-ignored,
+so it can be carried):
 
-    python scripts/bench_kernels.py --compile-dir .device/kernels [--mcpu skylake-avx512] \\
-        [--opencl-devices nvidia,pocl]
-    # on the device machine (carry .device/kernels):
-    python scripts/bench_kernels.py --run-dir .device/kernels --threads 8 [--cpus 8-15] \\
-        [--opencl-platform nvidia --opencl-config nvidia] [--torch] --out results/kernels.json
+    python scripts/bench_kernels.py --compile-dir out/kernels [--mcpu skylake-avx512] \
+        [--opencl-devices nvidia,pocl] [--cpu-variants 'oc8:conv_oc_tile=8,conv_oh_tile=1']
+    # on the device machine (carry .whl and out/kernels; PYTHONPATH=/tmp/site:$PWD):
+    python scripts/bench_kernels.py --run-dir out/kernels --threads 8 --cpus 0-7 \
+        [--opencl-platform nvidia --opencl-config nvidia --torch] --out kernels.json
+    POCL_CPU_MAX_CU_COUNT=8 python scripts/bench_kernels.py --run-dir out/kernels \
+        --threads 8 --cpus 0-7 --opencl-platform portable --opencl-config pocl --out pocl.json
 
 ``--compile-dir`` writes one library per (operator, target) and ``manifest.json`` (shapes, the
 ``codl.*`` attributes of every scheduled kernel: algorithm, preset, parallel extent, vector width,
-workgroup size and count). ``--run-dir`` loads them with ``tvm.runtime.load_module``, checks each
-output against onnxruntime, times TVM with ``time_evaluator`` and onnxruntime (same thread count,
-same CPU affinity) with the host clock, optionally PyTorch/cuDNN on CUDA for the OpenCL rows, and
-writes JSON with the command, commit and machine. ``TVM_NUM_THREADS`` is set from ``--threads``
-before TVM starts its thread pool. Weights are generated from a seed on both sides.
+workgroup size and count) and copies the OpenCL plugin built here (``CODL_TVM_PLUGIN_LIB`` points
+at it there). ``--cpu-variants`` adds CPU builds with :class:`CPUConfig` overrides (a small
+sweep, one library each, reported as ``tvm-cpu@NAME``). ``--run-dir`` loads the libraries with
+``tvm.runtime.load_module``, checks each output against onnxruntime, times onnxruntime for every
+operator first (host clock, same thread count and CPU affinity) and TVM afterwards
+(``time_evaluator``), since both runtimes' worker threads spin after a call and would steal each
+other's cores if interleaved; optionally PyTorch/cuDNN on CUDA (CUDA events around each call, so
+launch latency is included for small kernels, unlike TVM's batched ``time_evaluator``). One
+OpenCL platform per process. ``TVM_NUM_THREADS`` is set from ``--threads`` before TVM starts
+its thread pool. Weights are generated from a seed on both sides. The JSON holds the command,
+commit and machine.
 """
 
 from __future__ import annotations
