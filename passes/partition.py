@@ -572,8 +572,8 @@ class _Rewriter(PyExprMutator):
             return pad
         if step.kind != "max_pool2d" and bool(a.count_include_pad):
             raise PlanError(
-                f"{step.var.name}: an average pool with ceil_mode and count_include_pad whose width "
-                f"rounds up ({w_in} -> {w_out}) cannot be split along H"
+                f"{step.var.name}: an average pool with ceil_mode and count_include_pad whose "
+                f"width rounds up ({w_in} -> {w_out}) cannot be split along H"
             )
         extra = 0
         while floor_width(extra) < w_out:
