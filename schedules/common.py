@@ -37,7 +37,7 @@ __all__ = [
 ]
 
 
-def choose_row_width(extent: int, lanes: int, max_vectors: int) -> int:
+def choose_row_width(extent: int, lanes: int, max_vectors: int, partial: bool = True) -> int:
     """Pick the vectorised tile width along a row of ``extent`` elements.
 
     The width is either at most one register (``<= lanes``) or a whole number of registers: LLVM
@@ -55,6 +55,10 @@ def choose_row_width(extent: int, lanes: int, max_vectors: int) -> int:
         Elements per SIMD register.
     max_vectors : int
         Registers one tile may span.
+    partial : bool
+        Allow widths below ``lanes`` that are not powers of two (e.g. 13 or 14 of 16 lanes,
+        which LLVM assembles with shuffles); False keeps to ``lanes / 2**k`` when a divisor is
+        needed.
 
     Returns
     -------
@@ -65,7 +69,10 @@ def choose_row_width(extent: int, lanes: int, max_vectors: int) -> int:
         raise ValueError(f"choose_row_width: extent={extent}, lanes={lanes} must be positive")
     if extent <= lanes:
         return extent
-    candidates = [w for w in range(max(1, lanes // 2), lanes + 1)]
+    if partial:
+        candidates = list(range(max(1, lanes // 2), lanes + 1))
+    else:
+        candidates = [lanes >> k for k in range(lanes.bit_length()) if lanes >> k >= 1]
     candidates += [lanes * k for k in range(2, max(1, max_vectors) + 1)]
     best, best_eff = 0, 0.0
     for width in candidates:
@@ -76,6 +83,10 @@ def choose_row_width(extent: int, lanes: int, max_vectors: int) -> int:
             best, best_eff = width, eff
     if best and best_eff >= 0.5:
         return best
+    if not partial:
+        pow2 = [w for w in candidates if 4 <= w <= lanes and extent % w == 0]
+        if pow2:
+            return max(pow2)  # e.g. 28 -> 4 rather than a 14- or 28-lane vector
     if extent <= lanes * max(1, max_vectors):
         return extent  # a short odd row: one odd-length vector beats a scalarised tail
     # a narrow divisor still beats a tail, which scalarises the whole loop (e.g. 49 -> 7)

@@ -49,6 +49,9 @@ class CPUConfig:
         ``vector_bits // dtype_bits``.
     max_row_vectors : int
         The vectorised output row tile (conv: output width) may span up to this many registers.
+    partial_vectors : bool
+        Let row tiles be vectors of any length up to one register (13 of 16 lanes), else only
+        ``lanes / 2**k`` (see :func:`~codl_tvm.schedules.choose_row_width`).
     conv_oc_tile : int
         Output channels held in registers at once by the direct and GEMM conv (register tile).
     conv_oh_tile : int
@@ -81,6 +84,7 @@ class CPUConfig:
     name: str
     vector_bits: int
     max_row_vectors: int = 2
+    partial_vectors: bool = True
     conv_oc_tile: int = 4
     conv_oh_tile: int = 2
     conv1x1_gemm: bool = True

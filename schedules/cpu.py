@@ -107,6 +107,23 @@ def _prepare_prologue(sch: s_tir.Schedule, blocks: FuncBlocks, cfg: CPUConfig) -
         _schedule_injective(sch, block, cfg)
 
 
+def _data_producer(sch: s_tir.Schedule, blocks: FuncBlocks, conv: SBlockRV) -> SBlockRV | None:
+    """The prologue block that writes the conv's input (padding or a copy), if any."""
+    reads = [region.source for region in sch.get(conv).reads]
+    for block in blocks.prologue:
+        if any(buf.same_as(sch.get(block).body.buffer) for buf in reads):
+            return block
+    return None
+
+
+def _without(blocks: FuncBlocks, block: SBlockRV) -> FuncBlocks:
+    return FuncBlocks(
+        prologue=[b for b in blocks.prologue if not b.same_as(block)],
+        main=blocks.main,
+        epilogue=blocks.epilogue,
+    )
+
+
 def _inline_epilogue(sch: s_tir.Schedule, blocks: FuncBlocks, cfg: CPUConfig) -> None:
     """Inline elementwise epilogues into the write-back block; parallelise any that resist."""
     remaining = list(blocks.epilogue)
@@ -183,8 +200,23 @@ class CPUConv2D(_CPURule):
         if isinstance(info, str):
             return f"not a conv2d: {info}"
         algorithm = conv2d_algorithm(info, cfg)
-        _prepare_prologue(sch, blocks, cfg)
         conv = blocks.main
+        stride = info.stride_w
+        padder = _data_producer(sch, blocks, conv) if stride > 1 else None
+        if padder is not None:
+            # Strided conv: store the (padded) input with its columns split by phase,
+            # [n, c, h, w % s, w // s], so each tap reads a contiguous run of a phase
+            # instead of a strided gather; the copy is one pass over the input.
+            _prepare_prologue(sch, _without(blocks, padder), cfg)
+            sch.transform_layout(
+                padder,
+                ("write", 0),
+                lambda n, c, h, w: (n, c, h, w % stride, w // stride),
+                pad_value=0.0,
+            )
+            _schedule_injective(sch, padder, cfg)
+        else:
+            _prepare_prologue(sch, blocks, cfg)
         writeback = sch.cache_write(conv, 0, "global")
         _inline_epilogue(sch, blocks, cfg)
         lanes = cfg.lanes(info.dtype_bits)
@@ -213,7 +245,7 @@ class CPUConv2D(_CPURule):
         return min(tile, info.out_channels)
 
     def _direct(self, sch, conv, writeback, info, cfg, lanes, work) -> dict[str, int]:
-        width = choose_row_width(info.out_width, lanes, cfg.max_row_vectors)
+        width = choose_row_width(info.out_width, lanes, cfg.max_row_vectors, cfg.partial_vectors)
         nvec = math.ceil(width / lanes)
         oh_tile = min(cfg.conv_oh_tile if nvec == 1 else 1, info.out_height)
         oc_tile = self._oc_tile(cfg, nvec * oh_tile, oh_tile * width * info.dtype_bits // 8, info)
@@ -241,7 +273,7 @@ class CPUConv2D(_CPURule):
         sch.transform_block_layout(conv, flat_iter)
         sch.transform_block_layout(writeback, flat_buf)
         pixels = info.out_height * info.out_width
-        width = choose_row_width(pixels, lanes, cfg.max_row_vectors)
+        width = choose_row_width(pixels, lanes, cfg.max_row_vectors, cfg.partial_vectors)
         nvec = math.ceil(width / lanes)
         oc_tile = self._oc_tile(cfg, nvec, width * info.dtype_bits // 8, info)
         n, f, p, c, ky, kx = sch.get_loops(conv)
@@ -282,7 +314,9 @@ class CPUReduction(_CPURule):
         vector_loop = None
         unroll: list[LoopRV] = []
         if info.vector_axis is not None and info.extents[n_spatial - 1] > 1:
-            width = choose_row_width(info.extents[n_spatial - 1], lanes, cfg.max_row_vectors)
+            width = choose_row_width(
+                info.extents[n_spatial - 1], lanes, cfg.max_row_vectors, cfg.partial_vectors
+            )
             vo, vi = sch.split(spatial[-1], [None, width])
             outer = [*spatial[:-1], vo]
             inner = [vi]

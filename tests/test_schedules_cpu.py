@@ -458,21 +458,29 @@ def test_config_changes_schedule():
     assert scheduled.attrs["codl.vector_width"] == 16
 
 
-@given(extent=st.integers(1, 600), lanes=st.sampled_from([4, 8, 16]), vectors=st.integers(1, 3))
+@given(
+    extent=st.integers(1, 600),
+    lanes=st.sampled_from([4, 8, 16]),
+    vectors=st.integers(1, 3),
+    partial=st.booleans(),
+)
 @settings(max_examples=200, deadline=None)
-def test_choose_row_width(extent, lanes, vectors):
-    width = choose_row_width(extent, lanes, vectors)
-    assert 1 <= width <= max(extent, lanes)
+def test_choose_row_width(extent, lanes, vectors, partial):
+    width = choose_row_width(extent, lanes, vectors, partial)
     assert 1 <= width <= max(extent, lanes)
     if extent <= lanes:
         assert width == extent
     elif width > lanes and width % lanes:
-        # an odd multi-register vector only for a short row with no good divisor
+        # an odd multi-register vector only for a short row with no usable divisor
         assert width == extent <= lanes * vectors
     else:
         assert extent % width == 0 or (
             width == lanes and not any(extent % w == 0 for w in range(2, lanes + 1))
         )
+    if not partial and width < lanes and extent > lanes * vectors:
+        # a power-of-two fraction of a register when one (>= 4 lanes) divides the row
+        pow2 = [1 << k for k in range(2, lanes.bit_length()) if extent % (1 << k) == 0]
+        assert width in pow2 or not pow2
 
 
 def test_choose_row_width_rejects_bad_input():
