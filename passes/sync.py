@@ -13,7 +13,8 @@ What it does
 ------------
 GPU kernels are enqueued asynchronously; CPU kernels run on the host thread in program order.
 - Every CPU kernel gets its tensors through ``codl.coexec.cpu_view`` (a CPU tensor over the
-  same SVM bytes, no copy). Its outputs go to the CPU device when only CPU kernels read them,
+  same SVM bytes, no copy), and its weights from ``codl.coexec.cpu_copy``: the CPU's own copy
+  of each constant, made once at the first run (the VM puts every constant on devices[0]). Its outputs go to the CPU device when only CPU kernels read them,
   else to a fresh SVM tensor the GPU can read later; the call becomes ``call_tir_inplace``.
 - Before a CPU kernel reads a tensor that a GPU kernel wrote, the host waits, but only for
   the GPU work up to that writer: a ``codl.coexec.gpu_mark`` is placed right after the writer
@@ -177,6 +178,7 @@ class _Rewriter(relax.PyExprMutator):
         self.marks: dict[int, relax.Var] = {}
         self.on_cpu: set = set()  # new vars that are CPU tensors
         self.drained = False
+        self.const_sites = 0
 
     def _packed(self, name: str, *args, ty, hint: str):
         call = relax.Call(relax.ExternFunc(name), list(args), ty_args=[ty])
@@ -185,9 +187,14 @@ class _Rewriter(relax.PyExprMutator):
     def _cpu_view(self, expr):
         if expr in self.on_cpu or not isinstance(expr.ty, relax.TensorType):
             return expr
-        # Constants live on devices[0] (the GPU, in SVM): the CPU reads them through a view.
-        hint = f"{expr.name}_cpu" if isinstance(expr, relax.Var) else "const_cpu"
-        return self._packed("codl.coexec.cpu_view", expr, ty=expr.ty, hint=hint)
+        if not isinstance(expr, relax.Var):
+            # A constant (weight): the VM loads constants onto devices[0]; the CPU gets its own
+            # copy, made once per call site at the first run.
+            self.const_sites += 1
+            site = site_id(self.plan["func"], "const", self.const_sites)
+            return self._packed("codl.coexec.cpu_copy", relax.prim_value(site), expr,
+                                ty=expr.ty, hint="weight_cpu")
+        return self._packed("codl.coexec.cpu_view", expr, ty=expr.ty, hint=f"{expr.name}_cpu")
 
     def visit_var_binding_(self, binding) -> None:
         i = self.index.get(binding.var)

@@ -403,6 +403,32 @@ ffi::Tensor SiteAlloc(int64_t site, ffi::Shape shape, DLDataType dtype, int devi
   return t;
 }
 
+/*!
+ * \brief The CPU's own copy of a constant (a weight), made once per call site: each processor
+ * reads its weights from its own memory, pre-arranged at the first call (CoDL), and the CPU needs
+ * no SVM map for them.
+ */
+ffi::Tensor CpuCopy(int64_t site, ffi::Tensor t) {
+  const DLTensor* d = t.GetDLTensorPtr();
+  if (d->device.device_type == kDLCPU) return t;
+  int64_t key = site ^ 0x5bd1e9955bd1e995LL;
+  {
+    std::lock_guard<std::mutex> lock(g_sites_mu);
+    auto it = g_sites.find(key);
+    if (it != g_sites.end()) return it->second;
+  }
+  std::vector<int64_t> shape(d->shape, d->shape + d->ndim);
+  ffi::Tensor copy = ffi::Tensor::FromNDAlloc(DeviceAlloc{},
+                                              ffi::ShapeView(shape.data(), shape.size()),
+                                              d->dtype, DLDevice{kDLCPU, 0});
+  DLTensor src = *d;
+  DLTensor dst = *copy.GetDLTensorPtr();
+  tvm::runtime::DeviceAPI::Get(d->device)->CopyDataFromTo(&src, &dst, nullptr);
+  std::lock_guard<std::mutex> lock(g_sites_mu);
+  g_sites[key] = copy;
+  return copy;
+}
+
 }  // namespace
 
 TVM_FFI_STATIC_INIT_BLOCK() {
@@ -413,6 +439,7 @@ TVM_FFI_STATIC_INIT_BLOCK() {
       .def("codl.coexec.cpu_view", CpuViewOrSelf)
       .def("codl.coexec.region_view", RegionView)
       .def("codl.coexec.alloc", SiteAlloc)
+      .def("codl.coexec.cpu_copy", CpuCopy)
       .def("codl.coexec.release_sites", []() {
         std::lock_guard<std::mutex> lock(g_sites_mu);
         g_sites.clear();
