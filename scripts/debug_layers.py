@@ -84,7 +84,7 @@ def cmd_run(args: argparse.Namespace) -> None:
     for name, want, got in zip(man["outputs"], ref, outs):
         got = got.numpy().reshape(want.shape)
         scale = max(float(np.max(np.abs(want))), 1e-12)
-        print(f"{name:40s} {str(want.shape):22s} rel err {np.max(np.abs(got - want)) / scale:.2e}")
+        print(f"{name:40s} {want.shape!s:22s} rel err {np.max(np.abs(got - want)) / scale:.2e}")
 
 
 def main() -> None:
