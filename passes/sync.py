@@ -14,7 +14,8 @@ What it does
 GPU kernels are enqueued asynchronously; CPU kernels run on the host thread in program order.
 - Every CPU kernel gets its tensors through ``codl.coexec.cpu_view`` (a CPU tensor over the
   same SVM bytes, no copy), and its weights from ``codl.coexec.cpu_copy``: the CPU's own copy
-  of each constant, made once at the first run (the VM puts every constant on devices[0]). Its outputs go to the CPU device when only CPU kernels read them,
+  of each constant, made once at the first run (the VM puts every constant on devices[0]).
+  Its outputs go to the CPU device when only CPU kernels read them,
   else to a fresh SVM tensor the GPU can read later; the call becomes ``call_tir_inplace``.
 - Before a CPU kernel reads a tensor that a GPU kernel wrote, the host waits, but only for
   the GPU work up to that writer: a ``codl.coexec.gpu_mark`` is placed right after the writer
