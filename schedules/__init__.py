@@ -83,9 +83,9 @@ def _gpu_rules(config: OpenCLConfig | None) -> list[ScheduleRule]:
         OpenCLConv2D(config),
         OpenCLPool2D(config),
         RecordedRule(dl.gpu.Matmul(), "matmul"),
-        RecordedRule(dl.gpu.GEMV(), "gemv"),
-        RecordedRule(dl.gpu.Reduction(), "reduction"),
-        RecordedRule(dl.gpu.GeneralReduction(), "reduction"),
+        RecordedRule(dl.gpu.GEMV(), "gemv", check_lowering=True),
+        RecordedRule(dl.gpu.Reduction(), "reduction", check_lowering=True),
+        RecordedRule(dl.gpu.GeneralReduction(), "reduction", check_lowering=True),
         RecordedRule(dl.gpu.Fallback(), "fallback"),
     ]
 

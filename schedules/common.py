@@ -27,6 +27,7 @@ import math
 import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight.base import ScheduleRule
+from tvm.s_tir.transform import LowerCrossThreadReduction
 from tvm.target import Target
 
 __all__ = [
@@ -197,12 +198,24 @@ class CodlRule(ScheduleRule):
 
 
 class RecordedRule(ScheduleRule):
-    """Wrap a dlight rule so its kernels carry ``codl.*`` attributes too."""
+    """Wrap a dlight rule so its kernels carry ``codl.*`` attributes too.
 
-    def __init__(self, rule: ScheduleRule, algorithm: str, config: str = "dlight") -> None:
+    With ``check_lowering``, a schedule that TVM cannot lower is declined instead (dlight's GPU
+    reduction rules turn some grouped convs into cross-thread reductions that TVM 0.27 fails to
+    lower), so the next rule gets the function.
+    """
+
+    def __init__(
+        self,
+        rule: ScheduleRule,
+        algorithm: str,
+        config: str = "dlight",
+        check_lowering: bool = False,
+    ) -> None:
         self.rule = rule
         self.algorithm = algorithm
         self.config = config
+        self.check_lowering = check_lowering
 
     def is_target_available(self, target: Target) -> bool:
         return self.rule.is_target_available(target)
@@ -215,5 +228,10 @@ class RecordedRule(ScheduleRule):
             if len(result) != 1:
                 return result
             result = result[0]
+        if self.check_lowering:
+            try:
+                LowerCrossThreadReduction()(result.mod)
+            except Exception:  # TVM raises ValueError, TVMError or InternalError here
+                return None
         gpu = target is not None and "gpu" in target.keys
         return _with_record(result, self.algorithm, self.config, gpu=gpu)

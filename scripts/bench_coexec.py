@@ -78,8 +78,12 @@ def cmd_compile(args: argparse.Namespace) -> None:
     out.mkdir(parents=True, exist_ok=True)
     shutil.copy(build_plugin(), out / "libcodl_tvm_opencl.so")
     cpu = tvm.target.Target({"kind": "llvm", "mcpu": args.mcpu})
-    gpu = tvm.target.Target({"kind": "opencl"}, host={"kind": "llvm", "mcpu": args.mcpu})
-    manifest = {"convs": {}}
+    gpu_spec = {"kind": "opencl"}
+    if args.gpu_device:
+        gpu_spec["device"] = args.gpu_device  # picks the schedules' OpenCL preset
+    gpu = tvm.target.Target(gpu_spec, host={"kind": "llvm", "mcpu": args.mcpu})
+    manifest_target = str(gpu)
+    manifest = {"convs": {}, "gpu_target": manifest_target}
     for name, (hw, ci, co, k) in SHAPES.items():
         model = load_onnx(conv_model(hw, ci, co, k))
         entries = []
@@ -231,6 +235,7 @@ def main() -> None:
     p = sub.add_parser("compile")
     p.add_argument("--out", required=True)
     p.add_argument("--mcpu", default="skylake-avx512")
+    p.add_argument("--gpu-device", default="", help="OpenCL device class: pocl, nvidia, ...")
     p.set_defaults(func=cmd_compile)
     p = sub.add_parser("run")
     p.add_argument("--dir", required=True)
