@@ -159,6 +159,15 @@ def cmd_run(args: argparse.Namespace) -> None:
 
     runtime.load(platform=args.platform)
     info = runtime.info()
+    if args.tvm_cpus:
+        # The emulated SoC: TVM's CPU threads on their own cores (PoCL's are pinned to the
+        # others with POCL_AFFINITY=1 and POCL_CPU_MAX_CU_COUNT).
+        lo, hi = (int(v) for v in args.tvm_cpus.split("-"))
+        cpus = [str(c) for c in range(lo, hi + 1)]
+        tvm.get_global_func("runtime.config_threadpool")(-2, len(cpus), cpus)
+        import os
+
+        os.sched_setaffinity(0, {int(c) for c in cpus})
     result = {
         "platform": info.platform,
         "device": info.devices[0].name,
@@ -243,6 +252,7 @@ def main() -> None:
     p.add_argument("--out", required=True)
     p.add_argument("--number", type=int, default=5)
     p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--tvm-cpus", default="", help="pin TVM's CPU threads to cores LO-HI")
     p.set_defaults(func=cmd_run)
     args = parser.parse_args()
     args.func(args)
