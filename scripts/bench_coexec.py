@@ -238,6 +238,36 @@ def cmd_run(args: argparse.Namespace) -> None:
     )
 
 
+def cmd_trace(args: argparse.Namespace) -> None:
+    """Timeline of one co-executed conv (Chrome trace JSON + PNG) to see the overlap."""
+    import tvm
+
+    from codl_tvm import runtime
+    from codl_tvm.coexec import CoexecModule
+    from codl_tvm.trace import trace_inference
+
+    runtime.load(platform=args.platform)
+    if args.tvm_cpus:
+        lo, hi = (int(v) for v in args.tvm_cpus.split("-"))
+        cpus = [str(c) for c in range(lo, hi + 1)]
+        tvm.get_global_func("runtime.config_threadpool")(-2, len(cpus), cpus)
+    manifest = json.loads((Path(args.dir) / "manifest.json").read_text())
+    hw, ci, co, k = manifest["convs"][args.conv]["shape"]
+    rng = np.random.default_rng(0)
+    inputs = [rng.random((1, ci, hw, hw), dtype=np.float32),
+              (rng.standard_normal((co, ci, k, k)) * 0.05).astype(np.float32),
+              rng.standard_normal(co).astype(np.float32)]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for lib in args.libs.split(","):
+        built = CoexecModule(library=Path(args.dir) / lib, plan=None)
+        trace = trace_inference(built, inputs, warmup=3)
+        stem = Path(lib).stem
+        trace.save_chrome(out / f"trace_{stem}.json")
+        trace.save_png(out / f"trace_{stem}.png")
+        print(stem, json.dumps(trace.summary()), flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -254,6 +284,14 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--tvm-cpus", default="", help="pin TVM's CPU threads to cores LO-HI")
     p.set_defaults(func=cmd_run)
+    p = sub.add_parser("trace")
+    p.add_argument("--dir", required=True)
+    p.add_argument("--platform", required=True)
+    p.add_argument("--conv", required=True)
+    p.add_argument("--libs", required=True, help="comma-separated library names in --dir")
+    p.add_argument("--out", required=True)
+    p.add_argument("--tvm-cpus", default="")
+    p.set_defaults(func=cmd_trace)
     args = parser.parse_args()
     args.func(args)
 
