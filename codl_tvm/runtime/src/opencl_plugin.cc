@@ -143,15 +143,25 @@ class OpenCLSVMDeviceAPI final : public DeviceAPI {
     Workspace* w = Workspace::Global();
     if (ptr == nullptr || !w->initialized()) return;
     const Api& api = GetApi();
-    // Kernels still queued may use the memory: finish every queue first.
-    for (size_t i = 0; i < w->num_devices(); ++i) api.clFinish(w->Queue(static_cast<int>(i)));
     w->UnmapAll();
     w->UnregisterAlloc(ptr);
     if (w->svm_mode() == SvmMode::kBuffer) {
+      // OpenCL keeps a released buffer alive until the kernels using it are done.
       auto* desc = static_cast<BufferDescriptor*>(ptr);
       api.clReleaseMemObject(desc->mem);
       delete desc;
+      return;
+    }
+    // Kernels still queued may use the memory. A blocking clFinish here would stall the host
+    // whenever the VM frees a tensor while the GPU part of a chain runs (killing the overlap),
+    // so the free is enqueued behind the queued work instead (stream-ordered free).
+    cl_command_queue q = w->Queue(dev.device_id);
+    if (api.clEnqueueSVMFree != nullptr && w->num_devices() == 1) {
+      void* ptrs[1] = {ptr};
+      CODL_CL_CALL(clEnqueueSVMFree, q, 1, ptrs, nullptr, nullptr, 0, nullptr, nullptr);
+      api.clFlush(q);
     } else {
+      for (size_t i = 0; i < w->num_devices(); ++i) api.clFinish(w->Queue(static_cast<int>(i)));
       api.clSVMFree(w->context(), ptr);
     }
   }
