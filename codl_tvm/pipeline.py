@@ -13,7 +13,6 @@ from pathlib import Path
 
 import tvm
 from tvm import relax
-from tvm.s_tir import dlight as dl
 
 __all__ = [
     "dataflow_lower_passes",
@@ -35,50 +34,15 @@ def legalize_passes(target: tvm.target.Target) -> list[tvm.transform.Pass]:
     ]
 
 
-class _CheckedRule(dl.ScheduleRule):
-    """Wrap a dlight rule; decline when its schedule cannot be lowered.
-
-    dlight's GPU reduction rules schedule grouped convolutions (e.g. depthwise with a channel
-    multiplier) into cross-thread reductions that TVM 0.27 then fails to lower; declining lets
-    the next rule (Fallback) schedule the function instead of failing the whole build.
-    """
-
-    def __init__(self, rule: dl.ScheduleRule) -> None:
-        self.rule = rule
-
-    def apply(self, func, target, tunable):
-        sch = self.rule.apply(func, target, tunable)
-        if sch is None or isinstance(sch, list):
-            return sch
-        try:
-            from tvm.s_tir.transform import LowerCrossThreadReduction
-
-            LowerCrossThreadReduction()(sch.mod)
-        except Exception:  # TVM raises ValueError/TVMError/InternalError alike here
-            return None
-        return sch
-
-
 def schedule_passes(target: tvm.target.Target) -> list[tvm.transform.Pass]:
-    """Schedule every PrimFunc: codl-tvm's rules first, then dlight's GPU rules on GPUs."""
-    rules = []
-    try:
-        from codl_tvm.schedules import schedule_rules
-    except ImportError:  # schedules not installed in a runtime-only deployment
-        schedule_rules = None
-    if schedule_rules is not None:
-        rules.extend(schedule_rules(target))
-    if target.kind.name != "llvm":
-        rules.extend(
-            [
-                dl.gpu.Matmul(),
-                _CheckedRule(dl.gpu.GEMV()),
-                _CheckedRule(dl.gpu.Reduction()),
-                _CheckedRule(dl.gpu.GeneralReduction()),
-                dl.gpu.Fallback(),
-            ]
-        )
-    return [dl.ApplyDefaultSchedule(*rules)] if rules else []
+    """Schedule every PrimFunc with codl-tvm's rules (and dlight's GPU rules after them).
+
+    The rules read each PrimFunc's own ``target`` attribute, so the CPU kernels of a
+    co-executed build get the CPU rules and the OpenCL kernels the OpenCL ones.
+    """
+    from codl_tvm.schedules import apply_schedules
+
+    return [apply_schedules(target)]
 
 
 def dataflow_lower_passes(target: tvm.target.Target) -> list[tvm.transform.Pass]:
@@ -134,30 +98,6 @@ def single_device_pipeline(target: tvm.target.Target) -> tvm.transform.Pass:
     return _pipeline
 
 
-def coexec_schedule_passes(
-    gpu_target: tvm.target.Target, cpu_target: tvm.target.Target
-) -> list[tvm.transform.Pass]:
-    """Schedule every kernel for its own processor (dlight reads each PrimFunc's target)."""
-    rules = []
-    try:
-        from codl_tvm.schedules import schedule_rules
-    except ImportError:
-        schedule_rules = None
-    if schedule_rules is not None:
-        rules.extend(schedule_rules(cpu_target))
-        rules.extend(schedule_rules(gpu_target))
-    rules.extend(
-        [
-            dl.gpu.Matmul(),
-            _CheckedRule(dl.gpu.GEMV()),
-            _CheckedRule(dl.gpu.Reduction()),
-            _CheckedRule(dl.gpu.GeneralReduction()),
-            dl.gpu.Fallback(),
-        ]
-    )
-    return [dl.ApplyDefaultSchedule(*rules)]
-
-
 def coexec_pipeline(
     plan, gpu_target: tvm.target.Target, cpu_target: tvm.target.Target
 ) -> tvm.transform.Pass:
@@ -192,7 +132,7 @@ def coexec_pipeline(
                             RestoreTargets(),
                         ],
                     ),
-                    ("schedule", coexec_schedule_passes(gpu_target, cpu_target)),
+                    ("schedule", schedule_passes(gpu_target)),
                     ("merge", [MergePartsInPlace()]),
                     (
                         "dataflow-lower",
