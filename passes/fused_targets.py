@@ -7,8 +7,9 @@ fuses, which would compile a CPU part as OpenCL. The two passes bracket FuseTIR:
   target its ``call_tir`` callees share (set by :class:`~codl_tvm.passes.place.PlaceParts`) is
   recorded in ``main``'s ``"codl_fused_targets"`` attribute; a fused function whose kernels
   disagree raises (FuseOps fused across processors).
-- ``RestoreTargets`` (after FuseTIR): sets the recorded target on each fused PrimFunc (FuseTIR
-  keeps the fused function's name) and removes the record.
+- ``RestoreTargets`` (after FuseTIR): sets each fused PrimFunc's target from the VDevice of the
+  output of the ``call_tir`` that calls it (the placement :class:`~codl_tvm.passes.place.
+  PlaceParts` wrote into the IR), checks it against the record, and removes the record.
 """
 
 from __future__ import annotations
@@ -76,9 +77,34 @@ class RestoreTargets:
             return mod
         record = main.attrs[FUSED_TARGETS_ATTR]
         mod = mod.clone() if hasattr(mod, "clone") else tvm.IRModule(dict(mod.functions))
+        # The placement is the VDevice of each kernel's output (set by PlaceParts); the record
+        # taken before FuseTIR must agree with it.
+        by_vdevice: dict[str, tvm.target.Target] = {}
+        for block in main.body.blocks:
+            for b in block.bindings:
+                call = b.value
+                if not (isinstance(call, relax.Call) and call.op.same_as(_CALL_TIR)):
+                    continue
+                ty = call.ty_args[0] if len(call.ty_args) == 1 else None
+                vdev = getattr(ty, "vdevice", None) if isinstance(ty, relax.TensorType) else None
+                if vdev is not None and vdev.target is not None:
+                    by_vdevice[call.args[0].name_hint] = vdev.target
         for gv, func in list(mod.functions.items()):
-            if isinstance(func, tvm.tirx.PrimFunc) and gv.name_hint in record:
-                if func.attrs is None or "target" not in func.attrs:
-                    mod[gv] = func.with_attr("target", record[gv.name_hint])
+            if not isinstance(func, tvm.tirx.PrimFunc):
+                continue
+            target = by_vdevice.get(gv.name_hint)
+            recorded = record.get(gv.name_hint) if gv.name_hint in record else None
+            if (
+                target is not None
+                and recorded is not None
+                and (target.kind.name != recorded.kind.name)
+            ):
+                raise ValueError(
+                    f"kernel {gv.name_hint}: its output VDevice says {target.kind.name} but its "
+                    f"fused kernels were placed on {recorded.kind.name}"
+                )
+            target = target or recorded
+            if target is not None and (func.attrs is None or "target" not in func.attrs):
+                mod[gv] = func.with_attr("target", target)
         mod[main_gv] = main.without_attr(FUSED_TARGETS_ATTR)
         return mod

@@ -11,6 +11,9 @@ What it does
 - Every ``call_tir`` binding gets a placement: ``cpu`` for the bindings of CPU parts, ``gpu``
   for everything else (GPU parts and the operators outside any split, which stay on the GPU,
   CoDL's default data-holding processor).
+- Every kernel's output tensor gets its processor's Relax ``VDevice`` (``main``'s module gets the
+  global info ``"vdevice" = [GPU, CPU]``, the device order of the VM): the IR states where every
+  tensor lives, and later passes read the placement from it.
 - The callee PrimFunc gets the processor's target as its ``target`` attribute; a PrimFunc that
   both processors call (LegalizeOps shares identical kernels) is cloned, ``<name>_cpu``. TVM then
   compiles CPU kernels with LLVM and GPU kernels as OpenCL in one build.
@@ -119,12 +122,20 @@ class PlaceParts:
                 rt.callee_of[b.var] = bb.add_func(prim, name)
             else:
                 rt.callee_of[b.var] = renames[(gv, where)]
+        # Every kernel's output carries its processor's VDevice: the IR states where each
+        # tensor lives (global info "vdevice" = [GPU, CPU], the VM's device order).
+        rt.vdevices = {
+            "gpu": relax.VDevice(self.gpu_target, 0, "global"),
+            "cpu": relax.VDevice(self.cpu_target, 0, "global"),
+        }
+        rt.where_of = where_of
         new_main = rt.visit_expr(func)
         bb.update_func(
             mod.get_global_var("main"),
             new_main.with_attr(PLACEMENT_ATTR, json.dumps(placement, sort_keys=True)),
         )
         out = bb.get()
+        out.update_global_info("vdevice", [rt.vdevices["gpu"], rt.vdevices["cpu"]])
         for b in bindings:
             gv = _callee(b)
             if where_of.get(b.var) == "merge" and gv not in users and gv in out.get_global_vars():
@@ -139,6 +150,8 @@ class _Retarget(relax.PyExprMutator):
     def __init__(self, mod) -> None:
         super().__init__(mod)
         self.callee_of: dict = {}
+        self.vdevices: dict = {}
+        self.where_of: dict = {}
 
     def visit_var_binding_(self, binding) -> None:
         new_gv = self.callee_of.get(binding.var)
@@ -146,11 +159,21 @@ class _Retarget(relax.PyExprMutator):
             super().visit_var_binding_(binding)
             return
         call = binding.value
+        ty_args = list(call.ty_args)
+        where = self.where_of.get(binding.var)
+        vdev = self.vdevices.get("cpu" if where == "cpu" else "gpu")
+        if len(ty_args) == 1 and isinstance(ty_args[0], relax.TensorType) and vdev is not None:
+            old = ty_args[0]
+            ty_args = [relax.TensorType(old.shape, old.dtype, vdevice=vdev)]
         value = relax.Call(
             call.op,
             [new_gv, *[self.visit_expr(a) for a in call.args[1:]]],
             call.attrs,
-            call.ty_args,
+            ty_args,
         )
         value = self.builder_.normalize(value)
-        self.builder_.emit_normalized(relax.VarBinding(binding.var, value))
+        if isinstance(binding.var, relax.DataflowVar):
+            new_var = self.builder_.emit(value, name_hint=binding.var.name)
+        else:
+            new_var = self.builder_.emit_output(value, name_hint=binding.var.name)
+        self.set_var_remap(binding.var, new_var)
