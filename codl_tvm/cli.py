@@ -187,7 +187,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     """Co-execute the bundled CNN on the local OpenCL device + CPU and check it."""
     from codl_tvm.coexec import compile_coexec
     from codl_tvm.frontend import load_onnx, random_inputs
-    from codl_tvm.plan import uniform_plan
+    from codl_tvm.plan import partitionable_ops, uniform_plan
     from codl_tvm.runner import build
     from codl_tvm.runtime import coexec as sync
 
@@ -204,6 +204,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
         f"{args.dim} at GPU ratio {args.ratio}); sync mode: {sync.sync_mode()}"
     )
     _print_placements(built.placements)
+    split = {op for row in built.placements for op in row["ops"]}
+    others = [op.name for op in partitionable_ops(model.mod) if op.name not in split]
+    print("not split, on the GPU: " + (", ".join(others) if others else "-")
+          + "; every other operator (elementwise, reshape, softmax...) runs on the GPU")
     ok = err <= 1e-4 * max(1.0, max(float(np.max(np.abs(r))) for r in ref))
     print(
         f"max abs difference against the single-device (OpenCL) result: {err:.3g} "
