@@ -1,0 +1,120 @@
+"""Whole models co-executed with uniform plans on the emulated SoC (model-level check).
+
+    python scripts/bench_coexec_models.py compile --out .device/cx_models --gpu-device pocl
+    python scripts/bench_coexec_models.py run --dir .device/cx_models --platform portable \\
+        --out results/coexec_models_pocl8cu.json --tvm-cpus 8-15
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+
+PLANS = (("H", 0.0), ("H", 1.0), ("H", 0.3), ("H", 0.5), ("OC", 0.3), ("OC", 0.5))
+
+
+def cmd_compile(args: argparse.Namespace) -> None:
+    import tvm
+
+    import codl_tvm
+    from codl_tvm.cli import bundled_model_path
+    from codl_tvm.frontend import load_onnx
+    from codl_tvm.models import light_model
+    from codl_tvm.plan import uniform_plan
+    from codl_tvm.runtime._build import build_plugin
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    shutil.copy(build_plugin(), out / "libcodl_tvm_opencl.so")
+    cpu = tvm.target.Target({"kind": "llvm", "mcpu": args.mcpu})
+    spec = {"kind": "opencl", **({"device": args.gpu_device} if args.gpu_device else {})}
+    gpu = tvm.target.Target(spec, host={"kind": "llvm", "mcpu": args.mcpu})
+    manifest = {}
+    for name in args.models.split(","):
+        model = load_onnx(bundled_model_path() if name == "codl_small_cnn" else light_model(name))
+        libs = []
+        for dim, ratio in PLANS:
+            tag = f"{name}_{dim}_{ratio:.2f}"
+            built = codl_tvm.compile(model.mod, uniform_plan(model.mod, dim, ratio), gpu=gpu,
+                                     cpu=cpu, work_dir=out)
+            built.library.rename(out / f"{tag}.so")
+            libs.append({"dim": dim, "ratio": ratio, "lib": f"{tag}.so"})
+            print("compiled", tag, flush=True)
+        manifest[name] = {"input": [list(s.shape) for s in model.inputs], "libs": libs}
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=2))
+
+
+def cmd_run(args: argparse.Namespace) -> None:
+    import os
+
+    import tvm
+    from tvm.runtime.vm import VirtualMachine
+
+    from codl_tvm import runtime
+    from codl_tvm.bench import envelope, write_json
+
+    runtime.load(platform=args.platform)
+    info = runtime.info()
+    if args.tvm_cpus:
+        lo, hi = (int(v) for v in args.tvm_cpus.split("-"))
+        cpus = [str(c) for c in range(lo, hi + 1)]
+        tvm.get_global_func("runtime.config_threadpool")(-2, len(cpus), cpus)
+        os.sched_setaffinity(0, {int(c) for c in cpus})
+    dev = tvm.opencl(0)
+    manifest = json.loads((Path(args.dir) / "manifest.json").read_text())
+    results = {"platform": info.platform, "device": info.devices[0].name,
+               "compute_units": info.devices[0].compute_units, "models": {}}
+    rng = np.random.default_rng(0)
+    for name, entry in manifest.items():
+        inputs = [tvm.runtime.tensor(rng.random(s, dtype=np.float64).astype("float32"), dev)
+                  for s in entry["input"]]
+        rows, ref = [], None
+        for item in entry["libs"]:
+            vm = VirtualMachine(tvm.runtime.load_module(str(Path(args.dir) / item["lib"])),
+                                [dev, tvm.cpu(0)])
+            out = vm["main"](*inputs)
+            out = (out if hasattr(out, "numpy") else out[0]).numpy()
+            ref = out if ref is None else ref
+            err = float(np.max(np.abs(out - ref)) / max(float(np.max(np.abs(ref))), 1e-12))
+            res = vm.time_evaluator("main", dev, number=args.number, repeat=args.repeat)(*inputs)
+            ms = float(np.median(res.results) * 1e3)
+            rows.append({**item, "median_ms": ms, "max_rel_err_vs_cpu_only": err})
+            print(f"{name:16s} {item['dim']:2s} {item['ratio']:.2f} {ms:9.3f} ms err {err:.1e}",
+                  flush=True)
+        tc = next(r["median_ms"] for r in rows if r["ratio"] == 0.0)
+        tg = next(r["median_ms"] for r in rows if r["ratio"] == 1.0)
+        results["models"][name] = {"rows": rows, "t_cpu_ms": tc, "t_gpu_ms": tg,
+                                   "t_star_ms": tc * tg / (tc + tg)}
+    write_json(args.out, envelope(sys.argv, results, tvm_cpus=args.tvm_cpus, env={
+        k: os.environ.get(k) for k in ("POCL_CPU_MAX_CU_COUNT", "POCL_AFFINITY",
+                                       "TVM_NUM_THREADS")}))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("compile")
+    p.add_argument("--out", required=True)
+    p.add_argument("--models", default="codl_small_cnn,squeezenet")
+    p.add_argument("--mcpu", default="skylake-avx512")
+    p.add_argument("--gpu-device", default="pocl")
+    p.set_defaults(func=cmd_compile)
+    p = sub.add_parser("run")
+    p.add_argument("--dir", required=True)
+    p.add_argument("--platform", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--number", type=int, default=5)
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--tvm-cpus", default="")
+    p.set_defaults(func=cmd_run)
+    args = parser.parse_args()
+    args.func(args)
+
+
+if __name__ == "__main__":
+    main()
