@@ -16,6 +16,7 @@ __all__ = [
     "LIGHT_MODELS",
     "light_model",
     "light_model_path",
+    "pretranspose_gemm_weights",
     "sanitize_names",
     "with_random_weights",
 ]
@@ -94,6 +95,31 @@ def sanitize_names(model):
     for coll in (graph.input, graph.output, graph.value_info, graph.initializer):
         for item in coll:
             item.name = fix(item.name)
+    return model
+
+
+def pretranspose_gemm_weights(model):
+    """Store each ``Gemm(transB=1)`` weight initializer transposed and drop ``transB``, in place.
+
+    Same result; the imported module then multiplies by the weight as stored instead of
+    transposing it at every inference (which constant folding only removes when weights are
+    compiled in as constants, not when they are inputs of the compiled library).
+    """
+    from onnx import helper, numpy_helper
+
+    inits = {t.name: t for t in model.graph.initializer}
+    for node in model.graph.node:
+        if node.op_type != "Gemm" or len(node.input) < 2 or node.input[1] not in inits:
+            continue
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        if not attrs.get("transB", 0):
+            continue
+        tensor = inits[node.input[1]]
+        tensor.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(tensor).T.copy(),
+                                                tensor.name))
+        kept = [a for a in node.attribute if a.name != "transB"]
+        del node.attribute[:]
+        node.attribute.extend(kept)
     return model
 
 

@@ -23,7 +23,7 @@ def cmd_compile(args: argparse.Namespace) -> None:
     import tvm
     from tvm.relax.frontend.onnx import from_onnx
 
-    from codl_tvm.models import light_model
+    from codl_tvm.models import light_model, pretranspose_gemm_weights
     from codl_tvm.pipeline import single_device_pipeline
 
     out = Path(args.out)
@@ -31,7 +31,10 @@ def cmd_compile(args: argparse.Namespace) -> None:
     target = tvm.target.Target({"kind": "llvm", "mcpu": args.mcpu})
     manifest = {}
     for name in args.models.split(","):
-        mod = from_onnx(light_model(name, seed=3), keep_params_in_input=True)
+        # Weights are library inputs (to keep libraries small): store Gemm weights pre-transposed
+        # so no transpose runs per inference (constant folding would remove it for constants).
+        mod = from_onnx(pretranspose_gemm_weights(light_model(name, seed=3)),
+                        keep_params_in_input=True)
         main = mod["main"]
         n_in = int(main.attrs["num_input"])
         ex = tvm.compile(mod, target=target, relax_pipeline=single_device_pipeline(target))
@@ -51,14 +54,14 @@ def cmd_run(args: argparse.Namespace) -> None:
     from tvm.runtime.vm import VirtualMachine
 
     from codl_tvm.bench import envelope, write_json
-    from codl_tvm.models import light_model
+    from codl_tvm.models import light_model, pretranspose_gemm_weights
 
     cpus = [str(c) for c in range(args.threads)]
     tvm.get_global_func("runtime.config_threadpool")(-2, args.threads, cpus)
     manifest = json.loads((Path(args.dir) / "manifest.json").read_text())
     rows = {}
     for name, entry in manifest.items():
-        proto = light_model(name, seed=3)
+        proto = pretranspose_gemm_weights(light_model(name, seed=3))
         init = {t.name: numpy_helper.to_array(t) for t in proto.graph.initializer}
         rng = np.random.default_rng(11)
         feeds = {n: rng.random(s, dtype=np.float64).astype("float32") for n, s in entry["inputs"]}
