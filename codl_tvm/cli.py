@@ -114,6 +114,10 @@ def _plan_from_args(args: argparse.Namespace, model):
     from codl_tvm.plan import PartitionPlan, PlanError, uniform_plan
 
     try:
+        if args.plan == "auto":
+            if args.dim or args.ratio is not None:
+                raise CliError("give either --plan or --dim/--ratio, not both")
+            return _auto_plan(args, model)
         if args.plan:
             if args.dim or args.ratio is not None:
                 raise CliError("give either --plan or --dim/--ratio, not both")
@@ -127,6 +131,25 @@ def _plan_from_args(args: argparse.Namespace, model):
         plan.validate(model.mod)
     except PlanError as exc:
         raise CliError(f"{args.plan or 'plan'}: {exc}") from None
+    return plan
+
+
+def _auto_plan(args: argparse.Namespace, model):
+    """Plan with the CoDL planner and the cost model given by --cost-model."""
+    from codl_tvm.cost_model.base import ModelFileError, load_model
+    from codl_tvm.planner import plan_model
+
+    if not args.cost_model:
+        raise CliError("--plan auto needs --cost-model MODEL.json (a model fitted with "
+                       "`codl-tvm cost-model fit` on data from `codl-tvm profile`)")
+    if not Path(args.cost_model).is_file():
+        raise CliError(f"--cost-model {args.cost_model}: no such file")
+    try:
+        cost_model = load_model(args.cost_model)
+    except ModelFileError as exc:
+        raise CliError(str(exc)) from None
+    plan, report = plan_model(model.mod, cost_model)
+    print(report.table())
     return plan
 
 
@@ -242,7 +265,9 @@ def _add_run(sub) -> None:
     p = sub.add_parser("run", help="build and run an ONNX model on one device")
     p.add_argument("model", nargs="?", help="ONNX model (default: the bundled CNN)")
     p.add_argument("--device", choices=("cpu", "opencl", "coexec"), default="opencl")
-    p.add_argument("--plan", help="PartitionPlan JSON (--device coexec)")
+    p.add_argument("--plan", help="PartitionPlan JSON, or 'auto' to plan with --cost-model "
+                   "(--device coexec)")
+    p.add_argument("--cost-model", help="cost model JSON for --plan auto")
     p.add_argument("--dim", choices=("H", "OC"), help="split every operator along this dim")
     p.add_argument("--ratio", type=float, help="GPU share of every split operator, in [0, 1]")
     p.add_argument("--inputs", help=".npz of inputs keyed by graph input names")
@@ -268,7 +293,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("info", help="describe the OpenCL platform and devices in use")
     p.set_defaults(func=cmd_info)
     # Subcommands of optional components register themselves when present.
-    for module in ("codl_tvm.cost_model.evaluate", "codl_tvm.deploy"):
+    for module in (
+        "codl_tvm.cost_model.evaluate",
+        "codl_tvm.deploy",
+        "codl_tvm.planner.cli",
+        "codl_tvm.profiling.cli",
+    ):
         try:
             mod = __import__(module, fromlist=["register_cli"])
         except ImportError:

@@ -99,3 +99,25 @@ def test_missing_and_invalid_model_files(tmp_path, capsys):
     bad.write_bytes(b"\x00garbage")
     code, _, err = _run(capsys, "run", str(bad), "--device", "cpu")
     assert code == 2 and "bad.onnx" in err
+
+
+@pytest.mark.opencl
+def test_run_coexec_with_an_automatic_plan(opencl, tmp_path, capsys):
+    from codl_tvm.planner.synthetic import SyntheticDevice, synthetic_cost_model
+
+    # A cost model fitted on synthetic records of a balanced device pair (nothing measured).
+    synthetic_cost_model(SyntheticDevice()).save(tmp_path / "cm.json")
+    model = load_onnx(bundled_model_path())
+    feeds = random_inputs(model, seed=2)
+    np.savez(tmp_path / "in.npz", **feeds)
+    code, out, _ = _run(capsys, "run", "--device", "coexec", "--plan", "auto", "--cost-model",
+                        str(tmp_path / "cm.json"), "--inputs", str(tmp_path / "in.npz"),
+                        "--save-outputs", str(tmp_path / "out.npz"), "--repeat", "1",
+                        "--number", "1")
+    assert code == 0
+    assert "conv2d_0" in out  # the plan report table
+    ref = build(model.mod, "cpu")([feeds["input"]])[0]
+    got = np.load(tmp_path / "out.npz")["logits"]
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)
+    code, _, err = _run(capsys, "run", "--device", "coexec", "--plan", "auto")
+    assert code == 2 and "--plan auto needs --cost-model" in err

@@ -1,0 +1,42 @@
+"""CoDL's partition planner: hybrid-dimension partitioning and operator chains (issue 7).
+
+``plan_model(mod, cost_model, mode="codl")`` reads the partitionable operators of a Relax module
+and a fitted cost model (it never rewrites the IR) and returns a
+:class:`~codl_tvm.plan.PartitionPlan` and a :class:`PlanReport` (one row per operator or chain:
+dimension, ratio, predicted CPU/GPU/co-execution/no-chain latency and the reason; a text table
+and JSON). The baseline planners are modes of the same function (``cpu_only``, ``gpu_only``,
+``ulayer_like``, ``codl_no_chain``, ``h_only``, ``oc_only``) and every report carries the ideal
+bound ``T* = 1 / (1/Tcpu + 1/Tgpu)``. ``register_cli`` adds ``codl-tvm plan``.
+"""
+
+from codl_tvm.planner.cli import register_cli
+from codl_tvm.planner.geometry import ChainParts, chain_parts, op_params
+from codl_tvm.planner.report import Decision, PlanReport, PlanSummary
+from codl_tvm.planner.search import (
+    DEFAULT_RATIOS,
+    MODES,
+    PlannerConfig,
+    PlannerError,
+    comparison_table,
+    ideal_latency,
+    plan_all,
+    plan_model,
+)
+
+__all__ = [
+    "DEFAULT_RATIOS",
+    "MODES",
+    "ChainParts",
+    "Decision",
+    "PlanReport",
+    "PlanSummary",
+    "PlannerConfig",
+    "PlannerError",
+    "chain_parts",
+    "comparison_table",
+    "ideal_latency",
+    "op_params",
+    "plan_all",
+    "plan_model",
+    "register_cli",
+]

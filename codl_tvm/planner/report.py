@@ -1,0 +1,171 @@
+"""The plan report: one row per operator or chain with its predicted times and the reason."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["Decision", "PlanReport", "PlanSummary"]
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Why one operator (or chain) got its partition.
+
+    Attributes
+    ----------
+    ops
+        The operators (one for a single operator, several for a chain).
+    dim, ratio
+        The chosen dimension and GPU share (``None`` for an operator the planner cannot model,
+        which is left out of the plan and runs unsplit).
+    cpu_ms, gpu_ms
+        Predicted latency of the operator(s) run whole on the CPU / on the GPU.
+    coexec_ms
+        Predicted latency of the chosen partition (Eq. 2, sharing costs included; for a chain:
+        sharing at its entry and exit plus the slower processor's sum of parts).
+    split_ms
+        Best predicted latency of a real split (both processors busy) for a single operator, or
+        ``None`` when no split was possible.
+    nochain_ms
+        For a chain: the predicted latency of its operators planned one by one.
+    gain_ms
+        How much the decision gains on its alternative (best single processor for an operator,
+        no-chain for a chain).
+    reason
+        The decision in words.
+    """
+
+    ops: tuple[str, ...]
+    dim: str | None
+    ratio: float | None
+    cpu_ms: float | None
+    gpu_ms: float | None
+    coexec_ms: float | None
+    split_ms: float | None = None
+    nochain_ms: float | None = None
+    gain_ms: float = 0.0
+    reason: str = ""
+
+    @property
+    def is_chain(self) -> bool:
+        return len(self.ops) > 1
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["ops"] = list(self.ops)
+        return out
+
+
+@dataclass(frozen=True)
+class PlanSummary:
+    """Predicted model latency (modelled operators only) against the single-processor bounds."""
+
+    predicted_ms: float
+    cpu_only_ms: float
+    gpu_only_ms: float
+    ideal_ms: float  # T* = 1 / (1/Tcpu + 1/Tgpu)
+    n_ops: int
+    n_split_h: int
+    n_split_oc: int
+    n_whole_cpu: int
+    n_whole_gpu: int
+    chain_lengths: tuple[int, ...]
+    n_unmodelled: int
+
+    @property
+    def speedup_vs_best_single(self) -> float:
+        return min(self.cpu_only_ms, self.gpu_only_ms) / self.predicted_ms
+
+    @property
+    def efficiency(self) -> float:
+        """T* / predicted (1.0 reaches the ideal bound)."""
+        return self.ideal_ms / self.predicted_ms
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["chain_lengths"] = list(self.chain_lengths)
+        out["speedup_vs_best_single"] = self.speedup_vs_best_single
+        out["efficiency"] = self.efficiency
+        return out
+
+
+@dataclass(frozen=True)
+class PlanReport:
+    """Decisions of one planning run, its summary and any notes (e.g. cost-model fallbacks)."""
+
+    mode: str
+    cost_model: str
+    decisions: tuple[Decision, ...]
+    summary: PlanSummary
+    notes: tuple[str, ...] = field(default=())
+    model: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "mode": self.mode,
+            "cost_model": self.cost_model,
+            "summary": self.summary.to_dict(),
+            "decisions": [d.to_dict() for d in self.decisions],
+            "notes": list(self.notes),
+        }
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(self.to_json() + "\n")
+
+    def chains(self) -> list[Decision]:
+        return [d for d in self.decisions if d.is_chain]
+
+    def table(self) -> str:
+        """The decisions as a fixed-width text table, then the summary."""
+        head = ("ops", "dim", "ratio", "cpu ms", "gpu ms", "co-ex ms", "no-chain", "gain ms")
+        rows = []
+        for d in self.decisions:
+            ops = d.ops[0] if len(d.ops) == 1 else f"{d.ops[0]}..{d.ops[-1]} ({len(d.ops)})"
+            rows.append(
+                (
+                    ops,
+                    d.dim or "-",
+                    "-" if d.ratio is None else f"{d.ratio:.2f}",
+                    _ms(d.cpu_ms),
+                    _ms(d.gpu_ms),
+                    _ms(d.coexec_ms),
+                    _ms(d.nochain_ms),
+                    f"{d.gain_ms:.3f}",
+                )
+            )
+        widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
+        lines = ["  ".join(h.ljust(w) for h, w in zip(head, widths)) + "  reason"]
+        for d, r in zip(self.decisions, rows):
+            cells = "  ".join(
+                c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))
+            )
+            lines.append(f"{cells}  {d.reason}")
+        s = self.summary
+        lines.append("")
+        lines.append(
+            f"[{self.mode}] predicted {s.predicted_ms:.3f} ms; CPU only {s.cpu_only_ms:.3f} ms, "
+            f"GPU only {s.gpu_only_ms:.3f} ms, T* {s.ideal_ms:.3f} ms "
+            f"(efficiency {s.efficiency:.0%}, {s.speedup_vs_best_single:.2f}x the best single "
+            "processor)"
+        )
+        lines.append(
+            f"{s.n_ops} operators: {s.n_split_h} split on H, {s.n_split_oc} on OC, "
+            f"{s.n_whole_gpu} whole on GPU, {s.n_whole_cpu} whole on CPU, "
+            f"{s.n_unmodelled} not modelled; chains of length {list(s.chain_lengths) or 'none'}"
+        )
+        lines.extend(f"note: {n}" for n in self.notes)
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.table()

@@ -1,0 +1,694 @@
+"""CoDL's partition planner (sections 4.1 and 4.2) and the baseline planners.
+
+The planner reads the partitionable operators of a Relax module and a cost model; it never
+rewrites the IR. It returns a :class:`~codl_tvm.plan.PartitionPlan` and a
+:class:`~codl_tvm.planner.report.PlanReport`.
+
+1. **Per operator** (hybrid-dimension partitioning, CoDL 4.1): every dimension the operator can
+   be split along (H, OC) and every GPU share ``rho`` of the grid strictly between 0 and 1 is
+   predicted with :meth:`CostModel.predict_coexec` (``chained=False``: Eq. 2 with the data-sharing
+   costs of the operator's input and output). The best split is kept when it beats running the
+   operator whole on the faster processor by more than ``min_gain_ms``; otherwise the operator
+   runs whole there (ratio 0: CPU, 1: GPU). A grid point whose cut gives one processor nothing
+   is not a split and is skipped.
+2. **Chains** (CoDL Algorithm 1): walking the operators in order, a chain starts at a head with
+   the head's split (dim, rho) and grows one operator at a time while the operators are
+   consecutive in the data flow and each one's output feeds only the next (the rule
+   ``codl.PartitionOperators`` enforces, checked with its own analysis). For each length the best
+   ``rho`` within ``chain_delta`` of the head's is searched; each operator's parts are predicted
+   with the shapes the halo geometry gives (input rows grow backwards through the chain), data is
+   shared only at the chain's entry and exit, and each processor runs its parts back to back, so
+   the chain takes ``sharing + max(sum of CPU parts, sum of GPU parts)``. The gain is against the
+   same operators planned one by one; the chain grows while its gain improves and is kept when the
+   gain exceeds ``min_gain_ms``.
+
+Predicted totals cover the partitionable operators only (the other operators, e.g. elementwise
+ones, are the same in every plan). Switching a whole operator between processors costs nothing
+in Eq. 2 and so costs nothing here either.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from codl_tvm.cost_model.base import CostModel
+from codl_tvm.cost_model.features import (
+    FeatureError,
+    OpParams,
+    Partition,
+    PartShape,
+    op_features,
+    part_shape,
+)
+from codl_tvm.plan import (
+    ChainPlan,
+    OpInfo,
+    OpPartition,
+    PartitionDim,
+    PartitionPlan,
+    PlanError,
+    model_fingerprint,
+    partitionable_ops,
+)
+from codl_tvm.planner.geometry import chain_parts, op_params
+from codl_tvm.planner.report import Decision, PlanReport, PlanSummary
+
+__all__ = [
+    "DEFAULT_RATIOS",
+    "MODES",
+    "PlannerConfig",
+    "PlannerError",
+    "ideal_latency",
+    "plan_all",
+    "plan_model",
+]
+
+DEFAULT_RATIOS: tuple[float, ...] = tuple(i / 10 for i in range(11))
+MODES: tuple[str, ...] = (
+    "codl",
+    "codl_no_chain",
+    "h_only",
+    "oc_only",
+    "ulayer_like",
+    "cpu_only",
+    "gpu_only",
+)
+_SHARING_KINDS = ("transform", "map", "presync")
+_NO_SHARING = "has no data-sharing measurements"
+
+
+class PlannerError(ValueError):
+    """The planner cannot run (bad configuration, a cost model it cannot use)."""
+
+
+@dataclass(frozen=True)
+class PlannerConfig:
+    """Search space and thresholds of the planner.
+
+    Parameters
+    ----------
+    ratios
+        GPU shares tried (0 and 1, if present, are ignored for splits: they are the whole-op
+        options, which are always considered).
+    dims
+        Partition dimensions tried (``"H"``, ``"OC"``).
+    chains
+        Search operator chains (CoDL Algorithm 1).
+    chain_delta
+        A chain's ``rho`` is searched within this distance of its head's ``rho`` (CoDL: 0.3).
+    max_chain_len
+        Longest chain tried.
+    min_gain_ms
+        A split (chain) must beat the best single processor (no-chain) by more than this.
+    impls
+        ``(op kind, processor, impl)`` triples naming the implementation the cost model should
+        predict (op kinds of the cost model: ``conv2d``, ``dense``, ``pool``). Unlisted: the
+        fastest predicted implementation the model covers for the operator, or ``direct``.
+    dtype_bytes
+        Bytes per element for the sharing costs.
+    """
+
+    ratios: tuple[float, ...] = DEFAULT_RATIOS
+    dims: tuple[str, ...] = ("H", "OC")
+    chains: bool = True
+    chain_delta: float = 0.3
+    max_chain_len: int = 8
+    min_gain_ms: float = 0.0
+    impls: tuple[tuple[str, str, str], ...] = ()
+    dtype_bytes: int = 4
+
+    def __post_init__(self) -> None:
+        ratios = tuple(sorted({float(r) for r in self.ratios}))
+        if not ratios or any(math.isnan(r) or not 0.0 <= r <= 1.0 for r in ratios):
+            raise PlannerError(f"planner: ratios must be numbers in [0, 1], got {self.ratios!r}")
+        object.__setattr__(self, "ratios", ratios)
+        dims = tuple(PartitionDim.parse(d, "planner config").value for d in self.dims)
+        object.__setattr__(self, "dims", dims)
+        if not 0.0 <= self.chain_delta <= 1.0:
+            raise PlannerError(f"planner: chain_delta must be in [0, 1], got {self.chain_delta!r}")
+        if self.max_chain_len < 1:
+            raise PlannerError(f"planner: max_chain_len must be >= 1, got {self.max_chain_len!r}")
+        if self.min_gain_ms < 0:
+            raise PlannerError(f"planner: min_gain_ms must be >= 0, got {self.min_gain_ms!r}")
+        for triple in self.impls:
+            if len(triple) != 3 or triple[1] not in ("cpu", "gpu"):
+                raise PlannerError(
+                    f"planner: impls entries are (op kind, 'cpu'|'gpu', impl), got {triple!r}"
+                )
+
+    @property
+    def split_ratios(self) -> tuple[float, ...]:
+        return tuple(r for r in self.ratios if 0.0 < r < 1.0)
+
+
+def ideal_latency(cpu_ms: float, gpu_ms: float) -> float:
+    """CoDL's ideal co-execution bound ``T* = 1 / (1/Tcpu + 1/Tgpu)``."""
+    if cpu_ms <= 0 or gpu_ms <= 0:
+        return min(cpu_ms, gpu_ms)
+    return 1.0 / (1.0 / cpu_ms + 1.0 / gpu_ms)
+
+
+# ---------------------------------------------------------------------------------------------
+# Predictions.
+
+
+@dataclass
+class _Op:
+    info: OpInfo
+    params: OpParams | None
+    problem: str = ""
+    impl: dict[str, str] = field(default_factory=dict)
+    cpu_ms: float = 0.0
+    gpu_ms: float = 0.0
+
+    @property
+    def name(self) -> str:
+        return self.info.name
+
+
+@dataclass(frozen=True)
+class _Split:
+    dim: str
+    ratio: float
+    total_ms: float
+    cpu_ms: float
+    gpu_ms: float
+    sharing_ms: float
+
+
+def _covered_impls(model: CostModel, op: str, proc: str) -> list[str]:
+    keys = getattr(model, "groups", None) or getattr(model, "boosters", None) or {}
+    return sorted({k[2] for k in keys if isinstance(k, tuple) and k[:2] == (op, proc)})
+
+
+class _Predictor:
+    """Cached predictions of one cost model for the operators of one module."""
+
+    def __init__(self, model: CostModel, config: PlannerConfig):
+        self.model = model
+        self.config = config
+        self._parts: dict[tuple, float] = {}
+        self._splits: dict[tuple, _Split | None] = {}
+        self._chains: dict[tuple, _Split | None] = {}
+
+    def part_ms(self, op: _Op, proc: str, partition: Partition, shape: PartShape) -> float:
+        if shape.empty:
+            return 0.0
+        key = (op.name, proc, op.impl[proc], partition, shape)
+        hit = self._parts.get(key)
+        if hit is None:
+            feats = op_features(op.params, proc, op.impl[proc], partition, part=shape, name=op.name)
+            hit = self._parts[key] = self.model.predict(feats)
+        return hit
+
+    def whole(self, op: _Op, proc: str) -> float:
+        part = Partition("none", 1.0 if proc == "gpu" else 0.0)
+        return self.part_ms(op, proc, part, part_shape(op.params, part, proc))
+
+    def sharing_ms(self, nbytes: int) -> float:
+        return sum(self.model.predict_sharing(k, nbytes) for k in _SHARING_KINDS)
+
+    def split(self, op: _Op, dim: str, ratio: float) -> _Split | None:
+        """Eq. 2 of one operator split alone (None when one processor gets nothing)."""
+        key = (op.name, dim, ratio)
+        if key in self._splits:
+            return self._splits[key]
+        partition = Partition(dim, ratio)
+        result = None
+        if not any(part_shape(op.params, partition, p).empty for p in ("cpu", "gpu")):
+            lat = self.model.predict_coexec(
+                op.params,
+                partition,
+                op.impl,
+                chained=False,
+                name=op.name,
+                dtype_bytes=self.config.dtype_bytes,
+            )
+            share = lat.transform_ms + lat.map_ms + lat.presync_ms
+            result = _Split(dim, ratio, lat.total_ms, lat.cpu_ms, lat.gpu_ms, share)
+        self._splits[key] = result
+        return result
+
+    def chain(self, ops: Sequence[_Op], dim: str, ratio: float) -> _Split | None:
+        """A chain's latency (None when a cut is empty or reads only padding)."""
+        key = (tuple(o.name for o in ops), dim, ratio)
+        if key in self._chains:
+            return self._chains[key]
+        result = None
+        try:
+            parts = chain_parts(
+                [o.info for o in ops], [o.params for o in ops], PartitionDim(dim), ratio
+            )
+        except ValueError:
+            parts = None
+        if parts is not None and parts.gpu is not None and parts.cpu is not None:
+            partition = Partition(dim, ratio)
+            sums = {}
+            for proc, shapes in (("cpu", parts.cpu), ("gpu", parts.gpu)):
+                sums[proc] = sum(
+                    self.part_ms(o, proc, partition, s) for o, s in zip(ops, shapes, strict=True)
+                )
+            first, last = parts.cpu[0], parts.cpu[-1]
+            nbytes = self.config.dtype_bytes * (
+                first.in_h * first.in_w * first.ic + last.out_h * last.out_w * last.oc
+            )
+            share = self.sharing_ms(nbytes)
+            total = share + max(sums["cpu"], sums["gpu"])
+            result = _Split(dim, ratio, total, sums["cpu"], sums["gpu"], share)
+        self._chains[key] = result
+        return result
+
+
+# ---------------------------------------------------------------------------------------------
+# The planner.
+
+
+class _Chainable:
+    """Whether operators can form a chain, by the partitioning pass's own analysis."""
+
+    def __init__(self, mod):
+        from codl_tvm.passes.partition import _Analysis
+
+        self._analysis = _Analysis(mod)
+        self._cache: dict[tuple, bool] = {}
+
+    def __call__(self, names: tuple[str, ...], dim: str) -> bool:
+        key = (names, dim)
+        if key not in self._cache:
+            try:
+                self._analysis.chain(ChainPlan(names, dim, 0.5))
+                self._cache[key] = True
+            except PlanError:
+                self._cache[key] = False
+        return self._cache[key]
+
+
+def _entry_dim(op: _Op, config: PlannerConfig) -> str:
+    dims = [d.value for d in op.info.dims]
+    for d in config.dims:
+        if d in dims:
+            return d
+    return dims[0]
+
+
+def _whole(op: _Op, prefer: str | None = None) -> tuple[str, float]:
+    proc = prefer or ("gpu" if op.gpu_ms <= op.cpu_ms else "cpu")
+    return proc, (op.gpu_ms if proc == "gpu" else op.cpu_ms)
+
+
+def _fmt_split(s: _Split) -> str:
+    return (
+        f"{s.dim}@{s.ratio:g} {s.total_ms:.3f} ms (cpu part {s.cpu_ms:.3f}, gpu part "
+        f"{s.gpu_ms:.3f}, sharing {s.sharing_ms:.3f})"
+    )
+
+
+class _Planner:
+    def __init__(self, mod, model: CostModel, config: PlannerConfig, mode: str):
+        self.mod = mod
+        self.config = config
+        self.mode = mode
+        self.pred = _Predictor(model, config)
+        self.infos = partitionable_ops(mod)
+        self.ops = [self._prepare(i) for i in self.infos]
+
+    def _prepare(self, info: OpInfo) -> _Op:
+        if not info.dims:
+            return _Op(info, None, f"not partitionable: {info.reason}")
+        try:
+            params = op_params(info)
+        except FeatureError as exc:
+            return _Op(info, None, f"not modelled: {exc}")
+        op = _Op(info, params)
+        overrides = {(k, p): i for k, p, i in self.config.impls}
+        for proc in ("cpu", "gpu"):
+            if (params.op, proc) in overrides:
+                op.impl[proc] = overrides[(params.op, proc)]
+                continue
+            candidates = _covered_impls(self.pred.model, params.op, proc) or ["direct"]
+            best = None
+            for impl in candidates:
+                op.impl[proc] = impl
+                t = self.pred.whole(op, proc)
+                if best is None or t < best[0]:
+                    best = (t, impl)
+            op.impl[proc] = best[1]
+        op.cpu_ms = self.pred.whole(op, "cpu")
+        op.gpu_ms = self.pred.whole(op, "gpu")
+        return op
+
+    # -- single operators ----------------------------------------------------------------------
+    def best_split(self, op: _Op, dims: Sequence[str]) -> _Split | None:
+        best = None
+        allowed = {d.value for d in op.info.dims}
+        for dim in dims:
+            if dim not in allowed:
+                continue
+            for ratio in self.config.split_ratios:
+                s = self.pred.split(op, dim, ratio)
+                if s is not None and (best is None or s.total_ms < best.total_ms):
+                    best = s
+        return best
+
+    def decide(self, op: _Op) -> tuple[Decision, _Split | None]:
+        proc, whole_ms = _whole(op)
+        dim0 = _entry_dim(op, self.config)
+        split = self.best_split(op, self.config.dims)
+        ratio = 1.0 if proc == "gpu" else 0.0
+        if split is not None and split.total_ms < whole_ms - self.config.min_gain_ms:
+            gain = whole_ms - split.total_ms
+            reason = (
+                f"split {_fmt_split(split)} beats whole on {proc.upper()} "
+                f"({whole_ms:.3f} ms) by {gain:.3f} ms"
+            )
+            d = Decision(
+                (op.name,),
+                split.dim,
+                split.ratio,
+                op.cpu_ms,
+                op.gpu_ms,
+                split.total_ms,
+                split.total_ms,
+                None,
+                gain,
+                reason,
+            )
+        else:
+            if split is None:
+                why = f"no split along {list(self.config.dims)} gives both processors work"
+            else:
+                why = f"best split {_fmt_split(split)} does not gain"
+            reason = f"whole on {proc.upper()} ({whole_ms:.3f} ms): {why}"
+            d = Decision(
+                (op.name,),
+                dim0,
+                ratio,
+                op.cpu_ms,
+                op.gpu_ms,
+                whole_ms,
+                None if split is None else split.total_ms,
+                None,
+                0.0,
+                reason,
+            )
+        return d, split
+
+    # -- chains --------------------------------------------------------------------------------
+    def chains(
+        self, ops: list[_Op], singles: dict[str, tuple[Decision, _Split | None]]
+    ) -> list[tuple[list[_Op], _Split, float]]:
+        chainable = _Chainable(self.mod)
+        cfg = self.config
+        found = []
+        i = 0
+        while i < len(ops):
+            head = ops[i]
+            head_dec, head_split = singles[head.name]
+            seed = (
+                (head_dec.dim, head_dec.ratio)
+                if head_dec.split_ms is not None and head_dec.gain_ms > 0
+                else (None if head_split is None else (head_split.dim, head_split.ratio))
+            )
+            if seed is None:
+                i += 1
+                continue
+            dim, rho0 = seed
+            rhos = [r for r in cfg.split_ratios if abs(r - rho0) <= cfg.chain_delta + 1e-9]
+            best = None  # (end index, split, gain)
+            for j in range(i + 1, min(len(ops), i + cfg.max_chain_len)):
+                cand = ops[i : j + 1]
+                if ops[j].info.index != ops[j - 1].info.index + 1:
+                    break  # an unmodelled operator sits in between
+                if not all(PartitionDim(dim) in o.info.dims for o in cand):
+                    break
+                if not chainable(tuple(o.name for o in cand), dim):
+                    break
+                nochain = sum(singles[o.name][0].coexec_ms for o in cand)
+                top = None
+                for r in rhos:
+                    s = self.pred.chain(cand, dim, r)
+                    if s is not None and (top is None or s.total_ms < top.total_ms):
+                        top = s
+                if top is None:
+                    break
+                gain = nochain - top.total_ms
+                if best is not None and gain <= best[2]:
+                    break  # Algorithm 1: stop growing when the gain stops improving
+                best = (j, top, gain)
+            if best is not None and best[2] > cfg.min_gain_ms:
+                found.append((ops[i : best[0] + 1], best[1], best[2]))
+                i = best[0] + 1
+            else:
+                i += 1
+        return found
+
+    # -- the plan ------------------------------------------------------------------------------
+    def run(self, forced: str | None = None, chooser: _Planner | None = None):
+        modelled = [o for o in self.ops if o.params is not None]
+        singles: dict[str, tuple[Decision, _Split | None]] = {}
+        for op in modelled:
+            if forced in ("cpu", "gpu"):
+                ms = op.gpu_ms if forced == "gpu" else op.cpu_ms
+                d = Decision(
+                    (op.name,),
+                    _entry_dim(op, self.config),
+                    1.0 if forced == "gpu" else 0.0,
+                    op.cpu_ms,
+                    op.gpu_ms,
+                    ms,
+                    None,
+                    None,
+                    0.0,
+                    f"baseline {self.mode}: whole on {forced.upper()} ({ms:.3f} ms)",
+                )
+                singles[op.name] = (d, None)
+            elif chooser is not None:
+                singles[op.name] = (self._decide_by(op, chooser), None)
+            else:
+                singles[op.name] = self.decide(op)
+        chains = self.chains(modelled, singles) if self.config.chains and not forced else []
+        in_chain = {o.name: (ops, s, g) for ops, s, g in chains for o in ops}
+        rows: list[Decision] = []
+        plan_ops: list[OpPartition] = []
+        plan_chains: list[ChainPlan] = []
+        for op in self.ops:
+            if op.params is None:
+                rows.append(
+                    Decision(
+                        (op.name,),
+                        None,
+                        None,
+                        None,
+                        None,
+                        None,
+                        reason=op.problem + "; left out of the plan, runs unsplit",
+                    )
+                )
+                continue
+            if op.name in in_chain:
+                ops, s, gain = in_chain[op.name]
+                if ops[0].name != op.name:
+                    continue
+                names = tuple(o.name for o in ops)
+                nochain = sum(singles[n][0].coexec_ms for n in names)
+                reason = (
+                    f"chain {s.dim}@{s.ratio:g}: {s.total_ms:.3f} ms (cpu parts {s.cpu_ms:.3f}, "
+                    f"gpu parts {s.gpu_ms:.3f}, sharing at entry/exit {s.sharing_ms:.3f}) vs "
+                    f"{nochain:.3f} ms planned one by one: gains {gain:.3f} ms"
+                )
+                rows.append(
+                    Decision(
+                        names,
+                        s.dim,
+                        s.ratio,
+                        sum(o.cpu_ms for o in ops),
+                        sum(o.gpu_ms for o in ops),
+                        s.total_ms,
+                        None,
+                        nochain,
+                        gain,
+                        reason,
+                    )
+                )
+                plan_chains.append(ChainPlan(names, s.dim, s.ratio))
+                continue
+            d = singles[op.name][0]
+            rows.append(d)
+            plan_ops.append(OpPartition(op.name, d.dim, d.ratio))
+        plan = PartitionPlan(
+            tuple(plan_ops), tuple(plan_chains), model_fingerprint(self.mod, self.infos)
+        )
+        return plan, rows
+
+    def _decide_by(self, op: _Op, chooser: _Planner) -> Decision:
+        """uLayer-like: the chooser's (FLOPs) model picks an OC split; this model predicts it."""
+        ch = next(o for o in chooser.ops if o.name == op.name)
+        split = chooser.best_split(ch, ("OC",))
+        if split is None:
+            proc, _ = _whole(ch)
+            _, ms = _whole(op, proc)
+            return Decision(
+                (op.name,),
+                _entry_dim(op, self.config),
+                1.0 if proc == "gpu" else 0.0,
+                op.cpu_ms,
+                op.gpu_ms,
+                ms,
+                None,
+                None,
+                0.0,
+                f"uLayer-like: no OC split possible; whole on {proc.upper()} by the FLOPs model",
+            )
+        mine = self.pred.split(op, split.dim, split.ratio)
+        return Decision(
+            (op.name,),
+            split.dim,
+            split.ratio,
+            op.cpu_ms,
+            op.gpu_ms,
+            mine.total_ms,
+            mine.total_ms,
+            None,
+            min(op.cpu_ms, op.gpu_ms) - mine.total_ms,
+            f"uLayer-like: OC@{split.ratio:g} chosen by the FLOPs model "
+            f"({split.total_ms:.3f} ms there); this cost model predicts {_fmt_split(mine)}",
+        )
+
+
+def _flops_model(model: CostModel) -> CostModel:
+    if model.kind == "flops":
+        return model
+    if model.fallback is not None and model.fallback.kind == "flops":
+        return model.fallback
+    raise PlannerError(
+        f"ulayer_like needs a FLOPs-linear model: the {model.kind} cost model has no embedded "
+        "FLOPs fallback (fit it with CostModel.fit, which adds one)"
+    )
+
+
+def _summary(ops: list[_Op], rows: list[Decision]) -> PlanSummary:
+    modelled = [o for o in ops if o.params is not None]
+    cpu = sum(o.cpu_ms for o in modelled)
+    gpu = sum(o.gpu_ms for o in modelled)
+    predicted = sum(d.coexec_ms for d in rows if d.coexec_ms is not None)
+    singles = [d for d in rows if not d.is_chain and d.ratio is not None]
+    split = [d for d in singles if 0.0 < d.ratio < 1.0]
+    return PlanSummary(
+        predicted_ms=predicted,
+        cpu_only_ms=cpu,
+        gpu_only_ms=gpu,
+        ideal_ms=ideal_latency(cpu, gpu),
+        n_ops=len(ops),
+        n_split_h=sum(d.dim == "H" for d in split)
+        + sum(len(d.ops) for d in rows if d.is_chain and d.dim == "H"),
+        n_split_oc=sum(d.dim == "OC" for d in split)
+        + sum(len(d.ops) for d in rows if d.is_chain and d.dim == "OC"),
+        n_whole_cpu=sum(d.ratio == 0.0 for d in singles),
+        n_whole_gpu=sum(d.ratio == 1.0 for d in singles),
+        chain_lengths=tuple(len(d.ops) for d in rows if d.is_chain),
+        n_unmodelled=sum(o.params is None for o in ops),
+    )
+
+
+def plan_model(
+    mod,
+    cost_model: CostModel,
+    mode: str = "codl",
+    config: PlannerConfig | None = None,
+    model_name: str | None = None,
+) -> tuple[PartitionPlan, PlanReport]:
+    """Plan the co-execution of ``mod`` with ``cost_model``.
+
+    Parameters
+    ----------
+    mod
+        The Relax module as imported (the plan names its partitionable operators).
+    cost_model
+        A fitted :class:`~codl_tvm.cost_model.CostModel`.
+    mode
+        ``codl`` (the full planner), ``codl_no_chain``, ``h_only``, ``oc_only`` (CoDL restricted
+        to one dimension, chains included), ``ulayer_like`` (an OC split of every operator, its
+        ratio chosen by the cost model's FLOPs-linear model, no chains), ``cpu_only``,
+        ``gpu_only``.
+    config
+        Search space and thresholds (:class:`PlannerConfig`).
+    model_name
+        Recorded in the report.
+
+    Returns
+    -------
+    (PartitionPlan, PlanReport)
+        The plan (every modelled operator appears, ratio 0 or 1 for a whole operator) and the
+        report of every decision; all predicted times come from ``cost_model``.
+    """
+    if not isinstance(cost_model, CostModel):
+        raise PlannerError(f"plan_model needs a fitted CostModel, got {type(cost_model).__name__}")
+    if mode not in MODES:
+        raise PlannerError(f"unknown planner mode {mode!r} (known: {', '.join(MODES)})")
+    config = config or PlannerConfig()
+    if mode == "codl_no_chain":
+        config = replace(config, chains=False)
+    elif mode == "h_only":
+        config = replace(config, dims=("H",))
+    elif mode == "oc_only":
+        config = replace(config, dims=("OC",))
+    elif mode == "ulayer_like":
+        config = replace(config, dims=("OC",), chains=False)
+    notes: list[str] = []
+    if cost_model.sharing is None and mode not in ("cpu_only", "gpu_only"):
+        notes.append(
+            f"the {cost_model.kind} cost model has no data-sharing measurements: sharing costs "
+            "are taken as 0, which favours splits"
+        )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        warnings.filterwarnings("ignore", message=f".*{_NO_SHARING}")
+        planner = _Planner(mod, cost_model, config, mode)
+        forced = {"cpu_only": "cpu", "gpu_only": "gpu"}.get(mode)
+        chooser = None
+        if mode == "ulayer_like":
+            chooser = _Planner(mod, _flops_model(cost_model), config, mode)
+        plan, rows = planner.run(forced, chooser)
+    plan.validate(mod)
+    seen = set()
+    for w in caught:
+        text = str(w.message)
+        if text not in seen:
+            seen.add(text)
+            notes.append(text)
+    report = PlanReport(
+        mode=mode,
+        cost_model=cost_model.kind,
+        decisions=tuple(rows),
+        summary=_summary(planner.ops, rows),
+        notes=tuple(notes),
+        model=model_name,
+    )
+    return plan, report
+
+
+def plan_all(
+    mod,
+    cost_model: CostModel,
+    modes: Sequence[str] = MODES,
+    config: PlannerConfig | None = None,
+    model_name: str | None = None,
+) -> dict[str, tuple[PartitionPlan, PlanReport]]:
+    """:func:`plan_model` for several modes (the baselines of CoDL's evaluation)."""
+    return {m: plan_model(mod, cost_model, m, config, model_name) for m in modes}
+
+
+def comparison_table(results: Mapping[str, tuple[Any, PlanReport]]) -> str:
+    """One line per mode: predicted latency, speedup over the best single processor, T* share."""
+    lines = [f"{'mode':<14} {'predicted ms':>12} {'vs best single':>14} {'of T*':>7}"]
+    for mode, (_, rep) in results.items():
+        s = rep.summary
+        lines.append(
+            f"{mode:<14} {s.predicted_ms:>12.3f} {s.speedup_vs_best_single:>13.2f}x "
+            f"{s.efficiency:>7.0%}"
+        )
+    return "\n".join(lines)
