@@ -20,3 +20,9 @@ def test_coexec_quickstart(opencl, monkeypatch, tmp_path):
 def test_deploy_rpc(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     runpy.run_path(str(TUTORIALS / "deploy_rpc.py"), run_name="__main__")
+
+
+@pytest.mark.opencl
+def test_cost_model_tutorial(opencl, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    runpy.run_path(str(TUTORIALS / "cost_model.py"), run_name="__main__")

@@ -1,0 +1,180 @@
+"""``codl-tvm profile``: measure operator parts and sharing costs into a latency dataset.
+
+Examples
+--------
+Locally, 20 CoDL-sampled convolutions at three ratios along H and OC::
+
+    codl-tvm profile --sample 20 --ratios 0,0.5,1 --dims H,OC -o data/local.jsonl
+
+The operators of a model, compiled here and measured on another machine::
+
+    codl-tvm profile --model m.onnx --compile-dir build/prof --preset P --threads 8  # here
+    codl-tvm profile --run-dir build/prof -o data/device.jsonl   # there (directory copied)
+
+Through a TVM RPC tracker (the server must load the codl-tvm runtime plugin)::
+
+    codl-tvm profile --sample 20 --rpc 127.0.0.1:9190 --rpc-key soc -o data/soc.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from codl_tvm.cost_model.dataset import DatasetError
+from codl_tvm.cost_model.features import DIMS, FeatureError
+
+__all__ = ["cmd_profile", "register_cli"]
+
+
+def _floats(text: str) -> tuple[float, ...]:
+    try:
+        values = tuple(float(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated numbers, got {text!r}"
+        ) from None
+    bad = [v for v in values if not 0.0 <= v <= 1.0]
+    if not values or bad:
+        raise argparse.ArgumentTypeError(f"ratios must be numbers in [0, 1], got {text!r}")
+    return values
+
+
+def _dims(text: str) -> tuple[str, ...]:
+    dims = tuple(d.strip() for d in text.split(",") if d.strip())
+    bad = [d for d in dims if d not in DIMS]
+    if not dims or bad:
+        raise argparse.ArgumentTypeError(f"dims must be among {DIMS}, got {text!r}")
+    return dims
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated integers, got {text!r}"
+        ) from None
+
+
+def _error(message: str) -> Exception:
+    try:
+        from codl_tvm.cli import CliError
+
+        return CliError(message)
+    except ImportError:  # pragma: no cover
+        return SystemExit(f"codl-tvm: error: {message}")
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    from codl_tvm.profiling.profile import (
+        compile_jobs,
+        make_jobs,
+        model_ops,
+        profile,
+        run_compiled,
+        sampled_ops,
+    )
+    from codl_tvm.profiling.runner import LocalSession, ProfileError, RPCSession, TimingConfig
+
+    timing = TimingConfig(args.warmup, args.repeats, args.number)
+    sharing = () if args.no_sharing else args.sharing_sizes
+    meta = {"command": "codl-tvm profile", "seed": args.seed, "sampler": args.sampler}
+    remote = None
+    try:
+        if args.run_dir:
+            if args.model or args.sample:
+                raise ProfileError("--run-dir measures a prepared directory; drop --model/--sample")
+            if not args.output:
+                raise ProfileError("--run-dir needs -o DATA.jsonl")
+            session = LocalSession()
+            if args.rpc:
+                remote = _connect(args)
+                session = RPCSession(remote.session)
+            counts = run_compiled(args.run_dir, args.output, session, timing, sharing, meta)
+            _report(counts, args.output)
+            return 0
+        ops = []
+        if args.model:
+            ops += model_ops(args.model)
+        if args.sample:
+            ops += sampled_ops(args.sample, args.seed, args.sampler, args.max_gflops)
+        if not ops:
+            raise ProfileError("nothing to profile: give --model M.onnx and/or --sample N")
+        jobs = make_jobs(ops, args.dims, args.ratios)
+        if args.compile_dir:
+            path = compile_jobs(jobs, args.compile_dir, threads=args.threads, preset=args.preset)
+            print(f"compiled {len(jobs)} parts into {path.parent} (run it with --run-dir)")
+            return 0
+        if not args.output:
+            raise ProfileError("-o DATA.jsonl is required (or --compile-dir DIR)")
+        session = LocalSession()
+        if args.rpc:
+            remote = _connect(args)
+            session = RPCSession(remote.session)
+        counts = profile(jobs, args.output, session, args.work_dir, timing, sharing, meta=meta)
+        _report(counts, args.output)
+        return 0
+    except (ProfileError, DatasetError, FeatureError, ValueError, OSError) as exc:
+        raise _error(str(exc)) from None
+    finally:
+        if remote is not None:
+            remote.close()
+
+
+def _connect(args):
+    from codl_tvm.rpc_utils import RPCError, request_remote
+
+    if not args.rpc_key:
+        raise _error("--rpc needs --rpc-key KEY")
+    try:
+        return request_remote(args.rpc, args.rpc_key, timeout_s=args.rpc_timeout)
+    except RPCError as exc:
+        raise _error(str(exc)) from None
+
+
+def _report(counts: dict[str, int], output) -> None:
+    print(
+        f"measured {counts['measured']} parts ({counts['skipped']} already in the dataset), "
+        f"{counts['sharing']} sharing records; wrote {output}"
+    )
+
+
+def register_cli(subparsers) -> None:
+    """Add ``profile`` to ``codl-tvm``'s sub-commands."""
+    p = subparsers.add_parser(
+        "profile",
+        help="measure operator parts on GPU and CPU and data-sharing costs into a dataset",
+        description=__doc__.split("\n\n")[0],
+    )
+    p.add_argument("--model", help="profile the partitionable operators of this ONNX model")
+    p.add_argument("--sample", type=int, default=0, help="profile N sampled conv2d shapes")
+    p.add_argument("--sampler", choices=("codl", "pow2"), default="codl")
+    p.add_argument("--max-gflops", type=float, default=2.0, help="reject sampled shapes above this")
+    p.add_argument("--ratios", type=_floats, default=(0.0, 0.25, 0.5, 0.75, 1.0))
+    p.add_argument("--dims", type=_dims, default=("H", "OC"))
+    p.add_argument("-o", "--output", help="dataset to write or resume (.jsonl)")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--compile-dir", help="only compile the parts into DIR (run with --run-dir)")
+    g.add_argument("--run-dir", help="measure the parts compiled into DIR")
+    p.add_argument(
+        "--preset", help="with --compile-dir: target preset of the device (codl_tvm.targets)"
+    )
+    p.add_argument(
+        "--threads", type=int, help="with --compile-dir: CPU threads of the device (recorded)"
+    )
+    p.add_argument("--work-dir", help="keep the built libraries here (default: temporary)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--repeats", type=int, default=5, help="timed repeats (the median is kept)")
+    p.add_argument("--number", type=int, default=3, help="runs per timed repeat")
+    p.add_argument(
+        "--sharing-sizes",
+        type=_ints,
+        default=(4096, 65536, 1 << 20, 1 << 22),
+        help="bytes at which transform/map/unmap are measured",
+    )
+    p.add_argument("--no-sharing", action="store_true", help="skip the sharing costs")
+    p.add_argument("--rpc", help="measure through a TVM RPC tracker HOST:PORT")
+    p.add_argument("--rpc-key", help="device key at the tracker")
+    p.add_argument("--rpc-timeout", type=float, default=30.0)
+    p.set_defaults(func=cmd_profile)

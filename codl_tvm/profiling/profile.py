@@ -1,0 +1,408 @@
+"""Profiling runs: which parts to measure, and measuring them resumably into a dataset.
+
+A run is a list of :class:`ProfileJob` (operator, partition, processor), from sampled shapes
+(:func:`sampled_ops`, CoDL's or the SVM paper's scheme) or from a model's partitionable operators
+(:func:`model_ops`), expanded over partition dims and ratios by :func:`make_jobs`. Then either
+
+- :func:`profile` compiles and measures each job here (locally or through an RPC session), or
+- :func:`compile_jobs` writes libraries and a ``manifest.json`` into a directory and
+  :func:`run_compiled` measures them on the machine the directory was copied to.
+
+Both append to a dataset with ``DatasetWriter`` and skip jobs whose record is already there (the
+key is the operator, partition, processor and device description), so a killed run resumes.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from codl_tvm.cost_model.dataset import DatasetWriter, OpRecord, load_dataset
+from codl_tvm.cost_model.features import FeatureError, OpParams, Partition, part_shape
+from codl_tvm.profiling.runner import (
+    CompiledPart,
+    LocalSession,
+    ProfileError,
+    TimingConfig,
+    compile_part,
+    device_description,
+    measure_op,
+    measure_sharing,
+)
+
+__all__ = [
+    "MANIFEST",
+    "ProfileJob",
+    "Progress",
+    "compile_jobs",
+    "job_key",
+    "make_jobs",
+    "model_ops",
+    "profile",
+    "run_compiled",
+    "sampled_ops",
+]
+
+MANIFEST = "manifest.json"
+MANIFEST_FORMAT = "codl-tvm-profile-manifest"
+
+
+@dataclass(frozen=True)
+class ProfileJob:
+    """One part to measure: ``processor``'s part of ``params`` under ``partition``."""
+
+    params: OpParams
+    partition: Partition
+    processor: str
+    name: str | None = None
+
+
+def job_key(params: OpParams, partition: Partition, processor: str, device: dict) -> str:
+    """Identity of a measurement before it is built (``OpRecord.key`` without the impl)."""
+    return json.dumps(
+        {
+            "op": params.op,
+            "params": params.to_json(),
+            "partition": partition.to_json(),
+            "processor": processor,
+            "device": dict(device),
+        },
+        sort_keys=True,
+        separators=(",", ":"),
+    )
+
+
+def _record_job_key(r: OpRecord) -> str:
+    return job_key(r.params, r.partition, r.processor, dict(r.device))
+
+
+class Progress:
+    """A plain-text progress bar on stderr (one line per step when stderr is not a terminal)."""
+
+    def __init__(self, total: int, label: str = "profile", stream=None) -> None:
+        self.total, self.done, self.label = total, 0, label
+        self.stream = stream if stream is not None else sys.stderr
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+
+    def step(self, what: str) -> None:
+        self.done += 1
+        width = 24
+        fill = int(width * self.done / max(self.total, 1))
+        line = f"{self.label} [{'#' * fill}{'.' * (width - fill)}] {self.done}/{self.total} {what}"
+        if self.tty:
+            self.stream.write("\r\x1b[K" + line + ("\n" if self.done >= self.total else ""))
+        else:
+            self.stream.write(line + "\n")
+        self.stream.flush()
+
+
+# ---------------------------------------------------------------------------------------------
+# What to measure.
+
+
+def sampled_ops(
+    n: int,
+    seed: int = 0,
+    method: str = "codl",
+    max_gflops: float | None = 2.0,
+    dense_fraction: float = 0.0,
+) -> list[tuple[str | None, OpParams]]:
+    """``n`` sampled operators (conv2d, and dense for ``dense_fraction`` of them)."""
+    from codl_tvm.cost_model.sampling import CODL_SPACE, POW2_SPACE, sample_conv2d, sample_dense
+
+    if method not in ("codl", "pow2"):
+        raise ValueError(f"sampling method {method!r} is not 'codl' or 'pow2'")
+    space = CODL_SPACE if method == "codl" else POW2_SPACE
+    rng = np.random.default_rng(seed)
+    n_dense = round(n * dense_fraction)
+    ops = sample_conv2d(rng, n - n_dense, space, max_gflops=max_gflops)
+    if n_dense:
+        ops += sample_dense(rng, n_dense, space, max_gflops=max_gflops)
+    return [(None, p) for p in ops]
+
+
+def _square(values, what: str, name: str) -> int:
+    values = list(values)
+    if len(set(values)) != 1:
+        raise ProfileError(f"{name}: {what} {values} is not square (OpParams describes one value)")
+    return int(values[0])
+
+
+def model_ops(model) -> list[tuple[str, OpParams]]:
+    """The partitionable operators of an ONNX model (path, proto or ``OnnxModel``) as
+    ``(name, OpParams)``; operators ``OpParams`` cannot describe are skipped with a warning."""
+    import warnings
+
+    from codl_tvm.frontend import load_onnx
+    from codl_tvm.plan import partitionable_ops
+
+    if not hasattr(model, "mod"):
+        model = load_onnx(model)
+    out: list[tuple[str, OpParams]] = []
+    for info in partitionable_ops(model.mod):
+        try:
+            out.append((info.name, _op_params(info)))
+        except (ProfileError, FeatureError, TypeError, IndexError) as exc:
+            warnings.warn(f"{info.name}: not profiled ({exc})", stacklevel=2)
+    return out
+
+
+def _op_params(info) -> OpParams:
+    a, ins = info.attrs, info.input_shape
+    if info.reason and not info.dims:
+        raise ProfileError(info.reason)
+    if info.kind == "matmul":
+        rows = int(np.prod(ins[:-1])) if len(ins) > 1 else 1
+        k, n = info.weight_shape[-2], info.weight_shape[-1]
+        return OpParams("dense", rows, 1, int(k), int(n))
+    if len(ins) != 4 or ins[0] != 1:
+        raise ProfileError(f"input shape {list(ins)} is not NCHW with batch 1")
+    stride = _square(a["strides"], "stride", info.name)
+    dil = _square(a["dilation"], "dilation", info.name)
+    pad = tuple(int(p) for p in a["padding"])
+    if len(pad) == 2:
+        pad = (pad[0], pad[1], pad[0], pad[1])
+    if info.kind == "conv2d":
+        w = info.weight_shape
+        k = _square(w[2:], "kernel", info.name)
+        return OpParams(
+            "conv2d", ins[2], ins[3], ins[1], w[0], k, stride, pad, dil, int(a["groups"])
+        )
+    if info.kind == "avg_pool2d":
+        raise ProfileError("average pooling is not profiled (the pool records are max pooling)")
+    k = _square(a["pool_size"], "pool size", info.name)
+    return OpParams(
+        "pool", ins[2], ins[3], ins[1], ins[1], k, stride, pad, dil, ceil_mode=a["ceil_mode"]
+    )
+
+
+def make_jobs(
+    ops: Iterable[tuple[str | None, OpParams]],
+    dims: Sequence[str] = ("H", "OC"),
+    ratios: Sequence[float] = (0.0, 0.5, 1.0),
+    processors: Sequence[str] = ("gpu", "cpu"),
+) -> list[ProfileJob]:
+    """Every non-empty part of every op for each dim and ratio (dense: OC only, as the
+    partitioning passes split it; dim ``"none"``: the whole op on each processor, recorded at
+    ratio 1 (GPU) and 0 (CPU)). Duplicate parts are listed once."""
+    jobs: list[ProfileJob] = []
+    seen = set()
+    for name, p in ops:
+        for dim in dims:
+            if p.op == "dense" and dim == "H":
+                continue
+            for ratio in ratios:
+                part = Partition(dim, float(ratio))
+                for proc in processors:
+                    if dim == "none":  # the whole operator: GPU at ratio 1, CPU at ratio 0
+                        part = Partition("none", 1.0 if proc == "gpu" else 0.0)
+                    if part_shape(p, part, proc).empty:
+                        continue
+                    key = (p, part, proc)
+                    if key not in seen:
+                        seen.add(key)
+                        jobs.append(ProfileJob(p, part, proc, name))
+    return jobs
+
+
+# ---------------------------------------------------------------------------------------------
+# Running.
+
+
+def _open(output, meta):
+    writer = DatasetWriter(output, meta=meta)  # drops a partial last line first
+    writer._file.flush()  # the header of a new file, so it can be read back
+    done = {_record_job_key(r) for r in load_dataset(output).op_records}
+    return writer, done
+
+
+def _sharing(session, writer: DatasetWriter, device: dict, sizes, progress) -> int:
+    if not sizes:
+        return 0
+    added = 0
+    recs = measure_sharing(session, device, tuple(sizes))
+    for r in recs:
+        if r.key() not in writer:
+            writer.append(r)
+            added += 1
+    if progress is not None:
+        progress.step(f"sharing costs ({len(sizes)} sizes)")
+    return added
+
+
+def profile(
+    jobs: Sequence[ProfileJob],
+    output: str | Path,
+    session=None,
+    work_dir: str | Path | None = None,
+    timing: TimingConfig = TimingConfig(),
+    sharing_sizes: Sequence[int] = (4096, 65536, 1 << 20),
+    gpu_target=None,
+    cpu_target=None,
+    meta: dict | None = None,
+    progress: bool = True,
+) -> dict[str, int]:
+    """Compile and measure ``jobs`` (skipping those already in ``output``); append the records.
+
+    ``session`` is a :class:`LocalSession` (default) or an ``RPCSession``; ``work_dir`` keeps the
+    built libraries (a temporary directory by default). Returns counts of measured, skipped
+    and sharing records.
+    """
+    import tempfile
+
+    session = session or LocalSession()
+    device = device_description(session, gpu_target, cpu_target)
+    writer, done = _open(output, meta)
+    todo = [j for j in jobs if job_key(j.params, j.partition, j.processor, device) not in done]
+    bar = Progress(len(todo) + (1 if sharing_sizes else 0)) if progress else None
+    measured = 0
+    with writer, tempfile.TemporaryDirectory(prefix="codl-profile-") as tmp:
+        directory = Path(work_dir) if work_dir else Path(tmp)
+        for job in todo:
+            target = gpu_target if job.processor == "gpu" else cpu_target
+            compiled = compile_part(
+                job.params, job.partition, job.processor, directory, target, job.name
+            )
+            writer.append(measure_op(session, compiled, directory, device, timing))
+            measured += 1
+            if bar is not None:
+                bar.step(_label(job))
+        n_sharing = _sharing(session, writer, device, sharing_sizes, bar)
+    return {"measured": measured, "skipped": len(jobs) - len(todo), "sharing": n_sharing}
+
+
+def _label(job: ProfileJob) -> str:
+    p = job.params
+    return (
+        f"{job.name or p.op} {p.h}x{p.w} {p.ic}->{p.oc} F{p.kernel} S{p.stride} "
+        f"{job.partition.dim}:{job.partition.ratio:g} {job.processor}"
+    )
+
+
+def compile_jobs(
+    jobs: Sequence[ProfileJob],
+    directory: str | Path,
+    gpu_target=None,
+    cpu_target=None,
+    threads: int | None = None,
+    progress: bool = True,
+    preset: str | None = None,
+) -> Path:
+    """Build every job into ``directory`` (with ``manifest.json``) to be run by
+    :func:`run_compiled` elsewhere; jobs already in the manifest are not rebuilt.
+
+    ``preset`` (``codl_tvm.targets``) picks the targets and the (cross-)toolchain of a device
+    machine; ``threads`` is its CPU thread count, recorded in the CPU dispatch features."""
+    if preset is not None:
+        from codl_tvm.targets import get_preset
+
+        p = get_preset(preset)
+        gpu_target = gpu_target or p.target("gpu")
+        cpu_target = cpu_target or p.target("cpu")
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / MANIFEST
+    entries: list[dict] = []
+    if path.exists():
+        entries = _read_manifest(path)
+    have = {
+        (
+            json.dumps(e["params"], sort_keys=True),
+            json.dumps(e["partition"], sort_keys=True),
+            e["op"],
+            e["processor"],
+        )
+        for e in entries
+        if (directory / e["library"]).exists()
+    }
+    bar = Progress(len(jobs), "compile") if progress else None
+    for job in jobs:
+        ident = (
+            json.dumps(job.params.to_json(), sort_keys=True),
+            json.dumps(job.partition.to_json(), sort_keys=True),
+            job.params.op,
+            job.processor,
+        )
+        if ident not in have:
+            target = gpu_target if job.processor == "gpu" else cpu_target
+            c = compile_part(
+                job.params,
+                job.partition,
+                job.processor,
+                directory,
+                target,
+                job.name,
+                threads,
+                preset=preset,
+            )
+            entries.append(c.to_json())
+            have.add(ident)
+            _write_manifest(path, entries, gpu_target, cpu_target)
+        if bar is not None:
+            bar.step(_label(job))
+    _write_manifest(path, entries, gpu_target, cpu_target)
+    return path
+
+
+def _write_manifest(path: Path, entries, gpu_target, cpu_target) -> None:
+    from codl_tvm.profiling.runner import _target_str
+
+    obj = {
+        "format": MANIFEST_FORMAT,
+        "version": 1,
+        "gpu_target": _target_str("gpu", gpu_target),
+        "cpu_target": _target_str("cpu", cpu_target),
+        "parts": entries,
+    }
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=1))
+    tmp.replace(path)
+
+
+def _read_manifest(path: Path) -> list[dict]:
+    try:
+        obj = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ProfileError(f"{path}: not a readable profiling manifest ({exc})") from None
+    if not isinstance(obj, dict) or obj.get("format") != MANIFEST_FORMAT or obj.get("version") != 1:
+        raise ProfileError(
+            f"{path}: not a version-1 {MANIFEST_FORMAT} file (made by `codl-tvm profile "
+            "--compile-dir`?)"
+        )
+    return list(obj["parts"])
+
+
+def run_compiled(
+    directory: str | Path,
+    output: str | Path,
+    session=None,
+    timing: TimingConfig = TimingConfig(),
+    sharing_sizes: Sequence[int] = (4096, 65536, 1 << 20),
+    meta: dict | None = None,
+    progress: bool = True,
+) -> dict[str, int]:
+    """Measure the parts :func:`compile_jobs` wrote into ``directory``; append to ``output``."""
+    directory = Path(directory)
+    path = directory / MANIFEST
+    if not path.exists():
+        raise ProfileError(f"{directory}: no {MANIFEST} (build it with --compile-dir first)")
+    obj = json.loads(path.read_text())
+    entries = _read_manifest(path)
+    session = session or LocalSession()
+    device = device_description(session, obj["gpu_target"], obj["cpu_target"])
+    writer, done = _open(output, meta)
+    parts = [CompiledPart.from_json(e) for e in entries]
+    todo = [c for c in parts if job_key(c.params, c.partition, c.processor, device) not in done]
+    bar = Progress(len(todo) + (1 if sharing_sizes else 0), "run") if progress else None
+    with writer:
+        for c in todo:
+            writer.append(measure_op(session, c, directory, device, timing))
+            if bar is not None:
+                bar.step(_label(ProfileJob(c.params, c.partition, c.processor, c.name)))
+        n_sharing = _sharing(session, writer, device, sharing_sizes, bar)
+    return {"measured": len(todo), "skipped": len(parts) - len(todo), "sharing": n_sharing}

@@ -1,0 +1,627 @@
+"""Measure the parts of a partitioned operator, each on its own processor, and sharing costs.
+
+An operator ``OpParams`` split by a ``Partition`` (dim, GPU ratio) has a GPU part and a CPU part
+(``features.part_shape``, the convention ``PartitionOperators`` follows). Each part is built alone
+as a one-op Relax module of the part's shape (an H part reads its input rows plus the halo, with
+the padding that remains at the borders it touches) for its processor (OpenCL or LLVM), with
+codl-tvm's single-device pipeline. The implementation (``codl.algorithm``) and the dispatch
+features are read from the scheduled PrimFuncs, never guessed. Latency is the median of
+``time_evaluator`` repeats after a warm-up run (on OpenCL through the runtime plugin's marker-event
+timer).
+
+Compiling and running are separate steps (:func:`compile_part` writes a shared library,
+:func:`time_part` loads it through a :class:`Session`), so the same code path runs locally, on a
+prepared directory copied to another machine, and through a TVM RPC session.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from codl_tvm.cost_model.dataset import OpRecord, SharingRecord
+from codl_tvm.cost_model.features import (
+    DispatchFeatures,
+    FeatureError,
+    OpParams,
+    Partition,
+    PartShape,
+    part_shape,
+)
+
+__all__ = [
+    "CompiledPart",
+    "LocalSession",
+    "ProfileError",
+    "RPCSession",
+    "TimingConfig",
+    "check_part",
+    "compile_part",
+    "device_description",
+    "measure_op",
+    "measure_sharing",
+    "part_module",
+    "part_padding",
+    "passes_parts",
+    "time_part",
+]
+
+PROCESSOR_DEVICE = {"gpu": "opencl", "cpu": "cpu"}
+
+
+class ProfileError(ValueError):
+    """A profiling job cannot be built or measured (the message names the operator and part)."""
+
+
+@dataclass(frozen=True)
+class TimingConfig:
+    """How latencies are measured: ``warmup`` untimed runs, then ``repeats`` timed repeats of
+    ``number`` runs each (their mean is one sample); the record keeps the median sample."""
+
+    warmup: int = 1
+    repeats: int = 5
+    number: int = 3
+
+    def __post_init__(self) -> None:
+        for name in ("repeats", "number"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"TimingConfig.{name} must be an integer >= 1, got {v!r}")
+        if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 0:
+            raise ValueError(f"TimingConfig.warmup must be an integer >= 0, got {self.warmup!r}")
+
+
+# ---------------------------------------------------------------------------------------------
+# One-op modules of a part's shape.
+
+
+def part_padding(params: OpParams, part: PartShape) -> tuple[int, int, int, int]:
+    """Padding (top, left, bottom, right) of a part built alone.
+
+    An H part keeps the top padding only if it starts at output row 0 and the bottom padding
+    it needs to reach its last row's window; other parts keep the operator's padding.
+    """
+    pt, pl, pb, pr = params.padding
+    if part.out_h == params.out_h:
+        return (pt, pl, pb, pr)
+    first = part.row0 * params.stride - pt
+    last = (part.row0 + part.out_h - 1) * params.stride - pt + params.span - 1
+    top = max(0, -first)
+    bottom = max(0, last - (params.h - 1))
+    return (top, pl, bottom, pr)
+
+
+def part_module(params: OpParams, part: PartShape):
+    """A Relax module whose ``main`` computes one part of ``params`` (inputs: data, weight)."""
+    from tvm import relax
+
+    if part.empty:
+        raise ProfileError(f"{params.describe()}: the part {part} is empty")
+    bb = relax.BlockBuilder()
+    pad = part_padding(params, part)
+    h_split = part.out_h != params.out_h
+    if params.op == "dense":
+        x = relax.Var("x", relax.TensorType((part.out_h, part.ic), "float32"))
+        w = relax.Var("w", relax.TensorType((part.ic, part.oc), "float32"))
+        args = [x, w]
+        with bb.function("main", args):
+            with bb.dataflow():
+                out = bb.emit_output(relax.op.matmul(x, w))
+            bb.emit_func_output(out)
+    elif params.op == "conv2d":
+        x = relax.Var("x", relax.TensorType((1, part.ic, part.in_h, part.in_w), "float32"))
+        wshape = (part.oc, part.ic // part.groups, params.kernel, params.kernel)
+        w = relax.Var("w", relax.TensorType(wshape, "float32"))
+        with bb.function("main", [x, w]):
+            with bb.dataflow():
+                out = bb.emit_output(
+                    relax.op.nn.conv2d(
+                        x,
+                        w,
+                        strides=params.stride,
+                        padding=pad,
+                        dilation=params.dilation,
+                        groups=part.groups,
+                    )
+                )
+            bb.emit_func_output(out)
+    else:  # pool
+        x = relax.Var("x", relax.TensorType((1, part.ic, part.in_h, part.in_w), "float32"))
+        with bb.function("main", [x]):
+            with bb.dataflow():
+                out = bb.emit_output(
+                    relax.op.nn.max_pool2d(
+                        x,
+                        pool_size=params.kernel,
+                        strides=params.stride,
+                        padding=pad,
+                        dilation=params.dilation,
+                        ceil_mode=params.ceil_mode and not h_split,
+                    )
+                )
+            bb.emit_func_output(out)
+    mod = bb.get()
+    shape = [int(v) for v in mod["main"].ret_ty.shape.values]
+    want = [part.out_h, part.oc] if params.op == "dense" else [1, part.oc, part.out_h, part.out_w]
+    if shape != want:
+        raise ProfileError(
+            f"{params.describe()}: the part module outputs {shape}, expected {want} "
+            f"(part {part.to_json()}, padding {list(pad)})"
+        )
+    return mod
+
+
+def passes_parts(params: OpParams, partition: Partition) -> dict[str, dict]:
+    """The parts ``PartitionOperators`` makes of a one-op module of ``params`` under
+    ``partition``: ``{processor: {"region": (a, b), "input_region": (c, d), "axis": k}}``."""
+    from codl_tvm.passes import PartitionOperators
+    from codl_tvm.passes.parts import collect_parts
+    from codl_tvm.plan import uniform_plan
+
+    full = part_shape(params, Partition(), "gpu")
+    mod = part_module(params, full)
+    if partition.dim == "none":  # not split: the whole operator on either processor
+        whole = {"region": (0, full.out_h), "input_region": (0, full.in_h), "axis": 2}
+        return {"gpu": whole, "cpu": dict(whole)}
+    mod = PartitionOperators(uniform_plan(mod, partition.dim, partition.ratio))(mod)
+    splits = collect_parts(mod)
+    if len(splits) != 1:
+        raise ProfileError(
+            f"{params.describe()}: PartitionOperators made {len(splits)} splits, expected 1"
+        )
+    return {
+        str(getattr(p.processor, "value", p.processor)): {
+            "region": tuple(p.region),
+            "input_region": tuple(p.input_region),
+            "axis": splits[0].axis,
+        }
+        for p in splits[0].parts
+    }
+
+
+def check_part(params: OpParams, partition: Partition, processor: str, part: PartShape) -> None:
+    """Raise ``ProfileError`` unless ``part`` is the part ``PartitionOperators`` produces."""
+    parts = passes_parts(params, partition)
+    got = parts.get(processor)
+    if got is None:
+        if not part.empty:
+            raise ProfileError(
+                f"{params.describe()}: PartitionOperators makes no {processor} part for "
+                f"{partition.dim}:{partition.ratio:g}, the profiler expected {part.to_json()}"
+            )
+        return
+    a, b = got["region"]
+    c, d = got["input_region"]
+    if partition.dim == "H" or partition.dim == "none":
+        want = ((part.row0, part.row0 + part.out_h), None if params.op == "dense" else part.in_h)
+        have = ((a, b), None if params.op == "dense" else d - c)
+    else:
+        want = ((part.oc0, part.oc0 + part.oc), None)
+        have = ((a, b), None)
+    if want != have:
+        raise ProfileError(
+            f"{params.describe()}: the {processor} part of {partition.dim}:{partition.ratio:g} "
+            f"is (region, input rows) {have} in PartitionOperators but {want} in the profiler"
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# Compiling.
+
+
+@dataclass(frozen=True)
+class CompiledPart:
+    """One part compiled to a shared library (what a run directory's manifest lists)."""
+
+    library: str  # file name, relative to the directory it lives in
+    params: OpParams
+    partition: Partition
+    processor: str
+    part: PartShape
+    impl: str
+    dispatch: DispatchFeatures
+    inputs: tuple[tuple[int, ...], ...]
+    name: str | None = None
+
+    def to_json(self) -> dict:
+        return {
+            "library": self.library,
+            "op": self.params.op,
+            "params": self.params.to_json(),
+            "partition": self.partition.to_json(),
+            "processor": self.processor,
+            "part": self.part.to_json(),
+            "impl": self.impl,
+            "dispatch": self.dispatch.to_json(),
+            "inputs": [list(s) for s in self.inputs],
+            "name": self.name,
+        }
+
+    @classmethod
+    def from_json(cls, obj: dict) -> CompiledPart:
+        p = dict(obj["params"])
+        p["padding"] = tuple(p["padding"])
+        return cls(
+            library=obj["library"],
+            params=OpParams(obj["op"], **p),
+            partition=Partition(**obj["partition"]),
+            processor=obj["processor"],
+            part=PartShape(**obj["part"]),
+            impl=obj["impl"],
+            dispatch=DispatchFeatures(**obj["dispatch"]),
+            inputs=tuple(tuple(s) for s in obj["inputs"]),
+            name=obj.get("name"),
+        )
+
+
+def _target(processor: str, target=None):
+    from codl_tvm.runner import default_target
+
+    if target is not None:
+        import tvm
+
+        return target if isinstance(target, tvm.target.Target) else tvm.target.Target(target)
+    return default_target(PROCESSOR_DEVICE[processor])
+
+
+def _target_str(processor: str, target=None) -> str:
+    """The target as its JSON text (kept verbatim when already a string, e.g. from a manifest
+    read on a machine whose TVM is runtime-only)."""
+    return target if isinstance(target, str) else str(_target(processor, target))
+
+
+def _implementation(funcs) -> str:
+    algos = []
+    for f in funcs:
+        attrs = f.attrs or {}
+        if "codl.algorithm" in attrs:
+            a = str(attrs["codl.algorithm"])
+            if a not in algos:
+                algos.append(a)
+    # Kernels no codl rule scheduled (dlight / default schedule) are named as such.
+    return "+".join(algos) if algos else "default"
+
+
+def _threads() -> int:
+    env = os.environ.get("TVM_NUM_THREADS") or os.environ.get("OMP_NUM_THREADS")
+    return int(env) if env else (os.cpu_count() or 1)
+
+
+def compile_part(
+    params: OpParams,
+    partition: Partition,
+    processor: str,
+    out_dir: str | Path,
+    target=None,
+    name: str | None = None,
+    threads: int | None = None,
+    verify: bool = True,
+    preset: str | None = None,
+) -> CompiledPart:
+    """Build the ``processor`` part of ``params`` under ``partition`` into ``out_dir``.
+
+    ``target`` overrides the default target of the processor (``runner.default_target``);
+    ``threads`` is the CPU thread-pool size recorded in the dispatch features (default: this
+    machine's ``TVM_NUM_THREADS`` or CPU count; pass the remote's when cross-compiling).
+    ``verify`` checks the part against the one ``PartitionOperators`` makes (:func:`check_part`).
+    ``preset`` (a ``codl_tvm.targets`` preset name) picks both targets unless ``target`` is given
+    and exports with the preset's (cross-)toolchain, for a device machine.
+    """
+    import hashlib
+
+    import tvm
+    from tvm import tirx
+
+    from codl_tvm.cost_model.dispatch import dispatch_features
+    from codl_tvm.pipeline import (
+        dataflow_lower_passes,
+        finalize_passes,
+        legalize_passes,
+        schedule_passes,
+    )
+
+    if processor not in PROCESSOR_DEVICE:
+        raise ProfileError(f"{params.describe()}: processor {processor!r} is not 'gpu' or 'cpu'")
+    try:
+        part = part_shape(params, partition, processor)
+    except FeatureError as exc:
+        raise ProfileError(str(exc)) from None
+    if part.empty:
+        raise ProfileError(
+            f"{params.describe()}: the {processor} part of partition "
+            f"{partition.dim}:{partition.ratio:g} is empty"
+        )
+    if verify:
+        check_part(params, partition, processor, part)
+    mod = part_module(params, part)
+    if preset is not None and target is None:
+        from codl_tvm.targets import get_preset
+
+        target = get_preset(preset).target(processor)
+    tgt = _target(processor, target)
+    if processor == "gpu":
+        from codl_tvm import runtime
+
+        runtime.load()
+    with tgt:
+        scheduled = tvm.transform.Sequential(legalize_passes(tgt) + schedule_passes(tgt))(mod)
+    funcs = [f for _, f in scheduled.functions.items() if isinstance(f, tirx.PrimFunc)]
+    impl = _implementation(funcs)
+    cpu_threads = None if processor == "gpu" else (threads or _threads())
+    dispatch = dispatch_features(funcs, cpu_threads) if funcs else DispatchFeatures()
+
+    @tvm.transform.module_pass(opt_level=0, name="codl.profiling.Lower")
+    def _lower(m, _ctx):
+        with tgt:
+            return tvm.transform.Sequential(dataflow_lower_passes(tgt) + finalize_passes(tgt))(m)
+
+    ex = tvm.compile(scheduled, target=tgt, relax_pipeline=_lower)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    ident = json.dumps(
+        [params.op, params.to_json(), partition.to_json(), processor, str(tgt)], sort_keys=True
+    )
+    lib = f"{params.op}_{processor}_{hashlib.sha1(ident.encode()).hexdigest()[:12]}.so"
+    if preset is not None:
+        from codl_tvm.targets import export_library
+
+        export_library(ex, out / lib, preset)
+    else:
+        ex.export_library(str(out / lib))
+    inputs = tuple(tuple(int(v) for v in p.ty.shape.values) for p in mod["main"].params)
+    return CompiledPart(lib, params, partition, processor, part, impl, dispatch, inputs, name)
+
+
+# ---------------------------------------------------------------------------------------------
+# Sessions: local, or a TVM RPC session (same calls).
+
+
+class LocalSession:
+    """Runs libraries in this process (OpenCL through the codl-tvm runtime plugin)."""
+
+    remote = False
+
+    def __init__(self) -> None:
+        self._plugin = False
+
+    def device(self, processor: str):
+        import tvm
+
+        if processor == "gpu":
+            self._load_plugin()
+            return tvm.opencl(0)
+        return tvm.cpu(0)
+
+    def _load_plugin(self) -> None:
+        if not self._plugin:
+            from codl_tvm import runtime
+
+            runtime.load()
+            self._plugin = True
+
+    def load_module(self, path: str | Path):
+        import tvm
+
+        return tvm.runtime.load_module(str(path))
+
+    def get_function(self, name: str):
+        import tvm
+
+        self._load_plugin()
+        func = tvm.get_global_func(name, allow_missing=True)
+        if func is None:
+            raise ProfileError(f"the codl-tvm runtime plugin has no function {name!r}")
+        return func
+
+
+class RPCSession:
+    """Runs libraries on a TVM RPC server (``tvm.rpc.connect`` or ``rpc_utils.request_remote``'s
+    ``.session``); the server must have loaded the codl-tvm runtime plugin for OpenCL."""
+
+    remote = True
+
+    def __init__(self, session) -> None:
+        self.session = session
+
+    def device(self, processor: str):
+        return self.session.cl(0) if processor == "gpu" else self.session.cpu(0)
+
+    def load_module(self, path: str | Path):
+        path = Path(path)
+        self.session.upload(str(path))
+        return self.session.load_module(path.name)
+
+    def get_function(self, name: str):
+        try:
+            return self.session.get_function(name)
+        except Exception as exc:
+            raise ProfileError(
+                f"the RPC server has no function {name!r} (is the codl-tvm runtime plugin "
+                f"loaded there?): {exc}"
+            ) from None
+
+
+# ---------------------------------------------------------------------------------------------
+# Measuring.
+
+
+def time_part(
+    session, compiled: CompiledPart, directory: str | Path, timing: TimingConfig = TimingConfig()
+) -> tuple[float, int]:
+    """Median latency (ms) of ``compiled`` on its processor and the number of samples."""
+    import tvm
+    from tvm import relax
+
+    dev = session.device(compiled.processor)
+    lib = session.load_module(Path(directory) / compiled.library)
+    vm = relax.VirtualMachine(lib, dev)
+    rng = np.random.default_rng(0)
+    args = [
+        tvm.runtime.tensor(rng.standard_normal(s).astype("float32"), dev) for s in compiled.inputs
+    ]
+    for _ in range(timing.warmup):
+        vm["main"](*args)
+    dev.sync()
+    res = vm.time_evaluator("main", dev, number=timing.number, repeat=timing.repeats)(*args)
+    samples = [float(r) * 1e3 for r in res.results]
+    median = float(statistics.median(samples))
+    if not median > 0:
+        raise ProfileError(
+            f"{compiled.params.describe()}: {compiled.processor} part measured {median} ms "
+            "(timer resolution too coarse?)"
+        )
+    return median, len(samples)
+
+
+def device_description(session, gpu_target=None, cpu_target=None) -> dict:
+    """What the records were measured on (stable across runs, so resuming matches keys)."""
+    desc: dict = {
+        "gpu_target": _target_str("gpu", gpu_target),
+        "cpu_target": _target_str("cpu", cpu_target),
+        "remote": bool(session.remote),
+    }
+    try:
+        info = json.loads(session.get_function("codl.opencl.info")())
+        dev0 = (info.get("devices") or [{}])[0]
+        desc["gpu"] = dev0.get("name", "?")
+        desc["platform"] = f"{info.get('platform', '?')} ({info.get('platform_version', '?')})"
+        desc["compute_units"] = dev0.get("compute_units")
+        desc["svm_mode"] = info.get("svm_mode", "?")
+    except ProfileError:
+        desc["gpu"] = "unavailable"
+    if not session.remote:
+        desc["cpu_threads"] = _threads()
+    return desc
+
+
+def measure_op(
+    session,
+    compiled: CompiledPart,
+    directory: str | Path,
+    device: dict,
+    timing: TimingConfig = TimingConfig(),
+) -> OpRecord:
+    """Time one compiled part and return its record."""
+    latency, n = time_part(session, compiled, directory, timing)
+    return OpRecord(
+        compiled.params,
+        compiled.partition,
+        compiled.processor,
+        compiled.impl,
+        latency,
+        n,
+        compiled.part,
+        compiled.dispatch,
+        device,
+        compiled.name,
+    )
+
+
+def _host_median_ms(func, repeats: int, warmup: int = 1) -> float:
+    for _ in range(warmup):
+        func()
+    samples = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        func()
+        samples.append((time.perf_counter() - t0) * 1e3)
+    return float(statistics.median(samples))
+
+
+def _copy_ms(session, src, dst, repeats: int) -> float:
+    """Host time of copying ``src`` (CPU) into ``dst`` (OpenCL) and waiting for it. Through RPC
+    the copy runs on the server (its ``runtime.TVMTensorCopyFromTo``) and the round trips of the
+    two calls, measured with sync-only calls, are subtracted (clipped at 0)."""
+    gpu = dst.device
+    if not session.remote:
+
+        def copy():
+            dst.copyfrom(src)
+            gpu.sync()
+
+        return _host_median_ms(copy, repeats)
+    copy_fn = session.get_function("runtime.TVMTensorCopyFromTo")
+
+    def remote_copy():
+        copy_fn(src, dst)
+        gpu.sync()
+
+    def round_trips():
+        gpu.sync()
+        gpu.sync()
+
+    return max(0.0, _host_median_ms(remote_copy, repeats) - _host_median_ms(round_trips, repeats))
+
+
+def measure_sharing(
+    session,
+    device: dict,
+    sizes: tuple[int, ...] = (4096, 65536, 1 << 20),
+    repeats: int = 10,
+    sync_repeats: int = 200,
+) -> list[SharingRecord]:
+    """Data-sharing costs as functions of bytes.
+
+    - ``presync`` / ``postsync``: one mark + wait with the device's sync mode (``"auto"``
+      resolves it by measurement, so it is not part of the device description), from the
+      plugin's ``measure_us`` (median of ``sync_repeats``); it does not depend on bytes, so it
+      is measured once per size as independent samples.
+    - ``map`` / ``unmap``: host time of mapping / unmapping an OpenCL tensor of ``nbytes`` when
+      the SVM mode is ``coarse``; with fine-grained SVM or buffers there is nothing to map and the
+      cost is 0 (``device["svm_mode"]`` says which).
+    - ``transform``: host time of copying ``nbytes`` from a CPU tensor into an OpenCL tensor and
+      waiting for it (through RPC: on the server, round trips subtracted).
+    """
+    import tvm
+
+    for n in sizes:
+        if isinstance(n, bool) or not isinstance(n, int) or n < 4 or n % 4:
+            raise ProfileError(f"sharing size {n!r} must be a positive multiple of 4 bytes")
+    records: list[SharingRecord] = []
+    gpu = session.device("gpu")
+    cpu = session.device("cpu")
+    mode = str(session.get_function("codl.coexec.sync_mode")(0))
+    measure_us = session.get_function("codl.coexec.measure_us")
+    coarse = device.get("svm_mode") == "coarse"
+    smap = session.get_function("codl.opencl.svm_map") if coarse else None
+    sunmap = session.get_function("codl.opencl.svm_unmap") if coarse else None
+    for n in sizes:
+        # Sync has no pattern in bytes (CoDL Fig. 14b): measured once per size, after a copy of
+        # that size, so the model's upper bound sees several samples.
+        for kind in ("presync", "postsync"):
+            sync_ms = max(float(measure_us(0, mode, sync_repeats)), 0.0) / 1e3
+            records.append(SharingRecord(kind, n, sync_ms, sync_repeats, device))
+        host = np.zeros(n // 4, dtype="float32")
+        src = tvm.runtime.tensor(host, cpu)
+        dst = tvm.runtime.empty((n // 4,), "float32", gpu)
+
+        records.append(
+            SharingRecord("transform", n, _copy_ms(session, src, dst, repeats), repeats, device)
+        )
+        if coarse:
+            map_ms = []
+            unmap_ms = []
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                smap(dst, True)
+                t1 = time.perf_counter()
+                sunmap(dst)
+                t2 = time.perf_counter()
+                map_ms.append((t1 - t0) * 1e3)
+                unmap_ms.append((t2 - t1) * 1e3)
+            records.append(
+                SharingRecord("map", n, float(statistics.median(map_ms)), repeats, device)
+            )
+            records.append(
+                SharingRecord("unmap", n, float(statistics.median(unmap_ms)), repeats, device)
+            )
+        else:
+            records.append(SharingRecord("map", n, 0.0, 1, device))
+            records.append(SharingRecord("unmap", n, 0.0, 1, device))
+    return records
