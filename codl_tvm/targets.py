@@ -192,6 +192,20 @@ PRESETS: dict[str, TargetPreset] = {
             cpu={"kind": "llvm"},
             gpu={
                 "kind": "opencl",
+                "device": "pocl",
+                "max_threads_per_block": 256,
+                "max_num_threads": 256,
+                "thread_warp_size": 1,
+            },
+        ),
+        TargetPreset(
+            "emulated-soc",
+            "the device machine's emulated SoC: PoCL on some Xeon cores as the GPU, TVM's "
+            "AVX-512 CPU kernels on the others",
+            cpu={"kind": "llvm", "mcpu": "skylake-avx512"},
+            gpu={
+                "kind": "opencl",
+                "device": "pocl",
                 "max_threads_per_block": 256,
                 "max_num_threads": 256,
                 "thread_warp_size": 1,
