@@ -456,11 +456,11 @@ def time_part(
 ) -> tuple[float, int]:
     """Median latency (ms) of ``compiled`` on its processor and the number of samples."""
     import tvm
-    from tvm import relax
+    from tvm.runtime.vm import VirtualMachine  # runtime-only TVM has no tvm.relax
 
     dev = session.device(compiled.processor)
     lib = session.load_module(Path(directory) / compiled.library)
-    vm = relax.VirtualMachine(lib, dev)
+    vm = VirtualMachine(lib, dev)
     rng = np.random.default_rng(0)
     args = [
         tvm.runtime.tensor(rng.standard_normal(s).astype("float32"), dev) for s in compiled.inputs
