@@ -77,33 +77,29 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.plan or args.dim or args.ratio is not None:
         raise CliError("--plan/--dim/--ratio apply to --device coexec only")
     if args.device == "opencl":
-        from codl_tvm import runtime
-
-        try:
-            runtime.load()
-            info = runtime.info()
-        except Exception as exc:
-            raise CliError(f"OpenCL is not usable here: {exc}") from None
-        print(
-            f"OpenCL: {info.platform} / {info.devices[0].name} "
-            f"({info.devices[0].compute_units} CUs, SVM {info.svm_mode})"
-        )
+        _opencl_banner()
     built = build(model.mod, args.device)
+    return _report(args, model, inputs, built, f"device: {args.device}")
+
+
+def _report(args: argparse.Namespace, model, inputs, built, device_line: str) -> int:
+    """Run ``built``, print outputs and latency, check and save as the flags ask."""
+    from codl_tvm.runner import build
+
     outputs = built(inputs)
     lat = built.time(inputs, number=args.number, repeat=args.repeat)
     print(f"model: {model.path}")
-    print(f"device: {args.device}")
+    print(device_line)
     for spec, arr in zip(model.outputs, outputs):
         print(f"output {spec.name}: shape {tuple(arr.shape)} dtype {arr.dtype}")
     print(
         f"latency: median {lat.median_ms:.3f} ms (min {lat.min_ms:.3f}, max {lat.max_ms:.3f}, "
         f"{lat.repeats} repeats of {args.number})"
     )
-    if args.check:
-        ref = build(model.mod, "cpu")(inputs) if args.device != "cpu" else None
-        if ref is not None:
-            err = max(float(np.max(np.abs(a - b))) for a, b in zip(outputs, ref))
-            print(f"max abs difference against the CPU build: {err:.3g}")
+    if args.check and args.device != "cpu":
+        ref = build(model.mod, "cpu")(inputs)
+        err = max(float(np.max(np.abs(a - b))) for a, b in zip(outputs, ref))
+        print(f"max abs difference against the CPU build: {err:.3g}")
     if args.save_outputs:
         _save_outputs(args.save_outputs, model, outputs, args.force)
         print(f"saved outputs to {args.save_outputs}")
@@ -140,8 +136,10 @@ def _auto_plan(args: argparse.Namespace, model):
     from codl_tvm.planner import plan_model
 
     if not args.cost_model:
-        raise CliError("--plan auto needs --cost-model MODEL.json (a model fitted with "
-                       "`codl-tvm cost-model fit` on data from `codl-tvm profile`)")
+        raise CliError(
+            "--plan auto needs --cost-model MODEL.json (a model fitted with "
+            "`codl-tvm cost-model fit` on data from `codl-tvm profile`)"
+        )
     if not Path(args.cost_model).is_file():
         raise CliError(f"--cost-model {args.cost_model}: no such file")
     try:
@@ -184,26 +182,9 @@ def _run_coexec(args: argparse.Namespace, model, inputs) -> int:
     plan = _plan_from_args(args, model)
     _opencl_banner()
     built = compile_coexec(model.mod, plan)
-    outputs = built(inputs)
-    lat = built.time(inputs, number=args.number, repeat=args.repeat)
-    print(f"model: {model.path}")
-    print(f"device: coexec (GPU + CPU), sync mode: {sync.sync_mode()}")
-    for spec, arr in zip(model.outputs, outputs):
-        print(f"output {spec.name}: shape {tuple(arr.shape)} dtype {arr.dtype}")
-    print(
-        f"latency: median {lat.median_ms:.3f} ms (min {lat.min_ms:.3f}, max {lat.max_ms:.3f}, "
-        f"{lat.repeats} repeats of {args.number})"
+    return _report(
+        args, model, inputs, built, f"device: coexec (GPU + CPU), sync mode: {sync.sync_mode()}"
     )
-    if args.check:
-        from codl_tvm.runner import build
-
-        ref = build(model.mod, "cpu")(inputs)
-        err = max(float(np.max(np.abs(a - b))) for a, b in zip(outputs, ref))
-        print(f"max abs difference against the CPU build: {err:.3g}")
-    if args.save_outputs:
-        _save_outputs(args.save_outputs, model, outputs, args.force)
-        print(f"saved outputs to {args.save_outputs}")
-    return 0
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -229,8 +210,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
     _print_placements(built.placements)
     split = {op for row in built.placements for op in row["ops"]}
     others = [op.name for op in partitionable_ops(model.mod) if op.name not in split]
-    print("not split, on the GPU: " + (", ".join(others) if others else "-")
-          + "; every other operator (elementwise, reshape, softmax...) runs on the GPU")
+    print(
+        "not split, on the GPU: "
+        + (", ".join(others) if others else "-")
+        + "; every other operator (elementwise, reshape, softmax...) runs on the GPU"
+    )
     ok = err <= 1e-4 * max(1.0, max(float(np.max(np.abs(r))) for r in ref))
     print(
         f"max abs difference against the single-device (OpenCL) result: {err:.3g} "
@@ -265,8 +249,9 @@ def _add_run(sub) -> None:
     p = sub.add_parser("run", help="build and run an ONNX model on one device")
     p.add_argument("model", nargs="?", help="ONNX model (default: the bundled CNN)")
     p.add_argument("--device", choices=("cpu", "opencl", "coexec"), default="opencl")
-    p.add_argument("--plan", help="PartitionPlan JSON, or 'auto' to plan with --cost-model "
-                   "(--device coexec)")
+    p.add_argument(
+        "--plan", help="PartitionPlan JSON, or 'auto' to plan with --cost-model (--device coexec)"
+    )
     p.add_argument("--cost-model", help="cost model JSON for --plan auto")
     p.add_argument("--dim", choices=("H", "OC"), help="split every operator along this dim")
     p.add_argument("--ratio", type=float, help="GPU share of every split operator, in [0, 1]")
