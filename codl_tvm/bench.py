@@ -15,7 +15,14 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["envelope", "git_commit", "machine_info", "time_host_us", "write_json"]
+__all__ = [
+    "envelope",
+    "git_commit",
+    "machine_info",
+    "pin_tvm_threads",
+    "time_host_us",
+    "write_json",
+]
 
 
 def git_commit() -> str:
@@ -90,3 +97,19 @@ def time_host_us(fn: Callable[[], object], repeat: int = 200, warmup: int = 20) 
         "p90_us": float(np.percentile(samples, 90)),
         "repeat": repeat,
     }
+
+
+def pin_tvm_threads(cores: str, pin_main_thread: bool = True) -> list[int]:
+    """Pin TVM's CPU thread pool to cores ``"LO-HI"`` (one worker per core).
+
+    The emulated SoC of the benchmarks: TVM's CPU kernels on their own cores, PoCL's workers on
+    the others (``POCL_AFFINITY=1``, ``POCL_CPU_MAX_CU_COUNT``).
+    """
+    import tvm
+
+    lo, hi = (int(v) for v in cores.split("-"))
+    cpus = list(range(lo, hi + 1))
+    tvm.get_global_func("runtime.config_threadpool")(-2, len(cpus), [str(c) for c in cpus])
+    if pin_main_thread:
+        os.sched_setaffinity(0, set(cpus))
+    return cpus

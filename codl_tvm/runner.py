@@ -8,14 +8,13 @@ creates the real module (this is also how a model is deployed).
 from __future__ import annotations
 
 import tempfile
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-__all__ = ["BuiltModel", "Latency", "build", "default_target", "run"]
+__all__ = ["BuiltModel", "Latency", "build", "default_target"]
 
 DEVICES = ("cpu", "opencl")
 
@@ -127,9 +126,3 @@ def build(
     vm = relax.VirtualMachine(lib, dev)
     return BuiltModel(device=device, library=lib_path, vm=vm, tvm_device=dev)
 
-
-def run(built: BuiltModel, inputs: Sequence[np.ndarray]) -> tuple[list[np.ndarray], float]:
-    """Run once and return the outputs and the host wall time in ms (for display only)."""
-    t0 = time.perf_counter()
-    outs = built(inputs)
-    return outs, (time.perf_counter() - t0) * 1e3

@@ -20,9 +20,8 @@ What it does
 - The ``concat`` that merges a split's parts is marked opaque (so FuseOps keeps it a call of its
   own, which :class:`~codl_tvm.passes.merge.MergePartsInPlace` later removes) and tagged
   ``codl.merge`` with the split axis and every part's region.
-- Kernels FuseOps will create lose the attribute in FuseTIR (TVM 0.27); ``main`` records the
-  placement of every part variable in ``"codl_placement"`` so
-  :class:`~codl_tvm.passes.restore_targets.RestoreTargets` can put it back.
+- Kernels FuseOps will create lose the attribute in FuseTIR (TVM 0.27);
+  :class:`~codl_tvm.passes.fused_targets.RestoreTargets` puts it back from the VDevices.
 """
 
 from __future__ import annotations
@@ -34,9 +33,8 @@ from tvm import relax
 
 from .parts import collect_parts
 
-__all__ = ["PLACEMENT_ATTR", "PlaceParts"]
+__all__ = ["PlaceParts"]
 
-PLACEMENT_ATTR = "codl_placement"
 _OPAQUE = 8
 
 
@@ -130,10 +128,7 @@ class PlaceParts:
         }
         rt.where_of = where_of
         new_main = rt.visit_expr(func)
-        bb.update_func(
-            mod.get_global_var("main"),
-            new_main.with_attr(PLACEMENT_ATTR, json.dumps(placement, sort_keys=True)),
-        )
+        bb.update_func(mod.get_global_var("main"), new_main)
         out = bb.get()
         out.update_global_info("vdevice", [rt.vdevices["gpu"], rt.vdevices["cpu"]])
         for b in bindings:

@@ -155,19 +155,12 @@ def cmd_run(args: argparse.Namespace) -> None:
     from tvm.runtime.vm import VirtualMachine
 
     from codl_tvm import runtime
-    from codl_tvm.bench import envelope, write_json
+    from codl_tvm.bench import envelope, pin_tvm_threads, write_json
 
     runtime.load(platform=args.platform)
     info = runtime.info()
     if args.tvm_cpus:
-        # The emulated SoC: TVM's CPU threads on their own cores (PoCL's are pinned to the
-        # others with POCL_AFFINITY=1 and POCL_CPU_MAX_CU_COUNT).
-        lo, hi = (int(v) for v in args.tvm_cpus.split("-"))
-        cpus = [str(c) for c in range(lo, hi + 1)]
-        tvm.get_global_func("runtime.config_threadpool")(-2, len(cpus), cpus)
-        import os
-
-        os.sched_setaffinity(0, {int(c) for c in cpus})
+        pin_tvm_threads(args.tvm_cpus)
     result = {
         "platform": info.platform,
         "device": info.devices[0].name,
@@ -240,17 +233,15 @@ def cmd_run(args: argparse.Namespace) -> None:
 
 def cmd_trace(args: argparse.Namespace) -> None:
     """Timeline of one co-executed conv (Chrome trace JSON + PNG) to see the overlap."""
-    import tvm
 
     from codl_tvm import runtime
+    from codl_tvm.bench import pin_tvm_threads
     from codl_tvm.coexec import CoexecModule
     from codl_tvm.trace import trace_inference
 
     runtime.load(platform=args.platform)
     if args.tvm_cpus:
-        lo, hi = (int(v) for v in args.tvm_cpus.split("-"))
-        cpus = [str(c) for c in range(lo, hi + 1)]
-        tvm.get_global_func("runtime.config_threadpool")(-2, len(cpus), cpus)
+        pin_tvm_threads(args.tvm_cpus, pin_main_thread=False)
     manifest = json.loads((Path(args.dir) / "manifest.json").read_text())
     hw, ci, co, k = manifest["convs"][args.conv]["shape"]
     rng = np.random.default_rng(0)

@@ -56,15 +56,12 @@ def cmd_run(args: argparse.Namespace) -> None:
     from tvm.runtime.vm import VirtualMachine
 
     from codl_tvm import runtime
-    from codl_tvm.bench import envelope, write_json
+    from codl_tvm.bench import envelope, pin_tvm_threads, write_json
 
     runtime.load(platform=args.platform)
     info = runtime.info()
     if args.tvm_cpus:
-        lo, hi = (int(v) for v in args.tvm_cpus.split("-"))
-        cpus = [str(c) for c in range(lo, hi + 1)]
-        tvm.get_global_func("runtime.config_threadpool")(-2, len(cpus), cpus)
-        os.sched_setaffinity(0, {int(c) for c in cpus})
+        pin_tvm_threads(args.tvm_cpus)
     dev = tvm.opencl(0)
     manifest = json.loads((Path(args.dir) / "manifest.json").read_text())
     results = {"platform": info.platform, "device": info.devices[0].name,

@@ -121,3 +121,14 @@ def test_run_coexec_with_an_automatic_plan(opencl, tmp_path, capsys):
     np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)
     code, _, err = _run(capsys, "run", "--device", "coexec", "--plan", "auto")
     assert code == 2 and "--plan auto needs --cost-model" in err
+
+
+@pytest.mark.opencl
+def test_info_describes_the_device_in_use(opencl, capsys):
+    import json
+
+    assert main(["info"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["platform"] == opencl.platform
+    assert shown["svm_mode"] == opencl.svm_mode
+    assert [d["name"] for d in shown["devices"]] == [d.name for d in opencl.devices]
