@@ -59,13 +59,16 @@ def _save_outputs(path: str, model, outputs: list[np.ndarray], force: bool) -> N
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from codl_tvm.frontend import ModelError, load_onnx
-    from codl_tvm.runner import build
-
     if args.save_outputs and Path(args.save_outputs).exists() and not args.force:
         raise CliError(
             f"--save-outputs {args.save_outputs}: file exists; pass --force to overwrite it"
         )
+    if args.model and Path(args.model).is_dir():
+        return _run_artifact(args)
+    from codl_tvm.frontend import ModelError, load_onnx
+    from codl_tvm.runner import build
+
+    args.device = args.device or "opencl"
     model_path = args.model or str(bundled_model_path())
     try:
         model = load_onnx(model_path)
@@ -106,6 +109,117 @@ def _report(args: argparse.Namespace, model, inputs, built, device_line: str) ->
     return 0
 
 
+def _run_artifact(args: argparse.Namespace) -> int:
+    """``codl-tvm run OUT/``: run a compiled artifact (runtime-only TVM is enough)."""
+    from codl_tvm.artifact import ArtifactError, load_artifact
+
+    given = [
+        f"--{k.replace('_', '-')}"
+        for k in ("device", "plan", "cost_model", "dim", "ratio")
+        if getattr(args, k) is not None
+    ]
+    if given:
+        raise CliError(
+            f"{args.model} is a compiled artifact: {', '.join(given)} were fixed at compile "
+            "time (recompile with `codl-tvm compile` to change them)"
+        )
+    try:
+        art = load_artifact(args.model)
+    except ArtifactError as exc:
+        raise CliError(str(exc)) from None
+    model = art.model
+    ref = art.reference()
+    if args.inputs is None and ref is not None:
+        inputs = _load_inputs_from(ref[0], model, f"{args.model}/reference.npz")
+        expected = ref[1]
+    else:
+        inputs = _load_inputs(args.inputs, model, args.seed)
+        expected = None
+    if "opencl" in art.manifest["vm_devices"]:
+        _opencl_banner()
+    plan = art.manifest.get("plan") or {}
+    how = (
+        f", plan: {plan['mode']} ({plan['cost_model']['kind']} cost model)"
+        if plan.get("mode")
+        else ""
+    )
+    try:
+        outputs = art(inputs)
+        lat = art.time(inputs, number=args.number, repeat=args.repeat)
+    except Exception as exc:  # a library built for another machine fails to load or run
+        raise CliError(f"{args.model}: running the artifact failed: {exc}") from None
+    print(f"artifact: {args.model} (model {model.path})")
+    print(f"device: {art.device}{how}")
+    for spec, arr in zip(model.outputs, outputs):
+        print(f"output {spec.name}: shape {tuple(arr.shape)} dtype {arr.dtype}")
+    print(
+        f"latency: median {lat.median_ms:.3f} ms (min {lat.min_ms:.3f}, max {lat.max_ms:.3f}, "
+        f"{lat.repeats} repeats of {args.number})"
+    )
+    status = 0
+    if expected is not None:
+        err = max(float(np.max(np.abs(a - b))) for a, b in zip(outputs, expected))
+        scale = max(1.0, max(float(np.max(np.abs(r))) for r in expected))
+        ok = err <= 1e-4 * scale
+        print(
+            f"max abs difference against the reference (unpartitioned, host CPU): {err:.3g} "
+            f"-> {'OK' if ok else 'MISMATCH'}"
+        )
+        status = 0 if ok else 1
+    if args.save_outputs:
+        _save_outputs(args.save_outputs, model, outputs, args.force)
+        print(f"saved outputs to {args.save_outputs}")
+    return status
+
+
+def _load_inputs_from(values: dict, model, source: str) -> list[np.ndarray]:
+    from codl_tvm.frontend import ModelError, check_inputs
+
+    try:
+        return check_inputs(model, values, source)
+    except ModelError as exc:
+        raise CliError(str(exc)) from None
+
+
+def cmd_compile(args: argparse.Namespace) -> int:
+    """``codl-tvm compile MODEL.onnx -o OUT/``: plan, build and write a deployable artifact."""
+    from codl_tvm.artifact import ArtifactError, compile_artifact
+    from codl_tvm.frontend import ModelError
+    from codl_tvm.targets import ToolchainError
+
+    model_path = args.model or str(bundled_model_path())
+    plan = None
+    if args.plan == "auto":  # the default: plan with the cost model
+        args.plan = None
+    if args.plan or args.dim or args.ratio is not None:
+        if args.device != "coexec":
+            raise CliError("--plan/--dim/--ratio apply to --device coexec only")
+        from codl_tvm.frontend import load_onnx
+
+        try:
+            model = load_onnx(model_path)
+        except ModelError as exc:
+            raise CliError(str(exc)) from None
+        plan = _plan_from_args(args, model)
+    try:
+        compile_artifact(
+            model_path,
+            args.output,
+            device=args.device,
+            mode=args.mode,
+            cost_model=args.cost_model,
+            plan=plan,
+            preset=args.preset,
+            reference=not args.no_reference,
+            seed=args.seed,
+            force=args.force,
+        )
+    except (ArtifactError, ModelError, ToolchainError) as exc:
+        raise CliError(str(exc)) from None
+    print(f"run it with: codl-tvm run {args.output}")
+    return 0
+
+
 def _plan_from_args(args: argparse.Namespace, model):
     from codl_tvm.plan import PartitionPlan, PlanError, uniform_plan
 
@@ -133,19 +247,18 @@ def _plan_from_args(args: argparse.Namespace, model):
 def _auto_plan(args: argparse.Namespace, model):
     """Plan with the CoDL planner and the cost model given by --cost-model."""
     from codl_tvm.cost_model.base import ModelFileError, load_model
+    from codl_tvm.cost_model.defaults import NoDefaultModelError, default_model_path
     from codl_tvm.planner import plan_model
 
-    if not args.cost_model:
-        raise CliError(
-            "--plan auto needs --cost-model MODEL.json (a model fitted with "
-            "`codl-tvm cost-model fit` on data from `codl-tvm profile`)"
-        )
-    if not Path(args.cost_model).is_file():
+    if args.cost_model and not Path(args.cost_model).is_file():
         raise CliError(f"--cost-model {args.cost_model}: no such file")
     try:
-        cost_model = load_model(args.cost_model)
-    except ModelFileError as exc:
+        path = args.cost_model or default_model_path(None)
+        cost_model = load_model(path)
+    except (ModelFileError, NoDefaultModelError) as exc:
         raise CliError(str(exc)) from None
+    if not args.cost_model:
+        print(f"cost model: {path} (shipped default for this device pair)")
     plan, report = plan_model(model.mod, cost_model)
     print(report.table())
     return plan
@@ -246,9 +359,15 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def _add_run(sub) -> None:
-    p = sub.add_parser("run", help="build and run an ONNX model on one device")
-    p.add_argument("model", nargs="?", help="ONNX model (default: the bundled CNN)")
-    p.add_argument("--device", choices=("cpu", "opencl", "coexec"), default="opencl")
+    p = sub.add_parser("run", help="build and run an ONNX model, or run a compiled artifact")
+    p.add_argument(
+        "model",
+        nargs="?",
+        help="ONNX model (default: the bundled CNN) or an artifact directory from `compile`",
+    )
+    p.add_argument(
+        "--device", choices=("cpu", "opencl", "coexec"), help="processor(s) (default: opencl)"
+    )
     p.add_argument(
         "--plan", help="PartitionPlan JSON, or 'auto' to plan with --cost-model (--device coexec)"
     )
@@ -265,10 +384,50 @@ def _add_run(sub) -> None:
     p.set_defaults(func=cmd_run)
 
 
+def _add_compile(sub) -> None:
+    from codl_tvm.targets import preset_names
+
+    p = sub.add_parser(
+        "compile", help="plan and build an ONNX model into a deployable artifact directory"
+    )
+    p.add_argument("model", nargs="?", help="ONNX model (default: the bundled CNN)")
+    p.add_argument("-o", "--output", required=True, help="artifact directory to create")
+    p.add_argument("--device", choices=("coexec", "cpu", "opencl"), default="coexec")
+    p.add_argument(
+        "--mode",
+        default="codl",
+        help="planner mode: codl (default), codl_no_chain, h_only, oc_only, ulayer_like, "
+        "cpu_only, gpu_only",
+    )
+    p.add_argument(
+        "--cost-model", help="cost model JSON (default: the shipped model for the preset)"
+    )
+    p.add_argument("--plan", help="a PartitionPlan JSON instead of planning")
+    p.add_argument("--dim", choices=("H", "OC"), help="split every operator along this dim")
+    p.add_argument("--ratio", type=float, help="GPU share of every split operator, in [0, 1]")
+    p.add_argument(
+        "--preset",
+        choices=preset_names(),
+        help="target preset (default: opencl, this machine's OpenCL device and CPU)",
+    )
+    p.add_argument(
+        "--no-reference",
+        action="store_true",
+        help="skip storing the host CPU reference outputs (saves a second build)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of the reference inputs")
+    p.add_argument("--force", action="store_true", help="replace an earlier artifact in -o")
+    p.set_defaults(func=cmd_compile)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="codl-tvm", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     _add_run(sub)
+    try:
+        _add_compile(sub)
+    except ImportError:  # runtime-only TVM: nothing to compile with
+        pass
     p = sub.add_parser("demo", help="co-execute the bundled CNN on GPU + CPU and check it")
     p.add_argument("--dim", choices=("H", "OC"), default="H")
     p.add_argument("--ratio", type=float, default=0.5)

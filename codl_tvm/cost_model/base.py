@@ -67,6 +67,7 @@ MODEL_KINDS: dict[str, str] = {
     "codl": "codl_tvm.cost_model.analytical:CodlModel",
     "gbdt": "codl_tvm.cost_model.gbdt:GbdtModel",
     "flops": "codl_tvm.cost_model.flops:FlopsModel",
+    "measured": "codl_tvm.cost_model.measured:MeasuredModel",
 }
 
 

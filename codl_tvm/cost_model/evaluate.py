@@ -14,7 +14,8 @@ fitted on the same training part.
 
 Commands (``register_cli`` adds them to the ``codl-tvm`` parser)::
 
-    codl-tvm cost-model fit DATA.jsonl -o MODEL.json [--kind codl|gbdt|flops] [--holdout 0.3]
+    codl-tvm cost-model fit DATA.jsonl -o MODEL.json [--kind codl|gbdt|flops|measured]
+        [--holdout 0.3]
     codl-tvm cost-model eval MODEL.json DATA.jsonl [--json] [--plot OUT.png] [--all]
 """
 
@@ -199,8 +200,12 @@ def fit_model(kind: str, records: Iterable, **options) -> CostModel:
         from codl_tvm.cost_model.flops import FlopsModel
 
         model = FlopsModel(**options)
+    elif kind == "measured":
+        from codl_tvm.cost_model.measured import MeasuredModel
+
+        model = MeasuredModel(**options)
     else:
-        raise ValueError(f"unknown cost model kind {kind!r} (codl, gbdt, flops)")
+        raise ValueError(f"unknown cost model kind {kind!r} (codl, gbdt, flops, measured)")
     return model.fit(records)
 
 
@@ -357,7 +362,12 @@ def register_cli(subparsers) -> None:
     f = sub.add_parser("fit", help="fit a cost model on a latency dataset")
     f.add_argument("data", help="dataset (.jsonl) written by `codl-tvm profile`")
     f.add_argument("-o", "--output", required=True, help="model file to write (.json)")
-    f.add_argument("--kind", choices=("codl", "gbdt", "flops"), default="codl")
+    f.add_argument(
+        "--kind",
+        choices=("codl", "gbdt", "flops", "measured"),
+        default="codl",
+        help="measured: a lookup table of the measurements (the oracle; use --holdout 0)",
+    )
     f.add_argument(
         "--preset",
         default="mobile",

@@ -1,0 +1,470 @@
+"""Deployable build artifacts: ``codl-tvm compile MODEL.onnx -o OUT/`` and ``codl-tvm run OUT/``.
+
+An artifact directory holds everything needed to run a planned model on its device, and nothing
+that needs TVM's compiler (it runs with a runtime-only TVM, e.g. on a phone or the device
+machine):
+
+``model.so``
+    The library: OpenCL kernels for the GPU parts and LLVM kernels for the CPU parts
+    (co-execution), or one processor's build.
+``manifest.json``
+    Format and version, the model (file, SHA-256, inputs, outputs), the processor set and VM
+    device order, the targets, how the plan was made (planner mode, cost model file and its
+    SHA-256), codl-tvm and TVM versions, and the SHA-256 of every file in the directory.
+``plan.json``, ``plan_report.json``, ``plan_report.txt``, ``placement.json``
+    The partition plan, the planner's report (one row per operator or chain with its reason)
+    and where each part runs (co-execution only).
+``reference.npz``
+    Seeded inputs (``input:<name>``) and the unpartitioned model's outputs on the host CPU
+    (``output:<name>``), so ``run OUT/`` checks the numerics on the device with no compiler.
+
+``compile_artifact`` never overwrites a directory it did not write; ``force=True`` replaces an
+earlier artifact's files only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "ARTIFACT_FORMAT",
+    "ARTIFACT_VERSION",
+    "Artifact",
+    "ArtifactError",
+    "compile_artifact",
+    "is_artifact",
+    "load_artifact",
+]
+
+ARTIFACT_FORMAT = "codl-tvm-artifact"
+ARTIFACT_VERSION = 1
+MANIFEST = "manifest.json"
+LIBRARY = "model.so"
+REFERENCE = "reference.npz"
+DEVICES = ("coexec", "cpu", "opencl")
+_OWN_FILES = (
+    MANIFEST,
+    LIBRARY,
+    REFERENCE,
+    "plan.json",
+    "plan_report.json",
+    "plan_report.txt",
+    "placement.json",
+)
+
+
+class ArtifactError(ValueError):
+    """An artifact cannot be written or read; the message names the path and the problem."""
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def is_artifact(path: str | Path) -> bool:
+    """Whether ``path`` is a directory with a codl-tvm artifact manifest."""
+    manifest = Path(path) / MANIFEST
+    if not manifest.is_file():
+        return False
+    try:
+        return json.loads(manifest.read_text()).get("format") == ARTIFACT_FORMAT
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _prepare_dir(out: Path, force: bool) -> None:
+    if out.exists() and not out.is_dir():
+        raise ArtifactError(f"{out}: exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()):
+        if not is_artifact(out):
+            raise ArtifactError(
+                f"{out}: directory is not empty and holds no codl-tvm artifact; "
+                "choose an empty or new directory (nothing in it was touched)"
+            )
+        if not force:
+            raise ArtifactError(f"{out}: holds an artifact already; pass --force to replace it")
+        foreign = sorted(p.name for p in out.iterdir() if p.name not in _OWN_FILES)
+        if foreign:
+            raise ArtifactError(
+                f"{out}: holds files codl-tvm did not write ({', '.join(foreign[:5])}); "
+                "refusing to replace the artifact there"
+            )
+        for name in _OWN_FILES:
+            (out / name).unlink(missing_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Compiling (needs TVM's compiler).
+
+
+def default_cost_model_for(preset: str | None) -> Path:
+    """The shipped cost model for a target preset (see ``codl_tvm.cost_model.defaults``)."""
+    from codl_tvm.cost_model.defaults import default_model_path
+
+    return default_model_path(preset)
+
+
+def compile_artifact(
+    model_path: str | Path,
+    out_dir: str | Path,
+    *,
+    device: str = "coexec",
+    mode: str = "codl",
+    cost_model: str | Path | None = None,
+    plan=None,
+    preset: str | None = None,
+    reference: bool = True,
+    seed: int = 0,
+    force: bool = False,
+    log: Callable[[str], None] = print,
+) -> Path:
+    """Plan and build an ONNX model into an artifact directory.
+
+    Parameters
+    ----------
+    model_path
+        The ONNX model.
+    out_dir
+        The artifact directory (created; must be new, empty, or an earlier artifact with
+        ``force``).
+    device
+        ``coexec`` (GPU + CPU), ``cpu`` or ``opencl``.
+    mode
+        Planner mode (``codl_tvm.planner.MODES``) when ``plan`` is not given.
+    cost_model
+        Cost-model file for the planner; default: the shipped model for ``preset``.
+    plan
+        A :class:`~codl_tvm.plan.PartitionPlan` to use instead of planning.
+    preset
+        Target preset (``codl_tvm.targets``); default ``opencl`` (this machine's OpenCL device
+        and CPU).
+    reference
+        Store seeded inputs and the unpartitioned host-CPU outputs for ``run`` to check.
+    seed
+        Seed of the reference inputs.
+    force
+        Replace an earlier artifact in ``out_dir``.
+    log
+        Where progress lines go.
+
+    Returns
+    -------
+    Path
+        ``out_dir``.
+    """
+    import tvm
+
+    from codl_tvm.frontend import load_onnx, random_inputs
+    from codl_tvm.targets import export_library, get_preset
+
+    if device not in DEVICES:
+        raise ArtifactError(f"device {device!r} is not one of {DEVICES}")
+    model_path = Path(model_path)
+    out = Path(out_dir)
+    if not model_path.is_file():
+        raise ArtifactError(f"{model_path}: no such model file")
+    _prepare_dir(out, force)
+    preset_obj = get_preset(preset or "opencl")
+    model = load_onnx(model_path)
+    manifest: dict[str, Any] = {
+        "format": ARTIFACT_FORMAT,
+        "version": ARTIFACT_VERSION,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "codl_tvm_version": _version("codl-tvm"),
+        "tvm_version": tvm.__version__,
+        "model": {
+            "file": str(model_path),
+            "sha256": _sha256(model_path),
+            "inputs": [_spec(s) for s in model.inputs],
+            "outputs": [_spec(s) for s in model.outputs],
+        },
+        "device": device,
+        "vm_devices": {"coexec": ["opencl", "cpu"], "cpu": ["cpu"], "opencl": ["opencl"]}[device],
+        "preset": preset_obj.name,
+    }
+    cpu_target = preset_obj.target("cpu")
+    work = Path(tempfile.mkdtemp(prefix="codl-artifact-"))
+    try:
+        if device == "coexec":
+            if preset_obj.gpu is None:
+                raise ArtifactError(f"preset {preset_obj.name!r} has no GPU; use --device cpu")
+            plan, report = _make_plan(
+                model, out, mode, cost_model, plan, preset_obj.name, manifest, log
+            )
+            single = _single_processor(plan, report, mode)
+            if single is not None:
+                device, why = single
+                manifest["device"] = device
+                manifest["vm_devices"] = [device]
+                manifest["plan"]["fallback"] = why
+                log(f"not co-executing: {why}; building for {device} alone")
+        if device == "coexec":
+            gpu_target = preset_obj.target("gpu")
+            from codl_tvm import runtime
+            from codl_tvm.coexec import placement_report
+            from codl_tvm.pipeline import coexec_pipeline
+
+            runtime.load()
+            log(f"building {model_path.name} for co-execution ({preset_obj.name})")
+            ex = tvm.compile(
+                model.mod,
+                target=gpu_target,
+                relax_pipeline=coexec_pipeline(plan, gpu_target, cpu_target),
+            )
+            placement = placement_report(model.mod, plan)
+            (out / "placement.json").write_text(json.dumps(placement, indent=2) + "\n")
+            manifest["targets"] = {"gpu": str(gpu_target), "cpu": str(cpu_target)}
+        else:
+            from codl_tvm.pipeline import single_device_pipeline
+
+            target = cpu_target if device == "cpu" else preset_obj.target("gpu")
+            if target is None:
+                raise ArtifactError(f"preset {preset_obj.name!r} has no GPU; use --device cpu")
+            log(f"building {model_path.name} for {device} ({preset_obj.name})")
+            ex = tvm.compile(
+                model.mod, target=target, relax_pipeline=single_device_pipeline(target)
+            )
+            manifest["targets"] = {device: str(target)}
+        export_library(ex, work / LIBRARY, preset_obj)
+        shutil.move(str(work / LIBRARY), out / LIBRARY)
+        if reference:
+            from codl_tvm.runner import build
+
+            log("computing the reference outputs (unpartitioned model, host CPU)")
+            values = random_inputs(model, seed)
+            ordered = [values[s.name] for s in model.inputs]
+            outs = build(model.mod, "cpu", work_dir=work)(ordered)
+            np.savez(
+                out / REFERENCE,
+                **{f"input:{k}": v for k, v in values.items()},
+                **{f"output:{s.name}": o for s, o in zip(model.outputs, outs)},
+            )
+            manifest["reference"] = {"file": REFERENCE, "seed": seed, "target": "host llvm"}
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    manifest["files"] = {p.name: _sha256(p) for p in sorted(out.iterdir()) if p.name in _OWN_FILES}
+    (out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    log(f"wrote {out}/ ({', '.join(sorted(manifest['files']))})")
+    return out
+
+
+def _version(dist: str) -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _spec(s) -> dict:
+    return {"name": s.name, "shape": list(s.shape), "dtype": s.dtype}
+
+
+def _make_plan(model, out: Path, mode, cost_model, plan, preset_name, manifest, log):
+    from codl_tvm.plan import PlanError
+
+    if plan is not None:
+        try:
+            plan.validate(model.mod)
+        except PlanError as exc:
+            raise ArtifactError(f"plan: {exc}") from None
+        manifest["plan"] = {"source": "given"}
+        report = None
+    else:
+        from codl_tvm.cost_model.base import ModelFileError, load_model
+        from codl_tvm.planner import MODES, plan_model
+
+        if mode not in MODES:
+            raise ArtifactError(f"planner mode {mode!r} is not one of {tuple(MODES)}")
+        from codl_tvm.cost_model.defaults import NoDefaultModelError
+
+        try:
+            path = Path(cost_model) if cost_model else default_cost_model_for(preset_name)
+            cm = load_model(path)
+        except (ModelFileError, NoDefaultModelError) as exc:
+            raise ArtifactError(str(exc)) from None
+        t0 = time.perf_counter()
+        plan, report = plan_model(model.mod, cm, mode=mode, model_name=Path(model.path).name)
+        manifest["plan"] = {
+            "source": "planner",
+            "mode": mode,
+            "cost_model": {"file": str(path), "sha256": _sha256(path), "kind": cm.kind},
+            "planning_s": round(time.perf_counter() - t0, 4),
+            "summary": report.summary.to_dict() if report.summary else None,
+        }
+        report.save(out / "plan_report.json")
+        table = report.table()
+        (out / "plan_report.txt").write_text(table + "\n")
+        log(table)
+    (out / "plan.json").write_text(plan.to_json() + "\n")
+    return plan, (report if manifest["plan"]["source"] == "planner" else None)
+
+
+def _single_processor(plan, report, mode: str) -> tuple[str, str] | None:
+    """Where a plan is better run by one processor alone: ``(device, reason)`` or None.
+
+    A plan that keeps every operator whole on one processor, or that the cost model predicts to
+    be slower than the faster processor alone, is built for that processor (CoDL's planner
+    falls back; the uLayer-like baseline does not).
+    """
+    ratios = {e.ratio for e in plan.entries()}
+    if ratios == {0.0}:
+        return "cpu", "the plan keeps every operator whole on the CPU"
+    if ratios == {1.0}:
+        return "opencl", "the plan keeps every operator whole on the GPU"
+    if report is None or mode == "ulayer_like" or report.summary is None:
+        return None
+    s = report.summary
+    best, best_ms = (
+        ("cpu", s.cpu_only_ms) if s.cpu_only_ms <= s.gpu_only_ms else ("opencl", s.gpu_only_ms)
+    )
+    if s.predicted_ms >= best_ms:
+        return best, (
+            f"predicted {s.predicted_ms:.3f} ms co-executed vs {best_ms:.3f} ms on the "
+            f"{'CPU' if best == 'cpu' else 'GPU'} alone"
+        )
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Running (runtime-only TVM is enough).
+
+
+@dataclass
+class Artifact:
+    """A loaded artifact: ``artifact(inputs)`` runs it, ``time`` measures it.
+
+    Attributes
+    ----------
+    path
+        The artifact directory.
+    manifest
+        Its parsed ``manifest.json``.
+    """
+
+    path: Path
+    manifest: dict
+    _vm: Any = None
+    _devices: Any = None
+
+    @property
+    def device(self) -> str:
+        return self.manifest["device"]
+
+    @property
+    def model(self) -> SimpleNamespace:
+        """Input/output specs in the shape :mod:`codl_tvm.frontend`'s helpers expect."""
+        from codl_tvm.frontend import TensorSpec
+
+        m = self.manifest["model"]
+
+        def specs(items):
+            return [TensorSpec(s["name"], tuple(s["shape"]), s["dtype"]) for s in items]
+
+        return SimpleNamespace(
+            path=m["file"], inputs=specs(m["inputs"]), outputs=specs(m["outputs"])
+        )
+
+    def _load(self):
+        if self._vm is not None:
+            return
+        import tvm
+        from tvm.runtime.vm import VirtualMachine
+
+        names = self.manifest["vm_devices"]
+        if "opencl" in names:
+            from codl_tvm import runtime
+
+            runtime.load()
+        self._devices = [tvm.opencl(0) if n == "opencl" else tvm.cpu(0) for n in names]
+        lib = tvm.runtime.load_module(str(self.path / LIBRARY))
+        self._vm = VirtualMachine(lib, self._devices)
+
+    @property
+    def vm(self):
+        """The Relax VM over the manifest's devices (created on first use)."""
+        self._load()
+        return self._vm
+
+    def reference(self) -> tuple[dict[str, np.ndarray], list[np.ndarray]] | None:
+        """``(inputs, outputs)`` stored at compile time, or None."""
+        ref = self.path / REFERENCE
+        if not ref.is_file():
+            return None
+        with np.load(ref, allow_pickle=False) as data:
+            inputs = {k[6:]: data[k] for k in data.files if k.startswith("input:")}
+            outs = {k[7:]: data[k] for k in data.files if k.startswith("output:")}
+        return inputs, [outs[s.name] for s in self.model.outputs]
+
+    def __call__(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """Run once on inputs in ``main``'s order; return numpy outputs."""
+        import tvm
+
+        from codl_tvm.runner import _flatten
+
+        self._load()
+        args = [tvm.runtime.tensor(np.ascontiguousarray(x), self._devices[0]) for x in inputs]
+        return _flatten(self._vm["main"](*args))
+
+    def time(self, inputs: Sequence[np.ndarray], number: int = 5, repeat: int = 3):
+        """Latency (``time_evaluator`` on the first VM device's timer; warm-up run first)."""
+        import tvm
+
+        from codl_tvm.runner import Latency
+
+        self._load()
+        dev = self._devices[0]
+        args = [tvm.runtime.tensor(np.ascontiguousarray(x), dev) for x in inputs]
+        self._vm["main"](*args)
+        res = self._vm.time_evaluator("main", dev, number=number, repeat=repeat)(*args)
+        ms = [r * 1e3 for r in res.results]
+        return Latency(
+            float(np.median(ms)), float(np.mean(ms)), float(np.min(ms)), float(np.max(ms)), len(ms)
+        )
+
+
+def load_artifact(path: str | Path, verify: bool = True) -> Artifact:
+    """Read an artifact directory (checks format, version and, with ``verify``, file hashes)."""
+    path = Path(path)
+    manifest_path = path / MANIFEST
+    if not manifest_path.is_file():
+        raise ArtifactError(f"{path}: no {MANIFEST}; not a codl-tvm artifact directory")
+    try:
+        manifest = json.loads(manifest_path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ArtifactError(f"{manifest_path}: unreadable ({exc})") from None
+    if not isinstance(manifest, Mapping) or manifest.get("format") != ARTIFACT_FORMAT:
+        raise ArtifactError(f"{manifest_path}: not a codl-tvm artifact manifest")
+    if manifest.get("version") != ARTIFACT_VERSION:
+        raise ArtifactError(
+            f"{manifest_path}: artifact format version {manifest.get('version')!r}; this "
+            f"codl-tvm reads version {ARTIFACT_VERSION} (recompile with `codl-tvm compile`)"
+        )
+    for key in ("device", "vm_devices", "model", "files"):
+        if key not in manifest:
+            raise ArtifactError(f"{manifest_path}: missing field {key!r}")
+    if verify:
+        for name, digest in manifest["files"].items():
+            f = path / name
+            if not f.is_file():
+                raise ArtifactError(f"{path}: {name} is missing")
+            if _sha256(f) != digest:
+                raise ArtifactError(f"{path}: {name} does not match its SHA-256 in {MANIFEST}")
+    return Artifact(path=path, manifest=dict(manifest))

@@ -1,0 +1,62 @@
+"""The cost models shipped with codl-tvm and which one a target preset uses.
+
+Each was fitted on a dataset measured on the device machine (``results/profile_*.jsonl``, see
+``docs`` in the README); a device that is not one of these needs its own
+(``codl-tvm profile`` then ``codl-tvm cost-model fit``).
+
+- ``emulated-soc``: PoCL's CPU OpenCL device on 8 Xeon cores as the GPU, TVM's AVX-512 kernels on
+  8 other cores: the stand-in for a phone SoC, and the default for every CPU OpenCL device
+  (PoCL, Intel's CPU runtime) since it is the closest measured pair;
+- ``device-h100``: NVIDIA H100 through NVIDIA's OpenCL + 16 Xeon cores.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+
+__all__ = ["SHIPPED", "NoDefaultModelError", "default_model_path", "shipped_model_path"]
+
+SHIPPED = ("emulated-soc", "device-h100")
+# Presets whose device pair one shipped model describes.
+_BY_PRESET = {"emulated-soc": "emulated-soc", "pocl": "emulated-soc", "device-h100": "device-h100"}
+
+
+class NoDefaultModelError(ValueError):
+    """No shipped cost model describes the requested device pair."""
+
+
+def shipped_model_path(name: str) -> Path:
+    """Path of the shipped model ``name`` (one of :data:`SHIPPED`)."""
+    if name not in SHIPPED:
+        raise NoDefaultModelError(f"no shipped cost model {name!r}; shipped: {', '.join(SHIPPED)}")
+    path = Path(str(resources.files("codl_tvm") / "data" / "cost_models" / f"{name}.json"))
+    if not path.is_file():
+        raise NoDefaultModelError(f"the shipped cost model {path} is missing from the package")
+    return path
+
+
+def default_model_path(preset: str | None = None) -> Path:
+    """The shipped model for ``preset``; for ``None``/``opencl``/``host`` the local OpenCL
+    device decides (NVIDIA GPUs: ``device-h100``, others: ``emulated-soc``)."""
+    if preset in _BY_PRESET:
+        return shipped_model_path(_BY_PRESET[preset])
+    if preset in (None, "opencl", "host"):
+        return shipped_model_path(_local_pair())
+    raise NoDefaultModelError(
+        f"no shipped cost model describes preset {preset!r}: profile that device "
+        "(`codl-tvm profile ... --rpc HOST:PORT --rpc-key KEY`), fit a model "
+        "(`codl-tvm cost-model fit`) and pass it with --cost-model"
+    )
+
+
+def _local_pair() -> str:
+    try:
+        from codl_tvm import runtime
+
+        runtime.load()
+        info = runtime.info()
+        names = f"{info.platform} {info.devices[0].name}".lower()
+    except Exception:  # no OpenCL here: the CPU-OpenCL model is as good a guess as any
+        return "emulated-soc"
+    return "device-h100" if "nvidia" in names else "emulated-soc"

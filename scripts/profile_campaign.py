@@ -1,0 +1,107 @@
+"""Compile the profiling campaign behind the shipped cost models (issue 5) and the oracle (issue 7).
+
+One compile directory per device pair holds every part to measure:
+
+- ``--codl N``: N conv2d shapes from CoDL's sampling space, ``--pow2 N`` from the SVM paper's
+  (power-of-two interval, then uniform), ``--dense N`` dense layers; each as the whole operator on
+  each processor plus the parts of ``--sample-ratios`` along H and OC;
+- ``--models``: the partitionable operators of real models at every ratio of
+  ``--model-ratios`` (0.1 steps by default), which is also what the oracle baseline of the planner
+  benchmark needs (it picks each operator's measured best split).
+
+Run here (compilation), then ship the directory to the device machine as a .tar.xz and measure
+it there with ``python3 -m codl_tvm.cli profile --run-dir DIR -o DATA.jsonl``::
+
+    python scripts/profile_campaign.py --preset emulated-soc --threads 8 --out .device/prof_soc
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tarfile
+from pathlib import Path
+
+from codl_tvm.profiling.profile import compile_jobs, make_jobs, model_ops, sampled_ops
+
+
+def _ratios(text: str) -> tuple[float, ...]:
+    return tuple(float(r) for r in text.split(",") if r.strip())
+
+
+def _model(name: str):
+    from codl_tvm.cli import bundled_model_path
+    from codl_tvm.frontend import load_onnx
+    from codl_tvm.models import LIGHT_MODELS, light_model
+
+    if name == "codl_small_cnn":
+        return load_onnx(bundled_model_path())
+    if name in LIGHT_MODELS:
+        return load_onnx(light_model(name))
+    try:
+        from codl_tvm.zoo import ZOO_MODELS, build_model
+    except ImportError:
+        ZOO_MODELS = ()
+    if name in ZOO_MODELS:
+        return load_onnx(build_model(name))
+    raise SystemExit(f"unknown model {name!r}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--preset", required=True)
+    p.add_argument("--threads", type=int, required=True)
+    p.add_argument("--out", required=True, help="compile directory (a .tar.xz is written beside)")
+    p.add_argument("--codl", type=int, default=0)
+    p.add_argument("--pow2", type=int, default=0)
+    p.add_argument("--dense", type=int, default=0)
+    p.add_argument("--max-gflops", type=float, default=2.0)
+    p.add_argument("--sample-ratios", type=_ratios, default=(0.25, 0.5, 0.75))
+    p.add_argument("--models", default="")
+    p.add_argument("--model-ratios", type=_ratios, default=tuple(i / 10 for i in range(1, 10)))
+    p.add_argument("--seed", type=int, default=1)
+    args = p.parse_args(argv)
+
+    jobs = []
+    sampled = []
+    if args.codl:
+        sampled += sampled_ops(args.codl, seed=args.seed, method="codl", max_gflops=args.max_gflops)
+    if args.pow2:
+        sampled += sampled_ops(
+            args.pow2, seed=args.seed + 1, method="pow2", max_gflops=args.max_gflops
+        )
+    if args.dense:
+        sampled += sampled_ops(
+            args.dense,
+            seed=args.seed + 2,
+            method="codl",
+            max_gflops=args.max_gflops,
+            dense_fraction=1.0,
+        )
+    if sampled:
+        jobs += make_jobs(sampled, ("none",), (1.0,))
+        jobs += make_jobs(sampled, ("H", "OC"), args.sample_ratios)
+    for name in filter(None, args.models.split(",")):
+        ops = [(f"{name}/{op}", params) for op, params in model_ops(_model(name))]
+        jobs += make_jobs(ops, ("none",), (1.0,))
+        jobs += make_jobs(ops, ("H", "OC"), args.model_ratios)
+    seen: set = set()
+    jobs = [
+        j
+        for j in jobs
+        if not (
+            (j.params, j.partition, j.processor) in seen
+            or seen.add((j.params, j.partition, j.processor))
+        )
+    ]
+    print(f"{len(jobs)} parts", file=sys.stderr)
+    out = compile_jobs(jobs, args.out, threads=args.threads, preset=args.preset)
+    archive = Path(str(out).rstrip("/") + ".tar.xz")
+    with tarfile.open(archive, "w:xz") as tar:
+        tar.add(out, arcname=out.name)
+    print(f"{out} -> {archive} ({archive.stat().st_size / 1e6:.1f} MB)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

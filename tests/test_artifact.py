@@ -1,0 +1,234 @@
+"""``codl-tvm compile MODEL -o OUT/`` and ``codl-tvm run OUT/`` (issue 7, the main job).
+
+Artifacts are built for the local OpenCL device with planner cost models fitted on synthetic
+records (``codl_tvm.planner.synthetic``) or the shipped default; every run is checked against
+the unpartitioned model's outputs on the host CPU.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from codl_tvm.artifact import ArtifactError, compile_artifact, load_artifact
+from codl_tvm.cli import bundled_model_path, main
+from codl_tvm.cost_model import Partition
+from codl_tvm.cost_model.base import CostModelFallbackWarning, ModelFileError, load_model
+from codl_tvm.cost_model.dataset import OpRecord
+from codl_tvm.cost_model.features import OpParams, op_features
+from codl_tvm.cost_model.measured import MeasuredModel
+from codl_tvm.planner.synthetic import SyntheticDevice, synthetic_cost_model
+
+pytestmark = pytest.mark.opencl
+
+
+@pytest.fixture(scope="module")
+def balanced_model(tmp_path_factory):
+    path = tmp_path_factory.mktemp("cm") / "balanced.json"
+    synthetic_cost_model(SyntheticDevice()).save(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def cpu_heavy_model(tmp_path_factory):
+    path = tmp_path_factory.mktemp("cm") / "cpu_heavy.json"
+    synthetic_cost_model(SyntheticDevice(cpu_gflops=500.0, gpu_gflops=2.0)).save(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def artifact(tmp_path_factory, balanced_model, opencl):
+    out = tmp_path_factory.mktemp("art") / "small_cnn"
+    compile_artifact(bundled_model_path(), out, cost_model=balanced_model, log=lambda s: None)
+    return out
+
+
+def _reference_outputs(out):
+    with np.load(out / "reference.npz") as data:
+        return {k[7:]: data[k] for k in data.files if k.startswith("output:")}
+
+
+def test_artifact_contents_and_plan(artifact):
+    manifest = json.loads((artifact / "manifest.json").read_text())
+    assert manifest["device"] == "coexec"
+    assert manifest["vm_devices"] == ["opencl", "cpu"]
+    assert manifest["plan"]["mode"] == "codl"
+    assert manifest["plan"]["summary"]["n_split_h"] + manifest["plan"]["summary"]["n_split_oc"] > 0
+    assert set(manifest["files"]) >= {"model.so", "plan.json", "reference.npz", "placement.json"}
+    placement = json.loads((artifact / "placement.json").read_text())
+    assert any(len(row["parts"]) == 2 for row in placement)  # something really is split
+
+
+def test_artifact_runs_and_matches_reference(artifact):
+    art = load_artifact(artifact)
+    inputs, expected = art.reference()
+    outs = art([inputs[s.name] for s in art.model.inputs])
+    for o, e in zip(outs, expected):
+        np.testing.assert_allclose(o, e, rtol=1e-4, atol=1e-5)
+
+
+def test_cli_run_artifact_checks_and_saves(artifact, tmp_path, capsys):
+    saved = tmp_path / "out.npz"
+    assert (
+        main(["run", str(artifact), "--save-outputs", str(saved), "--number", "1", "--repeat", "1"])
+        == 0
+    )
+    text = capsys.readouterr().out
+    assert "-> OK" in text and "device: coexec" in text
+    ref = _reference_outputs(artifact)
+    with np.load(saved) as got:
+        for name, value in ref.items():
+            np.testing.assert_allclose(got[name], value, rtol=1e-4, atol=1e-5)
+
+
+def test_cli_run_artifact_rejects_compile_time_flags(artifact, capsys):
+    assert main(["run", str(artifact), "--ratio", "0.5"]) == 2
+    assert "fixed at compile time" in capsys.readouterr().err
+
+
+def test_artifact_detects_tampering(artifact, tmp_path):
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(artifact, copy)
+    with open(copy / "model.so", "ab") as f:
+        f.write(b"\0")
+    with pytest.raises(ArtifactError, match=r"model\.so does not match its SHA-256"):
+        load_artifact(copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["version"] = 99
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ArtifactError, match="format version 99"):
+        load_artifact(copy)
+
+
+def test_compile_never_overwrites_user_files(tmp_path, balanced_model, opencl):
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("keep me")
+    with pytest.raises(ArtifactError, match="holds no codl-tvm artifact"):
+        compile_artifact(bundled_model_path(), out, cost_model=balanced_model, log=lambda s: None)
+    assert (out / "notes.txt").read_text() == "keep me"
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
+
+
+def test_compile_refuses_existing_artifact_without_force(artifact, balanced_model, capsys):
+    code = main(
+        [
+            "compile",
+            str(bundled_model_path()),
+            "-o",
+            str(artifact),
+            "--cost-model",
+            str(balanced_model),
+        ]
+    )
+    assert code == 2
+    assert "pass --force" in capsys.readouterr().err
+
+
+def test_compile_bad_inputs_give_clear_errors(tmp_path, capsys):
+    assert main(["compile", str(tmp_path / "missing.onnx"), "-o", str(tmp_path / "o")]) == 2
+    assert "missing.onnx" in capsys.readouterr().err
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    assert main(["compile", "-o", str(tmp_path / "o2"), "--cost-model", str(bad)]) == 2
+    assert "not a codl-tvm cost model" in capsys.readouterr().err
+    assert main(["compile", "-o", str(tmp_path / "o3"), "--mode", "fastest"]) == 2
+    assert "planner mode 'fastest'" in capsys.readouterr().err
+
+
+def test_plan_favouring_cpu_builds_cpu_alone(tmp_path, cpu_heavy_model, opencl):
+    out = tmp_path / "cpu"
+    compile_artifact(bundled_model_path(), out, cost_model=cpu_heavy_model, log=lambda s: None)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["device"] == "cpu" and manifest["vm_devices"] == ["cpu"]
+    assert "CPU" in manifest["plan"]["fallback"]
+    art = load_artifact(out)
+    inputs, expected = art.reference()
+    outs = art([inputs[s.name] for s in art.model.inputs])
+    np.testing.assert_allclose(outs[0], expected[0], rtol=1e-4, atol=1e-5)
+
+
+def test_given_plan_and_single_device_artifacts(tmp_path, capsys, opencl):
+    out = tmp_path / "uniform"
+    assert main(["compile", "-o", str(out), "--dim", "OC", "--ratio", "0.25"]) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["plan"] == {"source": "given"}
+    assert main(["run", str(out), "--number", "1", "--repeat", "1"]) == 0
+    assert "-> OK" in capsys.readouterr().out
+    gpu = tmp_path / "gpu"
+    assert main(["compile", "-o", str(gpu), "--device", "opencl", "--no-reference"]) == 0
+    art = load_artifact(gpu)
+    assert art.reference() is None and art.manifest["vm_devices"] == ["opencl"]
+    ref = load_artifact(out).reference()
+    outs = art([ref[0][s.name] for s in art.model.inputs])
+    np.testing.assert_allclose(outs[0], ref[1][0], rtol=1e-4, atol=1e-5)
+
+
+# -- the measured (oracle) model ---------------------------------------------------------------
+
+
+def _records():
+    p = OpParams("conv2d", 28, 28, 64, 64, 3, 1, (1, 1, 1, 1))
+    recs = []
+    for ratio, (cpu_ms, gpu_ms) in {0.3: (0.7, 0.4), 0.5: (0.5, 0.6), 0.7: (0.3, 0.9)}.items():
+        part = Partition("H", ratio)
+        recs.append(OpRecord(p, part, "cpu", "direct", cpu_ms, 3))
+        recs.append(OpRecord(p, part, "gpu", "direct", gpu_ms, 3))
+    recs.append(OpRecord(p, Partition("none", 0.0), "cpu", "direct", 1.0, 3))
+    recs.append(OpRecord(p, Partition("none", 1.0), "gpu", "direct", 1.2, 3))
+    return p, recs
+
+
+def test_measured_model_looks_up_parts_and_round_trips(tmp_path):
+    p, recs = _records()
+    model = MeasuredModel().fit(recs)
+    feats = op_features(p, "gpu", "direct", Partition("H", 0.5))
+    assert model.predict(feats) == pytest.approx(0.6)
+    est = model.predict_coexec(p, Partition("H", 0.3), "direct", chained=True)
+    assert est.total_ms == pytest.approx(0.7)
+    path = tmp_path / "m.json"
+    model.save(path)
+    again = load_model(path)
+    assert again.dumps() == model.dumps()
+    assert again.predict(op_features(p, "gpu", "direct", Partition("H", 0.4))) == np.inf
+    other = OpParams("conv2d", 14, 14, 64, 64, 3, 1, (1, 1, 1, 1))
+    with pytest.warns(CostModelFallbackWarning, match="conv2d"):
+        again.predict(op_features(other, "gpu", "direct", Partition("none", 1.0)))
+    obj = json.loads(path.read_text())
+    obj["model"]["table"] = {"npu|x": 1.0}
+    path.write_text(json.dumps(obj))
+    with pytest.raises(ModelFileError, match="names no processor"):
+        load_model(path)
+
+
+def test_measured_model_plans_the_measured_best_split(tmp_path):
+    """The oracle: planning with measured latencies picks the measured best split."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from codl_tvm.frontend import load_onnx
+    from codl_tvm.planner import plan_model
+
+    w = helper.make_tensor(
+        "w", TensorProto.FLOAT, (64, 64, 3, 3), np.zeros(64 * 64 * 9, np.float32).tolist()
+    )
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1], kernel_shape=[3, 3])],
+        "one_conv",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, (1, 64, 28, 28))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, (1, 64, 28, 28))],
+        [w],
+    )
+    path = tmp_path / "one_conv.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), path)
+    mod = load_onnx(path).mod
+    _, recs = _records()
+    plan, report = plan_model(mod, MeasuredModel().fit(recs), mode="codl_no_chain")
+    [entry] = plan.entries()
+    assert (entry.dim.value, entry.ratio) == ("H", 0.5)
+    assert report.summary.predicted_ms == pytest.approx(0.6)
+    json.loads(report.to_json())
