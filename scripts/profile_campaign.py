@@ -95,7 +95,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     ]
     print(f"{len(jobs)} parts", file=sys.stderr)
-    out = compile_jobs(jobs, args.out, threads=args.threads, preset=args.preset)
+    compile_jobs(jobs, args.out, threads=args.threads, preset=args.preset)
+    out = Path(args.out)
     archive = Path(str(out).rstrip("/") + ".tar.xz")
     with tarfile.open(archive, "w:xz") as tar:
         tar.add(out, arcname=out.name)

@@ -467,6 +467,7 @@ class DatasetWriter:
 
     def _write(self, obj: dict) -> None:
         self._file.write(json.dumps(obj, separators=(",", ":")) + "\n")
+        self._file.flush()  # a run killed by a time limit keeps every finished record
 
     def __contains__(self, key: str) -> bool:
         return key in self._keys
