@@ -399,10 +399,27 @@ def run_compiled(
     parts = [CompiledPart.from_json(e) for e in entries]
     todo = [c for c in parts if job_key(c.params, c.partition, c.processor, device) not in done]
     bar = Progress(len(todo) + (1 if sharing_sizes else 0), "run") if progress else None
+    failed = 0
     with writer:
         for c in todo:
-            writer.append(measure_op(session, c, directory, device, timing))
+            label = _label(ProfileJob(c.params, c.partition, c.processor, c.name))
+            try:
+                writer.append(measure_op(session, c, directory, device, timing))
+            except (ProfileError, RuntimeError) as exc:
+                if session.remote:  # a remote that fails is the caller's to retry or report
+                    raise
+                # A kernel the device cannot build or run (e.g. a schedule asking for more
+                # local memory than it has) is reported and skipped, not fatal to the run.
+                failed += 1
+                lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+                why = next((ln for ln in reversed(lines) if "error" in ln.lower()), lines[-1])
+                print(f"\nskipped {label}: {why[:300]}", file=sys.stderr)
             if bar is not None:
-                bar.step(_label(ProfileJob(c.params, c.partition, c.processor, c.name)))
+                bar.step(label)
         n_sharing = _sharing(session, writer, device, sharing_sizes, bar)
-    return {"measured": len(todo), "skipped": len(parts) - len(todo), "sharing": n_sharing}
+    return {
+        "measured": len(todo) - failed,
+        "failed": failed,
+        "skipped": len(parts) - len(todo),
+        "sharing": n_sharing,
+    }
