@@ -67,7 +67,7 @@ def cmd_compile(args: argparse.Namespace) -> None:
         path = _model_file(name, models_dir)
         entries = {}
         jobs = [("cpu", "cpu", None, None), ("gpu", "opencl", None, None)]
-        jobs += [(m, "coexec", m, args.cost_model) for m in args.modes.split(",")]
+        jobs += [(m, "coexec", m, args.cost_model) for m in args.modes.split(",") if m]
         if args.oracle:
             jobs.append(("oracle", "coexec", "codl_no_chain", args.oracle))
         for tag, device, mode, cost_model in jobs:
