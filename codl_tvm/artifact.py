@@ -168,11 +168,6 @@ def compile_artifact(
     Path
         ``out_dir``.
     """
-    import tvm
-
-    from codl_tvm.frontend import load_onnx, random_inputs
-    from codl_tvm.targets import export_library, get_preset
-
     if device not in DEVICES:
         raise ArtifactError(f"device {device!r} is not one of {DEVICES}")
     model_path = Path(model_path)
@@ -180,6 +175,24 @@ def compile_artifact(
     if not model_path.is_file():
         raise ArtifactError(f"{model_path}: no such model file")
     _prepare_dir(out, force)
+    try:
+        return _compile_into(
+            model_path, out, device, mode, cost_model, plan, preset, reference, seed, log
+        )
+    except BaseException:
+        # Leave no half-written artifact behind (the directory held none of our files before,
+        # or only an earlier artifact that --force replaces).
+        for name in _OWN_FILES:
+            (out / name).unlink(missing_ok=True)
+        raise
+
+
+def _compile_into(model_path, out, device, mode, cost_model, plan, preset, reference, seed, log):
+    import tvm
+
+    from codl_tvm.frontend import load_onnx, random_inputs
+    from codl_tvm.targets import export_library, get_preset
+
     preset_obj = get_preset(preset or "opencl")
     model = load_onnx(model_path)
     manifest: dict[str, Any] = {

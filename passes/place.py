@@ -9,8 +9,11 @@ Preconditions
 What it does
 ------------
 - Every ``call_tir`` binding gets a placement: ``cpu`` for the bindings of CPU parts, ``gpu``
-  for everything else (GPU parts and the operators outside any split, which stay on the GPU,
-  CoDL's default data-holding processor).
+  for GPU parts; outside every split, a reshape of a CPU tensor stays on the CPU (it becomes a
+  view of its input) and everything else runs on the GPU, CoDL's default data-holding
+  processor.
+- A fusable kernel on one side of a GPU/CPU edge is made opaque, so FuseOps never fuses kernels
+  of two processors into one function.
 - Every kernel's output tensor gets its processor's Relax ``VDevice`` (``main``'s module gets the
   global info ``"vdevice" = [GPU, CPU]``, the device order of the VM): the IR states where every
   tensor lives, and later passes read the placement from it.
@@ -36,6 +39,7 @@ from .parts import collect_parts
 __all__ = ["PlaceParts"]
 
 _OPAQUE = 8
+_OUT_ELEMWISE_FUSABLE = 4
 
 
 def _callee(binding):
@@ -85,10 +89,16 @@ class PlaceParts:
             gv = _callee(b)
             if gv is None or not isinstance(mod[gv], tvm.tirx.PrimFunc):
                 continue
-            where = "merge" if b.var.name in merges else placement.get(b.var.name, "gpu")
+            if b.var.name in merges:
+                where = "merge"
+            elif b.var.name in placement:
+                where = placement[b.var.name]
+            else:
+                where = _follow_producers(mod, b, where_of)
             where_of[b.var] = where
             if where != "merge":
                 users.setdefault(gv, set()).add(where)
+        barriers = _cross_device_barriers(mod, bindings, where_of)
         renames: dict[tuple[tvm.ir.GlobalVar, str], tvm.ir.GlobalVar] = {}
         for gv, wheres in users.items():
             prim = mod[gv]
@@ -118,6 +128,15 @@ class PlaceParts:
                     }
                 )
                 rt.callee_of[b.var] = bb.add_func(prim, name)
+            elif b.var in barriers:
+                # Fusable kernel next to the other processor's: opaque, so FuseOps cannot
+                # merge kernels of two processors into one function.
+                target = self.cpu_target if where == "cpu" else self.gpu_target
+                name = f"{gv.name_hint}_{where}_{b.var.name}"
+                prim = mod[gv].with_attrs(
+                    {"target": target, "op_pattern": _OPAQUE, "global_symbol": name}
+                )
+                rt.callee_of[b.var] = bb.add_func(prim, name)
             else:
                 rt.callee_of[b.var] = renames[(gv, where)]
         # Every kernel's output carries its processor's VDevice: the IR states where each
@@ -136,6 +155,42 @@ class PlaceParts:
             if where_of.get(b.var) == "merge" and gv not in users and gv in out.get_global_vars():
                 del out[gv]  # only merges called it; each now has its own copy
         return out
+
+
+def _pattern(mod, gv) -> int:
+    attrs = mod[gv].attrs
+    return int(attrs["op_pattern"]) if attrs is not None and "op_pattern" in attrs else _OPAQUE
+
+
+def _follow_producers(mod, binding, where_of) -> str:
+    """Placement of a kernel outside every split: a reshape of a CPU tensor stays on the CPU
+    (RewriteDataflowReshape turns it into a view of its input, which must keep the input's
+    device); everything else runs on the GPU, CoDL's default data-holding processor."""
+    producers = {where_of.get(a) for a in binding.value.args[1].fields} - {None}
+    if producers == {"cpu"} and relax.analysis.has_reshape_pattern(mod[_callee(binding)]):
+        return "cpu"
+    return "gpu"
+
+
+def _cross_device_barriers(mod, bindings, where_of) -> set:
+    """Kernels FuseOps could fuse with a kernel of the other processor (an elementwise,
+    broadcast, injective or reduction kernel on one side of a GPU/CPU edge)."""
+    by_var = {b.var: b for b in bindings}
+
+    def fusable(var) -> bool:
+        return _pattern(mod, _callee(by_var[var])) < _OUT_ELEMWISE_FUSABLE
+
+    out = set()
+    for b in bindings:
+        where = where_of.get(b.var)
+        if where in (None, "merge"):
+            continue
+        for arg in b.value.args[1].fields:
+            other = where_of.get(arg)
+            if other in (None, "merge") or other == where:
+                continue
+            out.update(v for v in (b.var, arg) if fusable(v))
+    return out
 
 
 @relax.expr_functor.mutator

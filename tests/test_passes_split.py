@@ -51,19 +51,26 @@ def make_module(x_shape, body, extra_params=()):
     return bb.get()
 
 
-def run(mod, *inputs):
-    ex = tvm.compile(mod, target=TARGET)
+def run(mod, *inputs, codl_pipeline=False):
+    # codl_pipeline: codl-tvm's single-device pipeline instead of TVM's default, which emits
+    # invalid LLVM IR ("Instruction does not dominate all uses") for some unscheduled pools.
+    kwargs = {}
+    if codl_pipeline:
+        from codl_tvm.pipeline import single_device_pipeline
+
+        kwargs["relax_pipeline"] = single_device_pipeline(TARGET)
+    ex = tvm.compile(mod, target=TARGET, **kwargs)
     vm = relax.VirtualMachine(ex, tvm.cpu())
     out = vm["main"](*(tvm.runtime.tensor(a, tvm.cpu()) for a in inputs))
     return out.numpy()
 
 
-def check(mod, plan, *inputs, reference=None):
+def check(mod, plan, *inputs, reference=None, codl_pipeline=False):
     """Apply ``plan``; compare against the unpartitioned build; return the partitioned module."""
-    ref = run(mod, *inputs) if reference is None else reference
+    ref = run(mod, *inputs, codl_pipeline=codl_pipeline) if reference is None else reference
     part = PartitionOperators(plan)(mod)
     relax.analysis.well_formed(part)  # raises on the first violation
-    got = run(part, *inputs)
+    got = run(part, *inputs, codl_pipeline=codl_pipeline)
     np.testing.assert_allclose(got, ref, rtol=RTOL, atol=ATOL)
     return part
 
