@@ -301,47 +301,67 @@ def _run_coexec(args: argparse.Namespace, model, inputs) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    """Co-execute the bundled CNN on the local OpenCL device + CPU and check it."""
-    from codl_tvm.coexec import compile_coexec
-    from codl_tvm.frontend import load_onnx, random_inputs
-    from codl_tvm.plan import partitionable_ops, uniform_plan
-    from codl_tvm.runner import build
-    from codl_tvm.runtime import coexec as sync
+    """The main job on the embedded default: plan the bundled CNN with the shipped cost model
+    for the local device pair (or split it uniformly with --dim/--ratio), build it for the
+    local OpenCL device + CPU, run it and check it against the unpartitioned model."""
+    import tempfile
 
-    model = load_onnx(bundled_model_path())
-    inputs = [random_inputs(model, args.seed)[s.name] for s in model.inputs]
+    from codl_tvm.artifact import ArtifactError, compile_artifact, load_artifact
+    from codl_tvm.frontend import load_onnx
+
+    model_path = bundled_model_path()
+    plan = None
+    if args.dim or args.ratio is not None:
+        from codl_tvm.plan import uniform_plan
+
+        plan = uniform_plan(
+            load_onnx(model_path).mod, args.dim or "H", 0.5 if args.ratio is None else args.ratio
+        )
     _opencl_banner()
-    plan = uniform_plan(model.mod, args.dim, args.ratio)
-    built = compile_coexec(model.mod, plan)
-    outputs = built(inputs)
-    ref = build(model.mod, "opencl")(inputs)
-    err = max(float(np.max(np.abs(a - b))) for a, b in zip(outputs, ref))
+    out = Path(args.output) if args.output else Path(tempfile.mkdtemp(prefix="codl-demo-")) / "cnn"
+    try:
+        compile_artifact(
+            model_path, out, cost_model=args.cost_model, plan=plan, seed=args.seed, force=args.force
+        )
+        art = load_artifact(out)
+    except ArtifactError as exc:
+        raise CliError(str(exc)) from None
+    inputs, expected = art.reference()
+    ordered = [inputs[s.name] for s in art.model.inputs]
+    outputs = art(ordered)
+    err = max(float(np.max(np.abs(a - b))) for a, b in zip(outputs, expected))
+    fallback = (art.manifest.get("plan") or {}).get("fallback")
+    if art.device == "coexec":
+        placements = json.loads((out / "placement.json").read_text())
+        split = [row for row in placements if len(row["parts"]) == 2]
+        print(
+            f"co-executed {model_path.name}: {len(split)} operators/chains split between the "
+            "GPU and the CPU; sync mode: " + _sync_mode()
+        )
+        _print_placements(placements)
+    else:
+        print(f"{model_path.name} runs on the {art.device} alone: {fallback}")
+    ok = err <= 1e-4 * max(1.0, max(float(np.max(np.abs(r))) for r in expected))
     print(
-        f"co-executed {model.path} ({len(plan.entries())} operators split along "
-        f"{args.dim} at GPU ratio {args.ratio}); sync mode: {sync.sync_mode()}"
-    )
-    _print_placements(built.placements)
-    split = {op for row in built.placements for op in row["ops"]}
-    others = [op.name for op in partitionable_ops(model.mod) if op.name not in split]
-    print(
-        "not split, on the GPU: "
-        + (", ".join(others) if others else "-")
-        + "; every other operator (elementwise, reshape, softmax...) runs on the GPU"
-    )
-    ok = err <= 1e-4 * max(1.0, max(float(np.max(np.abs(r))) for r in ref))
-    print(
-        f"max abs difference against the single-device (OpenCL) result: {err:.3g} "
+        f"max abs difference against the unpartitioned model (host CPU): {err:.3g} "
         f"-> {'OK' if ok else 'MISMATCH'}"
     )
-    if args.trace:
+    print(f"artifact: {out} (run it again with: codl-tvm run {out})")
+    if args.trace and art.device == "coexec":
         from codl_tvm.trace import trace_inference
 
-        trace = trace_inference(built, inputs)
+        trace = trace_inference(art, ordered)
         trace.save_chrome(args.trace)
         png = str(Path(args.trace).with_suffix(".png"))
         trace.save_png(png)
         print(f"trace: {args.trace} (Chrome trace), {png} (timeline)")
     return 0 if ok else 1
+
+
+def _sync_mode() -> str:
+    from codl_tvm.runtime import coexec as sync
+
+    return sync.sync_mode()
 
 
 def cmd_info(args: argparse.Namespace) -> int:
@@ -428,9 +448,14 @@ def build_parser() -> argparse.ArgumentParser:
         _add_compile(sub)
     except ImportError:  # runtime-only TVM: nothing to compile with
         pass
-    p = sub.add_parser("demo", help="co-execute the bundled CNN on GPU + CPU and check it")
-    p.add_argument("--dim", choices=("H", "OC"), default="H")
-    p.add_argument("--ratio", type=float, default=0.5)
+    p = sub.add_parser(
+        "demo", help="plan, build, co-execute and check the bundled CNN on this machine"
+    )
+    p.add_argument("--cost-model", help="cost model JSON (default: the shipped one)")
+    p.add_argument("--dim", choices=("H", "OC"), help="split every operator along this dim")
+    p.add_argument("--ratio", type=float, help="GPU share of every split operator")
+    p.add_argument("-o", "--output", help="keep the artifact here (default: a temp dir)")
+    p.add_argument("--force", action="store_true", help="replace an artifact in --output")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--trace", help="write a Chrome trace JSON (and a PNG timeline beside it)")
     p.set_defaults(func=cmd_demo)

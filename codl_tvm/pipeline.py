@@ -137,7 +137,11 @@ def coexec_pipeline(
                     (
                         "dataflow-lower",
                         [
-                            relax.transform.RewriteDataflowReshape(),
+                            # No RewriteDataflowReshape: TVM 0.27's rewrite turns a reshape
+                            # kernel whose output VDevice differs from its input's (or is unset,
+                            # e.g. a fused inference-mode dropout) into a view bound to a new var
+                            # and leaves the old one undefined. Reshapes stay (small) copy
+                            # kernels on their processor.
                             relax.transform.ToNonDataflow(),
                             relax.transform.RemovePurityChecking(),
                             InsertCoexecSync(),

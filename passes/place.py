@@ -9,9 +9,8 @@ Preconditions
 What it does
 ------------
 - Every ``call_tir`` binding gets a placement: ``cpu`` for the bindings of CPU parts, ``gpu``
-  for GPU parts; outside every split, a reshape of a CPU tensor stays on the CPU (it becomes a
-  view of its input) and everything else runs on the GPU, CoDL's default data-holding
-  processor.
+  for GPU parts, ``gpu`` for the operators outside every split (CoDL's default data-holding
+  processor), except reshapes, which go where their input is (they become views of it).
 - A fusable kernel on one side of a GPU/CPU edge is made opaque, so FuseOps never fuses kernels
   of two processors into one function.
 - Every kernel's output tensor gets its processor's Relax ``VDevice`` (``main``'s module gets the
@@ -91,10 +90,10 @@ class PlaceParts:
                 continue
             if b.var.name in merges:
                 where = "merge"
-            elif b.var.name in placement:
-                where = placement[b.var.name]
+            elif relax.analysis.has_reshape_pattern(mod[gv]):
+                where = _follow_producers(b, where_of)
             else:
-                where = _follow_producers(mod, b, where_of)
+                where = placement.get(b.var.name, "gpu")
             where_of[b.var] = where
             if where != "merge":
                 users.setdefault(gv, set()).add(where)
@@ -162,14 +161,12 @@ def _pattern(mod, gv) -> int:
     return int(attrs["op_pattern"]) if attrs is not None and "op_pattern" in attrs else _OPAQUE
 
 
-def _follow_producers(mod, binding, where_of) -> str:
-    """Placement of a kernel outside every split: a reshape of a CPU tensor stays on the CPU
-    (RewriteDataflowReshape turns it into a view of its input, which must keep the input's
-    device); everything else runs on the GPU, CoDL's default data-holding processor."""
+def _follow_producers(binding, where_of) -> str:
+    """Placement of a reshape kernel: its input's. RewriteDataflowReshape turns it into a view
+    of its input, which keeps the input's device (a reshape placed elsewhere became a var TVM
+    0.27 leaves undefined)."""
     producers = {where_of.get(a) for a in binding.value.args[1].fields} - {None}
-    if producers == {"cpu"} and relax.analysis.has_reshape_pattern(mod[_callee(binding)]):
-        return "cpu"
-    return "gpu"
+    return "cpu" if producers == {"cpu"} else "gpu"
 
 
 def _cross_device_barriers(mod, bindings, where_of) -> set:
