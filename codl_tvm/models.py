@@ -138,3 +138,27 @@ def light_model(name: str, seed: int = 3, tiled: bool = False):
 
     model = onnx.load(str(light_model_path(name)))
     return sanitize_names(with_random_weights(model, seed=seed, tiled=tiled))
+
+
+def compressible_weights(model, seed: int = 0):
+    """A copy of an ONNX model whose weights (initializers of rank >= 2) hold one seeded value
+    per output channel (row), with each tensor's original standard deviation.
+
+    For benchmark artifacts only: latency does not depend on weight values, outputs still vary
+    per channel and position, and libraries embedding the weights compress ~1000x in any
+    packed layout. Rank-1 parameters (biases, batch-norm statistics) are kept.
+    """
+    import onnx
+    from onnx import numpy_helper
+
+    rng = np.random.default_rng(seed)
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    for i, t in enumerate(out.graph.initializer):
+        value = numpy_helper.to_array(t)
+        if value.ndim < 2 or not np.issubdtype(value.dtype, np.floating):
+            continue
+        rows = rng.standard_normal(value.shape[0]) * float(value.std())
+        new = np.broadcast_to(rows.reshape((-1,) + (1,) * (value.ndim - 1)), value.shape)
+        out.graph.initializer[i].CopyFrom(numpy_helper.from_array(new.astype(value.dtype), t.name))
+    return out

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import math
 
+import tvm
 from tvm import s_tir
 from tvm.s_tir.schedule import SBlockRV
 from tvm.target import Target
@@ -75,7 +76,9 @@ def _inline_epilogue(sch: s_tir.Schedule, blocks: FuncBlocks, threads: int) -> N
     while remaining:
         try:
             sch.reverse_compute_inline(remaining[0])
-        except s_tir.ScheduleError:
+        except (s_tir.ScheduleError, tvm.error.InternalError):
+            # TVM 0.27 raises InternalError ("Cannot dispatch a null expression") for some
+            # epilogues, e.g. InstanceNormalization's variance step: schedule it separately.
             break
         remaining.pop(0)
     for block in remaining:

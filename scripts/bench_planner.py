@@ -43,11 +43,15 @@ def _model_file(name: str, tmp: Path) -> Path:
     if name in LIGHT_MODELS:
         import onnx
 
-        onnx.save(light_model(name), str(path))
+        onnx.save(light_model(name, tiled=True), str(path))
         return path
-    from codl_tvm.zoo import save_model
+    import onnx
 
-    return save_model(name, path)
+    from codl_tvm.models import compressible_weights
+    from codl_tvm.zoo import build_model
+
+    onnx.save(compressible_weights(build_model(name)), str(path))
+    return path
 
 
 def cmd_compile(args: argparse.Namespace) -> None:
