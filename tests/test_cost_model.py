@@ -919,3 +919,406 @@ def test_pow2_sampling_picks_an_interval_then_uniform():
     inside = np.array([p.oc for p in shapes if 256 <= p.oc < 512])
     assert abs(np.mean(inside < 384) - 0.5) < 0.12
     assert all(p.w == 1 and p.op == "dense" for p in shapes)
+
+
+# ---------------------------------------------------------------------------------------------
+# The work-per-unit form of Eq. 3 (block structure from the dispatch features).
+
+WORK_CFG = CodlConfig(
+    cpu=ProcessorBlocking(4, 64, 8),
+    gpu=ProcessorBlocking(8, 256, 16),
+    unit_model="work",
+    item_terms=True,
+)
+# Coefficients of (kernels, steps, steps*O*K, steps*O, In, Out, MACs, MACs[F=1],
+# steps*O*K[F=1], MACs[S>1], In[F=1], item*K, item), written out independently below.
+WORK_COEFS = [8e-3, 2e-4, 3e-7, 1e-6, 2e-7, 1e-7, 1e-9, 5e-10, 1e-7, 4e-10, 1e-7, 2e-6, 3e-5]
+
+
+def work_reference(params, part, processor, disp, coefs) -> float:
+    """The work form written out from the module docstring's definition."""
+    out = part.out_h * part.out_w * part.oc
+    red = (part.ic // part.groups) * params.kernel**2
+    n_in = part.in_h * part.in_w * part.ic
+    if processor == "gpu":
+        blk = WORK_CFG.gpu
+        blocks, block = disp.wg_count, disp.wg_size
+        unit = min(blk.unit_size, block)
+        steps = cdiv(blocks, blk.cores) * cdiv(block, unit)
+    else:
+        blocks, block, unit = disp.cpu_parallel_blocks, 1, 1
+        steps = cdiv(blocks, disp.threads)
+    item = cdiv(out, blocks * block)
+    per_step = unit * item
+    f1 = float(params.kernel == 1)
+    s2 = float(params.stride > 1)
+    terms = [
+        disp.num_kernels or 1,
+        steps,
+        steps * per_step * red,
+        steps * per_step,
+        n_in,
+        out,
+        out * red,
+        out * red * f1,
+        steps * per_step * red * f1,
+        out * red * s2,
+        n_in * f1,
+        item * red,
+        item,
+    ]
+    return float(np.dot(terms, coefs))
+
+
+def work_records(rng, n, processor="gpu", coefs=None, kernels=(1, 3, 5), noise=0.0):
+    coefs = coefs or WORK_COEFS
+    out = []
+    while len(out) < n:
+        params = random_params(rng, "direct")
+        if params.kernel not in kernels:
+            continue
+        part_ = random_partition(rng)
+        part = part_shape(params, part_, processor)
+        if part.empty:
+            continue
+        size = part.out_h * part.out_w * part.oc
+        if processor == "gpu":
+            # Work-items with register tiles of 1..16 outputs, as the OpenCL schedules build.
+            wg = int(rng.choice([4, 16, 64, 128, 256]))
+            tile = int(rng.choice([1, 4, 16]))
+            disp = DispatchFeatures(
+                wg_size=wg,
+                wg_count=max(1, cdiv(size, wg * tile)),
+                num_kernels=int(rng.choice([1, 2])),
+            )
+        else:
+            disp = DispatchFeatures(
+                cpu_parallel_blocks=int(rng.integers(1, 4000)),
+                threads=int(rng.choice([4, 8])),
+                num_kernels=int(rng.choice([1, 2])),
+            )
+        lat = work_reference(params, part, processor, disp, coefs)
+        if noise:
+            lat *= float(np.exp(rng.normal(0.0, noise)))
+        out.append(
+            OpRecord(params, part_, processor, "direct", lat, 3, dispatch=disp, device=DEVICE)
+        )
+    return out
+
+
+@pytest.mark.parametrize("processor", ["gpu", "cpu"])
+@pytest.mark.parametrize("robust", [False, True])
+def test_work_form_recovers_coefficients_noise_free(processor, robust):
+    import dataclasses
+
+    recs = work_records(np.random.default_rng(30), 250, processor)
+    cfg = dataclasses.replace(WORK_CFG, robust_fit=robust)
+    model = CodlModel(cfg).fit(recs)
+    group = model.groups[("conv2d", processor, "direct")]
+    assert not group.nonneg and list(group.coef) == ["eq3"]
+    got = np.array(group.coef["eq3"])
+    # Every term is identifiable on this data: relative error tiny on each coefficient.
+    np.testing.assert_allclose(got, WORK_COEFS, rtol=1e-5)
+    test = work_records(np.random.default_rng(31), 40, processor)
+    pred = model.predict_many([r.features() for r in test])
+    np.testing.assert_allclose(pred, [r.latency_ms for r in test], rtol=1e-8)
+    # t_unit of the work form: time of one step, (T - the terms outside steps) / steps.
+    f = test[0].features()
+    terms = np.array(
+        [work_reference(f.params, f.part, processor, f.dispatch, list(e)) for e in np.eye(13)]
+    )
+    per_step = (
+        WORK_COEFS[1] * terms[1]
+        + WORK_COEFS[2] * terms[2]
+        + WORK_COEFS[3] * terms[3]
+        + WORK_COEFS[8] * terms[8]
+    ) / terms[1]
+    assert model.t_unit(f)["eq3"] == pytest.approx(per_step, rel=1e-5)
+
+
+def test_work_form_follows_tiles_that_the_hwc_form_cannot():
+    """Work per work-item varies 16x between records: CoDL's t_unit linear in (H, W, IC, OC, K)
+    cannot follow it, the work form (reading the tiles from the dispatch) fits it exactly."""
+    recs = work_records(np.random.default_rng(32), 250, "gpu")
+    test = work_records(np.random.default_rng(33), 60, "gpu")
+    meas = [r.latency_ms for r in test]
+    work = CodlModel(WORK_CFG).fit(recs)
+    hwc = CodlModel(CodlConfig(cpu=WORK_CFG.cpu, gpu=WORK_CFG.gpu)).fit(recs)
+    assert accuracy(work.predict_many([r.features() for r in test]), meas).mape < 1e-4
+    assert accuracy(hwc.predict_many([r.features() for r in test]), meas).mape > 10.0
+
+
+def test_work_form_filter_variants_and_file_round_trip(tmp_path):
+    import dataclasses
+
+    f3 = [c * (3.0 if i in (2, 6) else 1.0) for i, c in enumerate(WORK_COEFS)]
+    rng = np.random.default_rng(34)
+    recs = work_records(rng, 200, kernels=(5,)) + work_records(rng, 200, coefs=f3, kernels=(3,))
+    cfg = dataclasses.replace(WORK_CFG, filter_variants=30)
+    model = CodlModel(cfg).fit(recs)
+    group = model.groups[("conv2d", "gpu", "direct")]
+    # Strides 1 and 2 of each filter size are separate variants, each with its generator's
+    # coefficients. Inside one variant the [F == 1] and [S > 1] columns repeat (or zero) their
+    # base columns, so only the sums are identifiable: compare those.
+    keys = {"F5S1", "F5S2", "F3S1", "F3S2"}
+    assert set(group.variants) == keys | {"blind"} | {f"blind/{k}" for k in keys}
+
+    def effective(c, f1, s2):
+        c = list(c)
+        return [
+            c[0],
+            c[1],
+            c[2] + f1 * c[8],
+            c[3],
+            c[4] + f1 * c[10],
+            c[5],
+            c[6] + f1 * c[7] + s2 * c[9],
+            c[11],
+            c[12],
+        ]
+
+    for key, true in (("F5S1", WORK_COEFS), ("F5S2", WORK_COEFS), ("F3S1", f3), ("F3S2", f3)):
+        f1, s2 = 0.0, float(key[3] == "2")
+        np.testing.assert_allclose(
+            effective(group.variants[key], f1, s2), effective(true, f1, s2), rtol=1e-5
+        )
+    test = work_records(np.random.default_rng(35), 30, coefs=f3, kernels=(3,))
+    pred = model.predict_many([r.features() for r in test])
+    np.testing.assert_allclose(pred, [r.latency_ms for r in test], rtol=1e-6)
+    # One set for both filter sizes cannot fit both (no [F == 3] terms).
+    single = CodlModel(WORK_CFG).fit(recs)
+    assert (
+        accuracy(
+            single.predict_many([r.features() for r in test]), [r.latency_ms for r in test]
+        ).mape
+        > 5.0
+    )
+    path = tmp_path / "work.json"
+    model.save(path)
+    assert path.stat().st_size < 8192
+    again = load_model(path)
+    assert again.config == cfg and again.groups[("conv2d", "gpu", "direct")].variants
+    feats = [r.features() for r in recs + test]
+    assert np.array_equal(model.predict_many(feats), again.predict_many(feats))
+    body = json.loads(path.read_text())
+    body["model"]["groups"][0]["variants"]["F3S1"] = [1.0]
+    with pytest.raises(ModelFileError, match="variant 'F3S1' must be 13 finite numbers"):
+        load_model(write(tmp_path, body))
+
+
+def test_robust_fit_ignores_gross_outliers():
+    from codl_tvm.cost_model.analytical import _irls_relative
+
+    rng = np.random.default_rng(36)
+    a = np.column_stack([np.ones(60), rng.uniform(1, 100, 60), rng.uniform(1, 1e4, 60)])
+    x_true = np.array([0.5, 0.02, 3e-4])
+    y = a @ x_true
+    y[[3, 7, 11, 19, 23, 41]] *= 5.0  # 10% of the measurements 5x too slow (interference)
+    robust = _irls_relative(a, y)
+    np.testing.assert_allclose(robust, x_true, rtol=2e-3)
+    from codl_tvm.cost_model._linalg import weighted_lstsq
+
+    plain = weighted_lstsq(a, y, 1.0 / y)
+    assert np.max(np.abs(plain - x_true) / x_true) > 0.03  # 10x further off at least
+
+
+def test_inconsistent_records_flags_only_contradicted_parts():
+    from codl_tvm.cost_model.evaluate import inconsistent_records
+
+    params = OpParams("conv2d", 40, 40, 16, 32, 3, 1, 1)
+
+    def rec(dim, ratio, proc, lat):
+        return OpRecord(params, Partition(dim, ratio), proc, "direct", lat, 3, device=DEVICE)
+
+    whole = rec("none", 0.0, "cpu", 1.0)
+    slow = rec("OC", 0.3, "cpu", 3.5)  # 70% of the FLOPs, 3.5x the time of the whole op
+    fine = rec("H", 0.7, "cpu", 0.4)  # 30% of the FLOPs
+    gpu_whole = rec("none", 1.0, "gpu", 0.1)  # another processor: never compared
+    gpu_part = rec("H", 0.3, "gpu", 0.25)  # 30% of the rows: fewer FLOPs, 2.5x: kept at 3
+    recs = [whole, slow, fine, gpu_whole, gpu_part]
+    assert inconsistent_records(recs, 3.0) == [slow]
+    assert inconsistent_records(recs, 2.0) == [slow, gpu_part]
+    assert inconsistent_records(recs, 4.0) == []
+    with pytest.raises(ValueError, match=r"inconsistency factor must be > 1, got 0\.5"):
+        inconsistent_records(recs, 0.5)
+
+
+def test_cli_fit_drops_inconsistent_training_records(tmp_path):
+    recs = work_records(np.random.default_rng(37), 200, "gpu")
+    train, _ = split_records(recs, 0.3, 0)
+    # Make one training part 10x slower than its own whole operator (if it has one) or than a
+    # copy of itself measured as the whole operator.
+    victim = train[0]
+    bad = OpRecord(
+        victim.params,
+        victim.partition,
+        victim.processor,
+        victim.impl,
+        victim.latency_ms * 10,
+        3,
+        dispatch=victim.dispatch,
+        device=DEVICE,
+    )
+    twin = OpRecord(
+        victim.params,
+        Partition("none", 1.0),
+        "gpu",
+        "direct",
+        victim.latency_ms * 1.0,
+        3,
+        part=victim.part,
+        dispatch=victim.dispatch,
+        device=DEVICE,
+    )
+    data = tmp_path / "d.jsonl"
+    save_dataset([bad if r is victim else r for r in recs] + [twin], data)
+    out = tmp_path / "m.json"
+    assert run_cli(["cost-model", "fit", str(data), "-o", str(out), "--preset", "mobile"]) == 0
+    meta = load_model(out).meta
+    in_train = [r for r in split_records(load_dataset(data).records, 0.3, 0)[0]]
+    n_bad = meta["n_dropped_inconsistent"]
+    assert n_bad >= 1 and meta["n_train"] == len(in_train) - n_bad
+    assert (
+        run_cli(["cost-model", "fit", str(data), "-o", str(out), "--drop-inconsistent", "0"]) == 0
+    )
+    assert load_model(out).meta["n_train"] == len(in_train)
+
+
+def test_gbdt_derived_features_by_hand():
+    from codl_tvm.cost_model.gbdt import FEATURE_NAMES, derived_features
+
+    params = OpParams("conv2d", 20, 20, 8, 24, 3, 1, 1, groups=2)
+    gpu = op_features(
+        params,
+        "gpu",
+        "direct",
+        Partition("H", 0.5),
+        DispatchFeatures(wg_size=16, wg_count=25),
+    )
+    # GPU part: 10 rows x 20 x 24 outputs, reads 11 rows x 20 x 8, K = 8/2 * 9 = 36;
+    # 400 work-items -> ceil(4800 / 400) = 12 outputs and 432 MACs each.
+    assert derived_features(gpu) == [4800.0, 1760.0, 36.0, 172800.0, 400.0, 12.0, 432.0]
+    cpu = op_features(
+        params, "cpu", "direct", Partition("OC", 0.5), DispatchFeatures(cpu_parallel_blocks=7)
+    )
+    # CPU part: 1 group = 12 channels of 20 x 20, all 4 input channels of that group.
+    assert derived_features(cpu)[:5] == [4800.0, 1600.0, 36.0, 172800.0, 7.0]
+    assert derived_features(cpu)[5:] == [686.0, 686.0 * 36]
+    blind = derived_features(op_features(params, "cpu", "direct"))
+    assert blind[:4] == [9600.0, 3200.0, 36.0, 345600.0] and all(map(math.isnan, blind[4:]))
+    assert FEATURE_NAMES[-7:] == (
+        "out_elems",
+        "in_elems",
+        "reduction",
+        "macs",
+        "items",
+        "outputs_per_item",
+        "macs_per_item",
+    )
+
+
+def test_infer_preset_from_the_device_description():
+    from codl_tvm.cost_model.evaluate import infer_preset
+
+    params = OpParams("conv2d", 8, 8, 4, 4)
+
+    def rec(device):
+        return OpRecord(params, Partition(), "gpu", "direct", 1.0, 1, device=device)
+
+    assert infer_preset([rec({"gpu": "NVIDIA H100 80GB HBM3"})]) == "nvidia-h100"
+    assert infer_preset([rec({"platform": "Portable Computing Language (PoCL 5.0)"})]) == (
+        "emulated-soc"
+    )
+    assert infer_preset([rec({"gpu": "Adreno 740"})]) == "mobile"
+    assert infer_preset([]) == "mobile"
+
+
+def test_gbdt_on_the_analytical_base_extrapolates():
+    """Trees alone cannot predict past the largest training latency; started from CoDL's model
+    (the default ``analytical_base``) they keep its extrapolation."""
+    from codl_tvm.cost_model.gbdt import GbdtConfig, GbdtModel
+
+    recs = work_records(np.random.default_rng(38), 300, "gpu")
+    recs.sort(key=lambda r: r.latency_ms)
+    train, far = recs[:240], recs[-30:]  # the test latencies lie beyond every training one
+    meas = [r.latency_ms for r in far]
+    feats = [r.features() for r in far]
+    plain = GbdtModel(GbdtConfig(analytical_base="none")).fit(train)
+    based = GbdtModel(GbdtConfig(analytical_base="emulated-soc")).fit(train)
+    assert based.base is not None and based.base.config.unit_model == "work"
+    assert accuracy(plain.predict_many(feats), meas).mape > 20.0
+    assert accuracy(based.predict_many(feats), meas).mape < 5.0
+    assert plain.base is None and "base" in based.to_json()["model"]
+
+
+def test_stripped_training_stats_predict_identically():
+    import xgboost as xgb
+
+    from codl_tvm.cost_model.gbdt import strip_training_stats
+
+    rng = np.random.default_rng(39)
+    x = rng.uniform(size=(300, 5))
+    y = np.sin(4 * x[:, 0]) + x[:, 1] * x[:, 2] + rng.normal(0, 0.01, 300)
+    booster = xgb.train({"max_depth": 4, "nthread": 1}, xgb.DMatrix(x, label=y), 30)
+    full = json.loads(bytes(booster.save_raw(raw_format="json")))
+    stripped = strip_training_stats(json.loads(json.dumps(full)))
+    assert len(json.dumps(stripped)) < 0.9 * len(json.dumps(full))
+    again = xgb.Booster()
+    again.load_model(bytearray(json.dumps(stripped).encode()))
+    probe = rng.uniform(-0.5, 1.5, size=(500, 5))
+    assert np.array_equal(booster.inplace_predict(probe), again.inplace_predict(probe))
+
+
+def test_noise_floor_pairs_identical_parts_only():
+    from codl_tvm.cost_model.evaluate import noise_floor
+
+    params = OpParams("conv2d", 12, 12, 8, 8, 3, 1, 1, groups=2)
+
+    def rec(ratio, proc, lat):
+        return OpRecord(params, Partition("OC", ratio), proc, "direct", lat, 3, device=DEVICE)
+
+    # OC 0.3 and 0.4 both give the GPU one of the two groups: identical parts on each side.
+    recs = [rec(0.3, "cpu", 1.0), rec(0.4, "cpu", 1.2), rec(0.3, "gpu", 2.0)]
+    recs.append(rec(0.4, "gpu", 2.1))
+    # The whole operator on the CPU is another part: never paired.
+    recs.append(OpRecord(params, Partition("none", 0.0), "cpu", "direct", 5.0, 3, device=DEVICE))
+    floor = noise_floor(recs)
+    cpu, gpu = floor["cpu"], floor["gpu"]
+    assert (cpu["groups"], cpu["records"], cpu["pairs"]) == (1, 2, 2)
+    # 1.0 predicted by 1.2 is 20% off, 1.2 predicted by 1.0 is 16.7% off.
+    assert cpu["acc10"] == 0.0 and cpu["mape"] == pytest.approx(100 * (0.2 + 0.2 / 1.2) / 2)
+    assert cpu["log_sigma"] == pytest.approx(math.log(1.2) / math.sqrt(2))
+    assert gpu["acc10"] == 1.0 and gpu["mape"] == pytest.approx(100 * (0.1 / 2.0 + 0.1 / 2.1) / 2)
+    assert floor["overall"]["pairs"] == 4
+
+
+def test_work_form_blind_set_serves_features_without_dispatch():
+    """The planner predicts parts it has not built (no dispatch features): those use the set
+    fitted on the same records without dispatch features, the others the dispatch set."""
+    import dataclasses
+
+    recs = work_records(np.random.default_rng(40), 250, "gpu")
+    blind_recs = [dataclasses.replace(r, dispatch=DispatchFeatures()) for r in recs]
+    model = CodlModel(WORK_CFG).fit(recs)
+    blind_only = CodlModel(WORK_CFG).fit(blind_recs)
+    group = model.groups[("conv2d", "gpu", "direct")]
+    assert group.variants["blind"] == blind_only.groups[("conv2d", "gpu", "direct")].coef["eq3"]
+    assert "blind" not in blind_only.groups[("conv2d", "gpu", "direct")].variants
+    test = work_records(np.random.default_rng(41), 30, "gpu")
+    with_d = [r.features() for r in test]
+    without = [dataclasses.replace(f, dispatch=DispatchFeatures()) for f in with_d]
+    np.testing.assert_allclose(model.predict_many(with_d), [r.latency_ms for r in test], rtol=1e-8)
+    assert np.array_equal(model.predict_many(without), blind_only.predict_many(without))
+    off = dataclasses.replace(WORK_CFG, blind_set=False)
+    assert "blind" not in CodlModel(off).fit(recs).groups[("conv2d", "gpu", "direct")].variants
+
+
+def test_work_form_never_predicts_below_half_the_fastest_training_record():
+    recs = work_records(np.random.default_rng(42), 200, "gpu")
+    model = CodlModel(WORK_CFG).fit(recs)
+    group = model.groups[("conv2d", "gpu", "direct")]
+    assert group.floor_ms == 0.5 * min(r.latency_ms for r in recs)
+    # Negative coefficients everywhere: the linear form goes below zero, the floor holds.
+    group.coef["eq3"] = [-1.0] * len(group.coef["eq3"])
+    group.variants.clear()
+    assert model.predict(recs[0].features()) == group.floor_ms

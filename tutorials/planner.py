@@ -11,30 +11,31 @@ single-processor runs.
 
 .. note::
 
-   The cost model here is fitted on **synthetic** latencies of an imaginary CPU + GPU pair
-   (``codl_tvm.planner.synthetic``: equal throughputs, expensive data sharing), not on
-   measurements, so the predicted times describe that imaginary pair. For real plans, profile
-   the device and fit a model with ``codl-tvm cost-model fit``, then pass it to the planner
+   The cost model is the one codl-tvm ships for the device machine's **emulated SoC** (PoCL on
+   8 Xeon cores as the GPU, TVM's CPU kernels on 8 others; fitted on measurements from
+   ``codl-tvm profile``, see the README), so predicted times describe that device pair, not the
+   machine running this tutorial. For your device, profile it and fit a model with
+   ``codl-tvm cost-model fit``, then pass it to the planner
    (``codl-tvm plan MODEL.onnx --cost-model M.json``).
 """
 
 # %%
 # A cost model
 # ------------
-# ``synthetic_cost_model`` generates operator records (conv2d, dense and pooling parts on both
-# processors) and data-sharing records of the imaginary device, and fits CoDL's analytical model
-# on them with the cost-model package's own ``fit``.
+# ``default_model_path`` finds the model shipped for a target preset; any model fitted with
+# ``codl-tvm cost-model fit`` loads the same way.
 import numpy as np
 
 import codl_tvm
 from codl_tvm.cli import bundled_model_path
+from codl_tvm.cost_model import load_model
+from codl_tvm.cost_model.defaults import default_model_path
 from codl_tvm.frontend import load_onnx, random_inputs
 from codl_tvm.plan import PartitionPlan, partitionable_ops
 from codl_tvm.planner import comparison_table, plan_all, plan_model
-from codl_tvm.planner.synthetic import SyntheticDevice, synthetic_cost_model
 
-device = SyntheticDevice(cpu_gflops=20, gpu_gflops=20, share_ms_per_mb=2.0, presync_ms=0.05)
-cost_model = synthetic_cost_model(device)
+cost_model = load_model(default_model_path("emulated-soc"))
+print(cost_model.kind, cost_model.meta.get("dataset"))
 model = load_onnx(bundled_model_path())
 print([op.name for op in partitionable_ops(model.mod)])
 

@@ -15,7 +15,7 @@ fitted on the same training part.
 Commands (``register_cli`` adds them to the ``codl-tvm`` parser)::
 
     codl-tvm cost-model fit DATA.jsonl -o MODEL.json [--kind codl|gbdt|flops|measured]
-        [--holdout 0.3]
+        [--holdout 0.3] [--seed 0] [--preset NAME] [--trees N] [--drop-inconsistent 3]
     codl-tvm cost-model eval MODEL.json DATA.jsonl [--json] [--plot OUT.png] [--all]
 """
 
@@ -41,6 +41,9 @@ __all__ = [
     "evaluate",
     "fit_model",
     "format_report",
+    "inconsistent_records",
+    "infer_preset",
+    "noise_floor",
     "plot_scatter",
     "register_cli",
     "split_records",
@@ -185,6 +188,100 @@ def evaluate(
     )
 
 
+def noise_floor(records: Iterable) -> dict[str, dict[str, float]]:
+    """How far apart repeated measurements of one identical part are, per processor and
+    overall: the accuracy no model can beat on this data.
+
+    Records are the same part when operator, processor, implementation, the full operator
+    parameters, the part's shape, whether it starts at row 0 (its padding) and the dispatch
+    features agree: one operator reached from different partitions (e.g. a grouped
+    convolution whose groups split alike at several ratios) or from different models. For every
+    ordered pair (a, b) of such records, b is taken as a prediction of a: ``acc10``/``mape`` as
+    in ``accuracy``; ``log_sigma``: std of log(a/b) / sqrt(2), the noise of one measurement.
+    """
+    groups: dict[tuple, list[OpRecord]] = {}
+    for r in records:
+        if isinstance(r, OpRecord):
+            q = r.part
+            key = (
+                r.processor,
+                r.impl,
+                r.params,
+                (q.out_h, q.out_w, q.oc, q.in_h, q.in_w, q.ic, q.groups, q.row0 > 0),
+                r.dispatch,
+                json.dumps(dict(r.device), sort_keys=True),
+            )
+            groups.setdefault(key, []).append(r)
+    out = {}
+    for proc in (None, "cpu", "gpu"):
+        pred, meas, n_groups, n_records = [], [], 0, 0
+        for key, recs in groups.items():
+            if len(recs) < 2 or (proc is not None and key[0] != proc):
+                continue
+            n_groups += 1
+            n_records += len(recs)
+            for a in recs:
+                for b in recs:
+                    if a is not b:
+                        pred.append(b.latency_ms)
+                        meas.append(a.latency_ms)
+        if not meas:
+            continue
+        acc = accuracy(pred, meas)
+        logs = np.log(np.array(meas) / np.array(pred))
+        out[proc or "overall"] = {
+            "groups": n_groups,
+            "records": n_records,
+            "pairs": acc.n,
+            "acc10": acc.acc10,
+            "mape": acc.mape,
+            "log_sigma": float(np.std(logs) / np.sqrt(2.0)),
+        }
+    return out
+
+
+def inconsistent_records(
+    records: Iterable, factor: float = 3.0, flops_slack: float = 1.25
+) -> list[OpRecord]:
+    """Operator records that contradict another measurement of the same operator on the same
+    processor: a part with at most ``flops_slack`` times the FLOPs of another part (or of the
+    whole operator) that took more than ``factor`` times as long. Such records are interference
+    (a preempted thread, a busy host), not kernel behaviour; ``cost-model fit`` leaves them
+    out of the training part (``--drop-inconsistent``), the held-out part keeps them."""
+    if factor <= 1.0:
+        raise ValueError(f"inconsistency factor must be > 1, got {factor!r}")
+    by_op: dict[tuple, list[tuple[float, float, OpRecord]]] = {}
+    for r in records:
+        if isinstance(r, OpRecord):
+            key = (r.params, r.processor, json.dumps(dict(r.device), sort_keys=True))
+            by_op.setdefault(key, []).append((r.features().flops, r.latency_ms, r))
+    out = []
+    for recs in by_op.values():
+        for flops, lat, r in recs:
+            if any(
+                f2 * flops_slack >= flops and lat > factor * l2
+                for f2, l2, r2 in recs
+                if r2 is not r
+            ):
+                out.append(r)
+    return out
+
+
+def infer_preset(records: Iterable) -> str:
+    """The codl blocking preset for the device a dataset was measured on: ``nvidia-h100`` for an
+    NVIDIA OpenCL device, ``emulated-soc`` for PoCL (the device machine's CPU OpenCL stand-in),
+    ``mobile`` (CoDL's phone setting) otherwise."""
+    for r in records:
+        if isinstance(r, OpRecord) and r.device:
+            text = json.dumps(dict(r.device)).lower()
+            if "nvidia" in text:
+                return "nvidia-h100"
+            if "pocl" in text or "portable computing language" in text:
+                return "emulated-soc"
+            break
+    return "mobile"
+
+
 def fit_model(kind: str, records: Iterable, **options) -> CostModel:
     """Fit a model of ``kind`` (``codl``: option ``config`` = CodlConfig or preset name;
     ``gbdt``: option ``config`` = GbdtConfig)."""
@@ -301,9 +398,17 @@ def cmd_fit(args: argparse.Namespace) -> int:
     try:
         data = load_dataset(args.data)
         train, test = split_records(data.records, args.holdout, args.seed)
+        dropped = []
+        drop = args.drop_inconsistent
+        if drop is None:
+            drop = 0.0 if args.kind == "measured" else 3.0  # the oracle keeps every measurement
+        if drop:
+            bad = {id(r) for r in inconsistent_records(train, drop)}
+            dropped = [r for r in train if id(r) in bad]
+            train = [r for r in train if id(r) not in bad]
         options = {}
         if args.kind == "codl":
-            options["config"] = args.preset
+            options["config"] = args.preset or infer_preset(data.records)
         elif args.kind == "gbdt" and args.trees is not None:
             from codl_tvm.cost_model.gbdt import GbdtConfig
 
@@ -318,6 +423,8 @@ def cmd_fit(args: argparse.Namespace) -> int:
             "seed": args.seed,
             "n_train": sum(isinstance(r, OpRecord) for r in train),
             "n_test": sum(isinstance(r, OpRecord) for r in test),
+            "drop_inconsistent": drop,
+            "n_dropped_inconsistent": len(dropped),
         }
     )
     model.save(args.output)
@@ -370,8 +477,9 @@ def register_cli(subparsers) -> None:
     )
     f.add_argument(
         "--preset",
-        default="mobile",
-        help="blocking preset of the codl model (mobile, pocl-local, emulated-soc, nvidia-h100)",
+        default=None,
+        help="blocking preset of the codl model (mobile, pocl-local, emulated-soc, "
+        "nvidia-h100; default: from the dataset's device, see infer_preset)",
     )
     f.add_argument("--trees", type=int, help="boosting rounds of the gbdt model")
     f.add_argument(
@@ -381,6 +489,15 @@ def register_cli(subparsers) -> None:
         help="fraction of records held out for `eval` (default 0.3; 0 = fit on all)",
     )
     f.add_argument("--seed", type=int, default=0, help="seed of the held-out split")
+    f.add_argument(
+        "--drop-inconsistent",
+        type=float,
+        default=None,
+        metavar="FACTOR",
+        help="leave out of training a part that took FACTOR times longer than a part of the "
+        "same operator with at least 1/1.25 of its FLOPs (interference; default 3, 0 for "
+        "--kind measured; 0 = keep all)",
+    )
     f.set_defaults(func=cmd_fit)
 
     e = sub.add_parser("eval", help="accuracy of a cost model on a dataset's held-out part")
