@@ -147,8 +147,26 @@ def _fit(threads: int, reg: int, extent: int) -> int:
     return max(1, min(threads, math.ceil(extent / max(1, reg))))
 
 
+_STAGE_TOO_BIG = "local-memory stage larger than the device allows"
+
+
 class OpenCLConv2D(_OpenCLRule):
     """Direct NCHW conv2d with workgroup and register tiling (any shape, groups, dilation)."""
+
+    _global_only = False
+
+    def apply(self, func, target: Target, tunable: bool):
+        # Bounds inference can stage far more than the tile estimate (e.g. a strided conv whose
+        # padding is inlined into the copy): such a kernel would not build on the device
+        # ("uses too much shared data"), so it is rescheduled reading global memory.
+        out = super().apply(func, target, tunable)
+        if out is None and self._last_reason and self._last_reason.startswith(_STAGE_TOO_BIG):
+            self._global_only = True
+            try:
+                out = super().apply(func, target, tunable)
+            finally:
+                self._global_only = False
+        return out
 
     def schedule(self, sch: s_tir.Schedule, target: Target) -> tuple[str, str] | str:
         cfg = self._config(target)
@@ -187,7 +205,9 @@ class OpenCLConv2D(_OpenCLRule):
                 t_oh = max(1, t_oh // 2)
             else:
                 t_ow = max(1, t_ow // 2)
-        chunk = self._local_chunk(cfg, target, info, t_oc * reg_oc, t_oh, t_ow * reg_ow)
+        chunk = 0
+        if not self._global_only:
+            chunk = self._local_chunk(cfg, target, info, t_oc * reg_oc, t_oh, t_ow * reg_ow)
         conv = blocks.main
         data_buffer = _data_buffer(sch, conv)
         padder = next(
@@ -217,11 +237,17 @@ class OpenCLConv2D(_OpenCLRule):
             t = sch.fuse(tf, ty, tx)
             sch.bind(t, "threadIdx.x")
             weight_buffer = _weight_buffer(sch, conv, data_buffer)
+            staged = 0
             for buf in (data_buffer, weight_buffer):
                 index = _read_index(sch, conv, buf)
                 shared = sch.cache_read(conv, index, "shared")
                 sch.compute_at(shared, co, preserve_unit_loops=True)
                 inner = sch.get_loops(shared)[5:]
+                # elements copied per step: the loops compute_at left under the stage point
+                elements = 1
+                for loop in inner:
+                    elements *= int(sch.get(loop).extent)
+                staged += elements * info.dtype_bits // 8
                 fused = sch.fuse(*inner) if len(inner) > 1 else inner[0]
                 _, tx_copy = sch.split(fused, [None, threads])
                 sch.bind(tx_copy, "threadIdx.x")
@@ -238,6 +264,10 @@ class OpenCLConv2D(_OpenCLRule):
             t = sch.fuse(tf, ty, tx)
             sch.bind(t, "threadIdx.x")
             first_reduction = c
+        if chunk:
+            limit = _local_limit(cfg, target)
+            if staged > limit:
+                return f"{_STAGE_TOO_BIG}: {staged} > {limit} bytes"
         writeback = sch.cache_write(conv, 0, "local")
         if oc_vector:
             # channels innermost in the private accumulators: one vector per column
@@ -274,9 +304,7 @@ class OpenCLConv2D(_OpenCLRule):
         """Input channels staged per step in local memory (0: read global memory directly)."""
         if not cfg.conv_use_local_memory:
             return 0
-        limit = int(target.attrs.get("max_shared_memory_per_block", 0) or 0)
-        if cfg.local_memory_bytes:
-            limit = min(limit, cfg.local_memory_bytes) if limit else cfg.local_memory_bytes
+        limit = _local_limit(cfg, target)
         rows = (tile_oh - 1) * info.stride_h + (info.kernel_h - 1) * info.dilation_h + 1
         cols = (tile_ow - 1) * info.stride_w + (info.kernel_w - 1) * info.dilation_w + 1
         nbytes = info.dtype_bits // 8
@@ -290,6 +318,15 @@ class OpenCLConv2D(_OpenCLRule):
         if info.groups != 1 or chunk < 1:
             return 0  # grouped convs read a different input channel per output channel
         return chunk
+
+
+def _local_limit(cfg, target: Target) -> int:
+    """Local memory one workgroup may use: the target's and the config's limits (the smaller),
+    16 KiB (OpenCL's guaranteed minimum) when neither says."""
+    limit = int(target.attrs.get("max_shared_memory_per_block", 0) or 0)
+    if cfg.local_memory_bytes:
+        limit = min(limit, cfg.local_memory_bytes) if limit else cfg.local_memory_bytes
+    return limit or 16384
 
 
 class OpenCLPool2D(_OpenCLRule):
