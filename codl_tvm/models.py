@@ -38,11 +38,11 @@ def with_random_weights(model, seed: int = 0, tiled: bool = False):
     """Return a copy of ``model`` whose ``ConstantOfShape`` weights are seeded random tensors.
 
     He-scaled normal weights for tensors of rank >= 2; 1-D parameters uniform in [0.5, 1.5] so
-    batch-norm variances and scales stay valid. ``tiled`` draws one He-scaled value per output
-    channel (row) and repeats it across the row: outputs still differ per channel and per
-    position, and libraries embedding the weights compress ~1000x whatever layout the kernels
-    pack them in (benchmark artifacts of VGG19 travel to the device machine in a few MB;
-    latency does not depend on weight values).
+    batch-norm variances and scales stay valid. ``tiled`` makes each weight tensor separable,
+    ``a[out] * b[in] * c[tap]`` with normal ``a`` and random signs ``b``, ``c`` (He-scaled,
+    so activations keep their scale as with dense random weights: no overflow, no denormals),
+    which libraries embedding the weights compress ~100x in any packed layout (benchmark
+    artifacts travel to the device machine in a few MB; latency does not depend on values).
     """
     import onnx
     from onnx import numpy_helper
@@ -62,9 +62,7 @@ def with_random_weights(model, seed: int = 0, tiled: bool = False):
         if len(shape) == 1:
             value = rng.uniform(0.5, 1.5, shape)
         elif tiled:
-            fan_in = int(np.prod(shape[1:]))
-            per_row = rng.standard_normal(shape[0]) * np.sqrt(2.0 / fan_in)
-            value = np.broadcast_to(per_row.reshape((-1,) + (1,) * (len(shape) - 1)), shape)
+            value = _separable(rng, shape, float(np.sqrt(2.0 / int(np.prod(shape[1:])))))
         else:
             fan_in = int(np.prod(shape[1:]))
             value = rng.standard_normal(shape) * np.sqrt(2.0 / fan_in)
@@ -140,13 +138,21 @@ def light_model(name: str, seed: int = 3, tiled: bool = False):
     return sanitize_names(with_random_weights(model, seed=seed, tiled=tiled))
 
 
-def compressible_weights(model, seed: int = 0):
-    """A copy of an ONNX model whose weights (initializers of rank >= 2) hold one seeded value
-    per output channel (row), with each tensor's original standard deviation.
+def _separable(rng: np.random.Generator, shape: tuple[int, ...], scale: float) -> np.ndarray:
+    """``a[i0] * b[i1] * c[rest]``: normal ``a``, random signs ``b`` and ``c``, times ``scale``."""
+    a = rng.standard_normal(shape[0])
+    b = rng.choice([-1.0, 1.0], size=shape[1])
+    c = rng.choice([-1.0, 1.0], size=int(np.prod(shape[2:], dtype=np.int64)))
+    return (a[:, None, None] * b[None, :, None] * c[None, None, :] * scale).reshape(shape)
 
-    For benchmark artifacts only: latency does not depend on weight values, outputs still vary
-    per channel and position, and libraries embedding the weights compress ~1000x in any
-    packed layout. Rank-1 parameters (biases, batch-norm statistics) are kept.
+
+def compressible_weights(model, seed: int = 0):
+    """A copy of an ONNX model whose weights (initializers of rank >= 2) are separable seeded
+    tensors (see :func:`with_random_weights`) with each tensor's original standard deviation.
+
+    For benchmark artifacts only: latency does not depend on weight values, activations keep
+    their scale, and libraries embedding the weights compress ~100x in any packed layout.
+    Rank-1 parameters (biases, batch-norm statistics) are kept.
     """
     import onnx
     from onnx import numpy_helper
@@ -158,7 +164,6 @@ def compressible_weights(model, seed: int = 0):
         value = numpy_helper.to_array(t)
         if value.ndim < 2 or not np.issubdtype(value.dtype, np.floating):
             continue
-        rows = rng.standard_normal(value.shape[0]) * float(value.std())
-        new = np.broadcast_to(rows.reshape((-1,) + (1,) * (value.ndim - 1)), value.shape)
+        new = _separable(rng, value.shape, float(value.std()))
         out.graph.initializer[i].CopyFrom(numpy_helper.from_array(new.astype(value.dtype), t.name))
     return out
