@@ -67,6 +67,8 @@ def cmd_compile(args: argparse.Namespace) -> None:
         "oracle": args.oracle,
         "models": {},
     }
+    if (out / "index.json").exists():  # a later call adds models or modes
+        index["models"] = json.loads((out / "index.json").read_text())["models"]
     for name in args.models.split(","):
         path = _model_file(name, models_dir)
         entries = {}
@@ -91,7 +93,7 @@ def cmd_compile(args: argparse.Namespace) -> None:
                 log=lambda s: None,
             )
             entries[tag] = str(target.relative_to(out))
-        index["models"][name] = entries
+        index["models"][name] = {**index["models"].get(name, {}), **entries}
         (out / "index.json").write_text(json.dumps(index, indent=2))
     # The ONNX files are not needed on the device (artifacts are self-contained).
     for f in models_dir.iterdir():
