@@ -119,8 +119,16 @@ def test_run_coexec_with_an_automatic_plan(opencl, tmp_path, capsys):
     ref = build(model.mod, "cpu")([feeds["input"]])[0]
     got = np.load(tmp_path / "out.npz")["logits"]
     np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)
-    code, _, err = _run(capsys, "run", "--device", "coexec", "--plan", "auto")
-    assert code == 2 and "--plan auto needs --cost-model" in err
+    # Without --cost-model the shipped model for the local device pair plans it.
+    code, out, _ = _run(capsys, "run", "--device", "coexec", "--plan", "auto", "--inputs",
+                        str(tmp_path / "in.npz"), "--save-outputs", str(tmp_path / "out2.npz"),
+                        "--repeat", "1", "--number", "1")
+    assert code == 0 and "shipped default" in out
+    got = np.load(tmp_path / "out2.npz")["logits"]
+    np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)
+    code, _, err = _run(capsys, "run", "--device", "coexec", "--plan", "auto", "--cost-model",
+                        str(tmp_path / "missing.json"))
+    assert code == 2 and "missing.json: no such file" in err
 
 
 @pytest.mark.opencl
