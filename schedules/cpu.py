@@ -163,29 +163,20 @@ def _finish_tile(
     for loop in unroll:
         if _extent(sch, loop) > 1:
             sch.unroll(loop)
-    # Only power-of-two lane counts: TVM 0.27's LLVM codegen emits invalid IR ("Instruction
-    # does not dominate all uses") for some 3-lane vectors (e.g. a pool's 3-wide output rows).
-    if vector_loop is not None and _pow2_lanes(_extent(sch, vector_loop)):
+    if vector_loop is not None and _extent(sch, vector_loop) > 1:
         features["codl.vector_width"] = _extent(sch, vector_loop)
         sch.vectorize(vector_loop)
-    else:
-        vector_loop = None
     wb_loops = sch.get_loops(writeback)
-    if vector_loop is not None and len(wb_loops) > 1 and _pow2_lanes(_extent(sch, wb_loops[-1])):
+    if vector_loop is not None and len(wb_loops) > 1 and _extent(sch, wb_loops[-1]) > 1:
         sch.vectorize(wb_loops[-1])
     init = sch.decompose_reduction(main, first_reduction)
     init_loops = sch.get_loops(init)
-    if (
-        vector_loop is not None
-        and len(init_loops) > 1
-        and _pow2_lanes(_extent(sch, init_loops[-1]))
-    ):
+    if vector_loop is not None and len(init_loops) > 1 and _extent(sch, init_loops[-1]) > 1:
         sch.vectorize(init_loops[-1])
     return features
 
 
-def _pow2_lanes(extent: int) -> bool:
-    return extent > 1 and extent & (extent - 1) == 0
+
 
 
 class _CPURule(CodlRule):

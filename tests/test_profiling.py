@@ -118,7 +118,7 @@ def test_compile_dir_then_run_dir(opencl, tmp_path):
     assert json.loads(manifest.read_text())["parts"] == parts
     out = tmp_path / "run.jsonl"
     counts = run_compiled(tmp_path / "build", out, timing=FAST, sharing_sizes=(), progress=False)
-    assert counts == {"measured": 2, "skipped": 0, "sharing": 0}
+    assert counts == {"measured": 2, "failed": 0, "skipped": 0, "sharing": 0}
     recs = load_dataset(out).op_records
     assert sorted(r.processor for r in recs) == ["cpu", "gpu"]
     assert all(r.latency_ms > 0 and r.partition == Partition("H", 0.5) for r in recs)
