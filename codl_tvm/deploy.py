@@ -9,9 +9,20 @@ by ``time_evaluator`` on the device.
 
 Without ``--target`` the preset follows what the remote reports (x86-64 -> ``host``, aarch64
 Android -> ``android-arm64``, other aarch64 -> ``linux-arm64``; servers started with
-``python -m codl_tvm.rpc_utils serve`` report it). ``--device opencl`` needs a remote whose
-server loaded codl-tvm's OpenCL plugin (``serve --opencl``); ``--device coexec`` and ``--plan``
-need the co-execution pipeline.
+``python -m codl_tvm.rpc_utils serve`` report it).
+
+``--device opencl`` and ``--device coexec`` need a remote whose RPC server loaded codl-tvm's OpenCL
+plugin. The plugin is not linked into the model library: it is a separate shared library that the
+server loads at start-up (``python -m codl_tvm.rpc_utils serve --opencl``), so one plugin serves
+every uploaded model and a model library stays a plain TVM library. The plugin registers
+``device_api.opencl`` and the OpenCL module loader with ``override``: in a TVM runtime built with
+its own OpenCL support, loading the plugin replaces TVM's OpenCL device API in that process
+(co-execution needs the plugin's SVM allocation and sync builtins); a server that does not load it
+keeps TVM's OpenCL and can run ``--device opencl`` models but not co-executed ones. ``--device
+coexec`` builds the model with :func:`codl_tvm.pipeline.coexec_pipeline` for the preset's OpenCL and
+CPU targets and runs it in the Relax VM over the remote's ``[opencl(0), cpu(0)]``; the plan comes
+from ``--plan PLAN.json`` or ``--dim H|OC --ratio R`` (the GPU share of every partitionable
+operator).
 """
 
 from __future__ import annotations
@@ -41,6 +52,7 @@ __all__ = [
     "compile_for",
     "deploy",
     "register_cli",
+    "resolve_plan",
     "run_remote",
     "select_preset",
 ]
@@ -124,11 +136,11 @@ def select_preset(
         if machine in ("aarch64", "arm64"):
             name = (
                 ("android-adreno" if android else "linux-arm64-mali")
-                if device == "opencl"
+                if device in ("opencl", "coexec")
                 else ("android-arm64" if android else "linux-arm64")
             )
         elif machine == platform.machine():
-            name = "opencl" if device == "opencl" else "host"
+            name = "opencl" if device in ("opencl", "coexec") else "host"
         else:
             raise DeployError(
                 f"remote device {remote_name} is a {machine} machine and no preset "
@@ -145,11 +157,45 @@ def select_preset(
                 f"{remote_name} reports a {have} machine; choose a matching "
                 "--target"
             )
-    if device == "opencl" and not preset.has_gpu:
+    if device in ("opencl", "coexec") and not preset.has_gpu:
         raise DeployError(
-            f"--device opencl needs a preset with an OpenCL GPU; '{preset.name}' has none"
+            f"--device {device} needs a preset with an OpenCL GPU; '{preset.name}' has none"
         )
     return preset
+
+
+def resolve_plan(mod, plan=None, dim: str | None = None, ratio: float | None = None):
+    """The :class:`~codl_tvm.plan.PartitionPlan` for ``--device coexec``, validated against
+    ``mod``.
+
+    ``plan`` is a plan object or the path of a plan JSON; otherwise ``dim`` (``"H"`` or ``"OC"``)
+    and ``ratio`` (the GPU share) give a uniform plan.
+
+    Raises
+    ------
+    DeployError
+        Neither or both given, or the plan file is missing.
+    codl_tvm.plan.PlanError
+        The plan does not fit the model (names the operator and the problem).
+    """
+    from codl_tvm.plan import PartitionPlan, uniform_plan
+
+    if plan is not None and (dim is not None or ratio is not None):
+        raise DeployError("give either a plan or --dim/--ratio for --device coexec, not both")
+    if plan is None:
+        if dim is None or ratio is None:
+            raise DeployError(
+                "--device coexec needs a partition plan: --plan PLAN.json, or --dim H|OC with "
+                "--ratio R (the GPU share, 0..1)"
+            )
+        return uniform_plan(mod, dim, float(ratio))
+    if not isinstance(plan, PartitionPlan):
+        path = Path(plan)
+        if not path.is_file():
+            raise DeployError(f"--plan {path}: no such file")
+        plan = PartitionPlan.load(path)
+    plan.validate(mod)
+    return plan
 
 
 def compile_for(
@@ -158,19 +204,33 @@ def compile_for(
     device: str = "cpu",
     work_dir: str | Path | None = None,
     mcpu: str | None = None,
+    plan=None,
 ) -> Path:
     """Compile a Relax module for ``preset``'s ``device`` and export it as a shared library.
 
-    Cross presets link with the NDK or clang + lld (:func:`codl_tvm.targets.export_library`).
+    ``device="coexec"`` builds the co-executed model of ``plan`` (a
+    :class:`~codl_tvm.plan.PartitionPlan`) for the preset's OpenCL and CPU targets. Cross presets
+    link with the NDK or clang + lld (:func:`codl_tvm.targets.export_library`).
     """
     import tvm
 
-    from codl_tvm.pipeline import single_device_pipeline
+    from codl_tvm.pipeline import coexec_pipeline, single_device_pipeline
     from codl_tvm.targets import export_library
 
     preset = get_preset(preset)
-    target = preset.target("opencl" if device == "opencl" else "cpu", mcpu)
-    ex = tvm.compile(mod, target=target, relax_pipeline=single_device_pipeline(target))
+    if device == "coexec":
+        if plan is None:
+            raise DeployError("compile_for(device='coexec') needs a plan")
+        if not preset.has_gpu:
+            raise DeployError(
+                f"--device coexec needs a preset with an OpenCL GPU; '{preset.name}' has none"
+            )
+        gpu, cpu = preset.gpu_target(mcpu), preset.cpu_target(mcpu)
+        plan.validate(mod)
+        ex = tvm.compile(mod, target=gpu, relax_pipeline=coexec_pipeline(plan, gpu, cpu))
+    else:
+        target = preset.target("opencl" if device == "opencl" else "cpu", mcpu)
+        ex = tvm.compile(mod, target=target, relax_pipeline=single_device_pipeline(target))
     work = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="codl-tvm-deploy-"))
     work.mkdir(parents=True, exist_ok=True)
     path = work / f"model_{preset.name}_{device}.so"
@@ -200,12 +260,25 @@ def run_remote(
     name = f"{library.stem}-{uuid.uuid4().hex[:12]}{library.suffix}"
     remote.call("uploading the model", lambda: sess.upload(str(library), name))
     rlib = remote.call("loading the model", lambda: sess.load_module(name))
-    dev = sess.cl(0) if device == "opencl" else sess.cpu(0)
-    vm = remote.call("creating the VM", lambda: VirtualMachine(rlib, dev))
+    dev = sess.cl(0) if device in ("opencl", "coexec") else sess.cpu(0)
+    # A co-executed model runs over both processors: OpenCL first (inputs live there), CPU second.
+    vm_devs = [dev, sess.cpu(0)] if device == "coexec" else dev
+    vm = remote.call("creating the VM", lambda: VirtualMachine(rlib, vm_devs))
     args = remote.call(
         "copying inputs", lambda: [tvm.runtime.tensor(np.ascontiguousarray(x), dev) for x in inputs]
     )
-    out = remote.call("running main", lambda: vm["main"](*args))
+    if device == "coexec":
+        # Over RPC the VM receives its arguments as borrowed DLTensor* handles, which the
+        # plugin's typed builtins (codl.coexec.cpu_view takes an ffi.Tensor) reject; set_input
+        # copies them into VM-owned tensors on the server first.
+        def _run():
+            vm.set_input("main", *args)
+            vm.invoke_stateful("main")
+            return vm.get_outputs("main")
+
+        out = remote.call("running main", _run)
+    else:
+        out = remote.call("running main", lambda: vm["main"](*args))
     outputs = remote.call("copying outputs back", lambda: _flatten(out))
     if repeat <= 0:
         return RemoteRun(outputs, None, None, None, 0)
@@ -250,16 +323,12 @@ def compare_outputs(
     return worst, ok
 
 
-def _check_device(device: str, plan: str | None) -> None:
+def _check_device(device: str, plan, dim, ratio) -> None:
     if device not in DEVICES:
         raise DeployError(f"unknown device {device!r}; expected one of {DEVICES}")
-    if device == "coexec" or plan is not None:
-        raise DeployError(
-            "--device coexec and --plan are not available yet: deploying a co-executed model "
-            "needs codl-tvm's co-execution pipeline and runtime, which this version lacks; "
-            "use --device cpu or --device opencl"
-        )
-    if device == "opencl":
+    if device != "coexec" and (plan is not None or dim is not None or ratio is not None):
+        raise DeployError("--plan/--dim/--ratio apply to --device coexec only")
+    if device in ("opencl", "coexec"):
         try:
             from codl_tvm import runtime
         except ImportError:
@@ -278,7 +347,9 @@ def deploy(
     target: str | TargetPreset | None = None,
     device: str = "cpu",
     inputs: dict[str, np.ndarray] | None = None,
-    plan: str | None = None,
+    plan=None,
+    dim: str | None = None,
+    ratio: float | None = None,
     number: int = 5,
     repeat: int = 3,
     seed: int = 0,
@@ -300,7 +371,10 @@ def deploy(
     target
         A preset name (:func:`codl_tvm.targets.preset_names`); default: from the remote's report.
     device
-        ``"cpu"`` or ``"opencl"`` (``"coexec"`` is not available yet).
+        ``"cpu"``, ``"opencl"`` or ``"coexec"`` (GPU + CPU co-execution).
+    plan, dim, ratio
+        For ``"coexec"``: a :class:`~codl_tvm.plan.PartitionPlan` or plan JSON path, or a
+        uniform plan's dimension (``"H"``/``"OC"``) and GPU ratio (:func:`resolve_plan`).
     inputs
         Inputs keyed by graph input name (default: seeded random).
     number, repeat
@@ -323,8 +397,9 @@ def deploy(
     from codl_tvm.runner import build
 
     say = log or (lambda _msg: None)
-    _check_device(device, plan)
+    _check_device(device, plan, dim, ratio)
     onnx_model = model if isinstance(model, OnnxModel) else load_onnx(model)
+    partition = resolve_plan(onnx_model.mod, plan, dim, ratio) if device == "coexec" else None
     values = inputs if inputs is not None else random_inputs(onnx_model, seed)
     ordered = check_inputs(onnx_model, values, "inputs" if inputs is not None else "random inputs")
     if target is not None:
@@ -345,7 +420,7 @@ def deploy(
                 f"remote: TVM {info.get('tvm')}, {info.get('machine')} "
                 f"{'Android' if info.get('android') == '1' else info.get('system')}"
             )
-        if device == "opencl" and (info or {}).get("opencl") != "1":
+        if device in ("opencl", "coexec") and (info or {}).get("opencl") != "1":
             why = (info or {}).get(
                 "opencl_error",
                 "its server did not load codl-tvm's OpenCL "
@@ -355,7 +430,11 @@ def deploy(
             raise DeployError(f"remote device {remote.name} has no usable OpenCL runtime: {why}")
         preset = select_preset(target, device, info, remote.name)
         say(f"compiling for '{preset.name}' ({device})")
-        lib = compile_for(onnx_model.mod, preset, device, work_dir)
+        if device == "coexec":
+            from codl_tvm import runtime
+
+            runtime.load()  # as compile_coexec does: the plugin must be loaded to build
+        lib = compile_for(onnx_model.mod, preset, device, work_dir, plan=partition)
         say(f"uploading {lib.name} ({lib.stat().st_size} bytes) and running on {remote.name}")
         run = run_remote(remote, lib, ordered, device, number=number, repeat=repeat)
     finally:
@@ -406,6 +485,8 @@ def _cmd_deploy(args: argparse.Namespace) -> int:
             device=args.device,
             inputs=inputs,
             plan=args.plan,
+            dim=args.dim,
+            ratio=args.ratio,
             number=args.number,
             repeat=args.repeat,
             seed=args.seed,
@@ -459,9 +540,11 @@ def register_cli(subparsers) -> argparse.ArgumentParser:
         "--device",
         choices=DEVICES,
         default="cpu",
-        help="processor to run on (coexec: not available yet)",
+        help="processor(s) to run on (coexec: the GPU and the CPU together)",
     )
-    p.add_argument("--plan", help="partition plan (JSON) for --device coexec (not available yet)")
+    p.add_argument("--plan", help="partition plan (JSON) for --device coexec")
+    p.add_argument("--dim", choices=("H", "OC"), help="uniform plan dimension (--device coexec)")
+    p.add_argument("--ratio", type=float, help="uniform plan GPU ratio 0..1 (--device coexec)")
     p.add_argument("--inputs", help=".npz of inputs keyed by graph input names")
     p.add_argument("--save-outputs", help=".npz to write the remote outputs to")
     p.add_argument("--force", action="store_true", help="overwrite --save-outputs if it exists")

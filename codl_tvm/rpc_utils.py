@@ -270,6 +270,12 @@ class RemoteDevice:
         if not self._closed:
             self._closed = True
             self.session = None
+            # TVM's RPCSession has no close(): the connection ends when the last reference to it
+            # goes. Remote tensors/VMs caught in reference cycles (closures, tracebacks) would keep
+            # the device busy until the next garbage collection, so collect now.
+            import gc
+
+            gc.collect()
 
 
 def request_remote(
@@ -561,8 +567,13 @@ class DeviceFarm:
         jobs: Sequence[Callable[[RemoteDevice], Any]],
         job_timeout_s: float = 60.0,
         retries: int = 1,
+        on_failure: Callable[[int, str, str, bool], None] | None = None,
     ) -> list[JobResult]:
-        """Run ``jobs`` over the farm's devices; results come back in job order."""
+        """Run ``jobs`` over the farm's devices; results come back in job order.
+
+        ``on_failure(job_index, device_name, error, retried)`` is called (from a worker thread)
+        for every failed attempt, so callers can log which device failed.
+        """
         if not self.devices:
             self.open()
         pending: queue.Queue[tuple[int, int]] = queue.Queue()
@@ -605,6 +616,11 @@ class DeviceFarm:
                     _finish(i, JobResult(i, box.get("value"), None, dev.name, attempts))
                     continue
                 healthy = not runner.is_alive() and self._alive(dev)
+                if on_failure is not None:
+                    try:
+                        on_failure(i, dev.name, err, attempts <= retries)
+                    except Exception:  # a logging callback must not stop the farm
+                        pass
                 if attempts <= retries:
                     pending.put((i, attempts))
                 else:

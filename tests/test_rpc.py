@@ -9,6 +9,7 @@ The emulated aarch64 test (``slow``) prepares or reuses the qemu-user device of
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -256,7 +257,9 @@ def test_cli_rejects_bad_input(tracker, cpu_server, cnn, tmp_path, capsys):
     assert main([*base, "--device", "opencl", "--target", "pocl"]) == 2
     assert "has no usable OpenCL runtime" in capsys.readouterr().err
     assert main([*base, "--device", "coexec"]) == 2
-    assert "--device coexec and --plan are not available yet" in capsys.readouterr().err
+    assert "--device coexec needs a partition plan" in capsys.readouterr().err
+    assert main([*base, "--device", "coexec", "--dim", "OC", "--ratio", "0.5"]) == 2
+    assert "has no usable OpenCL runtime" in capsys.readouterr().err
     assert main(["deploy", str(path), "--tracker", "localhost", "--key", "k"]) == 2
     assert "tracker address 'localhost' is not HOST:PORT" in capsys.readouterr().err
 
@@ -538,3 +541,90 @@ def test_emulated_device_with_other_tvm_is_refused_before_upload(procs, tracker,
             capture_output=True,
             timeout=60,
         )
+
+
+@pytest.fixture(scope="module")
+def opencl_server(procs, tracker, opencl) -> str:
+    """A server that loaded codl-tvm's OpenCL plugin (``serve --opencl``)."""
+    _start_server(procs, tracker, "coexec", extra=["--opencl"])
+    return "coexec"
+
+
+@pytest.mark.opencl
+@pytest.mark.parametrize("dim", ["OC", "H"])
+def test_deploy_coexec_matches_unpartitioned_host(tracker, opencl_server, cnn, dim):
+    """A co-executed build runs over the remote's OpenCL device and CPU; its outputs equal the
+    host's unpartitioned CPU build and onnxruntime."""
+    from codl_tvm.runner import build
+
+    path, model = cnn
+    inputs = random_inputs(model, seed=3)
+    result = deploy.deploy(
+        model,
+        tracker,
+        opencl_server,
+        target="pocl",
+        device="coexec",
+        dim=dim,
+        ratio=0.5,
+        inputs=inputs,
+        number=1,
+        repeat=1,
+        request_timeout_s=30,
+        log=None,
+    )
+    assert result.remote_versions["opencl"] == "1"
+    assert result.library.name == "model_pocl_coexec.so"
+    host = build(model.mod, "cpu")([inputs["x"]])
+    np.testing.assert_allclose(result.outputs[0], host[0], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(
+        result.outputs[0], _onnxruntime(path, inputs)[0], rtol=1e-4, atol=1e-5
+    )
+    assert result.matches, result.max_abs_error
+    assert result.run.median_ms is not None and result.run.median_ms > 0
+    rpc_utils.wait_for_devices(tracker, opencl_server, 1, timeout_s=30)
+
+
+@pytest.mark.opencl
+def test_cli_deploy_coexec_with_plan_file(tracker, opencl_server, cnn, tmp_path, capsys):
+    """``codl-tvm deploy --device coexec --plan PLAN.json`` (a plan with a GPU-only and a
+    split operator) matches the host; a plan naming an unknown operator fails before upload."""
+    from codl_tvm.cli import main
+    from codl_tvm.plan import PartitionPlan, uniform_plan
+    from codl_tvm.runner import build
+
+    path, model = cnn
+    plan = uniform_plan(model.mod, "OC", 0.25)
+    plan_path = tmp_path / "plan.json"
+    plan.save(plan_path)
+    inputs = random_inputs(model, seed=4)
+    np.savez(tmp_path / "in.npz", **inputs)
+    out = tmp_path / "out.npz"
+    argv = ["deploy", str(path), "--tracker", tracker, "--key", opencl_server, "--target"]
+    argv += ["pocl", "--device", "coexec", "--plan", str(plan_path), "--inputs"]
+    argv += [str(tmp_path / "in.npz"), "--save-outputs", str(out), "--repeat", "1"]
+    argv += ["--timeout", "30"]
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    assert "remote latency on coexec@127.0.0.1" in text and "matches" in text
+    host = build(model.mod, "cpu")([inputs["x"]])
+    with np.load(out) as saved:
+        np.testing.assert_allclose(saved["y"], host[0], rtol=1e-4, atol=1e-5)
+
+    assert PartitionPlan.load(plan_path) == plan
+    bad = plan.to_dict()
+    bad["ops"][0]["op"] = "no_such_op"
+    (tmp_path / "bad.json").write_text(json.dumps(bad))
+    argv2 = ["deploy", str(path), "--tracker", tracker, "--key", opencl_server]
+    argv2 += ["--device", "coexec", "--plan", str(tmp_path / "bad.json")]
+    assert main(argv2) == 2
+    assert "no_such_op" in capsys.readouterr().err
+
+
+def test_coexec_needs_a_plan_and_plan_needs_coexec(cnn):
+    """Missing or misplaced plan arguments fail before any network use."""
+    _, model = cnn
+    with pytest.raises(deploy.DeployError, match="needs a partition plan"):
+        deploy.deploy(model, "127.0.0.1:1", "k", device="coexec", log=None)
+    with pytest.raises(deploy.DeployError, match="apply to --device coexec only"):
+        deploy.deploy(model, "127.0.0.1:1", "k", device="cpu", dim="OC", ratio=0.5, log=None)

@@ -17,6 +17,7 @@ def test_coexec_quickstart(opencl, monkeypatch, tmp_path):
 
 
 @pytest.mark.rpc
+@pytest.mark.opencl  # the tutorial's server loads codl-tvm's OpenCL plugin
 def test_deploy_rpc(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     runpy.run_path(str(TUTORIALS / "deploy_rpc.py"), run_name="__main__")

@@ -102,6 +102,7 @@ if local_demo:
                 "--port-end",
                 str(server_port + 1),
                 "--silent",
+                "--opencl",  # load the OpenCL plugin: --device opencl/coexec need it
             ],
             start_new_session=True,
         )
@@ -148,11 +149,50 @@ print(f"max abs difference against the host: {result.max_abs_error:.3g}, matches
 print(f"remote latency: median {result.run.median_ms:.3f} ms over {result.run.repeats} repeats")
 
 # %%
+# Co-execution on the device
+# --------------------------
+# ``device="coexec"`` builds the model so that every partitionable operator runs partly on the
+# device's OpenCL GPU and partly on its CPU (here a uniform plan: half of the output channels on
+# each; ``plan=`` takes a :class:`~codl_tvm.plan.PartitionPlan` or its JSON file). The plugin is
+# not inside the uploaded library: the RPC server loaded it at start-up (``serve --opencl``), and
+# every model uploaded later uses it. The outputs are compared with the host's unpartitioned
+# build::
+#
+#   codl-tvm deploy model.onnx --tracker HOST:PORT --key KEY --device coexec --dim OC --ratio 0.5
+
+if (result.remote_versions or {}).get("opencl") == "1":
+    rpc_utils.wait_for_devices(tracker, key, count=1, timeout_s=30)
+    coexec = deploy.deploy(
+        model,
+        tracker,
+        key,
+        target="pocl" if local_demo else os.environ.get("CODL_TVM_GPU_TARGET"),
+        device="coexec",
+        dim="OC",
+        ratio=0.5,
+        inputs=inputs,
+        number=3,
+        repeat=3,
+        request_timeout_s=30,
+    )
+    print(f"co-executed on {coexec.device}: max abs difference {coexec.max_abs_error:.3g}")
+    print(f"co-executed latency: median {coexec.run.median_ms:.3f} ms")
+    assert coexec.matches, coexec.max_abs_error
+else:
+    print(
+        "the device has no usable OpenCL plugin:",
+        (result.remote_versions or {}).get("opencl_error"),
+    )
+
+# %%
 # A device farm
 # -------------
 # :class:`codl_tvm.rpc_utils.DeviceFarm` takes every free device of a key and runs jobs on them in
-# parallel threads, with a per-job timeout and retries; the profiler measures operators this
-# way. A job receives a connected :class:`~codl_tvm.rpc_utils.RemoteDevice`.
+# parallel threads, with a per-job timeout and retries (a job whose device fails is retried on
+# another, and the failed device leaves the farm). A job receives a connected
+# :class:`~codl_tvm.rpc_utils.RemoteDevice`. The profiler measures operators this way::
+#
+#   codl-tvm profile --sample 20 --rpc HOST:PORT --rpc-key KEY --farm -o data/soc.jsonl
 
 library = deploy.compile_for(model.mod, result.preset)
 batches = [[random_inputs(model, seed=s)["input"]] for s in range(3)]

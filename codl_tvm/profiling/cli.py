@@ -14,6 +14,11 @@ The operators of a model, compiled here and measured on another machine::
 Through a TVM RPC tracker (the server must load the codl-tvm runtime plugin)::
 
     codl-tvm profile --sample 20 --rpc 127.0.0.1:9190 --rpc-key soc -o data/soc.jsonl
+
+Over every free device of the key in parallel (a device farm; a job whose device fails is
+retried on another)::
+
+    codl-tvm profile --sample 20 --rpc 127.0.0.1:9190 --rpc-key soc --farm -o data/soc.jsonl
 """
 
 from __future__ import annotations
@@ -107,6 +112,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
             return 0
         if not args.output:
             raise ProfileError("-o DATA.jsonl is required (or --compile-dir DIR)")
+        if args.farm:
+            return _profile_farm(args, jobs, timing, sharing, meta)
         session = LocalSession()
         if args.rpc:
             remote = _connect(args)
@@ -119,6 +126,33 @@ def cmd_profile(args: argparse.Namespace) -> int:
     finally:
         if remote is not None:
             remote.close()
+
+
+def _profile_farm(args, jobs, timing, sharing, meta) -> int:
+    """``--farm``: spread the jobs over every free device of ``--rpc-key``."""
+    from codl_tvm.profiling.farm import profile_farm
+    from codl_tvm.rpc_utils import RPCError
+
+    if not args.rpc or not args.rpc_key:
+        raise _error("--farm needs --rpc HOST:PORT and --rpc-key KEY")
+    try:
+        counts = profile_farm(
+            jobs,
+            args.output,
+            args.rpc,
+            args.rpc_key,
+            work_dir=args.work_dir,
+            timing=timing,
+            sharing_sizes=sharing,
+            meta=meta,
+            job_timeout_s=args.job_timeout,
+            retries=args.retries,
+            request_timeout_s=args.rpc_timeout,
+        )
+    except RPCError as exc:
+        raise _error(str(exc)) from None
+    _report(counts, args.output)
+    return 0
 
 
 def _connect(args):
@@ -177,4 +211,11 @@ def register_cli(subparsers) -> None:
     p.add_argument("--rpc", help="measure through a TVM RPC tracker HOST:PORT")
     p.add_argument("--rpc-key", help="device key at the tracker")
     p.add_argument("--rpc-timeout", type=float, default=30.0)
+    p.add_argument(
+        "--farm",
+        action="store_true",
+        help="measure on every free device of --rpc-key in parallel (a device farm)",
+    )
+    p.add_argument("--job-timeout", type=float, default=300.0, help="seconds per job (--farm)")
+    p.add_argument("--retries", type=int, default=2, help="extra attempts per failed job (--farm)")
     p.set_defaults(func=cmd_profile)

@@ -1,0 +1,178 @@
+"""Profiling over a device farm: several real TVM RPC servers on 127.0.0.1 under one tracker key.
+
+The fixtures start ``python -m tvm.exec.rpc_tracker`` and codl-tvm's RPC servers with the OpenCL
+plugin (``python -m codl_tvm.rpc_utils serve --opencl``) on free ports.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from codl_tvm import rpc_utils
+from codl_tvm.cost_model.dataset import load_dataset
+from codl_tvm.cost_model.features import OpParams, part_shape
+from codl_tvm.profiling.farm import profile_farm
+from codl_tvm.profiling.profile import job_key, make_jobs
+from codl_tvm.profiling.runner import TimingConfig
+
+pytestmark = [pytest.mark.rpc, pytest.mark.opencl]
+
+TIMING = TimingConfig(warmup=0, repeats=1, number=1)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class _Processes:
+    def __init__(self) -> None:
+        self.procs: list[subprocess.Popen] = []
+
+    def start(self, cmd: list[str]) -> subprocess.Popen:
+        proc = subprocess.Popen(
+            cmd, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        self.procs.append(proc)
+        return proc
+
+    @staticmethod
+    def kill(proc: subprocess.Popen) -> None:
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait(timeout=10)
+
+    def close(self) -> None:
+        for proc in self.procs:
+            self.kill(proc)
+
+
+@pytest.fixture(scope="module")
+def procs():
+    p = _Processes()
+    yield p
+    p.close()
+
+
+@pytest.fixture(scope="module")
+def tracker(procs) -> str:
+    port = _free_port()
+    procs.start(
+        [
+            *(sys.executable, "-m", "tvm.exec.rpc_tracker", "--host", "127.0.0.1"),
+            *("--port", str(port), "--port-end", str(port + 1), "--silent"),
+        ]
+    )
+    addr = f"127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            rpc_utils.tracker_summary(addr, timeout_s=2)
+            return addr
+        except rpc_utils.TrackerUnreachable:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+def _start_servers(procs, tracker: str, key: str, n: int) -> list[tuple[subprocess.Popen, int]]:
+    out = []
+    for _ in range(n):
+        port = _free_port()
+        proc = procs.start(
+            [
+                *(sys.executable, "-m", "codl_tvm.rpc_utils", "serve", "--tracker", tracker),
+                *("--key", key, "--port", str(port), "--port-end", str(port + 1), "--silent"),
+                "--opencl",
+            ]
+        )
+        out.append((proc, port))
+    rpc_utils.wait_for_devices(tracker, key, n, timeout_s=90)
+    return out
+
+
+@pytest.fixture(scope="module")
+def jobs():
+    """Two small convolutions split along H and OC at one ratio, on both processors (8 jobs)."""
+    ops = [
+        ("c3", OpParams("conv2d", 16, 16, 8, 16, kernel=3, padding=(1, 1, 1, 1))),
+        ("c1", OpParams("conv2d", 8, 8, 16, 32, kernel=1)),
+    ]
+    return make_jobs(ops, ("H", "OC"), (0.5,))
+
+
+def _check_dataset(path, jobs, device_names=None):
+    """Every job recorded exactly once, with the part shape the job asks for."""
+    data = load_dataset(path)  # validates every record (latency > 0, fields, shapes)
+    recs = data.op_records
+    assert len(recs) == len(jobs)
+    keys = [job_key(r.params, r.partition, r.processor, r.device) for r in recs]
+    assert len(set(keys)) == len(keys)
+    want = {(j.params, j.partition, j.processor) for j in jobs}
+    assert {(r.params, r.partition, r.processor) for r in recs} == want
+    for r in recs:
+        assert r.part == part_shape(r.params, r.partition, r.processor)
+        assert r.device["remote"] is True and r.latency_ms > 0
+    return data
+
+
+def test_farm_profiles_each_job_once_over_two_devices(procs, tracker, jobs, tmp_path, opencl):
+    _start_servers(procs, tracker, "farm2", 2)
+    lines: list[str] = []
+    out = tmp_path / "farm.jsonl"
+    counts = profile_farm(
+        jobs, out, tracker, "farm2", timing=TIMING, sharing_sizes=(4096,), log=lines.append
+    )
+    assert counts["devices"] == 2, lines
+    assert counts["measured"] == len(jobs) and counts["skipped"] == 0 and counts["retried"] == 0
+    data = _check_dataset(out, jobs)
+    assert len(data.records) - len(data.op_records) == counts["sharing"] >= 1
+    # resuming measures nothing again
+    rpc_utils.wait_for_devices(tracker, "farm2", 2, timeout_s=30)
+    again = profile_farm(jobs, out, tracker, "farm2", timing=TIMING, sharing_sizes=(), log=None)
+    assert again["measured"] == 0 and again["skipped"] == len(jobs)
+    _check_dataset(out, jobs)
+
+
+def test_killed_server_jobs_are_retried_elsewhere(procs, tracker, jobs, tmp_path, opencl):
+    (victim, vport), _ = _start_servers(procs, tracker, "farmkill", 2)
+    lines: list[str] = []
+
+    def log(line: str) -> None:
+        lines.append(line)
+        if line.startswith("compiled "):  # devices connected, nothing measured yet: kill one
+            threading.Thread(target=_Processes.kill, args=(victim,), daemon=True).start()
+            time.sleep(0.5)
+
+    out = tmp_path / "kill.jsonl"
+    counts = profile_farm(
+        jobs, out, tracker, "farmkill", timing=TIMING, sharing_sizes=(), retries=2, log=log
+    )
+    assert victim.poll() is not None
+    assert counts["measured"] == len(jobs)
+    assert counts["retried"] >= 1
+    failed = [ln for ln in lines if " failed on " in ln]
+    assert failed and all(f"farmkill@127.0.0.1:{vport}" in ln for ln in failed), lines
+    assert any("retrying on another device" in ln for ln in failed)
+    _check_dataset(out, jobs)
+
+
+def test_farm_errors(tracker, jobs, tmp_path):
+    with pytest.raises(rpc_utils.NoFreeDevice, match="no device registered under key 'nokey'"):
+        profile_farm(jobs, tmp_path / "x.jsonl", tracker, "nokey", request_timeout_s=1, log=None)
+    with pytest.raises(rpc_utils.TrackerUnreachable):
+        profile_farm(
+            jobs, tmp_path / "x.jsonl", f"127.0.0.1:{_free_port()}", "k", request_timeout_s=1
+        )
