@@ -447,19 +447,10 @@ class Artifact:
 
     def time(self, inputs: Sequence[np.ndarray], number: int = 5, repeat: int = 3):
         """Latency (``time_evaluator`` on the first VM device's timer; warm-up run first)."""
-        import tvm
-
-        from codl_tvm.runner import Latency
+        from codl_tvm.runner import time_vm
 
         self._load()
-        dev = self._devices[0]
-        args = [tvm.runtime.tensor(np.ascontiguousarray(x), dev) for x in inputs]
-        self._vm["main"](*args)
-        res = self._vm.time_evaluator("main", dev, number=number, repeat=repeat)(*args)
-        ms = [r * 1e3 for r in res.results]
-        return Latency(
-            float(np.median(ms)), float(np.mean(ms)), float(np.min(ms)), float(np.max(ms)), len(ms)
-        )
+        return time_vm(self._vm, self._devices[0], inputs, number, repeat)
 
 
 def load_artifact(path: str | Path, verify: bool = True) -> Artifact:

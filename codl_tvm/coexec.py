@@ -81,16 +81,9 @@ class CoexecModule:
         """Latency with ``time_evaluator`` on the OpenCL device's event timer."""
         import tvm
 
-        from codl_tvm.runner import Latency
+        from codl_tvm.runner import time_vm
 
-        dev = tvm.opencl(0)
-        args = [tvm.runtime.tensor(np.ascontiguousarray(x), dev) for x in inputs]
-        self.vm["main"](*args)
-        res = self.vm.time_evaluator("main", dev, number=number, repeat=repeat)(*args)
-        ms = [r * 1e3 for r in res.results]
-        return Latency(
-            float(np.median(ms)), float(np.mean(ms)), float(np.min(ms)), float(np.max(ms)), len(ms)
-        )
+        return time_vm(self.vm, tvm.opencl(0), inputs, number, repeat)
 
 
 def placement_report(mod, plan) -> list[dict]:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["BuiltModel", "Latency", "build", "default_target"]
+__all__ = ["BuiltModel", "Latency", "build", "default_target", "time_vm"]
 
 DEVICES = ("cpu", "opencl")
 
@@ -60,19 +60,25 @@ class BuiltModel:
 
     def time(self, inputs: Sequence[np.ndarray], number: int = 5, repeat: int = 3) -> Latency:
         """Time ``main`` with TVM's ``time_evaluator`` (device timer; warm-up run first)."""
-        import tvm
+        return time_vm(self.vm, self.tvm_device, inputs, number, repeat)
 
-        args = [tvm.runtime.tensor(x, self.tvm_device) for x in inputs]
-        self.vm["main"](*args)
-        res = self.vm.time_evaluator("main", self.tvm_device, number=number, repeat=repeat)(*args)
-        results_ms = [r * 1e3 for r in res.results]
-        return Latency(
-            median_ms=float(np.median(results_ms)),
-            mean_ms=float(np.mean(results_ms)),
-            min_ms=float(np.min(results_ms)),
-            max_ms=float(np.max(results_ms)),
-            repeats=len(results_ms),
-        )
+
+def time_vm(vm, dev, inputs: Sequence[np.ndarray], number: int = 5, repeat: int = 3) -> Latency:
+    """Latency of ``vm["main"]`` on ``inputs`` placed on ``dev``, with ``time_evaluator`` on
+    ``dev``'s timer after one warm-up run (shared by every built-model wrapper)."""
+    import tvm
+
+    args = [tvm.runtime.tensor(np.ascontiguousarray(x), dev) for x in inputs]
+    vm["main"](*args)
+    res = vm.time_evaluator("main", dev, number=number, repeat=repeat)(*args)
+    ms = [r * 1e3 for r in res.results]
+    return Latency(
+        median_ms=float(np.median(ms)),
+        mean_ms=float(np.mean(ms)),
+        min_ms=float(np.min(ms)),
+        max_ms=float(np.max(ms)),
+        repeats=len(ms),
+    )
 
 
 def _flatten(out) -> list[np.ndarray]:
@@ -125,4 +131,3 @@ def build(
     dev = tvm.cpu(0) if device == "cpu" else tvm.opencl(0)
     vm = relax.VirtualMachine(lib, dev)
     return BuiltModel(device=device, library=lib_path, vm=vm, tvm_device=dev)
-
