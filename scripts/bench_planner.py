@@ -1,12 +1,12 @@
 """End-to-end planner benchmark (issue 7): every baseline and codl-tvm per model.
 
-Compile here (the device machine has a runtime-only TVM), run there::
+Compile (here, or on the device machine with TVM's compiler library), then run there::
 
-    python scripts/bench_planner.py compile --preset emulated-soc --models squeezenet,vgg16 \\
-        --cost-model codl_tvm/data/cost_models/emulated-soc.json --oracle oracle.json \\
-        --out .device/plans_soc
+    python scripts/bench_planner.py compile --jobs 8 --preset emulated-soc \\
+        --models squeezenet,vgg16 --cost-model codl_tvm/data/cost_models/emulated-soc.json \\
+        --oracle oracle.json --out .device/plans_soc
     python3 scripts/bench_planner.py run --dir .device/plans_soc --out $OUT/planner.json \\
-        --tvm-cpus 8-15 --trace-dir $OUT/traces
+        --tvm-cpus 8-15 --rounds 5 --number 3 --trace-dir $OUT/traces
 
 Per model the directory holds one ``codl-tvm compile`` artifact per baseline: ``cpu`` and
 ``gpu`` (single-processor builds), the planner modes (``codl``, ``codl_no_chain``, ``h_only``,
@@ -15,7 +15,9 @@ a table of measured part latencies: each operator's measured best split). ``run`
 artifact against the host reference stored with the CPU build, times it, and reports speedups
 over the best single processor and over uLayer-like, the share of the ideal bound
 T* = 1 / (1/Tcpu + 1/Tgpu), plan statistics and the planning time; ``--trace-dir`` also writes a
-timeline of one codl inference per model.
+timeline of one codl inference per model (of the first co-executed variant where codl fell back
+to one processor). Variants are timed round-robin (``--rounds`` samples of ``--number`` runs
+each). ``plot`` draws latency against T* and codl's plan statistics from run JSONs.
 """
 
 from __future__ import annotations
@@ -23,7 +25,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -54,9 +58,27 @@ def _model_file(name: str, tmp: Path) -> Path:
     return path
 
 
-def cmd_compile(args: argparse.Namespace) -> None:
+def _compile_job(job: tuple) -> tuple[str, str, str | None]:
     from codl_tvm.artifact import compile_artifact
 
+    name, tag, path, target, device, mode, cost_model, preset = job
+    try:
+        compile_artifact(
+            path,
+            target,
+            device=device,
+            mode=mode or "codl",
+            cost_model=cost_model,
+            preset=preset,
+            reference=(tag == "cpu"),
+            log=lambda s: None,
+        )
+    except Exception as exc:  # one failing build must not lose the others
+        return name, tag, f"{type(exc).__name__}: {exc}"
+    return name, tag, None
+
+
+def cmd_compile(args: argparse.Namespace) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     models_dir = out / "models"
@@ -69,36 +91,40 @@ def cmd_compile(args: argparse.Namespace) -> None:
     }
     if (out / "index.json").exists():  # a later call adds models or modes
         index["models"] = json.loads((out / "index.json").read_text())["models"]
+    jobs = []
     for name in args.models.split(","):
         path = _model_file(name, models_dir)
-        entries = {}
-        jobs = [("cpu", "cpu", None, None), ("gpu", "opencl", None, None)]
-        jobs += [(m, "coexec", m, args.cost_model) for m in args.modes.split(",") if m]
+        todo = [("cpu", "cpu", None, None), ("gpu", "opencl", None, None)]
+        todo += [(m, "coexec", m, args.cost_model) for m in args.modes.split(",") if m]
         if args.oracle:
-            jobs.append(("oracle", "coexec", "codl_no_chain", args.oracle))
-        for tag, device, mode, cost_model in jobs:
+            todo.append(("oracle", "coexec", "codl_no_chain", args.oracle))
+        for tag, device, mode, cost_model in todo:
             target = out / name / tag
-            if (target / "manifest.json").exists():
-                entries[tag] = str(target.relative_to(out))
-                continue
-            print(f"== {name} {tag}", flush=True)
-            compile_artifact(
-                path,
-                target,
-                device=device,
-                mode=mode or "codl",
-                cost_model=cost_model,
-                preset=args.preset,
-                reference=(tag == "cpu"),
-                log=lambda s: None,
-            )
-            entries[tag] = str(target.relative_to(out))
-        index["models"][name] = {**index["models"].get(name, {}), **entries}
-        (out / "index.json").write_text(json.dumps(index, indent=2))
+            if not (target / "manifest.json").exists():
+                jobs.append((name, tag, path, target, device, mode, cost_model, args.preset))
+            else:
+                index["models"].setdefault(name, {})[tag] = f"{name}/{tag}"
+    failed = {}
+    if args.jobs > 1:
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor
+
+        # Spawned workers: TVM's state is not fork-safe. Biggest models first.
+        jobs.sort(key=lambda j: -Path(j[2]).stat().st_size)
+        with ProcessPoolExecutor(args.jobs, mp_context=mp.get_context("spawn")) as pool:
+            results = list(pool.map(_compile_job, jobs))
+    else:
+        results = [_compile_job(j) for j in jobs]
+    for name, tag, err in results:
+        print(f"== {name} {tag}: {err or 'ok'}", flush=True)
+        if err:
+            failed[f"{name}/{tag}"] = err
+        else:
+            index["models"].setdefault(name, {})[tag] = f"{name}/{tag}"
+    index["failed"] = {**index.get("failed", {}), **failed}
+    (out / "index.json").write_text(json.dumps(index, indent=2))
     # The ONNX files are not needed on the device (artifacts are self-contained).
-    for f in models_dir.iterdir():
-        f.unlink()
-    models_dir.rmdir()
+    shutil.rmtree(models_dir, ignore_errors=True)
 
 
 def _stats(manifest: dict, art_dir: Path) -> dict:
@@ -125,6 +151,14 @@ def _stats(manifest: dict, art_dir: Path) -> dict:
     return out
 
 
+def _trace_tag(entries: dict, manifests: dict) -> str | None:
+    """The variant whose timeline is drawn: codl, else (codl fell back) the first co-executed."""
+    for tag in ("codl", "codl_no_chain", "oracle", "h_only", "oc_only", "ulayer_like"):
+        if tag in entries and manifests[tag]["device"] == "coexec":
+            return tag
+    return None
+
+
 def cmd_run(args: argparse.Namespace) -> None:
     import tvm  # noqa: F401  (runtime-only TVM is enough)
 
@@ -144,40 +178,70 @@ def cmd_run(args: argparse.Namespace) -> None:
         "compute_units": info.devices[0].compute_units,
         "svm": info.svm_mode,
         "preset": index["preset"],
+        "rounds": args.rounds,
+        "number": args.number,
+        "failed_builds": index.get("failed", {}),
         "models": {},
     }
-    for name, entries in index["models"].items():
+    if args.out and Path(args.out).exists() and args.append:
+        results["models"] = json.loads(Path(args.out).read_text())["results"]["models"]
+    wanted = args.models.split(",") if args.models else list(index["models"])
+    env = {
+        k: os.environ.get(k)
+        for k in (
+            "POCL_CPU_MAX_CU_COUNT",
+            "POCL_AFFINITY",
+            "TVM_NUM_THREADS",
+            "CODL_OPENCL_PLATFORM",
+        )
+    }
+    for name in wanted:
+        entries = index["models"][name]
+        t0 = time.perf_counter()
         ref_inputs, ref_outputs = load_artifact(root / entries["cpu"]).reference()
-        rows = {}
+        arts, inputs, rows = {}, {}, {}
         for tag, rel in entries.items():
             art = load_artifact(root / rel)
-            inputs = [ref_inputs[s.name] for s in art.model.inputs]
-            outs = art(inputs)
+            inputs[tag] = [ref_inputs[s.name] for s in art.model.inputs]
+            outs = art(inputs[tag])
             err = max(float(np.max(np.abs(a - b))) for a, b in zip(outs, ref_outputs))
             scale = max(1.0, max(float(np.max(np.abs(r))) for r in ref_outputs))
-            lat = art.time(inputs, number=args.number, repeat=args.repeat)
+            arts[tag] = art
             rows[tag] = {
-                "median_ms": lat.median_ms,
-                "min_ms": lat.min_ms,
-                "max_ms": lat.max_ms,
                 "max_abs_err": err,
                 "ok": err <= 1e-4 * scale,
                 **_stats(art.manifest, root / rel),
             }
+        # Round-robin: every variant is timed once per round, so drift (clocks, other load)
+        # spreads over all of them instead of favouring whichever ran first.
+        samples: dict[str, list[float]] = {tag: [] for tag in arts}
+        for _ in range(args.rounds):
+            for tag, art in arts.items():
+                lat = art.time(inputs[tag], number=args.number, repeat=1)
+                samples[tag].append(lat.median_ms)
+        for tag, ms in samples.items():
+            rows[tag].update(
+                median_ms=float(np.median(ms)),
+                min_ms=float(np.min(ms)),
+                max_ms=float(np.max(ms)),
+                samples_ms=[round(v, 4) for v in ms],
+            )
             print(
-                f"{name:14s} {tag:14s} {lat.median_ms:10.3f} ms  err {err:.1e}  "
-                f"{art.manifest['device']}",
+                f"{name:14s} {tag:14s} {rows[tag]['median_ms']:10.3f} ms  "
+                f"err {rows[tag]['max_abs_err']:.1e}  {arts[tag].manifest['device']}",
                 flush=True,
             )
-            if args.trace_dir and tag == "codl" and art.device == "coexec":
-                from codl_tvm.trace import trace_inference
+        trace_tag = _trace_tag(entries, {t: a.manifest for t, a in arts.items()})
+        if args.trace_dir and trace_tag:
+            from codl_tvm.trace import trace_inference
 
-                tdir = Path(args.trace_dir)
-                tdir.mkdir(parents=True, exist_ok=True)
-                trace = trace_inference(art, inputs)
-                trace.save_chrome(tdir / f"{name}_codl.json")
-                trace.save_png(tdir / f"{name}_codl.png")
-                rows[tag]["trace"] = trace.summary()
+            tdir = Path(args.trace_dir)
+            tdir.mkdir(parents=True, exist_ok=True)
+            trace = trace_inference(arts[trace_tag], inputs[trace_tag])
+            trace.save_chrome(tdir / f"{name}_{trace_tag}.json")
+            trace.save_png(tdir / f"{name}_{trace_tag}.png")
+            rows[trace_tag]["trace"] = trace.summary()
+        del arts
         tc, tg = rows["cpu"]["median_ms"], rows["gpu"]["median_ms"]
         t_star = tc * tg / (tc + tg)
         best = min(tc, tg)
@@ -186,6 +250,8 @@ def cmd_run(args: argparse.Namespace) -> None:
             "t_gpu_ms": tg,
             "t_star_ms": t_star,
             "cpu_gpu_ratio": max(tc, tg) / min(tc, tg),
+            "trace": trace_tag,
+            "run_s": round(time.perf_counter() - t0, 1),
         }
         for tag, row in rows.items():
             row["speedup_vs_best_single"] = best / row["median_ms"]
@@ -198,23 +264,64 @@ def cmd_run(args: argparse.Namespace) -> None:
             f" of T*",
             flush=True,
         )
-    write_json(
-        args.out,
-        envelope(
-            sys.argv,
-            results,
-            tvm_cpus=args.tvm_cpus,
-            env={
-                k: os.environ.get(k)
-                for k in (
-                    "POCL_CPU_MAX_CU_COUNT",
-                    "POCL_AFFINITY",
-                    "TVM_NUM_THREADS",
-                    "CODL_OPENCL_PLATFORM",
-                )
-            },
-        ),
-    )
+        # Written after every model: a run cut short by its time limit keeps what it measured.
+        write_json(args.out, envelope(sys.argv, results, tvm_cpus=args.tvm_cpus, env=env))
+
+
+def cmd_plot(args: argparse.Namespace) -> None:
+    """Plan statistics (CoDL Figs. 17, 19) and latencies of every baseline, from run JSONs."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    order = ["cpu", "gpu", "ulayer_like", "h_only", "oc_only", "codl_no_chain", "codl", "oracle"]
+    files = args.results.split(",")
+    fig, axes = plt.subplots(len(files), 2, figsize=(14, 4.2 * len(files)), squeeze=False)
+    for row_axes, path in zip(axes, files):
+        data = json.loads(Path(path).read_text())
+        res = data["results"]
+        models = list(res["models"])
+        label = f"{res['preset']} ({res['device'][:40]})"
+        ax = row_axes[0]
+        width = 0.8 / len(order)
+        for i, tag in enumerate(order):
+            vals = [res["models"][m]["rows"].get(tag, {}).get("of_t_star", np.nan) for m in models]
+            ax.bar(np.arange(len(models)) + i * width, vals, width, label=tag)
+        ax.axhline(1.0, color="k", lw=0.8)
+        ax.set_xticks(np.arange(len(models)) + 0.4 - width / 2, models, rotation=30, ha="right")
+        ax.set_ylabel("T* / latency (1 = ideal bound)")
+        ax.set_title(f"latency against T*: {label}")
+        ax.legend(fontsize=7, ncol=4)
+        ax = row_axes[1]
+        kinds = ["n_split_h", "n_split_oc", "n_whole_gpu", "n_whole_cpu"]
+        bottom = np.zeros(len(models))
+        for kind in kinds:
+            shares = []
+            for m in models:
+                plan = res["models"][m]["rows"].get("codl", {}).get("plan") or {}
+                n = plan.get("n_ops") or 0
+                shares.append(plan.get(kind, 0) / n if n else np.nan)
+            ax.bar(models, shares, bottom=bottom, label=kind.removeprefix("n_"))
+            bottom = bottom + np.nan_to_num(shares)
+        for x, m in enumerate(models):
+            plan = res["models"][m]["rows"].get("codl", {}).get("plan") or {}
+            chains = plan.get("chain_lengths") or []
+            codl = res["models"][m]["rows"].get("codl", {})
+            note = (
+                f"built for {codl['device']} alone"
+                if codl.get("fallback")
+                else f"chains {chains}"[:24]
+            )
+            ax.text(x, 1.02, note, ha="center", fontsize=6, rotation=20)
+        ax.set_ylim(0, 1.15)
+        ax.set_ylabel("share of partitionable operators")
+        ax.set_title(f"codl plan statistics: {label}")
+        ax.tick_params(axis="x", rotation=30)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(args.out, dpi=110)
+    print(f"wrote {args.out}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -227,16 +334,23 @@ def main(argv: list[str] | None = None) -> None:
     c.add_argument("--cost-model", required=True)
     c.add_argument("--oracle", help="a 'measured' cost model of the models' parts")
     c.add_argument("--out", required=True)
+    c.add_argument("--jobs", type=int, default=1, help="parallel builds (spawned processes)")
     c.set_defaults(func=cmd_compile)
     r = sub.add_parser("run")
     r.add_argument("--dir", required=True)
     r.add_argument("--out", required=True)
     r.add_argument("--platform", default="")
     r.add_argument("--tvm-cpus", default="")
-    r.add_argument("--number", type=int, default=5)
-    r.add_argument("--repeat", type=int, default=3)
+    r.add_argument("--models", default="", help="comma list; default every model of the index")
+    r.add_argument("--append", action="store_true", help="keep models already in --out")
+    r.add_argument("--number", type=int, default=5, help="runs averaged per sample")
+    r.add_argument("--rounds", type=int, default=5, help="round-robin samples per variant")
     r.add_argument("--trace-dir")
     r.set_defaults(func=cmd_run)
+    g = sub.add_parser("plot")
+    g.add_argument("--results", required=True, help="comma list of run JSONs")
+    g.add_argument("--out", required=True, help="PNG")
+    g.set_defaults(func=cmd_plot)
     args = p.parse_args(argv)
     args.func(args)
 
