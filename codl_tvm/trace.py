@@ -95,6 +95,23 @@ class Trace:
     def save_chrome(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_chrome(), indent=1))
 
+    @classmethod
+    def load_chrome(cls, path: str | Path) -> Trace:
+        """Read a trace written by :meth:`save_chrome` (e.g. to draw it on another machine)."""
+        try:
+            data = json.loads(Path(path).read_text())
+            lanes = {
+                e["tid"]: e["args"]["name"] for e in data["traceEvents"] if e.get("ph") == "M"
+            }
+            events = [
+                TraceEvent(lanes[e["tid"]], e["name"], e["ts"], e["ts"] + e["dur"])
+                for e in data["traceEvents"]
+                if e.get("ph") == "X"
+            ]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"{path}: not a codl-tvm Chrome trace ({exc})") from None
+        return cls(events)
+
     def save_png(self, path: str | Path) -> None:
         """Draw the timeline (one row per lane) with matplotlib."""
         from matplotlib.figure import Figure

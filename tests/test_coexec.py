@@ -244,6 +244,15 @@ def test_trace_has_both_lanes(opencl, tmp_path):
     assert any(e["ph"] == "X" for e in data["traceEvents"])
     trace.save_png(tmp_path / "t.png")
     assert (tmp_path / "t.png").stat().st_size > 1000
+    from codl_tvm.trace import Trace
+
+    again = Trace.load_chrome(tmp_path / "t.json")
+    assert [(e.lane, e.name) for e in again.events] == [(e.lane, e.name) for e in trace.events]
+    for key, value in trace.summary().items():
+        assert again.summary()[key] == pytest.approx(value, abs=0.01)
+    (tmp_path / "bad.json").write_text('{"traceEvents": [{"ph": "X"}]}')
+    with pytest.raises(ValueError, match="bad.json: not a codl-tvm Chrome trace"):
+        Trace.load_chrome(tmp_path / "bad.json")
 
 
 def test_cli_run_coexec_and_demo(opencl, tmp_path, capsys):
