@@ -251,7 +251,7 @@ def test_trace_has_both_lanes(opencl, tmp_path):
     for key, value in trace.summary().items():
         assert again.summary()[key] == pytest.approx(value, abs=0.01)
     (tmp_path / "bad.json").write_text('{"traceEvents": [{"ph": "X"}]}')
-    with pytest.raises(ValueError, match="bad.json: not a codl-tvm Chrome trace"):
+    with pytest.raises(ValueError, match=r"bad\.json: not a codl-tvm Chrome trace"):
         Trace.load_chrome(tmp_path / "bad.json")
 
 
