@@ -1,8 +1,10 @@
 """codl-tvm's Relax build pipelines, as phase functions returning ``list[Pass]``.
 
-``single_device_pipeline(target)`` builds a model for one processor: TVM's legalization and
-fusion, then codl-tvm's schedule rules (``codl_tvm.schedules``) ahead of dlight's GPU rules, then
-TVM's lowering and finalisation. The co-execution pipeline adds the partitioning phases in front.
+``single_device_pipeline(target)`` builds a model for one processor: codl-tvm's algorithm
+selection (``codl.Conv2DWinograd``: qualifying 3x3 convs become Winograd convs), TVM's
+legalization and fusion, then codl-tvm's schedule rules (``codl_tvm.schedules``) ahead of dlight's
+GPU rules, then TVM's lowering and finalisation. The co-execution pipeline adds the partitioning
+phase in front (algorithm selection runs after it, per part and processor).
 Set ``CODL_TVM_DUMP_IR=DIR`` to write the IR after every phase (``NN-phase.py``).
 """
 
@@ -15,12 +17,30 @@ import tvm
 from tvm import relax
 
 __all__ = [
+    "algorithm_passes",
+    "coexec_pipeline",
     "dataflow_lower_passes",
     "finalize_passes",
     "legalize_passes",
     "schedule_passes",
     "single_device_pipeline",
 ]
+
+
+def algorithm_passes(
+    target: tvm.target.Target,
+    cpu_target: tvm.target.Target | None = None,
+    cpu=None,
+    opencl=None,
+) -> list[tvm.transform.Pass]:
+    """Choose each operator's algorithm before legalization (Winograd for qualifying convs).
+
+    ``cpu_target`` is the CPU of a co-executed build (its parts use its config); ``cpu`` and
+    ``opencl`` (:class:`~codl_tvm.schedules.CPUConfig` / ``OpenCLConfig``) replace the presets.
+    """
+    from codl_tvm.passes.winograd import Conv2DWinograd
+
+    return [Conv2DWinograd(target, cpu_target, cpu=cpu, opencl=opencl)]
 
 
 def legalize_passes(target: tvm.target.Target) -> list[tvm.transform.Pass]:
@@ -34,15 +54,16 @@ def legalize_passes(target: tvm.target.Target) -> list[tvm.transform.Pass]:
     ]
 
 
-def schedule_passes(target: tvm.target.Target) -> list[tvm.transform.Pass]:
+def schedule_passes(target: tvm.target.Target, cpu=None, opencl=None) -> list[tvm.transform.Pass]:
     """Schedule every PrimFunc with codl-tvm's rules (and dlight's GPU rules after them).
 
     The rules read each PrimFunc's own ``target`` attribute, so the CPU kernels of a
-    co-executed build get the CPU rules and the OpenCL kernels the OpenCL ones.
+    co-executed build get the CPU rules and the OpenCL kernels the OpenCL ones; ``cpu`` and
+    ``opencl`` configs replace the presets.
     """
     from codl_tvm.schedules import apply_schedules
 
-    return [apply_schedules(target)]
+    return [apply_schedules(target, cpu, opencl)]
 
 
 def dataflow_lower_passes(target: tvm.target.Target) -> list[tvm.transform.Pass]:
@@ -79,8 +100,12 @@ def _run_phases(mod: tvm.IRModule, phases: list[tuple[str, list]]) -> tvm.IRModu
     return mod
 
 
-def single_device_pipeline(target: tvm.target.Target) -> tvm.transform.Pass:
-    """The Relax pipeline for a model that runs on one processor."""
+def single_device_pipeline(target: tvm.target.Target, cpu=None, opencl=None) -> tvm.transform.Pass:
+    """The Relax pipeline for a model that runs on one processor.
+
+    ``cpu`` / ``opencl`` (:class:`~codl_tvm.schedules.CPUConfig` / ``OpenCLConfig``) replace the
+    presets the target would get, for algorithm selection and schedules alike.
+    """
 
     @tvm.transform.module_pass(opt_level=0, name="codl.SingleDevicePipeline")
     def _pipeline(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
@@ -88,8 +113,9 @@ def single_device_pipeline(target: tvm.target.Target) -> tvm.transform.Pass:
             return _run_phases(
                 mod,
                 [
+                    ("algorithm", algorithm_passes(target, cpu=cpu, opencl=opencl)),
                     ("legalize", legalize_passes(target)),
-                    ("schedule", schedule_passes(target)),
+                    ("schedule", schedule_passes(target, cpu, opencl)),
                     ("dataflow-lower", dataflow_lower_passes(target)),
                     ("finalize", finalize_passes(target)),
                 ],
@@ -99,12 +125,18 @@ def single_device_pipeline(target: tvm.target.Target) -> tvm.transform.Pass:
 
 
 def coexec_pipeline(
-    plan, gpu_target: tvm.target.Target, cpu_target: tvm.target.Target
+    plan,
+    gpu_target: tvm.target.Target,
+    cpu_target: tvm.target.Target,
+    cpu=None,
+    opencl=None,
 ) -> tvm.transform.Pass:
     """The Relax pipeline that co-executes ``plan``'s operators on the GPU and the CPU.
 
     Build with ``tvm.compile(mod, target=gpu_target, relax_pipeline=coexec_pipeline(...))`` and
-    run in ``VirtualMachine(lib, [tvm.opencl(0), tvm.cpu(0)])``.
+    run in ``VirtualMachine(lib, [tvm.opencl(0), tvm.cpu(0)])``. Algorithms are chosen after
+    partitioning: each part with its processor's config (``cpu`` / ``opencl`` replace the
+    presets of ``cpu_target`` / ``gpu_target``), operators outside the plan with the GPU's.
     """
     from codl_tvm.passes import PartitionOperators
     from codl_tvm.passes.fused_targets import RecordFusedTargets, RestoreTargets
@@ -119,6 +151,7 @@ def coexec_pipeline(
                 mod,
                 [
                     ("partition", [PartitionOperators(plan)]),
+                    ("algorithm", algorithm_passes(gpu_target, cpu_target, cpu, opencl)),
                     (
                         "legalize-place-fuse",
                         [
@@ -132,7 +165,7 @@ def coexec_pipeline(
                             RestoreTargets(),
                         ],
                     ),
-                    ("schedule", schedule_passes(gpu_target)),
+                    ("schedule", schedule_passes(gpu_target, cpu, opencl)),
                     ("merge", [MergePartsInPlace()]),
                     (
                         "dataflow-lower",

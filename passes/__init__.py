@@ -5,6 +5,8 @@
 - :func:`collect_parts` (``parts.py``): which variables belong to which processor, and which
   output region each part produces.
 - ``halo.py``: the pure-Python row/channel geometry (halo propagation through chains, Eq. 1).
+- :class:`Conv2DWinograd` (``winograd.py``): after partitioning, before legalization, rewrites
+  qualifying 3x3 convs (and conv parts) as Winograd convs, per processor config.
 """
 
 from .halo import (
@@ -18,10 +20,12 @@ from .halo import (
 )
 from .partition import PartitionOperators
 from .parts import PARTS_ATTR, PartRecord, Processor, SplitRecord, collect_parts
+from .winograd import Conv2DWinograd
 
 __all__ = [
     "PARTS_ATTR",
     "ChannelMap",
+    "Conv2DWinograd",
     "PartRecord",
     "PartSpan",
     "PartitionOperators",

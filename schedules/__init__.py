@@ -16,6 +16,9 @@ module: for an OpenCL build it holds the OpenCL rules, then the CPU rules (for P
 on the host CPU), then dlight's GPU rules as a fallback. Scheduled kernels carry ``codl.*``
 attributes (algorithm, preset, parallel extent, vector width, workgroup size and count; see
 :mod:`codl_tvm.schedules.common`); :func:`explain` tells why rules declined a PrimFunc.
+Winograd convs (:mod:`codl_tvm.schedules.winograd`) are chosen before legalization by
+``codl_tvm.passes.winograd.Conv2DWinograd``; their rules follow the direct conv rules and come
+before every generic rule.
 """
 
 from __future__ import annotations
@@ -43,6 +46,16 @@ from .config import (
 )
 from .cpu import CPUConv2D, CPUInjective, CPUReduction, conv2d_algorithm
 from .opencl import OpenCLConv2D, OpenCLPool2D
+from .winograd import (
+    CPUWinograd,
+    OpenCLWinograd,
+    conv2d_shape_info,
+    match_winograd,
+    select_conv2d_algorithm,
+    transform_weight,
+    winograd_conv2d,
+    winograd_reason,
+)
 
 __all__ = [
     "ADRENO",
@@ -58,29 +71,40 @@ __all__ = [
     "CPUConv2D",
     "CPUInjective",
     "CPUReduction",
+    "CPUWinograd",
     "CodlRule",
     "OpenCLConfig",
     "OpenCLConv2D",
     "OpenCLPool2D",
+    "OpenCLWinograd",
     "RecordedRule",
     "apply_schedules",
     "choose_row_width",
     "conv2d_algorithm",
+    "conv2d_shape_info",
     "cpu_config",
     "explain",
     "kernel_features",
+    "match_winograd",
     "opencl_config",
     "schedule_rules",
+    "select_conv2d_algorithm",
+    "transform_weight",
+    "winograd_conv2d",
+    "winograd_reason",
 ]
 
 
 def _cpu_rules(config: CPUConfig | None) -> list[ScheduleRule]:
-    return [CPUConv2D(config), CPUReduction(config), CPUInjective(config)]
+    # CPUWinograd and CPUConv2D match disjoint functions (a Winograd conv has three reduction
+    # blocks, which every other rule declines), so their order does not matter.
+    return [CPUConv2D(config), CPUWinograd(config), CPUReduction(config), CPUInjective(config)]
 
 
 def _gpu_rules(config: OpenCLConfig | None) -> list[ScheduleRule]:
     return [
         OpenCLConv2D(config),
+        OpenCLWinograd(config),
         OpenCLPool2D(config),
         RecordedRule(dl.gpu.Matmul(), "matmul"),
         RecordedRule(dl.gpu.GEMV(), "gemv", check_lowering=True),

@@ -36,6 +36,19 @@ __all__ = [
 ]
 
 
+def _check_winograd(config) -> None:
+    if config.winograd_tile not in (2, 4):
+        raise ValueError(
+            f"{type(config).__name__} {config.name!r}: winograd_tile must be 2 or 4, "
+            f"got {config.winograd_tile!r}"
+        )
+    if config.winograd_min_channels < 1:
+        raise ValueError(
+            f"{type(config).__name__} {config.name!r}: winograd_min_channels must be >= 1, "
+            f"got {config.winograd_min_channels!r}"
+        )
+
+
 @dataclass(frozen=True)
 class CPUConfig:
     """Schedule parameters of one CPU vector ISA.
@@ -79,6 +92,16 @@ class CPUConfig:
     injective_chunk : int
         Elements per parallel task of a one-dimensional elementwise kernel (multi-dimensional
         ones run their outer loops in parallel).
+    winograd : bool
+        Rewrite qualifying convs (3x3, stride 1, dilation 1, one group, constant weight) as
+        Winograd convolutions (:mod:`codl_tvm.passes.winograd`, scheduled by
+        :class:`~codl_tvm.schedules.winograd.CPUWinograd`).
+    winograd_tile : int
+        Output tile ``m`` of Winograd ``F(m x m, 3 x 3)``: 2 or 4 (4 saves more multiplies,
+        2 has cheaper transforms and less rounding error).
+    winograd_min_channels : int
+        Winograd only when input and output channels are both at least this (the transforms
+        are amortised over the channels).
     """
 
     name: str
@@ -94,6 +117,12 @@ class CPUConfig:
     max_tile_bytes: int = 1024
     min_parallel_work: int = 4096
     injective_chunk: int = 4096
+    winograd: bool = False
+    winograd_tile: int = 2
+    winograd_min_channels: int = 32
+
+    def __post_init__(self) -> None:
+        _check_winograd(self)
 
     def lanes(self, dtype_bits: int) -> int:
         """Vector width in elements of ``dtype_bits`` bits (at least 1)."""
@@ -138,6 +167,11 @@ class OpenCLConfig:
     min_work_items : int
         Register tiles shrink until the conv launches at least this many work-items (a big GPU
         needs tens of thousands in flight; 0 keeps the tiles).
+    winograd, winograd_tile, winograd_min_channels
+        As in :class:`CPUConfig`. The Winograd GEMM uses the conv's thread and register tiles
+        (``conv_threads_oc`` x ``conv_reg_oc`` output channels, ``conv_threads_ow`` x
+        ``conv_reg_ow`` tiles per workgroup); the transforms run ``pool_threads`` work-items
+        per workgroup.
     """
 
     name: str
@@ -153,6 +187,12 @@ class OpenCLConfig:
     pool_threads: int = 128
     conv_vector_lanes: int = 0
     min_work_items: int = 0
+    winograd: bool = False
+    winograd_tile: int = 2
+    winograd_min_channels: int = 32
+
+    def __post_init__(self) -> None:
+        _check_winograd(self)
 
 
 SSE = CPUConfig(
@@ -163,12 +203,26 @@ SSE = CPUConfig(
     conv_oh_tile=2,
     max_accumulators=12,
 )
-AVX2 = CPUConfig(name="avx2", vector_bits=256, conv_oc_tile=4, conv_oh_tile=2, max_accumulators=12)
+AVX2 = CPUConfig(
+    name="avx2",
+    vector_bits=256,
+    conv_oc_tile=4,
+    conv_oh_tile=2,
+    max_accumulators=12,
+    winograd=True,
+    winograd_tile=4,
+)
 # Measured on a skylake-avx512 Xeon (8 threads, CoDL's conv shapes): 16 channels x 1 row beat
 # 8x2, 4x2, 4x4 and 8x1 on every shape but 13x13x1024, where 16 channels of weights no longer
 # fit in L2 (see max_weight_tile_bytes).
 AVX512 = CPUConfig(
-    name="avx512", vector_bits=512, conv_oc_tile=16, conv_oh_tile=1, max_accumulators=28
+    name="avx512",
+    vector_bits=512,
+    conv_oc_tile=16,
+    conv_oh_tile=1,
+    max_accumulators=28,
+    winograd=True,
+    winograd_tile=4,
 )
 NEON = CPUConfig(
     name="neon",
@@ -177,6 +231,8 @@ NEON = CPUConfig(
     conv_oc_tile=8,
     conv_oh_tile=2,
     max_accumulators=24,
+    winograd=True,
+    winograd_tile=2,
 )
 
 OPENCL_GENERIC = OpenCLConfig(name="opencl-generic")
@@ -190,6 +246,8 @@ ADRENO = OpenCLConfig(
     max_workgroup_size=256,
     pool_threads=64,
     conv_use_local_memory=True,
+    winograd=True,
+    winograd_tile=2,
 )
 # Mali has no on-chip local memory (it is ordinary cached memory): read global memory directly.
 MALI = OpenCLConfig(
@@ -201,6 +259,8 @@ MALI = OpenCLConfig(
     conv_reg_ow=2,
     max_workgroup_size=128,
     pool_threads=64,
+    winograd=True,
+    winograd_tile=2,
 )
 # 32 oc x 2 rows x 32 columns per workgroup of 128 work-items, 16 accumulators each (enough
 # workgroups for 132 SMs on mid-sized layers); input rows and weights of 8 input channels at a
@@ -217,6 +277,8 @@ NVIDIA = OpenCLConfig(
     conv_use_local_memory=True,
     conv_ic_chunk=8,
     min_work_items=32768,
+    winograd=True,
+    winograd_tile=4,
 )
 
 # PoCL runs a workgroup as a loop over work-items on one core and vectorises only innermost
@@ -233,6 +295,8 @@ POCL = OpenCLConfig(
     conv_vector_lanes=16,
     max_workgroup_size=256,
     pool_threads=64,
+    winograd=True,
+    winograd_tile=2,
 )
 
 _X86_AVX512_CPUS = (

@@ -34,8 +34,11 @@ Schedules (tile sizes and vector widths from :mod:`codl_tvm.schedules.config`):
 
 Elementwise epilogues fused after a reduction (bias add, relu, clip, the average-pool divide) are
 inlined into the write-back of the register tile, so they cost no extra pass over memory.
-Winograd is not implemented yet; 3x3 stride-1 convs use ``direct``. Measured numbers for the
-AVX-512 preset are in the report of issue 4 (``scripts/bench_kernels.py``).
+3x3 stride-1 convs with constant weights that the config selects (``CPUConfig.winograd``,
+:func:`~codl_tvm.schedules.winograd.winograd_reason`) are rewritten before legalization and
+scheduled by :class:`~codl_tvm.schedules.winograd.CPUWinograd` (``winograd``); the others use
+``direct``. Measured numbers for the AVX-512 preset are in the report of issue 4
+(``scripts/bench_kernels.py``).
 """
 
 from __future__ import annotations
@@ -64,7 +67,11 @@ __all__ = ["CPUConv2D", "CPUInjective", "CPUReduction", "conv2d_algorithm"]
 
 
 def conv2d_algorithm(info: Conv2DInfo, config: CPUConfig | None = None) -> str:
-    """The algorithm the CPU rule uses for a conv: ``gemm``, ``depthwise`` or ``direct``."""
+    """The algorithm the CPU rule uses for a conv: ``gemm``, ``depthwise`` or ``direct``.
+
+    ``winograd`` is chosen earlier, on Relax (:func:`~codl_tvm.schedules.winograd_reason`): a
+    conv that reaches this rule is not a Winograd conv.
+    """
     if info.pointwise and (config is None or config.conv1x1_gemm):
         return "gemm"
     if info.depthwise:
@@ -174,9 +181,6 @@ def _finish_tile(
     if vector_loop is not None and len(init_loops) > 1 and _extent(sch, init_loops[-1]) > 1:
         sch.vectorize(init_loops[-1])
     return features
-
-
-
 
 
 class _CPURule(CodlRule):

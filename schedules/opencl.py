@@ -27,7 +27,8 @@ layout choice). Parameters per device class come from
 Dense/matmul, GEMV, other reductions and everything else fall back to dlight's GPU rules, wrapped
 so that their kernels record ``codl.*`` attributes too (see
 :func:`codl_tvm.schedules.schedule_rules`).
-Winograd is not implemented yet.
+Winograd convs (3x3, stride 1, chosen before legalization with ``OpenCLConfig.winograd``) are
+scheduled by :class:`~codl_tvm.schedules.winograd.OpenCLWinograd`.
 """
 
 from __future__ import annotations

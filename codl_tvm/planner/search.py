@@ -185,19 +185,40 @@ def _covered_impls(model: CostModel, op: str, proc: str) -> list[str]:
     return sorted({k[2] for k in keys if isinstance(k, tuple) and k[:2] == (op, proc)})
 
 
-def expected_impl(params: OpParams, processor: str) -> str:
+def expected_impl(params: OpParams, processor: str, config=None) -> str:
     """The implementation codl-tvm's schedule rules give an operator on a processor.
 
-    The same choice the built kernels record (``codl_tvm.cost_model.dispatch``): on the CPU a
-    depthwise conv gets the depthwise rule, a 1x1 stride-1 conv the GEMM rule, others the direct
-    rule; OpenCL convs are direct; dense is a matmul, or a reduction (GEMV) on the GPU for one
-    row; pooling is pooling. The planner predicts that kernel, never a faster-looking one the
-    build would not produce.
+    The same choice the built kernels record (``codl_tvm.cost_model.dispatch``): a conv that
+    :func:`codl_tvm.schedules.winograd_reason` accepts under the processor's ``config`` (a
+    :class:`~codl_tvm.schedules.CPUConfig` or ``OpenCLConfig``; None: no Winograd) is
+    ``winograd`` (the build rewrites it when its weight is a constant, as in imported models);
+    otherwise on the CPU a depthwise conv gets the depthwise rule, a 1x1 stride-1 conv the GEMM
+    rule, others the direct rule; OpenCL convs are direct; dense is a matmul, or a reduction
+    (GEMV) on the GPU for one row; pooling is pooling. The planner predicts that kernel, never a
+    faster-looking one the build would not produce. The choice is made for the whole operator;
+    a co-execution part whose own shape falls below the config's thresholds (e.g. an OC part
+    with fewer than ``winograd_min_channels`` channels) is built with the direct rule.
     """
     if params.op == "pool":
         return "pool"
     if params.op == "dense":
         return "reduction" if processor == "gpu" and params.h == 1 else "matmul"
+    if config is not None and params.op == "conv2d":
+        from codl_tvm.schedules.winograd import conv2d_shape_info, winograd_reason
+
+        try:
+            info = conv2d_shape_info(
+                (1, params.ic, params.h, params.w),
+                (params.oc, params.ic // max(1, params.groups), params.kernel, params.kernel),
+                (params.stride, params.stride),
+                params.padding,
+                (params.dilation, params.dilation),
+                params.groups,
+            )
+        except ValueError:
+            info = None
+        if info is not None and winograd_reason(info, config) is None:
+            return "winograd"
     if processor == "gpu":
         return "direct"
     if params.groups > 1 and params.groups == params.ic == params.oc:

@@ -1,0 +1,201 @@
+"""codl.Conv2DWinograd: rewrite qualifying conv2d operators as Winograd convolutions.
+
+Preconditions
+-------------
+- Runs on Relax, **before LegalizeOps** (it replaces ``relax.nn.conv2d`` calls), and, in the
+  co-execution pipeline, **after** :class:`~codl_tvm.passes.partition.PartitionOperators`: H
+  parts (with their halo rows and own padding) and OC parts (with their sliced constant weights)
+  are ordinary convs by then and are rewritten like any other.
+- ``main`` is in normal form with static shapes.
+
+What it does
+------------
+Each ``relax.nn.conv2d`` binding with NCHW/OIHW/NCHW layouts, float32 data and result, a
+constant (``tvm.ir.Constant``) weight, and for which
+:func:`~codl_tvm.schedules.winograd.winograd_reason` returns None under the configuration of the
+processor that will run it, becomes one ``call_tir`` of
+:func:`~codl_tvm.schedules.winograd.winograd_conv2d` reading the data and a new constant, the
+weight transformed at compile time (``G g G^T``, so no per-call cost). The binding keeps its
+variable name, so the ``"codl_parts"`` record of a partitioned ``main`` stays valid and
+:class:`~codl_tvm.passes.place.PlaceParts` places the kernel with its part. Everything else is
+left unchanged.
+
+Which configuration applies: bindings of a CPU part (``"codl_parts"``) use the CPU target's
+config; GPU parts and every operator outside a split use the main target's (that is where
+``PlaceParts`` puts them). Explicit ``cpu`` / ``opencl`` configs override the presets of the
+targets. After the pass ran, ``decisions`` maps each conv binding's name to ``"winograd"`` or to
+the reason it was left alone.
+"""
+
+from __future__ import annotations
+
+import tvm
+from codl_tvm.schedules.config import CPUConfig, OpenCLConfig, cpu_config, opencl_config
+from codl_tvm.schedules.winograd import (
+    conv2d_shape_info,
+    transform_weight,
+    winograd_conv2d,
+    winograd_reason,
+)
+from tvm import relax
+from tvm.relax.expr_functor import PyExprMutator, mutator
+
+from .parts import collect_parts
+
+__all__ = ["Conv2DWinograd"]
+
+_CONV2D = tvm.ir.Op.get("relax.nn.conv2d")
+
+
+def _static_shape(expr) -> tuple[int, ...] | None:
+    ty = expr.ty
+    if not isinstance(ty, relax.TensorType) or ty.shape is None:
+        return None
+    values = getattr(ty.shape, "values", None)
+    if values is None or not all(isinstance(v, tvm.tirx.IntImm) for v in values):
+        return None
+    return tuple(int(v) for v in values)
+
+
+@mutator
+class _Rewriter(PyExprMutator):
+    """Re-emits ``main`` with the selected conv2d bindings replaced by Winograd calls."""
+
+    def __init__(self, mod: tvm.IRModule, configs: dict[str, CPUConfig | OpenCLConfig], where):
+        super().__init__(mod)
+        self._configs = configs
+        self._where = where
+        self.decisions: dict[str, str] = {}
+
+    def visit_var_binding_(self, binding: relax.VarBinding) -> None:
+        value = binding.value
+        if not (isinstance(value, relax.Call) and value.op.same_as(_CONV2D)):
+            super().visit_var_binding_(binding)
+            return
+        name = binding.var.name
+        config = self._configs[self._where.get(name, "default")]
+        call = self._winograd(value, config)
+        if isinstance(call, str):
+            self.decisions[name] = call
+            super().visit_var_binding_(binding)
+            return
+        self.decisions[name] = "winograd"
+        if isinstance(binding.var, relax.DataflowVar):
+            new_var = self.builder_.emit(call, name_hint=name)
+        else:
+            new_var = self.builder_.emit_output(call, name_hint=name)
+        self.set_var_remap(binding.var, new_var)
+
+    def _winograd(self, call: relax.Call, config) -> relax.Expr | str:
+        a = call.attrs
+        layouts = (str(a.data_layout), str(a.kernel_layout), str(a.out_layout or a.data_layout))
+        if layouts != ("NCHW", "OIHW", "NCHW"):
+            return f"layouts {layouts}, Winograd needs NCHW/OIHW"
+        data, weight = call.args
+        if not isinstance(weight, tvm.ir.Constant):
+            return "weight is not a constant"
+        dshape, wshape = _static_shape(data), _static_shape(weight)
+        if dshape is None or wshape is None or len(dshape) != 4 or len(wshape) != 4:
+            return "dynamic or non-4-D shapes"
+        dtypes = {str(data.ty.dtype), str(weight.ty.dtype), str(call.ty.dtype)}
+        if dtypes != {"float32"}:
+            return f"dtypes {sorted(dtypes)}, Winograd is float32 only"
+        padding = [int(p) for p in a.padding]
+        info = conv2d_shape_info(
+            dshape,
+            wshape,
+            [int(s) for s in a.strides],
+            padding,
+            [int(d) for d in a.dilation],
+            int(a.groups),
+        )
+        reason = winograd_reason(info, config)
+        if reason is not None:
+            return reason
+        tile = config.winograd_tile
+        packed = relax.const(transform_weight(weight.value.numpy(), tile), "float32")
+        return self.builder_.call_te(
+            winograd_conv2d,
+            self.visit_expr(data),
+            packed,
+            padding=tuple(padding),
+            tile=tile,
+            primfunc_name_hint="conv2d_winograd",
+        )
+
+
+def _config_of(target: tvm.target.Target) -> CPUConfig | OpenCLConfig:
+    kind = target.kind.name
+    if kind == "llvm":
+        return cpu_config(target)
+    if kind == "opencl":
+        return opencl_config(target)
+    raise ValueError(f"codl.Conv2DWinograd supports llvm and opencl targets, not {kind!r}")
+
+
+def _host(target: tvm.target.Target) -> tvm.target.Target:
+    host = target.host
+    return host if host is not None else tvm.target.Target({"kind": "llvm"})
+
+
+@tvm.transform.module_pass(opt_level=0, name="codl.Conv2DWinograd")
+class Conv2DWinograd:
+    """Rewrite qualifying convs as Winograd convolutions (see the module docstring).
+
+    Parameters
+    ----------
+    target : Target
+        The build target: where unsplit operators and GPU parts run (``llvm`` or ``opencl``).
+    cpu_target : Target | None
+        The CPU target of a co-executed build (CPU parts); default: ``target`` when it is an
+        llvm target (a build with no CPU parts needs none).
+    cpu, opencl : CPUConfig | OpenCLConfig | None
+        Configs replacing the presets of the targets (e.g. to force Winograd on or off).
+    """
+
+    def __init__(
+        self,
+        target: tvm.target.Target,
+        cpu_target: tvm.target.Target | None = None,
+        cpu: CPUConfig | None = None,
+        opencl: OpenCLConfig | None = None,
+    ) -> None:
+        self.target = target
+        if cpu_target is None:  # one processor: no CPU parts; the host stands in
+            cpu_target = target if target.kind.name == "llvm" else _host(target)
+        self.cpu_target = cpu_target
+        self.cpu = cpu
+        self.opencl = opencl
+        if self.cpu_target.kind.name != "llvm":
+            raise ValueError(
+                f"codl.Conv2DWinograd: cpu_target must be an llvm target, not "
+                f"{self.cpu_target.kind.name!r}"
+            )
+        self._configs = {"default": self._config(target), "cpu": self._config(self.cpu_target)}
+        self._configs["gpu"] = self._configs["default"]
+        self.decisions: dict[str, str] = {}
+
+    def _config(self, target: tvm.target.Target) -> CPUConfig | OpenCLConfig:
+        if target.kind.name == "llvm" and self.cpu is not None:
+            return self.cpu
+        if target.kind.name == "opencl" and self.opencl is not None:
+            return self.opencl
+        return _config_of(target)
+
+    def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext):
+        if "main" not in [gv.name_hint for gv in mod.get_global_vars()]:
+            return mod
+        where = {
+            var.name: part.processor.value
+            for split in collect_parts(mod)
+            for part in split.parts
+            for var in part.bindings
+        }
+        rewriter = _Rewriter(mod, self._configs, where)
+        main_gv = mod.get_global_var("main")
+        new_main = rewriter.visit_expr(mod["main"])
+        self.decisions = dict(rewriter.decisions)
+        if "winograd" not in self.decisions.values():
+            return mod
+        rewriter.builder_.update_func(main_gv, new_main)
+        return rewriter.builder_.get()
