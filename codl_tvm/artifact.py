@@ -132,6 +132,7 @@ def compile_artifact(
     reference: bool = True,
     seed: int = 0,
     force: bool = False,
+    winograd: bool = False,
     log: Callable[[str], None] = print,
 ) -> Path:
     """Plan and build an ONNX model into an artifact directory.
@@ -160,6 +161,9 @@ def compile_artifact(
         Seed of the reference inputs.
     force
         Replace an earlier artifact in ``out_dir``.
+    winograd
+        Build qualifying 3x3 stride-1 convs as Winograd convs on both processors
+        (:func:`codl_tvm.schedules.winograd_enabled` for every preset; off by default).
     log
         Where progress lines go.
 
@@ -176,9 +180,14 @@ def compile_artifact(
         raise ArtifactError(f"{model_path}: no such model file")
     _prepare_dir(out, force)
     try:
-        return _compile_into(
-            model_path, out, device, mode, cost_model, plan, preset, reference, seed, log
-        )
+        import contextlib
+
+        from codl_tvm.schedules import winograd_enabled
+
+        with winograd_enabled("all") if winograd else contextlib.nullcontext():
+            return _compile_into(
+                model_path, out, device, mode, cost_model, plan, preset, reference, seed, log
+            )
     except BaseException:
         # Leave no half-written artifact behind (the directory held none of our files before,
         # or only an earlier artifact that --force replaces).
@@ -210,6 +219,7 @@ def _compile_into(model_path, out, device, mode, cost_model, plan, preset, refer
         "device": device,
         "vm_devices": {"coexec": ["opencl", "cpu"], "cpu": ["cpu"], "opencl": ["opencl"]}[device],
         "preset": preset_obj.name,
+        "winograd": _winograd_on(),
     }
     cpu_target = preset_obj.target("cpu")
     work = Path(tempfile.mkdtemp(prefix="codl-artifact-"))
@@ -262,7 +272,10 @@ def _compile_into(model_path, out, device, mode, cost_model, plan, preset, refer
             log("computing the reference outputs (unpartitioned model, host CPU)")
             values = random_inputs(model, seed)
             ordered = [values[s.name] for s in model.inputs]
-            outs = build(model.mod, "cpu", work_dir=work)(ordered)
+            from codl_tvm.schedules import winograd_enabled
+
+            with winograd_enabled(()):  # the reference is the plain direct model
+                outs = build(model.mod, "cpu", work_dir=work)(ordered)
             np.savez(
                 out / REFERENCE,
                 **{f"input:{k}": v for k, v in values.items()},
@@ -275,6 +288,12 @@ def _compile_into(model_path, out, device, mode, cost_model, plan, preset, refer
     (out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     log(f"wrote {out}/ ({', '.join(sorted(manifest['files']))})")
     return out
+
+
+def _winograd_on() -> bool:
+    from codl_tvm.schedules.config import winograd_presets
+
+    return bool(winograd_presets())
 
 
 def _version(dist: str) -> str | None:

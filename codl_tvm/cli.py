@@ -213,6 +213,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
             reference=not args.no_reference,
             seed=args.seed,
             force=args.force,
+            winograd=args.winograd,
         )
     except (ArtifactError, ModelError, ToolchainError) as exc:
         raise CliError(str(exc)) from None
@@ -429,6 +430,12 @@ def _add_compile(sub) -> None:
         "--preset",
         choices=preset_names(),
         help="target preset (default: opencl, this machine's OpenCL device and CPU)",
+    )
+    p.add_argument(
+        "--winograd",
+        action="store_true",
+        help="build 3x3 stride-1 convs as Winograd convs where the preset allows (opt-in: "
+        "not yet measured faster on the device machine; the planner still predicts direct)",
     )
     p.add_argument(
         "--no-reference",

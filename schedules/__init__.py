@@ -43,6 +43,7 @@ from .config import (
     OpenCLConfig,
     cpu_config,
     opencl_config,
+    winograd_enabled,
 )
 from .cpu import CPUConv2D, CPUInjective, CPUReduction, conv2d_algorithm
 from .opencl import OpenCLConv2D, OpenCLPool2D
@@ -91,6 +92,7 @@ __all__ = [
     "select_conv2d_algorithm",
     "transform_weight",
     "winograd_conv2d",
+    "winograd_enabled",
     "winograd_reason",
 ]
 

@@ -14,7 +14,10 @@ a :class:`tvm.target.Target`:
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from tvm.target import Target
@@ -209,7 +212,6 @@ AVX2 = CPUConfig(
     conv_oc_tile=4,
     conv_oh_tile=2,
     max_accumulators=12,
-    winograd=True,
     winograd_tile=4,
 )
 # Measured on a skylake-avx512 Xeon (8 threads, CoDL's conv shapes): 16 channels x 1 row beat
@@ -221,7 +223,6 @@ AVX512 = CPUConfig(
     conv_oc_tile=16,
     conv_oh_tile=1,
     max_accumulators=28,
-    winograd=True,
     winograd_tile=4,
 )
 NEON = CPUConfig(
@@ -231,7 +232,6 @@ NEON = CPUConfig(
     conv_oc_tile=8,
     conv_oh_tile=2,
     max_accumulators=24,
-    winograd=True,
     winograd_tile=2,
 )
 
@@ -246,7 +246,6 @@ ADRENO = OpenCLConfig(
     max_workgroup_size=256,
     pool_threads=64,
     conv_use_local_memory=True,
-    winograd=True,
     winograd_tile=2,
 )
 # Mali has no on-chip local memory (it is ordinary cached memory): read global memory directly.
@@ -259,7 +258,6 @@ MALI = OpenCLConfig(
     conv_reg_ow=2,
     max_workgroup_size=128,
     pool_threads=64,
-    winograd=True,
     winograd_tile=2,
 )
 # 32 oc x 2 rows x 32 columns per workgroup of 128 work-items, 16 accumulators each (enough
@@ -277,7 +275,6 @@ NVIDIA = OpenCLConfig(
     conv_use_local_memory=True,
     conv_ic_chunk=8,
     min_work_items=32768,
-    winograd=True,
     winograd_tile=4,
 )
 
@@ -295,7 +292,6 @@ POCL = OpenCLConfig(
     conv_vector_lanes=16,
     max_workgroup_size=256,
     pool_threads=64,
-    winograd=True,
     winograd_tile=2,
 )
 
@@ -331,6 +327,50 @@ _X86_AVX2_CPUS = (
 _OPENCL_PRESETS = {"adreno": ADRENO, "mali": MALI, "nvidia": NVIDIA, "pocl": POCL}
 
 
+#: Presets that turn Winograd on inside :func:`winograd_enabled` (the generic targets stay off).
+WINOGRAD_CANDIDATES = ("avx2", "avx512", "neon", "pocl", "nvidia", "adreno", "mali")
+_WINOGRAD_ON: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar(
+    "codl_winograd_on", default=frozenset()
+)
+
+
+@contextlib.contextmanager
+def winograd_enabled(presets: Iterable[str] | str = WINOGRAD_CANDIDATES) -> Iterator[None]:
+    """Within the block, :func:`cpu_config` / :func:`opencl_config` return the named presets
+    with ``winograd=True`` (each with its own ``winograd_tile``).
+
+    Winograd is off in every preset until the device machine has measured it faster; this is
+    the switch for builds that want it (``codl-tvm compile --winograd``) and for tests.
+
+    Parameters
+    ----------
+    presets : Iterable[str] | str
+        Preset names (:data:`WINOGRAD_CANDIDATES` by default), or ``"all"`` (the generic
+        ``sse`` and ``opencl-generic`` presets too).
+    """
+    known = {c.name for c in (SSE, AVX2, AVX512, NEON, OPENCL_GENERIC, *_OPENCL_PRESETS.values())}
+    names = frozenset(known if presets == "all" else presets)
+    unknown = sorted(names - known)
+    if unknown:
+        raise ValueError(f"winograd_enabled: unknown presets {unknown}; known: {sorted(known)}")
+    token = _WINOGRAD_ON.set(names)
+    try:
+        yield
+    finally:
+        _WINOGRAD_ON.reset(token)
+
+
+def winograd_presets() -> frozenset[str]:
+    """The presets :func:`winograd_enabled` switched on here (empty outside such a block)."""
+    return _WINOGRAD_ON.get()
+
+
+def _switched(base):
+    if base.name in _WINOGRAD_ON.get() and not base.winograd:
+        return dataclasses.replace(base, winograd=True)
+    return base
+
+
 def cpu_config(target: Target, **overrides) -> CPUConfig:
     """The CPU preset for an ``llvm`` target, with optional field overrides.
 
@@ -357,6 +397,7 @@ def cpu_config(target: Target, **overrides) -> CPUConfig:
         base = AVX2
     else:
         base = SSE
+    base = _switched(base)
     return dataclasses.replace(base, **overrides) if overrides else base
 
 
@@ -382,6 +423,7 @@ def opencl_config(target: Target, **overrides) -> OpenCLConfig:
         if name in _OPENCL_PRESETS:
             base = _OPENCL_PRESETS[name]
             break
+    base = _switched(base)
     max_threads = int(target.attrs.get("max_num_threads", base.max_workgroup_size))
     if max_threads < base.max_workgroup_size:
         base = dataclasses.replace(base, max_workgroup_size=max_threads)

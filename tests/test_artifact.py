@@ -168,6 +168,34 @@ def test_given_plan_and_single_device_artifacts(tmp_path, capsys, opencl):
     np.testing.assert_allclose(outs[0], ref[1][0], rtol=1e-4, atol=1e-5)
 
 
+def test_compile_with_winograd(tmp_path, monkeypatch, capsys, opencl):
+    """``--winograd``: the 32->32 3x3 conv of the bundled CNN becomes a Winograd conv on both
+    processors (H split), and the artifact still matches the unpartitioned direct model."""
+    out = tmp_path / "wino"
+    dump = tmp_path / "ir"
+    monkeypatch.setenv("CODL_TVM_DUMP_IR", str(dump))
+    args = ["compile", "-o", str(out), "--dim", "H", "--ratio", "0.5", "--winograd"]
+    assert main(args) == 0
+    monkeypatch.delenv("CODL_TVM_DUMP_IR")
+    assert json.loads((out / "manifest.json").read_text())["winograd"] is True
+    # the co-executed build, then the reference build (direct: checked against below)
+    coexec, reference = sorted(dump.glob("*-schedule.py"), key=lambda p: p.stat().st_mtime)
+    assert '"codl.algorithm": "winograd"' not in reference.read_text()
+    text = coexec.read_text()
+    assert '"codl.algorithm": "winograd", "codl.config": "sse"' in text
+    assert '"codl.algorithm": "winograd", "codl.config": "opencl-generic"' in text
+    capsys.readouterr()
+    assert main(["run", str(out), "--number", "1", "--repeat", "1"]) == 0
+    assert "-> OK" in capsys.readouterr().out
+    # without the flag nothing is Winograd (the default)
+    plain = tmp_path / "plain"
+    monkeypatch.setenv("CODL_TVM_DUMP_IR", str(tmp_path / "ir2"))
+    assert main(["compile", "-o", str(plain), "--dim", "H", "--ratio", "0.5"]) == 0
+    for schedule in (tmp_path / "ir2").glob("*-schedule.py"):
+        assert '"codl.algorithm": "winograd"' not in schedule.read_text()
+    assert json.loads((plain / "manifest.json").read_text())["winograd"] is False
+
+
 # -- the measured (oracle) model ---------------------------------------------------------------
 
 

@@ -25,12 +25,16 @@ from codl_tvm.schedules import (
     CPUConfig,
     apply_schedules,
     conv2d_shape_info,
+    cpu_config,
     explain,
     opencl_config,
     select_conv2d_algorithm,
     transform_weight,
+    winograd_enabled,
     winograd_reason,
 )
+from codl_tvm.schedules.config import AVX512 as AVX512_PRESET
+from codl_tvm.schedules.config import NVIDIA as NVIDIA_PRESET
 from codl_tvm.schedules.winograd import winograd_matrices
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -49,6 +53,13 @@ from .test_schedules_opencl import DEVICE_TARGETS, kernel_launches, opencl_sourc
 
 LLVM = Target({"kind": "llvm"})
 POCL_TARGET = DEVICE_TARGETS["pocl"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _winograd_on():
+    """Winograd is opt-in (off in every preset); these tests build with it switched on."""
+    with winograd_enabled():
+        yield
 
 
 def cpu_cfg(tile: int, **kw) -> CPUConfig:
@@ -148,12 +159,13 @@ def test_selection_reasons():
     assert select_conv2d_algorithm(info, cfg) == "winograd"
     assert select_conv2d_algorithm(info, SSE) == "direct"
     assert select_conv2d_algorithm(info, OPENCL_GENERIC) == "direct"
-    assert select_conv2d_algorithm(info, NVIDIA) == "winograd"
+    assert select_conv2d_algorithm(info, NVIDIA) == "direct"  # opt-in (see below)
+    assert select_conv2d_algorithm(info, dataclasses.replace(NVIDIA, winograd=True)) == "winograd"
     pointwise = conv2d_shape_info((1, 64, 28, 28), (64, 64, 1, 1), (1, 1), (0,) * 4, (1, 1), 1)
     assert select_conv2d_algorithm(pointwise, cfg) == "gemm"
-    # presets: on where a gain is expected, off for the generic targets
-    assert AVX512.winograd and AVX2.winograd and NVIDIA.winograd and POCL.winograd
-    assert not SSE.winograd and not OPENCL_GENERIC.winograd
+    # presets: off until measured on the device machine; tiles chosen per vector width
+    assert not any(c.winograd for c in (AVX512, AVX2, NVIDIA, POCL, SSE, OPENCL_GENERIC))
+    assert AVX512.winograd_tile == 4 and POCL.winograd_tile == 2
     with pytest.raises(ValueError, match="winograd_tile must be 2 or 4"):
         dataclasses.replace(SSE, winograd_tile=3)
     with pytest.raises(ValueError, match="do not match groups"):
@@ -161,11 +173,14 @@ def test_selection_reasons():
 
 
 def test_expected_impl_follows_the_selection():
+    AVX512 = dataclasses.replace(AVX512_PRESET, winograd=True)
+    NVIDIA = dataclasses.replace(NVIDIA_PRESET, winograd=True)
     conv = OpParams("conv2d", 28, 28, 64, 64, kernel=3, stride=1, padding=(1, 1, 1, 1))
     assert expected_impl(conv, "cpu", AVX512) == "winograd"
     assert expected_impl(conv, "gpu", NVIDIA) == "winograd"
     assert expected_impl(conv, "cpu") == "direct"  # no config: no Winograd
     assert expected_impl(conv, "gpu", OPENCL_GENERIC) == "direct"
+    assert expected_impl(conv, "cpu", AVX512_PRESET) == "direct"  # the preset leaves it off
     strided = dataclasses.replace(conv, stride=2)
     assert expected_impl(strided, "cpu", AVX512) == "direct"
     pointwise = OpParams("conv2d", 28, 28, 64, 64, kernel=1)
@@ -273,16 +288,40 @@ def test_opencl_rule_applies_and_compiles(device):
     assert src.count("__kernel void") >= 3
 
 
-def test_presets_build_winograd_by_default():
-    """AVX-512 and NEON presets select Winograd for a qualifying conv; both compile (NEON is
-    cross-compiled for aarch64, nothing runs)."""
+def test_presets_default_to_direct_until_measured():
+    """Winograd is opt-in: no preset enables it before the device machine has measured it
+    faster (the shipped cost models were trained on direct kernels)."""
+    from codl_tvm.schedules import config as c
+
+    for cfg in (c.SSE, c.AVX2, c.AVX512, c.NEON, c.POCL, c.NVIDIA, c.ADRENO, c.MALI):
+        assert cfg.winograd is False, cfg.name
+    from .test_schedules_cpu import AVX512_TARGET
+
+    with winograd_enabled(()):  # the module's fixture switched it on: off again here
+        assert not cpu_config(AVX512_TARGET).winograd
+        mod, _, _ = conv_module((1, 32, 10, 12), 32, 1)
+        funcs = prim_funcs(scheduled(mod, AVX512_TARGET)).values()
+        algos = {f.attrs.get("codl.algorithm") for f in funcs}
+    assert "winograd" not in algos and "direct" in algos
+    assert cpu_config(AVX512_TARGET).winograd  # inside the module's switch
+    assert not opencl_config(DEVICE_TARGETS["generic"]).winograd  # not a candidate
+    with pytest.raises(ValueError, match="unknown presets"):
+        with winograd_enabled(["avx1024"]):
+            pass
+
+
+def test_presets_build_winograd_when_enabled():
+    """AVX-512 and NEON presets with ``winograd=True`` select Winograd for a qualifying conv
+    with their own tile; both compile (NEON is cross-compiled for aarch64, nothing runs)."""
+    from codl_tvm.schedules import config as c
+
     from .test_schedules_cpu import AVX512_TARGET, NEON_TARGET
 
-    for target, name in ((AVX512_TARGET, "avx512"), (NEON_TARGET, "neon")):
+    for target, preset in ((AVX512_TARGET, c.AVX512), (NEON_TARGET, c.NEON)):
         mod, _, _ = conv_module((1, 32, 10, 12), 32, 1)
-        mod = scheduled(mod, target)
+        mod = scheduled(mod, target, cpu=dataclasses.replace(preset, winograd=True))
         func = winograd_func(mod)
-        assert func.attrs["codl.config"] == name
+        assert func.attrs["codl.config"] == preset.name
         tvm.compile(mod, target=target)
 
 
