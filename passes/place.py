@@ -175,14 +175,33 @@ def _cross_device_barriers(mod, bindings, where_of) -> set:
     by_var = {b.var: b for b in bindings}
 
     def fusable(var) -> bool:
-        return _pattern(mod, _callee(by_var[var])) < _OUT_ELEMWISE_FUSABLE
+        # A kernel with a tuple output (batch_norm's) stays fusable: the CPU side runs
+        # single-tensor kernels only, and its consumer across the edge becomes the barrier.
+        call = by_var[var].value
+        single = len(call.ty_args) == 1 and isinstance(call.ty_args[0], relax.TensorType)
+        return single and _pattern(mod, _callee(by_var[var])) < _OUT_ELEMWISE_FUSABLE
+
+    def producer(var):
+        # Through tuple projections and aliases (batch_norm's kernel returns a tuple and its
+        # users read ``bn[0]``) to the kernel that computes the value.
+        seen = 0
+        while var in by_var and _callee(by_var[var]) is None and seen < len(bindings):
+            value = by_var[var].value
+            if isinstance(value, relax.TupleGetItem):
+                var = value.tuple_value
+            elif isinstance(value, relax.Var):
+                var = value
+            else:
+                break
+            seen += 1
+        return var
 
     out = set()
     for b in bindings:
         where = where_of.get(b.var)
         if where in (None, "merge"):
             continue
-        for arg in b.value.args[1].fields:
+        for arg in (producer(a) for a in b.value.args[1].fields):
             other = where_of.get(arg)
             if other in (None, "merge") or other == where:
                 continue

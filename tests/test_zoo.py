@@ -15,7 +15,7 @@ import pytest
 
 import codl_tvm
 from codl_tvm.frontend import load_onnx, random_inputs
-from codl_tvm.plan import partitionable_ops, uniform_plan
+from codl_tvm.plan import OpPartition, PartitionPlan, partitionable_ops, uniform_plan
 from codl_tvm.planner import plan_model
 from codl_tvm.planner.synthetic import synthetic_cost_model
 from codl_tvm.runner import build
@@ -226,13 +226,16 @@ def test_plan_model_slow(name, cost_model):
 # -- co-execution ----------------------------------------------------------------------------
 
 
-def _check_coexec(name: str, hw: tuple[int, int]) -> None:
+def _check_coexec(name: str, hw: tuple[int, int], plan=None) -> None:
     proto = build_model(name, input_hw=hw, seed=3)
     model = load_onnx(proto)
     feeds = random_inputs(model, seed=3)
     inputs = [feeds[s.name] for s in model.inputs]
-    plan = uniform_plan(model.mod, "H", 0.5)
-    assert len(plan.ops) == len(partitionable_ops(model.mod))
+    if plan is None:
+        plan = uniform_plan(model.mod, "H", 0.5)
+        assert len(plan.ops) == len(partitionable_ops(model.mod))
+    else:
+        plan = plan(model.mod)
     got = codl_tvm.compile(model.mod, plan)(inputs)
     ref = build(model.mod, "cpu")(inputs)
     expected = _ort_run(proto, feeds)
@@ -244,6 +247,24 @@ def _check_coexec(name: str, hw: tuple[int, int]) -> None:
 @pytest.mark.opencl
 def test_coexec_fst(opencl):
     _check_coexec("fst", (16, 16))
+
+
+def _alternating_whole_plan(mod) -> PartitionPlan:
+    """Operators whole on the CPU, the GPU, the CPU... with every third one split on OC."""
+    ratios = (0.0, 1.0, 0.5)
+    return PartitionPlan(
+        ops=tuple(
+            OpPartition(op.name, "OC", ratios[i % 3]) for i, op in enumerate(partitionable_ops(mod))
+        )
+    )
+
+
+@pytest.mark.opencl
+def test_coexec_retinaface_mixed_placement(opencl):
+    """RetinaFace's SSH heads concatenate batch-norm outputs (no activation in between) of
+    convs on different processors: the batch_norm kernels return tuples, and FuseOps once
+    fused the two processors' batch_norms with the concat (the device run's planner found it)."""
+    _check_coexec("retinaface", (32, 32), _alternating_whole_plan)
 
 
 @pytest.mark.slow
