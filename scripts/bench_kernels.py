@@ -150,15 +150,16 @@ def _parse_variants(spec: str) -> dict[str, dict[str, int]]:
 
 
 def compile_all(args: argparse.Namespace) -> None:
+    import contextlib
     import dataclasses
     import shutil
 
     import tvm
-    from codl_tvm.schedules import apply_schedules, cpu_config
+    from codl_tvm.schedules import apply_schedules, cpu_config, winograd_enabled
     from tvm.target import Target
 
     from codl_tvm.bench import git_commit, write_json
-    from codl_tvm.pipeline import legalize_passes, single_device_pipeline
+    from codl_tvm.pipeline import algorithm_passes, legalize_passes, single_device_pipeline
 
     out = Path(args.compile_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -180,6 +181,10 @@ def compile_all(args: argparse.Namespace) -> None:
     for variant, overrides in _parse_variants(args.cpu_variants).items():
         cfg = dataclasses.replace(cpu_config(targets["cpu"]), name=variant, **overrides)
         builds.append((f"cpu@{variant}", targets["cpu"], cfg))
+    if args.winograd:
+        # The conv weight becomes a constant (Winograd transforms constant weights at build
+        # time); every preset with Winograd switched on.
+        builds += [(f"{k}@winograd", t, "winograd") for k, t in targets.items()]
     ops = args.ops.split(",") if args.ops else list(OPS)
     manifest = {
         "commit": git_commit(),
@@ -200,14 +205,27 @@ def compile_all(args: argparse.Namespace) -> None:
         }
         for tname, target, cpu_cfg in builds:
             mod = relax_module(name)
-            with target:
-                mod = tvm.transform.Sequential(legalize_passes(target))(mod)
-                mod = apply_schedules(target, cpu=cpu_cfg)(mod)
-            t0 = time.perf_counter()
-            ex = tvm.compile(mod, target=target, relax_pipeline=single_device_pipeline(target))
+            bound: list[str] = []
+            switch = contextlib.nullcontext()
+            if cpu_cfg == "winograd":
+                if OPS[name][0] != "conv":
+                    continue
+                bound, cpu_cfg = ["w"], None
+                w = tvm.runtime.tensor(op_arrays(name)["w"])
+                mod = tvm.relax.transform.BindParams("main", {"w": w})(mod)
+                switch = winograd_enabled("all")
+            with switch:
+                with target:
+                    mod = tvm.transform.Sequential(algorithm_passes(target, cpu=cpu_cfg))(mod)
+                    mod = tvm.transform.Sequential(legalize_passes(target))(mod)
+                    mod = apply_schedules(target, cpu=cpu_cfg)(mod)
+                t0 = time.perf_counter()
+                pipeline = single_device_pipeline(target, cpu=cpu_cfg)
+                ex = tvm.compile(mod, target=target, relax_pipeline=pipeline)
             lib = f"{name}.{tname}.so"
             ex.export_library(str(out / lib))
             entry["libs"][tname] = lib
+            entry.setdefault("bound", {})[tname] = bound
             entry["kernels"][tname] = _kernel_attrs(mod)
             print(
                 f"{name:30s} {tname:14s} {time.perf_counter() - t0:6.1f} s "
@@ -413,7 +431,8 @@ def run_all(args: argparse.Namespace) -> None:
                 continue
             lib = tvm.runtime.load_module(str(run_dir / libname))
             vm = VirtualMachine(lib, dev)
-            vm_args = [tvm.runtime.tensor(arrays[k], dev) for k in sorted(arrays)]
+            bound = entry.get("bound", {}).get(tname, [])
+            vm_args = [tvm.runtime.tensor(arrays[k], dev) for k in sorted(arrays) if k not in bound]
             out = vm["main"](*vm_args)
             res = _time_tvm(vm, dev, vm_args, args.number, args.repeat)
             res["max_rel_err_vs_onnxruntime"] = _rel_err(out.numpy(), refs[name])
@@ -474,6 +493,11 @@ def main(argv: list[str] | None = None) -> None:
         help="which compiled OpenCL device class to run (nvidia, pocl)",
     )
     parser.add_argument("--torch", action="store_true", help="also time PyTorch on CUDA")
+    parser.add_argument(
+        "--winograd",
+        action="store_true",
+        help="also build every conv with constant weights and Winograd on (<target>@winograd)",
+    )
     parser.add_argument("--number", type=int, default=5)
     parser.add_argument("--repeat", type=int, default=10)
     parser.add_argument("--min-seconds", type=float, default=1.0)
