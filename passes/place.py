@@ -174,12 +174,12 @@ def _cross_device_barriers(mod, bindings, where_of) -> set:
     broadcast, injective or reduction kernel on one side of a GPU/CPU edge)."""
     by_var = {b.var: b for b in bindings}
 
-    def fusable(var) -> bool:
-        # A kernel with a tuple output (batch_norm's) stays fusable: the CPU side runs
-        # single-tensor kernels only, and its consumer across the edge becomes the barrier.
+    def pattern(var) -> int:
+        return _pattern(mod, _callee(by_var[var]))
+
+    def single(var) -> bool:
         call = by_var[var].value
-        single = len(call.ty_args) == 1 and isinstance(call.ty_args[0], relax.TensorType)
-        return single and _pattern(mod, _callee(by_var[var])) < _OUT_ELEMWISE_FUSABLE
+        return len(call.ty_args) == 1 and isinstance(call.ty_args[0], relax.TensorType)
 
     def producer(var):
         # Through tuple projections and aliases (batch_norm's kernel returns a tuple and its
@@ -205,7 +205,16 @@ def _cross_device_barriers(mod, bindings, where_of) -> set:
             other = where_of.get(arg)
             if other in (None, "merge") or other == where:
                 continue
-            out.update(v for v in (b.var, arg) if fusable(v))
+            pair = (b.var, arg)
+            if all(pattern(v) >= _OUT_ELEMWISE_FUSABLE for v in pair):
+                continue  # FuseOps fuses neither into the other (conv -> conv, opaque)
+            # The elementwise/injective/reduction side becomes opaque; a kernel with a tuple
+            # output (batch_norm's, dropout's) cannot (the CPU side runs single-tensor kernels
+            # only; fused, its projection disappears), so the other side is made opaque then.
+            marks = [v for v in pair if pattern(v) < _OUT_ELEMWISE_FUSABLE and single(v)]
+            if not marks:
+                marks = [v for v in pair if single(v) and pattern(v) < _OPAQUE]
+            out.update(marks)
     return out
 
 

@@ -123,6 +123,32 @@ def test_conv_pool_chain(opencl, pool):
     _check_plan(model, plan)
 
 
+def test_tuple_kernel_across_processors(opencl):
+    """A CPU average pool feeding a GPU dropout (whose kernel returns a tuple, as Inception v1's
+    head does when its pool stays on the CPU): the pool, not the tuple kernel, becomes the
+    barrier, so FuseOps does not fuse the two processors' kernels."""
+    rng = np.random.default_rng(4)
+    w = (rng.standard_normal((8, 4, 3, 3)) * 0.3).astype("float32")
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], kernel_shape=[3, 3], pads=[1] * 4),
+        helper.make_node("AveragePool", ["c"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+        helper.make_node("Dropout", ["p"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "pool_dropout",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 12, 12])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(w, "w")],
+    )
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    proto.ir_version = 8
+    model = load_onnx(onnx.shape_inference.infer_shapes(proto))
+    ops = [o.op for o in uniform_plan(model.mod, "H", 0.5).ops]
+    assert len(ops) == 2  # the conv and the pool; the dropout stays outside (on the GPU)
+    _check_plan(model, PartitionPlan(ops=tuple(OpPartition(op, "H", 0.0) for op in ops)))
+
+
 @pytest.mark.parametrize("dim", ["H", "OC"])
 def test_bundled_model_chains_and_ops(opencl, dim):
     model = load_onnx(bundled_model_path())
