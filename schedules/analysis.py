@@ -376,3 +376,27 @@ def match_pool2d(sch: s_tir.Schedule, blocks: FuncBlocks) -> PoolInfo | str:
         kind=kind,
         dtype_bits=red.dtype_bits,
     )
+
+
+def covers_producer(sch: s_tir.Schedule, main: SBlockRV, epilogue: SBlockRV) -> bool:
+    """Whether an epilogue block iterates over as many points as the main block's output.
+
+    ``reverse_compute_inline`` of an epilogue that reads only part of the main block's output
+    (a ``strided_slice`` FuseOps fused after a conv: the input rows of the next operator's part)
+    makes TVM 0.27 write the *whole* output range into the smaller buffer, out of bounds.
+    Such an epilogue stays a block of its own.
+    """
+    spatial = [iv for iv in sch.get(main).iter_vars if iv.iter_type == tirx.IterVar.DataPar]
+    produced = 1
+    for iv in spatial:
+        extent = _int(iv.dom.extent)
+        if extent is None:
+            return False
+        produced *= extent
+    consumed = 1
+    for iv in sch.get(epilogue).iter_vars:
+        extent = _int(iv.dom.extent)
+        if extent is None:
+            return False
+        consumed *= extent
+    return consumed == produced

@@ -55,6 +55,7 @@ from .analysis import (
     Conv2DInfo,
     FuncBlocks,
     classify_blocks,
+    covers_producer,
     is_trivial_copy,
     match_conv2d,
     match_pool2d,
@@ -136,6 +137,8 @@ def _inline_epilogue(sch: s_tir.Schedule, blocks: FuncBlocks, cfg: CPUConfig) ->
     """Inline elementwise epilogues into the write-back block; parallelise any that resist."""
     remaining = list(blocks.epilogue)
     while remaining:
+        if blocks.main is not None and not covers_producer(sch, blocks.main, remaining[0]):
+            break  # a slice of the output: inlining it would write out of bounds
         try:
             sch.reverse_compute_inline(remaining[0])
         except (s_tir.ScheduleError, tvm.error.InternalError):

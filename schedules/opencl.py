@@ -44,6 +44,7 @@ from .analysis import (
     FuncBlocks,
     buffer_loads,
     classify_blocks,
+    covers_producer,
     is_trivial_copy,
     match_conv2d,
     match_pool2d,
@@ -75,6 +76,8 @@ def _inline_prologue(sch: s_tir.Schedule, blocks: FuncBlocks, threads: int) -> N
 def _inline_epilogue(sch: s_tir.Schedule, blocks: FuncBlocks, threads: int) -> None:
     remaining = list(blocks.epilogue)
     while remaining:
+        if blocks.main is not None and not covers_producer(sch, blocks.main, remaining[0]):
+            break  # a slice of the output: inlining it would write out of bounds
         try:
             sch.reverse_compute_inline(remaining[0])
         except (s_tir.ScheduleError, tvm.error.InternalError):

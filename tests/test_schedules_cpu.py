@@ -525,3 +525,54 @@ def test_partitioned_parts_get_conv_schedules(dim, ratio):
     b = rng.standard_normal((1, 12, 1, 1)).astype("float32")
     ref = np.maximum(conv2d_ref(x, w, (2, 2), (1,) * 4, (1, 1), 1) + b, 0)
     np.testing.assert_allclose(run(scheduled, LLVM, [x, w, b]), ref, rtol=1e-4, atol=1e-4)
+
+
+def writes_out_of_bounds(func: tirx.PrimFunc) -> list[str]:
+    """Blocks whose write region, over their iteration domain, leaves the written buffer."""
+    from tvm import s_tir, sym
+
+    bad = []
+
+    def visit(block):
+        ana = sym.Analyzer()
+        for iv in block.iter_vars:
+            ana.bind(iv.var, tvm.ir.Range.from_min_extent(iv.dom.min, iv.dom.extent))
+        for region in block.writes:
+            for dim, (rng, size) in enumerate(zip(region.region, region.source.shape)):
+                hi = ana.const_int_bound(rng.min + rng.extent - 1).max_value
+                if hi >= int(size):
+                    bad.append(
+                        f"{block.name_hint} writes {region.source.name}[dim {dim}] up to {hi}"
+                    )
+
+    tvm_ffi.structural_walk(func.body, [(s_tir.SBlock, visit)])
+    return bad
+
+
+def conv_slice_module():
+    """conv 7x7/2 + relu + the row slice the next operator's part reads (Inception v1's stem
+    before a co-executed max pool): FuseOps fuses the slice after the conv."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 3, 32, 32), "float32"))
+    w = relax.Var("w", relax.TensorType((8, 3, 7, 7), "float32"))
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.nn.relu(relax.op.nn.conv2d(x, w, strides=2, padding=3)))
+            y = bb.emit(relax.op.strided_slice(y, axes=[2], begin=[0], end=[15]))
+            out = bb.emit_output(y)
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def test_sliced_epilogue_stays_in_bounds():
+    """A slice epilogue reads 15 of the conv's 16 rows: inlined into the write-back it made TVM
+    write all 16 rows into the 15-row output (a heap corruption found on Inception v1)."""
+    mod = schedule(conv_slice_module(), LLVM)
+    (func,) = [f for name, f in prim_funcs(mod).items() if "conv2d" in name]
+    assert func.attrs["codl.algorithm"] == "direct"
+    assert writes_out_of_bounds(func) == []
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((1, 3, 32, 32)).astype("float32")
+    w = (rng.standard_normal((8, 3, 7, 7)) * 0.1).astype("float32")
+    want = np.maximum(conv2d_ref(x, w, (2, 2), (3, 3, 3, 3), (1, 1), 1), 0)[:, :, :15]
+    np.testing.assert_allclose(run(mod, LLVM, [x, w]), want, rtol=1e-4, atol=1e-4)
