@@ -176,3 +176,28 @@ def test_farm_errors(tracker, jobs, tmp_path):
         profile_farm(
             jobs, tmp_path / "x.jsonl", f"127.0.0.1:{_free_port()}", "k", request_timeout_s=1
         )
+
+
+def test_cli_profile_farm(procs, tracker, tmp_path, capsys, opencl):
+    """``codl-tvm profile --sample N --rpc H:P --rpc-key K --farm`` through the real CLI."""
+    from codl_tvm.cli import main
+    from codl_tvm.profiling.profile import sampled_ops
+
+    _start_servers(procs, tracker, "farmcli", 2)
+    out = tmp_path / "cli.jsonl"
+    args = [
+        *("profile", "--sample", "2", "--max-gflops", "0.02", "--dims", "H", "--ratios", "0.5"),
+        *("--warmup", "0", "--repeats", "1", "--number", "1", "--sharing-sizes", "4096"),
+        *("--rpc", tracker, "--rpc-key", "farmcli", "--farm", "--job-timeout", "120"),
+        *("-o", str(out)),
+    ]
+    assert main(args) == 0
+    jobs = make_jobs(sampled_ops(2, 0, "codl", 0.02), ("H",), (0.5,))
+    assert f"measured {len(jobs)} parts" in capsys.readouterr().out
+    data = _check_dataset(out, jobs)
+    assert len(data.records) > len(data.op_records)  # the sharing records
+    # --farm without a tracker: a clear error, nothing written
+    bad = tmp_path / "bad.jsonl"
+    code = main(["profile", "--sample", "1", "--farm", "-o", str(bad)])
+    assert code != 0 and not bad.exists()
+    assert "--farm needs --rpc HOST:PORT and --rpc-key KEY" in capsys.readouterr().err
