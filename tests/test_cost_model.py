@@ -1322,3 +1322,28 @@ def test_work_form_never_predicts_below_half_the_fastest_training_record():
     group.coef["eq3"] = [-1.0] * len(group.coef["eq3"])
     group.variants.clear()
     assert model.predict(recs[0].features()) == group.floor_ms
+
+
+def test_dispatch_features_are_the_conv_kernels_not_the_padding_copys():
+    """A padded conv is two launches: the padding copy (one thread per padded input element)
+    and the conv. The features describe the conv even where the copy launches more threads
+    (the profiler once recorded the copy for 553 of 882 PoCL records)."""
+    from codl_tvm.cost_model.dispatch import dispatch_features, kernel_launches
+
+    from .test_schedules_cpu import conv_module, prim_funcs
+    from .test_schedules_opencl import DEVICE_TARGETS, schedule
+
+    mod = schedule(
+        conv_module((1, 64, 32, 32), (8, 64, 3, 3), (1, 1), (1, 1, 1, 1), (1, 1), 1, True),
+        DEVICE_TARGETS["pocl"],
+    )
+    (func,) = [f for name, f in prim_funcs(mod).items() if "conv2d" in name]
+    launches = kernel_launches(func)
+    assert len(launches) == 2
+    conv = next(k for k in launches if k.reduces)
+    pad = next(k for k in launches if not k.reduces)
+    assert pad.work > conv.work  # the case that went wrong
+    d = dispatch_features([func])
+    assert (d.wg_size, d.wg_count, d.num_kernels) == (conv.wg_size, conv.wg_count, 2)
+    assert d.wg_size == int(func.attrs["codl.workgroup_size"])
+    assert d.wg_count == int(func.attrs["codl.workgroup_count"])

@@ -31,6 +31,7 @@ class KernelLaunch:
     wg_count: int | None = None
     parallel_blocks: int | None = None
     vector_width: int | None = None
+    reduces: bool = False
 
     @property
     def work(self) -> int:
@@ -70,14 +71,19 @@ def _binding(stmt) -> tuple[str, int | None] | None:
 
 def _launch(root) -> KernelLaunch:
     """Collect the bindings / parallel and vectorized loops of one launch rooted at ``root``."""
-    from tvm import tirx
+    from tvm import s_tir, tirx
 
     extents: dict[str, int | None] = {}
     parallel: int | None = None
     vector: int | None = None
+    reduces = False
     stack = [root]
     while stack:
         stmt = stack.pop()
+        if isinstance(stmt, s_tir.SBlock) and any(
+            iv.iter_type == tirx.IterVar.CommReduce for iv in stmt.iter_vars
+        ):
+            reduces = True
         bound = _binding(stmt)
         if bound is not None:
             tag, ext = bound
@@ -103,7 +109,7 @@ def _launch(root) -> KernelLaunch:
             out *= v
         return out
 
-    return KernelLaunch(product("threadIdx."), product("blockIdx."), parallel, vector)
+    return KernelLaunch(product("threadIdx."), product("blockIdx."), parallel, vector, reduces)
 
 
 def _is_launch_root(stmt) -> bool:
@@ -141,14 +147,16 @@ def dispatch_features(funcs: Iterable, threads: int | None = None) -> DispatchFe
     """Dispatch features of an operator built as ``funcs`` (its PrimFuncs, e.g. the transform,
     GEMM and inverse-transform kernels of a Winograd convolution).
 
-    The main kernel is the launch with the most threads (GPU) or parallel blocks (CPU);
-    ``num_kernels`` counts every launch. ``threads`` is the CPU thread-pool size the kernel runs
-    with (not visible in the IR).
+    The main kernel is the launch with the most threads (GPU) or parallel blocks (CPU) among
+    those that reduce (the conv, matmul or pooling itself, not the padding copy in front of it,
+    which often launches more threads); ``num_kernels`` counts every launch. ``threads`` is the
+    CPU thread-pool size the kernel runs with (not visible in the IR).
     """
     launches = [launch for f in funcs for launch in kernel_launches(f)]
     if not launches:
         raise ValueError("no PrimFunc given")
-    main = max(launches, key=lambda k: k.work)
+    computing = [k for k in launches if k.reduces] or launches
+    main = max(computing, key=lambda k: k.work)
     gpu = main.wg_size is not None or main.wg_count is not None
     return DispatchFeatures(
         wg_size=main.wg_size,
