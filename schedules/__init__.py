@@ -42,11 +42,13 @@ from .config import (
     CPUConfig,
     OpenCLConfig,
     cpu_config,
+    dense_enabled,
     opencl_config,
     winograd_enabled,
 )
 from .cpu import CPUConv2D, CPUInjective, CPUReduction, conv2d_algorithm
 from .opencl import OpenCLConv2D, OpenCLPool2D
+from .opencl_dense import OpenCLDense
 from .winograd import (
     CPUWinograd,
     OpenCLWinograd,
@@ -76,6 +78,7 @@ __all__ = [
     "CodlRule",
     "OpenCLConfig",
     "OpenCLConv2D",
+    "OpenCLDense",
     "OpenCLPool2D",
     "OpenCLWinograd",
     "RecordedRule",
@@ -84,6 +87,7 @@ __all__ = [
     "conv2d_algorithm",
     "conv2d_shape_info",
     "cpu_config",
+    "dense_enabled",
     "explain",
     "kernel_features",
     "match_winograd",
@@ -108,6 +112,7 @@ def _gpu_rules(config: OpenCLConfig | None) -> list[ScheduleRule]:
         OpenCLConv2D(config),
         OpenCLWinograd(config),
         OpenCLPool2D(config),
+        OpenCLDense(config),
         RecordedRule(dl.gpu.Matmul(), "matmul"),
         RecordedRule(dl.gpu.GEMV(), "gemv", check_lowering=True),
         RecordedRule(dl.gpu.Reduction(), "reduction", check_lowering=True),

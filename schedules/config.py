@@ -175,6 +175,30 @@ class OpenCLConfig:
         (``conv_threads_oc`` x ``conv_reg_oc`` output channels, ``conv_threads_ow`` x
         ``conv_reg_ow`` tiles per workgroup); the transforms run ``pool_threads`` work-items
         per workgroup.
+    dense : bool
+        Schedule dense/matmul with codl's rule (:class:`~codl_tvm.schedules.OpenCLDense`);
+        off in every preset until measured on the device machine (dlight's Matmul/GEMV/
+        Reduction rules otherwise). :func:`dense_enabled` switches it on.
+    dense_gemm_min_m : int
+        Dense/matmul with at least this many rows (batch x M) is a tiled GEMM (``gemm``);
+        fewer rows use the GEMV schedule (``gemv``).
+    dense_threads_m, dense_threads_n : int
+        Work-items along rows / output features in one GEMM workgroup.
+    dense_reg_m, dense_reg_n : int
+        Rows / output features computed by one work-item of the GEMM (register tile).
+    dense_k_chunk : int
+        Reduction elements per step of the GEMM (staged in local memory when
+        ``dense_use_local_memory``); the largest divisor of K up to this is used.
+    dense_use_local_memory : bool
+        Stage the GEMM's input and weight tiles in local memory.
+    dense_vector_lanes : int
+        Vectorise each GEMM work-item's output features with OpenCL vectors of up to this many
+        lanes (CPU OpenCL); 0 keeps scalar work-items.
+    dense_gemv_threads_k : int
+        Work-items that split the reduction of one GEMV output (cross-thread reduction);
+        1 reduces serially in each work-item.
+    dense_gemv_rows : int
+        Output features per GEMV workgroup (one per work-item row).
     """
 
     name: str
@@ -193,6 +217,17 @@ class OpenCLConfig:
     winograd: bool = False
     winograd_tile: int = 2
     winograd_min_channels: int = 32
+    dense: bool = False
+    dense_gemm_min_m: int = 8
+    dense_threads_m: int = 8
+    dense_threads_n: int = 8
+    dense_reg_m: int = 4
+    dense_reg_n: int = 4
+    dense_k_chunk: int = 16
+    dense_use_local_memory: bool = False
+    dense_vector_lanes: int = 0
+    dense_gemv_threads_k: int = 32
+    dense_gemv_rows: int = 4
 
     def __post_init__(self) -> None:
         _check_winograd(self)
@@ -247,6 +282,8 @@ ADRENO = OpenCLConfig(
     pool_threads=64,
     conv_use_local_memory=True,
     winograd_tile=2,
+    dense_use_local_memory=True,
+    dense_gemv_threads_k=16,
 )
 # Mali has no on-chip local memory (it is ordinary cached memory): read global memory directly.
 MALI = OpenCLConfig(
@@ -259,6 +296,9 @@ MALI = OpenCLConfig(
     max_workgroup_size=128,
     pool_threads=64,
     winograd_tile=2,
+    dense_threads_m=4,
+    dense_threads_n=8,
+    dense_gemv_threads_k=16,
 )
 # 32 oc x 2 rows x 32 columns per workgroup of 128 work-items, 16 accumulators each (enough
 # workgroups for 132 SMs on mid-sized layers); input rows and weights of 8 input channels at a
@@ -276,6 +316,11 @@ NVIDIA = OpenCLConfig(
     conv_ic_chunk=8,
     min_work_items=32768,
     winograd_tile=4,
+    dense_threads_m=16,
+    dense_threads_n=16,
+    dense_use_local_memory=True,
+    dense_gemv_threads_k=32,
+    dense_gemv_rows=8,
 )
 
 # PoCL runs a workgroup as a loop over work-items on one core and vectorises only innermost
@@ -293,6 +338,13 @@ POCL = OpenCLConfig(
     max_workgroup_size=256,
     pool_threads=64,
     winograd_tile=2,
+    dense_threads_m=1,
+    dense_threads_n=1,
+    dense_reg_m=4,
+    dense_reg_n=16,
+    dense_vector_lanes=16,
+    dense_gemv_threads_k=1,
+    dense_gemv_rows=16,
 )
 
 _X86_AVX512_CPUS = (
@@ -360,6 +412,20 @@ def winograd_enabled(presets: Iterable[str] | str = WINOGRAD_CANDIDATES) -> Iter
         _WINOGRAD_ON.reset(token)
 
 
+_DENSE_ON: contextvars.ContextVar[bool] = contextvars.ContextVar("codl_dense_on", default=False)
+
+
+@contextlib.contextmanager
+def dense_enabled(on: bool = True) -> Iterator[None]:
+    """Within the block, :func:`opencl_config` returns presets with ``dense=on`` (codl's OpenCL
+    dense rule instead of dlight's); off by default until measured on the device machine."""
+    token = _DENSE_ON.set(on)
+    try:
+        yield
+    finally:
+        _DENSE_ON.reset(token)
+
+
 def winograd_presets() -> frozenset[str]:
     """The presets :func:`winograd_enabled` switched on here (empty outside such a block)."""
     return _WINOGRAD_ON.get()
@@ -367,7 +433,9 @@ def winograd_presets() -> frozenset[str]:
 
 def _switched(base):
     if base.name in _WINOGRAD_ON.get() and not base.winograd:
-        return dataclasses.replace(base, winograd=True)
+        base = dataclasses.replace(base, winograd=True)
+    if isinstance(base, OpenCLConfig) and _DENSE_ON.get() and not base.dense:
+        base = dataclasses.replace(base, dense=True)
     return base
 
 

@@ -38,6 +38,7 @@ from codl_tvm.cost_model.features import (
     OpParams,
     Partition,
     PartShape,
+    impl_group,
     op_features,
     part_shape,
 )
@@ -106,6 +107,7 @@ class OpRecord:
             raise DatasetError(f"{what}: repeats must be an integer >= 1, got {self.repeats!r}")
         if not isinstance(self.impl, str) or not self.impl:
             raise DatasetError(f"{what}: impl must be a non-empty string, got {self.impl!r}")
+        object.__setattr__(self, "impl", impl_group(self.params.op, self.processor, self.impl))
         if not isinstance(self.device, Mapping):
             raise DatasetError(f"{what}: device must be a dict, got {type(self.device).__name__}")
         if self.part.empty:

@@ -143,19 +143,40 @@ def kernel_launches(func) -> list[KernelLaunch]:
     return launches
 
 
+def _declared(func, launch: KernelLaunch) -> bool:
+    """Whether ``launch`` is the main launch a codl schedule rule recorded on ``func``
+    (``codl.workgroup_size`` / ``codl.workgroup_count``): a rule knows which of its kernels is
+    the operator itself."""
+    attrs = func.attrs or {}
+    if "codl.workgroup_size" in attrs and "codl.workgroup_count" in attrs:
+        size, count = int(attrs["codl.workgroup_size"]), int(attrs["codl.workgroup_count"])
+        return size > 0 and (launch.wg_size, launch.wg_count) == (size, count)
+    return False
+
+
 def dispatch_features(funcs: Iterable, threads: int | None = None) -> DispatchFeatures:
     """Dispatch features of an operator built as ``funcs`` (its PrimFuncs, e.g. the transform,
     GEMM and inverse-transform kernels of a Winograd convolution).
 
     The main kernel is the launch with the most threads (GPU) or parallel blocks (CPU) among
     those that reduce (the conv, matmul or pooling itself, not the padding copy in front of it,
-    which often launches more threads); ``num_kernels`` counts every launch. ``threads`` is the
+    which often launches more threads), preferring reducing GPU launches that a codl rule
+    recorded as the operator's own (``codl.workgroup_size`` / ``codl.workgroup_count``);
+    ``num_kernels`` counts every launch. ``threads`` is the
     CPU thread-pool size the kernel runs with (not visible in the IR).
     """
-    launches = [launch for f in funcs for launch in kernel_launches(f)]
+    launches: list[KernelLaunch] = []
+    declared: list[KernelLaunch] = []
+    for f in funcs:
+        own = kernel_launches(f)
+        launches.extend(own)
+        declared.extend(k for k in own if _declared(f, k))
     if not launches:
         raise ValueError("no PrimFunc given")
-    computing = [k for k in launches if k.reduces] or launches
+    reducing = [k for k in launches if k.reduces]
+    # a rule's record is trusted only for a reducing launch: attributes read back from the loops
+    # (no override) take each axis's largest extent, which can be the padding copy's
+    computing = [k for k in declared if k.reduces] or reducing or launches
     main = max(computing, key=lambda k: k.work)
     gpu = main.wg_size is not None or main.wg_count is not None
     return DispatchFeatures(

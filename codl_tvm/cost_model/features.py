@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 __all__ = [
     "DIMS",
+    "IMPL_GROUPS",
     "OP_KINDS",
     "PROCESSORS",
     "DispatchFeatures",
@@ -415,6 +416,21 @@ class OpFeatures:
         }
 
 
+#: Kernel algorithms (``codl.algorithm``) that share a cost-model group with an older name: the
+#: OpenCL dense rule's ``gemv`` / ``gemm`` kernels replaced dlight's reduction / matmul ones
+#: that the shipped models were trained on. Keys are (operator kind, processor, recorded name).
+IMPL_GROUPS: dict[tuple[str, str, str], str] = {
+    ("dense", "gpu", "gemv"): "reduction",
+    ("dense", "gpu", "gemm"): "matmul",
+}
+
+
+def impl_group(op: str, processor: str, impl: str) -> str:
+    """The cost-model group of an implementation name (itself unless :data:`IMPL_GROUPS` maps
+    it)."""
+    return IMPL_GROUPS.get((op, processor, impl), impl)
+
+
 def op_features(
     params: OpParams,
     processor: str,
@@ -433,6 +449,7 @@ def op_features(
         raise FeatureError(
             f"{params.describe()}: implementation must be a non-empty string, got {impl!r}"
         )
+    impl = impl_group(params.op, processor, impl)
     if part is None:
         part = part_shape(params, partition, processor)
     elif processor not in PROCESSORS:

@@ -194,7 +194,8 @@ def expected_impl(params: OpParams, processor: str, config=None) -> str:
     ``winograd`` (the build rewrites it when its weight is a constant, as in imported models);
     otherwise on the CPU a depthwise conv gets the depthwise rule, a 1x1 stride-1 conv the GEMM
     rule, others the direct rule; OpenCL convs are direct; dense is a matmul, or a reduction
-    (GEMV) on the GPU for one row; pooling is pooling. The planner predicts that kernel, never a
+    (GEMV) on the GPU below ``dense_gemm_min_m`` rows (the cost-model groups of the OpenCL dense
+    rule's ``gemm`` / ``gemv``); pooling is pooling. The planner predicts that kernel, never a
     faster-looking one the build would not produce. The choice is made for the whole operator;
     a co-execution part whose own shape falls below the config's thresholds (e.g. an OC part
     with fewer than ``winograd_min_channels`` channels) is built with the direct rule.
@@ -202,7 +203,14 @@ def expected_impl(params: OpParams, processor: str, config=None) -> str:
     if params.op == "pool":
         return "pool"
     if params.op == "dense":
-        return "reduction" if processor == "gpu" and params.h == 1 else "matmul"
+        # OpenCLDense records gemv / gemm; the cost model groups them as reduction / matmul
+        # (codl_tvm.cost_model.features.IMPL_GROUPS)
+        from codl_tvm.schedules.config import OPENCL_GENERIC
+
+        min_m = 2  # dlight: GEMV / Reduction for one row
+        if getattr(config, "dense", False):
+            min_m = getattr(config, "dense_gemm_min_m", None) or OPENCL_GENERIC.dense_gemm_min_m
+        return "reduction" if processor == "gpu" and params.h < min_m else "matmul"
     if config is not None and params.op == "conv2d":
         from codl_tvm.schedules.winograd import conv2d_shape_info, winograd_reason
 
