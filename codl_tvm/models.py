@@ -121,8 +121,9 @@ def pretranspose_gemm_weights(model):
         if not attrs.get("transB", 0):
             continue
         tensor = inits[node.input[1]]
-        tensor.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(tensor).T.copy(),
-                                                tensor.name))
+        tensor.CopyFrom(
+            numpy_helper.from_array(numpy_helper.to_array(tensor).T.copy(), tensor.name)
+        )
         kept = [a for a in node.attribute if a.name != "transB"]
         del node.attribute[:]
         node.attribute.extend(kept)

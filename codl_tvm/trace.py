@@ -100,9 +100,7 @@ class Trace:
         """Read a trace written by :meth:`save_chrome` (e.g. to draw it on another machine)."""
         try:
             data = json.loads(Path(path).read_text())
-            lanes = {
-                e["tid"]: e["args"]["name"] for e in data["traceEvents"] if e.get("ph") == "M"
-            }
+            lanes = {e["tid"]: e["args"]["name"] for e in data["traceEvents"] if e.get("ph") == "M"}
             events = [
                 TraceEvent(lanes[e["tid"]], e["name"], e["ts"], e["ts"] + e["dur"])
                 for e in data["traceEvents"]

@@ -110,24 +110,59 @@ def test_run_coexec_with_an_automatic_plan(opencl, tmp_path, capsys):
     model = load_onnx(bundled_model_path())
     feeds = random_inputs(model, seed=2)
     np.savez(tmp_path / "in.npz", **feeds)
-    code, out, _ = _run(capsys, "run", "--device", "coexec", "--plan", "auto", "--cost-model",
-                        str(tmp_path / "cm.json"), "--inputs", str(tmp_path / "in.npz"),
-                        "--save-outputs", str(tmp_path / "out.npz"), "--repeat", "1",
-                        "--number", "1")
+    code, out, _ = _run(
+        capsys,
+        "run",
+        "--device",
+        "coexec",
+        "--plan",
+        "auto",
+        "--cost-model",
+        str(tmp_path / "cm.json"),
+        "--inputs",
+        str(tmp_path / "in.npz"),
+        "--save-outputs",
+        str(tmp_path / "out.npz"),
+        "--repeat",
+        "1",
+        "--number",
+        "1",
+    )
     assert code == 0
     assert "conv2d_0" in out  # the plan report table
     ref = build(model.mod, "cpu")([feeds["input"]])[0]
     got = np.load(tmp_path / "out.npz")["logits"]
     np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)
     # Without --cost-model the shipped model for the local device pair plans it.
-    code, out, _ = _run(capsys, "run", "--device", "coexec", "--plan", "auto", "--inputs",
-                        str(tmp_path / "in.npz"), "--save-outputs", str(tmp_path / "out2.npz"),
-                        "--repeat", "1", "--number", "1")
+    code, out, _ = _run(
+        capsys,
+        "run",
+        "--device",
+        "coexec",
+        "--plan",
+        "auto",
+        "--inputs",
+        str(tmp_path / "in.npz"),
+        "--save-outputs",
+        str(tmp_path / "out2.npz"),
+        "--repeat",
+        "1",
+        "--number",
+        "1",
+    )
     assert code == 0 and "shipped default" in out
     got = np.load(tmp_path / "out2.npz")["logits"]
     np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)
-    code, _, err = _run(capsys, "run", "--device", "coexec", "--plan", "auto", "--cost-model",
-                        str(tmp_path / "missing.json"))
+    code, _, err = _run(
+        capsys,
+        "run",
+        "--device",
+        "coexec",
+        "--plan",
+        "auto",
+        "--cost-model",
+        str(tmp_path / "missing.json"),
+    )
     assert code == 2 and "missing.json: no such file" in err
 
 
