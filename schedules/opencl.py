@@ -37,7 +37,7 @@ import math
 
 import tvm
 from tvm import s_tir
-from tvm.s_tir.schedule import SBlockRV
+from tvm.s_tir.schedule import LoopRV, SBlockRV
 from tvm.target import Target
 
 from .analysis import (
@@ -87,6 +87,30 @@ def _inline_epilogue(sch: s_tir.Schedule, blocks: FuncBlocks, threads: int) -> N
         remaining.pop(0)
     for block in remaining:
         _bind_spatial(sch, block, threads)
+
+
+def _finish_register_tile(
+    sch: s_tir.Schedule,
+    main: SBlockRV,
+    writeback: SBlockRV,
+    thread_loop: LoopRV,
+    outer: LoopRV,
+    inner: LoopRV,
+    reduction_loop: LoopRV,
+    vectorize: bool,
+) -> None:
+    """Write a work-item's register tile back under its thread loop: the ``outer`` tile loop
+    unrolled, the ``inner`` one vectorised (write-back and zero-init too) or unrolled."""
+    sch.reverse_compute_at(writeback, thread_loop, preserve_unit_loops=True)
+    sch.unroll(outer)
+    if vectorize:
+        sch.vectorize(inner)
+        sch.vectorize(sch.get_loops(writeback)[-1])
+    else:
+        sch.unroll(inner)
+    init = sch.decompose_reduction(main, reduction_loop)
+    if vectorize:
+        sch.vectorize(sch.get_loops(init)[-1])
 
 
 def _without(blocks: FuncBlocks, block: SBlockRV | None) -> FuncBlocks:

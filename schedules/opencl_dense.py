@@ -32,6 +32,7 @@ from tvm.target import Target
 
 from .analysis import buffer_loads, classify_blocks, match_reduction
 from .opencl import (
+    _finish_register_tile,
     _inline_epilogue,
     _inline_prologue,
     _local_limit,
@@ -188,16 +189,7 @@ class OpenCLDense(_OpenCLRule):
                     sch.bind(tx, "threadIdx.x")
         writeback = sch.cache_write(main, 0, "local")
         _inline_epilogue(sch, blocks, cfg.pool_threads)
-        sch.reverse_compute_at(writeback, t, preserve_unit_loops=True)
-        sch.unroll(rm)
-        if vector and reg_n > 1:
-            sch.vectorize(rn)
-            sch.vectorize(sch.get_loops(writeback)[-1])
-        else:
-            sch.unroll(rn)
-        init = sch.decompose_reduction(main, ko)
-        if vector and reg_n > 1:
-            sch.vectorize(sch.get_loops(init)[-1])
+        _finish_register_tile(sch, main, writeback, t, rm, rn, ko, bool(vector and reg_n > 1))
         groups = math.ceil(info.rows / (t_m * reg_m)) * math.ceil(info.n / (t_n * reg_n))
         return "gemm", cfg.name, {"codl.workgroup_size": threads, "codl.workgroup_count": groups}
 

@@ -68,6 +68,7 @@ from .cpu import _CPURule, _finish_tile, _prepare_prologue, conv2d_algorithm
 from .cpu import _inline_epilogue as _cpu_inline_epilogue
 from .opencl import (
     _bind_spatial,
+    _finish_register_tile,
     _fit,
     _local_limit,
     _opencl_vector_width,
@@ -609,16 +610,7 @@ class OpenCLWinograd(_OpenCLRule):
                 fused = sch.fuse(*inner) if len(inner) > 1 else inner[0]
                 _, tx_copy = sch.split(fused, [None, t_k * t_p])
                 sch.bind(tx_copy, "threadIdx.x")
-        sch.reverse_compute_at(writeback, t, preserve_unit_loops=True)
-        sch.unroll(rp)
-        if vector and reg_k > 1:
-            sch.vectorize(rk)
-            sch.vectorize(sch.get_loops(writeback)[-1])
-        else:
-            sch.unroll(rk)
-        init = sch.decompose_reduction(block, first)
-        if vector and reg_k > 1:
-            sch.vectorize(sch.get_loops(init)[-1])
+        _finish_register_tile(sch, block, writeback, t, rp, rk, first, bool(vector and reg_k > 1))
         groups = info.alpha**2 * math.ceil(p_ / (t_p * reg_p)) * math.ceil(k_ / (t_k * reg_k))
         return {"codl.workgroup_size": t_k * t_p, "codl.workgroup_count": groups}
 
