@@ -14,6 +14,7 @@ import numpy as np
 
 __all__ = [
     "LIGHT_MODELS",
+    "benchmark_model",
     "light_model",
     "light_model_path",
     "pretranspose_gemm_weights",
@@ -168,3 +169,15 @@ def compressible_weights(model, seed: int = 0):
         new = _separable(rng, value.shape, float(value.std()))
         out.graph.initializer[i].CopyFrom(numpy_helper.from_array(new.astype(value.dtype), t.name))
     return out
+
+
+def benchmark_model(name: str):
+    """Model ``name`` as the benchmarks build it: a light model (:data:`LIGHT_MODELS`) with
+    tiled weights, or a zoo model (:mod:`codl_tvm.zoo`) with :func:`compressible_weights`.
+    Weights are seeded and compress well (artifacts travel to the device machine); latency does
+    not depend on their values."""
+    if name in LIGHT_MODELS:
+        return light_model(name, tiled=True)
+    from codl_tvm.zoo import build_model
+
+    return compressible_weights(build_model(name))

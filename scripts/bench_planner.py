@@ -36,25 +36,16 @@ PLANNER_MODES = ("codl", "codl_no_chain", "h_only", "oc_only", "ulayer_like")
 
 
 def _model_file(name: str, tmp: Path) -> Path:
+    import onnx
+
     from codl_tvm.cli import bundled_model_path
-    from codl_tvm.models import LIGHT_MODELS, light_model
+    from codl_tvm.models import benchmark_model
 
     if name == "codl_small_cnn":
         return bundled_model_path()
     path = tmp / f"{name}.onnx"
-    if path.exists():
-        return path
-    if name in LIGHT_MODELS:
-        import onnx
-
-        onnx.save(light_model(name, tiled=True), str(path))
-        return path
-    import onnx
-
-    from codl_tvm.models import compressible_weights
-    from codl_tvm.zoo import build_model
-
-    onnx.save(compressible_weights(build_model(name)), str(path))
+    if not path.exists():
+        onnx.save(benchmark_model(name), str(path))
     return path
 
 

@@ -26,20 +26,14 @@ def main(argv: list[str] | None = None) -> None:
     from codl_tvm.bench import envelope, write_json
     from codl_tvm.cost_model.base import load_model
     from codl_tvm.frontend import load_onnx
-    from codl_tvm.models import LIGHT_MODELS, compressible_weights, light_model
+    from codl_tvm.models import benchmark_model
     from codl_tvm.planner import plan_model
-    from codl_tvm.zoo import build_model
 
     bench = json.loads(Path(args.results).read_text())
     model = load_model(args.cost_model)
     rows = {}
     for name, v in bench["results"]["models"].items():
-        proto = (
-            light_model(name, tiled=True)
-            if name in LIGHT_MODELS
-            else compressible_weights(build_model(name))
-        )
-        _, report = plan_model(load_onnx(proto).mod, model, mode="codl")
+        _, report = plan_model(load_onnx(benchmark_model(name)).mod, model, mode="codl")
         s = report.summary
         meas = v["summary"]
         codl = v["rows"].get("codl", {})
