@@ -138,8 +138,10 @@ def _sync_costs(dev_id: int = 0) -> dict:
             # Clock-base free: host time from launch to the wait's return, minus the device
             # time from the kernel's queueing to its end = enqueue + wake-up latency.
             samples.append((t_host - t_launch) - (ev[0].end_ns - ev[0].queued_ns))
-        wake[m] = {"wakeup_after_kernel_end_us_median": float(np.median(samples) / 1e3),
-                   "p90_us": float(np.percentile(samples, 90) / 1e3)}
+        wake[m] = {
+            "wakeup_after_kernel_end_us_median": float(np.median(samples) / 1e3),
+            "p90_us": float(np.percentile(samples, 90) / 1e3),
+        }
     sync.set_sync_mode("auto")
     chosen = sync.sync_mode(dev_id)
     return {
@@ -245,9 +247,11 @@ def cmd_trace(args: argparse.Namespace) -> None:
     manifest = json.loads((Path(args.dir) / "manifest.json").read_text())
     hw, ci, co, k = manifest["convs"][args.conv]["shape"]
     rng = np.random.default_rng(0)
-    inputs = [rng.random((1, ci, hw, hw), dtype=np.float32),
-              (rng.standard_normal((co, ci, k, k)) * 0.05).astype(np.float32),
-              rng.standard_normal(co).astype(np.float32)]
+    inputs = [
+        rng.random((1, ci, hw, hw), dtype=np.float32),
+        (rng.standard_normal((co, ci, k, k)) * 0.05).astype(np.float32),
+        rng.standard_normal(co).astype(np.float32),
+    ]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     for lib in args.libs.split(","):

@@ -40,8 +40,9 @@ def cmd_compile(args: argparse.Namespace) -> None:
         libs = []
         for dim, ratio in PLANS:
             tag = f"{name}_{dim}_{ratio:.2f}"
-            built = codl_tvm.compile(model.mod, uniform_plan(model.mod, dim, ratio), gpu=gpu,
-                                     cpu=cpu, work_dir=out)
+            built = codl_tvm.compile(
+                model.mod, uniform_plan(model.mod, dim, ratio), gpu=gpu, cpu=cpu, work_dir=out
+            )
             built.library.rename(out / f"{tag}.so")
             libs.append({"dim": dim, "ratio": ratio, "lib": f"{tag}.so"})
             print("compiled", tag, flush=True)
@@ -64,16 +65,23 @@ def cmd_run(args: argparse.Namespace) -> None:
         pin_tvm_threads(args.tvm_cpus)
     dev = tvm.opencl(0)
     manifest = json.loads((Path(args.dir) / "manifest.json").read_text())
-    results = {"platform": info.platform, "device": info.devices[0].name,
-               "compute_units": info.devices[0].compute_units, "models": {}}
+    results = {
+        "platform": info.platform,
+        "device": info.devices[0].name,
+        "compute_units": info.devices[0].compute_units,
+        "models": {},
+    }
     rng = np.random.default_rng(0)
     for name, entry in manifest.items():
-        inputs = [tvm.runtime.tensor(rng.random(s, dtype=np.float64).astype("float32"), dev)
-                  for s in entry["input"]]
+        inputs = [
+            tvm.runtime.tensor(rng.random(s, dtype=np.float64).astype("float32"), dev)
+            for s in entry["input"]
+        ]
         rows, ref = [], None
         for item in entry["libs"]:
-            vm = VirtualMachine(tvm.runtime.load_module(str(Path(args.dir) / item["lib"])),
-                                [dev, tvm.cpu(0)])
+            vm = VirtualMachine(
+                tvm.runtime.load_module(str(Path(args.dir) / item["lib"])), [dev, tvm.cpu(0)]
+            )
             out = vm["main"](*inputs)
             out = (out if hasattr(out, "numpy") else out[0]).numpy()
             ref = out if ref is None else ref
@@ -81,15 +89,30 @@ def cmd_run(args: argparse.Namespace) -> None:
             res = vm.time_evaluator("main", dev, number=args.number, repeat=args.repeat)(*inputs)
             ms = float(np.median(res.results) * 1e3)
             rows.append({**item, "median_ms": ms, "max_rel_err_vs_cpu_only": err})
-            print(f"{name:16s} {item['dim']:2s} {item['ratio']:.2f} {ms:9.3f} ms err {err:.1e}",
-                  flush=True)
+            print(
+                f"{name:16s} {item['dim']:2s} {item['ratio']:.2f} {ms:9.3f} ms err {err:.1e}",
+                flush=True,
+            )
         tc = next(r["median_ms"] for r in rows if r["ratio"] == 0.0)
         tg = next(r["median_ms"] for r in rows if r["ratio"] == 1.0)
-        results["models"][name] = {"rows": rows, "t_cpu_ms": tc, "t_gpu_ms": tg,
-                                   "t_star_ms": tc * tg / (tc + tg)}
-    write_json(args.out, envelope(sys.argv, results, tvm_cpus=args.tvm_cpus, env={
-        k: os.environ.get(k) for k in ("POCL_CPU_MAX_CU_COUNT", "POCL_AFFINITY",
-                                       "TVM_NUM_THREADS")}))
+        results["models"][name] = {
+            "rows": rows,
+            "t_cpu_ms": tc,
+            "t_gpu_ms": tg,
+            "t_star_ms": tc * tg / (tc + tg),
+        }
+    write_json(
+        args.out,
+        envelope(
+            sys.argv,
+            results,
+            tvm_cpus=args.tvm_cpus,
+            env={
+                k: os.environ.get(k)
+                for k in ("POCL_CPU_MAX_CU_COUNT", "POCL_AFFINITY", "TVM_NUM_THREADS")
+            },
+        ),
+    )
 
 
 def main() -> None:

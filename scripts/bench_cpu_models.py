@@ -33,8 +33,9 @@ def cmd_compile(args: argparse.Namespace) -> None:
     for name in args.models.split(","):
         # Weights are library inputs (to keep libraries small): store Gemm weights pre-transposed
         # so no transpose runs per inference (constant folding would remove it for constants).
-        mod = from_onnx(pretranspose_gemm_weights(light_model(name, seed=3)),
-                        keep_params_in_input=True)
+        mod = from_onnx(
+            pretranspose_gemm_weights(light_model(name, seed=3)), keep_params_in_input=True
+        )
         main = mod["main"]
         n_in = int(main.attrs["num_input"])
         ex = tvm.compile(mod, target=target, relax_pipeline=single_device_pipeline(target))
@@ -76,8 +77,9 @@ def cmd_run(args: argparse.Namespace) -> None:
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = args.threads
         opts.inter_op_num_threads = 1
-        sess = ort.InferenceSession(proto.SerializeToString(), opts,
-                                    providers=["CPUExecutionProvider"])
+        sess = ort.InferenceSession(
+            proto.SerializeToString(), opts, providers=["CPUExecutionProvider"]
+        )
         ref = sess.run(None, feeds)[0]
         import time
 
@@ -90,12 +92,25 @@ def cmd_run(args: argparse.Namespace) -> None:
             samples.append((time.perf_counter() - t0) * 1e3)
         ort_ms = float(np.median(samples))
         err = float(np.max(np.abs(got.reshape(ref.shape) - ref)) / max(np.max(np.abs(ref)), 1e-12))
-        rows[name] = {"codl_tvm_cpu_ms": tvm_ms, "onnxruntime_ms": ort_ms,
-                      "ratio": tvm_ms / ort_ms, "max_rel_err": err}
-        print(f"{name:14s} codl-tvm {tvm_ms:8.2f} ms  onnxruntime {ort_ms:8.2f} ms  "
-              f"x{tvm_ms / ort_ms:.2f}  err {err:.1e}", flush=True)
-    write_json(args.out, envelope(sys.argv, {"threads": args.threads, "models": rows},
-                                  env={"TVM_NUM_THREADS": os.environ.get("TVM_NUM_THREADS")}))
+        rows[name] = {
+            "codl_tvm_cpu_ms": tvm_ms,
+            "onnxruntime_ms": ort_ms,
+            "ratio": tvm_ms / ort_ms,
+            "max_rel_err": err,
+        }
+        print(
+            f"{name:14s} codl-tvm {tvm_ms:8.2f} ms  onnxruntime {ort_ms:8.2f} ms  "
+            f"x{tvm_ms / ort_ms:.2f}  err {err:.1e}",
+            flush=True,
+        )
+    write_json(
+        args.out,
+        envelope(
+            sys.argv,
+            {"threads": args.threads, "models": rows},
+            env={"TVM_NUM_THREADS": os.environ.get("TVM_NUM_THREADS")},
+        ),
+    )
 
 
 def main() -> None:

@@ -51,12 +51,18 @@ def cmd_compile(args: argparse.Namespace) -> None:
     target = tvm.target.Target({"kind": "opencl"}, host={"kind": "llvm", "mcpu": args.mcpu})
     ex = tvm.compile(mod, target=target, relax_pipeline=single_device_pipeline(target))
     ex.export_library(str(out / "model.so"))
-    (out / "manifest.json").write_text(json.dumps({
-        "model": args.model,
-        "inputs": [[p.name, [int(v) for v in p.ty.shape.values]] for p in main.params[:n_in]],
-        "params": [p.name for p in main.params[n_in:]],
-        "outputs": [o.name for o in model.graph.output],
-    }))
+    (out / "manifest.json").write_text(
+        json.dumps(
+            {
+                "model": args.model,
+                "inputs": [
+                    [p.name, [int(v) for v in p.ty.shape.values]] for p in main.params[:n_in]
+                ],
+                "params": [p.name for p in main.params[n_in:]],
+                "outputs": [o.name for o in model.graph.output],
+            }
+        )
+    )
 
 
 def cmd_run(args: argparse.Namespace) -> None:
@@ -73,8 +79,9 @@ def cmd_run(args: argparse.Namespace) -> None:
     init = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
     rng = np.random.default_rng(11)
     feeds = {n: rng.random(s, dtype=np.float64).astype("float32") for n, s in man["inputs"]}
-    ref = ort.InferenceSession(model.SerializeToString(),
-                               providers=["CPUExecutionProvider"]).run(None, feeds)
+    ref = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, feeds
+    )
     dev = tvm.opencl(0)
     vm = VirtualMachine(tvm.runtime.load_module(str(Path(args.dir) / "model.so")), dev)
     vm_args = [tvm.runtime.tensor(feeds[n], dev) for n, _ in man["inputs"]]
