@@ -53,6 +53,7 @@ OPS: dict[str, tuple[str, tuple]] = {
     "dwconv_56x56x128_3x3": ("conv", (128, 56, 56, 128, 3, 1, 1, 128)),
     "maxpool_112x112x64_3x3_s2": ("maxpool", (64, 112, 112, 3, 2, 1)),
     "dense_4096_1000": ("dense", (4096, 1000)),
+    "dense_9216_4096": ("dense", (9216, 4096)),
 }
 
 
@@ -155,7 +156,7 @@ def compile_all(args: argparse.Namespace) -> None:
     import shutil
 
     import tvm
-    from codl_tvm.schedules import apply_schedules, cpu_config, winograd_enabled
+    from codl_tvm.schedules import apply_schedules, cpu_config, dense_enabled, winograd_enabled
     from tvm.target import Target
 
     from codl_tvm.bench import git_commit, write_json
@@ -185,6 +186,9 @@ def compile_all(args: argparse.Namespace) -> None:
         # The conv weight becomes a constant (Winograd transforms constant weights at build
         # time); every preset with Winograd switched on.
         builds += [(f"{k}@winograd", t, "winograd") for k, t in targets.items()]
+    if args.dense:
+        # codl's OpenCL dense rule instead of dlight's (off in the presets until measured).
+        builds += [(f"{k}@dense", t, "dense") for k, t in targets.items() if k != "cpu"]
     ops = args.ops.split(",") if args.ops else list(OPS)
     manifest = {
         "commit": git_commit(),
@@ -214,6 +218,10 @@ def compile_all(args: argparse.Namespace) -> None:
                 w = tvm.runtime.tensor(op_arrays(name)["w"])
                 mod = tvm.relax.transform.BindParams("main", {"w": w})(mod)
                 switch = winograd_enabled("all")
+            elif cpu_cfg == "dense":
+                if OPS[name][0] != "dense":
+                    continue
+                cpu_cfg, switch = None, dense_enabled()
             with switch:
                 with target:
                     mod = tvm.transform.Sequential(algorithm_passes(target, cpu=cpu_cfg))(mod)
@@ -497,6 +505,11 @@ def main(argv: list[str] | None = None) -> None:
         "--winograd",
         action="store_true",
         help="also build every conv with constant weights and Winograd on (<target>@winograd)",
+    )
+    parser.add_argument(
+        "--dense",
+        action="store_true",
+        help="also build every dense op with codl's OpenCL dense rule (<opencl target>@dense)",
     )
     parser.add_argument("--number", type=int, default=5)
     parser.add_argument("--repeat", type=int, default=10)
