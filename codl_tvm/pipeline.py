@@ -158,7 +158,7 @@ def coexec_pipeline(
                             relax.transform.LegalizeOps(),
                             relax.transform.AnnotateTIROpPattern(),
                             relax.transform.FoldConstant(),
-                            PlaceParts(gpu_target, cpu_target),
+                            PlaceParts(gpu_target, cpu_target, plan.home),
                             relax.transform.FuseOps(),
                             RecordFusedTargets(),
                             relax.transform.FuseTIR(),

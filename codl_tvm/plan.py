@@ -6,12 +6,19 @@ partitioning passes (``codl_tvm.passes``). It is versioned JSON::
     {
       "version": 1,
       "model_fingerprint": "9c1e...",            # optional
+      "home": "cpu",                             # optional, default "gpu"
       "ops":    [{"op": "conv2d_0", "dim": "H", "ratio": 0.5}],
       "chains": [{"ops": ["conv2d_2", "max_pool2d_3"], "dim": "H", "ratio": 0.4}]
     }
 
 ``ratio`` is the GPU's share rho in [0, 1] (0: CPU only, 1: GPU only). The GPU gets the first
 ``rho`` of the output rows (H) or output channels (OC), the CPU the rest.
+
+``home`` is the processor of the kernels outside every partition (batch norms, softmax, concats,
+residual adds, ...) whose inputs do not decide: such a kernel runs where its inputs were computed
+and, when they come from both processors, from a merged split or from the model's inputs, on
+``home``. CoDL keeps data on the GPU; the planner sets ``home`` to the processor it predicts
+faster for the whole model.
 
 Operator names
 --------------
@@ -139,6 +146,7 @@ class PartitionPlan:
     chains: tuple[ChainPlan, ...] = ()
     model_fingerprint: str | None = None
     version: int = PLAN_VERSION
+    home: str = "gpu"
 
     def __post_init__(self):
         if self.version != PLAN_VERSION:
@@ -146,6 +154,8 @@ class PartitionPlan:
                 f"plan version {self.version!r} is not supported (this codl-tvm "
                 f"reads version {PLAN_VERSION})"
             )
+        if self.home not in ("gpu", "cpu"):
+            raise PlanError(f"plan: home must be 'gpu' or 'cpu', got {self.home!r}")
         object.__setattr__(self, "ops", tuple(self.ops))
         object.__setattr__(self, "chains", tuple(self.chains))
         seen: dict[str, str] = {}
@@ -167,6 +177,7 @@ class PartitionPlan:
         out: dict[str, Any] = {"version": self.version}
         if self.model_fingerprint is not None:
             out["model_fingerprint"] = self.model_fingerprint
+        out["home"] = self.home
         out["ops"] = [p.to_dict() for p in self.ops]
         out["chains"] = [c.to_dict() for c in self.chains]
         return out
@@ -175,7 +186,7 @@ class PartitionPlan:
     def from_dict(cls, data: Mapping[str, Any]) -> PartitionPlan:
         if not isinstance(data, Mapping):
             raise PlanError(f"plan: expected a JSON object, got {type(data).__name__}")
-        unknown = set(data) - {"version", "model_fingerprint", "ops", "chains"}
+        unknown = set(data) - {"version", "model_fingerprint", "home", "ops", "chains"}
         if unknown:
             raise PlanError(f"plan: unknown field(s) {sorted(unknown)}")
         if "version" not in data:
@@ -197,7 +208,7 @@ class PartitionPlan:
         fp = data.get("model_fingerprint")
         if fp is not None and not isinstance(fp, str):
             raise PlanError(f"plan: model_fingerprint must be a string, got {fp!r}")
-        return cls(tuple(ops), tuple(chains), fp, version)
+        return cls(tuple(ops), tuple(chains), fp, version, data.get("home", "gpu"))
 
     def to_json(self, indent: int | None = 2) -> str:
         return json.dumps(self.to_dict(), indent=indent)

@@ -119,6 +119,10 @@ class InsertCoexecSync:
         for i, b in enumerate(bindings):
             value = b.value
             name = _packed_name(value)
+            if isinstance(value, relax.TupleGetItem) and isinstance(value.tuple_value, relax.Var):
+                # ``bn[0]`` of a tuple kernel (batch_norm, dropout) is written with the tuple.
+                root[b.var] = root_of(value.tuple_value)
+                continue
             if name in _ALIASING:
                 src = value.args[1] if isinstance(value.op, tvm.ir.Op) else value.args[0]
                 if isinstance(src, relax.Var):
@@ -150,7 +154,7 @@ class InsertCoexecSync:
             for k in inplace:
                 if isinstance(args[k], relax.Var):
                     root[b.var] = root_of(args[k])
-            if not inplace:
+            if not inplace and isinstance(b.var.ty, relax.TensorType):
                 users = consumers.get(b.var, [])
                 only_cpu = b.var not in returned and all(
                     _is_kernel_call(bindings[j].value)
@@ -193,8 +197,9 @@ class _Rewriter(relax.PyExprMutator):
             # copy, made once per call site at the first run.
             self.const_sites += 1
             site = site_id(self.plan["func"], "const", self.const_sites)
-            return self._packed("codl.coexec.cpu_copy", relax.prim_value(site), expr,
-                                ty=expr.ty, hint="weight_cpu")
+            return self._packed(
+                "codl.coexec.cpu_copy", relax.prim_value(site), expr, ty=expr.ty, hint="weight_cpu"
+            )
         return self._packed("codl.coexec.cpu_view", expr, ty=expr.ty, hint=f"{expr.name}_cpu")
 
     def visit_var_binding_(self, binding) -> None:
@@ -238,11 +243,16 @@ class _Rewriter(relax.PyExprMutator):
             self.set_var_remap(binding.var, var)
             return
         out_tys = list(call.ty_args)
-        if len(out_tys) != 1 or not isinstance(out_tys[0], relax.TensorType):
+        if len(out_tys) == 1 and isinstance(out_tys[0], relax.TupleType):
+            out_tys = list(out_tys[0].fields)
+        if not out_tys or not all(isinstance(t, relax.TensorType) for t in out_tys):
             raise ValueError(
-                f"CPU kernel {binding.var.name}: only single-tensor outputs are "
-                "supported on the CPU"
+                f"CPU kernel {binding.var.name}: outputs must be tensors or a tuple of "
+                f"tensors, got {call.ty_args}"
             )
+        if len(call.ty_args) != 1 or not isinstance(call.ty_args[0], relax.TensorType):
+            self._rewrite_cpu_tuple_call(binding, views, out_tys)
+            return
         ty = out_tys[0]
         private = binding.var in self.plan["cpu_private"]
         device = CPU_DEVICE_INDEX if private else GPU_DEVICE_INDEX
@@ -271,3 +281,35 @@ class _Rewriter(relax.PyExprMutator):
         else:
             # Later kernels (GPU ones included) read the SVM tensor itself.
             self.set_var_remap(binding.var, buf)
+
+    def _rewrite_cpu_tuple_call(self, binding, views, out_tys) -> None:
+        """A CPU kernel with several outputs (an unfused batch_norm, dropout): one shared
+        buffer per output, written in place; later kernels read the tuple of SVM tensors."""
+        index = self.index[binding.var]
+        cache = binding.var not in self.plan["returned"]
+        bufs = []
+        for k, ty in enumerate(out_tys):
+            bufs.append(
+                self._packed(
+                    "codl.coexec.alloc",
+                    relax.prim_value(site_id(self.plan["func"], f"sync{k}", index)),
+                    ty.shape,
+                    _dtype_expr(str(ty.dtype)),
+                    relax.prim_value(GPU_DEVICE_INDEX),
+                    relax.prim_value(cache),
+                    ty=ty,
+                    hint=f"{binding.var.name}_buf{k}",
+                )
+            )
+        outs = [self._cpu_view(b) for b in bufs]
+        n = len(views)
+        self.builder_.emit(
+            relax.op.call_tir_inplace(
+                binding.value.args[0],
+                relax.Tuple([*views, *outs]),
+                list(range(n, n + len(outs))),
+                list(out_tys),
+            ),
+            name_hint=binding.var.name,
+        )
+        self.set_var_remap(binding.var, self.builder_.emit(relax.Tuple(bufs), name_hint="outs"))

@@ -123,30 +123,121 @@ def test_conv_pool_chain(opencl, pool):
     _check_plan(model, plan)
 
 
-def test_tuple_kernel_across_processors(opencl):
-    """A CPU average pool feeding a GPU dropout (whose kernel returns a tuple, as Inception v1's
-    head does when its pool stays on the CPU): the pool, not the tuple kernel, becomes the
-    barrier, so FuseOps does not fuse the two processors' kernels."""
+@pytest.mark.parametrize("ratios", [(0.0, 0.0, 1.0), (1.0, 1.0, 0.0), (0.0, 1.0, 0.0)])
+def test_tuple_kernel_across_processors(opencl, ratios):
+    """Conv -> average pool -> dropout -> conv (Inception v1's head), the dropout's kernel
+    returning a tuple. It follows the pool's processor: on the CPU its outputs are shared buffers
+    written in place and the GPU conv reads ``d[0]``; on the GPU the CPU conv waits for it through
+    the projection. FuseOps must not fuse two processors' kernels (the non-tuple side becomes the
+    barrier)."""
     rng = np.random.default_rng(4)
     w = (rng.standard_normal((8, 4, 3, 3)) * 0.3).astype("float32")
+    w2 = (rng.standard_normal((5, 8, 1, 1)) * 0.3).astype("float32")
     nodes = [
         helper.make_node("Conv", ["x", "w"], ["c"], kernel_shape=[3, 3], pads=[1] * 4),
         helper.make_node("AveragePool", ["c"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
-        helper.make_node("Dropout", ["p"], ["y"]),
+        helper.make_node("Dropout", ["p"], ["d"]),
+        helper.make_node("Conv", ["d", "w2"], ["y"], kernel_shape=[1, 1]),
     ]
     graph = helper.make_graph(
         nodes,
         "pool_dropout",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 12, 12])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-        [numpy_helper.from_array(w, "w")],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(w2, "w2")],
     )
     proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     proto.ir_version = 8
     model = load_onnx(onnx.shape_inference.infer_shapes(proto))
     ops = [o.op for o in uniform_plan(model.mod, "H", 0.5).ops]
-    assert len(ops) == 2  # the conv and the pool; the dropout stays outside (on the GPU)
-    _check_plan(model, PartitionPlan(ops=tuple(OpPartition(op, "H", 0.0) for op in ops)))
+    assert len(ops) == 3  # the convs and the pool; the dropout stays outside the plan
+    plan = PartitionPlan(ops=tuple(OpPartition(op, "H", r) for op, r in zip(ops, ratios)))
+    where = _placements(model, plan)
+    dropout = [k for k in where if k.startswith("dropout")]
+    assert [where[k] for k in dropout] == ["cpu" if ratios[1] == 0.0 else "gpu"], where
+    _check_plan(model, plan)
+
+
+def _conv_bn_softmax_model():
+    """Conv -> BatchNormalization -> LeakyRelu -> Conv -> BatchNormalization -> Softmax, a
+    RetinaFace head: TVM keeps each batch norm as a kernel with a tuple output (it travels with
+    its conv's parts), and the softmax is outside every split."""
+    rng = np.random.default_rng(7)
+    inits = {
+        "w0": rng.standard_normal((8, 4, 3, 3)) * 0.3,
+        "w1": rng.standard_normal((6, 8, 3, 3)) * 0.3,
+    }
+    for i, c in ((0, 8), (1, 6)):
+        inits[f"s{i}"] = rng.uniform(0.5, 1.5, c)
+        inits[f"b{i}"] = rng.standard_normal(c) * 0.1
+        inits[f"m{i}"] = rng.standard_normal(c) * 0.1
+        inits[f"v{i}"] = rng.uniform(0.5, 1.5, c)
+    nodes = [
+        helper.make_node("Conv", ["x", "w0"], ["c0"], kernel_shape=[3, 3], pads=[1] * 4),
+        helper.make_node("BatchNormalization", ["c0", "s0", "b0", "m0", "v0"], ["n0"]),
+        helper.make_node("LeakyRelu", ["n0"], ["r0"], alpha=0.1),
+        helper.make_node("Conv", ["r0", "w1"], ["c1"], kernel_shape=[3, 3], pads=[1] * 4),
+        helper.make_node("BatchNormalization", ["c1", "s1", "b1", "m1", "v1"], ["n1"]),
+        helper.make_node("Softmax", ["n1"], ["y"], axis=1),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "conv_bn_softmax",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 12, 12])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(v.astype("float32"), k) for k, v in inits.items()],
+    )
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    proto.ir_version = 8
+    return load_onnx(onnx.shape_inference.infer_shapes(proto))
+
+
+def _placements(model, plan) -> dict[str, str]:
+    """Processor ("cpu"/"gpu") of every kernel after PlaceParts, by PrimFunc name."""
+    import tvm
+    from codl_tvm.passes import PartitionOperators
+    from codl_tvm.passes.place import PlaceParts
+    from tvm import relax
+
+    gpu = tvm.target.Target({"kind": "opencl"}, host={"kind": "llvm"})
+    cpu = tvm.target.Target({"kind": "llvm"})
+    seq = tvm.transform.Sequential(
+        [
+            PartitionOperators(plan),
+            relax.transform.LegalizeOps(),
+            relax.transform.AnnotateTIROpPattern(),
+            PlaceParts(gpu, cpu, plan.home),
+        ]
+    )
+    with gpu:
+        mod = seq(model.mod)
+    return {
+        gv.name_hint: "gpu" if func.attrs["target"].kind.name == "opencl" else "cpu"
+        for gv, func in mod.functions.items()
+        if isinstance(func, tvm.tirx.PrimFunc) and "target" in func.attrs
+    }
+
+
+@pytest.mark.parametrize(
+    ("ratios", "home", "softmax_on"),
+    [
+        ((0.0, 1.0), "cpu", "gpu"),  # follows the GPU conv although home is the CPU
+        ((1.0, 0.0), "gpu", "cpu"),  # follows the CPU conv although home is the GPU
+        ((0.0, 0.5), "cpu", "cpu"),  # after a merged split: home
+        ((1.0, 0.5), "gpu", "gpu"),
+    ],
+)
+def test_unplanned_kernels_follow_their_inputs(opencl, ratios, home, softmax_on):
+    """A kernel outside the plan (the softmax) runs where its inputs were computed, or on the
+    plan's ``home`` after a merged split; numerics against the unpartitioned build."""
+    model = _conv_bn_softmax_model()
+    plan = PartitionPlan(
+        ops=(OpPartition("conv2d_0", "H", ratios[0]), OpPartition("conv2d_1", "H", ratios[1])),
+        home=home,
+    )
+    where = _placements(model, plan)
+    assert where["softmax"] == softmax_on, where
+    _check_plan(model, plan)
 
 
 @pytest.mark.parametrize("dim", ["H", "OC"])

@@ -49,6 +49,7 @@ def test_json_round_trip(tmp_path):
     assert data == {
         "version": PLAN_VERSION,
         "model_fingerprint": "abc",
+        "home": "gpu",
         "ops": [
             {"op": "conv2d_0", "dim": "H", "ratio": 0.5},
             {"op": "matmul_3", "dim": "OC", "ratio": 1.0},
@@ -60,6 +61,11 @@ def test_json_round_trip(tmp_path):
     plan.save(path)
     assert PartitionPlan.load(path) == plan
     assert PartitionPlan.from_json('{"version": 1}') == PartitionPlan()
+    # home: optional (plans written before it run their unplanned kernels on the GPU)
+    cpu_home = PartitionPlan.from_json('{"version": 1, "home": "cpu"}')
+    assert cpu_home.home == "cpu" and PartitionPlan.from_json(cpu_home.to_json()) == cpu_home
+    with pytest.raises(PlanError, match="home must be 'gpu' or 'cpu', got 'npu'"):
+        PartitionPlan.from_json('{"version": 1, "home": "npu"}')
     # entries(): every partition as a chain
     assert [(c.ops, c.dim, c.ratio) for c in plan.entries()] == [
         (("conv2d_0",), PartitionDim.H, 0.5),

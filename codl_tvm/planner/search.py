@@ -568,8 +568,16 @@ class _Planner:
             d = singles[op.name][0]
             rows.append(d)
             plan_ops.append(OpPartition(op.name, d.dim, d.ratio))
+        # Kernels outside the plan whose inputs do not decide run on the processor predicted
+        # faster for the whole model (CoDL's GPU when it is the faster one).
+        home = forced or (
+            "cpu" if sum(o.cpu_ms for o in modelled) < sum(o.gpu_ms for o in modelled) else "gpu"
+        )
         plan = PartitionPlan(
-            tuple(plan_ops), tuple(plan_chains), model_fingerprint(self.mod, self.infos)
+            tuple(plan_ops),
+            tuple(plan_chains),
+            model_fingerprint(self.mod, self.infos),
+            home=home,
         )
         return plan, rows
 
