@@ -78,6 +78,7 @@ class PlanSummary:
     n_whole_gpu: int
     chain_lengths: tuple[int, ...]
     n_unmodelled: int
+    home: str = "gpu"  # where kernels outside the plan go when their inputs do not decide
 
     @property
     def speedup_vs_best_single(self) -> float:
@@ -163,6 +164,10 @@ class PlanReport:
             f"{s.n_ops} operators: {s.n_split_h} split on H, {s.n_split_oc} on OC, "
             f"{s.n_whole_gpu} whole on GPU, {s.n_whole_cpu} whole on CPU, "
             f"{s.n_unmodelled} not modelled; chains of length {list(s.chain_lengths) or 'none'}"
+        )
+        lines.append(
+            "kernels outside the plan (batch norms, softmax, adds, ...) run where their inputs "
+            f"were computed, else on the {s.home.upper()} (home: the faster single processor)"
         )
         lines.extend(f"note: {n}" for n in self.notes)
         return "\n".join(lines)

@@ -627,7 +627,7 @@ def _flops_model(model: CostModel) -> CostModel:
     )
 
 
-def _summary(ops: list[_Op], rows: list[Decision]) -> PlanSummary:
+def _summary(ops: list[_Op], rows: list[Decision], home: str) -> PlanSummary:
     modelled = [o for o in ops if o.params is not None]
     cpu = sum(o.cpu_ms for o in modelled)
     gpu = sum(o.gpu_ms for o in modelled)
@@ -648,6 +648,7 @@ def _summary(ops: list[_Op], rows: list[Decision]) -> PlanSummary:
         n_whole_gpu=sum(d.ratio == 1.0 for d in singles),
         chain_lengths=tuple(len(d.ops) for d in rows if d.is_chain),
         n_unmodelled=sum(o.params is None for o in ops),
+        home=home,
     )
 
 
@@ -721,7 +722,7 @@ def plan_model(
         mode=mode,
         cost_model=cost_model.kind,
         decisions=tuple(rows),
-        summary=_summary(planner.ops, rows),
+        summary=_summary(planner.ops, rows, plan.home),
         notes=tuple(notes),
         model=model_name,
     )
