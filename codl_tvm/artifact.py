@@ -133,6 +133,7 @@ def compile_artifact(
     seed: int = 0,
     force: bool = False,
     winograd: bool = False,
+    verify: int = 0,
     log: Callable[[str], None] = print,
 ) -> Path:
     """Plan and build an ONNX model into an artifact directory.
@@ -164,6 +165,14 @@ def compile_artifact(
     winograd
         Build qualifying 3x3 stride-1 convs as Winograd convs on both processors
         (:func:`codl_tvm.schedules.winograd_enabled` for every preset; off by default).
+    verify
+        When > 0 (``device="coexec"``): build the plan co-executed and the model for each
+        processor alone, time the three builds on this machine round-robin (``verify`` rounds)
+        and keep the fastest, whatever the cost model predicted.
+        The cost model cannot see everything that co-execution costs (contention for memory
+        bandwidth, synchronisation, kernels outside the plan), so this is what guarantees
+        that an artifact is never slower than the best single processor, at the price of two
+        more builds and a few seconds of runs. Only for presets that run on this machine.
     log
         Where progress lines go.
 
@@ -174,6 +183,8 @@ def compile_artifact(
     """
     if device not in DEVICES:
         raise ArtifactError(f"device {device!r} is not one of {DEVICES}")
+    if not isinstance(verify, int) or verify < 0:
+        raise ArtifactError(f"verify must be a number of rounds >= 0, got {verify!r}")
     model_path = Path(model_path)
     out = Path(out_dir)
     if not model_path.is_file():
@@ -186,7 +197,17 @@ def compile_artifact(
 
         with winograd_enabled("all") if winograd else contextlib.nullcontext():
             return _compile_into(
-                model_path, out, device, mode, cost_model, plan, preset, reference, seed, log
+                model_path,
+                out,
+                device,
+                mode,
+                cost_model,
+                plan,
+                preset,
+                reference,
+                seed,
+                verify,
+                log,
             )
     except BaseException:
         # Leave no half-written artifact behind (the directory held none of our files before,
@@ -196,7 +217,9 @@ def compile_artifact(
         raise
 
 
-def _compile_into(model_path, out, device, mode, cost_model, plan, preset, reference, seed, log):
+def _compile_into(
+    model_path, out, device, mode, cost_model, plan, preset, reference, seed, verify, log
+):
     import tvm
 
     from codl_tvm.frontend import load_onnx, random_inputs
@@ -222,6 +245,11 @@ def _compile_into(model_path, out, device, mode, cost_model, plan, preset, refer
         "winograd": _winograd_on(),
     }
     cpu_target = preset_obj.target("cpu")
+    if verify and preset_obj.is_cross:
+        raise ArtifactError(
+            f"--verify times the builds on this machine, but preset {preset_obj.name!r} "
+            f"cross-compiles for {preset_obj.triple}; profile the device through RPC instead"
+        )
     work = Path(tempfile.mkdtemp(prefix="codl-artifact-"))
     try:
         if device == "coexec":
@@ -231,6 +259,10 @@ def _compile_into(model_path, out, device, mode, cost_model, plan, preset, refer
                 model, out, mode, cost_model, plan, preset_obj.name, manifest, log
             )
             single = _single_processor(plan, report, mode)
+            if single is not None and verify:
+                # The measurement decides (the prediction may pick the wrong processor too).
+                manifest["plan"]["predicted_fallback"] = single[1]
+                single = None
             if single is not None:
                 device, why = single
                 manifest["device"] = device
@@ -253,6 +285,8 @@ def _compile_into(model_path, out, device, mode, cost_model, plan, preset, refer
             placement = placement_report(model.mod, plan)
             (out / "placement.json").write_text(json.dumps(placement, indent=2) + "\n")
             manifest["targets"] = {"gpu": str(gpu_target), "cpu": str(cpu_target)}
+            if verify:
+                ex = _verify(model, ex, preset_obj, work, verify, seed, manifest, log)
         else:
             from codl_tvm.pipeline import single_device_pipeline
 
@@ -288,6 +322,65 @@ def _compile_into(model_path, out, device, mode, cost_model, plan, preset, refer
     (out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     log(f"wrote {out}/ ({', '.join(sorted(manifest['files']))})")
     return out
+
+
+def _verify(model, coexec_ex, preset_obj, work: Path, rounds: int, seed, manifest, log):
+    """Time the co-executed build against each processor alone; return the fastest executable
+    and record the measurements (and a fallback) in ``manifest``."""
+    import tvm
+    from tvm.runtime.vm import VirtualMachine
+
+    from codl_tvm import runtime
+    from codl_tvm.frontend import random_inputs
+    from codl_tvm.pipeline import single_device_pipeline
+    from codl_tvm.runner import time_vm
+    from codl_tvm.targets import export_library
+
+    runtime.load()
+    builds = {"coexec": coexec_ex}
+    for device in ("cpu", "opencl"):
+        target = preset_obj.target("cpu" if device == "cpu" else "gpu")
+        log(f"verify: building for {device} alone")
+        builds[device] = tvm.compile(
+            model.mod, target=target, relax_pipeline=single_device_pipeline(target)
+        )
+    vms = {}
+    for name, ex in builds.items():
+        lib_path = work / f"verify_{name}.so"
+        export_library(ex, lib_path, preset_obj)
+        devices = {"coexec": [tvm.opencl(0), tvm.cpu(0)], "cpu": [tvm.cpu(0)]}.get(
+            name, [tvm.opencl(0)]
+        )
+        vms[name] = (VirtualMachine(tvm.runtime.load_module(str(lib_path)), devices), devices[0])
+    values = random_inputs(model, seed)
+    inputs = [values[s.name] for s in model.inputs]
+    samples: dict[str, list[float]] = {name: [] for name in vms}
+    for _ in range(rounds):  # round-robin, so drift does not favour one build
+        for name, (vm, dev) in vms.items():
+            samples[name].append(time_vm(vm, dev, inputs, number=2, repeat=1).median_ms)
+    ms = {name: float(np.median(v)) for name, v in samples.items()}
+    chosen = min(ms, key=ms.get)
+    manifest["verify"] = {
+        "rounds": rounds,
+        "median_ms": ms,
+        "samples_ms": samples,
+        "chosen": chosen,
+    }
+    log(
+        "verify: "
+        + ", ".join(f"{k} {v:.3f} ms" for k, v in ms.items())
+        + f" (median of {rounds} rounds): keeping {chosen}"
+    )
+    if chosen != "coexec":
+        manifest["device"] = chosen
+        manifest["vm_devices"] = [chosen]
+        manifest["plan"]["fallback"] = (
+            f"measured {ms['coexec']:.3f} ms co-executed vs {ms[chosen]:.3f} ms on the "
+            f"{'CPU' if chosen == 'cpu' else 'GPU'} alone (--verify)"
+        )
+        target = preset_obj.target("cpu" if chosen == "cpu" else "gpu")
+        manifest["targets"] = {chosen: str(target)}
+    return builds[chosen]
 
 
 def _winograd_on() -> bool:

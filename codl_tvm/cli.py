@@ -214,6 +214,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
             seed=args.seed,
             force=args.force,
             winograd=args.winograd,
+            verify=args.verify,
         )
     except (ArtifactError, ModelError, ToolchainError) as exc:
         raise CliError(str(exc)) from None
@@ -435,7 +436,15 @@ def _add_compile(sub) -> None:
         "--winograd",
         action="store_true",
         help="build 3x3 stride-1 convs as Winograd convs where the preset allows (opt-in: "
-        "not yet measured faster on the device machine; the planner still predicts direct)",
+        "the shipped cost models know direct kernels only, so the planner still predicts direct)",
+    )
+    p.add_argument(
+        "--verify",
+        type=int,
+        default=0,
+        metavar="ROUNDS",
+        help="also build for each processor alone, time the three builds on this machine "
+        "(ROUNDS round-robin rounds) and keep the fastest: never slower than one processor",
     )
     p.add_argument(
         "--no-reference",

@@ -52,7 +52,7 @@ def _model_file(name: str, tmp: Path) -> Path:
 def _compile_job(job: tuple) -> tuple[str, str, str | None]:
     from codl_tvm.artifact import compile_artifact
 
-    name, tag, path, target, device, mode, cost_model, preset = job
+    name, tag, path, target, device, mode, cost_model, preset, verify = job
     try:
         compile_artifact(
             path,
@@ -62,6 +62,7 @@ def _compile_job(job: tuple) -> tuple[str, str, str | None]:
             cost_model=cost_model,
             preset=preset,
             reference=(tag == "cpu"),
+            verify=verify,
             log=lambda s: None,
         )
     except Exception as exc:  # one failing build must not lose the others
@@ -85,17 +86,24 @@ def cmd_compile(args: argparse.Namespace) -> None:
     jobs = []
     for name in args.models.split(","):
         path = _model_file(name, models_dir)
-        todo = [("cpu", "cpu", None, None), ("gpu", "opencl", None, None)]
-        todo += [(m, "coexec", m, args.cost_model) for m in args.modes.split(",") if m]
+        todo = [("cpu", "cpu", None, None, 0), ("gpu", "opencl", None, None, 0)]
+        todo += [(m, "coexec", m, args.cost_model, 0) for m in args.modes.split(",") if m]
         if args.oracle:
-            todo.append(("oracle", "coexec", "codl_no_chain", args.oracle))
-        for tag, device, mode, cost_model in todo:
+            todo.append(("oracle", "coexec", "codl_no_chain", args.oracle, 0))
+        if args.verify:
+            todo.append(("codl_verify", "coexec", "codl", args.cost_model, args.verify))
+        for tag, device, mode, cost_model, verify in todo:
             target = out / name / tag
             if not (target / "manifest.json").exists():
-                jobs.append((name, tag, path, target, device, mode, cost_model, args.preset))
+                jobs.append(
+                    (name, tag, path, target, device, mode, cost_model, args.preset, verify)
+                )
             else:
                 index["models"].setdefault(name, {})[tag] = f"{name}/{tag}"
     failed = {}
+    # --verify builds time themselves: one at a time, after the parallel builds.
+    timed = [j for j in jobs if j[-1]]
+    jobs = [j for j in jobs if not j[-1]]
     if args.jobs > 1:
         import multiprocessing as mp
         from concurrent.futures import ProcessPoolExecutor
@@ -106,6 +114,11 @@ def cmd_compile(args: argparse.Namespace) -> None:
             results = list(pool.map(_compile_job, jobs))
     else:
         results = [_compile_job(j) for j in jobs]
+    if timed and args.tvm_cpus:
+        from codl_tvm.bench import pin_tvm_threads
+
+        pin_tvm_threads(args.tvm_cpus)  # --verify times the builds as `run` would
+    results += [_compile_job(j) for j in timed]
     for name, tag, err in results:
         print(f"== {name} {tag}: {err or 'ok'}", flush=True)
         if err:
@@ -125,6 +138,8 @@ def _stats(manifest: dict, art_dir: Path) -> dict:
         "fallback": plan.get("fallback"),
         "planning_s": plan.get("planning_s"),
     }
+    if manifest.get("verify"):
+        out["verify"] = manifest["verify"]
     summary = plan.get("summary")
     if summary:
         out["predicted_ms"] = summary["predicted_ms"]
@@ -144,7 +159,15 @@ def _stats(manifest: dict, art_dir: Path) -> dict:
 
 def _trace_tag(entries: dict, manifests: dict) -> str | None:
     """The variant whose timeline is drawn: codl, else (codl fell back) the first co-executed."""
-    for tag in ("codl", "codl_no_chain", "oracle", "h_only", "oc_only", "ulayer_like"):
+    for tag in (
+        "codl",
+        "codl_verify",
+        "codl_no_chain",
+        "oracle",
+        "h_only",
+        "oc_only",
+        "ulayer_like",
+    ):
         if tag in entries and manifests[tag]["device"] == "coexec":
             return tag
     return None
@@ -266,7 +289,17 @@ def cmd_plot(args: argparse.Namespace) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    order = ["cpu", "gpu", "ulayer_like", "h_only", "oc_only", "codl_no_chain", "codl", "oracle"]
+    order = [
+        "cpu",
+        "gpu",
+        "ulayer_like",
+        "h_only",
+        "oc_only",
+        "codl_no_chain",
+        "codl",
+        "codl_verify",
+        "oracle",
+    ]
     files = args.results.split(",")
     fig, axes = plt.subplots(len(files), 2, figsize=(14, 4.2 * len(files)), squeeze=False)
     for row_axes, path in zip(axes, files):
@@ -326,6 +359,13 @@ def main(argv: list[str] | None = None) -> None:
     c.add_argument("--oracle", help="a 'measured' cost model of the models' parts")
     c.add_argument("--out", required=True)
     c.add_argument("--jobs", type=int, default=1, help="parallel builds (spawned processes)")
+    c.add_argument(
+        "--verify",
+        type=int,
+        default=0,
+        help="also build codl with `compile --verify N` (codl_verify; timed one at a time)",
+    )
+    c.add_argument("--tvm-cpus", default="", help="TVM's cores for --verify's timing, e.g. 8-15")
     c.set_defaults(func=cmd_compile)
     r = sub.add_parser("run")
     r.add_argument("--dir", required=True)

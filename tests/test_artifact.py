@@ -260,3 +260,48 @@ def test_measured_model_plans_the_measured_best_split(tmp_path):
     assert (entry.dim.value, entry.ratio) == ("H", 0.5)
     assert report.summary.predicted_ms == pytest.approx(0.6)
     json.loads(report.to_json())
+
+
+@pytest.mark.parametrize("which", ["balanced", "cpu_heavy"])
+def test_compile_verify_keeps_the_fastest_build(
+    tmp_path, balanced_model, cpu_heavy_model, opencl, which
+):
+    """``--verify``: the co-executed build is timed against each processor alone and the
+    fastest is kept, also where the prediction alone would have built one processor
+    (cpu_heavy); whichever is kept, the artifact's outputs match the reference."""
+    model = balanced_model if which == "balanced" else cpu_heavy_model
+    out = tmp_path / "verified"
+    args = ["compile", str(bundled_model_path()), "--cost-model", str(model)]
+    assert main([*args, "--verify", "2", "-o", str(out)]) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert ("predicted_fallback" in manifest["plan"]) == (which == "cpu_heavy")
+    v = manifest["verify"]
+    assert v["rounds"] == 2 and set(v["median_ms"]) == {"coexec", "cpu", "opencl"}
+    assert all(len(s) == 2 and min(s) > 0 for s in v["samples_ms"].values())
+    assert v["chosen"] == min(v["median_ms"], key=v["median_ms"].get)
+    assert manifest["device"] == v["chosen"]
+    assert manifest["vm_devices"] == (
+        ["opencl", "cpu"] if v["chosen"] == "coexec" else [v["chosen"]]
+    )
+    if v["chosen"] != "coexec":
+        assert "--verify" in manifest["plan"]["fallback"]
+    art = load_artifact(out)
+    inputs, want = art.reference()
+    got = art([inputs[s.name] for s in art.model.inputs])
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4)
+
+
+def test_compile_verify_bad_values(tmp_path, balanced_model, capsys):
+    with pytest.raises(ArtifactError, match="verify must be a number of rounds >= 0, got -1"):
+        compile_artifact(bundled_model_path(), tmp_path / "a", verify=-1, log=lambda s: None)
+    with pytest.raises(ArtifactError, match="cross-compiles for aarch64"):
+        compile_artifact(
+            bundled_model_path(),
+            tmp_path / "b",
+            preset="android-arm64",
+            cost_model=balanced_model,
+            verify=2,
+            log=lambda s: None,
+        )
+    assert not (tmp_path / "b" / "manifest.json").exists()
