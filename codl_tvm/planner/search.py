@@ -35,7 +35,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from codl_tvm.cost_model.base import CostModel
+from codl_tvm.cost_model.base import CostModel, shared_nbytes
 from codl_tvm.cost_model.features import (
     FeatureError,
     OpParams,
@@ -110,6 +110,13 @@ class PlannerConfig:
         fastest predicted implementation the model covers for the operator, or ``direct``.
     dtype_bytes
         Bytes per element for the sharing costs.
+    switch_costs
+        A whole operator placed away from the plan's home processor (the one predicted faster
+        for the whole model, where the data of the kernels outside the plan lives) pays the
+        sharing costs of its input and output, as a split's part would. Without them the
+        planner scatters single operators to the other processor for gains smaller than the
+        switch (Inception v1 on the H100: a quarter of its convs whole on the CPU, 3x slower
+        than the GPU alone).
     """
 
     ratios: tuple[float, ...] = DEFAULT_RATIOS
@@ -120,6 +127,7 @@ class PlannerConfig:
     min_gain_ms: float = 0.0
     impls: tuple[tuple[str, str, str], ...] = ()
     dtype_bytes: int = 4
+    switch_costs: bool = True
 
     def __post_init__(self) -> None:
         ratios = tuple(sorted({float(r) for r in self.ratios}))
@@ -403,16 +411,35 @@ class _Planner:
                     best = s
         return best
 
-    def decide(self, op: _Op) -> tuple[Decision, _Split | None]:
-        proc, whole_ms = _whole(op)
+    def switch_ms(self, op: _Op, dim: str) -> float:
+        """Sharing costs of moving a whole operator's input and output between processors."""
+        nbytes = shared_nbytes(op.params, Partition(dim, 0.0), self.config.dtype_bytes)
+        return self.pred.sharing_ms(nbytes)
+
+    def decide(self, op: _Op, home: str | None = None) -> tuple[Decision, _Split | None]:
         dim0 = _entry_dim(op, self.config)
+        proc, whole_ms = _whole(op)
+        switch = ""
+        if home is not None and self.config.switch_costs:
+            away = "cpu" if home == "gpu" else "gpu"
+            moved = self.switch_ms(op, dim0)
+            cost = {home: _whole(op, home)[1], away: _whole(op, away)[1] + moved}
+            proc = min(cost, key=cost.get)
+            whole_ms = cost[proc]
+            if proc == away:
+                switch = f", {moved:.3f} ms of it moving data from/to the {home.upper()}"
+            elif _whole(op)[0] == away:
+                switch = (
+                    f"; the {away.upper()} alone is faster but not by the "
+                    f"{moved:.3f} ms of moving data from/to the {home.upper()}"
+                )
         split = self.best_split(op, self.config.dims)
         ratio = 1.0 if proc == "gpu" else 0.0
         if split is not None and split.total_ms < whole_ms - self.config.min_gain_ms:
             gain = whole_ms - split.total_ms
             reason = (
                 f"split {_fmt_split(split)} beats whole on {proc.upper()} "
-                f"({whole_ms:.3f} ms) by {gain:.3f} ms"
+                f"({whole_ms:.3f} ms{switch}) by {gain:.3f} ms"
             )
             d = Decision(
                 (op.name,),
@@ -431,7 +458,7 @@ class _Planner:
                 why = f"no split along {list(self.config.dims)} gives both processors work"
             else:
                 why = f"best split {_fmt_split(split)} does not gain"
-            reason = f"whole on {proc.upper()} ({whole_ms:.3f} ms): {why}"
+            reason = f"whole on {proc.upper()} ({whole_ms:.3f} ms{switch}): {why}"
             d = Decision(
                 (op.name,),
                 dim0,
@@ -498,6 +525,11 @@ class _Planner:
     # -- the plan ------------------------------------------------------------------------------
     def run(self, forced: str | None = None, chooser: _Planner | None = None):
         modelled = [o for o in self.ops if o.params is not None]
+        # Kernels outside the plan whose inputs do not decide run on the processor predicted
+        # faster for the whole model (CoDL's GPU when it is the faster one).
+        home = forced or (
+            "cpu" if sum(o.cpu_ms for o in modelled) < sum(o.gpu_ms for o in modelled) else "gpu"
+        )
         singles: dict[str, tuple[Decision, _Split | None]] = {}
         for op in modelled:
             if forced in ("cpu", "gpu"):
@@ -518,7 +550,7 @@ class _Planner:
             elif chooser is not None:
                 singles[op.name] = (self._decide_by(op, chooser), None)
             else:
-                singles[op.name] = self.decide(op)
+                singles[op.name] = self.decide(op, home)
         chains = self.chains(modelled, singles) if self.config.chains and not forced else []
         in_chain = {o.name: (ops, s, g) for ops, s, g in chains for o in ops}
         rows: list[Decision] = []
@@ -568,11 +600,6 @@ class _Planner:
             d = singles[op.name][0]
             rows.append(d)
             plan_ops.append(OpPartition(op.name, d.dim, d.ratio))
-        # Kernels outside the plan whose inputs do not decide run on the processor predicted
-        # faster for the whole model (CoDL's GPU when it is the faster one).
-        home = forced or (
-            "cpu" if sum(o.cpu_ms for o in modelled) < sum(o.gpu_ms for o in modelled) else "gpu"
-        )
         plan = PartitionPlan(
             tuple(plan_ops),
             tuple(plan_chains),
