@@ -258,16 +258,7 @@ class _Rewriter(relax.PyExprMutator):
         device = CPU_DEVICE_INDEX if private else GPU_DEVICE_INDEX
         cache = binding.var not in self.plan["returned"]
         site = site_id(self.plan["func"], "sync", self.index[binding.var])
-        buf = self._packed(
-            "codl.coexec.alloc",
-            relax.prim_value(site),
-            ty.shape,
-            _dtype_expr(str(ty.dtype)),
-            relax.prim_value(device),
-            relax.prim_value(cache),
-            ty=ty,
-            hint=f"{binding.var.name}_buf",
-        )
+        buf = self._alloc(site, ty, device, cache, f"{binding.var.name}_buf")
         out_arg = buf if private else self._cpu_view(buf)
         if private:
             self.on_cpu.add(buf)
@@ -282,6 +273,21 @@ class _Rewriter(relax.PyExprMutator):
             # Later kernels (GPU ones included) read the SVM tensor itself.
             self.set_var_remap(binding.var, buf)
 
+    def _alloc(self, site: int, ty, device: int, cache: bool, hint: str):
+        """A CPU kernel's output buffer, outside the VM's memory plan, on ``device`` (SVM when it
+        is the GPU's): allocated once per call site and reused (``cache``), or fresh for a tensor
+        the function returns."""
+        return self._packed(
+            "codl.coexec.alloc",
+            relax.prim_value(site),
+            ty.shape,
+            _dtype_expr(str(ty.dtype)),
+            relax.prim_value(device),
+            relax.prim_value(cache),
+            ty=ty,
+            hint=hint,
+        )
+
     def _rewrite_cpu_tuple_call(self, binding, views, out_tys) -> None:
         """A CPU kernel with several outputs (an unfused batch_norm, dropout): one shared
         buffer per output, written in place; later kernels read the tuple of SVM tensors."""
@@ -289,17 +295,9 @@ class _Rewriter(relax.PyExprMutator):
         cache = binding.var not in self.plan["returned"]
         bufs = []
         for k, ty in enumerate(out_tys):
+            site = site_id(self.plan["func"], f"sync{k}", index)
             bufs.append(
-                self._packed(
-                    "codl.coexec.alloc",
-                    relax.prim_value(site_id(self.plan["func"], f"sync{k}", index)),
-                    ty.shape,
-                    _dtype_expr(str(ty.dtype)),
-                    relax.prim_value(GPU_DEVICE_INDEX),
-                    relax.prim_value(cache),
-                    ty=ty,
-                    hint=f"{binding.var.name}_buf{k}",
-                )
+                self._alloc(site, ty, GPU_DEVICE_INDEX, cache, f"{binding.var.name}_buf{k}")
             )
         outs = [self._cpu_view(b) for b in bufs]
         n = len(views)
