@@ -100,32 +100,42 @@ def cmd_compile(args: argparse.Namespace) -> None:
                 )
             else:
                 index["models"].setdefault(name, {})[tag] = f"{name}/{tag}"
-    failed = {}
-    # --verify builds time themselves: one at a time, after the parallel builds.
-    timed = [j for j in jobs if j[-1]]
-    jobs = [j for j in jobs if not j[-1]]
-    if args.jobs > 1:
-        import multiprocessing as mp
-        from concurrent.futures import ProcessPoolExecutor
+    failed: dict[str, str] = {}
+    index.setdefault("failed", {})
 
-        # Spawned workers: TVM's state is not fork-safe. Biggest models first.
-        jobs.sort(key=lambda j: -Path(j[2]).stat().st_size)
-        with ProcessPoolExecutor(args.jobs, mp_context=mp.get_context("spawn")) as pool:
-            results = list(pool.map(_compile_job, jobs))
-    else:
-        results = [_compile_job(j) for j in jobs]
-    if timed and args.tvm_cpus:
-        from codl_tvm.bench import pin_tvm_threads
-
-        pin_tvm_threads(args.tvm_cpus)  # --verify times the builds as `run` would
-    results += [_compile_job(j) for j in timed]
-    for name, tag, err in results:
+    def record(result: tuple[str, str, str | None]) -> None:
+        # The index is written after every build: a run stopped by a timeout keeps the builds
+        # it finished.
+        name, tag, err = result
         print(f"== {name} {tag}: {err or 'ok'}", flush=True)
         if err:
             failed[f"{name}/{tag}"] = err
         else:
             index["models"].setdefault(name, {})[tag] = f"{name}/{tag}"
-    index["failed"] = {**index.get("failed", {}), **failed}
+        index["failed"] = {**index.get("failed", {}), **failed}
+        (out / "index.json").write_text(json.dumps(index, indent=2))
+
+    # --verify builds time themselves: one at a time, after the parallel builds.
+    timed = [j for j in jobs if j[-1]]
+    jobs = [j for j in jobs if not j[-1]]
+    if args.jobs > 1:
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+
+        # Spawned workers: TVM's state is not fork-safe. Biggest models first.
+        jobs.sort(key=lambda j: -Path(j[2]).stat().st_size)
+        with ProcessPoolExecutor(args.jobs, mp_context=mp.get_context("spawn")) as pool:
+            for future in as_completed([pool.submit(_compile_job, j) for j in jobs]):
+                record(future.result())
+    else:
+        for j in jobs:
+            record(_compile_job(j))
+    if timed and args.tvm_cpus:
+        from codl_tvm.bench import pin_tvm_threads
+
+        pin_tvm_threads(args.tvm_cpus)  # --verify times the builds as `run` would
+    for j in timed:
+        record(_compile_job(j))
     (out / "index.json").write_text(json.dumps(index, indent=2))
     # The ONNX files are not needed on the device (artifacts are self-contained).
     shutil.rmtree(models_dir, ignore_errors=True)
