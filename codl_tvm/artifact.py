@@ -134,6 +134,8 @@ def compile_artifact(
     force: bool = False,
     winograd: bool = False,
     verify: int = 0,
+    tracker: str | None = None,
+    key: str | None = None,
     log: Callable[[str], None] = print,
 ) -> Path:
     """Plan and build an ONNX model into an artifact directory.
@@ -172,7 +174,11 @@ def compile_artifact(
         The cost model cannot see everything that co-execution costs (contention for memory
         bandwidth, synchronisation, kernels outside the plan), so this is what guarantees
         that an artifact is never slower than the best single processor, at the price of two
-        more builds and a few seconds of runs. Only for presets that run on this machine.
+        more builds and a few seconds of runs.
+    tracker, key
+        With ``verify``: time the three builds on a device of ``key`` behind this TVM RPC
+        tracker (``HOST:PORT``) instead of this machine (each build ``verify`` repeats in turn);
+        the way to verify for a phone or board (presets that cross-compile need it).
     log
         Where progress lines go.
 
@@ -185,6 +191,11 @@ def compile_artifact(
         raise ArtifactError(f"device {device!r} is not one of {DEVICES}")
     if not isinstance(verify, int) or verify < 0:
         raise ArtifactError(f"verify must be a number of rounds >= 0, got {verify!r}")
+    if (tracker is None) != (key is None):
+        raise ArtifactError("give both the RPC tracker (HOST:PORT) and the device key, or neither")
+    if tracker is not None and not verify:
+        raise ArtifactError("an RPC tracker is only used to --verify; give --verify N too")
+    remote = None if tracker is None else (tracker, key)
     model_path = Path(model_path)
     out = Path(out_dir)
     if not model_path.is_file():
@@ -207,6 +218,7 @@ def compile_artifact(
                 reference,
                 seed,
                 verify,
+                remote,
                 log,
             )
     except BaseException:
@@ -218,7 +230,7 @@ def compile_artifact(
 
 
 def _compile_into(
-    model_path, out, device, mode, cost_model, plan, preset, reference, seed, verify, log
+    model_path, out, device, mode, cost_model, plan, preset, reference, seed, verify, remote, log
 ):
     import tvm
 
@@ -245,10 +257,11 @@ def _compile_into(
         "winograd": _winograd_on(),
     }
     cpu_target = preset_obj.target("cpu")
-    if verify and preset_obj.is_cross:
+    if verify and preset_obj.is_cross and remote is None:
         raise ArtifactError(
             f"--verify times the builds on this machine, but preset {preset_obj.name!r} "
-            f"cross-compiles for {preset_obj.triple}; profile the device through RPC instead"
+            f"cross-compiles for {preset_obj.triple}; give --tracker HOST:PORT --key KEY to "
+            "time them on the device through RPC"
         )
     work = Path(tempfile.mkdtemp(prefix="codl-artifact-"))
     try:
@@ -286,7 +299,7 @@ def _compile_into(
             (out / "placement.json").write_text(json.dumps(placement, indent=2) + "\n")
             manifest["targets"] = {"gpu": str(gpu_target), "cpu": str(cpu_target)}
             if verify:
-                ex = _verify(model, ex, preset_obj, work, verify, seed, manifest, log)
+                ex = _verify(model, ex, preset_obj, work, verify, seed, manifest, remote, log)
         else:
             from codl_tvm.pipeline import single_device_pipeline
 
@@ -324,19 +337,16 @@ def _compile_into(
     return out
 
 
-def _verify(model, coexec_ex, preset_obj, work: Path, rounds: int, seed, manifest, log):
-    """Time the co-executed build against each processor alone; return the fastest executable
-    and record the measurements (and a fallback) in ``manifest``."""
+def _verify(model, coexec_ex, preset_obj, work: Path, rounds: int, seed, manifest, remote, log):
+    """Time the co-executed build against each processor alone (here, or on ``remote``, a
+    ``(tracker, key)`` pair); return the fastest executable and record the measurements (and a
+    fallback) in ``manifest``."""
     import tvm
-    from tvm.runtime.vm import VirtualMachine
 
-    from codl_tvm import runtime
     from codl_tvm.frontend import random_inputs
     from codl_tvm.pipeline import single_device_pipeline
-    from codl_tvm.runner import time_vm
     from codl_tvm.targets import export_library
 
-    runtime.load()
     builds = {"coexec": coexec_ex}
     for device in ("cpu", "opencl"):
         target = preset_obj.target("cpu" if device == "cpu" else "gpu")
@@ -344,30 +354,27 @@ def _verify(model, coexec_ex, preset_obj, work: Path, rounds: int, seed, manifes
         builds[device] = tvm.compile(
             model.mod, target=target, relax_pipeline=single_device_pipeline(target)
         )
-    vms = {}
+    libs = {}
     for name, ex in builds.items():
-        lib_path = work / f"verify_{name}.so"
-        export_library(ex, lib_path, preset_obj)
-        devices = {"coexec": [tvm.opencl(0), tvm.cpu(0)], "cpu": [tvm.cpu(0)]}.get(
-            name, [tvm.opencl(0)]
-        )
-        vms[name] = (VirtualMachine(tvm.runtime.load_module(str(lib_path)), devices), devices[0])
+        libs[name] = work / f"verify_{name}.so"
+        export_library(ex, libs[name], preset_obj)
     values = random_inputs(model, seed)
     inputs = [values[s.name] for s in model.inputs]
-    samples: dict[str, list[float]] = {name: [] for name in vms}
-    for _ in range(rounds):  # round-robin, so drift does not favour one build
-        for name, (vm, dev) in vms.items():
-            samples[name].append(time_vm(vm, dev, inputs, number=2, repeat=1).median_ms)
+    if remote is None:
+        samples, where = _time_here(libs, inputs, rounds), "this machine"
+    else:
+        samples, where = _time_remote(libs, inputs, rounds, *remote)
     ms = {name: float(np.median(v)) for name, v in samples.items()}
     chosen = min(ms, key=ms.get)
     manifest["verify"] = {
         "rounds": rounds,
+        "on": where,
         "median_ms": ms,
         "samples_ms": samples,
         "chosen": chosen,
     }
     log(
-        "verify: "
+        f"verify on {where}: "
         + ", ".join(f"{k} {v:.3f} ms" for k, v in ms.items())
         + f" (median of {rounds} rounds): keeping {chosen}"
     )
@@ -381,6 +388,56 @@ def _verify(model, coexec_ex, preset_obj, work: Path, rounds: int, seed, manifes
         target = preset_obj.target("cpu" if chosen == "cpu" else "gpu")
         manifest["targets"] = {chosen: str(target)}
     return builds[chosen]
+
+
+def _time_here(libs: dict[str, Path], inputs, rounds: int) -> dict[str, list[float]]:
+    """Median of 2 runs per round, the builds round-robin, so drift does not favour one."""
+    import tvm
+    from tvm.runtime.vm import VirtualMachine
+
+    from codl_tvm import runtime
+    from codl_tvm.runner import time_vm
+
+    runtime.load()
+    vms = {}
+    for name, path in libs.items():
+        devices = {"coexec": [tvm.opencl(0), tvm.cpu(0)], "cpu": [tvm.cpu(0)]}.get(
+            name, [tvm.opencl(0)]
+        )
+        vms[name] = (VirtualMachine(tvm.runtime.load_module(str(path)), devices), devices[0])
+    samples: dict[str, list[float]] = {name: [] for name in vms}
+    for _ in range(rounds):
+        for name, (vm, dev) in vms.items():
+            samples[name].append(time_vm(vm, dev, inputs, number=2, repeat=1).median_ms)
+    return samples
+
+
+def _time_remote(libs: dict[str, Path], inputs, rounds: int, tracker: str, key: str):
+    """Each build uploaded to one device of ``key`` and timed there (``rounds`` repeats of 2
+    runs; the builds one after the other in one session)."""
+    from codl_tvm.deploy import run_remote
+    from codl_tvm.rpc_utils import RPCError, check_remote_versions, request_remote
+
+    try:
+        remote = request_remote(tracker, key)
+    except RPCError as exc:
+        raise ArtifactError(f"--verify: {exc}") from None
+    try:
+        info = check_remote_versions(remote)
+        if (info or {}).get("opencl") != "1":
+            raise ArtifactError(
+                f"--verify: remote device {remote.name} has no usable OpenCL runtime (start its "
+                "server with `python -m codl_tvm.rpc_utils serve --opencl`)"
+            )
+        samples = {}
+        for name, path in libs.items():
+            run = run_remote(remote, path, inputs, name, number=2, repeat=rounds)
+            samples[name] = [run.median_ms]
+        return samples, f"{remote.name} (RPC {tracker}, key {key})"
+    except RPCError as exc:
+        raise ArtifactError(f"--verify: {exc}") from None
+    finally:
+        remote.close()
 
 
 def _winograd_on() -> bool:

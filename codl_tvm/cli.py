@@ -215,6 +215,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
             force=args.force,
             winograd=args.winograd,
             verify=args.verify,
+            tracker=args.tracker,
+            key=args.key,
         )
     except (ArtifactError, ModelError, ToolchainError) as exc:
         raise CliError(str(exc)) from None
@@ -446,6 +448,12 @@ def _add_compile(sub) -> None:
         help="also build for each processor alone, time the three builds on this machine "
         "(ROUNDS round-robin rounds) and keep the fastest: never slower than one processor",
     )
+    p.add_argument(
+        "--tracker",
+        metavar="HOST:PORT",
+        help="with --verify: time the builds on a device behind this TVM RPC tracker",
+    )
+    p.add_argument("--key", help="with --tracker: the device key")
     p.add_argument(
         "--no-reference",
         action="store_true",

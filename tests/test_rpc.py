@@ -628,3 +628,36 @@ def test_coexec_needs_a_plan_and_plan_needs_coexec(cnn):
         deploy.deploy(model, "127.0.0.1:1", "k", device="coexec", log=None)
     with pytest.raises(deploy.DeployError, match="apply to --device coexec only"):
         deploy.deploy(model, "127.0.0.1:1", "k", device="cpu", dim="OC", ratio=0.5, log=None)
+
+
+@pytest.mark.opencl
+def test_compile_verify_through_rpc(tracker, opencl_server, tmp_path, capsys):
+    """``codl-tvm compile --verify 2 --tracker H:P --key K`` times the co-executed build and
+    each processor alone on the remote device (the way to verify for a phone) and keeps the
+    fastest; the kept artifact's outputs match the reference."""
+    from codl_tvm.artifact import ArtifactError, compile_artifact, load_artifact
+    from codl_tvm.cli import bundled_model_path, main
+
+    out = tmp_path / "art"
+    args = ["compile", str(bundled_model_path()), "--preset", "pocl", "-o", str(out)]
+    assert main([*args, "--verify", "2", "--tracker", tracker, "--key", opencl_server]) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    v = manifest["verify"]
+    assert f"RPC {tracker}, key {opencl_server}" in v["on"]
+    assert set(v["median_ms"]) == {"coexec", "cpu", "opencl"}
+    assert all(x > 0 for x in v["median_ms"].values())
+    assert v["chosen"] == min(v["median_ms"], key=v["median_ms"].get) == manifest["device"]
+    art = load_artifact(out)
+    inputs, want = art.reference()
+    got = art([inputs[s.name] for s in art.model.inputs])
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4)
+    rpc_utils.wait_for_devices(tracker, opencl_server, 1, timeout_s=30)
+    # A tracker without --verify, or half of tracker/key, is refused before any build.
+    for bad, why in (
+        (dict(verify=0, tracker=tracker, key=opencl_server), "only used to --verify"),
+        (dict(verify=2, tracker=tracker), "both the RPC tracker"),
+    ):
+        with pytest.raises(ArtifactError, match=why):
+            compile_artifact(bundled_model_path(), tmp_path / "bad", log=lambda s: None, **bad)
+    assert not (tmp_path / "bad" / "manifest.json").exists()
