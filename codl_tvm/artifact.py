@@ -264,6 +264,7 @@ def _compile_into(
             "time them on the device through RPC"
         )
     work = Path(tempfile.mkdtemp(prefix="codl-artifact-"))
+    built = None  # the exported library, where --verify already wrote it
     try:
         if device == "coexec":
             if preset_obj.gpu is None:
@@ -299,7 +300,7 @@ def _compile_into(
             (out / "placement.json").write_text(json.dumps(placement, indent=2) + "\n")
             manifest["targets"] = {"gpu": str(gpu_target), "cpu": str(cpu_target)}
             if verify:
-                ex = _verify(model, ex, preset_obj, work, verify, seed, manifest, remote, log)
+                built = _verify(model, ex, preset_obj, work, verify, seed, manifest, remote, log)
         else:
             from codl_tvm.pipeline import single_device_pipeline
 
@@ -311,8 +312,10 @@ def _compile_into(
                 model.mod, target=target, relax_pipeline=single_device_pipeline(target)
             )
             manifest["targets"] = {device: str(target)}
-        export_library(ex, work / LIBRARY, preset_obj)
-        shutil.move(str(work / LIBRARY), out / LIBRARY)
+        if built is None:
+            built = work / LIBRARY
+            export_library(ex, built, preset_obj)
+        shutil.move(str(built), out / LIBRARY)
         if reference:
             from codl_tvm.runner import build
 
@@ -339,8 +342,8 @@ def _compile_into(
 
 def _verify(model, coexec_ex, preset_obj, work: Path, rounds: int, seed, manifest, remote, log):
     """Time the co-executed build against each processor alone (here, or on ``remote``, a
-    ``(tracker, key)`` pair); return the fastest executable and record the measurements (and a
-    fallback) in ``manifest``."""
+    ``(tracker, key)`` pair); return the exported library of the fastest and record the
+    measurements (and a fallback) in ``manifest``."""
     import tvm
 
     from codl_tvm.frontend import random_inputs
@@ -387,7 +390,7 @@ def _verify(model, coexec_ex, preset_obj, work: Path, rounds: int, seed, manifes
         )
         target = preset_obj.target("cpu" if chosen == "cpu" else "gpu")
         manifest["targets"] = {chosen: str(target)}
-    return builds[chosen]
+    return libs[chosen]
 
 
 def _time_here(libs: dict[str, Path], inputs, rounds: int) -> dict[str, list[float]]:
