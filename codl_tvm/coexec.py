@@ -16,6 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
+from codl_tvm.runner import remove_with
+
 __all__ = ["CoexecModule", "compile_coexec", "placement_report"]
 
 
@@ -122,7 +124,8 @@ def compile_coexec(
         TVM targets (or JSON dicts) of the OpenCL device and the CPU; by default generic OpenCL
         with an LLVM host, and the host LLVM target.
     work_dir
-        Where the library is written (a temporary directory by default).
+        Where the library, plan and placement report are written. By default a temporary
+        directory, removed when the returned module is garbage collected.
     """
     import tvm
 
@@ -140,4 +143,7 @@ def compile_coexec(
     (work / f"{name}.plan.json").write_text(plan.to_json())
     report = placement_report(mod, plan)
     (work / f"{name}.placement.json").write_text(json.dumps(report, indent=2))
-    return CoexecModule(library=lib, plan=plan, placements=report)
+    built = CoexecModule(library=lib, plan=plan, placements=report)
+    if not work_dir:
+        remove_with(built, work)
+    return built

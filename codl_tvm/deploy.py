@@ -28,6 +28,7 @@ operator).
 from __future__ import annotations
 
 import argparse
+import shutil
 import tempfile
 import uuid
 from collections.abc import Callable, Sequence
@@ -42,6 +43,7 @@ from codl_tvm.rpc_utils import (
     check_remote_versions,
     request_remote,
 )
+from codl_tvm.runner import remove_with
 from codl_tvm.targets import TargetPreset, get_preset
 
 __all__ = [
@@ -210,7 +212,8 @@ def compile_for(
 
     ``device="coexec"`` builds the co-executed model of ``plan`` (a
     :class:`~codl_tvm.plan.PartitionPlan`) for the preset's OpenCL and CPU targets. Cross presets
-    link with the NDK or clang + lld (:func:`codl_tvm.targets.export_library`).
+    link with the NDK or clang + lld (:func:`codl_tvm.targets.export_library`). Without
+    ``work_dir`` the library goes to a new temporary directory that the caller owns.
     """
     import tvm
 
@@ -385,6 +388,9 @@ def deploy(
         The server ends the session after this long (0: never).
     atol, rtol
         Tolerance of the comparison with the host.
+    work_dir
+        Where the model library is written. By default a temporary directory, removed when the
+        returned result is garbage collected.
     log
         Receives progress lines (``None``: quiet).
 
@@ -394,7 +400,6 @@ def deploy(
     codl_tvm.rpc_utils.RPCError (TrackerUnreachable, NoFreeDevice, VersionMismatch, RemoteFailure)
     """
     from codl_tvm.frontend import OnnxModel, check_inputs, load_onnx, random_inputs
-    from codl_tvm.runner import build
 
     say = log or (lambda _msg: None)
     _check_device(device, plan, dim, ratio)
@@ -407,6 +412,47 @@ def deploy(
     remote = request_remote(
         tracker, key, timeout_s=request_timeout_s, session_timeout_s=session_timeout_s
     )
+    own_dir = None if work_dir else Path(tempfile.mkdtemp(prefix="codl-tvm-deploy-"))
+    try:
+        result = _deploy_on(
+            remote,
+            onnx_model,
+            partition,
+            ordered,
+            target,
+            device,
+            number,
+            repeat,
+            atol,
+            rtol,
+            work_dir or own_dir,
+            say,
+        )
+    except BaseException:
+        if own_dir is not None:
+            shutil.rmtree(own_dir, ignore_errors=True)
+        raise
+    if own_dir is not None:
+        remove_with(result, own_dir)
+    return result
+
+
+def _deploy_on(
+    remote,
+    onnx_model,
+    partition,
+    ordered,
+    target,
+    device,
+    number,
+    repeat,
+    atol,
+    rtol,
+    work_dir,
+    say,
+) -> DeployResult:
+    from codl_tvm.runner import build
+
     try:
         say(f"connected to {remote.name}")
         info = check_remote_versions(remote)

@@ -7,14 +7,16 @@ creates the real module (this is also how a model is deployed).
 
 from __future__ import annotations
 
+import shutil
 import tempfile
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-__all__ = ["BuiltModel", "Latency", "build", "default_target", "time_vm"]
+__all__ = ["BuiltModel", "Latency", "build", "default_target", "remove_with", "time_vm"]
 
 DEVICES = ("cpu", "opencl")
 
@@ -104,7 +106,8 @@ def build(
     target
         A TVM target overriding :func:`default_target`.
     work_dir
-        Where the exported library goes (a fresh temporary directory by default).
+        Where the exported library goes. By default a temporary directory, removed when the
+        returned model is garbage collected; pass a directory to keep the library.
     relax_pipeline
         A Relax pipeline passed to ``tvm.compile`` (default: codl-tvm's pipeline for the target).
     """
@@ -130,4 +133,16 @@ def build(
     lib = tvm.runtime.load_module(str(lib_path))
     dev = tvm.cpu(0) if device == "cpu" else tvm.opencl(0)
     vm = relax.VirtualMachine(lib, dev)
-    return BuiltModel(device=device, library=lib_path, vm=vm, tvm_device=dev)
+    built = BuiltModel(device=device, library=lib_path, vm=vm, tvm_device=dev)
+    if not work_dir:
+        remove_with(built, work)
+    return built
+
+
+def remove_with(owner: object, directory: Path) -> None:
+    """Remove ``directory`` (a temporary one we created) once ``owner`` is garbage collected.
+
+    A loaded library stays mapped after its file is gone, but ``owner.library`` must stay
+    valid while the caller can still copy or upload it, so the files live as long as ``owner``.
+    """
+    weakref.finalize(owner, shutil.rmtree, str(directory), True)

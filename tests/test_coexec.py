@@ -123,6 +123,32 @@ def test_conv_pool_chain(opencl, pool):
     _check_plan(model, plan)
 
 
+def test_temporary_libraries_go_with_their_models(opencl, tmp_path):
+    """Builds without a work_dir leave nothing in the temporary directory once dropped (every
+    build is a ~100 KB-250 MB library; thousands of test and benchmark builds filled a disk);
+    builds with one keep their files."""
+    import gc
+
+    model = _conv_model(4, 8, 12, 3)
+    feeds = random_inputs(model, seed=1)
+    inputs = [feeds[s.name] for s in model.inputs]
+    plan = uniform_plan(model.mod, "H", 0.5)
+    ref = build(model.mod, "cpu")
+    got = codl_tvm.compile(model.mod, plan)
+    dirs = [ref.library.parent, got.library.parent]
+    assert all(d.is_dir() for d in dirs)
+    _close(got(inputs)[0], ref(inputs)[0])  # the library is usable while its model is alive
+    del ref, got
+    gc.collect()
+    assert not any(d.exists() for d in dirs)
+
+    kept = codl_tvm.compile(model.mod, plan, work_dir=tmp_path / "keep").library
+    kept_cpu = build(model.mod, "cpu", work_dir=tmp_path / "keep_cpu").library
+    gc.collect()
+    assert kept.is_file() and kept_cpu.is_file()
+    assert (tmp_path / "keep" / "coexec.plan.json").is_file()
+
+
 @pytest.mark.parametrize("ratios", [(0.0, 0.0, 1.0), (1.0, 1.0, 0.0), (0.0, 1.0, 0.0)])
 def test_tuple_kernel_across_processors(opencl, ratios):
     """Conv -> average pool -> dropout -> conv (Inception v1's head), the dropout's kernel

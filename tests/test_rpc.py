@@ -203,6 +203,14 @@ def test_deploy_cpu_matches_host_and_onnxruntime(tracker, cpu_server, cnn):
     import tvm
 
     assert result.remote_versions["tvm"] == tvm.__version__
+    # The library's temporary directory goes with the result (nothing is left in /tmp).
+    import gc
+
+    work = result.library.parent
+    assert result.library.is_file()
+    del result
+    gc.collect()
+    assert not work.exists()
 
 
 def test_cli_deploy_with_npz(tracker, cpu_server, cnn, tmp_path, capsys):
