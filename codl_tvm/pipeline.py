@@ -1,10 +1,12 @@
 """codl-tvm's Relax build pipelines, as phase functions returning ``list[Pass]``.
 
-``single_device_pipeline(target)`` builds a model for one processor: codl-tvm's algorithm
-selection (``codl.Conv2DWinograd``: qualifying 3x3 convs become Winograd convs), TVM's
-legalization and fusion, then codl-tvm's schedule rules (``codl_tvm.schedules``) ahead of dlight's
-GPU rules, then TVM's lowering and finalisation. The co-execution pipeline adds the partitioning
-phase in front (algorithm selection runs after it, per part and processor).
+``single_device_pipeline(target)`` builds a model for one processor: inference
+simplification (``codl.FoldBatchNorm``: batch norms after convs with constant weights fold into
+them), codl-tvm's algorithm selection (``codl.Conv2DWinograd``: qualifying 3x3 convs become
+Winograd convs), TVM's legalization and fusion, then codl-tvm's schedule rules
+(``codl_tvm.schedules``) ahead of dlight's GPU rules, then TVM's lowering and finalisation. The
+co-execution pipeline adds the partitioning phase after the inference simplification (algorithm
+selection runs after it, per part and processor).
 Set ``CODL_TVM_DUMP_IR=DIR`` to write the IR after every phase (``NN-phase.py``).
 """
 
@@ -21,10 +23,19 @@ __all__ = [
     "coexec_pipeline",
     "dataflow_lower_passes",
     "finalize_passes",
+    "inference_passes",
     "legalize_passes",
     "schedule_passes",
     "single_device_pipeline",
 ]
+
+
+def inference_passes() -> list[tvm.transform.Pass]:
+    """Inference-only simplifications that keep every operator's name, order and shape (so a
+    plan made for the imported module applies): fold batch norms into the convs before them."""
+    from codl_tvm.passes.fold_bn import FoldBatchNorm
+
+    return [FoldBatchNorm()]
 
 
 def algorithm_passes(
@@ -113,6 +124,7 @@ def single_device_pipeline(target: tvm.target.Target, cpu=None, opencl=None) -> 
             return _run_phases(
                 mod,
                 [
+                    ("inference", inference_passes()),
                     ("algorithm", algorithm_passes(target, cpu=cpu, opencl=opencl)),
                     ("legalize", legalize_passes(target)),
                     ("schedule", schedule_passes(target, cpu, opencl)),
@@ -150,6 +162,7 @@ def coexec_pipeline(
             return _run_phases(
                 mod,
                 [
+                    ("inference", inference_passes()),
                     ("partition", [PartitionOperators(plan)]),
                     ("algorithm", algorithm_passes(gpu_target, cpu_target, cpu, opencl)),
                     (
