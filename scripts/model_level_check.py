@@ -2,7 +2,14 @@
 
 For every model of a ``bench_planner.py run`` JSON: the CPU-only and GPU-only latencies the
 cost model predicts (``plan_model``'s summary) against the measured single-processor builds, and
-codl's predicted against its measured latency. No timing happens here::
+codl's predicted against its measured latency. No timing happens here.
+
+For every co-executed codl plan it also reports the *co-execution excess*: how much more the plan
+missed its prediction than the single processor it would otherwise run on missed its own
+(``(codl measured / predicted) / (single measured / predicted)``; 1 = the co-executed plan is
+exactly as well predicted as that processor alone), and which fallback margins (co-execute only
+when predicted ``margin`` times faster than the best single processor) would have made the right
+choice on these measurements::
 
     python scripts/model_level_check.py --results results/planner_emulated_soc.json \\
         --cost-model codl_tvm/data/cost_models/emulated-soc.json --out results/model_level_soc.json
@@ -32,11 +39,14 @@ def main(argv: list[str] | None = None) -> None:
     bench = json.loads(Path(args.results).read_text())
     model = load_model(args.cost_model)
     rows = {}
+    coexec = []
     for name, v in bench["results"]["models"].items():
         _, report = plan_model(load_onnx(benchmark_model(name)).mod, model, mode="codl")
         s = report.summary
         meas = v["summary"]
         codl = v["rows"].get("codl", {})
+        # The benchmarked plan's own prediction (the planner may have changed since).
+        codl_pred = codl.get("predicted_ms", s.predicted_ms)
         rows[name] = {
             "cpu_predicted_ms": s.cpu_only_ms,
             "cpu_measured_ms": meas["t_cpu_ms"],
@@ -44,19 +54,50 @@ def main(argv: list[str] | None = None) -> None:
             "gpu_predicted_ms": s.gpu_only_ms,
             "gpu_measured_ms": meas["t_gpu_ms"],
             "gpu_measured_over_predicted": meas["t_gpu_ms"] / s.gpu_only_ms,
-            "codl_predicted_ms": s.predicted_ms,
+            "codl_predicted_ms": codl_pred,
             "codl_measured_ms": codl.get("median_ms"),
             "codl_built_for": codl.get("device"),
         }
         r = rows[name]
+        if codl.get("device") == "coexec" and codl.get("median_ms"):
+            single = "cpu" if s.cpu_only_ms <= s.gpu_only_ms else "gpu"
+            r["predicted_gain"] = min(s.cpu_only_ms, s.gpu_only_ms) / codl_pred
+            r["measured_gain"] = min(meas["t_cpu_ms"], meas["t_gpu_ms"]) / codl["median_ms"]
+            r["coexec_excess"] = (codl["median_ms"] / codl_pred) / r[
+                f"{single}_measured_over_predicted"
+            ]
+            coexec.append(name)
         print(
             f"{name:14s} cpu {r['cpu_measured_over_predicted']:.2f}x  "
-            f"gpu {r['gpu_measured_over_predicted']:.2f}x  codl {s.predicted_ms:.2f} predicted, "
+            f"gpu {r['gpu_measured_over_predicted']:.2f}x  codl {codl_pred:.2f} predicted, "
             f"{codl.get('median_ms', float('nan')):.2f} ms measured ({codl.get('device')})"
+            + (
+                f"  gain predicted {r['predicted_gain']:.2f}x measured {r['measured_gain']:.2f}x"
+                f"  excess {r['coexec_excess']:.2f}"
+                if name in coexec
+                else ""
+            )
         )
+    margins = {}
+    for margin in (1.0, 1.05, 1.1, 1.2, 1.3, 1.4, 1.5):
+        right = [
+            n
+            for n in coexec
+            if (rows[n]["predicted_gain"] > margin) == (rows[n]["measured_gain"] > 1.0)
+        ]
+        margins[f"{margin:g}"] = {"right": len(right), "of": len(coexec)}
+    if coexec:
+        print("fallback margin -> right choices among the co-executed plans:", margins)
+    summary = {"coexec_models": coexec, "margins": margins}
     write_json(
         args.out,
-        envelope(sys.argv, rows, benchmark=args.results, benchmark_commit=bench["commit"]),
+        envelope(
+            sys.argv,
+            rows,
+            benchmark=args.results,
+            benchmark_commit=bench["commit"],
+            margin_check=summary,
+        ),
     )
 
 
