@@ -262,8 +262,9 @@ def _alternating_whole_plan(mod) -> PartitionPlan:
 @pytest.mark.opencl
 def test_coexec_retinaface_mixed_placement(opencl):
     """RetinaFace's SSH heads concatenate batch-norm outputs (no activation in between) of
-    convs on different processors: the batch_norm kernels return tuples, and FuseOps once
-    fused the two processors' batch_norms with the concat (the device run's planner found it)."""
+    convs on different processors. Unfolded, the batch_norm kernels returned tuples and FuseOps
+    once fused the two processors' batch_norms with the concat (the device run's planner found
+    it); FoldBatchNorm now makes them conv + add epilogues, which must not fuse across either."""
     _check_coexec("retinaface", (32, 32), _alternating_whole_plan)
 
 
