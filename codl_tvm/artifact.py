@@ -134,6 +134,7 @@ def compile_artifact(
     force: bool = False,
     winograd: bool = False,
     verify: int = 0,
+    verify_modes: Sequence[str] = (),
     tracker: str | None = None,
     key: str | None = None,
     log: Callable[[str], None] = print,
@@ -175,6 +176,11 @@ def compile_artifact(
         bandwidth, synchronisation, kernels outside the plan), so this is what guarantees
         that an artifact is never slower than the best single processor, at the price of two
         more builds and a few seconds of runs.
+    verify_modes
+        With ``verify``: more planner modes (``codl_tvm.planner.MODES``, e.g. ``codl_no_chain``,
+        ``h_only``) whose plans join the timed candidates when they differ from ``mode``'s.
+        The cost model cannot rank plans whose predicted latencies are within its error, so the
+        measurement picks among them; the artifact's plan files are the chosen plan's.
     tracker, key
         With ``verify``: time the three builds on a device of ``key`` behind this TVM RPC
         tracker (``HOST:PORT``) instead of this machine (each build ``verify`` repeats in turn);
@@ -195,6 +201,22 @@ def compile_artifact(
         raise ArtifactError("give both the RPC tracker (HOST:PORT) and the device key, or neither")
     if tracker is not None and not verify:
         raise ArtifactError("an RPC tracker is only used to --verify; give --verify N too")
+    verify_modes = tuple(verify_modes)
+    if verify_modes:
+        from codl_tvm.planner import MODES
+
+        bad = [m for m in verify_modes if m not in MODES]
+        if bad:
+            raise ArtifactError(
+                f"--verify-modes: {', '.join(map(repr, bad))} not among the planner modes "
+                f"{', '.join(MODES)}"
+            )
+        if not verify:
+            raise ArtifactError("--verify-modes names plans to time; give --verify N too")
+        if plan is not None:
+            raise ArtifactError(
+                "--verify-modes plans with the cost model; it cannot be combined with a given plan"
+            )
     remote = None if tracker is None else (tracker, key)
     model_path = Path(model_path)
     out = Path(out_dir)
@@ -218,6 +240,7 @@ def compile_artifact(
                 reference,
                 seed,
                 verify,
+                verify_modes,
                 remote,
                 log,
             )
@@ -230,7 +253,19 @@ def compile_artifact(
 
 
 def _compile_into(
-    model_path, out, device, mode, cost_model, plan, preset, reference, seed, verify, remote, log
+    model_path,
+    out,
+    device,
+    mode,
+    cost_model,
+    plan,
+    preset,
+    reference,
+    seed,
+    verify,
+    verify_modes,
+    remote,
+    log,
 ):
     import tvm
 
@@ -300,7 +335,23 @@ def _compile_into(
             (out / "placement.json").write_text(json.dumps(placement, indent=2) + "\n")
             manifest["targets"] = {"gpu": str(gpu_target), "cpu": str(cpu_target)}
             if verify:
-                built = _verify(model, ex, preset_obj, work, verify, seed, manifest, remote, log)
+                candidates = {"coexec": ex}
+                plans = {}
+                if verify_modes and report is not None:
+                    plans = _candidate_plans(model, plan, mode, verify_modes, manifest, log)
+                    for name, (cand, _) in plans.items():
+                        log(f"verify: building the {name.split(':', 1)[1]} plan co-executed")
+                        candidates[name] = tvm.compile(
+                            model.mod,
+                            target=gpu_target,
+                            relax_pipeline=coexec_pipeline(cand, gpu_target, cpu_target),
+                        )
+                built = _verify(
+                    model, candidates, preset_obj, work, verify, seed, manifest, remote, log
+                )
+                chosen = manifest["verify"]["chosen"]
+                if chosen in plans:
+                    _adopt_plan(out, model, *plans[chosen], chosen.split(":", 1)[1], manifest)
         else:
             from codl_tvm.pipeline import single_device_pipeline
 
@@ -340,17 +391,17 @@ def _compile_into(
     return out
 
 
-def _verify(model, coexec_ex, preset_obj, work: Path, rounds: int, seed, manifest, remote, log):
-    """Time the co-executed build against each processor alone (here, or on ``remote``, a
-    ``(tracker, key)`` pair); return the exported library of the fastest and record the
-    measurements (and a fallback) in ``manifest``."""
+def _verify(model, candidates, preset_obj, work: Path, rounds: int, seed, manifest, remote, log):
+    """Time the co-executed builds (``candidates``: ``"coexec"`` and ``"coexec:<mode>"``) against
+    each processor alone (here, or on ``remote``, a ``(tracker, key)`` pair); return the exported
+    library of the fastest and record the measurements (and a fallback) in ``manifest``."""
     import tvm
 
     from codl_tvm.frontend import random_inputs
     from codl_tvm.pipeline import single_device_pipeline
     from codl_tvm.targets import export_library
 
-    builds = {"coexec": coexec_ex}
+    builds = dict(candidates)
     for device in ("cpu", "opencl"):
         target = preset_obj.target("cpu" if device == "cpu" else "gpu")
         log(f"verify: building for {device} alone")
@@ -381,11 +432,12 @@ def _verify(model, coexec_ex, preset_obj, work: Path, rounds: int, seed, manifes
         + ", ".join(f"{k} {v:.3f} ms" for k, v in ms.items())
         + f" (median of {rounds} rounds): keeping {chosen}"
     )
-    if chosen != "coexec":
+    if chosen in ("cpu", "opencl"):
+        best_coexec = min(v for k, v in ms.items() if k.startswith("coexec"))
         manifest["device"] = chosen
         manifest["vm_devices"] = [chosen]
         manifest["plan"]["fallback"] = (
-            f"measured {ms['coexec']:.3f} ms co-executed vs {ms[chosen]:.3f} ms on the "
+            f"measured {best_coexec:.3f} ms co-executed vs {ms[chosen]:.3f} ms on the "
             f"{'CPU' if chosen == 'cpu' else 'GPU'} alone (--verify)"
         )
         target = preset_obj.target("cpu" if chosen == "cpu" else "gpu")
@@ -405,7 +457,7 @@ def _time_here(libs: dict[str, Path], inputs, rounds: int) -> dict[str, list[flo
     vms = {}
     for name, path in libs.items():
         devices = {"coexec": [tvm.opencl(0), tvm.cpu(0)], "cpu": [tvm.cpu(0)]}.get(
-            name, [tvm.opencl(0)]
+            name.split(":", 1)[0], [tvm.opencl(0)]
         )
         vms[name] = (VirtualMachine(tvm.runtime.load_module(str(path)), devices), devices[0])
     samples: dict[str, list[float]] = {name: [] for name in vms}
@@ -434,7 +486,8 @@ def _time_remote(libs: dict[str, Path], inputs, rounds: int, tracker: str, key: 
             )
         samples = {}
         for name, path in libs.items():
-            run = run_remote(remote, path, inputs, name, number=2, repeat=rounds)
+            device = name.split(":", 1)[0]
+            run = run_remote(remote, path, inputs, device, number=2, repeat=rounds)
             samples[name] = [run.median_ms]
         return samples, f"{remote.name} (RPC {tracker}, key {key})"
     except RPCError as exc:
@@ -500,6 +553,48 @@ def _make_plan(model, out: Path, mode, cost_model, plan, preset_name, manifest, 
         log(table)
     (out / "plan.json").write_text(plan.to_json() + "\n")
     return plan, (report if manifest["plan"]["source"] == "planner" else None)
+
+
+def _candidate_plans(model, plan, mode, modes, manifest, log) -> dict[str, tuple]:
+    """The plans of ``modes`` that differ from ``plan`` and from each other and co-execute
+    (single-processor plans are the CPU and GPU builds already timed): ``{"coexec:<mode>":
+    (plan, report)}``, made with the cost model ``plan`` was made with."""
+    from codl_tvm.cost_model.base import load_model
+    from codl_tvm.planner import plan_model
+
+    cm = load_model(manifest["plan"]["cost_model"]["file"])
+    seen = {plan.to_json()}
+    found = {}
+    for m in modes:
+        if m == mode:
+            continue
+        cand, report = plan_model(model.mod, cm, mode=m, model_name=Path(model.path).name)
+        text = cand.to_json()
+        ratios = {e.ratio for e in cand.entries()}
+        if text in seen or ratios <= {0.0} or ratios <= {1.0}:
+            log(f"verify: the {m} plan adds no candidate (same plan, or one processor alone)")
+            continue
+        seen.add(text)
+        found[f"coexec:{m}"] = (cand, report)
+    manifest["plan"]["verify_candidates"] = [mode, *(k.split(":", 1)[1] for k in found)]
+    return found
+
+
+def _adopt_plan(out: Path, model, plan, report, mode: str, manifest) -> None:
+    """Make the plan that ``--verify`` measured fastest the artifact's plan (its files and
+    manifest entry); the primary plan's prediction stays on record."""
+    from codl_tvm.coexec import placement_report
+
+    record = manifest["plan"]
+    record["planned_mode"] = record.get("mode")
+    record["mode"] = mode
+    record["summary"] = report.summary.to_dict() if report.summary else None
+    record["chosen_by_verify"] = True
+    (out / "plan.json").write_text(plan.to_json() + "\n")
+    report.save(out / "plan_report.json")
+    (out / "plan_report.txt").write_text(report.table() + "\n")
+    placement = placement_report(model.mod, plan)
+    (out / "placement.json").write_text(json.dumps(placement, indent=2) + "\n")
 
 
 # Co-execute only when the plan is predicted at least this much faster than the faster

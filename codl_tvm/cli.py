@@ -215,6 +215,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
             force=args.force,
             winograd=args.winograd,
             verify=args.verify,
+            verify_modes=[m for m in (args.verify_modes or "").split(",") if m],
             tracker=args.tracker,
             key=args.key,
         )
@@ -447,6 +448,12 @@ def _add_compile(sub) -> None:
         metavar="ROUNDS",
         help="also build for each processor alone, time the three builds on this machine "
         "(ROUNDS round-robin rounds) and keep the fastest: never slower than one processor",
+    )
+    p.add_argument(
+        "--verify-modes",
+        metavar="MODE,...",
+        help="with --verify: also time the plans of these planner modes (e.g. "
+        "codl_no_chain,h_only,oc_only) and keep the fastest of all",
     )
     p.add_argument(
         "--tracker",

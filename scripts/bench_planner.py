@@ -52,7 +52,7 @@ def _model_file(name: str, tmp: Path) -> Path:
 def _compile_job(job: tuple) -> tuple[str, str, str | None]:
     from codl_tvm.artifact import compile_artifact
 
-    name, tag, path, target, device, mode, cost_model, preset, verify = job
+    name, tag, path, target, device, mode, cost_model, preset, verify, verify_modes = job
     try:
         compile_artifact(
             path,
@@ -63,6 +63,7 @@ def _compile_job(job: tuple) -> tuple[str, str, str | None]:
             preset=preset,
             reference=(tag == "cpu"),
             verify=verify,
+            verify_modes=verify_modes,
             log=lambda s: None,
         )
     except Exception as exc:  # one failing build must not lose the others
@@ -92,11 +93,23 @@ def cmd_compile(args: argparse.Namespace) -> None:
             todo.append(("oracle", "coexec", "codl_no_chain", args.oracle, 0))
         if args.verify:
             todo.append(("codl_verify", "coexec", "codl", args.cost_model, args.verify))
+        modes = tuple(m for m in args.verify_modes.split(",") if m)
         for tag, device, mode, cost_model, verify in todo:
             target = out / name / tag
             if not (target / "manifest.json").exists():
                 jobs.append(
-                    (name, tag, path, target, device, mode, cost_model, args.preset, verify)
+                    (
+                        name,
+                        tag,
+                        path,
+                        target,
+                        device,
+                        mode,
+                        cost_model,
+                        args.preset,
+                        verify,
+                        modes if verify else (),
+                    )
                 )
             else:
                 index["models"].setdefault(name, {})[tag] = f"{name}/{tag}"
@@ -116,8 +129,8 @@ def cmd_compile(args: argparse.Namespace) -> None:
         (out / "index.json").write_text(json.dumps(index, indent=2))
 
     # --verify builds time themselves: one at a time, after the parallel builds.
-    timed = [j for j in jobs if j[-1]]
-    jobs = [j for j in jobs if not j[-1]]
+    timed = [j for j in jobs if j[8]]
+    jobs = [j for j in jobs if not j[8]]
     if args.jobs > 1:
         import multiprocessing as mp
         from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -374,6 +387,11 @@ def main(argv: list[str] | None = None) -> None:
         type=int,
         default=0,
         help="also build codl with `compile --verify N` (codl_verify; timed one at a time)",
+    )
+    c.add_argument(
+        "--verify-modes",
+        default="",
+        help="with --verify: `compile --verify-modes` for codl_verify (e.g. codl_no_chain,h_only)",
     )
     c.add_argument("--tvm-cpus", default="", help="TVM's cores for --verify's timing, e.g. 8-15")
     c.set_defaults(func=cmd_compile)

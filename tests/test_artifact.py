@@ -19,6 +19,7 @@ from codl_tvm.cost_model.base import CostModelFallbackWarning, ModelFileError, l
 from codl_tvm.cost_model.dataset import OpRecord
 from codl_tvm.cost_model.features import OpParams, op_features
 from codl_tvm.cost_model.measured import MeasuredModel
+from codl_tvm.plan import PartitionPlan
 from codl_tvm.planner.synthetic import SyntheticDevice, synthetic_cost_model
 
 pytestmark = pytest.mark.opencl
@@ -280,6 +281,7 @@ def test_compile_verify_keeps_the_fastest_build(
     assert all(len(s) == 2 and min(s) > 0 for s in v["samples_ms"].values())
     assert v["chosen"] == min(v["median_ms"], key=v["median_ms"].get)
     assert manifest["device"] == v["chosen"]
+    assert "verify_candidates" not in manifest["plan"]
     assert manifest["vm_devices"] == (
         ["opencl", "cpu"] if v["chosen"] == "coexec" else [v["chosen"]]
     )
@@ -292,7 +294,57 @@ def test_compile_verify_keeps_the_fastest_build(
         np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4)
 
 
+def test_compile_verify_modes_times_more_plans(tmp_path, balanced_model, opencl):
+    """``--verify-modes``: the other planner modes' plans (where they differ) are built and
+    timed too; the fastest build is kept, and when it is another mode's plan the artifact's
+    plan files are that plan's. Whichever wins, the outputs match the reference."""
+    from codl_tvm.frontend import load_onnx
+    from codl_tvm.planner import plan_model
+
+    out = tmp_path / "modes"
+    args = ["compile", str(bundled_model_path()), "--cost-model", str(balanced_model)]
+    modes = "codl_no_chain,h_only,oc_only,cpu_only"
+    assert main([*args, "--verify", "1", "--verify-modes", modes, "-o", str(out)]) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    cands = manifest["plan"]["verify_candidates"]
+    assert cands[0] == "codl" and "cpu_only" not in cands  # one processor alone: the cpu build
+    assert len(cands) >= 2, cands  # the bundled CNN's H-only and OC-only plans differ from codl's
+    v = manifest["verify"]
+    assert set(v["median_ms"]) == {"coexec", "cpu", "opencl", *(f"coexec:{m}" for m in cands[1:])}
+    chosen = v["chosen"]
+    assert chosen == min(v["median_ms"], key=v["median_ms"].get)
+    model = load_onnx(bundled_model_path())
+    if chosen.startswith("coexec"):
+        mode = chosen.split(":", 1)[1] if ":" in chosen else "codl"
+        assert manifest["device"] == "coexec" and manifest["plan"]["mode"] == mode
+        want, _ = plan_model(model.mod, load_model(balanced_model), mode=mode)
+        assert (out / "plan.json").read_text().strip() == want.to_json().strip()
+        assert json.loads((out / "plan_report.json").read_text())["mode"] == mode
+    else:
+        assert manifest["device"] == chosen and "--verify" in manifest["plan"]["fallback"]
+    art = load_artifact(out)
+    inputs, want_out = art.reference()
+    got = art([inputs[s.name] for s in art.model.inputs])
+    for g, w in zip(got, want_out):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4)
+
+
 def test_compile_verify_bad_values(tmp_path, balanced_model, capsys):
+    with pytest.raises(ArtifactError, match="'h_onyl' not among the planner modes"):
+        compile_artifact(
+            bundled_model_path(), tmp_path / "m", verify=1, verify_modes=["h_onyl"], log=print
+        )
+    with pytest.raises(ArtifactError, match="give --verify N too"):
+        compile_artifact(bundled_model_path(), tmp_path / "m", verify_modes=["h_only"])
+    with pytest.raises(ArtifactError, match="cannot be combined with a given plan"):
+        compile_artifact(
+            bundled_model_path(),
+            tmp_path / "m",
+            plan=PartitionPlan(ops=()),
+            verify=1,
+            verify_modes=["h_only"],
+        )
+    assert not (tmp_path / "m").exists()
     with pytest.raises(ArtifactError, match="verify must be a number of rounds >= 0, got -1"):
         compile_artifact(bundled_model_path(), tmp_path / "a", verify=-1, log=lambda s: None)
     with pytest.raises(ArtifactError, match="cross-compiles for aarch64"):
