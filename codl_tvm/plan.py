@@ -53,6 +53,7 @@ __all__ = [
     "model_fingerprint",
     "partitionable_bindings",
     "partitionable_ops",
+    "static_shape",
     "uniform_plan",
 ]
 
@@ -329,10 +330,11 @@ class OpInfo:
     reason: str = ""
 
 
-def _static_shape(expr) -> tuple[int, ...] | None:
+def static_shape(expr) -> tuple[int, ...] | None:
+    """The static shape of a Relax tensor expression, or ``None`` (not a tensor, or dynamic)."""
     from tvm import relax
 
-    ty = expr.ty
+    ty = getattr(expr, "ty", None)
     if not isinstance(ty, relax.TensorType) or ty.shape is None:
         return None
     try:
@@ -348,9 +350,9 @@ def _ints(values) -> list[int]:
 def _op_info(index: int, var, call) -> OpInfo:
     kind = _KINDS[call.op.name]
     name = f"{kind}_{index}"
-    in_shape = _static_shape(call.args[0])
-    w_shape = _static_shape(call.args[1]) if kind in ("conv2d", "matmul") else None
-    out_shape = _static_shape(var)
+    in_shape = static_shape(call.args[0])
+    w_shape = static_shape(call.args[1]) if kind in ("conv2d", "matmul") else None
+    out_shape = static_shape(var)
     attrs: dict[str, Any] = {}
     dims: tuple[PartitionDim, ...] = ()
     reason = ""

@@ -28,6 +28,8 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from codl_tvm.plan import static_shape
+
 __all__ = ["FoldBatchNorm", "fold_batch_norms"]
 
 
@@ -35,16 +37,6 @@ def _op_name(value) -> str | None:
     if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op):
         return value.op.name
     return None
-
-
-def _shape(expr) -> tuple[int, ...] | None:
-    ty = getattr(expr, "ty", None)
-    if not isinstance(ty, relax.TensorType) or ty.shape is None:
-        return None
-    try:
-        return tuple(int(v) for v in ty.shape.values)
-    except (TypeError, AttributeError):
-        return None
 
 
 class _Function:
@@ -69,7 +61,7 @@ class _Function:
             return expr.value.numpy()
         if isinstance(expr, relax.Var) and _op_name(self.value_of.get(expr)) == "relax.reshape":
             src = self.const(self.value_of[expr].args[0])
-            shape = _shape(expr)
+            shape = static_shape(expr)
             return None if src is None or shape is None else src.reshape(shape)
         return None
 
@@ -110,7 +102,7 @@ def _plan_fold(fn: _Function, bn_var: relax.Var, bn: relax.Call):
     ):
         return None
     weight = fn.const(src.args[1])
-    out = _shape(x)
+    out = static_shape(x)
     if weight is None or out is None or len(out) != 4 or weight.shape[0] != out[1]:
         return None
     channels = out[1]

@@ -40,21 +40,13 @@ from codl_tvm.schedules.winograd import (
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
+from codl_tvm.plan import static_shape
+
 from .parts import collect_parts
 
 __all__ = ["Conv2DWinograd"]
 
 _CONV2D = tvm.ir.Op.get("relax.nn.conv2d")
-
-
-def _static_shape(expr) -> tuple[int, ...] | None:
-    ty = expr.ty
-    if not isinstance(ty, relax.TensorType) or ty.shape is None:
-        return None
-    values = getattr(ty.shape, "values", None)
-    if values is None or not all(isinstance(v, tvm.tirx.IntImm) for v in values):
-        return None
-    return tuple(int(v) for v in values)
 
 
 @mutator
@@ -94,7 +86,7 @@ class _Rewriter(PyExprMutator):
         data, weight = call.args
         if not isinstance(weight, tvm.ir.Constant):
             return "weight is not a constant"
-        dshape, wshape = _static_shape(data), _static_shape(weight)
+        dshape, wshape = static_shape(data), static_shape(weight)
         if dshape is None or wshape is None or len(dshape) != 4 or len(wshape) != 4:
             return "dynamic or non-4-D shapes"
         dtypes = {str(data.ty.dtype), str(weight.ty.dtype), str(call.ty.dtype)}
