@@ -400,6 +400,7 @@ def deploy(
     codl_tvm.rpc_utils.RPCError (TrackerUnreachable, NoFreeDevice, VersionMismatch, RemoteFailure)
     """
     from codl_tvm.frontend import OnnxModel, check_inputs, load_onnx, random_inputs
+    from codl_tvm.runner import build
 
     say = log or (lambda _msg: None)
     _check_device(device, plan, dim, ratio)
@@ -412,21 +413,48 @@ def deploy(
     remote = request_remote(
         tracker, key, timeout_s=request_timeout_s, session_timeout_s=session_timeout_s
     )
+    # The library goes to work_dir, or to a temporary directory that lives as long as the result.
     own_dir = None if work_dir else Path(tempfile.mkdtemp(prefix="codl-tvm-deploy-"))
     try:
-        result = _deploy_on(
-            remote,
-            onnx_model,
-            partition,
-            ordered,
-            target,
-            device,
-            number,
-            repeat,
-            atol,
-            rtol,
-            work_dir or own_dir,
-            say,
+        try:
+            say(f"connected to {remote.name}")
+            info = check_remote_versions(remote)
+            if info is None:
+                say(
+                    f"warning: {remote.name} does not report its TVM version (stock RPC server); "
+                    "cannot check it before upload"
+                )
+            else:
+                say(
+                    f"remote: TVM {info.get('tvm')}, {info.get('machine')} "
+                    f"{'Android' if info.get('android') == '1' else info.get('system')}"
+                )
+            if device in ("opencl", "coexec") and (info or {}).get("opencl") != "1":
+                why = (info or {}).get(
+                    "opencl_error",
+                    "its server did not load codl-tvm's OpenCL "
+                    "plugin (start it with `python -m codl_tvm.rpc_utils serve "
+                    "--opencl`)",
+                )
+                raise DeployError(
+                    f"remote device {remote.name} has no usable OpenCL runtime: {why}"
+                )
+            preset = select_preset(target, device, info, remote.name)
+            say(f"compiling for '{preset.name}' ({device})")
+            if device == "coexec":
+                from codl_tvm import runtime
+
+                runtime.load()  # as compile_coexec does: the plugin must be loaded to build
+            lib = compile_for(onnx_model.mod, preset, device, work_dir or own_dir, plan=partition)
+            say(f"uploading {lib.name} ({lib.stat().st_size} bytes) and running on {remote.name}")
+            run = run_remote(remote, lib, ordered, device, number=number, repeat=repeat)
+        finally:
+            remote.close()
+        say("running the host reference (llvm)")
+        reference = build(onnx_model.mod, "cpu")(ordered)
+        err, ok = compare_outputs(run.outputs, reference, atol, rtol)
+        result = DeployResult(
+            remote.name, preset.name, lib, run.outputs, reference, err, ok, run, info
         )
     except BaseException:
         if own_dir is not None:
@@ -435,60 +463,6 @@ def deploy(
     if own_dir is not None:
         remove_with(result, own_dir)
     return result
-
-
-def _deploy_on(
-    remote,
-    onnx_model,
-    partition,
-    ordered,
-    target,
-    device,
-    number,
-    repeat,
-    atol,
-    rtol,
-    work_dir,
-    say,
-) -> DeployResult:
-    from codl_tvm.runner import build
-
-    try:
-        say(f"connected to {remote.name}")
-        info = check_remote_versions(remote)
-        if info is None:
-            say(
-                f"warning: {remote.name} does not report its TVM version (stock RPC server); "
-                "cannot check it before upload"
-            )
-        else:
-            say(
-                f"remote: TVM {info.get('tvm')}, {info.get('machine')} "
-                f"{'Android' if info.get('android') == '1' else info.get('system')}"
-            )
-        if device in ("opencl", "coexec") and (info or {}).get("opencl") != "1":
-            why = (info or {}).get(
-                "opencl_error",
-                "its server did not load codl-tvm's OpenCL "
-                "plugin (start it with `python -m codl_tvm.rpc_utils serve "
-                "--opencl`)",
-            )
-            raise DeployError(f"remote device {remote.name} has no usable OpenCL runtime: {why}")
-        preset = select_preset(target, device, info, remote.name)
-        say(f"compiling for '{preset.name}' ({device})")
-        if device == "coexec":
-            from codl_tvm import runtime
-
-            runtime.load()  # as compile_coexec does: the plugin must be loaded to build
-        lib = compile_for(onnx_model.mod, preset, device, work_dir, plan=partition)
-        say(f"uploading {lib.name} ({lib.stat().st_size} bytes) and running on {remote.name}")
-        run = run_remote(remote, lib, ordered, device, number=number, repeat=repeat)
-    finally:
-        remote.close()
-    say("running the host reference (llvm)")
-    reference = build(onnx_model.mod, "cpu")(ordered)
-    err, ok = compare_outputs(run.outputs, reference, atol, rtol)
-    return DeployResult(remote.name, preset.name, lib, run.outputs, reference, err, ok, run, info)
 
 
 def _cmd_deploy(args: argparse.Namespace) -> int:
