@@ -547,12 +547,9 @@ def _make_plan(model, out: Path, mode, cost_model, plan, preset_name, manifest, 
             "planning_s": round(time.perf_counter() - t0, 4),
             "summary": report.summary.to_dict() if report.summary else None,
         }
-        report.save(out / "plan_report.json")
-        table = report.table()
-        (out / "plan_report.txt").write_text(table + "\n")
-        log(table)
-    (out / "plan.json").write_text(plan.to_json() + "\n")
-    return plan, (report if manifest["plan"]["source"] == "planner" else None)
+        log(report.table())
+    _write_plan(out, plan, report)
+    return plan, report
 
 
 def _candidate_plans(model, plan, mode, modes, manifest, log) -> dict[str, tuple]:
@@ -570,8 +567,8 @@ def _candidate_plans(model, plan, mode, modes, manifest, log) -> dict[str, tuple
             continue
         cand, report = plan_model(model.mod, cm, mode=m, model_name=Path(model.path).name)
         text = cand.to_json()
-        ratios = {e.ratio for e in cand.entries()}
-        if text in seen or ratios <= {0.0} or ratios <= {1.0}:
+        alone = not cand.entries() or _single_processor(cand, None, m) is not None
+        if text in seen or alone:
             log(f"verify: the {m} plan adds no candidate (same plan, or one processor alone)")
             continue
         seen.add(text)
@@ -590,11 +587,17 @@ def _adopt_plan(out: Path, model, plan, report, mode: str, manifest) -> None:
     record["mode"] = mode
     record["summary"] = report.summary.to_dict() if report.summary else None
     record["chosen_by_verify"] = True
-    (out / "plan.json").write_text(plan.to_json() + "\n")
-    report.save(out / "plan_report.json")
-    (out / "plan_report.txt").write_text(report.table() + "\n")
+    _write_plan(out, plan, report)
     placement = placement_report(model.mod, plan)
     (out / "placement.json").write_text(json.dumps(placement, indent=2) + "\n")
+
+
+def _write_plan(out: Path, plan, report) -> None:
+    """The artifact's plan files: ``plan.json``, and the planner's report when there is one."""
+    (out / "plan.json").write_text(plan.to_json() + "\n")
+    if report is not None:
+        report.save(out / "plan_report.json")
+        (out / "plan_report.txt").write_text(report.table() + "\n")
 
 
 # Co-execute only when the plan is predicted at least this much faster than the faster
