@@ -5,10 +5,13 @@
 - :func:`collect_parts` (``parts.py``): which variables belong to which processor, and which
   output region each part produces.
 - ``halo.py``: the pure-Python row/channel geometry (halo propagation through chains, Eq. 1).
+- :class:`FoldBatchNorm` (``fold_bn.py``): before partitioning, folds inference batch norms after
+  constant-weight convs into the convs (keeps operator names and shapes).
 - :class:`Conv2DWinograd` (``winograd.py``): after partitioning, before legalization, rewrites
   qualifying 3x3 convs (and conv parts) as Winograd convs, per processor config.
 """
 
+from .fold_bn import FoldBatchNorm
 from .halo import (
     ChannelMap,
     PartSpan,
@@ -26,6 +29,7 @@ __all__ = [
     "PARTS_ATTR",
     "ChannelMap",
     "Conv2DWinograd",
+    "FoldBatchNorm",
     "PartRecord",
     "PartSpan",
     "PartitionOperators",
