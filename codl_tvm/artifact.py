@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import tempfile
 import time
@@ -137,6 +138,7 @@ def compile_artifact(
     verify_modes: Sequence[str] = (),
     tracker: str | None = None,
     key: str | None = None,
+    build_cache: str | Path | None = None,
     log: Callable[[str], None] = print,
 ) -> Path:
     """Plan and build an ONNX model into an artifact directory.
@@ -185,6 +187,12 @@ def compile_artifact(
         With ``verify``: time the three builds on a device of ``key`` behind this TVM RPC
         tracker (``HOST:PORT``) instead of this machine (each build ``verify`` repeats in turn);
         the way to verify for a phone or board (presets that cross-compile need it).
+    build_cache
+        A directory of exported libraries to reuse: a library whose model file, processor set,
+        plan, targets, Winograd setting and codl-tvm/TVM code match one built before is copied
+        from it instead of built again, and every library built is stored there. ``--verify``
+        then builds only what no earlier compile built (e.g. after compiling each planner mode
+        and each processor alone, in parallel processes, a later ``--verify`` only times).
     log
         Where progress lines go.
 
@@ -242,6 +250,7 @@ def compile_artifact(
                 verify,
                 verify_modes,
                 remote,
+                None if build_cache is None else Path(build_cache),
                 log,
             )
     except BaseException:
@@ -265,12 +274,13 @@ def _compile_into(
     verify,
     verify_modes,
     remote,
+    build_cache,
     log,
 ):
     import tvm
 
     from codl_tvm.frontend import load_onnx, random_inputs
-    from codl_tvm.targets import export_library, get_preset
+    from codl_tvm.targets import get_preset
 
     preset_obj = get_preset(preset or "opencl")
     model = load_onnx(model_path)
@@ -299,7 +309,8 @@ def _compile_into(
             "time them on the device through RPC"
         )
     work = Path(tempfile.mkdtemp(prefix="codl-artifact-"))
-    built = None  # the exported library, where --verify already wrote it
+    libraries = _Libraries(work, build_cache, model, manifest, preset_obj, log)
+    built = None  # the exported library
     try:
         if device == "coexec":
             if preset_obj.gpu is None:
@@ -325,47 +336,38 @@ def _compile_into(
             from codl_tvm.pipeline import coexec_pipeline
 
             runtime.load()
-            log(f"building {model_path.name} for co-execution ({preset_obj.name})")
-            ex = tvm.compile(
-                model.mod,
-                target=gpu_target,
-                relax_pipeline=coexec_pipeline(plan, gpu_target, cpu_target),
-            )
+
+            def build_coexec(p):
+                log(f"building {model_path.name} for co-execution ({preset_obj.name})")
+                return tvm.compile(
+                    model.mod,
+                    target=gpu_target,
+                    relax_pipeline=coexec_pipeline(p, gpu_target, cpu_target),
+                )
+
+            built = libraries.get("coexec", "coexec", plan, lambda: build_coexec(plan))
             placement = placement_report(model.mod, plan)
             (out / "placement.json").write_text(json.dumps(placement, indent=2) + "\n")
             manifest["targets"] = {"gpu": str(gpu_target), "cpu": str(cpu_target)}
             if verify:
-                candidates = {"coexec": ex}
+                candidates = {"coexec": built}
                 plans = {}
                 if verify_modes and report is not None:
                     plans = _candidate_plans(model, plan, mode, verify_modes, manifest, log)
                     for name, (cand, _) in plans.items():
-                        log(f"verify: building the {name.split(':', 1)[1]} plan co-executed")
-                        candidates[name] = tvm.compile(
-                            model.mod,
-                            target=gpu_target,
-                            relax_pipeline=coexec_pipeline(cand, gpu_target, cpu_target),
+                        candidates[name] = libraries.get(
+                            name, "coexec", cand, lambda c=cand: build_coexec(c)
                         )
-                built = _verify(
-                    model, candidates, preset_obj, work, verify, seed, manifest, remote, log
-                )
+                built = _verify(model, candidates, libraries, verify, seed, manifest, remote, log)
                 chosen = manifest["verify"]["chosen"]
                 if chosen in plans:
                     _adopt_plan(out, model, *plans[chosen], chosen.split(":", 1)[1], manifest)
         else:
-            from codl_tvm.pipeline import single_device_pipeline
-
             target = cpu_target if device == "cpu" else preset_obj.target("gpu")
             if target is None:
                 raise ArtifactError(f"preset {preset_obj.name!r} has no GPU; use --device cpu")
-            log(f"building {model_path.name} for {device} ({preset_obj.name})")
-            ex = tvm.compile(
-                model.mod, target=target, relax_pipeline=single_device_pipeline(target)
-            )
+            built = libraries.single(device)
             manifest["targets"] = {device: str(target)}
-        if built is None:
-            built = work / LIBRARY
-            export_library(ex, built, preset_obj)
         shutil.move(str(built), out / LIBRARY)
         if reference:
             from codl_tvm.runner import build
@@ -391,27 +393,16 @@ def _compile_into(
     return out
 
 
-def _verify(model, candidates, preset_obj, work: Path, rounds: int, seed, manifest, remote, log):
-    """Time the co-executed builds (``candidates``: ``"coexec"`` and ``"coexec:<mode>"``) against
-    each processor alone (here, or on ``remote``, a ``(tracker, key)`` pair); return the exported
-    library of the fastest and record the measurements (and a fallback) in ``manifest``."""
-    import tvm
-
+def _verify(model, candidates, libraries, rounds: int, seed, manifest, remote, log):
+    """Time the co-executed builds (``candidates``: ``"coexec"`` and ``"coexec:<mode>"`` to
+    their exported libraries) against each processor alone (here, or on ``remote``, a
+    ``(tracker, key)`` pair); return the library of the fastest and record the measurements
+    (and a fallback) in ``manifest``."""
     from codl_tvm.frontend import random_inputs
-    from codl_tvm.pipeline import single_device_pipeline
-    from codl_tvm.targets import export_library
 
-    builds = dict(candidates)
+    libs = dict(candidates)
     for device in ("cpu", "opencl"):
-        target = preset_obj.target("cpu" if device == "cpu" else "gpu")
-        log(f"verify: building for {device} alone")
-        builds[device] = tvm.compile(
-            model.mod, target=target, relax_pipeline=single_device_pipeline(target)
-        )
-    libs = {}
-    for name, ex in builds.items():
-        libs[name] = work / f"verify_{name}.so"
-        export_library(ex, libs[name], preset_obj)
+        libs[device] = libraries.single(device)
     values = random_inputs(model, seed)
     inputs = [values[s.name] for s in model.inputs]
     if remote is None:
@@ -440,9 +431,88 @@ def _verify(model, candidates, preset_obj, work: Path, rounds: int, seed, manife
             f"measured {best_coexec:.3f} ms co-executed vs {ms[chosen]:.3f} ms on the "
             f"{'CPU' if chosen == 'cpu' else 'GPU'} alone (--verify)"
         )
-        target = preset_obj.target("cpu" if chosen == "cpu" else "gpu")
+        target = libraries.preset.target("cpu" if chosen == "cpu" else "gpu")
         manifest["targets"] = {chosen: str(target)}
     return libs[chosen]
+
+
+class _Libraries:
+    """The exported libraries of one compile, in its work directory, reused from and stored in
+    a build cache where one is given (keyed by everything the library depends on)."""
+
+    def __init__(self, work: Path, cache: Path | None, model, manifest, preset_obj, log) -> None:
+        self.work, self.cache, self.preset, self.log = work, cache, preset_obj, log
+        self.model = model
+        self._model = manifest["model"]["sha256"]
+        self._winograd = manifest["winograd"]
+        if cache is not None:
+            cache.mkdir(parents=True, exist_ok=True)
+
+    def key(self, device: str, plan) -> str:
+        import tvm
+
+        parts = [
+            _code_digest(),
+            tvm.__version__,
+            self._model,
+            self.preset.name,
+            str(self.preset.target("cpu")),
+            str(self.preset.target("gpu")) if self.preset.gpu is not None else None,
+            device,
+            None if plan is None else plan.to_json(),
+            self._winograd,
+        ]
+        return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:32]
+
+    def get(self, name: str, device: str, plan, build: Callable[[], Any]) -> Path:
+        """The library of ``name`` (``device`` with ``plan``), from the cache or ``build()``."""
+        from codl_tvm.targets import export_library
+
+        path = self.work / f"{name.replace(':', '_')}.so"
+        cached = None if self.cache is None else self.cache / f"{self.key(device, plan)}.so"
+        if cached is not None and cached.is_file():
+            self.log(f"reusing the {name} library from the build cache ({cached.name})")
+            shutil.copyfile(cached, path)
+            return path
+        export_library(build(), path, self.preset)
+        if cached is not None:
+            # Write then rename: parallel compiles sharing the cache never see half a file.
+            tmp = cached.with_suffix(f".{os.getpid()}.tmp")
+            shutil.copyfile(path, tmp)
+            os.replace(tmp, cached)
+        return path
+
+    def single(self, device: str) -> Path:
+        """The model built for one processor (``cpu`` or ``opencl``)."""
+        import tvm
+
+        from codl_tvm.pipeline import single_device_pipeline
+
+        target = self.preset.target("cpu" if device == "cpu" else "gpu")
+
+        def build():
+            self.log(f"building for {device} alone ({self.preset.name})")
+            return tvm.compile(
+                self.model.mod, target=target, relax_pipeline=single_device_pipeline(target)
+            )
+
+        return self.get(device, device, None, build)
+
+
+_CODE_DIGEST: str | None = None
+
+
+def _code_digest() -> str:
+    """A digest of codl-tvm's Python sources: a library built by other code is never reused."""
+    global _CODE_DIGEST
+    if _CODE_DIGEST is None:
+        root = Path(__file__).resolve().parent
+        h = hashlib.sha256()
+        for path in sorted(root.rglob("*.py")):
+            h.update(str(path.relative_to(root)).encode())
+            h.update(path.read_bytes())
+        _CODE_DIGEST = h.hexdigest()
+    return _CODE_DIGEST
 
 
 def _time_here(libs: dict[str, Path], inputs, rounds: int) -> dict[str, list[float]]:

@@ -218,6 +218,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
             verify_modes=[m for m in (args.verify_modes or "").split(",") if m],
             tracker=args.tracker,
             key=args.key,
+            build_cache=args.build_cache,
         )
     except (ArtifactError, ModelError, ToolchainError) as exc:
         raise CliError(str(exc)) from None
@@ -461,6 +462,12 @@ def _add_compile(sub) -> None:
         help="with --verify: time the builds on a device behind this TVM RPC tracker",
     )
     p.add_argument("--key", help="with --tracker: the device key")
+    p.add_argument(
+        "--build-cache",
+        metavar="DIR",
+        help="reuse libraries built by earlier compiles of the same model, plan, targets and "
+        "code from DIR, and store new ones there (e.g. compile each mode, then --verify)",
+    )
     p.add_argument(
         "--no-reference",
         action="store_true",

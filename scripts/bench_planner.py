@@ -52,7 +52,7 @@ def _model_file(name: str, tmp: Path) -> Path:
 def _compile_job(job: tuple) -> tuple[str, str, str | None]:
     from codl_tvm.artifact import compile_artifact
 
-    name, tag, path, target, device, mode, cost_model, preset, verify, verify_modes = job
+    name, tag, path, target, device, mode, cost_model, preset, verify, verify_modes, cache = job
     try:
         compile_artifact(
             path,
@@ -64,6 +64,7 @@ def _compile_job(job: tuple) -> tuple[str, str, str | None]:
             reference=(tag == "cpu"),
             verify=verify,
             verify_modes=verify_modes,
+            build_cache=cache,
             log=lambda s: None,
         )
     except Exception as exc:  # one failing build must not lose the others
@@ -109,6 +110,7 @@ def cmd_compile(args: argparse.Namespace) -> None:
                         args.preset,
                         verify,
                         modes if verify else (),
+                        out / "build_cache",
                     )
                 )
             else:
@@ -128,7 +130,8 @@ def cmd_compile(args: argparse.Namespace) -> None:
         index["failed"] = {**index.get("failed", {}), **failed}
         (out / "index.json").write_text(json.dumps(index, indent=2))
 
-    # --verify builds time themselves: one at a time, after the parallel builds.
+    # --verify builds time themselves: one at a time, after the parallel builds, whose
+    # libraries (each mode's plan, each processor alone) they take from the build cache.
     timed = [j for j in jobs if j[8]]
     jobs = [j for j in jobs if not j[8]]
     if args.jobs > 1:
@@ -150,8 +153,10 @@ def cmd_compile(args: argparse.Namespace) -> None:
     for j in timed:
         record(_compile_job(j))
     (out / "index.json").write_text(json.dumps(index, indent=2))
-    # The ONNX files are not needed on the device (artifacts are self-contained).
+    # The ONNX files and cached libraries are not needed to run (artifacts are self-contained).
     shutil.rmtree(models_dir, ignore_errors=True)
+    if not args.keep_build_cache:
+        shutil.rmtree(out / "build_cache", ignore_errors=True)
 
 
 def _stats(manifest: dict, art_dir: Path) -> dict:
@@ -394,6 +399,11 @@ def main(argv: list[str] | None = None) -> None:
         help="with --verify: `compile --verify-modes` for codl_verify (e.g. codl_no_chain,h_only)",
     )
     c.add_argument("--tvm-cpus", default="", help="TVM's cores for --verify's timing, e.g. 8-15")
+    c.add_argument(
+        "--keep-build-cache",
+        action="store_true",
+        help="keep OUT/build_cache (the libraries a later call's --verify reuses)",
+    )
     c.set_defaults(func=cmd_compile)
     r = sub.add_parser("run")
     r.add_argument("--dir", required=True)

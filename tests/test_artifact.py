@@ -329,6 +329,44 @@ def test_compile_verify_modes_times_more_plans(tmp_path, balanced_model, opencl)
         np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4)
 
 
+def test_build_cache_reuses_only_matching_libraries(tmp_path, balanced_model, opencl):
+    """``build_cache``: a later compile of the same model, plan and targets copies the library
+    instead of building it (``--verify`` then only builds what no earlier compile built); a
+    different plan is built anew; artifacts from the cache still match the reference."""
+    from codl_tvm.frontend import load_onnx
+    from codl_tvm.plan import uniform_plan
+
+    cache = tmp_path / "cache"
+    model = bundled_model_path()
+
+    def compile_logged(name, **kw):
+        lines: list[str] = []
+        kw.setdefault("cost_model", balanced_model)
+        compile_artifact(model, tmp_path / name, build_cache=cache, log=lines.append, **kw)
+        return "\n".join(lines)
+
+    first = compile_logged("coexec", reference=False)
+    assert "reusing" not in first and len(list(cache.glob("*.so"))) == 1
+    compile_logged("cpu", device="cpu", reference=False)
+    assert len(list(cache.glob("*.so"))) == 2
+    verified = compile_logged("verified", verify=1)
+    assert "reusing the coexec library" in verified and "reusing the cpu library" in verified
+    assert "building for opencl alone" in verified and "for co-execution" not in verified
+    assert len(list(cache.glob("*.so"))) == 3
+    # The same plan as a given plan hits the cache; another ratio is another library.
+    same = PartitionPlan.load(tmp_path / "coexec" / "plan.json")
+    assert "reusing the coexec library" in compile_logged("given", plan=same, reference=False)
+    other = uniform_plan(load_onnx(model).mod, "OC", 0.3)
+    assert other.to_json() != same.to_json()
+    assert "reusing" not in compile_logged("other", plan=other, reference=False)
+    assert len(list(cache.glob("*.so"))) == 4
+    art = load_artifact(tmp_path / "verified")
+    inputs, want = art.reference()
+    got = art([inputs[s.name] for s in art.model.inputs])
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4)
+
+
 def test_compile_verify_bad_values(tmp_path, balanced_model, capsys):
     with pytest.raises(ArtifactError, match="'h_onyl' not among the planner modes"):
         compile_artifact(
