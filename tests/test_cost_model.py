@@ -613,6 +613,22 @@ def test_corrupt_gbdt_booster(tmp_path):
         load_model(write(tmp_path, obj))
 
 
+def test_gbdt_model_without_xgboost_names_the_package(tmp_path, monkeypatch):
+    """A GBDT file read where xgboost cannot be imported is not called corrupt: the error names
+    the file and the missing package."""
+    import sys
+
+    from codl_tvm.cost_model.gbdt import GbdtConfig, GbdtModel
+
+    recs = synth_records(np.random.default_rng(17), 20, "direct")
+    path = write(tmp_path, GbdtModel(GbdtConfig(n_estimators=3, max_depth=2)).fit(recs).to_json())
+    monkeypatch.setitem(sys.modules, "xgboost", None)  # what an absent package looks like
+    with pytest.raises(ModelFileError) as info:
+        load_model(path)
+    msg = str(info.value)
+    assert str(path) in msg and "needs the 'xgboost' package" in msg and "corrupt" not in msg
+
+
 # ---------------------------------------------------------------------------------------------
 # Dataset files.
 

@@ -384,6 +384,11 @@ class CostModel(ABC):
                 model.sharing = SharingModel.from_json(obj["sharing"])
         except ModelFileError:
             raise
+        except ImportError as exc:  # e.g. a GBDT model where xgboost is not installed
+            raise ModelFileError(
+                f"{source}: a {kind!r} cost model needs the {exc.name!r} package, which cannot "
+                f"be imported ({exc}); install it (pip install {exc.name})"
+            ) from None
         except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
             what = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)
             raise ModelFileError(f"{source}: corrupt {kind!r} cost model ({what})") from None

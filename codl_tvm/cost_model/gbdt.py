@@ -289,6 +289,8 @@ class GbdtModel(CostModel):
                 "the model's feature names differ from this codl-tvm's "
                 f"({body['features']!r}); refit the model"
             )
+        import xgboost  # noqa: F401  (a missing package is not a corrupt file)
+
         self.boosters, self._raw, self._counts = {}, {}, {}
         for obj in body["groups"]:
             key = (obj["op"], obj["processor"], str(obj["impl"]))
