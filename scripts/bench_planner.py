@@ -201,6 +201,43 @@ def _trace_tag(entries: dict, manifests: dict) -> str | None:
     return None
 
 
+def _warm_job(job: tuple) -> tuple[str, float, str | None]:
+    root, rel, platform = job
+    from codl_tvm import runtime
+    from codl_tvm.artifact import load_artifact
+    from codl_tvm.frontend import random_inputs
+
+    t0 = time.perf_counter()
+    try:
+        runtime.load(platform=platform or None)
+        art = load_artifact(Path(root) / rel, verify=False)
+        values = random_inputs(art.model, 0)
+        art([values[s.name] for s in art.model.inputs])
+    except Exception as exc:  # reported; `run` checks every artifact again
+        return rel, time.perf_counter() - t0, f"{type(exc).__name__}: {exc}"
+    return rel, time.perf_counter() - t0, None
+
+
+def cmd_warm(args: argparse.Namespace) -> None:
+    """Run every artifact once, in parallel processes, so that the OpenCL program caches
+    (codl's and the driver's, both on disk) hold every kernel before anything is timed:
+    PoCL compiles each program for tens of seconds on first use, which otherwise dominates
+    `run` and `--verify` (one model's kernels built one after the other)."""
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    root = Path(args.dir)
+    index = json.loads((root / "index.json").read_text())
+    wanted = args.models.split(",") if args.models else list(index["models"])
+    jobs = [(str(root), rel, args.platform) for n in wanted for rel in index["models"][n].values()]
+    t0 = time.perf_counter()
+    with ProcessPoolExecutor(args.jobs, mp_context=mp.get_context("spawn")) as pool:
+        for future in as_completed([pool.submit(_warm_job, j) for j in jobs]):
+            rel, seconds, err = future.result()
+            print(f"== warm {rel}: {seconds:.1f} s {err or 'ok'}", flush=True)
+    print(f"warmed {len(jobs)} artifacts in {time.perf_counter() - t0:.0f} s", flush=True)
+
+
 def cmd_run(args: argparse.Namespace) -> None:
     import tvm  # noqa: F401  (runtime-only TVM is enough)
 
@@ -416,6 +453,12 @@ def main(argv: list[str] | None = None) -> None:
     r.add_argument("--rounds", type=int, default=5, help="round-robin samples per variant")
     r.add_argument("--trace-dir")
     r.set_defaults(func=cmd_run)
+    w = sub.add_parser("warm", help="run every artifact once in parallel (fills program caches)")
+    w.add_argument("--dir", required=True)
+    w.add_argument("--platform", default="")
+    w.add_argument("--models", default="", help="comma list; default every model of the index")
+    w.add_argument("--jobs", type=int, default=8)
+    w.set_defaults(func=cmd_warm)
     g = sub.add_parser("plot")
     g.add_argument("--results", required=True, help="comma list of run JSONs")
     g.add_argument("--out", required=True, help="PNG")

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Emulated SoC: PoCL on 8 cores (0-7) is the GPU, TVM's CPU kernels on cores 8-15.
+# Build every variant in parallel, run each once in parallel to fill the OpenCL program
+# caches, then time (`--verify`, then `run`) one model at a time; then codl-tvm's CPU builds
+# (weights constant) against onnxruntime on 8 threads.
+set -u
+. /tmp/code/env.sh
+cd /tmp/code
+models=${SOC_MODELS:-vgg19,vgg16,yolov2,fst,retinaface,posenet,inception_v1,resnet50,squeezenet,bvlc_alexnet}
+cm=codl_tvm/data/cost_models
+b=/tmp/b/soc r=/tmp/res
+export POCL_CPU_MAX_CU_COUNT=8 POCL_AFFINITY=1 TVM_NUM_THREADS=8 CODL_OPENCL_PLATFORM=portable
+common=(--preset emulated-soc --models "$models" --cost-model $cm/emulated-soc.json
+        --oracle $cm/oracle_emulated_soc.json --out $b)
+(python3 scripts/bench_planner.py compile --jobs 14 "${common[@]}" --keep-build-cache \
+   > $r/soc_compile.log 2>&1; touch $r/BUILT) &
+python3 scripts/bench_cpu_models.py compile --constant-weights --out /tmp/b/cpu_models \
+  > $r/cpu_models_compile.log 2>&1
+wait
+POCL_AFFINITY=0 python3 scripts/bench_planner.py warm --dir $b --platform portable --jobs 15 \
+  > $r/soc_warm.log 2>&1
+touch $r/WARM
+python3 scripts/bench_planner.py compile "${common[@]}" --verify 3 \
+  --verify-modes codl_no_chain,h_only,oc_only --tvm-cpus 8-15 > $r/soc_verify.log 2>&1
+touch $r/VERIFIED
+for m in ${models//,/ }; do
+  python3 scripts/bench_planner.py run --dir $b --models "$m" --platform portable \
+    --tvm-cpus 8-15 --rounds 3 --number 2 --trace-dir $r/traces_soc --append \
+    --out $r/planner_emulated_soc.json >> $r/soc_run.log 2>&1
+done
+touch $r/SOC_RUN
+unset POCL_CPU_MAX_CU_COUNT POCL_AFFINITY
+python3 scripts/bench_cpu_models.py run --dir /tmp/b/cpu_models --threads 8 \
+  --out $r/cpu_models_8threads_constant.json > $r/cpu_models_run.log 2>&1
+rm -rf /tmp/b/cpu_models
+touch $r/SOC_DONE
