@@ -8,7 +8,7 @@ cm=codl_tvm/data/cost_models
 b=/tmp/b/h100 r=/tmp/res
 export TVM_NUM_THREADS=16 CODL_OPENCL_PLATFORM=nvidia
 common=(--preset device-h100 --models "$models" --cost-model $cm/device-h100.json
-        --oracle $cm/oracle_h100.json --out $b)
+        --oracle results/profile/oracle_h100.json --out $b)
 python3 scripts/bench_planner.py compile --jobs 15 "${common[@]}" --keep-build-cache \
   > $r/h100_compile.log 2>&1
 touch $r/H100_BUILT

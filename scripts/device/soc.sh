@@ -11,7 +11,7 @@ cm=codl_tvm/data/cost_models
 b=/tmp/b/soc r=/tmp/res
 export POCL_CPU_MAX_CU_COUNT=8 POCL_AFFINITY=1 TVM_NUM_THREADS=8 CODL_OPENCL_PLATFORM=portable
 common=(--preset emulated-soc --models "$models" --cost-model $cm/emulated-soc.json
-        --oracle $cm/oracle_emulated_soc.json --out $b)
+        --oracle results/profile/oracle_emulated_soc.json --out $b)
 (python3 scripts/bench_planner.py compile --jobs 14 "${common[@]}" --keep-build-cache \
    > $r/soc_compile.log 2>&1; touch $r/BUILT) &
 python3 scripts/bench_cpu_models.py compile --constant-weights --out /tmp/b/cpu_models \
