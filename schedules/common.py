@@ -35,6 +35,7 @@ __all__ = [
     "RecordedRule",
     "choose_row_width",
     "kernel_features",
+    "padded_row_width",
 ]
 
 
@@ -93,6 +94,66 @@ def choose_row_width(extent: int, lanes: int, max_vectors: int, partial: bool = 
     # a narrow divisor still beats a tail, which scalarises the whole loop (e.g. 49 -> 7)
     narrow = [w for w in range(lanes, 1, -1) if extent % w == 0]
     return narrow[0] if narrow else lanes
+
+
+def _lane_efficiency(extent: int, width: int, lanes: int) -> float:
+    """Useful share of the vector lanes a row tile of ``width`` keeps busy over ``extent``.
+
+    A tile that does not divide the row leaves a predicated tail, which TVM scalarises for the
+    whole loop (one lane in ``lanes``); a tile wider than one register that is not a whole
+    number of registers is assembled with shuffles, counted at half its lane share.
+    """
+    if extent % width:
+        return 1.0 / lanes
+    eff = width / (math.ceil(width / lanes) * lanes)
+    return eff / 2 if width > lanes and width % lanes else eff
+
+
+def padded_row_width(
+    extent: int, lanes: int, max_vectors: int, partial: bool = True, min_gain: float = 0.05
+) -> tuple[int, int] | None:
+    """Whole-register tile width for a row padded to a multiple of it, when padding pays.
+
+    :func:`choose_row_width` only picks divisors of the row. Rows with no good divisor (a
+    17x17 image flattened to 289 pixels has none up to 16) then run odd-length or scalar
+    vectors. Where the kernel can compute a padded row (the 1x1 GEMM: extra pixels are
+    computed into a padded buffer and dropped at write-back), a width of whole registers
+    with ``ceil(extent / width) * width`` columns keeps every lane busy but the padding.
+
+    Parameters
+    ----------
+    extent : int
+        Elements in the row.
+    lanes : int
+        Elements per SIMD register.
+    max_vectors : int
+        Registers one tile may span.
+    partial : bool
+        As in :func:`choose_row_width` (the unpadded alternative).
+    min_gain : float
+        Padding is chosen only when its lane efficiency beats the unpadded tile's by this much.
+
+    Returns
+    -------
+    tuple[int, int] or None
+        ``(width, padded_extent)``, or None when the unpadded tile is as good (rows of at most
+        one register, rows with a whole-register divisor).
+    """
+    if extent <= 0 or lanes <= 0:
+        raise ValueError(f"padded_row_width: extent={extent}, lanes={lanes} must be positive")
+    if extent <= lanes:
+        return None
+    current = _lane_efficiency(extent, choose_row_width(extent, lanes, max_vectors, partial), lanes)
+    best = None
+    for width in (lanes * k for k in range(1, max(1, max_vectors) + 1)):
+        padded = math.ceil(extent / width) * width
+        eff = extent / padded
+        if best is None or eff > best[0] + 1e-9 or (abs(eff - best[0]) < 1e-9 and width > best[1]):
+            best = (eff, width, padded)
+    assert best is not None
+    if best[0] < current + min_gain:
+        return None
+    return best[1], best[2]
 
 
 def kernel_features(func: tirx.PrimFunc) -> dict[str, int]:

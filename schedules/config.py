@@ -35,6 +35,7 @@ __all__ = [
     "CPUConfig",
     "OpenCLConfig",
     "cpu_config",
+    "cpu_overrides",
     "opencl_config",
 ]
 
@@ -76,6 +77,10 @@ class CPUConfig:
     conv1x1_gemm : bool
         Schedule 1x1 stride-1 unpadded convs as a GEMM over the flattened image (``gemm``);
         False uses the ``direct`` schedule (row-vectorised, with the row register tile).
+    conv1x1_pad_pixels : bool
+        Let the ``gemm`` schedule pad the flattened image to whole registers when the pixel
+        count has no good divisor (:func:`~codl_tvm.schedules.common.padded_row_width`): one
+        copy of the input into a padded buffer buys a tail-free vector loop.
     matmul_m_tile : int
         Rows of a matmul (or spatial axis next to the vectorised one in a reduction) held in
         registers at once.
@@ -114,6 +119,7 @@ class CPUConfig:
     conv_oc_tile: int = 4
     conv_oh_tile: int = 2
     conv1x1_gemm: bool = True
+    conv1x1_pad_pixels: bool = True
     matmul_m_tile: int = 4
     max_accumulators: int = 12
     max_weight_tile_bytes: int = 320 * 1024
@@ -426,6 +432,39 @@ def dense_enabled(on: bool = True) -> Iterator[None]:
         _DENSE_ON.reset(token)
 
 
+_CPU_OVERRIDES: contextvars.ContextVar[tuple[tuple[str, object], ...]] = contextvars.ContextVar(
+    "codl_cpu_overrides", default=()
+)
+
+
+@contextlib.contextmanager
+def cpu_overrides(**fields) -> Iterator[None]:
+    """Within the block, :func:`cpu_config` returns every CPU preset with ``fields`` replaced.
+
+    For builds that compare one schedule parameter across whole models (A/B benchmarks,
+    ``scripts/bench_cpu_models.py compile --cpu-config``) without a custom rule list.
+
+    Parameters
+    ----------
+    **fields
+        :class:`CPUConfig` fields and values (e.g. ``conv1x1_pad_pixels=False``).
+
+    Raises
+    ------
+    ValueError
+        A name that is not a :class:`CPUConfig` field.
+    """
+    names = {f.name for f in dataclasses.fields(CPUConfig)} - {"name"}
+    unknown = sorted(set(fields) - names)
+    if unknown:
+        raise ValueError(f"cpu_overrides: {unknown} not CPUConfig fields (have {sorted(names)})")
+    token = _CPU_OVERRIDES.set(tuple(fields.items()))
+    try:
+        yield
+    finally:
+        _CPU_OVERRIDES.reset(token)
+
+
 def winograd_presets() -> frozenset[str]:
     """The presets :func:`winograd_enabled` switched on here (empty outside such a block)."""
     return _WINOGRAD_ON.get()
@@ -436,6 +475,8 @@ def _switched(base):
         base = dataclasses.replace(base, winograd=True)
     if isinstance(base, OpenCLConfig) and _DENSE_ON.get() and not base.dense:
         base = dataclasses.replace(base, dense=True)
+    if isinstance(base, CPUConfig) and _CPU_OVERRIDES.get():
+        base = dataclasses.replace(base, **dict(_CPU_OVERRIDES.get()))
     return base
 
 

@@ -21,6 +21,10 @@ Schedules (tile sizes and vector widths from :mod:`codl_tvm.schedules.config`):
 ``gemm`` (1x1, stride 1, no padding, one group)
     ``out[f, p] = sum_c w[f, c] * x[c, p]`` over the flattened image ``p = y*W + x``:
     vectorised over ``p`` (any H, W, even 1 row), ``oc_tile`` rows of the weight in registers.
+    A pixel count with no whole-register divisor (17x17 = 289, 13x13, 7x7, 55x55) is padded
+    to whole registers (``padded_row_width``, ``CPUConfig.conv1x1_pad_pixels``): the input is
+    copied into a padded buffer and the extra columns are computed and dropped, instead of a
+    vector loop with a tail, which TVM runs scalar.
 ``depthwise``
     The direct schedule with one input channel per output channel (no channel register reuse).
 ``pool`` / ``matmul`` / ``reduction``
@@ -46,7 +50,7 @@ from __future__ import annotations
 import math
 
 import tvm
-from tvm import s_tir
+from tvm import s_tir, tirx
 from tvm.relax.analysis import has_reshape_pattern
 from tvm.s_tir.schedule import LoopRV, SBlockRV
 from tvm.target import Target
@@ -61,7 +65,7 @@ from .analysis import (
     match_pool2d,
     match_reduction,
 )
-from .common import CodlRule, choose_row_width
+from .common import CodlRule, choose_row_width, padded_row_width
 from .config import CPUConfig, cpu_config
 
 __all__ = ["CPUConv2D", "CPUInjective", "CPUReduction", "conv2d_algorithm"]
@@ -286,7 +290,19 @@ class CPUConv2D(_CPURule):
         sch.transform_block_layout(conv, flat_iter)
         sch.transform_block_layout(writeback, flat_buf)
         pixels = info.out_height * info.out_width
-        width = choose_row_width(pixels, lanes, cfg.max_row_vectors, cfg.partial_vectors)
+        padded = None
+        if cfg.conv1x1_pad_pixels:
+            padded = padded_row_width(pixels, lanes, cfg.max_row_vectors, cfg.partial_vectors)
+        if padded is not None:
+            try:  # dry run on a copy: a failure keeps the unpadded schedule, not no schedule
+                self._pad_pixels(sch.copy(), conv, ow, padded[0], cfg)
+            except (s_tir.ScheduleError, ValueError):
+                padded = None
+        if padded is not None:
+            width = padded[0]
+            self._pad_pixels(sch, conv, ow, width, cfg)
+        else:
+            width = choose_row_width(pixels, lanes, cfg.max_row_vectors, cfg.partial_vectors)
         nvec = math.ceil(width / lanes)
         oc_tile = self._oc_tile(cfg, nvec, width * info.dtype_bits // 8, info)
         n, f, p, c, ky, kx = sch.get_loops(conv)
@@ -295,6 +311,49 @@ class CPUConv2D(_CPURule):
         sch.reorder(n, fo, po, c, ky, kx, fi, pi)
         par = sch.fuse(n, fo, po)
         return _finish_tile(sch, conv, writeback, par, c, pi, [fi], work, cfg)
+
+    @staticmethod
+    def _pad_pixels(sch, conv, ow: int, width: int, cfg: CPUConfig) -> None:
+        """Let the flattened GEMM compute a pixel count padded to a multiple of ``width``.
+
+        The input is copied into ``[n, c, pixels_padded]`` (zeros after the image: a vectorised
+        fill, then a plain copy, not a per-element condition) and the GEMM writes a padded
+        accumulator buffer whose extra columns the write-back drops. Only the write-back keeps
+        a bound check; the reduction loop has none, so it stays vectorised.
+        """
+
+        def data_read(stmt) -> int:
+            f, c, ky, kx = (stmt.iter_vars[i].var for i in (1, 3, 4, 5))
+            for index, region in enumerate(stmt.reads):
+                idx = [r.min for r in region.region]
+                weight = len(idx) == 4 and all(
+                    isinstance(e, tirx.Var) and e.same_as(v) for e, v in zip(idx, (f, c, ky, kx))
+                )
+                if not weight and not region.source.same_as(stmt.writes[0].source):
+                    return index
+            raise ValueError("1x1 conv: no data operand besides the [f, c, ky, kx] weight")
+
+        def writer_of(blocks, buffer):
+            found = [b for b in blocks if sch.get(b).writes[0].source.same_as(buffer)]
+            if len(found) != 1:
+                raise ValueError(f"1x1 conv: {len(found)} blocks write {buffer.name}")
+            return found[0]
+
+        copy = sch.cache_read(conv, data_read(sch.get(conv)), "global")
+        sch.transform_layout(copy, ("write", 0), lambda n, ch, y, x: (n, ch, y * ow + x))
+        sch.transform_block_layout(copy, lambda n, ch, y, x: (n, ch, y * ow + x))
+        sch.pad_einsum(conv, [1, 1, width, 1, 1, 1])
+        stmt = sch.get(conv)
+        pad_in = writer_of(sch.get_producers(conv), stmt.reads[data_read(stmt)].source)
+        consumers = sch.get_consumers(conv)
+        if len(consumers) != 1:
+            raise ValueError(f"1x1 conv: {len(consumers)} consumers of the padded output")
+        pad_out = consumers[0]
+        sch.compute_inline(copy)
+        sch.compute_inline(pad_out)
+        fill = sch.decompose_padding(pad_in, sch.get_loops(pad_in)[0])
+        _schedule_injective(sch, fill, cfg)
+        _schedule_injective(sch, pad_in, cfg)
 
 
 class CPUReduction(_CPURule):

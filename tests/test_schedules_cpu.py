@@ -24,13 +24,15 @@ from codl_tvm.schedules import (
     apply_schedules,
     choose_row_width,
     cpu_config,
+    cpu_overrides,
     explain,
     schedule_rules,
 )
+from codl_tvm.schedules.common import padded_row_width
 from codl_tvm.schedules.config import CPUConfig
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tvm import relax, tirx
+from tvm import relax, s_tir, tirx
 from tvm.target import Target
 
 LLVM = Target({"kind": "llvm"})
@@ -198,6 +200,10 @@ CONV_CASES = [
     ((1, 16, 5, 7), (3, 16, 1, 1), (1, 1), (0, 0, 0, 0), (1, 1), 1, "gemm"),
     ((1, 16, 1, 1), (10, 16, 1, 1), (1, 1), (0, 0, 0, 0), (1, 1), 1, "gemm"),
     ((1, 8, 6, 6), (4, 8, 1, 1), (2, 2), (0, 0, 0, 0), (1, 1), 1, "direct"),
+    # 1x1 GEMMs whose pixel count has no whole-register divisor: padded pixel axis
+    ((1, 32, 17, 17), (40, 32, 1, 1), (1, 1), (0, 0, 0, 0), (1, 1), 1, "gemm"),
+    ((2, 8, 5, 11), (12, 8, 1, 1), (1, 1), (0, 0, 0, 0), (1, 1), 1, "gemm"),
+    ((1, 16, 7, 7), (33, 16, 1, 1), (1, 1), (0, 0, 0, 0), (1, 1), 1, "gemm"),
 ]
 
 
@@ -447,6 +453,17 @@ def test_configs_per_target():
         SSE.vector_bits = 256  # frozen
 
 
+def test_cpu_overrides():
+    with cpu_overrides(conv1x1_pad_pixels=False, conv_oc_tile=2):
+        cfg = cpu_config(AVX512_TARGET)
+        assert (cfg.name, cfg.conv1x1_pad_pixels, cfg.conv_oc_tile) == ("avx512", False, 2)
+        assert not cpu_config(NEON_TARGET).conv1x1_pad_pixels
+    assert cpu_config(AVX512_TARGET) is AVX512
+    with pytest.raises(ValueError, match=r"\['bogus'\] not CPUConfig fields"):
+        with cpu_overrides(bogus=1):
+            pass
+
+
 def test_config_changes_schedule():
     custom = CPUConfig(name="custom", vector_bits=256, conv_oc_tile=2, conv_oh_tile=1)
     mod = _legalize(conv_module((1, 8, 16, 16), (8, 8, 3, 3), 1, 1, 1, 1, False))
@@ -482,6 +499,64 @@ def test_choose_row_width(extent, lanes, vectors, partial):
         # a power-of-two fraction of a register when one (>= 4 lanes) divides the row
         pow2 = [1 << k for k in range(2, lanes.bit_length()) if extent % (1 << k) == 0]
         assert width in pow2 or not pow2
+
+
+@pytest.mark.parametrize(
+    "extent, lanes, vectors, expected",
+    [
+        (289, 16, 2, (16, 304)),  # 17x17: no divisor up to 16, was a scalar tail
+        (169, 16, 2, (16, 176)),  # 13x13: was 13 of 16 lanes
+        (49, 16, 2, (32, 64)),  # 7x7: was 7 of 16 lanes
+        (3025, 16, 2, (32, 3040)),  # 55x55: was 11 of 16 lanes
+        (289, 4, 4, (4, 292)),  # NEON
+        (3136, 16, 2, None),  # 56x56: whole registers divide it
+        (225, 16, 2, None),  # 15 of 16 lanes is as good as padding to 240
+        (9, 16, 2, None),  # one partial register, no tail
+    ],
+)
+def test_padded_row_width(extent, lanes, vectors, expected):
+    assert padded_row_width(extent, lanes, vectors) == expected
+
+
+@given(extent=st.integers(1, 5000), lanes=st.sampled_from([4, 8, 16]), vectors=st.integers(1, 4))
+@settings(max_examples=200, deadline=None)
+def test_padded_row_width_is_whole_registers(extent, lanes, vectors):
+    result = padded_row_width(extent, lanes, vectors)
+    if result is not None:
+        width, padded = result
+        assert width % lanes == 0 and width <= lanes * vectors
+        assert padded % width == 0 and extent < padded < extent + width
+
+
+def _predicated_blocks(func: tirx.PrimFunc) -> dict[str, bool]:
+    """Block name -> whether its realize carries a predicate other than True."""
+    found = {}
+
+    def visit(node):
+        found[node.block.name_hint] = not (
+            isinstance(node.predicate, tirx.IntImm) and node.predicate.value == 1
+        )
+
+    tvm_ffi.structural_walk(func.body, [(s_tir.SBlockRealize, visit)])
+    return found
+
+
+@pytest.mark.parametrize("pad", [True, False], ids=["padded", "unpadded"])
+def test_gemm_pads_pixels_to_whole_registers(pad):
+    """A 17x17 1x1 conv on AVX-512: padded, the reduction has no bound check (so TVM keeps it
+    vectorised); without padding it keeps the predicated tail that TVM runs scalar."""
+    mod = _legalize(conv_module((1, 64, 17, 17), (32, 64, 1, 1), 1, 0, 1, 1, True))
+    (func,) = prim_funcs(mod).values()
+    with cpu_overrides(conv1x1_pad_pixels=pad):
+        scheduled = CPUConv2D().apply(func, AVX512_TARGET, False).mod["main"]
+    assert scheduled.attrs["codl.algorithm"] == "gemm"
+    assert scheduled.attrs["codl.vector_width"] == 16
+    predicated = _predicated_blocks(scheduled)
+    update = [name for name in predicated if name.endswith("_update")]
+    assert len(update) == 1
+    assert predicated[update[0]] is (not pad)
+    shapes = [tuple(int(d) for d in b.shape) for b in scheduled.body.block.alloc_buffers]
+    assert ((1, 64, 304) in shapes) is pad and ((1, 32, 304) in shapes) is pad
 
 
 def test_choose_row_width_rejects_bad_input():
