@@ -1,16 +1,19 @@
 """Whole-model CPU latency: codl-tvm's CPU path against onnxruntime on the same threads.
 
-onnx's light models with seeded random weights. By default weights are inputs of the compiled
+onnx's light models with seeded random weights, or the paper's models (``posenet``, ``yolov2``,
+...: :mod:`codl_tvm.zoo`). By default weights are inputs of the compiled
 library so it stays small enough to carry. Compile here, run on the device machine:
 
     python scripts/bench_cpu_models.py compile --out .device/cpu_models
     python scripts/bench_cpu_models.py run --dir .device/cpu_models --threads 8 \\
-        --out results/cpu_models_8threads.json
+        --rounds 5 --out results/cpu_models_8threads.json
 
 Weights as inputs hide them from build-time folding that onnxruntime (which gets them as
 initializers) does: batch norms cannot fold into the convs (ResNet50: 53 extra kernels).
 ``compile --constant-weights`` builds what a user's ``codl-tvm compile`` builds (weights constant,
 batch norms folded); its libraries are large (VGG19 ~550 MB), so compile on the device machine.
+``compile --cpu-config conv1x1_pad_pixels=false`` builds a variant with one CPU schedule
+parameter changed (:func:`codl_tvm.schedules.cpu_overrides`), for A/B runs on one machine.
 """
 
 from __future__ import annotations
@@ -19,101 +22,161 @@ import argparse
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
 
 
+def _model(name: str):
+    """The ONNX model benchmarked as ``name``: an onnx light model with seeded weights, or one
+    of the paper's models (:mod:`codl_tvm.zoo`) as the planner benchmark builds it. Gemm
+    weights are stored pre-transposed, so no transpose runs per inference when weights are
+    library inputs (constant folding removes it for constants)."""
+    from codl_tvm.models import (
+        LIGHT_MODELS,
+        benchmark_model,
+        light_model,
+        pretranspose_gemm_weights,
+    )
+
+    model = light_model(name, seed=3) if name in LIGHT_MODELS else benchmark_model(name)
+    return pretranspose_gemm_weights(model)
+
+
+def _cpu_config_fields(items: list[str]) -> dict[str, object]:
+    """``KEY=VALUE`` strings as CPUConfig overrides (true/false, integers, else strings)."""
+    fields: dict[str, object] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--cpu-config {item!r}: expected KEY=VALUE")
+        low = value.lower()
+        if low in ("true", "false"):
+            fields[key] = low == "true"
+        else:
+            try:
+                fields[key] = int(value)
+            except ValueError:
+                fields[key] = value
+    return fields
+
+
 def cmd_compile(args: argparse.Namespace) -> None:
     import tvm
+    from codl_tvm.schedules import cpu_overrides
     from tvm.relax.frontend.onnx import from_onnx
 
-    from codl_tvm.models import light_model, pretranspose_gemm_weights
     from codl_tvm.pipeline import single_device_pipeline
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     target = tvm.target.Target({"kind": "llvm", "mcpu": args.mcpu})
+    overrides = _cpu_config_fields(args.cpu_config)
+    suffix = f"-{args.tag}" if args.tag else ""
     manifest = {}
     for name in args.models.split(","):
-        # Weights are library inputs (to keep libraries small): store Gemm weights pre-transposed
-        # so no transpose runs per inference (constant folding would remove it for constants).
-        mod = from_onnx(
-            pretranspose_gemm_weights(light_model(name, seed=3)),
-            keep_params_in_input=not args.constant_weights,
-        )
+        mod = from_onnx(_model(name), keep_params_in_input=not args.constant_weights)
         main = mod["main"]
         n_in = int(main.attrs["num_input"])
-        ex = tvm.compile(mod, target=target, relax_pipeline=single_device_pipeline(target))
-        ex.export_library(str(out / f"{name}_cpu.so"))
-        manifest[name] = {
+        with cpu_overrides(**overrides):
+            ex = tvm.compile(mod, target=target, relax_pipeline=single_device_pipeline(target))
+        library = f"{name}{suffix}_cpu.so"
+        ex.export_library(str(out / library))
+        manifest[f"{name}{suffix}"] = {
+            "model": name,
+            "library": library,
             "inputs": [[p.name, [int(v) for v in p.ty.shape.values]] for p in main.params[:n_in]],
             "params": [p.name for p in main.params[n_in:]],
+            "cpu_config": overrides,
         }
-        print("compiled", name, flush=True)
-    (out / "manifest.json").write_text(json.dumps(manifest, indent=2))
+        print("compiled", name, args.tag or "", flush=True)
+    # One manifest per tag, so variants can be compiled into one directory at the same time.
+    (out / f"manifest{suffix}.json").write_text(json.dumps(manifest, indent=2))
+
+
+def _ort_ms(sess, feeds: dict, runs: int) -> float:
+    samples = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        sess.run(None, feeds)
+        samples.append((time.perf_counter() - t0) * 1e3)
+    return float(np.median(samples))
 
 
 def cmd_run(args: argparse.Namespace) -> None:
+    """Check every library against onnxruntime, then time all of them and onnxruntime
+    round-robin (``--rounds`` samples of ``--number`` runs each; medians), so that the
+    machine's drift does not favour whichever variant runs first."""
     import onnxruntime as ort
     import tvm
     from onnx import numpy_helper
     from tvm.runtime.vm import VirtualMachine
 
     from codl_tvm.bench import envelope, write_json
-    from codl_tvm.models import light_model, pretranspose_gemm_weights
 
     cpus = [str(c) for c in range(args.threads)]
     tvm.get_global_func("runtime.config_threadpool")(-2, args.threads, cpus)
-    manifest = json.loads((Path(args.dir) / "manifest.json").read_text())
-    rows = {}
-    for name, entry in manifest.items():
-        proto = pretranspose_gemm_weights(light_model(name, seed=3))
+    root = Path(args.dir)
+    manifest: dict = {}
+    for path in sorted(root.glob("manifest*.json")):
+        manifest.update(json.loads(path.read_text()))
+    dev = tvm.cpu(0)
+    models: dict[str, tuple] = {}  # model name -> (onnxruntime session, feeds, reference output)
+    timed: dict[str, tuple] = {}  # entry -> (vm, args)
+    rows: dict[str, dict] = {}
+    for key, entry in manifest.items():
+        name = entry.get("model", key)
+        proto = _model(name)
+        if name not in models:
+            rng = np.random.default_rng(11)
+            feeds = {
+                n: rng.random(s, dtype=np.float64).astype("float32") for n, s in entry["inputs"]
+            }
+            opts = ort.SessionOptions()
+            opts.intra_op_num_threads = args.threads
+            opts.inter_op_num_threads = 1
+            sess = ort.InferenceSession(
+                proto.SerializeToString(), opts, providers=["CPUExecutionProvider"]
+            )
+            models[name] = (sess, feeds, sess.run(None, feeds)[0])
+        sess, feeds, ref = models[name]
         init = {t.name: numpy_helper.to_array(t) for t in proto.graph.initializer}
-        rng = np.random.default_rng(11)
-        feeds = {n: rng.random(s, dtype=np.float64).astype("float32") for n, s in entry["inputs"]}
-        dev = tvm.cpu(0)
-        vm = VirtualMachine(tvm.runtime.load_module(str(Path(args.dir) / f"{name}_cpu.so")), dev)
+        library = root / entry.get("library", f"{key}_cpu.so")
+        vm = VirtualMachine(tvm.runtime.load_module(str(library)), dev)
         vm_args = [tvm.runtime.tensor(feeds[n], dev) for n, _ in entry["inputs"]]
         vm_args += [tvm.runtime.tensor(init[p], dev) for p in entry["params"]]
         out = vm["main"](*vm_args)
         got = (out if hasattr(out, "numpy") else out[0]).numpy()
-        res = vm.time_evaluator("main", dev, number=args.number, repeat=args.repeat)(*vm_args)
-        tvm_ms = float(np.median(res.results) * 1e3)
-        opts = ort.SessionOptions()
-        opts.intra_op_num_threads = args.threads
-        opts.inter_op_num_threads = 1
-        sess = ort.InferenceSession(
-            proto.SerializeToString(), opts, providers=["CPUExecutionProvider"]
-        )
-        ref = sess.run(None, feeds)[0]
-        import time
-
-        for _ in range(3):
-            sess.run(None, feeds)
-        samples = []
-        for _ in range(args.repeat * args.number):
-            t0 = time.perf_counter()
-            sess.run(None, feeds)
-            samples.append((time.perf_counter() - t0) * 1e3)
-        ort_ms = float(np.median(samples))
         err = float(np.max(np.abs(got.reshape(ref.shape) - ref)) / max(np.max(np.abs(ref)), 1e-12))
-        rows[name] = {
-            "codl_tvm_cpu_ms": tvm_ms,
-            "onnxruntime_ms": ort_ms,
-            "ratio": tvm_ms / ort_ms,
-            "max_rel_err": err,
-        }
+        timed[key] = (vm, vm_args)
+        rows[key] = {"model": name, "max_rel_err": err, "cpu_config": entry.get("cpu_config", {})}
+    samples: dict[str, list[float]] = {k: [] for k in [*timed, *(f"ort:{m}" for m in models)]}
+    for _ in range(args.rounds):
+        for key, (vm, vm_args) in timed.items():
+            res = vm.time_evaluator("main", dev, number=args.number, repeat=1)(*vm_args)
+            samples[key].append(float(res.mean) * 1e3)
+        for name, (sess, feeds, _) in models.items():
+            samples[f"ort:{name}"].append(_ort_ms(sess, feeds, args.number))
+    for key, row in rows.items():
+        tvm_ms = float(np.median(samples[key]))
+        ort_ms = float(np.median(samples[f"ort:{row['model']}"]))
+        row.update(
+            codl_tvm_cpu_ms=tvm_ms,
+            onnxruntime_ms=ort_ms,
+            ratio=tvm_ms / ort_ms,
+            samples_ms=samples[key],
+        )
         print(
-            f"{name:14s} codl-tvm {tvm_ms:8.2f} ms  onnxruntime {ort_ms:8.2f} ms  "
-            f"x{tvm_ms / ort_ms:.2f}  err {err:.1e}",
+            f"{key:24s} codl-tvm {tvm_ms:8.2f} ms  onnxruntime {ort_ms:8.2f} ms  "
+            f"x{tvm_ms / ort_ms:.2f}  err {row['max_rel_err']:.1e}",
             flush=True,
         )
     write_json(
         args.out,
         envelope(
             sys.argv,
-            {"threads": args.threads, "models": rows},
+            {"threads": args.threads, "rounds": args.rounds, "models": rows},
             env={"TVM_NUM_THREADS": os.environ.get("TVM_NUM_THREADS")},
         ),
     )
@@ -131,13 +194,21 @@ def main() -> None:
         action="store_true",
         help="weights as constants of the library (folded at build time, as in `codl-tvm compile`)",
     )
+    p.add_argument(
+        "--cpu-config",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="CPUConfig field override for every CPU preset (A/B builds), repeatable",
+    )
+    p.add_argument("--tag", default="", help="name suffix of this variant's libraries")
     p.set_defaults(func=cmd_compile)
     p = sub.add_parser("run")
     p.add_argument("--dir", required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--threads", type=int, default=8)
-    p.add_argument("--number", type=int, default=3)
-    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--number", type=int, default=3, help="runs averaged per sample")
+    p.add_argument("--rounds", type=int, default=5, help="round-robin samples per library")
     p.set_defaults(func=cmd_run)
     args = parser.parse_args()
     args.func(args)

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Emulated SoC: PoCL on 8 cores (0-7) is the GPU, TVM's CPU kernels on cores 8-15.
-# Build every variant in parallel, run each once in parallel to fill the OpenCL program
-# caches, then time (`--verify`, then `run`) one model at a time; then codl-tvm's CPU builds
-# (weights constant) against onnxruntime on 8 threads.
+# Build every variant in parallel (and codl-tvm's CPU builds of whole models, weights constant,
+# with an A/B variant), time the CPU builds against onnxruntime on 8 threads, run every planner
+# artifact once in parallel to fill the OpenCL program caches, then time (`--verify`, then
+# `run`) one model at a time.
 set -u
 . /tmp/code/env.sh
 cd /tmp/code
@@ -12,11 +13,24 @@ b=/tmp/b/soc r=/tmp/res
 export POCL_CPU_MAX_CU_COUNT=8 POCL_AFFINITY=1 TVM_NUM_THREADS=8 CODL_OPENCL_PLATFORM=portable
 common=(--preset emulated-soc --models "$models" --cost-model $cm/emulated-soc.json
         --oracle results/profile/oracle_emulated_soc.json --out $b)
-(python3 scripts/bench_planner.py compile --jobs 14 "${common[@]}" --keep-build-cache \
+cpu_models=${CPU_MODELS:-squeezenet,bvlc_alexnet,resnet50,inception_v1,vgg19,posenet}
+# Models with 1x1 convs whose pixel count has no whole-register divisor: built a second time
+# with the padding off (the kernel before commit "CPU 1x1 GEMM: pad the pixel axis").
+ab_models=${AB_MODELS:-squeezenet,resnet50,inception_v1,posenet}
+(python3 scripts/bench_planner.py compile --jobs 13 "${common[@]}" --keep-build-cache \
    > $r/soc_compile.log 2>&1; touch $r/BUILT) &
-python3 scripts/bench_cpu_models.py compile --constant-weights --out /tmp/b/cpu_models \
-  > $r/cpu_models_compile.log 2>&1
+python3 scripts/bench_cpu_models.py compile --constant-weights --models "$cpu_models" \
+  --out /tmp/b/cpu_models > $r/cpu_models_compile.log 2>&1 &
+python3 scripts/bench_cpu_models.py compile --constant-weights --models "$ab_models" \
+  --tag nopad --cpu-config conv1x1_pad_pixels=false --out /tmp/b/cpu_models \
+  > $r/cpu_models_nopad_compile.log 2>&1 &
 wait
+# CPU models first, while nothing else runs: codl-tvm (both variants) and onnxruntime on 8
+# threads, round-robin.
+python3 scripts/bench_cpu_models.py run --dir /tmp/b/cpu_models --threads 8 --rounds 5 \
+  --out $r/cpu_models_8threads_constant.json > $r/cpu_models_run.log 2>&1
+rm -rf /tmp/b/cpu_models
+touch $r/CPU_DONE
 POCL_AFFINITY=0 python3 scripts/bench_planner.py warm --dir $b --platform portable --jobs 15 \
   > $r/soc_warm.log 2>&1
 touch $r/WARM
@@ -28,9 +42,4 @@ for m in ${models//,/ }; do
     --tvm-cpus 8-15 --rounds 3 --number 2 --trace-dir $r/traces_soc --append \
     --out $r/planner_emulated_soc.json >> $r/soc_run.log 2>&1
 done
-touch $r/SOC_RUN
-unset POCL_CPU_MAX_CU_COUNT POCL_AFFINITY
-python3 scripts/bench_cpu_models.py run --dir /tmp/b/cpu_models --threads 8 \
-  --out $r/cpu_models_8threads_constant.json > $r/cpu_models_run.log 2>&1
-rm -rf /tmp/b/cpu_models
 touch $r/SOC_DONE
