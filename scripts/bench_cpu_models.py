@@ -13,7 +13,8 @@ initializers) does: batch norms cannot fold into the convs (ResNet50: 53 extra k
 ``compile --constant-weights`` builds what a user's ``codl-tvm compile`` builds (weights constant,
 batch norms folded); its libraries are large (VGG19 ~550 MB), so compile on the device machine.
 ``compile --cpu-config conv1x1_pad_pixels=false`` builds a variant with one CPU schedule
-parameter changed (:func:`codl_tvm.schedules.cpu_overrides`), for A/B runs on one machine.
+parameter changed (:func:`codl_tvm.schedules.cpu_overrides`), for A/B runs on one machine;
+``--winograd`` one with Winograd 3x3 convs (what ``codl-tvm compile --winograd`` builds).
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ def _cpu_config_fields(items: list[str]) -> dict[str, object]:
 
 def cmd_compile(args: argparse.Namespace) -> None:
     import tvm
-    from codl_tvm.schedules import cpu_overrides
+    from codl_tvm.schedules import cpu_overrides, winograd_enabled
     from tvm.relax.frontend.onnx import from_onnx
 
     from codl_tvm.pipeline import single_device_pipeline
@@ -79,7 +80,7 @@ def cmd_compile(args: argparse.Namespace) -> None:
         mod = from_onnx(_model(name), keep_params_in_input=not args.constant_weights)
         main = mod["main"]
         n_in = int(main.attrs["num_input"])
-        with cpu_overrides(**overrides):
+        with cpu_overrides(**overrides), winograd_enabled(args.winograd or ()):
             ex = tvm.compile(mod, target=target, relax_pipeline=single_device_pipeline(target))
         library = f"{name}{suffix}_cpu.so"
         ex.export_library(str(out / library))
@@ -88,7 +89,7 @@ def cmd_compile(args: argparse.Namespace) -> None:
             "library": library,
             "inputs": [[p.name, [int(v) for v in p.ty.shape.values]] for p in main.params[:n_in]],
             "params": [p.name for p in main.params[n_in:]],
-            "cpu_config": overrides,
+            "cpu_config": {**overrides, **({"winograd": True} if args.winograd else {})},
         }
         print("compiled", name, args.tag or "", flush=True)
     # One manifest per tag, so variants can be compiled into one directory at the same time.
@@ -202,6 +203,12 @@ def main() -> None:
         help="CPUConfig field override for every CPU preset (A/B builds), repeatable",
     )
     p.add_argument("--tag", default="", help="name suffix of this variant's libraries")
+    p.add_argument(
+        "--winograd",
+        action="store_const",
+        const=("avx2", "avx512", "neon"),
+        help="Winograd for qualifying 3x3 convs (codl-tvm compile --winograd)",
+    )
     p.set_defaults(func=cmd_compile)
     p = sub.add_parser("run")
     p.add_argument("--dir", required=True)

@@ -17,15 +17,19 @@ cpu_models=${CPU_MODELS:-squeezenet,bvlc_alexnet,resnet50,inception_v1,vgg19,pos
 # Models with 1x1 convs whose pixel count has no whole-register divisor: built a second time
 # with the padding off (the kernel before commit "CPU 1x1 GEMM: pad the pixel axis").
 ab_models=${AB_MODELS:-squeezenet,resnet50,inception_v1,posenet}
-(python3 scripts/bench_planner.py compile --jobs 13 "${common[@]}" --keep-build-cache \
+(python3 scripts/bench_planner.py compile --jobs 12 "${common[@]}" --keep-build-cache \
    > $r/soc_compile.log 2>&1; touch $r/BUILT) &
 python3 scripts/bench_cpu_models.py compile --constant-weights --models "$cpu_models" \
   --out /tmp/b/cpu_models > $r/cpu_models_compile.log 2>&1 &
 python3 scripts/bench_cpu_models.py compile --constant-weights --models "$ab_models" \
   --tag nopad --cpu-config conv1x1_pad_pixels=false --out /tmp/b/cpu_models \
   > $r/cpu_models_nopad_compile.log 2>&1 &
-wait
-# CPU models first, while nothing else runs: codl-tvm (both variants) and onnxruntime on 8
+# and with Winograd 3x3 convs (opt-in: `codl-tvm compile --winograd`).
+wino_models=${WINO_MODELS:-vgg19,resnet50,inception_v1}
+python3 scripts/bench_cpu_models.py compile --constant-weights --models "$wino_models" \
+  --tag wino --winograd --out /tmp/b/cpu_models > $r/cpu_models_wino_compile.log 2>&1 &
+wait  # for the planner builds too
+# CPU models first, while nothing else runs: codl-tvm (every variant) and onnxruntime on 8
 # threads, round-robin.
 python3 scripts/bench_cpu_models.py run --dir /tmp/b/cpu_models --threads 8 --rounds 5 \
   --out $r/cpu_models_8threads_constant.json > $r/cpu_models_run.log 2>&1
