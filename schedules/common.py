@@ -96,29 +96,20 @@ def choose_row_width(extent: int, lanes: int, max_vectors: int, partial: bool = 
     return narrow[0] if narrow else lanes
 
 
-def _lane_efficiency(extent: int, width: int, lanes: int) -> float:
-    """Useful share of the vector lanes a row tile of ``width`` keeps busy over ``extent``.
-
-    A tile that does not divide the row leaves a predicated tail, which TVM scalarises for the
-    whole loop (one lane in ``lanes``); a tile wider than one register that is not a whole
-    number of registers is assembled with shuffles, counted at half its lane share.
-    """
-    if extent % width:
-        return 1.0 / lanes
-    eff = width / (math.ceil(width / lanes) * lanes)
-    return eff / 2 if width > lanes and width % lanes else eff
-
-
 def padded_row_width(
-    extent: int, lanes: int, max_vectors: int, partial: bool = True, min_gain: float = 0.05
+    extent: int, lanes: int, max_vectors: int, partial: bool = True
 ) -> tuple[int, int] | None:
-    """Whole-register tile width for a row padded to a multiple of it, when padding pays.
+    """Whole-register tile width for a row padded to a multiple of it, where padding pays.
 
-    :func:`choose_row_width` only picks divisors of the row. Rows with no good divisor (a
-    17x17 image flattened to 289 pixels has none up to 16) then run odd-length or scalar
-    vectors. Where the kernel can compute a padded row (the 1x1 GEMM: extra pixels are
-    computed into a padded buffer and dropped at write-back), a width of whole registers
-    with ``ceil(extent / width) * width`` columns keeps every lane busy but the padding.
+    :func:`choose_row_width` only picks divisors of the row. A row with no usable divisor gets
+    either a tile with a predicated tail (a 17x17 image flattened to 289 pixels on AVX-512),
+    which TVM turns into scalar code for the whole loop, or one odd vector of several registers
+    (assembled with shuffles). Where the kernel can compute a padded row (the 1x1 GEMM: extra
+    pixels are computed into a padded buffer and dropped at write-back), a tile of whole
+    registers over ``ceil(extent / width) * width`` columns avoids both. A divisor that fills
+    part of one register (13 of 16 lanes) stays: measured on AVX-512 (masked vector ops),
+    padding SqueezeNet's 13x13, 27x27 and 55x55 rows instead made the model 5-11% slower,
+    while padding PoseNet's 17x17 rows made it 8-10x faster (``results/cpu_models_*_754eee8``).
 
     Parameters
     ----------
@@ -130,30 +121,26 @@ def padded_row_width(
         Registers one tile may span.
     partial : bool
         As in :func:`choose_row_width` (the unpadded alternative).
-    min_gain : float
-        Padding is chosen only when its lane efficiency beats the unpadded tile's by this much.
 
     Returns
     -------
     tuple[int, int] or None
-        ``(width, padded_extent)``, or None when the unpadded tile is as good (rows of at most
-        one register, rows with a whole-register divisor).
+        ``(width, padded_extent)`` with the least padding (the wider tile on a tie), or None
+        when the unpadded tile has no tail and spans at most one register or whole registers.
     """
     if extent <= 0 or lanes <= 0:
         raise ValueError(f"padded_row_width: extent={extent}, lanes={lanes} must be positive")
-    if extent <= lanes:
+    width = choose_row_width(extent, lanes, max_vectors, partial)
+    tail = extent % width != 0
+    odd_multi = width > lanes and width % lanes != 0
+    if extent <= lanes or not (tail or odd_multi):
         return None
-    current = _lane_efficiency(extent, choose_row_width(extent, lanes, max_vectors, partial), lanes)
     best = None
     for width in (lanes * k for k in range(1, max(1, max_vectors) + 1)):
         padded = math.ceil(extent / width) * width
-        eff = extent / padded
-        if best is None or eff > best[0] + 1e-9 or (abs(eff - best[0]) < 1e-9 and width > best[1]):
-            best = (eff, width, padded)
-    assert best is not None
-    if best[0] < current + min_gain:
-        return None
-    return best[1], best[2]
+        if best is None or padded < best[1] or (padded == best[1] and width > best[0]):
+            best = (width, padded)
+    return best
 
 
 def kernel_features(func: tirx.PrimFunc) -> dict[str, int]:

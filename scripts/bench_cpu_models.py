@@ -106,9 +106,17 @@ def _ort_ms(sess, feeds: dict, runs: int) -> float:
 
 
 def cmd_run(args: argparse.Namespace) -> None:
-    """Check every library against onnxruntime, then time all of them and onnxruntime
-    round-robin (``--rounds`` samples of ``--number`` runs each; medians), so that the
-    machine's drift does not favour whichever variant runs first."""
+    """Check every library against onnxruntime, time the libraries round-robin (``--rounds``
+    samples of ``--number`` runs each; medians, so the machine's drift does not favour one
+    variant), then time onnxruntime alone on the same cores.
+
+    The two are not interleaved: both runtimes' thread pools spin after a run, and on the
+    device machine onnxruntime timed right after TVM measured 2-3x slower than alone
+    (ResNet50 36 vs 17 ms, ``results/cpu_models_*_754eee8.json``).
+    """
+    # TVM sizes its pool from this when first used: without it the pool has a worker per core
+    # of the machine, pinned onto --threads cores (measured 1.2-1.5x slower on the device).
+    os.environ["TVM_NUM_THREADS"] = str(args.threads)
     import onnxruntime as ort
     import tvm
     from onnx import numpy_helper
@@ -116,32 +124,31 @@ def cmd_run(args: argparse.Namespace) -> None:
 
     from codl_tvm.bench import envelope, write_json
 
-    cpus = [str(c) for c in range(args.threads)]
-    tvm.get_global_func("runtime.config_threadpool")(-2, args.threads, cpus)
+    cpus = list(range(args.threads))
+    tvm.get_global_func("runtime.config_threadpool")(-2, args.threads, [str(c) for c in cpus])
     root = Path(args.dir)
     manifest: dict = {}
     for path in sorted(root.glob("manifest*.json")):
         manifest.update(json.loads(path.read_text()))
     dev = tvm.cpu(0)
-    models: dict[str, tuple] = {}  # model name -> (onnxruntime session, feeds, reference output)
+    models: dict[str, tuple] = {}  # model name -> (ONNX model, feeds, reference output)
     timed: dict[str, tuple] = {}  # entry -> (vm, args)
     rows: dict[str, dict] = {}
     for key, entry in manifest.items():
         name = entry.get("model", key)
-        proto = _model(name)
         if name not in models:
+            proto = _model(name)
             rng = np.random.default_rng(11)
             feeds = {
-                n: rng.random(s, dtype=np.float64).astype("float32") for n, s in entry["inputs"]
+                n: rng.random(shape, dtype=np.float64).astype("float32")
+                for n, shape in entry["inputs"]
             }
-            opts = ort.SessionOptions()
-            opts.intra_op_num_threads = args.threads
-            opts.inter_op_num_threads = 1
             sess = ort.InferenceSession(
-                proto.SerializeToString(), opts, providers=["CPUExecutionProvider"]
+                proto.SerializeToString(), providers=["CPUExecutionProvider"]
             )
-            models[name] = (sess, feeds, sess.run(None, feeds)[0])
-        sess, feeds, ref = models[name]
+            models[name] = (proto, feeds, sess.run(None, feeds)[0])
+            del sess
+        proto, feeds, ref = models[name]
         init = {t.name: numpy_helper.to_array(t) for t in proto.graph.initializer}
         library = root / entry.get("library", f"{key}_cpu.so")
         vm = VirtualMachine(tvm.runtime.load_module(str(library)), dev)
@@ -152,25 +159,35 @@ def cmd_run(args: argparse.Namespace) -> None:
         err = float(np.max(np.abs(got.reshape(ref.shape) - ref)) / max(np.max(np.abs(ref)), 1e-12))
         timed[key] = (vm, vm_args)
         rows[key] = {"model": name, "max_rel_err": err, "cpu_config": entry.get("cpu_config", {})}
-    samples: dict[str, list[float]] = {k: [] for k in [*timed, *(f"ort:{m}" for m in models)]}
+    samples: dict[str, list[float]] = {k: [] for k in timed}
     for _ in range(args.rounds):
         for key, (vm, vm_args) in timed.items():
             res = vm.time_evaluator("main", dev, number=args.number, repeat=1)(*vm_args)
             samples[key].append(float(res.mean) * 1e3)
-        for name, (sess, feeds, _) in models.items():
-            samples[f"ort:{name}"].append(_ort_ms(sess, feeds, args.number))
+    timed.clear()
+    time.sleep(1.0)  # let TVM's pool stop spinning
+    os.sched_setaffinity(0, cpus)  # onnxruntime's threads on TVM's cores
+    ort_ms: dict[str, float] = {}
+    for name, (proto, feeds, _) in models.items():
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = args.threads
+        opts.inter_op_num_threads = 1
+        sess = ort.InferenceSession(
+            proto.SerializeToString(), opts, providers=["CPUExecutionProvider"]
+        )
+        _ort_ms(sess, feeds, 5)  # warm-up
+        ort_ms[name] = _ort_ms(sess, feeds, args.rounds * args.number)
     for key, row in rows.items():
         tvm_ms = float(np.median(samples[key]))
-        ort_ms = float(np.median(samples[f"ort:{row['model']}"]))
         row.update(
             codl_tvm_cpu_ms=tvm_ms,
-            onnxruntime_ms=ort_ms,
-            ratio=tvm_ms / ort_ms,
+            onnxruntime_ms=ort_ms[row["model"]],
+            ratio=tvm_ms / ort_ms[row["model"]],
             samples_ms=samples[key],
         )
         print(
-            f"{key:24s} codl-tvm {tvm_ms:8.2f} ms  onnxruntime {ort_ms:8.2f} ms  "
-            f"x{tvm_ms / ort_ms:.2f}  err {row['max_rel_err']:.1e}",
+            f"{key:24s} codl-tvm {tvm_ms:8.2f} ms  onnxruntime {ort_ms[row['model']]:8.2f} ms  "
+            f"x{row['ratio']:.2f}  err {row['max_rel_err']:.1e}",
             flush=True,
         )
     write_json(

@@ -504,14 +504,15 @@ def test_choose_row_width(extent, lanes, vectors, partial):
 @pytest.mark.parametrize(
     "extent, lanes, vectors, expected",
     [
-        (289, 16, 2, (16, 304)),  # 17x17: no divisor up to 16, was a scalar tail
-        (169, 16, 2, (16, 176)),  # 13x13: was 13 of 16 lanes
-        (49, 16, 2, (32, 64)),  # 7x7: was 7 of 16 lanes
-        (3025, 16, 2, (32, 3040)),  # 55x55: was 11 of 16 lanes
-        (289, 4, 4, (4, 292)),  # NEON
+        (289, 16, 2, (16, 304)),  # 17x17: no divisor up to 16, a tail that runs scalar
+        (289, 4, 4, (4, 292)),  # the same on NEON
+        (49, 4, 4, (4, 52)),  # 7x7 on NEON: no divisor in 2..4
+        (19, 16, 2, (32, 32)),  # one odd 19-lane vector across two registers
+        (4225, 4, 4, (4, 4228)),  # 65x65 on NEON: a tail
+        (169, 16, 2, None),  # 13x13: 13 of 16 lanes, no tail (padding measured slower)
+        (49, 16, 2, None),  # 7x7: 7 of 16 lanes
         (3136, 16, 2, None),  # 56x56: whole registers divide it
-        (225, 16, 2, None),  # 15 of 16 lanes is as good as padding to 240
-        (9, 16, 2, None),  # one partial register, no tail
+        (9, 16, 2, None),  # one partial register
     ],
 )
 def test_padded_row_width(extent, lanes, vectors, expected):
