@@ -133,7 +133,7 @@ def compile_artifact(
     reference: bool = True,
     seed: int = 0,
     force: bool = False,
-    winograd: bool = False,
+    winograd: bool | None = None,
     verify: int = 0,
     verify_modes: Sequence[str] = (),
     tracker: str | None = None,
@@ -168,8 +168,11 @@ def compile_artifact(
     force
         Replace an earlier artifact in ``out_dir``.
     winograd
-        Build qualifying 3x3 stride-1 convs as Winograd convs on both processors
-        (:func:`codl_tvm.schedules.winograd_enabled` for every preset; off by default).
+        True: build qualifying 3x3 stride-1 convs as Winograd convs on both processors
+        (:func:`codl_tvm.schedules.winograd_enabled` for every preset). False: never.
+        None (default): only builds for the CPU alone (``device="cpu"``, a planner fallback to
+        the CPU, ``verify``'s CPU candidate) on the CPU presets where Winograd measured faster
+        on whole models (:data:`codl_tvm.schedules.config.WINOGRAD_CPU_ALONE`).
     verify
         When > 0 (``device="coexec"``): build the plan co-executed and the model for each
         processor alone, time the three builds on this machine round-robin (``verify`` rounds)
@@ -238,6 +241,7 @@ def compile_artifact(
 
         with winograd_enabled("all") if winograd else contextlib.nullcontext():
             return _compile_into(
+                winograd,
                 model_path,
                 out,
                 device,
@@ -262,6 +266,7 @@ def compile_artifact(
 
 
 def _compile_into(
+    winograd,
     model_path,
     out,
     device,
@@ -300,6 +305,7 @@ def _compile_into(
         "vm_devices": {"coexec": ["opencl", "cpu"], "cpu": ["cpu"], "opencl": ["opencl"]}[device],
         "preset": preset_obj.name,
         "winograd": _winograd_on(),
+        "winograd_cpu_alone": winograd is None and _cpu_alone_winograd(preset_obj),
     }
     cpu_target = preset_obj.target("cpu")
     if verify and preset_obj.is_cross and remote is None:
@@ -369,6 +375,8 @@ def _compile_into(
             built = libraries.single(device)
             manifest["targets"] = {device: str(target)}
         shutil.move(str(built), out / LIBRARY)
+        if manifest["device"] == "cpu" and manifest["winograd_cpu_alone"]:
+            manifest["winograd"] = True  # the library is a build for the CPU alone
         if reference:
             from codl_tvm.runner import build
 
@@ -445,6 +453,7 @@ class _Libraries:
         self.model = model
         self._model = manifest["model"]["sha256"]
         self._winograd = manifest["winograd"]
+        self._cpu_alone_winograd = manifest["winograd_cpu_alone"]
         if cache is not None:
             cache.mkdir(parents=True, exist_ok=True)
 
@@ -461,6 +470,7 @@ class _Libraries:
             device,
             None if plan is None else plan.to_json(),
             self._winograd,
+            device == "cpu" and plan is None and self._cpu_alone_winograd,
         ]
         return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:32]
 
@@ -491,10 +501,17 @@ class _Libraries:
         target = self.preset.target("cpu" if device == "cpu" else "gpu")
 
         def build():
+            from codl_tvm.schedules import winograd_enabled
+            from codl_tvm.schedules.config import WINOGRAD_CPU_ALONE, winograd_presets
+
+            presets = set(winograd_presets())
+            if device == "cpu" and self._cpu_alone_winograd:
+                presets |= set(WINOGRAD_CPU_ALONE)
             self.log(f"building for {device} alone ({self.preset.name})")
-            return tvm.compile(
-                self.model.mod, target=target, relax_pipeline=single_device_pipeline(target)
-            )
+            with winograd_enabled(presets):
+                return tvm.compile(
+                    self.model.mod, target=target, relax_pipeline=single_device_pipeline(target)
+                )
 
         return self.get(device, device, None, build)
 
@@ -564,6 +581,14 @@ def _time_remote(libs: dict[str, Path], inputs, rounds: int, tracker: str, key: 
         raise ArtifactError(f"--verify: {exc}") from None
     finally:
         remote.close()
+
+
+def _cpu_alone_winograd(preset_obj) -> bool:
+    """Whether the preset's CPU is one where builds for the CPU alone default to Winograd."""
+    from codl_tvm.schedules import cpu_config
+    from codl_tvm.schedules.config import WINOGRAD_CPU_ALONE
+
+    return cpu_config(preset_obj.target("cpu")).name in WINOGRAD_CPU_ALONE
 
 
 def _winograd_on() -> bool:

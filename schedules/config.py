@@ -32,6 +32,7 @@ __all__ = [
     "OPENCL_GENERIC",
     "POCL",
     "SSE",
+    "WINOGRAD_CPU_ALONE",
     "CPUConfig",
     "OpenCLConfig",
     "cpu_config",
@@ -387,6 +388,12 @@ _OPENCL_PRESETS = {"adreno": ADRENO, "mali": MALI, "nvidia": NVIDIA, "pocl": POC
 
 #: Presets that turn Winograd on inside :func:`winograd_enabled` (the generic targets stay off).
 WINOGRAD_CANDIDATES = ("avx2", "avx512", "neon", "pocl", "nvidia", "adreno", "mali")
+#: CPU presets whose builds for the CPU alone use Winograd by default (``codl-tvm compile``
+#: without ``--winograd``/``--no-winograd``): measured faster on whole models there (AVX-512,
+#: 8 threads: VGG19 1.48-1.78x, Inception v1 1.12x, ResNet50 1.02-1.08x;
+#: ``results/cpu_models_*_754eee8.json``). Co-executed CPU parts stay direct: the shipped cost
+#: models know direct kernels only.
+WINOGRAD_CPU_ALONE = ("avx512",)
 _WINOGRAD_ON: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar(
     "codl_winograd_on", default=frozenset()
 )

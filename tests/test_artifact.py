@@ -197,6 +197,38 @@ def test_compile_with_winograd(tmp_path, monkeypatch, capsys, opencl):
     assert json.loads((plain / "manifest.json").read_text())["winograd"] is False
 
 
+def _host_has_avx512() -> bool:
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = f.read()
+    except OSError:
+        return False
+    return " avx512f" in flags and " avx512bw" in flags
+
+
+@pytest.mark.parametrize("flag", [None, "--no-winograd"], ids=["default", "no-winograd"])
+def test_cpu_alone_builds_use_winograd_on_avx512(tmp_path, monkeypatch, capsys, flag):
+    """A CPU artifact for an AVX-512 preset uses Winograd by default (measured faster on whole
+    models there); ``--no-winograd`` keeps it direct. Both match the direct reference."""
+    args = ["compile", "--device", "cpu", "--preset", "emulated-soc"] + ([flag] if flag else [])
+    dump = tmp_path / "ir"
+    monkeypatch.setenv("CODL_TVM_DUMP_IR", str(dump))
+    assert main([*args, "-o", str(tmp_path / "dumped"), "--no-reference"]) == 0
+    monkeypatch.delenv("CODL_TVM_DUMP_IR")
+    text = (dump / "03-schedule.py").read_text()
+    assert ('"codl.algorithm": "winograd", "codl.config": "avx512"' in text) is (flag is None)
+    assert '"codl.algorithm": "direct", "codl.config": "avx512"' in text  # the 3->32 stem
+    out = tmp_path / "cpu"
+    assert main([*args, "-o", str(out)]) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["winograd"] is (flag is None)
+    assert manifest["winograd_cpu_alone"] is (flag is None)
+    if _host_has_avx512():
+        capsys.readouterr()
+        assert main(["run", str(out), "--number", "1", "--repeat", "1"]) == 0
+        assert "-> OK" in capsys.readouterr().out
+
+
 # -- the measured (oracle) model ---------------------------------------------------------------
 
 
