@@ -210,8 +210,11 @@ def test_balanced_model_splits_every_conv(model, balanced):
     assert s.predicted_ms < min(s.cpu_only_ms, s.gpu_only_ms)
 
 
+ALGORITHM_1 = PlannerConfig(chain_min_gain=0.0)  # CoDL's Algorithm 1 as published, no margin
+
+
 def test_high_sharing_costs_make_chains(model, high_sharing):
-    results = plan_all(model.mod, high_sharing, modes=("codl", "codl_no_chain"))
+    results = plan_all(model.mod, high_sharing, modes=("codl", "codl_no_chain"), config=ALGORITHM_1)
     plan, report = results["codl"]
     _, nochain = results["codl_no_chain"]
     assert plan.chains, report.table()
@@ -225,14 +228,35 @@ def test_high_sharing_costs_make_chains(model, high_sharing):
     PartitionOperators(plan)(model.mod)
 
 
+def test_chain_min_gain_turns_down_small_chain_gains(model, high_sharing):
+    """The same chains, predicted to gain 6-8%, are kept by Algorithm 1 and turned down by a
+    10% margin, each with a note; a 5% margin keeps them."""
+    plan0, report0 = plan_model(model.mod, high_sharing, config=ALGORITHM_1)
+    rel = [d.gain_ms / d.nochain_ms for d in report0.chains()]
+    assert rel and all(0.05 < g < 0.10 for g in rel), rel
+    plan, report = plan_model(model.mod, high_sharing, config=PlannerConfig(chain_min_gain=0.10))
+    assert not plan.chains
+    notes = [n for n in report.notes if "chain_min_gain" in n]
+    assert len(notes) == len(plan0.chains)
+    for chain, note in zip(plan0.chains, notes):
+        assert f"chain {chain.ops[0]}..{chain.ops[-1]}" in note and "planned one by one" in note
+    assert "chain_min_gain" in report.table()
+    plan5, _ = plan_model(model.mod, high_sharing, config=PlannerConfig(chain_min_gain=0.05))
+    assert plan5.chains == plan0.chains
+    # without chains the plan is the no-chain planner's
+    nochain, _ = plan_model(model.mod, high_sharing, mode="codl_no_chain")
+    assert plan.ops == nochain.ops
+
+
 @pytest.mark.parametrize("delta", [0.3, 0.5])
 def test_chain_rho_stays_within_delta_of_the_head(model, high_sharing, delta):
     from codl_tvm.planner.search import _Planner
 
-    plan, report = plan_model(model.mod, high_sharing, config=PlannerConfig(chain_delta=delta))
+    config = PlannerConfig(chain_delta=delta, chain_min_gain=0.0)
+    plan, report = plan_model(model.mod, high_sharing, config=config)
     assert plan.chains
     assert [d.ratio for d in report.chains()] == [c.ratio for c in plan.chains]
-    planner = _Planner(model.mod, high_sharing, PlannerConfig(), "codl")
+    planner = _Planner(model.mod, high_sharing, config, "codl")
     for c in plan.chains:
         head = next(o for o in planner.ops if o.name == c.ops[0])
         _, split = planner.decide(head)
@@ -295,6 +319,8 @@ def test_bad_inputs_name_the_problem(model, balanced):
         PlannerConfig(ratios=(0.5, 1.5))
     with pytest.raises(PlannerError, match="chain_delta"):
         PlannerConfig(chain_delta=-0.1)
+    with pytest.raises(PlannerError, match="chain_min_gain"):
+        PlannerConfig(chain_min_gain=1.5)
     with pytest.raises(PlannerError, match="CostModel"):
         plan_model(model.mod, "model.json")
     info = _window_info("conv2d_0", 0, "conv2d", 4, 16, 8, 16, 3, 1, 1)
@@ -382,7 +408,7 @@ def test_planned_model_equals_unpartitioned(model, high_sharing, opencl):
     from codl_tvm.frontend import random_inputs
     from codl_tvm.runner import build
 
-    plan, _ = plan_model(model.mod, high_sharing)
+    plan, _ = plan_model(model.mod, high_sharing, config=ALGORITHM_1)
     assert plan.chains and any(0.0 < e.ratio < 1.0 for e in plan.entries())
     x = random_inputs(model, seed=0)["input"]
     reference = build(model.mod, "cpu")([x])[0]

@@ -53,6 +53,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             chain_delta=args.chain_delta,
             max_chain_len=args.max_chain_len,
             min_gain_ms=args.min_gain_ms,
+            chain_min_gain=args.chain_min_gain,
         )
         model = load_onnx(args.model)
         plan, report = plan_model(model.mod, cost_model, args.mode, config, str(args.model))
@@ -70,7 +71,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def register_cli(subparsers) -> None:
     """Add ``plan`` to an argparse subparsers object."""
-    from codl_tvm.planner.search import MODES
+    from codl_tvm.planner.search import MODES, PlannerConfig
 
     p = subparsers.add_parser(
         "plan", help="plan the CPU+GPU co-execution of an ONNX model with a cost model"
@@ -87,5 +88,12 @@ def register_cli(subparsers) -> None:
     p.add_argument("--max-chain-len", type=int, default=8, help="longest chain tried")
     p.add_argument(
         "--min-gain-ms", type=float, default=0.0, help="least predicted gain to split or chain"
+    )
+    p.add_argument(
+        "--chain-min-gain",
+        type=float,
+        default=PlannerConfig.chain_min_gain,
+        help="least predicted gain of a chain, as a fraction of its operators planned one by "
+        "one (default %(default)s; 0: CoDL's Algorithm 1 as published)",
     )
     p.set_defaults(func=cmd_plan)

@@ -20,7 +20,8 @@ rewrites the IR. It returns a :class:`~codl_tvm.plan.PartitionPlan` and a
    shared only at the chain's entry and exit, and each processor runs its parts back to back, so
    the chain takes ``sharing + max(sum of CPU parts, sum of GPU parts)``. The gain is against the
    same operators planned one by one; the chain grows while its gain improves and is kept when the
-   gain exceeds ``min_gain_ms``.
+   gain exceeds ``min_gain_ms`` and ``chain_min_gain`` of the one-by-one latency (a margin for
+   the cost model's error; the report's notes name every chain it turned down).
 
 Predicted totals cover the partitionable operators only (the other operators, e.g. elementwise
 ones, are the same in every plan). Switching a whole operator between processors costs nothing
@@ -110,6 +111,15 @@ class PlannerConfig:
         fastest predicted implementation the model covers for the operator, or ``direct``.
     dtype_bytes
         Bytes per element for the sharing costs.
+    chain_min_gain
+        A chain is kept only when its predicted gain exceeds this fraction of its operators'
+        predicted latency planned one by one (besides ``min_gain_ms``). Predicted chain gains
+        are small (0.6-12% per chain, 0.2-3.8% per model on the benchmark models) against the
+        cost model's ~20% per-part error, and on the emulated SoC the unchained plan ran faster
+        than the chained one on 4 of 5 models at 675a441 and 5 of 5 at 754eee8 (0.87-0.92x;
+        ``results/planner_emulated_soc_*.json``). As the 1.05x fallback margin does for
+        co-execution itself, the margin keeps only chains predicted to gain clearly; 0 is
+        Algorithm 1 as published.
     switch_costs
         A whole operator placed away from the plan's home processor (the one predicted faster
         for the whole model, where the data of the kernels outside the plan lives) pays the
@@ -125,6 +135,7 @@ class PlannerConfig:
     chain_delta: float = 0.3
     max_chain_len: int = 8
     min_gain_ms: float = 0.0
+    chain_min_gain: float = 0.10
     impls: tuple[tuple[str, str, str], ...] = ()
     dtype_bytes: int = 4
     switch_costs: bool = True
@@ -142,6 +153,10 @@ class PlannerConfig:
             raise PlannerError(f"planner: max_chain_len must be >= 1, got {self.max_chain_len!r}")
         if self.min_gain_ms < 0:
             raise PlannerError(f"planner: min_gain_ms must be >= 0, got {self.min_gain_ms!r}")
+        if not 0.0 <= self.chain_min_gain < 1.0:
+            raise PlannerError(
+                f"planner: chain_min_gain must be in [0, 1), got {self.chain_min_gain!r}"
+            )
         for triple in self.impls:
             if len(triple) != 3 or triple[1] not in ("cpu", "gpu"):
                 raise PlannerError(
@@ -374,6 +389,7 @@ class _Planner:
         self.pred = _Predictor(model, config)
         self.infos = partitionable_ops(mod)
         self.ops = [self._prepare(i) for i in self.infos]
+        self.chain_notes: list[str] = []  # chains the chain_min_gain margin turned down
 
     def _prepare(self, info: OpInfo) -> _Op:
         if not info.dims:
@@ -514,12 +530,20 @@ class _Planner:
                 gain = nochain - top.total_ms
                 if best is not None and gain <= best[2]:
                     break  # Algorithm 1: stop growing when the gain stops improving
-                best = (j, top, gain)
-            if best is not None and best[2] > cfg.min_gain_ms:
+                best = (j, top, gain, nochain)
+            if best is None or best[2] <= cfg.min_gain_ms:
+                i += 1
+            elif best[2] <= cfg.chain_min_gain * best[3]:
+                self.chain_notes.append(
+                    f"chain {ops[i].name}..{ops[best[0]].name} ({best[0] - i + 1} ops, "
+                    f"{best[1].dim}@{best[1].ratio:g}) predicted to gain {best[2]:.3f} ms "
+                    f"({best[2] / best[3]:.1%}), not more than chain_min_gain "
+                    f"{cfg.chain_min_gain:.0%} of {best[3]:.3f} ms: planned one by one"
+                )
+                i += 1
+            else:
                 found.append((ops[i : best[0] + 1], best[1], best[2]))
                 i = best[0] + 1
-            else:
-                i += 1
         return found
 
     # -- the plan ------------------------------------------------------------------------------
@@ -739,6 +763,7 @@ def plan_model(
             chooser = _Planner(mod, _flops_model(cost_model), config, mode)
         plan, rows = planner.run(forced, chooser)
     plan.validate(mod)
+    notes.extend(planner.chain_notes)
     seen = set()
     for w in caught:
         text = str(w.message)
