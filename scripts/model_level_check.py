@@ -13,6 +13,9 @@ choice on these measurements::
 
     python scripts/model_level_check.py --results results/planner_emulated_soc.json \\
         --cost-model codl_tvm/data/cost_models/emulated-soc.json --out results/model_level_soc.json
+
+Re-plan with the planner settings of the measured run (``--chain-min-gain 0`` for runs made
+before the chain margin existed), or codl's predictions describe another plan.
 """
 
 from __future__ import annotations
@@ -28,20 +31,32 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--results", required=True)
     p.add_argument("--cost-model", required=True)
     p.add_argument("--out", required=True)
+    p.add_argument(
+        "--chain-min-gain",
+        type=float,
+        default=None,
+        help="the planner setting the measured builds were planned with (runs before commit "
+        "ce9c3a1: 0); default: the planner's current default",
+    )
     args = p.parse_args(argv)
 
     from codl_tvm.bench import envelope, write_json
     from codl_tvm.cost_model.base import load_model
     from codl_tvm.frontend import load_onnx
     from codl_tvm.models import benchmark_model
-    from codl_tvm.planner import plan_model
+    from codl_tvm.planner import PlannerConfig, plan_model
 
+    config = PlannerConfig()
+    if args.chain_min_gain is not None:
+        config = PlannerConfig(chain_min_gain=args.chain_min_gain)
     bench = json.loads(Path(args.results).read_text())
     model = load_model(args.cost_model)
     rows = {}
     coexec = []
     for name, v in bench["results"]["models"].items():
-        _, report = plan_model(load_onnx(benchmark_model(name)).mod, model, mode="codl")
+        _, report = plan_model(
+            load_onnx(benchmark_model(name)).mod, model, mode="codl", config=config
+        )
         s = report.summary
         meas = v["summary"]
         codl = v["rows"].get("codl", {})
