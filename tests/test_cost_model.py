@@ -483,6 +483,29 @@ def test_eq2_composition_and_chains():
     assert (gpu_only.cpu_ms, gpu_only.total_ms) == (0.0, whole)
 
 
+@pytest.mark.parametrize("preset", ["emulated-soc", "device-h100"])
+def test_predict_coexec_many_equals_one_by_one(preset):
+    """The planner predicts all splits of an operator in one call: every latency must equal the
+    one-partition prediction exactly (a shipped GBDT over the CodlModel base; an unknown
+    implementation mixes in FLOPs fallbacks)."""
+    from codl_tvm.cost_model.defaults import default_model_path
+
+    model = load_model(default_model_path(preset))
+    parts = [Partition(d, r) for d in ("H", "OC") for r in (0.1, 0.3, 0.5, 0.9)]
+    parts += [Partition("none", 0.0), Partition("none", 1.0), Partition("H", 1.0)]
+    for params, impl in (
+        (OpParams("conv2d", 56, 56, 64, 64, 3, 1, 1), "direct"),
+        (OpParams("conv2d", 17, 17, 512, 512, 1, 1, 0), "gemm"),
+        (OpParams("conv2d", 28, 28, 32, 48, 3, 1, 1), {"cpu": "direct", "gpu": "winograd"}),
+    ):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the fallback warnings are tested elsewhere
+            many = model.predict_coexec_many(params, parts, impl)
+            one = [model.predict_coexec(params, p, impl) for p in parts]
+        assert many == one
+        assert all(lat.total_ms > 0 for lat in many)
+
+
 # ---------------------------------------------------------------------------------------------
 # FLOPs baseline and fallback.
 

@@ -291,22 +291,60 @@ class CostModel(ABC):
         ``impl`` is the implementation per processor (or one name for both); ``dispatch`` the
         dispatch features per processor where known.
         """
+        return self.predict_coexec_many(
+            params, [partition], impl, chained, dispatch, name, dtype_bytes
+        )[0]
+
+    def predict_coexec_many(
+        self,
+        params: OpParams,
+        partitions: Sequence[Partition],
+        impl: Mapping[str, str] | str,
+        chained: bool = False,
+        dispatch: Mapping[str, DispatchFeatures] | None = None,
+        name: str | None = None,
+        dtype_bytes: int = 4,
+    ) -> list[CoexecLatency]:
+        """:meth:`predict_coexec` for several partitions of one operator, with one
+        :meth:`predict_many` call for all their parts (the planner tries every dimension and
+        ratio of an operator; one model call per part dominated planning time)."""
         impls = {p: impl for p in PROCESSORS} if isinstance(impl, str) else dict(impl)
         dispatch = dispatch or {}
-        times = {}
-        for proc in PROCESSORS:
-            if partition.dim == "none":
-                runs = (partition.ratio >= 1.0) == (proc == "gpu")
-            else:
-                runs = (partition.ratio > 0.0) if proc == "gpu" else (partition.ratio < 1.0)
-            feats = None
-            if runs:
+        feats: list[OpFeatures] = []
+        slots: list[tuple[int, str]] = []
+        for k, partition in enumerate(partitions):
+            for proc in PROCESSORS:
+                if partition.dim == "none":
+                    runs = (partition.ratio >= 1.0) == (proc == "gpu")
+                else:
+                    runs = (partition.ratio > 0.0) if proc == "gpu" else (partition.ratio < 1.0)
+                if not runs:
+                    continue
                 if proc not in impls:
                     raise ValueError(f"{params.describe()}: no implementation given for {proc}")
-                feats = op_features(
-                    params, proc, impls[proc], partition, dispatch.get(proc), name=name
-                )
-            times[proc] = 0.0 if feats is None or feats.part.empty else self.predict(feats)
+                f = op_features(params, proc, impls[proc], partition, dispatch.get(proc), name=name)
+                if not f.part.empty:
+                    feats.append(f)
+                    slots.append((k, proc))
+        times = [dict.fromkeys(PROCESSORS, 0.0) for _ in partitions]
+        if feats:
+            for (k, proc), ms in zip(slots, self.predict_many(feats), strict=True):
+                times[k][proc] = float(ms)
+        return [
+            self._eq2(params, partition, t, chained, dtype_bytes)
+            for partition, t in zip(partitions, times, strict=True)
+        ]
+
+    def _eq2(
+        self,
+        params: OpParams,
+        partition: Partition,
+        times: Mapping[str, float],
+        chained: bool,
+        dtype_bytes: int,
+    ) -> CoexecLatency:
+        """Eq. 2 from the parts' predicted times: sharing costs (not inside a chain) plus the
+        slower processor."""
         both = times["cpu"] > 0.0 and times["gpu"] > 0.0
         trans = mapping = presync = 0.0
         nbytes = 0
@@ -316,7 +354,7 @@ class CostModel(ABC):
                 warnings.warn(
                     f"{self.kind} cost model has no data-sharing measurements; "
                     f"T_trans, T_map and T_psync of {params.describe()} are taken as 0",
-                    stacklevel=2,
+                    stacklevel=3,
                 )
             trans = self.predict_sharing("transform", nbytes)
             mapping = self.predict_sharing("map", nbytes)

@@ -289,23 +289,52 @@ class _Predictor:
     def split(self, op: _Op, dim: str, ratio: float) -> _Split | None:
         """Eq. 2 of one operator split alone (None when one processor gets nothing)."""
         key = (op.name, dim, ratio)
-        if key in self._splits:
-            return self._splits[key]
-        partition = Partition(dim, ratio)
-        result = None
-        if not any(part_shape(op.params, partition, p).empty for p in ("cpu", "gpu")):
-            lat = self.model.predict_coexec(
-                op.params,
-                partition,
-                op.impl,
-                chained=False,
-                name=op.name,
-                dtype_bytes=self.config.dtype_bytes,
-            )
+        if key not in self._splits:
+            self.prefetch_splits(op, [(dim, ratio)])
+        return self._splits[key]
+
+    def prefetch_splits(self, op: _Op, candidates: Sequence[tuple[str, float]]) -> None:
+        """Predict every ``(dim, ratio)`` split of ``op`` not cached yet, in one model call."""
+        todo = []
+        for dim, ratio in candidates:
+            if (op.name, dim, ratio) in self._splits:
+                continue
+            partition = Partition(dim, ratio)
+            if any(part_shape(op.params, partition, p).empty for p in ("cpu", "gpu")):
+                self._splits[(op.name, dim, ratio)] = None
+            else:
+                todo.append(partition)
+        if not todo:
+            return
+        lats = self.model.predict_coexec_many(
+            op.params,
+            todo,
+            op.impl,
+            chained=False,
+            name=op.name,
+            dtype_bytes=self.config.dtype_bytes,
+        )
+        for partition, lat in zip(todo, lats, strict=True):
             share = lat.transform_ms + lat.map_ms + lat.presync_ms
-            result = _Split(dim, ratio, lat.total_ms, lat.cpu_ms, lat.gpu_ms, share)
-        self._splits[key] = result
-        return result
+            self._splits[(op.name, partition.dim, partition.ratio)] = _Split(
+                partition.dim, partition.ratio, lat.total_ms, lat.cpu_ms, lat.gpu_ms, share
+            )
+
+    def prefetch_parts(self, requests: Sequence[tuple[_Op, str, Partition, PartShape]]) -> None:
+        """Predict the ``(op, processor, partition, part shape)`` parts not cached yet, in one
+        model call (a chain candidate's parts on both processors)."""
+        keys, feats = [], []
+        for op, proc, partition, shape in requests:
+            key = (op.name, proc, op.impl[proc], partition, shape)
+            if shape.empty or key in self._parts or key in keys:
+                continue
+            keys.append(key)
+            feats.append(
+                op_features(op.params, proc, op.impl[proc], partition, part=shape, name=op.name)
+            )
+        if feats:
+            for key, ms in zip(keys, self.model.predict_many(feats), strict=True):
+                self._parts[key] = float(ms)
 
     def chain(self, ops: Sequence[_Op], dim: str, ratio: float) -> _Split | None:
         """A chain's latency (None when a cut is empty or reads only padding)."""
@@ -321,6 +350,13 @@ class _Predictor:
             parts = None
         if parts is not None and parts.gpu is not None and parts.cpu is not None:
             partition = Partition(dim, ratio)
+            self.prefetch_parts(
+                [
+                    (o, proc, partition, shape)
+                    for proc, shapes in (("cpu", parts.cpu), ("gpu", parts.gpu))
+                    for o, shape in zip(ops, shapes, strict=True)
+                ]
+            )
             sums = {}
             for proc, shapes in (("cpu", parts.cpu), ("gpu", parts.gpu)):
                 sums[proc] = sum(
@@ -418,6 +454,9 @@ class _Planner:
     def best_split(self, op: _Op, dims: Sequence[str]) -> _Split | None:
         best = None
         allowed = {d.value for d in op.info.dims}
+        self.pred.prefetch_splits(
+            op, [(d, r) for d in dims if d in allowed for r in self.config.split_ratios]
+        )
         for dim in dims:
             if dim not in allowed:
                 continue
