@@ -15,6 +15,8 @@ batch norms folded); its libraries are large (VGG19 ~550 MB), so compile on the 
 ``compile --cpu-config conv1x1_pad_pixels=false`` builds a variant with one CPU schedule
 parameter changed (:func:`codl_tvm.schedules.cpu_overrides`), for A/B runs on one machine;
 ``--winograd`` one with Winograd 3x3 convs (what ``codl-tvm compile --winograd`` builds).
+``layers`` lists where the time goes: each TVM kernel's time and onnxruntime's per-node times
+on the same cores.
 """
 
 from __future__ import annotations
@@ -200,6 +202,127 @@ def cmd_run(args: argparse.Namespace) -> None:
     )
 
 
+def cmd_layers(args: argparse.Namespace) -> None:
+    """Per-kernel time of the CPU libraries, and onnxruntime's per-node time, on the same cores.
+
+    TVM 0.27's Relax VM has no profiler; its instrument hook is called before and after every
+    call, and a CPU kernel returns when it is done, so the time between the two calls is the
+    kernel's (plus a few microseconds of Python). Median of ``--runs`` runs per kernel.
+    onnxruntime's own profiler gives its per-node times (``dur``, us).
+    """
+    os.environ["TVM_NUM_THREADS"] = str(args.threads)
+    import onnxruntime as ort
+    import tvm
+    import tvm_ffi
+    from onnx import numpy_helper
+    from tvm.runtime.vm import VirtualMachine
+
+    from codl_tvm.bench import envelope, write_json
+
+    cpus = list(range(args.threads))
+    tvm.get_global_func("runtime.config_threadpool")(-2, args.threads, [str(c) for c in cpus])
+    root = Path(args.dir)
+    manifest: dict = {}
+    for path in sorted(root.glob("manifest*.json")):
+        manifest.update(json.loads(path.read_text()))
+    wanted = args.models.split(",") if args.models else list(manifest)
+    dev = tvm.cpu(0)
+    out: dict[str, dict] = {}
+    for key in wanted:
+        entry = manifest[key]
+        proto = _model(entry.get("model", key))
+        init = {t.name: numpy_helper.to_array(t) for t in proto.graph.initializer}
+        rng = np.random.default_rng(11)
+        feeds = {
+            n: rng.random(shape, dtype=np.float64).astype("float32") for n, shape in entry["inputs"]
+        }
+        vm = VirtualMachine(tvm.runtime.load_module(str(root / entry["library"])), dev)
+        vm_args = [tvm.runtime.tensor(feeds[n], dev) for n, _ in entry["inputs"]]
+        vm_args += [tvm.runtime.tensor(init[p], dev) for p in entry["params"]]
+        vm["main"](*vm_args)  # warm-up
+        samples: dict[str, list[float]] = {}
+        shapes: dict[str, list] = {}
+        started: dict[str, float] = {}
+
+        def instrument(func, name, before, ret, *call_args):
+            now = time.perf_counter()
+            if before:
+                started[name] = now
+                if name not in shapes:
+                    shapes[name] = [list(a.shape) for a in call_args if hasattr(a, "shape")]
+            elif name in started:
+                samples.setdefault(name, []).append((now - started.pop(name)) * 1e3)
+            return 0
+
+        vm.set_instrument(tvm_ffi.convert(instrument))
+        for _ in range(args.runs):
+            vm["main"](*vm_args)
+        # one sample per call site and run; a kernel called n times per run has n per run
+        kernels = sorted(
+            (
+                {
+                    "kernel": name,
+                    "calls_per_run": len(v) // args.runs,
+                    "ms_per_run": float(np.median(v)) * len(v) / args.runs,
+                    "arg_shapes": shapes.get(name, []),
+                }
+                for name, v in samples.items()
+            ),
+            key=lambda k: -k["ms_per_run"],
+        )
+        total = sum(k["ms_per_run"] for k in kernels)
+        out[key] = {"model": entry.get("model", key), "kernels_ms": total, "kernels": kernels}
+        print(f"{key}: {total:.2f} ms in {len(kernels)} kernels", flush=True)
+        for k in kernels[: args.top]:
+            print(f"  {k['ms_per_run']:8.3f} ms  {k['kernel']}  {k['arg_shapes']}", flush=True)
+    os.sched_setaffinity(0, cpus)
+    time.sleep(1.0)  # let TVM's pool stop spinning
+    for key in wanted:
+        name = out[key]["model"]
+        if "onnxruntime_nodes" in next((v for v in out.values() if v["model"] == name), {}):
+            continue
+        proto = _model(name)
+        rng = np.random.default_rng(11)
+        feeds = {
+            n: rng.random(shape, dtype=np.float64).astype("float32")
+            for n, shape in manifest[key]["inputs"]
+        }
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = args.threads
+        opts.inter_op_num_threads = 1
+        opts.enable_profiling = True
+        opts.profile_file_prefix = str(Path(args.out).with_suffix("")) + f"-ort-{name}"
+        sess = ort.InferenceSession(
+            proto.SerializeToString(), opts, providers=["CPUExecutionProvider"]
+        )
+        for _ in range(args.runs + 1):
+            sess.run(None, feeds)
+        profile = Path(sess.end_profiling())
+        trace = json.loads(profile.read_text())
+        profile.unlink()  # the per-node summary below is what is kept
+        nodes: dict[str, list[float]] = {}
+        kinds: dict[str, str] = {}
+        for ev in trace:
+            if ev.get("cat") == "Node" and ev.get("name", "").endswith("_kernel_time"):
+                node = ev["name"][: -len("_kernel_time")]
+                nodes.setdefault(node, []).append(ev["dur"] / 1e3)
+                kinds[node] = ev.get("args", {}).get("op_name", "")
+        rows = sorted(
+            (
+                {"node": n, "op": kinds[n], "ms_per_run": float(np.median(v[1:] or v))}
+                for n, v in nodes.items()
+            ),
+            key=lambda r: -r["ms_per_run"],
+        )
+        out[key]["onnxruntime_nodes"] = rows
+        out[key]["onnxruntime_nodes_ms"] = sum(r["ms_per_run"] for r in rows)
+        print(f"{name} onnxruntime: {out[key]['onnxruntime_nodes_ms']:.2f} ms in nodes")
+    write_json(
+        args.out,
+        envelope(sys.argv, {"threads": args.threads, "runs": args.runs, "models": out}),
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -234,6 +357,14 @@ def main() -> None:
     p.add_argument("--number", type=int, default=3, help="runs averaged per sample")
     p.add_argument("--rounds", type=int, default=5, help="round-robin samples per library")
     p.set_defaults(func=cmd_run)
+    p = sub.add_parser("layers", help="per-kernel times (TVM) and per-node times (onnxruntime)")
+    p.add_argument("--dir", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--models", default="", help="manifest entries (default: all)")
+    p.add_argument("--threads", type=int, default=8)
+    p.add_argument("--runs", type=int, default=10)
+    p.add_argument("--top", type=int, default=12, help="kernels printed per model")
+    p.set_defaults(func=cmd_layers)
     args = parser.parse_args()
     args.func(args)
 

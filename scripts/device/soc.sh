@@ -33,6 +33,10 @@ wait  # for the planner builds too
 # threads, round-robin.
 python3 scripts/bench_cpu_models.py run --dir /tmp/b/cpu_models --threads 8 --rounds 5 \
   --out $r/cpu_models_8threads_constant.json > $r/cpu_models_run.log 2>&1
+# Where the CPU time goes, kernel by kernel, beside onnxruntime's nodes (the models furthest
+# from onnxruntime).
+python3 scripts/bench_cpu_models.py layers --dir /tmp/b/cpu_models --threads 8 --runs 10 \
+  --models "${LAYER_MODELS:-resnet50,posenet}" --out $r/cpu_layers.json > $r/cpu_layers.log 2>&1
 rm -rf /tmp/b/cpu_models
 touch $r/CPU_DONE
 POCL_AFFINITY=0 python3 scripts/bench_planner.py warm --dir $b --platform portable --jobs 15 \
