@@ -79,9 +79,10 @@ class CPUConfig:
         Schedule 1x1 stride-1 unpadded convs as a GEMM over the flattened image (``gemm``);
         False uses the ``direct`` schedule (row-vectorised, with the row register tile).
     conv1x1_pad_pixels : bool
-        Let the ``gemm`` schedule pad the flattened image to whole registers when the pixel
-        count has no good divisor (:func:`~codl_tvm.schedules.common.padded_row_width`): one
-        copy of the input into a padded buffer buys a tail-free vector loop.
+        Let the ``gemm`` schedule pad the flattened image to whole registers where its best
+        unpadded tile would leave a scalar tail or be an odd multi-register vector
+        (:func:`~codl_tvm.schedules.common.padded_row_width`): one copy of the input into a
+        padded buffer buys a tail-free vector loop.
     matmul_m_tile : int
         Rows of a matmul (or spatial axis next to the vectorised one in a reduction) held in
         registers at once.

@@ -21,10 +21,11 @@ Schedules (tile sizes and vector widths from :mod:`codl_tvm.schedules.config`):
 ``gemm`` (1x1, stride 1, no padding, one group)
     ``out[f, p] = sum_c w[f, c] * x[c, p]`` over the flattened image ``p = y*W + x``:
     vectorised over ``p`` (any H, W, even 1 row), ``oc_tile`` rows of the weight in registers.
-    A pixel count with no whole-register divisor (17x17 = 289, 13x13, 7x7, 55x55) is padded
-    to whole registers (``padded_row_width``, ``CPUConfig.conv1x1_pad_pixels``): the input is
-    copied into a padded buffer and the extra columns are computed and dropped, instead of a
-    vector loop with a tail, which TVM runs scalar.
+    A pixel count whose best tile would leave a tail (17x17 = 289 on AVX-512; 13x13 or 7x7 with
+    4-lane NEON/SSE) or be one odd vector over several registers is padded to whole registers
+    (``padded_row_width``, ``CPUConfig.conv1x1_pad_pixels``): the input is copied into a padded
+    buffer and the extra columns are computed and dropped, instead of a vector loop with a
+    tail, which TVM runs scalar.
 ``depthwise``
     The direct schedule with one input channel per output channel (no channel register reuse).
 ``pool`` / ``matmul`` / ``reduction``
