@@ -98,6 +98,46 @@ def cmd_compile(args: argparse.Namespace) -> None:
     (out / f"manifest{suffix}.json").write_text(json.dumps(manifest, indent=2))
 
 
+def _pin_tvm(threads: int) -> list[int]:
+    """TVM's thread pool: ``threads`` workers on cores 0..threads-1 (returns those cores).
+
+    TVM sizes its pool from ``TVM_NUM_THREADS`` when first used: without it the pool has a
+    worker per core of the machine, pinned onto the given cores (measured 1.2-1.5x slower on
+    the device machine)."""
+    os.environ["TVM_NUM_THREADS"] = str(threads)
+    import tvm
+
+    cpus = list(range(threads))
+    tvm.get_global_func("runtime.config_threadpool")(-2, threads, [str(c) for c in cpus])
+    return cpus
+
+
+def _manifest(root: Path) -> dict:
+    """Every library of a compile directory (one manifest per tag)."""
+    manifest: dict = {}
+    for path in sorted(root.glob("manifest*.json")):
+        manifest.update(json.loads(path.read_text()))
+    return manifest
+
+
+def _feeds(entry: dict) -> dict[str, np.ndarray]:
+    """The seeded inputs of a manifest entry, by ONNX input name."""
+    rng = np.random.default_rng(11)
+    return {
+        n: rng.random(shape, dtype=np.float64).astype("float32") for n, shape in entry["inputs"]
+    }
+
+
+def _vm_args(entry: dict, proto, feeds: dict, dev) -> list:
+    """The library's arguments: the inputs, then the weights it takes as inputs (if any)."""
+    import tvm
+    from onnx import numpy_helper
+
+    init = {t.name: numpy_helper.to_array(t) for t in proto.graph.initializer}
+    args = [tvm.runtime.tensor(feeds[n], dev) for n, _ in entry["inputs"]]
+    return args + [tvm.runtime.tensor(init[p], dev) for p in entry["params"]]
+
+
 def _ort_ms(sess, feeds: dict, runs: int) -> float:
     samples = []
     for _ in range(runs):
@@ -116,22 +156,15 @@ def cmd_run(args: argparse.Namespace) -> None:
     device machine onnxruntime timed right after TVM measured 2-3x slower than alone
     (ResNet50 36 vs 17 ms, ``results/cpu_models_*_754eee8.json``).
     """
-    # TVM sizes its pool from this when first used: without it the pool has a worker per core
-    # of the machine, pinned onto --threads cores (measured 1.2-1.5x slower on the device).
-    os.environ["TVM_NUM_THREADS"] = str(args.threads)
+    cpus = _pin_tvm(args.threads)
     import onnxruntime as ort
     import tvm
-    from onnx import numpy_helper
     from tvm.runtime.vm import VirtualMachine
 
     from codl_tvm.bench import envelope, write_json
 
-    cpus = list(range(args.threads))
-    tvm.get_global_func("runtime.config_threadpool")(-2, args.threads, [str(c) for c in cpus])
     root = Path(args.dir)
-    manifest: dict = {}
-    for path in sorted(root.glob("manifest*.json")):
-        manifest.update(json.loads(path.read_text()))
+    manifest = _manifest(root)
     dev = tvm.cpu(0)
     models: dict[str, tuple] = {}  # model name -> (ONNX model, feeds, reference output)
     timed: dict[str, tuple] = {}  # entry -> (vm, args)
@@ -140,22 +173,16 @@ def cmd_run(args: argparse.Namespace) -> None:
         name = entry.get("model", key)
         if name not in models:
             proto = _model(name)
-            rng = np.random.default_rng(11)
-            feeds = {
-                n: rng.random(shape, dtype=np.float64).astype("float32")
-                for n, shape in entry["inputs"]
-            }
+            feeds = _feeds(entry)
             sess = ort.InferenceSession(
                 proto.SerializeToString(), providers=["CPUExecutionProvider"]
             )
             models[name] = (proto, feeds, sess.run(None, feeds)[0])
             del sess
         proto, feeds, ref = models[name]
-        init = {t.name: numpy_helper.to_array(t) for t in proto.graph.initializer}
         library = root / entry.get("library", f"{key}_cpu.so")
         vm = VirtualMachine(tvm.runtime.load_module(str(library)), dev)
-        vm_args = [tvm.runtime.tensor(feeds[n], dev) for n, _ in entry["inputs"]]
-        vm_args += [tvm.runtime.tensor(init[p], dev) for p in entry["params"]]
+        vm_args = _vm_args(entry, proto, feeds, dev)
         out = vm["main"](*vm_args)
         got = (out if hasattr(out, "numpy") else out[0]).numpy()
         err = float(np.max(np.abs(got.reshape(ref.shape) - ref)) / max(np.max(np.abs(ref)), 1e-12))
@@ -210,35 +237,24 @@ def cmd_layers(args: argparse.Namespace) -> None:
     kernel's (plus a few microseconds of Python). Median of ``--runs`` runs per kernel.
     onnxruntime's own profiler gives its per-node times (``dur``, us).
     """
-    os.environ["TVM_NUM_THREADS"] = str(args.threads)
+    cpus = _pin_tvm(args.threads)
     import onnxruntime as ort
     import tvm
     import tvm_ffi
-    from onnx import numpy_helper
     from tvm.runtime.vm import VirtualMachine
 
     from codl_tvm.bench import envelope, write_json
 
-    cpus = list(range(args.threads))
-    tvm.get_global_func("runtime.config_threadpool")(-2, args.threads, [str(c) for c in cpus])
     root = Path(args.dir)
-    manifest: dict = {}
-    for path in sorted(root.glob("manifest*.json")):
-        manifest.update(json.loads(path.read_text()))
+    manifest = _manifest(root)
     wanted = args.models.split(",") if args.models else list(manifest)
     dev = tvm.cpu(0)
     out: dict[str, dict] = {}
     for key in wanted:
         entry = manifest[key]
         proto = _model(entry.get("model", key))
-        init = {t.name: numpy_helper.to_array(t) for t in proto.graph.initializer}
-        rng = np.random.default_rng(11)
-        feeds = {
-            n: rng.random(shape, dtype=np.float64).astype("float32") for n, shape in entry["inputs"]
-        }
         vm = VirtualMachine(tvm.runtime.load_module(str(root / entry["library"])), dev)
-        vm_args = [tvm.runtime.tensor(feeds[n], dev) for n, _ in entry["inputs"]]
-        vm_args += [tvm.runtime.tensor(init[p], dev) for p in entry["params"]]
+        vm_args = _vm_args(entry, proto, _feeds(entry), dev)
         vm["main"](*vm_args)  # warm-up
         samples: dict[str, list[float]] = {}
         shapes: dict[str, list] = {}
@@ -282,11 +298,7 @@ def cmd_layers(args: argparse.Namespace) -> None:
         if "onnxruntime_nodes" in next((v for v in out.values() if v["model"] == name), {}):
             continue
         proto = _model(name)
-        rng = np.random.default_rng(11)
-        feeds = {
-            n: rng.random(shape, dtype=np.float64).astype("float32")
-            for n, shape in manifest[key]["inputs"]
-        }
+        feeds = _feeds(manifest[key])
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = args.threads
         opts.inter_op_num_threads = 1
