@@ -33,6 +33,7 @@ __all__ = [
     "match_conv2d",
     "match_pool2d",
     "match_reduction",
+    "writer_of",
 ]
 
 
@@ -246,7 +247,8 @@ def match_reduction(sch: s_tir.Schedule, block: SBlockRV) -> ReductionInfo | str
     )
 
 
-def _writer_of(sch: s_tir.Schedule, blocks: list[SBlockRV], buffer) -> SBlockRV | None:
+def writer_of(sch: s_tir.Schedule, blocks: list[SBlockRV], buffer) -> SBlockRV | None:
+    """The block among ``blocks`` that writes ``buffer`` (None if none does)."""
     for b in blocks:
         if sch.get(b).body.buffer.same_as(buffer):
             return b
@@ -319,7 +321,7 @@ def match_conv2d(sch: s_tir.Schedule, blocks: FuncBlocks) -> Conv2DInfo | str:
     data_buffer = _buffer_of(stmt, data)
     if data_buffer is None:
         return "data operand buffer not found among the block's reads"
-    padder = _writer_of(sch, blocks.prologue, data_buffer)
+    padder = writer_of(sch, blocks.prologue, data_buffer)
     padded = padder is not None and not is_trivial_copy(sch, padder)
     ext = red.extents
     return Conv2DInfo(

@@ -65,6 +65,7 @@ from .analysis import (
     match_conv2d,
     match_pool2d,
     match_reduction,
+    writer_of,
 )
 from .common import CodlRule, choose_row_width, padded_row_width
 from .config import CPUConfig, cpu_config
@@ -334,18 +335,15 @@ class CPUConv2D(_CPURule):
                     return index
             raise ValueError("1x1 conv: no data operand besides the [f, c, ky, kx] weight")
 
-        def writer_of(blocks, buffer):
-            found = [b for b in blocks if sch.get(b).writes[0].source.same_as(buffer)]
-            if len(found) != 1:
-                raise ValueError(f"1x1 conv: {len(found)} blocks write {buffer.name}")
-            return found[0]
-
         copy = sch.cache_read(conv, data_read(sch.get(conv)), "global")
         sch.transform_layout(copy, ("write", 0), lambda n, ch, y, x: (n, ch, y * ow + x))
         sch.transform_block_layout(copy, lambda n, ch, y, x: (n, ch, y * ow + x))
         sch.pad_einsum(conv, [1, 1, width, 1, 1, 1])
         stmt = sch.get(conv)
-        pad_in = writer_of(sch.get_producers(conv), stmt.reads[data_read(stmt)].source)
+        padded_input = stmt.reads[data_read(stmt)].source
+        pad_in = writer_of(sch, list(sch.get_producers(conv)), padded_input)
+        if pad_in is None:
+            raise ValueError(f"1x1 conv: no block writes {padded_input.name}")
         consumers = sch.get_consumers(conv)
         if len(consumers) != 1:
             raise ValueError(f"1x1 conv: {len(consumers)} consumers of the padded output")
