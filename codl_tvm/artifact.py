@@ -134,6 +134,7 @@ def compile_artifact(
     seed: int = 0,
     force: bool = False,
     winograd: bool | None = None,
+    packed: bool | None = None,
     verify: int = 0,
     verify_modes: Sequence[str] = (),
     tracker: str | None = None,
@@ -173,6 +174,12 @@ def compile_artifact(
         None (default): only builds for the CPU alone (``device="cpu"``, a planner fallback to
         the CPU, ``verify``'s CPU candidate) on the CPU presets where Winograd measured faster
         on whole models (:data:`codl_tvm.schedules.config.WINOGRAD_CPU_ALONE`).
+    packed
+        True: build qualifying CPU convs as channel-packed convs
+        (:mod:`codl_tvm.schedules.packed`), co-executed CPU parts included. False: never.
+        None (default): only builds for the CPU alone, on the CPU presets of
+        :data:`codl_tvm.schedules.config.PACKED_CPU_ALONE` (co-executed parts keep the kernels
+        the cost model was fitted on).
     verify
         When > 0 (``device="coexec"``): build the plan co-executed and the model for each
         processor alone, time the three builds on this machine round-robin (``verify`` rounds)
@@ -237,11 +244,15 @@ def compile_artifact(
     try:
         import contextlib
 
-        from codl_tvm.schedules import winograd_enabled
+        from codl_tvm.schedules import packed_enabled, winograd_enabled
 
-        with winograd_enabled("all") if winograd else contextlib.nullcontext():
+        with (
+            winograd_enabled("all") if winograd else contextlib.nullcontext(),
+            packed_enabled("all") if packed else contextlib.nullcontext(),
+        ):
             return _compile_into(
                 winograd,
+                packed,
                 model_path,
                 out,
                 device,
@@ -267,6 +278,7 @@ def compile_artifact(
 
 def _compile_into(
     winograd,
+    packed,
     model_path,
     out,
     device,
@@ -306,6 +318,8 @@ def _compile_into(
         "preset": preset_obj.name,
         "winograd": _winograd_on(),
         "winograd_cpu_alone": winograd is None and _cpu_alone_winograd(preset_obj),
+        "packed": _packed_on(),
+        "packed_cpu_alone": packed is None and _cpu_alone_packed(preset_obj),
     }
     cpu_target = preset_obj.target("cpu")
     if verify and preset_obj.is_cross and remote is None:
@@ -377,15 +391,18 @@ def _compile_into(
         shutil.move(str(built), out / LIBRARY)
         if manifest["device"] == "cpu" and manifest["winograd_cpu_alone"]:
             manifest["winograd"] = True  # the library is a build for the CPU alone
+        if manifest["device"] == "cpu" and manifest["packed_cpu_alone"]:
+            manifest["packed"] = True
         if reference:
             from codl_tvm.runner import build
 
             log("computing the reference outputs (unpartitioned model, host CPU)")
             values = random_inputs(model, seed)
             ordered = [values[s.name] for s in model.inputs]
-            from codl_tvm.schedules import winograd_enabled
+            from codl_tvm.schedules import packed_enabled, winograd_enabled
 
-            with winograd_enabled(()):  # the reference is the plain direct model
+            # the reference is the plain direct model
+            with winograd_enabled(()), packed_enabled(()):
                 outs = build(model.mod, "cpu", work_dir=work)(ordered)
             np.savez(
                 out / REFERENCE,
@@ -454,6 +471,8 @@ class _Libraries:
         self._model = manifest["model"]["sha256"]
         self._winograd = manifest["winograd"]
         self._cpu_alone_winograd = manifest["winograd_cpu_alone"]
+        self._packed = manifest["packed"]
+        self._cpu_alone_packed = manifest["packed_cpu_alone"]
         if cache is not None:
             cache.mkdir(parents=True, exist_ok=True)
 
@@ -471,6 +490,8 @@ class _Libraries:
             None if plan is None else plan.to_json(),
             self._winograd,
             device == "cpu" and plan is None and self._cpu_alone_winograd,
+            self._packed,
+            device == "cpu" and plan is None and self._cpu_alone_packed,
         ]
         return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:32]
 
@@ -501,14 +522,22 @@ class _Libraries:
         target = self.preset.target("cpu" if device == "cpu" else "gpu")
 
         def build():
-            from codl_tvm.schedules import winograd_enabled
-            from codl_tvm.schedules.config import WINOGRAD_CPU_ALONE, winograd_presets
+            from codl_tvm.schedules import packed_enabled, winograd_enabled
+            from codl_tvm.schedules.config import (
+                PACKED_CPU_ALONE,
+                WINOGRAD_CPU_ALONE,
+                packed_presets,
+                winograd_presets,
+            )
 
             presets = set(winograd_presets())
+            packed = set(packed_presets())
             if device == "cpu" and self._cpu_alone_winograd:
                 presets |= set(WINOGRAD_CPU_ALONE)
+            if device == "cpu" and self._cpu_alone_packed:
+                packed |= set(PACKED_CPU_ALONE)
             self.log(f"building for {device} alone ({self.preset.name})")
-            with winograd_enabled(presets):
+            with winograd_enabled(presets), packed_enabled(packed):
                 return tvm.compile(
                     self.model.mod, target=target, relax_pipeline=single_device_pipeline(target)
                 )
@@ -589,6 +618,20 @@ def _cpu_alone_winograd(preset_obj) -> bool:
     from codl_tvm.schedules.config import WINOGRAD_CPU_ALONE
 
     return cpu_config(preset_obj.target("cpu")).name in WINOGRAD_CPU_ALONE
+
+
+def _cpu_alone_packed(preset_obj) -> bool:
+    """Whether the preset's CPU is one where builds for the CPU alone default to packed convs."""
+    from codl_tvm.schedules import cpu_config
+    from codl_tvm.schedules.config import PACKED_CPU_ALONE
+
+    return cpu_config(preset_obj.target("cpu")).name in PACKED_CPU_ALONE
+
+
+def _packed_on() -> bool:
+    from codl_tvm.schedules.config import packed_presets
+
+    return bool(packed_presets())
 
 
 def _winograd_on() -> bool:

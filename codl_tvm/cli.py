@@ -214,6 +214,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
             seed=args.seed,
             force=args.force,
             winograd=args.winograd,
+            packed=args.packed,
             verify=args.verify,
             verify_modes=[m for m in (args.verify_modes or "").split(",") if m],
             tracker=args.tracker,
@@ -444,6 +445,14 @@ def _add_compile(sub) -> None:
         "allows (the shipped cost models know direct kernels only, so the planner still "
         "predicts direct); --no-winograd never; default: only builds for the CPU alone, on "
         "CPUs where Winograd measured faster (AVX-512)",
+    )
+    p.add_argument(
+        "--packed",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="build CPU convs as channel-packed convs (vectorised over output channels, weight "
+        "packed at compile time), co-executed CPU parts included; --no-packed never; default: "
+        "only builds for the CPU alone, on AVX-512",
     )
     p.add_argument(
         "--verify",

@@ -1,4 +1,4 @@
-"""codl.Conv2DWinograd: rewrite qualifying conv2d operators as Winograd convolutions.
+"""codl.Conv2DWinograd: rewrite qualifying conv2d operators as Winograd or channel-packed convs.
 
 Preconditions
 -------------
@@ -17,20 +17,26 @@ processor that will run it, becomes one ``call_tir`` of
 :func:`~codl_tvm.schedules.winograd.winograd_conv2d` reading the data and a new constant, the
 weight transformed at compile time (``G g G^T``, so no per-call cost). The binding keeps its
 variable name, so the ``"codl_parts"`` record of a partitioned ``main`` stays valid and
-:class:`~codl_tvm.passes.place.PlaceParts` places the kernel with its part. Everything else is
-left unchanged.
+:class:`~codl_tvm.passes.place.PlaceParts` places the kernel with its part.
+
+A conv that Winograd does not take, on a CPU whose config enables packed convs
+(:func:`~codl_tvm.schedules.packed.packed_reason`), becomes one ``call_tir`` of
+:func:`~codl_tvm.schedules.packed.packed_conv2d` reading the weight packed at compile time
+(``[O / L, I, KH, KW, L]``, :func:`~codl_tvm.schedules.packed.pack_weight`). Everything else
+is left unchanged.
 
 Which configuration applies: bindings of a CPU part (``"codl_parts"``) use the CPU target's
 config; GPU parts and every operator outside a split use the main target's (that is where
 ``PlaceParts`` puts them). Explicit ``cpu`` / ``opencl`` configs override the presets of the
-targets. After the pass ran, ``decisions`` maps each conv binding's name to ``"winograd"`` or to
-the reason it was left alone.
+targets. After the pass ran, ``decisions`` maps each conv binding's name to
+``"winograd"``, ``"packed"`` or to the reason it was left alone.
 """
 
 from __future__ import annotations
 
 import tvm
 from codl_tvm.schedules.config import CPUConfig, OpenCLConfig, cpu_config, opencl_config
+from codl_tvm.schedules.packed import pack_weight, packed_conv2d, packed_reason
 from codl_tvm.schedules.winograd import (
     conv2d_shape_info,
     transform_weight,
@@ -51,7 +57,7 @@ _CONV2D = tvm.ir.Op.get("relax.nn.conv2d")
 
 @mutator
 class _Rewriter(PyExprMutator):
-    """Re-emits ``main`` with the selected conv2d bindings replaced by Winograd calls."""
+    """Re-emits ``main`` with the selected conv2d bindings replaced by Winograd/packed calls."""
 
     def __init__(self, mod: tvm.IRModule, configs: dict[str, CPUConfig | OpenCLConfig], where):
         super().__init__(mod)
@@ -66,32 +72,33 @@ class _Rewriter(PyExprMutator):
             return
         name = binding.var.name
         config = self._configs[self._where.get(name, "default")]
-        call = self._winograd(value, config)
-        if isinstance(call, str):
-            self.decisions[name] = call
+        algorithm, call = self._rewrite(value, config)
+        if call is None:
+            self.decisions[name] = algorithm
             super().visit_var_binding_(binding)
             return
-        self.decisions[name] = "winograd"
+        self.decisions[name] = algorithm
         if isinstance(binding.var, relax.DataflowVar):
             new_var = self.builder_.emit(call, name_hint=name)
         else:
             new_var = self.builder_.emit_output(call, name_hint=name)
         self.set_var_remap(binding.var, new_var)
 
-    def _winograd(self, call: relax.Call, config) -> relax.Expr | str:
+    def _rewrite(self, call: relax.Call, config) -> tuple[str, relax.Expr | None]:
+        """``(algorithm, new call)``, or ``(reason, None)`` when the conv stays as it is."""
         a = call.attrs
         layouts = (str(a.data_layout), str(a.kernel_layout), str(a.out_layout or a.data_layout))
         if layouts != ("NCHW", "OIHW", "NCHW"):
-            return f"layouts {layouts}, Winograd needs NCHW/OIHW"
+            return f"layouts {layouts}, Winograd and packed convs need NCHW/OIHW", None
         data, weight = call.args
         if not isinstance(weight, tvm.ir.Constant):
-            return "weight is not a constant"
+            return "weight is not a constant", None
         dshape, wshape = static_shape(data), static_shape(weight)
         if dshape is None or wshape is None or len(dshape) != 4 or len(wshape) != 4:
-            return "dynamic or non-4-D shapes"
+            return "dynamic or non-4-D shapes", None
         dtypes = {str(data.ty.dtype), str(weight.ty.dtype), str(call.ty.dtype)}
         if dtypes != {"float32"}:
-            return f"dtypes {sorted(dtypes)}, Winograd is float32 only"
+            return f"dtypes {sorted(dtypes)}, Winograd and packed convs are float32 only", None
         padding = [int(p) for p in a.padding]
         info = conv2d_shape_info(
             dshape,
@@ -102,18 +109,33 @@ class _Rewriter(PyExprMutator):
             int(a.groups),
         )
         reason = winograd_reason(info, config)
-        if reason is not None:
-            return reason
-        tile = config.winograd_tile
-        packed = relax.const(transform_weight(weight.value.numpy(), tile), "float32")
-        return self.builder_.call_te(
-            winograd_conv2d,
-            self.visit_expr(data),
-            packed,
-            padding=tuple(padding),
-            tile=tile,
-            primfunc_name_hint="conv2d_winograd",
-        )
+        if reason is None:
+            tile = config.winograd_tile
+            packed = relax.const(transform_weight(weight.value.numpy(), tile), "float32")
+            return "winograd", self.builder_.call_te(
+                winograd_conv2d,
+                self.visit_expr(data),
+                packed,
+                padding=tuple(padding),
+                tile=tile,
+                primfunc_name_hint="conv2d_winograd",
+            )
+        if isinstance(config, CPUConfig) and config.conv_packed:
+            why_not = packed_reason(info, config)
+            if why_not is not None:
+                return f"{reason}; not packed: {why_not}", None
+            lanes = config.lanes(info.dtype_bits)
+            packed = relax.const(pack_weight(weight.value.numpy(), lanes), "float32")
+            return "packed", self.builder_.call_te(
+                packed_conv2d,
+                self.visit_expr(data),
+                packed,
+                strides=tuple(int(s) for s in a.strides),
+                padding=tuple(padding),
+                dilation=tuple(int(d) for d in a.dilation),
+                primfunc_name_hint="conv2d_packed",
+            )
+        return reason, None
 
 
 def _config_of(target: tvm.target.Target) -> CPUConfig | OpenCLConfig:
@@ -132,7 +154,7 @@ def _host(target: tvm.target.Target) -> tvm.target.Target:
 
 @tvm.transform.module_pass(opt_level=0, name="codl.Conv2DWinograd")
 class Conv2DWinograd:
-    """Rewrite qualifying convs as Winograd convolutions (see the module docstring).
+    """Rewrite qualifying convs as Winograd or packed convolutions (see the module docstring).
 
     Parameters
     ----------
@@ -142,7 +164,8 @@ class Conv2DWinograd:
         The CPU target of a co-executed build (CPU parts); default: ``target`` when it is an
         llvm target (a build with no CPU parts needs none).
     cpu, opencl : CPUConfig | OpenCLConfig | None
-        Configs replacing the presets of the targets (e.g. to force Winograd on or off).
+        Configs replacing the presets of the targets (e.g. to force Winograd or packed convs
+        on or off).
     """
 
     def __init__(
@@ -187,7 +210,7 @@ class Conv2DWinograd:
         main_gv = mod.get_global_var("main")
         new_main = rewriter.visit_expr(mod["main"])
         self.decisions = dict(rewriter.decisions)
-        if "winograd" not in self.decisions.values():
+        if not {"winograd", "packed"} & set(self.decisions.values()):
             return mod
         rewriter.builder_.update_func(main_gv, new_main)
         return rewriter.builder_.get()

@@ -16,7 +16,8 @@ module: for an OpenCL build it holds the OpenCL rules, then the CPU rules (for P
 on the host CPU), then dlight's GPU rules as a fallback. Scheduled kernels carry ``codl.*``
 attributes (algorithm, preset, parallel extent, vector width, workgroup size and count; see
 :mod:`codl_tvm.schedules.common`); :func:`explain` tells why rules declined a PrimFunc.
-Winograd convs (:mod:`codl_tvm.schedules.winograd`) are chosen before legalization by
+Winograd convs (:mod:`codl_tvm.schedules.winograd`) and channel-packed CPU convs
+(:mod:`codl_tvm.schedules.packed`) are chosen before legalization by
 ``codl_tvm.passes.winograd.Conv2DWinograd``; their rules follow the direct conv rules and come
 before every generic rule.
 """
@@ -45,11 +46,13 @@ from .config import (
     cpu_overrides,
     dense_enabled,
     opencl_config,
+    packed_enabled,
     winograd_enabled,
 )
 from .cpu import CPUConv2D, CPUInjective, CPUReduction, conv2d_algorithm
 from .opencl import OpenCLConv2D, OpenCLPool2D
 from .opencl_dense import OpenCLDense
+from .packed import CPUPackedConv2D, pack_weight, packed_conv2d, packed_reason
 from .winograd import (
     CPUWinograd,
     OpenCLWinograd,
@@ -74,6 +77,7 @@ __all__ = [
     "CPUConfig",
     "CPUConv2D",
     "CPUInjective",
+    "CPUPackedConv2D",
     "CPUReduction",
     "CPUWinograd",
     "CodlRule",
@@ -94,6 +98,10 @@ __all__ = [
     "kernel_features",
     "match_winograd",
     "opencl_config",
+    "pack_weight",
+    "packed_conv2d",
+    "packed_enabled",
+    "packed_reason",
     "schedule_rules",
     "select_conv2d_algorithm",
     "transform_weight",
@@ -104,9 +112,16 @@ __all__ = [
 
 
 def _cpu_rules(config: CPUConfig | None) -> list[ScheduleRule]:
-    # CPUWinograd and CPUConv2D match disjoint functions (a Winograd conv has three reduction
-    # blocks, which every other rule declines), so their order does not matter.
-    return [CPUConv2D(config), CPUWinograd(config), CPUReduction(config), CPUInjective(config)]
+    # CPUWinograd, CPUPackedConv2D and CPUConv2D match disjoint functions (a Winograd conv has
+    # three reduction blocks, a packed conv a 5-D weight; the rules recognise their own block
+    # annotations), so their order does not matter.
+    return [
+        CPUConv2D(config),
+        CPUWinograd(config),
+        CPUPackedConv2D(config),
+        CPUReduction(config),
+        CPUInjective(config),
+    ]
 
 
 def _gpu_rules(config: OpenCLConfig | None) -> list[ScheduleRule]:

@@ -7,8 +7,8 @@ back from the scheduled TIR (parallel, vectorised and thread-bound loops), so th
 was built, not what was intended:
 
 ``codl.algorithm`` (str)
-    ``direct``, ``gemm``, ``depthwise``, ``pool``, ``matmul``, ``reduction`` or ``injective``
-    (``winograd`` is reserved; not implemented yet). Kernels of dlight's GPU rules record
+    ``direct``, ``gemm``, ``depthwise``, ``winograd``, ``packed`` (channel-packed CPU conv),
+    ``pool``, ``matmul``, ``reduction`` or ``injective``. Kernels of dlight's GPU rules record
     ``matmul``, ``gemv``, ``reduction`` or ``fallback``.
 ``codl.config`` (str)
     Name of the :mod:`codl_tvm.schedules.config` preset used (``dlight`` for dlight's rules).

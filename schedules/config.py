@@ -30,6 +30,7 @@ __all__ = [
     "NEON",
     "NVIDIA",
     "OPENCL_GENERIC",
+    "PACKED_CPU_ALONE",
     "POCL",
     "SSE",
     "WINOGRAD_CPU_ALONE",
@@ -38,6 +39,7 @@ __all__ = [
     "cpu_config",
     "cpu_overrides",
     "opencl_config",
+    "packed_enabled",
 ]
 
 
@@ -112,6 +114,18 @@ class CPUConfig:
     winograd_min_channels : int
         Winograd only when input and output channels are both at least this (the transforms
         are amortised over the channels).
+    conv_packed : bool
+        Rewrite qualifying convs with constant weights as channel-packed convs, vectorised over
+        output channels (:mod:`codl_tvm.schedules.packed`); off in every preset, switched on by
+        :func:`packed_enabled` (builds for the CPU alone on :data:`PACKED_CPU_ALONE`).
+    packed_oc_vectors : int
+        Most output-channel vectors in one register tile of the packed conv.
+    packed_min_in_channels : int
+        Packed convs only with at least this many input channels (a 3-channel first conv
+        keeps the row-vectorised ``direct`` schedule).
+    packed_max_gemm_pixels : int
+        1x1 stride-1 convs are packed only up to this many output pixels; larger images keep
+        the ``gemm`` schedule.
     """
 
     name: str
@@ -131,9 +145,18 @@ class CPUConfig:
     winograd: bool = False
     winograd_tile: int = 2
     winograd_min_channels: int = 32
+    conv_packed: bool = False
+    packed_oc_vectors: int = 2
+    packed_min_in_channels: int = 16
+    packed_max_gemm_pixels: int = 400
 
     def __post_init__(self) -> None:
         _check_winograd(self)
+        if self.packed_oc_vectors < 1:
+            raise ValueError(
+                f"CPUConfig {self.name!r}: packed_oc_vectors must be >= 1, "
+                f"got {self.packed_oc_vectors!r}"
+            )
 
     def lanes(self, dtype_bits: int) -> int:
         """Vector width in elements of ``dtype_bits`` bits (at least 1)."""
@@ -398,6 +421,23 @@ WINOGRAD_CPU_ALONE = ("avx512",)
 _WINOGRAD_ON: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar(
     "codl_winograd_on", default=frozenset()
 )
+#: CPU presets whose builds for the CPU alone use channel-packed convs by default
+#: (``codl-tvm compile`` without ``--packed``/``--no-packed``). Co-executed CPU parts keep the
+#: direct and GEMM schedules, which the shipped cost models were fitted on.
+PACKED_CPU_ALONE = ("avx512",)
+_PACKED_ON: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar(
+    "codl_packed_on", default=frozenset()
+)
+
+
+def _preset_names(switch: str, presets: Iterable[str] | str, cpu_only: bool = False) -> frozenset:
+    cpus = {c.name for c in (SSE, AVX2, AVX512, NEON)}
+    known = cpus if cpu_only else cpus | {OPENCL_GENERIC.name, *_OPENCL_PRESETS}
+    names = frozenset(known if presets == "all" else presets)
+    unknown = sorted(names - known)
+    if unknown:
+        raise ValueError(f"{switch}: unknown presets {unknown}; known: {sorted(known)}")
+    return names
 
 
 @contextlib.contextmanager
@@ -414,16 +454,33 @@ def winograd_enabled(presets: Iterable[str] | str = WINOGRAD_CANDIDATES) -> Iter
         Preset names (:data:`WINOGRAD_CANDIDATES` by default), or ``"all"`` (the generic
         ``sse`` and ``opencl-generic`` presets too).
     """
-    known = {c.name for c in (SSE, AVX2, AVX512, NEON, OPENCL_GENERIC, *_OPENCL_PRESETS.values())}
-    names = frozenset(known if presets == "all" else presets)
-    unknown = sorted(names - known)
-    if unknown:
-        raise ValueError(f"winograd_enabled: unknown presets {unknown}; known: {sorted(known)}")
-    token = _WINOGRAD_ON.set(names)
+    token = _WINOGRAD_ON.set(_preset_names("winograd_enabled", presets))
     try:
         yield
     finally:
         _WINOGRAD_ON.reset(token)
+
+
+@contextlib.contextmanager
+def packed_enabled(presets: Iterable[str] | str = PACKED_CPU_ALONE) -> Iterator[None]:
+    """Within the block, :func:`cpu_config` returns the named CPU presets with
+    ``conv_packed=True`` (channel-packed convs, :mod:`codl_tvm.schedules.packed`).
+
+    Parameters
+    ----------
+    presets : Iterable[str] | str
+        CPU preset names (:data:`PACKED_CPU_ALONE` by default), or ``"all"``.
+    """
+    token = _PACKED_ON.set(_preset_names("packed_enabled", presets, cpu_only=True))
+    try:
+        yield
+    finally:
+        _PACKED_ON.reset(token)
+
+
+def packed_presets() -> frozenset[str]:
+    """The presets :func:`packed_enabled` switched on here (empty outside such a block)."""
+    return _PACKED_ON.get()
 
 
 _DENSE_ON: contextvars.ContextVar[bool] = contextvars.ContextVar("codl_dense_on", default=False)
@@ -481,6 +538,8 @@ def winograd_presets() -> frozenset[str]:
 def _switched(base):
     if base.name in _WINOGRAD_ON.get() and not base.winograd:
         base = dataclasses.replace(base, winograd=True)
+    if isinstance(base, CPUConfig) and base.name in _PACKED_ON.get() and not base.conv_packed:
+        base = dataclasses.replace(base, conv_packed=True)
     if isinstance(base, OpenCLConfig) and _DENSE_ON.get() and not base.dense:
         base = dataclasses.replace(base, dense=True)
     if isinstance(base, CPUConfig) and _CPU_OVERRIDES.get():

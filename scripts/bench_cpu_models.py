@@ -14,7 +14,9 @@ initializers) does: batch norms cannot fold into the convs (ResNet50: 53 extra k
 batch norms folded); its libraries are large (VGG19 ~550 MB), so compile on the device machine.
 ``compile --cpu-config conv1x1_pad_pixels=false`` builds a variant with one CPU schedule
 parameter changed (:func:`codl_tvm.schedules.cpu_overrides`), for A/B runs on one machine;
-``--winograd`` one with Winograd 3x3 convs (what ``codl-tvm compile --winograd`` builds).
+``--winograd`` one with Winograd 3x3 convs (what ``codl-tvm compile --winograd`` builds),
+``--packed`` one with channel-packed convs; both together are what ``codl-tvm compile --device
+cpu`` builds for an AVX-512 CPU.
 ``layers`` lists where the time goes: each TVM kernel's time and onnxruntime's per-node times
 on the same cores.
 """
@@ -67,7 +69,7 @@ def _cpu_config_fields(items: list[str]) -> dict[str, object]:
 
 def cmd_compile(args: argparse.Namespace) -> None:
     import tvm
-    from codl_tvm.schedules import cpu_overrides, winograd_enabled
+    from codl_tvm.schedules import cpu_overrides, packed_enabled, winograd_enabled
     from tvm.relax.frontend.onnx import from_onnx
 
     from codl_tvm.pipeline import single_device_pipeline
@@ -82,7 +84,11 @@ def cmd_compile(args: argparse.Namespace) -> None:
         mod = from_onnx(_model(name), keep_params_in_input=not args.constant_weights)
         main = mod["main"]
         n_in = int(main.attrs["num_input"])
-        with cpu_overrides(**overrides), winograd_enabled(args.winograd or ()):
+        with (
+            cpu_overrides(**overrides),
+            winograd_enabled(args.winograd or ()),
+            packed_enabled(args.packed or ()),
+        ):
             ex = tvm.compile(mod, target=target, relax_pipeline=single_device_pipeline(target))
         library = f"{name}{suffix}_cpu.so"
         ex.export_library(str(out / library))
@@ -91,7 +97,11 @@ def cmd_compile(args: argparse.Namespace) -> None:
             "library": library,
             "inputs": [[p.name, [int(v) for v in p.ty.shape.values]] for p in main.params[:n_in]],
             "params": [p.name for p in main.params[n_in:]],
-            "cpu_config": {**overrides, **({"winograd": True} if args.winograd else {})},
+            "cpu_config": {
+                **overrides,
+                **({"winograd": True} if args.winograd else {}),
+                **({"conv_packed": True} if args.packed else {}),
+            },
         }
         print("compiled", name, args.tag or "", flush=True)
     # One manifest per tag, so variants can be compiled into one directory at the same time.
@@ -360,6 +370,12 @@ def main() -> None:
         action="store_const",
         const=("avx2", "avx512", "neon"),
         help="Winograd for qualifying 3x3 convs (codl-tvm compile --winograd)",
+    )
+    p.add_argument(
+        "--packed",
+        action="store_const",
+        const=("avx2", "avx512", "neon"),
+        help="channel-packed convs (codl-tvm compile --packed)",
     )
     p.set_defaults(func=cmd_compile)
     p = sub.add_parser("run")

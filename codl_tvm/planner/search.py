@@ -215,6 +215,8 @@ def expected_impl(params: OpParams, processor: str, config=None) -> str:
     :func:`codl_tvm.schedules.winograd_reason` accepts under the processor's ``config`` (a
     :class:`~codl_tvm.schedules.CPUConfig` or ``OpenCLConfig``; None: no Winograd) is
     ``winograd`` (the build rewrites it when its weight is a constant, as in imported models);
+    a CPU conv that :func:`codl_tvm.schedules.packed_reason` accepts is ``packed`` (on in no
+    preset by default; the shipped cost models have no such group);
     otherwise on the CPU a depthwise conv gets the depthwise rule, a 1x1 stride-1 conv the GEMM
     rule, others the direct rule; OpenCL convs are direct; dense is a matmul, or a reduction
     (GEMV) on the GPU below ``dense_gemm_min_m`` rows (the cost-model groups of the OpenCL dense
@@ -235,6 +237,7 @@ def expected_impl(params: OpParams, processor: str, config=None) -> str:
             min_m = getattr(config, "dense_gemm_min_m", None) or OPENCL_GENERIC.dense_gemm_min_m
         return "reduction" if processor == "gpu" and params.h < min_m else "matmul"
     if config is not None and params.op == "conv2d":
+        from codl_tvm.schedules.packed import packed_reason
         from codl_tvm.schedules.winograd import conv2d_shape_info, winograd_reason
 
         try:
@@ -250,6 +253,8 @@ def expected_impl(params: OpParams, processor: str, config=None) -> str:
             info = None
         if info is not None and winograd_reason(info, config) is None:
             return "winograd"
+        if info is not None and processor == "cpu" and packed_reason(info, config) is None:
+            return "packed"
     if processor == "gpu":
         return "direct"
     if params.groups > 1 and params.groups == params.ic == params.oc:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Emulated SoC: PoCL on 8 cores (0-7) is the GPU, TVM's CPU kernels on cores 8-15.
 # Build every variant in parallel (and codl-tvm's CPU builds of whole models, weights constant,
-# with an A/B variant), time the CPU builds against onnxruntime on 8 threads, run every planner
+# with variants), time the CPU builds against onnxruntime on 8 threads, run every planner
 # artifact once in parallel to fill the OpenCL program caches, then time (`--verify`, then
 # `run`) one model at a time.
 set -u
@@ -14,20 +14,19 @@ export POCL_CPU_MAX_CU_COUNT=8 POCL_AFFINITY=1 TVM_NUM_THREADS=8 CODL_OPENCL_PLA
 common=(--preset emulated-soc --models "$models" --cost-model $cm/emulated-soc.json
         --oracle results/profile/oracle_emulated_soc.json --out $b)
 cpu_models=${CPU_MODELS:-squeezenet,bvlc_alexnet,resnet50,inception_v1,vgg19,posenet}
-# Models with 1x1 convs whose pixel count has no whole-register divisor: built a second time
-# with the padding off (the kernel before commit "CPU 1x1 GEMM: pad the pixel axis").
-ab_models=${AB_MODELS:-squeezenet,resnet50,inception_v1,posenet}
 (python3 scripts/bench_planner.py compile --jobs 12 "${common[@]}" --keep-build-cache \
    > $r/soc_compile.log 2>&1; touch $r/BUILT) &
+# The CPU builds: direct/GEMM kernels (no tag), what `codl-tvm compile --device cpu` builds for
+# AVX-512 (Winograd 3x3 and channel-packed convs: tag cpualone), and packed convs alone on the
+# models with small maps (tag packed).
 python3 scripts/bench_cpu_models.py compile --constant-weights --models "$cpu_models" \
   --out /tmp/b/cpu_models > $r/cpu_models_compile.log 2>&1 &
-python3 scripts/bench_cpu_models.py compile --constant-weights --models "$ab_models" \
-  --tag nopad --cpu-config conv1x1_pad_pixels=false --out /tmp/b/cpu_models \
-  > $r/cpu_models_nopad_compile.log 2>&1 &
-# and with Winograd 3x3 convs (opt-in: `codl-tvm compile --winograd`).
-wino_models=${WINO_MODELS:-vgg19,resnet50,inception_v1}
-python3 scripts/bench_cpu_models.py compile --constant-weights --models "$wino_models" \
-  --tag wino --winograd --out /tmp/b/cpu_models > $r/cpu_models_wino_compile.log 2>&1 &
+python3 scripts/bench_cpu_models.py compile --constant-weights --models "$cpu_models" \
+  --tag cpualone --winograd --packed --out /tmp/b/cpu_models \
+  > $r/cpu_models_cpualone_compile.log 2>&1 &
+packed_models=${PACKED_MODELS:-squeezenet,resnet50,inception_v1,posenet}
+python3 scripts/bench_cpu_models.py compile --constant-weights --models "$packed_models" \
+  --tag packed --packed --out /tmp/b/cpu_models > $r/cpu_models_packed_compile.log 2>&1 &
 wait  # for the planner builds too
 # CPU models first, while nothing else runs: codl-tvm (every variant) and onnxruntime on 8
 # threads, round-robin.
@@ -36,7 +35,7 @@ python3 scripts/bench_cpu_models.py run --dir /tmp/b/cpu_models --threads 8 --ro
 # Where the CPU time goes, kernel by kernel, beside onnxruntime's nodes (the models furthest
 # from onnxruntime).
 python3 scripts/bench_cpu_models.py layers --dir /tmp/b/cpu_models --threads 8 --runs 10 \
-  --models "${LAYER_MODELS:-resnet50,posenet}" --out $r/cpu_layers.json > $r/cpu_layers.log 2>&1
+  --models "${LAYER_MODELS:-resnet50-cpualone,posenet-cpualone}" --out $r/cpu_layers.json > $r/cpu_layers.log 2>&1
 rm -rf /tmp/b/cpu_models
 touch $r/CPU_DONE
 POCL_AFFINITY=0 python3 scripts/bench_planner.py warm --dir $b --platform portable --jobs 15 \

@@ -1,0 +1,336 @@
+"""Channel-packed direct convolution for CPUs: vectorised over output channels, NCHW in and out.
+
+The ``direct`` and ``gemm`` CPU schedules (:mod:`codl_tvm.schedules.cpu`) vectorise along the
+output row or the flattened image. That wastes lanes where the image is small (a 7x7 map fills 7
+of 16 AVX-512 lanes) and turns strided convs into gathers, and the GEMM's weight rows stream
+from memory once per pixel tile when the input has thousands of channels. This kernel
+vectorises along output channels instead, as NCHWc engines do, while activations stay NCHW (so
+the co-execution passes' H and OC slices and every other kernel are unchanged):
+
+``Y[n, k, y, x] = sum_{c, ky, kx} X[n, c, y*sh + ky*dh, x*sw + kx*dw] * Wp[k//L, c, ky, kx, k%L]``
+
+``Wp`` is the OIHW weight packed once at compile time (:func:`pack_weight`, a constant; no
+per-call cost), ``L`` the vector width. Per reduction step a register tile of ``oc_vectors``
+weight vectors x ``rows x cols`` output pixels is updated with one broadcast input element per
+pixel (AVX-512 folds the broadcast into the FMA). The accumulators live in a ``[y, x, k]``
+buffer of at most ``max_tile_bytes`` (so LLVM keeps it in registers), and the write-back
+transposes the tile into the NCHW output with the fused epilogue (bias, residual add, relu)
+inlined. Parallel over (batch, channel block, row block, column block).
+
+Selection (:func:`packed_reason`): CPUs whose config enables it (``CPUConfig.conv_packed``;
+builds for the CPU alone on the presets of :data:`~codl_tvm.schedules.config.PACKED_CPU_ALONE`),
+one group, a constant weight, output channels a multiple of the vector width, at least
+``packed_min_in_channels`` input channels, and for 1x1 stride-1 convs at most
+``packed_max_gemm_pixels`` output pixels (larger images keep the ``gemm`` schedule, which was
+as fast or faster there). The conv is rewritten before legalization by
+:class:`codl_tvm.passes.winograd.Conv2DWinograd` (which chooses every conv's algorithm) and
+scheduled by :class:`CPUPackedConv2D`; kernels record ``codl.algorithm = "packed"``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from tvm import s_tir, te, tirx
+from tvm.s_tir.dlight.analysis import get_root_block
+from tvm.s_tir.schedule import SBlockRV
+from tvm.target import Target
+
+from .analysis import Conv2DInfo, FuncBlocks
+from .config import CPUConfig
+from .cpu import _CPURule, _prepare_prologue
+from .cpu import _inline_epilogue as _cpu_inline_epilogue
+
+__all__ = [
+    "PACKED_STAGE",
+    "CPUPackedConv2D",
+    "PackedInfo",
+    "match_packed",
+    "pack_weight",
+    "packed_conv2d",
+    "packed_reason",
+    "packed_tile",
+]
+
+#: Block annotation naming the stage of a packed conv (``"pad"`` or ``"conv"``).
+PACKED_STAGE = "codl.packed"
+
+
+def packed_reason(info: Conv2DInfo, config: CPUConfig) -> str | None:
+    """Why a conv is not built as a channel-packed conv under ``config`` (None: it is).
+
+    The pass also needs a constant weight.
+    """
+    if not isinstance(config, CPUConfig):
+        return "packed convs are a CPU schedule"
+    if not config.conv_packed:
+        return f"packed convs disabled in config {config.name!r}"
+    if info.groups != 1:
+        return f"groups={info.groups}, the packed conv needs one group"
+    lanes = config.lanes(info.dtype_bits)
+    if lanes < 2:
+        return "no vector unit"
+    if info.out_channels % lanes:
+        return f"{info.out_channels} output channels are not a multiple of {lanes} lanes"
+    low = config.packed_min_in_channels
+    if info.in_channels < low:
+        return f"{info.in_channels} input channels, below packed_min_in_channels={low}"
+    pixels = info.out_height * info.out_width
+    if info.pointwise and pixels > config.packed_max_gemm_pixels:
+        return (
+            f"1x1 conv over {pixels} pixels: the gemm schedule "
+            f"(packed_max_gemm_pixels={config.packed_max_gemm_pixels})"
+        )
+    return None
+
+
+def pack_weight(weight: np.ndarray, lanes: int) -> np.ndarray:
+    """OIHW ``weight`` as ``[O / lanes, I, KH, KW, lanes]`` (output channels innermost)."""
+    o, i, kh, kw = weight.shape
+    if o % lanes:
+        raise ValueError(f"pack_weight: {o} output channels are not a multiple of {lanes}")
+    packed = weight.reshape(o // lanes, lanes, i, kh, kw).transpose(0, 2, 3, 4, 1)
+    return np.ascontiguousarray(packed)
+
+
+def packed_conv2d(
+    data: te.Tensor,
+    weight_pack: te.Tensor,
+    strides: Sequence[int],
+    padding: Sequence[int],
+    dilation: Sequence[int],
+) -> te.Tensor:
+    """The conv2d of ``data`` (NCHW) with a :func:`pack_weight`-packed weight, NCHW out.
+
+    Parameters
+    ----------
+    data : te.Tensor
+        Input ``(N, C, H, W)``.
+    weight_pack : te.Tensor
+        ``(K / L, C, KH, KW, L)``.
+    strides, dilation : Sequence[int]
+        ``(h, w)``.
+    padding : Sequence[int]
+        ``(top, left, bottom, right)``.
+
+    Returns
+    -------
+    te.Tensor
+        ``(N, K, OH, OW)``, equal to the one-group conv2d.
+    """
+    n_, c_, h_, w_ = (int(v) for v in data.shape)
+    blocks, c2, kh, kw, lanes = (int(v) for v in weight_pack.shape)
+    if c2 != c_:
+        raise ValueError(
+            f"packed_conv2d: packed weight {tuple(weight_pack.shape)} does not match {c_} "
+            "input channels"
+        )
+    sh, sw = (int(s) for s in strides)
+    dh, dw = (int(d) for d in dilation)
+    pt, pl, pb, pr = (int(p) for p in padding)
+    oh = (h_ + pt + pb - dh * (kh - 1) - 1) // sh + 1
+    ow = (w_ + pl + pr - dw * (kw - 1) - 1) // sw + 1
+    if oh < 1 or ow < 1:
+        raise ValueError(f"packed_conv2d: empty output {oh}x{ow}")
+    dtype = data.dtype
+    if any((pt, pl, pb, pr)):
+
+        def pad_value(n, c, y, x):
+            inside = tirx.all(y >= pt, y < h_ + pt, x >= pl, x < w_ + pl)
+            return tirx.if_then_else(inside, data[n, c, y - pt, x - pl], tirx.const(0.0, dtype))
+
+        src = te.compute(
+            (n_, c_, h_ + pt + pb, w_ + pl + pr),
+            pad_value,
+            name="packed_pad",
+            attrs={PACKED_STAGE: "pad"},
+        )
+    else:
+        src = data
+    c = te.reduce_axis((0, c_), "c")
+    ry = te.reduce_axis((0, kh), "ky")
+    rx = te.reduce_axis((0, kw), "kx")
+    return te.compute(
+        (n_, blocks * lanes, oh, ow),
+        lambda n, k, y, x: te.sum(
+            src[n, c, y * sh + ry * dh, x * sw + rx * dw]
+            * weight_pack[k // lanes, c, ry, rx, k % lanes],
+            axis=[c, ry, rx],
+        ),
+        name="packed_conv",
+        attrs={PACKED_STAGE: "conv"},
+    )
+
+
+def _divisors_up_to(extent: int, limit: int) -> list[int]:
+    return [d for d in range(1, min(extent, limit) + 1) if extent % d == 0]
+
+
+def _efficiency(extent: int, tile: int) -> float:
+    """Share of a split's ``ceil(extent / tile) * tile`` iterations that are real (no tail)."""
+    return extent / (math.ceil(extent / tile) * tile)
+
+
+def packed_tile(
+    out_channels: int, out_height: int, out_width: int, lanes: int, cfg: CPUConfig, nbytes: int = 4
+) -> tuple[int, int, int]:
+    """The register tile ``(oc_vectors, rows, cols)`` of a packed conv.
+
+    At most ``min(max_accumulators, max_tile_bytes / vector bytes)`` accumulator registers
+    (beyond ``max_tile_bytes`` TVM puts the tile on the heap, out of registers). The tile with
+    most useful accumulators wins (more reuse of each loaded weight vector and input element),
+    counting a split whose tile does not divide the output by its useful share (17 columns in
+    tiles of 6 are 3 tiles, 17 of 18 useful; a divisor-only rule would take tiles of 1), then
+    fewer wasted iterations, then more channel vectors, then wider rows (contiguous input
+    and output runs). A pointwise conv passes its flattened image as one row
+    (``out_height=1``).
+    """
+    budget = max(1, min(cfg.max_accumulators, cfg.max_tile_bytes // (lanes * nbytes)))
+    blocks = out_channels // lanes
+    best: tuple[float, float, int, int, int] | None = None
+    for ot in _divisors_up_to(blocks, cfg.packed_oc_vectors):
+        for cols in range(1, min(out_width, budget // ot) + 1):
+            for rows in range(1, min(out_height, budget // (ot * cols)) + 1):
+                eff = _efficiency(out_width, cols) * _efficiency(out_height, rows)
+                key = (round(ot * rows * cols * eff, 6), round(eff, 6), ot, cols, rows)
+                if best is None or key[:4] > best[:4]:
+                    best = key
+    assert best is not None
+    return best[2], best[4], best[3]
+
+
+@dataclass(frozen=True)
+class PackedInfo:
+    """The blocks and sizes of a :func:`packed_conv2d` PrimFunc."""
+
+    prologue: list[SBlockRV]
+    conv: SBlockRV
+    epilogue: list[SBlockRV]
+    batch: int
+    out_channels: int
+    out_height: int
+    out_width: int
+    reduction: int
+    lanes: int
+    dtype_bits: int
+    pointwise: bool
+
+
+def _stage(sch: s_tir.Schedule, block: SBlockRV) -> str | None:
+    ann = sch.get(block).annotations
+    return str(ann[PACKED_STAGE]) if PACKED_STAGE in ann else None
+
+
+def match_packed(sch: s_tir.Schedule) -> PackedInfo | str:
+    """Recognise a :func:`packed_conv2d` PrimFunc (plus injective pro- and epilogues)."""
+    try:
+        root = get_root_block(sch)
+    except ValueError:
+        return "the function body is not a root block"
+    blocks = sch.get_child_blocks(root)
+    convs = [i for i, b in enumerate(blocks) if _stage(sch, b) == "conv"]
+    if not convs:
+        return f"no {PACKED_STAGE} conv block (not a packed conv)"
+    if len(convs) > 1:
+        return f"{len(convs)} packed conv blocks"
+    i = convs[0]
+    for j, b in enumerate(blocks):
+        if not isinstance(sch.get(b).body, tirx.BufferStore):
+            return f"block {sch.get(b).name_hint!r} is not a single buffer store"
+        if j != i and any(iv.iter_type != tirx.IterVar.DataPar for iv in sch.get(b).iter_vars):
+            return "a reduction outside the packed conv"
+    conv = sch.get(blocks[i])
+    kinds = "".join("S" if iv.iter_type == tirx.IterVar.DataPar else "R" for iv in conv.iter_vars)
+    if kinds != "SSSSRRR":
+        return f"packed conv block has iterations {kinds}"
+    out = conv.body.buffer
+    weight = conv.reads[-1].source
+    src = conv.reads[0].source
+    dims = [getattr(v, "value", None) for v in (*out.shape, *weight.shape)]
+    if any(d is None for d in dims) or len(dims) != 9:
+        return "dynamic shapes"
+    n, k, oh, ow = dims[:4]
+    lanes = dims[8]
+    reduction = math.prod(int(iv.dom.extent) for iv in conv.iter_vars[4:])
+    kernel = [int(iv.dom.extent) for iv in conv.iter_vars[5:]]
+    src_hw = [getattr(v, "value", None) for v in src.shape[2:]]
+    return PackedInfo(
+        prologue=list(blocks[:i]),
+        conv=blocks[i],
+        epilogue=list(blocks[i + 1 :]),
+        batch=n,
+        out_channels=k,
+        out_height=oh,
+        out_width=ow,
+        reduction=reduction,
+        lanes=lanes,
+        dtype_bits=int(out.dtype.bits),
+        # 1x1 reading the same pixel it writes: tile the flattened image (no row tails)
+        pointwise=kernel == [1, 1] and src_hw == [oh, ow],
+    )
+
+
+class CPUPackedConv2D(_CPURule):
+    """Channel-packed conv on CPUs (see the module docstring); declines anything else."""
+
+    def schedule(self, sch: s_tir.Schedule, target: Target):
+        cfg = self._config(target)
+        info = match_packed(sch)
+        if isinstance(info, str):
+            return info
+        _prepare_prologue(sch, FuncBlocks(info.prologue, None, []), cfg)
+        conv = info.conv
+        nbytes = info.dtype_bits // 8
+        lanes = info.lanes
+        ow = info.out_width
+        if info.pointwise:
+            height, width = 1, info.out_height * ow
+        else:
+            height, width = info.out_height, ow
+        ot, rows, cols = packed_tile(info.out_channels, height, width, lanes, cfg, nbytes)
+        writeback = sch.cache_write(conv, 0, "global")
+        # accumulators [y, x, k] (pointwise: [pixel, k]): each register holds `lanes`
+        # consecutive output channels
+        if info.pointwise:
+            sch.transform_layout(conv, ("write", 0), lambda n, k, y, x: (n, y * ow + x, k))
+        else:
+            sch.transform_layout(conv, ("write", 0), lambda n, k, y, x: (n, y, x, k))
+        _cpu_inline_epilogue(sch, FuncBlocks([], conv, info.epilogue), cfg)
+        if info.pointwise:
+            sch.transform_block_layout(
+                conv, lambda n, k, y, x, c, ky, kx: (n, k, y * ow + x, c, ky, kx)
+            )
+            sch.transform_block_layout(writeback, lambda n, k, y, x: (n, k, y * ow + x))
+            n, k, x, c, ky, kx = sch.get_loops(conv)
+        else:
+            n, k, y, x, c, ky, kx = sch.get_loops(conv)
+        ko, kt = sch.split(k, [None, ot * lanes])
+        koi, ki = sch.split(kt, [ot, lanes])
+        xo, xi = sch.split(x, [None, cols])
+        if info.pointwise:
+            yo, yi = None, None
+            sch.reorder(n, ko, xo, c, ky, kx, xi, koi, ki)
+            par = sch.fuse(n, ko, xo)
+        else:
+            yo, yi = sch.split(y, [None, rows])
+            sch.reorder(n, ko, yo, xo, c, ky, kx, yi, xi, koi, ki)
+            par = sch.fuse(n, ko, yo, xo)
+        sch.reverse_compute_at(writeback, par, preserve_unit_loops=True)
+        work = info.batch * info.out_channels * info.out_height * info.out_width * info.reduction
+        features = {"codl.parallel_extent": 0, "codl.vector_width": lanes}
+        if work >= cfg.min_parallel_work and int(sch.get(par).extent) > 1:
+            features["codl.parallel_extent"] = int(sch.get(par).extent)
+            sch.parallel(par)
+        unroll = [xi, koi] + ([yi] if yi is not None else [])
+        if int(sch.get(kx).extent) <= 7:
+            unroll.append(kx)
+        for loop in unroll:
+            if int(sch.get(loop).extent) > 1:
+                sch.unroll(loop)
+        sch.vectorize(ki)
+        init = sch.decompose_reduction(conv, c)
+        sch.vectorize(sch.get_loops(init)[-1])
+        return "packed", cfg.name, features

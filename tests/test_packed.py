@@ -1,0 +1,358 @@
+"""Channel-packed CPU conv (issue 4): weight packing, selection, tiles, rule, numerics, defaults.
+
+Numerics compare against a float64 numpy conv (``conv2d_ref``) with the bias and relu the ONNX
+frontend fuses after it; tolerance ``1e-4 * max(1, max|ref|)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+import tvm
+from codl_tvm.passes.winograd import Conv2DWinograd
+from codl_tvm.schedules import (
+    AVX512,
+    NEON,
+    SSE,
+    conv2d_shape_info,
+    cpu_config,
+    explain,
+    pack_weight,
+    packed_enabled,
+    packed_reason,
+)
+from codl_tvm.schedules.packed import packed_tile
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tvm import relax, tirx
+
+import codl_tvm
+from codl_tvm import runner
+from codl_tvm.cost_model.features import OpParams
+from codl_tvm.pipeline import legalize_passes, single_device_pipeline
+from codl_tvm.plan import uniform_plan
+from codl_tvm.planner.search import expected_impl
+
+from .test_schedules_cpu import (
+    AVX512_TARGET,
+    LLVM,
+    NEON_TARGET,
+    RUN_TARGETS,
+    _host_has_avx512,
+    conv2d_ref,
+    loop_kinds,
+    prim_funcs,
+)
+from .test_winograd import (
+    AVX2_TARGET,
+    POCL_TARGET,
+    _built_algorithms,
+    _calls,
+    assert_close,
+    needs_avx2,
+    scheduled,
+)
+
+
+def packed_cfg(base=SSE, **kw):
+    return dataclasses.replace(base, conv_packed=True, **kw)
+
+
+def conv_module(xshape, oc, *, ksize=3, stride=1, padding=1, dilation=1, groups=1, residual=False):
+    """conv + bias + relu (+ a residual input added before the relu), constant weights."""
+    rng = np.random.default_rng(7)
+    w = (rng.standard_normal((oc, xshape[1] // groups, ksize, ksize)) * 0.3).astype("float32")
+    b = (rng.standard_normal((1, oc, 1, 1)) * 0.1).astype("float32")
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType(xshape, "float32"))
+    params = [x]
+    with bb.function("main", params):
+        with bb.dataflow():
+            y = bb.emit(
+                relax.op.nn.conv2d(
+                    x,
+                    relax.const(w),
+                    strides=stride,
+                    padding=padding,
+                    dilation=dilation,
+                    groups=groups,
+                ),
+                name_hint="conv",
+            )
+            y = bb.emit(relax.op.add(y, relax.const(b)))
+            if residual:
+                y = bb.emit(relax.op.add(y, y))
+            out = bb.emit_output(relax.op.nn.relu(y))
+        bb.emit_func_output(out)
+    return bb.get(), w, b
+
+
+def _pads(padding) -> tuple[int, int, int, int]:
+    return tuple(padding) if isinstance(padding, tuple) else (padding,) * 4
+
+
+def reference(x, w, b, stride, padding, dilation, residual=False):
+    y = conv2d_ref(x, w, (stride, stride), _pads(padding), (dilation, dilation), 1) + b
+    return np.maximum(2 * y if residual else y, 0)
+
+
+def algorithms(mod) -> list[str]:
+    return sorted(str(f.attrs.get("codl.algorithm")) for f in prim_funcs(mod).values())
+
+
+# ---------------------------------------------------------------------------------------------
+# packing, selection, tiles
+
+
+def test_pack_weight_layout():
+    w = np.arange(32 * 3 * 2 * 2, dtype="float32").reshape(32, 3, 2, 2)
+    p = pack_weight(w, 16)
+    assert p.shape == (2, 3, 2, 2, 16) and p.flags.c_contiguous
+    for k in (0, 5, 16, 31):
+        np.testing.assert_array_equal(p[k // 16, :, :, :, k % 16], w[k])
+    with pytest.raises(ValueError, match="30 output channels are not a multiple of 16"):
+        pack_weight(w[:30], 16)
+
+
+def test_selection_reasons():
+    cfg = packed_cfg(AVX512)
+
+    def reason(data, weight, stride=1, pad=1, groups=1, config=cfg):
+        info = conv2d_shape_info(data, weight, (stride, stride), (pad,) * 4, (1, 1), groups)
+        return packed_reason(info, config)
+
+    assert reason((1, 512, 7, 7), (512, 512, 3, 3)) is None
+    assert reason((1, 1024, 14, 14), (256, 1024, 1, 1), pad=0) is None  # small 1x1
+    assert reason((1, 1024, 14, 14), (2048, 1024, 1, 1), stride=2, pad=0) is None  # strided 1x1
+    assert "gemm schedule" in reason((1, 64, 56, 56), (256, 64, 1, 1), pad=0)
+    assert "not a multiple of 16 lanes" in reason((1, 64, 13, 13), (1000, 64, 1, 1), pad=0)
+    assert "groups=4" in reason((1, 64, 14, 14), (64, 16, 3, 3), groups=4)
+    assert "packed_min_in_channels=16" in reason((1, 3, 224, 224), (64, 3, 7, 7), stride=2)
+    assert "disabled" in reason((1, 512, 7, 7), (512, 512, 3, 3), config=AVX512)
+    # NEON has 4 lanes: 20 channels qualify there, not on AVX-512
+    assert reason((1, 32, 7, 7), (20, 32, 3, 3), config=packed_cfg(NEON)) is None
+    assert "multiple of 16" in reason((1, 32, 7, 7), (20, 32, 3, 3))
+    # off in every preset: the CPU-alone default switches it on (below)
+    assert not any(c.conv_packed for c in (SSE, AVX512, NEON))
+    with pytest.raises(ValueError, match="packed_oc_vectors must be >= 1"):
+        packed_cfg(packed_oc_vectors=0)
+
+
+def test_expected_impl_follows_the_selection():
+    conv = OpParams("conv2d", 7, 7, 512, 512, kernel=3, stride=1, padding=(1, 1, 1, 1))
+    assert expected_impl(conv, "cpu", packed_cfg(AVX512)) == "packed"
+    assert expected_impl(conv, "cpu", AVX512) == "direct"
+    assert expected_impl(conv, "gpu", packed_cfg(AVX512)) == "direct"
+    big = OpParams("conv2d", 56, 56, 64, 256, kernel=1)
+    assert expected_impl(big, "cpu", packed_cfg(AVX512)) == "gemm"
+
+
+@pytest.mark.parametrize(
+    "shape, lanes, tile",
+    [
+        ((512, 7, 7), 16, (2, 1, 7)),  # 14 accumulators
+        ((256, 14, 14), 16, (2, 1, 7)),  # a tie with 1 x 14 goes to more channel vectors
+        ((64, 56, 56), 16, (2, 1, 8)),
+        ((16, 13, 13), 16, (1, 1, 13)),  # one channel block, prime width
+        ((32, 13, 13), 16, (1, 1, 13)),  # 2 x 13 would not fit; 2 x 1 x 6 wastes more
+        ((512, 17, 17), 16, (2, 2, 4)),  # prime width: tiles with a tail, not 1 column
+        ((1024, 1, 289), 16, (2, 1, 8)),  # a pointwise conv's flattened 17x17 image
+    ],
+)
+def test_tile_choice(shape, lanes, tile):
+    assert packed_tile(*shape, lanes, AVX512) == tile
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    blocks=st.integers(1, 64),
+    oh=st.integers(1, 60),
+    ow=st.integers(1, 300),
+    cfg=st.sampled_from([AVX512, SSE, NEON]),
+)
+def test_tile_fits_registers(blocks, oh, ow, cfg):
+    lanes = cfg.lanes(32)
+    ot, rows, cols = packed_tile(blocks * lanes, oh, ow, lanes, cfg)
+    budget = min(cfg.max_accumulators, cfg.max_tile_bytes // (4 * lanes))
+    assert 1 <= ot * rows * cols <= max(1, budget)
+    assert ot * lanes * rows * cols * 4 <= cfg.max_tile_bytes
+    assert blocks % ot == 0 and ot <= cfg.packed_oc_vectors
+    assert rows <= oh and cols <= ow
+    # tails never waste more than half of a tile's iterations
+    assert oh / (-(-oh // rows) * rows) >= 0.5 and ow / (-(-ow // cols) * cols) >= 0.5
+
+
+# ---------------------------------------------------------------------------------------------
+# the Relax rewrite and the rule (structure)
+
+
+def test_pass_rewrites_and_records_decisions():
+    mod, _, _ = conv_module((1, 32, 7, 7), 32)
+    p = Conv2DWinograd(LLVM, cpu=packed_cfg())
+    out = p(mod)
+    assert p.decisions == {"conv": "packed"}
+    ops = {str(c.op.name) for c in _calls(out["main"]) if isinstance(c.op, tvm.ir.Op)}
+    assert "relax.nn.conv2d" not in ops
+    # a constant of the packed layout replaced the OIHW weight
+    consts = []
+    relax.analysis.post_order_visit(
+        out["main"].body,
+        lambda e: (
+            consts.append(e.value.shape)
+            if isinstance(e, tvm.ir.Constant) and hasattr(e.value, "shape")
+            else None
+        ),
+    )
+    consts = [tuple(int(v) for v in shape) for shape in consts]
+    assert (8, 32, 3, 3, 4) in consts  # SSE: 4 lanes
+    # declined convs keep conv2d and say why (Winograd's reason, then the packed one)
+    mod, _, _ = conv_module((1, 32, 7, 7), 32, groups=4)
+    p = Conv2DWinograd(LLVM, cpu=packed_cfg())
+    p(mod)
+    assert "not packed: groups=4" in p.decisions["conv"]
+    p = Conv2DWinograd(LLVM, cpu=SSE)  # packed off: the pass leaves the module alone
+    mod, _, _ = conv_module((1, 32, 7, 7), 32)
+    assert p(mod).same_as(mod) and "disabled" in p.decisions["conv"]
+
+
+def test_rule_applies_and_records():
+    mod, _, _ = conv_module((1, 64, 7, 7), 64, residual=True)
+    cfg = packed_cfg(AVX512)
+    with AVX512_TARGET:
+        legal = Conv2DWinograd(AVX512_TARGET, cpu=cfg)(mod)
+        legal = tvm.transform.Sequential(legalize_passes(AVX512_TARGET))(legal)
+    (func,) = prim_funcs(legal).values()  # bias, residual add and relu fused after the conv
+    reasons = explain(func, AVX512_TARGET)
+    assert reasons["CPUPackedConv2D"] is None
+    plain = tvm.transform.Sequential(legalize_passes(AVX512_TARGET))(_plain())
+    (direct,) = prim_funcs(plain).values()
+    assert "not a packed conv" in explain(direct, AVX512_TARGET)["CPUPackedConv2D"]
+    out = scheduled(mod, AVX512_TARGET, cpu=cfg)
+    (func,) = prim_funcs(out).values()
+    assert func.attrs["codl.algorithm"] == "packed" and func.attrs["codl.config"] == "avx512"
+    assert func.attrs["codl.vector_width"] == 16
+    # 64 channels = 4 blocks of 16, 2 per tile; 7 rows; one 7-column tile per row
+    assert func.attrs["codl.parallel_extent"] == 2 * 7
+    assert {tirx.ForKind.PARALLEL, tirx.ForKind.VECTORIZED, tirx.ForKind.UNROLLED} <= loop_kinds(
+        func
+    )
+    tvm.compile(out, target=AVX512_TARGET)
+
+
+def _plain():
+    mod, _, _ = conv_module((1, 32, 7, 7), 32)
+    return mod
+
+
+def test_neon_packed_conv_compiles_for_aarch64():
+    mod, _, _ = conv_module((1, 32, 14, 14), 64, stride=2)
+    out = scheduled(mod, NEON_TARGET, cpu=packed_cfg(NEON))
+    assert algorithms(out) == ["packed"]
+    assert prim_funcs(out).popitem()[1].attrs["codl.vector_width"] == 4
+    tvm.compile(out, target=NEON_TARGET)
+
+
+# ---------------------------------------------------------------------------------------------
+# numerics
+
+
+CASES = [
+    # (x shape, oc, kernel, stride, padding, dilation, residual)
+    ((1, 32, 7, 7), 64, 3, 1, 1, 1, False),
+    ((2, 32, 9, 11), 32, 3, 2, (0, 1, 2, 1), 1, True),  # batch 2, stride 2, asymmetric pad
+    ((1, 64, 14, 14), 32, 1, 1, 0, 1, False),  # small 1x1 (GEMM size)
+    ((1, 48, 13, 10), 16, 1, 2, 0, 1, True),  # strided 1x1
+    ((1, 16, 10, 10), 16, 3, 1, 2, 2, False),  # dilation 2
+    ((1, 24, 5, 23), 48, 5, 1, (2, 1, 2, 3), 1, False),  # 5x5, uneven width
+]
+
+
+@pytest.mark.parametrize("target", RUN_TARGETS, ids=lambda t: str(t.attrs.get("mcpu", "generic")))
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-oc{c[1]}-k{c[2]}-s{c[3]}")
+def test_packed_conv_matches_numpy(case, target):
+    xshape, oc, k, stride, padding, dilation, residual = case
+    mod, w, b = conv_module(
+        xshape, oc, ksize=k, stride=stride, padding=padding, dilation=dilation, residual=residual
+    )
+    cfg = packed_cfg(cpu_config(target))
+    assert algorithms(scheduled(mod, target, cpu=cfg)) == ["packed"]
+    built = runner.build(
+        mod, "cpu", target=target, relax_pipeline=single_device_pipeline(target, cfg)
+    )
+    x = np.random.default_rng(3).standard_normal(xshape).astype("float32")
+    assert_close(built([x])[0], reference(x, w, b, stride, padding, dilation, residual))
+
+
+@pytest.mark.slow
+@settings(max_examples=8, deadline=None)
+@given(
+    c=st.integers(16, 40),
+    blocks=st.integers(1, 3),
+    h=st.integers(1, 12),
+    w=st.integers(1, 12),
+    k=st.sampled_from([1, 3]),
+    stride=st.sampled_from([1, 2]),
+    pad=st.tuples(*[st.integers(0, 1)] * 4),
+)
+def test_packed_conv_property(c, blocks, h, w, k, stride, pad):
+    if h + pad[0] + pad[2] < k or w + pad[1] + pad[3] < k:
+        return
+    xshape, oc = (1, c, h, w), 4 * blocks
+    mod, wt, b = conv_module(xshape, oc, ksize=k, stride=stride, padding=pad)
+    cfg = packed_cfg(SSE)
+    built = runner.build(mod, "cpu", target=LLVM, relax_pipeline=single_device_pipeline(LLVM, cfg))
+    x = np.random.default_rng(5).standard_normal(xshape).astype("float32")
+    assert_close(built([x])[0], reference(x, wt, b, stride, pad, 1))
+
+
+@pytest.mark.opencl
+@pytest.mark.parametrize(
+    ("dim", "ratio"), [("H", 0.5), pytest.param("OC", 0.5, marks=pytest.mark.slow)]
+)
+@needs_avx2
+def test_co_executed_cpu_parts_get_packed_convs(opencl, dim, ratio, tmp_path, monkeypatch):
+    """With packing switched on for every build (``compile --packed``), the CPU part of a split
+    conv (halo rows or sliced constant weights) is a packed conv, the GPU part stays direct, and
+    the co-executed model equals numpy."""
+    mod, w, b = conv_module((1, 32, 12, 11), 64)
+    plan = uniform_plan(mod, dim, ratio)
+    x = np.random.default_rng(5).standard_normal((1, 32, 12, 11)).astype("float32")
+    monkeypatch.setenv("CODL_TVM_DUMP_IR", str(tmp_path))
+    with packed_enabled("all"):
+        got = codl_tvm.compile(mod, plan, gpu=POCL_TARGET, cpu=AVX2_TARGET)([x])[0]
+    monkeypatch.delenv("CODL_TVM_DUMP_IR")
+    built = _built_algorithms(tmp_path)
+    assert ("packed", "avx2") in built and ("direct", "pocl") in built, built
+    assert_close(got, reference(x, w, b, 1, 1, 1))
+
+
+# ---------------------------------------------------------------------------------------------
+# the CPU-alone default of `codl-tvm compile`
+
+
+@pytest.mark.parametrize("flag", [None, "--no-packed"])
+def test_cpu_alone_builds_use_packed_convs_on_avx512(tmp_path, monkeypatch, capsys, flag):
+    """A CPU artifact for an AVX-512 preset packs qualifying convs by default (the manifest says
+    so); ``--no-packed`` keeps the direct/GEMM kernels. Both match the direct reference."""
+    from codl_tvm.cli import main
+
+    args = ["compile", "--device", "cpu", "--preset", "emulated-soc", "--no-winograd"]
+    args += [flag] if flag else []
+    monkeypatch.setenv("CODL_TVM_DUMP_IR", str(tmp_path / "ir"))
+    assert main([*args, "-o", str(tmp_path / "dumped"), "--no-reference"]) == 0
+    monkeypatch.delenv("CODL_TVM_DUMP_IR")
+    built = _built_algorithms(tmp_path / "ir")
+    assert (("packed", "avx512") in built) is (flag is None), built
+    assert ("direct", "avx512") in built  # the 3-channel stem stays direct
+    out = tmp_path / "cpu"
+    assert main([*args, "-o", str(out)]) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["packed"] is (flag is None)
+    assert manifest["packed_cpu_alone"] is (flag is None)
+    if _host_has_avx512():
+        capsys.readouterr()
+        assert main(["run", str(out), "--number", "1", "--repeat", "1"]) == 0
+        assert "-> OK" in capsys.readouterr().out
