@@ -121,11 +121,14 @@ class CPUConfig:
     packed_oc_vectors : int
         Most output-channel vectors in one register tile of the packed conv.
     packed_min_in_channels : int
-        Packed convs only with at least this many input channels (a 3-channel first conv
-        keeps the row-vectorised ``direct`` schedule).
+        Packed convs only with at least this many input channels: each output pixel is one
+        broadcast per input channel and tap, so short reductions leave the loads dominant
+        (measured slower below 48 channels; a 3-channel stem keeps ``direct``).
     packed_max_gemm_pixels : int
         1x1 stride-1 convs are packed only up to this many output pixels; larger images keep
         the ``gemm`` schedule.
+    packed_min_gemm_channels : int
+        ... and only with at least this many input channels (the GEMM was as fast below).
     """
 
     name: str
@@ -147,8 +150,9 @@ class CPUConfig:
     winograd_min_channels: int = 32
     conv_packed: bool = False
     packed_oc_vectors: int = 2
-    packed_min_in_channels: int = 16
+    packed_min_in_channels: int = 48
     packed_max_gemm_pixels: int = 400
+    packed_min_gemm_channels: int = 256
 
     def __post_init__(self) -> None:
         _check_winograd(self)

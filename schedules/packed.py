@@ -21,8 +21,11 @@ Selection (:func:`packed_reason`): CPUs whose config enables it (``CPUConfig.con
 builds for the CPU alone on the presets of :data:`~codl_tvm.schedules.config.PACKED_CPU_ALONE`),
 one group, a constant weight, output channels a multiple of the vector width, at least
 ``packed_min_in_channels`` input channels, and for 1x1 stride-1 convs at most
-``packed_max_gemm_pixels`` output pixels (larger images keep the ``gemm`` schedule, which was
-as fast or faster there). The conv is rewritten before legalization by
+``packed_max_gemm_pixels`` output pixels and at least ``packed_min_gemm_channels`` input
+channels (elsewhere the ``gemm`` schedule was as fast or faster). The thresholds come from
+single-thread A/B builds on an AVX-512 host (SqueezeNet's 16- and 32-channel 3x3 convs ran
+0.73-0.96x as fast packed) after SqueezeNet measured 0.87x packed on the device machine.
+The conv is rewritten before legalization by
 :class:`codl_tvm.passes.winograd.Conv2DWinograd` (which chooses every conv's algorithm) and
 scheduled by :class:`CPUPackedConv2D`; kernels record ``codl.algorithm = "packed"``.
 """
@@ -83,6 +86,11 @@ def packed_reason(info: Conv2DInfo, config: CPUConfig) -> str | None:
         return (
             f"1x1 conv over {pixels} pixels: the gemm schedule "
             f"(packed_max_gemm_pixels={config.packed_max_gemm_pixels})"
+        )
+    if info.pointwise and info.in_channels < config.packed_min_gemm_channels:
+        return (
+            f"1x1 conv with {info.in_channels} input channels: the gemm schedule "
+            f"(packed_min_gemm_channels={config.packed_min_gemm_channels})"
         )
     return None
 

@@ -58,6 +58,8 @@ from .test_winograd import (
 
 
 def packed_cfg(base=SSE, **kw):
+    """``base`` with packed convs on; the channel thresholds off unless given (small shapes)."""
+    kw = {"packed_min_in_channels": 1, "packed_min_gemm_channels": 1, **kw}
     return dataclasses.replace(base, conv_packed=True, **kw)
 
 
@@ -118,7 +120,7 @@ def test_pack_weight_layout():
 
 
 def test_selection_reasons():
-    cfg = packed_cfg(AVX512)
+    cfg = dataclasses.replace(AVX512, conv_packed=True)  # the preset's thresholds
 
     def reason(data, weight, stride=1, pad=1, groups=1, config=cfg):
         info = conv2d_shape_info(data, weight, (stride, stride), (pad,) * 4, (1, 1), groups)
@@ -130,11 +132,13 @@ def test_selection_reasons():
     assert "gemm schedule" in reason((1, 64, 56, 56), (256, 64, 1, 1), pad=0)
     assert "not a multiple of 16 lanes" in reason((1, 64, 13, 13), (1000, 64, 1, 1), pad=0)
     assert "groups=4" in reason((1, 64, 14, 14), (64, 16, 3, 3), groups=4)
-    assert "packed_min_in_channels=16" in reason((1, 3, 224, 224), (64, 3, 7, 7), stride=2)
+    assert "packed_min_in_channels=48" in reason((1, 3, 224, 224), (64, 3, 7, 7), stride=2)
+    assert "packed_min_in_channels=48" in reason((1, 32, 27, 27), (128, 32, 3, 3))
+    assert "packed_min_gemm_channels=256" in reason((1, 64, 13, 13), (256, 64, 1, 1), pad=0)
     assert "disabled" in reason((1, 512, 7, 7), (512, 512, 3, 3), config=AVX512)
     # NEON has 4 lanes: 20 channels qualify there, not on AVX-512
-    assert reason((1, 32, 7, 7), (20, 32, 3, 3), config=packed_cfg(NEON)) is None
-    assert "multiple of 16" in reason((1, 32, 7, 7), (20, 32, 3, 3))
+    assert reason((1, 64, 7, 7), (20, 64, 3, 3), config=packed_cfg(NEON)) is None
+    assert "multiple of 16" in reason((1, 64, 7, 7), (20, 64, 3, 3))
     # off in every preset: the CPU-alone default switches it on (below)
     assert not any(c.conv_packed for c in (SSE, AVX512, NEON))
     with pytest.raises(ValueError, match="packed_oc_vectors must be >= 1"):
@@ -317,9 +321,9 @@ def test_co_executed_cpu_parts_get_packed_convs(opencl, dim, ratio, tmp_path, mo
     """With packing switched on for every build (``compile --packed``), the CPU part of a split
     conv (halo rows or sliced constant weights) is a packed conv, the GPU part stays direct, and
     the co-executed model equals numpy."""
-    mod, w, b = conv_module((1, 32, 12, 11), 64)
+    mod, w, b = conv_module((1, 64, 12, 11), 64)
     plan = uniform_plan(mod, dim, ratio)
-    x = np.random.default_rng(5).standard_normal((1, 32, 12, 11)).astype("float32")
+    x = np.random.default_rng(5).standard_normal((1, 64, 12, 11)).astype("float32")
     monkeypatch.setenv("CODL_TVM_DUMP_IR", str(tmp_path))
     with packed_enabled("all"):
         got = codl_tvm.compile(mod, plan, gpu=POCL_TARGET, cpu=AVX2_TARGET)([x])[0]
@@ -356,3 +360,56 @@ def test_cpu_alone_builds_use_packed_convs_on_avx512(tmp_path, monkeypatch, caps
         capsys.readouterr()
         assert main(["run", str(out), "--number", "1", "--repeat", "1"]) == 0
         assert "-> OK" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------------------------------------
+# profiling the packed kernels (`codl-tvm profile --packed`) for the cost models
+
+
+def _conv_onnx(path):
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(np.ones((64, 64, 3, 3), "float32"), "w")
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])],
+        "m",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64, 7, 7])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64, 7, 7])],
+        [w],
+    )
+    path.write_bytes(helper.make_model(graph).SerializeToString())
+    return path
+
+
+@pytest.mark.opencl
+def test_profile_packed_parts_and_fit_with_direct_data(opencl, tmp_path, capsys):
+    """``profile --packed`` builds conv parts with a constant weight through the algorithm
+    passes: CPU parts record ``packed``, GPU parts stay direct; a dataset keeps one algorithm
+    setting; ``cost-model fit`` takes the direct and the packed datasets together."""
+    from codl_tvm.cli import main
+    from codl_tvm.cost_model.dataset import load_dataset
+
+    model = _conv_onnx(tmp_path / "m.onnx")
+    common = ["--model", str(model), "--ratios", "0,0.5", "--dims", "OC", "--repeats", "2"]
+    common += ["--number", "1", "--no-sharing"]
+    packed, direct = tmp_path / "packed.jsonl", tmp_path / "direct.jsonl"
+    assert main(["profile", *common, "--packed", "-o", str(packed)]) == 0
+    data = load_dataset(packed)
+    assert set(data.meta["algorithms"]) == {"packed"}
+    impls = {(r.processor, r.partition.ratio): r.impl for r in data.op_records}
+    assert impls == {("cpu", 0.0): "packed", ("cpu", 0.5): "packed", ("gpu", 0.5): "direct"}
+    # resuming it without --packed would mix settings under the same job keys: refused
+    capsys.readouterr()
+    assert main(["profile", *common, "-o", str(packed)]) != 0
+    assert "algorithm switches" in capsys.readouterr().err
+    assert main(["profile", *common, "-o", str(direct)]) == 0
+    assert {r.impl for r in load_dataset(direct).op_records if r.processor == "cpu"} == {"direct"}
+    out = tmp_path / "m.json"
+    argv = ["cost-model", "fit", str(direct), str(packed), "-o", str(out), "--kind", "gbdt"]
+    with pytest.warns(UserWarning, match=r"\('conv2d', 'cpu', 'packed'\)"):  # its own group
+        assert main([*argv, "--holdout", "0"]) == 0
+    meta = json.loads(out.read_text())["meta"]
+    assert meta["dataset"] == [str(direct), str(packed)] and meta["n_train"] == 6
+    capsys.readouterr()
+    assert main(["cost-model", "eval", str(out), str(direct), str(packed), "--json"]) == 0
+    assert "packed" in capsys.readouterr().out

@@ -117,6 +117,7 @@ DEFAULT_IMPL_FORMULAS: tuple[tuple[str, str], ...] = (
     ("generic", "direct"),
     ("dlight", "direct"),
     ("depthwise", "direct"),
+    ("packed", "direct"),
     ("pool", "direct"),
     ("gemm", "gemm"),
     ("im2col", "gemm"),

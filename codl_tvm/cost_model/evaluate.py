@@ -394,9 +394,22 @@ def _cli_error(message: str) -> Exception:
     return CliError(message)
 
 
+def _load_datasets(paths: Sequence[str]):
+    """The records of several datasets in order (e.g. direct kernels and the algorithms of
+    ``codl-tvm profile --winograd --packed``, measured on the same device)."""
+    from codl_tvm.cost_model.dataset import Dataset
+
+    sets = [load_dataset(p) for p in paths]
+    return Dataset([r for d in sets for r in d.records], dict(sets[0].meta))
+
+
+def _names(paths: Sequence[str]) -> str:
+    return ", ".join(str(p) for p in paths)
+
+
 def cmd_fit(args: argparse.Namespace) -> int:
     try:
-        data = load_dataset(args.data)
+        data = _load_datasets(args.data)
         train, test = split_records(data.records, args.holdout, args.seed)
         dropped = []
         drop = args.drop_inconsistent
@@ -418,7 +431,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
         raise _cli_error(str(exc)) from None
     model.meta.update(
         {
-            "dataset": str(args.data),
+            "dataset": str(args.data[0]) if len(args.data) == 1 else [str(p) for p in args.data],
             "holdout": args.holdout,
             "seed": args.seed,
             "n_train": sum(isinstance(r, OpRecord) for r in train),
@@ -439,14 +452,14 @@ def cmd_fit(args: argparse.Namespace) -> int:
 def cmd_eval(args: argparse.Namespace) -> int:
     try:
         model = CostModel.load(args.model)
-        data = load_dataset(args.data)
+        data = _load_datasets(args.data)
         holdout = float(model.meta.get("holdout", 0.0))
         seed = int(model.meta.get("seed", 0))
         if args.all or holdout == 0.0:
-            records, split = data.records, f"all records of {args.data}"
+            records, split = data.records, f"all records of {_names(args.data)}"
         else:
             _, records = split_records(data.records, holdout, seed)
-            split = f"held-out {holdout:.0%} of {args.data} (seed {seed})"
+            split = f"held-out {holdout:.0%} of {_names(args.data)} (seed {seed})"
         report = evaluate(model, records, split)
     except (DatasetError, ModelFileError, ValueError) as exc:
         raise _cli_error(str(exc)) from None
@@ -467,7 +480,9 @@ def register_cli(subparsers) -> None:
     sub = p.add_subparsers(dest="cost_model_command", required=True)
 
     f = sub.add_parser("fit", help="fit a cost model on a latency dataset")
-    f.add_argument("data", help="dataset (.jsonl) written by `codl-tvm profile`")
+    f.add_argument(
+        "data", nargs="+", help="datasets (.jsonl) written by `codl-tvm profile`, fitted together"
+    )
     f.add_argument("-o", "--output", required=True, help="model file to write (.json)")
     f.add_argument(
         "--kind",
@@ -502,7 +517,7 @@ def register_cli(subparsers) -> None:
 
     e = sub.add_parser("eval", help="accuracy of a cost model on a dataset's held-out part")
     e.add_argument("model", help="model file (.json)")
-    e.add_argument("data", help="dataset (.jsonl)")
+    e.add_argument("data", nargs="+", help="datasets (.jsonl), evaluated together")
     e.add_argument("--json", action="store_true", help="print the report as JSON")
     e.add_argument("--plot", help="write a predicted-vs-measured scatter plot (PNG)")
     e.add_argument(

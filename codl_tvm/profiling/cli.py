@@ -19,6 +19,12 @@ Over every free device of the key in parallel (a device farm; a job whose device
 retried on another)::
 
     codl-tvm profile --sample 20 --rpc 127.0.0.1:9190 --rpc-key soc --farm -o data/soc.jsonl
+
+The CPU kernels that builds for the CPU alone use (Winograd and channel-packed convs), into
+their own dataset, fitted together with the direct one::
+
+    codl-tvm profile --sample 20 --winograd --packed -o data/local-algos.jsonl
+    codl-tvm cost-model fit data/local.jsonl data/local-algos.jsonl --kind gbdt -o m.json
 """
 
 from __future__ import annotations
@@ -71,6 +77,18 @@ def _error(message: str) -> Exception:
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
+    import contextlib
+
+    from codl_tvm.schedules import packed_enabled, winograd_enabled
+
+    with (
+        winograd_enabled("all") if args.winograd else contextlib.nullcontext(),
+        packed_enabled("all") if args.packed else contextlib.nullcontext(),
+    ):
+        return _profile(args)
+
+
+def _profile(args: argparse.Namespace) -> int:
     from codl_tvm.profiling.profile import (
         compile_jobs,
         make_jobs,
@@ -79,11 +97,19 @@ def cmd_profile(args: argparse.Namespace) -> int:
         run_compiled,
         sampled_ops,
     )
-    from codl_tvm.profiling.runner import LocalSession, ProfileError, RPCSession, TimingConfig
+    from codl_tvm.profiling.runner import (
+        LocalSession,
+        ProfileError,
+        RPCSession,
+        TimingConfig,
+        algorithm_switches,
+    )
 
     timing = TimingConfig(args.warmup, args.repeats, args.number)
     sharing = () if args.no_sharing else args.sharing_sizes
     meta = {"command": "codl-tvm profile", "seed": args.seed, "sampler": args.sampler}
+    if algorithm_switches():
+        meta["algorithms"] = algorithm_switches()
     remote = None
     try:
         if args.run_dir:
@@ -208,6 +234,17 @@ def register_cli(subparsers) -> None:
         help="bytes at which transform/map/unmap are measured",
     )
     p.add_argument("--no-sharing", action="store_true", help="skip the sharing costs")
+    p.add_argument(
+        "--winograd",
+        action="store_true",
+        help="build conv parts as imported models are (constant weight) with Winograd on where "
+        "the presets allow; the records name the algorithm each part got",
+    )
+    p.add_argument(
+        "--packed",
+        action="store_true",
+        help="likewise with channel-packed CPU convs on (one algorithm setting per dataset)",
+    )
     p.add_argument("--rpc", help="measure through a TVM RPC tracker HOST:PORT")
     p.add_argument("--rpc-key", help="device key at the tracker")
     p.add_argument("--rpc-timeout", type=float, default=30.0)

@@ -29,6 +29,7 @@ from codl_tvm.profiling.runner import (
     LocalSession,
     ProfileError,
     TimingConfig,
+    algorithm_switches,
     compile_part,
     device_description,
     measure_op,
@@ -217,7 +218,17 @@ def make_jobs(
 def _open(output, meta):
     writer = DatasetWriter(output, meta=meta)  # drops a partial last line first
     writer._file.flush()  # the header of a new file, so it can be read back
-    done = {_record_job_key(r) for r in load_dataset(output).op_records}
+    data = load_dataset(output)
+    # A dataset holds one algorithm setting: a resumed job is skipped by its shape alone.
+    have, want = data.meta.get("algorithms", {}), (meta or {}).get("algorithms", {})
+    if have != want:
+        writer.close()
+        raise ProfileError(
+            f"{output} was profiled with algorithm switches {have or 'none (direct)'}, "
+            f"this run has {want or 'none (direct)'}; write it to another dataset "
+            "(`codl-tvm cost-model fit` takes several)"
+        )
+    done = {_record_job_key(r) for r in data.op_records}
     return writer, done
 
 
@@ -310,6 +321,13 @@ def compile_jobs(
     entries: list[dict] = []
     if path.exists():
         entries = _read_manifest(path)
+        have_switches = json.loads(path.read_text()).get("algorithms", {})
+        if entries and have_switches != algorithm_switches():
+            raise ProfileError(
+                f"{directory} holds parts built with algorithm switches "
+                f"{have_switches or 'none (direct)'}, this run has "
+                f"{algorithm_switches() or 'none (direct)'}; compile into another directory"
+            )
     have = {
         (
             json.dumps(e["params"], sort_keys=True),
@@ -355,6 +373,7 @@ def _write_manifest(path: Path, entries, gpu_target, cpu_target) -> None:
     obj = {
         "format": MANIFEST_FORMAT,
         "version": 1,
+        "algorithms": algorithm_switches(),
         "gpu_target": _target_str("gpu", gpu_target),
         "cpu_target": _target_str("cpu", cpu_target),
         "parts": entries,
@@ -395,6 +414,9 @@ def run_compiled(
     entries = _read_manifest(path)
     session = session or LocalSession()
     device = device_description(session, obj["gpu_target"], obj["cpu_target"])
+    meta = dict(meta or {})
+    if obj.get("algorithms"):
+        meta["algorithms"] = obj["algorithms"]
     writer, done = _open(output, meta)
     parts = [CompiledPart.from_json(e) for e in entries]
     todo = [c for c in parts if job_key(c.params, c.partition, c.processor, device) not in done]

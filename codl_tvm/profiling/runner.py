@@ -41,6 +41,7 @@ __all__ = [
     "ProfileError",
     "RPCSession",
     "TimingConfig",
+    "algorithm_switches",
     "check_part",
     "compile_part",
     "device_description",
@@ -97,8 +98,22 @@ def part_padding(params: OpParams, part: PartShape) -> tuple[int, int, int, int]
     return (top, pl, bottom, pr)
 
 
-def part_module(params: OpParams, part: PartShape):
-    """A Relax module whose ``main`` computes one part of ``params`` (inputs: data, weight)."""
+def algorithm_switches() -> dict[str, list[str]]:
+    """The algorithm switches on here: ``{"winograd": presets, "packed": presets}`` of
+    :func:`~codl_tvm.schedules.winograd_enabled` / :func:`~codl_tvm.schedules.packed_enabled`
+    blocks, empty entries left out (``{}``: direct kernels only)."""
+    from codl_tvm.schedules.config import packed_presets, winograd_presets
+
+    switches = {"winograd": sorted(winograd_presets()), "packed": sorted(packed_presets())}
+    return {k: v for k, v in switches.items() if v}
+
+
+def part_module(params: OpParams, part: PartShape, constant_weight: bool = False):
+    """A Relax module whose ``main`` computes one part of ``params`` (inputs: data, weight).
+
+    ``constant_weight``: a conv's weight is a seeded constant instead of an input, as in an
+    imported model, so the algorithm passes (Winograd, packed convs) can transform it.
+    """
     from tvm import relax
 
     if part.empty:
@@ -117,8 +132,14 @@ def part_module(params: OpParams, part: PartShape):
     elif params.op == "conv2d":
         x = relax.Var("x", relax.TensorType((1, part.ic, part.in_h, part.in_w), "float32"))
         wshape = (part.oc, part.ic // part.groups, params.kernel, params.kernel)
-        w = relax.Var("w", relax.TensorType(wshape, "float32"))
-        with bb.function("main", [x, w]):
+        if constant_weight:
+            rng = np.random.default_rng(0)
+            w = relax.const(rng.standard_normal(wshape).astype("float32"))
+            fparams = [x]
+        else:
+            w = relax.Var("w", relax.TensorType(wshape, "float32"))
+            fparams = [x, w]
+        with bb.function("main", fparams):
             with bb.dataflow():
                 out = bb.emit_output(
                     relax.op.nn.conv2d(
@@ -312,6 +333,9 @@ def compile_part(
     ``verify`` checks the part against the one ``PartitionOperators`` makes (:func:`check_part`).
     ``preset`` (a ``codl_tvm.targets`` preset name) picks both targets unless ``target`` is given
     and exports with the preset's (cross-)toolchain, for a device machine.
+    Inside :func:`~codl_tvm.schedules.winograd_enabled` / :func:`~codl_tvm.schedules.packed_enabled`
+    (``codl-tvm profile --winograd/--packed``) a conv part is built as an imported model's is:
+    constant weight, then the algorithm passes, so its record names the algorithm it got.
     """
     import hashlib
 
@@ -320,6 +344,7 @@ def compile_part(
 
     from codl_tvm.cost_model.dispatch import dispatch_features
     from codl_tvm.pipeline import (
+        algorithm_passes,
         dataflow_lower_passes,
         finalize_passes,
         legalize_passes,
@@ -339,7 +364,9 @@ def compile_part(
         )
     if verify:
         check_part(params, partition, processor, part)
-    mod = part_module(params, part)
+    switches = algorithm_switches()
+    algorithms = bool(switches) and params.op == "conv2d"
+    mod = part_module(params, part, constant_weight=algorithms)
     if preset is not None and target is None:
         from codl_tvm.targets import get_preset
 
@@ -350,7 +377,9 @@ def compile_part(
 
         runtime.load()
     with tgt:
-        scheduled = tvm.transform.Sequential(legalize_passes(tgt) + schedule_passes(tgt))(mod)
+        passes = algorithm_passes(tgt) if algorithms else []
+        passes += legalize_passes(tgt) + schedule_passes(tgt)
+        scheduled = tvm.transform.Sequential(passes)(mod)
     funcs = [f for _, f in scheduled.functions.items() if isinstance(f, tirx.PrimFunc)]
     impl = _implementation(funcs)
     cpu_threads = None if processor == "gpu" else (threads or _threads())
@@ -365,7 +394,8 @@ def compile_part(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     ident = json.dumps(
-        [params.op, params.to_json(), partition.to_json(), processor, str(tgt)], sort_keys=True
+        [params.op, params.to_json(), partition.to_json(), processor, str(tgt), switches],
+        sort_keys=True,
     )
     lib = f"{params.op}_{processor}_{hashlib.sha1(ident.encode()).hexdigest()[:12]}.so"
     if preset is not None:
