@@ -24,6 +24,7 @@ earlier artifact's files only.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -242,8 +243,6 @@ def compile_artifact(
         raise ArtifactError(f"{model_path}: no such model file")
     _prepare_dir(out, force)
     try:
-        import contextlib
-
         from codl_tvm.schedules import packed_enabled, winograd_enabled
 
         with (
@@ -331,12 +330,45 @@ def _compile_into(
     work = Path(tempfile.mkdtemp(prefix="codl-artifact-"))
     libraries = _Libraries(work, build_cache, model, manifest, preset_obj, log)
     built = None  # the exported library
+    switches = contextlib.ExitStack()  # algorithms switched on for co-executed CPU parts
     try:
         if device == "coexec":
             if preset_obj.gpu is None:
                 raise ArtifactError(f"preset {preset_obj.name!r} has no GPU; use --device cpu")
+            algos = (
+                ()
+                if plan is not None
+                else _coexec_cpu_algorithms(cost_model, preset_obj, winograd, packed)
+            )
+            _switch_on(switches, algos, preset_obj)
+            manifest["coexec_cpu_algorithms"] = list(algos)
+            libraries.coexec_cpu_algorithms = algos
+            if algos:
+                log(
+                    f"co-executed CPU parts use {' and '.join(algos)} kernels (the cost model has "
+                    "data for them)"
+                )
+            alone = [
+                name
+                for name, on in (
+                    ("winograd", winograd is None and _cpu_alone_winograd(preset_obj)),
+                    ("packed", packed is None and _cpu_alone_packed(preset_obj)),
+                )
+                if on and name not in algos
+            ]
+            if alone and plan is None:
+                # The planner predicts the CPU alone with the kernels the cost model knows.
+                manifest["cpu_alone_unmodelled"] = alone
+                log(
+                    f"note: the build for the CPU alone uses {' and '.join(alone)} kernels, which "
+                    "the cost model has no data for: the planner predicts the CPU alone (and CPU "
+                    "parts) with direct kernels, so it may co-execute where the CPU alone is "
+                    "faster; --verify measures instead (or profile them: codl-tvm profile "
+                    f"--{' --'.join(alone)})"
+                )
+            planner_config = _planner_config(preset_obj)
             plan, report = _make_plan(
-                model, out, mode, cost_model, plan, preset_obj.name, manifest, log
+                model, out, mode, cost_model, plan, preset_obj.name, manifest, log, planner_config
             )
             single = _single_processor(plan, report, mode)
             if single is not None and verify:
@@ -373,7 +405,9 @@ def _compile_into(
                 candidates = {"coexec": built}
                 plans = {}
                 if verify_modes and report is not None:
-                    plans = _candidate_plans(model, plan, mode, verify_modes, manifest, log)
+                    plans = _candidate_plans(
+                        model, plan, mode, verify_modes, manifest, log, planner_config
+                    )
                     for name, (cand, _) in plans.items():
                         candidates[name] = libraries.get(
                             name, "coexec", cand, lambda c=cand: build_coexec(c)
@@ -411,6 +445,7 @@ def _compile_into(
             )
             manifest["reference"] = {"file": REFERENCE, "seed": seed, "target": "host llvm"}
     finally:
+        switches.close()
         shutil.rmtree(work, ignore_errors=True)
     manifest["files"] = {p.name: _sha256(p) for p in sorted(out.iterdir()) if p.name in _OWN_FILES}
     (out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
@@ -473,6 +508,7 @@ class _Libraries:
         self._cpu_alone_winograd = manifest["winograd_cpu_alone"]
         self._packed = manifest["packed"]
         self._cpu_alone_packed = manifest["packed_cpu_alone"]
+        self.coexec_cpu_algorithms: tuple[str, ...] = ()
         if cache is not None:
             cache.mkdir(parents=True, exist_ok=True)
 
@@ -492,6 +528,7 @@ class _Libraries:
             device == "cpu" and plan is None and self._cpu_alone_winograd,
             self._packed,
             device == "cpu" and plan is None and self._cpu_alone_packed,
+            list(self.coexec_cpu_algorithms) if device == "coexec" else None,
         ]
         return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:32]
 
@@ -620,6 +657,52 @@ def _cpu_alone_winograd(preset_obj) -> bool:
     return cpu_config(preset_obj.target("cpu")).name in WINOGRAD_CPU_ALONE
 
 
+def _coexec_cpu_algorithms(cost_model, preset_obj, winograd, packed) -> tuple[str, ...]:
+    """The algorithms co-executed CPU parts use by default: those the preset's builds for the
+    CPU alone use (``WINOGRAD_CPU_ALONE``, ``PACKED_CPU_ALONE``) for which the cost model has
+    CPU conv data (``codl-tvm profile --winograd/--packed``), so the planner predicts the
+    kernels the build makes. An explicit ``winograd``/``packed`` (True or False) decides alone."""
+    from codl_tvm.cost_model.base import ModelFileError, load_model
+    from codl_tvm.cost_model.defaults import NoDefaultModelError
+    from codl_tvm.planner.search import _covered_impls
+
+    try:
+        path = Path(cost_model) if cost_model else default_cost_model_for(preset_obj.name)
+        covered = _covered_impls(load_model(path), "conv2d", "cpu")
+    except (ModelFileError, NoDefaultModelError):
+        return ()  # planning reports the problem
+    algos = []
+    if winograd is None and _cpu_alone_winograd(preset_obj) and "winograd" in covered:
+        algos.append("winograd")
+    if packed is None and _cpu_alone_packed(preset_obj) and "packed" in covered:
+        algos.append("packed")
+    return tuple(algos)
+
+
+def _switch_on(stack: contextlib.ExitStack, algos, preset_obj) -> None:
+    """Switch ``algos`` on for the preset's CPU (on top of any switch already on)."""
+    from codl_tvm.schedules import cpu_config, packed_enabled, winograd_enabled
+    from codl_tvm.schedules.config import packed_presets, winograd_presets
+
+    name = cpu_config(preset_obj.target("cpu")).name
+    if "winograd" in algos:
+        stack.enter_context(winograd_enabled(winograd_presets() | {name}))
+    if "packed" in algos:
+        stack.enter_context(packed_enabled(packed_presets() | {name}))
+
+
+def _planner_config(preset_obj):
+    """The planner settings with the schedule configs the build will use for each processor."""
+    from codl_tvm.planner import PlannerConfig
+    from codl_tvm.schedules import cpu_config, opencl_config
+
+    gpu = preset_obj.target("gpu")
+    return PlannerConfig(
+        cpu=cpu_config(preset_obj.target("cpu")),
+        gpu=opencl_config(gpu) if gpu is not None and gpu.kind.name == "opencl" else None,
+    )
+
+
 def _cpu_alone_packed(preset_obj) -> bool:
     """Whether the preset's CPU is one where builds for the CPU alone default to packed convs."""
     from codl_tvm.schedules import cpu_config
@@ -653,7 +736,7 @@ def _spec(s) -> dict:
     return {"name": s.name, "shape": list(s.shape), "dtype": s.dtype}
 
 
-def _make_plan(model, out: Path, mode, cost_model, plan, preset_name, manifest, log):
+def _make_plan(model, out: Path, mode, cost_model, plan, preset_name, manifest, log, config=None):
     from codl_tvm.plan import PlanError
 
     if plan is not None:
@@ -677,7 +760,9 @@ def _make_plan(model, out: Path, mode, cost_model, plan, preset_name, manifest, 
         except (ModelFileError, NoDefaultModelError) as exc:
             raise ArtifactError(str(exc)) from None
         t0 = time.perf_counter()
-        plan, report = plan_model(model.mod, cm, mode=mode, model_name=Path(model.path).name)
+        plan, report = plan_model(
+            model.mod, cm, mode=mode, config=config, model_name=Path(model.path).name
+        )
         manifest["plan"] = {
             "source": "planner",
             "mode": mode,
@@ -690,7 +775,7 @@ def _make_plan(model, out: Path, mode, cost_model, plan, preset_name, manifest, 
     return plan, report
 
 
-def _candidate_plans(model, plan, mode, modes, manifest, log) -> dict[str, tuple]:
+def _candidate_plans(model, plan, mode, modes, manifest, log, config=None) -> dict[str, tuple]:
     """The plans of ``modes`` that differ from ``plan`` and from each other and co-execute
     (single-processor plans are the CPU and GPU builds already timed): ``{"coexec:<mode>":
     (plan, report)}``, made with the cost model ``plan`` was made with."""
@@ -703,7 +788,9 @@ def _candidate_plans(model, plan, mode, modes, manifest, log) -> dict[str, tuple
     for m in modes:
         if m == mode:
             continue
-        cand, report = plan_model(model.mod, cm, mode=m, model_name=Path(model.path).name)
+        cand, report = plan_model(
+            model.mod, cm, mode=m, config=config, model_name=Path(model.path).name
+        )
         text = cand.to_json()
         alone = not cand.entries() or _single_processor(cand, None, m) is not None
         if text in seen or alone:

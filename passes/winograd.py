@@ -133,6 +133,7 @@ class _Rewriter(PyExprMutator):
                 strides=tuple(int(s) for s in a.strides),
                 padding=tuple(padding),
                 dilation=tuple(int(d) for d in a.dilation),
+                out_channels=info.out_channels,
                 primfunc_name_hint="conv2d_packed",
             )
         return reason, None

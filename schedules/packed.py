@@ -17,9 +17,14 @@ buffer of at most ``max_tile_bytes`` (so LLVM keeps it in registers), and the wr
 transposes the tile into the NCHW output with the fused epilogue (bias, residual add, relu)
 inlined. Parallel over (batch, channel block, row block, column block).
 
+Output channels that do not fill whole vectors (an OC part of a split conv, 1000 classes) are
+padded: the weight's last block is zero, the register tiles compute whole blocks, and a
+``slice`` stage, which becomes the write-back, keeps the real channels.
+
 Selection (:func:`packed_reason`): CPUs whose config enables it (``CPUConfig.conv_packed``;
-builds for the CPU alone on the presets of :data:`~codl_tvm.schedules.config.PACKED_CPU_ALONE`),
-one group, a constant weight, output channels a multiple of the vector width, at least
+builds for the CPU alone on the presets of :data:`~codl_tvm.schedules.config.PACKED_CPU_ALONE`,
+and co-executed CPU parts when the cost model has packed data),
+one group, a constant weight, at least one vector of output channels, at least
 ``packed_min_in_channels`` input channels, and for 1x1 stride-1 convs at most
 ``packed_max_gemm_pixels`` output pixels and at least ``packed_min_gemm_channels`` input
 channels (elsewhere the ``gemm`` schedule was as fast or faster). The thresholds come from
@@ -76,8 +81,8 @@ def packed_reason(info: Conv2DInfo, config: CPUConfig) -> str | None:
     lanes = config.lanes(info.dtype_bits)
     if lanes < 2:
         return "no vector unit"
-    if info.out_channels % lanes:
-        return f"{info.out_channels} output channels are not a multiple of {lanes} lanes"
+    if info.out_channels < lanes:
+        return f"{info.out_channels} output channels, fewer than one {lanes}-lane vector"
     low = config.packed_min_in_channels
     if info.in_channels < low:
         return f"{info.in_channels} input channels, below packed_min_in_channels={low}"
@@ -96,11 +101,14 @@ def packed_reason(info: Conv2DInfo, config: CPUConfig) -> str | None:
 
 
 def pack_weight(weight: np.ndarray, lanes: int) -> np.ndarray:
-    """OIHW ``weight`` as ``[O / lanes, I, KH, KW, lanes]`` (output channels innermost)."""
+    """OIHW ``weight`` as ``[ceil(O / lanes), I, KH, KW, lanes]`` (output channels innermost;
+    the last block zero-padded when ``lanes`` does not divide ``O``)."""
     o, i, kh, kw = weight.shape
-    if o % lanes:
-        raise ValueError(f"pack_weight: {o} output channels are not a multiple of {lanes}")
-    packed = weight.reshape(o // lanes, lanes, i, kh, kw).transpose(0, 2, 3, 4, 1)
+    blocks = -(-o // lanes)
+    if blocks * lanes != o:
+        pad = np.zeros((blocks * lanes - o, i, kh, kw), weight.dtype)
+        weight = np.concatenate([weight, pad])
+    packed = weight.reshape(blocks, lanes, i, kh, kw).transpose(0, 2, 3, 4, 1)
     return np.ascontiguousarray(packed)
 
 
@@ -110,6 +118,7 @@ def packed_conv2d(
     strides: Sequence[int],
     padding: Sequence[int],
     dilation: Sequence[int],
+    out_channels: int | None = None,
 ) -> te.Tensor:
     """The conv2d of ``data`` (NCHW) with a :func:`pack_weight`-packed weight, NCHW out.
 
@@ -123,6 +132,9 @@ def packed_conv2d(
         ``(h, w)``.
     padding : Sequence[int]
         ``(top, left, bottom, right)``.
+    out_channels : int | None
+        ``K`` when the packed weight's last block is zero padding (default: ``K / L * L``);
+        the conv then computes whole blocks and a ``slice`` stage keeps the first ``K``.
 
     Returns
     -------
@@ -161,7 +173,13 @@ def packed_conv2d(
     c = te.reduce_axis((0, c_), "c")
     ry = te.reduce_axis((0, kh), "ky")
     rx = te.reduce_axis((0, kw), "kx")
-    return te.compute(
+    k_ = blocks * lanes if out_channels is None else int(out_channels)
+    if not blocks * lanes - lanes < k_ <= blocks * lanes:
+        raise ValueError(
+            f"packed_conv2d: {k_} output channels do not fill the last of {blocks} blocks "
+            f"of {lanes}"
+        )
+    conv = te.compute(
         (n_, blocks * lanes, oh, ow),
         lambda n, k, y, x: te.sum(
             src[n, c, y * sh + ry * dh, x * sw + rx * dw]
@@ -170,6 +188,14 @@ def packed_conv2d(
         ),
         name="packed_conv",
         attrs={PACKED_STAGE: "conv"},
+    )
+    if k_ == blocks * lanes:
+        return conv
+    return te.compute(
+        (n_, k_, oh, ow),
+        lambda n, k, y, x: conv[n, k, y, x],
+        name="packed_slice",
+        attrs={PACKED_STAGE: "slice"},
     )
 
 
@@ -216,6 +242,7 @@ class PackedInfo:
 
     prologue: list[SBlockRV]
     conv: SBlockRV
+    slice: SBlockRV | None
     epilogue: list[SBlockRV]
     batch: int
     out_channels: int
@@ -261,6 +288,8 @@ def match_packed(sch: s_tir.Schedule) -> PackedInfo | str:
     if any(d is None for d in dims) or len(dims) != 9:
         return "dynamic shapes"
     n, k, oh, ow = dims[:4]
+    after = list(blocks[i + 1 :])
+    cut = after.pop(0) if after and _stage(sch, after[0]) == "slice" else None
     lanes = dims[8]
     reduction = math.prod(int(iv.dom.extent) for iv in conv.iter_vars[4:])
     kernel = [int(iv.dom.extent) for iv in conv.iter_vars[5:]]
@@ -268,7 +297,8 @@ def match_packed(sch: s_tir.Schedule) -> PackedInfo | str:
     return PackedInfo(
         prologue=list(blocks[:i]),
         conv=blocks[i],
-        epilogue=list(blocks[i + 1 :]),
+        slice=cut,
+        epilogue=after,
         batch=n,
         out_channels=k,
         out_height=oh,
@@ -300,13 +330,18 @@ class CPUPackedConv2D(_CPURule):
             height, width = info.out_height, ow
         ot, rows, cols = packed_tile(info.out_channels, height, width, lanes, cfg, nbytes)
         writeback = sch.cache_write(conv, 0, "global")
+        if info.slice is not None:
+            # padded channels: the accumulators hold whole blocks and the slice, which keeps
+            # the real channels, becomes the write-back
+            sch.compute_inline(writeback)
+            writeback = info.slice
         # accumulators [y, x, k] (pointwise: [pixel, k]): each register holds `lanes`
         # consecutive output channels
         if info.pointwise:
             sch.transform_layout(conv, ("write", 0), lambda n, k, y, x: (n, y * ow + x, k))
         else:
             sch.transform_layout(conv, ("write", 0), lambda n, k, y, x: (n, y, x, k))
-        _cpu_inline_epilogue(sch, FuncBlocks([], conv, info.epilogue), cfg)
+        _cpu_inline_epilogue(sch, FuncBlocks([], writeback, info.epilogue), cfg)
         if info.pointwise:
             sch.transform_block_layout(
                 conv, lambda n, k, y, x, c, ky, kx: (n, k, y * ow + x, c, ky, kx)

@@ -115,8 +115,10 @@ def test_pack_weight_layout():
     assert p.shape == (2, 3, 2, 2, 16) and p.flags.c_contiguous
     for k in (0, 5, 16, 31):
         np.testing.assert_array_equal(p[k // 16, :, :, :, k % 16], w[k])
-    with pytest.raises(ValueError, match="30 output channels are not a multiple of 16"):
-        pack_weight(w[:30], 16)
+    p = pack_weight(w[:30], 16)  # the last block is zero padding
+    assert p.shape == (2, 3, 2, 2, 16)
+    np.testing.assert_array_equal(p[1, :, :, :, 13], w[29])
+    assert not p[1, :, :, :, 14:].any()
 
 
 def test_selection_reasons():
@@ -130,15 +132,16 @@ def test_selection_reasons():
     assert reason((1, 1024, 14, 14), (256, 1024, 1, 1), pad=0) is None  # small 1x1
     assert reason((1, 1024, 14, 14), (2048, 1024, 1, 1), stride=2, pad=0) is None  # strided 1x1
     assert "gemm schedule" in reason((1, 64, 56, 56), (256, 64, 1, 1), pad=0)
-    assert "not a multiple of 16 lanes" in reason((1, 64, 13, 13), (1000, 64, 1, 1), pad=0)
+    assert reason((1, 512, 13, 13), (1000, 512, 1, 1), pad=0) is None  # padded to 63 blocks
+    assert "fewer than one 16-lane vector" in reason((1, 64, 13, 13), (8, 64, 3, 3))
     assert "groups=4" in reason((1, 64, 14, 14), (64, 16, 3, 3), groups=4)
     assert "packed_min_in_channels=48" in reason((1, 3, 224, 224), (64, 3, 7, 7), stride=2)
     assert "packed_min_in_channels=48" in reason((1, 32, 27, 27), (128, 32, 3, 3))
     assert "packed_min_gemm_channels=256" in reason((1, 64, 13, 13), (256, 64, 1, 1), pad=0)
     assert "disabled" in reason((1, 512, 7, 7), (512, 512, 3, 3), config=AVX512)
-    # NEON has 4 lanes: 20 channels qualify there, not on AVX-512
-    assert reason((1, 64, 7, 7), (20, 64, 3, 3), config=packed_cfg(NEON)) is None
-    assert "multiple of 16" in reason((1, 64, 7, 7), (20, 64, 3, 3))
+    # NEON has 4 lanes: 12 channels qualify there, not on AVX-512
+    assert reason((1, 64, 7, 7), (12, 64, 3, 3), config=packed_cfg(NEON)) is None
+    assert "fewer than one 16-lane vector" in reason((1, 64, 7, 7), (12, 64, 3, 3))
     # off in every preset: the CPU-alone default switches it on (below)
     assert not any(c.conv_packed for c in (SSE, AVX512, NEON))
     with pytest.raises(ValueError, match="packed_oc_vectors must be >= 1"):
@@ -271,6 +274,8 @@ CASES = [
     ((1, 48, 13, 10), 16, 1, 2, 0, 1, True),  # strided 1x1
     ((1, 16, 10, 10), 16, 3, 1, 2, 2, False),  # dilation 2
     ((1, 24, 5, 23), 48, 5, 1, (2, 1, 2, 3), 1, False),  # 5x5, uneven width
+    ((1, 32, 9, 9), 45, 3, 1, 1, 1, True),  # channels padded to whole vectors (an OC part)
+    ((1, 64, 6, 7), 37, 1, 1, 0, 1, False),  # ... on a pointwise conv
 ]
 
 
@@ -282,7 +287,10 @@ def test_packed_conv_matches_numpy(case, target):
         xshape, oc, ksize=k, stride=stride, padding=padding, dilation=dilation, residual=residual
     )
     cfg = packed_cfg(cpu_config(target))
-    assert algorithms(scheduled(mod, target, cpu=cfg)) == ["packed"]
+    out = scheduled(mod, target, cpu=cfg)
+    assert algorithms(out) == ["packed"]  # epilogues (and a channel slice) in one kernel
+    (func,) = prim_funcs(out).values()
+    assert {tirx.ForKind.PARALLEL, tirx.ForKind.VECTORIZED} <= loop_kinds(func)
     built = runner.build(
         mod, "cpu", target=target, relax_pipeline=single_device_pipeline(target, cfg)
     )
@@ -413,3 +421,75 @@ def test_profile_packed_parts_and_fit_with_direct_data(opencl, tmp_path, capsys)
     capsys.readouterr()
     assert main(["cost-model", "eval", str(out), str(direct), str(packed), "--json"]) == 0
     assert "packed" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------------------------------------
+# planning with packed CPU parts
+
+
+def _model_with_packed(factor: float = 0.5):
+    """A synthetic CodlModel whose CPU convs also have ``packed`` records, ``factor`` times the
+    direct latency (what `profile --packed` adds to a direct dataset)."""
+    from codl_tvm.cost_model.analytical import CodlModel
+    from codl_tvm.cost_model.dataset import OpRecord
+    from codl_tvm.planner.synthetic import SyntheticDevice, synthetic_records
+
+    records = synthetic_records(SyntheticDevice())
+    extra = [
+        dataclasses.replace(r, impl="packed", latency_ms=r.latency_ms * factor)
+        for r in records
+        if isinstance(r, OpRecord) and r.op == "conv2d" and r.processor == "cpu"
+    ]
+    return CodlModel("pocl-local").fit(records + extra)
+
+
+def test_planner_predicts_the_packed_kernels_the_build_makes():
+    from codl_tvm.frontend import load_onnx
+    from codl_tvm.planner import PlannerConfig, plan_model
+    from codl_tvm.planner.synthetic import synthetic_cost_model
+
+    from .test_planner import bundled_model_path
+
+    mod = load_onnx(bundled_model_path()).mod
+    cfg = PlannerConfig(cpu=dataclasses.replace(AVX512, conv_packed=True))
+    with_packed = _model_with_packed()
+    _, direct = plan_model(mod, with_packed, mode="cpu_only")
+    _, packed = plan_model(mod, with_packed, mode="cpu_only", config=cfg)
+    # the CPU alone is predicted faster with the packed kernels the config selects
+    assert packed.summary.cpu_only_ms < direct.summary.cpu_only_ms
+    assert not any("no packed data" in n for n in packed.notes)
+    # a model without packed data predicts direct for them and says so
+    _, report = plan_model(mod, synthetic_cost_model(), mode="cpu_only", config=cfg)
+    notes = [n for n in report.notes if "no packed data" in n]
+    assert notes and "profile --packed" in notes[0]
+
+
+@pytest.mark.opencl
+def test_coexec_cpu_parts_use_packed_when_the_cost_model_covers_it(
+    opencl, tmp_path, capsys, monkeypatch
+):
+    """``compile`` (co-execution, packed left to its default) switches packed convs on for the
+    CPU parts when the cost model has packed CPU data, and records it; not otherwise."""
+    from codl_tvm.cli import main
+
+    path = tmp_path / "packed-model.json"
+    _model_with_packed().save(path)
+    args = ["compile", "--preset", "emulated-soc", "--no-winograd"]
+    # the bundled CNN's plan puts an OC part of 45 channels (padded to 3 vectors) on the CPU
+    monkeypatch.setenv("CODL_TVM_DUMP_IR", str(tmp_path / "ir"))
+    dumped = ["--cost-model", str(path), "-o", str(tmp_path / "d"), "--no-reference"]
+    assert main([*args, *dumped]) == 0
+    monkeypatch.delenv("CODL_TVM_DUMP_IR")
+    assert ("packed", "avx512") in _built_algorithms(tmp_path / "ir")
+    for cost_model, want in ((path, ["packed"]), (None, [])):
+        out = tmp_path / f"coexec-{bool(want)}"
+        extra = ["--cost-model", str(cost_model)] if cost_model else []
+        assert main([*args, *extra, "-o", str(out)]) == 0
+        manifest = json.loads((out / "manifest.json").read_text())
+        assert manifest.get("coexec_cpu_algorithms") == want, manifest.get("plan")
+        # without packed data the artifact says that the CPU alone is predicted too slow
+        assert manifest.get("cpu_alone_unmodelled") == (None if want else ["packed"])
+        if manifest["device"] == "coexec" and _host_has_avx512():
+            capsys.readouterr()
+            assert main(["run", str(out), "--number", "1", "--repeat", "1"]) == 0
+            assert "-> OK" in capsys.readouterr().out

@@ -127,6 +127,13 @@ class PlannerConfig:
         planner scatters single operators to the other processor for gains smaller than the
         switch (Inception v1 on the H100: a quarter of its convs whole on the CPU, 3x slower
         than the GPU alone).
+    cpu, gpu
+        The schedule configs of the build (:class:`~codl_tvm.schedules.CPUConfig`,
+        :class:`~codl_tvm.schedules.OpenCLConfig`, as :func:`~codl_tvm.schedules.cpu_config`
+        returns them for the targets): the planner predicts the implementation they select
+        (:func:`expected_impl`: Winograd, packed convs) where the cost model has data for it,
+        and names in the report's notes the operators it could not. None: the direct and GEMM
+        kernels of the presets.
     """
 
     ratios: tuple[float, ...] = DEFAULT_RATIOS
@@ -139,6 +146,8 @@ class PlannerConfig:
     impls: tuple[tuple[str, str, str], ...] = ()
     dtype_bytes: int = 4
     switch_costs: bool = True
+    cpu: Any = None
+    gpu: Any = None
 
     def __post_init__(self) -> None:
         ratios = tuple(sorted({float(r) for r in self.ratios}))
@@ -428,6 +437,8 @@ class _Planner:
         self.config = config
         self.mode = mode
         self.pred = _Predictor(model, config)
+        # (processor, impl the build uses, impl predicted instead) -> operators
+        self.uncovered: dict[tuple[str, str, str], list[str]] = {}
         self.infos = partitionable_ops(mod)
         self.ops = [self._prepare(i) for i in self.infos]
         self.chain_notes: list[str] = []  # chains the chain_min_gain margin turned down
@@ -446,10 +457,14 @@ class _Planner:
                 op.impl[proc] = overrides[(params.op, proc)]
                 continue
             covered = _covered_impls(self.pred.model, params.op, proc)
-            impl = expected_impl(params, proc)
+            schedule_config = self.config.cpu if proc == "cpu" else self.config.gpu
+            impl = expected_impl(params, proc, schedule_config)
             if covered and impl not in covered:
                 # The model never saw the kernel the schedules pick: the closest it has.
-                impl = "direct" if "direct" in covered else covered[0]
+                closest = "direct" if "direct" in covered else covered[0]
+                if impl in ("winograd", "packed"):
+                    self.uncovered.setdefault((proc, impl, closest), []).append(info.name)
+                impl = closest
             op.impl[proc] = impl
         op.cpu_ms = self.pred.whole(op, "cpu")
         op.gpu_ms = self.pred.whole(op, "gpu")
@@ -808,6 +823,13 @@ def plan_model(
         plan, rows = planner.run(forced, chooser)
     plan.validate(mod)
     notes.extend(planner.chain_notes)
+    for (proc, impl, closest), names in planner.uncovered.items():
+        notes.append(
+            f"the {proc.upper()} build uses {impl} kernels for {len(names)} operator(s) "
+            f"({', '.join(names[:4])}{', ...' if len(names) > 4 else ''}); the cost model has no "
+            f"{impl} data, so they are predicted as {closest} (profile them: `codl-tvm profile "
+            f"--{impl}`)"
+        )
     seen = set()
     for w in caught:
         text = str(w.message)
