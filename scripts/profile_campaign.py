@@ -13,11 +13,20 @@ Run here (compilation), then ship the directory to the device machine as a .tar.
 it there with ``python3 -m codl_tvm.cli profile --run-dir DIR -o DATA.jsonl``::
 
     python scripts/profile_campaign.py --preset emulated-soc --threads 8 --out .device/prof_soc
+
+``--algorithms winograd,packed`` compiles the conv parts of the CPU only, as the builds for the
+CPU alone make them (``codl-tvm profile --winograd --packed``), for a dataset of their own that
+``codl-tvm cost-model fit`` takes beside the direct one::
+
+    python scripts/profile_campaign.py --preset emulated-soc --threads 8 --codl 190 \
+        --models vgg16,resnet50 --algorithms winograd,packed --out .device/prof_soc_algos
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import sys
 import tarfile
 from pathlib import Path
@@ -47,6 +56,22 @@ def _model(name: str):
     raise SystemExit(f"unknown model {name!r}")
 
 
+def _keep_algorithm_parts(directory: Path, algorithms: set[str]) -> None:
+    """Drop the parts that got a direct/GEMM kernel anyway (below the algorithms' thresholds):
+    the direct dataset has them, and they would cost device time and transfer size twice."""
+    path = directory / "manifest.json"
+    manifest = json.loads(path.read_text())
+    kept = []
+    for part in manifest["parts"]:
+        if set(part["impl"].split("+")) & algorithms:
+            kept.append(part)
+        else:
+            (directory / part["library"]).unlink(missing_ok=True)
+    print(f"kept {len(kept)} of {len(manifest['parts'])} parts ({', '.join(sorted(algorithms))})")
+    manifest["parts"] = kept
+    path.write_text(json.dumps(manifest, indent=1))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--preset", required=True)
@@ -60,7 +85,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--models", default="")
     p.add_argument("--model-ratios", type=_ratios, default=tuple(i / 10 for i in range(1, 10)))
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument(
+        "--algorithms",
+        default="",
+        help="comma list of winograd, packed: CPU conv parts only, built with these switched on",
+    )
     args = p.parse_args(argv)
+    algorithms = set(filter(None, args.algorithms.split(",")))
+    if algorithms - {"winograd", "packed"}:
+        raise SystemExit(f"--algorithms: unknown {sorted(algorithms - {'winograd', 'packed'})}")
 
     jobs = []
     sampled = []
@@ -94,9 +127,19 @@ def main(argv: list[str] | None = None) -> int:
             or seen.add((j.params, j.partition, j.processor))
         )
     ]
+    if algorithms:  # dense, pooling and GPU parts are the kernels of the direct dataset
+        jobs = [j for j in jobs if j.processor == "cpu" and j.params.op == "conv2d"]
     print(f"{len(jobs)} parts", file=sys.stderr)
-    compile_jobs(jobs, args.out, threads=args.threads, preset=args.preset)
+    from codl_tvm.schedules import packed_enabled, winograd_enabled
+
+    with (
+        winograd_enabled("all") if "winograd" in algorithms else contextlib.nullcontext(),
+        packed_enabled("all") if "packed" in algorithms else contextlib.nullcontext(),
+    ):
+        compile_jobs(jobs, args.out, threads=args.threads, preset=args.preset)
     out = Path(args.out)
+    if algorithms:
+        _keep_algorithm_parts(out, algorithms)
     archive = Path(str(out).rstrip("/") + ".tar.xz")
     with tarfile.open(archive, "w:xz") as tar:
         tar.add(out, arcname=out.name)

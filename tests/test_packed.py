@@ -493,3 +493,19 @@ def test_coexec_cpu_parts_use_packed_when_the_cost_model_covers_it(
             capsys.readouterr()
             assert main(["run", str(out), "--number", "1", "--repeat", "1"]) == 0
             assert "-> OK" in capsys.readouterr().out
+
+
+def test_profiled_packed_part_takes_the_packed_weight_as_input(tmp_path):
+    """A profiled algorithm part reads its weight as an input in the transformed layout (no
+    weight baked into the library), below the thresholds it stays direct."""
+    from codl_tvm.cost_model.features import OpParams, Partition
+    from codl_tvm.profiling.runner import compile_part
+
+    conv = OpParams("conv2d", 7, 7, 64, 45, kernel=3, stride=1, padding=(1, 1, 1, 1))
+    small = OpParams("conv2d", 7, 7, 16, 32, kernel=3, stride=1, padding=(1, 1, 1, 1))
+    with packed_enabled("all"):
+        part = compile_part(conv, Partition("H", 0.0), "cpu", tmp_path, target=AVX512_TARGET)
+        direct = compile_part(small, Partition("H", 0.0), "cpu", tmp_path, target=AVX512_TARGET)
+    assert part.impl == "packed" and part.inputs == ((1, 64, 7, 7), (3, 64, 3, 3, 16))
+    assert direct.impl == "direct" and direct.inputs[1] == (32, 16, 3, 3)
+    assert (tmp_path / part.library).stat().st_size < 2_000_000

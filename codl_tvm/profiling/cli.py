@@ -237,8 +237,9 @@ def register_cli(subparsers) -> None:
     p.add_argument(
         "--winograd",
         action="store_true",
-        help="build conv parts as imported models are (constant weight) with Winograd on where "
-        "the presets allow; the records name the algorithm each part got",
+        help="build conv parts with the algorithm an imported model's conv gets with Winograd on "
+        "where the presets allow (weight an input in the transformed layout); the records name "
+        "the algorithm each part got",
     )
     p.add_argument(
         "--packed",

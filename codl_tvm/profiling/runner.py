@@ -108,11 +108,53 @@ def algorithm_switches() -> dict[str, list[str]]:
     return {k: v for k, v in switches.items() if v}
 
 
-def part_module(params: OpParams, part: PartShape, constant_weight: bool = False):
+def _algorithm_conv(params: OpParams, part: PartShape, pad, config):
+    """``(kernel, weight shape, attributes)`` of the Winograd or packed conv that
+    ``codl.Conv2DWinograd`` makes of this conv part under ``config`` (same selection
+    functions), or None for the direct/GEMM conv. Its weight is then an input already in the
+    transformed layout: latency does not depend on the values, and a constant would put every
+    weight into the library."""
+    from codl_tvm.schedules import (
+        CPUConfig,
+        conv2d_shape_info,
+        packed_conv2d,
+        packed_reason,
+        winograd_conv2d,
+        winograd_reason,
+    )
+
+    wshape = (part.oc, part.ic // part.groups, params.kernel, params.kernel)
+    info = conv2d_shape_info(
+        (1, part.ic, part.in_h, part.in_w),
+        wshape,
+        (params.stride, params.stride),
+        pad,
+        (params.dilation, params.dilation),
+        part.groups,
+    )
+    if winograd_reason(info, config) is None:
+        a = config.winograd_tile + params.kernel - 1
+        attrs = {"padding": tuple(pad), "tile": config.winograd_tile}
+        return winograd_conv2d, (a, a, part.ic, part.oc), attrs
+    if isinstance(config, CPUConfig) and packed_reason(info, config) is None:
+        lanes = config.lanes(32)
+        shape = (-(-part.oc // lanes), part.ic, params.kernel, params.kernel, lanes)
+        attrs = {
+            "strides": (params.stride, params.stride),
+            "padding": tuple(pad),
+            "dilation": (params.dilation, params.dilation),
+            "out_channels": part.oc,
+        }
+        return packed_conv2d, shape, attrs
+    return None
+
+
+def part_module(params: OpParams, part: PartShape, algorithm_config=None):
     """A Relax module whose ``main`` computes one part of ``params`` (inputs: data, weight).
 
-    ``constant_weight``: a conv's weight is a seeded constant instead of an input, as in an
-    imported model, so the algorithm passes (Winograd, packed convs) can transform it.
+    ``algorithm_config`` (a schedule config with Winograd or packed convs on): a conv part
+    that ``codl.Conv2DWinograd`` would rewrite under it is built as that Winograd/packed conv,
+    its weight an input in the transformed layout.
     """
     from tvm import relax
 
@@ -132,25 +174,27 @@ def part_module(params: OpParams, part: PartShape, constant_weight: bool = False
     elif params.op == "conv2d":
         x = relax.Var("x", relax.TensorType((1, part.ic, part.in_h, part.in_w), "float32"))
         wshape = (part.oc, part.ic // part.groups, params.kernel, params.kernel)
-        if constant_weight:
-            rng = np.random.default_rng(0)
-            w = relax.const(rng.standard_normal(wshape).astype("float32"))
-            fparams = [x]
-        else:
-            w = relax.Var("w", relax.TensorType(wshape, "float32"))
-            fparams = [x, w]
-        with bb.function("main", fparams):
+        algo = None
+        if algorithm_config is not None:
+            algo = _algorithm_conv(params, part, pad, algorithm_config)
+        if algo is not None:
+            kernel, wshape, attrs = algo
+        w = relax.Var("w", relax.TensorType(wshape, "float32"))
+        with bb.function("main", [x, w]):
             with bb.dataflow():
-                out = bb.emit_output(
-                    relax.op.nn.conv2d(
-                        x,
-                        w,
-                        strides=params.stride,
-                        padding=pad,
-                        dilation=params.dilation,
-                        groups=part.groups,
+                if algo is not None:
+                    out = bb.emit_output(bb.call_te(kernel, x, w, **attrs))
+                else:
+                    out = bb.emit_output(
+                        relax.op.nn.conv2d(
+                            x,
+                            w,
+                            strides=params.stride,
+                            padding=pad,
+                            dilation=params.dilation,
+                            groups=part.groups,
+                        )
                     )
-                )
             bb.emit_func_output(out)
     else:  # pool
         x = relax.Var("x", relax.TensorType((1, part.ic, part.in_h, part.in_w), "float32"))
@@ -334,8 +378,9 @@ def compile_part(
     ``preset`` (a ``codl_tvm.targets`` preset name) picks both targets unless ``target`` is given
     and exports with the preset's (cross-)toolchain, for a device machine.
     Inside :func:`~codl_tvm.schedules.winograd_enabled` / :func:`~codl_tvm.schedules.packed_enabled`
-    (``codl-tvm profile --winograd/--packed``) a conv part is built as an imported model's is:
-    constant weight, then the algorithm passes, so its record names the algorithm it got.
+    (``codl-tvm profile --winograd/--packed``) a conv part is built with the algorithm an
+    imported model's conv gets under those switches (:func:`part_module`), so its record
+    names it (``winograd``, ``packed``, or ``direct``/``gemm`` below their thresholds).
     """
     import hashlib
 
@@ -344,7 +389,6 @@ def compile_part(
 
     from codl_tvm.cost_model.dispatch import dispatch_features
     from codl_tvm.pipeline import (
-        algorithm_passes,
         dataflow_lower_passes,
         finalize_passes,
         legalize_passes,
@@ -365,21 +409,25 @@ def compile_part(
     if verify:
         check_part(params, partition, processor, part)
     switches = algorithm_switches()
-    algorithms = bool(switches) and params.op == "conv2d"
-    mod = part_module(params, part, constant_weight=algorithms)
     if preset is not None and target is None:
         from codl_tvm.targets import get_preset
 
         target = get_preset(preset).target(processor)
     tgt = _target(processor, target)
+    config = None
+    if switches and params.op == "conv2d":
+        from codl_tvm.schedules import cpu_config, opencl_config
+
+        kind = tgt.kind.name
+        if kind in ("llvm", "opencl"):
+            config = cpu_config(tgt) if kind == "llvm" else opencl_config(tgt)
+    mod = part_module(params, part, algorithm_config=config)
     if processor == "gpu":
         from codl_tvm import runtime
 
         runtime.load()
     with tgt:
-        passes = algorithm_passes(tgt) if algorithms else []
-        passes += legalize_passes(tgt) + schedule_passes(tgt)
-        scheduled = tvm.transform.Sequential(passes)(mod)
+        scheduled = tvm.transform.Sequential(legalize_passes(tgt) + schedule_passes(tgt))(mod)
     funcs = [f for _, f in scheduled.functions.items() if isinstance(f, tirx.PrimFunc)]
     impl = _implementation(funcs)
     cpu_threads = None if processor == "gpu" else (threads or _threads())
