@@ -509,3 +509,38 @@ def test_profiled_packed_part_takes_the_packed_weight_as_input(tmp_path):
     assert part.impl == "packed" and part.inputs == ((1, 64, 7, 7), (3, 64, 3, 3, 16))
     assert direct.impl == "direct" and direct.inputs[1] == (32, 16, 3, 3)
     assert (tmp_path / part.library).stat().st_size < 2_000_000
+
+
+# ---------------------------------------------------------------------------------------------
+# whole models as `compile --device cpu` builds them on AVX-512 (Winograd + packed convs)
+
+
+def _whole_model(name: str) -> None:
+    ort = pytest.importorskip("onnxruntime")
+    from codl_tvm.frontend import load_onnx, random_inputs
+    from codl_tvm.models import light_model
+    from codl_tvm.zoo import ZOO_MODELS, build_model
+
+    proto = build_model(name, seed=5) if name in ZOO_MODELS else light_model(name, seed=3)
+    model = load_onnx(proto)
+    feeds = random_inputs(model, seed=7)
+    target = AVX512_TARGET if _host_has_avx512() else LLVM
+    cfg = dataclasses.replace(cpu_config(target), conv_packed=True, winograd=True)
+    algos = algorithms(scheduled(model.mod, target, cpu=cfg))
+    assert "packed" in algos, sorted(set(algos))
+    pipeline = single_device_pipeline(target, cfg)
+    got = runner.build(model.mod, "cpu", target=target, relax_pipeline=pipeline)(
+        [feeds[s.name] for s in model.inputs]
+    )
+    sess = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    for g, r in zip(got, sess.run(None, feeds)):
+        scale = max(float(np.max(np.abs(r))), 1e-6)
+        assert float(np.max(np.abs(g - r))) <= 1e-4 * scale + 1e-6
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["squeezenet", *(pytest.param(n, marks=pytest.mark.slow) for n in ("resnet50", "posenet"))],
+)
+def test_whole_model_with_packed_convs_matches_onnxruntime(name):
+    _whole_model(name)
