@@ -410,6 +410,16 @@ def test_profile_packed_parts_and_fit_with_direct_data(opencl, tmp_path, capsys)
     capsys.readouterr()
     assert main(["profile", *common, "-o", str(packed)]) != 0
     assert "algorithm switches" in capsys.readouterr().err
+    # compiled here, measured "there": the directory's manifest carries the switches
+    built, there = tmp_path / "built", tmp_path / "there.jsonl"
+    assert main(["profile", *common[:6], "--packed", "--compile-dir", str(built)]) == 0
+    assert main(["profile", "--run-dir", str(built), "--no-sharing", "-o", str(there)]) == 0
+    data = load_dataset(there)
+    assert set(data.meta["algorithms"]) == {"packed"}
+    assert {r.impl for r in data.op_records if r.processor == "cpu"} == {"packed"}
+    capsys.readouterr()
+    assert main(["profile", "--run-dir", str(built), "--packed", "-o", str(direct)]) != 0
+    assert "measures the parts its directory holds" in capsys.readouterr().err
     assert main(["profile", *common, "-o", str(direct)]) == 0
     assert {r.impl for r in load_dataset(direct).op_records if r.processor == "cpu"} == {"direct"}
     out = tmp_path / "m.json"

@@ -115,6 +115,11 @@ def _profile(args: argparse.Namespace) -> int:
         if args.run_dir:
             if args.model or args.sample:
                 raise ProfileError("--run-dir measures a prepared directory; drop --model/--sample")
+            if args.winograd or args.packed:
+                raise ProfileError(
+                    "--winograd/--packed choose how parts are compiled; --run-dir measures the "
+                    "parts its directory holds (their manifest records the switches): drop them"
+                )
             if not args.output:
                 raise ProfileError("--run-dir needs -o DATA.jsonl")
             session = LocalSession()

@@ -415,6 +415,7 @@ def run_compiled(
     session = session or LocalSession()
     device = device_description(session, obj["gpu_target"], obj["cpu_target"])
     meta = dict(meta or {})
+    meta.pop("algorithms", None)  # the directory's switches, not the caller's
     if obj.get("algorithms"):
         meta["algorithms"] = obj["algorithms"]
     writer, done = _open(output, meta)
