@@ -84,3 +84,40 @@ for kind, model in models.items():
     plot = work / f"scatter_{kind}.png"
     evaluate.plot_scatter(report, str(plot), title=f"{kind} on the local device")
     print("scatter plot:", plot)
+
+# %%
+# The kernels of builds for the CPU alone
+# ---------------------------------------
+# On AVX-512, ``codl-tvm compile --device cpu`` builds qualifying convs as Winograd or
+# channel-packed convs. To let the planner predict them (and co-executed CPU parts use them),
+# profile them into a dataset of their own (``codl-tvm profile --winograd --packed``); a part
+# below an algorithm's thresholds keeps its direct kernel, and its record says so. Fitting takes
+# both datasets; each implementation gets its own group.
+from codl_tvm.schedules import packed_enabled, winograd_enabled  # noqa: E402
+
+from codl_tvm.cost_model.features import OpParams  # noqa: E402
+from codl_tvm.profiling.runner import algorithm_switches  # noqa: E402
+
+# the sampled convs are too narrow for either algorithm; some that qualify (64 input channels):
+# 3x3 stride 1 (Winograd) and stride 2 (packed), split along H (each group needs 8 records)
+wide = [
+    OpParams("conv2d", hw, hw, 64, 32, kernel=3, stride=s, padding=(1, 1, 1, 1))
+    for hw in (8, 12, 16)
+    for s in (1, 2)
+]
+algo_path = work / "local-algorithms.jsonl"
+cpu_jobs = make_jobs([(None, p) for p in convs], ("H", "OC"), (0.25, 0.5))
+cpu_jobs += make_jobs([(None, p) for p in wide], ("H",), (0.25, 0.5, 0.75))
+cpu_jobs = [j for j in cpu_jobs if j.processor == "cpu"]
+with winograd_enabled("all"), packed_enabled("all"):
+    profile(
+        cpu_jobs,
+        algo_path,
+        timing=TimingConfig(warmup=1, repeats=3, number=2),
+        sharing_sizes=(),
+        meta={"algorithms": algorithm_switches()},  # what `codl-tvm profile` records
+    )
+algo = load_dataset(algo_path)
+print(sorted({r.impl for r in algo.op_records}), "on the CPU with the algorithms on")
+both = evaluate.fit_model("gbdt", data.records + algo.records)
+print(sorted({k[2] for k in both.boosters if k[:2] == ("conv2d", "cpu")}), "CPU conv groups")
