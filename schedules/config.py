@@ -122,13 +122,13 @@ class CPUConfig:
         Most output-channel vectors in one register tile of the packed conv.
     packed_min_in_channels : int
         Packed convs only with at least this many input channels: each output pixel is one
-        broadcast per input channel and tap, so short reductions leave the loads dominant
-        (measured slower below 48 channels; a 3-channel stem keeps ``direct``).
+        broadcast per input channel and tap, so short reductions leave the loads dominant (a
+        3-channel stem keeps ``direct``; the value is not tuned on the device machine).
     packed_max_gemm_pixels : int
         1x1 stride-1 convs are packed only up to this many output pixels; larger images keep
         the ``gemm`` schedule.
     packed_min_gemm_channels : int
-        ... and only with at least this many input channels (the GEMM was as fast below).
+        ... and only with at least this many input channels (not tuned on the device machine).
     """
 
     name: str

@@ -27,9 +27,8 @@ and co-executed CPU parts when the cost model has packed data),
 one group, a constant weight, at least one vector of output channels, at least
 ``packed_min_in_channels`` input channels, and for 1x1 stride-1 convs at most
 ``packed_max_gemm_pixels`` output pixels and at least ``packed_min_gemm_channels`` input
-channels (elsewhere the ``gemm`` schedule was as fast or faster). The thresholds come from
-single-thread A/B builds on an AVX-512 host (SqueezeNet's 16- and 32-channel 3x3 convs ran
-0.73-0.96x as fast packed) after SqueezeNet measured 0.87x packed on the device machine.
+channels. The channel thresholds followed SqueezeNet's regression on the device machine (0.87x
+packed, commit 3b5c337, small-channel convs); they are not tuned there.
 The conv is rewritten before legalization by
 :class:`codl_tvm.passes.winograd.Conv2DWinograd` (which chooses every conv's algorithm) and
 scheduled by :class:`CPUPackedConv2D`; kernels record ``codl.algorithm = "packed"``.
