@@ -34,7 +34,11 @@ targets. After the pass ran, ``decisions`` maps each conv binding's name to
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
 import tvm
+from codl_tvm.schedules.analysis import Conv2DInfo
 from codl_tvm.schedules.config import CPUConfig, OpenCLConfig, cpu_config, opencl_config
 from codl_tvm.schedules.packed import pack_weight, packed_conv2d, packed_reason
 from codl_tvm.schedules.winograd import (
@@ -50,9 +54,60 @@ from codl_tvm.plan import static_shape
 
 from .parts import collect_parts
 
-__all__ = ["Conv2DWinograd"]
+__all__ = ["Conv2DWinograd", "ConvRewrite", "conv2d_rewrite"]
 
 _CONV2D = tvm.ir.Op.get("relax.nn.conv2d")
+
+
+@dataclass(frozen=True)
+class ConvRewrite:
+    """How a conv is rewritten: ``compute(data, transform(weight), **attrs)`` (a TE function
+    for ``call_te``), the transformed weight of shape ``weight_shape``."""
+
+    algorithm: str  # "winograd" or "packed"
+    compute: Callable
+    transform: Callable
+    weight_shape: tuple[int, ...]
+    attrs: dict = field(default_factory=dict)
+
+
+def conv2d_rewrite(
+    info: Conv2DInfo, config: CPUConfig | OpenCLConfig, padding: Sequence[int]
+) -> ConvRewrite | str:
+    """The Winograd or packed conv a conv becomes under ``config``, or why it stays as it is.
+
+    The one selection the pass and the profiler (``codl-tvm profile --winograd/--packed``)
+    share. ``padding`` is ``(top, left, bottom, right)``; the weight must be a constant.
+    """
+    reason = winograd_reason(info, config)
+    if reason is None:
+        tile = config.winograd_tile
+        a = tile + info.kernel_h - 1
+        return ConvRewrite(
+            "winograd",
+            winograd_conv2d,
+            lambda w: transform_weight(w, tile),
+            (a, a, info.in_channels, info.out_channels),
+            {"padding": tuple(padding), "tile": tile},
+        )
+    if not (isinstance(config, CPUConfig) and config.conv_packed):
+        return reason
+    why_not = packed_reason(info, config)
+    if why_not is not None:
+        return f"{reason}; not packed: {why_not}"
+    lanes = config.lanes(info.dtype_bits)
+    return ConvRewrite(
+        "packed",
+        packed_conv2d,
+        lambda w: pack_weight(w, lanes),
+        (-(-info.out_channels // lanes), info.in_channels, info.kernel_h, info.kernel_w, lanes),
+        {
+            "strides": (info.stride_h, info.stride_w),
+            "padding": tuple(padding),
+            "dilation": (info.dilation_h, info.dilation_w),
+            "out_channels": info.out_channels,
+        },
+    )
 
 
 @mutator
@@ -108,35 +163,17 @@ class _Rewriter(PyExprMutator):
             [int(d) for d in a.dilation],
             int(a.groups),
         )
-        reason = winograd_reason(info, config)
-        if reason is None:
-            tile = config.winograd_tile
-            packed = relax.const(transform_weight(weight.value.numpy(), tile), "float32")
-            return "winograd", self.builder_.call_te(
-                winograd_conv2d,
-                self.visit_expr(data),
-                packed,
-                padding=tuple(padding),
-                tile=tile,
-                primfunc_name_hint="conv2d_winograd",
-            )
-        if isinstance(config, CPUConfig) and config.conv_packed:
-            why_not = packed_reason(info, config)
-            if why_not is not None:
-                return f"{reason}; not packed: {why_not}", None
-            lanes = config.lanes(info.dtype_bits)
-            packed = relax.const(pack_weight(weight.value.numpy(), lanes), "float32")
-            return "packed", self.builder_.call_te(
-                packed_conv2d,
-                self.visit_expr(data),
-                packed,
-                strides=tuple(int(s) for s in a.strides),
-                padding=tuple(padding),
-                dilation=tuple(int(d) for d in a.dilation),
-                out_channels=info.out_channels,
-                primfunc_name_hint="conv2d_packed",
-            )
-        return reason, None
+        rewrite = conv2d_rewrite(info, config, padding)
+        if isinstance(rewrite, str):
+            return rewrite, None
+        transformed = relax.const(rewrite.transform(weight.value.numpy()), "float32")
+        return rewrite.algorithm, self.builder_.call_te(
+            rewrite.compute,
+            self.visit_expr(data),
+            transformed,
+            **rewrite.attrs,
+            primfunc_name_hint=f"conv2d_{rewrite.algorithm}",
+        )
 
 
 def _config_of(target: tvm.target.Target) -> CPUConfig | OpenCLConfig:

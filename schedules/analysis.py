@@ -30,9 +30,11 @@ __all__ = [
     "buffer_loads",
     "classify_blocks",
     "is_trivial_copy",
+    "iteration_kinds",
     "match_conv2d",
     "match_pool2d",
     "match_reduction",
+    "stage_of",
     "writer_of",
 ]
 
@@ -245,6 +247,20 @@ def match_reduction(sch: s_tir.Schedule, block: SBlockRV) -> ReductionInfo | str
         dtype_bits=int(store.buffer.dtype.bits),
         vector_axis=vector_axis,
     )
+
+
+def iteration_kinds(sch: s_tir.Schedule, block: SBlockRV) -> str:
+    """One letter per block iteration: ``S`` (spatial) or ``R`` (reduction)."""
+    return "".join(
+        "S" if iv.iter_type == tirx.IterVar.DataPar else "R" for iv in sch.get(block).iter_vars
+    )
+
+
+def stage_of(sch: s_tir.Schedule, block: SBlockRV, key: str) -> str | None:
+    """The block's annotation ``key`` as a string (the stage names of Winograd and packed
+    convs), or None."""
+    ann = sch.get(block).annotations
+    return str(ann[key]) if key in ann else None
 
 
 def writer_of(sch: s_tir.Schedule, blocks: list[SBlockRV], buffer) -> SBlockRV | None:

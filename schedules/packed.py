@@ -46,7 +46,7 @@ from tvm.s_tir.dlight.analysis import get_root_block
 from tvm.s_tir.schedule import SBlockRV
 from tvm.target import Target
 
-from .analysis import Conv2DInfo, FuncBlocks
+from .analysis import Conv2DInfo, FuncBlocks, iteration_kinds, stage_of
 from .config import CPUConfig
 from .cpu import _CPURule, _prepare_prologue
 from .cpu import _inline_epilogue as _cpu_inline_epilogue
@@ -254,8 +254,7 @@ class PackedInfo:
 
 
 def _stage(sch: s_tir.Schedule, block: SBlockRV) -> str | None:
-    ann = sch.get(block).annotations
-    return str(ann[PACKED_STAGE]) if PACKED_STAGE in ann else None
+    return stage_of(sch, block, PACKED_STAGE)
 
 
 def match_packed(sch: s_tir.Schedule) -> PackedInfo | str:
@@ -274,10 +273,10 @@ def match_packed(sch: s_tir.Schedule) -> PackedInfo | str:
     for j, b in enumerate(blocks):
         if not isinstance(sch.get(b).body, tirx.BufferStore):
             return f"block {sch.get(b).name_hint!r} is not a single buffer store"
-        if j != i and any(iv.iter_type != tirx.IterVar.DataPar for iv in sch.get(b).iter_vars):
+        if j != i and "R" in iteration_kinds(sch, b):
             return "a reduction outside the packed conv"
     conv = sch.get(blocks[i])
-    kinds = "".join("S" if iv.iter_type == tirx.IterVar.DataPar else "R" for iv in conv.iter_vars)
+    kinds = iteration_kinds(sch, blocks[i])
     if kinds != "SSSSRRR":
         return f"packed conv block has iterations {kinds}"
     out = conv.body.buffer

@@ -61,7 +61,7 @@ from tvm.s_tir.schedule import SBlockRV
 from tvm.target import Target
 from tvm.topi.nn.winograd_util import _cook_toom_convolution, _interpolation_points
 
-from .analysis import Conv2DInfo, FuncBlocks
+from .analysis import Conv2DInfo, FuncBlocks, iteration_kinds, stage_of
 from .common import choose_row_width
 from .config import CPUConfig, OpenCLConfig
 from .cpu import _CPURule, _finish_tile, _prepare_prologue, conv2d_algorithm
@@ -338,14 +338,7 @@ class WinogradInfo:
 
 
 def _stage(sch: s_tir.Schedule, block: SBlockRV) -> str | None:
-    ann = sch.get(block).annotations
-    return str(ann[WINOGRAD_STAGE]) if WINOGRAD_STAGE in ann else None
-
-
-def _kinds(sch: s_tir.Schedule, block: SBlockRV) -> str:
-    return "".join(
-        "S" if iv.iter_type == tirx.IterVar.DataPar else "R" for iv in sch.get(block).iter_vars
-    )
+    return stage_of(sch, block, WINOGRAD_STAGE)
 
 
 def _shape(buffer) -> tuple[int, ...] | None:
@@ -371,13 +364,13 @@ def match_winograd(sch: s_tir.Schedule) -> WinogradInfo | str:
         return "Winograd stages are not consecutive"
     tile_b, input_b, gemm_b, inverse_b = blocks[first : first + 4]
     for name, block in zip(_STAGES, (tile_b, input_b, gemm_b, inverse_b), strict=True):
-        if _kinds(sch, block) != _KINDS[name]:
-            return f"Winograd {name} block has iterations {_kinds(sch, block)}"
+        if iteration_kinds(sch, block) != _KINDS[name]:
+            return f"Winograd {name} block has iterations {iteration_kinds(sch, block)}"
         if not isinstance(sch.get(block).body, tirx.BufferStore):
             return f"Winograd {name} block is not a single buffer store"
     others = [*blocks[:first], *blocks[first + 4 :]]
     for b in others:
-        if _kinds(sch, b).count("R"):
+        if iteration_kinds(sch, b).count("R"):
             return "a reduction outside the Winograd stages"
         if not isinstance(sch.get(b).body, tirx.BufferStore):
             return f"block {sch.get(b).name_hint!r} is not a single buffer store"

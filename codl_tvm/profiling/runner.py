@@ -108,47 +108,6 @@ def algorithm_switches() -> dict[str, list[str]]:
     return {k: v for k, v in switches.items() if v}
 
 
-def _algorithm_conv(params: OpParams, part: PartShape, pad, config):
-    """``(kernel, weight shape, attributes)`` of the Winograd or packed conv that
-    ``codl.Conv2DWinograd`` makes of this conv part under ``config`` (same selection
-    functions), or None for the direct/GEMM conv. Its weight is then an input already in the
-    transformed layout: latency does not depend on the values, and a constant would put every
-    weight into the library."""
-    from codl_tvm.schedules import (
-        CPUConfig,
-        conv2d_shape_info,
-        packed_conv2d,
-        packed_reason,
-        winograd_conv2d,
-        winograd_reason,
-    )
-
-    wshape = (part.oc, part.ic // part.groups, params.kernel, params.kernel)
-    info = conv2d_shape_info(
-        (1, part.ic, part.in_h, part.in_w),
-        wshape,
-        (params.stride, params.stride),
-        pad,
-        (params.dilation, params.dilation),
-        part.groups,
-    )
-    if winograd_reason(info, config) is None:
-        a = config.winograd_tile + params.kernel - 1
-        attrs = {"padding": tuple(pad), "tile": config.winograd_tile}
-        return winograd_conv2d, (a, a, part.ic, part.oc), attrs
-    if isinstance(config, CPUConfig) and packed_reason(info, config) is None:
-        lanes = config.lanes(32)
-        shape = (-(-part.oc // lanes), part.ic, params.kernel, params.kernel, lanes)
-        attrs = {
-            "strides": (params.stride, params.stride),
-            "padding": tuple(pad),
-            "dilation": (params.dilation, params.dilation),
-            "out_channels": part.oc,
-        }
-        return packed_conv2d, shape, attrs
-    return None
-
-
 def part_module(params: OpParams, part: PartShape, algorithm_config=None):
     """A Relax module whose ``main`` computes one part of ``params`` (inputs: data, weight).
 
@@ -174,16 +133,32 @@ def part_module(params: OpParams, part: PartShape, algorithm_config=None):
     elif params.op == "conv2d":
         x = relax.Var("x", relax.TensorType((1, part.ic, part.in_h, part.in_w), "float32"))
         wshape = (part.oc, part.ic // part.groups, params.kernel, params.kernel)
-        algo = None
+        rewrite = None
         if algorithm_config is not None:
-            algo = _algorithm_conv(params, part, pad, algorithm_config)
-        if algo is not None:
-            kernel, wshape, attrs = algo
+            # The conv the algorithm pass would make; its weight an input already in the
+            # transformed layout (latency does not depend on the values, and a constant would
+            # put every weight into the library).
+            from codl_tvm.passes.winograd import conv2d_rewrite
+            from codl_tvm.schedules import conv2d_shape_info
+
+            info = conv2d_shape_info(
+                (1, part.ic, part.in_h, part.in_w),
+                wshape,
+                (params.stride, params.stride),
+                pad,
+                (params.dilation, params.dilation),
+                part.groups,
+            )
+            rewrite = conv2d_rewrite(info, algorithm_config, pad)
+            if isinstance(rewrite, str):
+                rewrite = None
+        if rewrite is not None:
+            wshape = rewrite.weight_shape
         w = relax.Var("w", relax.TensorType(wshape, "float32"))
         with bb.function("main", [x, w]):
             with bb.dataflow():
-                if algo is not None:
-                    out = bb.emit_output(bb.call_te(kernel, x, w, **attrs))
+                if rewrite is not None:
+                    out = bb.emit_output(bb.call_te(rewrite.compute, x, w, **rewrite.attrs))
                 else:
                     out = bb.emit_output(
                         relax.op.nn.conv2d(
