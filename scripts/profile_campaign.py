@@ -56,6 +56,23 @@ def _model(name: str):
     raise SystemExit(f"unknown model {name!r}")
 
 
+def _algorithm_jobs(jobs: list, preset: str) -> list:
+    """The jobs whose part gets a Winograd or packed kernel, decided before building (the
+    same selection as the build); depthwise convs and parts below the thresholds stay direct."""
+    from codl_tvm.schedules import cpu_config
+
+    from codl_tvm.cost_model.features import part_shape
+    from codl_tvm.profiling.runner import part_rewrite
+    from codl_tvm.targets import get_preset
+
+    config = cpu_config(get_preset(preset).target("cpu"))
+    kept = [
+        j for j in jobs if part_rewrite(j.params, part_shape(j.params, j.partition, "cpu"), config)
+    ]
+    print(f"{len(kept)} of {len(jobs)} parts get an algorithm kernel", file=sys.stderr)
+    return kept
+
+
 def _keep_algorithm_parts(directory: Path, algorithms: set[str]) -> None:
     """Drop the parts that got a direct/GEMM kernel anyway (below the algorithms' thresholds):
     the direct dataset has them, and they would cost device time and transfer size twice."""
@@ -136,6 +153,8 @@ def main(argv: list[str] | None = None) -> int:
         winograd_enabled("all") if "winograd" in algorithms else contextlib.nullcontext(),
         packed_enabled("all") if "packed" in algorithms else contextlib.nullcontext(),
     ):
+        if algorithms:
+            jobs = _algorithm_jobs(jobs, args.preset)
         compile_jobs(jobs, args.out, threads=args.threads, preset=args.preset)
     out = Path(args.out)
     if algorithms:

@@ -518,6 +518,14 @@ def test_profiled_packed_part_takes_the_packed_weight_as_input(tmp_path):
         direct = compile_part(small, Partition("H", 0.0), "cpu", tmp_path, target=AVX512_TARGET)
     assert part.impl == "packed" and part.inputs == ((1, 64, 7, 7), (3, 64, 3, 3, 16))
     assert direct.impl == "direct" and direct.inputs[1] == (32, 16, 3, 3)
+    # the selection a campaign filters on before building agrees with the builds
+    from codl_tvm.profiling.runner import part_rewrite
+
+    with packed_enabled("all"):
+        cfg = cpu_config(AVX512_TARGET)
+    assert part_rewrite(conv, part.part, cfg).algorithm == "packed"
+    assert part_rewrite(small, direct.part, cfg) is None
+    assert part_rewrite(conv, part.part, None) is None
     assert (tmp_path / part.library).stat().st_size < 2_000_000
 
 

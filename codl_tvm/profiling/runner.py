@@ -108,6 +108,28 @@ def algorithm_switches() -> dict[str, list[str]]:
     return {k: v for k, v in switches.items() if v}
 
 
+def part_rewrite(params: OpParams, part: PartShape, algorithm_config=None):
+    """The Winograd or packed conv (``passes.winograd.ConvRewrite``) that ``codl.Conv2DWinograd``
+    makes of the conv ``part`` of ``params`` under ``algorithm_config``; None where the part
+    keeps its direct/GEMM kernel (no config, not a conv, or the rules decline)."""
+    if algorithm_config is None or params.op != "conv2d":
+        return None
+    from codl_tvm.passes.winograd import conv2d_rewrite
+    from codl_tvm.schedules import conv2d_shape_info
+
+    pad = part_padding(params, part)
+    info = conv2d_shape_info(
+        (1, part.ic, part.in_h, part.in_w),
+        (part.oc, part.ic // part.groups, params.kernel, params.kernel),
+        (params.stride, params.stride),
+        pad,
+        (params.dilation, params.dilation),
+        part.groups,
+    )
+    rewrite = conv2d_rewrite(info, algorithm_config, pad)
+    return None if isinstance(rewrite, str) else rewrite
+
+
 def part_module(params: OpParams, part: PartShape, algorithm_config=None):
     """A Relax module whose ``main`` computes one part of ``params`` (inputs: data, weight).
 
@@ -133,25 +155,7 @@ def part_module(params: OpParams, part: PartShape, algorithm_config=None):
     elif params.op == "conv2d":
         x = relax.Var("x", relax.TensorType((1, part.ic, part.in_h, part.in_w), "float32"))
         wshape = (part.oc, part.ic // part.groups, params.kernel, params.kernel)
-        rewrite = None
-        if algorithm_config is not None:
-            # The conv the algorithm pass would make; its weight an input already in the
-            # transformed layout (latency does not depend on the values, and a constant would
-            # put every weight into the library).
-            from codl_tvm.passes.winograd import conv2d_rewrite
-            from codl_tvm.schedules import conv2d_shape_info
-
-            info = conv2d_shape_info(
-                (1, part.ic, part.in_h, part.in_w),
-                wshape,
-                (params.stride, params.stride),
-                pad,
-                (params.dilation, params.dilation),
-                part.groups,
-            )
-            rewrite = conv2d_rewrite(info, algorithm_config, pad)
-            if isinstance(rewrite, str):
-                rewrite = None
+        rewrite = part_rewrite(params, part, algorithm_config)
         if rewrite is not None:
             wshape = rewrite.weight_shape
         w = relax.Var("w", relax.TensorType(wshape, "float32"))
