@@ -7,7 +7,8 @@ set -u
 . /tmp/code/env.sh
 cd /tmp/code
 b=/tmp/b/soc r=/tmp/res
-for m in ${KSWEEP_MODELS:-resnet50,vgg16,fst}; do
+models=${KSWEEP_MODELS:-resnet50,vgg16,fst}
+for m in ${models//,/ }; do
   for k in ${KSWEEP_K:-8 10 12}; do
     gpu=$(CODL_OPENCL_PLATFORM=portable POCL_CPU_MAX_CU_COUNT=$k POCL_AFFINITY=0 \
       taskset -c 0-$((k - 1)) python3 -m codl_tvm.cli run $b/$m/gpu --repeat 5 --number 1 \
