@@ -691,6 +691,24 @@ def _switch_on(stack: contextlib.ExitStack, algos, preset_obj) -> None:
         stack.enter_context(packed_enabled(packed_presets() | {name}))
 
 
+@contextlib.contextmanager
+def planning_context(preset: str, cost_model: str | Path | None = None, **settings):
+    """The planner settings ``compile --device coexec`` plans with for ``preset``, as a context.
+
+    Inside it, the algorithms that co-executed CPU parts get by default (those the cost model has
+    data for) are switched on, and it yields the :class:`~codl_tvm.planner.PlannerConfig` with the
+    preset's schedule configs (``settings`` override its other fields). Scripts that re-plan
+    measured builds use it so their predictions describe the kernels those builds ran."""
+    import dataclasses
+
+    from codl_tvm.targets import get_preset
+
+    preset_obj = get_preset(preset)
+    with contextlib.ExitStack() as stack:
+        _switch_on(stack, _coexec_cpu_algorithms(cost_model, preset_obj, None, None), preset_obj)
+        yield dataclasses.replace(_planner_config(preset_obj), **settings)
+
+
 def _planner_config(preset_obj):
     """The planner settings with the schedule configs the build will use for each processor."""
     from codl_tvm.planner import PlannerConfig

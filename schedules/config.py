@@ -54,6 +54,11 @@ def _check_winograd(config) -> None:
             f"{type(config).__name__} {config.name!r}: winograd_min_channels must be >= 1, "
             f"got {config.winograd_min_channels!r}"
         )
+    if config.winograd_min_tiles < 0:
+        raise ValueError(
+            f"{type(config).__name__} {config.name!r}: winograd_min_tiles must be >= 0, "
+            f"got {config.winograd_min_tiles!r}"
+        )
 
 
 @dataclass(frozen=True)
@@ -114,6 +119,15 @@ class CPUConfig:
     winograd_min_channels : int
         Winograd only when input and output channels are both at least this (the transforms
         are amortised over the channels).
+    winograd_min_tiles : int
+        Winograd only when the output holds at least this many ``m x m`` tiles (0: no limit).
+        The transformed weight is ``(m+2)^2 / 9`` times the 3x3 weight (4x for ``m = 4``) and
+        each of its elements serves one multiply-add per tile, so on small maps the Winograd
+        GEMM streams weights from memory (about ``tiles / 2`` flops per byte) and loses to the
+        direct conv. In whole models on the device machine (8 AVX-512 threads,
+        ``results/cpu_layers_21e24f0.json``) ResNet50's Winograd kernels ran 1.5x their
+        isolated latency on 28x28 and 56x56 outputs (49 and 196 tiles) but 2.1x on 14x14 (16)
+        and 3.3x on 7x7 (4).
     conv_packed : bool
         Rewrite qualifying convs with constant weights as channel-packed convs, vectorised over
         output channels (:mod:`codl_tvm.schedules.packed`); off in every preset, switched on by
@@ -148,6 +162,7 @@ class CPUConfig:
     winograd: bool = False
     winograd_tile: int = 2
     winograd_min_channels: int = 32
+    winograd_min_tiles: int = 0
     conv_packed: bool = False
     packed_oc_vectors: int = 2
     packed_min_in_channels: int = 48
@@ -205,7 +220,7 @@ class OpenCLConfig:
     min_work_items : int
         Register tiles shrink until the conv launches at least this many work-items (a big GPU
         needs tens of thousands in flight; 0 keeps the tiles).
-    winograd, winograd_tile, winograd_min_channels
+    winograd, winograd_tile, winograd_min_channels, winograd_min_tiles
         As in :class:`CPUConfig`. The Winograd GEMM uses the conv's thread and register tiles
         (``conv_threads_oc`` x ``conv_reg_oc`` output channels, ``conv_threads_ow`` x
         ``conv_reg_ow`` tiles per workgroup); the transforms run ``pool_threads`` work-items
@@ -252,6 +267,7 @@ class OpenCLConfig:
     winograd: bool = False
     winograd_tile: int = 2
     winograd_min_channels: int = 32
+    winograd_min_tiles: int = 0
     dense: bool = False
     dense_gemm_min_m: int = 8
     dense_threads_m: int = 8
@@ -294,6 +310,8 @@ AVX512 = CPUConfig(
     conv_oh_tile=1,
     max_accumulators=28,
     winograd_tile=4,
+    # 28x28 outputs (49 tiles) keep Winograd, 14x14 (16) do not; see winograd_min_tiles.
+    winograd_min_tiles=32,
 )
 NEON = CPUConfig(
     name="neon",

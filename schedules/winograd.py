@@ -154,7 +154,8 @@ def winograd_reason(info: Conv2DInfo, config: CPUConfig | OpenCLConfig) -> str |
 
     Winograd applies to 3x3, stride-1, dilation-1, single-group float32 convs when the config
     enables it, both channel counts reach ``winograd_min_channels`` and the output holds at
-    least one whole ``m x m`` tile. (The pass also needs a constant weight.)
+    least one whole ``m x m`` tile and ``winograd_min_tiles`` tiles in all. (The pass also
+    needs a constant weight.)
     """
     m = config.winograd_tile
     if not config.winograd:
@@ -174,6 +175,13 @@ def winograd_reason(info: Conv2DInfo, config: CPUConfig | OpenCLConfig) -> str |
         return f"channels {info.in_channels}->{info.out_channels} below winograd_min_channels={low}"
     if info.out_height < m or info.out_width < m:
         return f"output {info.out_height}x{info.out_width} smaller than one {m}x{m} tile"
+    tiles = -(-info.out_height // m) * -(-info.out_width // m)
+    if tiles < config.winograd_min_tiles:
+        return (
+            f"output {info.out_height}x{info.out_width} holds {tiles} {m}x{m} tiles, below "
+            f"winograd_min_tiles={config.winograd_min_tiles} (the transformed weight would "
+            "stream from memory)"
+        )
     return None
 
 

@@ -40,23 +40,25 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = p.parse_args(argv)
 
+    from codl_tvm.artifact import planning_context
     from codl_tvm.bench import envelope, write_json
     from codl_tvm.cost_model.base import load_model
     from codl_tvm.frontend import load_onnx
     from codl_tvm.models import benchmark_model
-    from codl_tvm.planner import PlannerConfig, plan_model
+    from codl_tvm.planner import plan_model
 
-    config = PlannerConfig()
-    if args.chain_min_gain is not None:
-        config = PlannerConfig(chain_min_gain=args.chain_min_gain)
+    settings = {} if args.chain_min_gain is None else {"chain_min_gain": args.chain_min_gain}
     bench = json.loads(Path(args.results).read_text())
     model = load_model(args.cost_model)
     rows = {}
     coexec = []
     for name, v in bench["results"]["models"].items():
-        _, report = plan_model(
-            load_onnx(benchmark_model(name)).mod, model, mode="codl", config=config
-        )
+        # As `compile` planned it: the preset's schedule configs, and the algorithms the cost
+        # model covers switched on (the CPU alone is then predicted with its own kernels).
+        with planning_context(bench["results"]["preset"], args.cost_model, **settings) as config:
+            _, report = plan_model(
+                load_onnx(benchmark_model(name)).mod, model, mode="codl", config=config
+            )
         s = report.summary
         meas = v["summary"]
         codl = v["rows"].get("codl", {})

@@ -155,6 +155,15 @@ def test_selection_reasons():
         (1, 64, 3, 28), (64, 64, 3, 3), pad=0, config=cpu_cfg(4)
     )
     assert "disabled" in reason((1, 64, 28, 28), (64, 64, 3, 3), config=SSE)
+    # small maps: the transformed weight would stream from memory; AVX-512 keeps Winograd on
+    # 28x28 outputs (49 4x4 tiles), not on 14x14 (16)
+    avx512 = dataclasses.replace(AVX512, winograd=True)
+    assert reason((1, 256, 28, 28), (256, 256, 3, 3), config=avx512) is None
+    small = reason((1, 256, 14, 14), (256, 256, 3, 3), config=avx512)
+    assert "16 4x4 tiles" in small and "winograd_min_tiles=32" in small
+    assert reason((1, 256, 14, 14), (256, 256, 3, 3), config=cpu_cfg(4)) is None  # no limit
+    with pytest.raises(ValueError, match="winograd_min_tiles must be >= 0"):
+        dataclasses.replace(SSE, winograd_min_tiles=-1)
     info = conv2d_shape_info((1, 64, 28, 28), (64, 64, 3, 3), (1, 1), (1,) * 4, (1, 1), 1)
     assert select_conv2d_algorithm(info, cfg) == "winograd"
     assert select_conv2d_algorithm(info, SSE) == "direct"
