@@ -437,15 +437,15 @@ WINOGRAD_CANDIDATES = ("avx2", "avx512", "neon", "pocl", "nvidia", "adreno", "ma
 #: CPU presets whose builds for the CPU alone use Winograd by default (``codl-tvm compile``
 #: without ``--winograd``/``--no-winograd``): measured faster on whole models there (AVX-512,
 #: 8 threads: VGG19 1.48-1.78x, Inception v1 1.12x, ResNet50 1.02-1.08x;
-#: ``results/cpu_models_*_754eee8.json``). Co-executed CPU parts stay direct: the shipped cost
-#: models know direct kernels only.
+#: ``results/cpu_models_*_754eee8.json``). Co-executed CPU parts use it too where the cost model
+#: has Winograd data (``codl-tvm profile --winograd``; the shipped emulated-soc model has).
 WINOGRAD_CPU_ALONE = ("avx512",)
 _WINOGRAD_ON: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar(
     "codl_winograd_on", default=frozenset()
 )
 #: CPU presets whose builds for the CPU alone use channel-packed convs by default
-#: (``codl-tvm compile`` without ``--packed``/``--no-packed``). Co-executed CPU parts keep the
-#: direct and GEMM schedules, which the shipped cost models were fitted on.
+#: (``codl-tvm compile`` without ``--packed``/``--no-packed``). Co-executed CPU parts use them
+#: too where the cost model has packed data (the shipped emulated-soc model has).
 PACKED_CPU_ALONE = ("avx512",)
 _PACKED_ON: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar(
     "codl_packed_on", default=frozenset()

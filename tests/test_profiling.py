@@ -108,6 +108,32 @@ def test_resume_skips_measured_keys(run, tmp_path):
 
 
 @pytest.mark.opencl
+def test_flush_weights_is_one_setting_per_dataset(opencl, tmp_path):
+    """``--flush-weights`` times CPU parts one cold run per sample; the dataset records the
+    setting and refuses a resume without it (the two ways of timing differ by up to 3x)."""
+    from codl_tvm.cli import main
+
+    common = ["profile", "--sample", "1", "--max-gflops", "0.01", "--dims", "H", "--ratios", "0.5"]
+    common += ["--repeats", "2", "--number", "2", "--no-sharing"]
+    cold = tmp_path / "cold.jsonl"
+    assert main([*common, "--flush-weights", "-o", str(cold)]) == 0
+    data = load_dataset(cold)
+    assert data.meta["flush_weights"] is True
+    cpu = [r for r in data.op_records if r.processor == "cpu"]
+    gpu = [r for r in data.op_records if r.processor == "gpu"]
+    assert cpu and gpu
+    assert all(r.repeats == 4 for r in cpu)  # one run per sample: repeats x number samples
+    assert all(r.repeats == 2 for r in gpu)  # OpenCL parts are timed as before
+    assert all(np.isfinite(r.latency_ms) and r.latency_ms > 0 for r in data.op_records)
+    before = cold.read_bytes()
+    assert main([*common, "-o", str(cold)]) != 0  # resumed without the flag: refused
+    assert cold.read_bytes() == before
+    warm = tmp_path / "warm.jsonl"
+    assert main([*common, "-o", str(warm)]) == 0
+    assert "flush_weights" not in load_dataset(warm).meta
+
+
+@pytest.mark.opencl
 def test_compile_dir_then_run_dir(opencl, tmp_path):
     jobs = make_jobs([("c", OpParams("conv2d", 6, 6, 3, 4, 3, 1, 1))], ("H",), (0.5,))
     manifest = compile_jobs(jobs, tmp_path / "build", progress=False)

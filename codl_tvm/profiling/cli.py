@@ -105,9 +105,11 @@ def _profile(args: argparse.Namespace) -> int:
         algorithm_switches,
     )
 
-    timing = TimingConfig(args.warmup, args.repeats, args.number)
+    timing = TimingConfig(args.warmup, args.repeats, args.number, args.flush_weights)
     sharing = () if args.no_sharing else args.sharing_sizes
     meta = {"command": "codl-tvm profile", "seed": args.seed, "sampler": args.sampler}
+    if args.flush_weights:
+        meta["flush_weights"] = True
     if algorithm_switches():
         meta["algorithms"] = algorithm_switches()
     remote = None
@@ -232,6 +234,12 @@ def register_cli(subparsers) -> None:
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--repeats", type=int, default=5, help="timed repeats (the median is kept)")
     p.add_argument("--number", type=int, default=3, help="runs per timed repeat")
+    p.add_argument(
+        "--flush-weights",
+        action="store_true",
+        help="time CPU parts one run at a time with their weights flushed from the caches "
+        "first, as inside a whole model (a dataset keeps one setting)",
+    )
     p.add_argument(
         "--sharing-sizes",
         type=_ints,

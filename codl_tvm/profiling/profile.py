@@ -219,7 +219,8 @@ def _open(output, meta):
     writer = DatasetWriter(output, meta=meta)  # drops a partial last line first
     writer._file.flush()  # the header of a new file, so it can be read back
     data = load_dataset(output)
-    # A dataset holds one algorithm setting: a resumed job is skipped by its shape alone.
+    # A dataset holds one algorithm setting and one way of timing: a resumed job is skipped by
+    # its shape alone.
     have, want = data.meta.get("algorithms", {}), (meta or {}).get("algorithms", {})
     if have != want:
         writer.close()
@@ -227,6 +228,13 @@ def _open(output, meta):
             f"{output} was profiled with algorithm switches {have or 'none (direct)'}, "
             f"this run has {want or 'none (direct)'}; write it to another dataset "
             "(`codl-tvm cost-model fit` takes several)"
+        )
+    have, want = data.meta.get("flush_weights", False), (meta or {}).get("flush_weights", False)
+    if have != want:
+        writer.close()
+        raise ProfileError(
+            f"{output} was profiled {'with' if have else 'without'} --flush-weights, this run "
+            f"{'has' if want else 'has not'} it; write it to another dataset"
         )
     done = {_record_job_key(r) for r in data.op_records}
     return writer, done

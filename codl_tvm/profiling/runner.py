@@ -63,11 +63,16 @@ class ProfileError(ValueError):
 @dataclass(frozen=True)
 class TimingConfig:
     """How latencies are measured: ``warmup`` untimed runs, then ``repeats`` timed repeats of
-    ``number`` runs each (their mean is one sample); the record keeps the median sample."""
+    ``number`` runs each (their mean is one sample); the record keeps the median sample.
+
+    ``flush_weights``: CPU parts are timed one run per sample, the weight (every input but the
+    data) flushed from the caches before each (TVM's ``cache_flush_cpu_non_first_arg``), as it
+    arrives inside a whole model, where every operator's weight was evicted by the others."""
 
     warmup: int = 1
     repeats: int = 5
     number: int = 3
+    flush_weights: bool = False
 
     def __post_init__(self) -> None:
         for name in ("repeats", "number"):
@@ -525,7 +530,16 @@ def time_part(
     for _ in range(timing.warmup):
         vm["main"](*args)
     dev.sync()
-    res = vm.time_evaluator("main", dev, number=timing.number, repeat=timing.repeats)(*args)
+    if timing.flush_weights and compiled.processor == "cpu":
+        res = vm.time_evaluator(
+            "main",
+            dev,
+            number=1,
+            repeat=timing.repeats * timing.number,
+            f_preproc="cache_flush_cpu_non_first_arg",
+        )(*args)
+    else:
+        res = vm.time_evaluator("main", dev, number=timing.number, repeat=timing.repeats)(*args)
     samples = [float(r) * 1e3 for r in res.results]
     median = float(statistics.median(samples))
     if not median > 0:

@@ -6,19 +6,22 @@
 set -u
 . /tmp/code/env.sh
 cd /tmp/code
+rm -rf /tmp/b/cpu_models
 r=/tmp/res
 models=${CPU_MODELS:-resnet50,inception_v1,squeezenet}
 ab=${AB_CONFIG:-winograd_min_tiles=0}
 export TVM_NUM_THREADS=8
-for m in ${models//,/ }; do
-  common=(--constant-weights --models "$m" --out /tmp/b/cpu_models)
-  python3 scripts/bench_cpu_models.py compile "${common[@]}" --tag cpualone --winograd --packed \
-    > $r/compile_${m}_cpualone.log 2>&1 &
-  python3 scripts/bench_cpu_models.py compile "${common[@]}" --tag ab --winograd --packed \
-    --cpu-config "$ab" > $r/compile_${m}_ab.log 2>&1 &
-  python3 scripts/bench_cpu_models.py compile "${common[@]}" --tag packed --packed \
-    > $r/compile_${m}_packed.log 2>&1 &
-done
+# One process per variant (each compiles the models in turn): they share the directory's
+# manifest, and nine processes finishing together lost each other's entries.
+common=(--constant-weights --models "$models" --out /tmp/b/cpu_models)
+python3 scripts/bench_cpu_models.py compile "${common[@]}" --tag cpualone --winograd --packed \
+  > $r/compile_cpualone.log 2>&1 &
+sleep 20
+python3 scripts/bench_cpu_models.py compile "${common[@]}" --tag ab --winograd --packed \
+  --cpu-config "$ab" > $r/compile_ab.log 2>&1 &
+sleep 20
+python3 scripts/bench_cpu_models.py compile "${common[@]}" --tag packed --packed \
+  > $r/compile_packed.log 2>&1 &
 wait
 touch $r/BUILT
 python3 scripts/bench_cpu_models.py run --dir /tmp/b/cpu_models --threads 8 --rounds 5 \
