@@ -427,3 +427,22 @@ def test_compile_verify_bad_values(tmp_path, balanced_model, capsys):
             log=lambda s: None,
         )
     assert not (tmp_path / "b" / "manifest.json").exists()
+
+
+def test_planning_context_matches_what_compile_plans_with():
+    """Scripts that re-plan measured builds (`model_level_check.py`) plan as `compile` does:
+    the preset's schedule configs, with the algorithms the cost model covers switched on."""
+    from codl_tvm.schedules import cpu_config
+
+    from codl_tvm.artifact import default_cost_model_for, planning_context
+    from codl_tvm.targets import get_preset
+
+    cpu_target = get_preset("emulated-soc").target("cpu")
+    assert not cpu_config(cpu_target).conv_packed
+    with planning_context("emulated-soc", chain_min_gain=0.0) as config:
+        # the shipped emulated-soc model has packed and Winograd CPU data
+        assert config.cpu.conv_packed and config.cpu.winograd
+        assert config.gpu is not None and config.chain_min_gain == 0.0
+    assert not cpu_config(cpu_target).conv_packed  # switched off again
+    with planning_context("emulated-soc", default_cost_model_for("device-h100")) as config:
+        assert not config.cpu.conv_packed and not config.cpu.winograd  # direct data only

@@ -327,7 +327,7 @@ def test_presets_build_winograd_when_enabled():
     from .test_schedules_cpu import AVX512_TARGET, NEON_TARGET
 
     for target, preset in ((AVX512_TARGET, c.AVX512), (NEON_TARGET, c.NEON)):
-        mod, _, _ = conv_module((1, 32, 10, 12), 32, 1)
+        mod, _, _ = conv_module((1, 32, 24, 24), 32, 1)  # 36 4x4 tiles: above AVX-512's 32
         mod = scheduled(mod, target, cpu=dataclasses.replace(preset, winograd=True))
         func = winograd_func(mod)
         assert func.attrs["codl.config"] == preset.name
