@@ -31,13 +31,16 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from codl_tvm.planner import PlannerConfig
 
 __all__ = [
     "ARTIFACT_FORMAT",
@@ -47,6 +50,7 @@ __all__ = [
     "compile_artifact",
     "is_artifact",
     "load_artifact",
+    "planning_context",
 ]
 
 ARTIFACT_FORMAT = "codl-tvm-artifact"
@@ -692,7 +696,9 @@ def _switch_on(stack: contextlib.ExitStack, algos, preset_obj) -> None:
 
 
 @contextlib.contextmanager
-def planning_context(preset: str, cost_model: str | Path | None = None, **settings):
+def planning_context(
+    preset: str, cost_model: str | Path | None = None, **settings: Any
+) -> Iterator[PlannerConfig]:
     """The planner settings ``compile --device coexec`` plans with for ``preset``, as a context.
 
     Inside it, the algorithms that co-executed CPU parts get by default (those the cost model has

@@ -22,6 +22,7 @@ import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -34,6 +35,10 @@ from codl_tvm.cost_model.features import (
     PartShape,
     part_shape,
 )
+
+if TYPE_CHECKING:
+    from codl_tvm.passes.winograd import ConvRewrite
+    from codl_tvm.schedules import CPUConfig, OpenCLConfig
 
 __all__ = [
     "CompiledPart",
@@ -113,7 +118,9 @@ def algorithm_switches() -> dict[str, list[str]]:
     return {k: v for k, v in switches.items() if v}
 
 
-def part_rewrite(params: OpParams, part: PartShape, algorithm_config=None):
+def part_rewrite(
+    params: OpParams, part: PartShape, algorithm_config: CPUConfig | OpenCLConfig | None = None
+) -> ConvRewrite | None:
     """The Winograd or packed conv (``passes.winograd.ConvRewrite``) that ``codl.Conv2DWinograd``
     makes of the conv ``part`` of ``params`` under ``algorithm_config``; None where the part
     keeps its direct/GEMM kernel (no config, not a conv, or the rules decline)."""
