@@ -134,6 +134,34 @@ def test_flush_weights_is_one_setting_per_dataset(opencl, tmp_path):
 
 
 @pytest.mark.opencl
+def test_tvm_cpus_pins_the_pool_and_rejects_bad_ranges(opencl, tmp_path, capsys):
+    """``--tvm-cpus LO-HI`` pins TVM's pool as the SoC benchmarks do; bad ranges and RPC runs
+    are refused with a message naming the value."""
+    import os
+
+    from codl_tvm.cli import main
+
+    common = ["profile", "--sample", "1", "--max-gflops", "0.01", "--dims", "H", "--ratios", "1"]
+    common += ["--repeats", "1", "--number", "1", "--no-sharing"]
+    n = os.cpu_count()
+    before = os.sched_getaffinity(0)
+    try:
+        assert main([*common, "--tvm-cpus", f"0-{n - 1}", "-o", str(tmp_path / "a.jsonl")]) == 0
+        assert os.sched_getaffinity(0) == set(range(n))
+    finally:
+        os.sched_setaffinity(0, before)
+    assert load_dataset(tmp_path / "a.jsonl").op_records
+    for bad in ("3-1", f"0-{n}", "x", "0-1-2"):
+        capsys.readouterr()
+        assert main([*common, "--tvm-cpus", bad, "-o", str(tmp_path / "b.jsonl")]) != 0
+        assert f"--tvm-cpus {bad!r}" in capsys.readouterr().err
+    assert not (tmp_path / "b.jsonl").exists()
+    rpc = ["--rpc", "127.0.0.1:1", "--tvm-cpus", "0-0", "-o", str(tmp_path / "c.jsonl")]
+    assert main([*common, *rpc]) != 0
+    assert "drop it with --rpc" in capsys.readouterr().err
+
+
+@pytest.mark.opencl
 def test_compile_dir_then_run_dir(opencl, tmp_path):
     jobs = make_jobs([("c", OpParams("conv2d", 6, 6, 3, 4, 3, 1, 1))], ("H",), (0.5,))
     manifest = compile_jobs(jobs, tmp_path / "build", progress=False)

@@ -30,6 +30,7 @@ their own dataset, fitted together with the direct one::
 from __future__ import annotations
 
 import argparse
+import os
 
 from codl_tvm.cost_model.dataset import DatasetError
 from codl_tvm.cost_model.features import DIMS, FeatureError
@@ -114,6 +115,8 @@ def _profile(args: argparse.Namespace) -> int:
         meta["algorithms"] = algorithm_switches()
     remote = None
     try:
+        if args.tvm_cpus:
+            _pin(args)
         if args.run_dir:
             if args.model or args.sample:
                 raise ProfileError("--run-dir measures a prepared directory; drop --model/--sample")
@@ -188,6 +191,22 @@ def _profile_farm(args, jobs, timing, sharing, meta) -> int:
     return 0
 
 
+def _pin(args) -> None:
+    from codl_tvm.bench import pin_tvm_threads
+    from codl_tvm.profiling.runner import ProfileError
+
+    if args.rpc:
+        raise ProfileError("--tvm-cpus pins this machine's threads; drop it with --rpc")
+    lo_hi = args.tvm_cpus.split("-")
+    ok = len(lo_hi) == 2 and all(v.isdigit() for v in lo_hi) and int(lo_hi[0]) <= int(lo_hi[1])
+    if not ok or int(lo_hi[1]) >= os.cpu_count():
+        raise ProfileError(
+            f"--tvm-cpus {args.tvm_cpus!r}: expected LO-HI, cores of this machine "
+            f"(0-{os.cpu_count() - 1})"
+        )
+    pin_tvm_threads(args.tvm_cpus)
+
+
 def _connect(args):
     from codl_tvm.rpc_utils import RPCError, request_remote
 
@@ -258,6 +277,11 @@ def register_cli(subparsers) -> None:
         "--packed",
         action="store_true",
         help="likewise with channel-packed CPU convs on (one algorithm setting per dataset)",
+    )
+    p.add_argument(
+        "--tvm-cpus",
+        help="pin TVM's CPU thread pool to cores LO-HI (one worker per core), as the emulated "
+        "SoC's benchmarks do (PoCL on the other cores with POCL_AFFINITY=1); local runs only",
     )
     p.add_argument("--rpc", help="measure through a TVM RPC tracker HOST:PORT")
     p.add_argument("--rpc-key", help="device key at the tracker")

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Emulated SoC: PoCL on 8 cores (0-7) is the GPU, TVM's CPU kernels on cores 8-15.
+# Emulated SoC: PoCL on k cores (0..k-1, default 8) is the GPU, TVM's CPU kernels on the others.
 # Build every variant in parallel (and codl-tvm's CPU builds of whole models, weights constant,
 # with variants), time the CPU builds against onnxruntime on 8 threads, run every planner
 # artifact once in parallel to fill the OpenCL program caches, then time (`--verify`, then
@@ -10,9 +10,14 @@ cd /tmp/code
 models=${SOC_MODELS:-vgg19,vgg16,yolov2,fst,retinaface,posenet,inception_v1,resnet50,squeezenet,bvlc_alexnet}
 cm=codl_tvm/data/cost_models
 b=/tmp/b/soc r=/tmp/res
-export POCL_CPU_MAX_CU_COUNT=8 POCL_AFFINITY=1 TVM_NUM_THREADS=8 CODL_OPENCL_PLATFORM=portable
-common=(--preset emulated-soc --models "$models" --cost-model $cm/emulated-soc.json
-        --oracle results/profile/oracle_emulated_soc.json --out $b)
+# SOC_K: PoCL's cores (0..k-1); TVM gets the other 16-k. SOC_COST_MODEL / SOC_ORACLE: the cost
+# model and the measured table of that split (k = 8: the shipped ones).
+k=${SOC_K:-8}
+export POCL_CPU_MAX_CU_COUNT=$k POCL_AFFINITY=1 TVM_NUM_THREADS=$((16 - k)) CODL_OPENCL_PLATFORM=portable
+tvm_cpus=$k-15
+common=(--preset emulated-soc --models "$models"
+        --cost-model "${SOC_COST_MODEL:-$cm/emulated-soc.json}"
+        --oracle "${SOC_ORACLE:-results/profile/oracle_emulated_soc.json}" --out $b)
 cpu_models=${CPU_MODELS:-squeezenet,bvlc_alexnet,resnet50,inception_v1,vgg19,posenet}
 (python3 scripts/bench_planner.py compile --jobs 12 "${common[@]}" --keep-build-cache \
    > $r/soc_compile.log 2>&1; touch $r/BUILT) &
@@ -30,11 +35,11 @@ python3 scripts/bench_cpu_models.py compile --constant-weights --models "$packed
 wait  # for the planner builds too
 # CPU models first, while nothing else runs: codl-tvm (every variant) and onnxruntime on 8
 # threads, round-robin.
-python3 scripts/bench_cpu_models.py run --dir /tmp/b/cpu_models --threads 8 --rounds 5 \
+TVM_NUM_THREADS=8 python3 scripts/bench_cpu_models.py run --dir /tmp/b/cpu_models --threads 8 --rounds 5 \
   --out $r/cpu_models_8threads_constant.json > $r/cpu_models_run.log 2>&1
 # Where the CPU time goes, kernel by kernel, beside onnxruntime's nodes (the models furthest
 # from onnxruntime).
-python3 scripts/bench_cpu_models.py layers --dir /tmp/b/cpu_models --threads 8 --runs 10 \
+TVM_NUM_THREADS=8 python3 scripts/bench_cpu_models.py layers --dir /tmp/b/cpu_models --threads 8 --runs 10 \
   --models "${LAYER_MODELS:-resnet50-cpualone,posenet-cpualone}" --out $r/cpu_layers.json > $r/cpu_layers.log 2>&1
 rm -rf /tmp/b/cpu_models
 touch $r/CPU_DONE
@@ -42,11 +47,11 @@ POCL_AFFINITY=0 python3 scripts/bench_planner.py warm --dir $b --platform portab
   > $r/soc_warm.log 2>&1
 touch $r/WARM
 python3 scripts/bench_planner.py compile "${common[@]}" --verify 3 \
-  --verify-modes codl_no_chain,h_only,oc_only --tvm-cpus 8-15 > $r/soc_verify.log 2>&1
+  --verify-modes codl_no_chain,h_only,oc_only --tvm-cpus $tvm_cpus > $r/soc_verify.log 2>&1
 touch $r/VERIFIED
 for m in ${models//,/ }; do
   python3 scripts/bench_planner.py run --dir $b --models "$m" --platform portable \
-    --tvm-cpus 8-15 --rounds 3 --number 2 --trace-dir $r/traces_soc --append \
+    --tvm-cpus $tvm_cpus --rounds 3 --number 2 --trace-dir $r/traces_soc --append \
     --out $r/planner_emulated_soc.json >> $r/soc_run.log 2>&1
 done
 touch $r/SOC_DONE

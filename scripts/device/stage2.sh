@@ -5,7 +5,7 @@
 set -euo pipefail
 pipeline=${1:?usage: stage2.sh PIPELINE.sh}
 test -f /tmp/tvmc.part.aa || { echo "stage1.sh has not run on this machine" >&2; exit 3; }
-pkill -f "bash /tmp/code/(soc|h100|all|soc_algos|ksweep|cpu).sh" || true
+pkill -f "bash /tmp/code/(soc|h100|all|soc_algos|soc_k|ksweep|cpu).sh" || true
 pkill -f "scripts/bench_" || true
 rm -rf /tmp/res /tmp/b /tmp/code
 mkdir -p /tmp/res /tmp/code
@@ -17,8 +17,8 @@ cp -r passes /tmp/code/codl_tvm/passes
 cp -r schedules /tmp/code/codl_tvm/schedules
 cp scripts/device/*.sh /tmp/code/
 cp .device/plugin/codl_tvm_opencl.so .device/plugin/COMMIT /tmp/code/
-# A profiling campaign compiled here (soc_algos.sh), when carried.
-if [ -f .device/prof_soc_algos.tar.xz ]; then cp .device/prof_soc_algos.tar.xz /tmp/code/; fi
+# Profiling campaigns compiled here (soc_algos.sh, soc_k.sh), when carried.
+for f in .device/*.tar.xz; do if [ -f "$f" ]; then cp "$f" /tmp/code/; fi; done
 . /tmp/code/env.sh
 cd /tmp/code
 python3 - <<'PY'

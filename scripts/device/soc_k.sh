@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The emulated SoC at another split (issue 7: choose k): measure the campaigns compiled here for
+# that split, fit its cost model and measured oracle, then soc.sh with them. Not run yet.
+#   here: python scripts/profile_campaign.py --preset emulated-soc --threads $((16-K)) ... \
+#           --out .device/prof_kK (direct, GPU and CPU parts) and --algorithms winograd,packed
+#           --out .device/prof_kK_algos; carry both .tar.xz in call 2 (stage2 copies them)
+#   there: SOC_K=K bash /tmp/code/soc_k.sh (started by stage2.sh soc_k.sh with SOC_K exported)
+set -u
+. /tmp/code/env.sh
+cd /tmp/code
+K=${SOC_K:-12}
+r=/tmp/res p=results/profile cm=codl_tvm/data/cost_models
+export POCL_CPU_MAX_CU_COUNT=$K POCL_AFFINITY=1 CODL_OPENCL_PLATFORM=portable
+export TVM_NUM_THREADS=$((16 - K))
+mkdir -p /tmp/prof
+for t in prof_k$K prof_k${K}_algos; do
+  tar -xJf /tmp/code/$t.tar.xz -C /tmp/prof
+  python3 -m codl_tvm.cli profile --run-dir /tmp/prof/$t --tvm-cpus $K-15 \
+    -o $p/emulated_soc_k$K${t#prof_k$K}.jsonl > $r/profile_$t.log 2>&1
+done
+cp $p/emulated_soc_k$K*.jsonl $r/
+touch $r/PROFILED
+python3 -m codl_tvm.cli cost-model fit $p/emulated_soc_k$K.jsonl $p/emulated_soc_k${K}_algos.jsonl \
+  --kind gbdt -o $cm/emulated-soc-k$K.json > $r/fit.log 2>&1
+python3 -m codl_tvm.cli cost-model fit $p/emulated_soc_k$K.jsonl --kind measured --holdout 0 \
+  -o $p/oracle_emulated_soc_k$K.json >> $r/fit.log 2>&1
+python3 -m codl_tvm.cli cost-model eval $cm/emulated-soc-k$K.json $p/emulated_soc_k$K.jsonl \
+  $p/emulated_soc_k${K}_algos.jsonl --json > $r/cost_model_eval_k$K.json 2>> $r/fit.log
+cp $cm/emulated-soc-k$K.json $p/oracle_emulated_soc_k$K.json $r/
+touch $r/FITTED
+SOC_K=$K SOC_COST_MODEL=$cm/emulated-soc-k$K.json SOC_ORACLE=$p/oracle_emulated_soc_k$K.json \
+CPU_MODELS=${CPU_MODELS:-squeezenet} \
+SOC_MODELS=${SOC_MODELS:-vgg19,vgg16,yolov2,fst,retinaface,posenet,inception_v1,resnet50,squeezenet} \
+  bash /tmp/code/soc.sh
