@@ -104,8 +104,16 @@ def cmd_compile(args: argparse.Namespace) -> None:
             },
         }
         print("compiled", name, args.tag or "", flush=True)
-    # One manifest per tag, so variants can be compiled into one directory at the same time.
-    (out / f"manifest{suffix}.json").write_text(json.dumps(manifest, indent=2))
+    # One manifest per tag, merged under a lock: variants and models can be compiled into one
+    # directory at the same time (processes that overwrote it lost each other's entries).
+    import fcntl
+
+    with open(out / ".manifest.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        path = out / f"manifest{suffix}.json"
+        merged = json.loads(path.read_text()) if path.exists() else {}
+        merged.update(manifest)
+        path.write_text(json.dumps(merged, indent=2))
 
 
 def _pin_tvm(threads: int) -> list[int]:
