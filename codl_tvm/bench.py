@@ -100,14 +100,21 @@ def time_host_us(fn: Callable[[], object], repeat: int = 200, warmup: int = 20) 
 
 
 def pin_tvm_threads(cores: str, pin_main_thread: bool = True) -> list[int]:
-    """Pin TVM's CPU thread pool to cores ``"LO-HI"`` (one worker per core).
+    """Pin TVM's CPU thread pool to cores ``"LO-HI"`` (one worker per core); ValueError for a
+    range that is not ``LO-HI`` with ``LO <= HI`` among this machine's cores.
 
     The emulated SoC of the benchmarks: TVM's CPU kernels on their own cores, PoCL's workers on
     the others (``POCL_AFFINITY=1``, ``POCL_CPU_MAX_CU_COUNT``).
     """
     import tvm
 
-    lo, hi = (int(v) for v in cores.split("-"))
+    lo_hi = cores.split("-")
+    n = os.cpu_count() or 1
+    if not (len(lo_hi) == 2 and all(v.isdigit() for v in lo_hi)) or not (
+        int(lo_hi[0]) <= int(lo_hi[1]) < n
+    ):
+        raise ValueError(f"{cores!r}: expected LO-HI, cores of this machine (0-{n - 1})")
+    lo, hi = (int(v) for v in lo_hi)
     cpus = list(range(lo, hi + 1))
     tvm.get_global_func("runtime.config_threadpool")(-2, len(cpus), [str(c) for c in cpus])
     if pin_main_thread:

@@ -137,7 +137,8 @@ class CPUConfig:
     packed_min_in_channels : int
         Packed convs only with at least this many input channels: each output pixel is one
         broadcast per input channel and tap, so short reductions leave the loads dominant (a
-        3-channel stem keeps ``direct``; the value is not tuned on the device machine).
+        3-channel stem keeps ``direct``). Not swept; with 48/256 SqueezeNet's packed build beat
+        its direct/GEMM build on the device machine (3.52 vs 3.79 ms, 21e24f0), with 16 it lost.
     packed_max_gemm_pixels : int
         1x1 stride-1 convs are packed only up to this many output pixels; larger images keep
         the ``gemm`` schedule.

@@ -30,7 +30,6 @@ their own dataset, fitted together with the direct one::
 from __future__ import annotations
 
 import argparse
-import os
 
 from codl_tvm.cost_model.dataset import DatasetError
 from codl_tvm.cost_model.features import DIMS, FeatureError
@@ -197,14 +196,10 @@ def _pin(args) -> None:
 
     if args.rpc:
         raise ProfileError("--tvm-cpus pins this machine's threads; drop it with --rpc")
-    lo_hi = args.tvm_cpus.split("-")
-    ok = len(lo_hi) == 2 and all(v.isdigit() for v in lo_hi) and int(lo_hi[0]) <= int(lo_hi[1])
-    if not ok or int(lo_hi[1]) >= os.cpu_count():
-        raise ProfileError(
-            f"--tvm-cpus {args.tvm_cpus!r}: expected LO-HI, cores of this machine "
-            f"(0-{os.cpu_count() - 1})"
-        )
-    pin_tvm_threads(args.tvm_cpus)
+    try:
+        pin_tvm_threads(args.tvm_cpus)
+    except ValueError as exc:
+        raise ProfileError(f"--tvm-cpus {exc}") from None
 
 
 def _connect(args):

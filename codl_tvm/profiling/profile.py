@@ -215,27 +215,28 @@ def make_jobs(
 # Running.
 
 
+#: Dataset settings a resume must match: (meta key, value when absent, how to name a value).
+_ONE_SETTING = (
+    ("algorithms", {}, lambda v: f"algorithm switches {v or 'none (direct)'}"),
+    ("flush_weights", False, lambda v: "--flush-weights" if v else "no --flush-weights"),
+)
+
+
 def _open(output, meta):
     writer = DatasetWriter(output, meta=meta)  # drops a partial last line first
     writer._file.flush()  # the header of a new file, so it can be read back
     data = load_dataset(output)
     # A dataset holds one algorithm setting and one way of timing: a resumed job is skipped by
     # its shape alone.
-    have, want = data.meta.get("algorithms", {}), (meta or {}).get("algorithms", {})
-    if have != want:
-        writer.close()
-        raise ProfileError(
-            f"{output} was profiled with algorithm switches {have or 'none (direct)'}, "
-            f"this run has {want or 'none (direct)'}; write it to another dataset "
-            "(`codl-tvm cost-model fit` takes several)"
-        )
-    have, want = data.meta.get("flush_weights", False), (meta or {}).get("flush_weights", False)
-    if have != want:
-        writer.close()
-        raise ProfileError(
-            f"{output} was profiled {'with' if have else 'without'} --flush-weights, this run "
-            f"{'has' if want else 'has not'} it; write it to another dataset"
-        )
+    for key, default, describe in _ONE_SETTING:
+        have, want = data.meta.get(key, default), (meta or {}).get(key, default)
+        if have != want:
+            writer.close()
+            raise ProfileError(
+                f"{output} was profiled with {describe(have)}, this run has "
+                f"{describe(want)}; write it to another dataset (`codl-tvm cost-model fit` "
+                "takes several)"
+            )
     done = {_record_job_key(r) for r in data.op_records}
     return writer, done
 
