@@ -2,11 +2,12 @@
 
 ``single_device_pipeline(target)`` builds a model for one processor: inference
 simplification (``codl.FoldBatchNorm``: batch norms after convs with constant weights fold into
-them), codl-tvm's algorithm selection (``codl.Conv2DWinograd``: qualifying 3x3 convs become
-Winograd convs), TVM's legalization and fusion, then codl-tvm's schedule rules
-(``codl_tvm.schedules``) ahead of dlight's GPU rules, then TVM's lowering and finalisation. The
-co-execution pipeline adds the partitioning phase after the inference simplification (algorithm
-selection runs after it, per part and processor).
+them; ``codl.PairwiseVariadic``: ONNX Sum/Max/Min become binary ops that fuse), codl-tvm's
+algorithm selection (``codl.Conv2DWinograd``: qualifying 3x3 convs become Winograd convs),
+TVM's legalization and fusion, then codl-tvm's schedule rules (``codl_tvm.schedules``) ahead of
+dlight's GPU rules, then TVM's lowering and finalisation. The co-execution pipeline adds the
+partitioning phase after the inference simplification (algorithm selection runs after it, per
+part and processor).
 Set ``CODL_TVM_DUMP_IR=DIR`` to write the IR after every phase (``NN-phase.py``).
 """
 
@@ -32,10 +33,12 @@ __all__ = [
 
 def inference_passes() -> list[tvm.transform.Pass]:
     """Inference-only simplifications that keep every operator's name, order and shape (so a
-    plan made for the imported module applies): fold batch norms into the convs before them."""
+    plan made for the imported module applies): fold batch norms into the convs before them, and
+    make the frontend's stack-and-reduce Sum/Max/Min pairwise binary ops (fusable epilogues)."""
     from codl_tvm.passes.fold_bn import FoldBatchNorm
+    from codl_tvm.passes.variadic import PairwiseVariadic
 
-    return [FoldBatchNorm()]
+    return [FoldBatchNorm(), PairwiseVariadic()]
 
 
 def algorithm_passes(

@@ -7,6 +7,8 @@
 - ``halo.py``: the pure-Python row/channel geometry (halo propagation through chains, Eq. 1).
 - :class:`FoldBatchNorm` (``fold_bn.py``): before partitioning, folds inference batch norms after
   constant-weight convs into the convs (keeps operator names and shapes).
+- :class:`PairwiseVariadic` (``variadic.py``): before partitioning, rewrites the ONNX frontend's
+  stack-and-reduce Sum/Max/Min as binary ops (residual adds that fuse into the conv before them).
 - :class:`Conv2DWinograd` (``winograd.py``): after partitioning, before legalization, rewrites
   qualifying 3x3 convs (and conv parts) as Winograd convs, per processor config.
 """
@@ -23,6 +25,7 @@ from .halo import (
 )
 from .partition import PartitionOperators
 from .parts import PARTS_ATTR, PartRecord, Processor, SplitRecord, collect_parts
+from .variadic import PairwiseVariadic
 from .winograd import Conv2DWinograd
 
 __all__ = [
@@ -30,6 +33,7 @@ __all__ = [
     "ChannelMap",
     "Conv2DWinograd",
     "FoldBatchNorm",
+    "PairwiseVariadic",
     "PartRecord",
     "PartSpan",
     "PartitionOperators",

@@ -144,6 +144,13 @@ class CPUConfig:
         the ``gemm`` schedule.
     packed_min_gemm_channels : int
         ... and only with at least this many input channels (not tuned on the device machine).
+    packed_chunk_bytes : int
+        Pointwise packed convs walk the image in chunks of pixel tiles whose input (all input
+        channels) fits this many bytes, running every output-channel block over one chunk
+        before the next: the input streams from memory once and each block's weights stay in
+        cache over the chunk. 0 keeps one loop over channel blocks outside the pixel tiles,
+        which streams the whole input once per block (the schedule the shipped cost models
+        were profiled with).
     """
 
     name: str
@@ -169,9 +176,15 @@ class CPUConfig:
     packed_min_in_channels: int = 48
     packed_max_gemm_pixels: int = 400
     packed_min_gemm_channels: int = 256
+    packed_chunk_bytes: int = 0
 
     def __post_init__(self) -> None:
         _check_winograd(self)
+        if self.packed_chunk_bytes < 0:
+            raise ValueError(
+                f"CPUConfig {self.name!r}: packed_chunk_bytes must be >= 0, "
+                f"got {self.packed_chunk_bytes!r}"
+            )
         if self.packed_oc_vectors < 1:
             raise ValueError(
                 f"CPUConfig {self.name!r}: packed_oc_vectors must be >= 1, "

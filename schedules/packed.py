@@ -60,6 +60,7 @@ __all__ = [
     "packed_conv2d",
     "packed_reason",
     "packed_tile",
+    "pointwise_chunk",
 ]
 
 #: Block annotation naming the stage of a packed conv (``"pad"`` or ``"conv"``).
@@ -235,6 +236,21 @@ def packed_tile(
     return best[2], best[4], best[3]
 
 
+def pointwise_chunk(pixels: int, cols: int, bytes_per_pixel: int, budget: int) -> int:
+    """Pixel tiles per chunk of a pointwise packed conv (0: no chunking).
+
+    The largest divisor of the tile count (so no chunk has a tail) whose input,
+    ``tiles * cols * bytes_per_pixel``, fits ``budget`` bytes; 0 when ``budget`` is 0 or the
+    whole image is one chunk (then the plain loop order is the same walk). At least one tile.
+    """
+    tiles = math.ceil(pixels / cols)
+    if budget <= 0:
+        return 0
+    fit = max(1, budget // max(1, cols * bytes_per_pixel))
+    chunk = max(_divisors_up_to(tiles, fit))
+    return 0 if chunk >= tiles else chunk
+
+
 @dataclass(frozen=True)
 class PackedInfo:
     """The blocks and sizes of a :func:`packed_conv2d` PrimFunc."""
@@ -351,17 +367,32 @@ class CPUPackedConv2D(_CPURule):
         ko, kt = sch.split(k, [None, ot * lanes])
         koi, ki = sch.split(kt, [ot, lanes])
         xo, xi = sch.split(x, [None, cols])
+        chunk = 0
         if info.pointwise:
             yo, yi = None, None
-            sch.reorder(n, ko, xo, c, ky, kx, xi, koi, ki)
-            par = sch.fuse(n, ko, xo)
+            chunk = pointwise_chunk(width, cols, info.reduction * nbytes, cfg.packed_chunk_bytes)
+            if chunk:
+                # (pixel chunk, channel block, tile in chunk): the chunk's input stays in cache
+                # while every channel block reads it
+                xoo, xoi = sch.split(xo, [None, chunk])
+                sch.reorder(n, xoo, ko, xoi, c, ky, kx, xi, koi, ki)
+                par = sch.fuse(n, xoo, ko)
+                tile_loop = xoi
+            else:
+                sch.reorder(n, ko, xo, c, ky, kx, xi, koi, ki)
+                par = sch.fuse(n, ko, xo)
+                tile_loop = par
         else:
             yo, yi = sch.split(y, [None, rows])
             sch.reorder(n, ko, yo, xo, c, ky, kx, yi, xi, koi, ki)
             par = sch.fuse(n, ko, yo, xo)
-        sch.reverse_compute_at(writeback, par, preserve_unit_loops=True)
+            tile_loop = par
+        # the accumulators are one register tile: written back after each tile
+        sch.reverse_compute_at(writeback, tile_loop, preserve_unit_loops=True)
         work = info.batch * info.out_channels * info.out_height * info.out_width * info.reduction
         features = {"codl.parallel_extent": 0, "codl.vector_width": lanes}
+        if chunk:
+            features["codl.chunk_tiles"] = chunk
         if work >= cfg.min_parallel_work and int(sch.get(par).extent) > 1:
             features["codl.parallel_extent"] = int(sch.get(par).extent)
             sch.parallel(par)

@@ -24,7 +24,7 @@ from codl_tvm.schedules import (
     packed_enabled,
     packed_reason,
 )
-from codl_tvm.schedules.packed import packed_tile
+from codl_tvm.schedules.packed import packed_tile, pointwise_chunk
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tvm import relax, tirx
@@ -296,6 +296,49 @@ def test_packed_conv_matches_numpy(case, target):
     )
     x = np.random.default_rng(3).standard_normal(xshape).astype("float32")
     assert_close(built([x])[0], reference(x, w, b, stride, padding, dilation, residual))
+
+
+def test_pointwise_chunk():
+    # 4225 pixels in tiles of 13 = 325 tiles; 128 channels x 4 B = 512 B a pixel; 256 KiB
+    # hold 39 tiles, and 25 is the largest divisor of 325 up to 39
+    assert pointwise_chunk(4225, 13, 512, 256 * 1024) == 25
+    assert pointwise_chunk(4225, 13, 512, 0) == 0  # off
+    assert pointwise_chunk(196, 14, 4096, 1 << 30) == 0  # the whole image fits: no chunks
+    assert pointwise_chunk(196, 14, 4096, 1) == 1  # at least one tile
+    assert pointwise_chunk(200, 14, 4, 14 * 4 * 3) == 3  # 15 tiles (one partial), 3 per chunk
+
+
+@pytest.mark.parametrize("target", RUN_TARGETS, ids=lambda t: str(t.attrs.get("mcpu", "generic")))
+@pytest.mark.parametrize(
+    ("xshape", "oc", "residual"),
+    [((1, 32, 15, 15), 48, True), ((2, 16, 9, 13), 37, False)],
+    ids=["residual", "batch2-padded-channels"],
+)
+def test_chunked_pointwise_packed_conv(xshape, oc, residual, target):
+    """Pixel chunks outside the channel blocks: recorded on the kernel, still exact."""
+    mod, w, b = conv_module(xshape, oc, ksize=1, padding=0, residual=residual)
+    lanes = cpu_config(target).lanes(32)
+    cfg = packed_cfg(cpu_config(target), packed_chunk_bytes=3 * lanes * xshape[1] * 4)
+    out = scheduled(mod, target, cpu=cfg)
+    assert algorithms(out) == ["packed"]
+    (func,) = prim_funcs(out).values()
+    assert int(func.attrs["codl.chunk_tiles"]) >= 1
+    assert (
+        "codl.chunk_tiles"
+        not in prim_funcs(scheduled(mod, target, cpu=packed_cfg(cpu_config(target))))
+        .popitem()[1]
+        .attrs
+    )
+    built = runner.build(
+        mod, "cpu", target=target, relax_pipeline=single_device_pipeline(target, cfg)
+    )
+    x = np.random.default_rng(5).standard_normal(xshape).astype("float32")
+    assert_close(built([x])[0], reference(x, w, b, 1, 0, 1, residual))
+
+
+def test_negative_chunk_bytes_is_refused():
+    with pytest.raises(ValueError, match="packed_chunk_bytes"):
+        dataclasses.replace(AVX512, packed_chunk_bytes=-1)
 
 
 @pytest.mark.slow

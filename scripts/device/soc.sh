@@ -18,9 +18,11 @@ tvm_cpus=$k-15
 common=(--preset emulated-soc --models "$models"
         --cost-model "${SOC_COST_MODEL:-$cm/emulated-soc.json}"
         --oracle "${SOC_ORACLE:-results/profile/oracle_emulated_soc.json}" --out $b)
+# CPU_MODELS=none: no CPU-model section (cpu.sh measured them on this machine already).
 cpu_models=${CPU_MODELS:-squeezenet,bvlc_alexnet,resnet50,inception_v1,vgg19,posenet}
 (python3 scripts/bench_planner.py compile --jobs 12 "${common[@]}" --keep-build-cache \
    > $r/soc_compile.log 2>&1; touch $r/BUILT) &
+if [ "$cpu_models" != none ]; then
 # The CPU builds: direct/GEMM kernels (no tag), what `codl-tvm compile --device cpu` builds for
 # AVX-512 (Winograd 3x3 and channel-packed convs: tag cpualone), and packed convs alone on the
 # models with small maps (tag packed).
@@ -32,7 +34,9 @@ python3 scripts/bench_cpu_models.py compile --constant-weights --models "$cpu_mo
 packed_models=${PACKED_MODELS:-squeezenet,resnet50,inception_v1,posenet}
 python3 scripts/bench_cpu_models.py compile --constant-weights --models "$packed_models" \
   --tag packed --packed --out /tmp/b/cpu_models > $r/cpu_models_packed_compile.log 2>&1 &
+fi
 wait  # for the planner builds too
+if [ "$cpu_models" != none ]; then
 # CPU models first, while nothing else runs: codl-tvm (every variant) and onnxruntime on 8
 # threads, round-robin.
 TVM_NUM_THREADS=8 python3 scripts/bench_cpu_models.py run --dir /tmp/b/cpu_models --threads 8 --rounds 5 \
@@ -42,6 +46,7 @@ TVM_NUM_THREADS=8 python3 scripts/bench_cpu_models.py run --dir /tmp/b/cpu_model
 TVM_NUM_THREADS=8 python3 scripts/bench_cpu_models.py layers --dir /tmp/b/cpu_models --threads 8 --runs 10 \
   --models "${LAYER_MODELS:-resnet50-cpualone,posenet-cpualone}" --out $r/cpu_layers.json > $r/cpu_layers.log 2>&1
 rm -rf /tmp/b/cpu_models
+fi
 touch $r/CPU_DONE
 POCL_AFFINITY=0 python3 scripts/bench_planner.py warm --dir $b --platform portable --jobs 15 \
   > $r/soc_warm.log 2>&1

@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
 # The emulated SoC at another split (issue 7: choose k): measure the campaigns compiled here for
-# that split, fit its cost model and measured oracle, then soc.sh with them. Not run yet.
+# that split, fit its cost model and measured oracle, then soc.sh with them.
+# SOC_K_PROFILE_ONLY=1 stops after the fit (then soc.sh on another machine, with the dataset and
+# model committed); PROFILE_LIMIT (seconds, default 840) bounds each campaign's profiling, which
+# resumes where a cut one stopped. Trim the campaigns to the benchmarked models
+# (scripts/device/subset_campaign.py) to fit one machine.
 #   here: python scripts/profile_campaign.py --preset emulated-soc --threads $((16-K)) ... \
 #           --out .device/prof_kK (direct, GPU and CPU parts) and --algorithms winograd,packed
 #           --out .device/prof_kK_algos; carry both .tar.xz in call 2 (stage2 copies them)
@@ -15,7 +19,7 @@ export TVM_NUM_THREADS=$((16 - K))
 mkdir -p /tmp/prof
 for t in prof_k$K prof_k${K}_algos; do
   tar -xJf /tmp/code/$t.tar.xz -C /tmp/prof
-  python3 -m codl_tvm.cli profile --run-dir /tmp/prof/$t --tvm-cpus $K-15 \
+  timeout "${PROFILE_LIMIT:-840}" python3 -m codl_tvm.cli profile --run-dir /tmp/prof/$t --tvm-cpus $K-15 \
     -o $p/emulated_soc_k$K${t#prof_k$K}.jsonl > $r/profile_$t.log 2>&1
 done
 cp $p/emulated_soc_k$K*.jsonl $r/
@@ -28,6 +32,7 @@ python3 -m codl_tvm.cli cost-model eval $cm/emulated-soc-k$K.json $p/emulated_so
   $p/emulated_soc_k${K}_algos.jsonl --json > $r/cost_model_eval_k$K.json 2>> $r/fit.log
 cp $cm/emulated-soc-k$K.json $p/oracle_emulated_soc_k$K.json $r/
 touch $r/FITTED
+if [ "${SOC_K_PROFILE_ONLY:-0}" = 1 ]; then touch $r/DONE; exit 0; fi
 SOC_K=$K SOC_COST_MODEL=$cm/emulated-soc-k$K.json SOC_ORACLE=$p/oracle_emulated_soc_k$K.json \
 CPU_MODELS=${CPU_MODELS:-squeezenet} \
 SOC_MODELS=${SOC_MODELS:-vgg19,vgg16,yolov2,fst,retinaface,posenet,inception_v1,resnet50,squeezenet} \
