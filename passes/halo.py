@@ -26,10 +26,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 __all__ = [
+    "MATMUL_OC_ALIGN",
     "ChannelMap",
     "PartSpan",
     "SlidingWindow",
     "Span",
+    "aligned_granularity",
     "chain_channel_spans",
     "chain_row_spans",
     "split_point",
@@ -192,6 +194,23 @@ class ChannelMap:
         ipg = self.in_channels // self.groups
         g0, g1 = comp.start // self.out_per_group, comp.stop // self.out_per_group
         return PartSpan(out, Span(g0 * ipg, g1 * ipg), computed=comp)
+
+
+#: Output features of a matmul's parts are whole multiples of this many (when the extent allows):
+#: the CPU matmul vectorises along them, and a part whose width has no vector-sized divisor
+#: got a scalar loop (the device machine: a 4096x4096 layer's 2458-feature CPU part took
+#: 9.2 ms, the whole layer 1.1 ms). 16 is an AVX-512 register of fp32 and a multiple of every
+#: narrower one.
+MATMUL_OC_ALIGN = 16
+
+
+def aligned_granularity(extent: int, granularity: int, align: int) -> int:
+    """``granularity`` times the largest power of two up to ``align`` that keeps it a divisor of
+    ``extent`` (``extent`` must be a multiple of ``granularity``)."""
+    step = max(1, align)
+    while step > 1 and extent % (granularity * step):
+        step //= 2
+    return granularity * step
 
 
 def split_point(extent: int, ratio: float, granularity: int = 1) -> int:

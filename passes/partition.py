@@ -72,10 +72,12 @@ from codl_tvm.plan import (
 )
 
 from .halo import (
+    MATMUL_OC_ALIGN,
     ChannelMap,
     PartSpan,
     SlidingWindow,
     Span,
+    aligned_granularity,
     chain_channel_spans,
     chain_row_spans,
     split_point,
@@ -155,6 +157,7 @@ class _Analysis:
 
     def __init__(self, mod: tvm.IRModule):
         self.block_of: dict[relax.Var, int] = {}
+        self.order: dict[relax.Var, int] = {}  # binding position in main
         self.value_of: dict[relax.Var, relax.Expr] = {}
         self.uses: dict[relax.Var, list[relax.Var | None]] = {}
         iter_main_bindings(mod)  # checks that main is a Relax function in normal form
@@ -162,6 +165,7 @@ class _Analysis:
             for binding in block.bindings:
                 var = binding.var
                 self.block_of[var] = bi
+                self.order[var] = len(self.order)
                 self.value_of[var] = binding.value
                 for used in relax.analysis.free_vars(binding.value):
                     self.uses.setdefault(used, []).append(var)
@@ -280,6 +284,55 @@ class _Analysis:
             else:
                 return
             chain_vars.add(steps[-1].var)
+
+
+def _share_followers(analysis: _Analysis, chains: list[_Chain]) -> list[_Chain]:
+    """Give each follower to one chain.
+
+    Two chains absorb the same follower when it joins their outputs and each output has no
+    other use: ResNet's projection block adds its two split branches. The follower stays with
+    the chain that has operators after it (it must, to stay one chain), else with the one that
+    starts later, which then reads the other's merged output; the other chain ends before it.
+    """
+    claims: dict[relax.Var, list[int]] = {}
+    for ci, chain in enumerate(chains):
+        for step in chain.steps:
+            if step.role != "anchor":
+                claims.setdefault(step.var, []).append(ci)
+
+    def anchors_after(ci: int, var: relax.Var) -> bool:
+        steps = chains[ci].steps
+        k = next(i for i, s in enumerate(steps) if s.var.same_as(var))
+        return any(s.role == "anchor" for s in steps[k + 1 :])
+
+    cut_at: dict[int, int] = {}
+    for var, owners in claims.items():
+        if len(owners) < 2:
+            continue
+        keep = max(
+            owners,
+            key=lambda ci: (anchors_after(ci, var), analysis.order[chains[ci].steps[0].var]),
+        )
+        for ci in owners:
+            if ci == keep:
+                continue
+            if anchors_after(ci, var):
+                raise PlanError(
+                    f"chains {chains[ci].name} and {chains[keep].name} both continue through "
+                    f"{var.name}; split one of them before it"
+                )
+            k = next(i for i, s in enumerate(chains[ci].steps) if s.var.same_as(var))
+            cut_at[ci] = min(cut_at.get(ci, k), k)
+    result = []
+    for ci, chain in enumerate(chains):
+        if ci not in cut_at:
+            result.append(chain)
+            continue
+        steps = chain.steps[: cut_at[ci]]
+        kept = {s.var for s in steps}
+        dropped = [d for d in chain.dropped if analysis.value_of[d].tuple_value in kept]
+        result.append(_Chain(chain.entry, steps, chain.input, chain.axis, dropped))
+    return result
 
 
 def _window(step: _Step) -> SlidingWindow:
@@ -430,6 +483,8 @@ class _Rewriter(PyExprMutator):
             spans_of = chain_channel_spans
             last = next((g for g in reversed(geoms) if g is not None), None)
             gran = last.granularity if last is not None else 1
+            if any(s.kind == "matmul" for s in steps if s.role == "anchor"):
+                gran = aligned_granularity(extent, gran, MATMUL_OC_ALIGN)
         cut = split_point(extent, chain.entry.ratio, gran)
         regions = [(Processor.GPU, Span(0, cut)), (Processor.CPU, Span(cut, extent))]
         regions = [(p, s) for p, s in regions if len(s) > 0]
@@ -667,7 +722,7 @@ class PartitionOperators:
             )
         self.plan.validate(mod)
         analysis = _Analysis(mod)
-        chains = [analysis.chain(e) for e in entries]
+        chains = _share_followers(analysis, [analysis.chain(e) for e in entries])
         rewriter = _Rewriter(mod, analysis, chains)
         new_main = rewriter.visit_expr(main)
         new_main = new_main.with_attr(PARTS_ATTR, json.dumps(rewriter.records))

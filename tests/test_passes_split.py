@@ -302,6 +302,36 @@ def test_matmul_constant_weight_is_split_at_compile_time():
                 assert isinstance(b.value.args[1], tvm.ir.Constant)
 
 
+@pytest.mark.parametrize(
+    ("features", "ratio", "cut"),
+    [
+        (64, 0.4, 32),  # 25.6 features -> 2 of the 4 vector-wide units
+        (4096, 0.4, 1632),  # 2458 would leave the CPU's part without a vector-sized divisor
+        (40, 0.3, 16),  # 40 = 5 x 8: units of 8
+        (7, 0.5, 4),  # odd: any feature (rounds half up)
+    ],
+)
+def test_matmul_oc_parts_are_whole_vectors(features, ratio, cut):
+    """Matmul OC cuts fall on MATMUL_OC_ALIGN features (or the largest power of two that divides
+    the features), in the pass and in the planner's part geometry alike."""
+    from codl_tvm.passes.halo import MATMUL_OC_ALIGN, aligned_granularity
+
+    from codl_tvm.planner.geometry import chain_parts, op_params
+
+    assert MATMUL_OC_ALIGN == 16
+    assert aligned_granularity(features, 1, MATMUL_OC_ALIGN) in (1, 2, 4, 8, 16)
+    k = 24
+    weight = relax.const(rand((k, features)))
+    mod = make_module((2, k), lambda bb, x: bb.emit(relax.op.matmul(x, weight)))
+    x = rand((2, k), 1)
+    part = check(mod, one_op("matmul_0", OC, ratio), x)
+    (rec,) = check_records(part, OC)
+    assert rec.parts[0].region == (0, cut)
+    (info,) = partitionable_ops(mod)
+    geometry = chain_parts([info], [op_params(info)], OC, ratio)
+    assert geometry.cut == cut
+
+
 def test_matmul_weight_parameter_is_sliced_in_ir():
     mod = make_module(
         (3, 8), lambda bb, x, w: bb.emit(relax.op.matmul(x, w)), extra_params=[("w", (8, 5))]

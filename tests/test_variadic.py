@@ -192,3 +192,48 @@ def test_plans_of_the_imported_model_apply(opencl, dim, ratio):
     x = np.random.default_rng(6).standard_normal(model.inputs[0].shape).astype("f4")
     got = codl_tvm.compile(model.mod, plan)([x])[0]
     np.testing.assert_allclose(got, _tvm_reference(model.mod, [x]), rtol=1e-5, atol=1e-5)
+
+
+def _projection(seed=0, op="Sum"):
+    """ResNet's projection block: the join adds two conv outputs, each used only there."""
+    rng = np.random.default_rng(seed)
+    c, hw = 8, 10
+
+    def weight(name, oc, ic, k):
+        return numpy_helper.from_array(
+            (rng.standard_normal((oc, ic, k, k)) * 0.3).astype("f4"), name
+        )
+
+    inits = [weight("Ws", 16, c, 1), weight("Wa", c, c, 1), weight("Wb", 16, c, 3)]
+    inits.append(weight("Wo", c, 16, 3))
+    nodes = [
+        helper.make_node("Conv", ["x", "Ws"], ["s"]),  # the shortcut comes first, as in ONNX
+        helper.make_node("Conv", ["x", "Wa"], ["a"]),
+        helper.make_node("Relu", ["a"], ["ar"]),
+        helper.make_node("Conv", ["ar", "Wb"], ["b"], pads=[1] * 4),
+        helper.make_node(op, ["b", "s"], ["j"]),
+        helper.make_node("Relu", ["j"], ["r"]),
+        helper.make_node("Conv", ["r", "Wo"], ["y"], pads=[1] * 4),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "projection",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, hw, hw])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, c, hw, hw])],
+        inits,
+    )
+    return load_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]))
+
+
+@pytest.mark.parametrize("op", ["Sum", "Add"])
+@pytest.mark.parametrize(("dim", "ratio"), [("OC", 0.5), ("H", 0.4)])
+def test_join_of_two_split_convs(opencl, op, dim, ratio):
+    """Both operands of the residual add come from split convs that use them nowhere else: the
+    add belongs to the later one (which reads the earlier one's merged output), and the
+    co-executed build equals TVM's unrewritten build (it failed with both claiming the add)."""
+    model = _projection(seed=2, op=op)
+    plan = uniform_plan(model.mod, dim, ratio)
+    assert len(plan.ops) == 4
+    x = np.random.default_rng(8).standard_normal(model.inputs[0].shape).astype("f4")
+    got = codl_tvm.compile(model.mod, plan)([x])[0]
+    np.testing.assert_allclose(got, _tvm_reference(model.mod, [x]), rtol=1e-5, atol=1e-5)

@@ -24,12 +24,17 @@ for t in prof_k$K prof_k${K}_algos; do
 done
 cp $p/emulated_soc_k$K*.jsonl $r/
 touch $r/PROFILED
+# Evaluated on a held-out 30% (a model fitted without it), shipped fitted on everything: the
+# campaign holds the benchmarked models' own parts, and a model that never saw 30% of them
+# planned VGG16's fc layers from guesses (k = 12 at 9ec4145: 187 ms against 84 on the CPU).
 python3 -m codl_tvm.cli cost-model fit $p/emulated_soc_k$K.jsonl $p/emulated_soc_k${K}_algos.jsonl \
-  --kind gbdt -o $cm/emulated-soc-k$K.json > $r/fit.log 2>&1
+  --kind gbdt -o /tmp/heldout_k$K.json > $r/fit.log 2>&1
+python3 -m codl_tvm.cli cost-model eval /tmp/heldout_k$K.json $p/emulated_soc_k$K.jsonl \
+  $p/emulated_soc_k${K}_algos.jsonl --json > $r/cost_model_eval_k$K.json 2>> $r/fit.log
+python3 -m codl_tvm.cli cost-model fit $p/emulated_soc_k$K.jsonl $p/emulated_soc_k${K}_algos.jsonl \
+  --kind gbdt --holdout 0 -o $cm/emulated-soc-k$K.json >> $r/fit.log 2>&1
 python3 -m codl_tvm.cli cost-model fit $p/emulated_soc_k$K.jsonl --kind measured --holdout 0 \
   -o $p/oracle_emulated_soc_k$K.json >> $r/fit.log 2>&1
-python3 -m codl_tvm.cli cost-model eval $cm/emulated-soc-k$K.json $p/emulated_soc_k$K.jsonl \
-  $p/emulated_soc_k${K}_algos.jsonl --json > $r/cost_model_eval_k$K.json 2>> $r/fit.log
 cp $cm/emulated-soc-k$K.json $p/oracle_emulated_soc_k$K.json $r/
 touch $r/FITTED
 if [ "${SOC_K_PROFILE_ONLY:-0}" = 1 ]; then touch $r/DONE; exit 0; fi
