@@ -563,7 +563,7 @@ class _Libraries:
         target = self.preset.target("cpu" if device == "cpu" else "gpu")
 
         def build():
-            from codl_tvm.schedules import packed_enabled, winograd_enabled
+            from codl_tvm.schedules import cpu_alone_settings, packed_enabled, winograd_enabled
             from codl_tvm.schedules.config import (
                 PACKED_CPU_ALONE,
                 WINOGRAD_CPU_ALONE,
@@ -578,7 +578,8 @@ class _Libraries:
             if device == "cpu" and self._cpu_alone_packed:
                 packed |= set(PACKED_CPU_ALONE)
             self.log(f"building for {device} alone ({self.preset.name})")
-            with winograd_enabled(presets), packed_enabled(packed):
+            alone = device == "cpu" and self._cpu_alone_packed
+            with winograd_enabled(presets), packed_enabled(packed), cpu_alone_settings(alone):
                 return tvm.compile(
                     self.model.mod, target=target, relax_pipeline=single_device_pipeline(target)
                 )

@@ -30,36 +30,19 @@ from tvm import relax
 
 from codl_tvm.plan import static_shape
 
+from .rewrite import Bindings, op_name, rebuild, rewrite_functions
+
 __all__ = ["FoldBatchNorm", "fold_batch_norms"]
 
 
-def _op_name(value) -> str | None:
-    if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op):
-        return value.op.name
-    return None
-
-
-class _Function:
-    """Bindings and uses of one Relax function body."""
-
-    def __init__(self, func: relax.Function):
-        self.value_of: dict[relax.Var, relax.Expr] = {}
-        self.uses: dict[relax.Var, int] = {}
-        for block in func.body.blocks:
-            for binding in block.bindings:
-                if not isinstance(binding, relax.VarBinding):
-                    continue
-                self.value_of[binding.var] = binding.value
-                for used in relax.analysis.free_vars(binding.value):
-                    self.uses[used] = self.uses.get(used, 0) + 1
-        for used in relax.analysis.free_vars(func.body.body):
-            self.uses[used] = self.uses.get(used, 0) + 1
+class _Function(Bindings):
+    """Bindings and uses of one Relax function body, and the constants among its values."""
 
     def const(self, expr) -> np.ndarray | None:
         """The value of ``expr`` when it is a constant, possibly reshaped."""
         if isinstance(expr, tvm.ir.Constant):
             return expr.value.numpy()
-        if isinstance(expr, relax.Var) and _op_name(self.value_of.get(expr)) == "relax.reshape":
+        if isinstance(expr, relax.Var) and op_name(self.value_of.get(expr)) == "relax.reshape":
             src = self.const(self.value_of[expr].args[0])
             shape = static_shape(expr)
             return None if src is None or shape is None else src.reshape(shape)
@@ -84,7 +67,7 @@ def _plan_fold(fn: _Function, bn_var: relax.Var, bn: relax.Call):
         beta = np.zeros_like(beta)
     bias_var, bias = None, None
     src = fn.value_of.get(x)
-    if _op_name(src) == "relax.add":
+    if op_name(src) == "relax.add":
         a, b = src.args
         if not isinstance(a, relax.Var) or fn.uses.get(a, 0) != 1:
             return None
@@ -92,7 +75,7 @@ def _plan_fold(fn: _Function, bn_var: relax.Var, bn: relax.Call):
         if bias is None:
             return None
         bias_var, x, src = x, a, fn.value_of.get(a)
-    if _op_name(src) != "relax.nn.conv2d":
+    if op_name(src) != "relax.nn.conv2d":
         return None
     ca = src.attrs
     if (str(ca.data_layout), str(ca.kernel_layout), str(ca.out_layout)) != (
@@ -132,7 +115,7 @@ def fold_batch_norms(func: relax.Function) -> tuple[relax.Function, int]:
     bb = relax.BlockBuilder()
     folded = 0
     for var, value in fn.value_of.items():
-        if _op_name(value) != "relax.nn.batch_norm":
+        if op_name(value) != "relax.nn.batch_norm":
             continue
         getitems = [
             (v, e)
@@ -165,20 +148,8 @@ def fold_batch_norms(func: relax.Function) -> tuple[relax.Function, int]:
         folded += 1
     if not folded:
         return func, 0
-    blocks = []
-    for block in func.body.blocks:
-        bindings = []
-        for binding in block.bindings:
-            if binding.var in drop:
-                continue
-            if binding.var in replace:
-                binding = relax.VarBinding(binding.var, replace[binding.var])
-            bindings.append(binding)
-        kind = relax.DataflowBlock if isinstance(block, relax.DataflowBlock) else relax.BindingBlock
-        blocks.append(kind(bindings))
-    body = relax.SeqExpr(blocks, func.body.body)
-    new = relax.Function(func.params, body, func.ret_ty, func.is_pure, func.attrs)
-    return new, folded
+    bindings = {var: [relax.VarBinding(var, value)] for var, value in replace.items()}
+    return rebuild(func, drop, bindings), folded
 
 
 @tvm.transform.module_pass(opt_level=0, name="codl.FoldBatchNorm")
@@ -186,15 +157,4 @@ class FoldBatchNorm:
     """Fold inference batch norms into the convs before them, in every Relax function."""
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext):
-        updates = {}
-        for gv, func in mod.functions_items():
-            if isinstance(func, relax.Function):
-                new, folded = fold_batch_norms(func)
-                if folded:
-                    updates[gv] = new
-        if not updates:
-            return mod
-        mod = mod.clone()  # never change the caller's module in place
-        for gv, func in updates.items():
-            mod.update_func(gv, func)
-        return mod
+        return rewrite_functions(mod, fold_batch_norms)

@@ -27,6 +27,8 @@ from tvm import relax
 
 from codl_tvm.plan import static_shape
 
+from .rewrite import Bindings, op_name, rebuild, rewrite_functions
+
 __all__ = ["PairwiseVariadic", "pairwise_variadic"]
 
 _BINARY = {
@@ -34,12 +36,6 @@ _BINARY = {
     "relax.max": relax.op.maximum,
     "relax.min": relax.op.minimum,
 }
-
-
-def _op_name(value) -> str | None:
-    if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op):
-        return value.op.name
-    return None
 
 
 def _reduces_axis0(call: relax.Call) -> bool:
@@ -51,26 +47,17 @@ def pairwise_variadic(func: relax.Function) -> tuple[relax.Function, int]:
     """``func`` with every stack-and-reduce of broadcast copies made pairwise, and how many."""
     if not isinstance(func.body, relax.SeqExpr):
         return func, 0
-    value_of: dict[relax.Var, relax.Expr] = {}
-    uses: dict[relax.Var, int] = {}
-    for block in func.body.blocks:
-        for binding in block.bindings:
-            if isinstance(binding, relax.VarBinding):
-                value_of[binding.var] = binding.value
-                for used in relax.analysis.free_vars(binding.value):
-                    uses[used] = uses.get(used, 0) + 1
-    for used in relax.analysis.free_vars(func.body.body):
-        uses[used] = uses.get(used, 0) + 1
-
+    scan = Bindings(func)
+    value_of, uses = scan.value_of, scan.uses
     replace: dict[relax.Var, tuple[list[relax.VarBinding], relax.Expr]] = {}
     drop: set[relax.Var] = set()
     for var, value in value_of.items():
-        binary = _BINARY.get(_op_name(value))
+        binary = _BINARY.get(op_name(value))
         if binary is None or not _reduces_axis0(value):
             continue
         stacked = value.args[0]
         stack = value_of.get(stacked) if isinstance(stacked, relax.Var) else None
-        if _op_name(stack) != "relax.stack" or int(stack.attrs.axis) != 0:
+        if op_name(stack) != "relax.stack" or int(stack.attrs.axis) != 0:
             continue
         if uses.get(stacked, 0) != 1 or not isinstance(stack.args[0], relax.Tuple):
             continue
@@ -81,7 +68,7 @@ def pairwise_variadic(func: relax.Function) -> tuple[relax.Function, int]:
         for item in stack.args[0].fields:
             src = value_of.get(item) if isinstance(item, relax.Var) else None
             if (
-                _op_name(src) == "relax.broadcast_to"
+                op_name(src) == "relax.broadcast_to"
                 and uses.get(item, 0) == 1
                 and static_shape(item) == out_shape
             ):
@@ -99,22 +86,10 @@ def pairwise_variadic(func: relax.Function) -> tuple[relax.Function, int]:
         drop.update(copies)
     if not replace:
         return func, 0
-    blocks = []
-    for block in func.body.blocks:
-        bindings = []
-        for binding in block.bindings:
-            if binding.var in drop:
-                continue
-            if binding.var in replace:
-                inner, final = replace[binding.var]
-                bindings.extend(inner)
-                binding = relax.VarBinding(binding.var, final)
-            bindings.append(binding)
-        kind = relax.DataflowBlock if isinstance(block, relax.DataflowBlock) else relax.BindingBlock
-        blocks.append(kind(bindings))
-    body = relax.SeqExpr(blocks, func.body.body)
-    new = relax.Function(func.params, body, func.ret_ty, func.is_pure, func.attrs)
-    return new, len(replace)
+    bindings = {
+        var: [*inner, relax.VarBinding(var, final)] for var, (inner, final) in replace.items()
+    }
+    return rebuild(func, drop, bindings), len(replace)
 
 
 def _fold_bindings(binary, operands: list, var: relax.Var):
@@ -136,15 +111,4 @@ class PairwiseVariadic:
     """Rewrite stack-and-reduce Sum/Max/Min as pairwise binary ops, in every Relax function."""
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext):
-        updates = {}
-        for gv, func in mod.functions_items():
-            if isinstance(func, relax.Function):
-                new, count = pairwise_variadic(func)
-                if count:
-                    updates[gv] = new
-        if not updates:
-            return mod
-        mod = mod.clone()  # never change the caller's module in place
-        for gv, func in updates.items():
-            mod.update_func(gv, func)
-        return mod
+        return rewrite_functions(mod, pairwise_variadic)

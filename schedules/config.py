@@ -26,6 +26,7 @@ __all__ = [
     "ADRENO",
     "AVX2",
     "AVX512",
+    "CPU_ALONE_SETTINGS",
     "MALI",
     "NEON",
     "NVIDIA",
@@ -36,6 +37,7 @@ __all__ = [
     "WINOGRAD_CPU_ALONE",
     "CPUConfig",
     "OpenCLConfig",
+    "cpu_alone_settings",
     "cpu_config",
     "cpu_overrides",
     "opencl_config",
@@ -519,6 +521,35 @@ def packed_presets() -> frozenset[str]:
     return _PACKED_ON.get()
 
 
+#: CPUConfig fields that builds for the CPU alone set on top of a preset, where they measured
+#: faster; co-executed CPU parts keep the preset's values, the kernels the cost models were
+#: profiled with, until a campaign measures these. AVX-512 (the device machine, 8 threads,
+#: commit 8e49882, ``results/cpu_layers_8e49882.json``): every 1x1 conv with at least 128
+#: input channels packed, in pixel chunks of 256 KiB of input. The 1x1 GEMM kernels on 28x28
+#: and 56x56 maps ran 0.49-0.62x as long packed (512->128 on 28x28: 0.65 -> 0.32 ms), the
+#: already-packed 14x14 ones 0.75-0.93x chunked; with 64 input channels it was 0.79-1.13x, and
+#: SqueezeNet (16-64 channels) lost (3.31 -> 3.81 ms).
+CPU_ALONE_SETTINGS: dict[str, dict[str, object]] = {
+    "avx512": {
+        "packed_chunk_bytes": 256 * 1024,
+        "packed_max_gemm_pixels": 1 << 30,
+        "packed_min_gemm_channels": 128,
+    },
+}
+_CPU_ALONE: contextvars.ContextVar[bool] = contextvars.ContextVar("codl_cpu_alone", default=False)
+
+
+@contextlib.contextmanager
+def cpu_alone_settings(on: bool = True) -> Iterator[None]:
+    """Within the block, :func:`cpu_config` returns CPU presets with their
+    :data:`CPU_ALONE_SETTINGS` (builds of a whole model for the CPU alone)."""
+    token = _CPU_ALONE.set(on)
+    try:
+        yield
+    finally:
+        _CPU_ALONE.reset(token)
+
+
 _DENSE_ON: contextvars.ContextVar[bool] = contextvars.ContextVar("codl_dense_on", default=False)
 
 
@@ -578,6 +609,8 @@ def _switched(base):
         base = dataclasses.replace(base, conv_packed=True)
     if isinstance(base, OpenCLConfig) and _DENSE_ON.get() and not base.dense:
         base = dataclasses.replace(base, dense=True)
+    if isinstance(base, CPUConfig) and _CPU_ALONE.get() and base.name in CPU_ALONE_SETTINGS:
+        base = dataclasses.replace(base, **CPU_ALONE_SETTINGS[base.name])
     if isinstance(base, CPUConfig) and _CPU_OVERRIDES.get():
         base = dataclasses.replace(base, **dict(_CPU_OVERRIDES.get()))
     return base

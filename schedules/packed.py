@@ -52,6 +52,7 @@ from .cpu import _CPURule, _prepare_prologue
 from .cpu import _inline_epilogue as _cpu_inline_epilogue
 
 __all__ = [
+    "MIN_CHUNK_TASKS",
     "PACKED_STAGE",
     "CPUPackedConv2D",
     "PackedInfo",
@@ -236,18 +237,31 @@ def packed_tile(
     return best[2], best[4], best[3]
 
 
-def pointwise_chunk(pixels: int, cols: int, bytes_per_pixel: int, budget: int) -> int:
+#: Least parallel tasks (pixel chunks x channel blocks) chunking may leave: two per thread of
+#: an 8-thread pool. Every chunked shape measured on the device machine kept at least 20.
+MIN_CHUNK_TASKS = 16
+
+
+def pointwise_chunk(
+    pixels: int, cols: int, bytes_per_pixel: int, budget: int, blocks: int = 1
+) -> int:
     """Pixel tiles per chunk of a pointwise packed conv (0: no chunking).
 
     The largest divisor of the tile count (so no chunk has a tail) whose input,
-    ``tiles * cols * bytes_per_pixel``, fits ``budget`` bytes; 0 when ``budget`` is 0 or the
-    whole image is one chunk (then the plain loop order is the same walk). At least one tile.
+    ``tiles * cols * bytes_per_pixel``, fits ``budget`` bytes, and that leaves at least
+    :data:`MIN_CHUNK_TASKS` parallel tasks (chunks x ``blocks`` channel blocks) where the plain
+    order has that many; 0 when ``budget`` is 0 or the whole image is one chunk (then the plain
+    order is the same walk). At least one tile.
     """
     tiles = math.ceil(pixels / cols)
     if budget <= 0:
         return 0
     fit = max(1, budget // max(1, cols * bytes_per_pixel))
-    chunk = max(_divisors_up_to(tiles, fit))
+    if fit >= tiles:
+        return 0
+    need = min(MIN_CHUNK_TASKS, tiles * blocks)
+    fit = min(fit, max(1, tiles * blocks // need))
+    chunk = max(d for d in _divisors_up_to(tiles, fit) if (tiles // d) * blocks >= need)
     return 0 if chunk >= tiles else chunk
 
 
@@ -392,7 +406,7 @@ class CPUPackedConv2D(_CPURule):
         work = info.batch * info.out_channels * info.out_height * info.out_width * info.reduction
         features = {"codl.parallel_extent": 0, "codl.vector_width": lanes}
         if chunk:
-            features["codl.chunk_tiles"] = chunk
+            features["codl.packed_chunk_tiles"] = chunk
         if work >= cfg.min_parallel_work and int(sch.get(par).extent) > 1:
             features["codl.parallel_extent"] = int(sch.get(par).extent)
             sch.parallel(par)

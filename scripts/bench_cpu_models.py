@@ -69,7 +69,12 @@ def _cpu_config_fields(items: list[str]) -> dict[str, object]:
 
 def cmd_compile(args: argparse.Namespace) -> None:
     import tvm
-    from codl_tvm.schedules import cpu_overrides, packed_enabled, winograd_enabled
+    from codl_tvm.schedules import (
+        cpu_alone_settings,
+        cpu_overrides,
+        packed_enabled,
+        winograd_enabled,
+    )
     from tvm.relax.frontend.onnx import from_onnx
 
     from codl_tvm.pipeline import single_device_pipeline
@@ -88,6 +93,7 @@ def cmd_compile(args: argparse.Namespace) -> None:
             cpu_overrides(**overrides),
             winograd_enabled(args.winograd or ()),
             packed_enabled(args.packed or ()),
+            cpu_alone_settings(args.cpu_alone),
         ):
             ex = tvm.compile(mod, target=target, relax_pipeline=single_device_pipeline(target))
         library = f"{name}{suffix}_cpu.so"
@@ -101,6 +107,7 @@ def cmd_compile(args: argparse.Namespace) -> None:
                 **overrides,
                 **({"winograd": True} if args.winograd else {}),
                 **({"conv_packed": True} if args.packed else {}),
+                **({"cpu_alone_settings": True} if args.cpu_alone else {}),
             },
         }
         print("compiled", name, args.tag or "", flush=True)
@@ -373,6 +380,12 @@ def main() -> None:
         help="CPUConfig field override for every CPU preset (A/B builds), repeatable",
     )
     p.add_argument("--tag", default="", help="name suffix of this variant's libraries")
+    p.add_argument(
+        "--cpu-alone",
+        action="store_true",
+        help="the CPUConfig settings of builds for the CPU alone (CPU_ALONE_SETTINGS), as "
+        "`codl-tvm compile --device cpu` builds them; --cpu-config overrides them",
+    )
     p.add_argument(
         "--winograd",
         action="store_const",

@@ -301,11 +301,17 @@ def test_packed_conv_matches_numpy(case, target):
 def test_pointwise_chunk():
     # 4225 pixels in tiles of 13 = 325 tiles; 128 channels x 4 B = 512 B a pixel; 256 KiB
     # hold 39 tiles, and 25 is the largest divisor of 325 up to 39
-    assert pointwise_chunk(4225, 13, 512, 256 * 1024) == 25
+    assert pointwise_chunk(4225, 13, 512, 256 * 1024, blocks=4) == 25
     assert pointwise_chunk(4225, 13, 512, 0) == 0  # off
     assert pointwise_chunk(196, 14, 4096, 1 << 30) == 0  # the whole image fits: no chunks
     assert pointwise_chunk(196, 14, 4096, 1) == 1  # at least one tile
-    assert pointwise_chunk(200, 14, 4, 14 * 4 * 3) == 3  # 15 tiles (one partial), 3 per chunk
+    assert pointwise_chunk(200, 14, 4, 14 * 4 * 3) == 1  # 15 tiles: 3 a chunk leaves 5 tasks
+    assert pointwise_chunk(200, 14, 4, 14 * 4 * 3, blocks=4) == 3  # 15 tiles (one partial)
+    # the shapes chunked on the device machine keep their chunks (and >= 16 tasks)
+    assert pointwise_chunk(784, 14, 2048, 256 * 1024, blocks=4) == 8  # 512->128, 28x28
+    assert pointwise_chunk(3136, 14, 1024, 256 * 1024, blocks=2) == 16  # 256->64, 56x56
+    assert pointwise_chunk(196, 14, 4096, 256 * 1024, blocks=8) == 2  # 1024->256, 14x14
+    assert pointwise_chunk(576, 8, 512, 256 * 1024, blocks=1) == 4  # 16 tasks, not 2
 
 
 @pytest.mark.parametrize("target", RUN_TARGETS, ids=lambda t: str(t.attrs.get("mcpu", "generic")))
@@ -322,9 +328,9 @@ def test_chunked_pointwise_packed_conv(xshape, oc, residual, target):
     out = scheduled(mod, target, cpu=cfg)
     assert algorithms(out) == ["packed"]
     (func,) = prim_funcs(out).values()
-    assert int(func.attrs["codl.chunk_tiles"]) >= 1
+    assert int(func.attrs["codl.packed_chunk_tiles"]) >= 1
     assert (
-        "codl.chunk_tiles"
+        "codl.packed_chunk_tiles"
         not in prim_funcs(scheduled(mod, target, cpu=packed_cfg(cpu_config(target))))
         .popitem()[1]
         .attrs
@@ -411,6 +417,54 @@ def test_cpu_alone_builds_use_packed_convs_on_avx512(tmp_path, monkeypatch, caps
         capsys.readouterr()
         assert main(["run", str(out), "--number", "1", "--repeat", "1"]) == 0
         assert "-> OK" in capsys.readouterr().out
+
+
+def test_cpu_alone_settings_apply_only_inside_their_block():
+    from codl_tvm.schedules import cpu_alone_settings, cpu_overrides
+    from codl_tvm.schedules.config import CPU_ALONE_SETTINGS
+
+    plain = cpu_config(AVX512_TARGET)
+    assert plain.packed_chunk_bytes == 0 and plain.packed_max_gemm_pixels == 400
+    with cpu_alone_settings():
+        alone = cpu_config(AVX512_TARGET)
+        assert alone.packed_chunk_bytes == CPU_ALONE_SETTINGS["avx512"]["packed_chunk_bytes"]
+        assert alone.packed_min_gemm_channels == 128
+        assert cpu_config(NEON_TARGET) == NEON  # no settings for NEON (not measured)
+        with cpu_overrides(packed_chunk_bytes=0):  # an explicit override wins
+            assert cpu_config(AVX512_TARGET).packed_chunk_bytes == 0
+    assert cpu_config(AVX512_TARGET) == plain
+
+
+def test_cpu_alone_artifact_packs_large_pointwise_convs(tmp_path, monkeypatch):
+    """``compile --device cpu`` on AVX-512 packs a 1x1 conv with 128 input channels on a map
+    past ``packed_max_gemm_pixels`` (the CPU-alone settings) and chunks it; a co-executed
+    build's CPU part of the same conv keeps the GEMM kernel the cost models were profiled with."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from codl_tvm.cli import main
+
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array((rng.standard_normal((32, 128, 1, 1)) * 0.1).astype("f4"), "w")
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["y"])],
+        "pointwise",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 128, 24, 24])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 32, 24, 24])],
+        [w],
+    )
+    model = tmp_path / "pointwise.onnx"
+    model.write_bytes(helper.make_model(graph).SerializeToString())
+    args = ["compile", str(model), "--preset", "emulated-soc", "--no-reference"]
+    monkeypatch.setenv("CODL_TVM_DUMP_IR", str(tmp_path / "cpu-ir"))
+    assert main([*args, "--device", "cpu", "-o", str(tmp_path / "cpu")]) == 0
+    assert _built_algorithms(tmp_path / "cpu-ir") == [("packed", "avx512")]
+    scheduled = next((tmp_path / "cpu-ir").glob("*-schedule.py")).read_text()
+    assert '"codl.packed_chunk_tiles"' in scheduled
+    monkeypatch.setenv("CODL_TVM_DUMP_IR", str(tmp_path / "co-ir"))
+    co = ["--device", "coexec", "--packed", "--dim", "H", "--ratio", "0.5"]
+    assert main([*args, *co, "-o", str(tmp_path / "co")]) == 0
+    built = _built_algorithms(tmp_path / "co-ir")
+    assert [a for a in built if a[1] == "avx512" and a[0] != "injective"] == [("gemm", "avx512")]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -59,11 +59,16 @@ def _residual(seed=0, sum_inputs=2):
         helper.make_node("Relu", ["s"], ["r"]),
         helper.make_node("Conv", ["r", "W2"], ["y"], pads=[1] * 4),
     ]
+    return _conv_net(nodes, inits, "residual", [1, c, hw, hw])
+
+
+def _conv_net(nodes, inits, name: str, shape: list[int]):
+    """x -> nodes -> y, both of ``shape``, as codl-tvm imports it."""
     graph = helper.make_graph(
         nodes,
-        "residual",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, hw, hw])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, c, hw, hw])],
+        name,
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)],
         inits,
     )
     return load_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]))
@@ -215,14 +220,7 @@ def _projection(seed=0, op="Sum"):
         helper.make_node("Relu", ["j"], ["r"]),
         helper.make_node("Conv", ["r", "Wo"], ["y"], pads=[1] * 4),
     ]
-    graph = helper.make_graph(
-        nodes,
-        "projection",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, hw, hw])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, c, hw, hw])],
-        inits,
-    )
-    return load_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]))
+    return _conv_net(nodes, inits, "projection", [1, c, hw, hw])
 
 
 @pytest.mark.parametrize("op", ["Sum", "Add"])

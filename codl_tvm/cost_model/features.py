@@ -299,7 +299,13 @@ def part_shape(params: OpParams, partition: Partition, processor: str) -> PartSh
         return PartShape(
             params.out_h, params.out_w, g * opg, params.h, params.w, g * ipg, g, oc0=g0 * opg
         )
-    gpu, cpu = split_extent(params.oc, partition.ratio)
+    unit = 1
+    if params.op == "dense":
+        # matmul parts are whole vectors of features, as PartitionOperators cuts them
+        from codl_tvm.passes.halo import MATMUL_OC_ALIGN, aligned_granularity
+
+        unit = aligned_granularity(params.oc, 1, MATMUL_OC_ALIGN)
+    gpu, cpu = (unit * n for n in split_extent(params.oc // unit, partition.ratio))
     oc0, oc = (0, gpu) if on_gpu else (gpu, cpu)
     return PartShape(params.out_h, params.out_w, oc, params.h, params.w, params.ic, 1, oc0=oc0)
 

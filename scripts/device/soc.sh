@@ -29,7 +29,7 @@ if [ "$cpu_models" != none ]; then
 python3 scripts/bench_cpu_models.py compile --constant-weights --models "$cpu_models" \
   --out /tmp/b/cpu_models > $r/cpu_models_compile.log 2>&1 &
 python3 scripts/bench_cpu_models.py compile --constant-weights --models "$cpu_models" \
-  --tag cpualone --winograd --packed --out /tmp/b/cpu_models \
+  --tag cpualone --winograd --packed --cpu-alone --out /tmp/b/cpu_models \
   > $r/cpu_models_cpualone_compile.log 2>&1 &
 packed_models=${PACKED_MODELS:-squeezenet,resnet50,inception_v1,posenet}
 python3 scripts/bench_cpu_models.py compile --constant-weights --models "$packed_models" \
