@@ -28,23 +28,25 @@ ops, all bound to fresh variables named ``codl{K}_{gpu|cpu}_...``::
     (the same for cpu)
     codlK_out = R.concat((codlK_gpu_<last>, codlK_cpu_<last>), axis=2)   # the merge
 
-H parts read their input rows plus the halo (:func:`codl_tvm.passes.halo.chain_row_spans`):
-the slice is clamped to the image and the clamped amounts become the part's own top/bottom
-padding, so every part is exact; in a chain each part computes the halo rows it needs from its
-own data (redundant compute at the part border, CoDL Eq. 1 and Fig. 12). OC parts slice the
-weights (and per-channel operands: bias, batch-norm parameters) along the output channels;
-constant weights (also through reshape/permute_dims of a constant) are sliced here, at compile
-time, into new constants; others get a ``strided_slice`` in the part. Grouped and depthwise
-convs are split by whole groups and read only their groups' input channels. Followers (unary
-elementwise ops, binary elementwise ops such as bias or residual add, batch_norm + ``[0]``) are
-absorbed while their input has a single use; their other operand is sliced to the part's
-rows/channels unless it broadcasts along the split axis. Slices that would cover the whole axis
-are not emitted. Other bindings a part may hold, in emission order: ``codlK_<p>_<j>_w`` (a
-non-constant weight sliced for OC), ``codlK_<p>_<j>_arg<k>`` / ``codlK_<p>_<j>_bn<k>`` (a
-non-constant follower operand sliced), ``codlK_<p>_<j>_trim`` (a grouped conv's whole groups cut
-back to the channels needed). The GPU part is emitted first, then the CPU part, then the merge.
-The variables of the original operators and followers inside the split disappear (including
-unused batch_norm mean/var outputs); the merge variable takes the place of the last one.
+H parts read their input rows plus the halo (:func:`codl_tvm.passes.halo.chain_row_spans`): the
+slice is clamped to the image and the clamped amounts become the part's own top/bottom padding, so
+every part is exact; in a chain each part computes the halo rows it needs from its own data
+(redundant compute at the part border, CoDL Eq. 1 and Fig. 12). OC parts slice the weights (and
+per-channel operands: bias, batch-norm parameters) along the output channels; constant weights
+(also through reshape/permute_dims of a constant) are sliced here, at compile time, into new
+constants; others get a ``strided_slice`` in the part. Grouped and depthwise convs are split by
+whole groups and read only their groups' input channels. Followers (unary elementwise ops, binary
+elementwise ops such as bias or residual add, batch_norm + ``[0]``) are absorbed while their input
+has a single use; their other operand is sliced to the part's rows/channels unless it broadcasts
+along the split axis. A join of two split chains' outputs (ResNet's projection block) goes to one
+of them, the later one unless only the earlier continues past it. Matmul OC cuts fall on whole
+vectors of ``MATMUL_OC_ALIGN`` features. Slices that would cover the whole axis are not emitted.
+Other bindings a part may hold, in emission order: ``codlK_<p>_<j>_w`` (a non-constant weight
+sliced for OC), ``codlK_<p>_<j>_arg<k>`` / ``codlK_<p>_<j>_bn<k>`` (a non-constant follower operand
+sliced), ``codlK_<p>_<j>_trim`` (a grouped conv's whole groups cut back to the channels needed).
+The GPU part is emitted first, then the CPU part, then the merge. The variables of the original
+operators and followers inside the split disappear (including unused batch_norm mean/var outputs);
+the merge variable takes the place of the last one.
 
 ``main`` gets a ``"codl_parts"`` attribute recording, for each split, which variables belong to
 which processor, which output region each part writes and which input region it reads;
