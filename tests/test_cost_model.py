@@ -11,6 +11,7 @@ import argparse
 import json
 import math
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -1386,3 +1387,22 @@ def test_dispatch_features_are_the_conv_kernels_not_the_padding_copys():
     assert (d.wg_size, d.wg_count, d.num_kernels) == (conv.wg_size, conv.wg_count, 2)
     assert d.wg_size == int(func.attrs["codl.workgroup_size"])
     assert d.wg_count == int(func.attrs["codl.workgroup_count"])
+
+
+@pytest.mark.parametrize(
+    "path",
+    sorted(Path(__file__).resolve().parents[1].glob("results/profile/*.jsonl")),
+    ids=lambda p: p.name,
+)
+def test_committed_datasets_still_load(path):
+    """Every committed device dataset reads with today's code (aligning matmul cuts once made old
+    dense records empty parts): dense OC records, measured before the alignment, keep the
+    unaligned cut they were measured with."""
+    from codl_tvm.cost_model.features import RECORD_MATMUL_ALIGN, part_shape
+
+    data = load_dataset(path)
+    ops = data.op_records
+    assert len(ops) > 100 and not any(r.part.empty for r in ops)
+    dense = [r for r in ops if r.params.op == "dense" and r.partition.dim == "OC"]
+    for r in dense:
+        assert r.part == part_shape(r.params, r.partition, r.processor, RECORD_MATMUL_ALIGN)

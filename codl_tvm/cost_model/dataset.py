@@ -11,11 +11,13 @@ File layout (``*.jsonl``), one JSON object per line::
      "repeats": 20}
 
 ``part`` (the part's shape, ``features.PartShape``) is written only where it differs from
-``features.part_shape``'s convention, ``dispatch`` only where known, ``name`` only where given.
-Device descriptions are stored once (``device`` lines) and referenced by id, so thousands of
-records stay small. Appending is resumable: ``DatasetWriter`` reopens a file, checks its header,
-drops an incomplete last line (a run killed mid-write), knows the keys already measured
-(``OpRecord.key``) and flushes every record as it is written.
+``features.part_shape``'s convention with unaligned matmul cuts (``RECORD_MATMUL_ALIGN``, the cut
+of the first datasets; the build now aligns them, so new matmul parts store their shape),
+``dispatch`` only where known, ``name`` only where given. Device descriptions are stored once
+(``device`` lines) and referenced by id, so thousands of records stay small. Appending is
+resumable: ``DatasetWriter`` reopens a file, checks its header, drops an incomplete last line (a
+run killed mid-write), knows the keys already measured (``OpRecord.key``) and flushes every record
+as it is written.
 
 ``latency_ms`` is the median of ``repeats`` measurements. Every field is validated on load with an
 error naming the file, the line and the field.
@@ -32,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from codl_tvm.cost_model.features import (
+    RECORD_MATMUL_ALIGN,
     DispatchFeatures,
     FeatureError,
     OpFeatures,
@@ -91,7 +94,9 @@ class OpRecord:
     def __post_init__(self) -> None:
         if self.part is None:
             object.__setattr__(
-                self, "part", part_shape(self.params, self.partition, self.processor)
+                self,
+                "part",
+                part_shape(self.params, self.partition, self.processor, RECORD_MATMUL_ALIGN),
             )
         what = f"record {self.params.describe()} on {self.processor}"
         lat = self.latency_ms
@@ -157,7 +162,9 @@ class OpRecord:
             "repeats": self.repeats,
         }
         # The part is stored only where it differs from the split convention (smaller files).
-        if self.part != part_shape(self.params, self.partition, self.processor):
+        if self.part != part_shape(
+            self.params, self.partition, self.processor, RECORD_MATMUL_ALIGN
+        ):
             out["part"] = self.part.to_json()
         if self.dispatch != DispatchFeatures():
             out["dispatch"] = self.dispatch.to_json()

@@ -252,8 +252,16 @@ def _input_rows(params: OpParams, row0: int, rows: int) -> int:
     return max(0, min(params.h - 1, last) - max(0, first) + 1)
 
 
-def part_shape(params: OpParams, partition: Partition, processor: str) -> PartShape:
-    """Shape of the part ``processor`` computes under ``partition`` (see module docstring)."""
+def part_shape(
+    params: OpParams, partition: Partition, processor: str, matmul_align: int | None = None
+) -> PartShape:
+    """Shape of the part ``processor`` computes under ``partition`` (see module docstring).
+
+    ``matmul_align``: dense (matmul) OC parts are whole multiples of the largest power of two up
+    to this that divides the features; default ``MATMUL_OC_ALIGN``, as ``PartitionOperators``
+    cuts them. Datasets read records without a stored part with 1 (:data:`RECORD_MATMUL_ALIGN`),
+    the cut they were first measured with.
+    """
     if processor not in PROCESSORS:
         raise FeatureError(
             f"{params.describe()}: processor {processor!r} is not one of {PROCESSORS}"
@@ -304,10 +312,16 @@ def part_shape(params: OpParams, partition: Partition, processor: str) -> PartSh
         # matmul parts are whole vectors of features, as PartitionOperators cuts them
         from codl_tvm.passes.halo import MATMUL_OC_ALIGN, aligned_granularity
 
-        unit = aligned_granularity(params.oc, 1, MATMUL_OC_ALIGN)
+        align = MATMUL_OC_ALIGN if matmul_align is None else matmul_align
+        unit = aligned_granularity(params.oc, 1, align)
     gpu, cpu = (unit * n for n in split_extent(params.oc // unit, partition.ratio))
     oc0, oc = (0, gpu) if on_gpu else (gpu, cpu)
     return PartShape(params.out_h, params.out_w, oc, params.h, params.w, params.ic, 1, oc0=oc0)
+
+
+#: The ``matmul_align`` of a dataset record's default part (a record stores its part only where
+#: it differs): the unaligned cut every dataset before commit 268ba32 was measured with.
+RECORD_MATMUL_ALIGN = 1
 
 
 def op_flops(op: str, part: PartShape, kernel: int) -> float:
