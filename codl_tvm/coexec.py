@@ -90,9 +90,14 @@ class CoexecModule:
 
 def placement_report(mod, plan) -> list[dict]:
     """For each plan entry: dimension, ratio and the output region of each processor."""
-    from codl_tvm.passes import PartitionOperators, collect_parts
+    import tvm
 
-    parts = collect_parts(PartitionOperators(plan)(mod))
+    from codl_tvm.passes import PartitionOperators, collect_parts
+    from codl_tvm.pipeline import inference_passes
+
+    # partition what the build partitions: the module after the inference simplifications
+    simplified = tvm.transform.Sequential(inference_passes())(mod)
+    parts = collect_parts(PartitionOperators(plan)(simplified))
     rows = []
     for split in parts:
         rows.append(

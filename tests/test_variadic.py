@@ -212,7 +212,7 @@ def _projection(seed=0, op="Sum"):
     inits = [weight("Ws", 16, c, 1), weight("Wa", c, c, 1), weight("Wb", 16, c, 3)]
     inits.append(weight("Wo", c, 16, 3))
     nodes = [
-        helper.make_node("Conv", ["x", "Ws"], ["s"]),  # the shortcut comes first, as in ONNX
+        helper.make_node("Conv", ["x", "Ws"], ["s"]),  # imported after the branch: conv2d_2
         helper.make_node("Conv", ["x", "Wa"], ["a"]),
         helper.make_node("Relu", ["a"], ["ar"]),
         helper.make_node("Conv", ["ar", "Wb"], ["b"], pads=[1] * 4),
@@ -233,5 +233,30 @@ def test_join_of_two_split_convs(opencl, op, dim, ratio):
     plan = uniform_plan(model.mod, dim, ratio)
     assert len(plan.ops) == 4
     x = np.random.default_rng(8).standard_normal(model.inputs[0].shape).astype("f4")
+    got = codl_tvm.compile(model.mod, plan)([x])[0]
+    np.testing.assert_allclose(got, _tvm_reference(model.mod, [x]), rtol=1e-5, atol=1e-5)
+
+
+def test_join_stays_with_the_chain_that_continues_past_it(opencl):
+    """The branch's chain (conv2d_0, conv2d_1, on through the join into conv2d_3) keeps the add
+    although the shortcut's split (conv2d_2) starts later: that one ends before the join and
+    hands over its merged output."""
+    from codl_tvm.passes import collect_parts
+    from codl_tvm.passes.partition import PartitionOperators
+
+    from codl_tvm.plan import ChainPlan, OpPartition, PartitionPlan
+
+    model = _projection(seed=4)
+    plan = PartitionPlan(
+        ops=(OpPartition("conv2d_2", "H", 0.5),),
+        chains=(ChainPlan(("conv2d_0", "conv2d_1", "conv2d_3"), "H", 0.5),),
+    )
+    split = PartitionOperators(plan)(PairwiseVariadic()(model.mod))
+    records = {r.ops: r for r in collect_parts(split)}
+    branch = records[("conv2d_0", "conv2d_1", "conv2d_3")]
+    assert any(v.name.endswith("add") for p in branch.parts for v in p.bindings)
+    shortcut = records[("conv2d_2",)]
+    assert not any(v.name.endswith("add") for p in shortcut.parts for v in p.bindings)
+    x = np.random.default_rng(9).standard_normal(model.inputs[0].shape).astype("f4")
     got = codl_tvm.compile(model.mod, plan)([x])[0]
     np.testing.assert_allclose(got, _tvm_reference(model.mod, [x]), rtol=1e-5, atol=1e-5)
