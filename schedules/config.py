@@ -150,9 +150,10 @@ class CPUConfig:
         Pointwise packed convs walk the image in chunks of pixel tiles whose input (all input
         channels) fits this many bytes, running every output-channel block over one chunk
         before the next: the input streams from memory once and each block's weights stay in
-        cache over the chunk. 0 keeps one loop over channel blocks outside the pixel tiles,
-        which streams the whole input once per block (the schedule the shipped cost models
-        were profiled with).
+        cache over the chunk; chunks shrink to leave at least
+        :data:`~codl_tvm.schedules.packed.MIN_CHUNK_TASKS` of them. 0 keeps one loop over
+        channel blocks outside the pixel tiles, which streams the whole input once per block
+        (the schedule the shipped cost models were profiled with).
     """
 
     name: str

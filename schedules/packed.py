@@ -237,21 +237,18 @@ def packed_tile(
     return best[2], best[4], best[3]
 
 
-#: Least parallel tasks (pixel chunks x channel blocks) chunking may leave: two per thread of
-#: an 8-thread pool. Every chunked shape measured on the device machine kept at least 20.
+#: Least pixel chunks chunking may leave (each runs every channel block; tiles permitting):
+#: two per thread of an 8-thread pool. The CPU-alone default measured at 12ab7a0 chunks so.
 MIN_CHUNK_TASKS = 16
 
 
-def pointwise_chunk(
-    pixels: int, cols: int, bytes_per_pixel: int, budget: int, blocks: int = 1
-) -> int:
+def pointwise_chunk(pixels: int, cols: int, bytes_per_pixel: int, budget: int) -> int:
     """Pixel tiles per chunk of a pointwise packed conv (0: no chunking).
 
     The largest divisor of the tile count (so no chunk has a tail) whose input,
-    ``tiles * cols * bytes_per_pixel``, fits ``budget`` bytes, and that leaves at least
-    :data:`MIN_CHUNK_TASKS` parallel tasks (chunks x ``blocks`` channel blocks) where the plain
-    order has that many; 0 when ``budget`` is 0 or the whole image is one chunk (then the plain
-    order is the same walk). At least one tile.
+    ``tiles * cols * bytes_per_pixel``, fits ``budget`` bytes and that leaves at least
+    :data:`MIN_CHUNK_TASKS` chunks (or one per tile, with fewer tiles); 0 when ``budget`` is 0
+    or the whole image fits it (then the plain order is the same walk).
     """
     tiles = math.ceil(pixels / cols)
     if budget <= 0:
@@ -259,10 +256,8 @@ def pointwise_chunk(
     fit = max(1, budget // max(1, cols * bytes_per_pixel))
     if fit >= tiles:
         return 0
-    need = min(MIN_CHUNK_TASKS, tiles * blocks)
-    fit = min(fit, max(1, tiles * blocks // need))
-    chunk = max(d for d in _divisors_up_to(tiles, fit) if (tiles // d) * blocks >= need)
-    return 0 if chunk >= tiles else chunk
+    fit = min(fit, max(1, tiles // min(MIN_CHUNK_TASKS, tiles)))
+    return max(_divisors_up_to(tiles, fit))
 
 
 @dataclass(frozen=True)

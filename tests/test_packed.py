@@ -300,18 +300,15 @@ def test_packed_conv_matches_numpy(case, target):
 
 def test_pointwise_chunk():
     # 4225 pixels in tiles of 13 = 325 tiles; 128 channels x 4 B = 512 B a pixel; 256 KiB
-    # hold 39 tiles, and 25 is the largest divisor of 325 up to 39
-    assert pointwise_chunk(4225, 13, 512, 256 * 1024, blocks=4) == 25
+    # hold 39 tiles, but 16 chunks need chunks of at most 20: 13 divides 325
+    assert pointwise_chunk(4225, 13, 512, 256 * 1024) == 13
     assert pointwise_chunk(4225, 13, 512, 0) == 0  # off
     assert pointwise_chunk(196, 14, 4096, 1 << 30) == 0  # the whole image fits: no chunks
     assert pointwise_chunk(196, 14, 4096, 1) == 1  # at least one tile
-    assert pointwise_chunk(200, 14, 4, 14 * 4 * 3) == 1  # 15 tiles: 3 a chunk leaves 5 tasks
-    assert pointwise_chunk(200, 14, 4, 14 * 4 * 3, blocks=4) == 3  # 15 tiles (one partial)
-    # the shapes chunked on the device machine keep their chunks (and >= 16 tasks)
-    assert pointwise_chunk(784, 14, 2048, 256 * 1024, blocks=4) == 8  # 512->128, 28x28
-    assert pointwise_chunk(3136, 14, 1024, 256 * 1024, blocks=2) == 16  # 256->64, 56x56
-    assert pointwise_chunk(196, 14, 4096, 256 * 1024, blocks=8) == 2  # 1024->256, 14x14
-    assert pointwise_chunk(576, 8, 512, 256 * 1024, blocks=1) == 4  # 16 tasks, not 2
+    assert pointwise_chunk(200, 14, 4, 14 * 4 * 3) == 1  # 15 tiles: 15 chunks of one
+    assert pointwise_chunk(784, 14, 2048, 256 * 1024) == 2  # 512->128, 28x28: 28 chunks
+    assert pointwise_chunk(3136, 14, 1024, 256 * 1024) == 14  # 256->64, 56x56: 16 chunks
+    assert pointwise_chunk(576, 8, 512, 256 * 1024) == 4  # 18 chunks, not 2
 
 
 @pytest.mark.parametrize("target", RUN_TARGETS, ids=lambda t: str(t.attrs.get("mcpu", "generic")))
