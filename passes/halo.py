@@ -34,6 +34,7 @@ __all__ = [
     "aligned_granularity",
     "chain_channel_spans",
     "chain_row_spans",
+    "oc_granularity",
     "split_point",
 ]
 
@@ -211,6 +212,14 @@ def aligned_granularity(extent: int, granularity: int, align: int) -> int:
     while step > 1 and extent % (granularity * step):
         step //= 2
     return granularity * step
+
+
+def oc_granularity(extent: int, granularity: int, matmul: bool, align: int | None = None) -> int:
+    """Channels an OC cut of ``extent`` moves in: ``granularity`` (whole groups), and for a
+    matmul whole vectors of up to ``align`` (default :data:`MATMUL_OC_ALIGN`) features."""
+    if not matmul:
+        return granularity
+    return aligned_granularity(extent, granularity, MATMUL_OC_ALIGN if align is None else align)
 
 
 def split_point(extent: int, ratio: float, granularity: int = 1) -> int:

@@ -74,14 +74,13 @@ from codl_tvm.plan import (
 )
 
 from .halo import (
-    MATMUL_OC_ALIGN,
     ChannelMap,
     PartSpan,
     SlidingWindow,
     Span,
-    aligned_granularity,
     chain_channel_spans,
     chain_row_spans,
+    oc_granularity,
     split_point,
 )
 from .parts import PARTS_ATTR, Processor
@@ -484,9 +483,8 @@ class _Rewriter(PyExprMutator):
             geoms = [_channel_map(s) if s.role == "anchor" else None for s in steps]
             spans_of = chain_channel_spans
             last = next((g for g in reversed(geoms) if g is not None), None)
-            gran = last.granularity if last is not None else 1
-            if any(s.kind == "matmul" for s in steps if s.role == "anchor"):
-                gran = aligned_granularity(extent, gran, MATMUL_OC_ALIGN)
+            matmul = any(s.kind == "matmul" for s in steps if s.role == "anchor")
+            gran = oc_granularity(extent, last.granularity if last is not None else 1, matmul)
         cut = split_point(extent, chain.entry.ratio, gran)
         regions = [(Processor.GPU, Span(0, cut)), (Processor.CPU, Span(cut, extent))]
         regions = [(p, s) for p, s in regions if len(s) > 0]

@@ -307,13 +307,10 @@ def part_shape(
         return PartShape(
             params.out_h, params.out_w, g * opg, params.h, params.w, g * ipg, g, oc0=g0 * opg
         )
-    unit = 1
-    if params.op == "dense":
-        # matmul parts are whole vectors of features, as PartitionOperators cuts them
-        from codl_tvm.passes.halo import MATMUL_OC_ALIGN, aligned_granularity
+    # matmul parts are whole vectors of features, as PartitionOperators cuts them
+    from codl_tvm.passes.halo import oc_granularity
 
-        align = MATMUL_OC_ALIGN if matmul_align is None else matmul_align
-        unit = aligned_granularity(params.oc, 1, align)
+    unit = oc_granularity(params.oc, 1, params.op == "dense", matmul_align)
     gpu, cpu = (unit * n for n in split_extent(params.oc // unit, partition.ratio))
     oc0, oc = (0, gpu) if on_gpu else (gpu, cpu)
     return PartShape(params.out_h, params.out_w, oc, params.h, params.w, params.ic, 1, oc0=oc0)

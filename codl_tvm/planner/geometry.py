@@ -16,13 +16,12 @@ from dataclasses import dataclass
 
 from codl_tvm.cost_model.features import FeatureError, OpParams, PartShape
 from codl_tvm.passes.halo import (
-    MATMUL_OC_ALIGN,
     ChannelMap,
     SlidingWindow,
     Span,
-    aligned_granularity,
     chain_channel_spans,
     chain_row_spans,
+    oc_granularity,
     split_point,
 )
 from codl_tvm.plan import OpInfo, PartitionDim
@@ -126,8 +125,7 @@ def chain_parts(
         extent, spans_of = last.output_shape[axis], chain_channel_spans
         tail = next((g for g in reversed(geoms) if g is not None), None)
         gran = tail.granularity if tail is not None else 1
-        if last.kind == "matmul":
-            gran = aligned_granularity(extent, gran, MATMUL_OC_ALIGN)
+        gran = oc_granularity(extent, gran, last.kind == "matmul")
     cut = split_point(extent, ratio, gran)
     parts: dict[str, tuple[PartShape, ...] | None] = {}
     for proc, span in (("gpu", Span(0, cut)), ("cpu", Span(cut, extent))):
