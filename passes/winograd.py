@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 import tvm
 from codl_tvm.schedules.analysis import Conv2DInfo
 from codl_tvm.schedules.config import CPUConfig, OpenCLConfig, cpu_config, opencl_config
-from codl_tvm.schedules.packed import pack_weight, packed_conv2d, packed_reason
+from codl_tvm.schedules.packed import pack_weight, packed_blocks, packed_conv2d, packed_reason
 from codl_tvm.schedules.winograd import (
     conv2d_shape_info,
     transform_weight,
@@ -96,11 +96,12 @@ def conv2d_rewrite(
     if why_not is not None:
         return f"{reason}; not packed: {why_not}"
     lanes = config.lanes(info.dtype_bits)
+    blocks = packed_blocks(info.out_channels, lanes, config)
     return ConvRewrite(
         "packed",
         packed_conv2d,
-        lambda w: pack_weight(w, lanes),
-        (-(-info.out_channels // lanes), info.in_channels, info.kernel_h, info.kernel_w, lanes),
+        lambda w: pack_weight(w, lanes, blocks),
+        (blocks, info.in_channels, info.kernel_h, info.kernel_w, lanes),
         {
             "strides": (info.stride_h, info.stride_w),
             "padding": tuple(padding),

@@ -146,6 +146,11 @@ class CPUConfig:
         the ``gemm`` schedule.
     packed_min_gemm_channels : int
         ... and only with at least this many input channels (not tuned on the device machine).
+    packed_round_blocks : bool
+        Round a packed conv's output-channel blocks up to a multiple of ``packed_oc_vectors``
+        (zero weights, sliced off) where that adds at most 1/16 more blocks: 1000 classes are 63
+        blocks of 16, which no 2-vector tile divides, so every tile would hold one weight vector
+        and reuse each broadcast input once (:func:`~codl_tvm.schedules.packed.packed_blocks`).
     packed_chunk_bytes : int
         Pointwise packed convs walk the image in chunks of pixel tiles whose input (all input
         channels) fits this many bytes, running every output-channel block over one chunk
@@ -180,6 +185,7 @@ class CPUConfig:
     packed_max_gemm_pixels: int = 400
     packed_min_gemm_channels: int = 256
     packed_chunk_bytes: int = 0
+    packed_round_blocks: bool = False
 
     def __post_init__(self) -> None:
         _check_winograd(self)
@@ -237,6 +243,14 @@ class OpenCLConfig:
     min_work_items : int
         Register tiles shrink until the conv launches at least this many work-items (a big GPU
         needs tens of thousands in flight; 0 keeps the tiles).
+    conv_split_k : int
+        Most slices the direct conv may split its input channels into (split-K) when it launches
+        fewer than ``min_work_items`` work-items with whole register tiles: each slice's partial
+        sums go to a buffer, and a second kernel adds the slices and applies the epilogue. A
+        small map with many channels (13x13x1024) then fills a big GPU without shrinking the
+        register tiles. 1 never splits.
+    conv_split_k_min_reduction : int
+        ... and each slice keeps at least this many multiply-adds per output (channels x taps).
     winograd, winograd_tile, winograd_min_channels, winograd_min_tiles
         As in :class:`CPUConfig`. The Winograd GEMM uses the conv's thread and register tiles
         (``conv_threads_oc`` x ``conv_reg_oc`` output channels, ``conv_threads_ow`` x
@@ -281,6 +295,8 @@ class OpenCLConfig:
     pool_threads: int = 128
     conv_vector_lanes: int = 0
     min_work_items: int = 0
+    conv_split_k: int = 1
+    conv_split_k_min_reduction: int = 1024
     winograd: bool = False
     winograd_tile: int = 2
     winograd_min_channels: int = 32
@@ -299,6 +315,10 @@ class OpenCLConfig:
 
     def __post_init__(self) -> None:
         _check_winograd(self)
+        if self.conv_split_k < 1:
+            raise ValueError(
+                f"OpenCLConfig {self.name!r}: conv_split_k must be >= 1, got {self.conv_split_k!r}"
+            )
 
 
 SSE = CPUConfig(
@@ -385,6 +405,7 @@ NVIDIA = OpenCLConfig(
     conv_use_local_memory=True,
     conv_ic_chunk=8,
     min_work_items=32768,
+    conv_split_k=8,
     winograd_tile=4,
     dense_threads_m=16,
     dense_threads_n=16,

@@ -218,6 +218,8 @@ class OpenCLConv2D(_OpenCLRule):
                 reg_oc = oc_lanes
                 reg_ow = max(w for w in range(1, 17) if info.out_width % w == 0)
         outputs = info.batch * info.out_channels * info.out_height * info.out_width
+        split_k = 1 if vector else _split_k(cfg, info, reg_oc, reg_ow)
+        outputs *= split_k
         while not vector and outputs < cfg.min_work_items * reg_oc * reg_ow and reg_oc * reg_ow > 1:
             if reg_oc >= reg_ow:
                 reg_oc = max(1, reg_oc // 2)
@@ -235,9 +237,12 @@ class OpenCLConv2D(_OpenCLRule):
                 t_ow = max(1, t_ow // 2)
         chunk = 0
         if not self._global_only:
-            chunk = self._local_chunk(cfg, target, info, t_oc * reg_oc, t_oh, t_ow * reg_ow)
+            chunk = self._local_chunk(
+                cfg, target, info, t_oc * reg_oc, t_oh, t_ow * reg_ow, split_k
+            )
         conv = blocks.main
         data_buffer = _data_buffer(sch, conv)
+        weight_buffer = _weight_buffer(sch, conv, data_buffer)
         padder = next(
             (b for b in blocks.prologue if sch.get(b).body.buffer.same_as(data_buffer)), None
         )
@@ -250,11 +255,22 @@ class OpenCLConv2D(_OpenCLRule):
             _bind_spatial(sch, padder, cfg.pool_threads)
         else:
             _inline_prologue(sch, blocks, cfg.pool_threads)
-        n, f, y, x, c, ky, kx = sch.get_loops(conv)
+        total = conv
+        if split_k > 1:
+            # partial sums of each input-channel slice (the block scheduled below), then a
+            # kernel that adds the slices with the epilogue fused
+            n, f, y, x, c, ky, kx = sch.get_loops(conv)
+            slices, c = sch.split(c, [split_k, None])
+            conv = sch.rfactor(slices, 0)
+            n, f, y, x, slices, c, ky, kx = sch.get_loops(conv)
+            sch.reorder(slices, n, f, y, x)
+            _schedule_slice_sum(sch, total, blocks, cfg.pool_threads)
+        else:
+            n, f, y, x, c, ky, kx = sch.get_loops(conv)
         bf, tf, rf = sch.split(f, [None, t_oc, reg_oc])
         by, ty = sch.split(y, [None, t_oh])
         bx, tx, rx = sch.split(x, [None, t_ow, reg_ow])
-        bz = sch.fuse(n, bf)
+        bz = sch.fuse(slices, n, bf) if split_k > 1 else sch.fuse(n, bf)
         sch.bind(bz, "blockIdx.z")
         sch.bind(by, "blockIdx.y")
         sch.bind(bx, "blockIdx.x")
@@ -264,7 +280,6 @@ class OpenCLConv2D(_OpenCLRule):
             sch.reorder(bz, by, bx, tf, ty, tx, co, ci, ky, kx, rf, rx)
             t = sch.fuse(tf, ty, tx)
             sch.bind(t, "threadIdx.x")
-            weight_buffer = _weight_buffer(sch, conv, data_buffer)
             staged = 0
             for buf in (data_buffer, weight_buffer):
                 index = _read_index(sch, conv, buf)
@@ -300,7 +315,8 @@ class OpenCLConv2D(_OpenCLRule):
         if oc_vector:
             # channels innermost in the private accumulators: one vector per column
             sch.transform_layout(conv, ("write", 0), lambda n, f, y, x: (n, y, x, f))
-        _inline_epilogue(sch, blocks, cfg.pool_threads)
+        if split_k == 1:
+            _inline_epilogue(sch, blocks, cfg.pool_threads)
         sch.reverse_compute_at(writeback, t, preserve_unit_loops=True)
         if oc_vector:
             sch.unroll(rx)
@@ -319,17 +335,23 @@ class OpenCLConv2D(_OpenCLRule):
             sch.vectorize(sch.get_loops(init)[-1])
         groups = (
             info.batch
+            * split_k
             * math.ceil(info.out_channels / (t_oc * reg_oc))
             * math.ceil(info.out_height / t_oh)
             * math.ceil(info.out_width / (t_ow * reg_ow))
         )
         # the conv's own launch (a padding kernel, if any, has its own shape)
         features = {"codl.workgroup_size": threads, "codl.workgroup_count": groups}
+        if split_k > 1:
+            features["codl.split_k"] = split_k
         return "direct", cfg.name, features
 
     @staticmethod
-    def _local_chunk(cfg, target, info, tile_oc: int, tile_oh: int, tile_ow: int) -> int:
-        """Input channels staged per step in local memory (0: read global memory directly)."""
+    def _local_chunk(
+        cfg, target, info, tile_oc: int, tile_oh: int, tile_ow: int, split_k: int = 1
+    ) -> int:
+        """Input channels staged per step in local memory (0: read global memory directly);
+        it divides each split-K slice's channels."""
         if not cfg.conv_use_local_memory:
             return 0
         if info.stride_h > 1 or info.stride_w > 1:
@@ -340,16 +362,58 @@ class OpenCLConv2D(_OpenCLRule):
         rows = (tile_oh - 1) * info.stride_h + (info.kernel_h - 1) * info.dilation_h + 1
         cols = (tile_ow - 1) * info.stride_w + (info.kernel_w - 1) * info.dilation_w + 1
         nbytes = info.dtype_bits // 8
-        chunk = min(cfg.conv_ic_chunk, info.in_channels_per_group)
+        channels = info.in_channels_per_group // split_k
+        chunk = min(cfg.conv_ic_chunk, channels)
         while chunk >= 1:
             data = chunk * rows * cols if info.groups == 1 else 0
             weights = tile_oc * chunk * info.kernel_h * info.kernel_w
-            if (data + weights) * nbytes <= limit and info.in_channels_per_group % chunk == 0:
+            if (data + weights) * nbytes <= limit and channels % chunk == 0:
                 break
             chunk -= 1
         if info.groups != 1 or chunk < 1:
             return 0  # grouped convs read a different input channel per output channel
         return chunk
+
+
+def _split_k(cfg: OpenCLConfig, info, reg_oc: int, reg_ow: int) -> int:
+    """Input-channel slices of a direct conv (1: no split-K; see ``OpenCLConfig.conv_split_k``).
+
+    Doubles while the work-items with whole register tiles stay below ``min_work_items``, the
+    slices divide the channels, and each keeps ``conv_split_k_min_reduction`` multiply-adds.
+    """
+    if info.groups != 1 or cfg.conv_split_k <= 1:
+        return 1
+    items = (
+        info.batch
+        * math.ceil(info.out_channels / reg_oc)
+        * info.out_height
+        * math.ceil(info.out_width / reg_ow)
+    )
+    taps = info.kernel_h * info.kernel_w
+    split = 1
+    while items * split < cfg.min_work_items and split * 2 <= cfg.conv_split_k:
+        slices = split * 2
+        if info.in_channels % slices:
+            break
+        if info.in_channels // slices * taps < cfg.conv_split_k_min_reduction:
+            break
+        split = slices
+    return split
+
+
+def _schedule_slice_sum(sch: s_tir.Schedule, total: SBlockRV, blocks: FuncBlocks, threads: int):
+    """The split-K sum: one work-item per output adds the slices in a register, then writes
+    it through the fused epilogue."""
+    writeback = sch.cache_write(total, 0, "local")
+    _inline_epilogue(sch, FuncBlocks([], total, blocks.epilogue), threads)
+    *spatial, slices = sch.get_loops(total)
+    fused = sch.fuse(*spatial)
+    extent = int(sch.get(fused).extent)
+    bx, tx = sch.split(fused, [None, max(1, min(threads, extent))])
+    sch.bind(bx, "blockIdx.x")
+    sch.bind(tx, "threadIdx.x")
+    sch.reverse_compute_at(writeback, tx, preserve_unit_loops=True)
+    sch.decompose_reduction(total, slices)
 
 
 def _local_limit(cfg, target: Target) -> int:

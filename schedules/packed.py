@@ -58,6 +58,7 @@ __all__ = [
     "PackedInfo",
     "match_packed",
     "pack_weight",
+    "packed_blocks",
     "packed_conv2d",
     "packed_reason",
     "packed_tile",
@@ -101,11 +102,26 @@ def packed_reason(info: Conv2DInfo, config: CPUConfig) -> str | None:
     return None
 
 
-def pack_weight(weight: np.ndarray, lanes: int) -> np.ndarray:
-    """OIHW ``weight`` as ``[ceil(O / lanes), I, KH, KW, lanes]`` (output channels innermost;
-    the last block zero-padded when ``lanes`` does not divide ``O``)."""
+def packed_blocks(out_channels: int, lanes: int, config: CPUConfig) -> int:
+    """Output-channel blocks of ``lanes`` a packed conv computes: ``ceil(O / lanes)``, rounded
+    up to a multiple of ``packed_oc_vectors`` under ``packed_round_blocks`` when that adds at
+    most 1/16 more (the extra blocks are zero weights, sliced off)."""
+    blocks = -(-out_channels // lanes)
+    step = config.packed_oc_vectors
+    if config.packed_round_blocks and step > 1 and blocks % step:
+        rounded = -(-blocks // step) * step
+        if (rounded - blocks) * 16 <= blocks:
+            return rounded
+    return blocks
+
+
+def pack_weight(weight: np.ndarray, lanes: int, blocks: int | None = None) -> np.ndarray:
+    """OIHW ``weight`` as ``[blocks, I, KH, KW, lanes]`` (output channels innermost; blocks
+    default ``ceil(O / lanes)``, and channels past ``O`` are zero)."""
     o, i, kh, kw = weight.shape
-    blocks = -(-o // lanes)
+    blocks = -(-o // lanes) if blocks is None else blocks
+    if blocks * lanes < o:
+        raise ValueError(f"pack_weight: {blocks} blocks of {lanes} hold fewer than {o} channels")
     if blocks * lanes != o:
         pad = np.zeros((blocks * lanes - o, i, kh, kw), weight.dtype)
         weight = np.concatenate([weight, pad])
@@ -134,8 +150,8 @@ def packed_conv2d(
     padding : Sequence[int]
         ``(top, left, bottom, right)``.
     out_channels : int | None
-        ``K`` when the packed weight's last block is zero padding (default: ``K / L * L``);
-        the conv then computes whole blocks and a ``slice`` stage keeps the first ``K``.
+        ``K`` when the packed weight ends in zero padding (default: ``K / L * L``); the conv
+        then computes whole blocks and a ``slice`` stage keeps the first ``K``.
 
     Returns
     -------
@@ -175,10 +191,9 @@ def packed_conv2d(
     ry = te.reduce_axis((0, kh), "ky")
     rx = te.reduce_axis((0, kw), "kx")
     k_ = blocks * lanes if out_channels is None else int(out_channels)
-    if not blocks * lanes - lanes < k_ <= blocks * lanes:
+    if not 0 < k_ <= blocks * lanes:
         raise ValueError(
-            f"packed_conv2d: {k_} output channels do not fill the last of {blocks} blocks "
-            f"of {lanes}"
+            f"packed_conv2d: {k_} output channels do not fit {blocks} blocks of {lanes}"
         )
     conv = te.compute(
         (n_, blocks * lanes, oh, ow),

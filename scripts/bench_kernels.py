@@ -45,6 +45,9 @@ SEED = 2022
 OPS: dict[str, tuple[str, tuple]] = {
     "conv_104x104x64_128_3x3": ("conv", (64, 104, 104, 128, 3, 1, 1, 1)),
     "conv_13x13x1024_1024_3x3": ("conv", (1024, 13, 13, 1024, 3, 1, 1, 1)),
+    # ResNet50's last two stages: deep, small maps (split-K on big GPUs)
+    "conv_14x14x256_256_3x3": ("conv", (256, 14, 14, 256, 3, 1, 1, 1)),
+    "conv_7x7x512_512_3x3": ("conv", (512, 7, 7, 512, 3, 1, 1, 1)),
     "conv_112x112x32_64_3x3": ("conv", (32, 112, 112, 64, 3, 1, 1, 1)),
     "conv_52x52x256_128_1x1": ("conv", (256, 52, 52, 128, 1, 1, 0, 1)),
     "conv_56x56x64_64_3x3": ("conv", (64, 56, 56, 64, 3, 1, 1, 1)),
@@ -156,7 +159,15 @@ def compile_all(args: argparse.Namespace) -> None:
     import shutil
 
     import tvm
-    from codl_tvm.schedules import apply_schedules, cpu_config, dense_enabled, winograd_enabled
+    from codl_tvm.schedules import (
+        apply_schedules,
+        cpu_alone_settings,
+        cpu_config,
+        dense_enabled,
+        opencl_config,
+        packed_enabled,
+        winograd_enabled,
+    )
     from tvm.target import Target
 
     from codl_tvm.bench import git_commit, write_json
@@ -182,6 +193,15 @@ def compile_all(args: argparse.Namespace) -> None:
     for variant, overrides in _parse_variants(args.cpu_variants).items():
         cfg = dataclasses.replace(cpu_config(targets["cpu"]), name=variant, **overrides)
         builds.append((f"cpu@{variant}", targets["cpu"], cfg))
+    for variant, overrides in _parse_variants(args.opencl_variants).items():
+        for k, t in targets.items():
+            if k != "cpu":
+                cfg = dataclasses.replace(opencl_config(t), name=variant, **overrides)
+                builds.append((f"{k}@{variant}", t, cfg))
+    if args.cpu_alone:
+        # as `codl-tvm compile --device cpu` builds for the CPU alone: constant weights,
+        # Winograd and packed convs, CPU_ALONE_SETTINGS
+        builds.append(("cpu@cpualone", targets["cpu"], "cpualone"))
     if args.winograd:
         # The conv weight becomes a constant (Winograd transforms constant weights at build
         # time); every preset with Winograd switched on.
@@ -211,7 +231,19 @@ def compile_all(args: argparse.Namespace) -> None:
             mod = relax_module(name)
             bound: list[str] = []
             switch = contextlib.nullcontext()
-            if cpu_cfg == "winograd":
+            gpu_cfg = None
+            if not isinstance(cpu_cfg, str) and target.kind.name == "opencl":
+                gpu_cfg, cpu_cfg = cpu_cfg, None
+            if cpu_cfg == "cpualone":
+                if OPS[name][0] == "maxpool":
+                    continue
+                bound, cpu_cfg = ["w"], None
+                w = tvm.runtime.tensor(op_arrays(name)["w"])
+                mod = tvm.relax.transform.BindParams("main", {"w": w})(mod)
+                switch = contextlib.ExitStack()
+                for ctx in (winograd_enabled("all"), packed_enabled("all"), cpu_alone_settings()):
+                    switch.enter_context(ctx)
+            elif cpu_cfg == "winograd":
                 if OPS[name][0] != "conv":
                     continue
                 bound, cpu_cfg = ["w"], None
@@ -224,11 +256,13 @@ def compile_all(args: argparse.Namespace) -> None:
                 cpu_cfg, switch = None, dense_enabled()
             with switch:
                 with target:
-                    mod = tvm.transform.Sequential(algorithm_passes(target, cpu=cpu_cfg))(mod)
+                    mod = tvm.transform.Sequential(
+                        algorithm_passes(target, cpu=cpu_cfg, opencl=gpu_cfg)
+                    )(mod)
                     mod = tvm.transform.Sequential(legalize_passes(target))(mod)
-                    mod = apply_schedules(target, cpu=cpu_cfg)(mod)
+                    mod = apply_schedules(target, cpu=cpu_cfg, opencl=gpu_cfg)(mod)
                 t0 = time.perf_counter()
-                pipeline = single_device_pipeline(target, cpu=cpu_cfg)
+                pipeline = single_device_pipeline(target, cpu=cpu_cfg, opencl=gpu_cfg)
                 ex = tvm.compile(mod, target=target, relax_pipeline=pipeline)
             lib = f"{name}.{tname}.so"
             ex.export_library(str(out / lib))
@@ -343,7 +377,9 @@ def _rel_err(got: np.ndarray, ref: np.ndarray) -> float:
     return float(np.max(np.abs(got - ref)) / max(float(np.max(np.abs(ref))), 1e-12))
 
 
-def _torch_ms(name: str, min_s: float) -> dict | None:
+def _torch_ms(name: str, min_s: float, tf32: bool = True) -> dict | None:
+    """PyTorch on CUDA; ``tf32`` is cuDNN's default for convolutions (tensor cores with 10-bit
+    mantissas), off for a plain float32 comparison with the OpenCL kernels."""
     try:
         import torch
     except ImportError:
@@ -353,6 +389,8 @@ def _torch_ms(name: str, min_s: float) -> dict | None:
     kind, p = OPS[name]
     arrays = {k: torch.from_numpy(v).cuda() for k, v in op_arrays(name).items()}
     torch.backends.cudnn.benchmark = True
+    torch.backends.cudnn.allow_tf32 = tf32
+    torch.backends.cuda.matmul.allow_tf32 = tf32
     f = torch.nn.functional
     if kind == "conv":
         _, _, _, _, _, s, pad, g = p
@@ -449,6 +487,7 @@ def run_all(args: argparse.Namespace) -> None:
             row[f"tvm-{tname}"] = res
         if args.torch:
             row["torch-cuda"] = _torch_ms(name, args.min_seconds)
+            row["torch-cuda-fp32"] = _torch_ms(name, args.min_seconds, tf32=False)
         summary = "  ".join(
             f"{k} {v['median_ms']:.3f}ms"
             for k, v in row.items()
@@ -487,6 +526,17 @@ def main(argv: list[str] | None = None) -> None:
         default="",
         help="extra CPU builds with config overrides, e.g. "
         "'oc16:conv_oc_tile=16,conv_oh_tile=1;oh4:conv_oh_tile=4'",
+    )
+    parser.add_argument(
+        "--opencl-variants",
+        default="",
+        help="extra OpenCL builds with config overrides, e.g. 'nosplit:conv_split_k=1'",
+    )
+    parser.add_argument(
+        "--cpu-alone",
+        action="store_true",
+        help="also build each op as builds for the CPU alone do (cpu@cpualone: constant "
+        "weights, Winograd, packed convs, CPU_ALONE_SETTINGS)",
     )
     parser.add_argument("--threads", type=int, default=8, help="TVM and onnxruntime threads")
     parser.add_argument("--cpus", default="", help="CPU affinity, e.g. 8-15")

@@ -24,7 +24,7 @@ from codl_tvm.schedules import (
     packed_enabled,
     packed_reason,
 )
-from codl_tvm.schedules.packed import packed_tile, pointwise_chunk
+from codl_tvm.schedules.packed import packed_blocks, packed_tile, pointwise_chunk
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tvm import relax, tirx
@@ -296,6 +296,39 @@ def test_packed_conv_matches_numpy(case, target):
     )
     x = np.random.default_rng(3).standard_normal(xshape).astype("float32")
     assert_close(built([x])[0], reference(x, w, b, stride, padding, dilation, residual))
+
+
+def test_packed_blocks_round_to_whole_tiles_only_where_cheap():
+    on = dataclasses.replace(AVX512, packed_round_blocks=True)
+    assert packed_blocks(1000, 16, AVX512) == 63  # off in the preset
+    assert packed_blocks(1000, 16, on) == 64  # 1000 classes: one zero block, 2-vector tiles
+    assert packed_blocks(48, 16, on) == 3  # a fourth block would add a third: kept
+    assert packed_blocks(64, 16, on) == 4
+    assert packed_blocks(17 * 16, 16, dataclasses.replace(on, packed_oc_vectors=1)) == 17
+    p = pack_weight(np.ones((1000, 2, 1, 1), "float32"), 16, 64)
+    assert p.shape == (64, 2, 1, 1, 16) and not p[62, :, :, :, 8:].any() and not p[63].any()
+    with pytest.raises(ValueError, match="fewer than 1000 channels"):
+        pack_weight(np.ones((1000, 2, 1, 1), "float32"), 16, 62)
+
+
+@pytest.mark.parametrize("target", RUN_TARGETS, ids=lambda t: str(t.attrs.get("mcpu", "generic")))
+@pytest.mark.parametrize("ksize", [1, 3])
+def test_rounded_blocks_conv_matches_numpy(target, ksize):
+    """17 blocks less 3 channels: computed as 18 blocks in 2-vector tiles, sliced back."""
+    lanes = cpu_config(target).lanes(32)
+    oc = 17 * lanes - 3
+    xshape = (1, 8, 5, 6)
+    mod, w, b = conv_module(xshape, oc, ksize=ksize, padding=ksize // 2)
+    cfg = packed_cfg(cpu_config(target), packed_round_blocks=True)
+    out = scheduled(mod, target, cpu=cfg)
+    assert algorithms(out) == ["packed"]
+    (func,) = prim_funcs(out).values()
+    assert "T.Buffer((T.int64(18), T.int64(8)" in func.script()  # the packed weight
+    built = runner.build(
+        mod, "cpu", target=target, relax_pipeline=single_device_pipeline(target, cfg)
+    )
+    x = np.random.default_rng(4).standard_normal(xshape).astype("float32")
+    assert_close(built([x])[0], reference(x, w, b, 1, ksize // 2, 1))
 
 
 def test_pointwise_chunk():
@@ -634,7 +667,7 @@ def test_profiled_packed_part_takes_the_packed_weight_as_input(tmp_path):
 # whole models as `compile --device cpu` builds them on AVX-512 (Winograd + packed convs)
 
 
-def _whole_model(name: str) -> None:
+def _whole_model(name: str, **overrides) -> list[str]:
     ort = pytest.importorskip("onnxruntime")
     from codl_tvm.frontend import load_onnx, random_inputs
     from codl_tvm.models import light_model
@@ -644,7 +677,7 @@ def _whole_model(name: str) -> None:
     model = load_onnx(proto)
     feeds = random_inputs(model, seed=7)
     target = AVX512_TARGET if _host_has_avx512() else LLVM
-    cfg = dataclasses.replace(cpu_config(target), conv_packed=True, winograd=True)
+    cfg = dataclasses.replace(cpu_config(target), conv_packed=True, winograd=True, **overrides)
     algos = algorithms(scheduled(model.mod, target, cpu=cfg))
     assert "packed" in algos, sorted(set(algos))
     pipeline = single_device_pipeline(target, cfg)
@@ -655,6 +688,7 @@ def _whole_model(name: str) -> None:
     for g, r in zip(got, sess.run(None, feeds)):
         scale = max(float(np.max(np.abs(r))), 1e-6)
         assert float(np.max(np.abs(g - r))) <= 1e-4 * scale + 1e-6
+    return algos
 
 
 @pytest.mark.parametrize(
@@ -663,3 +697,17 @@ def _whole_model(name: str) -> None:
 )
 def test_whole_model_with_packed_convs_matches_onnxruntime(name):
     _whole_model(name)
+
+
+def test_squeezenet_with_packed_stem_and_rounded_classifier_matches_onnxruntime():
+    """The 3-channel stride-2 stem packed and the 1000-class conv in 64 blocks of 16 (AVX-512;
+    4-lane hosts round 250 blocks to 250): the whole model still equals onnxruntime."""
+    from codl_tvm.frontend import load_onnx
+    from codl_tvm.models import light_model
+
+    algos = _whole_model("squeezenet", packed_min_in_channels=3, packed_round_blocks=True)
+    target = AVX512_TARGET if _host_has_avx512() else LLVM
+    cfg = dataclasses.replace(cpu_config(target), conv_packed=True, winograd=True)
+    before = algorithms(scheduled(load_onnx(light_model("squeezenet", seed=3)).mod, target, cfg))
+    # the stem and the 16-channel 3x3 conv (one kernel, called twice) join the packed kernels
+    assert algos.count("packed") == before.count("packed") + 2

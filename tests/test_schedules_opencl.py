@@ -3,6 +3,8 @@ class, and numerics on the local OpenCL device (PoCL from pip) against numpy."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import tvm
@@ -292,3 +294,74 @@ def test_sliced_epilogue_stays_in_bounds(device):
     assert func.attrs["codl.algorithm"] == "direct"
     assert writes_out_of_bounds(func) == []
     tvm.compile(mod, target=target)
+
+
+# ---------------------------------------------------------------------------------------------
+# split-K: small maps with many input channels on a big GPU
+
+
+def _split_cfg(**kw):
+    return dataclasses.replace(NVIDIA, **kw)
+
+
+@pytest.mark.parametrize(
+    ("xshape", "wshape", "cfg", "split"),
+    [
+        ((1, 256, 7, 7), (64, 256, 3, 3), NVIDIA, 2),  # a second slice would keep 576 MACs
+        ((1, 64, 5, 5), (16, 64, 3, 3), _split_cfg(conv_split_k_min_reduction=64), 8),
+        ((1, 64, 5, 5), (16, 64, 3, 3), _split_cfg(conv_split_k=1), 1),  # off
+        ((1, 256, 112, 112), (64, 256, 3, 3), NVIDIA, 1),  # enough work-items already
+        ((1, 256, 7, 7), (256, 1, 3, 3), NVIDIA, 1),  # depthwise
+    ],
+    ids=["7x7x256", "split8", "off", "large-map", "depthwise"],
+)
+def test_split_k_choice(xshape, wshape, cfg, split):
+    groups = xshape[1] // wshape[1]
+    mod = _legalize(conv_module(xshape, wshape, 1, 1, 1, groups, True))
+    with DEVICE_TARGETS["nvidia"]:
+        mod = apply_schedules(DEVICE_TARGETS["nvidia"], opencl=cfg)(mod)
+    (func,) = prim_funcs(mod).values()
+    assert func.attrs["codl.algorithm"] == "direct"
+    assert int(func.attrs.get("codl.split_k", 1)) == split
+    launches = kernel_launches(func)
+    if split > 1:
+        # the slices' kernel (grid z = slices x channel blocks) and the sum with the epilogue
+        assert len(launches) == 2
+        assert func.attrs["codl.workgroup_count"] % split == 0
+        assert "rf" in func.script()
+
+
+def test_split_k_must_be_positive():
+    with pytest.raises(ValueError, match="conv_split_k"):
+        _split_cfg(conv_split_k=0)
+
+
+@pytest.mark.opencl
+@pytest.mark.parametrize(
+    ("xshape", "wshape", "pad", "cfg"),
+    [
+        ((1, 256, 7, 7), (64, 256, 3, 3), 1, NVIDIA),
+        ((1, 64, 5, 6), (20, 64, 3, 3), 1, _split_cfg(conv_split_k_min_reduction=64)),
+        ((1, 128, 4, 9), (24, 128, 1, 1), 0, _split_cfg(conv_split_k_min_reduction=16)),
+    ],
+    ids=["7x7x256", "split8-odd-channels", "pointwise"],
+)
+def test_split_k_conv_matches_numpy(opencl, xshape, wshape, pad, cfg):
+    from codl_tvm import runner
+    from codl_tvm.pipeline import single_device_pipeline
+
+    target = DEVICE_TARGETS["nvidia"]
+    mod = conv_module(xshape, wshape, 1, pad, 1, 1, True)
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal(xshape).astype("float32")
+    w = rng.standard_normal(wshape).astype("float32")
+    b = rng.standard_normal((1, wshape[0], 1, 1)).astype("float32")
+    ref = np.maximum(conv2d_ref(x, w, (1, 1), (pad,) * 4, (1, 1), 1) + b, 0)
+    built = runner.build(
+        mod, "opencl", target=target, relax_pipeline=single_device_pipeline(target, opencl=cfg)
+    )
+    with target:
+        (func,) = prim_funcs(apply_schedules(target, opencl=cfg)(_legalize(mod))).values()
+    assert int(func.attrs["codl.split_k"]) > 1
+    out = built([x, w, b])[0]
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4 * max(1.0, np.abs(ref).max()))

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Per-kernel benchmark on the device machine (issue 4): CoDL's conv shapes and the other ops of
+# scripts/bench_kernels.py, compiled there, TVM's CPU (8 threads on cores 0-7; the default build
+# and the CPU-alone build) against onnxruntime, NVIDIA OpenCL against PyTorch/cuDNN (TF32 on, as
+# cuDNN defaults, and off). OPENCL_VARIANTS: OpenCLConfig A/B builds ('name:key=value,...;...').
+set -u
+. /tmp/code/env.sh
+cd /tmp/code
+r=/tmp/res
+variants=${OPENCL_VARIANTS:-nosplit:conv_split_k=1}
+python3 scripts/bench_kernels.py --compile-dir /tmp/b/kernels --opencl-devices nvidia \
+  --opencl-variants "$variants" --cpu-alone > $r/kernels_compile.log 2>&1
+touch $r/KERNELS_BUILT
+python3 scripts/bench_kernels.py --run-dir /tmp/b/kernels --threads 8 --cpus 0-7 \
+  --opencl-platform nvidia --opencl-config nvidia --torch --min-seconds 0.3 --number 3 \
+  --repeat 7 --out $r/kernels_nvidia.json > $r/kernels_run.log 2>&1
+touch $r/KERNELS_DONE
