@@ -365,3 +365,26 @@ def test_split_k_conv_matches_numpy(opencl, xshape, wshape, pad, cfg):
     assert int(func.attrs["codl.split_k"]) > 1
     out = built([x, w, b])[0]
     np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4 * max(1.0, np.abs(ref).max()))
+
+
+@pytest.mark.opencl
+def test_split_k_workspace_is_pooled_across_calls(opencl):
+    """The partial sums are a workspace TVM allocates and frees around every call: the
+    runtime's pool serves every call after the first from the block the first one freed."""
+    from codl_tvm import runner, runtime
+
+    target = DEVICE_TARGETS["nvidia"]
+    xshape, wshape = (1, 256, 7, 7), (64, 256, 3, 3)
+    built = runner.build(conv_module(xshape, wshape, 1, 1, 1, 1, True), "opencl", target=target)
+    rng = np.random.default_rng(12)
+    args = [
+        rng.standard_normal(s).astype("float32") for s in (xshape, wshape, (1, 64, 1, 1))
+    ]
+    first = built(args)[0]
+    before = runtime.workspace_stats()
+    for _ in range(3):
+        np.testing.assert_array_equal(built(args)[0], first)
+    after = runtime.workspace_stats()
+    assert after["workspace_allocs"] == before["workspace_allocs"]
+    assert after["workspace_reuses"] >= before["workspace_reuses"] + 3
+    assert after["workspace_bytes"] >= 2 * 64 * 7 * 7 * 4  # two slices of partial sums

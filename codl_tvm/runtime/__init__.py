@@ -44,6 +44,7 @@ __all__ = [
     "svm_map",
     "svm_mode",
     "svm_unmap",
+    "workspace_stats",
 ]
 
 _lock = threading.Lock()
@@ -197,6 +198,14 @@ def cache_stats() -> dict[str, int]:
     """Program-cache counters: source builds, binary loads, disk hits, writes and errors."""
     load()
     return json.loads(_global("codl.opencl.cache_stats")())
+
+
+def workspace_stats() -> dict[str, int]:
+    """Kernel workspaces (temporaries TVM allocates around each call, e.g. split-K partial
+    sums): ``workspace_allocs`` made, ``workspace_reuses`` served from the pool, and
+    ``workspace_bytes`` the pool holds."""
+    load()
+    return json.loads(_global("codl.opencl.workspace_stats")())
 
 
 def host_clock_ns() -> int:
