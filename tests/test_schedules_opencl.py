@@ -377,9 +377,7 @@ def test_split_k_workspace_is_pooled_across_calls(opencl):
     xshape, wshape = (1, 256, 7, 7), (64, 256, 3, 3)
     built = runner.build(conv_module(xshape, wshape, 1, 1, 1, 1, True), "opencl", target=target)
     rng = np.random.default_rng(12)
-    args = [
-        rng.standard_normal(s).astype("float32") for s in (xshape, wshape, (1, 64, 1, 1))
-    ]
+    args = [rng.standard_normal(s).astype("float32") for s in (xshape, wshape, (1, 64, 1, 1))]
     first = built(args)[0]
     before = runtime.workspace_stats()
     for _ in range(3):
