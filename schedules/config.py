@@ -141,11 +141,24 @@ class CPUConfig:
         broadcast per input channel and tap, so short reductions leave the loads dominant (a
         3-channel stem keeps ``direct``). Not swept; with 48/256 SqueezeNet's packed build beat
         its direct/GEMM build on the device machine (3.52 vs 3.79 ms, 21e24f0), with 16 it lost.
+    packed_min_reduction : int
+        When set (> 0), convs other than 1x1 stride-1 ones are packed by the length of their
+        reduction (input channels x kernel taps) instead of ``packed_min_in_channels``: a 5x5
+        conv of 16 channels (400) has the reduction of a 3x3 conv of 44. 0 keeps the channel
+        rule (the presets and the profiled co-executed parts).
+    packed_strided : bool
+        Pack strided convs whatever their channels (a 3-channel stem): the direct kernel
+        vectorises along the output row and gathers a strided conv's input.
     packed_max_gemm_pixels : int
         1x1 stride-1 convs are packed only up to this many output pixels; larger images keep
         the ``gemm`` schedule.
     packed_min_gemm_channels : int
         ... and only with at least this many input channels (not tuned on the device machine).
+    packed_chunk_weight_heavy : bool
+        Chunk pointwise convs with more output channels than pixels too (their packed weight is
+        larger than their input, e.g. SqueezeNet's 512->1000 conv on 13x13): chunks make every
+        channel block read its weights once per chunk. False leaves them in the plain order,
+        where each thread's channel blocks keep their weights in cache over the whole image.
     packed_round_blocks : bool
         Round a packed conv's output-channel blocks up to a multiple of ``packed_oc_vectors``
         (zero weights, sliced off) where that adds at most 1/16 more blocks: 1000 classes are 63
@@ -182,9 +195,12 @@ class CPUConfig:
     conv_packed: bool = False
     packed_oc_vectors: int = 2
     packed_min_in_channels: int = 48
+    packed_min_reduction: int = 0
+    packed_strided: bool = False
     packed_max_gemm_pixels: int = 400
     packed_min_gemm_channels: int = 256
     packed_chunk_bytes: int = 0
+    packed_chunk_weight_heavy: bool = True
     packed_round_blocks: bool = False
 
     def __post_init__(self) -> None:

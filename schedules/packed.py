@@ -85,8 +85,19 @@ def packed_reason(info: Conv2DInfo, config: CPUConfig) -> str | None:
         return "no vector unit"
     if info.out_channels < lanes:
         return f"{info.out_channels} output channels, fewer than one {lanes}-lane vector"
+    strided = info.stride_h > 1 or info.stride_w > 1
+    taps = info.in_channels * info.kernel_h * info.kernel_w
     low = config.packed_min_in_channels
-    if info.in_channels < low:
+    if config.packed_strided and strided:
+        pass  # any channels: the direct kernel would gather the strided input
+    elif config.packed_min_reduction and not info.pointwise:
+        if taps < config.packed_min_reduction:
+            return (
+                f"{info.in_channels} input channels x {info.kernel_h}x{info.kernel_w} = {taps} "
+                f"multiply-adds per output, below packed_min_reduction="
+                f"{config.packed_min_reduction}"
+            )
+    elif info.in_channels < low:
         return f"{info.in_channels} input channels, below packed_min_in_channels={low}"
     pixels = info.out_height * info.out_width
     if info.pointwise and pixels > config.packed_max_gemm_pixels:
@@ -394,7 +405,11 @@ class CPUPackedConv2D(_CPURule):
         chunk = 0
         if info.pointwise:
             yo, yi = None, None
-            chunk = pointwise_chunk(width, cols, info.reduction * nbytes, cfg.packed_chunk_bytes)
+            weight_heavy = info.out_channels > width
+            if cfg.packed_chunk_weight_heavy or not weight_heavy:
+                chunk = pointwise_chunk(
+                    width, cols, info.reduction * nbytes, cfg.packed_chunk_bytes
+                )
             if chunk:
                 # (pixel chunk, channel block, tile in chunk): the chunk's input stays in cache
                 # while every channel block reads it

@@ -146,6 +146,18 @@ def test_selection_reasons():
     assert not any(c.conv_packed for c in (SSE, AVX512, NEON))
     with pytest.raises(ValueError, match="packed_oc_vectors must be >= 1"):
         packed_cfg(packed_oc_vectors=0)
+    # by reduction length, strided convs with any channels (off in the presets)
+    red = dataclasses.replace(cfg, packed_min_reduction=400, packed_strided=True)
+    assert reason((1, 3, 224, 224), (64, 3, 7, 7), stride=2, config=red) is None  # a stem
+    assert "packed_min_reduction=400" in reason(
+        (1, 3, 224, 224), (64, 3, 7, 7), config=dataclasses.replace(red, packed_strided=False)
+    )
+    assert reason((1, 16, 27, 27), (32, 16, 5, 5), pad=2, config=red) is None  # 400
+    assert "= 144 multiply-adds" in reason((1, 16, 55, 55), (64, 16, 3, 3), config=red)
+    assert reason((1, 48, 13, 13), (192, 48, 3, 3), config=red) is None  # 432, as before
+    # 1x1 stride-1 convs keep the channel and GEMM rules
+    assert "packed_min_in_channels=48" in reason((1, 32, 7, 7), (64, 32, 1, 1), pad=0, config=red)
+    assert "gemm schedule" in reason((1, 64, 56, 56), (256, 64, 1, 1), pad=0, config=red)
 
 
 def test_expected_impl_follows_the_selection():
@@ -276,6 +288,7 @@ CASES = [
     ((1, 24, 5, 23), 48, 5, 1, (2, 1, 2, 3), 1, False),  # 5x5, uneven width
     ((1, 32, 9, 9), 45, 3, 1, 1, 1, True),  # channels padded to whole vectors (an OC part)
     ((1, 64, 6, 7), 37, 1, 1, 0, 1, False),  # ... on a pointwise conv
+    ((1, 3, 23, 21), 32, 3, 2, 1, 1, False),  # a 3-channel stride-2 stem
 ]
 
 
@@ -370,6 +383,20 @@ def test_chunked_pointwise_packed_conv(xshape, oc, residual, target):
     )
     x = np.random.default_rng(5).standard_normal(xshape).astype("float32")
     assert_close(built([x])[0], reference(x, w, b, 1, 0, 1, residual))
+
+
+@pytest.mark.parametrize(
+    ("oc", "heavy", "chunked"),
+    [(64, False, True), (64, True, True), (128, False, False), (128, True, True)],
+)
+def test_weight_heavy_pointwise_convs_may_skip_chunks(oc, heavy, chunked):
+    """More output channels than pixels (10x10 = 100): chunked only with
+    packed_chunk_weight_heavy."""
+    mod, _, _ = conv_module((1, 64, 10, 10), oc, ksize=1, padding=0)
+    cfg = packed_cfg(SSE, packed_chunk_bytes=64 * 4 * 8, packed_chunk_weight_heavy=heavy)
+    (func,) = prim_funcs(scheduled(mod, LLVM, cpu=cfg)).values()
+    assert func.attrs["codl.algorithm"] == "packed"
+    assert ("codl.packed_chunk_tiles" in func.attrs) == chunked
 
 
 def test_negative_chunk_bytes_is_refused():
