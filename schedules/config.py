@@ -235,6 +235,8 @@ class OpenCLConfig:
         Work-items along output width in one workgroup.
     conv_threads_oh : int
         Work-items along output height in one workgroup.
+    conv_threads_oh_pointwise : int
+        ... for 1x1 stride-1 convs (0: ``conv_threads_oh``).
     conv_reg_oc : int
         Output channels computed by one work-item (register tile).
     conv_reg_ow : int
@@ -302,6 +304,7 @@ class OpenCLConfig:
     conv_threads_oc: int = 8
     conv_threads_ow: int = 8
     conv_threads_oh: int = 2
+    conv_threads_oh_pointwise: int = 0
     conv_reg_oc: int = 4
     conv_reg_ow: int = 2
     conv_ic_chunk: int = 8
@@ -406,14 +409,19 @@ MALI = OpenCLConfig(
     dense_threads_n=8,
     dense_gemv_threads_k=16,
 )
-# 32 oc x 2 rows x 32 columns per workgroup of 128 work-items, 16 accumulators each (enough
-# workgroups for 132 SMs on mid-sized layers); input rows and weights of 8 input channels at a
-# time in local memory (about 13 KB).
+# 32 oc x 4 rows x 32 columns per workgroup of 256 work-items (2 rows for 1x1 convs), 16
+# accumulators each; input rows and weights of 8 input channels at a time in local memory.
+# Convs with too few work-items for 132 SMs split their input channels (split-K) rather than
+# shrink the register tiles. Measured on the H100 (``results/kernels_nvidia_1b5ea91.json``):
+# 4 rows instead of 2 ran 0.72-0.92x as long on 3x3 convs (13x13x1024: 0.78 -> 0.56 ms) and
+# 1.3x on the 52x52 1x1 conv, hence 2 rows there; split-K took 13x13x1024 from 0.97 to 0.78 ms
+# and 7x7x512 from 0.21 to 0.075 ms (``results/kernels_nvidia_c609613.json``).
 NVIDIA = OpenCLConfig(
     name="nvidia",
     conv_threads_oc=4,
     conv_threads_ow=16,
-    conv_threads_oh=2,
+    conv_threads_oh=4,
+    conv_threads_oh_pointwise=2,
     conv_reg_oc=8,
     conv_reg_ow=2,
     max_workgroup_size=1024,
@@ -566,12 +574,19 @@ def packed_presets() -> frozenset[str]:
 #: input channels packed, in pixel chunks of 256 KiB of input. The 1x1 GEMM kernels on 28x28
 #: and 56x56 maps ran 0.49-0.62x as long packed (512->128 on 28x28: 0.65 -> 0.32 ms), the
 #: already-packed 14x14 ones 0.75-0.93x chunked; with 64 input channels it was 0.79-1.13x, and
-#: SqueezeNet (16-64 channels) lost (3.31 -> 3.81 ms).
+#: SqueezeNet (16-64 channels) lost (3.31 -> 3.81 ms). Since commit 1b5ea91
+#: (``results/cpu_models_8threads_constant_1b5ea91.json``, kernels ``cpu_layers_1b5ea91.json``)
+#: other convs are packed by reduction length (from 400 multiply-adds per output: 5x5 convs of
+#: 16-32 channels, 0.62-0.75x as long packed in Inception v1) and strided convs with any
+#: channels (the 3-channel stems: SqueezeNet 0.47 -> 0.40 ms): SqueezeNet 3.31 -> 2.99 ms,
+#: Inception v1 9.87 -> 9.05, AlexNet 8.42 -> 8.00, ResNet50 21.0 -> 20.4, PoseNet 8.85 -> 8.66.
 CPU_ALONE_SETTINGS: dict[str, dict[str, object]] = {
     "avx512": {
         "packed_chunk_bytes": 256 * 1024,
         "packed_max_gemm_pixels": 1 << 30,
         "packed_min_gemm_channels": 128,
+        "packed_min_reduction": 400,
+        "packed_strided": True,
     },
 }
 _CPU_ALONE: contextvars.ContextVar[bool] = contextvars.ContextVar("codl_cpu_alone", default=False)

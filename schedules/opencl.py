@@ -227,7 +227,8 @@ class OpenCLConv2D(_OpenCLRule):
                 reg_ow = max(1, reg_ow // 2)
         t_oc = _fit(cfg.conv_threads_oc, reg_oc, info.out_channels)
         t_ow = _fit(cfg.conv_threads_ow, reg_ow, info.out_width)
-        t_oh = _fit(cfg.conv_threads_oh, 1, info.out_height)
+        rows = cfg.conv_threads_oh_pointwise if info.pointwise else 0
+        t_oh = _fit(rows or cfg.conv_threads_oh, 1, info.out_height)
         while t_oc * t_ow * t_oh > cfg.max_workgroup_size:
             if t_oc >= t_oh and t_oc > 1:
                 t_oc = max(1, t_oc // 2)

@@ -163,6 +163,7 @@ def compile_all(args: argparse.Namespace) -> None:
         apply_schedules,
         cpu_alone_settings,
         cpu_config,
+        cpu_overrides,
         dense_enabled,
         opencl_config,
         packed_enabled,
@@ -198,10 +199,12 @@ def compile_all(args: argparse.Namespace) -> None:
             if k != "cpu":
                 cfg = dataclasses.replace(opencl_config(t), name=variant, **overrides)
                 builds.append((f"{k}@{variant}", t, cfg))
-    if args.cpu_alone:
+    if args.cpu_alone or args.cpu_alone_variants:
         # as `codl-tvm compile --device cpu` builds for the CPU alone: constant weights,
-        # Winograd and packed convs, CPU_ALONE_SETTINGS
+        # Winograd and packed convs, CPU_ALONE_SETTINGS (plus each variant's overrides)
         builds.append(("cpu@cpualone", targets["cpu"], "cpualone"))
+        for variant, overrides in _parse_variants(args.cpu_alone_variants).items():
+            builds.append((f"cpu@cpualone-{variant}", targets["cpu"], ("cpualone", overrides)))
     if args.winograd:
         # The conv weight becomes a constant (Winograd transforms constant weights at build
         # time); every preset with Winograd switched on.
@@ -231,7 +234,9 @@ def compile_all(args: argparse.Namespace) -> None:
             mod = relax_module(name)
             bound: list[str] = []
             switch = contextlib.nullcontext()
-            gpu_cfg = None
+            gpu_cfg, alone = None, {}
+            if isinstance(cpu_cfg, tuple):
+                cpu_cfg, alone = cpu_cfg
             if not isinstance(cpu_cfg, str) and target.kind.name == "opencl":
                 gpu_cfg, cpu_cfg = cpu_cfg, None
             if cpu_cfg == "cpualone":
@@ -241,7 +246,12 @@ def compile_all(args: argparse.Namespace) -> None:
                 w = tvm.runtime.tensor(op_arrays(name)["w"])
                 mod = tvm.relax.transform.BindParams("main", {"w": w})(mod)
                 switch = contextlib.ExitStack()
-                for ctx in (winograd_enabled("all"), packed_enabled("all"), cpu_alone_settings()):
+                for ctx in (
+                    winograd_enabled("all"),
+                    packed_enabled("all"),
+                    cpu_alone_settings(),
+                    cpu_overrides(**alone),
+                ):
                     switch.enter_context(ctx)
             elif cpu_cfg == "winograd":
                 if OPS[name][0] != "conv":
@@ -537,6 +547,12 @@ def main(argv: list[str] | None = None) -> None:
         action="store_true",
         help="also build each op as builds for the CPU alone do (cpu@cpualone: constant "
         "weights, Winograd, packed convs, CPU_ALONE_SETTINGS)",
+    )
+    parser.add_argument(
+        "--cpu-alone-variants",
+        default="",
+        help="extra CPU-alone builds with CPUConfig overrides (cpu@cpualone-NAME), e.g. "
+        "'t2k:max_tile_bytes=2048'",
     )
     parser.add_argument("--threads", type=int, default=8, help="TVM and onnxruntime threads")
     parser.add_argument("--cpus", default="", help="CPU affinity, e.g. 8-15")

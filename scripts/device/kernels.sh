@@ -9,7 +9,8 @@ cd /tmp/code
 r=/tmp/res
 variants=${OPENCL_VARIANTS:-nosplit:conv_split_k=1}
 python3 scripts/bench_kernels.py --compile-dir /tmp/b/kernels --opencl-devices nvidia \
-  --opencl-variants "$variants" --cpu-alone > $r/kernels_compile.log 2>&1
+  --opencl-variants "$variants" --cpu-alone --cpu-alone-variants "${CPU_ALONE_VARIANTS:-}" \
+  --ops "${KERNEL_OPS:-}" > $r/kernels_compile.log 2>&1
 touch $r/KERNELS_BUILT
 python3 scripts/bench_kernels.py --run-dir /tmp/b/kernels --threads 8 --cpus 0-7 \
   --opencl-platform nvidia --opencl-config nvidia --torch --min-seconds 0.3 --number 3 \
