@@ -310,7 +310,7 @@ def _split_cfg(**kw):
         ((1, 256, 7, 7), (64, 256, 3, 3), NVIDIA, 2),  # a second slice would keep 576 MACs
         ((1, 64, 5, 5), (16, 64, 3, 3), _split_cfg(conv_split_k_min_reduction=64), 8),
         ((1, 64, 5, 5), (16, 64, 3, 3), _split_cfg(conv_split_k=1), 1),  # off
-        ((1, 256, 112, 112), (64, 256, 3, 3), NVIDIA, 1),  # enough work-items already
+        ((1, 256, 224, 224), (64, 256, 3, 3), NVIDIA, 1),  # enough work-items already
         ((1, 256, 7, 7), (256, 1, 3, 3), NVIDIA, 1),  # depthwise
     ],
     ids=["7x7x256", "split8", "off", "large-map", "depthwise"],
