@@ -146,6 +146,7 @@ def compile_artifact(
     key: str | None = None,
     build_cache: str | Path | None = None,
     log: Callable[[str], None] = print,
+    coexec_cpu_alone: bool = False,
 ) -> Path:
     """Plan and build an ONNX model into an artifact directory.
 
@@ -210,6 +211,13 @@ def compile_artifact(
         and each processor alone, in parallel processes, a later ``--verify`` only times).
     log
         Where progress lines go.
+    coexec_cpu_alone
+        With ``device="coexec"``: every CPU function of the co-executed build (the CPU parts
+        of split operators and the operators the plan keeps whole on the CPU) gets the kernels
+        of the builds for the CPU alone: their Winograd and packed convs and
+        :data:`~codl_tvm.schedules.config.CPU_ALONE_SETTINGS`. Off by default: the shipped
+        cost models were profiled with the preset's kernels, so the planner predicts the CPU
+        side with those (an A/B switch until a campaign profiles these).
 
     Returns
     -------
@@ -224,6 +232,11 @@ def compile_artifact(
         raise ArtifactError("give both the RPC tracker (HOST:PORT) and the device key, or neither")
     if tracker is not None and not verify:
         raise ArtifactError("an RPC tracker is only used to --verify; give --verify N too")
+    if coexec_cpu_alone and device != "coexec":
+        raise ArtifactError(
+            f"--coexec-cpu-alone-kernels applies to --device coexec, not {device!r} (builds for "
+            "the CPU alone use those kernels already)"
+        )
     verify_modes = tuple(verify_modes)
     if verify_modes:
         from codl_tvm.planner import MODES
@@ -270,6 +283,7 @@ def compile_artifact(
                 remote,
                 None if build_cache is None else Path(build_cache),
                 log,
+                coexec_cpu_alone,
             )
     except BaseException:
         # Leave no half-written artifact behind (the directory held none of our files before,
@@ -296,6 +310,7 @@ def _compile_into(
     remote,
     build_cache,
     log,
+    coexec_cpu_alone=False,
 ):
     import tvm
 
@@ -339,11 +354,32 @@ def _compile_into(
         if device == "coexec":
             if preset_obj.gpu is None:
                 raise ArtifactError(f"preset {preset_obj.name!r} has no GPU; use --device cpu")
-            algos = (
-                ()
-                if plan is not None
-                else _coexec_cpu_algorithms(cost_model, preset_obj, winograd, packed)
-            )
+            if coexec_cpu_alone:
+                # the CPU-alone kernels everywhere on the CPU, whatever the cost model knows
+                algos = tuple(
+                    name
+                    for name, on in (
+                        ("winograd", winograd is not False and _cpu_alone_winograd(preset_obj)),
+                        ("packed", packed is not False and _cpu_alone_packed(preset_obj)),
+                    )
+                    if on
+                )
+                from codl_tvm.schedules import cpu_alone_settings
+
+                switches.enter_context(cpu_alone_settings(True))
+                manifest["coexec_cpu_alone_kernels"] = True
+                libraries.coexec_cpu_alone = True
+                log(
+                    "co-executed CPU functions use the kernels of the build for the CPU alone "
+                    "(CPU_ALONE_SETTINGS); the cost model was profiled with the preset's, so "
+                    "the planner's CPU predictions describe those"
+                )
+            else:
+                algos = (
+                    ()
+                    if plan is not None
+                    else _coexec_cpu_algorithms(cost_model, preset_obj, winograd, packed)
+                )
             _switch_on(switches, algos, preset_obj)
             manifest["coexec_cpu_algorithms"] = list(algos)
             libraries.coexec_cpu_algorithms = algos
@@ -513,6 +549,7 @@ class _Libraries:
         self._packed = manifest["packed"]
         self._cpu_alone_packed = manifest["packed_cpu_alone"]
         self.coexec_cpu_algorithms: tuple[str, ...] = ()
+        self.coexec_cpu_alone = False
         if cache is not None:
             cache.mkdir(parents=True, exist_ok=True)
 
@@ -533,6 +570,7 @@ class _Libraries:
             self._packed,
             device == "cpu" and plan is None and self._cpu_alone_packed,
             list(self.coexec_cpu_algorithms) if device == "coexec" else None,
+            device == "coexec" and self.coexec_cpu_alone,
         ]
         return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:32]
 

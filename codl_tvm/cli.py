@@ -220,6 +220,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
             tracker=args.tracker,
             key=args.key,
             build_cache=args.build_cache,
+            coexec_cpu_alone=args.coexec_cpu_alone_kernels,
         )
     except (ArtifactError, ModelError, ToolchainError) as exc:
         raise CliError(str(exc)) from None
@@ -453,6 +454,13 @@ def _add_compile(sub) -> None:
         help="build CPU convs as channel-packed convs (vectorised over output channels, weight "
         "packed at compile time), co-executed CPU parts included; --no-packed never; default: "
         "only builds for the CPU alone, on AVX-512",
+    )
+    p.add_argument(
+        "--coexec-cpu-alone-kernels",
+        action="store_true",
+        help="co-executed builds: give every CPU function the kernels of the build for the CPU "
+        "alone (Winograd, packed convs and their CPU-alone settings); the shipped cost models "
+        "were profiled with the preset's kernels, so this is for A/B measurements",
     )
     p.add_argument(
         "--verify",

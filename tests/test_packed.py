@@ -738,3 +738,32 @@ def test_squeezenet_with_packed_stem_and_rounded_classifier_matches_onnxruntime(
     before = algorithms(scheduled(load_onnx(light_model("squeezenet", seed=3)).mod, target, cfg))
     # the stem and the 16-channel 3x3 conv (one kernel, called twice) join the packed kernels
     assert algos.count("packed") == before.count("packed") + 2
+
+
+@pytest.mark.opencl
+def test_coexec_cpu_alone_kernels_switch(opencl, tmp_path, capsys, monkeypatch):
+    """``compile --coexec-cpu-alone-kernels``: the CPU functions of a co-executed build get the
+    CPU-alone kernels (here packed convs, off for a given plan otherwise); outputs unchanged."""
+    from codl_tvm.cli import main
+
+    args = ["compile", "--preset", "emulated-soc", "--no-winograd", "--dim", "H", "--ratio", "0.5"]
+    built = {}
+    for flag in ((), ("--coexec-cpu-alone-kernels",)):
+        ir, out = tmp_path / f"ir{len(flag)}", tmp_path / f"a{len(flag)}"
+        cache = ["--build-cache", str(tmp_path / "cache")]
+        monkeypatch.setenv("CODL_TVM_DUMP_IR", str(ir))
+        assert main([*args, *flag, *cache, "-o", str(ir / "a"), "--no-reference"]) == 0
+        monkeypatch.delenv("CODL_TVM_DUMP_IR")
+        built[bool(flag)] = set(_built_algorithms(ir))
+        # the same library from the build cache, with the reference outputs to check against
+        assert main([*args, *flag, *cache, "-o", str(out)]) == 0
+        manifest = json.loads((out / "manifest.json").read_text())
+        assert manifest["device"] == "coexec"
+        assert manifest.get("coexec_cpu_alone_kernels", False) is bool(flag)
+        if _host_has_avx512():
+            capsys.readouterr()
+            assert main(["run", str(out), "--number", "1", "--repeat", "1"]) == 0
+            assert "-> OK" in capsys.readouterr().out
+    assert ("packed", "avx512") in built[True] - built[False]
+    assert main(["compile", "--device", "cpu", "--coexec-cpu-alone-kernels", "-o", "x"]) == 2
+    assert "applies to --device coexec" in capsys.readouterr().err

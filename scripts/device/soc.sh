@@ -15,7 +15,10 @@ b=/tmp/b/soc r=/tmp/res
 k=${SOC_K:-8}
 export POCL_CPU_MAX_CU_COUNT=$k POCL_AFFINITY=1 TVM_NUM_THREADS=$((16 - k)) CODL_OPENCL_PLATFORM=portable
 tvm_cpus=$k-15
+# SOC_MODES: the planner variants (bench_planner.py --modes; e.g. add codl_alone, codl built with
+# the CPU-alone kernels on every CPU function).
 common=(--preset emulated-soc --models "$models"
+        --modes "${SOC_MODES:-codl,codl_no_chain,h_only,oc_only,ulayer_like}"
         --cost-model "${SOC_COST_MODEL:-$cm/emulated-soc.json}"
         --oracle "${SOC_ORACLE:-results/profile/oracle_emulated_soc.json}" --out $b)
 # CPU_MODELS=none: no CPU-model section (cpu.sh measured them on this machine already).
