@@ -338,25 +338,26 @@ def test_split_k_must_be_positive():
 
 @pytest.mark.opencl
 @pytest.mark.parametrize(
-    ("xshape", "wshape", "pad", "cfg"),
+    ("xshape", "wshape", "pad", "stride", "cfg"),
     [
-        ((1, 256, 7, 7), (64, 256, 3, 3), 1, NVIDIA),
-        ((1, 64, 5, 6), (20, 64, 3, 3), 1, _split_cfg(conv_split_k_min_reduction=64)),
-        ((1, 128, 4, 9), (24, 128, 1, 1), 0, _split_cfg(conv_split_k_min_reduction=16)),
+        ((1, 256, 7, 7), (64, 256, 3, 3), 1, 1, NVIDIA),
+        ((1, 64, 5, 6), (20, 64, 3, 3), 1, 1, _split_cfg(conv_split_k_min_reduction=64)),
+        ((1, 128, 4, 9), (24, 128, 1, 1), 0, 1, _split_cfg(conv_split_k_min_reduction=16)),
+        ((1, 256, 9, 11), (32, 256, 3, 3), 1, 2, NVIDIA),  # strided: no local-memory stage
     ],
-    ids=["7x7x256", "split8-odd-channels", "pointwise"],
+    ids=["7x7x256", "split8-odd-channels", "pointwise", "stride2"],
 )
-def test_split_k_conv_matches_numpy(opencl, xshape, wshape, pad, cfg):
+def test_split_k_conv_matches_numpy(opencl, xshape, wshape, pad, stride, cfg):
     from codl_tvm import runner
     from codl_tvm.pipeline import single_device_pipeline
 
     target = DEVICE_TARGETS["nvidia"]
-    mod = conv_module(xshape, wshape, 1, pad, 1, 1, True)
+    mod = conv_module(xshape, wshape, stride, pad, 1, 1, True)
     rng = np.random.default_rng(11)
     x = rng.standard_normal(xshape).astype("float32")
     w = rng.standard_normal(wshape).astype("float32")
     b = rng.standard_normal((1, wshape[0], 1, 1)).astype("float32")
-    ref = np.maximum(conv2d_ref(x, w, (1, 1), (pad,) * 4, (1, 1), 1) + b, 0)
+    ref = np.maximum(conv2d_ref(x, w, (stride, stride), (pad,) * 4, (1, 1), 1) + b, 0)
     built = runner.build(
         mod, "opencl", target=target, relax_pipeline=single_device_pipeline(target, opencl=cfg)
     )
