@@ -17,6 +17,10 @@ layout choice). Parameters per device class come from
     input channels of its input rows (padding applied there) and of its weights in local
     memory, cooperatively, then reduces from local memory; the chunk shrinks to fit the
     target's ``max_shared_memory_per_block``. Grouped convs read global memory directly.
+    A conv whose whole register tiles leave fewer than ``min_work_items`` work-items splits its
+    input channels into ``conv_split_k`` slices at most (split-K, ``codl.split_k``): an
+    ``rfactor`` kernel writes each slice's partial sums to a workspace, one work-item per
+    output adds them in a second kernel with the epilogue fused.
     With ``conv_vector_lanes`` (CPU OpenCL: PoCL) each work-item is a CPU-style register tile:
     its output columns are one OpenCL vector (``vload16``/``float16``), since PoCL vectorises
     only innermost loops and would otherwise run the reduction in scalar code; padding then
