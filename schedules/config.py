@@ -154,6 +154,11 @@ class CPUConfig:
         the ``gemm`` schedule.
     packed_min_gemm_channels : int
         ... and only with at least this many input channels (not tuned on the device machine).
+    packed_strided_tile_bytes : int
+        ``max_tile_bytes`` of strided packed convs (0: the same). A 28-accumulator tile
+        (2048) ran the stride-2 112x112x64 conv 1.6x faster on the device machine but slowed
+        the deep stride-1 convs, so it is kept for strided ones; not measured on whole models,
+        off by default.
     packed_chunk_weight_heavy : bool
         Chunk pointwise convs with more output channels than pixels too (their packed weight is
         larger than their input, e.g. SqueezeNet's 512->1000 conv on 13x13): chunks make every
@@ -200,6 +205,7 @@ class CPUConfig:
     packed_max_gemm_pixels: int = 400
     packed_min_gemm_channels: int = 256
     packed_chunk_bytes: int = 0
+    packed_strided_tile_bytes: int = 0
     packed_chunk_weight_heavy: bool = True
     packed_round_blocks: bool = False
 

@@ -36,6 +36,7 @@ scheduled by :class:`CPUPackedConv2D`; kernels record ``codl.algorithm = "packed
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -54,6 +55,7 @@ from .cpu import _inline_epilogue as _cpu_inline_epilogue
 __all__ = [
     "MIN_CHUNK_TASKS",
     "PACKED_STAGE",
+    "PACKED_STRIDED",
     "CPUPackedConv2D",
     "PackedInfo",
     "match_packed",
@@ -67,6 +69,9 @@ __all__ = [
 
 #: Block annotation naming the stage of a packed conv (``"pad"`` or ``"conv"``).
 PACKED_STAGE = "codl.packed"
+#: Conv-block annotation of a strided packed conv (its tile may differ:
+#: ``CPUConfig.packed_strided_tile_bytes``).
+PACKED_STRIDED = "codl.packed_strided"
 
 
 def packed_reason(info: Conv2DInfo, config: CPUConfig) -> str | None:
@@ -214,7 +219,7 @@ def packed_conv2d(
             axis=[c, ry, rx],
         ),
         name="packed_conv",
-        attrs={PACKED_STAGE: "conv"},
+        attrs={PACKED_STAGE: "conv", **({PACKED_STRIDED: 1} if sh > 1 or sw > 1 else {})},
     )
     if k_ == blocks * lanes:
         return conv
@@ -302,6 +307,7 @@ class PackedInfo:
     lanes: int
     dtype_bits: int
     pointwise: bool
+    strided: bool = False
 
 
 def _stage(sch: s_tir.Schedule, block: SBlockRV) -> str | None:
@@ -357,6 +363,7 @@ def match_packed(sch: s_tir.Schedule) -> PackedInfo | str:
         dtype_bits=int(out.dtype.bits),
         # 1x1 reading the same pixel it writes: tile the flattened image (no row tails)
         pointwise=kernel == [1, 1] and src_hw == [oh, ow],
+        strided=PACKED_STRIDED in conv.annotations,
     )
 
 
@@ -377,7 +384,10 @@ class CPUPackedConv2D(_CPURule):
             height, width = 1, info.out_height * ow
         else:
             height, width = info.out_height, ow
-        ot, rows, cols = packed_tile(info.out_channels, height, width, lanes, cfg, nbytes)
+        tile_cfg = cfg
+        if info.strided and cfg.packed_strided_tile_bytes:
+            tile_cfg = dataclasses.replace(cfg, max_tile_bytes=cfg.packed_strided_tile_bytes)
+        ot, rows, cols = packed_tile(info.out_channels, height, width, lanes, tile_cfg, nbytes)
         writeback = sch.cache_write(conv, 0, "global")
         if info.slice is not None:
             # padded channels: the accumulators hold whole blocks and the slice, which keeps

@@ -399,6 +399,30 @@ def test_weight_heavy_pointwise_convs_may_skip_chunks(oc, heavy, chunked):
     assert ("codl.packed_chunk_tiles" in func.attrs) == chunked
 
 
+@pytest.mark.parametrize("target", RUN_TARGETS, ids=lambda t: str(t.attrs.get("mcpu", "generic")))
+def test_strided_packed_convs_may_take_a_larger_tile(target):
+    """``packed_strided_tile_bytes`` widens the register tile of strided packed convs only;
+    the conv stays exact."""
+    vector_bytes = cpu_config(target).lanes(32) * 4
+    base = packed_cfg(cpu_config(target), max_tile_bytes=4 * vector_bytes)  # 4 accumulators
+    wide = dataclasses.replace(base, packed_strided_tile_bytes=12 * vector_bytes)
+
+    def extent(mod, cfg):
+        (func,) = prim_funcs(scheduled(mod, target, cpu=cfg)).values()
+        assert func.attrs["codl.algorithm"] == "packed"
+        return int(func.attrs["codl.parallel_extent"])
+
+    strided, w, b = conv_module((1, 32, 30, 58), 32, stride=2)
+    plain, _, _ = conv_module((1, 32, 15, 29), 32)
+    assert extent(strided, wide) < extent(strided, base)  # fewer, larger tiles
+    assert extent(plain, wide) == extent(plain, base)
+    built = runner.build(
+        strided, "cpu", target=target, relax_pipeline=single_device_pipeline(target, wide)
+    )
+    x = np.random.default_rng(6).standard_normal((1, 32, 30, 58)).astype("float32")
+    assert_close(built([x])[0], reference(x, w, b, 2, 1, 1))
+
+
 def test_negative_chunk_bytes_is_refused():
     with pytest.raises(ValueError, match="packed_chunk_bytes"):
         dataclasses.replace(AVX512, packed_chunk_bytes=-1)
