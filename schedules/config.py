@@ -211,11 +211,11 @@ class CPUConfig:
 
     def __post_init__(self) -> None:
         _check_winograd(self)
-        if self.packed_chunk_bytes < 0:
-            raise ValueError(
-                f"CPUConfig {self.name!r}: packed_chunk_bytes must be >= 0, "
-                f"got {self.packed_chunk_bytes!r}"
-            )
+        for field in ("packed_chunk_bytes", "packed_min_reduction", "packed_strided_tile_bytes"):
+            if getattr(self, field) < 0:
+                raise ValueError(
+                    f"CPUConfig {self.name!r}: {field} must be >= 0, got {getattr(self, field)!r}"
+                )
         if self.packed_oc_vectors < 1:
             raise ValueError(
                 f"CPUConfig {self.name!r}: packed_oc_vectors must be >= 1, "

@@ -424,8 +424,9 @@ def test_strided_packed_convs_may_take_a_larger_tile(target):
 
 
 def test_negative_chunk_bytes_is_refused():
-    with pytest.raises(ValueError, match="packed_chunk_bytes"):
-        dataclasses.replace(AVX512, packed_chunk_bytes=-1)
+    for field in ("packed_chunk_bytes", "packed_min_reduction", "packed_strided_tile_bytes"):
+        with pytest.raises(ValueError, match=f"{field} must be >= 0"):
+            dataclasses.replace(AVX512, **{field: -1})
 
 
 @pytest.mark.slow
