@@ -892,8 +892,13 @@ def _write_plan(out: Path, plan, report) -> None:
 # processor alone: whole operators placed on the other processor pay syncs and (coarse SVM) map
 # and unmap costs the per-operator model does not see, and the model's error on a whole-model
 # sum is a few percent (measured: SqueezeNet planned at a predicted 1.006x ran 2.2x slower than
-# the H100 alone).
-MIN_PREDICTED_SPEEDUP = 1.05
+# the H100 alone). 1.05 until commit c609613; the eight co-executed codl plans measured on the
+# emulated SoC since (k = 8 at 21e24f0, k = 12 at 268ba32 and c609613,
+# ``results/model_level_soc_*.json``, ``scripts/model_level_check.py``) were predicted
+# 1.07-1.40x faster and ran 0.92-1.15x: from 1.08 to 1.10 the margin picks the faster build on
+# six of them (five at 1.05: VGG16 at 1.07x ran 0.96x, PoseNet at k = 12 1.07x ran 0.92x) and
+# their summed latency is lowest.
+MIN_PREDICTED_SPEEDUP = 1.08
 
 
 def _single_processor(plan, report, mode: str) -> tuple[str, str] | None:

@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> None:
             )
         )
     margins = {}
-    for margin in (1.0, 1.05, 1.1, 1.2, 1.3, 1.4, 1.5):
+    for margin in (1.0, 1.05, 1.08, 1.1, 1.2, 1.3, 1.4, 1.5):
         right = [
             n
             for n in coexec

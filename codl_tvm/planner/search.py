@@ -117,7 +117,7 @@ class PlannerConfig:
         are small (0.6-12% per chain, 0.2-3.8% per model on the benchmark models) against the
         cost model's ~20% per-part error, and on the emulated SoC the unchained plan ran faster
         than the chained one on 4 of 5 models at 675a441 and 5 of 5 at 754eee8 (0.87-0.92x;
-        ``results/planner_emulated_soc_*.json``). As the 1.05x fallback margin does for
+        ``results/planner_emulated_soc_*.json``). As the 1.08x fallback margin does for
         co-execution itself, the margin keeps only chains predicted to gain clearly; 0 is
         Algorithm 1 as published.
     switch_costs
