@@ -387,3 +387,57 @@ def test_split_k_workspace_is_pooled_across_calls(opencl):
     assert after["workspace_allocs"] == before["workspace_allocs"]
     assert after["workspace_reuses"] >= before["workspace_reuses"] + 3
     assert after["workspace_bytes"] >= 2 * 64 * 7 * 7 * 4  # two slices of partial sums
+
+
+_POOL_SCRIPT = """
+import json, sys
+import numpy as np
+from codl_tvm import runner, runtime
+from tests.test_schedules_cpu import conv_module
+from tests.test_schedules_opencl import DEVICE_TARGETS
+
+target = DEVICE_TARGETS["nvidia"]
+rng = np.random.default_rng(0)
+
+def model(c, oc, hw):
+    built = runner.build(conv_module((1, c, hw, hw), (oc, c, 3, 3), 1, 1, 1, 1, True), "opencl",
+                         target=target)
+    args = [rng.standard_normal(s).astype("float32")
+            for s in ((1, c, hw, hw), (oc, c, 3, 3), (1, oc, 1, 1))]
+    return lambda: built(args)
+
+small, large = model(256, 32, 5), model(256, 64, 7)
+stats = []
+for run in (small, large, small, large):
+    run()
+    stats.append(runtime.workspace_stats())
+print(json.dumps(stats))
+"""
+
+
+@pytest.mark.opencl
+def test_workspace_pool_gives_back_blocks_too_small_to_reuse(opencl, tmp_path):
+    """A larger workspace than any free block evicts the largest free one: the pool then holds
+    the large block only, and the small model reuses it (a fresh process, so the pool is
+    empty at the start)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    out = subprocess.run(
+        [sys.executable, "-c", _POOL_SCRIPT], capture_output=True, text=True, env=env, cwd=root
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    small, large, small2, large2 = json.loads(out.stdout.strip().splitlines()[-1])
+    assert small["workspace_allocs"] == 1
+    assert large["workspace_allocs"] == 2  # the small block did not fit
+    assert large["workspace_bytes"] >= 2 * 64 * 7 * 7 * 4 > small["workspace_bytes"]
+    # the small block was given back: the pool holds the large one only (less than both blocks
+    # together), and both models reuse it
+    assert large["workspace_bytes"] < small["workspace_bytes"] + 2 * 64 * 7 * 7 * 4
+    assert large2["workspace_bytes"] == small2["workspace_bytes"] == large["workspace_bytes"]
+    assert large2["workspace_allocs"] == 2 and large2["workspace_reuses"] == 2

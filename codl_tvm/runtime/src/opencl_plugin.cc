@@ -172,17 +172,21 @@ class OpenCLSVMDeviceAPI final : public DeviceAPI {
   // are workspaces that TVM allocates and frees around every call. Allocating SVM each time
   // cost about 1 ms per call on NVIDIA, so freed workspaces go to a per-device pool and are
   // reused: safe on the device's in-order queue, where a later kernel using the block runs after
-  // the kernel that used it before. The pool keeps the peak of concurrently live workspaces.
+  // the kernel that used it before. A request no free block fits first gives back the largest
+  // free block, so the pool holds about the peak of concurrently live workspaces.
   void* AllocWorkspace(Device dev, size_t nbytes, DLDataType type_hint) final {
     size_t want = std::max<size_t>(nbytes, 1);
+    void* evict = nullptr;
     {
       std::lock_guard<std::mutex> lock(pool_mu_);
       auto& pool = pools_[dev.device_id];
       auto best = pool.free.end();
+      auto largest = pool.free.end();
       for (auto it = pool.free.begin(); it != pool.free.end(); ++it) {
         if (it->second >= want && (best == pool.free.end() || it->second < best->second)) {
           best = it;
         }
+        if (largest == pool.free.end() || it->second > largest->second) largest = it;
       }
       if (best != pool.free.end()) {
         void* ptr = best->first;
@@ -191,7 +195,14 @@ class OpenCLSVMDeviceAPI final : public DeviceAPI {
         ++pool_reuses_;
         return ptr;
       }
+      if (largest != pool.free.end()) {
+        // nothing fits: give back the largest free block (too small anyway), so the pool does
+        // not keep every size it ever served
+        evict = largest->first;
+        pool.free.erase(largest);
+      }
     }
+    if (evict != nullptr) FreeDataSpace(dev, evict);
     size_t rounded = (want + kPoolPage - 1) / kPoolPage * kPoolPage;
     void* ptr = AllocDataSpace(dev, rounded, tvm::runtime::kTempAllocaAlignment, type_hint);
     std::lock_guard<std::mutex> lock(pool_mu_);
