@@ -16,6 +16,15 @@ choice on these measurements::
 
 Re-plan with the planner settings of the measured run (``--chain-min-gain 0`` for runs made
 before the chain margin existed), or codl's predictions describe another plan.
+
+``--aggregate A.json,B.json,...`` reads earlier outputs of this script instead (no re-planning)
+and reports the margins over all their co-executed plans, with each margin's summed latency
+relative to the best single processor (the build each margin would have shipped: the measured
+co-executed plan, or that processor)::
+
+    python scripts/model_level_check.py --aggregate results/model_level_soc_21e24f0.json,\
+        results/model_level_soc_k12_268ba32.json,results/model_level_soc_k12_c609613.json \
+        --out results/model_level_margins.json
 """
 
 from __future__ import annotations
@@ -25,11 +34,56 @@ import json
 import sys
 from pathlib import Path
 
+MARGINS = (1.0, 1.05, 1.08, 1.1, 1.2, 1.3, 1.4, 1.5)
+
+
+def margin_table(plans: list[tuple[float, float]]) -> dict[str, dict]:
+    """For each fallback margin, over ``(predicted gain, measured gain)`` of co-executed plans:
+    how many it decides right (co-execute exactly where co-execution measured faster) and the
+    summed latency of what it would ship, relative to the best single processor."""
+    table = {}
+    for margin in MARGINS:
+        right = sum((p > margin) == (g > 1.0) for p, g in plans)
+        latency = sum(1.0 / g if p > margin else 1.0 for p, g in plans)
+        table[f"{margin:g}"] = {"right": right, "of": len(plans), "relative_latency": latency}
+    return table
+
+
+def aggregate(paths: list[str], out: str) -> None:
+    from codl_tvm.bench import envelope, write_json
+
+    plans, rows = [], []
+    for path in paths:
+        data = json.loads(Path(path).read_text())
+        for name, r in data["results"].items():
+            if isinstance(r, dict) and "predicted_gain" in r:
+                plans.append((r["predicted_gain"], r["measured_gain"]))
+                rows.append(
+                    {
+                        "file": path,
+                        "benchmark_commit": data.get("benchmark_commit"),
+                        "model": name,
+                        "predicted_gain": r["predicted_gain"],
+                        "measured_gain": r["measured_gain"],
+                    }
+                )
+                print(
+                    f"{path}: {name:12s} predicted {plans[-1][0]:.3f}x measured {plans[-1][1]:.3f}x"
+                )
+    table = margin_table(plans)
+    for margin, t in table.items():
+        print(
+            f"margin {margin:>4s}: right {t['right']}/{t['of']}, "
+            f"latency {t['relative_latency']:.3f}"
+        )
+    write_json(out, envelope(sys.argv, {"plans": rows, "margins": table}))
+
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--results", required=True)
-    p.add_argument("--cost-model", required=True)
+    p.add_argument("--results")
+    p.add_argument("--cost-model")
+    p.add_argument("--aggregate", help="comma list of this script's outputs (no re-planning)")
     p.add_argument("--out", required=True)
     p.add_argument(
         "--chain-min-gain",
@@ -39,6 +93,11 @@ def main(argv: list[str] | None = None) -> None:
         "ce9c3a1: 0); default: the planner's current default",
     )
     args = p.parse_args(argv)
+    if args.aggregate:
+        aggregate(args.aggregate.split(","), args.out)
+        return
+    if not (args.results and args.cost_model):
+        p.error("give --results and --cost-model, or --aggregate")
 
     from codl_tvm.artifact import planning_context
     from codl_tvm.bench import envelope, write_json
@@ -95,14 +154,7 @@ def main(argv: list[str] | None = None) -> None:
                 else ""
             )
         )
-    margins = {}
-    for margin in (1.0, 1.05, 1.08, 1.1, 1.2, 1.3, 1.4, 1.5):
-        right = [
-            n
-            for n in coexec
-            if (rows[n]["predicted_gain"] > margin) == (rows[n]["measured_gain"] > 1.0)
-        ]
-        margins[f"{margin:g}"] = {"right": len(right), "of": len(coexec)}
+    margins = margin_table([(rows[n]["predicted_gain"], rows[n]["measured_gain"]) for n in coexec])
     if coexec:
         print("fallback margin -> right choices among the co-executed plans:", margins)
     summary = {"coexec_models": coexec, "margins": margins}

@@ -446,3 +446,31 @@ def test_planning_context_matches_what_compile_plans_with():
     assert not cpu_config(cpu_target).conv_packed  # switched off again
     with planning_context("emulated-soc", default_cost_model_for("device-h100")) as config:
         assert not config.cpu.conv_packed and not config.cpu.winograd  # direct data only
+
+
+def test_fallback_margin_is_the_best_on_the_measured_plans(tmp_path):
+    """`MIN_PREDICTED_SPEEDUP` is a margin that decides best (most right choices, least summed
+    latency) on the co-executed plans measured on the emulated SoC (committed model-level
+    checks); the aggregate is recomputed from those files by the script."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from codl_tvm.artifact import MIN_PREDICTED_SPEEDUP
+
+    root = Path(__file__).resolve().parent.parent
+    files = [
+        "results/model_level_soc_21e24f0.json",
+        "results/model_level_soc_k12_268ba32.json",
+        "results/model_level_soc_k12_c609613.json",
+    ]
+    out = tmp_path / "margins.json"
+    cmd = [sys.executable, "scripts/model_level_check.py", "--aggregate", ",".join(files)]
+    subprocess.run([*cmd, "--out", str(out)], check=True, cwd=root, capture_output=True)
+    table = json.loads(out.read_text())["results"]["margins"]
+    assert len(json.loads(out.read_text())["results"]["plans"]) == 8
+    best_right = max(t["right"] for t in table.values())
+    best_latency = min(t["relative_latency"] for t in table.values())
+    chosen = table[f"{MIN_PREDICTED_SPEEDUP:g}"]
+    assert chosen["right"] == best_right and chosen["relative_latency"] == best_latency
+    assert table["1.05"]["right"] < best_right  # the old margin was not
