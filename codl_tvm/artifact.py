@@ -356,13 +356,8 @@ def _compile_into(
                 raise ArtifactError(f"preset {preset_obj.name!r} has no GPU; use --device cpu")
             if coexec_cpu_alone:
                 # the CPU-alone kernels everywhere on the CPU, whatever the cost model knows
-                algos = tuple(
-                    name
-                    for name, on in (
-                        ("winograd", winograd is not False and _cpu_alone_winograd(preset_obj)),
-                        ("packed", packed is not False and _cpu_alone_packed(preset_obj)),
-                    )
-                    if on
+                algos = _cpu_alone_algorithms(
+                    preset_obj, winograd is not False, packed is not False
                 )
                 from codl_tvm.schedules import cpu_alone_settings
 
@@ -390,11 +385,8 @@ def _compile_into(
                 )
             alone = [
                 name
-                for name, on in (
-                    ("winograd", winograd is None and _cpu_alone_winograd(preset_obj)),
-                    ("packed", packed is None and _cpu_alone_packed(preset_obj)),
-                )
-                if on and name not in algos
+                for name in _cpu_alone_algorithms(preset_obj, winograd is None, packed is None)
+                if name not in algos
             ]
             if alone and plan is None:
                 # The planner predicts the CPU alone with the kernels the cost model knows.
@@ -714,12 +706,21 @@ def _coexec_cpu_algorithms(cost_model, preset_obj, winograd, packed) -> tuple[st
         covered = _covered_impls(load_model(path), "conv2d", "cpu")
     except (ModelFileError, NoDefaultModelError):
         return ()  # planning reports the problem
-    algos = []
-    if winograd is None and _cpu_alone_winograd(preset_obj) and "winograd" in covered:
-        algos.append("winograd")
-    if packed is None and _cpu_alone_packed(preset_obj) and "packed" in covered:
-        algos.append("packed")
-    return tuple(algos)
+    alone = _cpu_alone_algorithms(preset_obj, winograd is None, packed is None)
+    return tuple(name for name in alone if name in covered)
+
+
+def _cpu_alone_algorithms(preset_obj, winograd: bool, packed: bool) -> tuple[str, ...]:
+    """Of ``winograd`` and ``packed`` (those asked for), the algorithms the preset's builds for
+    the CPU alone use (``WINOGRAD_CPU_ALONE``, ``PACKED_CPU_ALONE``)."""
+    return tuple(
+        name
+        for name, on in (
+            ("winograd", winograd and _cpu_alone_winograd(preset_obj)),
+            ("packed", packed and _cpu_alone_packed(preset_obj)),
+        )
+        if on
+    )
 
 
 def _switch_on(stack: contextlib.ExitStack, algos, preset_obj) -> None:

@@ -239,12 +239,15 @@ def compile_all(args: argparse.Namespace) -> None:
                 cpu_cfg, alone = cpu_cfg
             if not isinstance(cpu_cfg, str) and target.kind.name == "opencl":
                 gpu_cfg, cpu_cfg = cpu_cfg, None
-            if cpu_cfg == "cpualone":
-                if OPS[name][0] == "maxpool":
+            if cpu_cfg in ("cpualone", "winograd"):
+                # constant weights: Winograd and packed convs transform them at build time
+                if OPS[name][0] == "maxpool" or (cpu_cfg == "winograd" and OPS[name][0] != "conv"):
                     continue
-                bound, cpu_cfg = ["w"], None
                 w = tvm.runtime.tensor(op_arrays(name)["w"])
                 mod = tvm.relax.transform.BindParams("main", {"w": w})(mod)
+                bound = ["w"]
+            if cpu_cfg == "cpualone":
+                cpu_cfg = None
                 switch = contextlib.ExitStack()
                 for ctx in (
                     winograd_enabled("all"),
@@ -254,12 +257,7 @@ def compile_all(args: argparse.Namespace) -> None:
                 ):
                     switch.enter_context(ctx)
             elif cpu_cfg == "winograd":
-                if OPS[name][0] != "conv":
-                    continue
-                bound, cpu_cfg = ["w"], None
-                w = tvm.runtime.tensor(op_arrays(name)["w"])
-                mod = tvm.relax.transform.BindParams("main", {"w": w})(mod)
-                switch = winograd_enabled("all")
+                cpu_cfg, switch = None, winograd_enabled("all")
             elif cpu_cfg == "dense":
                 if OPS[name][0] != "dense":
                     continue
