@@ -40,7 +40,13 @@ from dataclasses import dataclass, field
 import tvm
 from codl_tvm.schedules.analysis import Conv2DInfo
 from codl_tvm.schedules.config import CPUConfig, OpenCLConfig, cpu_config, opencl_config
-from codl_tvm.schedules.packed import pack_weight, packed_blocks, packed_conv2d, packed_reason
+from codl_tvm.schedules.packed import (
+    pack_weight,
+    packed_blocks,
+    packed_conv2d,
+    packed_nhwc,
+    packed_reason,
+)
 from codl_tvm.schedules.winograd import (
     conv2d_shape_info,
     transform_weight,
@@ -107,6 +113,7 @@ def conv2d_rewrite(
             "padding": tuple(padding),
             "dilation": (info.dilation_h, info.dilation_w),
             "out_channels": info.out_channels,
+            "nhwc_input": packed_nhwc(info, config),
         },
     )
 

@@ -159,6 +159,14 @@ class CPUConfig:
         (2048) ran the stride-2 112x112x64 conv 1.6x faster on the device machine but slowed
         the deep stride-1 convs, so it is kept for strided ones; not measured on whole models,
         off by default.
+    packed_nhwc_input : int
+        Input layout of packed convs other than 1x1 stride-1 ones: 0 reads the NCHW input (or
+        its padded copy) directly; 1 makes strided packed convs copy their (padded) input to
+        NHWC first; 2 every such packed conv. The reduction then walks input channels
+        innermost, so each pixel's broadcasts read consecutive addresses; in NCHW every
+        reduction step reads a different channel plane, a stride no hardware prefetcher follows
+        (``H x W x 4`` bytes: 52 KB for a 114x114 padded plane). The copy costs one pass over
+        the input, which the NCHW path pays too when the conv is padded.
     packed_chunk_weight_heavy : bool
         Chunk pointwise convs with more output channels than pixels too (their packed weight is
         larger than their input, e.g. SqueezeNet's 512->1000 conv on 13x13): chunks make every
@@ -206,6 +214,7 @@ class CPUConfig:
     packed_min_gemm_channels: int = 256
     packed_chunk_bytes: int = 0
     packed_strided_tile_bytes: int = 0
+    packed_nhwc_input: int = 0
     packed_chunk_weight_heavy: bool = True
     packed_round_blocks: bool = False
 
@@ -216,6 +225,11 @@ class CPUConfig:
                 raise ValueError(
                     f"CPUConfig {self.name!r}: {field} must be >= 0, got {getattr(self, field)!r}"
                 )
+        if self.packed_nhwc_input not in (0, 1, 2):
+            raise ValueError(
+                f"CPUConfig {self.name!r}: packed_nhwc_input must be 0, 1 or 2, "
+                f"got {self.packed_nhwc_input!r}"
+            )
         if self.packed_oc_vectors < 1:
             raise ValueError(
                 f"CPUConfig {self.name!r}: packed_oc_vectors must be >= 1, "

@@ -17,6 +17,12 @@ buffer of at most ``max_tile_bytes`` (so LLVM keeps it in registers), and the wr
 transposes the tile into the NCHW output with the fused epilogue (bias, residual add, relu)
 inlined. Parallel over (batch, channel block, row block, column block).
 
+With ``CPUConfig.packed_nhwc_input`` a ``pad`` stage copies the (padded) input to NHWC and
+the reduction runs input channels innermost: each pixel's broadcasts then read consecutive
+addresses, where the NCHW input puts every reduction step on another channel plane (strided
+convs over large maps streamed their input at a stride the prefetchers do not follow). The
+output stays NCHW.
+
 Output channels that do not fill whole vectors (an OC part of a split conv, 1000 classes) are
 padded: the weight's last block is zero, the register tiles compute whole blocks, and a
 ``slice`` stage, which becomes the write-back, keeps the real channels.
@@ -54,6 +60,7 @@ from .cpu import _inline_epilogue as _cpu_inline_epilogue
 
 __all__ = [
     "MIN_CHUNK_TASKS",
+    "PACKED_NHWC",
     "PACKED_STAGE",
     "PACKED_STRIDED",
     "CPUPackedConv2D",
@@ -62,6 +69,7 @@ __all__ = [
     "pack_weight",
     "packed_blocks",
     "packed_conv2d",
+    "packed_nhwc",
     "packed_reason",
     "packed_tile",
     "pointwise_chunk",
@@ -72,6 +80,9 @@ PACKED_STAGE = "codl.packed"
 #: Conv-block annotation of a strided packed conv (its tile may differ:
 #: ``CPUConfig.packed_strided_tile_bytes``).
 PACKED_STRIDED = "codl.packed_strided"
+#: Conv-block annotation of a packed conv that reads an NHWC copy of its input
+#: (``CPUConfig.packed_nhwc_input``).
+PACKED_NHWC = "codl.packed_nhwc"
 
 
 def packed_reason(info: Conv2DInfo, config: CPUConfig) -> str | None:
@@ -118,6 +129,14 @@ def packed_reason(info: Conv2DInfo, config: CPUConfig) -> str | None:
     return None
 
 
+def packed_nhwc(info: Conv2DInfo, config: CPUConfig) -> bool:
+    """Whether a packed conv reads an NHWC copy of its input (``packed_nhwc_input``): never for
+    1x1 stride-1 convs (they tile the flattened image, whose pixels are contiguous already)."""
+    if info.pointwise or not config.packed_nhwc_input:
+        return False
+    return config.packed_nhwc_input == 2 or info.stride_h > 1 or info.stride_w > 1
+
+
 def packed_blocks(out_channels: int, lanes: int, config: CPUConfig) -> int:
     """Output-channel blocks of ``lanes`` a packed conv computes: ``ceil(O / lanes)``, rounded
     up to a multiple of ``packed_oc_vectors`` under ``packed_round_blocks`` when that adds at
@@ -152,6 +171,7 @@ def packed_conv2d(
     padding: Sequence[int],
     dilation: Sequence[int],
     out_channels: int | None = None,
+    nhwc_input: bool = False,
 ) -> te.Tensor:
     """The conv2d of ``data`` (NCHW) with a :func:`pack_weight`-packed weight, NCHW out.
 
@@ -168,6 +188,9 @@ def packed_conv2d(
     out_channels : int | None
         ``K`` when the packed weight ends in zero padding (default: ``K / L * L``); the conv
         then computes whole blocks and a ``slice`` stage keeps the first ``K``.
+    nhwc_input : bool
+        Copy the (padded) input to NHWC in a ``pad`` stage and reduce from it, input channels
+        innermost (``CPUConfig.packed_nhwc_input``).
 
     Returns
     -------
@@ -189,17 +212,24 @@ def packed_conv2d(
     if oh < 1 or ow < 1:
         raise ValueError(f"packed_conv2d: empty output {oh}x{ow}")
     dtype = data.dtype
-    if any((pt, pl, pb, pr)):
 
-        def pad_value(n, c, y, x):
-            inside = tirx.all(y >= pt, y < h_ + pt, x >= pl, x < w_ + pl)
-            return tirx.if_then_else(inside, data[n, c, y - pt, x - pl], tirx.const(0.0, dtype))
+    def pad_value(n, c, y, x):
+        if not any((pt, pl, pb, pr)):
+            return data[n, c, y, x]
+        inside = tirx.all(y >= pt, y < h_ + pt, x >= pl, x < w_ + pl)
+        return tirx.if_then_else(inside, data[n, c, y - pt, x - pl], tirx.const(0.0, dtype))
 
+    hp, wp = h_ + pt + pb, w_ + pl + pr
+    if nhwc_input:
         src = te.compute(
-            (n_, c_, h_ + pt + pb, w_ + pl + pr),
-            pad_value,
+            (n_, hp, wp, c_),
+            lambda n, y, x, c: pad_value(n, c, y, x),
             name="packed_pad",
             attrs={PACKED_STAGE: "pad"},
+        )
+    elif any((pt, pl, pb, pr)):
+        src = te.compute(
+            (n_, c_, hp, wp), pad_value, name="packed_pad", attrs={PACKED_STAGE: "pad"}
         )
     else:
         src = data
@@ -211,15 +241,24 @@ def packed_conv2d(
         raise ValueError(
             f"packed_conv2d: {k_} output channels do not fit {blocks} blocks of {lanes}"
         )
+
+    def read(n, c, y, x):
+        return src[n, y, x, c] if nhwc_input else src[n, c, y, x]
+
+    attrs = {PACKED_STAGE: "conv"}
+    if sh > 1 or sw > 1:
+        attrs[PACKED_STRIDED] = 1
+    if nhwc_input:
+        attrs[PACKED_NHWC] = 1
     conv = te.compute(
         (n_, blocks * lanes, oh, ow),
         lambda n, k, y, x: te.sum(
-            src[n, c, y * sh + ry * dh, x * sw + rx * dw]
+            read(n, c, y * sh + ry * dh, x * sw + rx * dw)
             * weight_pack[k // lanes, c, ry, rx, k % lanes],
             axis=[c, ry, rx],
         ),
         name="packed_conv",
-        attrs={PACKED_STAGE: "conv", **({PACKED_STRIDED: 1} if sh > 1 or sw > 1 else {})},
+        attrs=attrs,
     )
     if k_ == blocks * lanes:
         return conv
@@ -308,6 +347,7 @@ class PackedInfo:
     dtype_bits: int
     pointwise: bool
     strided: bool = False
+    nhwc: bool = False
 
 
 def _stage(sch: s_tir.Schedule, block: SBlockRV) -> str | None:
@@ -348,7 +388,8 @@ def match_packed(sch: s_tir.Schedule) -> PackedInfo | str:
     lanes = dims[8]
     reduction = math.prod(int(iv.dom.extent) for iv in conv.iter_vars[4:])
     kernel = [int(iv.dom.extent) for iv in conv.iter_vars[5:]]
-    src_hw = [getattr(v, "value", None) for v in src.shape[2:]]
+    nhwc = PACKED_NHWC in conv.annotations
+    src_hw = [getattr(v, "value", None) for v in (src.shape[1:3] if nhwc else src.shape[2:])]
     return PackedInfo(
         prologue=list(blocks[:i]),
         conv=blocks[i],
@@ -364,6 +405,7 @@ def match_packed(sch: s_tir.Schedule) -> PackedInfo | str:
         # 1x1 reading the same pixel it writes: tile the flattened image (no row tails)
         pointwise=kernel == [1, 1] and src_hw == [oh, ow],
         strided=PACKED_STRIDED in conv.annotations,
+        nhwc=nhwc,
     )
 
 
@@ -433,25 +475,31 @@ class CPUPackedConv2D(_CPURule):
                 tile_loop = par
         else:
             yo, yi = sch.split(y, [None, rows])
-            sch.reorder(n, ko, yo, xo, c, ky, kx, yi, xi, koi, ki)
+            if info.nhwc:
+                # channels innermost: each pixel's broadcasts walk consecutive NHWC addresses
+                sch.reorder(n, ko, yo, xo, ky, kx, c, yi, xi, koi, ki)
+            else:
+                sch.reorder(n, ko, yo, xo, c, ky, kx, yi, xi, koi, ki)
             par = sch.fuse(n, ko, yo, xo)
             tile_loop = par
         # the accumulators are one register tile: written back after each tile
         sch.reverse_compute_at(writeback, tile_loop, preserve_unit_loops=True)
         work = info.batch * info.out_channels * info.out_height * info.out_width * info.reduction
         features = {"codl.parallel_extent": 0, "codl.vector_width": lanes}
+        if info.nhwc:
+            features["codl.packed_nhwc"] = 1
         if chunk:
             features["codl.packed_chunk_tiles"] = chunk
         if work >= cfg.min_parallel_work and int(sch.get(par).extent) > 1:
             features["codl.parallel_extent"] = int(sch.get(par).extent)
             sch.parallel(par)
         unroll = [xi, koi] + ([yi] if yi is not None else [])
-        if int(sch.get(kx).extent) <= 7:
+        if int(sch.get(kx).extent) <= 7 and not info.nhwc:
             unroll.append(kx)
         for loop in unroll:
             if int(sch.get(loop).extent) > 1:
                 sch.unroll(loop)
         sch.vectorize(ki)
-        init = sch.decompose_reduction(conv, c)
+        init = sch.decompose_reduction(conv, ky if info.nhwc else c)
         sch.vectorize(sch.get_loops(init)[-1])
         return "packed", cfg.name, features

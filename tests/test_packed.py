@@ -423,6 +423,53 @@ def test_strided_packed_convs_may_take_a_larger_tile(target):
     assert_close(built([x])[0], reference(x, w, b, 2, 1, 1))
 
 
+def test_nhwc_input_selection():
+    """``packed_nhwc_input``: 1 takes strided packed convs, 2 every packed conv but 1x1
+    stride-1 ones (they tile the flattened image); the kernel records it."""
+    from codl_tvm.schedules.packed import packed_nhwc
+
+    def info(data, weight, stride=1, pad=1):
+        return conv2d_shape_info(data, weight, (stride, stride), (pad,) * 4, (1, 1), 1)
+
+    strided = info((1, 64, 112, 112), (64, 64, 3, 3), stride=2)
+    plain = info((1, 64, 56, 56), (64, 64, 3, 3))
+    pointwise = info((1, 256, 14, 14), (64, 256, 1, 1), pad=0)
+    strided_1x1 = info((1, 256, 14, 14), (512, 256, 1, 1), stride=2, pad=0)
+    for mode, expect in [(0, [0, 0, 0, 0]), (1, [1, 0, 0, 1]), (2, [1, 1, 0, 1])]:
+        cfg = packed_cfg(AVX512, packed_nhwc_input=mode)
+        got = [packed_nhwc(i, cfg) for i in (strided, plain, pointwise, strided_1x1)]
+        assert got == [bool(e) for e in expect], mode
+    with pytest.raises(ValueError, match="packed_nhwc_input must be 0, 1 or 2"):
+        packed_cfg(packed_nhwc_input=3)
+    mod, _, _ = conv_module((1, 32, 14, 14), 32, stride=2)
+    for mode in (0, 1):
+        (func,) = prim_funcs(
+            scheduled(mod, LLVM, cpu=packed_cfg(SSE, packed_nhwc_input=mode))
+        ).values()
+        assert func.attrs["codl.algorithm"] == "packed"
+        assert int(func.attrs.get("codl.packed_nhwc", 0)) == mode
+
+
+@pytest.mark.parametrize("target", RUN_TARGETS, ids=lambda t: str(t.attrs.get("mcpu", "generic")))
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-oc{c[1]}-k{c[2]}-s{c[3]}")
+def test_nhwc_input_packed_conv_matches_numpy(case, target):
+    """Every case of :func:`test_packed_conv_matches_numpy` with the NHWC input copy
+    (``packed_nhwc_input=2``: padded, unpadded, strided, dilated, batch 2, sliced channels)."""
+    xshape, oc, k, stride, padding, dilation, residual = case
+    mod, w, b = conv_module(
+        xshape, oc, ksize=k, stride=stride, padding=padding, dilation=dilation, residual=residual
+    )
+    cfg = packed_cfg(cpu_config(target), packed_nhwc_input=2)
+    (func,) = prim_funcs(scheduled(mod, target, cpu=cfg)).values()
+    pointwise = k == 1 and stride == 1 and padding == 0
+    assert int(func.attrs.get("codl.packed_nhwc", 0)) == (0 if pointwise else 1)
+    built = runner.build(
+        mod, "cpu", target=target, relax_pipeline=single_device_pipeline(target, cfg)
+    )
+    x = np.random.default_rng(4).standard_normal(xshape).astype("float32")
+    assert_close(built([x])[0], reference(x, w, b, stride, padding, dilation, residual))
+
+
 def test_negative_chunk_bytes_is_refused():
     for field in ("packed_chunk_bytes", "packed_min_reduction", "packed_strided_tile_bytes"):
         with pytest.raises(ValueError, match=f"{field} must be >= 0"):
@@ -439,13 +486,14 @@ def test_negative_chunk_bytes_is_refused():
     k=st.sampled_from([1, 3]),
     stride=st.sampled_from([1, 2]),
     pad=st.tuples(*[st.integers(0, 1)] * 4),
+    nhwc=st.sampled_from([0, 2]),
 )
-def test_packed_conv_property(c, blocks, h, w, k, stride, pad):
+def test_packed_conv_property(c, blocks, h, w, k, stride, pad, nhwc):
     if h + pad[0] + pad[2] < k or w + pad[1] + pad[3] < k:
         return
     xshape, oc = (1, c, h, w), 4 * blocks
     mod, wt, b = conv_module(xshape, oc, ksize=k, stride=stride, padding=pad)
-    cfg = packed_cfg(SSE)
+    cfg = packed_cfg(SSE, packed_nhwc_input=nhwc)
     built = runner.build(mod, "cpu", target=LLVM, relax_pipeline=single_device_pipeline(LLVM, cfg))
     x = np.random.default_rng(5).standard_normal(xshape).astype("float32")
     assert_close(built([x])[0], reference(x, wt, b, stride, pad, 1))
@@ -749,6 +797,12 @@ def _whole_model(name: str, **overrides) -> list[str]:
 )
 def test_whole_model_with_packed_convs_matches_onnxruntime(name):
     _whole_model(name)
+
+
+def test_squeezenet_with_nhwc_input_packed_convs_matches_onnxruntime():
+    """Every packed conv but the 1x1 stride-1 ones reads an NHWC copy of its input (the stem
+    among them): the whole model still equals onnxruntime."""
+    _whole_model("squeezenet", packed_min_in_channels=3, packed_strided=True, packed_nhwc_input=2)
 
 
 def test_squeezenet_with_packed_stem_and_rounded_classifier_matches_onnxruntime():
