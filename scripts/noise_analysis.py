@@ -413,7 +413,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         p.error(f"unknown datasets {unknown}; known: {list(DATASETS)}")
     result = {
-        "what": __doc__.split("\n\n")[0].replace("\n", " "),
+        "what": __doc__.split("\n\n")[0].replace("\n", " ").rstrip(":") + ".",
         "command": " ".join(["python scripts/noise_analysis.py", *(argv or sys.argv[1:])]),
         "commit": _commit(),
         "datasets": {n: analyse(n, DATASETS[n], not args.no_model) for n in names},
