@@ -3,6 +3,7 @@ models' held-out error it explains (issue 5). No timing happens here: everything
 the committed datasets in ``results/profile``::
 
     python scripts/noise_analysis.py --out results/noise_analysis.json
+    python scripts/noise_analysis.py --runs A.jsonl B.jsonl --out runs.json  # two runs compared
 
 Three views of the noise, per dataset and processor:
 
@@ -381,6 +382,68 @@ def analyse(name: str, paths: Sequence[str], model: bool = True) -> dict:
     return out
 
 
+def compare_runs(first: str, second: str) -> dict:
+    """Repeatability of two runs over the same parts (e.g. ``codl-tvm profile --run-dir DIR``
+    twice into two datasets): records matched by key, each pair scored as identical parts are
+    (:func:`pair_stats`, by processor and latency band), with the spread the records carry
+    (``(max_ms - min_ms) / latency_ms`` where the profiler recorded it).
+
+    Parameters
+    ----------
+    first, second : str
+        The two datasets (the first one measured first).
+
+    Returns
+    -------
+    dict
+        ``timing`` of each run (its header's ``meta["timing"]``, None before it was recorded),
+        per processor the pair statistics, their latency breakdown and order effect, and the
+        median and 90th percentile of the recorded spread.
+    """
+    from codl_tvm.cost_model.dataset import load_dataset
+
+    da, db = load_dataset(first), load_dataset(second)
+    earlier = {r.key(): r for r in da.op_records}
+    pairs, spreads = [], {"cpu": [], "gpu": []}
+    for r in db.op_records:
+        o = earlier.get(r.key())
+        if o is None:
+            continue
+        pairs.append(
+            {
+                "processor": r.processor,
+                "impl": r.impl,
+                "first_ms": o.latency_ms,
+                "later_ms": r.latency_ms,
+                "gap": 0,
+                "latency_ms": math.sqrt(o.latency_ms * r.latency_ms),
+                "log_later_first": math.log(r.latency_ms / o.latency_ms),
+                "what": f"{r.params.describe()} {r.processor} "
+                f"{r.partition.dim}:{r.partition.ratio:g}",
+            }
+        )
+        spreads[r.processor] += [x.spread for x in (o, r) if x.spread is not None]
+    out: dict = {
+        "runs": [first, second],
+        "timing": [da.meta.get("timing"), db.meta.get("timing")],
+        "overall": pair_stats(pairs),
+    }
+    for proc in ("cpu", "gpu"):
+        sel = [p for p in pairs if p["processor"] == proc]
+        sp = np.array(spreads[proc])
+        out[proc] = {
+            **pair_stats(sel),
+            "by_latency": {
+                _band(lo, hi): pair_stats([p for p in sel if lo <= p["latency_ms"] < hi])
+                for lo, hi in BANDS
+            },
+            "order": order_stats(sel),
+            "recorded_spread_median": float(np.median(sp)) if len(sp) else None,
+            "recorded_spread_p90": float(np.quantile(sp, 0.9)) if len(sp) else None,
+        }
+    return out
+
+
 def _finite(obj):
     """``obj`` with NaN/inf floats as None (strict JSON; empty bands have no statistics)."""
     if isinstance(obj, dict):
@@ -407,14 +470,35 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="results/noise_analysis.json")
     p.add_argument("--datasets", default=",".join(DATASETS), help="names among DATASETS")
     p.add_argument("--no-model", action="store_true", help="skip the held-out GBDT fits")
+    p.add_argument(
+        "--runs",
+        nargs=2,
+        metavar=("FIRST.jsonl", "SECOND.jsonl"),
+        help="instead: the repeatability of two runs over the same parts (compare_runs)",
+    )
     args = p.parse_args(argv)
+    command = " ".join(["python scripts/noise_analysis.py", *(argv or sys.argv[1:])])
+    if args.runs:
+        result = {"command": command, **compare_runs(*args.runs)}
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(_finite(result), indent=1, allow_nan=False) + "\n")
+        for proc in ("cpu", "gpu"):
+            r = result[proc]
+            if r.get("pairs"):
+                print(
+                    f"{proc}: {r['pairs']} parts, within +-10%: {100 * r['acc10']:.1f}%, "
+                    f"MAPE {r['mape']:.1f}%, one-measurement sigma {100 * r['sigma_one']:.1f}%, "
+                    f"> 1.5x apart: {100 * r['share_beyond_factor_1_5']:.1f}%"
+                )
+        print(f"wrote {args.out}")
+        return 0
     names = [n for n in args.datasets.split(",") if n]
     unknown = [n for n in names if n not in DATASETS]
     if unknown:
         p.error(f"unknown datasets {unknown}; known: {list(DATASETS)}")
     result = {
         "what": __doc__.split("\n\n")[0].replace("\n", " ").rstrip(":") + ".",
-        "command": " ".join(["python scripts/noise_analysis.py", *(argv or sys.argv[1:])]),
+        "command": command,
         "commit": _commit(),
         "datasets": {n: analyse(n, DATASETS[n], not args.no_model) for n in names},
     }
