@@ -699,6 +699,47 @@ def test_dataset_round_trip_and_resume(tmp_path):
     assert load_dataset(path).records == recs + new
 
 
+def test_dataset_spread_fields_are_optional_and_checked(tmp_path):
+    """``number``/``min_ms``/``max_ms`` (how the profiler took a median and how far its samples
+    spread) round-trip where given, are absent from older records, and must hold the median."""
+    params = OpParams("conv2d", 12, 12, 8, 8, 3, 1, 1)
+    new = OpRecord(
+        params,
+        Partition("H", 0.5),
+        "gpu",
+        "direct",
+        0.5,
+        10,
+        device=DEVICE,
+        number=4,
+        min_ms=0.45,
+        max_ms=0.75,
+    )
+    old = OpRecord(params, Partition("H", 0.5), "cpu", "direct", 0.8, 3, device=DEVICE)
+    path = tmp_path / "spread.jsonl"
+    save_dataset([new, old], path)
+    lines = [json.loads(x) for x in path.read_text().splitlines()[2:]]
+    assert (lines[0]["number"], lines[0]["min_ms"], lines[0]["max_ms"]) == (4, 0.45, 0.75)
+    assert not {"number", "min_ms", "max_ms"} & set(lines[1])  # old records stay as they were
+    back = load_dataset(path).op_records
+    assert back == [new, old]
+    assert back[0].spread == pytest.approx(0.6) and back[1].spread is None
+    # The spread is not part of a measurement's identity (a resume skips by key).
+    same = OpRecord(params, Partition("H", 0.5), "gpu", "direct", 0.9, 3, device=DEVICE)
+    assert new.key() == same.key()
+    with pytest.raises(DatasetError, match=r"min_ms <= latency_ms <= max_ms"):
+        OpRecord(params, Partition("H", 0.5), "gpu", "direct", 0.5, 10, min_ms=0.6)
+    with pytest.raises(DatasetError, match=r"min_ms <= latency_ms <= max_ms"):
+        OpRecord(params, Partition("H", 0.5), "gpu", "direct", 0.5, 10, max_ms=0.4)
+    with pytest.raises(DatasetError, match=r"number must be an integer >= 1"):
+        OpRecord(params, Partition("H", 0.5), "gpu", "direct", 0.5, 10, number=0)
+    obj = dict(lines[0], min_ms="fast")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("\n".join([*path.read_text().splitlines()[:2], json.dumps(obj)]) + "\n")
+    with pytest.raises(DatasetError, match=r"bad.jsonl:3: field 'min_ms': expected"):
+        load_dataset(bad)
+
+
 def lines_of(recs, tmp_path):
     path = tmp_path / "ok.jsonl"
     save_dataset(recs, path)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from codl_tvm.cost_model.base import CostModelFallbackWarning
-from codl_tvm.cost_model.dataset import SHARING_KINDS, load_dataset
+from codl_tvm.cost_model.dataset import SHARING_KINDS, DatasetWriter, load_dataset
 from codl_tvm.cost_model.features import FeatureError, OpParams, Partition, part_shape
 from codl_tvm.profiling.profile import (
     compile_jobs,
@@ -24,11 +24,14 @@ from codl_tvm.profiling.profile import (
     sampled_ops,
 )
 from codl_tvm.profiling.runner import (
+    LEGACY_TIMING,
+    MAX_RUNS_PER_SAMPLE,
     ProfileError,
     TimingConfig,
     check_part,
     part_module,
     passes_parts,
+    runs_per_sample,
 )
 
 FAST = TimingConfig(warmup=1, repeats=2, number=1)
@@ -60,9 +63,13 @@ def test_dataset_well_formed(run, opencl):
     assert {r.partition.dim for r in ops} == set(DIMS)
     assert {r.partition.ratio for r in ops} == set(RATIOS)
     assert {r.name for r in ops} == {n for n, _ in OPS}
+    assert data.meta["timing"] == FAST.to_meta()
     for r in ops:
         assert np.isfinite(r.latency_ms) and r.latency_ms > 0
         assert r.repeats == FAST.repeats
+        # The spread of the samples behind the median (runs per sample sized by the probe).
+        assert 0 < r.min_ms <= r.latency_ms <= r.max_ms and np.isfinite(r.max_ms)
+        assert 1 <= FAST.number <= r.number <= MAX_RUNS_PER_SAMPLE
         assert r.impl and r.impl != ""
         assert r.part == part_shape(r.params, r.partition, r.processor)
         if r.processor == "gpu":
@@ -105,6 +112,55 @@ def test_resume_skips_measured_keys(run, tmp_path):
     data = load_dataset(copy)
     assert len(data.op_records) == len(jobs) + 1
     assert data.op_records[-1].name == "conv_c"
+
+
+def test_runs_per_sample_lasts_min_repeat_ms():
+    t = TimingConfig(repeats=10, number=2, min_repeat_ms=2.0)
+    assert runs_per_sample(0.01, t) == 200  # 200 runs of 0.01 ms last 2 ms
+    assert runs_per_sample(0.3, t) == 7
+    assert runs_per_sample(5.0, t) == 2  # never below --number
+    assert runs_per_sample(0.0, t) == MAX_RUNS_PER_SAMPLE  # below the timer's resolution
+    assert runs_per_sample(1e-9, t) == MAX_RUNS_PER_SAMPLE
+    assert runs_per_sample(0.01, TimingConfig(number=3, min_repeat_ms=0)) == 3  # off
+    for bad in (-1.0, float("inf"), float("nan"), "2", True):
+        with pytest.raises(ValueError, match="min_repeat_ms must be a number >= 0"):
+            TimingConfig(min_repeat_ms=bad)
+    assert TimingConfig(min_repeat_ms=0).to_meta() == {
+        "warmup": 1,
+        "repeats": 10,
+        "number": 1,
+        "min_repeat_ms": 0.0,
+    }
+
+
+@pytest.mark.opencl
+def test_timing_is_one_setting_per_dataset(opencl, tmp_path):
+    """A dataset records its timing protocol; a resume with another one is refused (the file
+    unchanged), and a dataset from before the protocol was recorded resumes only with the
+    defaults of then. ``min_repeat_ms`` 0 times exactly ``number`` runs per sample."""
+    fixed = TimingConfig(warmup=1, repeats=3, number=2, min_repeat_ms=0.0)
+    jobs = make_jobs([("c", OpParams("conv2d", 6, 6, 3, 4, 3, 1, 1))], ("OC",), (0.5,))
+    out = tmp_path / "fixed.jsonl"
+    counts = profile(jobs, out, timing=fixed, sharing_sizes=(), progress=False)
+    assert counts["measured"] == 2
+    data = load_dataset(out)
+    assert data.meta["timing"] == fixed.to_meta()
+    for r in data.op_records:
+        assert (r.repeats, r.number) == (3, 2)
+        assert 0 < r.min_ms <= r.latency_ms <= r.max_ms
+    before = out.read_bytes()
+    with pytest.raises(ProfileError, match=r"--min-repeat-ms 0, this run has timing .*--min-re"):
+        profile(jobs, out, timing=TimingConfig(), sharing_sizes=(), progress=False)
+    assert out.read_bytes() == before
+    again = profile(jobs, out, timing=fixed, sharing_sizes=(), progress=False)
+    assert again == {"measured": 0, "skipped": 2, "sharing": 0}
+
+    legacy = tmp_path / "legacy.jsonl"
+    DatasetWriter(legacy, meta={"command": "codl-tvm profile"}).close()
+    with pytest.raises(ProfileError, match=r"--repeats 5 --number 3 --min-repeat-ms 0"):
+        profile([], legacy, timing=TimingConfig(), sharing_sizes=(), progress=False)
+    old = TimingConfig(**LEGACY_TIMING)
+    assert profile([], legacy, timing=old, sharing_sizes=(), progress=False)["measured"] == 0
 
 
 @pytest.mark.opencl
@@ -328,12 +384,20 @@ def test_cli_profile(opencl, tmp_path, capsys):
         "2",
         "--number",
         "1",
+        "--min-repeat-ms",
+        "0.5",
         "--sharing-sizes",
         "4096",
     ]
     args = parser.parse_args(argv)
     assert args.func(args) == 0
     assert "measured 2 parts" in capsys.readouterr().out
+    assert load_dataset(out).meta["timing"] == {
+        "warmup": 1,
+        "repeats": 2,
+        "number": 1,
+        "min_repeat_ms": 0.5,
+    }
     recs = load_dataset(out).op_records
     assert {(r.name, r.processor, r.partition.dim) for r in recs} == {
         ("conv2d_0", "gpu", "OC"),
@@ -369,6 +433,9 @@ def test_cli_profile(opencl, tmp_path, capsys):
         parser.parse_args(["profile", "--ratios", "1.5"])
     args = parser.parse_args(["profile", "-o", str(out)])
     with pytest.raises(Exception, match="nothing to profile"):
+        args.func(args)
+    args = parser.parse_args(["profile", "--sample", "1", "--min-repeat-ms", "-1", "-o", "x"])
+    with pytest.raises(Exception, match="min_repeat_ms must be a number >= 0"):
         args.func(args)
 
 

@@ -6,7 +6,7 @@ File layout (``*.jsonl``), one JSON object per line::
     {"type": "device", "id": "d0", "desc": {"gpu": "PoCL 5.0, 8 CUs", ...}}    # before its use
     {"type": "op", "device": "d0", "op": "conv2d", "params": {...}, "partition": {...},
      "processor": "gpu", "impl": "direct", "dispatch": {...}, "latency_ms": 1.25,
-     "repeats": 20, "name": "conv_3"}
+     "repeats": 10, "number": 2, "min_ms": 1.21, "max_ms": 1.34, "name": "conv_3"}
     {"type": "sharing", "device": "d0", "kind": "map", "nbytes": 802816, "latency_ms": 0.21,
      "repeats": 20}
 
@@ -19,8 +19,11 @@ resumable: ``DatasetWriter`` reopens a file, checks its header, drops an incompl
 run killed mid-write), knows the keys already measured (``OpRecord.key``) and flushes every record
 as it is written.
 
-``latency_ms`` is the median of ``repeats`` measurements. Every field is validated on load with an
-error naming the file, the line and the field.
+``latency_ms`` is the median of ``repeats`` samples (each the mean of a timed run of ``number``
+calls). Records written since the profiler recorded its spread also carry ``number`` and the
+fastest and slowest sample, ``min_ms`` and ``max_ms`` (optional: older files have neither; their
+protocol is in the header's ``meta["timing"]`` when known). Every field is validated on load with
+an error naming the file, the line and the field.
 """
 
 from __future__ import annotations
@@ -77,7 +80,10 @@ class OpRecord:
     """One latency measurement of one operator part on one processor.
 
     ``part`` defaults to the split convention of ``features.part_shape``; the profiler passes the
-    shape it really built. ``device`` is the device description (any JSON dict).
+    shape it really built. ``device`` is the device description (any JSON dict). ``number``
+    (calls per sample), ``min_ms`` and ``max_ms`` (fastest and slowest of the ``repeats``
+    samples, ``min_ms <= latency_ms <= max_ms``) say how the median was taken and how far its
+    samples spread; None where the record predates them.
     """
 
     params: OpParams
@@ -90,6 +96,9 @@ class OpRecord:
     dispatch: DispatchFeatures = field(default_factory=DispatchFeatures)
     device: Mapping = field(default_factory=dict, hash=False)
     name: str | None = None
+    number: int | None = None
+    min_ms: float | None = None
+    max_ms: float | None = None
 
     def __post_init__(self) -> None:
         if self.part is None:
@@ -119,6 +128,35 @@ class OpRecord:
             raise DatasetError(
                 f"{what}: the part is empty ({self.part}); an empty part is not measured"
             )
+        self._check_spread(what)
+
+    def _check_spread(self, what: str) -> None:
+        n = self.number
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+            raise DatasetError(f"{what}: number must be an integer >= 1, got {n!r}")
+        for name in ("min_ms", "max_ms"):
+            v = getattr(self, name)
+            if v is None:
+                continue
+            if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+                raise DatasetError(f"{what}: {name} must be a finite number, got {v!r}")
+            object.__setattr__(self, name, float(v))
+        lo, hi = self.min_ms, self.max_ms
+        if (lo is not None and not 0 < lo <= self.latency_ms) or (
+            hi is not None and hi < self.latency_ms
+        ):
+            raise DatasetError(
+                f"{what}: the samples' spread must hold the median: 0 < min_ms <= latency_ms "
+                f"<= max_ms, got {lo!r} <= {self.latency_ms!r} <= {hi!r}"
+            )
+
+    @property
+    def spread(self) -> float | None:
+        """``(max_ms - min_ms) / latency_ms``: how far the samples of the median spread (None
+        for records without ``min_ms``/``max_ms``)."""
+        if self.min_ms is None or self.max_ms is None:
+            return None
+        return (self.max_ms - self.min_ms) / self.latency_ms
 
     @property
     def op(self) -> str:
@@ -170,6 +208,9 @@ class OpRecord:
             out["dispatch"] = self.dispatch.to_json()
         if self.name is not None:
             out["name"] = self.name
+        for k in ("number", "min_ms", "max_ms"):  # optional: only where measured
+            if getattr(self, k) is not None:
+                out[k] = getattr(self, k)
         return out
 
 
@@ -329,6 +370,9 @@ def _parse_op(ctx: _Ctx, obj: dict, device: Mapping) -> OpRecord:
     latency = ctx.get(obj, "latency_ms", int | float)
     repeats = ctx.get(obj, "repeats", int)
     name = ctx.get(obj, "name", str, optional=True)
+    number = ctx.get(obj, "number", int, optional=True)
+    min_ms = ctx.get(obj, "min_ms", int | float, optional=True)
+    max_ms = ctx.get(obj, "max_ms", int | float, optional=True)
     try:
         return OpRecord(
             params,
@@ -341,6 +385,9 @@ def _parse_op(ctx: _Ctx, obj: dict, device: Mapping) -> OpRecord:
             dispatch,
             device,
             name,
+            number,
+            min_ms,
+            max_ms,
         )
     except (DatasetError, FeatureError) as exc:
         raise DatasetError(f"{ctx.where}: {exc}") from None

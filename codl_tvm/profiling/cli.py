@@ -105,7 +105,12 @@ def _profile(args: argparse.Namespace) -> int:
         algorithm_switches,
     )
 
-    timing = TimingConfig(args.warmup, args.repeats, args.number, args.flush_weights)
+    try:
+        timing = TimingConfig(
+            args.warmup, args.repeats, args.number, args.flush_weights, args.min_repeat_ms
+        )
+    except ValueError as exc:
+        raise _error(str(exc)) from None
     sharing = () if args.no_sharing else args.sharing_sizes
     meta = {"command": "codl-tvm profile", "seed": args.seed, "sampler": args.sampler}
     if args.flush_weights:
@@ -246,8 +251,23 @@ def register_cli(subparsers) -> None:
     p.add_argument("--work-dir", help="keep the built libraries here (default: temporary)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("--repeats", type=int, default=5, help="timed repeats (the median is kept)")
-    p.add_argument("--number", type=int, default=3, help="runs per timed repeat")
+    p.add_argument(
+        "--repeats",
+        type=int,
+        default=10,
+        help="timed samples per part (the median is kept, with the fastest and slowest)",
+    )
+    p.add_argument(
+        "--number", type=int, default=1, help="runs per sample at least (see --min-repeat-ms)"
+    )
+    p.add_argument(
+        "--min-repeat-ms",
+        type=float,
+        default=2.0,
+        help="run each sample enough times to last this long (ms; a probe run sizes it; 0: "
+        "exactly --number). The timing settings are one per dataset: a resume must match them "
+        "(datasets from before they were recorded: --repeats 5 --number 3 --min-repeat-ms 0)",
+    )
     p.add_argument(
         "--flush-weights",
         action="store_true",

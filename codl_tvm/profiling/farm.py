@@ -115,7 +115,7 @@ def profile_farm(
         say(f"device farm '{key}': {len(names)} device(s): {', '.join(names)}")
         first = FarmSession(farm.devices[0].session)
         device = device_description(first, gpu_target, cpu_target)
-        writer, done = _open(output, meta)
+        writer, done = _open(output, meta, timing)
         todo = [j for j in jobs if job_key(j.params, j.partition, j.processor, device) not in done]
         with writer, tempfile.TemporaryDirectory(prefix="codl-farm-") as tmp:
             directory = Path(work_dir) if work_dir else Path(tmp)

@@ -25,6 +25,7 @@ import numpy as np
 from codl_tvm.cost_model.dataset import DatasetWriter, OpRecord, load_dataset
 from codl_tvm.cost_model.features import FeatureError, OpParams, Partition, part_shape
 from codl_tvm.profiling.runner import (
+    LEGACY_TIMING,
     CompiledPart,
     LocalSession,
     ProfileError,
@@ -215,14 +216,25 @@ def make_jobs(
 # Running.
 
 
+def _describe_timing(t: dict) -> str:
+    return (
+        f"timing --warmup {t.get('warmup')} --repeats {t.get('repeats')} --number "
+        f"{t.get('number')} --min-repeat-ms {t.get('min_repeat_ms'):g}"
+    )
+
+
 #: Dataset settings a resume must match: (meta key, value when absent, how to name a value).
+#: A dataset without a recorded timing predates it and used the defaults of then.
 _ONE_SETTING = (
     ("algorithms", {}, lambda v: f"algorithm switches {v or 'none (direct)'}"),
     ("flush_weights", False, lambda v: "--flush-weights" if v else "no --flush-weights"),
+    ("timing", LEGACY_TIMING, _describe_timing),
 )
 
 
-def _open(output, meta):
+def _open(output, meta, timing: TimingConfig):
+    # The protocol is part of the dataset: medians taken another way are not mixed into it.
+    meta = {**(meta or {}), "timing": timing.to_meta()}
     writer = DatasetWriter(output, meta=meta)  # drops a partial last line first
     writer._file.flush()  # the header of a new file, so it can be read back
     data = load_dataset(output)
@@ -277,7 +289,7 @@ def profile(
 
     session = session or LocalSession()
     device = device_description(session, gpu_target, cpu_target)
-    writer, done = _open(output, meta)
+    writer, done = _open(output, meta, timing)
     todo = [j for j in jobs if job_key(j.params, j.partition, j.processor, device) not in done]
     bar = Progress(len(todo) + (1 if sharing_sizes else 0)) if progress else None
     measured = 0
@@ -427,7 +439,7 @@ def run_compiled(
     meta.pop("algorithms", None)  # the directory's switches, not the caller's
     if obj.get("algorithms"):
         meta["algorithms"] = obj["algorithms"]
-    writer, done = _open(output, meta)
+    writer, done = _open(output, meta, timing)
     parts = [CompiledPart.from_json(e) for e in entries]
     todo = [c for c in parts if job_key(c.params, c.partition, c.processor, device) not in done]
     bar = Progress(len(todo) + (1 if sharing_sizes else 0), "run") if progress else None

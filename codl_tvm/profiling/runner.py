@@ -6,8 +6,9 @@ as a one-op Relax module of the part's shape (an H part reads its input rows plu
 the padding that remains at the borders it touches) for its processor (OpenCL or LLVM), with
 codl-tvm's single-device pipeline. The implementation (``codl.algorithm``) and the dispatch
 features are read from the scheduled PrimFuncs, never guessed. Latency is the median of
-``time_evaluator`` repeats after a warm-up run (on OpenCL through the runtime plugin's marker-event
-timer).
+``time_evaluator`` samples after a warm-up run (on OpenCL through the runtime plugin's marker-event
+timer); each sample runs the part enough times to last ``TimingConfig.min_repeat_ms``, and the
+record keeps the fastest and slowest sample beside the median (:func:`time_samples`).
 
 Compiling and running are separate steps (:func:`compile_part` writes a shared library,
 :func:`time_part` loads it through a :class:`Session`), so the same code path runs locally, on a
@@ -17,6 +18,7 @@ prepared directory copied to another machine, and through a TVM RPC session.
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 import time
@@ -41,8 +43,10 @@ if TYPE_CHECKING:
     from codl_tvm.schedules import CPUConfig, OpenCLConfig
 
 __all__ = [
+    "LEGACY_TIMING",
     "CompiledPart",
     "LocalSession",
+    "PartTiming",
     "ProfileError",
     "RPCSession",
     "TimingConfig",
@@ -55,7 +59,9 @@ __all__ = [
     "part_module",
     "part_padding",
     "passes_parts",
+    "runs_per_sample",
     "time_part",
+    "time_samples",
 ]
 
 PROCESSOR_DEVICE = {"gpu": "opencl", "cpu": "cpu"}
@@ -67,17 +73,30 @@ class ProfileError(ValueError):
 
 @dataclass(frozen=True)
 class TimingConfig:
-    """How latencies are measured: ``warmup`` untimed runs, then ``repeats`` timed repeats of
-    ``number`` runs each (their mean is one sample); the record keeps the median sample.
+    """How latencies are measured: ``warmup`` untimed runs, then ``repeats`` timed samples, each
+    the mean of ``number`` runs or more: with ``min_repeat_ms`` > 0, a probe run picks enough runs
+    that a sample lasts at least that long (TVM's ``time_evaluator`` knob of that name; the
+    record keeps the count in ``number``). The record keeps the median sample and the fastest
+    and slowest one.
+
+    The defaults come from ``scripts/noise_analysis.py`` (results/noise_analysis.json): identical
+    parts measured twice disagree by > 1.5x in 6-9% of the pairs on the emulated SoC (a whole
+    record's samples disturbed), which a median of 10 samples withstands better than one of
+    3-5, and a sample of a sub-0.1 ms part (a third of the SoC records) is a few runs of
+    microseconds unless it is made to last ``min_repeat_ms``. At 2 ms that costs about what
+    ``--repeats 5 --number 3`` did per part on the SoC's records (more only for parts under
+    0.13 ms, at most 10 x 2 ms).
 
     ``flush_weights``: CPU parts are timed one run per sample, the weight (every input but the
     data) flushed from the caches before each (TVM's ``cache_flush_cpu_non_first_arg``), as it
-    arrives inside a whole model, where every operator's weight was evicted by the others."""
+    arrives inside a whole model, where every operator's weight was evicted by the others;
+    ``min_repeat_ms`` does not apply to them (``repeats * number`` samples of one run)."""
 
     warmup: int = 1
-    repeats: int = 5
-    number: int = 3
+    repeats: int = 10
+    number: int = 1
     flush_weights: bool = False
+    min_repeat_ms: float = 2.0
 
     def __post_init__(self) -> None:
         for name in ("repeats", "number"):
@@ -86,6 +105,67 @@ class TimingConfig:
                 raise ValueError(f"TimingConfig.{name} must be an integer >= 1, got {v!r}")
         if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 0:
             raise ValueError(f"TimingConfig.warmup must be an integer >= 0, got {self.warmup!r}")
+        m = self.min_repeat_ms
+        if isinstance(m, bool) or not isinstance(m, int | float) or not 0 <= m < math.inf:
+            raise ValueError(f"TimingConfig.min_repeat_ms must be a number >= 0, got {m!r}")
+
+    def to_meta(self) -> dict:
+        """The protocol as a dataset header records it (``meta["timing"]``; a resumed run must
+        use the same)."""
+        return {
+            "warmup": self.warmup,
+            "repeats": self.repeats,
+            "number": self.number,
+            "min_repeat_ms": float(self.min_repeat_ms),
+        }
+
+
+#: The protocol of datasets written before their header recorded one (the defaults then).
+LEGACY_TIMING: dict = {"warmup": 1, "repeats": 5, "number": 3, "min_repeat_ms": 0.0}
+
+#: Most runs a sample may take (a part timed at ~0 by a coarse timer would otherwise loop).
+MAX_RUNS_PER_SAMPLE = 10_000
+
+
+def runs_per_sample(probe_ms: float, timing: TimingConfig) -> int:
+    """Runs per sample so that one lasts ``timing.min_repeat_ms``, from a probe run's time per
+    run ``probe_ms``: at least ``timing.number``, at most ``MAX_RUNS_PER_SAMPLE``.
+
+    Parameters
+    ----------
+    probe_ms : float
+        Time of one run of the part (ms), measured just before.
+    timing : TimingConfig
+        The protocol (``min_repeat_ms`` 0: always ``number``).
+
+    Returns
+    -------
+    int
+        The runs each timed sample averages.
+    """
+    if timing.min_repeat_ms <= 0 or not math.isfinite(probe_ms):  # NaN/inf: nothing to size
+        return timing.number
+    if probe_ms <= 0:  # below the timer's resolution
+        return max(timing.number, MAX_RUNS_PER_SAMPLE)
+    need = math.ceil(timing.min_repeat_ms / probe_ms)
+    return max(timing.number, min(need, MAX_RUNS_PER_SAMPLE))
+
+
+@dataclass(frozen=True)
+class PartTiming:
+    """What :func:`time_samples` measured: the median, fastest and slowest sample (ms per run),
+    the number of samples and the runs each sample averages."""
+
+    median_ms: float
+    min_ms: float
+    max_ms: float
+    samples: int
+    number: int
+
+    @property
+    def spread(self) -> float:
+        """``(max_ms - min_ms) / median_ms``."""
+        return (self.max_ms - self.min_ms) / self.median_ms
 
 
 # ---------------------------------------------------------------------------------------------
@@ -520,10 +600,10 @@ class RPCSession:
 # Measuring.
 
 
-def time_part(
+def time_samples(
     session, compiled: CompiledPart, directory: str | Path, timing: TimingConfig = TimingConfig()
-) -> tuple[float, int]:
-    """Median latency (ms) of ``compiled`` on its processor and the number of samples."""
+) -> PartTiming:
+    """Time ``compiled`` on its processor with ``timing`` (see :class:`TimingConfig`)."""
     import tvm
     from tvm.runtime.vm import VirtualMachine  # runtime-only TVM has no tvm.relax
 
@@ -537,7 +617,9 @@ def time_part(
     for _ in range(timing.warmup):
         vm["main"](*args)
     dev.sync()
+    number = timing.number
     if timing.flush_weights and compiled.processor == "cpu":
+        number = 1
         res = vm.time_evaluator(
             "main",
             dev,
@@ -546,15 +628,28 @@ def time_part(
             f_preproc="cache_flush_cpu_non_first_arg",
         )(*args)
     else:
-        res = vm.time_evaluator("main", dev, number=timing.number, repeat=timing.repeats)(*args)
+        if timing.min_repeat_ms > 0:
+            # One sample of `number` runs sizes the others (and warms up once more); through
+            # RPC the same call runs on the remote, so the count is the remote's.
+            probe = vm.time_evaluator("main", dev, number=timing.number, repeat=1)(*args)
+            number = runs_per_sample(float(probe.results[0]) * 1e3, timing)
+        res = vm.time_evaluator("main", dev, number=number, repeat=timing.repeats)(*args)
     samples = [float(r) * 1e3 for r in res.results]
     median = float(statistics.median(samples))
-    if not median > 0:
+    if not median > 0 or not min(samples) > 0:
         raise ProfileError(
             f"{compiled.params.describe()}: {compiled.processor} part measured {median} ms "
-            "(timer resolution too coarse?)"
+            f"(fastest sample {min(samples)} ms; timer resolution too coarse?)"
         )
-    return median, len(samples)
+    return PartTiming(median, min(samples), max(samples), len(samples), number)
+
+
+def time_part(
+    session, compiled: CompiledPart, directory: str | Path, timing: TimingConfig = TimingConfig()
+) -> tuple[float, int]:
+    """Median latency (ms) of ``compiled`` on its processor and the number of samples."""
+    t = time_samples(session, compiled, directory, timing)
+    return t.median_ms, t.samples
 
 
 def device_description(session, gpu_target=None, cpu_target=None) -> dict:
@@ -585,19 +680,22 @@ def measure_op(
     device: dict,
     timing: TimingConfig = TimingConfig(),
 ) -> OpRecord:
-    """Time one compiled part and return its record."""
-    latency, n = time_part(session, compiled, directory, timing)
+    """Time one compiled part and return its record (with its samples' spread)."""
+    t = time_samples(session, compiled, directory, timing)
     return OpRecord(
         compiled.params,
         compiled.partition,
         compiled.processor,
         compiled.impl,
-        latency,
-        n,
+        t.median_ms,
+        t.samples,
         compiled.part,
         compiled.dispatch,
         device,
         compiled.name,
+        t.number,
+        t.min_ms,
+        t.max_ms,
     )
 
 
