@@ -157,8 +157,9 @@ class CPUConfig:
     packed_strided_tile_bytes : int
         ``max_tile_bytes`` of strided packed convs (0: the same). A 28-accumulator tile
         (2048) ran the stride-2 112x112x64 conv 1.6x faster on the device machine but slowed
-        the deep stride-1 convs, so it is kept for strided ones; not measured on whole models,
-        off by default.
+        the deep stride-1 convs, so it is kept for strided ones. With the NHWC input
+        (``packed_nhwc_input``) it no longer helped (stride-2 conv 0.47 vs 0.45 ms, whole models
+        0.97-1.05x as long, commit 1cf4e3c): off by default.
     packed_nhwc_input : int
         Input layout of packed convs other than 1x1 stride-1 ones: 0 reads the NCHW input (or
         its padded copy) directly; 1 makes strided packed convs copy their (padded) input to
@@ -166,7 +167,8 @@ class CPUConfig:
         innermost, so each pixel's broadcasts read consecutive addresses; in NCHW every
         reduction step reads a different channel plane, a stride no hardware prefetcher follows
         (``H x W x 4`` bytes: 52 KB for a 114x114 padded plane). The copy costs one pass over
-        the input, which the NCHW path pays too when the conv is padded.
+        the input, which the NCHW path pays too when the conv is padded. Builds for the CPU
+        alone use 1 on AVX-512 (:data:`CPU_ALONE_SETTINGS`).
     packed_chunk_weight_heavy : bool
         Chunk pointwise convs with more output channels than pixels too (their packed weight is
         larger than their input, e.g. SqueezeNet's 512->1000 conv on 13x13): chunks make every
@@ -603,6 +605,12 @@ def packed_presets() -> frozenset[str]:
 #: 16-32 channels, 0.62-0.75x as long packed in Inception v1) and strided convs with any
 #: channels (the 3-channel stems: SqueezeNet 0.47 -> 0.40 ms): SqueezeNet 3.31 -> 2.99 ms,
 #: Inception v1 9.87 -> 9.05, AlexNet 8.42 -> 8.00, ResNet50 21.0 -> 20.4, PoseNet 8.85 -> 8.66.
+#: Since commit 1cf4e3c (``results/kernels_nvidia_1cf4e3c.json``,
+#: ``results/cpu_models_8threads_constant_1cf4e3c.json``) strided packed convs read an NHWC copy
+#: of their input: the stride-2 112x112x64 conv 0.93 -> 0.47 ms (onnxruntime 0.38), whole
+#: models 0.91-0.97x as long (ResNet50 18.3 -> 17.5 ms, PoseNet 8.1 -> 7.4, SqueezeNet 2.8 ->
+#: 2.5). NHWC for stride-1 convs too (``packed_nhwc_input=2``) slowed the deep small-map convs
+#: (13x13x1024: 2.9 -> 4.2 ms), so it stays off.
 CPU_ALONE_SETTINGS: dict[str, dict[str, object]] = {
     "avx512": {
         "packed_chunk_bytes": 256 * 1024,
@@ -610,6 +618,7 @@ CPU_ALONE_SETTINGS: dict[str, dict[str, object]] = {
         "packed_min_gemm_channels": 128,
         "packed_min_reduction": 400,
         "packed_strided": True,
+        "packed_nhwc_input": 1,
     },
 }
 _CPU_ALONE: contextvars.ContextVar[bool] = contextvars.ContextVar("codl_cpu_alone", default=False)

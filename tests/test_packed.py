@@ -559,10 +559,30 @@ def test_cpu_alone_settings_apply_only_inside_their_block():
         alone = cpu_config(AVX512_TARGET)
         assert alone.packed_chunk_bytes == CPU_ALONE_SETTINGS["avx512"]["packed_chunk_bytes"]
         assert alone.packed_min_gemm_channels == 128
+        assert alone.packed_nhwc_input == 1  # strided packed convs read an NHWC copy
         assert cpu_config(NEON_TARGET) == NEON  # no settings for NEON (not measured)
         with cpu_overrides(packed_chunk_bytes=0):  # an explicit override wins
             assert cpu_config(AVX512_TARGET).packed_chunk_bytes == 0
     assert cpu_config(AVX512_TARGET) == plain
+    assert plain.packed_nhwc_input == 0  # co-executed parts: the profiled NCHW kernels
+
+
+def test_cpu_alone_build_reads_strided_inputs_as_nhwc():
+    """A whole-model CPU-alone build (``compile --device cpu`` on AVX-512) gives a strided
+    packed conv the NHWC input copy and a stride-1 one none; the co-executed preset neither."""
+    from codl_tvm.schedules import cpu_alone_settings, packed_enabled
+
+    def nhwc(mod, cfg=None):
+        (func,) = prim_funcs(scheduled(mod, AVX512_TARGET, cpu=cfg)).values()
+        assert func.attrs["codl.algorithm"] == "packed"
+        return int(func.attrs.get("codl.packed_nhwc", 0))
+
+    strided, _, _ = conv_module((1, 64, 28, 28), 64, stride=2)
+    plain, _, _ = conv_module((1, 64, 14, 14), 64)
+    with packed_enabled("all"), cpu_alone_settings():
+        assert nhwc(strided) == 1
+        assert nhwc(plain) == 0
+    assert nhwc(strided, packed_cfg(cpu_config(AVX512_TARGET))) == 0
 
 
 def test_cpu_alone_artifact_packs_large_pointwise_convs(tmp_path, monkeypatch):
