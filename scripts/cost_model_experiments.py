@@ -26,17 +26,9 @@ from unittest import mock
 
 import numpy as np
 
-DATASETS: dict[str, list[str]] = {
-    "emulated_soc_k8": [
-        "results/profile/emulated_soc.jsonl",
-        "results/profile/emulated_soc_algos.jsonl",
-    ],
-    "emulated_soc_k12": [
-        "results/profile/emulated_soc_k12.jsonl",
-        "results/profile/emulated_soc_k12_algos.jsonl",
-    ],
-    "h100": ["results/profile/h100.jsonl"],
-}
+# The same device datasets as the noise analysis (a sibling script: scripts/ is on the path
+# when this one runs).
+from noise_analysis import DATASETS
 
 #: Variant name -> options of :func:`run_variant` (GbdtConfig fields under ``config``).
 VARIANTS: dict[str, dict] = {

@@ -114,16 +114,9 @@ def load(paths: Sequence[str]) -> list[tuple[str, int, object]]:
 
 
 def _kernel_key(path: str, r) -> tuple:
-    q = r.part
-    return (
-        path,
-        r.processor,
-        r.impl,
-        r.params,
-        (q.out_h, q.out_w, q.oc, q.in_h, q.in_w, q.ic, q.groups, q.row0 > 0),
-        r.dispatch,
-        json.dumps(dict(r.device), sort_keys=True),
-    )
+    from codl_tvm.cost_model.evaluate import part_identity
+
+    return (path, *part_identity(r))
 
 
 def identical_pairs(rows: list[tuple[str, int, object]]) -> list[dict]:
@@ -479,7 +472,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     command = " ".join(["python scripts/noise_analysis.py", *(argv or sys.argv[1:])])
     if args.runs:
-        result = {"command": command, **compare_runs(*args.runs)}
+        result = {"command": command, "commit": _commit(), **compare_runs(*args.runs)}
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(_finite(result), indent=1, allow_nan=False) + "\n")
         for proc in ("cpu", "gpu"):

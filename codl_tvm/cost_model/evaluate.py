@@ -44,6 +44,7 @@ __all__ = [
     "inconsistent_records",
     "infer_preset",
     "noise_floor",
+    "part_identity",
     "plot_scatter",
     "register_cli",
     "split_records",
@@ -188,6 +189,22 @@ def evaluate(
     )
 
 
+def part_identity(r: OpRecord) -> tuple:
+    """What makes two records the same built kernel: processor, implementation, the operator's
+    parameters, the part's shape, whether it starts at row 0 (its padding), the dispatch features
+    and the device. Records that agree here measured the same kernel, whatever partition (or
+    model) they came from."""
+    q = r.part
+    return (
+        r.processor,
+        r.impl,
+        r.params,
+        (q.out_h, q.out_w, q.oc, q.in_h, q.in_w, q.ic, q.groups, q.row0 > 0),
+        r.dispatch,
+        json.dumps(dict(r.device), sort_keys=True),
+    )
+
+
 def noise_floor(records: Iterable) -> dict[str, dict[str, float]]:
     """How far apart repeated measurements of one identical part are, per processor and
     overall: the accuracy no model can beat on this data.
@@ -202,16 +219,7 @@ def noise_floor(records: Iterable) -> dict[str, dict[str, float]]:
     groups: dict[tuple, list[OpRecord]] = {}
     for r in records:
         if isinstance(r, OpRecord):
-            q = r.part
-            key = (
-                r.processor,
-                r.impl,
-                r.params,
-                (q.out_h, q.out_w, q.oc, q.in_h, q.in_w, q.ic, q.groups, q.row0 > 0),
-                r.dispatch,
-                json.dumps(dict(r.device), sort_keys=True),
-            )
-            groups.setdefault(key, []).append(r)
+            groups.setdefault(part_identity(r), []).append(r)
     out = {}
     for proc in (None, "cpu", "gpu"):
         pred, meas, n_groups, n_records = [], [], 0, 0
