@@ -87,12 +87,6 @@ def extra_features(f, compute_units: int | None) -> list[float]:
     return [nbytes, out * red / nbytes, float(waves), eff]
 
 
-def _identical_key(r) -> tuple:
-    q = r.part
-    shape = (q.out_h, q.out_w, q.oc, q.in_h, q.in_w, q.ic, q.groups, q.row0 > 0)
-    return (r.processor, r.impl, r.params, shape, r.dispatch)
-
-
 def run_variant(
     paths: list[str],
     config: dict | None = None,
@@ -122,19 +116,16 @@ def run_variant(
     """
     from codl_tvm.cost_model import gbdt
     from codl_tvm.cost_model.dataset import OpRecord, load_dataset
-    from codl_tvm.cost_model.evaluate import accuracy, inconsistent_records, split_records
+    from codl_tvm.cost_model.evaluate import accuracy, part_identity, training_split
 
     records = [r for p in paths for r in load_dataset(p).records]
     cus = next(r.device.get("compute_units") for r in records if isinstance(r, OpRecord))
-    train, test = split_records(records, 0.3, 0)
-    if drop:
-        bad = {id(r) for r in inconsistent_records(train, drop)}
-        train = [r for r in train if id(r) not in bad]
+    train, test, _ = training_split(records, 0.3, 0, drop)
     if dedupe:
         groups: dict[tuple, list] = {}
         for r in train:
             if isinstance(r, OpRecord):
-                groups.setdefault(_identical_key(r), []).append(r)
+                groups.setdefault(part_identity(r), []).append(r)
         train = [r for r in train if not isinstance(r, OpRecord)] + [
             dataclasses.replace(rs[0], latency_ms=float(np.median([r.latency_ms for r in rs])))
             for rs in groups.values()

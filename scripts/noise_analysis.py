@@ -284,17 +284,10 @@ def heldout_model(paths: Sequence[str], rows: list[tuple[str, int, object]], noi
     break its held-out errors down by latency band and file position; compare with the
     identical-part noise (``noise``: :func:`identical_report`)."""
     from codl_tvm.cost_model.dataset import load_dataset
-    from codl_tvm.cost_model.evaluate import (
-        accuracy,
-        fit_model,
-        inconsistent_records,
-        split_records,
-    )
+    from codl_tvm.cost_model.evaluate import accuracy, fit_model, training_split
 
     records = [r for p in paths for r in load_dataset(p).records]
-    train, test = split_records(records, 0.3, 0)
-    bad = {id(r) for r in inconsistent_records(train, 3.0)}
-    train = [r for r in train if id(r) not in bad]
+    train, test, _ = training_split(records, 0.3, 0, 3.0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = fit_model("gbdt", train)

@@ -48,6 +48,7 @@ __all__ = [
     "plot_scatter",
     "register_cli",
     "split_records",
+    "training_split",
 ]
 
 
@@ -187,6 +188,25 @@ def evaluate(
         baseline_predicted=[float(x) for x in base],
         labels=groups,
     )
+
+
+def training_split(
+    records: Iterable, holdout: float = 0.3, seed: int = 0, drop: float = 3.0
+) -> tuple[list, list, list]:
+    """The records ``cost-model fit`` trains on and the held-out ones it is evaluated on:
+    :func:`split_records`, then the training records inconsistent by more than a factor ``drop``
+    left out (:func:`inconsistent_records`; 0 keeps them).
+
+    Returns
+    -------
+    tuple[list, list, list]
+        ``(train, test, dropped)``.
+    """
+    train, test = split_records(records, holdout, seed)
+    if not drop:
+        return train, test, []
+    bad = {id(r) for r in inconsistent_records(train, drop)}
+    return [r for r in train if id(r) not in bad], test, [r for r in train if id(r) in bad]
 
 
 def part_identity(r: OpRecord) -> tuple:
@@ -418,15 +438,10 @@ def _names(paths: Sequence[str]) -> str:
 def cmd_fit(args: argparse.Namespace) -> int:
     try:
         data = _load_datasets(args.data)
-        train, test = split_records(data.records, args.holdout, args.seed)
-        dropped = []
         drop = args.drop_inconsistent
         if drop is None:
             drop = 0.0 if args.kind == "measured" else 3.0  # the oracle keeps every measurement
-        if drop:
-            bad = {id(r) for r in inconsistent_records(train, drop)}
-            dropped = [r for r in train if id(r) in bad]
-            train = [r for r in train if id(r) not in bad]
+        train, test, dropped = training_split(data.records, args.holdout, args.seed, drop)
         options = {}
         if args.kind == "codl":
             options["config"] = args.preset or infer_preset(data.records)

@@ -165,11 +165,6 @@ class PartTiming:
     samples: int
     number: int
 
-    @property
-    def spread(self) -> float:
-        """``(max_ms - min_ms) / median_ms``."""
-        return (self.max_ms - self.min_ms) / self.median_ms
-
 
 # ---------------------------------------------------------------------------------------------
 # One-op modules of a part's shape.
