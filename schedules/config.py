@@ -154,8 +154,12 @@ class CPUConfig:
         the ``gemm`` schedule.
     packed_min_gemm_channels : int
         ... and only with at least this many input channels (not tuned on the device machine).
+    packed_tile_bytes : int
+        ``max_tile_bytes`` of packed convs (0: the same). Beyond 1024 bytes TVM allocates the
+        accumulators from its workspace pool once per parallel task; LLVM still keeps a
+        tail-free tile (``packed_exact_tiles``) in registers, up to 28 of 32 on AVX-512.
     packed_strided_tile_bytes : int
-        ``max_tile_bytes`` of strided packed convs (0: the same). A 28-accumulator tile
+        ``max_tile_bytes`` of strided packed convs (0: ``packed_tile_bytes``). A 28-accumulator tile
         (2048) ran the stride-2 112x112x64 conv 1.6x faster on the device machine but slowed
         the deep stride-1 convs, so it is kept for strided ones. With the NHWC input
         (``packed_nhwc_input``) it no longer helped (stride-2 conv 0.47 vs 0.45 ms, whole models
@@ -179,6 +183,11 @@ class CPUConfig:
         (zero weights, sliced off) where that adds at most 1/16 more blocks: 1000 classes are 63
         blocks of 16, which no 2-vector tile divides, so every tile would hold one weight vector
         and reuse each broadcast input once (:func:`~codl_tvm.schedules.packed.packed_blocks`).
+    packed_exact_tiles : bool
+        Prefer register tiles of packed convs that divide the output (no tail) while they keep
+        at least half the accumulators of the best tile with a tail
+        (:func:`~codl_tvm.schedules.packed.packed_tile`): the tail's predicate sits inside the
+        reduction loop, and LLVM keeps the guarded accumulators in memory in every tile.
     packed_chunk_bytes : int
         Pointwise packed convs walk the image in chunks of pixel tiles whose input (all input
         channels) fits this many bytes, running every output-channel block over one chunk
@@ -215,14 +224,21 @@ class CPUConfig:
     packed_max_gemm_pixels: int = 400
     packed_min_gemm_channels: int = 256
     packed_chunk_bytes: int = 0
+    packed_tile_bytes: int = 0
     packed_strided_tile_bytes: int = 0
     packed_nhwc_input: int = 0
     packed_chunk_weight_heavy: bool = True
     packed_round_blocks: bool = False
+    packed_exact_tiles: bool = False
 
     def __post_init__(self) -> None:
         _check_winograd(self)
-        for field in ("packed_chunk_bytes", "packed_min_reduction", "packed_strided_tile_bytes"):
+        for field in (
+            "packed_chunk_bytes",
+            "packed_min_reduction",
+            "packed_tile_bytes",
+            "packed_strided_tile_bytes",
+        ):
             if getattr(self, field) < 0:
                 raise ValueError(
                     f"CPUConfig {self.name!r}: {field} must be >= 0, got {getattr(self, field)!r}"

@@ -292,10 +292,17 @@ def packed_tile(
     fewer wasted iterations, then more channel vectors, then wider rows (contiguous input
     and output runs). A pointwise conv passes its flattened image as one row
     (``out_height=1``).
+
+    Under ``cfg.packed_exact_tiles`` the best tile that divides the output (no tail) wins
+    instead, unless it has fewer than half the accumulators: a tail tile guards its last
+    pixels with a predicate inside the reduction loop, and LLVM then keeps those
+    accumulators in memory in every tile, not only the last (14x14 pointwise convs: 8 of the
+    16 accumulators of a 2 x 8 tile loaded and stored on every reduction step).
     """
     budget = max(1, min(cfg.max_accumulators, cfg.max_tile_bytes // (lanes * nbytes)))
     blocks = out_channels // lanes
     best: tuple[float, float, int, int, int] | None = None
+    exact: tuple[float, float, int, int, int] | None = None
     for ot in _divisors_up_to(blocks, cfg.packed_oc_vectors):
         for cols in range(1, min(out_width, budget // ot) + 1):
             for rows in range(1, min(out_height, budget // (ot * cols)) + 1):
@@ -303,7 +310,11 @@ def packed_tile(
                 key = (round(ot * rows * cols * eff, 6), round(eff, 6), ot, cols, rows)
                 if best is None or key[:4] > best[:4]:
                     best = key
-    assert best is not None
+                if eff == 1 and (exact is None or key[:4] > exact[:4]):
+                    exact = key
+    assert best is not None and exact is not None
+    if cfg.packed_exact_tiles and 2 * exact[0] >= best[0]:
+        best = exact
     return best[2], best[4], best[3]
 
 
@@ -426,9 +437,10 @@ class CPUPackedConv2D(_CPURule):
             height, width = 1, info.out_height * ow
         else:
             height, width = info.out_height, ow
-        tile_cfg = cfg
+        tile_bytes = cfg.packed_tile_bytes or cfg.max_tile_bytes
         if info.strided and cfg.packed_strided_tile_bytes:
-            tile_cfg = dataclasses.replace(cfg, max_tile_bytes=cfg.packed_strided_tile_bytes)
+            tile_bytes = cfg.packed_strided_tile_bytes
+        tile_cfg = dataclasses.replace(cfg, max_tile_bytes=tile_bytes)
         ot, rows, cols = packed_tile(info.out_channels, height, width, lanes, tile_cfg, nbytes)
         writeback = sch.cache_write(conv, 0, "global")
         if info.slice is not None:
@@ -485,7 +497,12 @@ class CPUPackedConv2D(_CPURule):
         # the accumulators are one register tile: written back after each tile
         sch.reverse_compute_at(writeback, tile_loop, preserve_unit_loops=True)
         work = info.batch * info.out_channels * info.out_height * info.out_width * info.reduction
-        features = {"codl.parallel_extent": 0, "codl.vector_width": lanes}
+        features = {
+            "codl.parallel_extent": 0,
+            "codl.vector_width": lanes,
+            # channel vectors x rows x columns (pointwise: x pixels)
+            "codl.packed_tile": f"{ot}x{rows}x{cols}",
+        }
         if info.nhwc:
             features["codl.packed_nhwc"] = 1
         if chunk:

@@ -50,6 +50,11 @@ OPS: dict[str, tuple[str, tuple]] = {
     "conv_7x7x512_512_3x3": ("conv", (512, 7, 7, 512, 3, 1, 1, 1)),
     "conv_112x112x32_64_3x3": ("conv", (32, 112, 112, 64, 3, 1, 1, 1)),
     "conv_52x52x256_128_1x1": ("conv", (256, 52, 52, 128, 1, 1, 0, 1)),
+    # ResNet50's 14x14 pointwise convs (a flattened image of 196 pixels: register tiles of
+    # 8 pixels leave a tail) and SqueezeNet's 13x13 expand conv (169, prime factors only)
+    "conv_14x14x256_1024_1x1": ("conv", (256, 14, 14, 1024, 1, 1, 0, 1)),
+    "conv_14x14x1024_256_1x1": ("conv", (1024, 14, 14, 256, 1, 1, 0, 1)),
+    "conv_13x13x64_256_1x1": ("conv", (64, 13, 13, 256, 1, 1, 0, 1)),
     "conv_56x56x64_64_3x3": ("conv", (64, 56, 56, 64, 3, 1, 1, 1)),
     "conv_112x112x64_64_3x3": ("conv", (64, 112, 112, 64, 3, 1, 1, 1)),
     "conv_112x112x64_64_3x3_s2": ("conv", (64, 112, 112, 64, 3, 2, 1, 1)),

@@ -185,12 +185,34 @@ def test_tile_choice(shape, lanes, tile):
     assert packed_tile(*shape, lanes, AVX512) == tile
 
 
+EXACT = dataclasses.replace(AVX512, packed_exact_tiles=True)
+
+
+@pytest.mark.parametrize(
+    "shape, cfg, tile, without",
+    [
+        # 196 pixels: 2 x 8 leaves a 4-pixel tail, 2 x 7 divides them
+        ((1024, 1, 196), EXACT, (2, 1, 7), (2, 1, 8)),
+        ((1024, 1, 196), dataclasses.replace(EXACT, packed_oc_vectors=4), (4, 1, 4), (4, 1, 4)),
+        ((1024, 1, 196), dataclasses.replace(EXACT, max_tile_bytes=2048), (2, 1, 14), (2, 1, 14)),
+        ((256, 1, 169), EXACT, (1, 1, 13), (2, 1, 8)),  # 13 x 13: 13 of 16 accumulators
+        ((64, 1, 3136), EXACT, (2, 1, 8), (2, 1, 8)),  # the best tile has no tail anyway
+        ((128, 27, 27), EXACT, (1, 1, 9), (2, 2, 4)),
+        # 113 (prime): the best exact tile (1 column) has 2 of 16 accumulators: keep the tail
+        ((32, 1, 113), EXACT, (2, 1, 8), (2, 1, 8)),
+    ],
+)
+def test_exact_tile_choice(shape, cfg, tile, without):
+    assert packed_tile(*shape, 16, cfg) == tile
+    assert packed_tile(*shape, 16, dataclasses.replace(cfg, packed_exact_tiles=False)) == without
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     blocks=st.integers(1, 64),
     oh=st.integers(1, 60),
     ow=st.integers(1, 300),
-    cfg=st.sampled_from([AVX512, SSE, NEON]),
+    cfg=st.sampled_from([AVX512, SSE, NEON, EXACT]),
 )
 def test_tile_fits_registers(blocks, oh, ow, cfg):
     lanes = cfg.lanes(32)
@@ -385,6 +407,29 @@ def test_chunked_pointwise_packed_conv(xshape, oc, residual, target):
     assert_close(built([x])[0], reference(x, w, b, 1, 0, 1, residual))
 
 
+@pytest.mark.parametrize("target", RUN_TARGETS, ids=lambda t: str(t.attrs.get("mcpu", "generic")))
+@pytest.mark.parametrize(
+    ("xshape", "ksize", "tile_bytes"),
+    [((1, 32, 14, 14), 1, 0), ((1, 32, 14, 14), 1, 2048), ((1, 16, 13, 13), 3, 0)],
+    ids=["pointwise-196", "pointwise-196-28acc", "3x3-13x13"],
+)
+def test_exact_tile_packed_conv(xshape, ksize, tile_bytes, target):
+    """Tail-free tiles (a 28-accumulator one beyond the stack limit too) stay exact."""
+    mod, w, b = conv_module(xshape, 64, ksize=ksize, padding=ksize // 2, residual=True)
+    base = cpu_config(target)
+    cfg = packed_cfg(base, packed_exact_tiles=True, packed_tile_bytes=tile_bytes)
+    (func,) = prim_funcs(scheduled(mod, target, cpu=cfg)).values()
+    _, rows, cols = (int(v) for v in str(func.attrs["codl.packed_tile"]).split("x"))
+    height, width = (1, 196) if ksize == 1 else (13, 13)
+    if ksize == 1 or base.lanes(32) == 16:  # SSE's 12 accumulators fit no 13-column tile
+        assert height % rows == 0 and width % cols == 0
+    built = runner.build(
+        mod, "cpu", target=target, relax_pipeline=single_device_pipeline(target, cfg)
+    )
+    x = np.random.default_rng(5).standard_normal(xshape).astype("float32")
+    assert_close(built([x])[0], reference(x, w, b, 1, ksize // 2, 1, True))
+
+
 @pytest.mark.parametrize(
     ("oc", "heavy", "chunked"),
     [(64, False, True), (64, True, True), (128, False, False), (128, True, True)],
@@ -471,7 +516,12 @@ def test_nhwc_input_packed_conv_matches_numpy(case, target):
 
 
 def test_negative_chunk_bytes_is_refused():
-    for field in ("packed_chunk_bytes", "packed_min_reduction", "packed_strided_tile_bytes"):
+    for field in (
+        "packed_chunk_bytes",
+        "packed_min_reduction",
+        "packed_tile_bytes",
+        "packed_strided_tile_bytes",
+    ):
         with pytest.raises(ValueError, match=f"{field} must be >= 0"):
             dataclasses.replace(AVX512, **{field: -1})
 
@@ -487,13 +537,14 @@ def test_negative_chunk_bytes_is_refused():
     stride=st.sampled_from([1, 2]),
     pad=st.tuples(*[st.integers(0, 1)] * 4),
     nhwc=st.sampled_from([0, 2]),
+    exact=st.booleans(),
 )
-def test_packed_conv_property(c, blocks, h, w, k, stride, pad, nhwc):
+def test_packed_conv_property(c, blocks, h, w, k, stride, pad, nhwc, exact):
     if h + pad[0] + pad[2] < k or w + pad[1] + pad[3] < k:
         return
     xshape, oc = (1, c, h, w), 4 * blocks
     mod, wt, b = conv_module(xshape, oc, ksize=k, stride=stride, padding=pad)
-    cfg = packed_cfg(SSE, packed_nhwc_input=nhwc)
+    cfg = packed_cfg(SSE, packed_nhwc_input=nhwc, packed_exact_tiles=exact)
     built = runner.build(mod, "cpu", target=LLVM, relax_pipeline=single_device_pipeline(LLVM, cfg))
     x = np.random.default_rng(5).standard_normal(xshape).astype("float32")
     assert_close(built([x])[0], reference(x, wt, b, stride, pad, 1))

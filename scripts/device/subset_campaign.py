@@ -1,11 +1,12 @@
 """A compiled profiling campaign cut down to some models' parts, so it fits one device machine.
 
     python scripts/device/subset_campaign.py .device/prof_k12_all .device/prof_k12 \
-        --models vgg16,yolov2,fst,resnet50,posenet [--sampled]
+        --models vgg16,yolov2,fst,resnet50,posenet [--sampled] [--ratios 0.4,0.6]
 
 Writes OUT (the manifest's parts whose ``name`` starts with one of the models, plus the sampled
 parts, which have no name, with ``--sampled``, and their libraries) and OUT.tar.xz beside it,
-as ``profile_campaign.py`` does. The source directory is left as it is.
+as ``profile_campaign.py`` does. ``--ratios`` keeps only the split parts of those ratios (whole
+operators are always kept). The source directory is left as it is.
 """
 
 from __future__ import annotations
@@ -23,14 +24,20 @@ def main() -> None:
     p.add_argument("out", help="new directory (must not exist)")
     p.add_argument("--models", required=True, help="comma-separated model names to keep")
     p.add_argument("--sampled", action="store_true", help="also keep the sampled shapes")
+    p.add_argument("--ratios", help="comma-separated split ratios to keep (default: all)")
     args = p.parse_args()
     src, out = Path(args.src), Path(args.out)
     manifest = json.loads((src / "manifest.json").read_text())
     models = set(args.models.split(","))
+    ratios = {round(float(r), 6) for r in args.ratios.split(",")} if args.ratios else None
     if out.exists():
         raise SystemExit(f"{out} exists: choose a new directory")
 
     def keep(part: dict) -> bool:
+        split = part.get("partition", {})
+        if ratios is not None and split.get("dim", "none") != "none":
+            if round(float(split["ratio"]), 6) not in ratios:
+                return False
         name = part.get("name")
         if name is None:
             return args.sampled
