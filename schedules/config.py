@@ -627,14 +627,24 @@ def packed_presets() -> frozenset[str]:
 #: models 0.91-0.97x as long (ResNet50 18.3 -> 17.5 ms, PoseNet 8.1 -> 7.4, SqueezeNet 2.8 ->
 #: 2.5). NHWC for stride-1 convs too (``packed_nhwc_input=2``) slowed the deep small-map convs
 #: (13x13x1024: 2.9 -> 4.2 ms), so it stays off.
+#: Since commit 478effa (``results/kernels_nvidia_478effa.json``,
+#: ``results/cpu_models_8threads_constant_478effa.json``) packed convs take tail-free register
+#: tiles (``packed_exact_tiles``: the 14x14 1x1 256->1024 conv 0.264 -> 0.179 ms, onnxruntime
+#: 0.136; 13x13x1024 3x3 4.78 -> 3.81 ms), convs from 128 multiply-adds per output are packed
+#: and Winograd needs 128 channels (the 16-64-channel 3x3 convs of SqueezeNet and VGG ran
+#: faster packed). Against the settings before, timed in the same rounds (15, onnxruntime in
+#: each round): SqueezeNet 2.88 -> 2.26 ms, ResNet50 22.9 -> 19.0, Inception v1 9.54 -> 8.25,
+#: AlexNet and VGG19 within noise.
 CPU_ALONE_SETTINGS: dict[str, dict[str, object]] = {
     "avx512": {
         "packed_chunk_bytes": 256 * 1024,
         "packed_max_gemm_pixels": 1 << 30,
         "packed_min_gemm_channels": 128,
-        "packed_min_reduction": 400,
+        "packed_min_reduction": 128,
         "packed_strided": True,
         "packed_nhwc_input": 1,
+        "packed_exact_tiles": True,
+        "winograd_min_channels": 128,
     },
 }
 _CPU_ALONE: contextvars.ContextVar[bool] = contextvars.ContextVar("codl_cpu_alone", default=False)

@@ -173,13 +173,17 @@ def _ort_ms(sess, feeds: dict, runs: int) -> float:
 
 
 def cmd_run(args: argparse.Namespace) -> None:
-    """Check every library against onnxruntime, time the libraries round-robin (``--rounds``
-    samples of ``--number`` runs each; medians, so the machine's drift does not favour one
-    variant), then time onnxruntime alone on the same cores.
+    """Check every library against onnxruntime, then time them in ``--rounds`` rounds: each
+    library once (``--number`` runs), then onnxruntime on each model (same cores, same
+    thread count), with a pause before each onnxruntime session and after the last.
+    Medians over rounds, so the machine's drift favours neither a variant nor onnxruntime;
+    ``paired_ratio`` is the median of the per-round ratios.
 
-    The two are not interleaved: both runtimes' thread pools spin after a run, and on the
-    device machine onnxruntime timed right after TVM measured 2-3x slower than alone
-    (ResNet50 36 vs 17 ms, ``results/cpu_models_*_754eee8.json``).
+    The pauses (``--switch-s``) matter: both runtimes' thread pools spin after a run, and on
+    the device machine onnxruntime timed right after TVM measured 2-3x slower than alone
+    (ResNet50 36 vs 17 ms, ``results/cpu_models_*_754eee8.json``). Before commit 478effa
+    onnxruntime was timed once, after all TVM rounds; on one machine its ResNet50 median then
+    moved from 10.7 to 15.3 ms between runs minutes apart.
     """
     cpus = _pin_tvm(args.threads)
     import onnxruntime as ort
@@ -213,35 +217,48 @@ def cmd_run(args: argparse.Namespace) -> None:
         err = float(np.max(np.abs(got.reshape(ref.shape) - ref)) / max(np.max(np.abs(ref)), 1e-12))
         timed[key] = (vm, vm_args)
         rows[key] = {"model": name, "max_rel_err": err, "cpu_config": entry.get("cpu_config", {})}
-    samples: dict[str, list[float]] = {k: [] for k in timed}
-    for _ in range(args.rounds):
-        for key, (vm, vm_args) in timed.items():
-            res = vm.time_evaluator("main", dev, number=args.number, repeat=1)(*vm_args)
-            samples[key].append(float(res.mean) * 1e3)
-    timed.clear()
-    time.sleep(1.0)  # let TVM's pool stop spinning
     os.sched_setaffinity(0, cpus)  # onnxruntime's threads on TVM's cores
-    ort_ms: dict[str, float] = {}
+    sessions = {}
     for name, (proto, feeds, _) in models.items():
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = args.threads
         opts.inter_op_num_threads = 1
-        sess = ort.InferenceSession(
+        sessions[name] = ort.InferenceSession(
             proto.SerializeToString(), opts, providers=["CPUExecutionProvider"]
         )
-        _ort_ms(sess, feeds, 5)  # warm-up
-        ort_ms[name] = _ort_ms(sess, feeds, args.rounds * args.number)
+    samples: dict[str, list[float]] = {k: [] for k in timed}
+    ort_samples: dict[str, list[float]] = {name: [] for name in models}
+    for _ in range(args.rounds):
+        for key, (vm, vm_args) in timed.items():
+            res = vm.time_evaluator("main", dev, number=args.number, repeat=1)(*vm_args)
+            samples[key].append(float(res.mean) * 1e3)
+        for name, sess in sessions.items():
+            # after TVM's pool and each session's own pool: one session's threads spinning
+            # on the cores of the next made onnxruntime 2x slower
+            time.sleep(args.switch_s)
+            feeds = models[name][1]
+            _ort_ms(sess, feeds, 1)  # warm-up after the switch
+            ort_samples[name].append(_ort_ms(sess, feeds, args.number))
+        time.sleep(args.switch_s)
+    timed.clear()
+    ort_ms = {name: float(np.median(v)) for name, v in ort_samples.items()}
     for key, row in rows.items():
         tvm_ms = float(np.median(samples[key]))
+        ort_rounds = ort_samples[row["model"]]
         row.update(
             codl_tvm_cpu_ms=tvm_ms,
             onnxruntime_ms=ort_ms[row["model"]],
             ratio=tvm_ms / ort_ms[row["model"]],
+            # per round, against onnxruntime timed in the same round: slow drift cancels
+            paired_ratio=float(np.median([t / o for t, o in zip(samples[key], ort_rounds)])),
+            min_ratio=min(samples[key]) / min(ort_rounds),
             samples_ms=samples[key],
+            onnxruntime_samples_ms=ort_rounds,
         )
         print(
             f"{key:24s} codl-tvm {tvm_ms:8.2f} ms  onnxruntime {ort_ms[row['model']]:8.2f} ms  "
-            f"x{row['ratio']:.2f}  err {row['max_rel_err']:.1e}",
+            f"x{row['ratio']:.2f} (paired x{row['paired_ratio']:.2f}, min x{row['min_ratio']:.2f})"
+            f"  err {row['max_rel_err']:.1e}",
             flush=True,
         )
     write_json(
@@ -405,6 +422,12 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=8)
     p.add_argument("--number", type=int, default=3, help="runs averaged per sample")
     p.add_argument("--rounds", type=int, default=5, help="round-robin samples per library")
+    p.add_argument(
+        "--switch-s",
+        type=float,
+        default=1.0,
+        help="pause between TVM's and onnxruntime's turns in a round (their pools spin)",
+    )
     p.set_defaults(func=cmd_run)
     p = sub.add_parser("layers", help="per-kernel times (TVM) and per-node times (onnxruntime)")
     p.add_argument("--dir", required=True)

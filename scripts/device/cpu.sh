@@ -28,7 +28,7 @@ for v in $variants; do
 done
 wait
 touch $r/BUILT
-python3 scripts/bench_cpu_models.py run --dir /tmp/b/cpu_models --threads 8 --rounds 5 \
+python3 scripts/bench_cpu_models.py run --dir /tmp/b/cpu_models --threads 8 --rounds "${ROUNDS:-15}" \
   --out $r/cpu_models_8threads_constant.json > $r/cpu_models_run.log 2>&1
 touch $r/RUN
 python3 scripts/bench_cpu_models.py layers --dir /tmp/b/cpu_models --threads 8 --runs 10 \
