@@ -6,7 +6,9 @@
 Writes OUT (the manifest's parts whose ``name`` starts with one of the models, plus the sampled
 parts, which have no name, with ``--sampled``, and their libraries) and OUT.tar.xz beside it,
 as ``profile_campaign.py`` does. ``--ratios`` keeps only the split parts of those ratios (whole
-operators are always kept). The source directory is left as it is.
+operators are always kept); parts are ordered as ``--models`` lists the models, so a
+profiling run cut by its time limit has measured the first ones. The source directory is
+left as it is.
 """
 
 from __future__ import annotations
@@ -43,7 +45,10 @@ def main() -> None:
             return args.sampled
         return name.split("/")[0] in models
 
+    order = {m: i for i, m in enumerate(args.models.split(","))}
     parts = [part for part in manifest["parts"] if keep(part)]
+    # stable: sampled parts (no name) last, each model's parts in campaign order
+    parts.sort(key=lambda part: order.get(str(part.get("name", "")).split("/")[0], len(order)))
     missing = [part["library"] for part in parts if not (src / part["library"]).exists()]
     if missing:
         raise SystemExit(f"{src}: {len(missing)} libraries missing, e.g. {missing[0]}")
