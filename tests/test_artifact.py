@@ -208,16 +208,19 @@ def _host_has_avx512() -> bool:
 
 @pytest.mark.parametrize("flag", [None, "--no-winograd"], ids=["default", "no-winograd"])
 def test_cpu_alone_builds_use_winograd_on_avx512(tmp_path, monkeypatch, capsys, flag):
-    """A CPU artifact for an AVX-512 preset uses Winograd by default (measured faster on whole
-    models there); ``--no-winograd`` keeps it direct. Both match the direct reference."""
+    """A CPU artifact for an AVX-512 preset enables Winograd by default (measured faster on
+    whole models there), for convs of at least ``winograd_min_channels`` channels (128 in the
+    CPU-alone settings): the bundled model's 16-32-channel 3x3 convs are packed instead, with
+    tail-free tiles. ``--no-winograd`` disables it. Both match the direct reference."""
     args = ["compile", "--device", "cpu", "--preset", "emulated-soc"] + ([flag] if flag else [])
     dump = tmp_path / "ir"
     monkeypatch.setenv("CODL_TVM_DUMP_IR", str(dump))
     assert main([*args, "-o", str(tmp_path / "dumped"), "--no-reference"]) == 0
     monkeypatch.delenv("CODL_TVM_DUMP_IR")
     text = (dump / "03-schedule.py").read_text()
-    assert ('"codl.algorithm": "winograd", "codl.config": "avx512"' in text) is (flag is None)
-    assert '"codl.algorithm": "direct", "codl.config": "avx512"' in text  # the 3->32 stem
+    assert '"codl.algorithm": "winograd"' not in text  # 32 channels < winograd_min_channels
+    assert '"codl.algorithm": "packed", "codl.config": "avx512"' in text
+    assert '"codl.algorithm": "direct", "codl.config": "avx512"' in text  # the 3->16 stem
     out = tmp_path / "cpu"
     assert main([*args, "-o", str(out)]) == 0
     manifest = json.loads((out / "manifest.json").read_text())

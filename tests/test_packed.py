@@ -611,11 +611,13 @@ def test_cpu_alone_settings_apply_only_inside_their_block():
         assert alone.packed_chunk_bytes == CPU_ALONE_SETTINGS["avx512"]["packed_chunk_bytes"]
         assert alone.packed_min_gemm_channels == 128
         assert alone.packed_nhwc_input == 1  # strided packed convs read an NHWC copy
+        assert alone.packed_exact_tiles and alone.winograd_min_channels == 128
         assert cpu_config(NEON_TARGET) == NEON  # no settings for NEON (not measured)
         with cpu_overrides(packed_chunk_bytes=0):  # an explicit override wins
             assert cpu_config(AVX512_TARGET).packed_chunk_bytes == 0
     assert cpu_config(AVX512_TARGET) == plain
     assert plain.packed_nhwc_input == 0  # co-executed parts: the profiled NCHW kernels
+    assert not plain.packed_exact_tiles and plain.winograd_min_channels == 32
 
 
 def test_cpu_alone_build_reads_strided_inputs_as_nhwc():
@@ -634,6 +636,24 @@ def test_cpu_alone_build_reads_strided_inputs_as_nhwc():
         assert nhwc(strided) == 1
         assert nhwc(plain) == 0
     assert nhwc(strided, packed_cfg(cpu_config(AVX512_TARGET))) == 0
+
+
+def test_cpu_alone_build_algorithms_by_channels():
+    """CPU-alone settings on AVX-512: Winograd from 128 channels (3x3, stride 1), packed convs
+    with tail-free tiles below (64 channels on 14x14: 2 vectors x 7 columns, not 2 x 8); the
+    co-executed preset keeps Winograd from 32 channels and the tiles with a tail."""
+    from codl_tvm.schedules import cpu_alone_settings, packed_enabled, winograd_enabled
+
+    def kernel(xshape, oc):
+        mod, _, _ = conv_module(xshape, oc)
+        (func,) = prim_funcs(scheduled(mod, AVX512_TARGET)).values()
+        return str(func.attrs["codl.algorithm"]), str(func.attrs.get("codl.packed_tile", ""))
+
+    with packed_enabled("all"), winograd_enabled("all"), cpu_alone_settings():
+        assert kernel((1, 128, 28, 28), 128)[0] == "winograd"
+        assert kernel((1, 64, 14, 14), 64) == ("packed", "2x1x7")
+    with packed_enabled("all"), winograd_enabled("all"):
+        assert kernel((1, 64, 28, 28), 64)[0] == "winograd"
 
 
 def test_cpu_alone_artifact_packs_large_pointwise_convs(tmp_path, monkeypatch):
