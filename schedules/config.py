@@ -130,6 +130,15 @@ class CPUConfig:
         ``results/cpu_layers_21e24f0.json``) ResNet50's Winograd kernels ran 1.5x their
         isolated latency on 28x28 and 56x56 outputs (49 and 196 tiles) but 2.1x on 14x14 (16)
         and 3.3x on 7x7 (4).
+    winograd_wide_tiles : int
+        Outputs of at least this many ``m x m`` tiles take Winograd from
+        ``winograd_wide_min_channels`` channels instead (0: off): a large map amortises the
+        transforms over many tiles where a small one with the same channels does not (AVX-512,
+        5c26e4f: with ``winograd_min_channels=128`` the 104x104x64 conv ran 3.18 ms packed
+        against 2.00 with Winograd, while SqueezeNet's 16-64-channel convs on 55x55 and smaller
+        maps ran faster packed).
+    winograd_wide_min_channels : int
+        See ``winograd_wide_tiles``.
     conv_packed : bool
         Rewrite qualifying convs with constant weights as channel-packed convs, vectorised over
         output channels (:mod:`codl_tvm.schedules.packed`); off in every preset, switched on by
@@ -216,6 +225,8 @@ class CPUConfig:
     winograd_tile: int = 2
     winograd_min_channels: int = 32
     winograd_min_tiles: int = 0
+    winograd_wide_tiles: int = 0
+    winograd_wide_min_channels: int = 32
     conv_packed: bool = False
     packed_oc_vectors: int = 2
     packed_min_in_channels: int = 48
@@ -238,11 +249,17 @@ class CPUConfig:
             "packed_min_reduction",
             "packed_tile_bytes",
             "packed_strided_tile_bytes",
+            "winograd_wide_tiles",
         ):
             if getattr(self, field) < 0:
                 raise ValueError(
                     f"CPUConfig {self.name!r}: {field} must be >= 0, got {getattr(self, field)!r}"
                 )
+        if self.winograd_wide_min_channels < 1:
+            raise ValueError(
+                f"CPUConfig {self.name!r}: winograd_wide_min_channels must be >= 1, "
+                f"got {self.winograd_wide_min_channels!r}"
+            )
         if self.packed_nhwc_input not in (0, 1, 2):
             raise ValueError(
                 f"CPUConfig {self.name!r}: packed_nhwc_input must be 0, 1 or 2, "

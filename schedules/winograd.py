@@ -153,9 +153,10 @@ def winograd_reason(info: Conv2DInfo, config: CPUConfig | OpenCLConfig) -> str |
     """Why a conv does not get Winograd under ``config`` (None: it does).
 
     Winograd applies to 3x3, stride-1, dilation-1, single-group float32 convs when the config
-    enables it, both channel counts reach ``winograd_min_channels`` and the output holds at
-    least one whole ``m x m`` tile and ``winograd_min_tiles`` tiles in all. (The pass also
-    needs a constant weight.)
+    enables it, both channel counts reach ``winograd_min_channels`` (on CPUs,
+    ``winograd_wide_min_channels`` where the output holds ``winograd_wide_tiles`` tiles) and
+    the output holds at least one whole ``m x m`` tile and ``winograd_min_tiles`` tiles in all.
+    (The pass also needs a constant weight.)
     """
     m = config.winograd_tile
     if not config.winograd:
@@ -170,12 +171,15 @@ def winograd_reason(info: Conv2DInfo, config: CPUConfig | OpenCLConfig) -> str |
         return f"groups={info.groups}, Winograd needs one group"
     if info.dtype_bits != 32:
         return f"{info.dtype_bits}-bit data, Winograd is float32 only"
-    low = config.winograd_min_channels
-    if info.in_channels < low or info.out_channels < low:
-        return f"channels {info.in_channels}->{info.out_channels} below winograd_min_channels={low}"
     if info.out_height < m or info.out_width < m:
         return f"output {info.out_height}x{info.out_width} smaller than one {m}x{m} tile"
     tiles = -(-info.out_height // m) * -(-info.out_width // m)
+    low = config.winograd_min_channels
+    wide = getattr(config, "winograd_wide_tiles", 0)
+    if wide and tiles >= wide:
+        low = min(low, config.winograd_wide_min_channels)
+    if info.in_channels < low or info.out_channels < low:
+        return f"channels {info.in_channels}->{info.out_channels} below winograd_min_channels={low}"
     if tiles < config.winograd_min_tiles:
         return (
             f"output {info.out_height}x{info.out_width} holds {tiles} {m}x{m} tiles, below "

@@ -164,6 +164,15 @@ def test_selection_reasons():
     assert reason((1, 256, 14, 14), (256, 256, 3, 3), config=cpu_cfg(4)) is None  # no limit
     with pytest.raises(ValueError, match="winograd_min_tiles must be >= 0"):
         dataclasses.replace(SSE, winograd_min_tiles=-1)
+    # 128 channels on most maps, 32 on maps of at least 400 4x4 tiles (80x80 and larger)
+    wide = dataclasses.replace(avx512, winograd_min_channels=128, winograd_wide_tiles=400)
+    assert "winograd_min_channels=128" in reason((1, 64, 56, 56), (64, 64, 3, 3), config=wide)
+    assert reason((1, 64, 104, 104), (64, 64, 3, 3), config=wide) is None
+    assert "winograd_min_channels=32" in reason((1, 16, 104, 104), (64, 16, 3, 3), config=wide)
+    assert reason((1, 128, 14, 14), (128, 128, 3, 3), config=wide) is not None  # min tiles
+    for field, bad in (("winograd_wide_tiles", -1), ("winograd_wide_min_channels", 0)):
+        with pytest.raises(ValueError, match=field):
+            dataclasses.replace(AVX512, **{field: bad})
     info = conv2d_shape_info((1, 64, 28, 28), (64, 64, 3, 3), (1, 1), (1,) * 4, (1, 1), 1)
     assert select_conv2d_algorithm(info, cfg) == "winograd"
     assert select_conv2d_algorithm(info, SSE) == "direct"
