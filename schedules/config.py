@@ -651,7 +651,11 @@ def packed_presets() -> frozenset[str]:
 #: and Winograd needs 128 channels (the 16-64-channel 3x3 convs of SqueezeNet and VGG ran
 #: faster packed). Against the settings before, timed in the same rounds (15, onnxruntime in
 #: each round): SqueezeNet 2.88 -> 2.26 ms, ResNet50 22.9 -> 19.0, Inception v1 9.54 -> 8.25,
-#: AlexNet and VGG19 within noise.
+#: AlexNet and VGG19 within noise. Since commit b502b74 (``results/kernels_nvidia_b502b74.json``,
+#: ``results/cpu_models_8threads_constant_b502b74.json``) maps of at least 400 4x4 tiles keep
+#: Winograd from 32 channels (``winograd_wide_tiles``): 104x104x64 3x3 3.27 -> 2.56 ms
+#: (onnxruntime 2.61), 112x112x64 2.04 -> 1.37 (1.59), VGG19 63.7 -> 56.3 ms, the other models
+#: unchanged (identical kernels).
 CPU_ALONE_SETTINGS: dict[str, dict[str, object]] = {
     "avx512": {
         "packed_chunk_bytes": 256 * 1024,
@@ -662,6 +666,7 @@ CPU_ALONE_SETTINGS: dict[str, dict[str, object]] = {
         "packed_nhwc_input": 1,
         "packed_exact_tiles": True,
         "winograd_min_channels": 128,
+        "winograd_wide_tiles": 400,
     },
 }
 _CPU_ALONE: contextvars.ContextVar[bool] = contextvars.ContextVar("codl_cpu_alone", default=False)

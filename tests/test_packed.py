@@ -639,9 +639,10 @@ def test_cpu_alone_build_reads_strided_inputs_as_nhwc():
 
 
 def test_cpu_alone_build_algorithms_by_channels():
-    """CPU-alone settings on AVX-512: Winograd from 128 channels (3x3, stride 1), packed convs
-    with tail-free tiles below (64 channels on 14x14: 2 vectors x 7 columns, not 2 x 8); the
-    co-executed preset keeps Winograd from 32 channels and the tiles with a tail."""
+    """CPU-alone settings on AVX-512: Winograd from 128 channels (3x3, stride 1; from 32 on
+    maps of 400 4x4 tiles), packed convs with tail-free tiles below (64 channels on 14x14:
+    2 vectors x 7 columns, not 2 x 8); the co-executed preset keeps Winograd from 32 channels
+    and the tiles with a tail."""
     from codl_tvm.schedules import cpu_alone_settings, packed_enabled, winograd_enabled
 
     def kernel(xshape, oc):
@@ -652,6 +653,7 @@ def test_cpu_alone_build_algorithms_by_channels():
     with packed_enabled("all"), winograd_enabled("all"), cpu_alone_settings():
         assert kernel((1, 128, 28, 28), 128)[0] == "winograd"
         assert kernel((1, 64, 14, 14), 64) == ("packed", "2x1x7")
+        assert kernel((1, 64, 80, 80), 64)[0] == "winograd"  # 400 tiles: winograd_wide_tiles
     with packed_enabled("all"), winograd_enabled("all"):
         assert kernel((1, 64, 28, 28), 64)[0] == "winograd"
 
