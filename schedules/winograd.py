@@ -174,12 +174,12 @@ def winograd_reason(info: Conv2DInfo, config: CPUConfig | OpenCLConfig) -> str |
     if info.out_height < m or info.out_width < m:
         return f"output {info.out_height}x{info.out_width} smaller than one {m}x{m} tile"
     tiles = -(-info.out_height // m) * -(-info.out_width // m)
-    low = config.winograd_min_channels
+    field, low = "winograd_min_channels", config.winograd_min_channels
     wide = getattr(config, "winograd_wide_tiles", 0)
-    if wide and tiles >= wide:
-        low = min(low, config.winograd_wide_min_channels)
+    if wide and tiles >= wide and config.winograd_wide_min_channels < low:
+        field, low = "winograd_wide_min_channels", config.winograd_wide_min_channels
     if info.in_channels < low or info.out_channels < low:
-        return f"channels {info.in_channels}->{info.out_channels} below winograd_min_channels={low}"
+        return f"channels {info.in_channels}->{info.out_channels} below {field}={low}"
     if tiles < config.winograd_min_tiles:
         return (
             f"output {info.out_height}x{info.out_width} holds {tiles} {m}x{m} tiles, below "

@@ -168,7 +168,7 @@ def test_selection_reasons():
     wide = dataclasses.replace(avx512, winograd_min_channels=128, winograd_wide_tiles=400)
     assert "winograd_min_channels=128" in reason((1, 64, 56, 56), (64, 64, 3, 3), config=wide)
     assert reason((1, 64, 104, 104), (64, 64, 3, 3), config=wide) is None
-    assert "winograd_min_channels=32" in reason((1, 16, 104, 104), (64, 16, 3, 3), config=wide)
+    assert "winograd_wide_min_channels=32" in reason((1, 16, 104, 104), (64, 16, 3, 3), config=wide)
     assert reason((1, 128, 14, 14), (128, 128, 3, 3), config=wide) is not None  # min tiles
     for field, bad in (("winograd_wide_tiles", -1), ("winograd_wide_min_channels", 0)):
         with pytest.raises(ValueError, match=field):
