@@ -426,7 +426,7 @@ def main() -> None:
         "--switch-s",
         type=float,
         default=1.0,
-        help="pause between TVM's and onnxruntime's turns in a round (their pools spin)",
+        help="pause before each onnxruntime session in a round and after the last (pools spin)",
     )
     p.set_defaults(func=cmd_run)
     p = sub.add_parser("layers", help="per-kernel times (TVM) and per-node times (onnxruntime)")

@@ -30,7 +30,7 @@ def main() -> None:
     args = p.parse_args()
     src, out = Path(args.src), Path(args.out)
     manifest = json.loads((src / "manifest.json").read_text())
-    models = set(args.models.split(","))
+    order = {m: i for i, m in enumerate(args.models.split(","))}  # models, in profiling order
     ratios = {round(float(r), 6) for r in args.ratios.split(",")} if args.ratios else None
     if out.exists():
         raise SystemExit(f"{out} exists: choose a new directory")
@@ -43,9 +43,8 @@ def main() -> None:
         name = part.get("name")
         if name is None:
             return args.sampled
-        return name.split("/")[0] in models
+        return name.split("/")[0] in order
 
-    order = {m: i for i, m in enumerate(args.models.split(","))}
     parts = [part for part in manifest["parts"] if keep(part)]
     # stable: sampled parts (no name) last, each model's parts in campaign order
     parts.sort(key=lambda part: order.get(str(part.get("name", "")).split("/")[0], len(order)))
