@@ -2,8 +2,9 @@
 
 ``single_device_pipeline(target)`` builds a model for one processor: inference
 simplification (``codl.FoldBatchNorm``: batch norms after convs with constant weights fold into
-them; ``codl.PairwiseVariadic``: ONNX Sum/Max/Min become binary ops that fuse), codl-tvm's
-algorithm selection (``codl.Conv2DWinograd``: qualifying 3x3 convs become Winograd convs),
+them; ``codl.PairwiseVariadic``: ONNX Sum/Max/Min become binary ops that fuse;
+``codl.LRNWindowSum``: LRN's channel-window pool becomes shifted adds), codl-tvm's algorithm
+selection (``codl.Conv2DWinograd``: qualifying 3x3 convs become Winograd convs),
 TVM's legalization and fusion, then codl-tvm's schedule rules (``codl_tvm.schedules``) ahead of
 dlight's GPU rules, then TVM's lowering and finalisation. The co-execution pipeline adds the
 partitioning phase after the inference simplification (algorithm selection runs after it, per
@@ -33,12 +34,14 @@ __all__ = [
 
 def inference_passes() -> list[tvm.transform.Pass]:
     """Inference-only simplifications that keep every operator's name, order and shape (so a
-    plan made for the imported module applies): fold batch norms into the convs before them, and
-    make the frontend's stack-and-reduce Sum/Max/Min pairwise binary ops (fusable epilogues)."""
+    plan made for the imported module applies): fold batch norms into the convs before them,
+    make the frontend's stack-and-reduce Sum/Max/Min pairwise binary ops (fusable epilogues),
+    and write LRN's channel-window pools as shifted adds (one elementwise kernel per LRN)."""
     from codl_tvm.passes.fold_bn import FoldBatchNorm
+    from codl_tvm.passes.lrn import LRNWindowSum
     from codl_tvm.passes.variadic import PairwiseVariadic
 
-    return [FoldBatchNorm(), PairwiseVariadic()]
+    return [FoldBatchNorm(), PairwiseVariadic(), LRNWindowSum()]
 
 
 def algorithm_passes(

@@ -9,6 +9,8 @@
   constant-weight convs into the convs (keeps operator names and shapes).
 - :class:`PairwiseVariadic` (``variadic.py``): before partitioning, rewrites the ONNX frontend's
   stack-and-reduce Sum/Max/Min as binary ops (residual adds that fuse into the conv before them).
+- :class:`LRNWindowSum` (``lrn.py``): before partitioning, writes LRN's channel-window average
+  pool as shifted adds (one elementwise kernel instead of an unscheduled 3-D pool).
 - :class:`Conv2DWinograd` (``winograd.py``): after partitioning, before legalization, rewrites
   qualifying 3x3 convs (and conv parts) as Winograd convs, per processor config.
 """
@@ -23,6 +25,7 @@ from .halo import (
     chain_row_spans,
     split_point,
 )
+from .lrn import LRNWindowSum
 from .partition import PartitionOperators
 from .parts import PARTS_ATTR, PartRecord, Processor, SplitRecord, collect_parts
 from .variadic import PairwiseVariadic
@@ -33,6 +36,7 @@ __all__ = [
     "ChannelMap",
     "Conv2DWinograd",
     "FoldBatchNorm",
+    "LRNWindowSum",
     "PairwiseVariadic",
     "PartRecord",
     "PartSpan",

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.ir.expr import TensorLoad
@@ -418,3 +419,48 @@ def covers_producer(sch: s_tir.Schedule, main: SBlockRV, epilogue: SBlockRV) -> 
             return False
         consumed *= extent
     return consumed == produced
+
+
+def _intermediate_readers(sch: s_tir.Schedule) -> dict:
+    """Each buffer a block of the function writes, with the blocks that read it."""
+    written: set = set()
+    readers: dict = {}
+
+    def visit(block):
+        for region in block.writes:
+            written.add(region.source)
+        for region in block.reads:
+            readers.setdefault(region.source, []).append(block)
+
+    tvm_ffi.structural_walk(sch.mod["main"].body, [(s_tir.SBlock, visit)])
+    return {buf: blocks for buf, blocks in readers.items() if buf in written}
+
+
+def sole_reader(sch: s_tir.Schedule, block: SBlockRV) -> bool:
+    """Whether ``block`` is the only reader of every intermediate buffer it reads.
+
+    TVM 0.27's ``reverse_compute_inline`` does not check it: inlining the sigmoid of a conv's
+    SiLU epilogue (``y = x * sigmoid(x)``, ``x`` read by both blocks) into the conv's write-back
+    drops ``x``'s allocation while the multiply still reads it, and the function is ill-formed.
+    """
+    stmt = sch.get(block)
+    shared = _intermediate_readers(sch)
+    return all(
+        all(other.same_as(stmt) for other in shared.get(region.source, ())) for region in stmt.reads
+    )
+
+
+def inline_elementwise_steps(sch: s_tir.Schedule, epilogue: list[SBlockRV]) -> list[SBlockRV]:
+    """Inline the epilogue blocks before the last into their consumers where an intermediate
+    has several readers (``x * sigmoid(x)``: the sigmoid into the multiply), so that the last
+    block is the conv output's only reader and can be inlined into the write-back; returns the
+    blocks left. Chains with one reader per step are left as they are."""
+    if len(epilogue) < 2 or all(sole_reader(sch, b) for b in epilogue):
+        return list(epilogue)
+    left = []
+    for block in epilogue[:-1]:
+        try:
+            sch.compute_inline(block)
+        except (s_tir.ScheduleError, tvm.error.InternalError):
+            left.append(block)
+    return [*left, epilogue[-1]]

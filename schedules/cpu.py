@@ -61,10 +61,12 @@ from .analysis import (
     FuncBlocks,
     classify_blocks,
     covers_producer,
+    inline_elementwise_steps,
     is_trivial_copy,
     match_conv2d,
     match_pool2d,
     match_reduction,
+    sole_reader,
     writer_of,
 )
 from .common import CodlRule, choose_row_width, padded_row_width
@@ -141,10 +143,12 @@ def _without(blocks: FuncBlocks, block: SBlockRV) -> FuncBlocks:
 
 def _inline_epilogue(sch: s_tir.Schedule, blocks: FuncBlocks, cfg: CPUConfig) -> None:
     """Inline elementwise epilogues into the write-back block; parallelise any that resist."""
-    remaining = list(blocks.epilogue)
+    remaining = inline_elementwise_steps(sch, blocks.epilogue)
     while remaining:
         if blocks.main is not None and not covers_producer(sch, blocks.main, remaining[0]):
             break  # a slice of the output: inlining it would write out of bounds
+        if not sole_reader(sch, remaining[0]):
+            break  # the output has other readers: inlining would drop it from under them
         try:
             sch.reverse_compute_inline(remaining[0])
         except (s_tir.ScheduleError, tvm.error.InternalError):

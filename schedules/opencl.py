@@ -49,9 +49,11 @@ from .analysis import (
     buffer_loads,
     classify_blocks,
     covers_producer,
+    inline_elementwise_steps,
     is_trivial_copy,
     match_conv2d,
     match_pool2d,
+    sole_reader,
 )
 from .common import CodlRule
 from .config import OpenCLConfig, opencl_config
@@ -78,10 +80,12 @@ def _inline_prologue(sch: s_tir.Schedule, blocks: FuncBlocks, threads: int) -> N
 
 
 def _inline_epilogue(sch: s_tir.Schedule, blocks: FuncBlocks, threads: int) -> None:
-    remaining = list(blocks.epilogue)
+    remaining = inline_elementwise_steps(sch, blocks.epilogue)
     while remaining:
         if blocks.main is not None and not covers_producer(sch, blocks.main, remaining[0]):
             break  # a slice of the output: inlining it would write out of bounds
+        if not sole_reader(sch, remaining[0]):
+            break  # the output has other readers: inlining would drop it from under them
         try:
             sch.reverse_compute_inline(remaining[0])
         except (s_tir.ScheduleError, tvm.error.InternalError):
