@@ -48,6 +48,7 @@ __all__ = [
     "Artifact",
     "ArtifactError",
     "compile_artifact",
+    "cost_model_cpu_alone",
     "is_artifact",
     "load_artifact",
     "planning_context",
@@ -146,7 +147,7 @@ def compile_artifact(
     key: str | None = None,
     build_cache: str | Path | None = None,
     log: Callable[[str], None] = print,
-    coexec_cpu_alone: bool = False,
+    coexec_cpu_alone: bool | None = None,
 ) -> Path:
     """Plan and build an ONNX model into an artifact directory.
 
@@ -215,9 +216,10 @@ def compile_artifact(
         With ``device="coexec"``: every CPU function of the co-executed build (the CPU parts
         of split operators and the operators the plan keeps whole on the CPU) gets the kernels
         of the builds for the CPU alone: their Winograd and packed convs and
-        :data:`~codl_tvm.schedules.config.CPU_ALONE_SETTINGS`. Off by default: the shipped
-        cost models were profiled with the preset's kernels, so the planner predicts the CPU
-        side with those (an A/B switch until a campaign profiles these).
+        :data:`~codl_tvm.schedules.config.CPU_ALONE_SETTINGS`. None (default): on when the
+        planner's cost model was fitted with a dataset of those kernels (``codl-tvm profile
+        --winograd --packed --cpu-alone``; its ``meta["cpu_alone_settings"]``), so the planner
+        predicts the kernels the build makes; off with a given plan. True/False decide alone.
 
     Returns
     -------
@@ -232,7 +234,11 @@ def compile_artifact(
         raise ArtifactError("give both the RPC tracker (HOST:PORT) and the device key, or neither")
     if tracker is not None and not verify:
         raise ArtifactError("an RPC tracker is only used to --verify; give --verify N too")
-    if coexec_cpu_alone and device != "coexec":
+    if coexec_cpu_alone is None:
+        coexec_cpu_alone = (
+            device == "coexec" and plan is None and cost_model_cpu_alone(cost_model, preset)
+        )
+    elif coexec_cpu_alone and device != "coexec":
         raise ArtifactError(
             f"--coexec-cpu-alone-kernels applies to --device coexec, not {device!r} (builds for "
             "the CPU alone use those kernels already)"
@@ -364,11 +370,17 @@ def _compile_into(
                 switches.enter_context(cpu_alone_settings(True))
                 manifest["coexec_cpu_alone_kernels"] = True
                 libraries.coexec_cpu_alone = True
-                log(
-                    "co-executed CPU functions use the kernels of the build for the CPU alone "
-                    "(CPU_ALONE_SETTINGS); the cost model was profiled with the preset's, so "
-                    "the planner's CPU predictions describe those"
-                )
+                if plan is None and cost_model_cpu_alone(cost_model, preset_obj.name):
+                    log(
+                        "co-executed CPU functions use the kernels of the build for the CPU "
+                        "alone (CPU_ALONE_SETTINGS), which the cost model was profiled with"
+                    )
+                else:
+                    log(
+                        "co-executed CPU functions use the kernels of the build for the CPU "
+                        "alone (CPU_ALONE_SETTINGS); the cost model was profiled with the "
+                        "preset's, so the planner's CPU predictions describe those"
+                    )
             else:
                 algos = (
                     ()
@@ -710,6 +722,27 @@ def _coexec_cpu_algorithms(cost_model, preset_obj, winograd, packed) -> tuple[st
     return tuple(name for name in alone if name in covered)
 
 
+def cost_model_cpu_alone(cost_model: str | Path | None, preset: str | None) -> bool:
+    """Whether the planner's cost model (default: the shipped one of ``preset``) was fitted
+    with CPU-alone Winograd/packed kernels (``codl-tvm profile --cpu-alone``) for a CPU whose
+    builds for the CPU alone have such settings; False where it cannot be read (planning
+    reports why)."""
+    from codl_tvm.cost_model.base import ModelFileError, load_model
+    from codl_tvm.cost_model.defaults import NoDefaultModelError
+    from codl_tvm.schedules import cpu_config
+    from codl_tvm.schedules.config import CPU_ALONE_SETTINGS
+    from codl_tvm.targets import get_preset
+
+    preset_obj = get_preset(preset or "opencl")
+    if cpu_config(preset_obj.target("cpu")).name not in CPU_ALONE_SETTINGS:
+        return False
+    try:
+        path = Path(cost_model) if cost_model else default_cost_model_for(preset_obj.name)
+        return bool(load_model(path).meta.get("cpu_alone_settings"))
+    except (ModelFileError, NoDefaultModelError):
+        return False
+
+
 def _cpu_alone_algorithms(preset_obj, winograd: bool, packed: bool) -> tuple[str, ...]:
     """Of ``winograd`` and ``packed`` (those asked for), the algorithms the preset's builds for
     the CPU alone use (``WINOGRAD_CPU_ALONE``, ``PACKED_CPU_ALONE``)."""
@@ -751,7 +784,14 @@ def planning_context(
 
     preset_obj = get_preset(preset)
     with contextlib.ExitStack() as stack:
-        _switch_on(stack, _coexec_cpu_algorithms(cost_model, preset_obj, None, None), preset_obj)
+        if cost_model_cpu_alone(cost_model, preset):
+            from codl_tvm.schedules import cpu_alone_settings
+
+            stack.enter_context(cpu_alone_settings(True))
+            algos = _cpu_alone_algorithms(preset_obj, True, True)
+        else:
+            algos = _coexec_cpu_algorithms(cost_model, preset_obj, None, None)
+        _switch_on(stack, algos, preset_obj)
         yield dataclasses.replace(_planner_config(preset_obj), **settings)
 
 

@@ -457,10 +457,12 @@ def _add_compile(sub) -> None:
     )
     p.add_argument(
         "--coexec-cpu-alone-kernels",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
+        default=None,
         help="co-executed builds: give every CPU function the kernels of the build for the CPU "
-        "alone (Winograd, packed convs and their CPU-alone settings); the shipped cost models "
-        "were profiled with the preset's kernels, so this is for A/B measurements",
+        "alone (Winograd, packed convs and their CPU-alone settings). Default: when the cost "
+        "model was profiled with them (codl-tvm profile --cpu-alone), so the planner predicts "
+        "the kernels the build makes",
     )
     p.add_argument(
         "--verify",

@@ -37,6 +37,7 @@ __all__ = [
     "WINOGRAD_CPU_ALONE",
     "CPUConfig",
     "OpenCLConfig",
+    "cpu_alone_on",
     "cpu_alone_settings",
     "cpu_config",
     "cpu_overrides",
@@ -681,6 +682,11 @@ def cpu_alone_settings(on: bool = True) -> Iterator[None]:
         yield
     finally:
         _CPU_ALONE.reset(token)
+
+
+def cpu_alone_on() -> bool:
+    """Whether a :func:`cpu_alone_settings` block is on here."""
+    return _CPU_ALONE.get()
 
 
 _DENSE_ON: contextvars.ContextVar[bool] = contextvars.ContextVar("codl_dense_on", default=False)

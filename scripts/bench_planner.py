@@ -71,7 +71,7 @@ def _compile_job(job: tuple) -> tuple[str, str, str | None]:
             verify_modes=verify_modes,
             build_cache=cache,
             log=lambda s: None,
-            coexec_cpu_alone=alone,
+            coexec_cpu_alone=True if alone else None,  # else: as the cost model says
         )
     except Exception as exc:  # one failing build must not lose the others
         return name, tag, f"{type(exc).__name__}: {exc}"

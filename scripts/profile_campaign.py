@@ -20,6 +20,10 @@ CPU alone make them (``codl-tvm profile --winograd --packed``), for a dataset of
 
     python scripts/profile_campaign.py --preset emulated-soc --threads 8 --codl 190 \
         --models vgg16,resnet50 --algorithms winograd,packed --out .device/prof_soc_algos
+
+``--cpu-alone`` builds those kernels with the settings of builds for the CPU alone
+(``CPU_ALONE_SETTINGS``); a cost model fitted with that dataset makes co-executed builds use
+the CPU-alone kernels on every CPU function.
 """
 
 from __future__ import annotations
@@ -107,10 +111,17 @@ def main(argv: list[str] | None = None) -> int:
         default="",
         help="comma list of winograd, packed: CPU conv parts only, built with these switched on",
     )
+    p.add_argument(
+        "--cpu-alone",
+        action="store_true",
+        help="with --algorithms: their kernels with the settings of builds for the CPU alone",
+    )
     args = p.parse_args(argv)
     algorithms = set(filter(None, args.algorithms.split(",")))
     if algorithms - {"winograd", "packed"}:
         raise SystemExit(f"--algorithms: unknown {sorted(algorithms - {'winograd', 'packed'})}")
+    if args.cpu_alone and not algorithms:
+        raise SystemExit("--cpu-alone changes only the algorithm kernels: add --algorithms")
 
     jobs = []
     sampled = []
@@ -147,11 +158,12 @@ def main(argv: list[str] | None = None) -> int:
     if algorithms:  # dense, pooling and GPU parts are the kernels of the direct dataset
         jobs = [j for j in jobs if j.processor == "cpu" and j.params.op == "conv2d"]
     print(f"{len(jobs)} parts", file=sys.stderr)
-    from codl_tvm.schedules import packed_enabled, winograd_enabled
+    from codl_tvm.schedules import cpu_alone_settings, packed_enabled, winograd_enabled
 
     with (
         winograd_enabled("all") if "winograd" in algorithms else contextlib.nullcontext(),
         packed_enabled("all") if "packed" in algorithms else contextlib.nullcontext(),
+        cpu_alone_settings(args.cpu_alone),
     ):
         if algorithms:
             jobs = _algorithm_jobs(jobs, args.preset)

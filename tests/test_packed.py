@@ -753,6 +753,57 @@ def test_profile_packed_parts_and_fit_with_direct_data(opencl, tmp_path, capsys)
     assert "packed" in capsys.readouterr().out
 
 
+@pytest.mark.opencl
+def test_cpu_alone_kernel_dataset_makes_coexec_builds_use_them(opencl, tmp_path, capsys):
+    """``profile --packed --cpu-alone`` records the CPU-alone settings (a dataset of its own);
+    ``cost-model fit`` marks a model fitted with it and refuses to mix it with preset-kernel
+    algorithm data; ``compile`` with that model gives co-executed CPU functions the CPU-alone
+    kernels by default (the planner predicted those), unless told not to; outputs unchanged."""
+    from codl_tvm.cli import main
+    from codl_tvm.cost_model.dataset import load_dataset
+
+    model = _conv_onnx(tmp_path / "m.onnx")
+    common = ["--model", str(model), "--ratios", "0,0.5", "--dims", "OC", "--repeats", "2"]
+    common += ["--number", "1", "--no-sharing"]
+    alone, preset, direct = (tmp_path / f"{n}.jsonl" for n in ("alone", "preset", "direct"))
+    capsys.readouterr()
+    assert main(["profile", *common, "--cpu-alone", "-o", str(alone)]) == 2
+    assert "add --winograd and/or --packed" in capsys.readouterr().err
+    assert main(["profile", *common, "--packed", "--cpu-alone", "-o", str(alone)]) == 0
+    assert load_dataset(alone).meta["algorithms"]["cpu_alone"] == ["avx512"]
+    # the preset's packed kernels are other kernels: not resumed into it
+    assert main(["profile", *common, "--packed", "-o", str(alone)]) != 0
+    assert "algorithm switches" in capsys.readouterr().err
+    assert main(["profile", *common, "--packed", "-o", str(preset)]) == 0
+    assert main(["profile", *common, "-o", str(direct)]) == 0
+    fitted = tmp_path / "alone.json"
+    fit = ["cost-model", "fit", "--kind", "codl", "--holdout", "0", "--preset", "mobile"]
+    with pytest.warns(UserWarning, match="FLOPs fallback"):  # 2 records a group
+        assert main([*fit, str(direct), str(alone), "-o", str(fitted)]) == 0
+    assert json.loads(fitted.read_text())["meta"]["cpu_alone_settings"] is True
+    capsys.readouterr()
+    assert main([*fit, str(direct), str(alone), str(preset), "-o", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err
+    assert "different CPU kernel settings" in err and "preset.jsonl (preset)" in err
+    assert not (tmp_path / "x").exists()
+    # compile: a model fitted with CPU-alone data switches the co-executed CPU kernels to them
+    # (the bundled CNN co-executes under the synthetic model; 2 records a group would not)
+    synthetic = _model_with_packed()
+    synthetic.meta["cpu_alone_settings"] = True
+    synthetic.save(fitted)
+    args = ["compile", "--preset", "emulated-soc", "--no-winograd", "--cost-model", str(fitted)]
+    for flag, want in (((), True), (("--no-coexec-cpu-alone-kernels",), False)):
+        out = tmp_path / f"a{len(flag)}"
+        assert main([*args, *flag, "-o", str(out)]) == 0
+        manifest = json.loads((out / "manifest.json").read_text())
+        assert manifest.get("coexec_cpu_alone_kernels", False) is want, manifest.get("plan")
+        assert manifest["device"] == "coexec", manifest["plan"]
+        if _host_has_avx512():
+            capsys.readouterr()
+            assert main(["run", str(out), "--number", "1", "--repeat", "1"]) == 0
+            assert "-> OK" in capsys.readouterr().out
+
+
 # ---------------------------------------------------------------------------------------------
 # planning with packed CPU parts
 

@@ -428,7 +428,22 @@ def _load_datasets(paths: Sequence[str]):
     from codl_tvm.cost_model.dataset import Dataset
 
     sets = [load_dataset(p) for p in paths]
-    return Dataset([r for d in sets for r in d.records], dict(sets[0].meta))
+    meta = dict(sets[0].meta)
+    alone = {
+        str(p): bool(d.meta.get("algorithms", {}).get("cpu_alone"))
+        for p, d in zip(paths, sets)
+        if d.meta.get("algorithms")
+    }
+    if len(set(alone.values())) > 1:
+        # One booster per implementation: packed kernels of two settings would share one.
+        raise DatasetError(
+            "the algorithm datasets were built with different CPU kernel settings: "
+            + ", ".join(f"{p} ({'CPU-alone' if a else 'preset'})" for p, a in alone.items())
+            + "; fit one cost model per setting"
+        )
+    if any(alone.values()):
+        meta["cpu_alone_settings"] = True
+    return Dataset([r for d in sets for r in d.records], meta)
 
 
 def _names(paths: Sequence[str]) -> str:
@@ -452,6 +467,10 @@ def cmd_fit(args: argparse.Namespace) -> int:
         model = fit_model(args.kind, train, **options)
     except (DatasetError, ValueError) as exc:
         raise _cli_error(str(exc)) from None
+    if data.meta.get("cpu_alone_settings"):
+        # Its Winograd/packed CPU kernels are those of builds for the CPU alone: co-executed
+        # builds planned with it use them (codl_tvm.artifact).
+        model.meta["cpu_alone_settings"] = True
     model.meta.update(
         {
             "dataset": str(args.data[0]) if len(args.data) == 1 else [str(p) for p in args.data],

@@ -79,11 +79,17 @@ def _error(message: str) -> Exception:
 def cmd_profile(args: argparse.Namespace) -> int:
     import contextlib
 
-    from codl_tvm.schedules import packed_enabled, winograd_enabled
+    from codl_tvm.schedules import cpu_alone_settings, packed_enabled, winograd_enabled
 
+    if args.cpu_alone and not (args.winograd or args.packed):
+        raise _error(
+            "--cpu-alone changes only the Winograd and packed CPU kernels: add --winograd "
+            "and/or --packed"
+        )
     with (
         winograd_enabled("all") if args.winograd else contextlib.nullcontext(),
         packed_enabled("all") if args.packed else contextlib.nullcontext(),
+        cpu_alone_settings(args.cpu_alone),
     ):
         return _profile(args)
 
@@ -124,10 +130,11 @@ def _profile(args: argparse.Namespace) -> int:
         if args.run_dir:
             if args.model or args.sample:
                 raise ProfileError("--run-dir measures a prepared directory; drop --model/--sample")
-            if args.winograd or args.packed:
+            if args.winograd or args.packed or args.cpu_alone:
                 raise ProfileError(
-                    "--winograd/--packed choose how parts are compiled; --run-dir measures the "
-                    "parts its directory holds (their manifest records the switches): drop them"
+                    "--winograd/--packed/--cpu-alone choose how parts are compiled; --run-dir "
+                    "measures the parts its directory holds (their manifest records the "
+                    "switches): drop them"
                 )
             if not args.output:
                 raise ProfileError("--run-dir needs -o DATA.jsonl")
@@ -292,6 +299,13 @@ def register_cli(subparsers) -> None:
         "--packed",
         action="store_true",
         help="likewise with channel-packed CPU convs on (one algorithm setting per dataset)",
+    )
+    p.add_argument(
+        "--cpu-alone",
+        action="store_true",
+        help="with --winograd/--packed: build those kernels with the settings of builds for the "
+        "CPU alone (CPU_ALONE_SETTINGS); a cost model fitted with such a dataset makes "
+        "co-executed builds use these kernels too",
     )
     p.add_argument(
         "--tvm-cpus",

@@ -189,11 +189,24 @@ def part_padding(params: OpParams, part: PartShape) -> tuple[int, int, int, int]
 def algorithm_switches() -> dict[str, list[str]]:
     """The algorithm switches on here: ``{"winograd": presets, "packed": presets}`` of
     :func:`~codl_tvm.schedules.winograd_enabled` / :func:`~codl_tvm.schedules.packed_enabled`
-    blocks, empty entries left out (``{}``: direct kernels only)."""
-    from codl_tvm.schedules.config import packed_presets, winograd_presets
+    blocks, empty entries left out (``{}``: direct kernels only).
+
+    Inside :func:`~codl_tvm.schedules.cpu_alone_settings` with an algorithm on, ``"cpu_alone"``
+    names the presets whose Winograd/packed kernels then take the settings of builds for the CPU
+    alone (:data:`~codl_tvm.schedules.config.CPU_ALONE_SETTINGS`): other kernels than the
+    preset's, so a dataset of them is another dataset."""
+    from codl_tvm.schedules.config import (
+        CPU_ALONE_SETTINGS,
+        cpu_alone_on,
+        packed_presets,
+        winograd_presets,
+    )
 
     switches = {"winograd": sorted(winograd_presets()), "packed": sorted(packed_presets())}
-    return {k: v for k, v in switches.items() if v}
+    switches = {k: v for k, v in switches.items() if v}
+    if switches and cpu_alone_on():
+        switches["cpu_alone"] = sorted(CPU_ALONE_SETTINGS)
+    return switches
 
 
 def part_rewrite(
