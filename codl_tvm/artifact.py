@@ -148,6 +148,7 @@ def compile_artifact(
     build_cache: str | Path | None = None,
     log: Callable[[str], None] = print,
     coexec_cpu_alone: bool | None = None,
+    verify_calibrate: bool = True,
 ) -> Path:
     """Plan and build an ONNX model into an artifact directory.
 
@@ -194,7 +195,12 @@ def compile_artifact(
         The cost model cannot see everything that co-execution costs (contention for memory
         bandwidth, synchronisation, kernels outside the plan), so this is what guarantees
         that an artifact is never slower than the best single processor, at the price of two
-        more builds and a few seconds of runs.
+        more builds and a few seconds of runs. Where the two processors' measured latencies
+        missed their predictions by different factors (more than
+        :data:`CALIBRATION_MIN_SHIFT` apart), the plans are re-made with each processor's
+        predictions scaled by its ``measured / predicted`` ratio, and those that differ join a
+        second timing of every build (``manifest["plan"]["calibration"]``; off with
+        ``verify_calibrate=False``).
     verify_modes
         With ``verify``: more planner modes (``codl_tvm.planner.MODES``, e.g. ``codl_no_chain``,
         ``h_only``) whose plans join the timed candidates when they differ from ``mode``'s.
@@ -290,6 +296,7 @@ def compile_artifact(
                 None if build_cache is None else Path(build_cache),
                 log,
                 coexec_cpu_alone,
+                verify_calibrate,
             )
     except BaseException:
         # Leave no half-written artifact behind (the directory held none of our files before,
@@ -317,6 +324,7 @@ def _compile_into(
     build_cache,
     log,
     coexec_cpu_alone=False,
+    verify_calibrate=True,
 ):
     import tvm
 
@@ -456,10 +464,28 @@ def _compile_into(
                         candidates[name] = libraries.get(
                             name, "coexec", cand, lambda c=cand: build_coexec(c)
                         )
-                built = _verify(model, candidates, libraries, verify, seed, manifest, remote, log)
+                calibrate = None
+                if report is not None and verify_calibrate:
+                    seen = {plan.to_json(), *(c.to_json() for c, _ in plans.values())}
+
+                    def calibrate(ms):
+                        found = _calibrated_plans(
+                            model, mode, report, ms, seen, manifest, log, planner_config
+                        )
+                        plans.update(found)
+                        return {
+                            name: libraries.get(name, "coexec", c, lambda c=c: build_coexec(c))
+                            for name, (c, _) in found.items()
+                        }
+
+                built = _verify(
+                    model, candidates, libraries, verify, seed, manifest, remote, log, calibrate
+                )
                 chosen = manifest["verify"]["chosen"]
                 if chosen in plans:
-                    _adopt_plan(out, model, *plans[chosen], chosen.split(":", 1)[1], manifest)
+                    _adopt_plan(out, model, *plans[chosen], chosen.split(":")[1], manifest)
+                    if chosen.endswith(":calibrated"):
+                        manifest["plan"]["calibrated"] = True
         else:
             target = cpu_target if device == "cpu" else preset_obj.target("gpu")
             if target is None:
@@ -497,11 +523,15 @@ def _compile_into(
     return out
 
 
-def _verify(model, candidates, libraries, rounds: int, seed, manifest, remote, log):
+def _verify(model, candidates, libraries, rounds: int, seed, manifest, remote, log, calibrate=None):
     """Time the co-executed builds (``candidates``: ``"coexec"`` and ``"coexec:<mode>"`` to
     their exported libraries) against each processor alone (here, or on ``remote``, a
     ``(tracker, key)`` pair); return the library of the fastest and record the measurements
-    (and a fallback) in ``manifest``."""
+    (and a fallback) in ``manifest``.
+
+    ``calibrate``, given the medians of that first timing, returns more candidate libraries
+    (plans re-made with the cost model calibrated to the measured single-processor latencies);
+    if it returns any, every build is timed again with them and the second timing decides."""
     from codl_tvm.frontend import random_inputs
 
     libs = dict(candidates)
@@ -509,11 +539,26 @@ def _verify(model, candidates, libraries, rounds: int, seed, manifest, remote, l
         libs[device] = libraries.single(device)
     values = random_inputs(model, seed)
     inputs = [values[s.name] for s in model.inputs]
-    if remote is None:
-        samples, where = _time_here(libs, inputs, rounds), "this machine"
-    else:
-        samples, where = _time_remote(libs, inputs, rounds, *remote)
-    ms = {name: float(np.median(v)) for name, v in samples.items()}
+
+    def measure():
+        if remote is None:
+            samples, where = _time_here(libs, inputs, rounds), "this machine"
+        else:
+            samples, where = _time_remote(libs, inputs, rounds, *remote)
+        return samples, where, {name: float(np.median(v)) for name, v in samples.items()}
+
+    samples, where, ms = measure()
+    first = None
+    extra = calibrate(ms) if calibrate is not None else {}
+    if extra:
+        first = {"median_ms": ms, "samples_ms": samples}
+        log(
+            "verify: first timing "
+            + ", ".join(f"{k} {v:.3f} ms" for k, v in ms.items())
+            + f"; timing again with {', '.join(extra)}"
+        )
+        libs.update(extra)
+        samples, where, ms = measure()
     chosen = min(ms, key=ms.get)
     manifest["verify"] = {
         "rounds": rounds,
@@ -522,6 +567,8 @@ def _verify(model, candidates, libraries, rounds: int, seed, manifest, remote, l
         "samples_ms": samples,
         "chosen": chosen,
     }
+    if first is not None:
+        manifest["verify"]["first_timing"] = first
     log(
         f"verify on {where}: "
         + ", ".join(f"{k} {v:.3f} ms" for k, v in ms.items())
@@ -903,6 +950,55 @@ def _candidate_plans(model, plan, mode, modes, manifest, log, config=None) -> di
         seen.add(text)
         found[f"coexec:{m}"] = (cand, report)
     manifest["plan"]["verify_candidates"] = [mode, *(k.split(":", 1)[1] for k in found)]
+    return found
+
+
+#: Re-plan with calibrated predictions only when the two processors' measured/predicted
+#: ratios differ by more than this factor: equal factors keep the processors' balance (only
+#: the weight of the sharing costs would change), not worth another build and timing.
+CALIBRATION_MIN_SHIFT = 1.1
+
+
+def _calibrated_plans(model, mode, report, ms, seen: set, manifest, log, config) -> dict:
+    """The plan of ``mode`` re-made with each processor's predictions scaled by ``measured /
+    predicted`` of the model on it alone (``ms["cpu"]``, ``ms["opencl"]`` against ``report``'s
+    summary): ``{"coexec:<mode>:calibrated": (plan, report)}`` if it co-executes and differs
+    from every plan in ``seen`` (which grows), else ``{}``. One plan, not one per verify mode:
+    each costs a build and its first OpenCL compile. The factors are recorded in
+    ``manifest["plan"]["calibration"]``."""
+    import dataclasses
+
+    from codl_tvm.cost_model.base import load_model
+    from codl_tvm.planner import PlannerConfig, plan_model
+
+    s = report.summary
+    if s is None or not (s.cpu_only_ms > 0 and s.gpu_only_ms > 0):
+        return {}
+    cpu_scale, gpu_scale = ms["cpu"] / s.cpu_only_ms, ms["opencl"] / s.gpu_only_ms
+    record = {"cpu_scale": cpu_scale, "gpu_scale": gpu_scale, "candidates": []}
+    manifest["plan"]["calibration"] = record
+    shift = max(cpu_scale / gpu_scale, gpu_scale / cpu_scale)
+    if shift < CALIBRATION_MIN_SHIFT:
+        log(
+            f"verify: measured/predicted CPU x{cpu_scale:.2f}, GPU x{gpu_scale:.2f}: within "
+            f"{CALIBRATION_MIN_SHIFT}x of each other, no calibrated re-plan"
+        )
+        return {}
+    config = dataclasses.replace(config or PlannerConfig(), processor_scale=(cpu_scale, gpu_scale))
+    cm = load_model(manifest["plan"]["cost_model"]["file"])
+    found = {}
+    name = Path(model.path).name
+    cand, rep = plan_model(model.mod, cm, mode=mode, config=config, model_name=name)
+    text = cand.to_json()
+    if text not in seen and cand.entries() and _single_processor(cand, None, mode) is None:
+        seen.add(text)
+        found[f"coexec:{mode}:calibrated"] = (cand, rep)
+        record["candidates"].append(mode)
+    log(
+        f"verify: measured/predicted CPU x{cpu_scale:.2f}, GPU x{gpu_scale:.2f}; calibrated "
+        f"re-plans add {len(found)} candidate(s)"
+        + (f" ({', '.join(record['candidates'])})" if found else "")
+    )
     return found
 
 

@@ -221,6 +221,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
             key=args.key,
             build_cache=args.build_cache,
             coexec_cpu_alone=args.coexec_cpu_alone_kernels,
+            verify_calibrate=args.verify_calibrate,
         )
     except (ArtifactError, ModelError, ToolchainError) as exc:
         raise CliError(str(exc)) from None
@@ -470,7 +471,16 @@ def _add_compile(sub) -> None:
         default=0,
         metavar="ROUNDS",
         help="also build for each processor alone, time the three builds on this machine "
-        "(ROUNDS round-robin rounds) and keep the fastest: never slower than one processor",
+        "(ROUNDS round-robin rounds) and keep the fastest: never slower than one processor. "
+        "Where the two processors missed their predicted latencies by different factors, the "
+        "plans are re-made with predictions calibrated to the measurements and timed too",
+    )
+    p.add_argument(
+        "--verify-calibrate",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="with --verify: re-plan with predictions calibrated to the measured "
+        "single-processor latencies and time those plans too (default: on)",
     )
     p.add_argument(
         "--verify-modes",

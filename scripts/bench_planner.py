@@ -178,6 +178,9 @@ def _stats(manifest: dict, art_dir: Path) -> dict:
     }
     if manifest.get("verify"):
         out["verify"] = manifest["verify"]
+    for key in ("calibration", "calibrated", "mode", "predicted_fallback"):
+        if key in plan:
+            out[f"plan_{key}"] = plan[key]
     summary = plan.get("summary")
     if summary:
         out["predicted_ms"] = summary["predicted_ms"]

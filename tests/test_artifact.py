@@ -308,6 +308,7 @@ def test_compile_verify_keeps_the_fastest_build(
     model = balanced_model if which == "balanced" else cpu_heavy_model
     out = tmp_path / "verified"
     args = ["compile", str(bundled_model_path()), "--cost-model", str(model)]
+    args.append("--no-verify-calibrate")  # calibrated re-plans: test_compile_verify_calibrates
     assert main([*args, "--verify", "2", "-o", str(out)]) == 0
     manifest = json.loads((out / "manifest.json").read_text())
     assert ("predicted_fallback" in manifest["plan"]) == (which == "cpu_heavy")
@@ -338,6 +339,7 @@ def test_compile_verify_modes_times_more_plans(tmp_path, balanced_model, opencl)
 
     out = tmp_path / "modes"
     args = ["compile", str(bundled_model_path()), "--cost-model", str(balanced_model)]
+    args.append("--no-verify-calibrate")
     modes = "codl_no_chain,h_only,oc_only,cpu_only"
     assert main([*args, "--verify", "1", "--verify-modes", modes, "-o", str(out)]) == 0
     manifest = json.loads((out / "manifest.json").read_text())
@@ -364,6 +366,65 @@ def test_compile_verify_modes_times_more_plans(tmp_path, balanced_model, opencl)
         np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4)
 
 
+def test_calibrated_plans_follow_the_measured_single_processor_latencies(balanced_model):
+    """``--verify``'s calibration: each processor's predictions scaled by measured / predicted
+    of the model on it alone; a CPU measured 3x slower than predicted re-plans towards the GPU
+    (a candidate unless a plan timed already is the same); factors within 1.1x of each other
+    re-plan nothing."""
+    from codl_tvm.artifact import _calibrated_plans, planning_context
+    from codl_tvm.frontend import load_onnx
+    from codl_tvm.planner import plan_model
+
+    model = load_onnx(bundled_model_path())
+    cm = load_model(balanced_model)
+    plan, report = plan_model(model.mod, cm, mode="codl")
+    s = report.summary
+    manifest = {"plan": {"cost_model": {"file": str(balanced_model)}}}
+    with planning_context("opencl", balanced_model) as config:
+        ms = {"cpu": 3 * s.cpu_only_ms, "opencl": s.gpu_only_ms}
+        seen = {plan.to_json()}
+        found = _calibrated_plans(model, "codl", report, ms, seen, manifest, print, config)
+    cal = manifest["plan"]["calibration"]
+    assert cal["cpu_scale"] == pytest.approx(3.0) and cal["gpu_scale"] == pytest.approx(1.0)
+    assert set(found) == {"coexec:codl:calibrated"} and cal["candidates"] == ["codl"]
+    cand, rep = found["coexec:codl:calibrated"]
+    share = sum(p.ratio for p in cand.ops) / len(cand.ops)
+    assert share > sum(p.ratio for p in plan.ops) / len(plan.ops)
+    assert any("calibrated: CPU x3" in n for n in rep.notes)
+    assert cand.to_json() in seen  # later candidates are compared with it
+    with planning_context("opencl", balanced_model) as config:
+        ms = {"cpu": 2 * s.cpu_only_ms, "opencl": 2.05 * s.gpu_only_ms}
+        assert not _calibrated_plans(
+            model, "codl", report, ms, {plan.to_json()}, manifest, print, config
+        )
+    assert manifest["plan"]["calibration"]["candidates"] == []
+
+
+def test_compile_verify_calibrates(tmp_path, cpu_heavy_model, opencl):
+    """End to end: a cost model far off on this machine (CPU 250x the GPU) gets calibration
+    factors from the verify timing; any calibrated plan was built and timed again with the
+    others, and whichever build is kept matches the reference."""
+    out = tmp_path / "calibrated"
+    args = ["compile", str(bundled_model_path()), "--cost-model", str(cpu_heavy_model)]
+    assert main([*args, "--verify", "1", "-o", str(out)]) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    cal = manifest["plan"]["calibration"]
+    # this machine's CPU is not 250x its OpenCL device: the CPU was predicted far too fast
+    assert cal["cpu_scale"] > 1.1 * cal["gpu_scale"]
+    v = manifest["verify"]
+    names = {f"coexec:{m}:calibrated" for m in cal["candidates"]}
+    assert set(v["median_ms"]) == {"coexec", "cpu", "opencl", *names}
+    assert ("first_timing" in v) == bool(names)
+    assert v["chosen"] == min(v["median_ms"], key=v["median_ms"].get)
+    if v["chosen"] in names:
+        assert manifest["plan"]["calibrated"] is True and manifest["device"] == "coexec"
+    art = load_artifact(out)
+    inputs, want = art.reference()
+    got = art([inputs[s.name] for s in art.model.inputs])
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4)
+
+
 def test_build_cache_reuses_only_matching_libraries(tmp_path, balanced_model, opencl):
     """``build_cache``: a later compile of the same model, plan and targets copies the library
     instead of building it (``--verify`` then only builds what no earlier compile built); a
@@ -384,7 +445,7 @@ def test_build_cache_reuses_only_matching_libraries(tmp_path, balanced_model, op
     assert "reusing" not in first and len(list(cache.glob("*.so"))) == 1
     compile_logged("cpu", device="cpu", reference=False)
     assert len(list(cache.glob("*.so"))) == 2
-    verified = compile_logged("verified", verify=1)
+    verified = compile_logged("verified", verify=1, verify_calibrate=False)
     assert "reusing the coexec library" in verified and "reusing the cpu library" in verified
     assert "building for opencl alone" in verified and "for co-execution" not in verified
     assert len(list(cache.glob("*.so"))) == 3

@@ -210,6 +210,40 @@ def test_balanced_model_splits_every_conv(model, balanced):
     assert s.predicted_ms < min(s.cpu_only_ms, s.gpu_only_ms)
 
 
+def _gpu_share(plan) -> float:
+    return sum(p.ratio for p in plan.ops) / max(1, len(plan.ops))
+
+
+def test_processor_scale_calibrates_predictions(model, balanced):
+    """``processor_scale``: each processor's predicted compute times are multiplied by its
+    factor (the model itself unchanged); a CPU that measured slower than predicted moves the
+    splits towards the GPU."""
+    from codl_tvm.cost_model.features import op_features
+
+    info = next(i for i in partitionable_ops(model.mod) if i.kind == "conv2d")
+    params = op_params(info)
+    whole = Partition("none", 1.0)
+    cpu_f = op_features(params, "cpu", "direct", Partition("none", 0.0))
+    gpu_f = op_features(params, "gpu", "direct", whole)
+    scaled = balanced.scaled(cpu=3.0, gpu=0.5)
+    assert scaled.predict(cpu_f) == pytest.approx(3.0 * balanced.predict(cpu_f))
+    assert scaled.predict(gpu_f) == pytest.approx(0.5 * balanced.predict(gpu_f))
+    assert balanced.processor_scale == {}  # a copy was scaled
+    base_plan, base = plan_model(model.mod, balanced, mode="codl_no_chain")
+    plan, report = plan_model(
+        model.mod,
+        balanced,
+        mode="codl_no_chain",
+        config=PlannerConfig(processor_scale=(3.0, 1.0)),
+    )
+    assert report.summary.cpu_only_ms == pytest.approx(3.0 * base.summary.cpu_only_ms)
+    assert report.summary.gpu_only_ms == pytest.approx(base.summary.gpu_only_ms)
+    assert _gpu_share(plan) > _gpu_share(base_plan)
+    assert any("calibrated: CPU x3" in n for n in report.notes)
+    with pytest.raises(PlannerError, match="cpu factor must be a positive number"):
+        plan_model(model.mod, balanced, config=PlannerConfig(processor_scale=(0.0, 1.0)))
+
+
 ALGORITHM_1 = PlannerConfig(chain_min_gain=0.0)  # CoDL's Algorithm 1 as published, no margin
 
 

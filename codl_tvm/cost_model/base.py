@@ -23,6 +23,7 @@ when measured but, as in CoDL, left out of Eq. 2 (they are ~50 us).
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import os
@@ -215,6 +216,8 @@ class CostModel(ABC):
         self.sharing: SharingModel | None = None
         self.meta: dict = {}
         self.presync_quantile = 1.0
+        #: Factors on the predicted compute latency of each processor (:meth:`scaled`).
+        self.processor_scale: dict[str, float] = {}
 
     # -- fitting -------------------------------------------------------------------------------
     def fit(self, records: Iterable) -> CostModel:
@@ -270,7 +273,23 @@ class CostModel(ABC):
                     stacklevel=3,
                 )
             out[missing] = self.fallback.predict_many([features[i] for i in missing])
+        if self.processor_scale:
+            out *= [self.processor_scale.get(f.processor, 1.0) for f in features]
         return out
+
+    def scaled(self, cpu: float = 1.0, gpu: float = 1.0) -> CostModel:
+        """This model with each processor's predicted compute latencies multiplied by a factor
+        (sharing costs unchanged): a calibration of per-operator predictions to what a whole
+        model measured on each processor alone (``compile --verify``). A shallow copy; ``self``
+        is unchanged."""
+        for name, value in (("cpu", cpu), ("gpu", gpu)):
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                raise ValueError(
+                    f"scaled: the {name} factor must be a positive number, got {value!r}"
+                )
+        model = copy.copy(self)
+        model.processor_scale = {"cpu": float(cpu), "gpu": float(gpu)}
+        return model
 
     def predict_sharing(self, kind: str, nbytes: float) -> float:
         """Data-sharing latency in ms (0 for a kind that was never measured)."""

@@ -127,6 +127,12 @@ class PlannerConfig:
         planner scatters single operators to the other processor for gains smaller than the
         switch (Inception v1 on the H100: a quarter of its convs whole on the CPU, 3x slower
         than the GPU alone).
+    processor_scale
+        ``(cpu, gpu)`` factors on every predicted compute latency of that processor
+        (:meth:`~codl_tvm.cost_model.CostModel.scaled`): a calibration to a whole model's
+        measured single-processor latencies, which differ from the sum of its operators measured
+        one by one (caches, the kernels outside the plan). ``compile --verify`` re-plans with
+        ``measured / predicted`` of each processor alone. (1, 1): the cost model as fitted.
     cpu, gpu
         The schedule configs of the build (:class:`~codl_tvm.schedules.CPUConfig`,
         :class:`~codl_tvm.schedules.OpenCLConfig`, as :func:`~codl_tvm.schedules.cpu_config`
@@ -146,6 +152,7 @@ class PlannerConfig:
     impls: tuple[tuple[str, str, str], ...] = ()
     dtype_bytes: int = 4
     switch_costs: bool = True
+    processor_scale: tuple[float, float] = (1.0, 1.0)
     cpu: Any = None
     gpu: Any = None
 
@@ -807,6 +814,16 @@ def plan_model(
     elif mode == "ulayer_like":
         config = replace(config, dims=("OC",), chains=False)
     notes: list[str] = []
+    if tuple(config.processor_scale) != (1.0, 1.0):
+        cpu_scale, gpu_scale = config.processor_scale
+        try:
+            cost_model = cost_model.scaled(cpu=cpu_scale, gpu=gpu_scale)
+        except ValueError as exc:
+            raise PlannerError(f"PlannerConfig.processor_scale: {exc}") from None
+        notes.append(
+            f"predictions calibrated: CPU x{cpu_scale:.3g}, GPU x{gpu_scale:.3g} (measured / "
+            "predicted latency of the model on each processor alone)"
+        )
     if cost_model.sharing is None and mode not in ("cpu_only", "gpu_only"):
         notes.append(
             f"the {cost_model.kind} cost model has no data-sharing measurements: sharing costs "
