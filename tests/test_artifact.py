@@ -529,12 +529,14 @@ def test_fallback_margin_is_the_best_on_the_measured_plans(tmp_path):
         "results/model_level_soc_k12_c609613.json",
         "results/model_level_soc_k12_13c8fa7.json",
         "results/model_level_soc_k12_5c26e4f.json",
+        "results/model_level_soc_k12_ccecbbd.json",
+        "results/model_level_soc_k12_000f3fd.json",
     ]
     out = tmp_path / "margins.json"
     cmd = [sys.executable, "scripts/model_level_check.py", "--aggregate", ",".join(files)]
     subprocess.run([*cmd, "--out", str(out)], check=True, cwd=root, capture_output=True)
     table = json.loads(out.read_text())["results"]["margins"]
-    assert len(json.loads(out.read_text())["results"]["plans"]) == 20
+    assert len(json.loads(out.read_text())["results"]["plans"]) == 28
     best_right = max(t["right"] for t in table.values())
     best_latency = min(t["relative_latency"] for t in table.values())
     chosen = table[f"{MIN_PREDICTED_SPEEDUP:g}"]
