@@ -197,10 +197,10 @@ def compile_artifact(
         that an artifact is never slower than the best single processor, at the price of two
         more builds and a few seconds of runs. Where the two processors' measured latencies
         missed their predictions by different factors (more than
-        :data:`CALIBRATION_MIN_SHIFT` apart), the plans are re-made with each processor's
-        predictions scaled by its ``measured / predicted`` ratio, and those that differ join a
-        second timing of every build (``manifest["plan"]["calibration"]``; off with
-        ``verify_calibrate=False``).
+        :data:`CALIBRATION_MIN_SHIFT` apart), the plan of ``mode`` is re-made with each
+        processor's predictions scaled by its ``measured / predicted`` ratio and, if it
+        differs from the plans timed, joins a second timing of every build
+        (``manifest["plan"]["calibration"]``; off with ``verify_calibrate=False``).
     verify_modes
         With ``verify``: more planner modes (``codl_tvm.planner.MODES``, e.g. ``codl_no_chain``,
         ``h_only``) whose plans join the timed candidates when they differ from ``mode``'s.
@@ -774,7 +774,6 @@ def cost_model_cpu_alone(cost_model: str | Path | None, preset: str | None) -> b
     with CPU-alone Winograd/packed kernels (``codl-tvm profile --cpu-alone``) for a CPU whose
     builds for the CPU alone have such settings; False where it cannot be read (planning
     reports why)."""
-    from codl_tvm.cost_model.base import ModelFileError, load_model
     from codl_tvm.cost_model.defaults import NoDefaultModelError
     from codl_tvm.schedules import cpu_config
     from codl_tvm.schedules.config import CPU_ALONE_SETTINGS
@@ -785,8 +784,9 @@ def cost_model_cpu_alone(cost_model: str | Path | None, preset: str | None) -> b
         return False
     try:
         path = Path(cost_model) if cost_model else default_cost_model_for(preset_obj.name)
-        return bool(load_model(path).meta.get("cpu_alone_settings"))
-    except (ModelFileError, NoDefaultModelError):
+        meta = json.loads(path.read_text()).get("meta") or {}  # the header only: no boosters
+        return isinstance(meta, dict) and bool(meta.get("cpu_alone_settings"))
+    except (OSError, ValueError, AttributeError, NoDefaultModelError):
         return False
 
 

@@ -10,13 +10,7 @@
 #   there: SOC_K=K bash /tmp/code/soc_alone.sh (started by stage2.sh soc_alone.sh)
 # SOC_ALONE_PROFILE_ONLY=1 stops after the fit; SOC_ALONE_SKIP_PROFILE=1 uses the committed
 # model (a second machine); other SOC_* settings go to soc.sh.
-set -u
-. /tmp/code/env.sh
-cd /tmp/code
-K=${SOC_K:-12}
-r=/tmp/res p=results/profile cm=codl_tvm/data/cost_models
-export POCL_CPU_MAX_CU_COUNT=$K POCL_AFFINITY=1 CODL_OPENCL_PLATFORM=portable
-export TVM_NUM_THREADS=$((16 - K))
+. /tmp/code/split_env.sh  # K, r, p, cm and the split's environment
 model=$cm/emulated-soc-k$K-alone.json
 if [ "${SOC_ALONE_SKIP_PROFILE:-0}" != 1 ]; then
   mkdir -p /tmp/prof

@@ -9,13 +9,7 @@
 #           --out .device/prof_kK (direct, GPU and CPU parts) and --algorithms winograd,packed
 #           --out .device/prof_kK_algos; carry both .tar.xz in call 2 (stage2 copies them)
 #   there: SOC_K=K bash /tmp/code/soc_k.sh (started by stage2.sh soc_k.sh with SOC_K exported)
-set -u
-. /tmp/code/env.sh
-cd /tmp/code
-K=${SOC_K:-12}
-r=/tmp/res p=results/profile cm=codl_tvm/data/cost_models
-export POCL_CPU_MAX_CU_COUNT=$K POCL_AFFINITY=1 CODL_OPENCL_PLATFORM=portable
-export TVM_NUM_THREADS=$((16 - K))
+. /tmp/code/split_env.sh  # K, r, p, cm and the split's environment
 mkdir -p /tmp/prof
 for t in prof_k$K prof_k${K}_algos; do
   tar -xJf /tmp/code/$t.tar.xz -C /tmp/prof
