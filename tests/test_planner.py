@@ -433,6 +433,32 @@ def test_cli_writes_plan_and_report(tmp_path, high_sharing, model, capsys):
         _cli(["plan", str(bundled_model_path()), "--cost-model", str(tmp_path / "none.json")])
 
 
+def test_cli_preset_plans_what_compile_plans(tmp_path, model, capsys):
+    """``plan --preset P`` predicts the kernels ``compile --preset P`` builds: with the k = 12
+    model profiled on the CPU-alone kernels it is the plan ``planning_context`` (compile's
+    planning) makes, and its CPU-only prediction is of those kernels, not the direct ones."""
+    from codl_tvm.artifact import planning_context
+    from codl_tvm.cost_model.defaults import default_model_path
+
+    path = default_model_path("emulated-soc").parent / "emulated-soc-k12-alone.json"
+    out, direct = tmp_path / "plan.json", tmp_path / "direct.json"
+    argv = ["plan", str(bundled_model_path()), "--cost-model", str(path)]
+    assert _cli([*argv, "--preset", "emulated-soc", "-o", str(out)]) == 0
+    assert _cli([*argv, "-o", str(direct)]) == 0
+    cm = load_model(path)
+    with planning_context("emulated-soc", path) as config:
+        assert config.cpu.conv_packed and config.cpu.packed_exact_tiles  # CPU-alone settings
+        want, report = plan_model(
+            model.mod, cm, config=config, model_name=str(bundled_model_path())
+        )
+    assert PartitionPlan.load(out) == want
+    _, plain = plan_model(model.mod, cm)
+    assert report.summary.cpu_only_ms != pytest.approx(plain.summary.cpu_only_ms, rel=1e-6)
+    capsys.readouterr()
+    with pytest.raises(CliError, match="unknown target preset 'phone'"):
+        _cli([*argv, "--preset", "phone"])
+
+
 # -- numerics on the local OpenCL device ------------------------------------------------------
 
 

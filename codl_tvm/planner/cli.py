@@ -46,17 +46,31 @@ def cmd_plan(args: argparse.Namespace) -> int:
         raise _error(_NO_MODEL)
     if not Path(args.model).is_file():
         raise _error(f"plan: {args.model}: no such model file")
+    settings = {
+        "ratios": args.ratios or PlannerConfig().ratios,
+        "chain_delta": args.chain_delta,
+        "max_chain_len": args.max_chain_len,
+        "min_gain_ms": args.min_gain_ms,
+        "chain_min_gain": args.chain_min_gain,
+    }
     try:
         cost_model = load_model(args.cost_model)
-        config = PlannerConfig(
-            ratios=args.ratios or PlannerConfig().ratios,
-            chain_delta=args.chain_delta,
-            max_chain_len=args.max_chain_len,
-            min_gain_ms=args.min_gain_ms,
-            chain_min_gain=args.chain_min_gain,
-        )
         model = load_onnx(args.model)
-        plan, report = plan_model(model.mod, cost_model, args.mode, config, str(args.model))
+        if args.preset:
+            # the kernels `compile --preset P` builds (Winograd, packed, CPU-alone settings)
+            from codl_tvm.artifact import planning_context
+            from codl_tvm.targets import PRESETS
+
+            if args.preset not in PRESETS:
+                raise _error(
+                    f"plan: unknown target preset {args.preset!r}; valid presets: "
+                    f"{', '.join(PRESETS)}"
+                )
+            with planning_context(args.preset, args.cost_model, **settings) as config:
+                plan, report = plan_model(model.mod, cost_model, args.mode, config, str(args.model))
+        else:
+            config = PlannerConfig(**settings)
+            plan, report = plan_model(model.mod, cost_model, args.mode, config, str(args.model))
     except (ModelFileError, PlannerError, PlanError) as exc:
         raise _error(f"plan: {exc}") from None
     print(report.table())
@@ -79,6 +93,11 @@ def register_cli(subparsers) -> None:
     p.add_argument("model", help="ONNX model with static shapes")
     p.add_argument("--cost-model", help="fitted cost model file (.json); required")
     p.add_argument("--mode", choices=MODES, default="codl", help="planner or baseline")
+    p.add_argument(
+        "--preset",
+        help="predict the kernels `codl-tvm compile --preset P` builds (Winograd, packed convs, "
+        "the CPU-alone kernels of a model profiled with them); default: direct/GEMM kernels",
+    )
     p.add_argument("-o", "--output", help="write the plan (JSON) here")
     p.add_argument("--report", help="write the plan report (JSON) here")
     p.add_argument(
