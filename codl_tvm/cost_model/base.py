@@ -281,7 +281,8 @@ class CostModel(ABC):
         """This model with each processor's predicted compute latencies multiplied by a factor
         (sharing costs unchanged): a calibration of per-operator predictions to what a whole
         model measured on each processor alone (``compile --verify``). A shallow copy; ``self``
-        is unchanged."""
+        is unchanged. The factors are a planning-time setting: :meth:`save` does not write
+        them."""
         for name, value in (("cpu", cpu), ("gpu", gpu)):
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
                 raise ValueError(
