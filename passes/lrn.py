@@ -8,9 +8,10 @@ TVM's ONNX frontend imports ``LRN`` (Inception v1, AlexNet) on an NCHW tensor ``
 
 The pool slides a window of ``n`` channels over the 5-D tensor's depth axis. Neither
 processor's schedules cover 3-D pools: the OpenCL build ran Inception v1's two LRNs as
-serial kernels, 1.87 of the 2.05 s of its PoCL inference here (the device machine's 12-core
-PoCL GPU took 239 ms for the model, against 46 ms for ResNet50), and the CPU build took 2.5 of
-15.6 ms for them at 4 threads (``results/traces`` of the emulated SoC, commit 13c8fa7).
+serial kernels (a kernel trace on the development machine's PoCL, a diagnosis and not a
+benchmark, put nearly all of the model's time in them; the device machine's 12-core PoCL GPU
+took 239 ms for the model, against 46 ms for ResNet50), and the CPU lane of its co-executed
+build spent 2.5 of 15.6 ms on them at 4 threads (``results/traces/soc_k12_13c8fa7``).
 :class:`LRNWindowSum` rewrites ``q`` as the same average written with injective ops,
 
     z = pad(s, channels n//2 before and after)

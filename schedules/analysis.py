@@ -464,3 +464,25 @@ def inline_elementwise_steps(sch: s_tir.Schedule, epilogue: list[SBlockRV]) -> l
         except (s_tir.ScheduleError, tvm.error.InternalError):
             left.append(block)
     return [*left, epilogue[-1]]
+
+
+def reverse_inline_epilogue(sch: s_tir.Schedule, blocks: FuncBlocks) -> list[SBlockRV]:
+    """Inline the elementwise epilogue blocks into the block that writes the main output, in
+    order, while that is safe; return the blocks left for the caller to schedule on their own.
+
+    Stops at an epilogue that reads only a slice of the output (TVM 0.27 would write the whole
+    range into the smaller buffer, :func:`covers_producer`), one that is not the only reader of
+    what it reads (:func:`sole_reader`), or one TVM refuses (it raises ``InternalError``, "Cannot
+    dispatch a null expression", for some, e.g. InstanceNormalization's variance step)."""
+    remaining = inline_elementwise_steps(sch, blocks.epilogue)
+    while remaining:
+        if blocks.main is not None and not covers_producer(sch, blocks.main, remaining[0]):
+            break
+        if not sole_reader(sch, remaining[0]):
+            break
+        try:
+            sch.reverse_compute_inline(remaining[0])
+        except (s_tir.ScheduleError, tvm.error.InternalError):
+            break
+        remaining.pop(0)
+    return remaining

@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import math
 
-import tvm
 from tvm import s_tir, tirx
 from tvm.relax.analysis import has_reshape_pattern
 from tvm.s_tir.schedule import LoopRV, SBlockRV
@@ -60,13 +59,11 @@ from .analysis import (
     Conv2DInfo,
     FuncBlocks,
     classify_blocks,
-    covers_producer,
-    inline_elementwise_steps,
     is_trivial_copy,
     match_conv2d,
     match_pool2d,
     match_reduction,
-    sole_reader,
+    reverse_inline_epilogue,
     writer_of,
 )
 from .common import CodlRule, choose_row_width, padded_row_width
@@ -143,20 +140,7 @@ def _without(blocks: FuncBlocks, block: SBlockRV) -> FuncBlocks:
 
 def _inline_epilogue(sch: s_tir.Schedule, blocks: FuncBlocks, cfg: CPUConfig) -> None:
     """Inline elementwise epilogues into the write-back block; parallelise any that resist."""
-    remaining = inline_elementwise_steps(sch, blocks.epilogue)
-    while remaining:
-        if blocks.main is not None and not covers_producer(sch, blocks.main, remaining[0]):
-            break  # a slice of the output: inlining it would write out of bounds
-        if not sole_reader(sch, remaining[0]):
-            break  # the output has other readers: inlining would drop it from under them
-        try:
-            sch.reverse_compute_inline(remaining[0])
-        except (s_tir.ScheduleError, tvm.error.InternalError):
-            # TVM 0.27 raises InternalError ("Cannot dispatch a null expression") for some
-            # epilogues, e.g. InstanceNormalization's variance step: schedule it separately.
-            break
-        remaining.pop(0)
-    for block in remaining:
+    for block in reverse_inline_epilogue(sch, blocks):
         _schedule_injective(sch, block, cfg)
 
 

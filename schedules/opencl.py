@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import math
 
-import tvm
 from tvm import s_tir
 from tvm.s_tir.schedule import LoopRV, SBlockRV
 from tvm.target import Target
@@ -48,12 +47,10 @@ from .analysis import (
     FuncBlocks,
     buffer_loads,
     classify_blocks,
-    covers_producer,
-    inline_elementwise_steps,
     is_trivial_copy,
     match_conv2d,
     match_pool2d,
-    sole_reader,
+    reverse_inline_epilogue,
 )
 from .common import CodlRule
 from .config import OpenCLConfig, opencl_config
@@ -80,20 +77,7 @@ def _inline_prologue(sch: s_tir.Schedule, blocks: FuncBlocks, threads: int) -> N
 
 
 def _inline_epilogue(sch: s_tir.Schedule, blocks: FuncBlocks, threads: int) -> None:
-    remaining = inline_elementwise_steps(sch, blocks.epilogue)
-    while remaining:
-        if blocks.main is not None and not covers_producer(sch, blocks.main, remaining[0]):
-            break  # a slice of the output: inlining it would write out of bounds
-        if not sole_reader(sch, remaining[0]):
-            break  # the output has other readers: inlining would drop it from under them
-        try:
-            sch.reverse_compute_inline(remaining[0])
-        except (s_tir.ScheduleError, tvm.error.InternalError):
-            # TVM 0.27 raises InternalError ("Cannot dispatch a null expression") for some
-            # epilogues, e.g. InstanceNormalization's variance step: schedule it separately.
-            break
-        remaining.pop(0)
-    for block in remaining:
+    for block in reverse_inline_epilogue(sch, blocks):
         _bind_spatial(sch, block, threads)
 
 
