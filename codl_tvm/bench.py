@@ -9,13 +9,17 @@ import os
 import platform
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 __all__ = [
+    "ConcurrentBound",
+    "concurrent_bound",
     "envelope",
     "git_commit",
     "machine_info",
@@ -120,3 +124,104 @@ def pin_tvm_threads(cores: str, pin_main_thread: bool = True) -> list[int]:
     if pin_main_thread:
         os.sched_setaffinity(0, set(cpus))
     return cpus
+
+
+Interval = tuple[float, float]
+
+
+def overlapped(a: Sequence[Interval], b: Sequence[Interval]) -> tuple[list[float], list[float]]:
+    """Durations of the runs of ``a`` and of ``b`` (``(start, end)`` intervals, seconds) that lie
+    wholly inside the window where both loops were running: from the later first start to the
+    earlier last end. Runs outside it had the machine (partly) to themselves."""
+    if not a or not b:
+        return [], []
+    lo = max(a[0][0], b[0][0])
+    hi = min(a[-1][1], b[-1][1])
+
+    def inside(runs: Sequence[Interval]) -> list[float]:
+        return [end - start for start, end in runs if start >= lo and end <= hi]
+
+    return inside(a), inside(b)
+
+
+@dataclass
+class ConcurrentBound:
+    """Each processor's latency while the other runs its own whole-model inferences.
+
+    ``t_star_ms`` = 1 / (1/cpu_ms + 1/gpu_ms) is the ideal bound T* under the contention of a
+    real co-execution (shared memory bandwidth, caches, the host thread): what two independent
+    inferences, one per processor, reach together. A split of one inference also pays for
+    sharing and synchronisation, so it rarely beats this bound.
+    """
+
+    cpu_ms: float
+    gpu_ms: float
+    cpu_runs: int
+    gpu_runs: int
+    seconds: float
+
+    @property
+    def t_star_ms(self) -> float:
+        return 1.0 / (1.0 / self.cpu_ms + 1.0 / self.gpu_ms)
+
+
+def concurrent_bound(
+    run_cpu: Callable[[], object],
+    run_gpu: Callable[[], object],
+    seconds: float = 2.0,
+    min_runs: int = 3,
+    max_seconds: float = 60.0,
+) -> ConcurrentBound:
+    """Loop ``run_gpu`` in a thread and ``run_cpu`` in this one (each call must return only
+    when its inference has finished, device synchronised) until ``seconds`` have passed and each
+    has ``min_runs`` runs inside the overlap window (:func:`overlapped`); median latencies.
+
+    ``run_cpu`` stays on the calling thread because TVM's CPU thread pool belongs to the thread
+    that configured it (``pin_tvm_threads``); the GPU loop only enqueues and waits. Raises
+    RuntimeError if either loop fails or the window never fills within ``max_seconds``.
+    """
+    cpu_runs: list[Interval] = []
+    gpu_runs: list[Interval] = []
+    stop = threading.Event()
+    failure: list[BaseException] = []
+
+    def gpu_loop() -> None:
+        try:
+            while not stop.is_set():
+                t0 = time.perf_counter()
+                run_gpu()
+                gpu_runs.append((t0, time.perf_counter()))
+        except BaseException as exc:  # reported on the calling thread
+            failure.append(exc)
+            stop.set()
+
+    worker = threading.Thread(target=gpu_loop, name="codl-gpu-loop", daemon=True)
+    begin = time.perf_counter()
+    worker.start()
+    try:
+        while not stop.is_set():
+            t0 = time.perf_counter()
+            run_cpu()
+            cpu_runs.append((t0, time.perf_counter()))
+            elapsed = cpu_runs[-1][1] - begin
+            in_cpu, in_gpu = overlapped(cpu_runs, list(gpu_runs))
+            if elapsed >= seconds and min(len(in_cpu), len(in_gpu)) >= min_runs:
+                break
+            if elapsed >= max_seconds:
+                raise RuntimeError(
+                    f"concurrent runs: {len(in_cpu)} CPU and {len(in_gpu)} GPU runs overlapped "
+                    f"in {elapsed:.0f} s; {min_runs} each needed"
+                )
+    finally:
+        stop.set()
+        worker.join()
+    if failure:
+        raise RuntimeError(f"the GPU loop failed: {failure[0]!r}") from failure[0]
+    in_cpu, in_gpu = overlapped(cpu_runs, gpu_runs)
+    return ConcurrentBound(
+        cpu_ms=float(np.median(in_cpu)) * 1e3,
+        gpu_ms=float(np.median(in_gpu)) * 1e3,
+        cpu_runs=len(in_cpu),
+        gpu_runs=len(in_gpu),
+        seconds=round(time.perf_counter() - begin, 2),
+    )

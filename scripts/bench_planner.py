@@ -15,10 +15,12 @@ every CPU function) with the cost model, and ``oracle`` (``codl_no_chain`` plann
 a table of measured part latencies: each operator's measured best split). ``run`` checks every
 artifact against the host reference stored with the CPU build, times it, and reports speedups
 over the best single processor and over uLayer-like, the share of the ideal bound
-T* = 1 / (1/Tcpu + 1/Tgpu), plan statistics and the planning time; ``--trace-dir`` also writes a
-timeline of one codl inference per model (of the first co-executed variant where codl fell back
-to one processor). Variants are timed round-robin (``--rounds`` samples of ``--number`` runs
-each). ``plot`` draws latency against T* and codl's plan statistics from run JSONs.
+T* = 1 / (1/Tcpu + 1/Tgpu) and of the same bound with each processor's latency measured while
+the other runs its own build (``--concurrent-s``: T* under contention), plan statistics and the
+planning time; ``--trace-dir`` also writes a timeline of one codl inference per model (of the
+first co-executed variant where codl fell back to one processor). Variants are timed
+round-robin (``--rounds`` samples of ``--number`` runs each). ``plot`` draws latency against
+T* and codl's plan statistics from run JSONs.
 """
 
 from __future__ import annotations
@@ -323,6 +325,15 @@ def cmd_run(args: argparse.Namespace) -> None:
                 f"err {rows[tag]['max_abs_err']:.1e}  {arts[tag].manifest['device']}",
                 flush=True,
             )
+        contended = None
+        if args.concurrent_s > 0:
+            from codl_tvm.bench import concurrent_bound
+
+            contended = concurrent_bound(
+                arts["cpu"].runner(inputs["cpu"]),
+                arts["gpu"].runner(inputs["gpu"]),
+                seconds=args.concurrent_s,
+            )
         trace_tag = _trace_tag(entries, {t: a.manifest for t, a in arts.items()})
         if args.trace_dir and trace_tag:
             from codl_tvm.trace import trace_inference
@@ -357,7 +368,28 @@ def cmd_run(args: argparse.Namespace) -> None:
             row["of_t_star_fastest"] = summary["t_star_fastest_ms"] / row["min_ms"]
             if "ulayer_like" in rows:
                 row["speedup_vs_ulayer"] = rows["ulayer_like"]["median_ms"] / row["median_ms"]
+        if contended is not None:
+            # T* assumes each processor keeps its solo speed; this bound measures both busy at
+            # once (two independent inferences), so the gap between the two is contention.
+            summary["concurrent"] = {
+                "cpu_ms": contended.cpu_ms,
+                "gpu_ms": contended.gpu_ms,
+                "cpu_slowdown": contended.cpu_ms / tc,
+                "gpu_slowdown": contended.gpu_ms / tg,
+                "t_star_ms": contended.t_star_ms,
+                "runs": [contended.cpu_runs, contended.gpu_runs],
+                "seconds": contended.seconds,
+            }
+            for row in rows.values():
+                row["of_t_star_concurrent"] = contended.t_star_ms / row["median_ms"]
         results["models"][name] = {"summary": summary, "rows": rows}
+        if contended is not None:
+            print(
+                f"{name:14s} concurrent: CPU {contended.cpu_ms:.3f} ms "
+                f"({contended.cpu_ms / tc:.2f}x solo), GPU {contended.gpu_ms:.3f} ms "
+                f"({contended.gpu_ms / tg:.2f}x solo), T* {contended.t_star_ms:.3f} ms",
+                flush=True,
+            )
         print(
             f"{name:14s} T* {t_star:.3f} ms; codl {rows.get('codl', {}).get('of_t_star', 0):.0%}"
             f" of T* (fastest rounds: {rows.get('codl', {}).get('of_t_star_fastest', 0):.0%})",
@@ -472,6 +504,12 @@ def main(argv: list[str] | None = None) -> None:
     r.add_argument("--number", type=int, default=5, help="runs averaged per sample")
     r.add_argument("--rounds", type=int, default=5, help="round-robin samples per variant")
     r.add_argument("--trace-dir")
+    r.add_argument(
+        "--concurrent-s",
+        type=float,
+        default=2.0,
+        help="seconds of the CPU and GPU builds running at once (T* under contention); 0: skip",
+    )
     r.set_defaults(func=cmd_run)
     w = sub.add_parser("warm", help="run every artifact once in parallel (fills program caches)")
     w.add_argument("--dir", required=True)

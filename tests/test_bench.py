@@ -1,0 +1,83 @@
+"""The benchmark helpers' bookkeeping: the overlap window of the concurrent bound (T* under
+contention) and the loops that fill it. Nothing here asserts a time: timing belongs on the device
+machine."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from codl_tvm.artifact import compile_artifact, load_artifact
+from codl_tvm.bench import concurrent_bound, overlapped
+from codl_tvm.cli import bundled_model_path
+
+
+def test_overlapped_keeps_runs_inside_the_common_window():
+    # CPU loop from t=0, GPU loop from t=1.5; the GPU loop outlives the CPU's last run (t=6).
+    cpu = [(0.0, 1.0), (1.0, 2.0), (2.0, 3.0), (3.0, 4.0), (4.0, 5.0), (5.0, 6.0)]
+    gpu = [(1.5, 3.5), (3.5, 5.5), (5.5, 7.5)]
+    in_cpu, in_gpu = overlapped(cpu, gpu)
+    # Window [1.5, 6]: the CPU runs started before 1.5 had the machine to themselves in part.
+    assert in_cpu == [1.0, 1.0, 1.0, 1.0]
+    assert in_gpu == [2.0, 2.0]
+    assert overlapped(cpu, []) == ([], [])
+
+
+def test_overlapped_without_a_common_window():
+    assert overlapped([(0.0, 1.0)], [(2.0, 3.0)]) == ([], [])
+
+
+def test_concurrent_bound_fills_both_loops():
+    calls = {"cpu": 0, "gpu": 0}
+
+    def run(which):
+        def step():
+            calls[which] += 1
+            np.linalg.svd(np.ones((64, 64)))  # some work that releases the GIL
+
+        return step
+
+    bound = concurrent_bound(run("cpu"), run("gpu"), seconds=0.0, min_runs=3)
+    assert bound.cpu_runs >= 3 and bound.gpu_runs >= 3
+    assert calls["cpu"] >= bound.cpu_runs and calls["gpu"] >= bound.gpu_runs
+    expected = 1.0 / (1.0 / bound.cpu_ms + 1.0 / bound.gpu_ms)
+    assert bound.t_star_ms == pytest.approx(expected)
+    assert bound.t_star_ms < min(bound.cpu_ms, bound.gpu_ms)
+
+
+def test_concurrent_bound_reports_a_failing_gpu_loop():
+    def broken():
+        raise ValueError("no device")
+
+    with pytest.raises(RuntimeError, match="GPU loop failed: ValueError"):
+        concurrent_bound(lambda: None, broken, seconds=0.0)
+
+
+def test_concurrent_bound_gives_up_when_the_window_never_fills():
+    def one_long_run():  # one GPU run longer than the whole budget
+        time.sleep(1.0)
+
+    with pytest.raises(RuntimeError, match="0 GPU runs overlapped"):
+        concurrent_bound(lambda: None, one_long_run, seconds=0.0, max_seconds=0.2)
+
+
+@pytest.mark.opencl
+def test_concurrent_bound_runs_real_builds(tmp_path, opencl):
+    """The CPU build on this thread, the OpenCL build on the loop's: both still compute the
+    model's outputs afterwards (the runner's inputs stay on the device between runs)."""
+    model = bundled_model_path()
+    arts = {}
+    for device in ("cpu", "opencl"):
+        out = compile_artifact(model, tmp_path / device, device=device, log=lambda s: None)
+        arts[device] = load_artifact(out)
+    inputs, expected = arts["cpu"].reference()
+    feed = [inputs[s.name] for s in arts["cpu"].model.inputs]
+    bound = concurrent_bound(
+        arts["cpu"].runner(feed), arts["opencl"].runner(feed), seconds=0.0, min_runs=2
+    )
+    assert bound.cpu_runs >= 2 and bound.gpu_runs >= 2
+    for art in arts.values():
+        for got, want in zip(art(feed), expected):
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
