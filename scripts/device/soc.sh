@@ -54,7 +54,8 @@ touch $r/CPU_DONE
 POCL_AFFINITY=0 python3 scripts/bench_planner.py warm --dir $b --platform portable --jobs 15 \
   > $r/soc_warm.log 2>&1
 touch $r/WARM
-# SOC_VERIFY=0 skips the measured re-plans (`--verify`), about 3 minutes for five models.
+# SOC_ROUNDS: round-robin samples per variant (default 3). SOC_VERIFY=0 skips the measured
+# re-plans (`--verify`), about 3 minutes for five models.
 if [ "${SOC_VERIFY:-1}" != 0 ]; then
 python3 scripts/bench_planner.py compile "${common[@]}" --verify 3 \
   --verify-modes codl_no_chain,h_only,oc_only --tvm-cpus $tvm_cpus > $r/soc_verify.log 2>&1
@@ -62,7 +63,7 @@ fi
 touch $r/VERIFIED
 for m in ${models//,/ }; do
   python3 scripts/bench_planner.py run --dir $b --models "$m" --platform portable \
-    --tvm-cpus $tvm_cpus --rounds 3 --number 2 --trace-dir $r/traces_soc --append \
+    --tvm-cpus $tvm_cpus --rounds "${SOC_ROUNDS:-3}" --number 2 --trace-dir $r/traces_soc --append \
     --out $r/planner_emulated_soc.json >> $r/soc_run.log 2>&1
 done
 touch $r/SOC_DONE
