@@ -149,6 +149,7 @@ def compile_artifact(
     log: Callable[[str], None] = print,
     coexec_cpu_alone: bool | None = None,
     verify_calibrate: bool = True,
+    split_channel_blocks: bool = True,
 ) -> Path:
     """Plan and build an ONNX model into an artifact directory.
 
@@ -226,6 +227,11 @@ def compile_artifact(
         planner's cost model was fitted with a dataset of those kernels (``codl-tvm profile
         --winograd --packed --cpu-alone``; its ``meta["cpu_alone_settings"]``), so the planner
         predicts the kernels the build makes; off with a given plan. True/False decide alone.
+    split_channel_blocks
+        With ``device="coexec"``: an InstanceNorm-like block (statistics over the spatial axes,
+        then per-channel elementwise ops) that reads a split's output is split along channels
+        at that split's ratio, so both processors normalise instead of one while the other
+        waits. False keeps such blocks whole.
 
     Returns
     -------
@@ -297,6 +303,7 @@ def compile_artifact(
                 log,
                 coexec_cpu_alone,
                 verify_calibrate,
+                split_channel_blocks,
             )
     except BaseException:
         # Leave no half-written artifact behind (the directory held none of our files before,
@@ -325,6 +332,7 @@ def _compile_into(
     log,
     coexec_cpu_alone=False,
     verify_calibrate=True,
+    split_channel_blocks=True,
 ):
     import tvm
 
@@ -435,6 +443,8 @@ def _compile_into(
                 log(f"not co-executing: {why}; building for {device} alone")
         if device == "coexec":
             gpu_target = preset_obj.target("gpu")
+            manifest["split_channel_blocks"] = bool(split_channel_blocks)
+            libraries.channel_blocks = bool(split_channel_blocks)
             from codl_tvm import runtime
             from codl_tvm.coexec import placement_report
             from codl_tvm.pipeline import coexec_pipeline
@@ -446,11 +456,13 @@ def _compile_into(
                 return tvm.compile(
                     model.mod,
                     target=gpu_target,
-                    relax_pipeline=coexec_pipeline(p, gpu_target, cpu_target),
+                    relax_pipeline=coexec_pipeline(
+                        p, gpu_target, cpu_target, channel_blocks=split_channel_blocks
+                    ),
                 )
 
             built = libraries.get("coexec", "coexec", plan, lambda: build_coexec(plan))
-            placement = placement_report(model.mod, plan)
+            placement = placement_report(model.mod, plan, split_channel_blocks)
             (out / "placement.json").write_text(json.dumps(placement, indent=2) + "\n")
             manifest["targets"] = {"gpu": str(gpu_target), "cpu": str(cpu_target)}
             if verify:
@@ -601,6 +613,7 @@ class _Libraries:
         self._cpu_alone_packed = manifest["packed_cpu_alone"]
         self.coexec_cpu_algorithms: tuple[str, ...] = ()
         self.coexec_cpu_alone = False
+        self.channel_blocks = True
         if cache is not None:
             cache.mkdir(parents=True, exist_ok=True)
 
@@ -622,6 +635,7 @@ class _Libraries:
             device == "cpu" and plan is None and self._cpu_alone_packed,
             list(self.coexec_cpu_algorithms) if device == "coexec" else None,
             device == "coexec" and self.coexec_cpu_alone,
+            device == "coexec" and self.channel_blocks,
         ]
         return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:32]
 

@@ -221,6 +221,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
             key=args.key,
             build_cache=args.build_cache,
             coexec_cpu_alone=args.coexec_cpu_alone_kernels,
+            split_channel_blocks=args.split_channel_blocks,
             verify_calibrate=args.verify_calibrate,
         )
     except (ArtifactError, ModelError, ToolchainError) as exc:
@@ -464,6 +465,14 @@ def _add_compile(sub) -> None:
         "alone (Winograd, packed convs and their CPU-alone settings). Default: when the cost "
         "model was profiled with them (codl-tvm profile --cpu-alone), so the planner predicts "
         "the kernels the build makes",
+    )
+    p.add_argument(
+        "--split-channel-blocks",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="co-executed builds: split an InstanceNorm-like block that reads a split's output "
+        "along channels at that split's ratio (default), instead of running it whole on one "
+        "processor while the other waits",
     )
     p.add_argument(
         "--verify",

@@ -88,8 +88,9 @@ class CoexecModule:
         return time_vm(self.vm, tvm.opencl(0), inputs, number, repeat)
 
 
-def placement_report(mod, plan) -> list[dict]:
-    """For each plan entry: dimension, ratio and the output region of each processor."""
+def placement_report(mod, plan, channel_blocks: bool = True) -> list[dict]:
+    """For each split (plan entries, and the channel blocks split after them unless
+    ``channel_blocks`` is False): dimension, ratio and the output region of each processor."""
     import tvm
 
     from codl_tvm.passes import PartitionOperators, collect_parts
@@ -97,7 +98,7 @@ def placement_report(mod, plan) -> list[dict]:
 
     # partition what the build partitions: the module after the inference simplifications
     simplified = tvm.transform.Sequential(inference_passes())(mod)
-    parts = collect_parts(PartitionOperators(plan)(simplified))
+    parts = collect_parts(PartitionOperators(plan, channel_blocks)(simplified))
     rows = []
     for split in parts:
         rows.append(

@@ -114,6 +114,10 @@ _UNARY = frozenset(
 _BINARY = frozenset(
     f"relax.{n}" for n in ("add", "subtract", "multiply", "divide", "maximum", "minimum", "power")
 )
+#: Reductions that keep the channel axis (``keepdims``) and reduce others: channel-local.
+_REDUCE = frozenset(f"relax.{n}" for n in ("mean", "variance", "sum", "max", "min"))
+#: Suffix of the name of a channel block's split (its plan entry is the split it follows).
+CHANNEL_BLOCK = "+channels"
 
 
 @dataclass
@@ -122,7 +126,7 @@ class _Step:
 
     var: relax.Var
     value: relax.Expr
-    role: str  # "anchor", "unary", "binary", "batch_norm", "getitem"
+    role: str  # "anchor", "unary", "binary", "batch_norm", "getitem", "local"
     kind: str  # anchor kind (conv2d, ...) or the op name
     in_shape: tuple[int, ...]
     out_shape: tuple[int, ...]
@@ -153,6 +157,13 @@ def _op_name(value) -> str | None:
     return None
 
 
+def _channel_extent(expr) -> int | None:
+    """Extent of a tensor along the channel axis of a 4-D NCHW tensor it broadcasts with."""
+    shape = _shape(expr)
+    k = 1 - (4 - len(shape))
+    return shape[k] if 0 <= k < len(shape) else 1
+
+
 class _Analysis:
     """Bindings and uses of ``main``, and the chains of a plan resolved to bindings."""
 
@@ -173,6 +184,17 @@ class _Analysis:
         for used in relax.analysis.free_vars(mod["main"].body.body):
             self.uses.setdefault(used, []).append(None)
         self.anchors = {info.name: (info, b) for info, b in partitionable_bindings(mod)}
+        self.params = set(mod["main"].params)
+
+    def constant_var(self, var: relax.Var) -> bool:
+        """Whether ``var`` is a constant, reshaped or transposed (what the rewriter folds)."""
+        value = self.value_of.get(var)
+        while _op_name(value) in ("relax.reshape", "relax.permute_dims"):
+            arg = value.args[0]
+            if isinstance(arg, tvm.ir.Constant):
+                return True
+            value = self.value_of.get(arg) if isinstance(arg, relax.Var) else None
+        return False
 
     def single_user(self, var: relax.Var) -> relax.Var | None:
         users = self.uses.get(var, [])
@@ -230,6 +252,86 @@ class _Analysis:
         if len(blocks) != 1:
             raise PlanError(f"{where}: operators lie in different binding blocks of main")
         return _Chain(entry, steps, first_input, axis, dropped)
+
+    def channel_block(self, chain: _Chain, taken: set[relax.Var]) -> _Chain | None:
+        """The channel-local block that reads ``chain``'s merged output, as an OC split at the
+        chain's ratio, or None.
+
+        InstanceNorm (imported as mean, variance and elementwise ops over the conv output),
+        with its affine, activation and a residual add, reads its input several times, so it
+        is no follower; left whole, one processor runs it while the other waits. Every output
+        channel of such a block depends on the same input channel only, so both processors
+        can each normalise a share of the channels of the merged output. The block: the
+        closure of the users of the output that are unary or binary elementwise ops or
+        reductions keeping the channel axis (``keepdims``), whose other operands are bound
+        before it and broadcast along channels or span them all, holding at least one
+        reduction and ending in one variable of the output's shape.
+        """
+        v = chain.steps[-1].var
+        shape = _shape(v)
+        if len(shape) != 4:
+            return None
+        channels, block = shape[1], self.block_of[v]
+        inside: dict[relax.Var, _Step] = {}
+
+        def operand_ok(a) -> bool:
+            if not isinstance(a, relax.Var):
+                return not isinstance(a.ty, relax.TensorType) or _channel_extent(a) in (1, channels)
+            if a.same_as(v) or a in inside:
+                return True
+            if _channel_extent(a) not in (1, channels):
+                return False
+            if a in self.params:
+                return True
+            # Bound before the block's input, or a reshaped constant (an affine's scale):
+            # either way it does not depend on the block.
+            return a in self.order and (self.order[a] < self.order[v] or self.constant_var(a))
+
+        def local_step(u) -> _Step | None:
+            value = self.value_of.get(u)
+            op = _op_name(value)
+            if op is None or u in taken or self.block_of[u] != block:
+                return None
+            if not isinstance(u.ty, relax.TensorType) or _channel_extent(u) != channels:
+                return None
+            args = list(value.args)
+            ins = [a for a in args if isinstance(a, relax.Var) and (a.same_as(v) or a in inside)]
+            if not ins or not all(operand_ok(a) for a in args):
+                return None
+            if op in _REDUCE:
+                axes = value.attrs.axis
+                rank = len(_shape(args[0]))
+                if axes is None or not bool(value.attrs.keepdims):
+                    return None
+                if 1 in {int(a) % rank for a in axes}:
+                    return None
+            elif op not in _UNARY and op not in _BINARY:
+                return None
+            return _Step(u, value, "local", op, _shape(ins[0]), _shape(u))
+
+        grew = True
+        while grew:
+            grew = False
+            for src in [v, *inside]:
+                for u in self.uses.get(src, []):
+                    if u is None or u in inside:
+                        continue
+                    step = local_step(u)
+                    if step is not None:
+                        inside[u] = step
+                        grew = True
+        if not any(s.kind in _REDUCE for s in inside.values()):
+            return None
+        exits = [
+            u for u in inside if any(w is None or w not in inside for w in self.uses.get(u, [None]))
+        ]
+        if len(exits) != 1 or _shape(exits[0]) != shape:
+            return None
+        steps = sorted(inside.values(), key=lambda s: self.order[s.var])
+        if not steps[-1].var.same_as(exits[0]):
+            return None
+        entry = ChainPlan((chain.name + CHANNEL_BLOCK,), PartitionDim.OC, chain.entry.ratio)
+        return _Chain(entry, steps, v, 1)
 
     def _absorb(self, steps: list[_Step], dropped: list[relax.Var]) -> None:
         """Append the elementwise followers of ``steps[-1]`` while each has a single use."""
@@ -541,10 +643,14 @@ class _Rewriter(PyExprMutator):
         axis = chain.axis
         cur = self._slice(chain.input, axis, spans[0].inp, f"{prefix}_in", bindings)
         prev = chain.input
+        env = {chain.input: cur}  # a channel block's variables -> this part's
         for j, (step, ps) in enumerate(zip(chain.steps, spans)):
             where = f"{chain.name} step {j} ({step.kind})"
             tag = step.kind.rsplit(".", 1)[-1]
-            expr = self._step_expr(step, prev, ps, cur, chain, f"{prefix}_{j}", bindings, where)
+            if step.role == "local":
+                expr = self._local_expr(step, env, ps, f"{prefix}_{j}", bindings, where)
+            else:
+                expr = self._step_expr(step, prev, ps, cur, chain, f"{prefix}_{j}", bindings, where)
             prev = step.var
             trim = ps.computed is not None and ps.computed != ps.out
             final = j == len(chain.steps) - 1 and not trim
@@ -556,7 +662,24 @@ class _Rewriter(PyExprMutator):
                 )
                 final = j == len(chain.steps) - 1
                 cur = self._emit(sliced, f"{prefix}_{j}_trim", bindings, last_is_output and final)
+            env[step.var] = cur
         return cur
+
+    def _local_expr(self, step: _Step, env: dict, ps: PartSpan, prefix: str, bindings, where):
+        """A channel block's op on this part's channels: block variables become the part's,
+        other channel-spanning operands are sliced to its channels."""
+        value = step.value
+        args = []
+        for k, a in enumerate(value.args):
+            if isinstance(a, relax.Var) and a in env:
+                args.append(env[a])
+            else:
+                args.append(
+                    self._slice_operand(
+                        a, 4, 1, step.out_shape[1], ps.out, f"{prefix}_arg{k}", bindings, where
+                    )
+                )
+        return relax.Call(value.op, args, value.attrs, value.ty_args)
 
     def _step_expr(
         self,
@@ -701,14 +824,18 @@ class PartitionOperators:
     plan
         The partition plan; its operator names refer to the module this pass is applied to
         (see :mod:`codl_tvm.plan`). An empty plan leaves the module unchanged.
+    channel_blocks
+        Also split, along channels at the same ratio, the channel-local block (InstanceNorm)
+        that reads a split's output (see ``_Analysis.channel_block``).
 
     See the module docstring for preconditions and the exact IR emitted.
     """
 
-    def __init__(self, plan: PartitionPlan):
+    def __init__(self, plan: PartitionPlan, channel_blocks: bool = True):
         if not isinstance(plan, PartitionPlan):
             raise TypeError(f"PartitionOperators needs a PartitionPlan, got {type(plan).__name__}")
         self.plan = plan
+        self.channel_blocks = channel_blocks
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext):
         entries = self.plan.entries()
@@ -723,6 +850,14 @@ class PartitionOperators:
         self.plan.validate(mod)
         analysis = _Analysis(mod)
         chains = _share_followers(analysis, [analysis.chain(e) for e in entries])
+        if self.channel_blocks:
+            taken = {s.var for c in chains for s in c.steps}
+            taken.update(d for c in chains for d in c.dropped)
+            for chain in list(chains):
+                block = analysis.channel_block(chain, taken)
+                if block is not None:
+                    chains.append(block)
+                    taken.update(s.var for s in block.steps)
         rewriter = _Rewriter(mod, analysis, chains)
         new_main = rewriter.visit_expr(main)
         new_main = new_main.with_attr(PARTS_ATTR, json.dumps(rewriter.records))

@@ -608,3 +608,96 @@ def test_second_application_is_refused():
     once = PartitionOperators(one_op("conv2d_0", H, 0.5))(_ConvRelu)
     with pytest.raises(PlanError, match="already partitioned"):
         PartitionOperators(one_op("conv2d_0", H, 0.5))(once)
+
+
+# -- channel-local blocks (InstanceNorm) -----------------------------------------------------
+
+
+def _instance_norm(bb, y, axes=(2, 3), keepdims=True, residual=None):
+    """InstanceNorm as TVM's ONNX frontend imports it: mean, variance, elementwise, affine
+    (reshaped constants bound after the statistics), then relu or a residual add."""
+    c = int(y.ty.shape[1])
+    mean = bb.emit(relax.op.mean(y, axis=list(axes), keepdims=keepdims))
+    centred = bb.emit(relax.op.subtract(y, mean))
+    var = bb.emit(relax.op.variance(y, axis=list(axes), keepdims=keepdims))
+    std = bb.emit(relax.op.sqrt(bb.emit(relax.op.add(var, relax.const(1e-5, "float32")))))
+    norm = bb.emit(relax.op.divide(centred, std))
+    scale = bb.emit(relax.op.reshape(relax.const(rand((c,), 11)), (c, 1, 1)))
+    shift = bb.emit(relax.op.reshape(relax.const(rand((c,), 12)), (c, 1, 1)))
+    out = bb.emit(relax.op.add(bb.emit(relax.op.multiply(norm, scale)), shift))
+    if residual is not None:
+        return bb.emit(relax.op.add(out, residual))
+    return bb.emit(relax.op.nn.relu(out))
+
+
+def _conv_in_conv(bb, x):
+    y = _instance_norm(bb, conv(bb, x, 6, 3, 1, 1), residual=None)
+    y = _instance_norm(bb, conv(bb, y, 4, 3, 1, 1, seed=2), residual=x)
+    return conv(bb, y, 4, 1, seed=3)
+
+
+@pytest.mark.parametrize("dim", [H, OC])
+@pytest.mark.parametrize("ratio", [0.3, 0.5])
+def test_instance_norm_is_split_on_channels_after_a_split(dim, ratio):
+    """Both processors normalise a share of the channels (at the split's ratio) instead of one
+    of them normalising all while the other waits; the residual operand is sliced too."""
+    mod = make_module((1, 4, 9, 7), _conv_in_conv)
+    x = rand((1, 4, 9, 7), 1)
+    ref = run(mod, x)
+    plan = uniform_plan(mod, dim, ratio)
+    part = check(mod, plan, x, reference=ref)
+    records = check_records(part, None)
+    names = [r.name for r in records]
+    assert names == ["conv2d_0", "conv2d_0+channels", "conv2d_1", "conv2d_1+channels", "conv2d_2"]
+    for conv_rec, block in zip(records[0:4:2], records[1:4:2]):
+        assert block.dim == OC and block.axis == 1 and block.ratio == ratio
+        assert block.input.same_as(conv_rec.output)
+        assert [p.processor for p in block.parts] == [Processor.GPU, Processor.CPU]
+        for p in block.parts:
+            kinds = [v.name.rsplit("_", 1)[-1] for v in p.bindings]
+            assert {"mean", "variance", "sqrt", "divide", "multiply"} <= set(kinds)
+            assert p.input_region == p.region  # a channel reads only its own channel
+    # the residual add of the second block reads its part's channels of x
+    cpu_add = [v for v in records[3].parts[1].bindings if v.name.endswith("_arg1")]
+    assert len(cpu_add) == 1 and int(cpu_add[0].ty.shape[1]) == 4 - records[3].parts[0].region[1]
+
+
+def test_instance_norm_stays_whole_when_asked():
+    mod = make_module((1, 4, 9, 7), _conv_in_conv)
+    part = PartitionOperators(uniform_plan(mod, H, 0.5), channel_blocks=False)(mod)
+    assert [r.name for r in collect_parts(part)] == ["conv2d_0", "conv2d_1", "conv2d_2"]
+
+
+@pytest.mark.parametrize(
+    "axes,keepdims", [((1,), True), ((1, 2, 3), True), ((2, 3), False)], ids=["C", "CHW", "flat"]
+)
+def test_norm_over_channels_is_not_split_on_channels(axes, keepdims):
+    """A reduction over the channel axis (LayerNorm over C), or one that drops axes, mixes or
+    moves channels: the block stays whole, and the model still computes the same."""
+
+    def body(bb, x):
+        y = conv(bb, x, 6, 3, 1, 1)
+        mean = bb.emit(relax.op.mean(y, axis=list(axes), keepdims=keepdims))
+        if not keepdims:
+            mean = bb.emit(relax.op.reshape(mean, (1, 6, 1, 1)))
+        return bb.emit(relax.op.subtract(y, mean))
+
+    mod = make_module((1, 4, 9, 7), body)
+    x = rand((1, 4, 9, 7), 1)
+    part = check(mod, uniform_plan(mod, OC, 0.5), x)
+    assert [r.name for r in collect_parts(part)] == ["conv2d_0"]
+
+
+def test_block_with_two_outputs_is_not_split():
+    def body(bb, x):
+        y = conv(bb, x, 6, 3, 1, 1)
+        centred = bb.emit(
+            relax.op.subtract(y, bb.emit(relax.op.mean(y, axis=[2, 3], keepdims=True)))
+        )
+        a = bb.emit(relax.op.nn.relu(centred))
+        b = bb.emit(relax.op.sigmoid(centred))
+        return bb.emit(relax.op.concat([conv(bb, a, 2, 1, seed=4), conv(bb, b, 2, 1, seed=5)], 1))
+
+    mod = make_module((1, 4, 9, 7), body)
+    part = check(mod, one_op("conv2d_0", H, 0.5), rand((1, 4, 9, 7), 1))
+    assert [r.name for r in collect_parts(part)] == ["conv2d_0"]

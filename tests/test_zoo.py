@@ -7,6 +7,7 @@ kernels and summation orders). Fast tests use small inputs; full-size models are
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 
 import numpy as np
@@ -313,3 +314,35 @@ def test_make_zoo_models_script(tmp_path, capsys):
     assert (
         main([str(tmp_path), "--models", "posenet", "--input-hw", "33", "33", "--overwrite"]) == 0
     )
+
+
+@pytest.mark.opencl
+def test_artifact_instance_norm_split_on_channels_or_kept_whole(tmp_path, opencl):
+    """``compile`` splits FST's InstanceNorms on channels after each split conv (placement.json
+    shows them) unless ``split_channel_blocks=False``; both builds compute the reference."""
+    from codl_tvm.artifact import compile_artifact, load_artifact
+
+    path = tmp_path / "fst.onnx"
+    onnx.save(build_model("fst", input_hw=(16, 16), seed=3), str(path))
+    model = load_onnx(build_model("fst", input_hw=(16, 16), seed=3))
+    plan = uniform_plan(model.mod, "H", 0.4)
+    for split in (True, False):
+        out = compile_artifact(
+            path,
+            tmp_path / f"art_{split}",
+            plan=plan,
+            split_channel_blocks=split,
+            log=lambda s: None,
+        )
+        art = load_artifact(out)
+        assert art.manifest["split_channel_blocks"] is split
+        placement = json.loads((out / "placement.json").read_text())
+        blocks = [row for row in placement if row["ops"][0].endswith("+channels")]
+        assert len(blocks) == (15 if split else 0)
+        for row in blocks:
+            assert row["dim"] == "OC" and row["ratio"] == 0.4
+            assert [p["processor"] for p in row["parts"]] == ["gpu", "cpu"]
+        inputs, expected = art.reference()
+        got = art([inputs[s.name] for s in art.model.inputs])
+        for g, e in zip(got, expected):
+            _close(g, e, f"fst split_channel_blocks={split}")
