@@ -149,7 +149,7 @@ def compile_artifact(
     log: Callable[[str], None] = print,
     coexec_cpu_alone: bool | None = None,
     verify_calibrate: bool = True,
-    split_channel_blocks: bool = True,
+    split_channel_blocks: bool = False,
 ) -> Path:
     """Plan and build an ONNX model into an artifact directory.
 
@@ -231,7 +231,8 @@ def compile_artifact(
         With ``device="coexec"``: an InstanceNorm-like block (statistics over the spatial axes,
         then per-channel elementwise ops) that reads a split's output is split along channels
         at that split's ratio, so both processors normalise instead of one while the other
-        waits. False keeps such blocks whole.
+        waits. Off by default: on the emulated SoC it moved FST's synchronisation waits but not
+        its latency (``results/planner_fst_channel_blocks_501ae69.json``).
 
     Returns
     -------
@@ -332,7 +333,7 @@ def _compile_into(
     log,
     coexec_cpu_alone=False,
     verify_calibrate=True,
-    split_channel_blocks=True,
+    split_channel_blocks=False,
 ):
     import tvm
 
@@ -613,7 +614,7 @@ class _Libraries:
         self._cpu_alone_packed = manifest["packed_cpu_alone"]
         self.coexec_cpu_algorithms: tuple[str, ...] = ()
         self.coexec_cpu_alone = False
-        self.channel_blocks = True
+        self.channel_blocks = False
         if cache is not None:
             cache.mkdir(parents=True, exist_ok=True)
 

@@ -148,7 +148,7 @@ def coexec_pipeline(
     cpu_target: tvm.target.Target,
     cpu=None,
     opencl=None,
-    channel_blocks: bool = True,
+    channel_blocks: bool = False,
 ) -> tvm.transform.Pass:
     """The Relax pipeline that co-executes ``plan``'s operators on the GPU and the CPU.
 
@@ -156,7 +156,7 @@ def coexec_pipeline(
     run in ``VirtualMachine(lib, [tvm.opencl(0), tvm.cpu(0)])``. Algorithms are chosen after
     partitioning: each part with its processor's config (``cpu`` / ``opencl`` replace the
     presets of ``cpu_target`` / ``gpu_target``), operators outside the plan with the GPU's.
-    ``channel_blocks``: split the InstanceNorm-like blocks after a split on channels too
+    ``channel_blocks``: also split the InstanceNorm-like blocks after a split on channels
     (:class:`~codl_tvm.passes.PartitionOperators`).
     """
     from codl_tvm.passes import PartitionOperators

@@ -65,10 +65,10 @@ def run(mod, *inputs, codl_pipeline=False):
     return out.numpy()
 
 
-def check(mod, plan, *inputs, reference=None, codl_pipeline=False):
+def check(mod, plan, *inputs, reference=None, codl_pipeline=False, channel_blocks=False):
     """Apply ``plan``; compare against the unpartitioned build; return the partitioned module."""
     ref = run(mod, *inputs, codl_pipeline=codl_pipeline) if reference is None else reference
-    part = PartitionOperators(plan)(mod)
+    part = PartitionOperators(plan, channel_blocks)(mod)
     relax.analysis.well_formed(part)  # raises on the first violation
     got = run(part, *inputs, codl_pipeline=codl_pipeline)
     np.testing.assert_allclose(got, ref, rtol=RTOL, atol=ATOL)
@@ -645,7 +645,7 @@ def test_instance_norm_is_split_on_channels_after_a_split(dim, ratio):
     x = rand((1, 4, 9, 7), 1)
     ref = run(mod, x)
     plan = uniform_plan(mod, dim, ratio)
-    part = check(mod, plan, x, reference=ref)
+    part = check(mod, plan, x, reference=ref, channel_blocks=True)
     records = check_records(part, None)
     names = [r.name for r in records]
     assert names == ["conv2d_0", "conv2d_0+channels", "conv2d_1", "conv2d_1+channels", "conv2d_2"]
@@ -662,9 +662,9 @@ def test_instance_norm_is_split_on_channels_after_a_split(dim, ratio):
     assert len(cpu_add) == 1 and int(cpu_add[0].ty.shape[1]) == 4 - records[3].parts[0].region[1]
 
 
-def test_instance_norm_stays_whole_when_asked():
+def test_instance_norm_stays_whole_by_default():
     mod = make_module((1, 4, 9, 7), _conv_in_conv)
-    part = PartitionOperators(uniform_plan(mod, H, 0.5), channel_blocks=False)(mod)
+    part = PartitionOperators(uniform_plan(mod, H, 0.5))(mod)
     assert [r.name for r in collect_parts(part)] == ["conv2d_0", "conv2d_1", "conv2d_2"]
 
 
@@ -684,7 +684,7 @@ def test_norm_over_channels_is_not_split_on_channels(axes, keepdims):
 
     mod = make_module((1, 4, 9, 7), body)
     x = rand((1, 4, 9, 7), 1)
-    part = check(mod, uniform_plan(mod, OC, 0.5), x)
+    part = check(mod, uniform_plan(mod, OC, 0.5), x, channel_blocks=True)
     assert [r.name for r in collect_parts(part)] == ["conv2d_0"]
 
 
@@ -699,5 +699,5 @@ def test_block_with_two_outputs_is_not_split():
         return bb.emit(relax.op.concat([conv(bb, a, 2, 1, seed=4), conv(bb, b, 2, 1, seed=5)], 1))
 
     mod = make_module((1, 4, 9, 7), body)
-    part = check(mod, one_op("conv2d_0", H, 0.5), rand((1, 4, 9, 7), 1))
+    part = check(mod, one_op("conv2d_0", H, 0.5), rand((1, 4, 9, 7), 1), channel_blocks=True)
     assert [r.name for r in collect_parts(part)] == ["conv2d_0"]
