@@ -48,6 +48,11 @@ The GPU part is emitted first, then the CPU part, then the merge. The variables 
 operators and followers inside the split disappear (including unused batch_norm mean/var outputs);
 the merge variable takes the place of the last one.
 
+With ``channel_blocks=True``, the channel-local block that reads a split's merged output
+(InstanceNorm as imported: mean and variance over H and W, elementwise ops, the affine, an
+activation or a residual add) becomes a split of its own along channels at that split's ratio,
+named ``<split>+channels``: each part normalises its channels of the merged output.
+
 ``main`` gets a ``"codl_parts"`` attribute recording, for each split, which variables belong to
 which processor, which output region each part writes and which input region it reads;
 :func:`codl_tvm.passes.parts.collect_parts` reads it back.
@@ -157,7 +162,7 @@ def _op_name(value) -> str | None:
     return None
 
 
-def _channel_extent(expr) -> int | None:
+def _channel_extent(expr) -> int:
     """Extent of a tensor along the channel axis of a 4-D NCHW tensor it broadcasts with."""
     shape = _shape(expr)
     k = 1 - (4 - len(shape))
