@@ -148,6 +148,9 @@ class PartitionPlan:
     model_fingerprint: str | None = None
     version: int = PLAN_VERSION
     home: str = "gpu"
+    #: GPU share of the channel blocks (InstanceNorm) split after a split, with
+    #: ``PartitionOperators(channel_blocks=True)``; None: each block takes its split's ratio.
+    block_ratio: float | None = None
 
     def __post_init__(self):
         if self.version != PLAN_VERSION:
@@ -157,6 +160,8 @@ class PartitionPlan:
             )
         if self.home not in ("gpu", "cpu"):
             raise PlanError(f"plan: home must be 'gpu' or 'cpu', got {self.home!r}")
+        if self.block_ratio is not None:
+            object.__setattr__(self, "block_ratio", _check_ratio(self.block_ratio, "block_ratio"))
         object.__setattr__(self, "ops", tuple(self.ops))
         object.__setattr__(self, "chains", tuple(self.chains))
         seen: dict[str, str] = {}
@@ -179,6 +184,8 @@ class PartitionPlan:
         if self.model_fingerprint is not None:
             out["model_fingerprint"] = self.model_fingerprint
         out["home"] = self.home
+        if self.block_ratio is not None:
+            out["block_ratio"] = self.block_ratio
         out["ops"] = [p.to_dict() for p in self.ops]
         out["chains"] = [c.to_dict() for c in self.chains]
         return out
@@ -187,7 +194,14 @@ class PartitionPlan:
     def from_dict(cls, data: Mapping[str, Any]) -> PartitionPlan:
         if not isinstance(data, Mapping):
             raise PlanError(f"plan: expected a JSON object, got {type(data).__name__}")
-        unknown = set(data) - {"version", "model_fingerprint", "home", "ops", "chains"}
+        unknown = set(data) - {
+            "version",
+            "model_fingerprint",
+            "home",
+            "block_ratio",
+            "ops",
+            "chains",
+        }
         if unknown:
             raise PlanError(f"plan: unknown field(s) {sorted(unknown)}")
         if "version" not in data:
@@ -209,7 +223,14 @@ class PartitionPlan:
         fp = data.get("model_fingerprint")
         if fp is not None and not isinstance(fp, str):
             raise PlanError(f"plan: model_fingerprint must be a string, got {fp!r}")
-        return cls(tuple(ops), tuple(chains), fp, version, data.get("home", "gpu"))
+        return cls(
+            tuple(ops),
+            tuple(chains),
+            fp,
+            version,
+            data.get("home", "gpu"),
+            data.get("block_ratio"),
+        )
 
     def to_json(self, indent: int | None = 2) -> str:
         return json.dumps(self.to_dict(), indent=indent)

@@ -51,7 +51,9 @@ the merge variable takes the place of the last one.
 With ``channel_blocks=True``, the channel-local block that reads a split's merged output
 (InstanceNorm as imported: mean and variance over H and W, elementwise ops, the affine, an
 activation or a residual add) becomes a split of its own along channels at that split's ratio,
-named ``<split>+channels``: each part normalises its channels of the merged output.
+named ``<split>+channels``: each part normalises its channels of the merged output. Its GPU
+share is the plan's ``block_ratio`` (the planner's whole-model balance), else the split's ratio;
+after an operator kept whole on one processor the block stays there.
 
 ``main`` gets a ``"codl_parts"`` attribute recording, for each split, which variables belong to
 which processor, which output region each part writes and which input region it reads;
@@ -258,9 +260,11 @@ class _Analysis:
             raise PlanError(f"{where}: operators lie in different binding blocks of main")
         return _Chain(entry, steps, first_input, axis, dropped)
 
-    def channel_block(self, chain: _Chain, taken: set[relax.Var]) -> _Chain | None:
-        """The channel-local block that reads ``chain``'s merged output, as an OC split at the
-        chain's ratio, or None.
+    def channel_block(
+        self, chain: _Chain, taken: set[relax.Var], ratio: float | None = None
+    ) -> _Chain | None:
+        """The channel-local block that reads ``chain``'s merged output, as an OC split at
+        ``ratio`` (None: the chain's ratio), or None.
 
         InstanceNorm (imported as mean, variance and elementwise ops over the conv output),
         with its affine, activation and a residual add, reads its input several times, so it
@@ -335,7 +339,8 @@ class _Analysis:
         steps = sorted(inside.values(), key=lambda s: self.order[s.var])
         if not steps[-1].var.same_as(exits[0]):
             return None
-        entry = ChainPlan((chain.name + CHANNEL_BLOCK,), PartitionDim.OC, chain.entry.ratio)
+        ratio = chain.entry.ratio if ratio is None else ratio
+        entry = ChainPlan((chain.name + CHANNEL_BLOCK,), PartitionDim.OC, ratio)
         return _Chain(entry, steps, v, 1)
 
     def _absorb(self, steps: list[_Step], dropped: list[relax.Var]) -> None:
@@ -860,7 +865,9 @@ class PartitionOperators:
             taken = {s.var for c in chains for s in c.steps}
             taken.update(d for c in chains for d in c.dropped)
             for chain in list(chains):
-                block = analysis.channel_block(chain, taken)
+                if not 0.0 < chain.entry.ratio < 1.0:
+                    continue  # whole on one processor: the block stays there, unsplit
+                block = analysis.channel_block(chain, taken, self.plan.block_ratio)
                 if block is not None:
                     chains.append(block)
                     taken.update(s.var for s in block.steps)

@@ -701,3 +701,23 @@ def test_block_with_two_outputs_is_not_split():
     mod = make_module((1, 4, 9, 7), body)
     part = check(mod, one_op("conv2d_0", H, 0.5), rand((1, 4, 9, 7), 1), channel_blocks=True)
     assert [r.name for r in collect_parts(part)] == ["conv2d_0"]
+
+
+def test_instance_norm_takes_the_plans_block_ratio():
+    """The planner's ``block_ratio`` (whole-model balance) sets the blocks' GPU share; after an
+    operator kept whole on one processor its block stays whole there."""
+    mod = make_module((1, 4, 9, 7), _conv_in_conv)
+    x = rand((1, 4, 9, 7), 1)
+    plan = PartitionPlan(
+        ops=(OpPartition("conv2d_0", H, 0.5), OpPartition("conv2d_1", OC, 0.0)),
+        block_ratio=0.7,
+    )
+    part = check(mod, plan, x, channel_blocks=True)
+    records = check_records(part, None)
+    assert [r.name for r in records] == ["conv2d_0", "conv2d_0+channels", "conv2d_1"]
+    block = records[1]
+    assert block.ratio == 0.7
+    assert [p.region for p in block.parts] == [(0, 4), (4, 6)]  # round(0.7 * 6) channels
+    assert PartitionPlan.from_json(plan.to_json()) == plan
+    with pytest.raises(PlanError, match=r"block_ratio.*outside"):
+        PartitionPlan(block_ratio=1.5)

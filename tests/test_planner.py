@@ -208,6 +208,8 @@ def test_balanced_model_splits_every_conv(model, balanced):
             assert d.gain_ms > 0
     s = report.summary
     assert s.predicted_ms < min(s.cpu_only_ms, s.gpu_only_ms)
+    # Channel blocks outside the cost model take the whole-model balance of the two processors.
+    assert plan.block_ratio == round(s.cpu_only_ms / (s.cpu_only_ms + s.gpu_only_ms), 2)
 
 
 def _gpu_share(plan) -> float:

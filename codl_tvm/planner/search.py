@@ -690,11 +690,16 @@ class _Planner:
             d = singles[op.name][0]
             rows.append(d)
             plan_ops.append(OpPartition(op.name, d.dim, d.ratio))
+        # Blocks outside the cost model (InstanceNorm split on channels) take the share that
+        # balances the two processors over the whole model, not their conv's split ratio.
+        cpu = sum(o.cpu_ms for o in modelled)
+        gpu = sum(o.gpu_ms for o in modelled)
         plan = PartitionPlan(
             tuple(plan_ops),
             tuple(plan_chains),
             model_fingerprint(self.mod, self.infos),
             home=home,
+            block_ratio=round(cpu / (cpu + gpu), 2) if cpu + gpu > 0 else None,
         )
         return plan, rows
 
