@@ -149,7 +149,7 @@ def compile_artifact(
     log: Callable[[str], None] = print,
     coexec_cpu_alone: bool | None = None,
     verify_calibrate: bool = True,
-    split_channel_blocks: bool = False,
+    split_channel_blocks: bool = True,
 ) -> Path:
     """Plan and build an ONNX model into an artifact directory.
 
@@ -230,9 +230,10 @@ def compile_artifact(
     split_channel_blocks
         With ``device="coexec"``: an InstanceNorm-like block (statistics over the spatial axes,
         then per-channel elementwise ops) that reads a split's output is split along channels
-        at that split's ratio, so both processors normalise instead of one while the other
-        waits. Off by default: on the emulated SoC it moved FST's synchronisation waits but not
-        its latency (``results/planner_fst_channel_blocks_501ae69.json``).
+        at the plan's ``block_ratio`` (the planner's whole-model balance), so both processors
+        normalise instead of one while the other waits (FST on the emulated SoC: 0.86-0.96x
+        the latency, ``results/planner_fst_block_ratio_ca10c8e*.json``). False keeps such
+        blocks whole on one processor.
 
     Returns
     -------
@@ -333,7 +334,7 @@ def _compile_into(
     log,
     coexec_cpu_alone=False,
     verify_calibrate=True,
-    split_channel_blocks=False,
+    split_channel_blocks=True,
 ):
     import tvm
 
@@ -614,7 +615,7 @@ class _Libraries:
         self._cpu_alone_packed = manifest["packed_cpu_alone"]
         self.coexec_cpu_algorithms: tuple[str, ...] = ()
         self.coexec_cpu_alone = False
-        self.channel_blocks = False
+        self.channel_blocks = True
         if cache is not None:
             cache.mkdir(parents=True, exist_ok=True)
 

@@ -88,9 +88,9 @@ class CoexecModule:
         return time_vm(self.vm, tvm.opencl(0), inputs, number, repeat)
 
 
-def placement_report(mod, plan, channel_blocks: bool = False) -> list[dict]:
-    """For each split (plan entries, and with ``channel_blocks`` the channel blocks split after
-    them): dimension, ratio and the output region of each processor."""
+def placement_report(mod, plan, channel_blocks: bool = True) -> list[dict]:
+    """For each split (plan entries, and unless ``channel_blocks`` is False the channel blocks
+    split after them): dimension, ratio and the output region of each processor."""
     import tvm
 
     from codl_tvm.passes import PartitionOperators, collect_parts

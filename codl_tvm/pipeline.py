@@ -148,7 +148,7 @@ def coexec_pipeline(
     cpu_target: tvm.target.Target,
     cpu=None,
     opencl=None,
-    channel_blocks: bool = False,
+    channel_blocks: bool = True,
 ) -> tvm.transform.Pass:
     """The Relax pipeline that co-executes ``plan``'s operators on the GPU and the CPU.
 
@@ -157,7 +157,7 @@ def coexec_pipeline(
     partitioning: each part with its processor's config (``cpu`` / ``opencl`` replace the
     presets of ``cpu_target`` / ``gpu_target``), operators outside the plan with the GPU's.
     ``channel_blocks``: also split the InstanceNorm-like blocks after a split on channels
-    (:class:`~codl_tvm.passes.PartitionOperators`).
+    (:class:`~codl_tvm.passes.PartitionOperators`; False keeps them whole).
     """
     from codl_tvm.passes import PartitionOperators
     from codl_tvm.passes.fused_targets import RecordFusedTargets, RestoreTargets

@@ -836,13 +836,13 @@ class PartitionOperators:
         (see :mod:`codl_tvm.plan`). An empty plan leaves the module unchanged.
     channel_blocks
         Also split, along channels at the same ratio, the channel-local block (InstanceNorm)
-        that reads a split's output (see ``_Analysis.channel_block``). Off by default: on the
-        emulated SoC it moved FST's synchronisation waits but not its latency (501ae69).
+        that reads a split's output (see ``_Analysis.channel_block``), at the plan's
+        ``block_ratio``. FST on the emulated SoC: 0.86-0.96x the latency (ca10c8e).
 
     See the module docstring for preconditions and the exact IR emitted.
     """
 
-    def __init__(self, plan: PartitionPlan, channel_blocks: bool = False):
+    def __init__(self, plan: PartitionPlan, channel_blocks: bool = True):
         if not isinstance(plan, PartitionPlan):
             raise TypeError(f"PartitionOperators needs a PartitionPlan, got {type(plan).__name__}")
         self.plan = plan

@@ -11,7 +11,7 @@ Compile (here, or on the device machine with TVM's compiler library), then run t
 Per model the directory holds one ``codl-tvm compile`` artifact per baseline: ``cpu`` and
 ``gpu`` (single-processor builds), the planner modes (``codl``, ``codl_no_chain``, ``h_only``,
 ``oc_only``, ``ulayer_like``; ``MODE_alone`` builds a mode with the CPU-alone kernels on
-every CPU function, ``MODE_splitnorm`` also splitting InstanceNorm-like blocks on channels)
+every CPU function, ``MODE_wholenorm`` keeping InstanceNorm-like blocks whole)
 with the cost model, and ``oracle`` (``codl_no_chain`` planned with
 a table of measured part latencies: each operator's measured best split). ``run`` checks every
 artifact against the host reference stored with the CPU build, times it, and reports speedups
@@ -40,9 +40,9 @@ PLANNER_MODES = ("codl", "codl_no_chain", "h_only", "oc_only", "ulayer_like")
 #: A mode tag ending so (``codl_alone``) is that mode built with ``compile
 #: --coexec-cpu-alone-kernels``: every CPU function gets the kernels of the build for the CPU alone.
 ALONE_SUFFIX = "_alone"
-#: ... and ending so (``codl_splitnorm``): that mode with ``compile --split-channel-blocks``
-#: (InstanceNorm-like blocks after a split are split on channels too).
-SPLITNORM_SUFFIX = "_splitnorm"
+#: ... and ending so (``codl_wholenorm``): that mode with ``compile --no-split-channel-blocks``
+#: (InstanceNorm-like blocks after a split stay whole on one processor).
+WHOLENORM_SUFFIX = "_wholenorm"
 
 
 def _model_file(name: str, tmp: Path) -> Path:
@@ -63,8 +63,8 @@ def _compile_job(job: tuple) -> tuple[str, str, str | None]:
     from codl_tvm.artifact import compile_artifact
 
     name, tag, path, target, device, mode, cost_model, preset, verify, verify_modes, cache = job
-    splitnorm = tag.endswith(SPLITNORM_SUFFIX)
-    alone = tag.removesuffix(SPLITNORM_SUFFIX).endswith(ALONE_SUFFIX)
+    wholenorm = tag.endswith(WHOLENORM_SUFFIX)
+    alone = tag.removesuffix(WHOLENORM_SUFFIX).endswith(ALONE_SUFFIX)
     try:
         compile_artifact(
             path,
@@ -79,7 +79,7 @@ def _compile_job(job: tuple) -> tuple[str, str, str | None]:
             build_cache=cache,
             log=lambda s: None,
             coexec_cpu_alone=True if alone else None,  # else: as the cost model says
-            split_channel_blocks=splitnorm,
+            split_channel_blocks=not wholenorm,
         )
     except Exception as exc:  # one failing build must not lose the others
         return name, tag, f"{type(exc).__name__}: {exc}"
@@ -107,7 +107,7 @@ def cmd_compile(args: argparse.Namespace) -> None:
             (
                 m,
                 "coexec",
-                m.removesuffix(SPLITNORM_SUFFIX).removesuffix(ALONE_SUFFIX),
+                m.removesuffix(WHOLENORM_SUFFIX).removesuffix(ALONE_SUFFIX),
                 args.cost_model,
                 0,
             )

@@ -662,10 +662,13 @@ def test_instance_norm_is_split_on_channels_after_a_split(dim, ratio):
     assert len(cpu_add) == 1 and int(cpu_add[0].ty.shape[1]) == 4 - records[3].parts[0].region[1]
 
 
-def test_instance_norm_stays_whole_by_default():
+def test_instance_norm_is_split_by_default_unless_asked():
     mod = make_module((1, 4, 9, 7), _conv_in_conv)
-    part = PartitionOperators(uniform_plan(mod, H, 0.5))(mod)
+    plan = uniform_plan(mod, H, 0.5)
+    part = PartitionOperators(plan, channel_blocks=False)(mod)
     assert [r.name for r in collect_parts(part)] == ["conv2d_0", "conv2d_1", "conv2d_2"]
+    part = PartitionOperators(plan)(mod)
+    assert len(collect_parts(part)) == 5
 
 
 @pytest.mark.parametrize(

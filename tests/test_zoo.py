@@ -318,8 +318,8 @@ def test_make_zoo_models_script(tmp_path, capsys):
 
 @pytest.mark.opencl
 def test_artifact_instance_norm_split_on_channels_or_kept_whole(tmp_path, opencl):
-    """``compile --split-channel-blocks`` splits FST's InstanceNorms on channels after each split
-    conv (placement.json shows them); by default they stay whole. Both compute the reference."""
+    """``compile`` splits FST's InstanceNorms on channels after each split conv (placement.json
+    shows them) unless ``--no-split-channel-blocks``; both builds compute the reference."""
     from codl_tvm.artifact import compile_artifact, load_artifact
 
     path = tmp_path / "fst.onnx"
