@@ -193,15 +193,23 @@ class _Analysis:
         self.anchors = {info.name: (info, b) for info, b in partitionable_bindings(mod)}
         self.params = set(mod["main"].params)
 
-    def constant_var(self, var: relax.Var) -> bool:
-        """Whether ``var`` is a constant, reshaped or transposed (what the rewriter folds)."""
-        value = self.value_of.get(var)
-        while _op_name(value) in ("relax.reshape", "relax.permute_dims"):
-            arg = value.args[0]
-            if isinstance(arg, tvm.ir.Constant):
-                return True
-            value = self.value_of.get(arg) if isinstance(arg, relax.Var) else None
-        return False
+    def const_array(self, expr: relax.Expr) -> np.ndarray | None:
+        """The value of ``expr`` when it is a constant, possibly reshaped or transposed."""
+        if isinstance(expr, tvm.ir.Constant):
+            return expr.value.numpy()
+        if isinstance(expr, relax.Var) and expr in self.value_of:
+            value = self.value_of[expr]
+            op = _op_name(value)
+            if op == "relax.reshape":
+                src = self.const_array(value.args[0])
+                return None if src is None else src.reshape(_shape(expr))
+            if op == "relax.permute_dims":
+                src = self.const_array(value.args[0])
+                if src is None:
+                    return None
+                axes = value.attrs.axes
+                return np.transpose(src, None if axes is None else [int(a) for a in axes])
+        return None
 
     def single_user(self, var: relax.Var) -> relax.Var | None:
         users = self.uses.get(var, [])
@@ -294,7 +302,9 @@ class _Analysis:
                 return True
             # Bound before the block's input, or a reshaped constant (an affine's scale):
             # either way it does not depend on the block.
-            return a in self.order and (self.order[a] < self.order[v] or self.constant_var(a))
+            return a in self.order and (
+                self.order[a] < self.order[v] or self.const_array(a) is not None
+            )
 
         def local_step(u) -> _Step | None:
             value = self.value_of.get(u)
@@ -515,30 +525,12 @@ class _Rewriter(PyExprMutator):
         bindings.append(var)
         return var
 
-    def _const_array(self, expr: relax.Expr) -> np.ndarray | None:
-        """The value of ``expr`` when it is a constant, possibly reshaped or transposed."""
-        if isinstance(expr, tvm.ir.Constant):
-            return expr.value.numpy()
-        if isinstance(expr, relax.Var) and expr in self._an.value_of:
-            value = self._an.value_of[expr]
-            op = _op_name(value)
-            if op == "relax.reshape":
-                src = self._const_array(value.args[0])
-                return None if src is None else src.reshape(_shape(expr))
-            if op == "relax.permute_dims":
-                src = self._const_array(value.args[0])
-                if src is None:
-                    return None
-                axes = value.attrs.axes
-                return np.transpose(src, None if axes is None else [int(a) for a in axes])
-        return None
-
     def _slice(self, orig: relax.Expr, axis: int, span: Span, name: str, bindings: list):
         """``orig`` restricted to ``span`` along ``axis``: a new constant, a slice, or itself."""
         full = _shape(orig)[axis]
         if span.start == 0 and span.stop == full:
             return self.visit_expr(orig)
-        arr = self._const_array(orig)
+        arr = self._an.const_array(orig)
         if arr is not None:
             index = [slice(None)] * arr.ndim
             index[axis] = slice(span.start, span.stop)

@@ -45,6 +45,14 @@ ALONE_SUFFIX = "_alone"
 WHOLENORM_SUFFIX = "_wholenorm"
 
 
+def _tag_mode(tag: str) -> tuple[str, bool, bool]:
+    """A planner-mode tag's mode, and whether it asks for the CPU-alone kernels and for
+    InstanceNorm-like blocks kept whole (``codl_alone_wholenorm``: codl, True, True)."""
+    wholenorm = tag.endswith(WHOLENORM_SUFFIX)
+    tag = tag.removesuffix(WHOLENORM_SUFFIX)
+    return tag.removesuffix(ALONE_SUFFIX), tag.endswith(ALONE_SUFFIX), wholenorm
+
+
 def _model_file(name: str, tmp: Path) -> Path:
     import onnx
 
@@ -63,8 +71,7 @@ def _compile_job(job: tuple) -> tuple[str, str, str | None]:
     from codl_tvm.artifact import compile_artifact
 
     name, tag, path, target, device, mode, cost_model, preset, verify, verify_modes, cache = job
-    wholenorm = tag.endswith(WHOLENORM_SUFFIX)
-    alone = tag.removesuffix(WHOLENORM_SUFFIX).endswith(ALONE_SUFFIX)
+    _, alone, wholenorm = _tag_mode(tag)
     try:
         compile_artifact(
             path,
@@ -104,15 +111,7 @@ def cmd_compile(args: argparse.Namespace) -> None:
         path = _model_file(name, models_dir)
         todo = [("cpu", "cpu", None, None, 0), ("gpu", "opencl", None, None, 0)]
         todo += [
-            (
-                m,
-                "coexec",
-                m.removesuffix(WHOLENORM_SUFFIX).removesuffix(ALONE_SUFFIX),
-                args.cost_model,
-                0,
-            )
-            for m in args.modes.split(",")
-            if m
+            (m, "coexec", _tag_mode(m)[0], args.cost_model, 0) for m in args.modes.split(",") if m
         ]
         if args.oracle:
             todo.append(("oracle", "coexec", "codl_no_chain", args.oracle, 0))
