@@ -48,10 +48,13 @@ __all__ = [
     "Artifact",
     "ArtifactError",
     "compile_artifact",
+    "compile_refined",
     "cost_model_cpu_alone",
     "is_artifact",
     "load_artifact",
     "planning_context",
+    "refine_artifact",
+    "refined_plan",
 ]
 
 ARTIFACT_FORMAT = "codl-tvm-artifact"
@@ -455,15 +458,21 @@ def _compile_into(
 
             def build_coexec(p):
                 log(f"building {model_path.name} for co-execution ({preset_obj.name})")
+                sink = libraries.new_kernel_splits()
                 return tvm.compile(
                     model.mod,
                     target=gpu_target,
                     relax_pipeline=coexec_pipeline(
-                        p, gpu_target, cpu_target, channel_blocks=split_channel_blocks
+                        p,
+                        gpu_target,
+                        cpu_target,
+                        channel_blocks=split_channel_blocks,
+                        kernel_splits=sink,
                     ),
                 )
 
             built = libraries.get("coexec", "coexec", plan, lambda: build_coexec(plan))
+            manifest["kernel_splits"] = libraries.kernel_splits.get("coexec")
             placement = placement_report(model.mod, plan, split_channel_blocks)
             (out / "placement.json").write_text(json.dumps(placement, indent=2) + "\n")
             manifest["targets"] = {"gpu": str(gpu_target), "cpu": str(cpu_target)}
@@ -496,6 +505,7 @@ def _compile_into(
                     model, candidates, libraries, verify, seed, manifest, remote, log, calibrate
                 )
                 chosen = manifest["verify"]["chosen"]
+                manifest["kernel_splits"] = libraries.kernel_splits.get(chosen)
                 if chosen in plans:
                     _adopt_plan(out, model, *plans[chosen], chosen.split(":")[1], manifest)
                     if chosen.endswith(":calibrated"):
@@ -534,6 +544,162 @@ def _compile_into(
     manifest["files"] = {p.name: _sha256(p) for p in sorted(out.iterdir()) if p.name in _OWN_FILES}
     (out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     log(f"wrote {out}/ ({', '.join(sorted(manifest['files']))})")
+    return out
+
+
+def refine_artifact(
+    artifact_dir: str | Path,
+    out_dir: str | Path,
+    *,
+    traces: int = 5,
+    model_path: str | Path | None = None,
+    step: float = 1.0,
+    force: bool = False,
+    log: Callable[[str], None] = print,
+) -> Path:
+    """Time a co-executed artifact's splits inside the model and rebuild it balanced.
+
+    :func:`refined_plan` (timelines on this machine, each split moved to the share that
+    balances it), then :func:`compile_refined` (the refined plan built with the artifact's
+    settings into ``out_dir``). ``manifest["plan"]["refined"]`` records the measurements and
+    the changes.
+
+    Parameters
+    ----------
+    artifact_dir
+        A co-executed artifact built by this codl-tvm (its manifest holds the kernel record).
+    out_dir
+        The new artifact's directory (``artifact_dir`` itself is never overwritten).
+    traces
+        Timelines to take; each split's time is the median over them.
+    model_path
+        The ONNX model, when the path in the artifact's manifest is gone (its SHA-256 must
+        match the manifest's).
+    step
+        Fraction of the way to the balanced shares.
+    force
+        Replace an earlier artifact in ``out_dir``.
+    """
+    if Path(out_dir).resolve() == Path(artifact_dir).resolve():
+        raise ArtifactError(f"{out_dir}: the refined artifact needs a directory of its own")
+    plan, record = refined_plan(artifact_dir, traces=traces, step=step, log=log)
+    return compile_refined(
+        artifact_dir, plan, record, out_dir, model_path=model_path, force=force, log=log
+    )
+
+
+def refined_plan(
+    artifact_dir: str | Path,
+    *,
+    traces: int = 5,
+    step: float = 1.0,
+    log: Callable[[str], None] = print,
+) -> tuple[Any, dict]:
+    """Run a co-executed artifact on this machine, take ``traces`` timelines
+    (:func:`codl_tvm.trace.trace_inference`), measure each split's time on each processor
+    (:func:`codl_tvm.planner.refine.split_times`) and move every split's ratio, and the plan's
+    ``block_ratio``, to the share that balances it (:func:`codl_tvm.planner.refine.
+    refine_plan`).
+
+    Returns
+    -------
+    (PartitionPlan, dict)
+        The refined plan, and the record :func:`compile_refined` stores: the source artifact,
+        its plan, the timelines' spans and each split's measurements and change.
+    """
+    from codl_tvm.frontend import random_inputs
+    from codl_tvm.plan import PartitionPlan
+    from codl_tvm.planner.refine import RefineError, refine_plan, split_times
+    from codl_tvm.trace import trace_inference
+
+    src = Path(artifact_dir)
+    if not isinstance(traces, int) or traces < 1:
+        raise ArtifactError(f"traces must be a number >= 1, got {traces!r}")
+    art = load_artifact(src)
+    if art.device != "coexec":
+        raise ArtifactError(
+            f"{src}: the artifact runs on the {art.device} alone; there are no splits to refine"
+        )
+    splits = art.kernel_splits
+    if not splits:
+        raise ArtifactError(
+            f"{src}: the manifest has no kernel record (built by an older codl-tvm); "
+            "compile it again to refine it"
+        )
+    ref = art.reference()
+    values = ref[0] if ref is not None else random_inputs(art.model, 0)
+    inputs = [values[s.name] for s in art.model.inputs]
+    log(f"tracing {src} ({traces} inferences)")
+    timelines = [trace_inference(art, inputs, warmup=1 if i == 0 else 0) for i in range(traces)]
+    plan = PartitionPlan.load(src / "plan.json")
+    try:
+        refined, rows = refine_plan(plan, splits, split_times(timelines), step=step)
+    except RefineError as exc:
+        raise ArtifactError(f"{src}: {exc}") from None
+    for row in rows:
+        if "new_ratio" in row:
+            measured = (
+                f" (CPU {row['cpu_ms']:.3f} ms, GPU {row['gpu_ms']:.3f} ms)"
+                if row.get("cpu_ms") is not None
+                else ""
+            )
+            log(
+                f"  {row['split']}: GPU share {row['built_share']:.2f} -> "
+                f"{row['new_ratio']:.2f}{measured}"
+            )
+    record = {
+        "from": str(src),
+        "from_plan": plan.to_dict(),
+        "traces": traces,
+        "step": step,
+        "span_ms": [round(t.span_us() / 1e3, 4) for t in timelines],
+        "splits": rows,
+    }
+    return refined, record
+
+
+def compile_refined(
+    artifact_dir: str | Path,
+    plan,
+    record: dict,
+    out_dir: str | Path,
+    *,
+    model_path: str | Path | None = None,
+    force: bool = False,
+    log: Callable[[str], None] = print,
+) -> Path:
+    """Build ``plan`` (from :func:`refined_plan`) with the settings of the artifact it refines
+    (preset, CPU kernels, channel blocks, reference seed) into ``out_dir``; ``record`` goes to
+    ``manifest["plan"]["refined"]``. ``model_path``: the ONNX model, when the artifact's path
+    to it is gone (its SHA-256 must match)."""
+    src = Path(artifact_dir)
+    m = load_artifact(src, verify=False).manifest
+    model = Path(model_path) if model_path is not None else Path(m["model"]["file"])
+    if not model.is_file():
+        raise ArtifactError(f"{model}: the artifact's model file is gone; give its path (--model)")
+    if _sha256(model) != m["model"]["sha256"]:
+        raise ArtifactError(f"{model}: not the model {src} was built from (SHA-256 differs)")
+    reference = m.get("reference")
+    out = compile_artifact(
+        model,
+        out_dir,
+        device="coexec",
+        plan=plan,
+        preset=m.get("preset"),
+        reference=reference is not None,
+        seed=(reference or {}).get("seed", 0),
+        force=force,
+        winograd=True if m.get("winograd") else None,
+        packed=True if m.get("packed") else None,
+        log=log,
+        coexec_cpu_alone=bool(m.get("coexec_cpu_alone_kernels", False)),
+        split_channel_blocks=bool(m.get("split_channel_blocks", True)),
+    )
+    manifest_path = out / MANIFEST
+    new = json.loads(manifest_path.read_text())
+    new["plan"]["source"] = "refined"
+    new["plan"]["refined"] = record
+    manifest_path.write_text(json.dumps(new, indent=2) + "\n")
     return out
 
 
@@ -616,6 +782,9 @@ class _Libraries:
         self.coexec_cpu_algorithms: tuple[str, ...] = ()
         self.coexec_cpu_alone = False
         self.channel_blocks = True
+        # library name -> its kernel calls and their splits (co-executed builds)
+        self.kernel_splits: dict[str, dict] = {}
+        self._pending_splits: dict | None = None
         if cache is not None:
             cache.mkdir(parents=True, exist_ok=True)
 
@@ -641,22 +810,42 @@ class _Libraries:
         ]
         return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:32]
 
+    def new_kernel_splits(self) -> dict:
+        """A dictionary for the build being made to fill (see ``coexec_pipeline``)."""
+        self._pending_splits = {}
+        return self._pending_splits
+
     def get(self, name: str, device: str, plan, build: Callable[[], Any]) -> Path:
-        """The library of ``name`` (``device`` with ``plan``), from the cache or ``build()``."""
+        """The library of ``name`` (``device`` with ``plan``), from the cache or ``build()``.
+
+        The kernel splits a co-executed build records are kept beside it (in the cache too,
+        ``<key>.splits.json``) and in :attr:`kernel_splits` under ``name``."""
         from codl_tvm.targets import export_library
 
         path = self.work / f"{name.replace(':', '_')}.so"
         cached = None if self.cache is None else self.cache / f"{self.key(device, plan)}.so"
+        sidecar = None if cached is None else cached.with_suffix(".splits.json")
         if cached is not None and cached.is_file():
             self.log(f"reusing the {name} library from the build cache ({cached.name})")
             shutil.copyfile(cached, path)
+            if sidecar.is_file():
+                self.kernel_splits[name] = json.loads(sidecar.read_text())
             return path
+        self._pending_splits = None
         export_library(build(), path, self.preset)
+        if self._pending_splits:
+            self.kernel_splits[name] = self._pending_splits
         if cached is not None:
             # Write then rename: parallel compiles sharing the cache never see half a file.
-            tmp = cached.with_suffix(f".{os.getpid()}.tmp")
-            shutil.copyfile(path, tmp)
-            os.replace(tmp, cached)
+            for src, dst in ((path, cached), (None, sidecar)):
+                if src is None and name not in self.kernel_splits:
+                    continue
+                tmp = dst.with_suffix(f".{os.getpid()}.tmp")
+                if src is None:
+                    tmp.write_text(json.dumps(self.kernel_splits[name]))
+                else:
+                    shutil.copyfile(src, tmp)
+                os.replace(tmp, dst)
         return path
 
     def single(self, device: str) -> Path:
@@ -1134,6 +1323,12 @@ class Artifact:
         self._devices = [tvm.opencl(0) if n == "opencl" else tvm.cpu(0) for n in names]
         lib = tvm.runtime.load_module(str(self.path / LIBRARY))
         self._vm = VirtualMachine(lib, self._devices)
+
+    @property
+    def kernel_splits(self) -> dict | None:
+        """A co-executed build's kernel calls in execution order, each with the split it
+        computes (:func:`codl_tvm.passes.kernel_splits.kernel_splits`); None for other builds."""
+        return self.manifest.get("kernel_splits")
 
     @property
     def vm(self):

@@ -230,6 +230,36 @@ def cmd_compile(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_refine(args: argparse.Namespace) -> int:
+    """``codl-tvm refine ARTIFACT -o OUT/``: rebalance a co-executed artifact's splits from
+    timelines measured on this machine."""
+    from codl_tvm.artifact import ArtifactError, refine_artifact
+    from codl_tvm.frontend import ModelError
+    from codl_tvm.targets import ToolchainError
+
+    if not 0.0 < args.step <= 1.0:
+        raise CliError(f"--step must be in (0, 1], got {args.step}")
+    if args.rounds < 1:
+        raise CliError(f"--rounds must be >= 1, got {args.rounds}")
+    prev = args.artifact
+    try:
+        for i in range(args.rounds):
+            out = args.output if i == args.rounds - 1 else f"{args.output}.round{i + 1}"
+            refine_artifact(
+                prev,
+                out,
+                traces=args.traces,
+                model_path=args.model,
+                step=args.step,
+                force=args.force,
+            )
+            prev = out
+    except (ArtifactError, ModelError, ToolchainError) as exc:
+        raise CliError(str(exc)) from None
+    print(f"run it with: codl-tvm run {args.output}")
+    return 0
+
+
 def _plan_from_args(args: argparse.Namespace, model):
     from codl_tvm.plan import PartitionPlan, PlanError, uniform_plan
 
@@ -517,6 +547,26 @@ def _add_compile(sub) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the reference inputs")
     p.add_argument("--force", action="store_true", help="replace an earlier artifact in -o")
     p.set_defaults(func=cmd_compile)
+    p = sub.add_parser(
+        "refine",
+        help="time a co-executed artifact's splits inside the model on this machine and "
+        "rebuild it with each split balanced",
+    )
+    p.add_argument("artifact", help="a co-executed artifact directory (codl-tvm compile)")
+    p.add_argument("-o", "--output", required=True, help="the refined artifact's directory")
+    p.add_argument("--traces", type=int, default=5, help="timelines per round (median)")
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="trace-refine-build rounds (earlier rounds go to OUTPUT.roundN)",
+    )
+    p.add_argument(
+        "--step", type=float, default=1.0, help="fraction of the way to the balanced shares"
+    )
+    p.add_argument("--model", help="the ONNX model, if the artifact's path to it is gone")
+    p.add_argument("--force", action="store_true", help="replace earlier artifacts in -o")
+    p.set_defaults(func=cmd_refine)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -49,11 +49,16 @@ class CoexecModule:
         The :class:`~codl_tvm.plan.PartitionPlan` it was built with.
     placements
         One row per partitioned operator: its split, ratio and the regions each processor writes.
+    kernel_splits
+        The kernel calls in execution order with the split each computes
+        (:func:`codl_tvm.passes.kernel_splits.kernel_splits`; read by
+        :func:`codl_tvm.trace.trace_inference`).
     """
 
     library: Path
     plan: object
     placements: list[dict] = field(default_factory=list)
+    kernel_splits: dict | None = None
     _vm: object = None
 
     @property
@@ -141,7 +146,10 @@ def compile_coexec(
     gpu, cpu = _targets(gpu, cpu)
     plan.validate(mod)
     runtime.load()
-    ex = tvm.compile(mod, target=gpu, relax_pipeline=coexec_pipeline(plan, gpu, cpu))
+    splits: dict = {}
+    ex = tvm.compile(
+        mod, target=gpu, relax_pipeline=coexec_pipeline(plan, gpu, cpu, kernel_splits=splits)
+    )
     work = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="codl-coexec-"))
     work.mkdir(parents=True, exist_ok=True)
     lib = work / f"{name}.so"
@@ -149,7 +157,7 @@ def compile_coexec(
     (work / f"{name}.plan.json").write_text(plan.to_json())
     report = placement_report(mod, plan)
     (work / f"{name}.placement.json").write_text(json.dumps(report, indent=2))
-    built = CoexecModule(library=lib, plan=plan, placements=report)
+    built = CoexecModule(library=lib, plan=plan, placements=report, kernel_splits=splits)
     if not work_dir:
         remove_with(built, work)
     return built

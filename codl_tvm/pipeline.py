@@ -149,6 +149,7 @@ def coexec_pipeline(
     cpu=None,
     opencl=None,
     channel_blocks: bool = True,
+    kernel_splits: dict | None = None,
 ) -> tvm.transform.Pass:
     """The Relax pipeline that co-executes ``plan``'s operators on the GPU and the CPU.
 
@@ -158,9 +159,13 @@ def coexec_pipeline(
     presets of ``cpu_target`` / ``gpu_target``), operators outside the plan with the GPU's.
     ``channel_blocks``: also split the InstanceNorm-like blocks after a split on channels
     (:class:`~codl_tvm.passes.PartitionOperators`; False keeps them whole).
+    ``kernel_splits``: a dictionary the build fills with every kernel call of ``main`` in
+    execution order and the split it computes (:func:`codl_tvm.passes.kernel_splits.
+    kernel_splits`), which attributes a timeline's kernels to the plan's splits.
     """
     from codl_tvm.passes import PartitionOperators
     from codl_tvm.passes.fused_targets import RecordFusedTargets, RestoreTargets
+    from codl_tvm.passes.kernel_splits import RecordKernelSplits
     from codl_tvm.passes.merge import MergePartsInPlace
     from codl_tvm.passes.place import PlaceParts
     from codl_tvm.passes.sync import InsertCoexecSync
@@ -200,6 +205,11 @@ def coexec_pipeline(
                             relax.transform.ToNonDataflow(),
                             relax.transform.RemovePurityChecking(),
                             InsertCoexecSync(),
+                            *(
+                                [RecordKernelSplits(kernel_splits)]
+                                if kernel_splits is not None
+                                else []
+                            ),
                             relax.transform.CallTIRRewrite(),
                         ],
                     ),

@@ -5,6 +5,11 @@ kernels and synchronisation waits from host timestamps taken by a Relax VM instr
 call. The two clocks are put on one time base by the launch of each GPU kernel: its host call
 precedes its device "queued" timestamp, so the smallest host-minus-device difference over all
 launches is the offset (error: one launch overhead, a few microseconds).
+
+Given the build's kernel calls in execution order with their splits (``kernel_splits``, from
+:func:`codl_tvm.passes.kernel_splits.kernel_splits`; an artifact stores them), every kernel event
+also names the split of the plan it computes (``TraceEvent.split``), so that a split's time on
+each processor can be read off the timeline (:func:`codl_tvm.planner.refine.split_times`).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ class TraceEvent:
     name: str
     start_us: float
     end_us: float
+    split: str | None = None
 
     @property
     def dur_us(self) -> float:
@@ -80,16 +86,17 @@ class Trace:
             for i, lane in enumerate(_LANES)
         ]
         for e in self.events:
-            events.append(
-                {
-                    "name": e.name,
-                    "ph": "X",
-                    "pid": 0,
-                    "tid": _LANES.index(e.lane),
-                    "ts": e.start_us,
-                    "dur": max(e.dur_us, 0.001),
-                }
-            )
+            event = {
+                "name": e.name,
+                "ph": "X",
+                "pid": 0,
+                "tid": _LANES.index(e.lane),
+                "ts": e.start_us,
+                "dur": max(e.dur_us, 0.001),
+            }
+            if e.split is not None:
+                event["args"] = {"split": e.split}
+            events.append(event)
         return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": self.summary()}
 
     def save_chrome(self, path: str | Path) -> None:
@@ -102,7 +109,13 @@ class Trace:
             data = json.loads(Path(path).read_text())
             lanes = {e["tid"]: e["args"]["name"] for e in data["traceEvents"] if e.get("ph") == "M"}
             events = [
-                TraceEvent(lanes[e["tid"]], e["name"], e["ts"], e["ts"] + e["dur"])
+                TraceEvent(
+                    lanes[e["tid"]],
+                    e["name"],
+                    e["ts"],
+                    e["ts"] + e["dur"],
+                    (e.get("args") or {}).get("split"),
+                )
                 for e in data["traceEvents"]
                 if e.get("ph") == "X"
             ]
@@ -149,12 +162,22 @@ def _union_length(intervals) -> float:
     return float(sum(hi - lo for lo, hi in _merge(intervals)))
 
 
-def trace_inference(built, inputs: Sequence[np.ndarray], warmup: int = 1) -> Trace:
-    """Run ``built`` (a :class:`~codl_tvm.coexec.CoexecModule`) once and return its timeline."""
+def trace_inference(
+    built, inputs: Sequence[np.ndarray], warmup: int = 1, kernel_splits: dict | None = None
+) -> Trace:
+    """Run ``built`` (a :class:`~codl_tvm.coexec.CoexecModule` or an artifact) once and return
+    its timeline.
+
+    ``kernel_splits`` (default: ``built.kernel_splits`` where the build recorded it) attributes
+    each kernel to its split; when the calls the VM made do not match it, the events carry no
+    split (a library built by other code).
+    """
     import tvm
 
     from codl_tvm import runtime
 
+    if kernel_splits is None:
+        kernel_splits = getattr(built, "kernel_splits", None)
     vm = built.vm
     dev = tvm.opencl(0)
     args = [tvm.runtime.tensor(np.ascontiguousarray(x), dev) for x in inputs]
@@ -181,44 +204,72 @@ def trace_inference(built, inputs: Sequence[np.ndarray], warmup: int = 1) -> Tra
             dev.sync()
     finally:
         vm.set_instrument(None)
+    # ``calls`` is in completion order, which is call order: kernels do not nest.
+    split_of_call = _match_splits(calls, kernel_splits)
     gpu_hosts = {k.name for k in kernels}
-    launch_starts: dict[str, list[int]] = {}
-    for name, start, _ in calls:
-        launch_starts.setdefault(name, []).append(start)
+    launches: dict[str, list[tuple[int, int]]] = {}  # host function -> (start, call index)
+    for i, (name, start, _) in enumerate(calls):
+        launches.setdefault(name, []).append((start, i))
+    launch_starts = {name: [s for s, _ in v] for name, v in launches.items()}
+    # Each host function launches the same kernels on every call, in order: the m-th kernel
+    # of a host function with n kernels per call belongs to its (m // n)-th call.
+    hosts = [_host_function(k.name, launch_starts) for k in kernels]
+    per_call = {}
+    for h in set(hosts) - {None}:
+        n = sum(1 for x in hosts if x == h)
+        per_call[h] = max(1, n // len(launches[h])) if n % len(launches[h]) == 0 else None
     # Clock offset: host time of each launch call minus its device "queued" timestamp.
     offsets = []
-    used: dict[str, int] = {}
-    for k in kernels:
-        host_name = _host_function(k.name, launch_starts)
-        if host_name is None:
-            continue
-        i = used.get(host_name, 0)
-        if i < len(launch_starts[host_name]):
-            offsets.append(launch_starts[host_name][i] - k.queued_ns)
-            used[host_name] = i + 1
+    seen: dict[str, int] = {}
+    kernel_call: list[int | None] = []
+    for k, host_name in zip(kernels, hosts):
+        call = None
+        if host_name is not None and per_call[host_name] is not None:
+            m = seen.get(host_name, 0)
+            seen[host_name] = m + 1
+            start, call = launches[host_name][m // per_call[host_name]]
+            offsets.append(start - k.queued_ns)
+        kernel_call.append(call)
     offset = min(offsets) if offsets else 0
     events = []
-    for k in kernels:
+    for k, call in zip(kernels, kernel_call):
+        split = split_of_call.get(call) if call is not None else None
         events.append(
-            TraceEvent("GPU", k.name, (k.start_ns + offset) / 1e3, (k.end_ns + offset) / 1e3)
+            TraceEvent("GPU", k.name, (k.start_ns + offset) / 1e3, (k.end_ns + offset) / 1e3, split)
         )
     gpu_host_names = {_host_function(n, launch_starts) for n in gpu_hosts}
-    for name, start, end in calls:
+    for i, (name, start, end) in enumerate(calls):
         if name in gpu_host_names:
             continue
         if name == "codl.coexec.cpu_wait":
             events.append(TraceEvent("sync", "wait", start / 1e3, end / 1e3))
         elif not (name.startswith("vm.") or name.startswith("codl.")):
-            events.append(TraceEvent("CPU", name, start / 1e3, end / 1e3))
+            events.append(TraceEvent("CPU", name, start / 1e3, end / 1e3, split_of_call.get(i)))
     if not events:
         return Trace([])
     t0 = min(e.start_us for e in events)
     return Trace(
         sorted(
-            (TraceEvent(e.lane, e.name, e.start_us - t0, e.end_us - t0) for e in events),
+            (TraceEvent(e.lane, e.name, e.start_us - t0, e.end_us - t0, e.split) for e in events),
             key=lambda e: e.start_us,
         )
     )
+
+
+def _match_splits(calls, kernel_splits: dict | None) -> dict[int, str]:
+    """Call index -> split, pairing the VM's kernel calls with the build's list in order;
+    empty unless every listed kernel call was seen, in that order."""
+    if not kernel_splits:
+        return {}
+    expected = kernel_splits.get("calls") or []
+    out: dict[int, str] = {}
+    j = 0
+    for i, (name, _, _) in enumerate(calls):
+        if j < len(expected) and name == expected[j][0]:
+            if expected[j][1] is not None:
+                out[i] = expected[j][1]
+            j += 1
+    return out if j == len(expected) else {}
 
 
 def _host_function(kernel_name: str, hosts) -> str | None:

@@ -10,16 +10,27 @@ fuses, which would compile a CPU part as OpenCL. The two passes bracket FuseTIR:
 - ``RestoreTargets`` (after FuseTIR): sets each fused PrimFunc's target from the VDevice of the
   output of the ``call_tir`` that calls it (the placement :class:`~codl_tvm.passes.place.
   PlaceParts` wrote into the IR), checks it against the record, and removes the record.
+
+The split a fused kernel belongs to goes through FuseTIR the same way: the fused function's
+bindings still carry the part names of the ``"codl_parts"`` record, so ``RecordFusedTargets``
+notes the split (``"codl_fused_splits"``) and ``RestoreTargets`` sets the fused PrimFunc's
+``codl.split`` attribute (:data:`SPLIT_ATTR`), which a timeline uses to attribute each kernel
+to its split (:func:`~codl_tvm.passes.kernel_splits.kernel_splits`).
 """
 
 from __future__ import annotations
 
+import json
+
 import tvm
 from tvm import relax
 
-__all__ = ["FUSED_TARGETS_ATTR", "RecordFusedTargets", "RestoreTargets"]
+__all__ = ["FUSED_TARGETS_ATTR", "SPLIT_ATTR", "RecordFusedTargets", "RestoreTargets"]
 
 FUSED_TARGETS_ATTR = "codl_fused_targets"
+FUSED_SPLITS_ATTR = "codl_fused_splits"
+#: PrimFunc attribute: the name of the split (``"codl_parts"`` record) the kernel computes.
+SPLIT_ATTR = "codl.split"
 _CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 
 
@@ -34,12 +45,36 @@ def _call_tir_callees(func: relax.Function) -> list[tvm.ir.GlobalVar]:
     return out
 
 
+def part_binding_splits(main: relax.Function) -> dict[str, str]:
+    """Every part binding name of ``main``'s ``"codl_parts"`` record -> its split's name."""
+    from .parts import PARTS_ATTR
+
+    if main.attrs is None or PARTS_ATTR not in main.attrs:
+        return {}
+    out = {}
+    for rec in json.loads(str(main.attrs[PARTS_ATTR])):
+        for part in rec["parts"]:
+            for name in part["bindings"]:
+                out[name] = rec["name"]
+    return out
+
+
+def _binding_names(func: relax.Function) -> list[str]:
+    names = []
+    body = func.body
+    for block in getattr(body, "blocks", ()):
+        names.extend(b.var.name for b in block.bindings)
+    return names
+
+
 @tvm.transform.module_pass(opt_level=0, name="codl.RecordFusedTargets")
 class RecordFusedTargets:
     """Record the target of every fused function (see the module docstring)."""
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
         record: dict[str, tvm.target.Target] = {}
+        part_of = part_binding_splits(mod["main"])
+        splits: dict[str, str] = {}
         for gv, func in mod.functions.items():
             if not isinstance(func, relax.Function) or gv.name_hint == "main":
                 continue
@@ -58,11 +93,18 @@ class RecordFusedTargets:
                 )
             if targets:
                 record[gv.name_hint] = targets[0]
+            # FuseOps keeps the fused bindings' names inside the fused function.
+            found = {part_of[n] for n in _binding_names(func) if n in part_of}
+            if len(found) == 1:
+                splits[gv.name_hint] = found.pop()
         if not record:
             return mod
         mod = mod.clone() if hasattr(mod, "clone") else tvm.IRModule(dict(mod.functions))
         main_gv = mod.get_global_var("main")
-        mod[main_gv] = mod[main_gv].with_attr(FUSED_TARGETS_ATTR, record)
+        main = mod[main_gv].with_attr(FUSED_TARGETS_ATTR, record)
+        if splits:
+            main = main.with_attr(FUSED_SPLITS_ATTR, json.dumps(splits))
+        mod[main_gv] = main
         return mod
 
 
@@ -76,6 +118,9 @@ class RestoreTargets:
         if main.attrs is None or FUSED_TARGETS_ATTR not in main.attrs:
             return mod
         record = main.attrs[FUSED_TARGETS_ATTR]
+        splits = {}
+        if FUSED_SPLITS_ATTR in main.attrs:
+            splits = json.loads(str(main.attrs[FUSED_SPLITS_ATTR]))
         mod = mod.clone() if hasattr(mod, "clone") else tvm.IRModule(dict(mod.functions))
         # The placement is the VDevice of each kernel's output (set by PlaceParts); the record
         # taken before FuseTIR must agree with it.
@@ -105,6 +150,9 @@ class RestoreTargets:
                 )
             target = target or recorded
             if target is not None and (func.attrs is None or "target" not in func.attrs):
-                mod[gv] = func.with_attr("target", target)
-        mod[main_gv] = main.without_attr(FUSED_TARGETS_ATTR)
+                func = func.with_attr("target", target)
+                mod[gv] = func
+            if gv.name_hint in splits:
+                mod[gv] = func.with_attr(SPLIT_ATTR, splits[gv.name_hint])
+        mod[main_gv] = main.without_attr(FUSED_TARGETS_ATTR).without_attr(FUSED_SPLITS_ATTR)
         return mod

@@ -22,6 +22,11 @@ planning time; ``--trace-dir`` also writes a timeline of one codl inference per 
 first co-executed variant where codl fell back to one processor). Variants are timed
 round-robin (``--rounds`` samples of ``--number`` runs each). ``plot`` draws latency against
 T* and codl's plan statistics from run JSONs.
+
+``refine --from codl --tag codl_refined`` rebalances each model's ``codl`` artifact from
+timelines taken on this machine (``codl-tvm refine``): the timelines one model at a time (the
+machine must be quiet), then the refined builds in parallel; ``warm`` them before ``run``.
+Refining ``codl_refined`` again into ``codl_refined2`` is a second round.
 """
 
 from __future__ import annotations
@@ -351,10 +356,17 @@ def cmd_run(args: argparse.Namespace) -> None:
 
             tdir = Path(args.trace_dir)
             tdir.mkdir(parents=True, exist_ok=True)
-            trace = trace_inference(arts[trace_tag], inputs[trace_tag])
-            trace.save_chrome(tdir / f"{name}_{trace_tag}.json")
-            trace.save_png(tdir / f"{name}_{trace_tag}.png")
-            rows[trace_tag]["trace"] = trace.summary()
+            # and the refined builds, beside the one they refine
+            refined = [
+                t
+                for t, a in arts.items()
+                if t.startswith("codl_refined") and t != trace_tag and a.device == "coexec"
+            ]
+            for tag in [trace_tag, *refined]:
+                trace = trace_inference(arts[tag], inputs[tag])
+                trace.save_chrome(tdir / f"{name}_{tag}.json")
+                trace.save_png(tdir / f"{name}_{tag}.png")
+                rows[tag]["trace"] = trace.summary()
         del arts
         tc, tg = rows["cpu"]["median_ms"], rows["gpu"]["median_ms"]
         t_star = tc * tg / (tc + tg)
@@ -408,6 +420,80 @@ def cmd_run(args: argparse.Namespace) -> None:
         )
         # Written after every model: a run cut short by its time limit keeps what it measured.
         write_json(args.out, envelope(sys.argv, results, tvm_cpus=args.tvm_cpus, env=env))
+
+
+def _refine_job(job: tuple) -> tuple[str, str, str | None]:
+    from codl_tvm.artifact import compile_refined
+    from codl_tvm.plan import PartitionPlan
+
+    name, tag, src, target, model, plan_json, record = job
+    try:
+        compile_refined(
+            src,
+            PartitionPlan.from_json(plan_json),
+            record,
+            target,
+            model_path=model,
+            force=True,
+            log=lambda _m: None,
+        )
+    except Exception as exc:  # reported per build; the others go on
+        return name, tag, f"{type(exc).__name__}: {exc}"
+    return name, tag, None
+
+
+def cmd_refine(args: argparse.Namespace) -> None:
+    """Refine every model's ``--from`` artifact into ``--tag`` (see the module docstring)."""
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    from codl_tvm import runtime
+    from codl_tvm.artifact import ArtifactError, load_artifact, refined_plan
+
+    root = Path(args.dir)
+    index = json.loads((root / "index.json").read_text())
+    wanted = args.models.split(",") if args.models else list(index["models"])
+    runtime.load(platform=args.platform or None)
+    if args.tvm_cpus:
+        from codl_tvm.bench import pin_tvm_threads
+
+        pin_tvm_threads(args.tvm_cpus)
+    models_dir = root / "models"
+    models_dir.mkdir(exist_ok=True)
+    jobs = []
+    for name in wanted:
+        rel = index["models"].get(name, {}).get(args.source)
+        if rel is None or load_artifact(root / rel, verify=False).device != "coexec":
+            print(f"== {name} {args.tag}: skipped ({args.source} is not co-executed)", flush=True)
+            continue
+        try:
+            plan, record = refined_plan(
+                root / rel, traces=args.traces, step=args.step, log=lambda _m: None
+            )
+        except ArtifactError as exc:
+            print(f"== {name} {args.tag}: {exc}", flush=True)
+            continue
+        moved = [
+            f"{r['split']} {r['built_share']:.2f}->{r['new_ratio']:.2f}"
+            for r in record["splits"]
+            if "new_ratio" in r
+        ]
+        spans = ", ".join(f"{v:.1f}" for v in record["span_ms"])
+        print(f"== {name}: {len(moved)} splits, spans {spans} ms; {', '.join(moved)}", flush=True)
+        model = _model_file(name, models_dir)
+        jobs.append(
+            (name, args.tag, root / rel, root / name / args.tag, model, plan.to_json(), record)
+        )
+    with ProcessPoolExecutor(max(1, args.jobs), mp_context=mp.get_context("spawn")) as pool:
+        for future in as_completed([pool.submit(_refine_job, j) for j in jobs]):
+            name, tag, err = future.result()
+            print(f"== {name} {tag}: {err or 'ok'}", flush=True)
+            if err:
+                index.setdefault("failed", {})[f"{name}/{tag}"] = err
+            else:
+                index["models"][name][tag] = f"{name}/{tag}"
+            (root / "index.json").write_text(json.dumps(index, indent=2))
+    shutil.rmtree(models_dir, ignore_errors=True)
 
 
 def cmd_plot(args: argparse.Namespace) -> None:
@@ -522,6 +608,17 @@ def main(argv: list[str] | None = None) -> None:
         help="seconds of the CPU and GPU builds running at once (T* under contention); 0: skip",
     )
     r.set_defaults(func=cmd_run)
+    f = sub.add_parser("refine", help="rebalance artifacts from timelines taken here")
+    f.add_argument("--dir", required=True)
+    f.add_argument("--from", dest="source", default="codl", help="the variant to refine")
+    f.add_argument("--tag", default="codl_refined", help="the refined variant's tag")
+    f.add_argument("--models", default="", help="comma list; default every model of the index")
+    f.add_argument("--platform", default="")
+    f.add_argument("--tvm-cpus", default="")
+    f.add_argument("--traces", type=int, default=5, help="timelines per model (median)")
+    f.add_argument("--step", type=float, default=1.0)
+    f.add_argument("--jobs", type=int, default=8, help="parallel refined builds")
+    f.set_defaults(func=cmd_refine)
     w = sub.add_parser("warm", help="run every artifact once in parallel (fills program caches)")
     w.add_argument("--dir", required=True)
     w.add_argument("--platform", default="")

@@ -1,0 +1,94 @@
+"""Which split each kernel call of a co-executed ``main`` computes, in the order the VM runs them.
+
+A timeline (:func:`codl_tvm.trace.trace_inference`) sees kernels by their function names;
+:func:`codl_tvm.planner.refine.refine_plan` needs each split's time on each processor. This
+module bridges the two: :func:`kernel_splits` walks ``main`` once, after
+:class:`~codl_tvm.passes.sync.InsertCoexecSync` and before ``CallTIRRewrite`` (no kernel call
+is added, removed or reordered after it), and lists every kernel call with the split it belongs
+to. The split comes from the call's bound variable when it is a part binding of the
+``"codl_parts"`` record, else from the callee's ``codl.split`` attribute, which
+:class:`~codl_tvm.passes.fused_targets.RestoreTargets` sets on fused kernels.
+
+:class:`RecordKernelSplits` is the pass form: it leaves the module unchanged and writes the
+result into a dictionary the caller holds (the build pipeline's way to hand it to the
+artifact).
+"""
+
+from __future__ import annotations
+
+import json
+
+import tvm
+from tvm import relax
+
+from .fused_targets import SPLIT_ATTR, part_binding_splits
+from .parts import PARTS_ATTR
+
+__all__ = ["RecordKernelSplits", "kernel_splits"]
+
+_KERNEL_CALLS = (tvm.ir.Op.get("relax.call_tir"), tvm.ir.Op.get("relax.call_tir_inplace"))
+
+
+def _splits_of(main: relax.Function) -> dict[str, dict]:
+    """Each split's operators, dimension and measured GPU share of its output."""
+    if main.attrs is None or PARTS_ATTR not in main.attrs:
+        return {}
+    out = {}
+    for rec in json.loads(str(main.attrs[PARTS_ATTR])):
+        extent = {p["processor"]: p["region"][1] - p["region"][0] for p in rec["parts"]}
+        total = sum(extent.values())
+        out[rec["name"]] = {
+            "ops": list(rec["ops"]),
+            "dim": rec["dim"],
+            "ratio": float(rec["ratio"]),
+            # the share the rounding to whole rows/channels gave the GPU
+            "gpu_share": extent.get("gpu", 0) / total if total else float(rec["ratio"]),
+        }
+    return out
+
+
+def kernel_splits(mod: tvm.IRModule) -> dict:
+    """The kernel calls of ``mod["main"]`` in order, each with its split and processor.
+
+    Returns
+    -------
+    dict
+        ``{"splits": {name: {"ops", "dim", "ratio", "gpu_share"}}, "calls": [[symbol, split or
+        None, "cpu" | "gpu"], ...]}``; ``symbol`` is the kernel function the VM calls.
+    """
+    main = mod["main"]
+    part_of = part_binding_splits(main)
+    calls = []
+    for block in main.body.blocks:
+        for b in block.bindings:
+            value = b.value
+            if not isinstance(value, relax.Call):
+                continue
+            if not any(value.op.same_as(op) for op in _KERNEL_CALLS):
+                continue
+            gv = value.args[0]
+            callee = mod[gv]
+            if not isinstance(callee, tvm.tirx.PrimFunc):
+                continue
+            attrs = callee.attrs
+            split = part_of.get(b.var.name)
+            if split is None and attrs is not None and SPLIT_ATTR in attrs:
+                split = str(attrs[SPLIT_ATTR])
+            target = attrs.get("target") if attrs is not None else None
+            processor = "cpu" if target is not None and target.kind.name == "llvm" else "gpu"
+            symbol = attrs.get("global_symbol") if attrs is not None else None
+            calls.append([str(symbol or gv.name_hint), split, processor])
+    return {"splits": _splits_of(main), "calls": calls}
+
+
+@tvm.transform.module_pass(opt_level=0, name="codl.RecordKernelSplits")
+class RecordKernelSplits:
+    """Write :func:`kernel_splits` of the module into ``sink`` (cleared first); change nothing."""
+
+    def __init__(self, sink: dict) -> None:
+        self.sink = sink
+
+    def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        self.sink.clear()
+        self.sink.update(kernel_splits(mod))
+        return mod

@@ -1,0 +1,207 @@
+"""Plans refined from timelines: kernel attribution, the balancing rule, and refined artifacts.
+
+The rule is checked on hand-worked numbers; the attribution and the refined artifact on real
+builds of the bundled CNN run through PoCL, whose outputs are compared with the unpartitioned
+reference. No test asserts a time.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import codl_tvm
+from codl_tvm.artifact import ArtifactError, compile_artifact, load_artifact, refine_artifact
+from codl_tvm.cli import bundled_model_path, main
+from codl_tvm.frontend import load_onnx, random_inputs
+from codl_tvm.plan import ChainPlan, OpPartition, PartitionPlan
+from codl_tvm.planner.refine import RefineError, SplitTime, refine_plan, split_times
+from codl_tvm.trace import Trace, TraceEvent, trace_inference
+
+# -- the balancing rule ---------------------------------------------------------------------
+
+
+def _splits(**shares):
+    out = {}
+    for name, (ops, share) in shares.items():
+        out[name] = {"ops": list(ops), "dim": "H", "ratio": share, "gpu_share": share}
+    return {"splits": out, "calls": []}
+
+
+def test_balanced_share_on_hand_worked_numbers():
+    plan = PartitionPlan(
+        ops=(OpPartition("conv2d_0", "H", 0.5), OpPartition("conv2d_3", "OC", 0.3)),
+        chains=(ChainPlan(("conv2d_1", "conv2d_2"), "H", 0.42),),
+    )
+    splits = _splits(
+        conv2d_0=(["conv2d_0"], 0.5),
+        # the chain was built with 0.4 of the rows (rounding), not its nominal 0.42
+        **{"conv2d_1..conv2d_2": (["conv2d_1", "conv2d_2"], 0.4)},
+        conv2d_3=(["conv2d_3"], 0.3),
+    )
+    times = {
+        # whole op on the CPU 6 ms, on the GPU 2 ms: the GPU should take 6 / 8 of it
+        "conv2d_0": SplitTime(3000.0, 1000.0, 5),
+        # C = 2 / 0.6 = 3.33, G = 2 / 0.4 = 5: balanced at 0.4, i.e. unchanged
+        "conv2d_1..conv2d_2": SplitTime(2000.0, 2000.0, 5),
+        # C = 0.7 / 0.7 = 1, G = 2.7 / 0.3 = 9: 0.1
+        "conv2d_3": SplitTime(700.0, 2700.0, 5),
+    }
+    refined, rows = refine_plan(plan, splits, times)
+    assert refined.ops[0].ratio == 0.75
+    assert refined.chains[0].ratio == 0.42
+    assert refined.ops[1].ratio == 0.1
+    by = {r["split"]: r for r in rows}
+    assert by["conv2d_0"]["balanced_share"] == pytest.approx(0.75)
+    assert by["conv2d_0"]["cpu_ms"] == pytest.approx(3.0)
+    # half-way steps
+    half, _ = refine_plan(plan, splits, times, step=0.5)
+    assert half.ops[0].ratio == pytest.approx(0.62, abs=0.005)
+    # a split that only one processor ran stays as it is, within bounds
+    times["conv2d_0"] = SplitTime(3000.0, 0.0, 5)
+    kept, rows = refine_plan(plan, splits, times, min_share=0.2)
+    assert kept.ops[0].ratio == 0.5
+    assert "kept" in {r["split"]: r for r in rows}["conv2d_0"]["note"]
+    assert kept.ops[1].ratio == 0.2  # 0.1 clamped to min_share
+
+
+def test_channel_blocks_set_the_block_ratio():
+    plan = PartitionPlan(ops=(OpPartition("conv2d_0", "H", 0.5),), block_ratio=0.5)
+    splits = _splits(
+        conv2d_0=(["conv2d_0"], 0.5),
+        **{
+            "conv2d_0+channels": (["conv2d_0"], 0.5),
+            "conv2d_4+channels": (["conv2d_4"], 0.5),
+        },
+    )
+    times = {
+        "conv2d_0": SplitTime(1000.0, 1000.0, 1),
+        # pooled: CPU 2 * (1 + 2) = 6 ms whole, GPU 2 * (0.5 + 1) = 3 ms: GPU share 2 / 3
+        "conv2d_0+channels": SplitTime(1000.0, 500.0, 1),
+        "conv2d_4+channels": SplitTime(2000.0, 1000.0, 1),
+    }
+    refined, rows = refine_plan(plan, splits, times)
+    assert refined.block_ratio == 0.67
+    assert refined.ops[0].ratio == 0.5
+    assert rows[-1]["split"] == "block_ratio"
+
+
+def test_refine_errors():
+    plan = PartitionPlan(ops=(OpPartition("conv2d_0", "H", 0.5),))
+    with pytest.raises(RefineError, match="recorded no splits"):
+        refine_plan(plan, {"splits": {}, "calls": []}, {})
+    with pytest.raises(RefineError, match="step"):
+        refine_plan(plan, _splits(conv2d_0=(["conv2d_0"], 0.5)), {}, step=0)
+    with pytest.raises(RefineError, match="attribute no kernel"):
+        split_times([Trace([TraceEvent("CPU", "k", 0.0, 1.0)])])
+
+
+def test_split_times_take_the_median_of_per_timeline_sums():
+    def trace(cpu, gpu):
+        return Trace(
+            [
+                TraceEvent("CPU", "a", 0.0, cpu / 2, "s"),
+                TraceEvent("CPU", "b", cpu / 2, cpu, "s"),
+                TraceEvent("GPU", "g", 0.0, gpu, "s"),
+                TraceEvent("sync", "wait", 0.0, 50.0),
+                TraceEvent("GPU", "other", 0.0, 99.0),
+            ]
+        )
+
+    times = split_times([trace(10.0, 4.0), trace(30.0, 8.0), trace(20.0, 100.0)])
+    assert times == {"s": SplitTime(20.0, 8.0, 3)}
+
+
+# -- attribution on real builds -------------------------------------------------------------
+
+
+PLAN = PartitionPlan(
+    ops=(OpPartition("conv2d_2", "H", 0.4), OpPartition("conv2d_5", "OC", 0.4)),
+    chains=(ChainPlan(("conv2d_0", "conv2d_1"), "H", 0.5),),
+)
+
+
+def test_every_kernel_of_a_split_is_attributed(opencl, tmp_path):
+    model = load_onnx(bundled_model_path())
+    built = codl_tvm.compile(model.mod, PLAN)
+    record = built.kernel_splits
+    assert set(record["splits"]) == {"conv2d_0..conv2d_1", "conv2d_2", "conv2d_5"}
+    # the chain's convs are fused kernels: their split survives FuseTIR
+    fused = [c for c in record["calls"] if c[0].startswith("fused_conv2d") and c[1]]
+    assert {c[1] for c in fused} == set(record["splits"])
+    assert {c[2] for c in fused} == {"cpu", "gpu"}
+    assert record["splits"]["conv2d_2"]["gpu_share"] == pytest.approx(13 / 32)
+    trace = trace_inference(built, [random_inputs(model)["input"]])
+    lanes = {(e.split, e.lane) for e in trace.events if e.split}
+    assert lanes == {(s, lane) for s in record["splits"] for lane in ("CPU", "GPU")}
+    # the kernels outside every split are exactly those the record leaves unattributed
+    outside = {c[0] for c in record["calls"] if c[1] is None}
+    for e in trace.events:
+        if e.lane == "CPU":
+            assert (e.split is None) == (e.name in outside), e
+    trace.save_chrome(tmp_path / "t.json")
+    again = Trace.load_chrome(tmp_path / "t.json")
+    assert [e.split for e in again.events] == [e.split for e in trace.events]
+    # a record of another build: no event is attributed
+    other = {"splits": record["splits"], "calls": [["nothing", "conv2d_2", "cpu"]]}
+    assert not any(
+        e.split for e in trace_inference(built, [random_inputs(model)["input"]], 0, other).events
+    )
+
+
+def test_refined_artifact_is_numerically_the_model(opencl, tmp_path):
+    art_dir = tmp_path / "art"
+    PLAN.save(tmp_path / "plan.json")
+    compile_artifact(bundled_model_path(), art_dir, plan=PLAN, log=lambda _m: None)
+    assert load_artifact(art_dir).kernel_splits["calls"]
+    out = refine_artifact(art_dir, tmp_path / "refined", traces=2, log=lambda _m: None)
+    art = load_artifact(out)
+    manifest = art.manifest
+    assert manifest["device"] == "coexec"
+    assert manifest["plan"]["source"] == "refined"
+    rows = {r["split"]: r for r in manifest["plan"]["refined"]["splits"]}
+    plan = PartitionPlan.load(out / "plan.json")
+    for entry in plan.entries():
+        name = entry.ops[0] if len(entry.ops) == 1 else f"{entry.ops[0]}..{entry.ops[-1]}"
+        assert entry.ratio == rows[name]["new_ratio"]
+        assert 0.05 <= entry.ratio <= 0.95
+    assert manifest["plan"]["refined"]["from_plan"] == PLAN.to_dict()
+    inputs, want = art.reference()
+    got = art([inputs[s.name] for s in art.model.inputs])
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=0, atol=1e-4 * max(1.0, float(np.abs(w).max())))
+    # the CLI: one more round from the refined artifact, then its output checked by `run`
+    assert main(["refine", str(out), "-o", str(tmp_path / "again"), "--traces", "1"]) == 0
+    assert main(["run", str(tmp_path / "again"), "--repeat", "1", "--number", "1"]) == 0
+    assert json.loads((tmp_path / "again" / "manifest.json").read_text())["plan"]["refined"][
+        "from"
+    ] == str(out)
+
+
+def test_refine_rejects_what_it_cannot_refine(opencl, tmp_path, capsys):
+    cpu = tmp_path / "cpu"
+    compile_artifact(bundled_model_path(), cpu, device="cpu", log=lambda _m: None)
+    with pytest.raises(ArtifactError, match="runs on the cpu alone"):
+        refine_artifact(cpu, tmp_path / "x", log=lambda _m: None)
+    with pytest.raises(ArtifactError, match="directory of its own"):
+        refine_artifact(cpu, cpu, log=lambda _m: None)
+    assert main(["refine", str(cpu), "-o", str(tmp_path / "y")]) == 2
+    assert "runs on the cpu alone" in capsys.readouterr().err
+    assert main(["refine", str(cpu), "-o", str(tmp_path / "y"), "--rounds", "0"]) == 2
+    assert "--rounds" in capsys.readouterr().err
+    # a co-executed artifact whose model file has moved
+    art = tmp_path / "art"
+    model = tmp_path / "m.onnx"
+    model.write_bytes(bundled_model_path().read_bytes())
+    compile_artifact(model, art, plan=PLAN, reference=False, log=lambda _m: None)
+    model.unlink()
+    with pytest.raises(ArtifactError, match="model file is gone"):
+        refine_artifact(art, tmp_path / "z", traces=1, log=lambda _m: None)
+    # an artifact from before the kernel record
+    manifest = json.loads((art / "manifest.json").read_text())
+    del manifest["kernel_splits"]
+    (art / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ArtifactError, match="no kernel record"):
+        refine_artifact(art, tmp_path / "z", traces=1, log=lambda _m: None)
