@@ -11,11 +11,10 @@ fuses, which would compile a CPU part as OpenCL. The two passes bracket FuseTIR:
   output of the ``call_tir`` that calls it (the placement :class:`~codl_tvm.passes.place.
   PlaceParts` wrote into the IR), checks it against the record, and removes the record.
 
-The split a fused kernel belongs to goes through FuseTIR the same way: the fused function's
-bindings still carry the part names of the ``"codl_parts"`` record, so ``RecordFusedTargets``
-notes the split (``"codl_fused_splits"``) and ``RestoreTargets`` sets the fused PrimFunc's
-``codl.split`` attribute (:data:`SPLIT_ATTR`), which a timeline uses to attribute each kernel
-to its split (:func:`~codl_tvm.passes.kernel_splits.kernel_splits`).
+The split a kernel computes (its ``codl.split`` attribute, :data:`SPLIT_ATTR`, set by
+:class:`~codl_tvm.passes.place.PlaceParts`) goes through FuseTIR the same way
+(``"codl_fused_splits"``); a timeline uses it to attribute each kernel to its split
+(:func:`~codl_tvm.passes.kernel_splits.kernel_splits`).
 """
 
 from __future__ import annotations
@@ -45,35 +44,12 @@ def _call_tir_callees(func: relax.Function) -> list[tvm.ir.GlobalVar]:
     return out
 
 
-def part_binding_splits(main: relax.Function) -> dict[str, str]:
-    """Every part binding name of ``main``'s ``"codl_parts"`` record -> its split's name."""
-    from .parts import PARTS_ATTR
-
-    if main.attrs is None or PARTS_ATTR not in main.attrs:
-        return {}
-    out = {}
-    for rec in json.loads(str(main.attrs[PARTS_ATTR])):
-        for part in rec["parts"]:
-            for name in part["bindings"]:
-                out[name] = rec["name"]
-    return out
-
-
-def _binding_names(func: relax.Function) -> list[str]:
-    names = []
-    body = func.body
-    for block in getattr(body, "blocks", ()):
-        names.extend(b.var.name for b in block.bindings)
-    return names
-
-
 @tvm.transform.module_pass(opt_level=0, name="codl.RecordFusedTargets")
 class RecordFusedTargets:
     """Record the target of every fused function (see the module docstring)."""
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
         record: dict[str, tvm.target.Target] = {}
-        part_of = part_binding_splits(mod["main"])
         splits: dict[str, str] = {}
         for gv, func in mod.functions.items():
             if not isinstance(func, relax.Function) or gv.name_hint == "main":
@@ -93,8 +69,11 @@ class RecordFusedTargets:
                 )
             if targets:
                 record[gv.name_hint] = targets[0]
-            # FuseOps keeps the fused bindings' names inside the fused function.
-            found = {part_of[n] for n in _binding_names(func) if n in part_of}
+            found = {
+                str(mod[c].attrs[SPLIT_ATTR])
+                for c in _call_tir_callees(func)
+                if mod[c].attrs is not None and SPLIT_ATTR in mod[c].attrs
+            }
             if len(found) == 1:
                 splits[gv.name_hint] = found.pop()
         if not record:

@@ -5,9 +5,9 @@ A timeline (:func:`codl_tvm.trace.trace_inference`) sees kernels by their functi
 module bridges the two: :func:`kernel_splits` walks ``main`` once, after
 :class:`~codl_tvm.passes.sync.InsertCoexecSync` and before ``CallTIRRewrite`` (no kernel call
 is added, removed or reordered after it), and lists every kernel call with the split it belongs
-to. The split comes from the call's bound variable when it is a part binding of the
-``"codl_parts"`` record, else from the callee's ``codl.split`` attribute, which
-:class:`~codl_tvm.passes.fused_targets.RestoreTargets` sets on fused kernels.
+to: the callee's ``codl.split`` attribute (:class:`~codl_tvm.passes.place.PlaceParts` gives
+each split its own kernels, :class:`~codl_tvm.passes.fused_targets.RestoreTargets` carries the
+attribute through FuseTIR).
 
 :class:`RecordKernelSplits` is the pass form: it leaves the module unchanged and writes the
 result into a dictionary the caller holds (the build pipeline's way to hand it to the
@@ -21,7 +21,7 @@ import json
 import tvm
 from tvm import relax
 
-from .fused_targets import SPLIT_ATTR, part_binding_splits
+from .fused_targets import SPLIT_ATTR
 from .parts import PARTS_ATTR
 
 __all__ = ["RecordKernelSplits", "kernel_splits"]
@@ -41,6 +41,7 @@ def _splits_of(main: relax.Function) -> dict[str, dict]:
             "ops": list(rec["ops"]),
             "dim": rec["dim"],
             "ratio": float(rec["ratio"]),
+            "extent": total,
             # the share the rounding to whole rows/channels gave the GPU
             "gpu_share": extent.get("gpu", 0) / total if total else float(rec["ratio"]),
         }
@@ -53,11 +54,11 @@ def kernel_splits(mod: tvm.IRModule) -> dict:
     Returns
     -------
     dict
-        ``{"splits": {name: {"ops", "dim", "ratio", "gpu_share"}}, "calls": [[symbol, split or
-        None, "cpu" | "gpu"], ...]}``; ``symbol`` is the kernel function the VM calls.
+        ``{"splits": {name: {"ops", "dim", "ratio", "extent", "gpu_share"}}, "calls": [[symbol,
+        split or None, "cpu" | "gpu"], ...]}``; ``extent`` is the split axis' length, ``symbol``
+        the kernel function the VM calls.
     """
     main = mod["main"]
-    part_of = part_binding_splits(main)
     calls = []
     for block in main.body.blocks:
         for b in block.bindings:
@@ -71,9 +72,7 @@ def kernel_splits(mod: tvm.IRModule) -> dict:
             if not isinstance(callee, tvm.tirx.PrimFunc):
                 continue
             attrs = callee.attrs
-            split = part_of.get(b.var.name)
-            if split is None and attrs is not None and SPLIT_ATTR in attrs:
-                split = str(attrs[SPLIT_ATTR])
+            split = str(attrs[SPLIT_ATTR]) if attrs is not None and SPLIT_ATTR in attrs else None
             target = attrs.get("target") if attrs is not None else None
             processor = "cpu" if target is not None and target.kind.name == "llvm" else "gpu"
             symbol = attrs.get("global_symbol") if attrs is not None else None

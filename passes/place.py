@@ -22,7 +22,9 @@ What it does
   global info ``"vdevice" = [GPU, CPU]``, the device order of the VM): the IR states where every
   tensor lives, and later passes read the placement from it.
 - The callee PrimFunc gets the processor's target as its ``target`` attribute; a PrimFunc that
-  both processors call (LegalizeOps shares identical kernels) is cloned, ``<name>_cpu``. TVM then
+  both processors call (LegalizeOps shares identical kernels) is cloned, ``<name>_cpu``. A part's
+  kernel also gets its split's name (``codl.split``), and a PrimFunc two splits share is
+  cloned per split. TVM then
   compiles CPU kernels with LLVM and GPU kernels as OpenCL in one build.
 - The ``concat`` that merges a split's parts is marked opaque (so FuseOps keeps it a call of its
   own, which :class:`~codl_tvm.passes.merge.MergePartsInPlace` later removes) and tagged
@@ -38,6 +40,7 @@ import json
 import tvm
 from tvm import relax
 
+from .fused_targets import SPLIT_ATTR
 from .parts import collect_parts
 
 __all__ = ["PlaceParts"]
@@ -80,11 +83,13 @@ class PlaceParts:
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
         splits = collect_parts(mod)
         placement: dict[str, str] = {}
+        split_of: dict[str, str] = {}
         merges: dict[str, dict] = {}
         for split in splits:
             for part in split.parts:
                 for var in part.bindings:
                     placement[var.name] = part.processor.value
+                    split_of[var.name] = split.name
             if len(split.parts) > 1:
                 merges[split.output.name] = {
                     "axis": split.axis,
@@ -117,20 +122,27 @@ class PlaceParts:
                 where = _follow_producers(b, seen_as, self.home)
             where_of[b.var] = seen_as[b.var] = where
             if where != "merge":
-                users.setdefault(gv, set()).add(where)
+                users.setdefault(gv, set()).add((where, split_of.get(b.var.name, "")))
         barriers = _cross_device_barriers(mod, bindings, where_of)
-        renames: dict[tuple[tvm.ir.GlobalVar, str], tvm.ir.GlobalVar] = {}
-        for gv, wheres in users.items():
+        # One PrimFunc per (processor, split): a kernel LegalizeOps shared between two splits
+        # (VGG's repeated convs) stays two kernels, so FuseOps cannot merge their fused groups
+        # either and a timeline can tell the splits apart (codl.split).
+        renames: dict[tuple[tvm.ir.GlobalVar, str, str], tvm.ir.GlobalVar] = {}
+        for gv, variants in users.items():
             prim = mod[gv]
-            for i, where in enumerate(sorted(wheres)):
+            for i, (where, split) in enumerate(sorted(variants)):
                 target = self.cpu_target if where == "cpu" else self.gpu_target
                 new = prim.with_attr("target", target)
+                if split:
+                    new = new.with_attr(SPLIT_ATTR, split)
                 if i == 0:
                     bb.update_func(gv, new)
-                    renames[(gv, where)] = gv
+                    renames[(gv, where, split)] = gv
                 else:
                     name = f"{gv.name_hint}_{where}"
-                    renames[(gv, where)] = bb.add_func(new.with_attr("global_symbol", name), name)
+                    renames[(gv, where, split)] = bb.add_func(
+                        new.with_attr("global_symbol", name), name
+                    )
         for b in bindings:
             where = where_of.get(b.var)
             if where is None:
@@ -153,12 +165,12 @@ class PlaceParts:
                 # merge kernels of two processors into one function.
                 target = self.cpu_target if where == "cpu" else self.gpu_target
                 name = f"{gv.name_hint}_{where}_{b.var.name}"
-                prim = mod[gv].with_attrs(
-                    {"target": target, "op_pattern": _OPAQUE, "global_symbol": name}
-                )
-                rt.callee_of[b.var] = bb.add_func(prim, name)
+                attrs = {"target": target, "op_pattern": _OPAQUE, "global_symbol": name}
+                if b.var.name in split_of:
+                    attrs[SPLIT_ATTR] = split_of[b.var.name]
+                rt.callee_of[b.var] = bb.add_func(mod[gv].with_attrs(attrs), name)
             else:
-                rt.callee_of[b.var] = renames[(gv, where)]
+                rt.callee_of[b.var] = renames[(gv, where, split_of.get(b.var.name, ""))]
         # Every kernel's output carries its processor's VDevice: the IR states where each
         # tensor lives (global info "vdevice" = [GPU, CPU], the VM's device order).
         rt.vdevices = {

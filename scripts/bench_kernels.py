@@ -62,6 +62,7 @@ OPS: dict[str, tuple[str, tuple]] = {
     "maxpool_112x112x64_3x3_s2": ("maxpool", (64, 112, 112, 3, 2, 1)),
     "dense_4096_1000": ("dense", (4096, 1000)),
     "dense_9216_4096": ("dense", (9216, 4096)),
+    "dense_25088_4096": ("dense", (25088, 4096)),  # VGG's fc6
 }
 
 

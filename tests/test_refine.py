@@ -67,6 +67,35 @@ def test_balanced_share_on_hand_worked_numbers():
     assert kept.ops[1].ratio == 0.2  # 0.1 clamped to min_share
 
 
+def test_output_channel_cuts_move_in_whole_vectors():
+    plan = PartitionPlan(
+        ops=(OpPartition("conv2d_0", "OC", 0.4), OpPartition("conv2d_1", "OC", 0.4)),
+        chains=(ChainPlan(("conv2d_2", "conv2d_3"), "H", 0.4),),
+    )
+    splits = _splits(
+        conv2d_0=(["conv2d_0"], 0.4),
+        conv2d_1=(["conv2d_1"], 0.4),
+        **{"conv2d_2..conv2d_3": (["conv2d_2", "conv2d_3"], 0.4)},
+    )
+    splits["splits"]["conv2d_0"].update(dim="OC", extent=256)
+    splits["splits"]["conv2d_1"].update(dim="OC", extent=40)  # fewer than 4 vectors
+    splits["splits"]["conv2d_2..conv2d_3"]["extent"] = 56
+    # C = 1 / 0.6, G = 0.7 / 0.4: balanced at 0.4878 of the output
+    same = SplitTime(1000.0, 700.0, 1)
+    times = {"conv2d_0": same, "conv2d_1": same, "conv2d_2..conv2d_3": same}
+    refined, _ = refine_plan(plan, splits, times)
+    # 0.49 of 256 channels is 125.4: the cut goes to 128, 8 vectors of 16
+    assert refined.ops[0].ratio == 0.5
+    assert refined.ops[1].ratio == 0.49
+    assert refined.chains[0].ratio == 0.49
+    from codl_tvm.passes.halo import split_point
+
+    for share in (0.07, 0.33, 0.61, 0.93):
+        splits["splits"]["conv2d_0"]["gpu_share"] = share
+        ratio = refine_plan(plan, splits, {"conv2d_0": SplitTime(500.0, 500.0, 1)})[0].ops[0].ratio
+        assert split_point(256, ratio) % 16 == 0
+
+
 def test_channel_blocks_set_the_block_ratio():
     plan = PartitionPlan(ops=(OpPartition("conv2d_0", "H", 0.5),), block_ratio=0.5)
     splits = _splits(
@@ -149,6 +178,42 @@ def test_every_kernel_of_a_split_is_attributed(opencl, tmp_path):
     assert not any(
         e.split for e in trace_inference(built, [random_inputs(model)["input"]], 0, other).events
     )
+
+
+def test_splits_that_share_a_kernel_get_their_own(opencl, tmp_path):
+    """LegalizeOps shares one PrimFunc among identical convs (VGG's repeated layers); each
+    split must still have its own kernels, or a timeline adds one split's time to another."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    nodes, inits, x = [], [], "input"
+    for i in range(3):
+        w = rng.standard_normal((32, 32, 3, 3)).astype("float32") * 0.1
+        inits.append(numpy_helper.from_array(w, f"w{i}"))
+        nodes.append(helper.make_node("Conv", [x, f"w{i}"], [f"c{i}"], pads=[1, 1, 1, 1]))
+        nodes.append(helper.make_node("Relu", [f"c{i}"], [f"r{i}"]))
+        x = f"r{i}"
+    shape = [1, 32, 16, 16]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, shape)],
+        [helper.make_tensor_value_info(x, TensorProto.FLOAT, shape)],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    model = load_onnx(model)
+    plan = PartitionPlan(ops=tuple(OpPartition(f"conv2d_{i}", "OC", 0.5) for i in range(3)))
+    built = codl_tvm.compile(model.mod, plan)
+    calls = [c for c in built.kernel_splits["calls"] if c[1]]
+    assert [c[1] for c in calls] == [f"conv2d_{i}" for i in range(3) for _ in range(2)]
+    assert len({c[0] for c in calls}) == 6
+    feeds = random_inputs(model, seed=1)
+    from codl_tvm.runner import build
+
+    want = build(model.mod, "cpu")([feeds["input"]])[0]
+    np.testing.assert_allclose(built([feeds["input"]])[0], want, rtol=0, atol=1e-4)
 
 
 def test_refined_artifact_is_numerically_the_model(opencl, tmp_path):

@@ -16,11 +16,17 @@ rows). :func:`refine_plan` moves every split of the plan to that share and the p
 and unsplit kernels keep their processor: one timeline cannot say how fast the other processor
 would have run them. Repeat (build, trace, refine) to converge where parts are not
 proportional.
+
+An output-channel cut moves in whole vectors of :data:`OC_ALIGN` channels where the layer has
+at least four: CPU kernels tile output channels, and a part of, say, 151 channels (a prime) left
+VGG19's Winograd conv without a usable tile (73 ms against 5 ms for 169 channels, measured on
+the device machine).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -31,6 +37,8 @@ from codl_tvm.plan import ChainPlan, OpPartition, PartitionPlan
 __all__ = ["RefineError", "SplitTime", "refine_plan", "split_times"]
 
 CHANNEL_BLOCK_SUFFIX = "+channels"
+#: Channels an output-channel cut of a refined split moves in (an AVX-512 vector of fp32).
+OC_ALIGN = 16
 
 
 class RefineError(ValueError):
@@ -78,6 +86,19 @@ def _balanced(share: float, cpu_us: float, gpu_us: float) -> float | None:
     whole_cpu = cpu_us / (1.0 - share)
     whole_gpu = gpu_us / share
     return whole_cpu / (whole_cpu + whole_gpu)
+
+
+def _align_oc(ratio: float, info: dict, min_share: float) -> float:
+    """``ratio`` moved to the nearest cut in whole :data:`OC_ALIGN` vectors of channels, for an
+    output-channel split of at least four vectors; the cut stays inside the bounds."""
+    extent = int(info.get("extent") or 0)
+    if info["dim"] != "OC" or extent % OC_ALIGN or extent < 4 * OC_ALIGN:
+        return ratio
+    vectors = extent // OC_ALIGN
+    lo = math.ceil(min_share * vectors)
+    cut = min(vectors - lo, max(lo, round(ratio * vectors)))
+    # a ratio that rounds (split_point: half up) to exactly this cut
+    return cut / vectors
 
 
 def refine_plan(
@@ -156,6 +177,7 @@ def refine_plan(
             row["note"] = "no plan entry has these operators: kept"
             continue
         ratio = clamp(entry.ratio + step * (balanced - share))
+        ratio = _align_oc(ratio, info, min_share)
         row["new_ratio"] = ratio
         new_ratio[tuple(entry.ops)] = ratio
     block_ratio = plan.block_ratio
