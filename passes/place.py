@@ -139,10 +139,10 @@ class PlaceParts:
                     bb.update_func(gv, new)
                     renames[(gv, where, split)] = gv
                 else:
-                    name = f"{gv.name_hint}_{where}"
-                    renames[(gv, where, split)] = bb.add_func(
-                        new.with_attr("global_symbol", name), name
-                    )
+                    # the builder makes the name unique; the symbol must be that name
+                    added = bb.add_func(new, f"{gv.name_hint}_{where}")
+                    bb.update_func(added, new.with_attr("global_symbol", added.name_hint))
+                    renames[(gv, where, split)] = added
         for b in bindings:
             where = where_of.get(b.var)
             if where is None:

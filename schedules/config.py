@@ -512,6 +512,14 @@ POCL = OpenCLConfig(
     max_workgroup_size=256,
     pool_threads=64,
     winograd_tile=2,
+    # codl's dense rule, its GEMM path even for one row: a work-item per 16 output features
+    # reads the [K, N] weight as 16-wide vectors. Batch-1 dense on 12 PoCL cores against
+    # dlight's GEMV (``results/dense_pocl_k12_77ccfd5.json``): 4096->1000 2.74 -> 1.77 ms,
+    # 9216->4096 28.0 -> 2.5, VGG's fc6 25088->4096 125.5 -> 14.1 (TVM's CPU build on the
+    # other 4 cores: 0.59, 4.8, 16.0). The GEMV path (a work-item per output, K serial) took
+    # 2.7, 49.5 and 170.8.
+    dense=True,
+    dense_gemm_min_m=1,
     dense_threads_m=1,
     dense_threads_n=1,
     dense_reg_m=4,

@@ -24,6 +24,10 @@ CPU alone make them (``codl-tvm profile --winograd --packed``), for a dataset of
 ``--cpu-alone`` builds those kernels with the settings of builds for the CPU alone
 (``CPU_ALONE_SETTINGS``); a cost model fitted with that dataset makes co-executed builds use
 the CPU-alone kernels on every CPU function.
+
+``--only OP:PROCESSOR`` keeps the parts of one operator kind on one processor, to re-measure a
+kernel that changed (e.g. ``dense:gpu`` after PoCL's dense rule changed); fit with the old
+rows of that group left out (``codl-tvm cost-model fit --drop dense:gpu``).
 """
 
 from __future__ import annotations
@@ -116,7 +120,19 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="with --algorithms: their kernels with the settings of builds for the CPU alone",
     )
+    p.add_argument(
+        "--only",
+        default="",
+        metavar="OP:PROCESSOR",
+        help="keep only the parts of this operator kind on this processor (e.g. dense:gpu)",
+    )
     args = p.parse_args(argv)
+    only = None
+    if args.only:
+        op, _, proc = args.only.partition(":")
+        if op not in ("conv2d", "dense", "pool") or proc not in ("cpu", "gpu"):
+            raise SystemExit(f"--only {args.only!r}: expected conv2d|dense|pool:cpu|gpu")
+        only = (op, proc)
     algorithms = set(filter(None, args.algorithms.split(",")))
     if algorithms - {"winograd", "packed"}:
         raise SystemExit(f"--algorithms: unknown {sorted(algorithms - {'winograd', 'packed'})}")
@@ -157,6 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     ]
     if algorithms:  # dense, pooling and GPU parts are the kernels of the direct dataset
         jobs = [j for j in jobs if j.processor == "cpu" and j.params.op == "conv2d"]
+    if only is not None:
+        jobs = [j for j in jobs if (j.params.op, j.processor) == only]
     print(f"{len(jobs)} parts", file=sys.stderr)
     from codl_tvm.schedules import cpu_alone_settings, packed_enabled, winograd_enabled
 

@@ -47,13 +47,19 @@ def _dense_on():
 
 
 def test_dense_rule_is_off_by_default():
-    """Until measured on the device machine, presets keep dlight's dense rules."""
+    """Presets keep dlight's dense rules until measured on the device machine; PoCL was, and
+    takes codl's GEMM path for every batch (a 16-feature vector per work-item)."""
     from codl_tvm.schedules import dense_enabled, opencl_config
 
-    for cfg in (OPENCL_GENERIC, POCL, NVIDIA):
+    for cfg in (OPENCL_GENERIC, NVIDIA):
         assert cfg.dense is False
+    assert POCL.dense and POCL.dense_gemm_min_m == 1
     with dense_enabled(False):
-        target = DEVICE_TARGETS["pocl"]
+        mod = schedule(dense_module(1, 96, 64), DEVICE_TARGETS["pocl"])
+        algos = {f.attrs.get("codl.algorithm") for f in prim_funcs(mod).values()}
+        assert "gemm" in algos
+    with dense_enabled(False):
+        target = DEVICE_TARGETS["generic"]
         assert not opencl_config(target).dense
         mod = schedule(dense_module(1, 96, 50), target)
         algos = {f.attrs.get("codl.algorithm") for f in prim_funcs(mod).values()}
@@ -104,6 +110,8 @@ def _dense_func(mod):
 def test_dense_rule_applies_and_records_its_algorithm(device, m, algorithm):
     target = DEVICE_TARGETS[device]
     cfg = opencl_config(target)
+    if m >= cfg.dense_gemm_min_m:
+        algorithm = "gemm"  # PoCL takes the GEMM path for every batch
     mod = schedule(dense_module(m, 100, 37), target)
     func = _dense_func(mod)
     assert func.attrs["codl.algorithm"] == algorithm

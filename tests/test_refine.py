@@ -204,16 +204,23 @@ def test_splits_that_share_a_kernel_get_their_own(opencl, tmp_path):
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     model.ir_version = 8
     model = load_onnx(model)
-    plan = PartitionPlan(ops=tuple(OpPartition(f"conv2d_{i}", "OC", 0.5) for i in range(3)))
-    built = codl_tvm.compile(model.mod, plan)
-    calls = [c for c in built.kernel_splits["calls"] if c[1]]
-    assert [c[1] for c in calls] == [f"conv2d_{i}" for i in range(3) for _ in range(2)]
-    assert len({c[0] for c in calls}) == 6
     feeds = random_inputs(model, seed=1)
     from codl_tvm.runner import build
 
     want = build(model.mod, "cpu")([feeds["input"]])[0]
-    np.testing.assert_allclose(built([feeds["input"]])[0], want, rtol=0, atol=1e-4)
+    for dim in ("OC", "H"):  # H: the input slices are shared kernels too
+        plan = PartitionPlan(ops=tuple(OpPartition(f"conv2d_{i}", dim, 0.5) for i in range(3)))
+        built = codl_tvm.compile(model.mod, plan)
+        calls = [c for c in built.kernel_splits["calls"] if c[1]]
+        per = 2 if dim == "OC" else 4
+        assert [c[1] for c in calls] == [f"conv2d_{i}" for i in range(3) for _ in range(per)]
+        # every call its own kernel, under its own symbol (the VM calls it by that name)
+        assert len({c[0] for c in calls}) == 3 * per
+        trace = trace_inference(built, [feeds["input"]])
+        assert {(e.split, e.lane) for e in trace.events if e.split} == {
+            (f"conv2d_{i}", lane) for i in range(3) for lane in ("CPU", "GPU")
+        }
+        np.testing.assert_allclose(built([feeds["input"]])[0], want, rtol=0, atol=1e-4)
 
 
 def test_refined_artifact_is_numerically_the_model(opencl, tmp_path):

@@ -32,7 +32,13 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from codl_tvm.cost_model.base import CostModel, CostModelFallbackWarning, ModelFileError
-from codl_tvm.cost_model.dataset import DatasetError, OpRecord, SharingRecord, load_dataset
+from codl_tvm.cost_model.dataset import (
+    Dataset,
+    DatasetError,
+    OpRecord,
+    SharingRecord,
+    load_dataset,
+)
 
 __all__ = [
     "Accuracy",
@@ -425,8 +431,6 @@ def _cli_error(message: str) -> Exception:
 def _load_datasets(paths: Sequence[str]):
     """The records of several datasets in order (e.g. direct kernels and the algorithms of
     ``codl-tvm profile --winograd --packed``, measured on the same device)."""
-    from codl_tvm.cost_model.dataset import Dataset
-
     sets = [load_dataset(p) for p in paths]
     meta = dict(sets[0].meta)
     alone = {
@@ -450,9 +454,35 @@ def _names(paths: Sequence[str]) -> str:
     return ", ".join(str(p) for p in paths)
 
 
+def _drop_groups(records: list, specs: Sequence[str]) -> tuple[list, int]:
+    """``records`` without the operator records of the ``OP:PROCESSOR[:IMPL]`` groups (a
+    kernel that changed since they were measured); with the number left out."""
+    groups = []
+    for spec in specs:
+        parts = spec.split(":")
+        if len(parts) not in (2, 3) or parts[1] not in ("cpu", "gpu"):
+            raise ValueError(f"--drop {spec!r}: expected OP:PROCESSOR[:IMPL], e.g. dense:gpu")
+        groups.append(parts)
+
+    def dropped(r) -> bool:
+        if not isinstance(r, OpRecord):
+            return False
+        return any(
+            r.params.op == g[0] and r.processor == g[1] and (len(g) == 2 or r.impl == g[2])
+            for g in groups
+        )
+
+    kept = [r for r in records if not dropped(r)]
+    return kept, len(records) - len(kept)
+
+
 def cmd_fit(args: argparse.Namespace) -> int:
     try:
         data = _load_datasets(args.data)
+        n_groups_dropped = 0
+        if args.drop:
+            records, n_groups_dropped = _drop_groups(data.records, args.drop)
+            data = Dataset(records, data.meta)
         drop = args.drop_inconsistent
         if drop is None:
             drop = 0.0 if args.kind == "measured" else 3.0  # the oracle keeps every measurement
@@ -482,6 +512,9 @@ def cmd_fit(args: argparse.Namespace) -> int:
             "n_dropped_inconsistent": len(dropped),
         }
     )
+    if args.drop:
+        model.meta["dropped_groups"] = list(args.drop)
+        model.meta["n_dropped_groups"] = n_groups_dropped
     model.save(args.output)
     print(
         f"fitted a {args.kind} cost model on {model.meta['n_train']} operator records "
@@ -554,6 +587,14 @@ def register_cli(subparsers) -> None:
         help="leave out of training a part that took FACTOR times longer than a part of the "
         "same operator with at least 1/1.25 of its FLOPs (interference; default 3, 0 for "
         "--kind measured; 0 = keep all)",
+    )
+    f.add_argument(
+        "--drop",
+        action="append",
+        default=[],
+        metavar="OP:PROCESSOR[:IMPL]",
+        help="leave the records of this group out (e.g. dense:gpu:reduction, measured with a "
+        "kernel that has changed since); repeatable",
     )
     f.set_defaults(func=cmd_fit)
 
