@@ -280,6 +280,9 @@ def cmd_run(args: argparse.Namespace) -> None:
     index = json.loads((root / "index.json").read_text())
     runtime.load(platform=args.platform or None)
     info = runtime.info()
+    from codl_tvm.runtime import coexec as sync
+
+    sync.set_sync_mode(args.sync_mode)
     if args.tvm_cpus:
         pin_tvm_threads(args.tvm_cpus)
     results = {
@@ -418,6 +421,10 @@ def cmd_run(args: argparse.Namespace) -> None:
             f" of T* (fastest rounds: {rows.get('codl', {}).get('of_t_star_fastest', 0):.0%})",
             flush=True,
         )
+        # How the co-executed builds synchronised ("auto" is measured on first use; a slow
+        # mechanism shows as waits in the timelines).
+        results["sync"] = {"requested": args.sync_mode, "mode": sync.sync_mode()}
+        results["sync"]["calibration"] = sync.calibration()
         # Written after every model: a run cut short by its time limit keeps what it measured.
         write_json(args.out, envelope(sys.argv, results, tvm_cpus=args.tvm_cpus, env=env))
 
@@ -606,6 +613,12 @@ def main(argv: list[str] | None = None) -> None:
         type=float,
         default=2.0,
         help="seconds of the CPU and GPU builds running at once (T* under contention); 0: skip",
+    )
+    r.add_argument(
+        "--sync-mode",
+        default="auto",
+        choices=("auto", "flag", "event", "finish"),
+        help="the co-execution synchronisation (codl_tvm.runtime.coexec.set_sync_mode)",
     )
     r.set_defaults(func=cmd_run)
     f = sub.add_parser("refine", help="rebalance artifacts from timelines taken here")

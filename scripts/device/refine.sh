@@ -28,6 +28,7 @@ done
 for m in ${models//,/ }; do
   python3 scripts/bench_planner.py run --dir $b --models "$m" --platform portable \
     --tvm-cpus $tvm_cpus --rounds "${SOC_ROUNDS:-7}" --number 2 --trace-dir $r/traces_soc \
-    --append --out $r/planner_refined_soc_k$K.json >> $r/soc_run.log 2>&1
+    --append --sync-mode "${SOC_SYNC_MODE:-auto}" --out $r/planner_refined_soc_k$K.json \
+    >> $r/soc_run.log 2>&1
 done
 touch $r/DONE
