@@ -513,11 +513,13 @@ POCL = OpenCLConfig(
     pool_threads=64,
     winograd_tile=2,
     # codl's dense rule, its GEMM path even for one row: a work-item per 16 output features
-    # reads the [K, N] weight as 16-wide vectors. Batch-1 dense on 12 PoCL cores against
-    # dlight's GEMV (``results/dense_pocl_k12_77ccfd5.json``): 4096->1000 2.74 -> 1.77 ms,
-    # 9216->4096 28.0 -> 2.5, VGG's fc6 25088->4096 125.5 -> 14.1 (TVM's CPU build on the
-    # other 4 cores: 0.59, 4.8, 16.0). The GEMV path (a work-item per output, K serial) took
-    # 2.7, 49.5 and 170.8.
+    # reads the [K, N] weight as 16-wide vectors. Batch-1 dense on 12 PoCL cores, profiled on a
+    # quiet machine (``results/profile/emulated_soc_k12_dense.jsonl``) against dlight's GEMV
+    # (``emulated_soc_k12.jsonl``): VGG's fc6 25088->4096 105.7 -> 9.0 ms (TVM's CPU build on
+    # the other 4 cores: 14.2), 4096->4096 7.9 -> 1.4, 4096->1000 1.28 -> 0.46, ResNet50's
+    # 2048->1000 0.71 -> 0.09. codl's GEMV path (a work-item per output, K serial) was slower
+    # than dlight (``results/dense_pocl_k12_77ccfd5_concurrent.json``, a run that overlapped
+    # another benchmark: ratios only).
     dense=True,
     dense_gemm_min_m=1,
     dense_threads_m=1,

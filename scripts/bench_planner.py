@@ -518,6 +518,7 @@ def cmd_plot(args: argparse.Namespace) -> None:
         "oc_only",
         "codl_no_chain",
         "codl",
+        "codl_refined",
         "codl_verify",
         "oracle",
     ]

@@ -1447,3 +1447,36 @@ def test_committed_datasets_still_load(path):
     dense = [r for r in ops if r.params.op == "dense" and r.partition.dim == "OC"]
     for r in dense:
         assert r.part == part_shape(r.params, r.partition, r.processor, RECORD_MATMUL_ALIGN)
+
+
+def test_cli_fit_drops_a_changed_kernel_group(tmp_path):
+    """``fit --drop OP:PROC[:IMPL]`` leaves out the records of a kernel that changed since they
+    were measured (PoCL's dense rule replaced dlight's GEMV), and nothing else."""
+    recs = work_records(np.random.default_rng(5), 120, "gpu")
+    recs += work_records(np.random.default_rng(6), 40, "cpu")
+    dense = [
+        OpRecord(
+            OpParams("dense", 1, 1, 256 * (i + 1), 64, 1),
+            Partition("none", 1.0),
+            "gpu",
+            "reduction" if i % 2 else "matmul",
+            1.0 + i,
+            3,
+            device=DEVICE,
+        )
+        for i in range(10)
+    ]
+    data = tmp_path / "d.jsonl"
+    save_dataset(recs + dense, data)
+    out = tmp_path / "m.json"
+    argv = ["cost-model", "fit", str(data), "-o", str(out), "--kind", "flops", "--holdout", "0"]
+    assert run_cli([*argv, "--drop", "dense:gpu:reduction"]) == 0
+    meta = load_model(out).meta
+    assert meta["n_dropped_groups"] == 5 and meta["dropped_groups"] == ["dense:gpu:reduction"]
+    assert meta["n_train"] == len(recs) + 5
+    assert run_cli([*argv, "--drop", "dense:gpu", "--drop", "conv2d:cpu"]) == 0
+    assert load_model(out).meta["n_train"] == 120
+    from codl_tvm.cli import CliError
+
+    with pytest.raises(CliError, match=r"--drop 'dense': expected OP:PROCESSOR\[:IMPL\]"):
+        run_cli([*argv, "--drop", "dense"])
