@@ -7,16 +7,15 @@ record-by-record comparison of the two files.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
 
 import pytest
 
 from codl_tvm.cost_model.dataset import load_dataset
 from codl_tvm.cost_model.evaluate import part_identity
+from tests.scripts_util import script_module
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNS = [ROOT / "results" / "noise_ab_13c8fa7" / f"new_{r}.jsonl" for r in "ab"]
@@ -24,13 +23,8 @@ RUNS = [ROOT / "results" / "noise_ab_13c8fa7" / f"new_{r}.jsonl" for r in "ab"]
 
 @pytest.fixture(scope="module")
 def noise_analysis():
-    path = ROOT / "scripts" / "noise_analysis.py"
-    spec = importlib.util.spec_from_file_location("noise_analysis", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["noise_analysis"] = module
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop("noise_analysis", None)
+    with script_module("noise_analysis") as module:
+        yield module
 
 
 def _plain_agreement(processor: str) -> tuple[int, float]:

@@ -3,25 +3,17 @@ measure a kernel again after it changed), compiled for real."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.scripts_util import script_module
 
 
 @pytest.fixture(scope="module")
 def campaign():
-    path = ROOT / "scripts" / "profile_campaign.py"
-    spec = importlib.util.spec_from_file_location("profile_campaign", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["profile_campaign"] = module
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop("profile_campaign", None)
+    with script_module("profile_campaign") as module:
+        yield module
 
 
 def test_only_keeps_one_group(campaign, tmp_path):
