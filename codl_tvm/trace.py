@@ -224,11 +224,15 @@ def trace_inference(
     kernel_call: list[int | None] = []
     for k, host_name in zip(kernels, hosts):
         call = None
-        if host_name is not None and per_call[host_name] is not None:
+        if host_name is not None:
             m = seen.get(host_name, 0)
             seen[host_name] = m + 1
-            start, call = launches[host_name][m // per_call[host_name]]
-            offsets.append(start - k.queued_ns)
+            if per_call[host_name] is not None:
+                start, call = launches[host_name][m // per_call[host_name]]
+                offsets.append(start - k.queued_ns)
+            elif m < len(launches[host_name]):
+                # kernels per call unknown: no split, but still a bound on the clock offset
+                offsets.append(launches[host_name][m][0] - k.queued_ns)
         kernel_call.append(call)
     offset = min(offsets) if offsets else 0
     events = []
