@@ -13,6 +13,9 @@
   pool as shifted adds (one elementwise kernel instead of an unscheduled 3-D pool).
 - :class:`Conv2DWinograd` (``winograd.py``): after partitioning, before legalization, rewrites
   qualifying 3x3 convs (and conv parts) as Winograd convs, per processor config.
+- :func:`~codl_tvm.passes.kernel_splits.kernel_splits` (``kernel_splits.py``): every kernel call
+  of a co-executed ``main`` in execution order with the split it computes (the build's record
+  that attributes a timeline's kernels to the plan).
 """
 
 from .fold_bn import FoldBatchNorm

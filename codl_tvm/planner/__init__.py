@@ -7,6 +7,8 @@ dimension, ratio, predicted CPU/GPU/co-execution/no-chain latency and the reason
 and JSON). The baseline planners are modes of the same function (``cpu_only``, ``gpu_only``,
 ``ulayer_like``, ``codl_no_chain``, ``h_only``, ``oc_only``) and every report carries the ideal
 bound ``T* = 1 / (1/Tcpu + 1/Tgpu)``. ``register_cli`` adds ``codl-tvm plan``.
+``codl_tvm.planner.refine`` re-balances a built plan's splits from timelines measured inside
+the model (``codl-tvm refine``).
 """
 
 from codl_tvm.planner.cli import register_cli
