@@ -836,16 +836,10 @@ class _Libraries:
         if self._pending_splits:
             self.kernel_splits[name] = self._pending_splits
         if cached is not None:
-            # Write then rename: parallel compiles sharing the cache never see half a file.
-            for src, dst in ((path, cached), (None, sidecar)):
-                if src is None and name not in self.kernel_splits:
-                    continue
-                tmp = dst.with_suffix(f".{os.getpid()}.tmp")
-                if src is None:
-                    tmp.write_text(json.dumps(self.kernel_splits[name]))
-                else:
-                    shutil.copyfile(src, tmp)
-                os.replace(tmp, dst)
+            _replace_file(cached, lambda tmp: shutil.copyfile(path, tmp))
+            if name in self.kernel_splits:
+                text = json.dumps(self.kernel_splits[name])
+                _replace_file(sidecar, lambda tmp: tmp.write_text(text))
         return path
 
     def single(self, device: str) -> Path:
@@ -879,6 +873,14 @@ class _Libraries:
                 )
 
         return self.get(device, device, None, build)
+
+
+def _replace_file(dst: Path, fill: Callable[[Path], Any]) -> None:
+    """Write ``dst`` through a temporary file then rename: parallel compiles sharing a build
+    cache never see half a file."""
+    tmp = dst.with_suffix(f".{os.getpid()}.tmp")
+    fill(tmp)
+    os.replace(tmp, dst)
 
 
 _CODE_DIGEST: str | None = None

@@ -23,10 +23,9 @@ from tvm import relax
 
 from .fused_targets import SPLIT_ATTR
 from .parts import PARTS_ATTR
+from .sync import _is_kernel_call, _processor
 
 __all__ = ["RecordKernelSplits", "kernel_splits"]
-
-_KERNEL_CALLS = (tvm.ir.Op.get("relax.call_tir"), tvm.ir.Op.get("relax.call_tir_inplace"))
 
 
 def _splits_of(main: relax.Function) -> dict[str, dict]:
@@ -63,9 +62,7 @@ def kernel_splits(mod: tvm.IRModule) -> dict:
     for block in main.body.blocks:
         for b in block.bindings:
             value = b.value
-            if not isinstance(value, relax.Call):
-                continue
-            if not any(value.op.same_as(op) for op in _KERNEL_CALLS):
+            if not _is_kernel_call(value):
                 continue
             gv = value.args[0]
             callee = mod[gv]
@@ -73,10 +70,8 @@ def kernel_splits(mod: tvm.IRModule) -> dict:
                 continue
             attrs = callee.attrs
             split = str(attrs[SPLIT_ATTR]) if attrs is not None and SPLIT_ATTR in attrs else None
-            target = attrs.get("target") if attrs is not None else None
-            processor = "cpu" if target is not None and target.kind.name == "llvm" else "gpu"
             symbol = attrs.get("global_symbol") if attrs is not None else None
-            calls.append([str(symbol or gv.name_hint), split, processor])
+            calls.append([str(symbol or gv.name_hint), split, _processor(mod, value)])
     return {"splits": _splits_of(main), "calls": calls}
 
 

@@ -615,10 +615,12 @@ def main(argv: list[str] | None = None) -> None:
         default=2.0,
         help="seconds of the CPU and GPU builds running at once (T* under contention); 0: skip",
     )
+    from codl_tvm.runtime.coexec import MODES as SYNC_MODES
+
     r.add_argument(
         "--sync-mode",
         default="auto",
-        choices=("auto", "flag", "event", "finish"),
+        choices=SYNC_MODES,
         help="the co-execution synchronisation (codl_tvm.runtime.coexec.set_sync_mode)",
     )
     r.set_defaults(func=cmd_run)

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from codl_tvm.plan import ChainPlan, OpPartition, PartitionPlan
+from codl_tvm.plan import PartitionPlan
 
 __all__ = ["RefineError", "SplitTime", "refine_plan", "split_times"]
 
@@ -193,16 +193,8 @@ def refine_plan(
                 "new_ratio": block_ratio,
             }
         )
-    ops = tuple(
-        dataclasses.replace(p, ratio=new_ratio.get((p.op,), p.ratio))
-        if isinstance(p, OpPartition)
-        else p
-        for p in plan.ops
-    )
+    ops = tuple(dataclasses.replace(p, ratio=new_ratio.get((p.op,), p.ratio)) for p in plan.ops)
     chains = tuple(
-        dataclasses.replace(c, ratio=new_ratio.get(tuple(c.ops), c.ratio))
-        if isinstance(c, ChainPlan)
-        else c
-        for c in plan.chains
+        dataclasses.replace(c, ratio=new_ratio.get(tuple(c.ops), c.ratio)) for c in plan.chains
     )
     return dataclasses.replace(plan, ops=ops, chains=chains, block_ratio=block_ratio), rows
