@@ -168,6 +168,7 @@ def coexec_pipeline(
     from codl_tvm.passes.kernel_splits import RecordKernelSplits
     from codl_tvm.passes.merge import MergePartsInPlace
     from codl_tvm.passes.place import PlaceParts
+    from codl_tvm.passes.share_kernels import ShareIdenticalKernels
     from codl_tvm.passes.sync import InsertCoexecSync
 
     @tvm.transform.module_pass(opt_level=0, name="codl.CoexecPipeline")
@@ -210,6 +211,8 @@ def coexec_pipeline(
                                 if kernel_splits is not None
                                 else []
                             ),
+                            # after the record: it reads each call's split from its own copy
+                            ShareIdenticalKernels(kernel_splits),
                             relax.transform.CallTIRRewrite(),
                         ],
                     ),

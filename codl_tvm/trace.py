@@ -14,6 +14,7 @@ each processor can be read off the timeline (:func:`codl_tvm.planner.refine.spli
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -70,13 +71,26 @@ class Trace:
             return 0.0
         return max(e.end_us for e in self.events) - min(e.start_us for e in self.events)
 
+    def gpu_gap_us(self) -> float:
+        """Median idle time between consecutive GPU kernels (the driver's launch cost while the
+        queue is fed; 0 without two GPU kernels)."""
+        gpu = sorted((e.start_us, e.end_us) for e in self.events if e.lane == "GPU")
+        gaps = [max(0.0, b[0] - a[1]) for a, b in itertools.pairwise(gpu)]
+        return float(np.median(gaps)) if gaps else 0.0
+
     def summary(self) -> dict[str, float]:
+        gpu_names = [e.name for e in self.events if e.lane == "GPU"]
         return {
             "span_us": self.span_us(),
             "gpu_busy_us": self.busy_us("GPU"),
             "cpu_busy_us": self.busy_us("CPU"),
             "overlap_us": self.overlap_us(),
             "sync_wait_us": self.busy_us("sync"),
+            "gpu_gap_us": self.gpu_gap_us(),
+            # PoCL keeps at most 128 kernels' binaries loaded: more distinct kernels than that
+            # in one inference and every launch reloads one
+            "gpu_kernels": float(len(gpu_names)),
+            "gpu_kernels_distinct": float(len(set(gpu_names))),
         }
 
     def to_chrome(self) -> dict:

@@ -269,6 +269,9 @@ def cmd_warm(args: argparse.Namespace) -> None:
     print(f"warmed {len(jobs)} artifacts in {time.perf_counter() - t0:.0f} s", flush=True)
 
 
+OK_TOLERANCE = 1e-3
+
+
 def cmd_run(args: argparse.Namespace) -> None:
     import tvm  # noqa: F401  (runtime-only TVM is enough)
 
@@ -322,7 +325,10 @@ def cmd_run(args: argparse.Namespace) -> None:
             arts[tag] = art
             rows[tag] = {
                 "max_abs_err": err,
-                "ok": err <= 1e-4 * scale,
+                # 1e-3 of the output's scale: float32 reductions reorder with thread counts and
+                # splits (FST's 16 instance norms: 1.4e-4 to 2.7e-4 on its tanh output, the
+                # single-processor builds included); a wrong halo or region is off by 1e-1 or more
+                "ok": err <= OK_TOLERANCE * scale,
                 **_stats(art.manifest, root / rel),
             }
         # Round-robin: every variant is timed once per round, so drift (clocks, other load)
