@@ -153,6 +153,8 @@ def compile_artifact(
     coexec_cpu_alone: bool | None = None,
     verify_calibrate: bool = True,
     split_channel_blocks: bool = True,
+    refine: int = 0,
+    refine_traces: int = 5,
 ) -> Path:
     """Plan and build an ONNX model into an artifact directory.
 
@@ -237,6 +239,15 @@ def compile_artifact(
         normalise instead of one while the other waits (FST on the emulated SoC: 0.86-0.96x
         the latency, ``results/planner_fst_block_ratio_ca10c8e*.json``). False keeps such
         blocks whole on one processor.
+    refine
+        With ``verify`` (on this machine): after the first timing, take ``refine_traces``
+        timelines of the fastest co-executed build, balance each split from them
+        (:func:`refined_plan`'s rule, :func:`codl_tvm.planner.refine.refine_plan`) and build
+        the result as candidate ``coexec:refined``; ``refine`` > 1 refines that one again
+        (``coexec:refined2``, ...). Every build is then timed again and the fastest kept, so
+        a refinement that does not pay is never chosen (``manifest["plan"]["refine"]``).
+    refine_traces
+        Timelines per refinement round.
 
     Returns
     -------
@@ -251,6 +262,19 @@ def compile_artifact(
         raise ArtifactError("give both the RPC tracker (HOST:PORT) and the device key, or neither")
     if tracker is not None and not verify:
         raise ArtifactError("an RPC tracker is only used to --verify; give --verify N too")
+    for name, value, least in (("refine", refine, 0), ("refine_traces", refine_traces, 1)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < least:
+            raise ArtifactError(f"{name} must be a whole number >= {least}, got {value!r}")
+    if refine and not verify:
+        raise ArtifactError(
+            "--refine makes candidates for --verify to time against the plan; give --verify N too"
+        )
+    if refine and tracker is not None:
+        raise ArtifactError(
+            "--refine takes timelines on this machine; it cannot be combined with --tracker"
+        )
+    if refine and device != "coexec":
+        raise ArtifactError(f"--refine balances co-executed splits; --device is {device!r}")
     if coexec_cpu_alone is None:
         coexec_cpu_alone = (
             device == "coexec" and plan is None and cost_model_cpu_alone(cost_model, preset)
@@ -309,6 +333,7 @@ def compile_artifact(
                 coexec_cpu_alone,
                 verify_calibrate,
                 split_channel_blocks,
+                (refine, refine_traces),
             )
     except BaseException:
         # Leave no half-written artifact behind (the directory held none of our files before,
@@ -338,6 +363,7 @@ def _compile_into(
     coexec_cpu_alone=False,
     verify_calibrate=True,
     split_channel_blocks=True,
+    refine=(0, 5),
 ):
     import tvm
 
@@ -487,22 +513,52 @@ def _compile_into(
                         candidates[name] = libraries.get(
                             name, "coexec", cand, lambda c=cand: build_coexec(c)
                         )
-                calibrate = None
-                if report is not None and verify_calibrate:
-                    seen = {plan.to_json(), *(c.to_json() for c, _ in plans.values())}
+                seen = {plan.to_json(), *(c.to_json() for c, _ in plans.values())}
+                refined: dict[str, tuple] = {}  # name -> (plan, record)
 
-                    def calibrate(ms):
-                        found = _calibrated_plans(
-                            model, mode, report, ms, seen, manifest, log, planner_config
+                def more(ms):
+                    """Candidates made from the first timing: calibrated, refined."""
+                    found = {}
+                    if report is not None and verify_calibrate:
+                        found.update(
+                            _calibrated_plans(
+                                model, mode, report, ms, seen, manifest, log, planner_config
+                            )
                         )
-                        plans.update(found)
-                        return {
-                            name: libraries.get(name, "coexec", c, lambda c=c: build_coexec(c))
-                            for name, (c, _) in found.items()
+                    plans.update(found)
+                    libs = {
+                        name: libraries.get(name, "coexec", c, lambda c=c: build_coexec(c))
+                        for name, (c, _) in found.items()
+                    }
+                    if refine[0]:
+                        source = min((k for k in ms if k.startswith("coexec")), key=ms.get)
+                        libs.update(
+                            _refined_candidates(
+                                model,
+                                source,
+                                plans[source][0] if source in plans else plan,
+                                candidates[source],
+                                libraries,
+                                build_coexec,
+                                refine,
+                                seed,
+                                seen,
+                                refined,
+                                log,
+                                source.split(":")[1]
+                                if source in plans
+                                else manifest["plan"].get("mode"),
+                            )
+                        )
+                        manifest["plan"]["refine"] = {
+                            "rounds": refine[0],
+                            "traces": refine[1],
+                            "candidates": {name: rec for name, (_, rec) in refined.items()},
                         }
+                    return libs
 
                 built = _verify(
-                    model, candidates, libraries, verify, seed, manifest, remote, log, calibrate
+                    model, candidates, libraries, verify, seed, manifest, remote, log, more
                 )
                 chosen = manifest["verify"]["chosen"]
                 manifest["kernel_splits"] = libraries.kernel_splits.get(chosen)
@@ -510,6 +566,11 @@ def _compile_into(
                     _adopt_plan(out, model, *plans[chosen], chosen.split(":")[1], manifest)
                     if chosen.endswith(":calibrated"):
                         manifest["plan"]["calibrated"] = True
+                elif chosen in refined:
+                    new_plan, record = refined[chosen]
+                    _adopt_plan(out, model, new_plan, None, record["mode"], manifest)
+                    manifest["plan"]["source"] = "refined"
+                    manifest["plan"]["refined"] = record
         else:
             target = cpu_target if device == "cpu" else preset_obj.target("gpu")
             if target is None:
@@ -703,15 +764,16 @@ def compile_refined(
     return out
 
 
-def _verify(model, candidates, libraries, rounds: int, seed, manifest, remote, log, calibrate=None):
+def _verify(model, candidates, libraries, rounds: int, seed, manifest, remote, log, more=None):
     """Time the co-executed builds (``candidates``: ``"coexec"`` and ``"coexec:<mode>"`` to
     their exported libraries) against each processor alone (here, or on ``remote``, a
     ``(tracker, key)`` pair); return the library of the fastest and record the measurements
     (and a fallback) in ``manifest``.
 
-    ``calibrate``, given the medians of that first timing, returns more candidate libraries
-    (plans re-made with the cost model calibrated to the measured single-processor latencies);
-    if it returns any, every build is timed again with them and the second timing decides."""
+    ``more``, given the medians of that first timing, returns more candidate libraries (plans
+    re-made with the cost model calibrated to the measured single-processor latencies, plans
+    refined from timelines of the fastest co-executed build); if it returns any, every build is
+    timed again with them and the second timing decides."""
     from codl_tvm.frontend import random_inputs
 
     libs = dict(candidates)
@@ -729,7 +791,7 @@ def _verify(model, candidates, libraries, rounds: int, seed, manifest, remote, l
 
     samples, where, ms = measure()
     first = None
-    extra = calibrate(ms) if calibrate is not None else {}
+    extra = more(ms) if more is not None else {}
     if extra:
         first = {"median_ms": ms, "samples_ms": samples}
         log(
@@ -1209,6 +1271,73 @@ def _calibrated_plans(model, mode, report, ms, seen: set, manifest, log, config)
     return found
 
 
+def _refined_candidates(
+    model, source, plan, library, libraries, build, refine, seed, seen, refined, log, mode
+) -> dict:
+    """``refine = (rounds, traces)`` rounds of refinement for ``--verify``: timelines of the
+    co-executed build ``source`` (its ``library``, built with ``plan``), each split balanced
+    from them (:func:`codl_tvm.planner.refine.refine_plan`), the result built as
+    ``coexec:refined`` (then ``coexec:refined2`` from that, ...). Returns ``{name: library}``
+    and records ``refined[name] = (plan, record)``; stops early when a round changes nothing
+    or cannot be refined. ``mode``: the planner mode the refined plans descend from."""
+    from types import SimpleNamespace
+
+    import tvm
+    from tvm.runtime.vm import VirtualMachine
+
+    from codl_tvm.frontend import random_inputs
+    from codl_tvm.planner.refine import RefineError, refine_plan, split_times
+    from codl_tvm.trace import trace_inference
+
+    rounds, traces = refine
+    values = random_inputs(model, seed)
+    inputs = [values[s.name] for s in model.inputs]
+    found = {}
+    for r in range(1, rounds + 1):
+        splits = libraries.kernel_splits.get(source)
+        if not splits:
+            log(f"verify: {source} has no kernel record; nothing to refine")
+            break
+        vm = VirtualMachine(tvm.runtime.load_module(str(library)), [tvm.opencl(0), tvm.cpu(0)])
+        traced = SimpleNamespace(vm=vm)
+        timelines = [
+            trace_inference(traced, inputs, warmup=1 if i == 0 else 0, kernel_splits=splits)
+            for i in range(traces)
+        ]
+        try:
+            new, rows = refine_plan(plan, splits, split_times(timelines))
+        except RefineError as exc:
+            log(f"verify: {source} cannot be refined: {exc}")
+            break
+        text = new.to_json()
+        if text in seen:
+            log(f"verify: refining {source} gives a plan already timed; no more rounds")
+            break
+        seen.add(text)
+        name = "coexec:refined" if r == 1 else f"coexec:refined{r}"
+        moves = [
+            f"{row['split']} {row['built_share']:.2f}->{row['new_ratio']:.2f}"
+            for row in rows
+            if "new_ratio" in row
+        ]
+        log(f"verify: {name} from {len(timelines)} timelines of {source}: {', '.join(moves)}")
+        library = libraries.get(name, "coexec", new, lambda p=new: build(p))
+        refined[name] = (
+            new,
+            {
+                "from": source,
+                "from_plan": plan.to_dict(),
+                "mode": mode,
+                "traces": traces,
+                "span_ms": [round(t.span_us() / 1e3, 4) for t in timelines],
+                "splits": rows,
+            },
+        )
+        found[name] = library
+        source, plan = name, new
+    return found
+
+
 def _adopt_plan(out: Path, model, plan, report, mode: str, manifest) -> None:
     """Make the plan that ``--verify`` measured fastest the artifact's plan (its files and
     manifest entry); the primary plan's prediction stays on record."""
@@ -1217,8 +1346,11 @@ def _adopt_plan(out: Path, model, plan, report, mode: str, manifest) -> None:
     record = manifest["plan"]
     record["planned_mode"] = record.get("mode")
     record["mode"] = mode
-    record["summary"] = report.summary.to_dict() if report.summary else None
+    record["summary"] = report.summary.to_dict() if report is not None and report.summary else None
     record["chosen_by_verify"] = True
+    if report is None:  # a refined plan: the planner's report describes another plan
+        for name in ("plan_report.json", "plan_report.txt"):
+            (out / name).unlink(missing_ok=True)
     _write_plan(out, plan, report)
     placement = placement_report(model.mod, plan)
     (out / "placement.json").write_text(json.dumps(placement, indent=2) + "\n")

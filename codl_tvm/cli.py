@@ -223,6 +223,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
             coexec_cpu_alone=args.coexec_cpu_alone_kernels,
             split_channel_blocks=args.split_channel_blocks,
             verify_calibrate=args.verify_calibrate,
+            refine=args.refine,
+            refine_traces=args.refine_traces,
         )
     except (ArtifactError, ModelError, ToolchainError) as exc:
         raise CliError(str(exc)) from None
@@ -520,6 +522,22 @@ def _add_compile(sub) -> None:
         default=True,
         help="with --verify: re-plan with predictions calibrated to the measured "
         "single-processor latencies and time those plans too (default: on)",
+    )
+    p.add_argument(
+        "--refine",
+        type=int,
+        default=0,
+        metavar="ROUNDS",
+        help="with --verify: take timelines of the fastest co-executed build on this machine, "
+        "balance each split from them (as `codl-tvm refine`) and time the refined build too; "
+        "ROUNDS > 1 refines the refined build again",
+    )
+    p.add_argument(
+        "--refine-traces",
+        type=int,
+        default=5,
+        metavar="N",
+        help="with --refine: timelines per round (each split's time is their median)",
     )
     p.add_argument(
         "--verify-modes",

@@ -75,7 +75,8 @@ def _model_file(name: str, tmp: Path) -> Path:
 def _compile_job(job: tuple) -> tuple[str, str, str | None]:
     from codl_tvm.artifact import compile_artifact
 
-    name, tag, path, target, device, mode, cost_model, preset, verify, verify_modes, cache = job
+    name, tag, path, target, device, mode, cost_model, preset, verify, verify_modes = job[:10]
+    cache, refine = job[10:]
     _, alone, wholenorm = _tag_mode(tag)
     try:
         compile_artifact(
@@ -88,6 +89,7 @@ def _compile_job(job: tuple) -> tuple[str, str, str | None]:
             reference=(tag == "cpu"),
             verify=verify,
             verify_modes=verify_modes,
+            refine=refine,
             build_cache=cache,
             log=lambda s: None,
             coexec_cpu_alone=True if alone else None,  # else: as the cost model says
@@ -139,6 +141,7 @@ def cmd_compile(args: argparse.Namespace) -> None:
                         verify,
                         modes if verify else (),
                         out / "build_cache",
+                        args.verify_refine if verify else 0,
                     )
                 )
             else:
@@ -196,7 +199,7 @@ def _stats(manifest: dict, art_dir: Path) -> dict:
     }
     if manifest.get("verify"):
         out["verify"] = manifest["verify"]
-    for key in ("calibration", "calibrated", "mode", "predicted_fallback"):
+    for key in ("calibration", "calibrated", "mode", "predicted_fallback", "source", "refine"):
         if key in plan:
             out[f"plan_{key}"] = plan[key]
     summary = plan.get("summary")
@@ -597,6 +600,14 @@ def main(argv: list[str] | None = None) -> None:
         "--verify-modes",
         default="",
         help="with --verify: `compile --verify-modes` for codl_verify (e.g. codl_no_chain,h_only)",
+    )
+    c.add_argument(
+        "--verify-refine",
+        type=int,
+        default=0,
+        metavar="ROUNDS",
+        help="with --verify: `compile --refine ROUNDS` for codl_verify (refined candidates, "
+        "from timelines taken here)",
     )
     c.add_argument("--tvm-cpus", default="", help="TVM's cores for --verify's timing, e.g. 8-15")
     c.add_argument(
