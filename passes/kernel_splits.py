@@ -7,7 +7,8 @@ module bridges the two: :func:`kernel_splits` walks ``main`` once, after
 is added, removed or reordered after it), and lists every kernel call with the split it belongs
 to: the callee's ``codl.split`` attribute (:class:`~codl_tvm.passes.place.PlaceParts` gives
 each split its own kernels, :class:`~codl_tvm.passes.fused_targets.RestoreTargets` carries the
-attribute through FuseTIR).
+attribute through FuseTIR). :class:`~codl_tvm.passes.share_kernels.ShareIdenticalKernels`
+runs after it, merges copies of identical code and renames the record's calls to match.
 
 :class:`RecordKernelSplits` is the pass form: it leaves the module unchanged and writes the
 result into a dictionary the caller holds (the build pipeline's way to hand it to the

@@ -24,7 +24,9 @@ What it does
 - The callee PrimFunc gets the processor's target as its ``target`` attribute; a PrimFunc that
   both processors call (LegalizeOps shares identical kernels) is cloned, ``<name>_cpu``. A part's
   kernel also gets its split's name (``codl.split``), and a PrimFunc two splits share is
-  cloned per split. TVM then
+  cloned per split (so the kernel record can name each call's split;
+  :class:`~codl_tvm.passes.share_kernels.ShareIdenticalKernels` merges the copies again once
+  the record is written). TVM then
   compiles CPU kernels with LLVM and GPU kernels as OpenCL in one build.
 - The ``concat`` that merges a split's parts is marked opaque (so FuseOps keeps it a call of its
   own, which :class:`~codl_tvm.passes.merge.MergePartsInPlace` later removes) and tagged
