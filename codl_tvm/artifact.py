@@ -1311,7 +1311,7 @@ def _refined_candidates(
             break
         text = new.to_json()
         if text in seen:
-            log(f"verify: refining {source} gives a plan already timed; no more rounds")
+            log(f"verify: refining {source} gives no new plan; no more rounds")
             break
         seen.add(text)
         name = "coexec:refined" if r == 1 else f"coexec:refined{r}"

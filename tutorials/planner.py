@@ -7,7 +7,8 @@ the GPU and the CPU, along output rows (``H``) or output channels (``OC``) and w
 share, and which consecutive operators to run as a chain (CoDL sections 4.1 and 4.2). It reads
 the model and a latency cost model; it never changes the model itself. This tutorial plans the
 bundled CNN, reads the plan report, looks at the chains, runs the plan and compares it with the
-single-processor runs, then lets the device decide between them (``--verify``).
+single-processor runs, then lets the device decide between them (``--verify``, with a plan
+refined from timelines as one more candidate).
 
 .. note::
 
@@ -36,7 +37,7 @@ from codl_tvm.cli import bundled_model_path
 from codl_tvm.cost_model import load_model
 from codl_tvm.cost_model.defaults import default_model_path
 from codl_tvm.frontend import load_onnx, random_inputs
-from codl_tvm.plan import PartitionPlan, partitionable_ops
+from codl_tvm.plan import PartitionPlan, partitionable_ops, uniform_plan
 from codl_tvm.planner import comparison_table, plan_all, plan_model
 
 cost_model = load_model(default_model_path("emulated-soc"))
@@ -134,6 +135,32 @@ cal = manifest["plan"].get("calibration")
 if cal:
     scales = f"CPU x{cal['cpu_scale']:.2f}, GPU x{cal['gpu_scale']:.2f}"
     print("calibration:", scales, "re-planned:", cal["candidates"] or "no new plan")
+artifact = load_artifact(out)
+inputs, expected = artifact.reference()
+got = artifact([inputs[s.name] for s in artifact.model.inputs])
+assert all(np.max(np.abs(g - e)) < 1e-4 for g, e in zip(got, expected))
+
+# %%
+# A candidate measured inside the model: ``--refine``
+# ---------------------------------------------------
+# ``--refine 1`` (``refine=1``) adds a candidate measured inside the model: the fastest
+# co-executed build of the first timing is traced, each split's time on each processor is read
+# off the timelines (every kernel carries the split it computes), and every split moves to the
+# GPU share that balances them, as ``codl-tvm refine`` does. The result is built as
+# ``coexec:refined`` and timed with the others, so it is kept only if it is the fastest. Here
+# the start is a plan that splits every operator on H with 10% for the GPU.
+lopsided = uniform_plan(model.mod, "H", 0.1)
+out = Path(tempfile.mkdtemp()) / "small_cnn_refined"
+compile_artifact(bundled_model_path(), out, plan=lopsided, verify=1, refine=1, refine_traces=2)
+manifest = json.loads((out / "manifest.json").read_text())
+for name, record in manifest["plan"]["refine"]["candidates"].items():
+    moved = [
+        f"{r['split']} {r['built_share']:.2f}->{r['new_ratio']:.2f}"
+        for r in record["splits"]
+        if "new_ratio" in r
+    ]
+    print(f"{name} (from {record['from']}):", ", ".join(moved))
+print("kept", manifest["verify"]["chosen"])
 artifact = load_artifact(out)
 inputs, expected = artifact.reference()
 got = artifact([inputs[s.name] for s in artifact.model.inputs])
