@@ -670,8 +670,7 @@ def refined_plan(
     """
     from codl_tvm.frontend import random_inputs
     from codl_tvm.plan import PartitionPlan
-    from codl_tvm.planner.refine import RefineError, refine_plan, split_times
-    from codl_tvm.trace import trace_inference
+    from codl_tvm.planner.refine import RefineError
 
     src = Path(artifact_dir)
     if not isinstance(traces, int) or traces < 1:
@@ -691,12 +690,12 @@ def refined_plan(
     values = ref[0] if ref is not None else random_inputs(art.model, 0)
     inputs = [values[s.name] for s in art.model.inputs]
     log(f"tracing {src} ({traces} inferences)")
-    timelines = [trace_inference(art, inputs, warmup=1 if i == 0 else 0) for i in range(traces)]
     plan = PartitionPlan.load(src / "plan.json")
     try:
-        refined, rows = refine_plan(plan, splits, split_times(timelines), step=step)
+        refined, record = _refine_from_timelines(art, splits, inputs, plan, traces, step)
     except RefineError as exc:
         raise ArtifactError(f"{src}: {exc}") from None
+    rows = record["splits"]
     for row in rows:
         if "new_ratio" in row:
             measured = (
@@ -708,15 +707,28 @@ def refined_plan(
                 f"  {row['split']}: GPU share {row['built_share']:.2f} -> "
                 f"{row['new_ratio']:.2f}{measured}"
             )
-    record = {
-        "from": str(src),
+    return refined, {"from": str(src), **record}
+
+
+def _refine_from_timelines(traced, splits: dict, inputs, plan, traces: int, step: float = 1.0):
+    """Take ``traces`` timelines of ``traced`` (anything with a ``vm``; its kernel record is
+    ``splits``) and refine ``plan`` from them; returns ``(refined plan, record)`` (the record
+    without its ``"from"``). Raises :class:`~codl_tvm.planner.refine.RefineError`."""
+    from codl_tvm.planner.refine import refine_plan, split_times
+    from codl_tvm.trace import trace_inference
+
+    timelines = [
+        trace_inference(traced, inputs, warmup=1 if i == 0 else 0, kernel_splits=splits)
+        for i in range(traces)
+    ]
+    refined, rows = refine_plan(plan, splits, split_times(timelines), step=step)
+    return refined, {
         "from_plan": plan.to_dict(),
         "traces": traces,
         "step": step,
         "span_ms": [round(t.span_us() / 1e3, 4) for t in timelines],
         "splits": rows,
     }
-    return refined, record
 
 
 def compile_refined(
@@ -1286,8 +1298,7 @@ def _refined_candidates(
     from tvm.runtime.vm import VirtualMachine
 
     from codl_tvm.frontend import random_inputs
-    from codl_tvm.planner.refine import RefineError, refine_plan, split_times
-    from codl_tvm.trace import trace_inference
+    from codl_tvm.planner.refine import RefineError, moves
 
     rounds, traces = refine
     values = random_inputs(model, seed)
@@ -1299,13 +1310,10 @@ def _refined_candidates(
             log(f"verify: {source} has no kernel record; nothing to refine")
             break
         vm = VirtualMachine(tvm.runtime.load_module(str(library)), [tvm.opencl(0), tvm.cpu(0)])
-        traced = SimpleNamespace(vm=vm)
-        timelines = [
-            trace_inference(traced, inputs, warmup=1 if i == 0 else 0, kernel_splits=splits)
-            for i in range(traces)
-        ]
         try:
-            new, rows = refine_plan(plan, splits, split_times(timelines))
+            new, record = _refine_from_timelines(
+                SimpleNamespace(vm=vm), splits, inputs, plan, traces
+            )
         except RefineError as exc:
             log(f"verify: {source} cannot be refined: {exc}")
             break
@@ -1315,24 +1323,12 @@ def _refined_candidates(
             break
         seen.add(text)
         name = "coexec:refined" if r == 1 else f"coexec:refined{r}"
-        moves = [
-            f"{row['split']} {row['built_share']:.2f}->{row['new_ratio']:.2f}"
-            for row in rows
-            if "new_ratio" in row
-        ]
-        log(f"verify: {name} from {len(timelines)} timelines of {source}: {', '.join(moves)}")
-        library = libraries.get(name, "coexec", new, lambda p=new: build(p))
-        refined[name] = (
-            new,
-            {
-                "from": source,
-                "from_plan": plan.to_dict(),
-                "mode": mode,
-                "traces": traces,
-                "span_ms": [round(t.span_us() / 1e3, 4) for t in timelines],
-                "splits": rows,
-            },
+        log(
+            f"verify: {name} from {traces} timelines of {source}: "
+            + ", ".join(moves(record["splits"]))
         )
+        library = libraries.get(name, "coexec", new, lambda p=new: build(p))
+        refined[name] = (new, {"from": source, "mode": mode, **record})
         found[name] = library
         source, plan = name, new
     return found

@@ -26,7 +26,7 @@ from .fused_targets import SPLIT_ATTR
 from .parts import PARTS_ATTR
 from .sync import _is_kernel_call, _processor
 
-__all__ = ["RecordKernelSplits", "kernel_splits"]
+__all__ = ["RecordKernelSplits", "kernel_splits", "kernel_symbol"]
 
 
 def _splits_of(main: relax.Function) -> dict[str, dict]:
@@ -46,6 +46,14 @@ def _splits_of(main: relax.Function) -> dict[str, dict]:
             "gpu_share": extent.get("gpu", 0) / total if total else float(rec["ratio"]),
         }
     return out
+
+
+def kernel_symbol(gv: tvm.ir.GlobalVar, func: tvm.tirx.PrimFunc) -> str:
+    """The name the VM calls ``func`` by: its ``global_symbol``, else its global var's name."""
+    attrs = func.attrs
+    if attrs is not None and "global_symbol" in attrs:
+        return str(attrs["global_symbol"])
+    return gv.name_hint
 
 
 def kernel_splits(mod: tvm.IRModule) -> dict:
@@ -71,8 +79,7 @@ def kernel_splits(mod: tvm.IRModule) -> dict:
                 continue
             attrs = callee.attrs
             split = str(attrs[SPLIT_ATTR]) if attrs is not None and SPLIT_ATTR in attrs else None
-            symbol = attrs.get("global_symbol") if attrs is not None else None
-            calls.append([str(symbol or gv.name_hint), split, _processor(mod, value)])
+            calls.append([kernel_symbol(gv, callee), split, _processor(mod, value)])
     return {"splits": _splits_of(main), "calls": calls}
 
 

@@ -30,6 +30,7 @@ import tvm_ffi
 from tvm import relax
 
 from .fused_targets import SPLIT_ATTR
+from .kernel_splits import kernel_symbol
 from .sync import _is_kernel_call
 
 __all__ = ["ShareIdenticalKernels", "share_identical_kernels"]
@@ -68,14 +69,9 @@ def share_identical_kernels(mod: tvm.IRModule) -> tuple[tvm.IRModule, dict[str, 
             out[gv] = _Redirect(replace).visit_expr(func)
     for gv in replace:
         del out[gv]
-    return out, {_symbol(gv, mod[gv]): _symbol(rep, mod[rep]) for gv, rep in replace.items()}
-
-
-def _symbol(gv: tvm.ir.GlobalVar, func: tvm.tirx.PrimFunc) -> str:
-    attrs = func.attrs
-    if attrs is not None and "global_symbol" in attrs:
-        return str(attrs["global_symbol"])
-    return gv.name_hint
+    return out, {
+        kernel_symbol(gv, mod[gv]): kernel_symbol(rep, mod[rep]) for gv, rep in replace.items()
+    }
 
 
 @relax.expr_functor.mutator

@@ -75,8 +75,20 @@ def _model_file(name: str, tmp: Path) -> Path:
 def _compile_job(job: tuple) -> tuple[str, str, str | None]:
     from codl_tvm.artifact import compile_artifact
 
-    name, tag, path, target, device, mode, cost_model, preset, verify, verify_modes = job[:10]
-    cache, refine = job[10:]
+    (
+        name,
+        tag,
+        path,
+        target,
+        device,
+        mode,
+        cost_model,
+        preset,
+        verify,
+        verify_modes,
+        cache,
+        refine,
+    ) = job
     _, alone, wholenorm = _tag_mode(tag)
     try:
         compile_artifact(
@@ -465,6 +477,7 @@ def cmd_refine(args: argparse.Namespace) -> None:
 
     from codl_tvm import runtime
     from codl_tvm.artifact import ArtifactError, load_artifact, refined_plan
+    from codl_tvm.planner.refine import moves
 
     root = Path(args.dir)
     index = json.loads((root / "index.json").read_text())
@@ -489,11 +502,7 @@ def cmd_refine(args: argparse.Namespace) -> None:
         except ArtifactError as exc:
             print(f"== {name} {args.tag}: {exc}", flush=True)
             continue
-        moved = [
-            f"{r['split']} {r['built_share']:.2f}->{r['new_ratio']:.2f}"
-            for r in record["splits"]
-            if "new_ratio" in r
-        ]
+        moved = moves(record["splits"])
         spans = ", ".join(f"{v:.1f}" for v in record["span_ms"])
         print(f"== {name}: {len(moved)} splits, spans {spans} ms; {', '.join(moved)}", flush=True)
         model = _model_file(name, models_dir)

@@ -34,7 +34,7 @@ import numpy as np
 
 from codl_tvm.plan import PartitionPlan
 
-__all__ = ["RefineError", "SplitTime", "refine_plan", "split_times"]
+__all__ = ["RefineError", "SplitTime", "moves", "refine_plan", "split_times"]
 
 CHANNEL_BLOCK_SUFFIX = "+channels"
 #: Channels an output-channel cut of a refined split moves in (an AVX-512 vector of fp32).
@@ -198,3 +198,12 @@ def refine_plan(
         dataclasses.replace(c, ratio=new_ratio.get(tuple(c.ops), c.ratio)) for c in plan.chains
     )
     return dataclasses.replace(plan, ops=ops, chains=chains, block_ratio=block_ratio), rows
+
+
+def moves(rows: Sequence[dict]) -> list[str]:
+    """``"<split> <built share>-><new ratio>"`` for every row of :func:`refine_plan` that moved."""
+    return [
+        f"{row['split']} {row['built_share']:.2f}->{row['new_ratio']:.2f}"
+        for row in rows
+        if "new_ratio" in row
+    ]
