@@ -19,10 +19,12 @@ import numpy as np
 
 __all__ = [
     "ConcurrentBound",
+    "PairedRatios",
     "concurrent_bound",
     "envelope",
     "git_commit",
     "machine_info",
+    "paired_ratios",
     "pin_tvm_threads",
     "time_host_us",
     "write_json",
@@ -127,6 +129,55 @@ def pin_tvm_threads(cores: str, pin_main_thread: bool = True) -> list[int]:
 
 
 Interval = tuple[float, float]
+
+
+@dataclass
+class PairedRatios:
+    """A variant against the best single processor and T*, round by round.
+
+    Each ratio compares samples of the same round-robin round, so drift that slows every variant
+    of a round (other load, clocks) cancels; medians over separate rounds do not cancel it.
+    """
+
+    speedup_vs_best_single: list[float]
+    of_t_star: list[float]
+
+    @property
+    def median_speedup(self) -> float:
+        return float(np.median(self.speedup_vs_best_single))
+
+    @property
+    def median_of_t_star(self) -> float:
+        return float(np.median(self.of_t_star))
+
+    @property
+    def rounds_slower(self) -> int:
+        """Rounds in which the variant was slower than that round's faster processor alone."""
+        return sum(1 for r in self.speedup_vs_best_single if r < 1.0)
+
+
+def paired_ratios(
+    variant_ms: Sequence[float], cpu_ms: Sequence[float], gpu_ms: Sequence[float]
+) -> PairedRatios:
+    """Per-round ratios of ``variant_ms`` against ``min(cpu, gpu)`` and against
+    T* = cpu * gpu / (cpu + gpu) of the same round (the three lists are one sample per round,
+    in round order).
+
+    Raises ValueError if the lists differ in length, are empty or hold a non-positive time.
+    """
+    n = len(variant_ms)
+    if n == 0 or len(cpu_ms) != n or len(gpu_ms) != n:
+        raise ValueError(
+            f"paired_ratios needs one sample per round of each: got {n} variant, "
+            f"{len(cpu_ms)} CPU and {len(gpu_ms)} GPU samples"
+        )
+    if min(*variant_ms, *cpu_ms, *gpu_ms) <= 0:
+        raise ValueError("paired_ratios: latencies must be positive")
+    speedup, of_t_star = [], []
+    for v, c, g in zip(variant_ms, cpu_ms, gpu_ms):
+        speedup.append(min(c, g) / v)
+        of_t_star.append(c * g / (c + g) / v)
+    return PairedRatios(speedup, of_t_star)
 
 
 def overlapped(a: Sequence[Interval], b: Sequence[Interval]) -> tuple[list[float], list[float]]:

@@ -292,7 +292,7 @@ def cmd_run(args: argparse.Namespace) -> None:
 
     from codl_tvm import runtime
     from codl_tvm.artifact import load_artifact
-    from codl_tvm.bench import envelope, pin_tvm_threads, write_json
+    from codl_tvm.bench import envelope, paired_ratios, pin_tvm_threads, write_json
 
     root = Path(args.dir)
     index = json.loads((root / "index.json").read_text())
@@ -415,6 +415,14 @@ def cmd_run(args: argparse.Namespace) -> None:
             row["of_t_star_fastest"] = summary["t_star_fastest_ms"] / row["min_ms"]
             if "ulayer_like" in rows:
                 row["speedup_vs_ulayer"] = rows["ulayer_like"]["median_ms"] / row["median_ms"]
+            # Round by round (drift that slows a whole round cancels): the median ratio, and the
+            # rounds in which this build lost to that round's faster processor alone.
+            paired = paired_ratios(samples[tag], samples["cpu"], samples["gpu"])
+            row["paired"] = {
+                "speedup_vs_best_single": paired.median_speedup,
+                "of_t_star": paired.median_of_t_star,
+                "rounds_slower_than_best_single": paired.rounds_slower,
+            }
         if contended is not None:
             # T* assumes each processor keeps its solo speed; this bound measures both busy at
             # once (two independent inferences), so the gap between the two is contention.
@@ -439,7 +447,8 @@ def cmd_run(args: argparse.Namespace) -> None:
             )
         print(
             f"{name:14s} T* {t_star:.3f} ms; codl {rows.get('codl', {}).get('of_t_star', 0):.0%}"
-            f" of T* (fastest rounds: {rows.get('codl', {}).get('of_t_star_fastest', 0):.0%})",
+            f" of T* (fastest rounds: {rows.get('codl', {}).get('of_t_star_fastest', 0):.0%};"
+            f" round by round: {rows.get('codl', {}).get('paired', {}).get('of_t_star', 0):.0%})",
             flush=True,
         )
         # How the co-executed builds synchronised ("auto" is measured on first use; a slow

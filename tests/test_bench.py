@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from codl_tvm.artifact import compile_artifact, load_artifact
-from codl_tvm.bench import concurrent_bound, overlapped
+from codl_tvm.bench import concurrent_bound, overlapped, paired_ratios
 from codl_tvm.cli import bundled_model_path
 
 
@@ -81,3 +81,26 @@ def test_concurrent_bound_runs_real_builds(tmp_path, opencl):
     for art in arts.values():
         for got, want in zip(art(feed), expected):
             np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_paired_ratios_compare_within_each_round():
+    # Round 2 is slowed for every variant (other load): per-round ratios cancel it.
+    cpu = [10.0, 20.0, 10.0]
+    gpu = [15.0, 30.0, 30.0]
+    variant = [8.0, 16.0, 12.0]
+    paired = paired_ratios(variant, cpu, gpu)
+    assert paired.speedup_vs_best_single == pytest.approx([1.25, 1.25, 10.0 / 12.0])
+    # T* per round: 6, 12, 7.5 ms
+    assert paired.of_t_star == pytest.approx([0.75, 0.75, 7.5 / 12.0])
+    assert paired.median_speedup == pytest.approx(1.25)
+    assert paired.median_of_t_star == pytest.approx(0.75)
+    assert paired.rounds_slower == 1
+
+
+def test_paired_ratios_reject_unpaired_samples():
+    with pytest.raises(ValueError, match="one sample per round"):
+        paired_ratios([1.0, 2.0], [1.0], [1.0, 2.0])
+    with pytest.raises(ValueError, match="one sample per round"):
+        paired_ratios([], [], [])
+    with pytest.raises(ValueError, match="positive"):
+        paired_ratios([1.0], [0.0], [1.0])
