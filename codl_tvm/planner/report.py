@@ -40,6 +40,11 @@ class Decision:
         no-chain for a chain).
     reason
         The decision in words.
+    cpu_part_ms, gpu_part_ms, sharing_ms
+        For a split operator or a chain: the predicted time of the CPU's and the GPU's parts
+        (summed over a chain's operators) and of the data sharing; ``None`` for an operator run
+        whole. Timelines of the build give the same parts measured inside the model
+        (``scripts/plan_vs_timeline.py``).
     """
 
     ops: tuple[str, ...]
@@ -52,6 +57,9 @@ class Decision:
     nochain_ms: float | None = None
     gain_ms: float = 0.0
     reason: str = ""
+    cpu_part_ms: float | None = None
+    gpu_part_ms: float | None = None
+    sharing_ms: float | None = None
 
     @property
     def is_chain(self) -> bool:

@@ -431,6 +431,11 @@ def _whole(op: _Op, prefer: str | None = None) -> tuple[str, float]:
     return proc, (op.gpu_ms if proc == "gpu" else op.cpu_ms)
 
 
+def _parts(s: _Split) -> dict[str, float]:
+    """A split's predicted parts, as :class:`Decision` records them."""
+    return {"cpu_part_ms": s.cpu_ms, "gpu_part_ms": s.gpu_ms, "sharing_ms": s.sharing_ms}
+
+
 def _fmt_split(s: _Split) -> str:
     return (
         f"{s.dim}@{s.ratio:g} {s.total_ms:.3f} ms (cpu part {s.cpu_ms:.3f}, gpu part "
@@ -534,6 +539,7 @@ class _Planner:
                 None,
                 gain,
                 reason,
+                **_parts(split),
             )
         else:
             if split is None:
@@ -683,6 +689,7 @@ class _Planner:
                         nochain,
                         gain,
                         reason,
+                        **_parts(s),
                     )
                 )
                 plan_chains.append(ChainPlan(names, s.dim, s.ratio))
@@ -735,6 +742,7 @@ class _Planner:
             min(op.cpu_ms, op.gpu_ms) - mine.total_ms,
             f"uLayer-like: OC@{split.ratio:g} chosen by the FLOPs model "
             f"({split.total_ms:.3f} ms there); this cost model predicts {_fmt_split(mine)}",
+            **_parts(mine),
         )
 
 
