@@ -16,7 +16,6 @@ time, warm) mispredicts inside a running model. No timing happens here::
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 from collections.abc import Iterable, Sequence
@@ -114,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", required=True, help="comma list of benchmark models")
-    p.add_argument("--cost-model", required=True, help="the cost model the builds were planned with")
+    p.add_argument("--cost-model", required=True, help="the cost model the builds planned with")
     p.add_argument("--preset", required=True, help="the builds' target preset")
     p.add_argument("--traces", required=True, help="directory of MODEL_TAG.json timelines")
     p.add_argument("--tag", default="codl", help="the traced build (default codl)")
