@@ -25,6 +25,7 @@ earlier artifact's files only.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
@@ -155,6 +156,7 @@ def compile_artifact(
     split_channel_blocks: bool = True,
     refine: int = 0,
     refine_traces: int = 5,
+    weight_gbps: tuple[float, float] | None = None,
 ) -> Path:
     """Plan and build an ONNX model into an artifact directory.
 
@@ -248,6 +250,11 @@ def compile_artifact(
         a refinement that does not pay is never chosen (``manifest["plan"]["refine"]``).
     refine_traces
         Timelines per refinement round.
+    weight_gbps
+        ``(cpu, gpu)`` in-model weight-streaming rates, GB/s: the planner predicts every part
+        (and whole operator) no faster than its weights' bytes over its processor's rate
+        (:attr:`~codl_tvm.planner.PlannerConfig.weight_gbps`; recorded in
+        ``manifest["plan"]["weight_gbps"]``). None: off.
 
     Returns
     -------
@@ -256,6 +263,15 @@ def compile_artifact(
     """
     if device not in DEVICES:
         raise ArtifactError(f"device {device!r} is not one of {DEVICES}")
+    if weight_gbps is not None:
+        rates = tuple(weight_gbps) if isinstance(weight_gbps, (tuple, list)) else ()
+        if len(rates) != 2 or not all(
+            isinstance(r, (int, float)) and 0 < r < float("inf") for r in rates
+        ):
+            raise ArtifactError(
+                f"weight_gbps must be two positive rates in GB/s (cpu, gpu), got {weight_gbps!r}"
+            )
+        weight_gbps = (float(rates[0]), float(rates[1]))
     if not isinstance(verify, int) or verify < 0:
         raise ArtifactError(f"verify must be a number of rounds >= 0, got {verify!r}")
     if (tracker is None) != (key is None):
@@ -334,6 +350,7 @@ def compile_artifact(
                 verify_calibrate,
                 split_channel_blocks,
                 (refine, refine_traces),
+                weight_gbps,
             )
     except BaseException:
         # Leave no half-written artifact behind (the directory held none of our files before,
@@ -364,6 +381,7 @@ def _compile_into(
     verify_calibrate=True,
     split_channel_blocks=True,
     refine=(0, 5),
+    weight_gbps=None,
 ):
     import tvm
 
@@ -457,7 +475,9 @@ def _compile_into(
                     "faster; --verify measures instead (or profile them: codl-tvm profile "
                     f"--{' --'.join(alone)})"
                 )
-            planner_config = _planner_config(preset_obj)
+            planner_config = dataclasses.replace(
+                _planner_config(preset_obj), weight_gbps=weight_gbps
+            )
             plan, report = _make_plan(
                 model, out, mode, cost_model, plan, preset_obj.name, manifest, log, planner_config
             )
@@ -1202,6 +1222,8 @@ def _make_plan(model, out: Path, mode, cost_model, plan, preset_name, manifest, 
             "planning_s": round(time.perf_counter() - t0, 4),
             "summary": report.summary.to_dict() if report.summary else None,
         }
+        if config is not None and config.weight_gbps is not None:
+            manifest["plan"]["weight_gbps"] = list(config.weight_gbps)
         log(report.table())
     _write_plan(out, plan, report)
     return plan, report

@@ -225,6 +225,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
             verify_calibrate=args.verify_calibrate,
             refine=args.refine,
             refine_traces=args.refine_traces,
+            weight_gbps=args.weight_gbps,
         )
     except (ArtifactError, ModelError, ToolchainError) as exc:
         raise CliError(str(exc)) from None
@@ -498,6 +499,9 @@ def _add_compile(sub) -> None:
         "model was profiled with them (codl-tvm profile --cpu-alone), so the planner predicts "
         "the kernels the build makes",
     )
+    from codl_tvm.planner.cli import WEIGHT_GBPS_HELP, weight_gbps
+
+    p.add_argument("--weight-gbps", type=weight_gbps, metavar="CPU,GPU", help=WEIGHT_GBPS_HELP)
     p.add_argument(
         "--split-channel-blocks",
         action=argparse.BooleanOptionalAction,

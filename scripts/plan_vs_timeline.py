@@ -5,7 +5,9 @@ deterministic), reads the timelines that ``bench_planner.py run --trace-dir`` to
 build, and sets every split's predicted CPU and GPU part (``Decision.cpu_part_ms`` /
 ``gpu_part_ms``) beside its busy time on each lane (``planner.refine.split_times``). The
 ratios, by operator kind and processor, show which parts the cost model (profiled one part at a
-time, warm) mispredicts inside a running model. No timing happens here::
+time, warm) mispredicts inside a running model, the rate at which each split's weights were
+read (``--weight-gbps``, ``CostModel.streaming``), and how the predictions fare with that
+floor, its rates taken from the other models (leave one model out). No timing happens here::
 
     python scripts/plan_vs_timeline.py --models bvlc_alexnet,vgg16,vgg19,yolov2,fst \\
         --cost-model codl_tvm/data/cost_models/emulated-soc-k12-alone.json \\
@@ -18,7 +20,7 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -32,14 +34,19 @@ def op_kind(split: str) -> str:
     return split.rsplit("_", 1)[0]
 
 
-def compare(decisions: Iterable[dict], times: dict) -> list[dict]:
+def compare(
+    decisions: Iterable[dict], times: dict, weights: Mapping[str, tuple[int, int]] | None = None
+) -> list[dict]:
     """One row per split of the plan found in the timelines: predicted and measured parts (ms)
     and measured / predicted per processor.
 
     ``decisions`` are plan-report rows (``Decision.to_dict()``); ``times`` maps a split name to
-    its :class:`~codl_tvm.planner.refine.SplitTime`. Operators run whole have no parts and are
-    left out, as are splits the timelines do not show.
+    its :class:`~codl_tvm.planner.refine.SplitTime`; ``weights`` maps a split operator to the
+    weight bytes of its (CPU, GPU) parts, which give the in-model rate each part read its
+    weights at (``cpu_gbps`` / ``gpu_gbps``). Operators run whole have no parts and are left
+    out, as are splits the timelines do not show.
     """
+    weights = weights or {}
     rows = []
     for d in decisions:
         if d.get("cpu_part_ms") is None or d.get("gpu_part_ms") is None:
@@ -62,8 +69,49 @@ def compare(decisions: Iterable[dict], times: dict) -> list[dict]:
         for proc in ("cpu", "gpu"):
             pred = row[f"{proc}_pred_ms"]
             row[f"{proc}_ratio"] = row[f"{proc}_meas_ms"] / pred if pred > 0 else None
+        if split in weights:
+            for proc, nbytes in zip(("cpu", "gpu"), weights[split], strict=True):
+                meas = row[f"{proc}_meas_ms"]
+                row[f"{proc}_weight_bytes"] = nbytes
+                # bytes per ms / 1e6 = GB/s
+                row[f"{proc}_gbps"] = nbytes / meas / 1e6 if meas > 0 else None
         rows.append(row)
     return rows
+
+
+def streaming_rates(rows: Sequence[dict], kind: str = "matmul") -> dict[str, float]:
+    """Median in-model weight rate (GB/s) of each processor over the ``kind`` parts."""
+    out = {}
+    for proc in ("cpu", "gpu"):
+        rates = [r[f"{proc}_gbps"] for r in rows if r["kind"] == kind and r.get(f"{proc}_gbps")]
+        if rates:
+            out[proc] = float(np.median(rates))
+    return out
+
+
+def with_floor(rows: Sequence[dict], rates: Mapping[str, float]) -> list[dict]:
+    """``rows`` predicted as ``CostModel.streaming`` would: each part no faster than its weight
+    bytes over its processor's rate (parts without weight bytes, e.g. chains, unchanged)."""
+    out = []
+    for r in rows:
+        r = dict(r)
+        for proc in ("cpu", "gpu"):
+            nbytes, rate = r.get(f"{proc}_weight_bytes"), rates.get(proc)
+            if nbytes and rate:
+                r[f"{proc}_pred_ms"] = max(r[f"{proc}_pred_ms"], nbytes / (rate * 1e6))
+                r[f"{proc}_ratio"] = r[f"{proc}_meas_ms"] / r[f"{proc}_pred_ms"]
+        out.append(r)
+    return out
+
+
+def leave_one_model_out(per_model: Mapping[str, Sequence[dict]], kind: str = "matmul") -> list:
+    """Every model's rows with the floor of :func:`with_floor`, its rates measured on the
+    other models' ``kind`` parts only (a held-out check of the floor)."""
+    out = []
+    for name, rows in per_model.items():
+        others = [r for m, rs in per_model.items() if m != name for r in rs]
+        out += with_floor(rows, streaming_rates(others, kind))
+    return out
 
 
 def summarise(rows: Sequence[dict]) -> dict:
@@ -89,21 +137,35 @@ def summarise(rows: Sequence[dict]) -> dict:
     return out
 
 
-def _plan_rows(name: str, cost_model: str, preset: str, tmp: Path) -> list[dict]:
+def _plan_rows(
+    name: str, cost_model: str, preset: str, tmp: Path
+) -> tuple[list[dict], dict[str, tuple[int, int]]]:
+    """The plan report's rows, and the weight bytes of each split operator's (CPU, GPU) parts."""
     import onnx
 
     from codl_tvm.artifact import planning_context
     from codl_tvm.cost_model.base import load_model
+    from codl_tvm.cost_model.features import Partition, part_shape, weight_bytes
     from codl_tvm.frontend import load_onnx
     from codl_tvm.models import benchmark_model
-    from codl_tvm.planner import plan_model
+    from codl_tvm.plan import partitionable_ops
+    from codl_tvm.planner import op_params, plan_model
 
     path = tmp / f"{name}.onnx"
     onnx.save(benchmark_model(name), path)
     model = load_onnx(path)
     with planning_context(preset, cost_model) as config:
         _, report = plan_model(model.mod, load_model(cost_model), "codl", config, str(path))
-    return [d.to_dict() for d in report.decisions]
+    params = {info.name: op_params(info) for info in partitionable_ops(model.mod)}
+    weights = {}
+    for d in report.decisions:
+        if len(d.ops) == 1 and d.cpu_part_ms is not None and d.ops[0] in params:
+            p = params[d.ops[0]]
+            cut = Partition(d.dim, d.ratio)
+            weights[d.ops[0]] = tuple(
+                weight_bytes(p.op, part_shape(p, cut, proc), p.kernel) for proc in ("cpu", "gpu")
+            )
+    return [d.to_dict() for d in report.decisions], weights
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -127,7 +189,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"plan_vs_timeline: {trace_file}: no such timeline", file=sys.stderr)
                 return 2
             times = split_times([Trace.load_chrome(trace_file)])
-            rows = compare(_plan_rows(name, args.cost_model, args.preset, Path(tmp)), times)
+            decisions, weights = _plan_rows(name, args.cost_model, args.preset, Path(tmp))
+            rows = compare(decisions, times, weights)
             per_model[name] = rows
             every += rows
             for r in rows:
@@ -138,17 +201,29 @@ def main(argv: list[str] | None = None) -> int:
                     f"{r['gpu_meas_ms']:7.3f} ms (x{r['gpu_ratio']:.2f})"
                 )
     summary = summarise(every)
-    for key, s in summary.items():
-        print(
-            f"{key:16s} {s['parts']:3d} parts: measured/predicted median x{s['median']:.2f}, "
-            f"geomean x{s['geomean']:.2f}, {s['within_20pct']:.0%} within +-20%"
-        )
+    rates = streaming_rates(every)
+    held_out = summarise(leave_one_model_out(per_model))
+    for title, table in (("as predicted", summary), ("with the floor, held out", held_out)):
+        print(title)
+        for key, s in table.items():
+            print(
+                f"  {key:16s} {s['parts']:3d} parts: measured/predicted median "
+                f"x{s['median']:.2f}, geomean x{s['geomean']:.2f}, "
+                f"{s['within_20pct']:.0%} within +-20%"
+            )
+    print(
+        "in-model weight rates of dense parts (median): "
+        + ", ".join(f"{p.upper()} {v:.1f} GB/s" for p, v in rates.items())
+        + (f"  ->  --weight-gbps {rates['cpu']:.3g},{rates['gpu']:.3g}" if len(rates) == 2 else "")
+    )
     results = {
         "cost_model": args.cost_model,
         "preset": args.preset,
         "traces": args.traces,
         "tag": args.tag,
         "summary": summary,
+        "weight_gbps": rates,
+        "summary_with_floor_leave_one_model_out": held_out,
         "models": per_model,
     }
     write_json(args.out, envelope(sys.argv, results))

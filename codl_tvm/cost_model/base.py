@@ -46,6 +46,7 @@ from codl_tvm.cost_model.features import (
     OpParams,
     Partition,
     op_features,
+    weight_bytes,
 )
 
 __all__ = [
@@ -218,6 +219,8 @@ class CostModel(ABC):
         self.presync_quantile = 1.0
         #: Factors on the predicted compute latency of each processor (:meth:`scaled`).
         self.processor_scale: dict[str, float] = {}
+        #: Weight-streaming rate of each processor inside a model, GB/s (:meth:`streaming`).
+        self.weight_gbps: dict[str, float] = {}
 
     # -- fitting -------------------------------------------------------------------------------
     def fit(self, records: Iterable) -> CostModel:
@@ -275,6 +278,15 @@ class CostModel(ABC):
             out[missing] = self.fallback.predict_many([features[i] for i in missing])
         if self.processor_scale:
             out *= [self.processor_scale.get(f.processor, 1.0) for f in features]
+        if self.weight_gbps:
+            # No part runs faster than its weights stream from memory inside a model; the
+            # profiler repeated each part alone, with its weights cached (bytes / (GB/s) is
+            # 1e-6 ms per byte).
+            for i, f in enumerate(features):
+                rate = self.weight_gbps.get(f.processor)
+                if rate:
+                    floor = weight_bytes(f.op, f.part, f.params.kernel) / (rate * 1e6)
+                    out[i] = max(out[i], floor)
         return out
 
     def scaled(self, cpu: float = 1.0, gpu: float = 1.0) -> CostModel:
@@ -290,6 +302,26 @@ class CostModel(ABC):
                 )
         model = copy.copy(self)
         model.processor_scale = {"cpu": float(cpu), "gpu": float(gpu)}
+        return model
+
+    def streaming(self, cpu_gbps: float, gpu_gbps: float) -> CostModel:
+        """This model with a floor on every part's predicted latency (an operator run whole
+        included): the bytes of the part's weights over its processor's weight-streaming rate
+        inside a model (GB/s).
+
+        The profiler times each part alone and repeats it, so a part's weights stay cached;
+        inside a model, each batch-1 dense reads its weights from memory, and in a split the
+        other processor streams its own part's at the same time. Timelines of split parts
+        measure the rates (``scripts/plan_vs_timeline.py`` reports them), so for an operator
+        run whole, with the other processor idle, the floor errs on the slow side. A shallow
+        copy and a planning-time setting, as :meth:`scaled`."""
+        for name, value in (("cpu", cpu_gbps), ("gpu", gpu_gbps)):
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                raise ValueError(
+                    f"streaming: the {name} rate must be a positive number of GB/s, got {value!r}"
+                )
+        model = copy.copy(self)
+        model.weight_gbps = {"cpu": float(cpu_gbps), "gpu": float(gpu_gbps)}
         return model
 
     def predict_sharing(self, kind: str, nbytes: float) -> float:

@@ -41,6 +41,7 @@ __all__ = [
     "op_flops",
     "part_shape",
     "split_extent",
+    "weight_bytes",
 ]
 
 OP_KINDS: tuple[str, ...] = ("conv2d", "dense", "pool")
@@ -327,6 +328,13 @@ def op_flops(op: str, part: PartShape, kernel: int) -> float:
     if op == "pool":
         return float(out * kernel * kernel)
     return 2.0 * out * (part.ic // max(part.groups, 1)) * kernel * kernel
+
+
+def weight_bytes(op: str, part: PartShape, kernel: int, dtype_bytes: int = 4) -> int:
+    """Bytes of the weights a part reads (its output channels' filters; 0 for pooling)."""
+    if op == "pool":
+        return 0
+    return part.oc * (part.ic // max(part.groups, 1)) * kernel * kernel * dtype_bytes
 
 
 @dataclass(frozen=True)

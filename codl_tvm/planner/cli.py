@@ -26,6 +26,27 @@ def _error(message: str) -> Exception:
     return CliError(message)
 
 
+def weight_gbps(text: str) -> tuple[float, float]:
+    """``--weight-gbps CPU,GPU``: two positive rates in GB/s."""
+    try:
+        values = tuple(float(v) for v in text.split(","))
+    except ValueError:
+        values = ()
+    if len(values) != 2 or not all(v > 0 and v != float("inf") for v in values):
+        raise argparse.ArgumentTypeError(
+            f"--weight-gbps {text!r}: expected two positive rates in GB/s, CPU,GPU (e.g. 22,34)"
+        )
+    return values
+
+
+WEIGHT_GBPS_HELP = (
+    "CPU,GPU: predict every part (and whole operator) no faster than its weights' bytes over "
+    "these in-model "
+    "streaming rates (GB/s; scripts/plan_vs_timeline.py measures them from timelines). "
+    "Default: off"
+)
+
+
 def _ratios(text: str) -> tuple[float, ...]:
     try:
         values = tuple(float(v) for v in text.split(",") if v.strip())
@@ -52,6 +73,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         "max_chain_len": args.max_chain_len,
         "min_gain_ms": args.min_gain_ms,
         "chain_min_gain": args.chain_min_gain,
+        "weight_gbps": args.weight_gbps,
     }
     try:
         cost_model = load_model(args.cost_model)
@@ -115,4 +137,5 @@ def register_cli(subparsers) -> None:
         help="least predicted gain of a chain, as a fraction of its operators planned one by "
         "one (default %(default)s; 0: CoDL's Algorithm 1 as published)",
     )
+    p.add_argument("--weight-gbps", type=weight_gbps, metavar="CPU,GPU", help=WEIGHT_GBPS_HELP)
     p.set_defaults(func=cmd_plan)

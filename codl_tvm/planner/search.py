@@ -133,6 +133,13 @@ class PlannerConfig:
         measured single-processor latencies, which differ from the sum of its operators measured
         one by one (caches, the kernels outside the plan). ``compile --verify`` re-plans with
         ``measured / predicted`` of each processor alone. (1, 1): the cost model as fitted.
+    weight_gbps
+        ``(cpu, gpu)`` weight-streaming rates inside a model, GB/s
+        (:meth:`~codl_tvm.cost_model.CostModel.streaming`): every part, and every operator
+        run whole, is predicted no faster than its weights' bytes over its processor's rate.
+        Measured from timelines (``scripts/plan_vs_timeline.py``); at k = 12 batch-1 dense
+        parts ran a median 2.9x (CPU) and 1.6x (GPU) slower inside the models than profiled
+        alone. None: off.
     cpu, gpu
         The schedule configs of the build (:class:`~codl_tvm.schedules.CPUConfig`,
         :class:`~codl_tvm.schedules.OpenCLConfig`, as :func:`~codl_tvm.schedules.cpu_config`
@@ -153,6 +160,7 @@ class PlannerConfig:
     dtype_bytes: int = 4
     switch_costs: bool = True
     processor_scale: tuple[float, float] = (1.0, 1.0)
+    weight_gbps: tuple[float, float] | None = None
     cpu: Any = None
     gpu: Any = None
 
@@ -836,6 +844,15 @@ def plan_model(
         notes.append(
             f"predictions calibrated: CPU x{cpu_scale:.3g}, GPU x{gpu_scale:.3g} (measured / "
             "predicted latency of the model on each processor alone)"
+        )
+    if config.weight_gbps is not None:
+        try:
+            cost_model = cost_model.streaming(*config.weight_gbps)
+        except (TypeError, ValueError) as exc:
+            raise PlannerError(f"PlannerConfig.weight_gbps: {exc}") from None
+        notes.append(
+            f"parts predicted no faster than their weights stream: CPU "
+            f"{config.weight_gbps[0]:g} GB/s, GPU {config.weight_gbps[1]:g} GB/s"
         )
     if cost_model.sharing is None and mode not in ("cpu_only", "gpu_only"):
         notes.append(
