@@ -48,11 +48,15 @@ ALONE_SUFFIX = "_alone"
 #: ... and ending so (``codl_wholenorm``): that mode with ``compile --no-split-channel-blocks``
 #: (InstanceNorm-like blocks after a split stay whole on one processor).
 WHOLENORM_SUFFIX = "_wholenorm"
+#: ... and ending so (``codl_streaming``): that mode planned with ``compile --weight-gbps``
+#: (``compile`` takes the rates from this script's ``--weight-gbps``).
+STREAMING_SUFFIX = "_streaming"
 
 
 def _tag_mode(tag: str) -> tuple[str, bool, bool]:
     """A planner-mode tag's mode, and whether it asks for the CPU-alone kernels and for
     InstanceNorm-like blocks kept whole (``codl_alone_wholenorm``: codl, True, True)."""
+    tag = tag.removesuffix(STREAMING_SUFFIX)
     wholenorm = tag.endswith(WHOLENORM_SUFFIX)
     tag = tag.removesuffix(WHOLENORM_SUFFIX)
     return tag.removesuffix(ALONE_SUFFIX), tag.endswith(ALONE_SUFFIX), wholenorm
@@ -72,6 +76,33 @@ def _model_file(name: str, tmp: Path) -> Path:
     return path
 
 
+def _planning_alone_s(name: str, manifest: dict, preset: str, repeat: int) -> float | None:
+    """Median seconds of planning ``name`` again here, one plan at a time, with the artifact's
+    cost model and mode (the compile's own ``planning_s`` ran beside parallel builds). None for
+    an artifact that was not planned by the cost model."""
+    import tempfile
+
+    from codl_tvm.artifact import planning_context
+    from codl_tvm.cost_model.base import load_model
+    from codl_tvm.frontend import load_onnx
+    from codl_tvm.planner import plan_model
+
+    plan = manifest.get("plan") or {}
+    cm = (plan.get("cost_model") or {}).get("file")
+    if plan.get("source") != "planner" or not cm or repeat < 1:
+        return None
+    with tempfile.TemporaryDirectory() as tmp:
+        model = load_onnx(_model_file(name, Path(tmp)))
+    cost_model = load_model(cm)
+    times = []
+    with planning_context(preset, cm) as config:
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            plan_model(model.mod, cost_model, plan["mode"], config)
+            times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
 def _compile_job(job: tuple) -> tuple[str, str, str | None]:
     from codl_tvm.artifact import compile_artifact
 
@@ -88,6 +119,7 @@ def _compile_job(job: tuple) -> tuple[str, str, str | None]:
         verify_modes,
         cache,
         refine,
+        weight_gbps,
     ) = job
     _, alone, wholenorm = _tag_mode(tag)
     try:
@@ -106,6 +138,7 @@ def _compile_job(job: tuple) -> tuple[str, str, str | None]:
             log=lambda s: None,
             coexec_cpu_alone=True if alone else None,  # else: as the cost model says
             split_channel_blocks=not wholenorm,
+            weight_gbps=weight_gbps if tag.endswith(STREAMING_SUFFIX) else None,
         )
     except Exception as exc:  # one failing build must not lose the others
         return name, tag, f"{type(exc).__name__}: {exc}"
@@ -125,6 +158,8 @@ def cmd_compile(args: argparse.Namespace) -> None:
     }
     if (out / "index.json").exists():  # a later call adds models or modes
         index["models"] = json.loads((out / "index.json").read_text())["models"]
+    if any(m.endswith(STREAMING_SUFFIX) for m in args.modes.split(",")) and not args.weight_gbps:
+        sys.exit(f"bench_planner compile: a mode ending {STREAMING_SUFFIX} needs --weight-gbps")
     jobs = []
     for name in args.models.split(","):
         path = _model_file(name, models_dir)
@@ -154,6 +189,7 @@ def cmd_compile(args: argparse.Namespace) -> None:
                         modes if verify else (),
                         out / "build_cache",
                         args.verify_refine if verify else 0,
+                        args.weight_gbps,
                     )
                 )
             else:
@@ -391,6 +427,11 @@ def cmd_run(args: argparse.Namespace) -> None:
                 trace.save_chrome(tdir / f"{name}_{tag}.json")
                 trace.save_png(tdir / f"{name}_{tag}.png")
                 rows[tag]["trace"] = trace.summary()
+        if "codl" in arts:
+            # the issue's bound (a 60-operator model in under a second), timed on its own
+            rows["codl"]["planning_alone_s"] = _planning_alone_s(
+                name, arts["codl"].manifest, index["preset"], args.plan_repeat
+            )
         del arts
         tc, tg = rows["cpu"]["median_ms"], rows["gpu"]["median_ms"]
         t_star = tc * tg / (tc + tg)
@@ -443,6 +484,12 @@ def cmd_run(args: argparse.Namespace) -> None:
                 f"{name:14s} concurrent: CPU {contended.cpu_ms:.3f} ms "
                 f"({contended.cpu_ms / tc:.2f}x solo), GPU {contended.gpu_ms:.3f} ms "
                 f"({contended.gpu_ms / tg:.2f}x solo), T* {contended.t_star_ms:.3f} ms",
+                flush=True,
+            )
+        if rows.get("codl", {}).get("planning_alone_s") is not None:
+            print(
+                f"{name:14s} planning alone {rows['codl']['planning_alone_s']:.3f} s "
+                f"({rows['codl'].get('plan', {}).get('n_ops')} operators)",
                 flush=True,
             )
         print(
@@ -628,6 +675,14 @@ def main(argv: list[str] | None = None) -> None:
         "from timelines taken here)",
     )
     c.add_argument("--tvm-cpus", default="", help="TVM's cores for --verify's timing, e.g. 8-15")
+    from codl_tvm.planner.cli import weight_gbps
+
+    c.add_argument(
+        "--weight-gbps",
+        type=weight_gbps,
+        metavar="CPU,GPU",
+        help=f"rates for the modes ending {STREAMING_SUFFIX} (compile --weight-gbps)",
+    )
     c.add_argument(
         "--keep-build-cache",
         action="store_true",
@@ -644,6 +699,13 @@ def main(argv: list[str] | None = None) -> None:
     r.add_argument("--number", type=int, default=5, help="runs averaged per sample")
     r.add_argument("--rounds", type=int, default=5, help="round-robin samples per variant")
     r.add_argument("--trace-dir")
+    r.add_argument(
+        "--plan-repeat",
+        type=int,
+        default=3,
+        help="plan each model's codl build again this many times, one at a time, and record "
+        "the median as planning_alone_s (0: skip)",
+    )
     r.add_argument(
         "--concurrent-s",
         type=float,

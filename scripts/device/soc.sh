@@ -16,11 +16,13 @@ k=${SOC_K:-8}
 export POCL_CPU_MAX_CU_COUNT=$k POCL_AFFINITY=1 TVM_NUM_THREADS=$((16 - k)) CODL_OPENCL_PLATFORM=portable
 tvm_cpus=$k-15
 # SOC_MODES: the planner variants (bench_planner.py --modes; e.g. add codl_alone, codl built with
-# the CPU-alone kernels on every CPU function).
+# the CPU-alone kernels on every CPU function, or codl_streaming, planned with
+# SOC_WEIGHT_GBPS=CPU,GPU as compile --weight-gbps).
 common=(--preset emulated-soc --models "$models"
         --modes "${SOC_MODES:-codl,codl_no_chain,h_only,oc_only,ulayer_like}"
         --cost-model "${SOC_COST_MODEL:-$cm/emulated-soc.json}"
-        --oracle "${SOC_ORACLE:-results/profile/oracle_emulated_soc.json}" --out $b)
+        --oracle "${SOC_ORACLE:-results/profile/oracle_emulated_soc.json}" --out $b
+        ${SOC_WEIGHT_GBPS:+--weight-gbps "$SOC_WEIGHT_GBPS"})
 # CPU_MODELS=none: no CPU-model section (cpu.sh measured them on this machine already).
 cpu_models=${CPU_MODELS:-squeezenet,bvlc_alexnet,resnet50,inception_v1,vgg19,posenet}
 (python3 scripts/bench_planner.py compile --jobs 12 "${common[@]}" --keep-build-cache \
