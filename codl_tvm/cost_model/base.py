@@ -306,8 +306,8 @@ class CostModel(ABC):
 
     def streaming(self, cpu_gbps: float, gpu_gbps: float) -> CostModel:
         """This model with a floor on every part's predicted latency (an operator run whole
-        included): the bytes of the part's weights over its processor's weight-streaming rate
-        inside a model (GB/s).
+        included): the bytes of the part's weights (float32) over its processor's
+        weight-streaming rate inside a model (GB/s).
 
         The profiler times each part alone and repeats it, so a part's weights stay cached;
         inside a model, each batch-1 dense reads its weights from memory, and in a split the

@@ -40,10 +40,9 @@ def weight_gbps(text: str) -> tuple[float, float]:
 
 
 WEIGHT_GBPS_HELP = (
-    "CPU,GPU: predict every part (and whole operator) no faster than its weights' bytes over "
-    "these in-model "
-    "streaming rates (GB/s; scripts/plan_vs_timeline.py measures them from timelines). "
-    "Default: off"
+    "CPU,GPU: predict every part (and whole operator) no faster than its float32 weights' "
+    "bytes over these in-model streaming rates (GB/s; scripts/plan_vs_timeline.py measures "
+    "them from timelines). Default: off"
 )
 
 
