@@ -78,7 +78,7 @@ def test_streaming_floor_bounds_every_part():
     assert lat.cpu_ms == pytest.approx(cpu_oc * 4096 * 4 / 2e6)
     assert lat.gpu_ms == pytest.approx(gpu_oc * 4096 * 4 / 4e6)
     for bad in (0.0, -1.0, float("nan"), float("inf"), "2"):
-        with pytest.raises(ValueError, match="cpu rate must be a positive number"):
+        with pytest.raises(ValueError, match=r"cpu rate \(GB/s\) must be a positive number"):
             model.streaming(bad, 1.0)
     with pytest.raises(ValueError, match="gpu rate"):
         model.streaming(1.0, 0.0)

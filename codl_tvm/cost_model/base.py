@@ -203,6 +203,17 @@ class CoexecLatency:
 # The interface.
 
 
+def _per_processor(method: str, what: str, cpu: float, gpu: float) -> dict[str, float]:
+    """``{"cpu": cpu, "gpu": gpu}`` as floats; ValueError naming ``method`` and the processor
+    for a value that is not a positive finite number."""
+    for name, value in (("cpu", cpu), ("gpu", gpu)):
+        if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+            raise ValueError(
+                f"{method}: the {name} {what} must be a positive number, got {value!r}"
+            )
+    return {"cpu": float(cpu), "gpu": float(gpu)}
+
+
 class CostModel(ABC):
     """Predicts the latency of one operator part on one processor (see the module docstring).
 
@@ -295,13 +306,8 @@ class CostModel(ABC):
         model measured on each processor alone (``compile --verify``). A shallow copy; ``self``
         is unchanged. The factors are a planning-time setting: :meth:`save` does not write
         them."""
-        for name, value in (("cpu", cpu), ("gpu", gpu)):
-            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-                raise ValueError(
-                    f"scaled: the {name} factor must be a positive number, got {value!r}"
-                )
         model = copy.copy(self)
-        model.processor_scale = {"cpu": float(cpu), "gpu": float(gpu)}
+        model.processor_scale = _per_processor("scaled", "factor", cpu, gpu)
         return model
 
     def streaming(self, cpu_gbps: float, gpu_gbps: float) -> CostModel:
@@ -315,13 +321,8 @@ class CostModel(ABC):
         measure the rates (``scripts/plan_vs_timeline.py`` reports them), so for an operator
         run whole, with the other processor idle, the floor errs on the slow side. A shallow
         copy and a planning-time setting, as :meth:`scaled`."""
-        for name, value in (("cpu", cpu_gbps), ("gpu", gpu_gbps)):
-            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-                raise ValueError(
-                    f"streaming: the {name} rate must be a positive number of GB/s, got {value!r}"
-                )
         model = copy.copy(self)
-        model.weight_gbps = {"cpu": float(cpu_gbps), "gpu": float(gpu_gbps)}
+        model.weight_gbps = _per_processor("streaming", "rate (GB/s)", cpu_gbps, gpu_gbps)
         return model
 
     def predict_sharing(self, kind: str, nbytes: float) -> float:
