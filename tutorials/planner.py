@@ -38,7 +38,7 @@ from codl_tvm.cost_model import load_model
 from codl_tvm.cost_model.defaults import default_model_path
 from codl_tvm.frontend import load_onnx, random_inputs
 from codl_tvm.plan import PartitionPlan, partitionable_ops, uniform_plan
-from codl_tvm.planner import comparison_table, plan_all, plan_model
+from codl_tvm.planner import PlannerConfig, comparison_table, plan_all, plan_model
 
 cost_model = load_model(default_model_path("emulated-soc"))
 print(cost_model.kind, cost_model.meta.get("dataset"))
@@ -79,6 +79,21 @@ for note in report.notes:
 # the report saves as JSON.
 print(plan.to_json(indent=None))
 plan.validate(model.mod)
+
+# %%
+# Weights that stream from memory
+# -------------------------------
+# The profiler times each part alone and repeats it, so its weights stay cached; inside a model
+# a batch-1 dense reads its weights from memory (on the emulated SoC its parts ran 1.6-2.9x
+# slower than predicted, ``scripts/plan_vs_timeline.py``). ``PlannerConfig(weight_gbps=(cpu,
+# gpu))`` (``--weight-gbps``) predicts no part faster than its weights' bytes over that rate.
+# The rates here are made low enough to decide every split: an OC split then balances the two
+# processors at the rates' ratio (GPU share 3/4), and each split records its predicted parts.
+_, slow = plan_model(model.mod, cost_model, config=PlannerConfig(weight_gbps=(0.001, 0.003)))
+for d in slow.decisions:
+    if d.cpu_part_ms is not None:
+        print(f"{d.ops[0]}: {d.dim} at {d.ratio:.1f}, parts {d.cpu_part_ms:.3f} / "
+              f"{d.gpu_part_ms:.3f} ms (CPU / GPU)")  # fmt: skip
 
 # %%
 # Baselines
