@@ -154,6 +154,7 @@ def compile_artifact(
     coexec_cpu_alone: bool | None = None,
     verify_calibrate: bool = True,
     split_channel_blocks: bool = True,
+    split_row_blocks: bool = True,
     refine: int = 0,
     refine_traces: int = 5,
     weight_gbps: tuple[float, float] | None = None,
@@ -240,6 +241,11 @@ def compile_artifact(
         at the plan's ``block_ratio`` (the planner's whole-model balance), so both processors
         normalise instead of one while the other waits (FST on the emulated SoC: 0.86-0.96x
         the latency, ``results/planner_fst_block_ratio_ca10c8e*.json``). False keeps such
+        blocks whole on one processor.
+    split_row_blocks
+        With ``device="coexec"``: a row-local block that reads an H split's output (LRN:
+        channel pads and slices and elementwise ops) is split along rows at that split's ratio,
+        so both processors compute it instead of one while the other waits. False keeps such
         blocks whole on one processor.
     refine
         With ``verify`` (on this machine): after the first timing, take ``refine_traces``
@@ -351,6 +357,7 @@ def compile_artifact(
                 split_channel_blocks,
                 (refine, refine_traces),
                 weight_gbps,
+                split_row_blocks,
             )
     except BaseException:
         # Leave no half-written artifact behind (the directory held none of our files before,
@@ -382,6 +389,7 @@ def _compile_into(
     split_channel_blocks=True,
     refine=(0, 5),
     weight_gbps=None,
+    split_row_blocks=True,
 ):
     import tvm
 
@@ -495,7 +503,9 @@ def _compile_into(
         if device == "coexec":
             gpu_target = preset_obj.target("gpu")
             manifest["split_channel_blocks"] = bool(split_channel_blocks)
+            manifest["split_row_blocks"] = bool(split_row_blocks)
             libraries.channel_blocks = bool(split_channel_blocks)
+            libraries.row_blocks = bool(split_row_blocks)
             from codl_tvm import runtime
             from codl_tvm.coexec import placement_report
             from codl_tvm.pipeline import coexec_pipeline
@@ -513,13 +523,14 @@ def _compile_into(
                         gpu_target,
                         cpu_target,
                         channel_blocks=split_channel_blocks,
+                        row_blocks=split_row_blocks,
                         kernel_splits=sink,
                     ),
                 )
 
             built = libraries.get("coexec", "coexec", plan, lambda: build_coexec(plan))
             manifest["kernel_splits"] = libraries.kernel_splits.get("coexec")
-            placement = placement_report(model.mod, plan, split_channel_blocks)
+            placement = placement_report(model.mod, plan, split_channel_blocks, split_row_blocks)
             (out / "placement.json").write_text(json.dumps(placement, indent=2) + "\n")
             manifest["targets"] = {"gpu": str(gpu_target), "cpu": str(cpu_target)}
             if verify:
@@ -787,6 +798,8 @@ def compile_refined(
         log=log,
         coexec_cpu_alone=bool(m.get("coexec_cpu_alone_kernels", False)),
         split_channel_blocks=bool(m.get("split_channel_blocks", True)),
+        # artifacts from before row blocks existed were built without them
+        split_row_blocks=bool(m.get("split_row_blocks", False)),
     )
     manifest_path = out / MANIFEST
     new = json.loads(manifest_path.read_text())
@@ -876,6 +889,7 @@ class _Libraries:
         self.coexec_cpu_algorithms: tuple[str, ...] = ()
         self.coexec_cpu_alone = False
         self.channel_blocks = True
+        self.row_blocks = True
         # library name -> its kernel calls and their splits (co-executed builds)
         self.kernel_splits: dict[str, dict] = {}
         self._pending_splits: dict | None = None
@@ -901,6 +915,7 @@ class _Libraries:
             list(self.coexec_cpu_algorithms) if device == "coexec" else None,
             device == "coexec" and self.coexec_cpu_alone,
             device == "coexec" and self.channel_blocks,
+            device == "coexec" and self.row_blocks,
         ]
         return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:32]
 

@@ -222,6 +222,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
             build_cache=args.build_cache,
             coexec_cpu_alone=args.coexec_cpu_alone_kernels,
             split_channel_blocks=args.split_channel_blocks,
+            split_row_blocks=args.split_row_blocks,
             verify_calibrate=args.verify_calibrate,
             refine=args.refine,
             refine_traces=args.refine_traces,
@@ -509,6 +510,14 @@ def _add_compile(sub) -> None:
         help="co-executed builds: split an InstanceNorm-like block that reads a split's output "
         "along channels (at the plan's block_ratio), instead of running it whole on one "
         "processor while the other waits (default: on)",
+    )
+    p.add_argument(
+        "--split-row-blocks",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="co-executed builds: split an LRN-like block (channel pads and slices, elementwise "
+        "ops) that reads an H split's output along rows at that split's ratio, instead of "
+        "running it whole on one processor while the other waits (default: on)",
     )
     p.add_argument(
         "--verify",

@@ -93,9 +93,10 @@ class CoexecModule:
         return time_vm(self.vm, tvm.opencl(0), inputs, number, repeat)
 
 
-def placement_report(mod, plan, channel_blocks: bool = True) -> list[dict]:
-    """For each split (plan entries, and unless ``channel_blocks`` is False the channel blocks
-    split after them): dimension, ratio and the output region of each processor."""
+def placement_report(mod, plan, channel_blocks: bool = True, row_blocks: bool = True) -> list[dict]:
+    """For each split (plan entries, and unless ``channel_blocks`` / ``row_blocks`` is False
+    the channel / row blocks split after them): dimension, ratio and the output region of each
+    processor."""
     import tvm
 
     from codl_tvm.passes import PartitionOperators, collect_parts
@@ -103,7 +104,7 @@ def placement_report(mod, plan, channel_blocks: bool = True) -> list[dict]:
 
     # partition what the build partitions: the module after the inference simplifications
     simplified = tvm.transform.Sequential(inference_passes())(mod)
-    parts = collect_parts(PartitionOperators(plan, channel_blocks)(simplified))
+    parts = collect_parts(PartitionOperators(plan, channel_blocks, row_blocks)(simplified))
     rows = []
     for split in parts:
         rows.append(

@@ -150,6 +150,7 @@ def coexec_pipeline(
     opencl=None,
     channel_blocks: bool = True,
     kernel_splits: dict | None = None,
+    row_blocks: bool = True,
 ) -> tvm.transform.Pass:
     """The Relax pipeline that co-executes ``plan``'s operators on the GPU and the CPU.
 
@@ -158,7 +159,8 @@ def coexec_pipeline(
     partitioning: each part with its processor's config (``cpu`` / ``opencl`` replace the
     presets of ``cpu_target`` / ``gpu_target``), operators outside the plan with the GPU's.
     ``channel_blocks``: also split the InstanceNorm-like blocks after a split on channels
-    (:class:`~codl_tvm.passes.PartitionOperators`; False keeps them whole).
+    (:class:`~codl_tvm.passes.PartitionOperators`; False keeps them whole); ``row_blocks``
+    likewise for the LRN-like blocks after an H split, along rows.
     ``kernel_splits``: a dictionary the build fills with every kernel call of ``main`` in
     execution order and the split it computes (:func:`codl_tvm.passes.kernel_splits.
     kernel_splits`), which attributes a timeline's kernels to the plan's splits.
@@ -178,7 +180,7 @@ def coexec_pipeline(
                 mod,
                 [
                     ("inference", inference_passes()),
-                    ("partition", [PartitionOperators(plan, channel_blocks)]),
+                    ("partition", [PartitionOperators(plan, channel_blocks, row_blocks)]),
                     ("algorithm", algorithm_passes(gpu_target, cpu_target, cpu, opencl)),
                     (
                         "legalize-place-fuse",

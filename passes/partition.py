@@ -55,6 +55,11 @@ named ``<split>+channels``: each part normalises its channels of the merged outp
 share is the plan's ``block_ratio`` (the planner's whole-model balance), else the split's ratio;
 after an operator kept whole on one processor the block stays there.
 
+With ``row_blocks=True``, the row-local block that reads an H split's merged output (LRN as
+``LRNWindowSum`` writes it: channel pads and slices and elementwise ops) becomes a split of its
+own along rows at that split's ratio, named ``<split>+rows``: each part computes the block on
+its rows of the merged output.
+
 ``main`` gets a ``"codl_parts"`` attribute recording, for each split, which variables belong to
 which processor, which output region each part writes and which input region it reads;
 :func:`codl_tvm.passes.parts.collect_parts` reads it back.
@@ -125,6 +130,10 @@ _BINARY = frozenset(
 _REDUCE = frozenset(f"relax.{n}" for n in ("mean", "variance", "sum", "max", "min"))
 #: Suffix of the name of a channel block's split (its plan entry is the split it follows).
 CHANNEL_BLOCK = "+channels"
+#: Suffix of the name of a row block's split (the H split it follows; see ``row_block``).
+ROW_BLOCK = "+rows"
+#: Ops a row block may hold besides elementwise ones, when they leave the rows (axis 2) alone.
+_ROW_LOCAL = frozenset(("relax.nn.pad", "relax.strided_slice"))
 
 
 @dataclass
@@ -156,6 +165,17 @@ class _Chain:
 def _shape(expr) -> tuple[int, ...]:
     ty = expr.ty
     return tuple(int(v) for v in ty.shape.values)
+
+
+def _int_fields(expr) -> list[int] | None:
+    """The integers of a tuple argument (``strided_slice``'s axes), or None."""
+    fields = getattr(expr, "fields", None)
+    if fields is None:
+        return None
+    try:
+        return [int(getattr(f, "value", f)) for f in fields]
+    except (TypeError, ValueError):
+        return None
 
 
 def _op_name(value) -> str | None:
@@ -352,6 +372,93 @@ class _Analysis:
         ratio = chain.entry.ratio if ratio is None else ratio
         entry = ChainPlan((chain.name + CHANNEL_BLOCK,), PartitionDim.OC, ratio)
         return _Chain(entry, steps, v, 1)
+
+    def row_block(self, chain: _Chain, taken: set[relax.Var]) -> _Chain | None:
+        """The row-local block that reads an H split's merged output, as an H split at the
+        split's ratio, or None.
+
+        LRN as :class:`~codl_tvm.passes.lrn.LRNWindowSum` writes it squares its input, pads it
+        along channels, adds channel slices of it and divides the input by the result: it
+        reads its input twice, so it is no follower, and left whole one processor runs it while
+        the other waits (AlexNet's two LRNs: 1.8 ms of its CPU lane at k = 12). Every output row
+        of such a block depends on the same input row only, so each processor can compute the
+        block on its rows of the merged output. The block: the closure of the users of the
+        output that are unary or binary elementwise ops, channel pads or channel slices (any op
+        of ``_ROW_LOCAL`` that leaves axis 2 alone), keeping the output's rows, whose other
+        tensor operands are bound before it and broadcast along rows or span them all; it
+        holds at least one pad or slice (otherwise its ops would have been followers) and ends
+        in one variable of the output's shape.
+        """
+        v = chain.steps[-1].var
+        shape = _shape(v)
+        if len(shape) != 4:
+            return None
+        rows, block = shape[2], self.block_of[v]
+        inside: dict[relax.Var, _Step] = {}
+
+        def operand_ok(a) -> bool:
+            if not isinstance(a.ty, relax.TensorType):
+                return True  # attributes passed as arguments (a slice's axes, begin, end)
+            if isinstance(a, relax.Var) and (a.same_as(v) or a in inside):
+                return True
+            extent = _shape(a)
+            local = 2 - (4 - len(extent))
+            if local >= 0 and extent[local] not in (1, rows):
+                return False
+            if not isinstance(a, relax.Var) or a in self.params:
+                return True
+            return a in self.order and (
+                self.order[a] < self.order[v] or self.const_array(a) is not None
+            )
+
+        def local_step(u) -> _Step | None:
+            value = self.value_of.get(u)
+            op = _op_name(value)
+            if op is None or u in taken or self.block_of[u] != block:
+                return None
+            if not isinstance(u.ty, relax.TensorType) or len(_shape(u)) != 4:
+                return None
+            if _shape(u)[2] != rows:
+                return None
+            args = list(value.args)
+            ins = [a for a in args if isinstance(a, relax.Var) and (a.same_as(v) or a in inside)]
+            if not ins or not all(operand_ok(a) for a in args):
+                return None
+            if op == "relax.nn.pad":
+                width = [int(w) for w in value.attrs.pad_width]
+                if str(value.attrs.pad_mode) != "constant" or width[4:6] != [0, 0]:
+                    return None
+            elif op == "relax.strided_slice":
+                axes = _int_fields(args[1]) if len(args) > 1 else None
+                if axes is None or 2 in {a % 4 for a in axes}:
+                    return None
+            elif op not in _UNARY and op not in _BINARY:
+                return None
+            return _Step(u, value, "local", op, _shape(ins[0]), _shape(u))
+
+        grew = True
+        while grew:
+            grew = False
+            for src in [v, *inside]:
+                for u in self.uses.get(src, []):
+                    if u is None or u in inside:
+                        continue
+                    step = local_step(u)
+                    if step is not None:
+                        inside[u] = step
+                        grew = True
+        if not any(s.kind in _ROW_LOCAL for s in inside.values()):
+            return None
+        exits = [
+            u for u in inside if any(w is None or w not in inside for w in self.uses.get(u, [None]))
+        ]
+        if len(exits) != 1 or _shape(exits[0]) != shape:
+            return None
+        steps = sorted(inside.values(), key=lambda s: self.order[s.var])
+        if not steps[-1].var.same_as(exits[0]):
+            return None
+        entry = ChainPlan((chain.name + ROW_BLOCK,), PartitionDim.H, chain.entry.ratio)
+        return _Chain(entry, steps, v, 2)
 
     def _absorb(self, steps: list[_Step], dropped: list[relax.Var]) -> None:
         """Append the elementwise followers of ``steps[-1]`` while each has a single use."""
@@ -650,7 +757,7 @@ class _Rewriter(PyExprMutator):
             where = f"{chain.name} step {j} ({step.kind})"
             tag = step.kind.rsplit(".", 1)[-1]
             if step.role == "local":
-                expr = self._local_expr(step, env, ps, f"{prefix}_{j}", bindings, where)
+                expr = self._local_expr(step, env, ps, axis, f"{prefix}_{j}", bindings, where)
             else:
                 expr = self._step_expr(step, prev, ps, cur, chain, f"{prefix}_{j}", bindings, where)
             prev = step.var
@@ -667,20 +774,20 @@ class _Rewriter(PyExprMutator):
             env[step.var] = cur
         return cur
 
-    def _local_expr(self, step: _Step, env: dict, ps: PartSpan, prefix: str, bindings, where):
-        """A channel block's op on this part's channels: block variables become the part's,
-        other channel-spanning operands are sliced to its channels."""
+    def _local_expr(
+        self, step: _Step, env: dict, ps: PartSpan, axis: int, prefix: str, bindings, where
+    ):
+        """A channel (row) block's op on this part's channels (rows): block variables become
+        the part's, other operands spanning the split axis are sliced to its share."""
         value = step.value
         args = []
         for k, a in enumerate(value.args):
             if isinstance(a, relax.Var) and a in env:
                 args.append(env[a])
             else:
-                args.append(
-                    self._slice_operand(
-                        a, 4, 1, step.out_shape[1], ps.out, f"{prefix}_arg{k}", bindings, where
-                    )
-                )
+                full = step.out_shape[axis]
+                name = f"{prefix}_arg{k}"
+                args.append(self._slice_operand(a, 4, axis, full, ps.out, name, bindings, where))
         return relax.Call(value.op, args, value.attrs, value.ty_args)
 
     def _step_expr(
@@ -830,15 +937,19 @@ class PartitionOperators:
         Also split, along channels at the same ratio, the channel-local block (InstanceNorm)
         that reads a split's output (see ``_Analysis.channel_block``), at the plan's
         ``block_ratio``. FST on the emulated SoC: 0.86-0.96x the latency (ca10c8e).
+    row_blocks
+        Also split, along rows at the split's ratio, the row-local block (LRN) that reads an H
+        split's output (see ``_Analysis.row_block``).
 
     See the module docstring for preconditions and the exact IR emitted.
     """
 
-    def __init__(self, plan: PartitionPlan, channel_blocks: bool = True):
+    def __init__(self, plan: PartitionPlan, channel_blocks: bool = True, row_blocks: bool = True):
         if not isinstance(plan, PartitionPlan):
             raise TypeError(f"PartitionOperators needs a PartitionPlan, got {type(plan).__name__}")
         self.plan = plan
         self.channel_blocks = channel_blocks
+        self.row_blocks = row_blocks
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext):
         entries = self.plan.entries()
@@ -860,6 +971,16 @@ class PartitionOperators:
                 if not 0.0 < chain.entry.ratio < 1.0:
                     continue  # whole on one processor: the block stays there, unsplit
                 block = analysis.channel_block(chain, taken, self.plan.block_ratio)
+                if block is not None:
+                    chains.append(block)
+                    taken.update(s.var for s in block.steps)
+        if self.row_blocks:
+            taken = {s.var for c in chains for s in c.steps}
+            taken.update(d for c in chains for d in c.dropped)
+            for chain in list(chains):
+                if chain.entry.dim != PartitionDim.H or not 0.0 < chain.entry.ratio < 1.0:
+                    continue
+                block = analysis.row_block(chain, taken)
                 if block is not None:
                     chains.append(block)
                     taken.update(s.var for s in block.steps)

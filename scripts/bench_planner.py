@@ -51,12 +51,15 @@ WHOLENORM_SUFFIX = "_wholenorm"
 #: ... and ending so (``codl_streaming``): that mode planned with ``compile --weight-gbps``
 #: (``compile`` takes the rates from this script's ``--weight-gbps``).
 STREAMING_SUFFIX = "_streaming"
+#: ... and ending so (``codl_wholelrn``): that mode with ``compile --no-split-row-blocks`` (an
+#: LRN after an H split stays whole on one processor).
+WHOLELRN_SUFFIX = "_wholelrn"
 
 
 def _tag_mode(tag: str) -> tuple[str, bool, bool]:
     """A planner-mode tag's mode, and whether it asks for the CPU-alone kernels and for
     InstanceNorm-like blocks kept whole (``codl_alone_wholenorm``: codl, True, True)."""
-    tag = tag.removesuffix(STREAMING_SUFFIX)
+    tag = tag.removesuffix(STREAMING_SUFFIX).removesuffix(WHOLELRN_SUFFIX)
     wholenorm = tag.endswith(WHOLENORM_SUFFIX)
     tag = tag.removesuffix(WHOLENORM_SUFFIX)
     return tag.removesuffix(ALONE_SUFFIX), tag.endswith(ALONE_SUFFIX), wholenorm
@@ -139,6 +142,7 @@ def _compile_job(job: tuple) -> tuple[str, str, str | None]:
             coexec_cpu_alone=True if alone else None,  # else: as the cost model says
             split_channel_blocks=not wholenorm,
             weight_gbps=weight_gbps if tag.endswith(STREAMING_SUFFIX) else None,
+            split_row_blocks=not tag.endswith(WHOLELRN_SUFFIX),
         )
     except Exception as exc:  # one failing build must not lose the others
         return name, tag, f"{type(exc).__name__}: {exc}"

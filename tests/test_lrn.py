@@ -158,3 +158,49 @@ def test_plans_of_the_imported_model_apply(opencl, dim, ratio):
     x = np.random.default_rng(5).standard_normal((1, 3, 9, 9)).astype("f4")
     got = codl_tvm.compile(model.mod, plan)([x])[0]
     np.testing.assert_allclose(got, _reference(proto, x), rtol=1e-5, atol=1e-5)
+
+
+def _split_names(mod, plan, **kw) -> list[str]:
+    from codl_tvm.passes import PartitionOperators, collect_parts
+
+    return [s.name for s in collect_parts(PartitionOperators(plan, **kw)(LRNWindowSum()(mod)))]
+
+
+@pytest.mark.opencl
+@pytest.mark.parametrize("ratio", [0.5, 0.3])
+def test_lrn_after_an_h_split_is_split_by_rows(opencl, ratio):
+    """The LRN reads the split conv's output twice (its square and the final division), so no
+    follower takes it; ``row_blocks`` splits it by rows at the conv's ratio, and the
+    co-executed build still equals onnxruntime's output."""
+    from codl_tvm.passes import PartitionOperators, collect_parts
+
+    from codl_tvm.plan import OpPartition, PartitionPlan
+
+    proto, model = _lrn_net(seed=6)
+    plan = PartitionPlan(ops=(OpPartition("conv2d_0", "H", ratio),))
+    parts = collect_parts(PartitionOperators(plan)(LRNWindowSum()(model.mod)))
+    block = next(s for s in parts if s.name == "conv2d_0+rows")
+    conv = next(s for s in parts if s.name == "conv2d_0")
+    assert block.dim == "H" and block.ratio == ratio
+    # each processor computes the LRN on the rows its conv part produced
+    assert [p.region for p in block.parts] == [p.region for p in conv.parts]
+    assert sorted(p.processor for p in block.parts) == ["cpu", "gpu"]
+    x = np.random.default_rng(7).standard_normal((1, 3, 9, 9)).astype("f4")
+    got = codl_tvm.compile(model.mod, plan)([x])[0]
+    np.testing.assert_allclose(got, _reference(proto, x), rtol=1e-5, atol=1e-5)
+
+
+def test_row_blocks_only_follow_h_splits():
+    from codl_tvm.plan import OpPartition, PartitionPlan
+
+    _, model = _lrn_net(seed=6)
+    h = PartitionPlan(ops=(OpPartition("conv2d_0", "H", 0.5),))
+    assert _split_names(model.mod, h) == ["conv2d_0", "conv2d_0+rows"]
+    assert _split_names(model.mod, h, row_blocks=False) == ["conv2d_0"]
+    oc = PartitionPlan(ops=(OpPartition("conv2d_0", "OC", 0.5),))
+    assert _split_names(model.mod, oc) == ["conv2d_0"]
+    whole = PartitionPlan(ops=(OpPartition("conv2d_0", "H", 1.0),))
+    assert _split_names(model.mod, whole) == ["conv2d_0"]
+    # the next conv split too: the block sits between two splits and reads only the first
+    both = PartitionPlan(ops=(OpPartition("conv2d_0", "H", 0.5), OpPartition("conv2d_1", "H", 0.5)))
+    assert _split_names(model.mod, both) == ["conv2d_0", "conv2d_0+rows", "conv2d_1"]
