@@ -308,7 +308,7 @@ class _Analysis:
         shape = _shape(v)
         if len(shape) != 4:
             return None
-        channels, block = shape[1], self.block_of[v]
+        channels = shape[1]
         inside: dict[relax.Var, _Step] = {}
 
         def operand_ok(a) -> bool:
@@ -316,27 +316,15 @@ class _Analysis:
                 return not isinstance(a.ty, relax.TensorType) or _channel_extent(a) in (1, channels)
             if a.same_as(v) or a in inside:
                 return True
-            if _channel_extent(a) not in (1, channels):
-                return False
-            if a in self.params:
-                return True
-            # Bound before the block's input, or a reshaped constant (an affine's scale):
-            # either way it does not depend on the block.
-            return a in self.order and (
-                self.order[a] < self.order[v] or self.const_array(a) is not None
-            )
+            return _channel_extent(a) in (1, channels) and self._outside_block(a, v)
 
         def local_step(u) -> _Step | None:
-            value = self.value_of.get(u)
-            op = _op_name(value)
-            if op is None or u in taken or self.block_of[u] != block:
-                return None
             if not isinstance(u.ty, relax.TensorType) or _channel_extent(u) != channels:
                 return None
-            args = list(value.args)
-            ins = [a for a in args if isinstance(a, relax.Var) and (a.same_as(v) or a in inside)]
-            if not ins or not all(operand_ok(a) for a in args):
+            found = self._block_candidate(u, v, inside, taken, operand_ok)
+            if found is None:
                 return None
+            value, op, args, ins = found
             if op in _REDUCE:
                 axes = value.attrs.axis
                 rank = len(_shape(args[0]))
@@ -348,26 +336,8 @@ class _Analysis:
                 return None
             return _Step(u, value, "local", op, _shape(ins[0]), _shape(u))
 
-        grew = True
-        while grew:
-            grew = False
-            for src in [v, *inside]:
-                for u in self.uses.get(src, []):
-                    if u is None or u in inside:
-                        continue
-                    step = local_step(u)
-                    if step is not None:
-                        inside[u] = step
-                        grew = True
-        if not any(s.kind in _REDUCE for s in inside.values()):
-            return None
-        exits = [
-            u for u in inside if any(w is None or w not in inside for w in self.uses.get(u, [None]))
-        ]
-        if len(exits) != 1 or _shape(exits[0]) != shape:
-            return None
-        steps = sorted(inside.values(), key=lambda s: self.order[s.var])
-        if not steps[-1].var.same_as(exits[0]):
+        steps = self._grow_block(v, inside, local_step, _REDUCE)
+        if steps is None:
             return None
         ratio = chain.entry.ratio if ratio is None else ratio
         entry = ChainPlan((chain.name + CHANNEL_BLOCK,), PartitionDim.OC, ratio)
@@ -393,7 +363,7 @@ class _Analysis:
         shape = _shape(v)
         if len(shape) != 4:
             return None
-        rows, block = shape[2], self.block_of[v]
+        rows = shape[2]
         inside: dict[relax.Var, _Step] = {}
 
         def operand_ok(a) -> bool:
@@ -405,25 +375,17 @@ class _Analysis:
             local = 2 - (4 - len(extent))
             if local >= 0 and extent[local] not in (1, rows):
                 return False
-            if not isinstance(a, relax.Var) or a in self.params:
-                return True
-            return a in self.order and (
-                self.order[a] < self.order[v] or self.const_array(a) is not None
-            )
+            return self._outside_block(a, v)
 
         def local_step(u) -> _Step | None:
-            value = self.value_of.get(u)
-            op = _op_name(value)
-            if op is None or u in taken or self.block_of[u] != block:
-                return None
             if not isinstance(u.ty, relax.TensorType) or len(_shape(u)) != 4:
                 return None
             if _shape(u)[2] != rows:
                 return None
-            args = list(value.args)
-            ins = [a for a in args if isinstance(a, relax.Var) and (a.same_as(v) or a in inside)]
-            if not ins or not all(operand_ok(a) for a in args):
+            found = self._block_candidate(u, v, inside, taken, operand_ok)
+            if found is None:
                 return None
+            value, op, args, ins = found
             if op == "relax.nn.pad":
                 width = [int(w) for w in value.attrs.pad_width]
                 if str(value.attrs.pad_mode) != "constant" or width[4:6] != [0, 0]:
@@ -436,6 +398,40 @@ class _Analysis:
                 return None
             return _Step(u, value, "local", op, _shape(ins[0]), _shape(u))
 
+        steps = self._grow_block(v, inside, local_step, _ROW_LOCAL)
+        if steps is None:
+            return None
+        entry = ChainPlan((chain.name + ROW_BLOCK,), PartitionDim.H, chain.entry.ratio)
+        return _Chain(entry, steps, v, 2)
+
+    def _outside_block(self, a, v) -> bool:
+        """Whether operand ``a`` of a block reading ``v`` does not depend on the block: a
+        constant, a parameter, bound before ``v``, or a reshaped constant (an affine's scale)."""
+        if not isinstance(a, relax.Var) or a in self.params:
+            return True
+        if a not in self.order:
+            return False
+        return self.order[a] < self.order[v] or self.const_array(a) is not None
+
+    def _block_candidate(self, u, v, inside: dict, taken: set, operand_ok):
+        """``(value, op, args, block operands)`` of ``u`` if it may join the block reading
+        ``v`` (an op in ``v``'s dataflow block, not taken by a split, reading the block, with
+        every operand ``operand_ok``), else None."""
+        value = self.value_of.get(u)
+        op = _op_name(value)
+        if op is None or u in taken or self.block_of[u] != self.block_of[v]:
+            return None
+        args = list(value.args)
+        ins = [a for a in args if isinstance(a, relax.Var) and (a.same_as(v) or a in inside)]
+        if not ins or not all(operand_ok(a) for a in args):
+            return None
+        return value, op, args, ins
+
+    def _grow_block(self, v, inside: dict, local_step, required: frozenset) -> list | None:
+        """Grow ``inside`` with every user of ``v`` or of ``inside`` that ``local_step`` takes,
+        and return its steps in binding order when it holds an op of ``required`` and ends in
+        one variable of ``v``'s shape, read outside it; else None. ``local_step`` sees
+        ``inside`` as it grows (an op joins once all its block operands are in)."""
         grew = True
         while grew:
             grew = False
@@ -447,18 +443,15 @@ class _Analysis:
                     if step is not None:
                         inside[u] = step
                         grew = True
-        if not any(s.kind in _ROW_LOCAL for s in inside.values()):
+        if not any(s.kind in required for s in inside.values()):
             return None
         exits = [
             u for u in inside if any(w is None or w not in inside for w in self.uses.get(u, [None]))
         ]
-        if len(exits) != 1 or _shape(exits[0]) != shape:
+        if len(exits) != 1 or _shape(exits[0]) != _shape(v):
             return None
         steps = sorted(inside.values(), key=lambda s: self.order[s.var])
-        if not steps[-1].var.same_as(exits[0]):
-            return None
-        entry = ChainPlan((chain.name + ROW_BLOCK,), PartitionDim.H, chain.entry.ratio)
-        return _Chain(entry, steps, v, 2)
+        return steps if steps[-1].var.same_as(exits[0]) else None
 
     def _absorb(self, steps: list[_Step], dropped: list[relax.Var]) -> None:
         """Append the elementwise followers of ``steps[-1]`` while each has a single use."""
