@@ -270,14 +270,12 @@ def compile_artifact(
     if device not in DEVICES:
         raise ArtifactError(f"device {device!r} is not one of {DEVICES}")
     if weight_gbps is not None:
-        rates = tuple(weight_gbps) if isinstance(weight_gbps, (tuple, list)) else ()
-        if len(rates) != 2 or not all(
-            isinstance(r, (int, float)) and 0 < r < float("inf") for r in rates
-        ):
-            raise ArtifactError(
-                f"weight_gbps must be two positive rates in GB/s (cpu, gpu), got {weight_gbps!r}"
-            )
-        weight_gbps = (float(rates[0]), float(rates[1]))
+        from codl_tvm.planner import PlannerConfig, PlannerError
+
+        try:  # the planner's own check, before anything is built
+            weight_gbps = PlannerConfig(weight_gbps=weight_gbps).weight_gbps
+        except PlannerError as exc:
+            raise ArtifactError(str(exc).removeprefix("planner: ")) from None
     if not isinstance(verify, int) or verify < 0:
         raise ArtifactError(f"verify must be a number of rounds >= 0, got {verify!r}")
     if (tracker is None) != (key is None):

@@ -38,6 +38,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
@@ -106,47 +107,50 @@ def _planning_alone_s(name: str, manifest: dict, preset: str, repeat: int) -> fl
     return float(np.median(times))
 
 
-def _compile_job(job: tuple) -> tuple[str, str, str | None]:
+class _Job(NamedTuple):
+    """One artifact to build (picklable: spawned build workers receive it)."""
+
+    name: str
+    tag: str
+    path: Path
+    target: Path
+    device: str
+    mode: str | None
+    cost_model: str | None
+    preset: str
+    verify: int
+    verify_modes: tuple[str, ...]
+    cache: Path
+    refine: int
+    weight_gbps: tuple[float, float] | None
+
+
+def _compile_job(job: _Job) -> tuple[str, str, str | None]:
     from codl_tvm.artifact import compile_artifact
 
-    (
-        name,
-        tag,
-        path,
-        target,
-        device,
-        mode,
-        cost_model,
-        preset,
-        verify,
-        verify_modes,
-        cache,
-        refine,
-        weight_gbps,
-    ) = job
-    _, alone, wholenorm = _tag_mode(tag)
+    _, alone, wholenorm = _tag_mode(job.tag)
     try:
         compile_artifact(
-            path,
-            target,
-            device=device,
-            mode=mode or "codl",
-            cost_model=cost_model,
-            preset=preset,
-            reference=(tag == "cpu"),
-            verify=verify,
-            verify_modes=verify_modes,
-            refine=refine,
-            build_cache=cache,
+            job.path,
+            job.target,
+            device=job.device,
+            mode=job.mode or "codl",
+            cost_model=job.cost_model,
+            preset=job.preset,
+            reference=(job.tag == "cpu"),
+            verify=job.verify,
+            verify_modes=job.verify_modes,
+            refine=job.refine,
+            build_cache=job.cache,
             log=lambda s: None,
             coexec_cpu_alone=True if alone else None,  # else: as the cost model says
             split_channel_blocks=not wholenorm,
-            weight_gbps=weight_gbps if tag.endswith(STREAMING_SUFFIX) else None,
-            split_row_blocks=not tag.endswith(WHOLELRN_SUFFIX),
+            weight_gbps=job.weight_gbps if job.tag.endswith(STREAMING_SUFFIX) else None,
+            split_row_blocks=not job.tag.endswith(WHOLELRN_SUFFIX),
         )
     except Exception as exc:  # one failing build must not lose the others
-        return name, tag, f"{type(exc).__name__}: {exc}"
-    return name, tag, None
+        return job.name, job.tag, f"{type(exc).__name__}: {exc}"
+    return job.name, job.tag, None
 
 
 def cmd_compile(args: argparse.Namespace) -> None:
@@ -180,7 +184,7 @@ def cmd_compile(args: argparse.Namespace) -> None:
             target = out / name / tag
             if not (target / "manifest.json").exists():
                 jobs.append(
-                    (
+                    _Job(
                         name,
                         tag,
                         path,
@@ -215,14 +219,14 @@ def cmd_compile(args: argparse.Namespace) -> None:
 
     # --verify builds time themselves: one at a time, after the parallel builds, whose
     # libraries (each mode's plan, each processor alone) they take from the build cache.
-    timed = [j for j in jobs if j[8]]
-    jobs = [j for j in jobs if not j[8]]
+    timed = [j for j in jobs if j.verify]
+    jobs = [j for j in jobs if not j.verify]
     if args.jobs > 1:
         import multiprocessing as mp
         from concurrent.futures import ProcessPoolExecutor, as_completed
 
         # Spawned workers: TVM's state is not fork-safe. Biggest models first.
-        jobs.sort(key=lambda j: -Path(j[2]).stat().st_size)
+        jobs.sort(key=lambda j: -Path(j.path).stat().st_size)
         with ProcessPoolExecutor(args.jobs, mp_context=mp.get_context("spawn")) as pool:
             for future in as_completed([pool.submit(_compile_job, j) for j in jobs]):
                 record(future.result())

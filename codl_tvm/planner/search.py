@@ -181,6 +181,16 @@ class PlannerConfig:
             raise PlannerError(
                 f"planner: chain_min_gain must be in [0, 1), got {self.chain_min_gain!r}"
             )
+        if self.weight_gbps is not None:
+            w = self.weight_gbps
+            rates = tuple(w) if isinstance(w, (tuple, list)) else ()
+            if len(rates) != 2 or not all(
+                isinstance(r, (int, float)) and 0 < r < math.inf for r in rates
+            ):
+                raise PlannerError(
+                    f"planner: weight_gbps must be two positive rates in GB/s (cpu, gpu), got {w!r}"
+                )
+            object.__setattr__(self, "weight_gbps", (float(rates[0]), float(rates[1])))
         for triple in self.impls:
             if len(triple) != 3 or triple[1] not in ("cpu", "gpu"):
                 raise PlannerError(
@@ -845,11 +855,8 @@ def plan_model(
             f"predictions calibrated: CPU x{cpu_scale:.3g}, GPU x{gpu_scale:.3g} (measured / "
             "predicted latency of the model on each processor alone)"
         )
-    if config.weight_gbps is not None:
-        try:
-            cost_model = cost_model.streaming(*config.weight_gbps)
-        except (TypeError, ValueError) as exc:
-            raise PlannerError(f"PlannerConfig.weight_gbps: {exc}") from None
+    if config.weight_gbps is not None:  # checked by PlannerConfig
+        cost_model = cost_model.streaming(*config.weight_gbps)
         notes.append(
             f"parts predicted no faster than their weights stream: CPU "
             f"{config.weight_gbps[0]:g} GB/s, GPU {config.weight_gbps[1]:g} GB/s"
