@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 import os
 import platform
 import subprocess
@@ -19,11 +20,13 @@ import numpy as np
 
 __all__ = [
     "ConcurrentBound",
+    "PairedAB",
     "PairedRatios",
     "concurrent_bound",
     "envelope",
     "git_commit",
     "machine_info",
+    "paired_ab",
     "paired_ratios",
     "pin_tvm_threads",
     "time_host_us",
@@ -178,6 +181,75 @@ def paired_ratios(
         speedup.append(min(c, g) / v)
         of_t_star.append(c * g / (c + g) / v)
     return PairedRatios(speedup, of_t_star)
+
+
+#: |A/B - 1| below this counts as a tie in :class:`PairedAB`'s sign test.
+AB_TIE = 0.005
+
+
+@dataclass
+class PairedAB:
+    """Build A against build B of the same model, round by round, pooled over runs.
+
+    ``ratios`` are A's latency over B's in the same round (above 1: A slower). The sign test
+    asks how likely as many or more lopsided rounds would be if neither build were faster
+    (ties, ratios within 0.5% of 1, are dropped as the test requires).
+    """
+
+    ratios: list[float]
+
+    @property
+    def median(self) -> float:
+        return float(np.median(self.ratios))
+
+    @property
+    def rounds_a_slower(self) -> int:
+        return sum(1 for r in self.ratios if r > 1.0 + AB_TIE)
+
+    @property
+    def rounds_a_faster(self) -> int:
+        return sum(1 for r in self.ratios if r < 1.0 - AB_TIE)
+
+    @property
+    def sign_test_p(self) -> float:
+        """Two-sided exact sign test over the rounds that are not ties."""
+        k, n = self.rounds_a_slower, self.rounds_a_slower + self.rounds_a_faster
+        if n == 0:
+            return 1.0
+        tail = sum(math.comb(n, i) for i in range(max(k, n - k), n + 1)) / 2.0**n
+        return min(1.0, 2.0 * tail)
+
+    def to_json(self) -> dict:
+        return {
+            "median_ratio": round(self.median, 4),
+            "rounds": len(self.ratios),
+            "rounds_a_slower": self.rounds_a_slower,
+            "rounds_a_faster": self.rounds_a_faster,
+            "sign_test_p": round(self.sign_test_p, 4),
+            "ratios": [round(r, 4) for r in self.ratios],
+        }
+
+
+def paired_ab(runs: Sequence[tuple[Sequence[float], Sequence[float]]]) -> PairedAB:
+    """Pool per-round latency ratios A/B over runs: ``runs`` holds, per run, A's and B's samples
+    (one per round-robin round, in round order).
+
+    Raises ValueError if a run's lists differ in length or hold a non-positive time, or if
+    there is no round at all.
+    """
+    ratios: list[float] = []
+    for i, (a, b) in enumerate(runs):
+        if len(a) != len(b):
+            raise ValueError(
+                f"paired_ab: run {i} has {len(a)} samples of A and {len(b)} of B; "
+                "pair samples of the same rounds"
+            )
+        if min(*a, *b, 1.0) <= 0:
+            raise ValueError(f"paired_ab: run {i} has a non-positive latency")
+        ratios.extend(x / y for x, y in zip(a, b))
+    if not ratios:
+        raise ValueError("paired_ab: no rounds to compare")
+    return PairedAB(ratios)
 
 
 def overlapped(a: Sequence[Interval], b: Sequence[Interval]) -> tuple[list[float], list[float]]:

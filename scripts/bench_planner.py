@@ -52,15 +52,16 @@ WHOLENORM_SUFFIX = "_wholenorm"
 #: ... and ending so (``codl_streaming``): that mode planned with ``compile --weight-gbps``
 #: (``compile`` takes the rates from this script's ``--weight-gbps``).
 STREAMING_SUFFIX = "_streaming"
-#: ... and ending so (``codl_wholelrn``): that mode with ``compile --no-split-row-blocks`` (an
-#: LRN after an H split stays whole on one processor).
-WHOLELRN_SUFFIX = "_wholelrn"
+#: ... and ending so (``codl_rowlrn``): that mode with ``compile --split-row-blocks`` (an LRN
+#: after an H split is split along rows; off by default since 8f08f26, where the same A/B was
+#: tagged ``codl_wholelrn`` with the split on by default).
+ROWLRN_SUFFIX = "_rowlrn"
 
 
 def _tag_mode(tag: str) -> tuple[str, bool, bool]:
     """A planner-mode tag's mode, and whether it asks for the CPU-alone kernels and for
     InstanceNorm-like blocks kept whole (``codl_alone_wholenorm``: codl, True, True)."""
-    tag = tag.removesuffix(STREAMING_SUFFIX).removesuffix(WHOLELRN_SUFFIX)
+    tag = tag.removesuffix(STREAMING_SUFFIX).removesuffix(ROWLRN_SUFFIX)
     wholenorm = tag.endswith(WHOLENORM_SUFFIX)
     tag = tag.removesuffix(WHOLENORM_SUFFIX)
     return tag.removesuffix(ALONE_SUFFIX), tag.endswith(ALONE_SUFFIX), wholenorm
@@ -146,7 +147,7 @@ def _compile_job(job: _Job) -> tuple[str, str, str | None]:
             coexec_cpu_alone=True if alone else None,  # else: as the cost model says
             split_channel_blocks=not wholenorm,
             weight_gbps=job.weight_gbps if job.tag.endswith(STREAMING_SUFFIX) else None,
-            split_row_blocks=not job.tag.endswith(WHOLELRN_SUFFIX),
+            split_row_blocks=job.tag.endswith(ROWLRN_SUFFIX),
         )
     except Exception as exc:  # one failing build must not lose the others
         return job.name, job.tag, f"{type(exc).__name__}: {exc}"
@@ -585,6 +586,44 @@ def cmd_refine(args: argparse.Namespace) -> None:
     shutil.rmtree(models_dir, ignore_errors=True)
 
 
+def cmd_compare(args: argparse.Namespace) -> None:
+    """Build A against build B, round by round, pooled over run JSONs (A/B of a default)."""
+    from codl_tvm.bench import envelope, paired_ab, write_json
+
+    runs = [(path, json.loads(Path(path).read_text())) for path in args.results.split(",")]
+    wanted = args.models.split(",") if args.models else None
+    table: dict[str, dict] = {}
+    for path, data in runs:
+        for name, model in data["results"]["models"].items():
+            rows = model["rows"]
+            if (wanted and name not in wanted) or args.a not in rows or args.b not in rows:
+                continue
+            entry = table.setdefault(name, {"runs": [], "pairs": []})
+            a, b = rows[args.a]["samples_ms"], rows[args.b]["samples_ms"]
+            entry["pairs"].append((a, b))
+            entry["runs"].append(
+                {"file": path, "commit": data.get("commit"), **paired_ab([(a, b)]).to_json()}
+            )
+    if not table:
+        sys.exit(
+            f"bench_planner compare: no model of {args.results} has both {args.a} and {args.b}"
+        )
+    out = {}
+    print(f"{'model':14s} {args.a}/{args.b}: per run; pooled (rounds A slower/faster, sign p)")
+    for name, entry in table.items():
+        pooled = paired_ab(entry["pairs"])
+        out[name] = {"pooled": pooled.to_json(), "runs": entry["runs"]}
+        per_run = " ".join(f"{r['median_ratio']:.3f}" for r in entry["runs"])
+        print(
+            f"{name:14s} {per_run}; pooled {pooled.median:.3f} "
+            f"({pooled.rounds_a_slower}/{pooled.rounds_a_faster} of {len(pooled.ratios)}, "
+            f"p={pooled.sign_test_p:.3g})"
+        )
+    if args.out:
+        write_json(args.out, envelope(sys.argv, {"a": args.a, "b": args.b, "models": out}))
+        print(f"wrote {args.out}")
+
+
 def cmd_plot(args: argparse.Namespace) -> None:
     """Plan statistics (CoDL Figs. 17, 19) and latencies of every baseline, from run JSONs."""
     import matplotlib
@@ -746,6 +785,15 @@ def main(argv: list[str] | None = None) -> None:
     w.add_argument("--models", default="", help="comma list; default every model of the index")
     w.add_argument("--jobs", type=int, default=8)
     w.set_defaults(func=cmd_warm)
+    a = sub.add_parser(
+        "compare", help="build A against build B round by round, pooled over run JSONs"
+    )
+    a.add_argument("--results", required=True, help="comma list of run JSONs")
+    a.add_argument("--a", required=True, help="tag of build A (e.g. codl)")
+    a.add_argument("--b", required=True, help="tag of build B (e.g. codl_streaming)")
+    a.add_argument("--models", default="", help="comma list; default every model with both")
+    a.add_argument("--out", default="", help="JSON with every round's ratio")
+    a.set_defaults(func=cmd_compare)
     g = sub.add_parser("plot")
     g.add_argument("--results", required=True, help="comma list of run JSONs")
     g.add_argument("--out", required=True, help="PNG")

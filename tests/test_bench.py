@@ -4,13 +4,14 @@ machine."""
 
 from __future__ import annotations
 
+import json
 import time
 
 import numpy as np
 import pytest
 
 from codl_tvm.artifact import compile_artifact, load_artifact
-from codl_tvm.bench import concurrent_bound, overlapped, paired_ratios
+from codl_tvm.bench import concurrent_bound, overlapped, paired_ab, paired_ratios
 from codl_tvm.cli import bundled_model_path
 
 
@@ -104,3 +105,68 @@ def test_paired_ratios_reject_unpaired_samples():
         paired_ratios([], [], [])
     with pytest.raises(ValueError, match="positive"):
         paired_ratios([1.0], [0.0], [1.0])
+
+
+def test_paired_ab_pools_rounds_of_several_runs():
+    # Run 2 is slow for both builds; A is 10% slower than B in every round but one tie.
+    runs = [([11.0, 22.0, 10.01], [10.0, 20.0, 10.0]), ([33.0, 44.0], [30.0, 40.0])]
+    ab = paired_ab(runs)
+    assert ab.ratios == pytest.approx([1.1, 1.1, 1.001, 1.1, 1.1])
+    assert ab.median == pytest.approx(1.1)
+    assert (ab.rounds_a_slower, ab.rounds_a_faster) == (4, 0)  # 1.001 is a tie
+    # 4 of 4 non-tied rounds one way: 2 * (1/2)**4
+    assert ab.sign_test_p == pytest.approx(0.125)
+    assert ab.to_json()["rounds"] == 5
+
+
+def test_paired_ab_sign_test_of_a_balanced_and_an_empty_comparison():
+    ab = paired_ab([([1.1, 0.9, 1.2, 0.8], [1.0, 1.0, 1.0, 1.0])])
+    assert (ab.rounds_a_slower, ab.rounds_a_faster) == (2, 2)
+    assert ab.sign_test_p == pytest.approx(1.0)
+    # 7 of 8 one way: 2 * (C(8,7) + C(8,8)) / 2**8
+    lopsided = paired_ab([([1.2] * 7 + [0.8], [1.0] * 8)])
+    assert lopsided.sign_test_p == pytest.approx(2 * 9 / 256)
+    assert paired_ab([([1.0, 2.0], [1.0, 2.0])]).sign_test_p == 1.0  # all ties
+
+
+def test_paired_ab_rejects_unpaired_samples():
+    with pytest.raises(ValueError, match="run 1 has 1 samples of A and 2 of B"):
+        paired_ab([([1.0], [1.0]), ([1.0], [1.0, 2.0])])
+    with pytest.raises(ValueError, match="non-positive"):
+        paired_ab([([1.0, -1.0], [1.0, 1.0])])
+    with pytest.raises(ValueError, match="no rounds"):
+        paired_ab([])
+
+
+def _run_json(path, models: dict) -> str:
+    rows = {
+        name: {"rows": {tag: {"samples_ms": s} for tag, s in tags.items()}}
+        for name, tags in models.items()
+    }
+    path.write_text(json.dumps({"commit": "abc", "results": {"models": rows}}))
+    return str(path)
+
+
+def test_bench_planner_compare_pools_runs(tmp_path, capsys):
+    from tests.scripts_util import script_module
+
+    one = _run_json(
+        tmp_path / "one.json",
+        {"m": {"codl": [2.2, 2.2], "x": [2.0, 2.0]}, "other": {"codl": [1.0], "y": [1.0]}},
+    )
+    two = _run_json(tmp_path / "two.json", {"m": {"codl": [1.8, 3.3, 3.3], "x": [2.0, 3.0, 3.0]}})
+    out = tmp_path / "ab.json"
+    with script_module("bench_planner") as bp:
+        bp.main(
+            ["compare", "--results", f"{one},{two}", "--a", "codl", "--b", "x", "--out", str(out)]
+        )
+        got = json.loads(out.read_text())["results"]
+        assert got["a"] == "codl" and got["b"] == "x"
+        assert list(got["models"]) == ["m"]  # "other" has no build x
+        m = got["models"]["m"]
+        assert m["pooled"]["ratios"] == pytest.approx([1.1, 1.1, 0.9, 1.1, 1.1])
+        assert (m["pooled"]["rounds_a_slower"], m["pooled"]["rounds_a_faster"]) == (4, 1)
+        assert [r["median_ratio"] for r in m["runs"]] == pytest.approx([1.1, 1.1])
+        assert "pooled 1.100 (4/1 of 5" in capsys.readouterr().out
+        with pytest.raises(SystemExit, match=r"no model of .* has both codl and z"):
+            bp.main(["compare", "--results", one, "--a", "codl", "--b", "z"])
