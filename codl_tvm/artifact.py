@@ -154,7 +154,7 @@ def compile_artifact(
     coexec_cpu_alone: bool | None = None,
     verify_calibrate: bool = True,
     split_channel_blocks: bool = True,
-    split_row_blocks: bool = True,
+    split_row_blocks: bool = False,
     refine: int = 0,
     refine_traces: int = 5,
     weight_gbps: tuple[float, float] | None = None,
@@ -245,8 +245,9 @@ def compile_artifact(
     split_row_blocks
         With ``device="coexec"``: a row-local block that reads an H split's output (LRN:
         channel pads and slices and elementwise ops) is split along rows at that split's ratio,
-        so both processors compute it instead of one while the other waits. False keeps such
-        blocks whole on one processor.
+        so both processors compute it instead of one while the other waits. False (the
+        default) keeps such blocks whole on one processor: AlexNet at k = 12 measured
+        1.04-1.07x slower split (``results/ab_soc_k12_8f08f26_rowblocks.json``).
     refine
         With ``verify`` (on this machine): after the first timing, take ``refine_traces``
         timelines of the fastest co-executed build, balance each split from them
@@ -387,7 +388,7 @@ def _compile_into(
     split_channel_blocks=True,
     refine=(0, 5),
     weight_gbps=None,
-    split_row_blocks=True,
+    split_row_blocks=False,
 ):
     import tvm
 
@@ -887,7 +888,7 @@ class _Libraries:
         self.coexec_cpu_algorithms: tuple[str, ...] = ()
         self.coexec_cpu_alone = False
         self.channel_blocks = True
-        self.row_blocks = True
+        self.row_blocks = False
         # library name -> its kernel calls and their splits (co-executed builds)
         self.kernel_splits: dict[str, dict] = {}
         self._pending_splits: dict | None = None

@@ -93,7 +93,9 @@ class CoexecModule:
         return time_vm(self.vm, tvm.opencl(0), inputs, number, repeat)
 
 
-def placement_report(mod, plan, channel_blocks: bool = True, row_blocks: bool = True) -> list[dict]:
+def placement_report(
+    mod, plan, channel_blocks: bool = True, row_blocks: bool = False
+) -> list[dict]:
     """For each split (plan entries, and unless ``channel_blocks`` / ``row_blocks`` is False
     the channel / row blocks split after them): dimension, ratio and the output region of each
     processor."""
@@ -122,7 +124,13 @@ def placement_report(mod, plan, channel_blocks: bool = True, row_blocks: bool = 
 
 
 def compile_coexec(
-    mod, plan, gpu=None, cpu=None, work_dir: str | Path | None = None, name: str = "coexec"
+    mod,
+    plan,
+    gpu=None,
+    cpu=None,
+    work_dir: str | Path | None = None,
+    name: str = "coexec",
+    row_blocks: bool = False,
 ) -> CoexecModule:
     """Build ``mod`` so that ``plan``'s operators co-execute on the GPU and the CPU.
 
@@ -138,6 +146,9 @@ def compile_coexec(
     work_dir
         Where the library, plan and placement report are written. By default a temporary
         directory, removed when the returned module is garbage collected.
+    row_blocks
+        Also split the LRN-like block after an H split along rows
+        (:class:`~codl_tvm.passes.PartitionOperators`).
     """
     import tvm
 
@@ -149,14 +160,16 @@ def compile_coexec(
     runtime.load()
     splits: dict = {}
     ex = tvm.compile(
-        mod, target=gpu, relax_pipeline=coexec_pipeline(plan, gpu, cpu, kernel_splits=splits)
+        mod,
+        target=gpu,
+        relax_pipeline=coexec_pipeline(plan, gpu, cpu, kernel_splits=splits, row_blocks=row_blocks),
     )
     work = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="codl-coexec-"))
     work.mkdir(parents=True, exist_ok=True)
     lib = work / f"{name}.so"
     ex.export_library(str(lib))
     (work / f"{name}.plan.json").write_text(plan.to_json())
-    report = placement_report(mod, plan)
+    report = placement_report(mod, plan, row_blocks=row_blocks)
     (work / f"{name}.placement.json").write_text(json.dumps(report, indent=2))
     built = CoexecModule(library=lib, plan=plan, placements=report, kernel_splits=splits)
     if not work_dir:

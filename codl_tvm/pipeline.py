@@ -150,7 +150,7 @@ def coexec_pipeline(
     opencl=None,
     channel_blocks: bool = True,
     kernel_splits: dict | None = None,
-    row_blocks: bool = True,
+    row_blocks: bool = False,
 ) -> tvm.transform.Pass:
     """The Relax pipeline that co-executes ``plan``'s operators on the GPU and the CPU.
 

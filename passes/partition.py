@@ -932,12 +932,14 @@ class PartitionOperators:
         ``block_ratio``. FST on the emulated SoC: 0.86-0.96x the latency (ca10c8e).
     row_blocks
         Also split, along rows at the split's ratio, the row-local block (LRN) that reads an H
-        split's output (see ``_Analysis.row_block``).
+        split's output (see ``_Analysis.row_block``). Off by default: on AlexNet at k = 12 it
+        measured 1.04-1.07x the latency of the whole LRN (8f08f26), PoCL's LRN rows being
+        slower than the CPU's at the conv's ratio.
 
     See the module docstring for preconditions and the exact IR emitted.
     """
 
-    def __init__(self, plan: PartitionPlan, channel_blocks: bool = True, row_blocks: bool = True):
+    def __init__(self, plan: PartitionPlan, channel_blocks: bool = True, row_blocks: bool = False):
         if not isinstance(plan, PartitionPlan):
             raise TypeError(f"PartitionOperators needs a PartitionPlan, got {type(plan).__name__}")
         self.plan = plan
