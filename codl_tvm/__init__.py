@@ -9,8 +9,9 @@ __version__ = "0.1.0"
 __all__ = ["__version__", "compile"]
 
 
-def compile(mod, plan, gpu=None, cpu=None, work_dir=None, row_blocks=False):
-    """Build ``mod`` with ``plan`` for co-execution; see :func:`codl_tvm.coexec.compile_coexec`."""
+def compile(mod, plan, gpu=None, cpu=None, work_dir=None, row_blocks: bool = False):
+    """Build ``mod`` with ``plan`` for co-execution; see :func:`codl_tvm.coexec.compile_coexec`
+    (``row_blocks=True`` also splits LRN-like blocks after an H split along rows)."""
     from codl_tvm.coexec import compile_coexec
 
     return compile_coexec(mod, plan, gpu=gpu, cpu=cpu, work_dir=work_dir, row_blocks=row_blocks)

@@ -1384,7 +1384,13 @@ def _adopt_plan(out: Path, model, plan, report, mode: str, manifest) -> None:
         for name in ("plan_report.json", "plan_report.txt"):
             (out / name).unlink(missing_ok=True)
     _write_plan(out, plan, report)
-    placement = placement_report(model.mod, plan)
+    # the blocks this build split with the plan, as the primary plan's report had them
+    placement = placement_report(
+        model.mod,
+        plan,
+        manifest.get("split_channel_blocks", True),
+        manifest.get("split_row_blocks", False),
+    )
     (out / "placement.json").write_text(json.dumps(placement, indent=2) + "\n")
 
 

@@ -183,8 +183,10 @@ def paired_ratios(
     return PairedRatios(speedup, of_t_star)
 
 
-#: |A/B - 1| below this counts as a tie in :class:`PairedAB`'s sign test.
+#: A/B within this fraction of 1 (either way: the band is symmetric in log) is a tie in
+#: :class:`PairedAB`'s sign test.
 AB_TIE = 0.005
+_TIE_LOG = math.log1p(AB_TIE)
 
 
 @dataclass
@@ -200,15 +202,18 @@ class PairedAB:
 
     @property
     def median(self) -> float:
+        """Median A/B ratio over the pooled rounds."""
         return float(np.median(self.ratios))
 
     @property
     def rounds_a_slower(self) -> int:
-        return sum(1 for r in self.ratios if r > 1.0 + AB_TIE)
+        """Rounds in which A was slower than B by more than the tie band."""
+        return sum(1 for r in self.ratios if math.log(r) > _TIE_LOG)
 
     @property
     def rounds_a_faster(self) -> int:
-        return sum(1 for r in self.ratios if r < 1.0 - AB_TIE)
+        """Rounds in which A was faster than B by more than the tie band."""
+        return sum(1 for r in self.ratios if math.log(r) < -_TIE_LOG)
 
     @property
     def sign_test_p(self) -> float:
@@ -216,26 +221,40 @@ class PairedAB:
         k, n = self.rounds_a_slower, self.rounds_a_slower + self.rounds_a_faster
         if n == 0:
             return 1.0
-        tail = sum(math.comb(n, i) for i in range(max(k, n - k), n + 1)) / 2.0**n
+        # integer numerator and denominator: exact, no float overflow for long runs
+        tail = sum(math.comb(n, i) for i in range(max(k, n - k), n + 1)) / 2**n
         return min(1.0, 2.0 * tail)
 
     def to_json(self) -> dict:
+        """The summary and every round's ratio, for a result JSON."""
         return {
             "median_ratio": round(self.median, 4),
             "rounds": len(self.ratios),
             "rounds_a_slower": self.rounds_a_slower,
             "rounds_a_faster": self.rounds_a_faster,
-            "sign_test_p": round(self.sign_test_p, 4),
+            "sign_test_p": float(f"{self.sign_test_p:.3g}"),
             "ratios": [round(r, 4) for r in self.ratios],
         }
 
 
 def paired_ab(runs: Sequence[tuple[Sequence[float], Sequence[float]]]) -> PairedAB:
-    """Pool per-round latency ratios A/B over runs: ``runs`` holds, per run, A's and B's samples
-    (one per round-robin round, in round order).
+    """Pool per-round latency ratios A/B over runs.
 
-    Raises ValueError if a run's lists differ in length or hold a non-positive time, or if
-    there is no round at all.
+    Parameters
+    ----------
+    runs
+        Per run, A's and B's latencies: one sample per round-robin round, in round order.
+
+    Returns
+    -------
+    PairedAB
+        Every round's A/B ratio, run after run.
+
+    Raises
+    ------
+    ValueError
+        If a run's lists differ in length or hold a latency that is not a positive finite
+        number, or if there is no round at all.
     """
     ratios: list[float] = []
     for i, (a, b) in enumerate(runs):
@@ -244,8 +263,9 @@ def paired_ab(runs: Sequence[tuple[Sequence[float], Sequence[float]]]) -> Paired
                 f"paired_ab: run {i} has {len(a)} samples of A and {len(b)} of B; "
                 "pair samples of the same rounds"
             )
-        if min(*a, *b, 1.0) <= 0:
-            raise ValueError(f"paired_ab: run {i} has a non-positive latency")
+        bad = [x for x in (*a, *b) if not (math.isfinite(x) and x > 0)]
+        if bad:
+            raise ValueError(f"paired_ab: run {i} has a latency that is not positive: {bad[0]}")
         ratios.extend(x / y for x, y in zip(a, b))
     if not ratios:
         raise ValueError("paired_ab: no rounds to compare")

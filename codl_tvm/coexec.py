@@ -148,7 +148,7 @@ def compile_coexec(
         directory, removed when the returned module is garbage collected.
     row_blocks
         Also split the LRN-like block after an H split along rows
-        (:class:`~codl_tvm.passes.PartitionOperators`).
+        (:class:`~codl_tvm.passes.PartitionOperators`); off by default.
     """
     import tvm
 

@@ -932,9 +932,9 @@ class PartitionOperators:
         ``block_ratio``. FST on the emulated SoC: 0.86-0.96x the latency (ca10c8e).
     row_blocks
         Also split, along rows at the split's ratio, the row-local block (LRN) that reads an H
-        split's output (see ``_Analysis.row_block``). Off by default: on AlexNet at k = 12 it
-        measured 1.04-1.07x the latency of the whole LRN (8f08f26), PoCL's LRN rows being
-        slower than the CPU's at the conv's ratio.
+        split's output (see ``_Analysis.row_block``). Off by default: AlexNet at k = 12 took
+        1.04-1.07x the latency of its build with the LRN kept whole (8f08f26), PoCL's LRN
+        rows being slower than the CPU's at the conv's ratio.
 
     See the module docstring for preconditions and the exact IR emitted.
     """

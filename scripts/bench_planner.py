@@ -11,7 +11,9 @@ Compile (here, or on the device machine with TVM's compiler library), then run t
 Per model the directory holds one ``codl-tvm compile`` artifact per baseline: ``cpu`` and
 ``gpu`` (single-processor builds), the planner modes (``codl``, ``codl_no_chain``, ``h_only``,
 ``oc_only``, ``ulayer_like``; ``MODE_alone`` builds a mode with the CPU-alone kernels on
-every CPU function, ``MODE_wholenorm`` keeping InstanceNorm-like blocks whole)
+every CPU function, ``MODE_wholenorm`` keeping InstanceNorm-like blocks whole,
+``MODE_streaming`` planned with ``--weight-gbps``, ``MODE_rowlrn`` splitting LRN blocks by rows;
+suffixes combine in any order)
 with the cost model, and ``oracle`` (``codl_no_chain`` planned with
 a table of measured part latencies: each operator's measured best split). ``run`` checks every
 artifact against the host reference stored with the CPU build, times it, and reports speedups
@@ -21,7 +23,8 @@ the other runs its own build (``--concurrent-s``: T* under contention), plan sta
 planning time; ``--trace-dir`` also writes a timeline of one codl inference per model (of the
 first co-executed variant where codl fell back to one processor). Variants are timed
 round-robin (``--rounds`` samples of ``--number`` runs each). ``plot`` draws latency against
-T* and codl's plan statistics from run JSONs.
+T* and codl's plan statistics from run JSONs. ``compare --a codl --b codl_rowlrn`` pools two
+builds' per-round latency ratios over run JSONs, with a sign test (an A/B of a default).
 
 ``refine --from codl --tag codl_refined`` rebalances each model's ``codl`` artifact from
 timelines taken on this machine (``codl-tvm refine``): the timelines one model at a time (the
@@ -58,13 +61,48 @@ STREAMING_SUFFIX = "_streaming"
 ROWLRN_SUFFIX = "_rowlrn"
 
 
-def _tag_mode(tag: str) -> tuple[str, bool, bool]:
-    """A planner-mode tag's mode, and whether it asks for the CPU-alone kernels and for
-    InstanceNorm-like blocks kept whole (``codl_alone_wholenorm``: codl, True, True)."""
-    tag = tag.removesuffix(STREAMING_SUFFIX).removesuffix(ROWLRN_SUFFIX)
-    wholenorm = tag.endswith(WHOLENORM_SUFFIX)
-    tag = tag.removesuffix(WHOLENORM_SUFFIX)
-    return tag.removesuffix(ALONE_SUFFIX), tag.endswith(ALONE_SUFFIX), wholenorm
+class _TagFlags(NamedTuple):
+    mode: str
+    alone: bool = False
+    wholenorm: bool = False
+    streaming: bool = False
+    rowlrn: bool = False
+
+
+_SUFFIXES = {
+    ALONE_SUFFIX: "alone",
+    WHOLENORM_SUFFIX: "wholenorm",
+    STREAMING_SUFFIX: "streaming",
+    ROWLRN_SUFFIX: "rowlrn",
+}
+
+
+def _tag_mode(tag: str, strict: bool = True) -> _TagFlags:
+    """A planner-mode tag's mode and build flags, its suffixes in any order
+    (``codl_alone_rowlrn``: mode codl, the CPU-alone kernels, LRN split by rows).
+
+    Raises SystemExit, with ``strict``, for a mode that is not a planner mode (e.g. the retired
+    ``_wholelrn``); without it, other tags (``cpu``, ``oracle``, ``codl_verify``) get no flags.
+    """
+    flags: dict[str, bool] = {}
+    rest = tag
+    while True:
+        hit = next((s for s in _SUFFIXES if rest.endswith(s)), None)
+        if hit is None:
+            break
+        flags[_SUFFIXES[hit]] = True
+        rest = rest.removesuffix(hit)
+    if strict and rest not in PLANNER_MODES:
+        hint = (
+            ": LRN blocks are whole by default since fc0a558, `_rowlrn` splits them"
+            if tag.endswith("_wholelrn")
+            else ""
+        )
+        sys.exit(
+            f"bench_planner: tag {tag!r} names no planner mode (one of {', '.join(PLANNER_MODES)} "
+            f"with suffixes {', '.join(_SUFFIXES)}){hint}"
+        )
+    return _TagFlags(rest, **flags)
 
 
 def _model_file(name: str, tmp: Path) -> Path:
@@ -129,7 +167,7 @@ class _Job(NamedTuple):
 def _compile_job(job: _Job) -> tuple[str, str, str | None]:
     from codl_tvm.artifact import compile_artifact
 
-    _, alone, wholenorm = _tag_mode(job.tag)
+    flags = _tag_mode(job.tag, strict=False)
     try:
         compile_artifact(
             job.path,
@@ -144,10 +182,10 @@ def _compile_job(job: _Job) -> tuple[str, str, str | None]:
             refine=job.refine,
             build_cache=job.cache,
             log=lambda s: None,
-            coexec_cpu_alone=True if alone else None,  # else: as the cost model says
-            split_channel_blocks=not wholenorm,
-            weight_gbps=job.weight_gbps if job.tag.endswith(STREAMING_SUFFIX) else None,
-            split_row_blocks=job.tag.endswith(ROWLRN_SUFFIX),
+            coexec_cpu_alone=True if flags.alone else None,  # else: as the cost model says
+            split_channel_blocks=not flags.wholenorm,
+            weight_gbps=job.weight_gbps if flags.streaming else None,
+            split_row_blocks=flags.rowlrn,
         )
     except Exception as exc:  # one failing build must not lose the others
         return job.name, job.tag, f"{type(exc).__name__}: {exc}"
@@ -167,14 +205,14 @@ def cmd_compile(args: argparse.Namespace) -> None:
     }
     if (out / "index.json").exists():  # a later call adds models or modes
         index["models"] = json.loads((out / "index.json").read_text())["models"]
-    if any(m.endswith(STREAMING_SUFFIX) for m in args.modes.split(",")) and not args.weight_gbps:
+    if any(_tag_mode(m).streaming for m in args.modes.split(",") if m) and not args.weight_gbps:
         sys.exit(f"bench_planner compile: a mode ending {STREAMING_SUFFIX} needs --weight-gbps")
     jobs = []
     for name in args.models.split(","):
         path = _model_file(name, models_dir)
         todo = [("cpu", "cpu", None, None, 0), ("gpu", "opencl", None, None, 0)]
         todo += [
-            (m, "coexec", _tag_mode(m)[0], args.cost_model, 0) for m in args.modes.split(",") if m
+            (m, "coexec", _tag_mode(m).mode, args.cost_model, 0) for m in args.modes.split(",") if m
         ]
         if args.oracle:
             todo.append(("oracle", "coexec", "codl_no_chain", args.oracle, 0))
@@ -590,20 +628,41 @@ def cmd_compare(args: argparse.Namespace) -> None:
     """Build A against build B, round by round, pooled over run JSONs (A/B of a default)."""
     from codl_tvm.bench import envelope, paired_ab, write_json
 
-    runs = [(path, json.loads(Path(path).read_text())) for path in args.results.split(",")]
-    wanted = args.models.split(",") if args.models else None
+    paths = [p for p in args.results.split(",") if p]
+    if len(set(paths)) != len(paths):
+        sys.exit("bench_planner compare: a run JSON is named twice (its rounds would count twice)")
+    if args.a == args.b:
+        sys.exit(f"bench_planner compare: --a and --b are both {args.a}")
+    wanted = [m for m in args.models.split(",") if m]
     table: dict[str, dict] = {}
-    for path, data in runs:
-        for name, model in data["results"]["models"].items():
-            rows = model["rows"]
-            if (wanted and name not in wanted) or args.a not in rows or args.b not in rows:
+    for path in paths:
+        try:
+            data = json.loads(Path(path).read_text())
+            models = data["results"]["models"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            sys.exit(f"bench_planner compare: {path} is no `bench_planner.py run` JSON ({exc!r})")
+        for name, model in models.items():
+            if wanted and name not in wanted:
+                continue
+            rows = model.get("rows", {})
+            missing = [t for t in (args.a, args.b) if "samples_ms" not in rows.get(t, {})]
+            if missing:
+                print(f"{path}: {name} has no {' or '.join(missing)}: skipped", file=sys.stderr)
                 continue
             entry = table.setdefault(name, {"runs": [], "pairs": []})
             a, b = rows[args.a]["samples_ms"], rows[args.b]["samples_ms"]
+            try:
+                one = paired_ab([(a, b)])
+            except ValueError as exc:
+                sys.exit(f"bench_planner compare: {path}, {name}: {exc}")
             entry["pairs"].append((a, b))
-            entry["runs"].append(
-                {"file": path, "commit": data.get("commit"), **paired_ab([(a, b)]).to_json()}
-            )
+            entry["runs"].append({"file": path, "commit": data.get("commit"), **one.to_json()})
+    absent = [m for m in wanted if m not in table]
+    if absent:
+        sys.exit(
+            f"bench_planner compare: no run of {args.results} has {', '.join(absent)} (--models) "
+            f"with both {args.a} and {args.b}"
+        )
     if not table:
         sys.exit(
             f"bench_planner compare: no model of {args.results} has both {args.a} and {args.b}"

@@ -126,16 +126,30 @@ def test_paired_ab_sign_test_of_a_balanced_and_an_empty_comparison():
     # 7 of 8 one way: 2 * (C(8,7) + C(8,8)) / 2**8
     lopsided = paired_ab([([1.2] * 7 + [0.8], [1.0] * 8)])
     assert lopsided.sign_test_p == pytest.approx(2 * 9 / 256)
+    # the other way round: 1 slower, 7 faster, the same p
+    faster = paired_ab([([1.2] + [0.8] * 7, [1.0] * 8)])
+    assert (faster.rounds_a_slower, faster.rounds_a_faster) == (1, 7)
+    assert faster.sign_test_p == pytest.approx(2 * 9 / 256)
+    # the tie band is symmetric: A/B and B/A fall on the same side of it
+    for ratio, counted in ((1.00502, 1), (1.00498, 0)):
+        assert paired_ab([([ratio], [1.0])]).rounds_a_slower == counted
+        assert paired_ab([([1.0], [ratio])]).rounds_a_faster == counted
+    # 1100 rounds, all one way: no OverflowError (2**-1100 underflows to 0)
+    assert paired_ab([([2.0] * 1100, [1.0] * 1100)]).sign_test_p < 1e-300
+    assert paired_ab([([2.0] * 23, [1.0] * 23)]).to_json()["sign_test_p"] == pytest.approx(2.38e-7)
     assert paired_ab([([1.0, 2.0], [1.0, 2.0])]).sign_test_p == 1.0  # all ties
 
 
 def test_paired_ab_rejects_unpaired_samples():
     with pytest.raises(ValueError, match="run 1 has 1 samples of A and 2 of B"):
         paired_ab([([1.0], [1.0]), ([1.0], [1.0, 2.0])])
-    with pytest.raises(ValueError, match="non-positive"):
-        paired_ab([([1.0, -1.0], [1.0, 1.0])])
+    for bad in (-1.0, 0.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="not positive"):
+            paired_ab([([1.0, bad], [1.0, 1.0])])
     with pytest.raises(ValueError, match="no rounds"):
         paired_ab([])
+    with pytest.raises(ValueError, match="no rounds"):
+        paired_ab([([], [])])
 
 
 def _run_json(path, models: dict) -> str:
@@ -167,6 +181,43 @@ def test_bench_planner_compare_pools_runs(tmp_path, capsys):
         assert m["pooled"]["ratios"] == pytest.approx([1.1, 1.1, 0.9, 1.1, 1.1])
         assert (m["pooled"]["rounds_a_slower"], m["pooled"]["rounds_a_faster"]) == (4, 1)
         assert [r["median_ratio"] for r in m["runs"]] == pytest.approx([1.1, 1.1])
-        assert "pooled 1.100 (4/1 of 5" in capsys.readouterr().out
+        printed = capsys.readouterr()
+        assert "pooled 1.100 (4/1 of 5" in printed.out
+        assert "other has no x: skipped" in printed.err
         with pytest.raises(SystemExit, match=r"no model of .* has both codl and z"):
             bp.main(["compare", "--results", one, "--a", "codl", "--b", "z"])
+        with pytest.raises(SystemExit, match=r"has other \(--models\) with both codl and x"):
+            bp.main(["compare", "--results", one, "--a", "codl", "--b", "x", "--models", "m,other"])
+        with pytest.raises(SystemExit, match="named twice"):
+            bp.main(["compare", "--results", f"{one},{one}", "--a", "codl", "--b", "x"])
+        with pytest.raises(SystemExit, match="--a and --b are both codl"):
+            bp.main(["compare", "--results", one, "--a", "codl", "--b", "codl"])
+        (tmp_path / "bad.json").write_text("{}")
+        with pytest.raises(SystemExit, match=r"bad\.json is no `bench_planner\.py run` JSON"):
+            bp.main(["compare", "--results", str(tmp_path / "bad.json"), "--a", "a", "--b", "b"])
+        zero = _run_json(tmp_path / "zero.json", {"m": {"codl": [0.0], "x": [1.0]}})
+        with pytest.raises(SystemExit, match=r"zero\.json, m: paired_ab: run 0 has a latency"):
+            bp.main(["compare", "--results", zero, "--a", "codl", "--b", "x"])
+
+
+def test_bench_planner_tags_combine_suffixes_in_any_order():
+    from tests.scripts_util import script_module
+
+    with script_module("bench_planner") as bp:
+        flags = bp._tag_mode("codl_alone_rowlrn")
+        assert (flags.mode, flags.alone, flags.rowlrn, flags.streaming) == (
+            "codl",
+            True,
+            True,
+            False,
+        )
+        flags = bp._tag_mode("h_only_rowlrn_streaming")
+        assert (flags.mode, flags.rowlrn, flags.streaming) == ("h_only", True, True)
+        assert bp._tag_mode("codl_wholenorm").wholenorm
+        assert bp._tag_mode("codl") == bp._TagFlags("codl")  # row blocks off by default
+        with pytest.raises(SystemExit, match="LRN blocks are whole by default"):
+            bp._tag_mode("codl_wholelrn")
+        with pytest.raises(SystemExit, match="names no planner mode"):
+            bp._tag_mode("fast")
+        # the single-processor and oracle builds carry no planner flags
+        assert bp._tag_mode("oracle", strict=False) == bp._TagFlags("oracle")

@@ -175,3 +175,14 @@ def test_info_describes_the_device_in_use(opencl, capsys):
     assert shown["platform"] == opencl.platform
     assert shown["svm_mode"] == opencl.svm_mode
     assert [d["name"] for d in shown["devices"]] == [d.name for d in opencl.devices]
+
+
+def test_compile_block_splits_default_to_measured_settings():
+    """InstanceNorm blocks are split by default (FST gained), LRN row blocks are not (AlexNet
+    at k = 12 lost 1.06x with them, results/ab_soc_k12_8f08f26_rowblocks.json)."""
+    from codl_tvm.cli import build_parser
+
+    args = build_parser().parse_args(["compile", "m.onnx", "-o", "out"])
+    assert args.split_channel_blocks is True and args.split_row_blocks is False
+    args = build_parser().parse_args(["compile", "m.onnx", "-o", "out", "--split-row-blocks"])
+    assert args.split_row_blocks is True

@@ -143,6 +143,8 @@ def test_compile_plans_with_weight_rates(opencl, tmp_path):
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["device"] == "coexec"
     assert manifest["plan"]["weight_gbps"] == list(SLOW)
+    # LRN-like row blocks stay whole unless asked for (split_row_blocks=True)
+    assert manifest["split_row_blocks"] is False and manifest["split_channel_blocks"] is True
     entries = {e.ops[0]: e for e in PartitionPlan.load(out / "plan.json").entries()}
     assert entries["matmul_8"].dim == "OC" and entries["matmul_8"].ratio in (0.7, 0.8)
     art = load_artifact(out)

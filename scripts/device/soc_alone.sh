@@ -9,7 +9,8 @@
 #         and carry .device/prof_kK_alone.tar.xz in call 2 (stage2 copies it)
 #   there: SOC_K=K bash /tmp/code/soc_alone.sh (started by stage2.sh soc_alone.sh)
 # SOC_ALONE_PROFILE_ONLY=1 stops after the fit; SOC_ALONE_SKIP_PROFILE=1 uses the committed
-# model (a second machine); other SOC_* settings go to soc.sh. AlexNet is back among the models
+# model (a second machine); SOC_ALONE_DONE_FLAG names the final flag (default DONE); other
+# SOC_* settings go to soc.sh. AlexNet is back among the models
 # since PoCL's dense kernel (4be536b): its GPU build is no longer 25x slower than its CPU build.
 . /tmp/code/split_env.sh  # K, r, p, cm and the split's environment
 model=$cm/emulated-soc-k$K-alone.json
@@ -30,10 +31,10 @@ if [ "${SOC_ALONE_SKIP_PROFILE:-0}" != 1 ]; then
     >> $r/fit_alone.log 2>&1
   cp $model $r/
   touch $r/FITTED
-  if [ "${SOC_ALONE_PROFILE_ONLY:-0}" = 1 ]; then touch $r/DONE; exit 0; fi
+  if [ "${SOC_ALONE_PROFILE_ONLY:-0}" = 1 ]; then touch $r/${SOC_ALONE_DONE_FLAG:-DONE}; exit 0; fi
 fi
 SOC_K=$K SOC_COST_MODEL=$model SOC_ORACLE=${SOC_ORACLE:-$p/oracle_emulated_soc_k$K.json} \
 CPU_MODELS=${CPU_MODELS:-none} \
 SOC_MODELS=${SOC_MODELS:-vgg19,vgg16,yolov2,fst,retinaface,posenet,inception_v1,resnet50,squeezenet,bvlc_alexnet} \
   bash /tmp/code/soc.sh
-touch $r/DONE
+touch $r/${SOC_ALONE_DONE_FLAG:-DONE}
