@@ -56,8 +56,8 @@ WHOLENORM_SUFFIX = "_wholenorm"
 #: (``compile`` takes the rates from this script's ``--weight-gbps``).
 STREAMING_SUFFIX = "_streaming"
 #: ... and ending so (``codl_rowlrn``): that mode with ``compile --split-row-blocks`` (an LRN
-#: after an H split is split along rows; off by default since 8f08f26, where the same A/B was
-#: tagged ``codl_wholelrn`` with the split on by default).
+#: after an H split is split along rows; off by default since fc0a558, after the 8f08f26 A/B,
+#: which tagged the whole LRN ``codl_wholelrn`` while the split was the default).
 ROWLRN_SUFFIX = "_rowlrn"
 
 
