@@ -917,6 +917,21 @@ class _Rewriter(PyExprMutator):
         )
 
 
+def _add_blocks(chains: list[_Chain], find) -> None:
+    """Append to ``chains`` the block ``find(chain, taken)`` gives after each split chain, with
+    ``taken`` the variables chains and earlier blocks already hold. A chain kept whole on one
+    processor gets none: its block stays there, unsplit."""
+    taken = {s.var for c in chains for s in c.steps}
+    taken.update(d for c in chains for d in c.dropped)
+    for chain in list(chains):
+        if not 0.0 < chain.entry.ratio < 1.0:
+            continue
+        block = find(chain, taken)
+        if block is not None:
+            chains.append(block)
+            taken.update(s.var for s in block.steps)
+
+
 @tvm.transform.module_pass(opt_level=0, name="codl.PartitionOperators")
 class PartitionOperators:
     """Split the operators and chains of ``plan`` into a GPU part and a CPU part.
@@ -960,25 +975,17 @@ class PartitionOperators:
         analysis = _Analysis(mod)
         chains = _share_followers(analysis, [analysis.chain(e) for e in entries])
         if self.channel_blocks:
-            taken = {s.var for c in chains for s in c.steps}
-            taken.update(d for c in chains for d in c.dropped)
-            for chain in list(chains):
-                if not 0.0 < chain.entry.ratio < 1.0:
-                    continue  # whole on one processor: the block stays there, unsplit
-                block = analysis.channel_block(chain, taken, self.plan.block_ratio)
-                if block is not None:
-                    chains.append(block)
-                    taken.update(s.var for s in block.steps)
+            _add_blocks(
+                chains,
+                lambda chain, taken: analysis.channel_block(chain, taken, self.plan.block_ratio),
+            )
         if self.row_blocks:
-            taken = {s.var for c in chains for s in c.steps}
-            taken.update(d for c in chains for d in c.dropped)
-            for chain in list(chains):
-                if chain.entry.dim != PartitionDim.H or not 0.0 < chain.entry.ratio < 1.0:
-                    continue
-                block = analysis.row_block(chain, taken)
-                if block is not None:
-                    chains.append(block)
-                    taken.update(s.var for s in block.steps)
+            _add_blocks(
+                chains,
+                lambda chain, taken: (
+                    analysis.row_block(chain, taken) if chain.entry.dim == PartitionDim.H else None
+                ),
+            )
         rewriter = _Rewriter(mod, analysis, chains)
         new_main = rewriter.visit_expr(main)
         new_main = new_main.with_attr(PARTS_ATTR, json.dumps(rewriter.records))

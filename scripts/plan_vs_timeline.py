@@ -92,13 +92,15 @@ def streaming_rates(rows: Sequence[dict], kind: str = "matmul") -> dict[str, flo
 def with_floor(rows: Sequence[dict], rates: Mapping[str, float]) -> list[dict]:
     """``rows`` predicted as ``CostModel.streaming`` would: each part no faster than its weight
     bytes over its processor's rate (parts without weight bytes, e.g. chains, unchanged)."""
+    from codl_tvm.cost_model.features import weight_floor_ms
+
     out = []
     for r in rows:
         r = dict(r)
         for proc in ("cpu", "gpu"):
             nbytes, rate = r.get(f"{proc}_weight_bytes"), rates.get(proc)
             if nbytes and rate:
-                r[f"{proc}_pred_ms"] = max(r[f"{proc}_pred_ms"], nbytes / (rate * 1e6))
+                r[f"{proc}_pred_ms"] = max(r[f"{proc}_pred_ms"], weight_floor_ms(nbytes, rate))
                 r[f"{proc}_ratio"] = r[f"{proc}_meas_ms"] / r[f"{proc}_pred_ms"]
         out.append(r)
     return out

@@ -47,6 +47,7 @@ from codl_tvm.cost_model.features import (
     Partition,
     op_features,
     weight_bytes,
+    weight_floor_ms,
 )
 
 __all__ = [
@@ -291,13 +292,12 @@ class CostModel(ABC):
             out *= [self.processor_scale.get(f.processor, 1.0) for f in features]
         if self.weight_gbps:
             # No part runs faster than its weights stream from memory inside a model; the
-            # profiler repeated each part alone, with its weights cached (bytes / (GB/s) is
-            # 1e-6 ms per byte).
+            # profiler repeated each part alone, with its weights cached.
             for i, f in enumerate(features):
                 rate = self.weight_gbps.get(f.processor)
                 if rate:
-                    floor = weight_bytes(f.op, f.part, f.params.kernel) / (rate * 1e6)
-                    out[i] = max(out[i], floor)
+                    nbytes = weight_bytes(f.op, f.part, f.params.kernel)
+                    out[i] = max(out[i], weight_floor_ms(nbytes, rate))
         return out
 
     def scaled(self, cpu: float = 1.0, gpu: float = 1.0) -> CostModel:

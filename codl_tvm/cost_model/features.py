@@ -42,6 +42,7 @@ __all__ = [
     "part_shape",
     "split_extent",
     "weight_bytes",
+    "weight_floor_ms",
 ]
 
 OP_KINDS: tuple[str, ...] = ("conv2d", "dense", "pool")
@@ -335,6 +336,12 @@ def weight_bytes(op: str, part: PartShape, kernel: int, dtype_bytes: int = 4) ->
     if op == "pool":
         return 0
     return part.oc * (part.ic // max(part.groups, 1)) * kernel * kernel * dtype_bytes
+
+
+def weight_floor_ms(nbytes: float, gbps: float) -> float:
+    """Milliseconds to stream ``nbytes`` of weights at ``gbps`` GB/s (1e-6 ms per byte at
+    1 GB/s): the least a part can take inside a model (:meth:`CostModel.streaming`)."""
+    return nbytes / (gbps * 1e6)
 
 
 @dataclass(frozen=True)
