@@ -40,6 +40,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from codl_tvm.errors import ArtifactError
+
 if TYPE_CHECKING:
     from codl_tvm.planner import PlannerConfig
 
@@ -73,10 +75,6 @@ _OWN_FILES = (
     "plan_report.txt",
     "placement.json",
 )
-
-
-class ArtifactError(ValueError):
-    """An artifact cannot be written or read; the message names the path and the problem."""
 
 
 def _sha256(path: Path) -> str:

@@ -37,6 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
+from codl_tvm.errors import DeployError
 from codl_tvm.rpc_utils import (
     RemoteDevice,
     RPCError,
@@ -60,10 +61,6 @@ __all__ = [
 ]
 
 DEVICES = ("cpu", "opencl", "coexec")
-
-
-class DeployError(RuntimeError):
-    """The deployment cannot proceed; the message names the problem."""
 
 
 @dataclass(frozen=True)

@@ -7,11 +7,9 @@ from pathlib import Path
 
 import numpy as np
 
+from codl_tvm.errors import ModelError
+
 __all__ = ["ModelError", "OnnxModel", "TensorSpec", "load_onnx", "random_inputs"]
-
-
-class ModelError(ValueError):
-    """A model file or its inputs cannot be used; the message names the file and the problem."""
 
 
 @dataclass(frozen=True)

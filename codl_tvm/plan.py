@@ -42,6 +42,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from codl_tvm.errors import PlanError
+
 __all__ = [
     "PLAN_VERSION",
     "ChainPlan",
@@ -58,10 +60,6 @@ __all__ = [
 ]
 
 PLAN_VERSION = 1
-
-
-class PlanError(ValueError):
-    """A plan is malformed or does not fit the module; the message names the entry and problem."""
 
 
 class PartitionDim(str, enum.Enum):

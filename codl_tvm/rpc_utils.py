@@ -34,6 +34,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from codl_tvm.errors import (
+    NoFreeDevice,
+    RemoteFailure,
+    RPCError,
+    TrackerUnreachable,
+    VersionMismatch,
+)
+
 __all__ = [
     "DeviceFarm",
     "JobResult",
@@ -59,31 +67,6 @@ VERSIONS_FUNC = "codl_tvm.rpc.versions"
 # TVM's tracker protocol (tvm.rpc.base): magic word, then length-prefixed JSON messages.
 _TRACKER_MAGIC = 0x2F271
 _CODE_SUCCESS, _CODE_REQUEST, _CODE_SUMMARY = 0, 4, 6
-
-
-class RPCError(RuntimeError):
-    """Base class of codl-tvm's RPC errors."""
-
-
-class TrackerUnreachable(RPCError):
-    """The tracker does not answer at its address."""
-
-
-class NoFreeDevice(RPCError):
-    """The tracker has no free device of the requested key within the wait."""
-
-
-class VersionMismatch(RPCError):
-    """The remote runs a TVM other than this machine's."""
-
-
-class RemoteFailure(RPCError):
-    """A connected remote device failed (died, timed out, or raised); names the device."""
-
-    def __init__(self, device: str, stage: str, detail: str) -> None:
-        super().__init__(f"remote device {device} failed while {stage}: {detail}")
-        self.device = device
-        self.stage = stage
 
 
 def parse_address(text: str, what: str = "tracker") -> tuple[str, int]:

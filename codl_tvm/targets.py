@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from codl_tvm.errors import ToolchainError
+
 __all__ = [
     "PRESETS",
     "TargetPreset",
@@ -34,10 +36,6 @@ __all__ = [
     "link_method",
     "preset_names",
 ]
-
-
-class ToolchainError(RuntimeError):
-    """The compiler or linker needed to export a library for a preset is not available."""
 
 
 @dataclass(frozen=True)

@@ -49,6 +49,7 @@ from codl_tvm.cost_model.features import (
     weight_bytes,
     weight_floor_ms,
 )
+from codl_tvm.errors import ModelFileError
 
 __all__ = [
     "MODEL_FORMAT",
@@ -72,10 +73,6 @@ MODEL_KINDS: dict[str, str] = {
     "flops": "codl_tvm.cost_model.flops:FlopsModel",
     "measured": "codl_tvm.cost_model.measured:MeasuredModel",
 }
-
-
-class ModelFileError(ValueError):
-    """A model file is unreadable, not a cost model, of another version or kind, or corrupt."""
 
 
 class CostModelFallbackWarning(UserWarning):

@@ -48,6 +48,7 @@ from codl_tvm.cost_model.features import (
     op_features,
     part_shape,
 )
+from codl_tvm.errors import DatasetError
 
 __all__ = [
     "DATASET_FORMAT",
@@ -65,10 +66,6 @@ __all__ = [
 DATASET_FORMAT = "codl-tvm-latency-dataset"
 DATASET_VERSION = 1
 SHARING_KINDS: tuple[str, ...] = ("transform", "map", "unmap", "presync", "postsync")
-
-
-class DatasetError(ValueError):
-    """A dataset file or record is malformed (the message names file, line and field)."""
 
 
 def _canonical(obj) -> str:

@@ -15,15 +15,13 @@ from __future__ import annotations
 from importlib import resources
 from pathlib import Path
 
+from codl_tvm.errors import NoDefaultModelError
+
 __all__ = ["SHIPPED", "NoDefaultModelError", "default_model_path", "shipped_model_path"]
 
 SHIPPED = ("emulated-soc", "device-h100")
 # Presets whose device pair one shipped model describes.
 _BY_PRESET = {"emulated-soc": "emulated-soc", "pocl": "emulated-soc", "device-h100": "device-h100"}
-
-
-class NoDefaultModelError(ValueError):
-    """No shipped cost model describes the requested device pair."""
 
 
 def shipped_model_path(name: str) -> Path:

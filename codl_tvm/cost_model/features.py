@@ -26,6 +26,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from codl_tvm.errors import FeatureError
+
 __all__ = [
     "DIMS",
     "IMPL_GROUPS",
@@ -48,10 +50,6 @@ __all__ = [
 OP_KINDS: tuple[str, ...] = ("conv2d", "dense", "pool")
 PROCESSORS: tuple[str, ...] = ("cpu", "gpu")
 DIMS: tuple[str, ...] = ("H", "OC", "none")
-
-
-class FeatureError(ValueError):
-    """Invalid operator description (names the operator, the field and the value)."""
 
 
 def _pos_int(value, what: str, ctx: str, minimum: int = 1) -> int:

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from codl_tvm.errors import RefineError
 from codl_tvm.plan import PartitionPlan
 
 __all__ = ["RefineError", "SplitTime", "moves", "refine_plan", "split_times"]
@@ -39,10 +40,6 @@ __all__ = ["RefineError", "SplitTime", "moves", "refine_plan", "split_times"]
 CHANNEL_BLOCK_SUFFIX = "+channels"
 #: Channels an output-channel cut of a refined split moves in (an AVX-512 vector of fp32).
 OC_ALIGN = 16
-
-
-class RefineError(ValueError):
-    """The timelines or the build's kernel record cannot refine the plan."""
 
 
 @dataclass(frozen=True)

@@ -45,6 +45,7 @@ from codl_tvm.cost_model.features import (
     op_features,
     part_shape,
 )
+from codl_tvm.errors import PlannerError
 from codl_tvm.plan import (
     ChainPlan,
     OpInfo,
@@ -80,10 +81,6 @@ MODES: tuple[str, ...] = (
 )
 _SHARING_KINDS = ("transform", "map", "presync")
 _NO_SHARING = "has no data-sharing measurements"
-
-
-class PlannerError(ValueError):
-    """The planner cannot run (bad configuration, a cost model it cannot use)."""
 
 
 @dataclass(frozen=True)

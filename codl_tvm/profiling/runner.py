@@ -37,6 +37,7 @@ from codl_tvm.cost_model.features import (
     PartShape,
     part_shape,
 )
+from codl_tvm.errors import ProfileError
 
 if TYPE_CHECKING:
     from codl_tvm.passes.winograd import ConvRewrite
@@ -65,10 +66,6 @@ __all__ = [
 ]
 
 PROCESSOR_DEVICE = {"gpu": "opencl", "cpu": "cpu"}
-
-
-class ProfileError(ValueError):
-    """A profiling job cannot be built or measured (the message names the operator and part)."""
 
 
 @dataclass(frozen=True)
