@@ -4,7 +4,6 @@
   :class:`~codl_tvm.plan.PartitionPlan` into a GPU part and a CPU part merged with ``concat``.
 - :func:`collect_parts` (``parts.py``): which variables belong to which processor, and which
   output region each part produces.
-- ``halo.py``: the pure-Python row/channel geometry (halo propagation through chains, Eq. 1).
 - :class:`FoldBatchNorm` (``fold_bn.py``): before partitioning, folds inference batch norms after
   constant-weight convs into the convs (keeps operator names and shapes).
 - :class:`PairwiseVariadic` (``variadic.py``): before partitioning, rewrites the ONNX frontend's
@@ -21,8 +20,7 @@
   of a model with more than 128 distinct kernels on every launch).
 """
 
-from .fold_bn import FoldBatchNorm
-from .halo import (
+from codl_tvm.geometry import (
     ChannelMap,
     PartSpan,
     SlidingWindow,
@@ -31,6 +29,8 @@ from .halo import (
     chain_row_spans,
     split_point,
 )
+
+from .fold_bn import FoldBatchNorm
 from .lrn import LRNWindowSum
 from .partition import PartitionOperators
 from .parts import PARTS_ATTR, PartRecord, Processor, SplitRecord, collect_parts

@@ -28,7 +28,7 @@ ops, all bound to fresh variables named ``codl{K}_{gpu|cpu}_...``::
     (the same for cpu)
     codlK_out = R.concat((codlK_gpu_<last>, codlK_cpu_<last>), axis=2)   # the merge
 
-H parts read their input rows plus the halo (:func:`codl_tvm.passes.halo.chain_row_spans`): the
+H parts read their input rows plus the halo (:func:`codl_tvm.geometry.chain_row_spans`): the
 slice is clamped to the image and the clamped amounts become the part's own top/bottom padding, so
 every part is exact; in a chain each part computes the halo rows it needs from its own data
 (redundant compute at the part border, CoDL Eq. 1 and Fig. 12). OC parts slice the weights (and
@@ -76,16 +76,7 @@ import tvm_ffi
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
-from codl_tvm.plan import (
-    ChainPlan,
-    PartitionDim,
-    PartitionPlan,
-    PlanError,
-    iter_main_bindings,
-    partitionable_bindings,
-)
-
-from .halo import (
+from codl_tvm.geometry import (
     ChannelMap,
     PartSpan,
     SlidingWindow,
@@ -95,6 +86,15 @@ from .halo import (
     oc_granularity,
     split_point,
 )
+from codl_tvm.plan import (
+    ChainPlan,
+    PartitionDim,
+    PartitionPlan,
+    PlanError,
+    iter_main_bindings,
+    partitionable_bindings,
+)
+
 from .parts import PARTS_ATTR, Processor
 
 __all__ = ["PartitionOperators"]

@@ -220,7 +220,7 @@ def test_h_split_rows_and_halo(h, k, s, pad, dil, ratio):
 
 def test_split_matches_the_partitioning_passes():
     """The cost model predicts the parts the passes really cut (same rounding, rows, groups)."""
-    from codl_tvm.passes.halo import ChannelMap, SlidingWindow, Span, split_point
+    from codl_tvm.geometry import ChannelMap, SlidingWindow, Span, split_point
 
     for n in (1, 2, 3, 7, 10, 56, 113):
         for ratio in np.linspace(0.0, 1.0, 41):

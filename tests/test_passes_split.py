@@ -314,9 +314,8 @@ def test_matmul_constant_weight_is_split_at_compile_time():
 def test_matmul_oc_parts_are_whole_vectors(features, ratio, cut):
     """Matmul OC cuts fall on MATMUL_OC_ALIGN features (or the largest power of two that divides
     the features), in the pass and in the planner's part geometry alike."""
-    from codl_tvm.passes.halo import MATMUL_OC_ALIGN, aligned_granularity
-
-    from codl_tvm.planner.geometry import chain_parts, op_params
+    from codl_tvm.geometry import MATMUL_OC_ALIGN, aligned_granularity
+    from codl_tvm.planner.part_shapes import chain_parts, op_params
 
     assert MATMUL_OC_ALIGN == 16
     assert aligned_granularity(features, 1, MATMUL_OC_ALIGN) in (1, 2, 4, 8, 16)

@@ -88,7 +88,7 @@ def test_output_channel_cuts_move_in_whole_vectors():
     assert refined.ops[0].ratio == 0.5
     assert refined.ops[1].ratio == 0.49
     assert refined.chains[0].ratio == 0.49
-    from codl_tvm.passes.halo import split_point
+    from codl_tvm.geometry import split_point
 
     for share in (0.07, 0.33, 0.61, 0.93):
         splits["splits"]["conv2d_0"]["gpu_share"] = share

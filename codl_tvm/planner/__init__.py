@@ -12,7 +12,7 @@ the model (``codl-tvm refine``).
 """
 
 from codl_tvm.planner.cli import register_cli
-from codl_tvm.planner.geometry import ChainParts, chain_parts, op_params
+from codl_tvm.planner.part_shapes import ChainParts, chain_parts, op_params
 from codl_tvm.planner.report import Decision, PlanReport, PlanSummary
 from codl_tvm.planner.search import (
     DEFAULT_RATIOS,

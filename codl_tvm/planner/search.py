@@ -56,7 +56,7 @@ from codl_tvm.plan import (
     model_fingerprint,
     partitionable_ops,
 )
-from codl_tvm.planner.geometry import chain_parts, op_params
+from codl_tvm.planner.part_shapes import chain_parts, op_params
 from codl_tvm.planner.report import Decision, PlanReport, PlanSummary
 
 __all__ = [

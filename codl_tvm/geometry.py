@@ -1,4 +1,4 @@
-"""Row and channel geometry of partitioned operators and chains (pure Python, no TVM).
+"""Row and channel geometry of split operators and chains: halo spans (pure Python, no TVM).
 
 Everything here works on one axis of an NCHW tensor and on half-open spans ``[start, stop)``.
 

@@ -2,7 +2,7 @@
 
 Single operators follow the cost model's split convention (``features.part_shape``, the same cut
 as the partitioning passes). Chains use the passes' own halo geometry
-(:func:`codl_tvm.passes.halo.chain_row_spans` / :func:`~codl_tvm.passes.halo.chain_channel_spans`):
+(:func:`codl_tvm.geometry.chain_row_spans` / :func:`~codl_tvm.geometry.chain_channel_spans`):
 each processor's rows (or channels) of the chain's last output are walked backwards through the
 chain, so the input rows of every earlier operator grow by its halo (CoDL Eq. 1 and Fig. 12) and
 each operator's part is predicted with its enlarged shape.
@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from codl_tvm.cost_model.features import FeatureError, OpParams, PartShape
-from codl_tvm.passes.halo import (
+from codl_tvm.geometry import (
     ChannelMap,
     SlidingWindow,
     Span,
