@@ -177,10 +177,18 @@ def _union_length(intervals) -> float:
 
 
 def trace_inference(
-    built, inputs: Sequence[np.ndarray], warmup: int = 1, kernel_splits: dict | None = None
+    built,
+    inputs: Sequence[np.ndarray],
+    warmup: int = 1,
+    kernel_splits: dict | None = None,
+    serial: bool = False,
 ) -> Trace:
     """Run ``built`` (a :class:`~codl_tvm.coexec.CoexecModule` or an artifact) once and return
     its timeline.
+
+    ``serial`` waits for the GPU's queue to drain before and after every call, so each kernel
+    runs alone: the same kernels' times without the other processor's contention
+    (:func:`codl_tvm.bound.gap_breakdown`). The span of a serial trace is no latency.
 
     ``kernel_splits`` (default: ``built.kernel_splits`` where the build recorded it) attributes
     each kernel to its split; when the calls the VM made do not match it, the events carry no
@@ -203,6 +211,8 @@ def trace_inference(
     pending: list[tuple[str, int]] = []
 
     def instrument(func, symbol, before_run, ret, *call_args):
+        if serial:
+            dev.sync()
         now = clock()
         if before_run:
             pending.append((str(symbol), now))
