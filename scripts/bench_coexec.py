@@ -10,7 +10,7 @@ Compile here, run on the device machine:
 
     python scripts/bench_coexec.py compile --out .device/coexec
     python scripts/bench_coexec.py run --dir .device/coexec --platform portable \\
-        --out results/coexec_pocl.json
+        --out out/coexec_pocl.json
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
     python scripts/bench_coexec_models.py compile --out .device/cx_models --gpu-device pocl
     python scripts/bench_coexec_models.py run --dir .device/cx_models --platform portable \\
-        --out results/coexec_models_pocl8cu.json --tvm-cpus 8-15
+        --out out/coexec_models_pocl8cu.json --tvm-cpus 8-15
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ library so it stays small enough to carry. Compile here, run on the device machi
 
     python scripts/bench_cpu_models.py compile --out .device/cpu_models
     python scripts/bench_cpu_models.py run --dir .device/cpu_models --threads 8 \\
-        --rounds 5 --out results/cpu_models_8threads.json
+        --rounds 5 --out out/cpu_models.json
 
 Weights as inputs hide them from build-time folding that onnxruntime (which gets them as
 initializers) does: batch norms cannot fold into the convs (ResNet50: 53 extra kernels).

@@ -10,7 +10,7 @@ Compile here (full TVM), run on the device machine (runtime-only TVM):
     python scripts/bench_runtime.py compile --out .device/runtime
     # on the device machine:
     python scripts/bench_runtime.py all --dir .device/runtime --platforms nvidia,portable \\
-        --out results/runtime.json
+        --out out/runtime.json
 """
 
 from __future__ import annotations

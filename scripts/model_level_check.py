@@ -11,8 +11,9 @@ exactly as well predicted as that processor alone), and which fallback margins (
 when predicted ``margin`` times faster than the best single processor) would have made the right
 choice on these measurements::
 
-    python scripts/model_level_check.py --results results/planner_emulated_soc.json \\
-        --cost-model codl_tvm/data/cost_models/emulated-soc.json --out results/model_level_soc.json
+    python scripts/model_level_check.py --results benchmarks/planner_emulated_soc_k12.json \\
+        --cost-model codl_tvm/data/cost_models/emulated-soc-k12-alone.json \\
+        --out out/model_level.json
 
 Re-plan with the planner settings of the measured run (``--chain-min-gain 0`` for runs made
 before the chain margin existed), or codl's predictions describe another plan.
@@ -22,9 +23,9 @@ and reports the margins over all their co-executed plans, with each margin's sum
 relative to the best single processor (the build each margin would have shipped: the measured
 co-executed plan, or that processor)::
 
-    python scripts/model_level_check.py --aggregate results/model_level_soc_21e24f0.json,\
-        results/model_level_soc_k12_268ba32.json,results/model_level_soc_k12_c609613.json \
-        --out results/model_level_margins.json
+    python scripts/model_level_check.py --aggregate benchmarks/model_level/soc_k8.json,\
+        benchmarks/model_level/soc_k12_run1.json,benchmarks/model_level/soc_k12_run2.json \
+        --out out/model_level_margins.json
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Where the measurement noise of the profiling datasets comes from, and how much of the cost
 models' held-out error it explains (issue 5). No timing happens here: everything is read from
-the committed datasets in ``results/profile``::
+the shipped datasets in ``codl_tvm/data/cost_models/datasets``::
 
-    python scripts/noise_analysis.py --out results/noise_analysis.json
+    python scripts/noise_analysis.py --out benchmarks/noise_analysis.json
     python scripts/noise_analysis.py --runs A.jsonl B.jsonl --out runs.json  # two runs compared
 
 Three views of the noise, per dataset and processor:
@@ -40,14 +40,14 @@ import numpy as np
 #: same device (fitted together, as the shipped models are).
 DATASETS: dict[str, list[str]] = {
     "emulated_soc_k8": [
-        "results/profile/emulated_soc.jsonl",
-        "results/profile/emulated_soc_algos.jsonl",
+        "codl_tvm/data/cost_models/datasets/emulated_soc.jsonl.gz",
+        "codl_tvm/data/cost_models/datasets/emulated_soc_algos.jsonl.gz",
     ],
     "emulated_soc_k12": [
-        "results/profile/emulated_soc_k12.jsonl",
-        "results/profile/emulated_soc_k12_algos.jsonl",
+        "codl_tvm/data/cost_models/datasets/emulated_soc_k12.jsonl.gz",
+        "codl_tvm/data/cost_models/datasets/emulated_soc_k12_algos.jsonl.gz",
     ],
-    "h100": ["results/profile/h100.jsonl"],
+    "h100": ["codl_tvm/data/cost_models/datasets/h100.jsonl.gz"],
 }
 
 #: Latency bands (ms) of the breakdowns: decades, so that each has enough records.
@@ -453,7 +453,7 @@ def _commit() -> str:
 def main(argv: list[str] | None = None) -> int:
     """Command line: analyse the datasets and write the JSON report."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", default="results/noise_analysis.json")
+    p.add_argument("--out", default="benchmarks/noise_analysis.json")
     p.add_argument("--datasets", default=",".join(DATASETS), help="names among DATASETS")
     p.add_argument("--no-model", action="store_true", help="skip the held-out GBDT fits")
     p.add_argument(

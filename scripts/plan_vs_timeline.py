@@ -11,8 +11,8 @@ floor, its rates taken from the other models (leave one model out). No timing ha
 
     python scripts/plan_vs_timeline.py --models bvlc_alexnet,vgg16,vgg19,yolov2,fst \\
         --cost-model codl_tvm/data/cost_models/emulated-soc-k12-alone.json \\
-        --preset emulated-soc --traces results/traces/soc_k12_5dfafcc \\
-        --out results/plan_vs_timeline_soc_k12_5dfafcc.json
+        --preset emulated-soc --traces TRACE_DIR \\
+        --out benchmarks/plan_vs_timeline_soc_k12.json
 """
 
 from __future__ import annotations

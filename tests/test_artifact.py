@@ -524,13 +524,8 @@ def test_fallback_margin_is_the_best_on_the_measured_plans(tmp_path):
 
     root = Path(__file__).resolve().parent.parent
     files = [
-        "results/model_level_soc_21e24f0.json",
-        "results/model_level_soc_k12_268ba32.json",
-        "results/model_level_soc_k12_c609613.json",
-        "results/model_level_soc_k12_13c8fa7.json",
-        "results/model_level_soc_k12_5c26e4f.json",
-        "results/model_level_soc_k12_ccecbbd.json",
-        "results/model_level_soc_k12_000f3fd.json",
+        "benchmarks/model_level/soc_k8.json",
+        *(f"benchmarks/model_level/soc_k12_run{i}.json" for i in range(1, 7)),
     ]
     out = tmp_path / "margins.json"
     cmd = [sys.executable, "scripts/model_level_check.py", "--aggregate", ",".join(files)]

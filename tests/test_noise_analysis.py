@@ -1,6 +1,6 @@
 """scripts/noise_analysis.py --runs on two real profiling runs of the device machine.
 
-The committed pair ``results/noise_ab_13c8fa7/new_{a,b}.jsonl`` is the same 71 compiled parts
+The committed pair ``benchmarks/noise_ab/run_{a,b}.jsonl.gz`` is the same 71 compiled parts
 profiled twice on the emulated SoC; the script's agreement figures must equal a plain
 record-by-record comparison of the two files.
 """
@@ -18,7 +18,7 @@ from codl_tvm.cost_model.evaluate import part_identity
 from tests.scripts_util import script_module
 
 ROOT = Path(__file__).resolve().parent.parent
-RUNS = [ROOT / "results" / "noise_ab_13c8fa7" / f"new_{r}.jsonl" for r in "ab"]
+RUNS = [ROOT / "benchmarks" / "noise_ab" / f"run_{r}.jsonl.gz" for r in "ab"]
 
 
 @pytest.fixture(scope="module")

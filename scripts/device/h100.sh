@@ -9,7 +9,7 @@ b=/tmp/b/h100 r=/tmp/res
 export TVM_NUM_THREADS=16 CODL_OPENCL_PLATFORM=nvidia
 # H100_MODES: the planner variants (H100_WEIGHT_GBPS=CPU,GPU for the *_streaming ones);
 # H100_ORACLE=none skips the oracle build; H100_VERIFY=0 skips the measured re-plans (`--verify`).
-oracle=${H100_ORACLE:-results/profile/oracle_h100.json}
+oracle=${H100_ORACLE:-codl_tvm/data/cost_models/datasets/oracle_h100.json}
 common=(--preset device-h100 --models "$models" --cost-model $cm/device-h100.json
         --modes "${H100_MODES:-codl,codl_no_chain,h_only,oc_only,ulayer_like}" --out $b
         ${H100_WEIGHT_GBPS:+--weight-gbps "$H100_WEIGHT_GBPS"})

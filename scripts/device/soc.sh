@@ -21,7 +21,7 @@ tvm_cpus=$k-15
 common=(--preset emulated-soc --models "$models"
         --modes "${SOC_MODES:-codl,codl_no_chain,h_only,oc_only,ulayer_like}"
         --cost-model "${SOC_COST_MODEL:-$cm/emulated-soc.json}"
-        --oracle "${SOC_ORACLE:-results/profile/oracle_emulated_soc.json}" --out $b
+        --oracle "${SOC_ORACLE:-codl_tvm/data/cost_models/datasets/oracle_emulated_soc.json}" --out $b
         ${SOC_WEIGHT_GBPS:+--weight-gbps "$SOC_WEIGHT_GBPS"})
 # CPU_MODELS=none: no CPU-model section (cpu.sh measured them on this machine already).
 cpu_models=${CPU_MODELS:-squeezenet,bvlc_alexnet,resnet50,inception_v1,vgg19,posenet}

@@ -11,7 +11,7 @@ r=/tmp/res
 cm=codl_tvm/data/cost_models
 mkdir -p /tmp/prof
 tar -xJf /tmp/code/prof_soc_algos.tar.xz -C /tmp/prof
-p=results/profile
+p=codl_tvm/data/cost_models/datasets
 export POCL_CPU_MAX_CU_COUNT=8 POCL_AFFINITY=1 CODL_OPENCL_PLATFORM=portable  # as soc.sh
 TVM_NUM_THREADS=8 taskset -c 8-15 python3 -m codl_tvm.cli profile \
   --run-dir /tmp/prof/prof_soc_algos -o $p/emulated_soc_algos.jsonl > $r/profile_algos.log 2>&1

@@ -5,6 +5,6 @@ set -u
 . /tmp/code/env.sh
 cd /tmp/code
 K=${SOC_K:-12}
-r=/tmp/res p=results/profile cm=codl_tvm/data/cost_models
+r=/tmp/res p=codl_tvm/data/cost_models/datasets cm=codl_tvm/data/cost_models
 export POCL_CPU_MAX_CU_COUNT=$K POCL_AFFINITY=1 CODL_OPENCL_PLATFORM=portable
 export TVM_NUM_THREADS=$((16 - K))
