@@ -375,7 +375,14 @@ def cmd_run(args: argparse.Namespace) -> None:
 
     from codl_tvm import runtime
     from codl_tvm.artifact import load_artifact
-    from codl_tvm.bench import envelope, paired_ratios, pin_tvm_threads, write_json
+    from codl_tvm.bench import (
+        concurrent_bound,
+        envelope,
+        paired_ratios,
+        pin_tvm_threads,
+        write_json,
+    )
+    from codl_tvm.bound import gap_breakdown, ideal_bound_ms
 
     root = Path(args.dir)
     index = json.loads((root / "index.json").read_text())
@@ -432,10 +439,23 @@ def cmd_run(args: argparse.Namespace) -> None:
         # Round-robin: every variant is timed once per round, so drift (clocks, other load)
         # spreads over all of them instead of favouring whichever ran first.
         samples: dict[str, list[float]] = {tag: [] for tag in arts}
+        # T*c (each processor's whole model while the other runs its own whole model in a
+        # loop: the same kernels and memory traffic a co-execution makes, so the bound two
+        # independent inferences reach together) is measured in every round, beside the builds
+        # it bounds: paired per round, and its spread over rounds is its noise.
+        contended: list = []
         for _ in range(args.rounds):
             for tag, art in arts.items():
                 lat = art.time(inputs[tag], number=args.number, repeat=1)
                 samples[tag].append(lat.median_ms)
+            if args.concurrent_s > 0:
+                contended.append(
+                    concurrent_bound(
+                        arts["cpu"].runner(inputs["cpu"]),
+                        arts["gpu"].runner(inputs["gpu"]),
+                        seconds=args.concurrent_s,
+                    )
+                )
         for tag, ms in samples.items():
             rows[tag].update(
                 median_ms=float(np.median(ms)),
@@ -448,15 +468,7 @@ def cmd_run(args: argparse.Namespace) -> None:
                 f"err {rows[tag]['max_abs_err']:.1e}  {arts[tag].manifest['device']}",
                 flush=True,
             )
-        contended = None
-        if args.concurrent_s > 0:
-            from codl_tvm.bench import concurrent_bound
-
-            contended = concurrent_bound(
-                arts["cpu"].runner(inputs["cpu"]),
-                arts["gpu"].runner(inputs["gpu"]),
-                seconds=args.concurrent_s,
-            )
+        t_star_c = float(np.median([c.t_star_ms for c in contended])) if contended else None
         trace_tag = _trace_tag(entries, {t: a.manifest for t, a in arts.items()})
         if args.trace_dir and trace_tag:
             from codl_tvm.trace import trace_inference
@@ -474,6 +486,15 @@ def cmd_run(args: argparse.Namespace) -> None:
                 trace.save_chrome(tdir / f"{name}_{tag}.json")
                 trace.save_png(tdir / f"{name}_{tag}.png")
                 rows[tag]["trace"] = trace.summary()
+                # Where the time above the bound goes: the same kernels alone (serial trace)
+                # against the run's, and the idle time of each lane, term by term.
+                alone = trace_inference(arts[tag], inputs[tag], serial=True)
+                tc_, tg_ = rows["cpu"]["median_ms"], rows["gpu"]["median_ms"]
+                bound = t_star_c if t_star_c is not None else ideal_bound_ms(tc_, tg_)
+                rows[tag]["gap"] = {
+                    "bound": "T*c" if t_star_c is not None else "T*",
+                    **gap_breakdown(trace, bound, alone=alone).to_dict(),
+                }
         if "codl" in arts:
             # the issue's bound (a 60-operator model in under a second), timed on its own
             rows["codl"]["planning_alone_s"] = _planning_alone_s(
@@ -511,26 +532,38 @@ def cmd_run(args: argparse.Namespace) -> None:
                 "of_t_star": paired.median_of_t_star,
                 "rounds_slower_than_best_single": paired.rounds_slower,
             }
-        if contended is not None:
-            # T* assumes each processor keeps its solo speed; this bound measures both busy at
-            # once (two independent inferences), so the gap between the two is contention.
+        if contended:
+            # T* assumes each processor keeps its solo speed; T*c measures both busy at once
+            # (two independent inferences), so the gap between the two is contention.
+            c_ms = float(np.median([c.cpu_ms for c in contended]))
+            g_ms = float(np.median([c.gpu_ms for c in contended]))
+            per_round = [c.t_star_ms for c in contended]
             summary["concurrent"] = {
-                "cpu_ms": contended.cpu_ms,
-                "gpu_ms": contended.gpu_ms,
-                "cpu_slowdown": contended.cpu_ms / tc,
-                "gpu_slowdown": contended.gpu_ms / tg,
-                "t_star_ms": contended.t_star_ms,
-                "runs": [contended.cpu_runs, contended.gpu_runs],
-                "seconds": contended.seconds,
+                "cpu_ms": c_ms,
+                "gpu_ms": g_ms,
+                "cpu_slowdown": c_ms / tc,
+                "gpu_slowdown": g_ms / tg,
+                "t_star_ms": t_star_c,
+                "t_star_c_over_t_star": t_star_c / t_star,
+                # the bound's own noise: its spread over the rounds
+                "t_star_ms_rounds": [round(v, 4) for v in per_round],
+                "t_star_spread": (max(per_round) - min(per_round)) / t_star_c,
+                "runs": [[c.cpu_runs, c.gpu_runs] for c in contended],
+                "seconds": [c.seconds for c in contended],
             }
-            for row in rows.values():
-                row["of_t_star_concurrent"] = contended.t_star_ms / row["median_ms"]
+            for tag, row in rows.items():
+                row["of_t_star_concurrent"] = t_star_c / row["median_ms"]
+                # round by round: each round's build against that round's T*c
+                row["paired"]["of_t_star_concurrent"] = float(
+                    np.median([b / s for b, s in zip(per_round, samples[tag])])
+                )
         results["models"][name] = {"summary": summary, "rows": rows}
-        if contended is not None:
+        if contended:
             print(
-                f"{name:14s} concurrent: CPU {contended.cpu_ms:.3f} ms "
-                f"({contended.cpu_ms / tc:.2f}x solo), GPU {contended.gpu_ms:.3f} ms "
-                f"({contended.gpu_ms / tg:.2f}x solo), T* {contended.t_star_ms:.3f} ms",
+                f"{name:14s} concurrent: CPU {c_ms:.3f} ms ({c_ms / tc:.2f}x solo), GPU "
+                f"{g_ms:.3f} ms ({g_ms / tg:.2f}x solo), T*c {t_star_c:.3f} ms "
+                f"({t_star_c / t_star:.2f}x T*); codl "
+                f"{rows.get('codl', {}).get('of_t_star_concurrent', 0):.0%} of T*c",
                 flush=True,
             )
         if rows.get("codl", {}).get("planning_alone_s") is not None:
@@ -750,6 +783,83 @@ def cmd_plot(args: argparse.Namespace) -> None:
     print(f"wrote {args.out}")
 
 
+def balance_rows(runs: list[dict], tag: str = "codl") -> list[dict]:
+    """One row per (run, model) of ``run`` JSONs: the processors' balance Tcpu/Tgpu and the
+    gain of build ``tag`` over the best single processor, with its share of T* and of T*c.
+
+    The best single processor and the bounds come from the same run's rounds (one k of the
+    emulated SoC per run). Runs without ``tag`` for a model are skipped."""
+    rows = []
+    for data in runs:
+        res = data["results"]
+        k = (data.get("env") or {}).get("POCL_CPU_MAX_CU_COUNT")
+        for name, entry in res["models"].items():
+            row = entry["rows"].get(tag)
+            if row is None:
+                continue
+            summary = entry["summary"]
+            tc, tg = summary["t_cpu_ms"], summary["t_gpu_ms"]
+            concurrent = summary.get("concurrent") or {}
+            gap = row.get("gap") or {}
+            rows.append(
+                {
+                    "k": int(k) if k else None,
+                    "model": name,
+                    "t_cpu_ms": tc,
+                    "t_gpu_ms": tg,
+                    "cpu_over_gpu": tc / tg,
+                    "gain": row["paired"]["speedup_vs_best_single"],
+                    "of_t_star": row["paired"]["of_t_star"],
+                    "of_t_star_c": row["paired"].get("of_t_star_concurrent"),
+                    "t_star_c_over_t_star": concurrent.get("t_star_c_over_t_star"),
+                    "device": row["device"],
+                    "gap_terms_ms": gap.get("terms_ms"),
+                }
+            )
+    return rows
+
+
+def cmd_balance(args: argparse.Namespace) -> None:
+    """Gain against the CPU/GPU balance over runs at several k (CoDL's when-does-it-pay)."""
+    from codl_tvm.bench import envelope, write_json
+
+    runs = [json.loads(Path(p).read_text()) for p in args.results.split(",")]
+    rows = balance_rows(runs, args.tag)
+    if not rows:
+        sys.exit(f"bench_planner balance: no model of {args.results} has {args.tag}")
+    print(f"{'k':>3s} {'model':14s} {'Tcpu/Tgpu':>9s} {'gain':>6s} {'of T*':>6s} {'of T*c':>6s}")
+    for r in rows:
+        of_c = "-" if r["of_t_star_c"] is None else f"{r['of_t_star_c']:.0%}"
+        print(
+            f"{r['k'] or '-':>3} {r['model']:14s} {r['cpu_over_gpu']:9.2f} {r['gain']:6.2f} "
+            f"{r['of_t_star']:6.0%} {of_c:>6s}"
+        )
+    if args.out:
+        write_json(args.out, envelope(sys.argv, {"tag": args.tag, "rows": rows}))
+        print(f"wrote {args.out}")
+    if args.plot:
+        import matplotlib  # deferred: plotting only
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for k in sorted({r["k"] for r in rows}, key=lambda v: v or 0):
+            sel = [r for r in rows if r["k"] == k]
+            ax.scatter([r["cpu_over_gpu"] for r in sel], [r["gain"] for r in sel], label=f"k={k}")
+        x = np.logspace(-1.3, 1.3, 100)
+        # the ideal gain at a balance b = Tcpu/Tgpu: best single / T* = 1 + min(b, 1/b)
+        ax.plot(x, 1 + np.minimum(x, 1 / x), "k--", lw=0.8, label="T* (ideal)")
+        ax.axhline(1.0, color="k", lw=0.5)
+        ax.set_xscale("log")
+        ax.set_xlabel("Tcpu / Tgpu (each processor alone)")
+        ax.set_ylabel(f"{args.tag}: speedup over the best single processor")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(args.plot, dpi=110)
+        print(f"wrote {args.plot}")
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -857,6 +967,12 @@ def main(argv: list[str] | None = None) -> None:
     g.add_argument("--results", required=True, help="comma list of run JSONs")
     g.add_argument("--out", required=True, help="PNG")
     g.set_defaults(func=cmd_plot)
+    bal = sub.add_parser("balance", help="gain against the CPU/GPU balance, runs at several k")
+    bal.add_argument("--results", required=True, help="comma list of run JSONs (one per k)")
+    bal.add_argument("--tag", default="codl")
+    bal.add_argument("--out", help="the table as JSON")
+    bal.add_argument("--plot", help="a PNG of gain against Tcpu/Tgpu")
+    bal.set_defaults(func=cmd_balance)
     args = p.parse_args(argv)
     args.func(args)
 

@@ -221,3 +221,54 @@ def test_bench_planner_tags_combine_suffixes_in_any_order():
             bp._tag_mode("fast")
         # the single-processor and oracle builds carry no planner flags
         assert bp._tag_mode("oracle", strict=False) == bp._TagFlags("oracle")
+
+
+def _balance_run(path, k, models):
+    """A `bench_planner.py run` JSON at split k: {model: (Tcpu, Tgpu, codl, T*c per round)}."""
+    out = {}
+    for name, (tc, tg, codl, tsc) in models.items():
+        t_star = tc * tg / (tc + tg)
+        out[name] = {
+            "summary": {
+                "t_cpu_ms": tc,
+                "t_gpu_ms": tg,
+                "t_star_ms": t_star,
+                "concurrent": {"t_star_ms": tsc, "t_star_c_over_t_star": tsc / t_star},
+            },
+            "rows": {
+                "codl": {
+                    "device": "coexec",
+                    "paired": {
+                        "speedup_vs_best_single": min(tc, tg) / codl,
+                        "of_t_star": t_star / codl,
+                        "of_t_star_concurrent": tsc / codl,
+                    },
+                }
+            },
+        }
+    data = {"env": {"POCL_CPU_MAX_CU_COUNT": str(k)}, "results": {"models": out}}
+    path.write_text(json.dumps(data))
+    return str(path)
+
+
+def test_bench_planner_balance_table_and_plot(tmp_path, capsys):
+    from tests.scripts_util import script_module
+
+    k8 = _balance_run(tmp_path / "k8.json", 8, {"m": (2.0, 6.0, 1.8, 1.8)})
+    k14 = _balance_run(tmp_path / "k14.json", 14, {"m": (6.0, 2.0, 1.6, 2.0)})
+    out, png = tmp_path / "balance.json", tmp_path / "balance.png"
+    with script_module("bench_planner") as bp:
+        bp.main(
+            ["balance", "--results", f"{k8},{k14}", "--out", str(out), "--plot", str(png)]
+        )
+        rows = json.loads(out.read_text())["results"]["rows"]
+        assert [(r["k"], r["model"]) for r in rows] == [(8, "m"), (14, "m")]
+        assert rows[0]["cpu_over_gpu"] == pytest.approx(1 / 3)
+        assert rows[0]["gain"] == pytest.approx(2.0 / 1.8)
+        assert rows[0]["of_t_star"] == pytest.approx(1.5 / 1.8)
+        assert rows[1]["of_t_star_c"] == pytest.approx(2.0 / 1.6)
+        assert rows[1]["t_star_c_over_t_star"] == pytest.approx(2.0 / 1.5)
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert "14 m" in capsys.readouterr().out
+        with pytest.raises(SystemExit, match="has x"):
+            bp.main(["balance", "--results", k8, "--tag", "x"])
