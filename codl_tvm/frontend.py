@@ -101,12 +101,18 @@ def load_onnx(model: str | Path | object) -> OnnxModel:
     try:
         from tvm.relax.frontend.onnx import from_onnx
 
-        mod = from_onnx(proto)
+        # TVM's own renaming only replaces '.'; names.py makes every input a C identifier.
+        mod = from_onnx(proto, sanitize_input_names=False)
     except Exception as exc:
         first = str(exc).strip().splitlines()
         raise ModelError(
             f"{path}: TVM's ONNX frontend cannot import this model: {first[-1] if first else exc}"
         ) from None
+    # Kernel arguments are named after main's parameters ('gpu_0/data_0' breaks OpenCL C); the
+    # user's names stay in `inputs`, and inputs are bound by position. Deferred with TVM's import.
+    from codl_tvm.names import c_identifiers, rename_params
+
+    mod["main"] = rename_params(mod["main"], c_identifiers(s.name for s in inputs))
     out_specs = tuple(_output_specs(mod, outputs, path))
     return OnnxModel(path, mod, inputs, out_specs)
 
