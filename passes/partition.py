@@ -932,6 +932,29 @@ def _add_blocks(chains: list[_Chain], find) -> None:
             taken.update(s.var for s in block.steps)
 
 
+def _constant_vars(func: relax.Function) -> set[str]:
+    """Names of the bindings of ``func`` computed from constants alone (no parameter reaches
+    them): FoldConstant may replace each by a constant and drop its binding."""
+    const: set[relax.Var] = set()
+    for block in func.body.blocks:
+        for binding in block.bindings:
+            if all(v in const for v in relax.analysis.free_vars(binding.value)):
+                const.add(binding.var)
+    return {v.name for v in const}
+
+
+def _mark_foldable(func: relax.Function, records: list[dict]) -> None:
+    """Add to each record the ``"foldable"`` names: its variables computed from constants
+    alone. A weight computed by the graph (ConstantOfShape, a constant times a constant) is
+    sliced per part by a ``strided_slice`` of that computation; FoldConstant, which runs
+    before PlaceParts, turns such a slice into a constant and removes its binding, which
+    :func:`~codl_tvm.passes.parts.collect_parts` must then accept."""
+    const = _constant_vars(func)
+    for rec in records:
+        names = [rec["input"], rec["output"], *(n for p in rec["parts"] for n in p["bindings"])]
+        rec["foldable"] = sorted({n for n in names if n is not None and n in const})
+
+
 @tvm.transform.module_pass(opt_level=0, name="codl.PartitionOperators")
 class PartitionOperators:
     """Split the operators and chains of ``plan`` into a GPU part and a CPU part.
@@ -988,6 +1011,7 @@ class PartitionOperators:
             )
         rewriter = _Rewriter(mod, analysis, chains)
         new_main = rewriter.visit_expr(main)
+        _mark_foldable(new_main, rewriter.records)
         new_main = new_main.with_attr(PARTS_ATTR, json.dumps(rewriter.records))
         rewriter.builder_.update_func(mod.get_global_var("main"), new_main)
         return rewriter.builder_.get()

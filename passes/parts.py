@@ -15,6 +15,12 @@ Record format (one object per split, i.e. per plan entry)::
                {"processor": "cpu", "region": [4, 8], "input_region": [3, 8],
                 "bindings": [...]}]}
 
+``foldable`` (optional) names the record's variables computed from constants alone (a slice of
+a weight the graph computes, e.g. by ConstantOfShape): FoldConstant may turn them into constants
+and drop their bindings, so :func:`collect_parts` leaves out those no longer bound (a part keeps
+its other bindings; a split whose output was folded is left out whole; an input folded away
+reads as ``None``, like a constant input).
+
 ``region`` is the part's half-open range of the merged output along ``axis``; ``input_region``
 the range of the shared chain input (``input``; ``null`` for a constant) it reads along ``axis``,
 halo included (for OC: the input channels, e.g. all of them for a dense conv); the last name in
@@ -108,7 +114,9 @@ def collect_parts(mod) -> list[SplitRecord]:
                 dupes.add(name)
             by_name[name] = binding.var
 
-    def resolve(name: str, split: str):
+    def resolve(name: str, split: str, foldable: frozenset[str] = frozenset()):
+        if name not in by_name and name in foldable:
+            return None  # folded into a constant after PartitionOperators
         if name in dupes:
             raise ValueError(
                 f"split {split}: variable name {name!r} is bound more than once in "
@@ -123,26 +131,33 @@ def collect_parts(mod) -> list[SplitRecord]:
 
     out = []
     for rec in records:
-        parts = tuple(
-            PartRecord(
-                Processor(p["processor"]),
-                (int(p["region"][0]), int(p["region"][1])),
-                (int(p["input_region"][0]), int(p["input_region"][1])),
-                tuple(resolve(n, rec["name"]) for n in p["bindings"]),
+        name = rec["name"]
+        foldable = frozenset(rec.get("foldable", ()))
+        output = resolve(rec["output"], name, foldable)
+        if output is None:
+            continue  # the whole split was computed at compile time
+        parts = []
+        for p in rec["parts"]:
+            bindings = (resolve(n, name, foldable) for n in p["bindings"])
+            parts.append(
+                PartRecord(
+                    Processor(p["processor"]),
+                    (int(p["region"][0]), int(p["region"][1])),
+                    (int(p["input_region"][0]), int(p["input_region"][1])),
+                    tuple(v for v in bindings if v is not None),
+                )
             )
-            for p in rec["parts"]
-        )
         inp = rec.get("input")
         out.append(
             SplitRecord(
-                rec["name"],
+                name,
                 tuple(rec["ops"]),
                 PartitionDim(rec["dim"]),
                 int(rec["axis"]),
                 float(rec["ratio"]),
-                None if inp is None else resolve(inp, rec["name"]),
-                resolve(rec["output"], rec["name"]),
-                parts,
+                None if inp is None else resolve(inp, name, foldable),
+                output,
+                tuple(parts),
             )
         )
     return out

@@ -1,0 +1,191 @@
+"""Split passes and model import on models nobody tuned for: weights computed by the graph,
+unusual input types, zero-sized and 0-d tensors, odd split geometry.
+
+Numerics are checked against onnxruntime (ONNX models) or the unsplit build. Co-executed
+builds here place both parts on the CPU (``coexec_pipeline(plan, cpu, cpu)`` run in a VM over
+``[cpu, cpu]``): the pipeline, placement and synchronisation are the real ones, only the
+kernels of the "GPU" side are compiled with LLVM, which keeps the tests fast and deviceless.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+import tvm
+from codl_tvm.passes import PartitionOperators, collect_parts
+from onnx import TensorProto
+from onnx import helper as oh
+from tvm import relax
+
+from codl_tvm.frontend import load_onnx
+from codl_tvm.pipeline import coexec_pipeline
+from codl_tvm.plan import PartitionPlan, uniform_plan
+
+ort = pytest.importorskip("onnxruntime")
+
+CPU = tvm.target.Target({"kind": "llvm"})
+RTOL = ATOL = 1e-4
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _runtime():
+    # the co-execution builtins (codl.coexec.*) live in the runtime plugin
+    from codl_tvm import runtime
+
+    runtime.load()
+
+
+def _model(nodes, inputs, output, initializers=(), opset=13) -> onnx.ModelProto:
+    graph = oh.make_graph(
+        nodes,
+        "g",
+        [oh.make_tensor_value_info(n, t, s) for n, t, s in inputs],
+        [oh.make_tensor_value_info(output[0], output[1], output[2])],
+        initializer=list(initializers),
+    )
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", opset)])
+    onnx.checker.check_model(model)
+    return model
+
+
+def _init(name: str, arr: np.ndarray) -> onnx.TensorProto:
+    return onnx.numpy_helper.from_array(arr, name)
+
+
+def _onnxruntime(model: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return sess.run(None, feeds)
+
+
+def _coexec_on_cpu(mod, plan: PartitionPlan, args: list[np.ndarray]) -> np.ndarray:
+    ex = tvm.compile(mod, target=CPU, relax_pipeline=coexec_pipeline(plan, CPU, CPU))
+    vm = relax.VirtualMachine(ex, [tvm.cpu(0), tvm.cpu(0)])
+    return vm["main"](*(tvm.runtime.tensor(a) for a in args)).numpy()
+
+
+def _check_split(model: onnx.ModelProto, feeds: dict, dim: str, ratio: float = 0.5) -> None:
+    """Split every operator of ``model`` along ``dim``; equal to onnxruntime, two parts each."""
+    loaded = load_onnx(model)
+    plan = uniform_plan(loaded.mod, dim, ratio)
+    assert plan.ops, "nothing to split: the test would prove nothing"
+    records = collect_parts(PartitionOperators(plan)(loaded.mod))
+    assert all(len(r.parts) == 2 for r in records)
+    got = _coexec_on_cpu(loaded.mod, plan, [feeds[s.name] for s in loaded.inputs])
+    np.testing.assert_allclose(got, _onnxruntime(model, feeds)[0], rtol=RTOL, atol=ATOL)
+
+
+def _rand(shape, seed=0) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal(shape).astype("float32")
+
+
+# -- weights computed by the graph -----------------------------------------------------------
+
+X = ("x", TensorProto.FLOAT, [1, 3, 8, 8])
+Y = ("y", TensorProto.FLOAT, [1, 8, 8, 8])
+
+
+def _constant_of_shape_conv() -> onnx.ModelProto:
+    """ConstantOfShape -> Conv's weight input (as in onnx's light models)."""
+    fill = oh.make_tensor("v", TensorProto.FLOAT, [1], [0.1])
+    nodes = [
+        oh.make_node("ConstantOfShape", ["shp"], ["w"], value=fill),
+        oh.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1]),
+    ]
+    shp = _init("shp", np.array([8, 3, 3, 3], "int64"))
+    return _model(nodes, [X], Y, [shp])
+
+
+def _scaled_weight_conv(scale_is_input: bool) -> onnx.ModelProto:
+    """Conv whose weight is an initializer times a scalar: a Constant node (folded at compile
+    time) or a graph input (computed at run time)."""
+    nodes = [oh.make_node("Mul", ["w0", "s"], ["w"]), oh.make_node("Conv", ["x", "w", "b"], ["y"])]
+    inits = [_init("w0", _rand((8, 3, 3, 3), 1)), _init("b", _rand((8,), 2))]
+    inputs = [X]
+    if scale_is_input:
+        inputs.append(("s", TensorProto.FLOAT, [1]))
+    else:
+        scale = oh.make_tensor("sv", TensorProto.FLOAT, [], [0.5])
+        nodes.insert(0, oh.make_node("Constant", [], ["s"], value=scale))
+    conv = nodes[-1]
+    conv.attribute.extend([oh.make_attribute("pads", [1, 1, 1, 1])])
+    return _model(nodes, inputs, Y, inits)
+
+
+@pytest.mark.parametrize("dim", ["OC", "H"])
+def test_conv_with_constant_of_shape_weight_splits(dim):
+    _check_split(_constant_of_shape_conv(), {"x": _rand((1, 3, 8, 8))}, dim)
+
+
+@pytest.mark.parametrize("dim", ["OC", "H"])
+@pytest.mark.parametrize("scale_is_input", [False, True], ids=["constant", "graph-input"])
+def test_conv_with_scaled_weight_splits(dim, scale_is_input):
+    feeds = {"x": _rand((1, 3, 8, 8))}
+    if scale_is_input:
+        feeds["s"] = np.array([0.75], "float32")
+    _check_split(_scaled_weight_conv(scale_is_input), feeds, dim)
+
+
+def test_gemm_with_constant_of_shape_weight_splits_on_oc():
+    fill = oh.make_tensor("v", TensorProto.FLOAT, [1], [0.25])
+    nodes = [
+        oh.make_node("ConstantOfShape", ["shp"], ["w"], value=fill),
+        oh.make_node("Gemm", ["x", "w", "b"], ["y"], transB=1),
+    ]
+    inits = [_init("shp", np.array([32, 16], "int64")), _init("b", _rand((32,), 3))]
+    model = _model(
+        nodes, [("x", TensorProto.FLOAT, [2, 16])], ("y", TensorProto.FLOAT, [2, 32]), inits
+    )
+    _check_split(model, {"x": _rand((2, 16))}, "OC")
+
+
+@pytest.mark.parametrize("scale_is_input", [False, True], ids=["constant", "graph-input"])
+def test_matmul_with_computed_weight_splits_on_oc(scale_is_input):
+    nodes = [oh.make_node("Mul", ["w0", "s"], ["w"]), oh.make_node("MatMul", ["x", "w"], ["y"])]
+    inputs = [("x", TensorProto.FLOAT, [2, 16])]
+    feeds = {"x": _rand((2, 16))}
+    if scale_is_input:
+        inputs.append(("s", TensorProto.FLOAT, [1]))
+        feeds["s"] = np.array([1.5], "float32")
+    else:
+        scale = oh.make_tensor("sv", TensorProto.FLOAT, [], [1.5])
+        nodes.insert(0, oh.make_node("Constant", [], ["s"], value=scale))
+    model = _model(nodes, inputs, ("y", TensorProto.FLOAT, [2, 32]), [_init("w0", _rand((16, 32)))])
+    _check_split(model, feeds, "OC")
+
+
+def test_folded_weight_slices_are_recorded_as_foldable():
+    # The slices of a compile-time computable weight may disappear in FoldConstant; the record
+    # says so, and the module after FoldConstant still resolves (the crash of PlaceParts).
+    loaded = load_onnx(_constant_of_shape_conv())
+    plan = uniform_plan(loaded.mod, "OC", 0.5)
+    part = PartitionOperators(plan)(loaded.mod)
+    with CPU:
+        folded = tvm.transform.Sequential(
+            [
+                relax.transform.LegalizeOps(),
+                relax.transform.AnnotateTIROpPattern(),
+                relax.transform.FoldConstant(),
+            ]
+        )(part)
+    (rec,) = collect_parts(folded)
+    names = [[v.name for v in p.bindings] for p in rec.parts]
+    assert names == [["codl0_gpu_0_conv2d"], ["codl0_cpu_0_conv2d"]]
+
+
+@pytest.mark.opencl
+def test_cli_runs_oc_split_of_computed_weight(opencl, tmp_path, capsys):
+    from codl_tvm.cli import main
+
+    model = _constant_of_shape_conv()
+    onnx.save(model, tmp_path / "m.onnx")
+    x = _rand((1, 3, 8, 8), 4)
+    np.savez(tmp_path / "in.npz", x=x)
+    argv = ["run", str(tmp_path / "m.onnx"), "--device", "coexec", "--dim", "OC", "--ratio", "0.5"]
+    argv += ["--inputs", str(tmp_path / "in.npz"), "--save-outputs", str(tmp_path / "out.npz")]
+    argv += ["--repeat", "1", "--number", "1"]
+    code = main(argv)
+    _, err = capsys.readouterr()
+    assert code == 0, err
+    got = np.load(tmp_path / "out.npz")["y"]
+    np.testing.assert_allclose(got, _onnxruntime(model, {"x": x})[0], rtol=RTOL, atol=ATOL)
