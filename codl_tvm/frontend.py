@@ -112,7 +112,8 @@ def load_onnx(model: str | Path | object) -> OnnxModel:
     # user's names stay in `inputs`, and inputs are bound by position. Deferred with TVM's import.
     from codl_tvm.names import c_identifiers, rename_params
 
-    mod["main"] = rename_params(mod["main"], c_identifiers(s.name for s in inputs))
+    main = mod["main"]
+    mod["main"] = rename_params(main, c_identifiers(p.name for p in main.params))
     out_specs = tuple(_output_specs(mod, outputs, path))
     return OnnxModel(path, mod, inputs, out_specs)
 

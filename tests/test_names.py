@@ -233,3 +233,5 @@ def test_cli_run_and_artifact_keep_the_users_names(opencl, tmp_path, capsys):
     saved = np.load(out_npz)
     assert saved.files == [OUT]
     _close(saved[OUT], want)
+    # The stored reference inputs (keyed by the user's names) give the reference outputs.
+    assert "-> OK" in _cli(capsys, "run", str(art), *timing)
