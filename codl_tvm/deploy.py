@@ -27,7 +27,6 @@ operator).
 
 from __future__ import annotations
 
-import argparse
 import shutil
 import tempfile
 import uuid
@@ -40,7 +39,6 @@ import numpy as np
 from codl_tvm.errors import DeployError
 from codl_tvm.rpc_utils import (
     RemoteDevice,
-    RPCError,
     check_remote_versions,
     request_remote,
 )
@@ -54,7 +52,6 @@ __all__ = [
     "compare_outputs",
     "compile_for",
     "deploy",
-    "register_cli",
     "resolve_plan",
     "run_remote",
     "select_preset",
@@ -460,129 +457,3 @@ def deploy(
     if own_dir is not None:
         remove_with(result, own_dir)
     return result
-
-
-def _cmd_deploy(args: argparse.Namespace) -> int:
-    from codl_tvm.cli import CliError
-    from codl_tvm.frontend import ModelError, load_onnx
-    from codl_tvm.targets import PRESETS, ToolchainError
-
-    if args.list_targets:
-        for preset in PRESETS.values():
-            print(f"{preset.name:18s} {preset.description}")
-        return 0
-    if not args.model:
-        raise CliError("deploy: give an ONNX model (MODEL.onnx)")
-    if not args.tracker or not args.key:
-        raise CliError("deploy: --tracker HOST:PORT and --key KEY are required")
-    if args.save_outputs:
-        out = Path(args.save_outputs)
-        if out.suffix != ".npz":
-            raise CliError(f"--save-outputs {out}: the file name must end in .npz")
-        if out.exists() and not args.force:
-            raise CliError(f"--save-outputs {out}: file exists; pass --force to overwrite it")
-    try:
-        model = load_onnx(args.model)
-        inputs = None
-        if args.inputs:
-            if not Path(args.inputs).is_file():
-                raise CliError(f"--inputs {args.inputs}: no such file")
-            try:
-                with np.load(args.inputs, allow_pickle=False) as data:
-                    inputs = {k: data[k] for k in data.files}
-            except Exception as exc:
-                raise CliError(
-                    f"--inputs {args.inputs}: not a readable .npz file ({exc})"
-                ) from None
-        result = deploy(
-            model,
-            args.tracker,
-            args.key,
-            target=args.target,
-            device=args.device,
-            inputs=inputs,
-            plan=args.plan,
-            dim=args.dim,
-            ratio=args.ratio,
-            number=args.number,
-            repeat=args.repeat,
-            seed=args.seed,
-            request_timeout_s=args.timeout,
-            session_timeout_s=args.session_timeout,
-            atol=args.atol,
-            rtol=args.rtol,
-        )
-    except (ModelError, DeployError, ToolchainError, RPCError, ValueError) as exc:
-        raise CliError(str(exc)) from None
-    except KeyError as exc:
-        raise CliError(str(exc.args[0]) if exc.args else str(exc)) from None
-    for spec, arr in zip(model.outputs, result.outputs):
-        print(f"output {spec.name}: shape {tuple(arr.shape)} dtype {arr.dtype}")
-    if result.run.median_ms is not None:
-        print(
-            f"remote latency on {result.device}: median {result.run.median_ms:.3f} ms "
-            f"(min {result.run.min_ms:.3f}, max {result.run.max_ms:.3f}, "
-            f"{result.run.repeats} repeats of {args.number})"
-        )
-    verdict = "matches" if result.matches else "DOES NOT match"
-    print(
-        f"max abs difference against the host build: {result.max_abs_error:.3g} ({verdict} "
-        f"within atol {args.atol:g} + rtol {args.rtol:g})"
-    )
-    if args.save_outputs:
-        np.savez(
-            args.save_outputs,
-            **{spec.name: arr for spec, arr in zip(model.outputs, result.outputs)},
-        )
-        print(f"saved outputs to {args.save_outputs}")
-    return 0 if result.matches else 1
-
-
-def register_cli(subparsers) -> argparse.ArgumentParser:
-    """Add ``deploy`` to the ``codl-tvm`` argparse subparsers (sets ``func``)."""
-    p = subparsers.add_parser(
-        "deploy",
-        help="compile, upload and run an ONNX model on a device behind a TVM RPC tracker",
-        description=__doc__.splitlines()[0],
-    )
-    p.add_argument("model", nargs="?", help="the ONNX model")
-    p.add_argument("--tracker", help="HOST:PORT of the TVM RPC tracker")
-    p.add_argument("--key", help="device key registered with the tracker")
-    p.add_argument(
-        "--target",
-        help="target preset (default: from the remote's report); --list-targets shows them",
-    )
-    p.add_argument("--list-targets", action="store_true", help="list target presets and exit")
-    p.add_argument(
-        "--device",
-        choices=DEVICES,
-        default="cpu",
-        help="processor(s) to run on (coexec: the GPU and the CPU together)",
-    )
-    p.add_argument("--plan", help="partition plan (JSON) for --device coexec")
-    p.add_argument("--dim", choices=("H", "OC"), help="uniform plan dimension (--device coexec)")
-    p.add_argument("--ratio", type=float, help="uniform plan GPU ratio 0..1 (--device coexec)")
-    p.add_argument("--inputs", help=".npz of inputs keyed by graph input names")
-    p.add_argument("--save-outputs", help=".npz to write the remote outputs to")
-    p.add_argument("--force", action="store_true", help="overwrite --save-outputs if it exists")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
-    p.add_argument("--repeat", type=int, default=3, help="timing repeats (0: no timing)")
-    p.add_argument("--number", type=int, default=5, help="runs per timing repeat")
-    p.add_argument(
-        "--timeout",
-        type=float,
-        default=10.0,
-        help="seconds to wait for the tracker and a free device",
-    )
-    p.add_argument(
-        "--session-timeout",
-        type=float,
-        default=600.0,
-        help="seconds the remote session may last (0: no limit)",
-    )
-    p.add_argument("--atol", type=float, default=1e-4, help="absolute tolerance vs the host")
-    p.add_argument(
-        "--rtol", type=float, default=1e-3, help="tolerance relative to the largest reference value"
-    )
-    p.set_defaults(func=_cmd_deploy)
-    return p

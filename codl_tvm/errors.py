@@ -27,6 +27,7 @@ __all__ = [
     "NoFreeDevice",
     "PlanError",
     "PlannerError",
+    "PresetError",
     "ProfileError",
     "RPCError",
     "RefineError",
@@ -83,6 +84,14 @@ class NoDefaultModelError(CodlError, ValueError):
 
 class FeatureError(CodlError, ValueError):
     """Invalid operator description (names the operator, the field and the value)."""
+
+
+class PresetError(CodlError, KeyError):
+    """No target preset has the requested name; the message lists the valid names."""
+
+    def __str__(self) -> str:
+        # KeyError quotes its message as a repr; this one is meant to be read
+        return str(self.args[0]) if self.args else ""
 
 
 class ToolchainError(CodlError, RuntimeError):

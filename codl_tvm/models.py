@@ -8,6 +8,7 @@ depend on the input and comparisons mean something.
 
 from __future__ import annotations
 
+from importlib import resources
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +16,7 @@ import numpy as np
 __all__ = [
     "LIGHT_MODELS",
     "benchmark_model",
+    "bundled_model_path",
     "light_model",
     "light_model_path",
     "pretranspose_gemm_weights",
@@ -23,6 +25,11 @@ __all__ = [
 ]
 
 LIGHT_MODELS = ("squeezenet", "bvlc_alexnet", "resnet50", "inception_v1", "vgg19")
+
+
+def bundled_model_path() -> Path:
+    """Path of the small CNN shipped with the package (the CLI's default model)."""
+    return Path(str(resources.files("codl_tvm") / "data" / "codl_small_cnn.onnx"))
 
 
 def light_model_path(name: str) -> Path:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from codl_tvm.errors import ToolchainError
+from codl_tvm.errors import PresetError, ToolchainError
 
 __all__ = [
     "PRESETS",
@@ -229,15 +229,15 @@ def get_preset(name: str | TargetPreset) -> TargetPreset:
 
     Raises
     ------
-    KeyError
-        No preset has that name; the message lists the valid names.
+    PresetError
+        No preset has that name; the message lists the valid names (a ``KeyError`` too).
     """
     if isinstance(name, TargetPreset):
         return name
     try:
         return PRESETS[name]
     except KeyError:
-        raise KeyError(
+        raise PresetError(
             f"unknown target preset {name!r}; valid presets: {', '.join(PRESETS)}"
         ) from None
 

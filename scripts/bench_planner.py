@@ -891,7 +891,7 @@ def main(argv: list[str] | None = None) -> None:
         "from timelines taken here)",
     )
     c.add_argument("--tvm-cpus", default="", help="TVM's cores for --verify's timing, e.g. 8-15")
-    from codl_tvm.planner.cli import weight_gbps
+    from codl_tvm.cli.plan import weight_gbps
 
     c.add_argument(
         "--weight-gbps",

@@ -10,7 +10,7 @@ One compile directory per device pair holds every part to measure:
   benchmark needs (it picks each operator's measured best split).
 
 Run here (compilation), then ship the directory to the device machine as a .tar.xz and measure
-it there with ``python3 -m codl_tvm.cli profile --run-dir DIR -o DATA.jsonl``::
+it there with ``codl-tvm profile --run-dir DIR -o DATA.jsonl``::
 
     python scripts/profile_campaign.py --preset emulated-soc --threads 8 --out .device/prof_soc
 
@@ -47,9 +47,8 @@ def _ratios(text: str) -> tuple[float, ...]:
 
 
 def _model(name: str):
-    from codl_tvm.cli import bundled_model_path
     from codl_tvm.frontend import load_onnx
-    from codl_tvm.models import LIGHT_MODELS, light_model
+    from codl_tvm.models import LIGHT_MODELS, bundled_model_path, light_model
 
     if name == "codl_small_cnn":
         return load_onnx(bundled_model_path())

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from codl_tvm.cli.cost_model import register as register_cli
 from codl_tvm.cost_model import (
     CodlConfig,
     CodlModel,
@@ -44,9 +45,9 @@ from codl_tvm.cost_model._linalg import nnls
 from codl_tvm.cost_model.evaluate import (
     accuracy,
     evaluate,
-    register_cli,
     split_records,
 )
+from codl_tvm.errors import CodlError
 
 DEVICE = {"gpu": "synthetic gpu", "cpu": "synthetic cpu"}
 CFG = CodlConfig(
@@ -893,14 +894,12 @@ def test_cli_fit_eval_json_and_plot(tmp_path, capsys):
 
 
 def test_cli_errors_are_one_line(tmp_path):
-    from codl_tvm.cli import CliError
-
     bad = write(tmp_path, "{", "bad.json")
     data = tmp_path / "d.jsonl"
     save_dataset(synth_records(np.random.default_rng(23), 5, "direct"), data)
-    with pytest.raises(CliError, match=r"bad\.json: corrupt cost model file"):
+    with pytest.raises(CodlError, match=r"bad\.json: corrupt cost model file"):
         run_cli(["cost-model", "eval", str(bad), str(data)])
-    with pytest.raises(CliError, match="no such dataset file"):
+    with pytest.raises(CodlError, match="no such dataset file"):
         run_cli(["cost-model", "fit", str(tmp_path / "none.jsonl"), "-o", str(bad)])
 
 
@@ -1487,7 +1486,5 @@ def test_cli_fit_drops_a_changed_kernel_group(tmp_path):
     assert meta["n_train"] == len(recs) + 5
     assert run_cli([*argv, "--drop", "dense:gpu", "--drop", "conv2d:cpu"]) == 0
     assert load_model(out).meta["n_train"] == 120
-    from codl_tvm.cli import CliError
-
-    with pytest.raises(CliError, match=r"--drop 'dense': expected OP:PROCESSOR\[:IMPL\]"):
+    with pytest.raises(CodlError, match=r"--drop 'dense': expected OP:PROCESSOR\[:IMPL\]"):
         run_cli([*argv, "--drop", "dense"])

@@ -12,8 +12,10 @@ import json
 import numpy as np
 import pytest
 
-from codl_tvm.cli import CliError, bundled_model_path
+from codl_tvm.cli import bundled_model_path
+from codl_tvm.cli.plan import register as register_cli
 from codl_tvm.cost_model import Partition, load_model
+from codl_tvm.errors import CodlError
 from codl_tvm.plan import OpInfo, PartitionDim, PartitionPlan, partitionable_ops
 from codl_tvm.planner import (
     MODES,
@@ -25,7 +27,6 @@ from codl_tvm.planner import (
     op_params,
     plan_all,
     plan_model,
-    register_cli,
 )
 from codl_tvm.planner.search import _Op, _Predictor
 from codl_tvm.planner.synthetic import SyntheticDevice, synthetic_cost_model
@@ -416,7 +417,7 @@ def _cli(argv):
 
 
 def test_cli_requires_a_cost_model():
-    with pytest.raises(CliError, match=r"--cost-model M\.json is required"):
+    with pytest.raises(CodlError, match=r"--cost-model M\.json is required"):
         _cli(["plan", str(bundled_model_path())])
 
 
@@ -431,7 +432,7 @@ def test_cli_writes_plan_and_report(tmp_path, high_sharing, model, capsys):
     expected, _ = plan_model(model.mod, high_sharing, model_name=str(bundled_model_path()))
     assert PartitionPlan.load(out) == expected
     assert json.loads(rep.read_text())["summary"]["predicted_ms"] > 0
-    with pytest.raises(CliError, match="no such cost model file"):
+    with pytest.raises(CodlError, match="no such cost model file"):
         _cli(["plan", str(bundled_model_path()), "--cost-model", str(tmp_path / "none.json")])
 
 
@@ -457,7 +458,7 @@ def test_cli_preset_plans_what_compile_plans(tmp_path, model, capsys):
     _, plain = plan_model(model.mod, cm)
     assert report.summary.cpu_only_ms != pytest.approx(plain.summary.cpu_only_ms, rel=1e-6)
     capsys.readouterr()
-    with pytest.raises(CliError, match="unknown target preset 'phone'"):
+    with pytest.raises(CodlError, match="unknown target preset 'phone'"):
         _cli([*argv, "--preset", "phone"])
 
 

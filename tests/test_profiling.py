@@ -242,6 +242,7 @@ def test_compile_dir_then_run_dir(opencl, tmp_path):
 
 @pytest.mark.opencl
 def test_fit_on_profiled_data(run, tmp_path):
+    from codl_tvm.cli import cost_model as cost_model_cli
     from codl_tvm.cost_model import evaluate
 
     out, _, _ = run
@@ -257,7 +258,7 @@ def test_fit_on_profiled_data(run, tmp_path):
             preds = [model.predict(r.features()) for r in data.op_records]
         assert all(np.isfinite(x) and x > 0 for x in preds)
     parser = argparse.ArgumentParser()
-    evaluate.register_cli(parser.add_subparsers())
+    cost_model_cli.register(parser.add_subparsers())
     path = tmp_path / "model.json"
     args = parser.parse_args(
         ["cost-model", "fit", str(out), "-o", str(path), "--kind", "codl", "--holdout", "0.2"]
@@ -355,7 +356,7 @@ def test_sampled_ops_are_seeded():
 def test_cli_profile(opencl, tmp_path, capsys):
     from onnx import TensorProto, helper, numpy_helper
 
-    from codl_tvm.profiling.cli import register_cli
+    from codl_tvm.cli.profile import register as register_cli
 
     w = numpy_helper.from_array(np.ones((4, 3, 1, 1), "float32"), "w")
     graph = helper.make_graph(

@@ -22,8 +22,8 @@ import tvm
 
 import codl_tvm
 from codl_tvm import runtime
-from codl_tvm.cli import bundled_model_path
 from codl_tvm.frontend import load_onnx, random_inputs
+from codl_tvm.models import bundled_model_path
 from codl_tvm.plan import ChainPlan, OpPartition, PartitionPlan, partitionable_ops, uniform_plan
 
 model = load_onnx(bundled_model_path())

@@ -49,8 +49,8 @@ import sys
 import numpy as np
 
 from codl_tvm import deploy, rpc_utils, targets
-from codl_tvm.cli import bundled_model_path
 from codl_tvm.frontend import load_onnx, random_inputs
+from codl_tvm.models import bundled_model_path
 
 local_demo = True
 

@@ -33,10 +33,10 @@ import numpy as np
 
 import codl_tvm
 from codl_tvm.artifact import compile_artifact, load_artifact
-from codl_tvm.cli import bundled_model_path
 from codl_tvm.cost_model import load_model
 from codl_tvm.cost_model.defaults import default_model_path
 from codl_tvm.frontend import load_onnx, random_inputs
+from codl_tvm.models import bundled_model_path
 from codl_tvm.plan import PartitionPlan, partitionable_ops, uniform_plan
 from codl_tvm.planner import PlannerConfig, comparison_table, plan_all, plan_model
 

@@ -60,9 +60,10 @@ The model is a few hundred bytes per implementation; prediction is plain Python 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -81,6 +82,7 @@ __all__ = [
     "CodlModel",
     "ProcessorBlocking",
     "has_dispatch",
+    "infer_preset",
     "kernel_steps",
     "unit_features",
     "variant_key",
@@ -293,6 +295,21 @@ PRESETS: dict[str, CodlConfig] = {
         filter_variants=30,
     ),
 }
+
+
+def infer_preset(records: Iterable) -> str:
+    """The codl blocking preset for the device a dataset was measured on: ``nvidia-h100`` for an
+    NVIDIA OpenCL device, ``emulated-soc`` for PoCL (the device machine's CPU OpenCL stand-in),
+    ``mobile`` (CoDL's phone setting) otherwise."""
+    for r in records:
+        if isinstance(r, OpRecord) and r.device:
+            text = json.dumps(dict(r.device)).lower()
+            if "nvidia" in text:
+                return "nvidia-h100"
+            if "pocl" in text or "portable computing language" in text:
+                return "emulated-soc"
+            break
+    return "mobile"
 
 
 def _ceil_div(a: float, b: float) -> int:

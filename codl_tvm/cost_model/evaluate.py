@@ -1,4 +1,4 @@
-"""Fit and evaluate cost models; the ``codl-tvm cost-model`` commands.
+"""Fit and evaluate cost models (the library behind ``codl-tvm cost-model``).
 
 Held-out split: a record is in the test part when a seeded hash of its key (``OpRecord.key``:
 operator, shape, partition, processor, implementation, device) falls below the held-out fraction
@@ -12,7 +12,7 @@ implementation); model file size; prediction time per operator (``time.perf_coun
 never asserted). The FLOPs-linear baseline reported beside a model is the one embedded in it,
 fitted on the same training part.
 
-Commands (``register_cli`` adds them to the ``codl-tvm`` parser)::
+Commands (:mod:`codl_tvm.cli.cost_model`)::
 
     codl-tvm cost-model fit DATA.jsonl -o MODEL.json [--kind codl|gbdt|flops|measured]
         [--holdout 0.3] [--seed 0] [--preset NAME] [--trees N] [--drop-inconsistent 3]
@@ -21,7 +21,6 @@ Commands (``register_cli`` adds them to the ``codl-tvm`` parser)::
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import time
@@ -31,7 +30,8 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from codl_tvm.cost_model.base import CostModel, CostModelFallbackWarning, ModelFileError
+from codl_tvm.cost_model.analytical import CodlModel, infer_preset
+from codl_tvm.cost_model.base import CostModel, CostModelFallbackWarning
 from codl_tvm.cost_model.dataset import (
     Dataset,
     DatasetError,
@@ -39,20 +39,24 @@ from codl_tvm.cost_model.dataset import (
     SharingRecord,
     load_dataset,
 )
+from codl_tvm.cost_model.flops import FlopsModel
+from codl_tvm.cost_model.gbdt import GbdtModel
+from codl_tvm.cost_model.measured import MeasuredModel
 
 __all__ = [
     "Accuracy",
     "EvalReport",
     "accuracy",
+    "drop_groups",
     "evaluate",
     "fit_model",
     "format_report",
     "inconsistent_records",
     "infer_preset",
+    "load_datasets",
     "noise_floor",
     "part_identity",
     "plot_scatter",
-    "register_cli",
     "split_records",
     "training_split",
 ]
@@ -301,39 +305,16 @@ def inconsistent_records(
     return out
 
 
-def infer_preset(records: Iterable) -> str:
-    """The codl blocking preset for the device a dataset was measured on: ``nvidia-h100`` for an
-    NVIDIA OpenCL device, ``emulated-soc`` for PoCL (the device machine's CPU OpenCL stand-in),
-    ``mobile`` (CoDL's phone setting) otherwise."""
-    for r in records:
-        if isinstance(r, OpRecord) and r.device:
-            text = json.dumps(dict(r.device)).lower()
-            if "nvidia" in text:
-                return "nvidia-h100"
-            if "pocl" in text or "portable computing language" in text:
-                return "emulated-soc"
-            break
-    return "mobile"
-
-
 def fit_model(kind: str, records: Iterable, **options) -> CostModel:
     """Fit a model of ``kind`` (``codl``: option ``config`` = CodlConfig or preset name;
     ``gbdt``: option ``config`` = GbdtConfig)."""
     if kind == "codl":
-        from codl_tvm.cost_model.analytical import CodlModel
-
         model = CodlModel(**options)
     elif kind == "gbdt":
-        from codl_tvm.cost_model.gbdt import GbdtModel
-
         model = GbdtModel(**options)
     elif kind == "flops":
-        from codl_tvm.cost_model.flops import FlopsModel
-
         model = FlopsModel(**options)
     elif kind == "measured":
-        from codl_tvm.cost_model.measured import MeasuredModel
-
         model = MeasuredModel(**options)
     else:
         raise ValueError(f"unknown cost model kind {kind!r} (codl, gbdt, flops, measured)")
@@ -417,18 +398,10 @@ def plot_scatter(report: EvalReport, path: str, title: str | None = None) -> Non
 
 
 # ---------------------------------------------------------------------------------------------
-# CLI
+# Datasets as the commands read them
 
 
-def _cli_error(message: str) -> Exception:
-    try:
-        from codl_tvm.cli import CliError
-    except ImportError:  # pragma: no cover - the CLI module ships with the package
-        return SystemExit(f"codl-tvm: error: {message}")
-    return CliError(message)
-
-
-def _load_datasets(paths: Sequence[str]):
+def load_datasets(paths: Sequence[str]):
     """The records of several datasets in order (e.g. direct kernels and the algorithms of
     ``codl-tvm profile --winograd --packed``, measured on the same device)."""
     sets = [load_dataset(p) for p in paths]
@@ -450,18 +423,14 @@ def _load_datasets(paths: Sequence[str]):
     return Dataset([r for d in sets for r in d.records], meta)
 
 
-def _names(paths: Sequence[str]) -> str:
-    return ", ".join(str(p) for p in paths)
-
-
-def _drop_groups(records: list, specs: Sequence[str]) -> tuple[list, int]:
+def drop_groups(records: list, specs: Sequence[str]) -> tuple[list, int]:
     """``records`` without the operator records of the ``OP:PROCESSOR[:IMPL]`` groups (a
     kernel that changed since they were measured); with the number left out."""
     groups = []
     for spec in specs:
         parts = spec.split(":")
         if len(parts) not in (2, 3) or parts[1] not in ("cpu", "gpu"):
-            raise ValueError(f"--drop {spec!r}: expected OP:PROCESSOR[:IMPL], e.g. dense:gpu")
+            raise DatasetError(f"--drop {spec!r}: expected OP:PROCESSOR[:IMPL], e.g. dense:gpu")
         groups.append(parts)
 
     def dropped(r) -> bool:
@@ -474,138 +443,3 @@ def _drop_groups(records: list, specs: Sequence[str]) -> tuple[list, int]:
 
     kept = [r for r in records if not dropped(r)]
     return kept, len(records) - len(kept)
-
-
-def cmd_fit(args: argparse.Namespace) -> int:
-    try:
-        data = _load_datasets(args.data)
-        n_groups_dropped = 0
-        if args.drop:
-            records, n_groups_dropped = _drop_groups(data.records, args.drop)
-            data = Dataset(records, data.meta)
-        drop = args.drop_inconsistent
-        if drop is None:
-            drop = 0.0 if args.kind == "measured" else 3.0  # the oracle keeps every measurement
-        train, test, dropped = training_split(data.records, args.holdout, args.seed, drop)
-        options = {}
-        if args.kind == "codl":
-            options["config"] = args.preset or infer_preset(data.records)
-        elif args.kind == "gbdt" and args.trees is not None:
-            from codl_tvm.cost_model.gbdt import GbdtConfig
-
-            options["config"] = GbdtConfig(n_estimators=args.trees)
-        model = fit_model(args.kind, train, **options)
-    except (DatasetError, ValueError) as exc:
-        raise _cli_error(str(exc)) from None
-    if data.meta.get("cpu_alone_settings"):
-        # Its Winograd/packed CPU kernels are those of builds for the CPU alone: co-executed
-        # builds planned with it use them (codl_tvm.artifact).
-        model.meta["cpu_alone_settings"] = True
-    model.meta.update(
-        {
-            "dataset": str(args.data[0]) if len(args.data) == 1 else [str(p) for p in args.data],
-            "holdout": args.holdout,
-            "seed": args.seed,
-            "n_train": sum(isinstance(r, OpRecord) for r in train),
-            "n_test": sum(isinstance(r, OpRecord) for r in test),
-            "drop_inconsistent": drop,
-            "n_dropped_inconsistent": len(dropped),
-        }
-    )
-    if args.drop:
-        model.meta["dropped_groups"] = list(args.drop)
-        model.meta["n_dropped_groups"] = n_groups_dropped
-    model.save(args.output)
-    print(
-        f"fitted a {args.kind} cost model on {model.meta['n_train']} operator records "
-        f"({args.holdout:.0%} held out, seed {args.seed}); wrote {args.output} "
-        f"({len(model.dumps().encode())} bytes)"
-    )
-    return 0
-
-
-def cmd_eval(args: argparse.Namespace) -> int:
-    try:
-        model = CostModel.load(args.model)
-        data = _load_datasets(args.data)
-        holdout = float(model.meta.get("holdout", 0.0))
-        seed = int(model.meta.get("seed", 0))
-        if args.all or holdout == 0.0:
-            records, split = data.records, f"all records of {_names(args.data)}"
-        else:
-            _, records = split_records(data.records, holdout, seed)
-            split = f"held-out {holdout:.0%} of {_names(args.data)} (seed {seed})"
-        report = evaluate(model, records, split)
-    except (DatasetError, ModelFileError, ValueError) as exc:
-        raise _cli_error(str(exc)) from None
-    if args.json:
-        print(json.dumps(report.to_json(), indent=2))
-    else:
-        print(format_report(report))
-    if args.plot:
-        plot_scatter(report, args.plot, title=f"{args.model} on {split}")
-        if not args.json:
-            print(f"wrote {args.plot}")
-    return 0
-
-
-def register_cli(subparsers) -> None:
-    """Add ``cost-model fit`` and ``cost-model eval`` to an argparse subparsers object."""
-    p = subparsers.add_parser("cost-model", help="fit and evaluate latency cost models")
-    sub = p.add_subparsers(dest="cost_model_command", required=True)
-
-    f = sub.add_parser("fit", help="fit a cost model on a latency dataset")
-    f.add_argument(
-        "data", nargs="+", help="datasets (.jsonl) written by `codl-tvm profile`, fitted together"
-    )
-    f.add_argument("-o", "--output", required=True, help="model file to write (.json)")
-    f.add_argument(
-        "--kind",
-        choices=("codl", "gbdt", "flops", "measured"),
-        default="codl",
-        help="measured: a lookup table of the measurements (the oracle; use --holdout 0)",
-    )
-    f.add_argument(
-        "--preset",
-        default=None,
-        help="blocking preset of the codl model (mobile, pocl-local, emulated-soc, "
-        "nvidia-h100; default: from the dataset's device, see infer_preset)",
-    )
-    f.add_argument("--trees", type=int, help="boosting rounds of the gbdt model")
-    f.add_argument(
-        "--holdout",
-        type=float,
-        default=0.3,
-        help="fraction of records held out for `eval` (default 0.3; 0 = fit on all)",
-    )
-    f.add_argument("--seed", type=int, default=0, help="seed of the held-out split")
-    f.add_argument(
-        "--drop-inconsistent",
-        type=float,
-        default=None,
-        metavar="FACTOR",
-        help="leave out of training a part that took FACTOR times longer than a part of the "
-        "same operator with at least 1/1.25 of its FLOPs (interference; default 3, 0 for "
-        "--kind measured; 0 = keep all)",
-    )
-    f.add_argument(
-        "--drop",
-        action="append",
-        default=[],
-        metavar="OP:PROCESSOR[:IMPL]",
-        help="leave the records of this group out (e.g. dense:gpu:reduction, measured with a "
-        "kernel that has changed since); repeatable",
-    )
-    f.set_defaults(func=cmd_fit)
-
-    e = sub.add_parser("eval", help="accuracy of a cost model on a dataset's held-out part")
-    e.add_argument("model", help="model file (.json)")
-    e.add_argument("data", nargs="+", help="datasets (.jsonl), evaluated together")
-    e.add_argument("--json", action="store_true", help="print the report as JSON")
-    e.add_argument("--plot", help="write a predicted-vs-measured scatter plot (PNG)")
-    e.add_argument(
-        "--all",
-        action="store_true",
-        help="evaluate on every record (e.g. a dataset the model was not fitted on)",
-    )
-    e.set_defaults(func=cmd_eval)

@@ -24,8 +24,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from codl_tvm.cost_model.analytical import has_dispatch
-from codl_tvm.cost_model.base import CostModel
+from codl_tvm.cost_model.analytical import CodlModel, has_dispatch, infer_preset
+from codl_tvm.cost_model.base import CostModel, CostModelFallbackWarning
 from codl_tvm.cost_model.dataset import OpRecord
 from codl_tvm.cost_model.features import OP_KINDS, PROCESSORS, DispatchFeatures, OpFeatures
 
@@ -83,7 +83,7 @@ class GbdtConfig:
     ``nthread=1`` keeps training deterministic; ``min_records`` is the smallest group trained
     (smaller groups use the FLOPs fallback). ``analytical_base``: a ``CodlConfig`` preset name
     whose model is the trees' starting point, ``"auto"`` for the preset of the records' device
-    (``evaluate.infer_preset``), ``"none"`` for plain trees. ``augment_blind``: train on every
+    (``analytical.infer_preset``), ``"none"`` for plain trees. ``augment_blind``: train on every
     record twice, with and without its dispatch features, so the trees also predict parts
     nobody has built yet (the planner's features have no dispatch features; trees that never
     saw them missing send such rows down arbitrary default branches).
@@ -184,12 +184,8 @@ class GbdtModel(CostModel):
         self.boosters, self._raw, self._counts = {}, {}, {}
         self.base = None
         if self.config.analytical_base != "none":
-            from codl_tvm.cost_model.analytical import CodlModel
-
             preset = self.config.analytical_base
             if preset == "auto":
-                from codl_tvm.cost_model.evaluate import infer_preset
-
                 preset = infer_preset(records)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # groups too small for it use its FLOPs line
@@ -237,8 +233,6 @@ class GbdtModel(CostModel):
         return booster
 
     def _base_margin(self, features: Sequence[OpFeatures]) -> np.ndarray:
-        from codl_tvm.cost_model.base import CostModelFallbackWarning
-
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", CostModelFallbackWarning)
             return np.log(self.base.predict_many(features))

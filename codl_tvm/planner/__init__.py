@@ -6,12 +6,11 @@ and a fitted cost model (it never rewrites the IR) and returns a
 dimension, ratio, predicted CPU/GPU/co-execution/no-chain latency and the reason; a text table
 and JSON). The baseline planners are modes of the same function (``cpu_only``, ``gpu_only``,
 ``ulayer_like``, ``codl_no_chain``, ``h_only``, ``oc_only``) and every report carries the ideal
-bound ``T* = 1 / (1/Tcpu + 1/Tgpu)``. ``register_cli`` adds ``codl-tvm plan``.
+bound ``T* = 1 / (1/Tcpu + 1/Tgpu)``. ``codl-tvm plan`` is :mod:`codl_tvm.cli.plan`.
 ``codl_tvm.planner.refine`` re-balances a built plan's splits from timelines measured inside
 the model (``codl-tvm refine``).
 """
 
-from codl_tvm.planner.cli import register_cli
 from codl_tvm.planner.part_shapes import ChainParts, chain_parts, op_params
 from codl_tvm.planner.report import Decision, PlanReport, PlanSummary
 from codl_tvm.planner.search import (
@@ -40,5 +39,4 @@ __all__ = [
     "op_params",
     "plan_all",
     "plan_model",
-    "register_cli",
 ]

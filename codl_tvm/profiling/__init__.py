@@ -3,7 +3,7 @@ costs, written to versioned latency datasets (``codl_tvm.cost_model.dataset``).
 
 See :mod:`codl_tvm.profiling.runner` (building and timing one part, sharing costs, sessions),
 :mod:`codl_tvm.profiling.profile` (jobs, resumable runs, compile-here/run-there) and
-:mod:`codl_tvm.profiling.cli` (``codl-tvm profile``).
+:mod:`codl_tvm.cli.profile` (``codl-tvm profile``).
 """
 
 from codl_tvm.profiling.profile import (

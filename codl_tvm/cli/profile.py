@@ -30,11 +30,24 @@ their own dataset, fitted together with the direct one::
 from __future__ import annotations
 
 import argparse
+import contextlib
 
-from codl_tvm.cost_model.dataset import DatasetError
-from codl_tvm.cost_model.features import DIMS, FeatureError
+from codl_tvm.bench import pin_tvm_threads
+from codl_tvm.cost_model.features import DIMS
+from codl_tvm.errors import CliError, ProfileError
+from codl_tvm.profiling.farm import profile_farm
+from codl_tvm.profiling.profile import (
+    compile_jobs,
+    make_jobs,
+    model_ops,
+    profile,
+    run_compiled,
+    sampled_ops,
+)
+from codl_tvm.profiling.runner import LocalSession, RPCSession, TimingConfig, algorithm_switches
+from codl_tvm.rpc_utils import request_remote
 
-__all__ = ["cmd_profile", "register_cli"]
+__all__ = ["cmd_profile", "register"]
 
 
 def _floats(text: str) -> tuple[float, ...]:
@@ -67,22 +80,14 @@ def _ints(text: str) -> tuple[int, ...]:
         ) from None
 
 
-def _error(message: str) -> Exception:
-    try:
-        from codl_tvm.cli import CliError
-
-        return CliError(message)
-    except ImportError:  # pragma: no cover
-        return SystemExit(f"codl-tvm: error: {message}")
-
-
 def cmd_profile(args: argparse.Namespace) -> int:
-    import contextlib
-
+    """Measure operator parts (and sharing costs) into a dataset, or compile them for later."""
+    # imported here: the schedules need TVM's compiler, and `profile --run-dir` runs on devices
+    # with a runtime-only TVM
     from codl_tvm.schedules import cpu_alone_settings, packed_enabled, winograd_enabled
 
     if args.cpu_alone and not (args.winograd or args.packed):
-        raise _error(
+        raise CliError(
             "--cpu-alone changes only the Winograd and packed CPU kernels: add --winograd "
             "and/or --packed"
         )
@@ -95,28 +100,12 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
 
 def _profile(args: argparse.Namespace) -> int:
-    from codl_tvm.profiling.profile import (
-        compile_jobs,
-        make_jobs,
-        model_ops,
-        profile,
-        run_compiled,
-        sampled_ops,
-    )
-    from codl_tvm.profiling.runner import (
-        LocalSession,
-        ProfileError,
-        RPCSession,
-        TimingConfig,
-        algorithm_switches,
-    )
-
     try:
         timing = TimingConfig(
             args.warmup, args.repeats, args.number, args.flush_weights, args.min_repeat_ms
         )
-    except ValueError as exc:
-        raise _error(str(exc)) from None
+    except ValueError as exc:  # TimingConfig checks its numbers with plain ValueErrors
+        raise CliError(str(exc)) from None
     sharing = () if args.no_sharing else args.sharing_sizes
     meta = {"command": "codl-tvm profile", "seed": args.seed, "sampler": args.sampler}
     if args.flush_weights:
@@ -168,8 +157,6 @@ def _profile(args: argparse.Namespace) -> int:
         counts = profile(jobs, args.output, session, args.work_dir, timing, sharing, meta=meta)
         _report(counts, args.output)
         return 0
-    except (ProfileError, DatasetError, FeatureError, ValueError, OSError) as exc:
-        raise _error(str(exc)) from None
     finally:
         if remote is not None:
             remote.close()
@@ -177,35 +164,26 @@ def _profile(args: argparse.Namespace) -> int:
 
 def _profile_farm(args, jobs, timing, sharing, meta) -> int:
     """``--farm``: spread the jobs over every free device of ``--rpc-key``."""
-    from codl_tvm.profiling.farm import profile_farm
-    from codl_tvm.rpc_utils import RPCError
-
     if not args.rpc or not args.rpc_key:
-        raise _error("--farm needs --rpc HOST:PORT and --rpc-key KEY")
-    try:
-        counts = profile_farm(
-            jobs,
-            args.output,
-            args.rpc,
-            args.rpc_key,
-            work_dir=args.work_dir,
-            timing=timing,
-            sharing_sizes=sharing,
-            meta=meta,
-            job_timeout_s=args.job_timeout,
-            retries=args.retries,
-            request_timeout_s=args.rpc_timeout,
-        )
-    except RPCError as exc:
-        raise _error(str(exc)) from None
+        raise CliError("--farm needs --rpc HOST:PORT and --rpc-key KEY")
+    counts = profile_farm(
+        jobs,
+        args.output,
+        args.rpc,
+        args.rpc_key,
+        work_dir=args.work_dir,
+        timing=timing,
+        sharing_sizes=sharing,
+        meta=meta,
+        job_timeout_s=args.job_timeout,
+        retries=args.retries,
+        request_timeout_s=args.rpc_timeout,
+    )
     _report(counts, args.output)
     return 0
 
 
 def _pin(args) -> None:
-    from codl_tvm.bench import pin_tvm_threads
-    from codl_tvm.profiling.runner import ProfileError
-
     if args.rpc:
         raise ProfileError("--tvm-cpus pins this machine's threads; drop it with --rpc")
     try:
@@ -215,14 +193,9 @@ def _pin(args) -> None:
 
 
 def _connect(args):
-    from codl_tvm.rpc_utils import RPCError, request_remote
-
     if not args.rpc_key:
-        raise _error("--rpc needs --rpc-key KEY")
-    try:
-        return request_remote(args.rpc, args.rpc_key, timeout_s=args.rpc_timeout)
-    except RPCError as exc:
-        raise _error(str(exc)) from None
+        raise CliError("--rpc needs --rpc-key KEY")
+    return request_remote(args.rpc, args.rpc_key, timeout_s=args.rpc_timeout)
 
 
 def _report(counts: dict[str, int], output) -> None:
@@ -232,9 +205,9 @@ def _report(counts: dict[str, int], output) -> None:
     )
 
 
-def register_cli(subparsers) -> None:
-    """Add ``profile`` to ``codl-tvm``'s sub-commands."""
-    p = subparsers.add_parser(
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add ``profile`` to the ``codl-tvm`` subcommands."""
+    p = sub.add_parser(
         "profile",
         help="measure operator parts on GPU and CPU and data-sharing costs into a dataset",
         description=__doc__.split("\n\n")[0],

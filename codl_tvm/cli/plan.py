@@ -1,9 +1,10 @@
-"""``codl-tvm plan MODEL.onnx --cost-model M.json [--mode MODE] [-o PLAN.json] [--report R.json]``.
+"""``codl-tvm plan MODEL.onnx --cost-model M.json [--mode MODE] [-o PLAN.json] [--report R.json]``,
+and the ``--plan/--dim/--ratio`` flags that ``run`` and ``compile`` share.
 
-Prints the plan report table. A cost model is required: the cost-model package has no unfitted
-default (a ``CodlModel`` predicts only after ``fit``, its presets fix the blocking but not the
-coefficients), so there is nothing honest to plan with before a model is fitted on measurements
-(``codl-tvm cost-model fit``).
+``plan`` prints the plan report table. A cost model is required: the cost-model package has no
+unfitted default (a ``CodlModel`` predicts only after ``fit``, its presets fix the blocking but
+not the coefficients), so there is nothing honest to plan with before a model is fitted on
+measurements (``codl-tvm cost-model fit``).
 """
 
 from __future__ import annotations
@@ -11,19 +12,22 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-__all__ = ["cmd_plan", "register_cli"]
+from codl_tvm.artifact import planning_context
+from codl_tvm.cost_model.base import load_model
+from codl_tvm.cost_model.defaults import default_model_path
+from codl_tvm.errors import CliError
+from codl_tvm.frontend import OnnxModel, load_onnx
+from codl_tvm.plan import PartitionPlan, PlanError, uniform_plan
+from codl_tvm.planner.search import MODES, PlannerConfig, plan_model
+from codl_tvm.targets import PRESETS
+
+__all__ = ["WEIGHT_GBPS_HELP", "cmd_plan", "plan_from_args", "register", "weight_gbps"]
 
 _NO_MODEL = (
     "plan: --cost-model M.json is required: the cost-model package has no unfitted default "
     "model (CodlModel presets fix the blocking, not the coefficients). Fit one on measured "
     "latencies with `codl-tvm cost-model fit DATA.jsonl -o M.json`"
 )
-
-
-def _error(message: str) -> Exception:
-    from codl_tvm.cli import CliError
-
-    return CliError(message)
 
 
 def weight_gbps(text: str) -> tuple[float, float]:
@@ -50,22 +54,56 @@ def _ratios(text: str) -> tuple[float, ...]:
     try:
         values = tuple(float(v) for v in text.split(",") if v.strip())
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--ratios {text!r}: expected numbers like 0,0.25,0.5")
+        raise argparse.ArgumentTypeError(
+            f"--ratios {text!r}: expected numbers like 0,0.25,0.5"
+        ) from None
     if not values:
         raise argparse.ArgumentTypeError("--ratios: give at least one ratio")
     return values
 
 
-def cmd_plan(args: argparse.Namespace) -> int:
-    from codl_tvm.cost_model.base import ModelFileError, load_model
-    from codl_tvm.frontend import load_onnx
-    from codl_tvm.plan import PlanError
-    from codl_tvm.planner.search import PlannerConfig, PlannerError, plan_model
+def plan_from_args(args: argparse.Namespace, model: OnnxModel) -> PartitionPlan:
+    """The plan ``--plan PLAN.json|auto`` or ``--dim/--ratio`` give for ``model``, validated."""
+    if (args.plan == "auto" or args.plan) and (args.dim or args.ratio is not None):
+        raise CliError("give either --plan or --dim/--ratio, not both")
+    if args.plan == "auto":
+        plan = _auto_plan(args, model)
+    elif args.plan:
+        if not Path(args.plan).is_file():
+            raise CliError(f"--plan {args.plan}: no such file")
+        plan = PartitionPlan.load(args.plan)
+    else:
+        plan = uniform_plan(model.mod, args.dim or "H", 0.5 if args.ratio is None else args.ratio)
+    try:
+        plan.validate(model.mod)
+    except PlanError as exc:
+        raise PlanError(f"{args.plan or 'plan'}: {exc}") from None
+    return plan
 
+
+def _auto_plan(args: argparse.Namespace, model: OnnxModel) -> PartitionPlan:
+    """Plan with the CoDL planner and the cost model given by --cost-model."""
+    if args.cost_model and not Path(args.cost_model).is_file():
+        raise CliError(f"--cost-model {args.cost_model}: no such file")
+    path = args.cost_model or default_model_path(None)
+    cost_model = load_model(path)
     if not args.cost_model:
-        raise _error(_NO_MODEL)
+        print(f"cost model: {path} (shipped default for this device pair)")
+    plan, report = plan_model(model.mod, cost_model)
+    print(report.table())
+    return plan
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    """Plan a model with a cost model and print (and write) the plan and its report."""
+    if not args.cost_model:
+        raise CliError(_NO_MODEL)
     if not Path(args.model).is_file():
-        raise _error(f"plan: {args.model}: no such model file")
+        raise CliError(f"plan: {args.model}: no such model file")
+    if args.preset and args.preset not in PRESETS:
+        raise CliError(
+            f"plan: unknown target preset {args.preset!r}; valid presets: {', '.join(PRESETS)}"
+        )
     settings = {
         "ratios": args.ratios or PlannerConfig().ratios,
         "chain_delta": args.chain_delta,
@@ -74,26 +112,15 @@ def cmd_plan(args: argparse.Namespace) -> int:
         "chain_min_gain": args.chain_min_gain,
         "weight_gbps": args.weight_gbps,
     }
-    try:
-        cost_model = load_model(args.cost_model)
-        model = load_onnx(args.model)
-        if args.preset:
-            # the kernels `compile --preset P` builds (Winograd, packed, CPU-alone settings)
-            from codl_tvm.artifact import planning_context
-            from codl_tvm.targets import PRESETS
-
-            if args.preset not in PRESETS:
-                raise _error(
-                    f"plan: unknown target preset {args.preset!r}; valid presets: "
-                    f"{', '.join(PRESETS)}"
-                )
-            with planning_context(args.preset, args.cost_model, **settings) as config:
-                plan, report = plan_model(model.mod, cost_model, args.mode, config, str(args.model))
-        else:
-            config = PlannerConfig(**settings)
+    cost_model = load_model(args.cost_model)
+    model = load_onnx(args.model)
+    if args.preset:
+        # the kernels `compile --preset P` builds (Winograd, packed, CPU-alone settings)
+        with planning_context(args.preset, args.cost_model, **settings) as config:
             plan, report = plan_model(model.mod, cost_model, args.mode, config, str(args.model))
-    except (ModelFileError, PlannerError, PlanError) as exc:
-        raise _error(f"plan: {exc}") from None
+    else:
+        config = PlannerConfig(**settings)
+        plan, report = plan_model(model.mod, cost_model, args.mode, config, str(args.model))
     print(report.table())
     if args.output:
         plan.save(args.output)
@@ -104,11 +131,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
-def register_cli(subparsers) -> None:
-    """Add ``plan`` to an argparse subparsers object."""
-    from codl_tvm.planner.search import MODES, PlannerConfig
-
-    p = subparsers.add_parser(
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add ``plan`` to the ``codl-tvm`` subcommands."""
+    p = sub.add_parser(
         "plan", help="plan the CPU+GPU co-execution of an ONNX model with a cost model"
     )
     p.add_argument("model", help="ONNX model with static shapes")

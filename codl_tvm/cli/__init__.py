@@ -1,0 +1,120 @@
+"""The ``codl-tvm`` command line.
+
+One module per command group, each with a ``register(subparsers)`` that adds its commands; the
+work is done by library functions. :func:`main` turns every expected failure
+(:class:`~codl_tvm.errors.CodlError`, and OS errors on the user's files) into one line,
+``codl-tvm: error: ...``, and exit status 2. Anything else is a bug and keeps its traceback.
+
+The command table is explicit. A command module that fails to import is an error, except on a
+runtime-only TVM (the library without the compiler, as on a deployment device): there the
+commands that need the compiler are still listed, and running one says why it cannot run, while
+``codl-tvm run ARTIFACT/`` works.
+
+The library never imports this package.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Callable
+
+from codl_tvm.errors import CliError, CodlError
+from codl_tvm.models import bundled_model_path
+
+__all__ = ["COMMANDS", "CliError", "build_parser", "bundled_model_path", "main"]
+
+#: Command modules of ``codl-tvm`` and the commands each adds, in ``--help`` order.
+COMMANDS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("codl_tvm.cli.run", ("run", "info")),
+    ("codl_tvm.cli.compile", ("compile", "refine")),
+    ("codl_tvm.cli.demo", ("demo",)),
+    ("codl_tvm.cli.plan", ("plan",)),
+    ("codl_tvm.cli.profile", ("profile",)),
+    ("codl_tvm.cli.cost_model", ("cost-model",)),
+    ("codl_tvm.cli.deploy", ("deploy",)),
+)
+
+
+def _runtime_only_tvm() -> bool:
+    """Whether the installed TVM is its runtime alone (no compiler)."""
+    import tvm.base  # only asked after a command module failed to import
+
+    return bool(getattr(tvm.base, "_RUNTIME_ONLY", False))
+
+
+def _unavailable(names: tuple[str, ...], module: str, exc: Exception) -> Callable:
+    """A ``register`` for commands that cannot run on this TVM: each says so when invoked."""
+    why = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+
+    def fail(args: argparse.Namespace) -> int:
+        raise CliError(
+            f"`codl-tvm {args.command}` needs TVM's compiler, but the installed TVM is "
+            f"runtime-only (importing {module} failed: {why}); on this machine run compiled "
+            "artifacts with `codl-tvm run ARTIFACT/`"
+        )
+
+    def register(sub: argparse._SubParsersAction) -> None:
+        for name in names:
+            p = sub.add_parser(name, help="(needs TVM's compiler; unavailable here)")
+            p.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+            p.set_defaults(func=fail)
+
+    return register
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``codl-tvm`` argument parser with every command of :data:`COMMANDS`."""
+    parser = argparse.ArgumentParser(
+        prog="codl-tvm",
+        description="CPU+GPU co-execution of deep-learning operators for Apache TVM.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    for module, names in COMMANDS:
+        try:
+            register = importlib.import_module(module).register
+        except Exception as exc:
+            # A runtime-only TVM cannot import compiler-side modules (their import registers
+            # Relax ops and schedules); anywhere else a failing import is a bug: fail loudly.
+            if not _runtime_only_tvm():
+                raise
+            register = _unavailable(names, module, exc)
+        register(sub)
+    return parser
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    if isinstance(exc, OSError) and exc.filename is not None and exc.strerror:
+        text = f"{exc.filename}: {exc.strerror}"
+    return "; ".join(line.strip() for line in text.splitlines() if line.strip())
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``codl-tvm`` with ``argv`` (default: the process arguments); return the exit status."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except (CodlError, OSError) as exc:
+        # expected failures (bad input, a model or device that cannot be used, a file that
+        # cannot be read or written): one line for the user, no traceback
+        print(f"codl-tvm: error: {_one_line(exc)}", file=sys.stderr)
+        return 2
+    except Exception as exc:
+        # The library imports TVM's compiler where it first needs it, so on a runtime-only TVM
+        # a command that compiles fails inside; say that instead of a traceback into TVM.
+        if not _runtime_only_tvm():
+            raise
+        print(
+            f"codl-tvm: error: `codl-tvm {args.command}` needs TVM's compiler, but the installed "
+            f"TVM is runtime-only ({type(exc).__name__}: {_one_line(exc)}); on this machine run "
+            "compiled artifacts with `codl-tvm run ARTIFACT/`",
+            file=sys.stderr,
+        )
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,228 @@
+"""``codl-tvm compile`` and ``codl-tvm refine``.
+
+``codl-tvm compile MODEL.onnx -o OUT/`` plans, builds and writes a deployable artifact
+(:func:`codl_tvm.artifact.compile_artifact`); ``codl-tvm refine ARTIFACT -o OUT/`` rebalances a
+co-executed artifact's splits from timelines measured on this machine
+(:func:`codl_tvm.artifact.refine_artifact`).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from codl_tvm.artifact import compile_artifact, refine_artifact
+from codl_tvm.cli.plan import WEIGHT_GBPS_HELP, plan_from_args, weight_gbps
+from codl_tvm.errors import CliError
+from codl_tvm.frontend import load_onnx
+from codl_tvm.models import bundled_model_path
+from codl_tvm.targets import preset_names
+
+__all__ = ["cmd_compile", "cmd_refine", "register"]
+
+
+def cmd_compile(args: argparse.Namespace) -> int:
+    """``codl-tvm compile MODEL.onnx -o OUT/``: plan, build and write a deployable artifact."""
+    model_path = args.model or str(bundled_model_path())
+    plan = None
+    if args.plan == "auto":  # the default: plan with the cost model
+        args.plan = None
+    if args.plan or args.dim or args.ratio is not None:
+        if args.device != "coexec":
+            raise CliError("--plan/--dim/--ratio apply to --device coexec only")
+        plan = plan_from_args(args, load_onnx(model_path))
+    compile_artifact(
+        model_path,
+        args.output,
+        device=args.device,
+        mode=args.mode,
+        cost_model=args.cost_model,
+        plan=plan,
+        preset=args.preset,
+        reference=not args.no_reference,
+        seed=args.seed,
+        force=args.force,
+        winograd=args.winograd,
+        packed=args.packed,
+        verify=args.verify,
+        verify_modes=[m for m in (args.verify_modes or "").split(",") if m],
+        tracker=args.tracker,
+        key=args.key,
+        build_cache=args.build_cache,
+        coexec_cpu_alone=args.coexec_cpu_alone_kernels,
+        split_channel_blocks=args.split_channel_blocks,
+        split_row_blocks=args.split_row_blocks,
+        verify_calibrate=args.verify_calibrate,
+        refine=args.refine,
+        refine_traces=args.refine_traces,
+        weight_gbps=args.weight_gbps,
+    )
+    print(f"run it with: codl-tvm run {args.output}")
+    return 0
+
+
+def cmd_refine(args: argparse.Namespace) -> int:
+    """``codl-tvm refine ARTIFACT -o OUT/``: rebalance a co-executed artifact's splits from
+    timelines measured on this machine."""
+    if not 0.0 < args.step <= 1.0:
+        raise CliError(f"--step must be in (0, 1], got {args.step}")
+    if args.rounds < 1:
+        raise CliError(f"--rounds must be >= 1, got {args.rounds}")
+    prev = args.artifact
+    for i in range(args.rounds):
+        out = args.output if i == args.rounds - 1 else f"{args.output}.round{i + 1}"
+        refine_artifact(
+            prev, out, traces=args.traces, model_path=args.model, step=args.step, force=args.force
+        )
+        prev = out
+    print(f"run it with: codl-tvm run {args.output}")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add ``compile`` and ``refine`` to the ``codl-tvm`` subcommands."""
+    p = sub.add_parser(
+        "compile", help="plan and build an ONNX model into a deployable artifact directory"
+    )
+    p.add_argument("model", nargs="?", help="ONNX model (default: the bundled CNN)")
+    p.add_argument("-o", "--output", required=True, help="artifact directory to create")
+    p.add_argument("--device", choices=("coexec", "cpu", "opencl"), default="coexec")
+    p.add_argument(
+        "--mode",
+        default="codl",
+        help="planner mode: codl (default), codl_no_chain, h_only, oc_only, ulayer_like, "
+        "cpu_only, gpu_only",
+    )
+    p.add_argument(
+        "--cost-model", help="cost model JSON (default: the shipped model for the preset)"
+    )
+    p.add_argument("--plan", help="a PartitionPlan JSON instead of planning")
+    p.add_argument("--dim", choices=("H", "OC"), help="split every operator along this dim")
+    p.add_argument("--ratio", type=float, help="GPU share of every split operator, in [0, 1]")
+    p.add_argument(
+        "--preset",
+        choices=preset_names(),
+        help="target preset (default: opencl, this machine's OpenCL device and CPU)",
+    )
+    p.add_argument(
+        "--winograd",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="build 3x3 stride-1 convs as Winograd convs on both processors where the preset "
+        "allows (the shipped cost models know direct kernels only, so the planner still "
+        "predicts direct); --no-winograd never; default: only builds for the CPU alone, on "
+        "CPUs where Winograd measured faster (AVX-512)",
+    )
+    p.add_argument(
+        "--packed",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="build CPU convs as channel-packed convs (vectorised over output channels, weight "
+        "packed at compile time), co-executed CPU parts included; --no-packed never; default: "
+        "only builds for the CPU alone, on AVX-512",
+    )
+    p.add_argument(
+        "--coexec-cpu-alone-kernels",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="co-executed builds: give every CPU function the kernels of the build for the CPU "
+        "alone (Winograd, packed convs and their CPU-alone settings). Default: when the cost "
+        "model was profiled with them (codl-tvm profile --cpu-alone), so the planner predicts "
+        "the kernels the build makes",
+    )
+    p.add_argument("--weight-gbps", type=weight_gbps, metavar="CPU,GPU", help=WEIGHT_GBPS_HELP)
+    p.add_argument(
+        "--split-channel-blocks",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="co-executed builds: split an InstanceNorm-like block that reads a split's output "
+        "along channels (at the plan's block_ratio), instead of running it whole on one "
+        "processor while the other waits (default: on)",
+    )
+    p.add_argument(
+        "--split-row-blocks",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="co-executed builds: split an LRN-like block (channel pads and slices, elementwise "
+        "ops) that reads an H split's output along rows at that split's ratio, instead of "
+        "running it whole on one processor while the other waits (default: off; AlexNet at "
+        "k = 12 measured 1.04-1.07x slower split)",
+    )
+    p.add_argument(
+        "--verify",
+        type=int,
+        default=0,
+        metavar="ROUNDS",
+        help="also build for each processor alone, time the three builds on this machine "
+        "(ROUNDS round-robin rounds) and keep the fastest: never slower than one processor. "
+        "Where the two processors missed their predicted latencies by different factors, the "
+        "plans are re-made with predictions calibrated to the measurements and timed too",
+    )
+    p.add_argument(
+        "--verify-calibrate",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="with --verify: re-plan with predictions calibrated to the measured "
+        "single-processor latencies and time those plans too (default: on)",
+    )
+    p.add_argument(
+        "--refine",
+        type=int,
+        default=0,
+        metavar="ROUNDS",
+        help="with --verify: take timelines of the fastest co-executed build on this machine, "
+        "balance each split from them (as `codl-tvm refine`) and time the refined build too; "
+        "ROUNDS > 1 refines the refined build again",
+    )
+    p.add_argument(
+        "--refine-traces",
+        type=int,
+        default=5,
+        metavar="N",
+        help="with --refine: timelines per round (each split's time is their median)",
+    )
+    p.add_argument(
+        "--verify-modes",
+        metavar="MODE,...",
+        help="with --verify: also time the plans of these planner modes (e.g. "
+        "codl_no_chain,h_only,oc_only) and keep the fastest of all",
+    )
+    p.add_argument(
+        "--tracker",
+        metavar="HOST:PORT",
+        help="with --verify: time the builds on a device behind this TVM RPC tracker",
+    )
+    p.add_argument("--key", help="with --tracker: the device key")
+    p.add_argument(
+        "--build-cache",
+        metavar="DIR",
+        help="reuse libraries built by earlier compiles of the same model, plan, targets and "
+        "code from DIR, and store new ones there (e.g. compile each mode, then --verify)",
+    )
+    p.add_argument(
+        "--no-reference",
+        action="store_true",
+        help="skip storing the host CPU reference outputs (saves a second build)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of the reference inputs")
+    p.add_argument("--force", action="store_true", help="replace an earlier artifact in -o")
+    p.set_defaults(func=cmd_compile)
+    p = sub.add_parser(
+        "refine",
+        help="time a co-executed artifact's splits inside the model on this machine and "
+        "rebuild it with each split balanced",
+    )
+    p.add_argument("artifact", help="a co-executed artifact directory (codl-tvm compile)")
+    p.add_argument("-o", "--output", required=True, help="the refined artifact's directory")
+    p.add_argument("--traces", type=int, default=5, help="timelines per round (median)")
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="trace-refine-build rounds (earlier rounds go to OUTPUT.roundN)",
+    )
+    p.add_argument(
+        "--step", type=float, default=1.0, help="fraction of the way to the balanced shares"
+    )
+    p.add_argument("--model", help="the ONNX model, if the artifact's path to it is gone")
+    p.add_argument("--force", action="store_true", help="replace earlier artifacts in -o")
+    p.set_defaults(func=cmd_refine)

@@ -1,0 +1,165 @@
+"""``codl-tvm cost-model fit`` and ``codl-tvm cost-model eval``.
+
+::
+
+    codl-tvm cost-model fit DATA.jsonl -o MODEL.json [--kind codl|gbdt|flops|measured]
+        [--holdout 0.3] [--seed 0] [--preset NAME] [--trees N] [--drop-inconsistent 3]
+    codl-tvm cost-model eval MODEL.json DATA.jsonl [--json] [--plot OUT.png] [--all]
+
+The metrics and the fitting live in :mod:`codl_tvm.cost_model.evaluate`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from codl_tvm.cost_model.base import CostModel
+from codl_tvm.cost_model.dataset import Dataset, OpRecord
+from codl_tvm.cost_model.evaluate import (
+    drop_groups,
+    evaluate,
+    fit_model,
+    format_report,
+    infer_preset,
+    load_datasets,
+    plot_scatter,
+    split_records,
+    training_split,
+)
+from codl_tvm.cost_model.gbdt import GbdtConfig
+
+__all__ = ["cmd_eval", "cmd_fit", "register"]
+
+
+def _names(paths) -> str:
+    return ", ".join(str(p) for p in paths)
+
+
+def cmd_fit(args: argparse.Namespace) -> int:
+    """Fit a cost model on one or more datasets and write it."""
+    data = load_datasets(args.data)
+    n_groups_dropped = 0
+    if args.drop:
+        records, n_groups_dropped = drop_groups(data.records, args.drop)
+        data = Dataset(records, data.meta)
+    drop = args.drop_inconsistent
+    if drop is None:
+        drop = 0.0 if args.kind == "measured" else 3.0  # the oracle keeps every measurement
+    train, test, dropped = training_split(data.records, args.holdout, args.seed, drop)
+    options = {}
+    if args.kind == "codl":
+        options["config"] = args.preset or infer_preset(data.records)
+    elif args.kind == "gbdt" and args.trees is not None:
+        options["config"] = GbdtConfig(n_estimators=args.trees)
+    model = fit_model(args.kind, train, **options)
+    if data.meta.get("cpu_alone_settings"):
+        # Its Winograd/packed CPU kernels are those of builds for the CPU alone: co-executed
+        # builds planned with it use them (codl_tvm.artifact).
+        model.meta["cpu_alone_settings"] = True
+    model.meta.update(
+        {
+            "dataset": str(args.data[0]) if len(args.data) == 1 else [str(p) for p in args.data],
+            "holdout": args.holdout,
+            "seed": args.seed,
+            "n_train": sum(isinstance(r, OpRecord) for r in train),
+            "n_test": sum(isinstance(r, OpRecord) for r in test),
+            "drop_inconsistent": drop,
+            "n_dropped_inconsistent": len(dropped),
+        }
+    )
+    if args.drop:
+        model.meta["dropped_groups"] = list(args.drop)
+        model.meta["n_dropped_groups"] = n_groups_dropped
+    model.save(args.output)
+    print(
+        f"fitted a {args.kind} cost model on {model.meta['n_train']} operator records "
+        f"({args.holdout:.0%} held out, seed {args.seed}); wrote {args.output} "
+        f"({len(model.dumps().encode())} bytes)"
+    )
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    """Print (or plot) a cost model's accuracy on a dataset's held-out part."""
+    model = CostModel.load(args.model)
+    data = load_datasets(args.data)
+    holdout = float(model.meta.get("holdout", 0.0))
+    seed = int(model.meta.get("seed", 0))
+    if args.all or holdout == 0.0:
+        records, split = data.records, f"all records of {_names(args.data)}"
+    else:
+        _, records = split_records(data.records, holdout, seed)
+        split = f"held-out {holdout:.0%} of {_names(args.data)} (seed {seed})"
+    report = evaluate(model, records, split)
+    if args.json:
+        print(json.dumps(report.to_json(), indent=2))
+    else:
+        print(format_report(report))
+    if args.plot:
+        plot_scatter(report, args.plot, title=f"{args.model} on {split}")
+        if not args.json:
+            print(f"wrote {args.plot}")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add ``cost-model fit`` and ``cost-model eval`` to the ``codl-tvm`` subcommands."""
+    p = sub.add_parser("cost-model", help="fit and evaluate latency cost models")
+    group = p.add_subparsers(dest="cost_model_command", required=True)
+
+    f = group.add_parser("fit", help="fit a cost model on a latency dataset")
+    f.add_argument(
+        "data", nargs="+", help="datasets (.jsonl) written by `codl-tvm profile`, fitted together"
+    )
+    f.add_argument("-o", "--output", required=True, help="model file to write (.json)")
+    f.add_argument(
+        "--kind",
+        choices=("codl", "gbdt", "flops", "measured"),
+        default="codl",
+        help="measured: a lookup table of the measurements (the oracle; use --holdout 0)",
+    )
+    f.add_argument(
+        "--preset",
+        default=None,
+        help="blocking preset of the codl model (mobile, pocl-local, emulated-soc, "
+        "nvidia-h100; default: from the dataset's device, see infer_preset)",
+    )
+    f.add_argument("--trees", type=int, help="boosting rounds of the gbdt model")
+    f.add_argument(
+        "--holdout",
+        type=float,
+        default=0.3,
+        help="fraction of records held out for `eval` (default 0.3; 0 = fit on all)",
+    )
+    f.add_argument("--seed", type=int, default=0, help="seed of the held-out split")
+    f.add_argument(
+        "--drop-inconsistent",
+        type=float,
+        default=None,
+        metavar="FACTOR",
+        help="leave out of training a part that took FACTOR times longer than a part of the "
+        "same operator with at least 1/1.25 of its FLOPs (interference; default 3, 0 for "
+        "--kind measured; 0 = keep all)",
+    )
+    f.add_argument(
+        "--drop",
+        action="append",
+        default=[],
+        metavar="OP:PROCESSOR[:IMPL]",
+        help="leave the records of this group out (e.g. dense:gpu:reduction, measured with a "
+        "kernel that has changed since); repeatable",
+    )
+    f.set_defaults(func=cmd_fit)
+
+    e = group.add_parser("eval", help="accuracy of a cost model on a dataset's held-out part")
+    e.add_argument("model", help="model file (.json)")
+    e.add_argument("data", nargs="+", help="datasets (.jsonl), evaluated together")
+    e.add_argument("--json", action="store_true", help="print the report as JSON")
+    e.add_argument("--plot", help="write a predicted-vs-measured scatter plot (PNG)")
+    e.add_argument(
+        "--all",
+        action="store_true",
+        help="evaluate on every record (e.g. a dataset the model was not fitted on)",
+    )
+    e.set_defaults(func=cmd_eval)

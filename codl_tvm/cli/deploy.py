@@ -1,0 +1,116 @@
+"""``codl-tvm deploy MODEL.onnx --tracker HOST:PORT --key KEY [--target PRESET] [--device D]``.
+
+Compiles the model for a device behind a TVM RPC tracker, runs it there and compares it with
+the host (:func:`codl_tvm.deploy.deploy`).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from codl_tvm.cli.common import check_output_file, load_npz, save_outputs
+from codl_tvm.deploy import DEVICES, deploy
+from codl_tvm.errors import CliError
+from codl_tvm.frontend import load_onnx
+from codl_tvm.targets import PRESETS
+
+__all__ = ["cmd_deploy", "register"]
+
+
+def cmd_deploy(args: argparse.Namespace) -> int:
+    """Deploy, run remotely, compare with the host build and print the remote latency."""
+    if args.list_targets:
+        for preset in PRESETS.values():
+            print(f"{preset.name:18s} {preset.description}")
+        return 0
+    if not args.model:
+        raise CliError("deploy: give an ONNX model (MODEL.onnx)")
+    if not args.tracker or not args.key:
+        raise CliError("deploy: --tracker HOST:PORT and --key KEY are required")
+    check_output_file(args.save_outputs, args.force)
+    model = load_onnx(args.model)
+    inputs = load_npz(args.inputs) if args.inputs else None
+    result = deploy(
+        model,
+        args.tracker,
+        args.key,
+        target=args.target,
+        device=args.device,
+        inputs=inputs,
+        plan=args.plan,
+        dim=args.dim,
+        ratio=args.ratio,
+        number=args.number,
+        repeat=args.repeat,
+        seed=args.seed,
+        request_timeout_s=args.timeout,
+        session_timeout_s=args.session_timeout,
+        atol=args.atol,
+        rtol=args.rtol,
+    )
+    for spec, arr in zip(model.outputs, result.outputs):
+        print(f"output {spec.name}: shape {tuple(arr.shape)} dtype {arr.dtype}")
+    if result.run.median_ms is not None:
+        print(
+            f"remote latency on {result.device}: median {result.run.median_ms:.3f} ms "
+            f"(min {result.run.min_ms:.3f}, max {result.run.max_ms:.3f}, "
+            f"{result.run.repeats} repeats of {args.number})"
+        )
+    verdict = "matches" if result.matches else "DOES NOT match"
+    print(
+        f"max abs difference against the host build: {result.max_abs_error:.3g} ({verdict} "
+        f"within atol {args.atol:g} + rtol {args.rtol:g})"
+    )
+    if args.save_outputs:
+        save_outputs(args.save_outputs, model, result.outputs, args.force)
+    return 0 if result.matches else 1
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add ``deploy`` to the ``codl-tvm`` subcommands."""
+    p = sub.add_parser(
+        "deploy",
+        help="compile, upload and run an ONNX model on a device behind a TVM RPC tracker",
+        description="Deploy an ONNX model to a device behind a TVM RPC tracker and check it "
+        "against the host.",
+    )
+    p.add_argument("model", nargs="?", help="the ONNX model")
+    p.add_argument("--tracker", help="HOST:PORT of the TVM RPC tracker")
+    p.add_argument("--key", help="device key registered with the tracker")
+    p.add_argument(
+        "--target",
+        help="target preset (default: from the remote's report); --list-targets shows them",
+    )
+    p.add_argument("--list-targets", action="store_true", help="list target presets and exit")
+    p.add_argument(
+        "--device",
+        choices=DEVICES,
+        default="cpu",
+        help="processor(s) to run on (coexec: the GPU and the CPU together)",
+    )
+    p.add_argument("--plan", help="partition plan (JSON) for --device coexec")
+    p.add_argument("--dim", choices=("H", "OC"), help="uniform plan dimension (--device coexec)")
+    p.add_argument("--ratio", type=float, help="uniform plan GPU ratio 0..1 (--device coexec)")
+    p.add_argument("--inputs", help=".npz of inputs keyed by graph input names")
+    p.add_argument("--save-outputs", help=".npz to write the remote outputs to")
+    p.add_argument("--force", action="store_true", help="overwrite --save-outputs if it exists")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    p.add_argument("--repeat", type=int, default=3, help="timing repeats (0: no timing)")
+    p.add_argument("--number", type=int, default=5, help="runs per timing repeat")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=10.0,
+        help="seconds to wait for the tracker and a free device",
+    )
+    p.add_argument(
+        "--session-timeout",
+        type=float,
+        default=600.0,
+        help="seconds the remote session may last (0: no limit)",
+    )
+    p.add_argument("--atol", type=float, default=1e-4, help="absolute tolerance vs the host")
+    p.add_argument(
+        "--rtol", type=float, default=1e-3, help="tolerance relative to the largest reference value"
+    )
+    p.set_defaults(func=cmd_deploy)

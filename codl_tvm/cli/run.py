@@ -1,0 +1,166 @@
+"""``codl-tvm run`` and ``codl-tvm info``.
+
+``codl-tvm run [MODEL.onnx] --device {cpu,opencl,coexec}`` imports an ONNX model (the bundled
+CNN by default), builds it for the device, runs it and prints output shapes and latency;
+``codl-tvm run ARTIFACT/`` runs a compiled artifact (TVM's runtime alone is enough).
+``codl-tvm info`` describes the OpenCL platform and devices in use.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+
+from codl_tvm import runtime
+from codl_tvm.artifact import load_artifact
+from codl_tvm.cli.common import (
+    check_output_file,
+    load_inputs,
+    one_line,
+    opencl_banner,
+    print_outputs_and_latency,
+    save_outputs,
+)
+from codl_tvm.cli.plan import plan_from_args
+from codl_tvm.coexec import compile_coexec
+from codl_tvm.errors import CliError
+from codl_tvm.frontend import check_inputs, load_onnx
+from codl_tvm.models import bundled_model_path
+from codl_tvm.runner import build
+from codl_tvm.runtime import coexec as sync
+
+__all__ = ["cmd_info", "cmd_run", "register"]
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """Build and run an ONNX model, or run a compiled artifact."""
+    check_output_file(args.save_outputs, args.force)
+    if args.model and Path(args.model).is_dir():
+        return _run_artifact(args)
+    args.device = args.device or "opencl"
+    model = load_onnx(args.model or bundled_model_path())
+    inputs = load_inputs(args.inputs, model, args.seed)
+    if args.device == "coexec":
+        plan = plan_from_args(args, model)
+        opencl_banner()
+        built = compile_coexec(model.mod, plan)
+        line = f"device: coexec (GPU + CPU), sync mode: {sync.sync_mode()}"
+        return _report(args, model, inputs, built, line)
+    if args.plan or args.dim or args.ratio is not None:
+        raise CliError("--plan/--dim/--ratio apply to --device coexec only")
+    if args.device == "opencl":
+        opencl_banner()
+    built = build(model.mod, args.device)
+    return _report(args, model, inputs, built, f"device: {args.device}")
+
+
+def _report(args: argparse.Namespace, model, inputs, built, device_line: str) -> int:
+    """Run ``built``, print outputs and latency, check and save as the flags ask."""
+    outputs = built(inputs)
+    lat = built.time(inputs, number=args.number, repeat=args.repeat)
+    print(f"model: {model.path}")
+    print(device_line)
+    print_outputs_and_latency(model, outputs, lat, args.number)
+    if args.check and args.device != "cpu":
+        ref = build(model.mod, "cpu")(inputs)
+        err = max(float(np.max(np.abs(a - b))) for a, b in zip(outputs, ref))
+        print(f"max abs difference against the CPU build: {err:.3g}")
+    if args.save_outputs:
+        save_outputs(args.save_outputs, model, outputs, args.force)
+    return 0
+
+
+def _run_artifact(args: argparse.Namespace) -> int:
+    """``codl-tvm run OUT/``: run a compiled artifact (runtime-only TVM is enough)."""
+    given = [
+        f"--{k.replace('_', '-')}"
+        for k in ("device", "plan", "cost_model", "dim", "ratio")
+        if getattr(args, k) is not None
+    ]
+    if given:
+        raise CliError(
+            f"{args.model} is a compiled artifact: {', '.join(given)} were fixed at compile "
+            "time (recompile with `codl-tvm compile` to change them)"
+        )
+    art = load_artifact(args.model)
+    model = art.model
+    ref = art.reference()
+    if args.inputs is None and ref is not None:
+        inputs = check_inputs(model, ref[0], f"{args.model}/reference.npz")
+        expected = ref[1]
+    else:
+        inputs = load_inputs(args.inputs, model, args.seed)
+        expected = None
+    if "opencl" in art.manifest["vm_devices"]:
+        opencl_banner()
+    plan = art.manifest.get("plan") or {}
+    how = (
+        f", plan: {plan['mode']} ({plan['cost_model']['kind']} cost model)"
+        if plan.get("mode")
+        else ""
+    )
+    try:
+        outputs = art(inputs)
+        lat = art.time(inputs, number=args.number, repeat=args.repeat)
+    except Exception as exc:  # a library built for another machine fails to load or run
+        raise CliError(f"{args.model}: running the artifact failed: {one_line(str(exc))}") from None
+    print(f"artifact: {args.model} (model {model.path})")
+    print(f"device: {art.device}{how}")
+    print_outputs_and_latency(model, outputs, lat, args.number)
+    status = 0
+    if expected is not None:
+        err = max(float(np.max(np.abs(a - b))) for a, b in zip(outputs, expected))
+        scale = max(1.0, max(float(np.max(np.abs(r))) for r in expected))
+        ok = err <= 1e-4 * scale
+        print(
+            f"max abs difference against the reference (unpartitioned, host CPU): {err:.3g} "
+            f"-> {'OK' if ok else 'MISMATCH'}"
+        )
+        status = 0 if ok else 1
+    if args.save_outputs:
+        save_outputs(args.save_outputs, model, outputs, args.force)
+    return status
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    """Print the OpenCL platform, devices and skipped platforms as JSON."""
+    try:
+        runtime.load()
+        info = runtime.info()
+    except Exception as exc:  # the plugin reports an unusable platform as a TVM error
+        raise CliError(f"OpenCL is not usable here: {one_line(str(exc))}") from None
+    print(json.dumps(asdict(info), indent=2))
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add ``run`` and ``info`` to the ``codl-tvm`` subcommands."""
+    p = sub.add_parser("run", help="build and run an ONNX model, or run a compiled artifact")
+    p.add_argument(
+        "model",
+        nargs="?",
+        help="ONNX model (default: the bundled CNN) or an artifact directory from `compile`",
+    )
+    p.add_argument(
+        "--device", choices=("cpu", "opencl", "coexec"), help="processor(s) (default: opencl)"
+    )
+    p.add_argument(
+        "--plan", help="PartitionPlan JSON, or 'auto' to plan with --cost-model (--device coexec)"
+    )
+    p.add_argument("--cost-model", help="cost model JSON for --plan auto")
+    p.add_argument("--dim", choices=("H", "OC"), help="split every operator along this dim")
+    p.add_argument("--ratio", type=float, help="GPU share of every split operator, in [0, 1]")
+    p.add_argument("--inputs", help=".npz of inputs keyed by graph input names")
+    p.add_argument("--save-outputs", help=".npz to write outputs to, keyed by output names")
+    p.add_argument("--force", action="store_true", help="overwrite --save-outputs if it exists")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    p.add_argument("--repeat", type=int, default=3, help="timing repeats")
+    p.add_argument("--number", type=int, default=5, help="runs per timing repeat")
+    p.add_argument("--check", action="store_true", help="compare with the CPU build")
+    p.set_defaults(func=cmd_run)
+    p = sub.add_parser("info", help="describe the OpenCL platform and devices in use")
+    p.set_defaults(func=cmd_info)
