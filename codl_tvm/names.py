@@ -56,7 +56,7 @@ _KEYWORDS = frozenset(
     reserve_id_t
     """.split()
 )
-# OpenCL vector types (float4, uchar16, ...) and the matrix-like double/half forms.
+# OpenCL vector types (float4, uchar16, ...).
 _VECTOR_TYPE = re.compile(r"(u?char|u?short|u?int|u?long|float|double|half|bool)(2|3|4|8|16)")
 
 
@@ -104,12 +104,13 @@ def c_identifiers(names: Iterable[str]) -> dict[str, str]:
     dict[str, str]
         ``original -> identifier``: every value passes :func:`is_c_identifier`, values are
         pairwise distinct, and a value differs from every other key (so a renamed tensor can never
-        take the name another tensor had). The result depends only on the set of names.
+        take the name another tensor had). Keys come in the order of ``names``; each value
+        depends only on the set of names, not on their order.
     """
-    unique = set(names)
+    unique = list(dict.fromkeys(names))
     mapping = {n: n for n in unique if is_c_identifier(n)}
     taken = set(unique)  # a new name never equals any original name, valid or not
-    for name in sorted(unique - mapping.keys()):
+    for name in sorted(set(unique) - mapping.keys()):
         base = _sanitize(name)
         candidate, k = base, 0
         while candidate in taken or not is_c_identifier(candidate):
@@ -117,7 +118,7 @@ def c_identifiers(names: Iterable[str]) -> dict[str, str]:
             candidate = f"{base}_{k}"
         mapping[name] = candidate
         taken.add(candidate)
-    return mapping
+    return {n: mapping[n] for n in unique}  # in the order the names came
 
 
 def rename_params(func: relax.Function, new_names: Mapping[str, str]) -> relax.Function:

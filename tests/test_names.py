@@ -104,6 +104,7 @@ def test_the_mapping_is_stable(names, rnd):
     shuffled = list(names)
     rnd.shuffle(shuffled)
     assert c_identifiers(names) == c_identifiers(shuffled) == c_identifiers(names + names)
+    assert list(c_identifiers(names)) == list(dict.fromkeys(names))  # keys in the given order
 
 
 def test_rename_params_keeps_the_function():
