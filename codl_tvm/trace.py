@@ -137,29 +137,81 @@ class Trace:
             raise ValueError(f"{path}: not a codl-tvm Chrome trace ({exc})") from None
         return cls(events)
 
-    def save_png(self, path: str | Path) -> None:
-        """Draw the timeline (one row per lane) with matplotlib."""
-        from matplotlib.figure import Figure
+    def lane_counts(self) -> dict[str, int]:
+        """Number of events on each lane that has any."""
+        counts: dict[str, int] = {}
+        for e in self.events:
+            counts[e.lane] = counts.get(e.lane, 0) + 1
+        return counts
 
-        fig = Figure(figsize=(12, 2.6))
+    def save_png(self, path: str | Path, title: str | None = None) -> None:
+        """Draw the timeline with matplotlib: one row per lane (GPU kernels, CPU kernels, the
+        host's synchronisation waits), each kernel coloured by the split it computes (light
+        grey: kernels outside the plan) with a legend of the splits, and the summary under
+        ``title``."""
+        # deferred: matplotlib is only needed to draw, and costs a second to import
+        from matplotlib.figure import Figure
+        from matplotlib.patches import Patch
+
+        splits = list(dict.fromkeys(e.split for e in self.events if e.split is not None))
+        color = {name: _SPLIT_COLORS[i % len(_SPLIT_COLORS)] for i, name in enumerate(splits)}
+        span_ms = max(self.span_us() / 1e3, 1e-3)
+        # a kernel of a few microseconds in a span of milliseconds still shows as a hairline
+        least_ms = span_ms / 1500
+        fig = Figure(figsize=(12, 3.2 if splits else 2.6))
         ax = fig.add_subplot(1, 1, 1)
-        colors = {"GPU": "tab:green", "CPU": "tab:blue", "sync": "tab:red"}
         for row, lane in enumerate(_LANES):
-            bars = [
-                (e.start_us / 1e3, max(e.dur_us, 0.5) / 1e3) for e in self.events if e.lane == lane
-            ]
-            if bars:
-                ax.broken_barh(bars, (row - 0.4, 0.8), facecolors=colors[lane])
-        ax.set_yticks(range(len(_LANES)), labels=list(_LANES))
+            events = [e for e in self.events if e.lane == lane]
+            if not events:
+                continue
+            ax.broken_barh(
+                [(e.start_us / 1e3, max(e.dur_us / 1e3, least_ms)) for e in events],
+                (row - 0.4, 0.8),
+                facecolors=[
+                    _SYNC_COLOR if lane == "sync" else color.get(e.split, _UNSPLIT_COLOR)
+                    for e in events
+                ],
+            )
+        ax.set_yticks(range(len(_LANES)), labels=[_LANE_LABELS[lane] for lane in _LANES])
+        ax.set_ylim(len(_LANES) - 0.5, -0.5)  # the GPU lane on top
+        ax.set_xlim(0, span_ms * 1.01)
         ax.set_xlabel("time (ms)")
         s = self.summary()
-        ax.set_title(
-            f"span {s['span_us'] / 1e3:.2f} ms, GPU busy {s['gpu_busy_us'] / 1e3:.2f} "
-            f"ms, CPU busy {s['cpu_busy_us'] / 1e3:.2f} ms, overlap "
-            f"{s['overlap_us'] / 1e3:.2f} ms"
+        summary = (
+            f"span {s['span_us'] / 1e3:.2f} ms, GPU busy {s['gpu_busy_us'] / 1e3:.2f} ms, "
+            f"CPU busy {s['cpu_busy_us'] / 1e3:.2f} ms, overlap {s['overlap_us'] / 1e3:.2f} ms, "
+            f"waits {s['sync_wait_us'] / 1e3:.2f} ms"
         )
+        ax.set_title(f"{title}\n{summary}" if title else summary, fontsize=10)
+        if splits:
+            handles = [Patch(color=color[n], label=n) for n in splits]
+            handles.append(Patch(color=_UNSPLIT_COLOR, label="outside the plan"))
+            ax.legend(
+                handles=handles,
+                loc="upper center",
+                bbox_to_anchor=(0.5, -0.25),
+                ncol=min(len(handles), 6),
+                fontsize=8,
+                frameon=False,
+            )
         fig.tight_layout()
-        fig.savefig(str(path), dpi=110)
+        fig.savefig(str(path), dpi=100)
+
+
+# Split colours: matplotlib's tab10 without its red and grey, which mean waits and unsplit work.
+_SPLIT_COLORS = (
+    "#1f77b4",
+    "#ff7f0e",
+    "#2ca02c",
+    "#9467bd",
+    "#8c564b",
+    "#e377c2",
+    "#bcbd22",
+    "#17becf",
+)
+_SYNC_COLOR = "#d62728"
+_UNSPLIT_COLOR = "#c7c7c7"
+_LANE_LABELS = {"GPU": "GPU kernels", "CPU": "CPU kernels", "sync": "host waits"}
 
 
 def _merge(intervals):

@@ -1,0 +1,166 @@
+"""``codl-tvm demo``: the planner's decision (the fall-back message), a co-executed build with a
+fixed split that matches the unpartitioned model, and a timeline with both lanes."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from codl_tvm.artifact import load_artifact
+from codl_tvm.cli import main
+from codl_tvm.demo import DemoOptions, fixed_split_plan, run_demo
+from codl_tvm.errors import ArtifactError, PlanError
+from codl_tvm.frontend import load_onnx, random_inputs
+from codl_tvm.models import bundled_model_path
+from codl_tvm.plan import ChainPlan, PartitionPlan
+from codl_tvm.runner import build
+from codl_tvm.trace import Trace, TraceEvent
+
+# The shipped cost model predicts the bundled CNN at 0.315 ms on the CPU alone against 1.54 ms
+# on the GPU alone and every split slower: the planner keeps it on the CPU, on every machine
+# (the prediction reads the model and the cost-model file only).
+FALLBACK = (
+    "codl_small_cnn.onnx runs on the cpu alone: the plan keeps every operator whole on the CPU"
+)
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def test_fixed_split_plan_chains_the_bundled_cnn():
+    """Consecutive operators chain until one's output is also read elsewhere (the residual
+    add reads conv2d_1's output); matmul cannot split on H and is left out."""
+    mod = load_onnx(bundled_model_path()).mod
+    plan = fixed_split_plan(mod, "H", 0.5)
+    expected = PartitionPlan(
+        chains=(
+            ChainPlan(("conv2d_0", "conv2d_1"), "H", 0.5),
+            # conv2d_2's residual add reads conv2d_1's output: an operand sliced into the chain
+            ChainPlan(
+                ("conv2d_2", "max_pool2d_3", "conv2d_4", "conv2d_5", "conv2d_6", "avg_pool2d_7"),
+                "H",
+                0.5,
+            ),
+        ),
+        model_fingerprint=plan.model_fingerprint,
+    )
+    assert plan == expected
+    plan.validate(mod)
+    alone = fixed_split_plan(mod, "OC", 0.25, chain=False)
+    assert not alone.chains and [o.op for o in alone.ops][-1] == "matmul_8"
+
+
+@pytest.mark.parametrize("ratio", [0.0, 1.0, 1.5])
+def test_fixed_split_plan_needs_both_processors(ratio):
+    mod = load_onnx(bundled_model_path()).mod
+    with pytest.raises(PlanError, match=f"GPU share {ratio}"):
+        fixed_split_plan(mod, "H", ratio)
+
+
+def test_demo_output_directory_keeps_other_files(tmp_path, capsys):
+    """The demo refuses a directory holding files it did not write, with or without --force,
+    and an earlier demo's output without --force; nothing there is touched."""
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    with pytest.raises(ArtifactError, match=r"notes\.txt, which the demo did not write"):
+        run_demo(DemoOptions(output=mine, force=True))
+    assert (mine / "notes.txt").read_text() == "keep me"
+    assert main(["demo", "-o", str(mine), "--force"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("codl-tvm: error: ") and "notes.txt" in err
+    earlier = tmp_path / "earlier"
+    (earlier / "planned").mkdir(parents=True)
+    with pytest.raises(ArtifactError, match="pass --force"):
+        run_demo(DemoOptions(output=earlier))
+    assert main(["demo", "--ratio", "1"]) == 2
+    assert "GPU share 1.0" in capsys.readouterr().err
+
+
+def test_timeline_png_colours_splits(tmp_path):
+    trace = Trace(
+        [
+            TraceEvent("GPU", "conv_kernel", 0.0, 400.0, "conv2d_0..conv2d_1"),
+            TraceEvent("CPU", "conv", 10.0, 380.0, "conv2d_0..conv2d_1"),
+            TraceEvent("sync", "wait", 380.0, 400.0),
+            TraceEvent("GPU", "softmax_kernel", 400.0, 405.0),
+        ]
+    )
+    assert trace.lane_counts() == {"GPU": 2, "CPU": 1, "sync": 1}
+    trace.save_png(tmp_path / "t.png", title="two lanes")
+    data = (tmp_path / "t.png").read_bytes()
+    assert data.startswith(PNG_MAGIC) and len(data) > 5_000
+
+
+@pytest.fixture(scope="module")
+def demo(opencl, tmp_path_factory):
+    lines: list[str] = []
+    out = tmp_path_factory.mktemp("demo") / "out"
+    result = run_demo(DemoOptions(output=out, rounds=1, runs_per_round=1), log=lines.append)
+    return result, lines
+
+
+def test_demo_keeps_the_planners_fallback(demo):
+    result, progress = demo
+    assert result.planned.device == "cpu" and result.planned.ok
+    assert result.fallback == "the plan keeps every operator whole on the CPU"
+    assert FALLBACK in result.lines()
+    # one short line before each long step
+    assert [line[:5] for line in progress if line.startswith("[")] == [
+        f"[{i}/5]" for i in range(1, 6)
+    ]
+
+
+def test_demo_coexecuted_build_matches_the_reference(demo):
+    """The co-executed artifact, run here again, equals the unpartitioned model built by the
+    test itself; both processors hold a part of every split."""
+    result, _ = demo
+    assert result.coexec.device == "coexec" and result.ok
+    art = load_artifact(result.coexec.artifact)
+    model = load_onnx(bundled_model_path())
+    x = random_inputs(model, seed=5)["input"]
+    expected = build(model.mod, "cpu")([x])[0]
+    np.testing.assert_allclose(art([x])[0], expected, rtol=1e-4, atol=1e-4)
+    split = [p for p in result.placement if p.split is not None]
+    assert len(split) == 8 and all(p.gpu and p.cpu for p in split)
+
+
+def test_demo_writes_a_timeline_with_both_lanes(demo):
+    result, _ = demo
+    data = result.timeline_png.read_bytes()
+    assert data.startswith(PNG_MAGIC) and len(data) > 10_000
+    # the Chrome trace beside it, read back from the file, has kernels on both lanes
+    lanes = Trace.load_chrome(result.chrome_trace).lane_counts()
+    assert lanes.get("GPU", 0) > 0 and lanes.get("CPU", 0) > 0
+    assert str(result.timeline_png) in "\n".join(result.lines())
+
+
+def _codl_tvm() -> str:
+    found = shutil.which("codl-tvm", path=str(Path(sys.executable).parent)) or shutil.which(
+        "codl-tvm"
+    )
+    assert found, "the codl-tvm console script is not installed"
+    return found
+
+
+def test_cli_demo_fits_one_screen(opencl, tmp_path):
+    """``codl-tvm demo`` as a user runs it: exit 0, no traceback, the fall-back message, both
+    checks OK, the timeline written, and the whole output on one screen."""
+    trace = tmp_path / "t.json"
+    proc = subprocess.run(
+        [_codl_tvm(), "demo", "-o", str(tmp_path / "out"), "--trace", str(trace)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr + proc.stdout
+    out = proc.stdout
+    assert FALLBACK in out
+    assert out.count("-> OK") == 2 and "MISMATCH" not in out
+    assert trace.is_file() and trace.with_suffix(".png").read_bytes().startswith(PNG_MAGIC)
+    assert str(trace.with_suffix(".png")) in out
+    assert len(out.splitlines()) <= 40, out
