@@ -8,8 +8,17 @@ selection (``codl.Conv2DWinograd``: qualifying 3x3 convs become Winograd convs),
 TVM's legalization and fusion, then codl-tvm's schedule rules (``codl_tvm.schedules``) ahead of
 dlight's GPU rules, then TVM's lowering and finalisation. The co-execution pipeline adds the
 partitioning phase after the inference simplification (algorithm selection runs after it, per
-part and processor).
-Set ``CODL_TVM_DUMP_IR=DIR`` to write the IR after every phase (``NN-phase.py``).
+part and processor), places the parts between legalization and fusion, merges them in place
+after scheduling and inserts the synchronisation while leaving dataflow form.
+
+Phases that codl-tvm does not change are TVM's own (``tvm.relax.backend.gpu_generic``'s
+dataflow lowering and finalisation, as TVM's Adreno backend reuses them); only the phases that
+differ are written out here.
+
+IR dumps: pass ``dump_ir=DIR`` to a pipeline to write the IR after every phase
+(``DIR/NN-phase.py``). ``CODL_TVM_DUMP_IR=DIR`` in the environment is an alias, read when the
+pipeline runs, for builds made through the CLI or :mod:`codl_tvm.artifact` whose callers do not
+pass the argument; an explicit ``dump_ir`` wins.
 """
 
 from __future__ import annotations
@@ -19,9 +28,25 @@ from pathlib import Path
 
 import tvm
 from tvm import relax
+from tvm.relax.backend import gpu_generic
+
+from codl_tvm.passes import PartitionOperators
+from codl_tvm.passes.fold_bn import FoldBatchNorm
+from codl_tvm.passes.fused_targets import RecordFusedTargets, RestoreTargets
+from codl_tvm.passes.kernel_splits import RecordKernelSplits
+from codl_tvm.passes.lrn import LRNWindowSum
+from codl_tvm.passes.merge import MergePartsInPlace
+from codl_tvm.passes.place import PlaceParts
+from codl_tvm.passes.share_kernels import ShareIdenticalKernels
+from codl_tvm.passes.sync import InsertCoexecSync
+from codl_tvm.passes.variadic import PairwiseVariadic
+from codl_tvm.passes.winograd import Conv2DWinograd
+from codl_tvm.schedules import apply_schedules
 
 __all__ = [
+    "DUMP_IR_ENV",
     "algorithm_passes",
+    "coexec_dataflow_lower_passes",
     "coexec_pipeline",
     "dataflow_lower_passes",
     "finalize_passes",
@@ -31,16 +56,15 @@ __all__ = [
     "single_device_pipeline",
 ]
 
+#: Environment alias of the pipelines' ``dump_ir`` argument (see the module docstring).
+DUMP_IR_ENV = "CODL_TVM_DUMP_IR"
+
 
 def inference_passes() -> list[tvm.transform.Pass]:
     """Inference-only simplifications that keep every operator's name, order and shape (so a
     plan made for the imported module applies): fold batch norms into the convs before them,
     make the frontend's stack-and-reduce Sum/Max/Min pairwise binary ops (fusable epilogues),
     and write LRN's channel-window pools as shifted adds (one elementwise kernel per LRN)."""
-    from codl_tvm.passes.fold_bn import FoldBatchNorm
-    from codl_tvm.passes.lrn import LRNWindowSum
-    from codl_tvm.passes.variadic import PairwiseVariadic
-
     return [FoldBatchNorm(), PairwiseVariadic(), LRNWindowSum()]
 
 
@@ -55,19 +79,30 @@ def algorithm_passes(
     ``cpu_target`` is the CPU of a co-executed build (its parts use its config); ``cpu`` and
     ``opencl`` (:class:`~codl_tvm.schedules.CPUConfig` / ``OpenCLConfig``) replace the presets.
     """
-    from codl_tvm.passes.winograd import Conv2DWinograd
-
     return [Conv2DWinograd(target, cpu_target, cpu=cpu, opencl=opencl)]
 
 
-def legalize_passes(target: tvm.target.Target) -> list[tvm.transform.Pass]:
-    """Lower Relax ops to TIR and fuse them."""
+def legalize_passes(
+    target: tvm.target.Target, place: tvm.transform.Pass | None = None
+) -> list[tvm.transform.Pass]:
+    """Lower Relax ops to TIR and fuse them.
+
+    TVM's ``gpu_generic.legalize_passes`` without its dlight schedules (codl-tvm schedules in its
+    own phase). ``place`` (the co-executed build's :class:`~codl_tvm.passes.place.PlaceParts`)
+    runs after constant folding, before fusion; FuseTIR is then bracketed by
+    ``RecordFusedTargets``/``RestoreTargets``, because FuseTIR drops the per-PrimFunc ``target``
+    attribute that tells the CPU parts' kernels from the GPU's.
+    """
+    placed = place is not None
     return [
         relax.transform.LegalizeOps(),
         relax.transform.AnnotateTIROpPattern(),
         relax.transform.FoldConstant(),
+        *([place] if placed else []),
         relax.transform.FuseOps(),
+        *([RecordFusedTargets()] if placed else []),
         relax.transform.FuseTIR(),
+        *([RestoreTargets()] if placed else []),
     ]
 
 
@@ -78,66 +113,83 @@ def schedule_passes(target: tvm.target.Target, cpu=None, opencl=None) -> list[tv
     co-executed build get the CPU rules and the OpenCL kernels the OpenCL ones; ``cpu`` and
     ``opencl`` configs replace the presets.
     """
-    from codl_tvm.schedules import apply_schedules
-
     return [apply_schedules(target, cpu, opencl)]
 
 
 def dataflow_lower_passes(target: tvm.target.Target) -> list[tvm.transform.Pass]:
-    """Leave dataflow form and turn calls into explicit allocations."""
+    """Leave dataflow form and turn calls into explicit allocations (TVM's own phase)."""
+    return list(gpu_generic.dataflow_lower_passes(target))
+
+
+def coexec_dataflow_lower_passes(
+    target: tvm.target.Target, kernel_splits: dict | None = None
+) -> list[tvm.transform.Pass]:
+    """Leave dataflow form in a co-executed build: TVM's phase without
+    ``RewriteDataflowReshape``, with the co-execution sync, the kernel record and kernel sharing
+    before ``CallTIRRewrite``.
+
+    TVM 0.27's ``RewriteDataflowReshape`` turns a reshape kernel whose output VDevice differs
+    from its input's (or is unset, e.g. a fused inference-mode dropout) into a view bound to a
+    new var and leaves the old one undefined, so reshapes stay (small) copy kernels on their
+    processor.
+    """
     return [
-        relax.transform.RewriteDataflowReshape(),
         relax.transform.ToNonDataflow(),
         relax.transform.RemovePurityChecking(),
+        InsertCoexecSync(),
+        *([RecordKernelSplits(kernel_splits)] if kernel_splits is not None else []),
+        # after the record: it reads each call's split from its own copy
+        ShareIdenticalKernels(kernel_splits),
         relax.transform.CallTIRRewrite(),
     ]
 
 
 def finalize_passes(target: tvm.target.Target) -> list[tvm.transform.Pass]:
-    """Plan memory and lower to the VM's builtins."""
-    return [
-        relax.transform.StaticPlanBlockMemory(),
-        relax.transform.LowerAllocTensor(),
-        relax.transform.KillAfterLastUse(),
-        relax.transform.LowerRuntimeBuiltin(),
-        relax.transform.ComputePrimValue(),
-        relax.transform.VMShapeLower(),
-        relax.transform.AttachGlobalSymbol(),
-    ]
+    """Plan memory and lower to the VM's builtins (TVM's own phase)."""
+    return list(gpu_generic.finalize_passes(target))
 
 
-def _run_phases(mod: tvm.IRModule, phases: list[tuple[str, list]]) -> tvm.IRModule:
-    dump = os.environ.get("CODL_TVM_DUMP_IR")
+def _dump_dir(dump_ir: str | Path | None) -> Path | None:
+    if dump_ir is not None:
+        return Path(dump_ir)
+    alias = os.environ.get(DUMP_IR_ENV)
+    return Path(alias) if alias else None
+
+
+def _run_phases(
+    mod: tvm.IRModule, phases: list[tuple[str, list]], dump: Path | None
+) -> tvm.IRModule:
     for i, (name, passes) in enumerate(phases):
         if passes:
             mod = tvm.transform.Sequential(passes)(mod)
-        if dump:
-            Path(dump).mkdir(parents=True, exist_ok=True)
-            (Path(dump) / f"{i:02d}-{name}.py").write_text(mod.script(show_meta=False))
+        if dump is not None:
+            dump.mkdir(parents=True, exist_ok=True)
+            (dump / f"{i:02d}-{name}.py").write_text(mod.script(show_meta=False))
     return mod
 
 
-def single_device_pipeline(target: tvm.target.Target, cpu=None, opencl=None) -> tvm.transform.Pass:
+def single_device_pipeline(
+    target: tvm.target.Target, cpu=None, opencl=None, dump_ir: str | Path | None = None
+) -> tvm.transform.Pass:
     """The Relax pipeline for a model that runs on one processor.
 
     ``cpu`` / ``opencl`` (:class:`~codl_tvm.schedules.CPUConfig` / ``OpenCLConfig``) replace the
-    presets the target would get, for algorithm selection and schedules alike.
+    presets the target would get, for algorithm selection and schedules alike. ``dump_ir``: a
+    folder that receives the IR after every phase (see the module docstring).
     """
 
     @tvm.transform.module_pass(opt_level=0, name="codl.SingleDevicePipeline")
     def _pipeline(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
         with target:
-            return _run_phases(
-                mod,
-                [
-                    ("inference", inference_passes()),
-                    ("algorithm", algorithm_passes(target, cpu=cpu, opencl=opencl)),
-                    ("legalize", legalize_passes(target)),
-                    ("schedule", schedule_passes(target, cpu, opencl)),
-                    ("dataflow-lower", dataflow_lower_passes(target)),
-                    ("finalize", finalize_passes(target)),
-                ],
-            )
+            phases = [
+                ("inference", inference_passes()),
+                ("algorithm", algorithm_passes(target, cpu=cpu, opencl=opencl)),
+                ("legalize", legalize_passes(target)),
+                ("schedule", schedule_passes(target, cpu, opencl)),
+                ("dataflow-lower", dataflow_lower_passes(target)),
+                ("finalize", finalize_passes(target)),
+            ]
+            return _run_phases(mod, phases, _dump_dir(dump_ir))
 
     return _pipeline
 
@@ -151,6 +203,7 @@ def coexec_pipeline(
     channel_blocks: bool = True,
     kernel_splits: dict | None = None,
     row_blocks: bool = False,
+    dump_ir: str | Path | None = None,
 ) -> tvm.transform.Pass:
     """The Relax pipeline that co-executes ``plan``'s operators on the GPU and the CPU.
 
@@ -164,62 +217,23 @@ def coexec_pipeline(
     ``kernel_splits``: a dictionary the build fills with every kernel call of ``main`` in
     execution order and the split it computes (:func:`codl_tvm.passes.kernel_splits.
     kernel_splits`), which attributes a timeline's kernels to the plan's splits.
+    ``dump_ir``: a folder that receives the IR after every phase (see the module docstring).
     """
-    from codl_tvm.passes import PartitionOperators
-    from codl_tvm.passes.fused_targets import RecordFusedTargets, RestoreTargets
-    from codl_tvm.passes.kernel_splits import RecordKernelSplits
-    from codl_tvm.passes.merge import MergePartsInPlace
-    from codl_tvm.passes.place import PlaceParts
-    from codl_tvm.passes.share_kernels import ShareIdenticalKernels
-    from codl_tvm.passes.sync import InsertCoexecSync
 
     @tvm.transform.module_pass(opt_level=0, name="codl.CoexecPipeline")
     def _pipeline(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
         with gpu_target:
-            return _run_phases(
-                mod,
-                [
-                    ("inference", inference_passes()),
-                    ("partition", [PartitionOperators(plan, channel_blocks, row_blocks)]),
-                    ("algorithm", algorithm_passes(gpu_target, cpu_target, cpu, opencl)),
-                    (
-                        "legalize-place-fuse",
-                        [
-                            relax.transform.LegalizeOps(),
-                            relax.transform.AnnotateTIROpPattern(),
-                            relax.transform.FoldConstant(),
-                            PlaceParts(gpu_target, cpu_target, plan.home),
-                            relax.transform.FuseOps(),
-                            RecordFusedTargets(),
-                            relax.transform.FuseTIR(),
-                            RestoreTargets(),
-                        ],
-                    ),
-                    ("schedule", schedule_passes(gpu_target, cpu, opencl)),
-                    ("merge", [MergePartsInPlace()]),
-                    (
-                        "dataflow-lower",
-                        [
-                            # No RewriteDataflowReshape: TVM 0.27's rewrite turns a reshape
-                            # kernel whose output VDevice differs from its input's (or is unset,
-                            # e.g. a fused inference-mode dropout) into a view bound to a new var
-                            # and leaves the old one undefined. Reshapes stay (small) copy
-                            # kernels on their processor.
-                            relax.transform.ToNonDataflow(),
-                            relax.transform.RemovePurityChecking(),
-                            InsertCoexecSync(),
-                            *(
-                                [RecordKernelSplits(kernel_splits)]
-                                if kernel_splits is not None
-                                else []
-                            ),
-                            # after the record: it reads each call's split from its own copy
-                            ShareIdenticalKernels(kernel_splits),
-                            relax.transform.CallTIRRewrite(),
-                        ],
-                    ),
-                    ("finalize", finalize_passes(gpu_target)),
-                ],
-            )
+            place = PlaceParts(gpu_target, cpu_target, plan.home)
+            phases = [
+                ("inference", inference_passes()),
+                ("partition", [PartitionOperators(plan, channel_blocks, row_blocks)]),
+                ("algorithm", algorithm_passes(gpu_target, cpu_target, cpu, opencl)),
+                ("legalize-place-fuse", legalize_passes(gpu_target, place)),
+                ("schedule", schedule_passes(gpu_target, cpu, opencl)),
+                ("merge", [MergePartsInPlace()]),
+                ("dataflow-lower", coexec_dataflow_lower_passes(gpu_target, kernel_splits)),
+                ("finalize", finalize_passes(gpu_target)),
+            ]
+            return _run_phases(mod, phases, _dump_dir(dump_ir))
 
     return _pipeline
