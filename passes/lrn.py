@@ -11,7 +11,7 @@ processor's schedules cover 3-D pools: the OpenCL build ran Inception v1's two L
 serial kernels (a kernel trace on the development machine's PoCL, a diagnosis and not a
 benchmark, put nearly all of the model's time in them; the device machine's 12-core PoCL GPU
 took 239 ms for the model, against 46 ms for ResNet50), and the CPU lane of its co-executed
-build spent 2.5 of 15.6 ms on them at 4 threads (``results/traces/soc_k12_13c8fa7``).
+build spent 2.5 of 15.6 ms on them at 4 threads (its timeline on the emulated SoC).
 :class:`LRNWindowSum` rewrites ``q`` as the same average written with injective ops,
 
     z = pad(s, channels n//2 before and after)

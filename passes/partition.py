@@ -967,11 +967,11 @@ class PartitionOperators:
     channel_blocks
         Also split, along channels at the same ratio, the channel-local block (InstanceNorm)
         that reads a split's output (see ``_Analysis.channel_block``), at the plan's
-        ``block_ratio``. FST on the emulated SoC: 0.86-0.96x the latency (ca10c8e).
+        ``block_ratio``. FST on the emulated SoC: 0.86-0.96x the latency.
     row_blocks
         Also split, along rows at the split's ratio, the row-local block (LRN) that reads an H
         split's output (see ``_Analysis.row_block``). Off by default: AlexNet at k = 12 took
-        1.04-1.07x the latency of its build with the LRN kept whole (8f08f26), PoCL's LRN
+        1.04-1.07x the latency of its build with the LRN kept whole, PoCL's LRN
         rows being slower than the CPU's at the conv's ratio.
 
     See the module docstring for preconditions and the exact IR emitted.

@@ -17,7 +17,7 @@ same scheduled code) become one, and every call uses it.
 
 Why it matters: PoCL's CPU driver keeps the loaded binaries of at most 128 kernels (its
 ``dlhandle`` cache, least recently used first out). FST's co-executed build had 175 distinct GPU
-kernels per inference at 4be536b, so every launch reloaded its binary with ``dlopen``; the
+kernels per inference before this pass, so every launch reloaded its binary with ``dlopen``; the
 timelines showed 0.2-0.27 ms between consecutive GPU kernels instead of 0.02-0.04 ms, and the
 model ran 0.89x its GPU-only build. Fewer distinct kernels also means less to compile and ship
 on a phone.

@@ -109,7 +109,7 @@ def padded_row_width(
     registers over ``ceil(extent / width) * width`` columns avoids both. A divisor that fills
     part of one register (13 of 16 lanes) stays: measured on AVX-512 (masked vector ops),
     padding SqueezeNet's 13x13, 27x27 and 55x55 rows instead made the model 5-11% slower,
-    while padding PoseNet's 17x17 rows made it 8-10x faster (``results/cpu_models_*_754eee8``).
+    while padding PoseNet's 17x17 rows made it 8-10x faster (whole models on the device machine).
 
     Parameters
     ----------

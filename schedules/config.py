@@ -128,14 +128,14 @@ class CPUConfig:
         each of its elements serves one multiply-add per tile, so on small maps the Winograd
         GEMM streams weights from memory (about ``tiles / 2`` flops per byte) and loses to the
         direct conv. In whole models on the device machine (8 AVX-512 threads,
-        ``results/cpu_layers_21e24f0.json``) ResNet50's Winograd kernels ran 1.5x their
+        kernel by kernel) ResNet50's Winograd kernels ran 1.5x their
         isolated latency on 28x28 and 56x56 outputs (49 and 196 tiles) but 2.1x on 14x14 (16)
         and 3.3x on 7x7 (4).
     winograd_wide_tiles : int
         Outputs of at least this many ``m x m`` tiles take Winograd from
         ``winograd_wide_min_channels`` channels instead (0: off): a large map amortises the
-        transforms over many tiles where a small one with the same channels does not (AVX-512,
-        5c26e4f: with ``winograd_min_channels=128`` the 104x104x64 conv ran 3.18 ms packed
+        transforms over many tiles where a small one with the same channels does not (AVX-512:
+        with ``winograd_min_channels=128`` the 104x104x64 conv ran 3.18 ms packed
         against 2.00 with Winograd, while SqueezeNet's 16-64-channel convs on 55x55 and smaller
         maps ran faster packed).
     winograd_wide_min_channels : int
@@ -150,7 +150,7 @@ class CPUConfig:
         Packed convs only with at least this many input channels: each output pixel is one
         broadcast per input channel and tap, so short reductions leave the loads dominant (a
         3-channel stem keeps ``direct``). Not swept; with 48/256 SqueezeNet's packed build beat
-        its direct/GEMM build on the device machine (3.52 vs 3.79 ms, 21e24f0), with 16 it lost.
+        its direct/GEMM build on the device machine (3.52 vs 3.79 ms), with 16 it lost.
     packed_min_reduction : int
         When set (> 0), convs other than 1x1 stride-1 ones are packed by the length of their
         reduction (input channels x kernel taps) instead of ``packed_min_in_channels``: a 5x5
@@ -173,7 +173,7 @@ class CPUConfig:
         (2048) ran the stride-2 112x112x64 conv 1.6x faster on the device machine but slowed
         the deep stride-1 convs, so it is kept for strided ones. With the NHWC input
         (``packed_nhwc_input``) it no longer helped (stride-2 conv 0.47 vs 0.45 ms, whole models
-        0.97-1.05x as long, commit 1cf4e3c): off by default.
+        0.97-1.05x as long): off by default.
     packed_nhwc_input : int
         Input layout of packed convs other than 1x1 stride-1 ones: 0 reads the NCHW input (or
         its padded copy) directly; 1 makes strided packed convs copy their (padded) input to
@@ -514,12 +514,11 @@ POCL = OpenCLConfig(
     winograd_tile=2,
     # codl's dense rule, its GEMM path even for one row: a work-item per 16 output features
     # reads the [K, N] weight as 16-wide vectors. Batch-1 dense on 12 PoCL cores, profiled on a
-    # quiet machine (``results/profile/emulated_soc_k12_dense.jsonl``) against dlight's GEMV
-    # (``emulated_soc_k12.jsonl``): VGG's fc6 25088->4096 105.7 -> 9.0 ms (TVM's CPU build on
+    # quiet machine (the ``emulated_soc_k12_dense`` dataset) against dlight's GEMV
+    # (``emulated_soc_k12``): VGG's fc6 25088->4096 105.7 -> 9.0 ms (TVM's CPU build on
     # the other 4 cores: 14.2), 4096->4096 7.9 -> 1.4, 4096->1000 1.28 -> 0.46, ResNet50's
     # 2048->1000 0.71 -> 0.09. codl's GEMV path (a work-item per output, K serial) was slower
-    # than dlight (``results/dense_pocl_k12_77ccfd5_concurrent.json``, a run that overlapped
-    # another benchmark: ratios only).
+    # than dlight (in a run that overlapped another benchmark: ratios only).
     dense=True,
     dense_gemm_min_m=1,
     dense_threads_m=1,
@@ -567,9 +566,9 @@ _OPENCL_PRESETS = {"adreno": ADRENO, "mali": MALI, "nvidia": NVIDIA, "pocl": POC
 WINOGRAD_CANDIDATES = ("avx2", "avx512", "neon", "pocl", "nvidia", "adreno", "mali")
 #: CPU presets whose builds for the CPU alone use Winograd by default (``codl-tvm compile``
 #: without ``--winograd``/``--no-winograd``): measured faster on whole models there (AVX-512,
-#: 8 threads: VGG19 1.48-1.78x, Inception v1 1.12x, ResNet50 1.02-1.08x;
-#: ``results/cpu_models_*_754eee8.json``). Co-executed CPU parts use it too where the cost model
-#: has Winograd data (``codl-tvm profile --winograd``; the shipped emulated-soc model has).
+#: 8 threads: VGG19 1.48-1.78x, Inception v1 1.12x, ResNet50 1.02-1.08x). Co-executed CPU parts
+#: use it too where the cost model has Winograd data (``codl-tvm profile --winograd``; the
+#: shipped emulated-soc model has).
 WINOGRAD_CPU_ALONE = ("avx512",)
 _WINOGRAD_ON: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar(
     "codl_winograd_on", default=frozenset()
@@ -638,35 +637,28 @@ def packed_presets() -> frozenset[str]:
 
 #: CPUConfig fields that builds for the CPU alone set on top of a preset, where they measured
 #: faster; co-executed CPU parts keep the preset's values, the kernels the cost models were
-#: profiled with, until a campaign measures these. AVX-512 (the device machine, 8 threads,
-#: commit 8e49882, ``results/cpu_layers_8e49882.json``): every 1x1 conv with at least 128
-#: input channels packed, in pixel chunks of 256 KiB of input. The 1x1 GEMM kernels on 28x28
-#: and 56x56 maps ran 0.49-0.62x as long packed (512->128 on 28x28: 0.65 -> 0.32 ms), the
-#: already-packed 14x14 ones 0.75-0.93x chunked; with 64 input channels it was 0.79-1.13x, and
-#: SqueezeNet (16-64 channels) lost (3.31 -> 3.81 ms). Since commit 1b5ea91
-#: (``results/cpu_models_8threads_constant_1b5ea91.json``, kernels ``cpu_layers_1b5ea91.json``)
-#: other convs are packed by reduction length (from 400 multiply-adds per output: 5x5 convs of
-#: 16-32 channels, 0.62-0.75x as long packed in Inception v1) and strided convs with any
-#: channels (the 3-channel stems: SqueezeNet 0.47 -> 0.40 ms): SqueezeNet 3.31 -> 2.99 ms,
-#: Inception v1 9.87 -> 9.05, AlexNet 8.42 -> 8.00, ResNet50 21.0 -> 20.4, PoseNet 8.85 -> 8.66.
-#: Since commit 1cf4e3c (``results/kernels_nvidia_1cf4e3c.json``,
-#: ``results/cpu_models_8threads_constant_1cf4e3c.json``) strided packed convs read an NHWC copy
-#: of their input: the stride-2 112x112x64 conv 0.93 -> 0.47 ms (onnxruntime 0.38), whole
-#: models 0.91-0.97x as long (ResNet50 18.3 -> 17.5 ms, PoseNet 8.1 -> 7.4, SqueezeNet 2.8 ->
-#: 2.5). NHWC for stride-1 convs too (``packed_nhwc_input=2``) slowed the deep small-map convs
-#: (13x13x1024: 2.9 -> 4.2 ms), so it stays off.
-#: Since commit 478effa (``results/kernels_nvidia_478effa.json``,
-#: ``results/cpu_models_8threads_constant_478effa.json``) packed convs take tail-free register
-#: tiles (``packed_exact_tiles``: the 14x14 1x1 256->1024 conv 0.264 -> 0.179 ms, onnxruntime
-#: 0.136; 13x13x1024 3x3 4.78 -> 3.81 ms), convs from 128 multiply-adds per output are packed
-#: and Winograd needs 128 channels (the 16-64-channel 3x3 convs of SqueezeNet and VGG ran
-#: faster packed). Against the settings before, timed in the same rounds (15, onnxruntime in
-#: each round): SqueezeNet 2.88 -> 2.26 ms, ResNet50 22.9 -> 19.0, Inception v1 9.54 -> 8.25,
-#: AlexNet and VGG19 within noise. Since commit b502b74 (``results/kernels_nvidia_b502b74.json``,
-#: ``results/cpu_models_8threads_constant_b502b74.json``) maps of at least 400 4x4 tiles keep
-#: Winograd from 32 channels (``winograd_wide_tiles``): 104x104x64 3x3 3.27 -> 2.56 ms
-#: (onnxruntime 2.61), 112x112x64 2.04 -> 1.37 (1.59), VGG19 63.7 -> 56.3 ms, the other models
-#: unchanged (identical kernels).
+#: profiled with, until a campaign measures these. AVX-512 (the device machine, 8 threads),
+#: each measured against the settings before it in the same rounds:
+#:
+#: - every 1x1 conv with at least 128 input channels packed, in pixel chunks of 256 KiB of
+#:   input: the 1x1 GEMM kernels on 28x28 and 56x56 maps ran 0.49-0.62x as long packed, the
+#:   already-packed 14x14 ones 0.75-0.93x chunked; from 64 channels it was 0.79-1.13x, and
+#:   SqueezeNet (16-64 channels) lost 3.31 -> 3.81 ms;
+#: - other convs packed by reduction length (from 400 multiply-adds per output: 5x5 convs of
+#:   16-32 channels ran 0.62-0.75x as long in Inception v1) and strided convs with any channels
+#:   (the 3-channel stems): SqueezeNet 3.31 -> 2.99 ms, Inception v1 9.87 -> 9.05, AlexNet 8.42
+#:   -> 8.00, ResNet50 21.0 -> 20.4, PoseNet 8.85 -> 8.66;
+#: - strided packed convs read an NHWC copy of their input: the stride-2 112x112x64 conv 0.93 ->
+#:   0.47 ms (onnxruntime 0.38), whole models 0.91-0.97x as long. NHWC for stride-1 convs too
+#:   (``packed_nhwc_input=2``) slowed the deep small-map convs (13x13x1024: 2.9 -> 4.2 ms);
+#: - tail-free register tiles (``packed_exact_tiles``: the 14x14 1x1 256->1024 conv 0.264 ->
+#:   0.179 ms; 13x13x1024 3x3 4.78 -> 3.81 ms), packing from 128 multiply-adds per output and
+#:   Winograd from 128 channels (the 16-64-channel 3x3 convs of SqueezeNet and VGG ran faster
+#:   packed): SqueezeNet 2.88 -> 2.26 ms, ResNet50 22.9 -> 19.0, Inception v1 9.54 -> 8.25,
+#:   AlexNet and VGG19 within noise;
+#: - maps of at least 400 4x4 tiles keep Winograd from 32 channels (``winograd_wide_tiles``):
+#:   104x104x64 3x3 3.27 -> 2.56 ms (onnxruntime 2.61), VGG19 63.7 -> 56.3 ms, the other models
+#:   unchanged (identical kernels).
 CPU_ALONE_SETTINGS: dict[str, dict[str, object]] = {
     "avx512": {
         "packed_chunk_bytes": 256 * 1024,

@@ -42,7 +42,7 @@ inlined into the write-back of the register tile, so they cost no extra pass ove
 3x3 stride-1 convs with constant weights that the config selects (``CPUConfig.winograd``,
 :func:`~codl_tvm.schedules.winograd.winograd_reason`) are rewritten before legalization and
 scheduled by :class:`~codl_tvm.schedules.winograd.CPUWinograd` (``winograd``); the others use
-``direct``. Measured numbers for the AVX-512 preset are in the report of issue 4
+``direct``. Measured numbers for the AVX-512 preset are in docs/benchmarks.md
 (``scripts/bench_kernels.py``).
 """
 

@@ -34,7 +34,7 @@ one group, a constant weight, at least one vector of output channels, at least
 ``packed_min_in_channels`` input channels, and for 1x1 stride-1 convs at most
 ``packed_max_gemm_pixels`` output pixels and at least ``packed_min_gemm_channels`` input
 channels. The channel thresholds followed SqueezeNet's regression on the device machine (0.87x
-packed, commit 3b5c337, small-channel convs); they are not tuned there.
+packed, on its small-channel convs); they are not tuned there.
 The conv is rewritten before legalization by
 :class:`codl_tvm.passes.winograd.Conv2DWinograd` (which chooses every conv's algorithm) and
 scheduled by :class:`CPUPackedConv2D`; kernels record ``codl.algorithm = "packed"``.
@@ -319,7 +319,7 @@ def packed_tile(
 
 
 #: Least pixel chunks chunking may leave (each runs every channel block; tiles permitting):
-#: two per thread of an 8-thread pool. The CPU-alone default measured at 12ab7a0 chunks so.
+#: two per thread of an 8-thread pool, as the measured CPU-alone default chunks.
 MIN_CHUNK_TASKS = 16
 
 

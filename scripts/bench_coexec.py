@@ -1,4 +1,4 @@
-"""Benchmark co-execution (issue: Co-execute a model on GPU + CPU).
+"""Benchmark co-execution of single operators on GPU + CPU, and the cost of a sync.
 
 1. Sync cost per sync point: SVM flag polling vs marker event vs clFinish, on an idle queue and
    right after a GPU kernel (wake-up), in microseconds.

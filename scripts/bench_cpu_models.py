@@ -181,9 +181,9 @@ def cmd_run(args: argparse.Namespace) -> None:
 
     The pauses (``--switch-s``) matter: both runtimes' thread pools spin after a run, and on
     the device machine onnxruntime timed right after TVM measured 2-3x slower than alone
-    (ResNet50 36 vs 17 ms, ``results/cpu_models_*_754eee8.json``). Before commit 478effa
-    onnxruntime was timed once, after all TVM rounds; on one machine its ResNet50 median then
-    moved from 10.7 to 15.3 ms between runs minutes apart.
+    (ResNet50 36 vs 17 ms). Timed once after all TVM rounds instead of in every round,
+    onnxruntime's ResNet50 median moved from 10.7 to 15.3 ms between runs minutes apart on one
+    machine.
     """
     cpus = _pin_tvm(args.threads)
     import onnxruntime as ort

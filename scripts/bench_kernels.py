@@ -1,7 +1,7 @@
 """Per-kernel benchmark of codl-tvm's schedules against onnxruntime (and cuDNN for OpenCL).
 
 Operators: CoDL's conv shapes (each conv2d + bias + relu, as the ONNX frontend emits them), the
-64x112x112 conv of issue 4, a strided and a depthwise conv, a max pool and a dense layer.
+64x112x112 conv of ResNet-like stems, a strided and a depthwise conv, a max pool and a dense layer.
 Compile here (full TVM), run on the device machine (runtime-only TVM; ``out/`` is git-ignored,
 so it can be carried):
 

@@ -1,4 +1,4 @@
-"""End-to-end planner benchmark (issue 7): every baseline and codl-tvm per model.
+"""End-to-end planner benchmark: every baseline and codl-tvm per model.
 
 Compile (here, or on the device machine with TVM's compiler library), then run there::
 
@@ -56,8 +56,8 @@ WHOLENORM_SUFFIX = "_wholenorm"
 #: (``compile`` takes the rates from this script's ``--weight-gbps``).
 STREAMING_SUFFIX = "_streaming"
 #: ... and ending so (``codl_rowlrn``): that mode with ``compile --split-row-blocks`` (an LRN
-#: after an H split is split along rows; off by default since fc0a558, after the 8f08f26 A/B,
-#: which tagged the whole LRN ``codl_wholelrn`` while the split was the default).
+#: after an H split is split along rows; off by default since an A/B measured it slower, which
+#: tagged the whole LRN ``codl_wholelrn`` while the split was the default).
 ROWLRN_SUFFIX = "_rowlrn"
 
 
@@ -94,7 +94,7 @@ def _tag_mode(tag: str, strict: bool = True) -> _TagFlags:
         rest = rest.removesuffix(hit)
     if strict and rest not in PLANNER_MODES:
         hint = (
-            ": LRN blocks are whole by default since fc0a558, `_rowlrn` splits them"
+            ": LRN blocks are whole by default now, `_rowlrn` splits them"
             if tag.endswith("_wholelrn")
             else ""
         )
@@ -496,7 +496,7 @@ def cmd_run(args: argparse.Namespace) -> None:
                     **gap_breakdown(trace, bound, alone=alone).to_dict(),
                 }
         if "codl" in arts:
-            # the issue's bound (a 60-operator model in under a second), timed on its own
+            # the planning-time bound (a 60-operator model in under a second), timed on its own
             rows["codl"]["planning_alone_s"] = _planning_alone_s(
                 name, arts["codl"].manifest, index["preset"], args.plan_repeat
             )
@@ -514,7 +514,7 @@ def cmd_run(args: argparse.Namespace) -> None:
         }
         # The same figures from each variant's fastest round: interference on a shared machine
         # only slows runs down, and identical builds agreed within 0.97-1.10x by their fastest
-        # round against 0.8-1.27x by their median (3b5c337, three rounds).
+        # round against 0.8-1.27x by their median (in one three-round run).
         fc, fg = rows["cpu"]["min_ms"], rows["gpu"]["min_ms"]
         summary["t_star_fastest_ms"] = fc * fg / (fc + fg)
         for tag, row in rows.items():

@@ -1,4 +1,4 @@
-"""Benchmark the OpenCL runtime plugin (issue: Package, CI and an OpenCL runtime).
+"""Benchmark the OpenCL runtime plugin.
 
 Measures, per OpenCL platform (one process each, since selection is per process):
   * onnx's light models (seeded random weights) on OpenCL, with max error against onnxruntime;

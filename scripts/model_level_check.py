@@ -1,4 +1,4 @@
-"""Model-level check of a shipped cost model against a planner benchmark (issue 5/7).
+"""Model-level check of a shipped cost model against a planner benchmark.
 
 For every model of a ``bench_planner.py run`` JSON: the CPU-only and GPU-only latencies the
 cost model predicts (``plan_model``'s summary) against the measured single-processor builds, and
@@ -90,8 +90,8 @@ def main(argv: list[str] | None = None) -> None:
         "--chain-min-gain",
         type=float,
         default=None,
-        help="the planner setting the measured builds were planned with (runs before commit "
-        "ce9c3a1: 0); default: the planner's current default",
+        help="the planner setting the measured builds were planned with (0 for runs made "
+        "before the chain margin existed); default: the planner's current default",
     )
     args = p.parse_args(argv)
     if args.aggregate:

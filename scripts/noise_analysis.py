@@ -1,5 +1,5 @@
 """Where the measurement noise of the profiling datasets comes from, and how much of the cost
-models' held-out error it explains (issue 5). No timing happens here: everything is read from
+models' held-out error it explains. No timing happens here: everything is read from
 the shipped datasets in ``codl_tvm/data/cost_models/datasets``::
 
     python scripts/noise_analysis.py --out benchmarks/noise_analysis.json

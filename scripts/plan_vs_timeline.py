@@ -1,4 +1,4 @@
-"""The planner's predicted parts against the same parts timed inside the model (issues 5, 7).
+"""The planner's predicted parts against the same parts timed inside the model.
 
 Plans each benchmark model again with the cost model its build used (the planner is
 deterministic), reads the timelines that ``bench_planner.py run --trace-dir`` took of that

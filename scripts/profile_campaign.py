@@ -1,4 +1,4 @@
-"""Compile the profiling campaign behind the shipped cost models (issue 5) and the oracle (issue 7).
+"""Compile the profiling campaign behind the shipped cost models and the planner's oracle.
 
 One compile directory per device pair holds every part to measure:
 

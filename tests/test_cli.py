@@ -179,7 +179,7 @@ def test_info_describes_the_device_in_use(opencl, capsys):
 
 def test_compile_block_splits_default_to_measured_settings():
     """InstanceNorm blocks are split by default (FST gained), LRN row blocks are not (AlexNet
-    at k = 12 lost 1.06x with them, results/ab_soc_k12_8f08f26_rowblocks.json)."""
+    at k = 12 lost 1.06x with them, benchmarks/ab_soc_k12_row_blocks.json)."""
     from codl_tvm.cli import build_parser
 
     args = build_parser().parse_args(["compile", "m.onnx", "-o", "out"])

@@ -199,7 +199,7 @@ def test_row_blocks_only_follow_h_splits():
     h = PartitionPlan(ops=(OpPartition("conv2d_0", "H", 0.5),))
     rows = {"row_blocks": True}
     assert _split_names(model.mod, h, **rows) == ["conv2d_0", "conv2d_0+rows"]
-    # off by default (AlexNet at k = 12 measured slower with it, 8f08f26)
+    # off by default (AlexNet at k = 12 measured slower with it)
     assert _split_names(model.mod, h) == ["conv2d_0"]
     oc = PartitionPlan(ops=(OpPartition("conv2d_0", "OC", 0.5),))
     assert _split_names(model.mod, oc, **rows) == ["conv2d_0"]

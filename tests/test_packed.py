@@ -1,4 +1,4 @@
-"""Channel-packed CPU conv (issue 4): weight packing, selection, tiles, rule, numerics, defaults.
+"""Channel-packed CPU conv: weight packing, selection, tiles, rule, numerics, defaults.
 
 Numerics compare against a float64 numpy conv (``conv2d_ref``) with the bias and relu the ONNX
 frontend fuses after it; tolerance ``1e-4 * max(1, max|ref|)``.

@@ -1,4 +1,4 @@
-"""The CoDL planner (issue 7): geometry, decisions, baselines, reports, CLI, numerics.
+"""The CoDL planner: geometry, decisions, baselines, reports, CLI, numerics.
 
 Cost models are CodlModels fitted with the cost-model package's own ``fit`` on synthetic records
 of an imaginary device pair (``codl_tvm.planner.synthetic``); nothing is measured here.

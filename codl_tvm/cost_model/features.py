@@ -316,7 +316,8 @@ def part_shape(
 
 
 #: The ``matmul_align`` of a dataset record's default part (a record stores its part only where
-#: it differs): the unaligned cut every dataset before commit 268ba32 was measured with.
+#: it differs): the unaligned cut that the first datasets (before the build aligned matmul cuts)
+#: were measured with.
 RECORD_MATMUL_ALIGN = 1
 
 

@@ -1,4 +1,4 @@
-"""Measured latencies as a cost model: the oracle of the planner benchmark (issue 7).
+"""Measured latencies as a cost model: the oracle of the planner benchmark.
 
 ``MeasuredModel`` predicts a part by looking up its own measurement: the key is the operator's
 hyper-parameters, the processor and the part's geometry (rows/channels it reads and writes), so

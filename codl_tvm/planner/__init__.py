@@ -1,4 +1,4 @@
-"""CoDL's partition planner: hybrid-dimension partitioning and operator chains (issue 7).
+"""CoDL's partition planner: hybrid-dimension partitioning and operator chains.
 
 ``plan_model(mod, cost_model, mode="codl")`` reads the partitionable operators of a Relax module
 and a fitted cost model (it never rewrites the IR) and returns a

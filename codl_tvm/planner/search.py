@@ -113,10 +113,9 @@ class PlannerConfig:
         predicted latency planned one by one (besides ``min_gain_ms``). Predicted chain gains
         are small (0.6-12% per chain, 0.2-3.8% per model on the benchmark models) against the
         cost model's ~20% per-part error, and on the emulated SoC the unchained plan ran faster
-        than the chained one on 4 of 5 models at 675a441 and 5 of 5 at 754eee8 (0.87-0.92x;
-        ``results/planner_emulated_soc_*.json``). As the 1.08x fallback margin does for
-        co-execution itself, the margin keeps only chains predicted to gain clearly; 0 is
-        Algorithm 1 as published.
+        than the chained one on 4 of 5 models in one run and 5 of 5 in the next (0.87-0.92x).
+        As the 1.08x fallback margin does for co-execution itself, the margin keeps only chains
+        predicted to gain clearly; 0 is Algorithm 1 as published.
     switch_costs
         A whole operator placed away from the plan's home processor (the one predicted faster
         for the whole model, where the data of the kernels outside the plan lives) pays the

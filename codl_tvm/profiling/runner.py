@@ -76,14 +76,14 @@ class TimingConfig:
     record keeps the count in ``number``). The record keeps the median sample and the fastest
     and slowest one.
 
-    The defaults come from ``scripts/noise_analysis.py`` (results/noise_analysis.json): identical
+    The defaults come from ``scripts/noise_analysis.py`` (see docs/benchmarks.md): identical
     parts measured twice disagree by > 1.5x in 6-9% of the pairs on the emulated SoC (a whole
     record's samples disturbed), which a median of 10 samples withstands better than one of
     3-5, and a sample of a sub-0.1 ms part (a third of the SoC records) is a few runs of
     microseconds unless it is made to last ``min_repeat_ms``. At 2 ms that costs about what
     ``--repeats 5 --number 3`` did per part on the SoC's records (more only for parts under
-    0.13 ms, at most 10 x 2 ms). Measured on the device machine (``scripts/device/noise_ab.sh``,
-    ``results/noise_ab_{bf5ae79,13c8fa7}/``), two profiling runs of the same 71 parts agree within
+    0.13 ms, at most 10 x 2 ms). Measured on the device machine (``scripts/device/noise_ab.sh``, on
+    two machines), two profiling runs of the same 71 parts agree within
     +-10% for 39-49% (CPU) and 53-63% (GPU) of them with these defaults, 51% and 21% with the old
     ones, 26% and 33% with 20 ms samples: the machine's run-to-run noise dominates either way.
 

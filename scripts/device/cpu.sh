@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# The CPU alone on the device machine (issue 4): whole models as `codl-tvm compile --device cpu`
+# The CPU alone on the device machine: whole models as `codl-tvm compile --device cpu`
 # builds them (tag cpualone), A/B against CPUConfig changes, then per-kernel times.
 # VARIANTS: space-separated TAG=KEY:VALUE,KEY:VALUE CPUConfig overrides, each one more build of
 # every model as the CPU-alone build plus the overrides (default: the settings before
-# CPU_ALONE_SETTINGS, 1x1 convs packed up to 400 pixels from 256 channels, unchunked). At
-# 8e49882 (before CPU_ALONE_SETTINGS) the variants were chunk=packed_chunk_bytes:262144 and
+# CPU_ALONE_SETTINGS, 1x1 convs packed up to 400 pixels from 256 channels, unchunked). Before
+# CPU_ALONE_SETTINGS existed the variants were chunk=packed_chunk_bytes:262144 and
 # chunkall=packed_chunk_bytes:262144,packed_max_gemm_pixels:1000000,packed_min_gemm_channels:48.
 set -u
 . /tmp/code/env.sh

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Per-kernel benchmark on the device machine (issue 4): CoDL's conv shapes and the other ops of
+# Per-kernel benchmark on the device machine: CoDL's conv shapes and the other ops of
 # scripts/bench_kernels.py, compiled there, TVM's CPU (8 threads on cores 0-7; the default build
 # and the CPU-alone build) against onnxruntime, NVIDIA OpenCL against PyTorch/cuDNN (TF32 on, as
 # cuDNN defaults, and off). OPENCL_VARIANTS: OpenCLConfig A/B builds ('name:key=value,...;...').

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One machine for issue 4: kernels.sh (per op, CPU and NVIDIA OpenCL), then cpu.sh (whole models
+# One machine for the CPU benchmarks: kernels.sh (per op, CPU and NVIDIA OpenCL), then cpu.sh (whole models
 # on the CPU alone with VARIANTS, kernel by kernel for LAYER_MODELS); with SOC_MODELS set,
 # cpu_soc.sh instead (cpu.sh, then soc.sh on those models with SOC_K and its cost model).
 set -u

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One H100 machine for issue 4 and the H100 half of issue 7: kernels.sh (per op, CPU and NVIDIA
+# One H100 machine for the kernel benchmarks and the H100 planner benchmark: kernels.sh (per op, CPU and NVIDIA
 # OpenCL, with CPU_ALONE_VARIANTS), cpu.sh (whole models on the CPU alone with VARIANTS; its
 # DONE flag becomes CPU_DONE), then h100.sh (the planner benchmark on NVIDIA OpenCL + 16
 # threads, H100_MODELS). Flags: KERNELS_DONE, CPU_DONE, H100_BUILT, H100_VERIFIED, ALL_DONE.

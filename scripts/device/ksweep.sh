@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Choosing k of the emulated SoC (issue 7: the two processors' single-processor latencies on a
+# Choosing k of the emulated SoC (the two processors' single-processor latencies on a
 # reference model within 2x): time the GPU build on PoCL with k CUs on cores 0..k-1 and the CPU
 # build with 16-k TVM threads on cores k..15, one process at a time, for a few k. Uses the
 # artifacts soc.sh built (/tmp/b/soc/MODEL/{cpu,gpu}); one line per run in ksweep.log.

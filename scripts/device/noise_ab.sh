@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Run-to-run repeatability of the profiler on the emulated SoC (k = 8, issue 5): 71 sampled parts
+# Run-to-run repeatability of the profiler on the emulated SoC (k = 8): 71 sampled parts
 # (12 CoDL-sampled convs whole and halved on H and OC, both processors) compiled there, then
 # measured twice under each timing protocol, alternating so drift favours neither:
 # "new" (the defaults: 10 samples of >= 2 ms, median) and "long" (10 samples of >= 20 ms).

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Emulated SoC with the CPU-alone kernels in the cost model (issues 5 and 7): measure the
+# Emulated SoC with the CPU-alone kernels in the cost model: measure the
 # Winograd/packed CPU conv parts compiled here (`profile_campaign.py --algorithms
 # winograd,packed`, carried as .device/prof_soc_algos.tar.xz) on the SoC's CPU cores (8-15),
 # refit the shipped emulated-soc GBDT on the direct and the algorithm datasets, then run

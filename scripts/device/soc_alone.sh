@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Co-executed builds with the CPU-alone kernels (issue 7): measure the campaign of CPU-alone
+# Co-executed builds with the CPU-alone kernels: measure the campaign of CPU-alone
 # Winograd/packed kernels of split k, fit emulated-soc-kK-alone.json from the direct dataset of
 # that split (committed) and this one, then soc.sh with it. A cost model fitted with CPU-alone
 # data makes every co-executed build use those kernels, so the planner, its fallback and the
@@ -11,7 +11,7 @@
 # SOC_ALONE_PROFILE_ONLY=1 stops after the fit; SOC_ALONE_SKIP_PROFILE=1 uses the committed
 # model (a second machine); SOC_ALONE_DONE_FLAG names the final flag (default DONE); other
 # SOC_* settings go to soc.sh. AlexNet is back among the models
-# since PoCL's dense kernel (4be536b): its GPU build is no longer 25x slower than its CPU build.
+# since PoCL's dense kernel changed: its GPU build is no longer 25x slower than its CPU build.
 . /tmp/code/split_env.sh  # K, r, p, cm and the split's environment
 model=$cm/emulated-soc-k$K-alone.json
 if [ "${SOC_ALONE_SKIP_PROFILE:-0}" != 1 ]; then

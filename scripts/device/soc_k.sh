@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The emulated SoC at another split (issue 7: choose k): measure the campaigns compiled here for
+# The emulated SoC at another split (to choose k): measure the campaigns compiled here for
 # that split, fit its cost model and measured oracle, then soc.sh with them.
 # SOC_K_PROFILE_ONLY=1 stops after the fit (then soc.sh on another machine, with the dataset and
 # model committed); PROFILE_LIMIT (seconds, default 840) bounds each campaign's profiling, which
@@ -27,7 +27,7 @@ cp $p/emulated_soc_k$K*.jsonl $r/
 touch $r/PROFILED
 # Evaluated on a held-out 30% (a model fitted without it), shipped fitted on everything: the
 # campaign holds the benchmarked models' own parts, and a model that never saw 30% of them
-# planned VGG16's fc layers from guesses (k = 12 at 9ec4145: 187 ms against 84 on the CPU).
+# planned VGG16's fc layers from guesses (k = 12: 187 ms against 84 on the CPU).
 python3 -m codl_tvm.cli cost-model fit $p/emulated_soc_k$K.jsonl $p/emulated_soc_k${K}_algos.jsonl \
   --kind gbdt -o /tmp/heldout_k$K.json > $r/fit.log 2>&1
 python3 -m codl_tvm.cli cost-model eval /tmp/heldout_k$K.json $p/emulated_soc_k$K.jsonl \
