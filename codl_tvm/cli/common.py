@@ -6,8 +6,10 @@ Everything here checks what the user gave before any work starts and raises
 
 from __future__ import annotations
 
+import contextlib
 import os
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +19,7 @@ from codl_tvm.errors import CliError
 from codl_tvm.frontend import OnnxModel, check_inputs, random_inputs
 
 __all__ = [
+    "building",
     "check_output_file",
     "load_inputs",
     "load_npz",
@@ -73,6 +76,20 @@ def save_outputs(path: str, model: OnnxModel, outputs: list[np.ndarray], force: 
     check_output_file(path, force)
     np.savez(path, **{spec.name: arr for spec, arr in zip(model.outputs, outputs)})
     print(f"saved outputs to {path}")
+
+
+@contextlib.contextmanager
+def building(model: str | Path, device: str) -> Iterator[None]:
+    """Turn a failure while building or first running ``model`` for ``device`` into one line
+    (:func:`codl_tvm.runtime.build_error`: the kernel, device and first build-log lines, the
+    full log in a file); the project's own errors pass through unchanged."""
+    try:
+        yield
+    except Exception as exc:
+        err = runtime.build_error(exc, str(model), device)
+        if err is exc:
+            raise
+        raise err from None
 
 
 def opencl_banner() -> None:

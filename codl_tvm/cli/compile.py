@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 
 from codl_tvm.artifact import compile_artifact, refine_artifact
+from codl_tvm.cli.common import building
 from codl_tvm.cli.plan import WEIGHT_GBPS_HELP, plan_from_args, weight_gbps
 from codl_tvm.errors import CliError
 from codl_tvm.frontend import load_onnx
@@ -30,32 +31,33 @@ def cmd_compile(args: argparse.Namespace) -> int:
         if args.device != "coexec":
             raise CliError("--plan/--dim/--ratio apply to --device coexec only")
         plan = plan_from_args(args, load_onnx(model_path))
-    compile_artifact(
-        model_path,
-        args.output,
-        device=args.device,
-        mode=args.mode,
-        cost_model=args.cost_model,
-        plan=plan,
-        preset=args.preset,
-        reference=not args.no_reference,
-        seed=args.seed,
-        force=args.force,
-        winograd=args.winograd,
-        packed=args.packed,
-        verify=args.verify,
-        verify_modes=[m for m in (args.verify_modes or "").split(",") if m],
-        tracker=args.tracker,
-        key=args.key,
-        build_cache=args.build_cache,
-        coexec_cpu_alone=args.coexec_cpu_alone_kernels,
-        split_channel_blocks=args.split_channel_blocks,
-        split_row_blocks=args.split_row_blocks,
-        verify_calibrate=args.verify_calibrate,
-        refine=args.refine,
-        refine_traces=args.refine_traces,
-        weight_gbps=args.weight_gbps,
-    )
+    with building(model_path, args.device):
+        compile_artifact(
+            model_path,
+            args.output,
+            device=args.device,
+            mode=args.mode,
+            cost_model=args.cost_model,
+            plan=plan,
+            preset=args.preset,
+            reference=not args.no_reference,
+            seed=args.seed,
+            force=args.force,
+            winograd=args.winograd,
+            packed=args.packed,
+            verify=args.verify,
+            verify_modes=[m for m in (args.verify_modes or "").split(",") if m],
+            tracker=args.tracker,
+            key=args.key,
+            build_cache=args.build_cache,
+            coexec_cpu_alone=args.coexec_cpu_alone_kernels,
+            split_channel_blocks=args.split_channel_blocks,
+            split_row_blocks=args.split_row_blocks,
+            verify_calibrate=args.verify_calibrate,
+            refine=args.refine,
+            refine_traces=args.refine_traces,
+            weight_gbps=args.weight_gbps,
+        )
     print(f"run it with: codl-tvm run {args.output}")
     return 0
 
@@ -70,9 +72,15 @@ def cmd_refine(args: argparse.Namespace) -> int:
     prev = args.artifact
     for i in range(args.rounds):
         out = args.output if i == args.rounds - 1 else f"{args.output}.round{i + 1}"
-        refine_artifact(
-            prev, out, traces=args.traces, model_path=args.model, step=args.step, force=args.force
-        )
+        with building(prev, "coexec"):
+            refine_artifact(
+                prev,
+                out,
+                traces=args.traces,
+                model_path=args.model,
+                step=args.step,
+                force=args.force,
+            )
         prev = out
     print(f"run it with: codl-tvm run {args.output}")
     return 0

@@ -10,7 +10,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from codl_tvm.cli.common import building
 from codl_tvm.demo import DemoOptions, run_demo
+from codl_tvm.models import bundled_model_path
 
 __all__ = ["cmd_demo", "register"]
 
@@ -27,7 +29,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         trace=Path(args.trace) if args.trace else None,
         seed=args.seed,
     )
-    result = run_demo(options)
+    with building(options.model or bundled_model_path(), "coexec"):
+        result = run_demo(options)
     print("\n".join(result.lines()))
     return 0 if result.ok else 1
 

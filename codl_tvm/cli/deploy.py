@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from codl_tvm.cli.common import check_output_file, load_npz, save_outputs
+from codl_tvm.cli.common import building, check_output_file, load_npz, save_outputs
 from codl_tvm.deploy import DEVICES, deploy
 from codl_tvm.errors import CliError
 from codl_tvm.frontend import load_onnx
@@ -30,24 +30,25 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     check_output_file(args.save_outputs, args.force)
     model = load_onnx(args.model)
     inputs = load_npz(args.inputs) if args.inputs else None
-    result = deploy(
-        model,
-        args.tracker,
-        args.key,
-        target=args.target,
-        device=args.device,
-        inputs=inputs,
-        plan=args.plan,
-        dim=args.dim,
-        ratio=args.ratio,
-        number=args.number,
-        repeat=args.repeat,
-        seed=args.seed,
-        request_timeout_s=args.timeout,
-        session_timeout_s=args.session_timeout,
-        atol=args.atol,
-        rtol=args.rtol,
-    )
+    with building(args.model, args.device):
+        result = deploy(
+            model,
+            args.tracker,
+            args.key,
+            target=args.target,
+            device=args.device,
+            inputs=inputs,
+            plan=args.plan,
+            dim=args.dim,
+            ratio=args.ratio,
+            number=args.number,
+            repeat=args.repeat,
+            seed=args.seed,
+            request_timeout_s=args.timeout,
+            session_timeout_s=args.session_timeout,
+            atol=args.atol,
+            rtol=args.rtol,
+        )
     for spec, arr in zip(model.outputs, result.outputs):
         print(f"output {spec.name}: shape {tuple(arr.shape)} dtype {arr.dtype}")
     if result.run.median_ms is not None:

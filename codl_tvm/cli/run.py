@@ -18,6 +18,7 @@ import numpy as np
 from codl_tvm import runtime
 from codl_tvm.artifact import load_artifact
 from codl_tvm.cli.common import (
+    building,
     check_output_file,
     load_inputs,
     one_line,
@@ -47,26 +48,31 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.device == "coexec":
         plan = plan_from_args(args, model)
         opencl_banner()
-        built = compile_coexec(model.mod, plan)
+        with building(model.path, "coexec"):
+            built = compile_coexec(model.mod, plan)
         line = f"device: coexec (GPU + CPU), sync mode: {sync.sync_mode()}"
         return _report(args, model, inputs, built, line)
     if args.plan or args.dim or args.ratio is not None:
         raise CliError("--plan/--dim/--ratio apply to --device coexec only")
     if args.device == "opencl":
         opencl_banner()
-    built = build(model.mod, args.device)
+    with building(model.path, args.device):
+        built = build(model.mod, args.device)
     return _report(args, model, inputs, built, f"device: {args.device}")
 
 
 def _report(args: argparse.Namespace, model, inputs, built, device_line: str) -> int:
     """Run ``built``, print outputs and latency, check and save as the flags ask."""
-    outputs = built(inputs)
+    # OpenCL kernels are compiled by the driver at their first launch
+    with building(model.path, args.device):
+        outputs = built(inputs)
     lat = built.time(inputs, number=args.number, repeat=args.repeat)
     print(f"model: {model.path}")
     print(device_line)
     print_outputs_and_latency(model, outputs, lat, args.number)
     if args.check and args.device != "cpu":
-        ref = build(model.mod, "cpu")(inputs)
+        with building(model.path, "cpu"):
+            ref = build(model.mod, "cpu")(inputs)
         err = max(float(np.max(np.abs(a - b))) for a, b in zip(outputs, ref))
         print(f"max abs difference against the CPU build: {err:.3g}")
     if args.save_outputs:

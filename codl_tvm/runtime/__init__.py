@@ -20,18 +20,23 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import struct
 import threading
+import time
+import traceback
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from codl_tvm.errors import BuildError, CodlError
 from codl_tvm.runtime import _build
 
 __all__ = [
     "DeviceInfo",
     "KernelEvent",
     "OpenCLInfo",
+    "build_error",
     "cache_stats",
     "cpu_view",
     "default_cache_dir",
@@ -39,6 +44,7 @@ __all__ = [
     "info",
     "is_available",
     "load",
+    "log_dir",
     "opencl_module_from_source",
     "record_kernels",
     "svm_map",
@@ -298,3 +304,61 @@ def opencl_module_from_source(
         blob += struct.pack("<Q", 0)
     blob += _pack_str(source)
     return _global("ffi.Module.load_from_bytes.opencl")(blob)
+
+
+# The plugin's message for a kernel that does not compile (opencl_plugin.cc, BuildProgram).
+_CL_BUILD_FAILURE = re.compile(
+    r"clBuildProgram failed: (?P<code>\S+).*?: kernel (?P<kernel>\S+) on '(?P<device>[^']*)'; "
+    r"build log:\n(?P<log>.*)",
+    re.S,
+)
+_LOG_LINES = 3  # build-log lines quoted in the one-line message (the rest goes to the file)
+
+
+def log_dir() -> Path:
+    """Where codl-tvm writes the full logs of failed builds (``logs`` under the cache root)."""
+    return default_cache_dir() / "logs"
+
+
+def _write_log(text: str, kind: str) -> Path:
+    folder = log_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{kind}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
+    path.write_text(text)
+    return path
+
+
+def _first_lines(log: str, n: int = _LOG_LINES) -> str:
+    """The build log's error lines (or its first lines), joined on one line."""
+    lines = [ln.strip() for ln in log.splitlines() if ln.strip()]
+    lines = [ln for ln in lines if ln not in ("Compilation started", "Compilation failed")]
+    errors = [ln for ln in lines if "error" in ln.lower()]
+    return " | ".join((errors or lines)[:n]) or "<empty build log>"
+
+
+def build_error(exc: BaseException, model: str, device: str) -> CodlError:
+    """The one-line error for a build (or a first run, where OpenCL kernels are compiled) of
+    ``model`` for ``device`` that failed with ``exc``.
+
+    An OpenCL kernel that does not compile is named with its device and the build log's first
+    error lines; any other failure (a pass, TVM's code generation) with its exception. The full
+    text (the whole build log, or the traceback) goes to a file under :func:`log_dir`, whose
+    path the message ends with. A :class:`~codl_tvm.errors.CodlError` is returned unchanged.
+    """
+    if isinstance(exc, CodlError):
+        return exc
+    text = str(exc)
+    m = _CL_BUILD_FAILURE.search(text)
+    if m:
+        path = _write_log(m["log"], "opencl-build")
+        return BuildError(
+            f"{model}: OpenCL kernel {m['kernel']} does not compile on '{m['device']}' "
+            f"({m['code']}): {_first_lines(m['log'])}; full build log: {path}"
+        )
+    full = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    path = _write_log(full, "build")
+    first = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
+    return BuildError(
+        f"{model}: building for {device} failed: {type(exc).__name__}: {first[:300]}; "
+        f"full error: {path}"
+    )

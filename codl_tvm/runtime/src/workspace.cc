@@ -203,7 +203,17 @@ std::string ProbeCompiler(cl_platform_id p) {
       std::string log(n, '\0');
       if (n) api.clGetProgramBuildInfo(prog, dev, CL_PROGRAM_BUILD_LOG, n, log.data(), nullptr);
       while (!log.empty() && (log.back() == '\0' || log.back() == '\n')) log.pop_back();
-      why = std::string("cannot build a kernel (") + ErrorName(err) + "): " + log;
+      // The log's first lines say why; a whole log can be many kilobytes.
+      std::string first;
+      size_t start = 0;
+      for (int n = 0; n < 3 && start < log.size(); ++n) {
+        size_t end = log.find('\n', start);
+        if (end == std::string::npos) end = log.size();
+        if (end > start) first += (first.empty() ? "" : " | ") + log.substr(start, end - start);
+        start = end + 1;
+      }
+      why = std::string("cannot build a kernel (") + ErrorName(err) + "): " +
+            (first.empty() ? "<empty build log>" : first);
     }
     api.clReleaseProgram(prog);
   } else {
@@ -286,9 +296,10 @@ void Workspace::InitLocked() {
       skipped_.push_back({name, "no devices"});
       continue;
     }
-    // Without an explicit choice, skip platforms whose compiler cannot build a trivial kernel
-    // (e.g. PoCL 3.0's LLVM 14 does not know some recent host CPUs).
-    std::string why = want.empty() ? ProbeCompiler(p) : "";
+    // Skip platforms whose compiler cannot build a trivial kernel (e.g. PoCL 3.0's LLVM 14 does
+    // not know some recent host CPUs), chosen by name or not: a chosen one that cannot build
+    // is an error naming the reason below, not a failure at the model's first kernel.
+    std::string why = ProbeCompiler(p);
     if (!why.empty()) {
       skipped_.push_back({name, why});
       continue;
@@ -299,11 +310,13 @@ void Workspace::InitLocked() {
   if (platform_ == nullptr) {
     std::ostringstream os;
     for (size_t i = 0; i < names.size(); ++i) os << (i ? ", " : "") << "'" << names[i] << "'";
-    for (const auto& s : skipped_) os << "\n  skipped '" << s.first << "': " << s.second;
+    for (const auto& s : skipped_) os << "; skipped '" << s.first << "': " << s.second;
     TVM_FFI_THROW(RuntimeError) << "No usable OpenCL platform"
                                 << (want.empty() ? "" : " matches '" + config_.platform_filter + "'")
                                 << "; available platforms: " << os.str()
-                                << "\n(set CODL_OPENCL_PLATFORM to a substring of one of them)";
+                                << (want.empty() ? " (set CODL_OPENCL_PLATFORM to a substring "
+                                                   "of one of them)"
+                                                 : "");
   }
   platform_version_ = PlatformString(platform_, CL_PLATFORM_VERSION);
   platform_vendor_ = PlatformString(platform_, CL_PLATFORM_VENDOR);
