@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from codl_tvm.errors import ModelError
+from codl_tvm.onnx_rewrites import rewrite_for_import
 
 __all__ = ["ModelError", "OnnxModel", "TensorSpec", "load_onnx", "random_inputs"]
 
@@ -43,24 +44,41 @@ class OnnxModel:
     outputs: tuple[TensorSpec, ...]
 
 
+#: ONNX element types of graph inputs: those TVM's ONNX frontend imports and numpy holds natively
+#: (bfloat16, float8 and complex types are left out: numpy has no native type for their data).
 _ONNX_DTYPES = {
     1: "float32",
     2: "uint8",
     3: "int8",
+    4: "uint16",
+    5: "int16",
     6: "int32",
     7: "int64",
     9: "bool",
     10: "float16",
     11: "float64",
+    12: "uint32",
+    13: "uint64",
 }
 
 
 def _spec(value_info, path: str, what: str) -> TensorSpec:
     ttype = value_info.type.tensor_type
+    if not ttype.HasField("shape"):
+        raise ModelError(
+            f"{path}: {what} '{value_info.name}' has no shape (not even its rank); codl-tvm "
+            "needs static shapes (export the model with fixed input sizes)"
+        )
     dims = []
     for d in ttype.shape.dim:
         if d.HasField("dim_value") and d.dim_value > 0:
             dims.append(int(d.dim_value))
+        elif d.HasField("dim_value") and d.dim_value == 0:
+            shape = [x.dim_value if x.HasField("dim_value") else "?" for x in ttype.shape.dim]
+            raise ModelError(
+                f"{path}: {what} '{value_info.name}' has a zero-sized dimension (shape {shape}); "
+                "codl-tvm needs non-empty tensors"
+            )
         else:
             label = d.dim_param or "?"
             raise ModelError(
@@ -69,9 +87,15 @@ def _spec(value_info, path: str, what: str) -> TensorSpec:
             )
     dtype = _ONNX_DTYPES.get(ttype.elem_type)
     if dtype is None:
+        import onnx  # deferred like load_onnx's import
+
+        try:
+            type_name = onnx.TensorProto.DataType.Name(ttype.elem_type)
+        except ValueError:
+            type_name = "unknown"
         raise ModelError(
             f"{path}: {what} '{value_info.name}' has unsupported ONNX element type "
-            f"{ttype.elem_type}"
+            f"{ttype.elem_type} ({type_name}); codl-tvm takes {sorted(set(_ONNX_DTYPES.values()))}"
         )
     return TensorSpec(value_info.name, tuple(dims), dtype)
 
@@ -98,6 +122,7 @@ def load_onnx(model: str | Path | object) -> OnnxModel:
     init_names = {t.name for t in graph.initializer}
     inputs = tuple(_spec(i, path, "input") for i in graph.input if i.name not in init_names)
     outputs = tuple(o.name for o in graph.output)
+    proto = rewrite_for_import(proto, path)  # operators TVM's importer reads wrongly
     try:
         from tvm.relax.frontend.onnx import from_onnx
 
@@ -129,7 +154,17 @@ def _output_specs(mod, names: tuple[str, ...], path: str) -> list[TensorSpec]:
         )
     specs = []
     for name, info in zip(names, infos):
-        shape = tuple(int(v) for v in info.shape.values) if info.shape is not None else ()
+        try:
+            shape = tuple(int(v) for v in info.shape.values) if info.shape is not None else None
+        except TypeError:  # a symbolic dimension
+            shape = None
+        if shape is None:
+            # e.g. Unsqueeze/Squeeze whose axes are a graph input: the CPU schedules and the
+            # OpenCL build crash on such shapes, so refuse here with a reason
+            raise ModelError(
+                f"{path}: output '{name}' has a shape that depends on input values (an axes or "
+                "shape input that is not an initializer?); codl-tvm needs static shapes"
+            )
         specs.append(TensorSpec(name, shape, str(info.dtype)))
     return specs
 
@@ -173,5 +208,5 @@ def check_inputs(model: OnnxModel, values: dict[str, np.ndarray], source: str) -
                 f"{source}: input '{spec.name}' has dtype {arr.dtype}, "
                 f"the model expects {spec.dtype}"
             )
-        ordered.append(np.ascontiguousarray(arr))
+        ordered.append(np.asarray(arr, order="C"))  # ascontiguousarray makes 0-d 1-d
     return ordered

@@ -407,6 +407,13 @@ def _op_info(index: int, var, call) -> OpInfo:
     else:  # matmul
         if len(w_shape) < 2 or len(in_shape) < 1:
             reason = "matmul with a 1-D weight has no output channels"
+        elif len(in_shape) < 2 or len(in_shape) != len(out_shape):
+            # A part reads its input by the output's axes; a vector input, or one broadcast
+            # against a batched weight, has fewer axes than the output.
+            reason = (
+                f"matmul with a {len(in_shape)}-D input and a {len(out_shape)}-D output is not "
+                "split (an OC split needs input and output of the same rank, at least 2)"
+            )
         else:
             dims = (PartitionDim.OC,)
             reason = "matmul is split along its output channels (OC) only"

@@ -16,11 +16,26 @@ import tvm
 from codl_tvm.passes import PartitionOperators, collect_parts
 from onnx import TensorProto
 from onnx import helper as oh
+from onnx.reference import ReferenceEvaluator
 from tvm import relax
 
-from codl_tvm.frontend import load_onnx
+from codl_tvm.cli import main
+from codl_tvm.coexec import compile_coexec
+from codl_tvm.errors import ModelError
+from codl_tvm.frontend import check_inputs, load_onnx
+from codl_tvm.onnx_rewrites import rewrite_for_import
 from codl_tvm.pipeline import coexec_pipeline
-from codl_tvm.plan import PartitionPlan, uniform_plan
+from codl_tvm.plan import (
+    OpPartition,
+    PartitionDim,
+    PartitionPlan,
+    PlanError,
+    partitionable_ops,
+    uniform_plan,
+)
+from codl_tvm.planner import plan_model
+from codl_tvm.planner.synthetic import synthetic_cost_model
+from codl_tvm.runner import build
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -175,8 +190,6 @@ def test_folded_weight_slices_are_recorded_as_foldable():
 
 @pytest.mark.opencl
 def test_cli_runs_oc_split_of_computed_weight(opencl, tmp_path, capsys):
-    from codl_tvm.cli import main
-
     model = _constant_of_shape_conv()
     onnx.save(model, tmp_path / "m.onnx")
     x = _rand((1, 3, 8, 8), 4)
@@ -189,3 +202,177 @@ def test_cli_runs_oc_split_of_computed_weight(opencl, tmp_path, capsys):
     assert code == 0, err
     got = np.load(tmp_path / "out.npz")["y"]
     np.testing.assert_allclose(got, _onnxruntime(model, {"x": x})[0], rtol=RTOL, atol=ATOL)
+
+
+# -- model import: input types, zero-sized and 0-d tensors -----------------------------------
+
+
+def _cpu_build(loaded):
+    return build(loaded.mod, "cpu", target=CPU)
+
+
+@pytest.mark.parametrize("dtype", ["int16", "uint16", "uint32", "uint64"])
+def test_integer_inputs_tvm_imports_are_accepted(dtype):
+    elem = oh.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    c = np.arange(6, dtype=dtype).reshape(2, 3)
+    model = _model(
+        [oh.make_node("Add", ["x", "c"], ["y"])],
+        [("x", elem, [2, 3])],
+        ("y", elem, [2, 3]),
+        [_init("c", c)],
+    )
+    loaded = load_onnx(model)
+    assert loaded.inputs[0].dtype == dtype
+    x = np.random.default_rng(0).integers(0, 100, (2, 3)).astype(dtype)
+    (got,) = _cpu_build(loaded)([x])
+    assert got.dtype == np.dtype(dtype)
+    np.testing.assert_array_equal(got, x + c)
+
+
+def test_unsupported_input_type_names_it():
+    model = _model(
+        [oh.make_node("Identity", ["x"], ["y"])],
+        [("x", TensorProto.BFLOAT16, [2])],
+        ("y", TensorProto.BFLOAT16, [2]),
+    )
+    with pytest.raises(
+        ModelError, match=r"input 'x' has unsupported ONNX element type 16 \(BFLOAT16\)"
+    ):
+        load_onnx(model)
+
+
+def test_zero_sized_dimension_is_reported_as_such():
+    model = _model(
+        [oh.make_node("Identity", ["x"], ["y"])],
+        [("x", TensorProto.FLOAT, [2, 0, 3])],
+        ("y", TensorProto.FLOAT, [2, 0, 3]),
+    )
+    with pytest.raises(
+        ModelError, match=r"input 'x' has a zero-sized dimension \(shape \[2, 0, 3\]\)"
+    ):
+        load_onnx(model)
+
+
+def _gemm_scalar_bias() -> onnx.ModelProto:
+    """Gemm whose bias C is a 0-d graph input (as in ONNX's node tests)."""
+    return _model(
+        [oh.make_node("Gemm", ["x", "w", "c"], ["y"])],
+        [("x", TensorProto.FLOAT, [2, 16]), ("c", TensorProto.FLOAT, [])],
+        ("y", TensorProto.FLOAT, [2, 32]),
+        [_init("w", _rand((16, 32), 5))],
+    )
+
+
+def _scalar_feeds():
+    return {"x": _rand((2, 16), 6), "c": np.array(0.5, "float32")}
+
+
+def test_scalar_input_stays_0d_in_check_inputs_and_time_vm():
+    model = _gemm_scalar_bias()
+    loaded = load_onnx(model)
+    feeds = _scalar_feeds()
+    args = check_inputs(loaded, feeds, "feeds")
+    assert args[1].shape == ()
+    built = _cpu_build(loaded)
+    np.testing.assert_allclose(built(args)[0], _onnxruntime(model, feeds)[0], rtol=RTOL, atol=ATOL)
+    assert built.time(args, number=1, repeat=1).repeats == 1
+
+
+@pytest.mark.opencl
+def test_scalar_input_stays_0d_in_coexec_module(opencl):
+    model = _gemm_scalar_bias()
+    loaded = load_onnx(model)
+    feeds = _scalar_feeds()
+    built = compile_coexec(loaded.mod, uniform_plan(loaded.mod, "OC", 0.5))
+    args = [feeds["x"], feeds["c"]]
+    np.testing.assert_allclose(built(args)[0], _onnxruntime(model, feeds)[0], rtol=RTOL, atol=ATOL)
+    assert built.time(args, number=1, repeat=1).repeats == 1
+
+
+# -- matmul whose input has fewer axes than its output ---------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("x_shape", "w_shape", "y_shape"),
+    [((4,), (2, 4, 8), (2, 8)), ((3, 4), (2, 4, 8), (2, 3, 8)), ((16,), (16, 32), (32,))],
+)
+def test_matmul_input_of_lower_rank_is_declined_with_a_reason(x_shape, w_shape, y_shape):
+
+    model = _model(
+        [oh.make_node("MatMul", ["x", "w"], ["y"])],
+        [("x", TensorProto.FLOAT, list(x_shape))],
+        ("y", TensorProto.FLOAT, list(y_shape)),
+        [_init("w", _rand(w_shape, 7))],
+    )
+    mod = load_onnx(model).mod
+    (info,) = partitionable_ops(mod)
+    assert info.dims == () and "same rank" in info.reason
+    assert uniform_plan(mod, "OC", 0.5).ops == ()
+    with pytest.raises(PlanError, match="cannot be split along OC: matmul with a"):
+        PartitionPlan(ops=(OpPartition(info.name, PartitionDim.OC, 0.5),)).validate(mod)
+    # the planner never proposes the split either, and says why
+    plan, report = plan_model(mod, synthetic_cost_model(), mode="ulayer_like")
+    assert all(e.ratio in (0.0, 1.0) for e in plan.entries())
+    (decision,) = report.decisions
+    assert "same rank" in decision.reason
+    # the model still builds and runs whole
+    x = _rand(x_shape, 8)
+    got = _coexec_on_cpu(mod, uniform_plan(mod, "OC", 0.5), [x])
+    np.testing.assert_allclose(got, _onnxruntime(model, {"x": x})[0], rtol=RTOL, atol=ATOL)
+
+
+# -- SpaceToDepth / DepthToSpace modes -------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("op", "mode", "blocksize", "shape"),
+    [
+        ("SpaceToDepth", None, 2, (2, 2, 6, 6)),
+        ("SpaceToDepth", "DCR", 2, (1, 2, 4, 6)),
+        ("SpaceToDepth", "CRD", 2, (1, 2, 4, 6)),
+        ("SpaceToDepth", "CRD", 3, (1, 3, 6, 9)),
+        ("DepthToSpace", None, 2, (1, 8, 2, 3)),
+        ("DepthToSpace", "DCR", 2, (1, 8, 2, 3)),
+        ("DepthToSpace", "CRD", 2, (1, 8, 2, 3)),
+        ("DepthToSpace", "CRD", 3, (1, 18, 2, 2)),
+    ],
+)
+def test_space_depth_modes_match_onnx_reference(op, mode, blocksize, shape):
+    b, c, h, w = shape
+    if op == "SpaceToDepth":
+        out = [b, c * blocksize**2, h // blocksize, w // blocksize]
+    else:
+        out = [b, c // blocksize**2, h * blocksize, w * blocksize]
+    attrs = {"blocksize": blocksize} | ({"mode": mode} if mode else {})
+    model = _model(
+        [oh.make_node(op, ["x"], ["mid"], **attrs), oh.make_node("Relu", ["mid"], ["y"])],
+        [("x", TensorProto.FLOAT, list(shape))],
+        ("y", TensorProto.FLOAT, out),
+        opset=28,
+    )
+    x = _rand(shape, 9)
+    (expected,) = ReferenceEvaluator(model).run(None, {"x": x})
+    (got,) = _cpu_build(load_onnx(model))([x])
+    np.testing.assert_array_equal(got, expected)
+
+
+def test_space_to_depth_crd_of_unknown_shape_is_refused():
+    # an input of unknown rank: no static shape to write the CRD order out with
+    node = oh.make_node("SpaceToDepth", ["x"], ["y"], blocksize=2, mode="CRD", name="s2d")
+    graph = oh.make_graph(
+        [oh.make_node("Identity", ["a"], ["x"]), node],
+        "g",
+        [oh.make_tensor_value_info("a", TensorProto.FLOAT, [1, 2, 4, 6])],
+        [oh.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+    )
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 28)])
+
+    shapeless = onnx.ModelProto()
+    shapeless.CopyFrom(model)
+    shapeless.graph.input[0].type.tensor_type.ClearField("shape")
+    with pytest.raises(ModelError, match=r"node 's2d' \(SpaceToDepth, mode=CRD\): the shape"):
+        rewrite_for_import(shapeless, "m.onnx")
+    # the rewrite never changes the caller's model
+    before = model.SerializeToString()
+    rewrite_for_import(model, "m.onnx")
+    assert model.SerializeToString() == before

@@ -822,7 +822,9 @@ ffi::Tensor CpuView(ffi::Tensor t) {
   Workspace::Global()->MapForHost(t.GetDLTensorPtr()->data);
   const DLTensor* d = t.GetDLTensorPtr();
   std::vector<int64_t> shape(d->shape, d->shape + d->ndim);
-  if (d->strides != nullptr) {
+  // A 0-d tensor (a scalar input) has no strides to copy: an empty vector's data() is null,
+  // which FromNDAllocStrided rejects.
+  if (d->strides != nullptr && d->ndim > 0) {
     std::vector<int64_t> strides(d->strides, d->strides + d->ndim);
     return ffi::Tensor::FromNDAllocStrided(ViewAlloc{t}, ffi::ShapeView(shape.data(), shape.size()),
                                            ffi::ShapeView(strides.data(), strides.size()),
