@@ -81,7 +81,8 @@ class CoexecModule:
 
         from codl_tvm.runner import _flatten
 
-        args = [tvm.runtime.tensor(np.ascontiguousarray(x), tvm.opencl(0)) for x in inputs]
+        # asarray keeps a 0-d input 0-d (ascontiguousarray returns at least 1-d)
+        args = [tvm.runtime.tensor(np.asarray(x, order="C"), tvm.opencl(0)) for x in inputs]
         return _flatten(self.vm["main"](*args))
 
     def time(self, inputs: Sequence[np.ndarray], number: int = 5, repeat: int = 3):

@@ -70,7 +70,8 @@ def time_vm(vm, dev, inputs: Sequence[np.ndarray], number: int = 5, repeat: int 
     ``dev``'s timer after one warm-up run (shared by every built-model wrapper)."""
     import tvm
 
-    args = [tvm.runtime.tensor(np.ascontiguousarray(x), dev) for x in inputs]
+    # asarray keeps a 0-d input 0-d (ascontiguousarray returns at least 1-d)
+    args = [tvm.runtime.tensor(np.asarray(x, order="C"), dev) for x in inputs]
     vm["main"](*args)
     res = vm.time_evaluator("main", dev, number=number, repeat=repeat)(*args)
     ms = [r * 1e3 for r in res.results]
