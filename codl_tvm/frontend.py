@@ -162,8 +162,9 @@ def _output_specs(mod, names: tuple[str, ...], path: str) -> list[TensorSpec]:
             # e.g. Unsqueeze/Squeeze whose axes are a graph input: the CPU schedules and the
             # OpenCL build crash on such shapes, so refuse here with a reason
             raise ModelError(
-                f"{path}: output '{name}' has a shape that depends on input values (an axes or "
-                "shape input that is not an initializer?); codl-tvm needs static shapes"
+                f"{path}: output '{name}' has no static shape (it depends on the values of an "
+                "input such as axes or shape); codl-tvm needs static shapes: make such inputs "
+                "initializers"
             )
         specs.append(TensorSpec(name, shape, str(info.dtype)))
     return specs

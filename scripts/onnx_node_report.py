@@ -1,0 +1,128 @@
+"""Run ONNX's backend node tests through codl-tvm and tabulate the results.
+
+Runs every selected case (:data:`codl_tvm.onnx_node_tests.SELECTED_OPS`) through the import,
+the CPU build, the OpenCL build and the co-executed builds (H and OC), attributes each failure to
+TVM or to codl-tvm (plain TVM's build of the same case), and appends one JSON line per case to
+``--out`` (a run that stops resumes where it was). ``summary`` prints the counts as the docs
+show them (docs/onnx-node-tests.md).
+
+    python scripts/onnx_node_report.py run --out /tmp/onnx-node.jsonl
+    python scripts/onnx_node_report.py summary /tmp/onnx-node.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import Counter, defaultdict
+from pathlib import Path
+
+from codl_tvm.onnx_node_tests import (
+    NOT_APPLICABLE,
+    PASS,
+    PATHS,
+    CaseResult,
+    attribute,
+    node_cases,
+    run_case,
+)
+
+
+def _done(out: Path) -> set[str]:
+    if not out.exists():
+        return set()
+    return {json.loads(line)["name"] for line in out.read_text().splitlines() if line.strip()}
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    done = _done(out)
+    cases = node_cases(args.names.split(",") if args.names else None)
+    if args.ops:
+        ops = set(args.ops.split(","))
+        cases = [c for c in cases if c.op_type in ops]
+    todo = [c for c in cases if c.name not in done]
+    print(f"{len(cases)} cases, {len(cases) - len(todo)} already in {out}", flush=True)
+    for i, case in enumerate(todo, 1):
+        result = run_case(case)
+        row = result.to_json()
+        row["owner"] = attribute(case, result)
+        with out.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        outcomes = " ".join(f"{p}={r.outcome}" for p, r in result.paths.items())
+        print(f"[{i}/{len(todo)}] {case.name}: import={result.imported.outcome} {outcomes}",
+              flush=True)
+    return 0
+
+
+def summarize(rows: list[dict]) -> str:
+    """The markdown tables of the docs: totals per path, then every failure by operator."""
+    results = [CaseResult.from_json(r) for r in rows]
+    owners = {r["name"]: r.get("owner", {}) for r in rows}
+    imported = [r for r in results if r.imported.outcome == PASS]
+    lines = [
+        f"Cases: {len(results)}; imported: {len(imported)}",
+        "",
+        "| path | applicable | passed | failed (TVM's) | failed (ours) |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for path in PATHS:
+        applicable = [r for r in imported if r.paths[path].outcome != NOT_APPLICABLE]
+        passed = [r for r in applicable if r.paths[path].outcome == PASS]
+        failed = [r for r in applicable if r.paths[path].outcome != PASS]
+        tvm = sum(owners[r.name].get(path) == "tvm" for r in failed)
+        lines.append(
+            f"| {path} | {len(applicable)} | {len(passed)} | {tvm} | {len(failed) - tvm} |"
+        )
+    refused = [r for r in results if r.imported.outcome != PASS]
+    by_owner = Counter(owners[r.name].get("import", "?") for r in refused)
+    lines += [
+        "",
+        f"Not imported: {len(refused)} (TVM's frontend: {by_owner['tvm']}, "
+        f"codl-tvm's checks: {by_owner['ours']})",
+        "",
+        "| operator | case | step | outcome | whose | detail |",
+        "|---|---|---|---|---|---|",
+    ]
+    per_op: dict[str, list[str]] = defaultdict(list)
+    for r in results:
+        steps = [("import", r.imported)] if r.imported.outcome != PASS else []
+        steps += [(p, res) for p, res in r.paths.items() if res.outcome not in (PASS,
+                                                                                 NOT_APPLICABLE,
+                                                                                 "skipped")]
+        for step, res in steps:
+            detail = (res.detail or res.error_type).replace("|", "/")[:160]
+            per_op[r.op_type].append(
+                f"| {r.op_type} | {r.name} | {step} | {res.outcome} | "
+                f"{owners[r.name].get(step, '?')} | {detail} |"
+            )
+    for op in sorted(per_op):
+        lines += per_op[op]
+    return "\n".join(lines)
+
+
+def cmd_summary(args: argparse.Namespace) -> int:
+    rows = [json.loads(x) for x in Path(args.jsonl).read_text().splitlines() if x.strip()]
+    print(summarize(rows))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    run = sub.add_parser("run", help="run the cases, one JSON line each")
+    run.add_argument("--out", required=True, help="JSON-lines file (appended, resumed)")
+    run.add_argument("--ops", help="comma-separated ONNX operator types (default: all selected)")
+    run.add_argument("--names", help="comma-separated case names")
+    run.set_defaults(func=cmd_run)
+    summary = sub.add_parser("summary", help="print the tables of a run")
+    summary.add_argument("jsonl")
+    summary.set_defaults(func=cmd_summary)
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
