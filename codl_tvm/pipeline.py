@@ -36,6 +36,7 @@ from codl_tvm.passes.fused_targets import RecordFusedTargets, RestoreTargets
 from codl_tvm.passes.kernel_splits import RecordKernelSplits
 from codl_tvm.passes.lrn import LRNWindowSum
 from codl_tvm.passes.merge import MergePartsInPlace
+from codl_tvm.passes.nan_semantics import PropagateNaN
 from codl_tvm.passes.place import PlaceParts
 from codl_tvm.passes.share_kernels import ShareIdenticalKernels
 from codl_tvm.passes.sync import InsertCoexecSync
@@ -91,11 +92,14 @@ def legalize_passes(
     own phase). ``place`` (the co-executed build's :class:`~codl_tvm.passes.place.PlaceParts`)
     runs after constant folding, before fusion; FuseTIR is then bracketed by
     ``RecordFusedTargets``/``RestoreTargets``, because FuseTIR drops the per-PrimFunc ``target``
-    attribute that tells the CPU parts' kernels from the GPU's.
+    attribute that tells the CPU parts' kernels from the GPU's. ``codl.PropagateNaN`` right
+    after legalization makes element-wise max/min (Relu, Clip, Max, Min) propagate NaN as ONNX
+    does.
     """
     placed = place is not None
     return [
         relax.transform.LegalizeOps(),
+        PropagateNaN(),
         relax.transform.AnnotateTIROpPattern(),
         relax.transform.FoldConstant(),
         *([place] if placed else []),
