@@ -1523,7 +1523,7 @@ class Artifact:
         from codl_tvm.runner import _flatten
 
         self._load()
-        args = [tvm.runtime.tensor(np.ascontiguousarray(x), self._devices[0]) for x in inputs]
+        args = [tvm.runtime.tensor(np.asarray(x, order="C"), self._devices[0]) for x in inputs]
         return _flatten(self._vm["main"](*args))
 
     def runner(self, inputs: Sequence[np.ndarray]) -> Callable[[], None]:
@@ -1532,7 +1532,7 @@ class Artifact:
         import tvm
 
         self._load()
-        args = [tvm.runtime.tensor(np.ascontiguousarray(x), self._devices[0]) for x in inputs]
+        args = [tvm.runtime.tensor(np.asarray(x, order="C"), self._devices[0]) for x in inputs]
         main = self._vm["main"]
         devices = list({str(d): d for d in self._devices}.values())
 

@@ -262,7 +262,8 @@ def run_remote(
     vm_devs = [dev, sess.cpu(0)] if device == "coexec" else dev
     vm = remote.call("creating the VM", lambda: VirtualMachine(rlib, vm_devs))
     args = remote.call(
-        "copying inputs", lambda: [tvm.runtime.tensor(np.ascontiguousarray(x), dev) for x in inputs]
+        "copying inputs",
+        lambda: [tvm.runtime.tensor(np.asarray(x, order="C"), dev) for x in inputs],
     )
     if device == "coexec":
         # Over RPC the VM receives its arguments as borrowed DLTensor* handles, which the

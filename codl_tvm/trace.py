@@ -254,7 +254,7 @@ def trace_inference(
         kernel_splits = getattr(built, "kernel_splits", None)
     vm = built.vm
     dev = tvm.opencl(0)
-    args = [tvm.runtime.tensor(np.ascontiguousarray(x), dev) for x in inputs]
+    args = [tvm.runtime.tensor(np.asarray(x, order="C"), dev) for x in inputs]
     for _ in range(warmup):
         vm["main"](*args)
     dev.sync()
