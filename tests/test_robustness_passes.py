@@ -289,6 +289,20 @@ def test_scalar_input_stays_0d_in_coexec_module(opencl):
     assert built.time(args, number=1, repeat=1).repeats == 1
 
 
+@pytest.mark.opencl
+def test_scalar_input_through_a_compiled_artifact(opencl, tmp_path, capsys):
+    model = _gemm_scalar_bias()
+    onnx.save(model, tmp_path / "g.onnx")
+    feeds = _scalar_feeds()
+    np.savez(tmp_path / "in.npz", **feeds)
+    art, out = str(tmp_path / "art"), str(tmp_path / "out.npz")
+    assert main(["compile", str(tmp_path / "g.onnx"), "-o", art]) == 0, capsys.readouterr().err
+    code = main(["run", art, "--inputs", str(tmp_path / "in.npz"), "--save-outputs", out])
+    assert code == 0, capsys.readouterr().err
+    expected = _onnxruntime(model, feeds)[0]
+    np.testing.assert_allclose(np.load(out)["y"], expected, rtol=RTOL, atol=ATOL)
+
+
 # -- matmul whose input has fewer axes than its output ---------------------------------------
 
 
