@@ -11,6 +11,9 @@ model is refused with a :class:`~codl_tvm.errors.ModelError` naming the node and
   or ONNX shape inference).
 
 ``DepthToSpace`` (both modes) is imported correctly by TVM and left alone.
+
+- ``BatchNormalization`` with ``training_mode=1`` and its running-mean/variance outputs used:
+  TVM returns the input statistics unchanged for those outputs (``Y`` itself is right). Refused.
 """
 
 from __future__ import annotations
@@ -42,6 +45,14 @@ def _needs_rewrite(node) -> bool:
     return (
         node.op_type == "SpaceToDepth" and node.domain in _DEFAULT_DOMAINS and _mode(node) != "DCR"
     )
+
+
+def _training_statistics(node) -> bool:
+    """A training-mode BatchNormalization whose running mean or variance output is used."""
+    if node.op_type != "BatchNormalization" or node.domain not in _DEFAULT_DOMAINS:
+        return False
+    training = any(a.name == "training_mode" and a.i for a in node.attribute)
+    return training and any(node.output[1:])
 
 
 def _subgraph_nodes(graph):
@@ -95,6 +106,13 @@ def rewrite_for_import(model, path: str):
             raise ModelError(
                 f"{where(node)} inside a subgraph: TVM's ONNX importer ignores the mode and "
                 "codl-tvm rewrites it only in the main graph"
+            )
+    for node in model.graph.node:
+        if _training_statistics(node):
+            raise ModelError(
+                f"{path}: node '{node.name or node.output[0]}' (BatchNormalization, "
+                "training_mode=1): TVM's ONNX importer returns wrong running mean and variance "
+                "outputs; export the model for inference"
             )
     todo = [n for n in model.graph.node if _needs_rewrite(n)]
     if not todo:
