@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import platform
+import shutil
 import statistics
 import tempfile
 import time
@@ -33,9 +34,12 @@ from pathlib import Path
 
 import numpy as np
 
+from codl_tvm import runtime
 from codl_tvm.artifact import Artifact, compile_artifact, load_artifact
 from codl_tvm.errors import ArtifactError, BuildError, PlanError
+from codl_tvm.frontend import load_onnx
 from codl_tvm.models import bundled_model_path
+from codl_tvm.passes.partition import _Analysis
 from codl_tvm.plan import (
     ChainPlan,
     OpPartition,
@@ -260,7 +264,7 @@ def operator_placement(mod, plan: PartitionPlan) -> list[OperatorPlacement]:
 
 def placement_lines(placement: list[OperatorPlacement]) -> list[str]:
     """The per-operator placement table of :func:`operator_placement`."""
-    rows = [f"  {'operator':14s} {'output':11s} {'GPU part':14s} {'CPU part':14s} split"]
+    rows = [f"  {'operator':14s} {'output':11s} {'GPU part':14s} {'CPU part':14s} chain"]
     unit = {"H": "rows", "OC": "ch"}
     for p in placement:
         shape = "x".join(map(str, p.output))
@@ -270,7 +274,8 @@ def placement_lines(placement: list[OperatorPlacement]) -> list[str]:
         cells = [
             "-" if span is None else f"{unit[p.dim]} {span[0]}:{span[1]}" for span in (p.gpu, p.cpu)
         ]
-        rows.append(f"  {p.op:14s} {shape:11s} {cells[0]:14s} {cells[1]:14s} {p.split}")
+        chain = p.split if p.split != p.op else ""
+        rows.append(f"  {p.op:14s} {shape:11s} {cells[0]:14s} {cells[1]:14s} {chain}".rstrip())
     return rows
 
 
@@ -297,8 +302,6 @@ def fixed_split_plan(mod, dim: str, ratio: float, chain: bool = True) -> Partiti
     if not chain:
         return single
     # The partitioning pass's own legality check, as the planner uses it for its chains.
-    from codl_tvm.passes.partition import _Analysis
-
     analysis = _Analysis(mod)
 
     def chainable(names: list[str]) -> bool:
@@ -367,7 +370,8 @@ def opencl_on_host_cpu(device_name: str, platform_name: str) -> bool:
     """Whether the OpenCL device is the host CPU (a CPU OpenCL runtime: Intel's, PoCL's)."""
     name = device_name.strip().lower()
     host = host_cpu_name().strip().lower()
-    if host and name and (host in name or name in host):
+    # a short name ("arm", "x86_64" from platform.processor()) says nothing about the model
+    if min(len(host), len(name)) >= 6 and (host in name or name in host):
         return True
     # PoCL names its CPU devices "cpu-<arch>-<model>" (or "pthread-<model>" before 3.0)
     return "portable computing language" in platform_name.lower() and name.startswith(
@@ -453,9 +457,6 @@ def run_demo(options: DemoOptions, log: Callable[[str], None] = print) -> DemoRe
         output directory holding other files (:class:`ArtifactError`), a split the model does
         not allow (:class:`PlanError`), a build that fails.
     """
-    from codl_tvm import runtime
-    from codl_tvm.frontend import load_onnx
-
     if options.rounds < 1 or options.runs_per_round < 1:
         raise ArtifactError(
             f"demo timing needs at least one round of one run, got {options.rounds} rounds of "
@@ -467,6 +468,24 @@ def run_demo(options: DemoOptions, log: Callable[[str], None] = print) -> DemoRe
     chain = options.chain if options.chain is not None else str(options.dim).upper() == "H"
     plan = fixed_split_plan(model.mod, options.dim, options.ratio, chain)
     out = _prepare_output(options)
+    try:
+        return _run(options, out, model_path, model, plan, log)
+    except BaseException:
+        if options.output is None:
+            # our own temporary directory: a failed run leaves nothing behind
+            shutil.rmtree(out, ignore_errors=True)
+        raise
+
+
+def _run(
+    options: DemoOptions,
+    out: Path,
+    model_path: Path,
+    model,
+    plan: PartitionPlan,
+    log: Callable[[str], None],
+) -> DemoResult:
+    """:func:`run_demo` once its inputs are checked and its directory is ready."""
     log("[1/5] loading the OpenCL runtime (the first run compiles its plugin, about 30 s)")
     try:
         runtime.load()

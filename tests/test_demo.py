@@ -3,6 +3,7 @@ fixed split that matches the unpartitioned model, and a timeline with both lanes
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -13,7 +14,13 @@ import pytest
 
 from codl_tvm.artifact import load_artifact
 from codl_tvm.cli import main
-from codl_tvm.demo import DemoOptions, fixed_split_plan, run_demo
+from codl_tvm.demo import (
+    DemoOptions,
+    fixed_split_plan,
+    host_cpu_name,
+    opencl_on_host_cpu,
+    run_demo,
+)
 from codl_tvm.errors import ArtifactError, PlanError
 from codl_tvm.frontend import load_onnx, random_inputs
 from codl_tvm.models import bundled_model_path
@@ -80,6 +87,18 @@ def test_demo_output_directory_keeps_other_files(tmp_path, capsys):
     assert "GPU share 1.0" in capsys.readouterr().err
 
 
+def test_opencl_device_on_the_host_cpu():
+    """The sentence on why co-execution is slower here depends on this: a CPU OpenCL runtime
+    (Intel's names the device like the CPU, PoCL prefixes it) shares the host's cores."""
+    host = host_cpu_name()
+    assert host
+    assert opencl_on_host_cpu(host, "Intel(R) OpenCL")
+    assert opencl_on_host_cpu(f"cpu-x86-64-{host}", "Portable Computing Language")
+    assert opencl_on_host_cpu("pthread-generic", "Portable Computing Language")
+    assert not opencl_on_host_cpu("NVIDIA H100 80GB HBM3", "NVIDIA CUDA")
+    assert not opencl_on_host_cpu("Mali-G710", "ARM Platform")
+
+
 def test_timeline_png_colours_splits(tmp_path):
     trace = Trace(
         [
@@ -126,6 +145,13 @@ def test_demo_coexecuted_build_matches_the_reference(demo):
     np.testing.assert_allclose(art([x])[0], expected, rtol=1e-4, atol=1e-4)
     split = [p for p in result.placement if p.split is not None]
     assert len(split) == 8 and all(p.gpu and p.cpu for p in split)
+    # the table's last operator of each chain has the regions the build's pass wrote
+    built = json.loads((result.coexec.artifact / "placement.json").read_text())
+    table = {p.op: p for p in result.placement}
+    for row in built:
+        last = table[row["ops"][-1]]
+        regions = {part["processor"]: tuple(part["region"]) for part in row["parts"]}
+        assert (last.gpu, last.cpu) == (regions["gpu"], regions["cpu"]), row
 
 
 def test_demo_writes_a_timeline_with_both_lanes(demo):
