@@ -36,7 +36,7 @@ import numpy as np
 
 from codl_tvm import runtime
 from codl_tvm.artifact import Artifact, compile_artifact, load_artifact
-from codl_tvm.errors import ArtifactError, BuildError, PlanError
+from codl_tvm.errors import ArtifactError, BuildError, FeatureError, PlanError
 from codl_tvm.frontend import load_onnx
 from codl_tvm.models import bundled_model_path
 from codl_tvm.passes.partition import _Analysis
@@ -95,7 +95,7 @@ class DemoOptions:
     force
         Replace an earlier demo's output in ``output``.
     trace
-        Also write the Chrome trace here (its PNG timeline beside it, ``.png``) instead of
+        Write the Chrome trace here (its PNG timeline beside it, ``.png``) instead of
         ``timeline.json``/``timeline.png`` in ``output``.
     seed
         Seed of the reference inputs.
@@ -224,6 +224,8 @@ class OperatorPlacement:
     cpu: tuple[int, int] | None
     #: why an operator outside the plan is not split
     reason: str = ""
+    #: whether ``gpu``/``cpu`` are known (False: an operator the split geometry cannot describe)
+    known: bool = True
 
 
 def operator_placement(mod, plan: PartitionPlan) -> list[OperatorPlacement]:
@@ -234,11 +236,14 @@ def operator_placement(mod, plan: PartitionPlan) -> list[OperatorPlacement]:
     where: dict[str, OperatorPlacement] = {}
     for entry in plan.entries():
         chain = [infos[o] for o in entry.ops]
-        parts = chain_parts(chain, [op_params(i) for i in chain], entry.dim, entry.ratio)
+        try:
+            parts = chain_parts(chain, [op_params(i) for i in chain], entry.dim, entry.ratio)
+        except (FeatureError, ValueError):
+            parts = None  # an operator the geometry does not describe: its parts unknown
         name = entry.ops[0] if len(entry.ops) == 1 else f"{entry.ops[0]}..{entry.ops[-1]}"
         for k, info in enumerate(chain):
-            spans = []
-            for shapes in (parts.gpu, parts.cpu):
+            spans: list[tuple[int, int] | None] = []
+            for shapes in (None, None) if parts is None else (parts.gpu, parts.cpu):
                 if shapes is None:
                     spans.append(None)
                 elif entry.dim == PartitionDim.H:
@@ -246,7 +251,12 @@ def operator_placement(mod, plan: PartitionPlan) -> list[OperatorPlacement]:
                 else:
                     spans.append((shapes[k].oc0, shapes[k].oc0 + shapes[k].oc))
             where[info.name] = OperatorPlacement(
-                info.name, tuple(info.output_shape[1:]), name, entry.dim.value, *spans
+                info.name,
+                tuple(info.output_shape[1:]),
+                name,
+                entry.dim.value,
+                *spans,
+                known=parts is not None,
             )
     dims = {e.dim.value for e in plan.entries()}
     for info in infos.values():
@@ -272,7 +282,8 @@ def placement_lines(placement: list[OperatorPlacement]) -> list[str]:
             rows.append(f"  {p.op:14s} {shape:11s} whole, outside the plan ({p.reason})")
             continue
         cells = [
-            "-" if span is None else f"{unit[p.dim]} {span[0]}:{span[1]}" for span in (p.gpu, p.cpu)
+            ("-" if p.known else "?") if span is None else f"{unit[p.dim]} {span[0]}:{span[1]}"
+            for span in (p.gpu, p.cpu)
         ]
         chain = p.split if p.split != p.op else ""
         rows.append(f"  {p.op:14s} {shape:11s} {cells[0]:14s} {cells[1]:14s} {chain}".rstrip())
