@@ -161,10 +161,6 @@ class ChannelMap:
                 f"outputs cannot form {self.groups} groups"
             )
 
-    @classmethod
-    def identity(cls, channels: int) -> ChannelMap:
-        return cls(channels, channels, channels)
-
     @property
     def out_per_group(self) -> int:
         return self.out_channels // self.groups

@@ -139,9 +139,6 @@ class SharingModel:
             linear[kind] = _Linear(float(coef[0]), float(coef[1]), len(recs))
         return cls(linear, constant)
 
-    def has(self, kind: str) -> bool:
-        return kind in self.linear or kind in self.constant_ms
-
     def predict(self, kind: str, nbytes: float) -> float:
         """Latency in ms of one ``kind`` step sharing ``nbytes`` (0 where never measured)."""
         if kind not in SHARING_KINDS:

@@ -11,8 +11,8 @@ timer); each sample runs the part enough times to last ``TimingConfig.min_repeat
 record keeps the fastest and slowest sample beside the median (:func:`time_samples`).
 
 Compiling and running are separate steps (:func:`compile_part` writes a shared library,
-:func:`time_part` loads it through a :class:`Session`), so the same code path runs locally, on a
-prepared directory copied to another machine, and through a TVM RPC session.
+:func:`measure_op` loads and times it through a :class:`Session`), so the same code path runs
+locally, on a prepared directory copied to another machine, and through a TVM RPC session.
 """
 
 from __future__ import annotations
@@ -61,7 +61,6 @@ __all__ = [
     "part_padding",
     "passes_parts",
     "runs_per_sample",
-    "time_part",
     "time_samples",
 ]
 
@@ -650,14 +649,6 @@ def time_samples(
             f"(fastest sample {min(samples)} ms; timer resolution too coarse?)"
         )
     return PartTiming(median, min(samples), max(samples), len(samples), number)
-
-
-def time_part(
-    session, compiled: CompiledPart, directory: str | Path, timing: TimingConfig = TimingConfig()
-) -> tuple[float, int]:
-    """Median latency (ms) of ``compiled`` on its processor and the number of samples."""
-    t = time_samples(session, compiled, directory, timing)
-    return t.median_ms, t.samples
 
 
 def device_description(session, gpu_target=None, cpu_target=None) -> dict:
