@@ -405,7 +405,7 @@ def _why(
             + (
                 ", yet co-execution measured faster"
                 if faster
-                else "; on a phone the GPU is a separate processor, which is where splitting pays"
+                else "; on a phone the GPU is a separate processor and both parts run at once"
             )
             + "."
         )
@@ -540,8 +540,8 @@ def _run(
         build_log.close()
     planned_art, coexec_art = load_artifact(out / "planned"), load_artifact(out / "coexec")
     log(
-        "[4/5] checking both against the unpartitioned model, timing them "
-        "(first run: OpenCL kernel compiles)"
+        "[4/5] checking both against the unpartitioned model and timing them "
+        "(the first run compiles OpenCL kernels)"
     )
     values, expected = coexec_art.reference()
     inputs = [values[s.name] for s in coexec_art.model.inputs]
