@@ -796,6 +796,31 @@ def _summary(ops: list[_Op], rows: list[Decision], home: str) -> PlanSummary:
     )
 
 
+def calibrated_model(
+    cost_model: CostModel, config: PlannerConfig
+) -> tuple[CostModel, list[str]]:
+    """``cost_model`` with ``config``'s processor scales and weight-streaming floors applied,
+    and the report notes that say so (shared by every planner mode)."""
+    notes: list[str] = []
+    if tuple(config.processor_scale) != (1.0, 1.0):
+        cpu_scale, gpu_scale = config.processor_scale
+        try:
+            cost_model = cost_model.scaled(cpu=cpu_scale, gpu=gpu_scale)
+        except ValueError as exc:
+            raise PlannerError(f"PlannerConfig.processor_scale: {exc}") from None
+        notes.append(
+            f"predictions calibrated: CPU x{cpu_scale:.3g}, GPU x{gpu_scale:.3g} (measured / "
+            "predicted latency of the model on each processor alone)"
+        )
+    if config.weight_gbps is not None:  # checked by PlannerConfig
+        cost_model = cost_model.streaming(*config.weight_gbps)
+        notes.append(
+            f"parts predicted no faster than their weights stream: CPU "
+            f"{config.weight_gbps[0]:g} GB/s, GPU {config.weight_gbps[1]:g} GB/s"
+        )
+    return cost_model, notes
+
+
 def plan_model(
     mod,
     cost_model: CostModel,
@@ -840,23 +865,7 @@ def plan_model(
         config = replace(config, dims=("OC",))
     elif mode == "ulayer_like":
         config = replace(config, dims=("OC",), chains=False)
-    notes: list[str] = []
-    if tuple(config.processor_scale) != (1.0, 1.0):
-        cpu_scale, gpu_scale = config.processor_scale
-        try:
-            cost_model = cost_model.scaled(cpu=cpu_scale, gpu=gpu_scale)
-        except ValueError as exc:
-            raise PlannerError(f"PlannerConfig.processor_scale: {exc}") from None
-        notes.append(
-            f"predictions calibrated: CPU x{cpu_scale:.3g}, GPU x{gpu_scale:.3g} (measured / "
-            "predicted latency of the model on each processor alone)"
-        )
-    if config.weight_gbps is not None:  # checked by PlannerConfig
-        cost_model = cost_model.streaming(*config.weight_gbps)
-        notes.append(
-            f"parts predicted no faster than their weights stream: CPU "
-            f"{config.weight_gbps[0]:g} GB/s, GPU {config.weight_gbps[1]:g} GB/s"
-        )
+    cost_model, notes = calibrated_model(cost_model, config)
     if cost_model.sharing is None and mode not in ("cpu_only", "gpu_only"):
         notes.append(
             f"the {cost_model.kind} cost model has no data-sharing measurements: sharing costs "

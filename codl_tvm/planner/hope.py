@@ -1,0 +1,608 @@
+"""HOPE's placement of whole operators on the CPU and the GPU, and the baselines it is measured
+against, on an :class:`~codl_tvm.planner.dag.OpGraph`.
+
+Every method returns a :class:`Schedule` under one timing model, which :func:`check_schedule`
+validates:
+
+- a node runs whole on one processor for its predicted latency there, without preemption; a
+  processor runs one node at a time (a node predicted to take no time, e.g. a concat the cost
+  model does not describe, occupies no processor);
+- a node starts after each producer finished, plus the edge's transfer delay when the two run on
+  different processors (a delay, not work of either processor, so a tensor moved once serves every
+  reader on the other side);
+- a follow node (concat, residual add: :class:`~codl_tvm.planner.dag.DagNode.follows`) runs where
+  ``codl.PlaceParts`` puts it: its producers' one processor, else the graph's ``home``.
+
+Methods
+-------
+- :func:`solve_exact`: placement and per-processor order minimising the makespan, with OR-Tools
+  CP-SAT (HOPE's ILP, formulated with optional intervals and no-overlap constraints). A time limit
+  returns the best schedule found and its proven gap; a graph above ``max_nodes`` is cut by HOPE's
+  upward-rank partitioning (Algorithm 1) into pieces solved in order, each with the earlier pieces
+  fixed.
+- :func:`greedy_schedule`: HOPE's GS (Algorithm 2): the ``k`` ready nodes with the earliest start,
+  all ``2**k`` mappings tried, the one finishing them earliest kept.
+- :func:`starpu_schedule`: each node in topological order to the processor where it finishes
+  earliest (StarPU's DMDA-like policy).
+- :func:`mosaic_schedule`: MOSAIC's slicing: contiguous slices of the topological order, each on
+  one processor, chosen by dynamic programming over the slices' compute and the transfers into
+  each slice.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from codl_tvm.errors import CodlError, PlannerError
+from codl_tvm.planner.dag import PROCESSORS, OpGraph
+
+__all__ = [
+    "DEFAULT_GREEDY_K",
+    "DEFAULT_MAX_NODES",
+    "DEFAULT_TIME_LIMIT_S",
+    "Schedule",
+    "ScheduleError",
+    "SolverMissingError",
+    "check_schedule",
+    "greedy_schedule",
+    "lower_bound_ms",
+    "mosaic_schedule",
+    "partition_by_upward_rank",
+    "simulate",
+    "solve_exact",
+    "starpu_schedule",
+]
+
+DEFAULT_GREEDY_K = 4  # HOPE: 4 for two processors
+DEFAULT_MAX_NODES = 40  # CP-SAT proved 41-node Inception-like graphs optimal in ~5 s
+DEFAULT_TIME_LIMIT_S = 10.0
+_TICKS = 1_000_000  # CP-SAT works in integers: the horizon is cut into this many ticks
+_EPS = 1e-9
+
+
+class ScheduleError(PlannerError):
+    """A schedule violates the timing model (the message lists the violations)."""
+
+
+class SolverMissingError(CodlError, ImportError):
+    """The exact placement needs a solver package that is not installed."""
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Where and when every node of an :class:`OpGraph` runs.
+
+    Attributes
+    ----------
+    processor, start_ms, finish_ms
+        Per node, in the graph's node order.
+    makespan_ms
+        The latest finish.
+    method
+        ``exact``, ``greedy``, ``starpu`` or ``mosaic``.
+    status
+        ``optimal`` (proven), ``optimal_pieces`` (each piece of a partitioned graph proven
+        optimal given the earlier ones), ``feasible`` (a time limit stopped the proof) or
+        ``heuristic``.
+    bound_ms
+        A proven lower bound on the makespan of any schedule (None for heuristics).
+    """
+
+    processor: tuple[str, ...]
+    start_ms: tuple[float, ...]
+    finish_ms: tuple[float, ...]
+    makespan_ms: float
+    method: str
+    status: str = "heuristic"
+    bound_ms: float | None = None
+
+    @property
+    def gap(self) -> float | None:
+        """``(makespan - bound) / makespan``: 0 when proven optimal, None without a bound."""
+        if self.bound_ms is None:
+            return None
+        if self.makespan_ms <= 0:
+            return 0.0
+        return max(0.0, (self.makespan_ms - self.bound_ms) / self.makespan_ms)
+
+    def order(self, processor: str) -> list[int]:
+        """The nodes ``processor`` runs, in start order."""
+        nodes = [i for i, p in enumerate(self.processor) if p == processor]
+        return sorted(nodes, key=lambda i: (self.start_ms[i], self.finish_ms[i], i))
+
+    def placement(self, graph: OpGraph) -> dict[str, str]:
+        """Node name -> processor."""
+        return {n.name: p for n, p in zip(graph.nodes, self.processor, strict=True)}
+
+
+# ---------------------------------------------------------------------------------------------
+# The timing model.
+
+
+def check_schedule(graph: OpGraph, schedule: Schedule, tol: float = 1e-6) -> None:
+    """Raise :class:`ScheduleError` unless ``schedule`` is valid for ``graph``.
+
+    Checks each node's processor (and the follow rule), its duration, the precedence constraints
+    with transfer delays, that no processor runs two nodes at once, and the makespan.
+    """
+    n = len(graph)
+    problems: list[str] = []
+    if not (len(schedule.processor) == len(schedule.start_ms) == len(schedule.finish_ms) == n):
+        raise ScheduleError(f"schedule covers {len(schedule.processor)} nodes, graph has {n}")
+    procs = schedule.processor
+    for i, node in enumerate(graph.nodes):
+        p = procs[i]
+        if p not in PROCESSORS:
+            problems.append(f"{node.name}: unknown processor {p!r}")
+            continue
+        if node.follows and p != graph.follow(i, procs):
+            problems.append(
+                f"{node.name}: on {p}, the follow rule puts it on {graph.follow(i, procs)}"
+            )
+        s, f = schedule.start_ms[i], schedule.finish_ms[i]
+        if s < -tol:
+            problems.append(f"{node.name}: starts at {s:.6g} < 0")
+        if abs(f - s - node.latency_ms(p)) > tol * max(1.0, f):
+            problems.append(
+                f"{node.name}: runs {f - s:.6g} ms on {p}, predicted {node.latency_ms(p):.6g}"
+            )
+        for j in graph.preds(i):
+            delay = graph.transfer_ms(j, i) if procs[j] != p else 0.0
+            if s + tol * max(1.0, s) < schedule.finish_ms[j] + delay:
+                problems.append(
+                    f"{node.name}: starts at {s:.6g}, before {graph.nodes[j].name} finishes at "
+                    f"{schedule.finish_ms[j]:.6g} plus {delay:.6g} ms of transfer"
+                )
+    for p in PROCESSORS:
+        busy = sorted(
+            (schedule.start_ms[i], schedule.finish_ms[i], i)
+            for i in range(n)
+            if procs[i] == p and schedule.finish_ms[i] - schedule.start_ms[i] > tol
+        )
+        for (_, f0, a), (s1, _, b) in itertools.pairwise(busy):
+            if s1 + tol * max(1.0, s1) < f0:
+                problems.append(
+                    f"{p}: {graph.nodes[a].name} (until {f0:.6g}) and {graph.nodes[b].name} "
+                    f"(from {s1:.6g}) overlap"
+                )
+    makespan = max(schedule.finish_ms, default=0.0)
+    if abs(makespan - schedule.makespan_ms) > tol * max(1.0, makespan):
+        problems.append(f"makespan {schedule.makespan_ms:.6g}, latest finish {makespan:.6g}")
+    if schedule.bound_ms is not None and schedule.bound_ms > makespan + tol * max(1.0, makespan):
+        problems.append(f"lower bound {schedule.bound_ms:.6g} above the makespan {makespan:.6g}")
+    if problems:
+        more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
+        raise ScheduleError(f"invalid {schedule.method} schedule: {'; '.join(problems[:5])}{more}")
+
+
+class _Timer:
+    """Earliest-start timing of nodes dispatched one by one (each appended to its processor)."""
+
+    def __init__(self, graph: OpGraph):
+        self.graph = graph
+        self.procs: list[str | None] = [None] * len(graph)
+        self.start = [0.0] * len(graph)
+        self.finish = [0.0] * len(graph)
+        self.ready = dict.fromkeys(PROCESSORS, 0.0)
+
+    def copy(self) -> _Timer:
+        other = _Timer.__new__(_Timer)
+        other.graph = self.graph
+        other.procs = list(self.procs)
+        other.start = list(self.start)
+        other.finish = list(self.finish)
+        other.ready = dict(self.ready)
+        return other
+
+    def processor(self, i: int, wanted: str | None) -> str:
+        """``wanted``, or the follow rule's processor for a follow node."""
+        return self.graph.follow(i, self.procs) if self.graph.nodes[i].follows else wanted
+
+    def end_on(self, i: int, p: str) -> tuple[float, float]:
+        """(start, finish) of node ``i`` appended to processor ``p`` now."""
+        g = self.graph
+        t = 0.0
+        for j in g.preds(i):
+            if self.procs[j] is None:
+                raise PlannerError(
+                    f"schedule: {g.nodes[i].name} is dispatched before its producer "
+                    f"{g.nodes[j].name}"
+                )
+            t = max(t, self.finish[j] + (g.transfer_ms(j, i) if self.procs[j] != p else 0.0))
+        lat = g.nodes[i].latency_ms(p)
+        s = max(t, self.ready[p]) if lat > 0 else t
+        return s, s + lat
+
+    def commit(self, i: int, p: str) -> None:
+        self.procs[i] = p
+        self.start[i], self.finish[i] = self.end_on(i, p)
+        if self.finish[i] > self.start[i]:
+            self.ready[p] = self.finish[i]
+
+    def schedule(self, method: str, status: str = "heuristic", bound_ms=None) -> Schedule:
+        return Schedule(
+            tuple(self.procs),
+            tuple(self.start),
+            tuple(self.finish),
+            max(self.finish, default=0.0),
+            method,
+            status,
+            bound_ms,
+        )
+
+
+def simulate(
+    graph: OpGraph,
+    placement: Mapping[int, str] | Sequence[str],
+    order: Sequence[int] | None = None,
+    method: str = "heuristic",
+    status: str = "heuristic",
+    bound_ms: float | None = None,
+) -> Schedule:
+    """The earliest-start schedule of a placement, nodes dispatched in ``order``.
+
+    Each node in ``order`` (a topological order; default: the graph's) starts when its inputs
+    have arrived and its processor is free of the nodes dispatched before it. A follow node's
+    processor is the follow rule's, whatever ``placement`` says.
+    """
+    n = len(graph)
+    order = list(range(n)) if order is None else list(order)
+    if sorted(order) != list(range(n)):
+        raise PlannerError("simulate: order must list every node once")
+    timer = _Timer(graph)
+    for i in order:
+        timer.commit(i, timer.processor(i, placement[i]))
+    return timer.schedule(method, status, bound_ms)
+
+
+def lower_bound_ms(graph: OpGraph) -> float:
+    """A makespan no schedule beats: the longest path and the half of the total work, each with
+    every node at its faster processor's latency and free transfers."""
+    fastest = [min(n.cpu_ms, n.gpu_ms) for n in graph.nodes]
+    path = [0.0] * len(graph)
+    for i in range(len(graph)):
+        path[i] = fastest[i] + max((path[j] for j in graph.preds(i)), default=0.0)
+    return max(max(path, default=0.0), sum(fastest) / len(PROCESSORS))
+
+
+# ---------------------------------------------------------------------------------------------
+# Heuristics.
+
+
+def starpu_schedule(graph: OpGraph) -> Schedule:
+    """StarPU-like: each node in topological order to the processor where it finishes earliest
+    (ties: the graph's home)."""
+    timer = _Timer(graph)
+    for i in range(len(graph)):
+        if graph.nodes[i].follows:
+            p = timer.processor(i, None)
+        else:
+            p = min(PROCESSORS, key=lambda q: (timer.end_on(i, q)[1], q != graph.home))
+        timer.commit(i, p)
+    return timer.schedule("starpu")
+
+
+def greedy_schedule(graph: OpGraph, k: int = DEFAULT_GREEDY_K) -> Schedule:
+    """HOPE's greedy search (GS, Algorithm 2).
+
+    Repeatedly takes the ``k`` ready nodes (all producers placed) whose inputs are complete
+    earliest, tries every mapping of them to the processors (``2**k``; follow nodes go where
+    their rule puts them), and keeps the mapping that finishes the batch earliest (ties: the
+    smaller sum of finishes, then the mapping with more nodes on the home processor).
+    """
+    if not isinstance(k, int) or k < 1:
+        raise PlannerError(f"greedy: k must be a positive integer, got {k!r}")
+    n = len(graph)
+    timer = _Timer(graph)
+    waiting = [len(graph.preds(i)) for i in range(n)]
+    frontier = {i for i in range(n) if waiting[i] == 0}
+    while frontier:
+
+        def est(i: int) -> tuple[float, int]:
+            return (max((timer.finish[j] for j in graph.preds(i)), default=0.0), i)
+
+        batch = sorted(frontier, key=est)[:k]
+        free = [i for i in batch if not graph.nodes[i].follows]
+        best = None
+        for choice in itertools.product(PROCESSORS, repeat=len(free)):
+            wanted = dict(zip(free, choice, strict=True))
+            trial = timer.copy()
+            for i in batch:  # in order of earliest start
+                trial.commit(i, trial.processor(i, wanted.get(i)))
+            key = (
+                max(trial.finish[i] for i in batch),
+                sum(trial.finish[i] for i in batch),
+                -sum(trial.procs[i] == graph.home for i in batch),
+            )
+            if best is None or key < best[0]:
+                best = (key, trial)
+        timer = best[1]
+        for i in batch:
+            frontier.discard(i)
+            for j in graph.succs(i):
+                waiting[j] -= 1
+                if waiting[j] == 0:
+                    frontier.add(j)
+    return timer.schedule("greedy")
+
+
+def mosaic_schedule(graph: OpGraph) -> Schedule:
+    """MOSAIC-like slicing: the graph's topological order cut into contiguous slices, each run
+    on one processor, chosen by dynamic programming.
+
+    A slice ``[j, m)`` on processor ``p`` costs its nodes' latencies on ``p`` plus, when ``j >
+    0``, the transfers into it: each tensor computed before ``j`` and read inside the slice,
+    moved once (MOSAIC sees the model as a linear sequence, so the slice before is taken to be
+    on the other processor). The placement is then timed like every other
+    (:func:`simulate`, nodes in graph order); follow nodes keep their rule.
+    """
+    n = len(graph)
+    if n == 0:
+        return simulate(graph, [], method="mosaic")
+    prefix = {p: [0.0] for p in PROCESSORS}
+    for node in graph.nodes:
+        for p in PROCESSORS:
+            prefix[p].append(prefix[p][-1] + node.latency_ms(p))
+
+    def into(j: int, m: int) -> float:
+        moved: dict[int, float] = {}
+        for i in range(j, m):
+            for src in graph.preds(i):
+                if src < j:
+                    moved[src] = max(moved.get(src, 0.0), graph.transfer_ms(src, i))
+        return sum(moved.values())
+
+    # best[m][p]: the first m nodes, the last slice on p
+    best = [dict.fromkeys(PROCESSORS, math.inf) for _ in range(n + 1)]
+    cut: list[dict[str, tuple[int, str] | None]] = [dict.fromkeys(PROCESSORS) for _ in range(n + 1)]
+    best[0] = dict.fromkeys(PROCESSORS, 0.0)
+    for m in range(1, n + 1):
+        for j in range(m):
+            moved = into(j, m) if j > 0 else 0.0
+            for p in PROCESSORS:
+                other = next(q for q in PROCESSORS if q != p)
+                before = best[j][other] if j > 0 else 0.0
+                cost = before + moved + prefix[p][m] - prefix[p][j]
+                if cost < best[m][p] - _EPS:
+                    best[m][p] = cost
+                    cut[m][p] = (j, other)
+    p = min(PROCESSORS, key=lambda q: (best[n][q], q != graph.home))
+    procs = [""] * n
+    m = n
+    while m > 0:
+        j, other = cut[m][p]
+        for i in range(j, m):
+            procs[i] = p
+        m, p = j, other
+    return simulate(graph, procs, method="mosaic")
+
+
+# ---------------------------------------------------------------------------------------------
+# Upward-rank partitioning (HOPE Algorithm 1).
+
+
+def partition_by_upward_rank(
+    graph: OpGraph, max_nodes: int = DEFAULT_MAX_NODES, balance: float = 0.2
+) -> list[list[int]]:
+    """Cut ``graph`` into pieces of at most ``max_nodes`` nodes, in dependency order.
+
+    A node's upward rank is the longest path (in nodes) from a source to it. A piece is cut in
+    two at the rank threshold that keeps both halves within ``(1 + balance) * |V| / 2`` nodes and
+    has the fewest nodes with a reader on the other side (the vertex cut); with no balanced
+    threshold the balance is relaxed by 0.1 until one exists, and a piece with a single rank
+    level is cut in the middle of its nodes. Every edge goes from an earlier piece to a later
+    one or stays inside a piece (edges always increase the rank), so the pieces can be solved in
+    order.
+    """
+    if max_nodes < 1:
+        raise PlannerError(f"partition: max_nodes must be >= 1, got {max_nodes!r}")
+    rank = [0] * len(graph)
+    for i in range(len(graph)):
+        rank[i] = 1 + max((rank[j] for j in graph.preds(i)), default=-1)
+
+    def split(piece: list[int]) -> list[list[int]]:
+        if len(piece) <= max_nodes:
+            return [piece]
+        ordered = sorted(piece, key=lambda i: (rank[i], i))
+        inside = set(piece)
+        levels = sorted({rank[i] for i in piece})
+        best = None
+        eps = balance
+        while best is None and eps <= 1.0 + _EPS and len(levels) > 1:
+            limit = (1.0 + eps) * len(piece) / 2
+            for r in levels[:-1]:
+                low = [i for i in ordered if rank[i] <= r]
+                high = len(piece) - len(low)
+                if len(low) > limit or high > limit:
+                    continue
+                low_set = set(low)
+                cut = sum(
+                    any(s in inside and s not in low_set for s in graph.succs(i)) for i in low
+                )
+                if best is None or cut < best[0]:
+                    best = (cut, len(low))
+            eps += 0.1
+        at = best[1] if best is not None else len(ordered) // 2
+        first = sorted(ordered[:at])
+        second = sorted(ordered[at:])
+        return split(first) + split(second)
+
+    return split(list(range(len(graph))))
+
+
+# ---------------------------------------------------------------------------------------------
+# The exact solver.
+
+
+def _cp_model():
+    # ortools is imported where it is used: only the exact placement needs it
+    try:
+        from ortools.sat.python import cp_model
+    except ImportError:
+        raise SolverMissingError(
+            "the exact HOPE placement needs OR-Tools' CP-SAT solver: install the 'ortools' "
+            "package (pip install ortools)"
+        ) from None
+    return cp_model
+
+
+def _solve_piece(
+    graph: OpGraph,
+    piece: Sequence[int],
+    fixed: _Timer,
+    hint: Sequence[str],
+    time_limit_s: float,
+    workers: int,
+):
+    """Solve the nodes ``piece`` with the nodes ``fixed`` has timed kept as they are (each
+    processor free from its last finish there). Returns ``(placement, start order, status,
+    bound_ms)``."""
+    cp_model = _cp_model()
+    procs, finish, ready_at = fixed.procs, fixed.finish, fixed.ready
+    nodes = list(piece)
+    inside = set(nodes)
+    # The horizon: the processors' release, all transfers and the slower latencies in sequence.
+    horizon_ms = max(
+        max(ready_at.values()),
+        max((finish[j] for i in nodes for j in graph.preds(i) if j not in inside), default=0.0),
+    )
+    horizon_ms += sum(max(graph.nodes[i].cpu_ms, graph.nodes[i].gpu_ms) for i in nodes)
+    horizon_ms += sum(graph.transfer_ms(j, i) for i in nodes for j in graph.preds(i))
+    scale = _TICKS / horizon_ms if horizon_ms > 0 else 1.0
+
+    def ticks(ms: float) -> int:
+        return round(ms * scale)
+
+    horizon = ticks(horizon_ms) + len(nodes) + 1
+    m = cp_model.CpModel()
+    on_gpu = {}
+    start = {}
+    end = {}
+    per_proc: dict[str, list] = {p: [] for p in PROCESSORS}
+    for i in nodes:
+        node = graph.nodes[i]
+        g = on_gpu[i] = m.NewBoolVar(f"gpu_{i}")
+        s = start[i] = m.NewIntVar(0, horizon, f"s_{i}")
+        e = end[i] = m.NewIntVar(0, horizon, f"e_{i}")
+        for p, lit in (("gpu", g), ("cpu", g.Not())):
+            d = ticks(node.latency_ms(p))
+            m.Add(e == s + d).OnlyEnforceIf(lit)
+            if d > 0:
+                m.Add(s >= ticks(ready_at[p])).OnlyEnforceIf(lit)
+                per_proc[p].append(m.NewOptionalFixedSizeIntervalVar(s, d, lit, f"{p}_{i}"))
+        m.AddHint(g, hint[i] == "gpu")
+    for p in PROCESSORS:
+        m.AddNoOverlap(per_proc[p])
+    for i in nodes:
+        g = on_gpu[i]
+        for j in graph.preds(i):
+            t = ticks(graph.transfer_ms(j, i))
+            if j in inside:
+                # start_i >= end_j + t * [the two on different processors]
+                m.Add(start[i] >= end[j] + t * (g - on_gpu[j]))
+                m.Add(start[i] >= end[j] + t * (on_gpu[j] - g))
+            else:
+                fixed_gpu = procs[j] == "gpu"
+                m.Add(start[i] >= ticks(finish[j])).OnlyEnforceIf(g if fixed_gpu else g.Not())
+                m.Add(start[i] >= ticks(finish[j]) + t).OnlyEnforceIf(g.Not() if fixed_gpu else g)
+        if graph.nodes[i].follows:
+            srcs = [on_gpu[j] if j in inside else int(procs[j] == "gpu") for j in graph.preds(i)]
+            if not srcs:
+                m.Add(g == int(graph.home == "gpu"))
+            elif graph.home == "gpu":  # any producer on the GPU (mixed or all) -> GPU
+                m.AddMaxEquality(g, srcs)
+            else:  # all producers on the GPU -> GPU, else the home CPU
+                m.AddMinEquality(g, srcs)
+    makespan = m.NewIntVar(0, horizon, "makespan")
+    m.AddMaxEquality(makespan, [end[i] for i in nodes])
+    m.Minimize(makespan)
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = max(0.01, float(time_limit_s))
+    solver.parameters.num_workers = workers
+    status = solver.Solve(m)
+    if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        placement = {i: "gpu" if solver.Value(on_gpu[i]) else "cpu" for i in nodes}
+        order = sorted(nodes, key=lambda i: (solver.Value(start[i]), solver.Value(end[i]), i))
+        name = "optimal" if status == cp_model.OPTIMAL else "feasible"
+    else:  # no solution within the limit: the hint (a heuristic's schedule)
+        placement = {i: hint[i] for i in nodes}
+        order = nodes
+        name = "feasible"
+    # the bound in ticks, less one tick per node of rounding
+    bound = max(0.0, (solver.BestObjectiveBound() - len(nodes)) / scale)
+    return placement, order, name, bound
+
+
+def solve_exact(
+    graph: OpGraph,
+    time_limit_s: float = DEFAULT_TIME_LIMIT_S,
+    max_nodes: int = DEFAULT_MAX_NODES,
+    workers: int | None = None,
+) -> Schedule:
+    """Placement and per-processor order of minimum makespan (HOPE's ILP, with CP-SAT).
+
+    Parameters
+    ----------
+    graph
+        The graph to place.
+    time_limit_s
+        Wall-clock budget of the whole solve (shared by the pieces in proportion to their
+        nodes). When it runs out the best schedule found so far is returned, ``status``
+        ``feasible``, with its proven lower bound; the solver starts from the greedy schedule,
+        so there always is one.
+    max_nodes
+        Graphs with more nodes are cut by :func:`partition_by_upward_rank` and solved piece by
+        piece (each with the earlier pieces fixed; the result is then optimal per piece only).
+    workers
+        CP-SAT search workers (None: the machine's cores, at most 8).
+
+    Returns
+    -------
+    Schedule
+        Timed by :func:`simulate` from the solver's placement and order (in exact
+        milliseconds; the solver itself works on a grid of the horizon / 10**6).
+    """
+    if not time_limit_s > 0:
+        raise PlannerError(f"exact: time_limit_s must be > 0, got {time_limit_s!r}")
+    workers = workers or max(1, min(8, os.cpu_count() or 1))
+    n = len(graph)
+    if n == 0:
+        return simulate(graph, [], method="exact", status="optimal", bound_ms=0.0)
+    greedy = greedy_schedule(graph)
+    hint = greedy.processor
+    pieces = partition_by_upward_rank(graph, max_nodes) if n > max_nodes else [list(range(n))]
+    timer = _Timer(graph)  # the pieces solved so far, timed exactly
+    statuses = []
+    bound = 0.0
+    for piece in pieces:
+        placement, order, status, bound = _solve_piece(
+            graph, piece, timer, hint, time_limit_s * len(piece) / n, workers
+        )
+        statuses.append(status)
+        for i in order:
+            timer.commit(i, timer.processor(i, placement[i]))
+    schedule = timer.schedule("exact")
+    if greedy.makespan_ms < schedule.makespan_ms:
+        # the solver's grid rounds latencies; never return worse than the schedule it started from
+        schedule = greedy
+    if len(pieces) == 1:
+        status = statuses[0]
+        bound = max(bound, lower_bound_ms(graph))
+    else:
+        status = "optimal_pieces" if all(s == "optimal" for s in statuses) else "feasible"
+        bound = lower_bound_ms(graph)
+    if status == "optimal":
+        bound = schedule.makespan_ms
+    return Schedule(
+        schedule.processor,
+        schedule.start_ms,
+        schedule.finish_ms,
+        schedule.makespan_ms,
+        "exact",
+        status,
+        min(bound, schedule.makespan_ms),
+    )

@@ -1,0 +1,367 @@
+"""HOPE's DAG placement: the operator graph, the exact and greedy schedulers, the baselines.
+
+The hand-made graphs have optimal makespans worked out in the comments; nothing is measured.
+Cost models for the graph tests are CodlModels fitted on a synthetic device pair
+(``codl_tvm.planner.synthetic``).
+"""
+
+from __future__ import annotations
+
+import builtins
+import random
+
+import numpy as np
+import onnx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from onnx import TensorProto, helper, numpy_helper
+
+from codl_tvm.errors import CodlError, PlannerError
+from codl_tvm.planner.dag import DagEdge, DagNode, OpGraph, build_graph
+from codl_tvm.planner.hope import (
+    Schedule,
+    ScheduleError,
+    SolverMissingError,
+    check_schedule,
+    greedy_schedule,
+    lower_bound_ms,
+    mosaic_schedule,
+    partition_by_upward_rank,
+    solve_exact,
+    starpu_schedule,
+)
+from codl_tvm.planner.synthetic import SyntheticDevice, synthetic_cost_model
+
+HEURISTICS = (greedy_schedule, starpu_schedule, mosaic_schedule)
+
+
+def graph(nodes, edges, home="gpu") -> OpGraph:
+    """``nodes``: (name, cpu_ms, gpu_ms[, follows]); ``edges``: (src, dst, transfer_ms)."""
+    return OpGraph(
+        tuple(DagNode(n[0], n[1], n[2], *(n[3:] or ())) for n in nodes),
+        tuple(DagEdge(s, d, t) for s, d, t in edges),
+        home,
+    )
+
+
+def all_schedules(g: OpGraph) -> list[Schedule]:
+    out = [solve_exact(g, time_limit_s=10)] + [h(g) for h in HEURISTICS]
+    for s in out:
+        check_schedule(g, s)
+    return out
+
+
+# -- hand-made graphs with known optima ----------------------------------------------------------
+
+
+def test_diamond():
+    # a -> b, c -> d; b and c take 4 ms anywhere, so they must run in parallel: one of them on a
+    # processor other than a's or d's pays one 1 ms transfer. a on the GPU [0, 1], b on the CPU
+    # [2, 6], c on the GPU [1, 5], d on either: CPU at max(6, 5 + 1) -> 8, GPU at 6 + 1 -> 8.
+    # Every other mapping is no faster (all GPU: 10, all CPU: 12).
+    g = graph(
+        [("a", 2, 1), ("b", 4, 4), ("c", 4, 4), ("d", 2, 1)],
+        [("a", "b", 1), ("a", "c", 1), ("b", "d", 1), ("c", "d", 1)],
+    )
+    exact, greedy, starpu, mosaic = all_schedules(g)
+    assert exact.makespan_ms == pytest.approx(8.0)
+    assert exact.status == "optimal" and exact.gap == 0.0
+    assert {exact.processor[1], exact.processor[2]} == {"cpu", "gpu"}
+    assert greedy.makespan_ms == pytest.approx(8.0)
+    assert starpu.makespan_ms == pytest.approx(8.0)
+    # MOSAIC runs slices of the order a, b, c, d: b and c in one slice (no parallelism)
+    assert mosaic.makespan_ms == pytest.approx(10.0)
+
+
+def test_two_parallel_chains():
+    # a1 -> a2 (2 ms on the GPU, 4 on the CPU) and b1 -> b2 (3 ms on either). Chain a on the GPU
+    # (4 ms) and chain b on the CPU (6 ms): 6. Three ops on the GPU take at least 2+2+3 = 7;
+    # chain a on the CPU takes 8; so 6 is optimal.
+    g = graph(
+        [("a1", 4, 2), ("a2", 4, 2), ("b1", 3, 3), ("b2", 3, 3)],
+        [("a1", "a2", 1), ("b1", "b2", 1)],
+    )
+    exact, *_ = all_schedules(g)
+    assert exact.makespan_ms == pytest.approx(6.0)
+    assert exact.processor == ("gpu", "gpu", "cpu", "cpu")
+    assert exact.order("gpu") == [0, 1] and exact.order("cpu") == [2, 3]
+
+
+def test_expensive_transfer_keeps_a_chain_on_one_processor():
+    # Each op alone prefers a different processor (1 ms against 5), but every move costs 10 ms:
+    # alternating takes 1 + 10 + 1 + 10 + 1 = 23, all on the GPU 11, all on the CPU 7.
+    g = graph(
+        [("x", 1, 5), ("y", 5, 1), ("z", 1, 5)],
+        [("x", "y", 10), ("y", "z", 10)],
+    )
+    for s in all_schedules(g):
+        assert s.makespan_ms == pytest.approx(7.0), s.method
+        assert s.processor == ("cpu", "cpu", "cpu"), s.method
+
+
+def test_follow_nodes_obey_the_placement_rule():
+    # j (a concat, 0 ms) follows its producers: both on the CPU -> CPU, mixed -> home (GPU).
+    # Best: p and q in parallel on different processors, j on the GPU, r (1 ms on the GPU)
+    # after it: p on the CPU [0, 3], transfer 1 -> j at 4, r [4, 5] on the GPU.
+    g = graph(
+        [("p", 3, 3), ("q", 3, 3), ("j", 0, 0, True), ("r", 1, 1)],
+        [("p", "j", 1), ("q", "j", 1), ("j", "r", 1)],
+    )
+    exact, *_ = all_schedules(g)
+    assert exact.makespan_ms == pytest.approx(5.0)
+    assert exact.processor[2] == "gpu" and exact.processor[3] == "gpu"
+    bad = Schedule(
+        ("cpu", "gpu", "cpu", "cpu"), (0, 0, 4, 4), (3, 3, 4, 5), 5.0, "hand", "heuristic"
+    )
+    with pytest.raises(ScheduleError, match="follow rule puts it on gpu"):
+        check_schedule(g, bad)
+
+
+def test_checker_rejects_each_violation():
+    g = graph([("a", 2, 1), ("b", 2, 1)], [("a", "b", 5)])
+
+    def sched(procs, start, finish):
+        return Schedule(procs, start, finish, max(finish), "hand")
+
+    check_schedule(g, sched(("gpu", "cpu"), (0, 6), (1, 8)))
+    with pytest.raises(ScheduleError, match="plus 5 ms of transfer"):
+        check_schedule(g, sched(("gpu", "cpu"), (0, 5), (1, 7)))
+    with pytest.raises(ScheduleError, match="runs 2 ms on gpu, predicted 1"):
+        check_schedule(g, sched(("gpu", "gpu"), (0, 1), (2, 3)))
+    h = graph([("a", 2, 1), ("b", 2, 1)], [])
+    with pytest.raises(ScheduleError, match="overlap"):
+        check_schedule(h, sched(("gpu", "gpu"), (0, 0.5), (1, 1.5)))
+    with pytest.raises(ScheduleError, match="makespan"):
+        check_schedule(h, Schedule(("gpu", "cpu"), (0, 0), (1, 2), 1.0, "hand"))
+
+
+def test_graph_rejects_bad_input():
+    with pytest.raises(PlannerError, match="backwards"):
+        graph([("a", 1, 1), ("b", 1, 1)], [("b", "a", 0)])
+    with pytest.raises(PlannerError, match="names no node 'c'"):
+        graph([("a", 1, 1)], [("a", "c", 0)])
+    with pytest.raises(PlannerError, match="finite latencies"):
+        graph([("a", float("nan"), 1)], [])
+    with pytest.raises(PlannerError, match="k must be a positive integer"):
+        greedy_schedule(graph([("a", 1, 1)], []), k=0)
+
+
+def test_missing_ortools_is_a_clear_error(monkeypatch):
+    real_import = builtins.__import__
+
+    def no_ortools(name, *args, **kwargs):
+        if name.startswith("ortools"):
+            raise ImportError("No module named 'ortools'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_ortools)
+    with pytest.raises(SolverMissingError, match="install the 'ortools' package") as info:
+        solve_exact(graph([("a", 1, 2)], []))
+    assert isinstance(info.value, CodlError)
+
+
+# -- random graphs ---------------------------------------------------------------------------------
+
+
+def random_graph(rng: random.Random, n: int, p_edge: float, follow: float = 0.15) -> OpGraph:
+    nodes, edges = [], []
+    for i in range(n):
+        preds = [j for j in range(i) if rng.random() < p_edge]
+        is_follow = bool(preds) and len(preds) > 1 and rng.random() < follow * 4
+        if is_follow:
+            nodes.append((f"n{i}", 0.0, 0.0, True))
+        else:
+            nodes.append((f"n{i}", round(rng.uniform(0.1, 3), 3), round(rng.uniform(0.1, 3), 3)))
+        edges += [(f"n{j}", f"n{i}", round(rng.uniform(0, 1.5), 3)) for j in preds]
+    return graph(nodes, edges, rng.choice(["cpu", "gpu"]))
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(0, 10_000), st.integers(2, 8), st.sampled_from([0.2, 0.4, 0.7]))
+def test_heuristics_never_beat_the_exact_schedule(seed, n, p_edge):
+    g = random_graph(random.Random(seed), n, p_edge)
+    exact = solve_exact(g, time_limit_s=20, workers=2)
+    assert exact.status == "optimal"
+    check_schedule(g, exact)
+    for h in HEURISTICS:
+        s = h(g)
+        check_schedule(g, s)
+        assert s.makespan_ms >= exact.makespan_ms - 1e-6 * max(1.0, exact.makespan_ms), s.method
+    assert lower_bound_ms(g) <= exact.makespan_ms + 1e-9
+
+
+def test_greedy_k_is_a_window():
+    g = random_graph(random.Random(7), 14, 0.25)
+    for k in (1, 2, 4, 6):
+        check_schedule(g, greedy_schedule(g, k=k))
+
+
+def test_time_limit_returns_a_feasible_schedule_with_its_gap():
+    g = random_graph(random.Random(3), 70, 0.08)
+    s = solve_exact(g, time_limit_s=0.3, max_nodes=1000, workers=1)
+    check_schedule(g, s)
+    assert s.status == "feasible"
+    assert s.bound_ms is not None and 0.0 < s.gap < 1.0
+    assert s.makespan_ms <= greedy_schedule(g).makespan_ms + 1e-9
+
+
+def test_upward_rank_partitioning_gives_ordered_balanced_pieces():
+    g = random_graph(random.Random(5), 45, 0.1)
+    pieces = partition_by_upward_rank(g, max_nodes=12)
+    assert sorted(i for p in pieces for i in p) == list(range(len(g)))
+    assert all(0 < len(p) <= 12 for p in pieces)
+    piece_of = {i: k for k, p in enumerate(pieces) for i in p}
+    for e in g.edges:
+        assert piece_of[g.index(e.src)] <= piece_of[g.index(e.dst)]
+    s = solve_exact(g, time_limit_s=5, max_nodes=12, workers=2)
+    check_schedule(g, s)
+    assert s.status in ("optimal_pieces", "feasible") and s.gap is not None
+
+
+def test_upward_rank_cut_matches_hope_figure_shape():
+    # A chain of three levels fanning out to two branches and back: rank 0 | 1, 1 | 2, 2 | 3.
+    # With 6 nodes and max 4, the balanced cut with the fewest crossing producers is after rank 1
+    # (3 + 3 nodes, 2 producers crossing).
+    g = graph(
+        [("s", 1, 1), ("a", 1, 1), ("b", 1, 1), ("a2", 1, 1), ("b2", 1, 1), ("t", 1, 1)],
+        [
+            ("s", "a", 0),
+            ("s", "b", 0),
+            ("a", "a2", 0),
+            ("b", "b2", 0),
+            ("a2", "t", 0),
+            ("b2", "t", 0),
+        ],
+    )
+    assert partition_by_upward_rank(g, max_nodes=4) == [[0, 1, 2], [3, 4, 5]]
+
+
+# -- the graph of a Relax module -----------------------------------------------------------------
+
+
+def inception_like(seed: int = 0, c: int = 8, hw: int = 16) -> onnx.ModelProto:
+    """A stem conv and an Inception module: a 1x1 branch, 1x1 -> 3x3, and maxpool -> 1x1,
+    concatenated along channels."""
+    rng = np.random.default_rng(seed)
+
+    def init(name, shape):
+        return numpy_helper.from_array((rng.standard_normal(shape) * 0.2).astype("float32"), name)
+
+    conv = helper.make_node
+    nodes = [
+        conv("Conv", ["x", "w0", "b0"], ["s"], pads=[1, 1, 1, 1]),
+        conv("Relu", ["s"], ["sr"]),
+        conv("Conv", ["sr", "wa", "ba"], ["a"]),
+        conv("Relu", ["a"], ["ar"]),
+        conv("Conv", ["sr", "wb1", "bb1"], ["b1"]),
+        conv("Relu", ["b1"], ["b1r"]),
+        conv("Conv", ["b1r", "wb2", "bb2"], ["b2"], pads=[1, 1, 1, 1]),
+        conv("Relu", ["b2"], ["b2r"]),
+        conv("MaxPool", ["sr"], ["p"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+        conv("Conv", ["p", "wc", "bc"], ["cc"]),
+        conv("Relu", ["cc"], ["cr"]),
+        conv("Concat", ["ar", "b2r", "cr"], ["y"], axis=1),
+    ]
+    inits = [init("w0", (c, 3, 3, 3)), init("b0", (c,))]
+    for name, k in (("a", 1), ("b1", 1), ("b2", 3), ("c", 1)):
+        inits += [init(f"w{name}", (c, c, k, k)), init(f"b{name}", (c,))]
+    g = helper.make_graph(
+        nodes,
+        "inception_like",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, hw, hw])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3 * c, hw, hw])],
+        inits,
+    )
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    onnx.checker.check_model(model)
+    return model
+
+
+@pytest.fixture(scope="module")
+def inception_mod():
+    from codl_tvm.frontend import load_onnx
+
+    return load_onnx(inception_like()).mod
+
+
+@pytest.fixture(scope="module")
+def sharing_model():
+    return synthetic_cost_model(SyntheticDevice(share_ms_per_mb=0.5))
+
+
+def test_graph_of_an_inception_module(inception_mod, sharing_model):
+    from codl_tvm.planner.search import PlannerConfig, _Planner
+
+    g = build_graph(inception_mod, sharing_model)
+    names = [n.name for n in g.nodes]
+    assert names == [
+        "conv2d_0",
+        "conv2d_1",
+        "conv2d_2",
+        "conv2d_3",
+        "max_pool2d_4",
+        "conv2d_5",
+        g.nodes[-1].name,
+    ]
+    concat = g.nodes[-1]
+    assert concat.follows and concat.kind == "concat" and concat.op is None
+    # bias add and relu merged into each conv (super-ops); the pool has no follower
+    assert all(len(n.members) == 3 for n in g.nodes if n.kind == "conv2d")
+    assert g.nodes[4].members == (g.nodes[4].members[0],)
+    edges = {(e.src, e.dst) for e in g.edges}
+    assert edges == {
+        ("conv2d_0", "conv2d_1"),
+        ("conv2d_0", "conv2d_2"),
+        ("conv2d_0", "max_pool2d_4"),
+        ("conv2d_2", "conv2d_3"),
+        ("max_pool2d_4", "conv2d_5"),
+        ("conv2d_1", concat.name),
+        ("conv2d_3", concat.name),
+        ("conv2d_5", concat.name),
+    }
+    # every edge carries one 8x16x16 float32 tensor and the sharing prediction for it
+    nbytes = 8 * 16 * 16 * 4
+    share = sum(sharing_model.predict_sharing(k, nbytes) for k in ("transform", "map", "presync"))
+    assert all(e.nbytes == nbytes and e.transfer_ms == pytest.approx(share) for e in g.edges)
+    # node latencies are the planner's whole-operator predictions
+    planner = _Planner(inception_mod, sharing_model, PlannerConfig(), "codl")
+    for op in planner.ops:
+        node = g.nodes[g.index(op.name)]
+        assert (node.cpu_ms, node.gpu_ms) == (op.cpu_ms, op.gpu_ms)
+    assert g.home in ("cpu", "gpu") and any("outside the cost model" in t for t in g.notes)
+    for s in all_schedules(g):
+        assert s.makespan_ms > 0
+
+
+def test_graph_of_a_residual_block(sharing_model):
+    """x -> conv -> relu -> conv, added to the first conv's output: the add is a follow node."""
+    from codl_tvm.frontend import load_onnx
+
+    rng = np.random.default_rng(1)
+    w = [
+        numpy_helper.from_array(rng.standard_normal((4, 4, 3, 3)).astype("float32"), f"w{i}")
+        for i in range(2)
+    ]
+    g_proto = helper.make_graph(
+        [
+            helper.make_node("Conv", ["x", "w0"], ["a"], pads=[1, 1, 1, 1]),
+            helper.make_node("Relu", ["a"], ["ar"]),
+            helper.make_node("Conv", ["ar", "w1"], ["b"], pads=[1, 1, 1, 1]),
+            helper.make_node("Add", ["ar", "b"], ["y"]),
+        ],
+        "residual",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])],
+        w,
+    )
+    proto = helper.make_model(g_proto, opset_imports=[helper.make_opsetid("", 13)])
+    g = build_graph(load_onnx(proto).mod, sharing_model, home="cpu")
+    assert [n.name for n in g.nodes][:2] == ["conv2d_0", "conv2d_1"]
+    add = g.nodes[2]
+    assert add.follows and add.kind == "add" and g.home == "cpu"
+    assert {(e.src, e.dst) for e in g.edges} == {
+        ("conv2d_0", "conv2d_1"),
+        ("conv2d_0", add.name),
+        ("conv2d_1", add.name),
+    }
