@@ -140,9 +140,11 @@ class MergePartsInPlace:
         if report:
             new_main = new_main.with_attr("codl_merge_report", json.dumps(report))
         rewriter.builder_.update_func(main_gv, new_main)
-        out = rewriter.builder_.get()
-        # Drop the merge kernels no longer called.
-        return relax.transform.DeadCodeElimination(["main"])(out)
+        out = relax.transform.DeadCodeElimination(["main"])(rewriter.builder_.get())
+        # DCE keeps public functions, and PlaceParts gives every merge kernel a global_symbol:
+        # drop the merge kernels no longer called, or they are compiled into the library.
+        merged = {b.value.args[0].name_hint for b in bindings if b.var in plans}
+        return _drop_uncalled(out, merged)
 
     @staticmethod
     def _check(call, producer, uses, mod) -> str:
@@ -161,6 +163,23 @@ class MergePartsInPlace:
             if len(value.ty_args) != 1 or _tensor_shape(value.ty_args[0]) is None:
                 return f"part output {v.name} is not a single static tensor"
         return ""
+
+
+def _drop_uncalled(mod: tvm.IRModule, names: set[str]) -> tvm.IRModule:
+    """``mod`` without the functions named in ``names`` that no Relax function refers to."""
+    called: set[str] = set()
+
+    def visit(expr) -> None:
+        if isinstance(expr, tvm.ir.GlobalVar):
+            called.add(expr.name_hint)
+
+    for func in mod.functions.values():
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(func.body, visit)
+    for gv in list(mod.get_global_vars()):
+        if gv.name_hint in names and gv.name_hint not in called:
+            del mod[gv]
+    return mod
 
 
 @relax.expr_functor.mutator
@@ -247,7 +266,11 @@ class _Rewriter(relax.PyExprMutator):
                 *self.results[binding.var],
                 ty_args=[binding.var.ty],
             )
-            new_var = self.builder_.emit(join, name_hint=binding.var.name)
+            # a merge that leaves the dataflow block (main returns it) stays an output var
+            if isinstance(binding.var, relax.DataflowVar):
+                new_var = self.builder_.emit(join, name_hint=binding.var.name)
+            else:
+                new_var = self.builder_.emit_output(join, name_hint=binding.var.name)
             self.set_var_remap(binding.var, new_var)
             return
         super().visit_var_binding_(binding)
