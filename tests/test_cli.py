@@ -186,3 +186,23 @@ def test_compile_block_splits_default_to_measured_settings():
     assert args.split_channel_blocks is True and args.split_row_blocks is False
     args = build_parser().parse_args(["compile", "m.onnx", "-o", "out", "--split-row-blocks"])
     assert args.split_row_blocks is True
+
+
+def test_compile_options_are_compile_artifacts_keywords():
+    """CompileOptions carries every keyword of compile_artifact (but ``log``) with its default,
+    so the two cannot drift apart."""
+    import dataclasses
+    import inspect
+
+    from codl_tvm.artifact import compile_artifact
+    from codl_tvm.options import CompileOptions
+
+    params = {
+        name: p.default
+        for name, p in inspect.signature(compile_artifact).parameters.items()
+        if p.kind is inspect.Parameter.KEYWORD_ONLY and name != "log"
+    }
+    fields = {f.name: f.default for f in dataclasses.fields(CompileOptions)}
+    assert fields.keys() == params.keys()
+    for name, default in params.items():
+        assert fields[name] == (tuple(default) if isinstance(default, list) else default), name

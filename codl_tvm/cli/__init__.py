@@ -49,6 +49,12 @@ def _unavailable(names: tuple[str, ...], module: str, exc: Exception) -> Callabl
     why = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
 
     def fail(args: argparse.Namespace) -> int:
+        if args.command == "run":  # running artifacts needs no compiler: a bug, say so
+            raise CliError(
+                f"`codl-tvm run` cannot start on this runtime-only TVM (importing {module} "
+                f"failed: {why}); running an artifact needs no compiler, so this is a bug in "
+                "codl-tvm: please report it"
+            )
         raise CliError(
             f"`codl-tvm {args.command}` needs TVM's compiler, but the installed TVM is "
             f"runtime-only (importing {module} failed: {why}); on this machine run compiled "

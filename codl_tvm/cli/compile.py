@@ -1,7 +1,8 @@
 """``codl-tvm compile`` and ``codl-tvm refine``.
 
 ``codl-tvm compile MODEL.onnx -o OUT/`` plans, builds and writes a deployable artifact
-(:func:`codl_tvm.artifact.compile_artifact`); ``codl-tvm refine ARTIFACT -o OUT/`` rebalances a
+(:func:`codl_tvm.options.compile_model`, its flags gathered in one
+:class:`~codl_tvm.options.CompileOptions`); ``codl-tvm refine ARTIFACT -o OUT/`` rebalances a
 co-executed artifact's splits from timelines measured on this machine
 (:func:`codl_tvm.artifact.refine_artifact`).
 """
@@ -10,12 +11,13 @@ from __future__ import annotations
 
 import argparse
 
-from codl_tvm.artifact import compile_artifact, refine_artifact
+from codl_tvm.artifact import refine_artifact
 from codl_tvm.cli.common import building
 from codl_tvm.cli.plan import WEIGHT_GBPS_HELP, plan_from_args, weight_gbps
 from codl_tvm.errors import CliError
 from codl_tvm.frontend import load_onnx
 from codl_tvm.models import bundled_model_path
+from codl_tvm.options import CompileOptions, compile_model
 from codl_tvm.targets import preset_names
 
 __all__ = ["cmd_compile", "cmd_refine", "register"]
@@ -31,33 +33,32 @@ def cmd_compile(args: argparse.Namespace) -> int:
         if args.device != "coexec":
             raise CliError("--plan/--dim/--ratio apply to --device coexec only")
         plan = plan_from_args(args, load_onnx(model_path))
+    options = CompileOptions(
+        device=args.device,
+        mode=args.mode,
+        cost_model=args.cost_model,
+        plan=plan,
+        preset=args.preset,
+        reference=not args.no_reference,
+        seed=args.seed,
+        force=args.force,
+        winograd=args.winograd,
+        packed=args.packed,
+        verify=args.verify,
+        verify_modes=tuple(m for m in (args.verify_modes or "").split(",") if m),
+        tracker=args.tracker,
+        key=args.key,
+        build_cache=args.build_cache,
+        coexec_cpu_alone=args.coexec_cpu_alone_kernels,
+        split_channel_blocks=args.split_channel_blocks,
+        split_row_blocks=args.split_row_blocks,
+        verify_calibrate=args.verify_calibrate,
+        refine=args.refine,
+        refine_traces=args.refine_traces,
+        weight_gbps=args.weight_gbps,
+    )
     with building(model_path, args.device):
-        compile_artifact(
-            model_path,
-            args.output,
-            device=args.device,
-            mode=args.mode,
-            cost_model=args.cost_model,
-            plan=plan,
-            preset=args.preset,
-            reference=not args.no_reference,
-            seed=args.seed,
-            force=args.force,
-            winograd=args.winograd,
-            packed=args.packed,
-            verify=args.verify,
-            verify_modes=[m for m in (args.verify_modes or "").split(",") if m],
-            tracker=args.tracker,
-            key=args.key,
-            build_cache=args.build_cache,
-            coexec_cpu_alone=args.coexec_cpu_alone_kernels,
-            split_channel_blocks=args.split_channel_blocks,
-            split_row_blocks=args.split_row_blocks,
-            verify_calibrate=args.verify_calibrate,
-            refine=args.refine,
-            refine_traces=args.refine_traces,
-            weight_gbps=args.weight_gbps,
-        )
+        compile_model(model_path, args.output, options)
     print(f"run it with: codl-tvm run {args.output}")
     return 0
 
