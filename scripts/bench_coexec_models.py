@@ -22,9 +22,8 @@ def cmd_compile(args: argparse.Namespace) -> None:
     import tvm
 
     import codl_tvm
-    from codl_tvm.cli import bundled_model_path
     from codl_tvm.frontend import load_onnx
-    from codl_tvm.models import light_model
+    from codl_tvm.models import bundled_model_path, light_model
     from codl_tvm.plan import uniform_plan
     from codl_tvm.runtime._build import build_plugin
 

@@ -108,8 +108,7 @@ def _tag_mode(tag: str, strict: bool = True) -> _TagFlags:
 def _model_file(name: str, tmp: Path) -> Path:
     import onnx
 
-    from codl_tvm.cli import bundled_model_path
-    from codl_tvm.models import benchmark_model
+    from codl_tvm.models import benchmark_model, bundled_model_path
 
     if name == "codl_small_cnn":
         return bundled_model_path()
