@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 from codl_tvm.errors import CodlError, PlannerError
+from codl_tvm.plan import PartitionPlan, partitionable_ops
 from codl_tvm.planner.dag import DagEdge, DagNode, OpGraph, build_graph
 from codl_tvm.planner.hope import (
     Schedule,
@@ -34,6 +35,7 @@ from codl_tvm.planner.hope import (
 from codl_tvm.planner.synthetic import SyntheticDevice, synthetic_cost_model
 
 HEURISTICS = (greedy_schedule, starpu_schedule, mosaic_schedule)
+MODES_PLACED = ("hope", "hope_greedy", "starpu", "mosaic")
 
 
 def graph(nodes, edges, home="gpu") -> OpGraph:
@@ -365,3 +367,116 @@ def test_graph_of_a_residual_block(sharing_model):
         ("conv2d_0", add.name),
         ("conv2d_1", add.name),
     }
+
+
+# -- plans ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def cheap_sharing_model():
+    return synthetic_cost_model(SyntheticDevice(share_ms_per_mb=0.05))
+
+
+@pytest.mark.parametrize("mode", MODES_PLACED)
+def test_placement_modes_give_whole_operator_plans(inception_mod, cheap_sharing_model, mode):
+    from codl_tvm.planner.placement import make_plan
+
+    plan, report = make_plan(inception_mod, cheap_sharing_model, mode)
+    names = [i.name for i in partitionable_ops(inception_mod)]
+    assert [e.op for e in plan.ops] == names and not plan.chains
+    assert {e.ratio for e in plan.ops} <= {0.0, 1.0}
+    s = report.summary
+    assert s.n_whole_cpu + s.n_whole_gpu == len(names) and s.n_split_h == s.n_split_oc == 0
+    assert report.mode == mode and s.predicted_ms > 0
+    assert all(d.reason.startswith(f"{mode}: whole on ") for d in report.decisions)
+    assert plan.home == build_graph(inception_mod, cheap_sharing_model).home
+
+
+def test_hope_plan_uses_both_processors_and_beats_the_baselines(inception_mod, cheap_sharing_model):
+    from codl_tvm.planner.placement import make_plan
+
+    reports = {m: make_plan(inception_mod, cheap_sharing_model, m)[1] for m in MODES_PLACED}
+    hope = reports["hope"].summary
+    assert hope.n_whole_cpu > 0 and hope.n_whole_gpu > 0
+    assert hope.predicted_ms < min(hope.cpu_only_ms, hope.gpu_only_ms)
+    for mode, rep in reports.items():
+        assert hope.predicted_ms <= rep.summary.predicted_ms + 1e-9, mode
+    assert "proven optimal" in reports["hope"].notes[0]
+
+
+def test_cli_plan_hope_mode(tmp_path, inception_mod, cheap_sharing_model, capsys):
+    import argparse
+
+    from codl_tvm.cli.plan import register
+
+    model_path = tmp_path / "inception_like.onnx"
+    onnx.save(inception_like(), model_path)
+    cm_path = tmp_path / "cm.json"
+    cheap_sharing_model.save(cm_path)
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    out = tmp_path / "plan.json"
+    args = parser.parse_args(
+        [
+            *("plan", str(model_path), "--cost-model", str(cm_path)),
+            *("--mode", "hope_greedy", "--greedy-k", "2", "-o", str(out)),
+        ]
+    )
+    assert args.func(args) == 0
+    assert "[hope_greedy] predicted" in capsys.readouterr().out
+    plan = PartitionPlan.load(out)
+    assert {e.ratio for e in plan.ops} <= {0.0, 1.0}
+    with pytest.raises(PlannerError, match="greedy_k must be an integer"):
+        bad = parser.parse_args(
+            ["plan", str(model_path), "--cost-model", str(cm_path), "--greedy-k", "0"]
+        )
+        bad.func(bad)
+
+
+@pytest.mark.opencl
+def test_hope_plan_of_an_inception_module_equals_onnxruntime(
+    opencl, inception_mod, cheap_sharing_model
+):
+    import onnxruntime as ort
+
+    import codl_tvm
+    from codl_tvm.planner.placement import make_plan
+
+    plan, _ = make_plan(inception_mod, cheap_sharing_model, "hope")
+    assert {e.ratio for e in plan.ops} == {0.0, 1.0}  # branches on both processors
+    x = np.random.default_rng(0).standard_normal((1, 3, 16, 16)).astype("float32")
+    sess = ort.InferenceSession(
+        inception_like().SerializeToString(), providers=["CPUExecutionProvider"]
+    )
+    (expected,) = sess.run(None, {"x": x})
+    out = codl_tvm.compile(inception_mod, plan)([x])[0]
+    np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_unmodelled_operator_is_left_out_with_its_reason(cheap_sharing_model):
+    from codl_tvm.frontend import load_onnx
+    from codl_tvm.planner.placement import make_plan
+
+    rng = np.random.default_rng(0)
+    w0 = numpy_helper.from_array(rng.standard_normal((8, 4, 3, 1)).astype(np.float32), "w0")
+    w1 = numpy_helper.from_array(rng.standard_normal((8, 8, 3, 3)).astype(np.float32), "w1")
+    g_proto = helper.make_graph(
+        [
+            helper.make_node("Conv", ["x", "w0"], ["a"], pads=[1, 0, 1, 0]),
+            helper.make_node("Conv", ["a", "w1"], ["y"], pads=[1, 1, 1, 1]),
+        ],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 16, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 16, 16])],
+        [w0, w1],
+    )
+    mod = load_onnx(helper.make_model(g_proto, opset_imports=[helper.make_opsetid("", 13)])).mod
+    graph_ = build_graph(mod, cheap_sharing_model)
+    assert graph_.nodes[0].follows and graph_.nodes[0].op is None
+    assert any("conv2d_0 (conv2d) is not placed" in n for n in graph_.notes)
+    plan, report = make_plan(mod, cheap_sharing_model, "hope")
+    assert [e.op for e in plan.ops] == ["conv2d_1"]
+    row = report.decisions[0]
+    assert row.ops == ("conv2d_0",) and row.ratio is None
+    assert "kernel [3, 1] is not square" in row.reason and "left out of the plan" in row.reason
+    assert report.summary.n_unmodelled == 1

@@ -18,7 +18,8 @@ from codl_tvm.cost_model.defaults import default_model_path
 from codl_tvm.errors import CliError
 from codl_tvm.frontend import OnnxModel, load_onnx
 from codl_tvm.plan import PartitionPlan, PlanError, uniform_plan
-from codl_tvm.planner.search import MODES, PlannerConfig, plan_model
+from codl_tvm.planner.placement import ALL_MODES, PlacementConfig, make_plan
+from codl_tvm.planner.search import PlannerConfig, plan_model
 from codl_tvm.targets import PRESETS
 
 __all__ = ["WEIGHT_GBPS_HELP", "cmd_plan", "plan_from_args", "register", "weight_gbps"]
@@ -114,13 +115,18 @@ def cmd_plan(args: argparse.Namespace) -> int:
     }
     cost_model = load_model(args.cost_model)
     model = load_onnx(args.model)
+    placement = PlacementConfig(greedy_k=args.greedy_k, time_limit_s=args.time_limit_s)
     if args.preset:
         # the kernels `compile --preset P` builds (Winograd, packed, CPU-alone settings)
         with planning_context(args.preset, args.cost_model, **settings) as config:
-            plan, report = plan_model(model.mod, cost_model, args.mode, config, str(args.model))
+            plan, report = make_plan(
+                model.mod, cost_model, args.mode, config, str(args.model), placement
+            )
     else:
         config = PlannerConfig(**settings)
-        plan, report = plan_model(model.mod, cost_model, args.mode, config, str(args.model))
+        plan, report = make_plan(
+            model.mod, cost_model, args.mode, config, str(args.model), placement
+        )
     print(report.table())
     if args.output:
         plan.save(args.output)
@@ -138,7 +144,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("model", help="ONNX model with static shapes")
     p.add_argument("--cost-model", help="fitted cost model file (.json); required")
-    p.add_argument("--mode", choices=MODES, default="codl", help="planner or baseline")
+    p.add_argument(
+        "--mode",
+        choices=ALL_MODES,
+        default="codl",
+        help="planner or baseline (hope, hope_greedy, starpu, mosaic: each operator whole on the "
+        "CPU or the GPU, independent branches on both at once)",
+    )
     p.add_argument(
         "--preset",
         help="predict the kernels `codl-tvm compile --preset P` builds (Winograd, packed convs, "
@@ -162,4 +174,17 @@ def register(sub: argparse._SubParsersAction) -> None:
         "one (default %(default)s; 0: CoDL's Algorithm 1 as published)",
     )
     p.add_argument("--weight-gbps", type=weight_gbps, metavar="CPU,GPU", help=WEIGHT_GBPS_HELP)
+    p.add_argument(
+        "--greedy-k",
+        type=int,
+        default=PlacementConfig.greedy_k,
+        help="hope_greedy: ready operators mapped at once (2**k mappings; default %(default)s)",
+    )
+    p.add_argument(
+        "--time-limit-s",
+        type=float,
+        default=PlacementConfig.time_limit_s,
+        help="hope: the exact solver's time limit; past it the best schedule found is used and "
+        "its proven gap reported (default %(default)s)",
+    )
     p.set_defaults(func=cmd_plan)

@@ -7,11 +7,22 @@ dimension, ratio, predicted CPU/GPU/co-execution/no-chain latency and the reason
 and JSON). The baseline planners are modes of the same function (``cpu_only``, ``gpu_only``,
 ``ulayer_like``, ``codl_no_chain``, ``h_only``, ``oc_only``) and every report carries the ideal
 bound ``T* = 1 / (1/Tcpu + 1/Tgpu)``. ``codl-tvm plan`` is :mod:`codl_tvm.cli.plan`.
+The placement modes (``hope``, ``hope_greedy``, ``starpu``, ``mosaic``:
+:mod:`codl_tvm.planner.placement`) place whole operators on the CPU or the GPU so independent
+branches run on both at once, scheduled on the operator graph of :mod:`codl_tvm.planner.dag` by
+:mod:`codl_tvm.planner.hope`; :func:`make_plan` runs any mode.
 ``codl_tvm.planner.refine`` re-balances a built plan's splits from timelines measured inside
 the model (``codl-tvm refine``).
 """
 
 from codl_tvm.planner.part_shapes import ChainParts, chain_parts, op_params
+from codl_tvm.planner.placement import (
+    ALL_MODES,
+    PLACEMENT_MODES,
+    PlacementConfig,
+    make_plan,
+    plan_placement,
+)
 from codl_tvm.planner.report import Decision, PlanReport, PlanSummary
 from codl_tvm.planner.search import (
     DEFAULT_RATIOS,
@@ -25,10 +36,13 @@ from codl_tvm.planner.search import (
 )
 
 __all__ = [
+    "ALL_MODES",
     "DEFAULT_RATIOS",
     "MODES",
+    "PLACEMENT_MODES",
     "ChainParts",
     "Decision",
+    "PlacementConfig",
     "PlanReport",
     "PlanSummary",
     "PlannerConfig",
@@ -36,7 +50,9 @@ __all__ = [
     "chain_parts",
     "comparison_table",
     "ideal_latency",
+    "make_plan",
     "op_params",
     "plan_all",
     "plan_model",
+    "plan_placement",
 ]

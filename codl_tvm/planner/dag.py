@@ -57,8 +57,8 @@ class DagNode:
     Attributes
     ----------
     name
-        Unique in the graph: the plan's operator name (``conv2d_3``) for a free node, the Relax
-        variable's name otherwise.
+        Unique in the graph: the plan's operator name (``conv2d_3``) for a partitionable
+        operator, the Relax variable's name otherwise.
     cpu_ms, gpu_ms
         Predicted latency run whole on each processor (0 where nothing is predicted).
     follows
@@ -295,7 +295,7 @@ def build_graph(
             op = by_op[info.name]
             free = op.params is not None
             node = {
-                "name": info.name if free else b.var.name,
+                "name": info.name,
                 "kind": info.kind,
                 "op": info.name if free else None,
                 "follows": not free,

@@ -1,0 +1,276 @@
+"""Planner modes that place whole operators on the CPU or the GPU (HOPE and its baselines).
+
+``plan_placement(mod, cost_model, mode)`` builds the module's operator graph
+(:func:`~codl_tvm.planner.dag.build_graph`), schedules it with the mode's method
+(:mod:`codl_tvm.planner.hope`) and returns what every planner mode returns: a
+:class:`~codl_tvm.plan.PartitionPlan` and a :class:`~codl_tvm.planner.report.PlanReport`.
+
+The plan states the placement the way the partitioning passes already build it: every operator
+the graph places gets an :class:`~codl_tvm.plan.OpPartition` with ratio 1 (whole on the GPU) or 0
+(whole on the CPU), and ``home`` is the graph's; ``codl.PlaceParts`` puts the kernels between
+them (bias adds, activations: with their producer; concats and residual adds: where all their
+producers ran, else ``home``) exactly as the graph's super-ops and follow nodes assume.
+
+Modes
+-----
+``hope``: the exact placement and order (:func:`~codl_tvm.planner.hope.solve_exact`);
+``hope_greedy``: HOPE's GS; ``starpu``: StarPU-like earliest finish; ``mosaic``: MOSAIC-like
+slices. :func:`make_plan` runs any mode, these or the CoDL planner's
+(:func:`~codl_tvm.planner.search.plan_model`).
+
+The schedule's order is not yet imposed on the build: the VM runs ``main``'s bindings in their
+order, so the measured latency can exceed the predicted makespan where the schedule reorders
+independent branches.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+from codl_tvm.cost_model.base import CostModel
+from codl_tvm.errors import PlannerError
+from codl_tvm.plan import OpPartition, PartitionPlan, model_fingerprint, partitionable_ops
+from codl_tvm.planner.dag import OpGraph, build_graph
+from codl_tvm.planner.hope import (
+    DEFAULT_GREEDY_K,
+    DEFAULT_MAX_NODES,
+    DEFAULT_TIME_LIMIT_S,
+    Schedule,
+    check_schedule,
+    greedy_schedule,
+    mosaic_schedule,
+    solve_exact,
+    starpu_schedule,
+)
+from codl_tvm.planner.report import Decision, PlanReport, PlanSummary
+from codl_tvm.planner.search import (
+    MODES,
+    PlannerConfig,
+    calibrated_model,
+    ideal_latency,
+    plan_model,
+)
+
+__all__ = [
+    "ALL_MODES",
+    "PLACEMENT_MODES",
+    "PlacementConfig",
+    "make_plan",
+    "plan_placement",
+]
+
+PLACEMENT_MODES: tuple[str, ...] = ("hope", "hope_greedy", "starpu", "mosaic")
+ALL_MODES: tuple[str, ...] = MODES + PLACEMENT_MODES
+
+_METHOD = {"hope": "exact", "hope_greedy": "greedy", "starpu": "starpu", "mosaic": "mosaic"}
+
+
+@dataclass(frozen=True)
+class PlacementConfig:
+    """Settings of the placement modes.
+
+    Parameters
+    ----------
+    greedy_k
+        Ready operators HOPE's GS maps at once (``2**k`` mappings tried; HOPE: 4).
+    time_limit_s
+        Wall-clock budget of the exact solve; when it runs out the best schedule found is used
+        and the report gives its proven gap.
+    max_nodes
+        Graphs with more nodes are cut by upward rank and solved piece by piece.
+    workers
+        CP-SAT search workers (None: the machine's cores, at most 8).
+    """
+
+    greedy_k: int = DEFAULT_GREEDY_K
+    time_limit_s: float = DEFAULT_TIME_LIMIT_S
+    max_nodes: int = DEFAULT_MAX_NODES
+    workers: int | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.greedy_k, int) or not 1 <= self.greedy_k <= 12:
+            raise PlannerError(
+                f"placement: greedy_k must be an integer in 1..12, got {self.greedy_k!r}"
+            )
+        if not self.time_limit_s > 0:
+            raise PlannerError(f"placement: time_limit_s must be > 0, got {self.time_limit_s!r}")
+        if not isinstance(self.max_nodes, int) or self.max_nodes < 2:
+            raise PlannerError(
+                f"placement: max_nodes must be an integer >= 2, got {self.max_nodes!r}"
+            )
+
+
+def schedule_graph(graph: OpGraph, mode: str, placement: PlacementConfig) -> Schedule:
+    """The schedule of ``graph`` by the method of a placement ``mode``, checked."""
+    if mode == "hope":
+        s = solve_exact(graph, placement.time_limit_s, placement.max_nodes, placement.workers)
+    elif mode == "hope_greedy":
+        s = greedy_schedule(graph, placement.greedy_k)
+    elif mode == "starpu":
+        s = starpu_schedule(graph)
+    elif mode == "mosaic":
+        s = mosaic_schedule(graph)
+    else:
+        raise PlannerError(f"unknown placement mode {mode!r} (known: {', '.join(PLACEMENT_MODES)})")
+    check_schedule(graph, s)
+    return s
+
+
+def _status(s: Schedule) -> str:
+    if s.method != "exact":
+        return f"{s.method} schedule"
+    if s.status == "optimal":
+        return "exact schedule, proven optimal"
+    if s.status == "optimal_pieces":
+        return f"exact schedule, optimal per upward-rank piece (gap to the lower bound {s.gap:.1%})"
+    return f"exact schedule stopped by the time limit, proven gap {s.gap:.1%}"
+
+
+def plan_placement(
+    mod,
+    cost_model: CostModel,
+    mode: str = "hope",
+    config: PlannerConfig | None = None,
+    model_name: str | None = None,
+    placement: PlacementConfig | None = None,
+) -> tuple[PartitionPlan, PlanReport]:
+    """Place every operator of ``mod`` whole on the CPU or the GPU with a placement ``mode``.
+
+    Parameters
+    ----------
+    mod
+        The Relax module as imported.
+    cost_model
+        A fitted :class:`~codl_tvm.cost_model.CostModel` (calibrated with ``config``'s
+        ``processor_scale`` and ``weight_gbps`` as the CoDL planner does).
+    mode
+        One of :data:`PLACEMENT_MODES`.
+    config
+        The planner config whose implementation choices and calibration the predictions use.
+    model_name
+        Recorded in the report.
+    placement
+        :class:`PlacementConfig` of the schedulers.
+
+    Returns
+    -------
+    (PartitionPlan, PlanReport)
+        Ratio 1 or 0 for every placed operator; the report's predicted latency is the schedule's
+        makespan (transfers included), each row's reason gives the operator's processor and time
+        span, and the notes the method, its status and gap, and what the graph leaves out.
+    """
+    if not isinstance(cost_model, CostModel):
+        raise PlannerError(
+            f"plan_placement needs a fitted CostModel, got {type(cost_model).__name__}"
+        )
+    if mode not in PLACEMENT_MODES:
+        raise PlannerError(f"unknown placement mode {mode!r} (known: {', '.join(PLACEMENT_MODES)})")
+    config = config or PlannerConfig()
+    placement = placement or PlacementConfig()
+    cost_model, notes = calibrated_model(cost_model, config)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        graph = build_graph(mod, cost_model, config)
+    schedule = schedule_graph(graph, mode, placement)
+    infos = partitionable_ops(mod)
+    rows: list[Decision] = []
+    entries: list[OpPartition] = []
+    for info in infos:
+        i = graph.index(info.name)
+        if graph.nodes[i].op is None:
+            rows.append(
+                Decision(
+                    (info.name,),
+                    None,
+                    None,
+                    None,
+                    None,
+                    None,
+                    reason=f"{graph.nodes[i].note}; left out of the plan, runs unsplit where "
+                    "its inputs were computed",
+                )
+            )
+            continue
+        node = graph.nodes[i]
+        p = schedule.processor[i]
+        dims = [d.value for d in info.dims]
+        dim = next((d for d in config.dims if d in dims), dims[0])
+        entries.append(OpPartition(info.name, dim, 1.0 if p == "gpu" else 0.0))
+        other = "cpu" if p == "gpu" else "gpu"
+        rows.append(
+            Decision(
+                (info.name,),
+                dim,
+                1.0 if p == "gpu" else 0.0,
+                node.cpu_ms,
+                node.gpu_ms,
+                node.latency_ms(p),
+                None,
+                None,
+                node.latency_ms(other) - node.latency_ms(p),
+                f"{mode}: whole on {p.upper()} from {schedule.start_ms[i]:.3f} to "
+                f"{schedule.finish_ms[i]:.3f} ms ({node.latency_ms(p):.3f} ms; "
+                f"{other.upper()} {node.latency_ms(other):.3f} ms)",
+            )
+        )
+    plan = PartitionPlan(tuple(entries), (), model_fingerprint(mod, infos), home=graph.home)
+    plan.validate(mod)
+    cpu = graph.single_processor_ms("cpu")
+    gpu = graph.single_processor_ms("gpu")
+    summary = PlanSummary(
+        predicted_ms=schedule.makespan_ms,
+        cpu_only_ms=cpu,
+        gpu_only_ms=gpu,
+        ideal_ms=ideal_latency(cpu, gpu),
+        n_ops=len(infos),
+        n_split_h=0,
+        n_split_oc=0,
+        n_whole_cpu=sum(e.ratio == 0.0 for e in entries),
+        n_whole_gpu=sum(e.ratio == 1.0 for e in entries),
+        chain_lengths=(),
+        n_unmodelled=len(infos) - len(entries),
+        home=graph.home,
+    )
+    busy = {
+        p: sum(
+            schedule.finish_ms[i] - schedule.start_ms[i]
+            for i in range(len(graph))
+            if schedule.processor[i] == p
+        )
+        for p in ("cpu", "gpu")
+    }
+    notes.insert(
+        0,
+        f"{_status(schedule)}: makespan {schedule.makespan_ms:.3f} ms over {len(graph)} graph "
+        f"nodes (CPU busy {busy['cpu']:.3f} ms, GPU busy {busy['gpu']:.3f} ms, transfers "
+        "included in the makespan)",
+    )
+    notes.extend(graph.notes)
+    notes.extend(dict.fromkeys(str(w.message) for w in caught))
+    report = PlanReport(
+        mode=mode,
+        cost_model=cost_model.kind,
+        decisions=tuple(rows),
+        summary=summary,
+        notes=tuple(notes),
+        model=model_name,
+    )
+    return plan, report
+
+
+def make_plan(
+    mod,
+    cost_model: CostModel,
+    mode: str = "codl",
+    config: PlannerConfig | None = None,
+    model_name: str | None = None,
+    placement: PlacementConfig | None = None,
+) -> tuple[PartitionPlan, PlanReport]:
+    """Plan ``mod`` with any planner mode of :data:`ALL_MODES`: the CoDL planner's
+    (:func:`~codl_tvm.planner.search.plan_model`) or a placement mode (:func:`plan_placement`)."""
+    if mode in PLACEMENT_MODES:
+        return plan_placement(mod, cost_model, mode, config, model_name, placement)
+    if mode not in MODES:
+        raise PlannerError(f"unknown planner mode {mode!r} (known: {', '.join(ALL_MODES)})")
+    return plan_model(mod, cost_model, mode, config, model_name)
