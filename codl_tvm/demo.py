@@ -399,9 +399,10 @@ def _why(
     if on_host:
         cores = os.cpu_count() or 0
         return (
-            f"the OpenCL device here ({device}) runs on this machine's own {cores} CPU cores: "
-            f"the split's GPU and CPU parts compete for them and wait on each other "
-            f"({s['sync_wait_us'] / 1e3:.2f} ms of waits in the timeline)"
+            f"the OpenCL device here ({device}) runs on this machine's own {cores} CPU cores, so "
+            f"its kernels ({s['gpu_busy_us'] / 1e3:.2f} ms busy in the timeline) compete with the "
+            f"CPU kernels ({s['cpu_busy_us'] / 1e3:.2f} ms) for the same cores instead of running "
+            "beside them"
             + (
                 ", yet co-execution measured faster"
                 if faster
