@@ -480,3 +480,16 @@ def test_unmodelled_operator_is_left_out_with_its_reason(cheap_sharing_model):
     assert row.ops == ("conv2d_0",) and row.ratio is None
     assert "kernel [3, 1] is not square" in row.reason and "left out of the plan" in row.reason
     assert report.summary.n_unmodelled == 1
+
+
+def test_placement_modules_import_with_a_runtime_only_tvm():
+    """Artifacts import the planner package on devices whose TVM is its runtime alone; only
+    building a graph from IR needs the compiler."""
+    import os
+    import subprocess
+    import sys
+
+    code = "import codl_tvm.planner, codl_tvm.planner.placement, codl_tvm.planner.hope"
+    env = {**os.environ, "TVM_USE_RUNTIME_LIB": "1"}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr

@@ -36,12 +36,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-import tvm
-from tvm import relax
-
 from codl_tvm.cost_model.base import CostModel
 from codl_tvm.errors import PlannerError
-from codl_tvm.pipeline import inference_passes
 from codl_tvm.plan import partitionable_bindings, static_shape
 from codl_tvm.planner.search import PlannerConfig, _Planner
 
@@ -219,6 +215,8 @@ def _nbytes(var) -> int:
     dtype = getattr(ty, "dtype", None)
     if shape is None or dtype is None:
         return 0
+    import tvm  # deferred: the planner is imported where TVM is runtime-only (artifacts)
+
     n = 1
     for v in shape:
         n *= v
@@ -227,6 +225,8 @@ def _nbytes(var) -> int:
 
 
 def _kind(value) -> str:
+    import tvm  # deferred: see _nbytes
+
     op = getattr(value, "op", None)
     if isinstance(op, tvm.ir.Op):
         return op.name.rsplit(".", 1)[-1]
@@ -261,6 +261,12 @@ def build_graph(
     OpGraph
         Nodes in ``main``'s binding order.
     """
+    # deferred: reading IR needs TVM's compiler, and the planner package is imported where TVM
+    # is runtime-only (artifacts on a device)
+    from tvm import relax
+
+    from codl_tvm.pipeline import inference_passes
+
     if not isinstance(cost_model, CostModel):
         raise PlannerError(f"build_graph needs a fitted CostModel, got {type(cost_model).__name__}")
     config = config or PlannerConfig()
