@@ -93,7 +93,7 @@ class DemoOptions:
         The demo's directory (new, empty, or an earlier demo's with ``force``); None: a new
         temporary directory.
     force
-        Replace an earlier demo's output in ``output``.
+        Replace an earlier demo's output in ``output``, and the files of ``trace``.
     trace
         Write the Chrome trace here (its PNG timeline beside it, ``.png``) instead of
         ``timeline.json``/``timeline.png`` in ``output``.
@@ -366,6 +366,18 @@ def _prepare_output(options: DemoOptions) -> Path:
     return out
 
 
+def _check_trace_path(chrome: Path, force: bool) -> None:
+    """Before anything is built: the trace's folder exists and no file of the user's is
+    replaced without ``force``."""
+    if not chrome.parent.is_dir():
+        raise ArtifactError(f"--trace {chrome}: folder {chrome.parent} does not exist")
+    for path in (chrome, chrome.with_suffix(".png")):
+        if path.exists() and not force:
+            raise ArtifactError(f"--trace {chrome}: {path} exists; pass --force to overwrite it")
+        if path.is_dir():
+            raise ArtifactError(f"--trace {chrome}: {path} is a directory")
+
+
 def host_cpu_name() -> str:
     """The host CPU's model name (``/proc/cpuinfo`` on Linux), or ``platform.processor()``."""
     try:
@@ -479,6 +491,8 @@ def run_demo(options: DemoOptions, log: Callable[[str], None] = print) -> DemoRe
     # Checked before anything is built: a bad split is the user's input.
     chain = options.chain if options.chain is not None else str(options.dim).upper() == "H"
     plan = fixed_split_plan(model.mod, options.dim, options.ratio, chain)
+    if options.trace is not None:
+        _check_trace_path(Path(options.trace), options.force)
     out = _prepare_output(options)
     try:
         return _run(options, out, model_path, model, plan, log)

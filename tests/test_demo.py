@@ -67,9 +67,10 @@ def test_fixed_split_plan_needs_both_processors(ratio):
         fixed_split_plan(mod, "H", ratio)
 
 
-def test_demo_output_directory_keeps_other_files(tmp_path, capsys):
+def test_demo_never_replaces_the_users_files(tmp_path, capsys):
     """The demo refuses a directory holding files it did not write, with or without --force,
-    and an earlier demo's output without --force; nothing there is touched."""
+    an earlier demo's output or existing trace files without --force, and a bad split, each
+    with one line and before building anything; nothing there is touched."""
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "notes.txt").write_text("keep me")
@@ -85,6 +86,15 @@ def test_demo_output_directory_keeps_other_files(tmp_path, capsys):
         run_demo(DemoOptions(output=earlier))
     assert main(["demo", "--ratio", "1"]) == 2
     assert "GPU share 1.0" in capsys.readouterr().err
+    # the trace's paths are checked before anything is built
+    missing = tmp_path / "no" / "t.json"
+    assert main(["demo", "-o", str(tmp_path / "new"), "--trace", str(missing)]) == 2
+    assert f"folder {missing.parent} does not exist" in capsys.readouterr().err
+    (tmp_path / "t.png").write_bytes(b"mine")
+    with pytest.raises(ArtifactError, match=r"t\.png exists; pass --force"):
+        run_demo(DemoOptions(trace=tmp_path / "t.json"))
+    assert (tmp_path / "t.png").read_bytes() == b"mine"
+    assert not (tmp_path / "new").exists()
 
 
 def test_opencl_device_on_the_host_cpu():
