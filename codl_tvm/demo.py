@@ -491,14 +491,17 @@ def run_demo(options: DemoOptions, log: Callable[[str], None] = print) -> DemoRe
     # Checked before anything is built: a bad split is the user's input.
     chain = options.chain if options.chain is not None else str(options.dim).upper() == "H"
     plan = fixed_split_plan(model.mod, options.dim, options.ratio, chain)
+    if options.cost_model is not None and not Path(options.cost_model).is_file():
+        raise ArtifactError(f"--cost-model {options.cost_model}: no such file")
     if options.trace is not None:
         _check_trace_path(Path(options.trace), options.force)
+    created = options.output is None or not Path(options.output).exists()
     out = _prepare_output(options)
     try:
         return _run(options, out, model_path, model, plan, log)
     except BaseException:
-        if options.output is None:
-            # our own temporary directory: a failed run leaves nothing behind
+        if created:
+            # a directory of our own: a failed run leaves nothing behind
             shutil.rmtree(out, ignore_errors=True)
         raise
 
@@ -531,8 +534,8 @@ def _run(
         build_log.flush()
 
     try:
-        cost = Path(options.cost_model).name if options.cost_model else "shipped cost model"
-        log(f"[2/5] planning {model_path.name} with the {cost} and building the planned version")
+        cost = Path(options.cost_model).name if options.cost_model else "the shipped cost model"
+        log(f"[2/5] planning {model_path.name} with {cost} and building the planned version")
         compile_artifact(
             model_path,
             out / "planned",

@@ -21,7 +21,7 @@ from codl_tvm.demo import (
     opencl_on_host_cpu,
     run_demo,
 )
-from codl_tvm.errors import ArtifactError, PlanError
+from codl_tvm.errors import ArtifactError, CodlError, PlanError
 from codl_tvm.frontend import load_onnx, random_inputs
 from codl_tvm.models import bundled_model_path
 from codl_tvm.plan import ChainPlan, PartitionPlan
@@ -94,7 +94,19 @@ def test_demo_never_replaces_the_users_files(tmp_path, capsys):
     with pytest.raises(ArtifactError, match=r"t\.png exists; pass --force"):
         run_demo(DemoOptions(trace=tmp_path / "t.json"))
     assert (tmp_path / "t.png").read_bytes() == b"mine"
+    assert main(["demo", "-o", str(tmp_path / "new"), "--cost-model", "nope.json"]) == 2
+    assert "--cost-model nope.json: no such file" in capsys.readouterr().err
     assert not (tmp_path / "new").exists()
+
+
+def test_failed_demo_leaves_no_directory(opencl, tmp_path):
+    """A run that fails after starting (here: planning with a corrupt cost model) removes the
+    directory it created."""
+    bad = tmp_path / "cm.json"
+    bad.write_text("{not json")
+    with pytest.raises(CodlError, match=r"cm\.json: corrupt cost model file"):
+        run_demo(DemoOptions(output=tmp_path / "out", cost_model=bad), log=lambda _: None)
+    assert not (tmp_path / "out").exists()
 
 
 def test_opencl_device_on_the_host_cpu():
