@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from codl_tvm.runner import remove_with
+from codl_tvm.targets import host_cpu_spec
 
 __all__ = ["CoexecModule", "compile_coexec", "placement_report"]
 
@@ -24,10 +25,11 @@ __all__ = ["CoexecModule", "compile_coexec", "placement_report"]
 def _targets(gpu, cpu):
     import tvm
 
-    gpu = gpu or tvm.target.Target({"kind": "opencl"}, host={"kind": "llvm"})
-    cpu = cpu or tvm.target.Target({"kind": "llvm"})
+    # this machine's CPU model and features: without them LLVM emits baseline x86-64 code
+    gpu = gpu or tvm.target.Target({"kind": "opencl"}, host=host_cpu_spec())
+    cpu = cpu or tvm.target.Target(host_cpu_spec())
     if isinstance(gpu, dict):
-        gpu = tvm.target.Target(gpu, host={"kind": "llvm"})
+        gpu = tvm.target.Target(gpu, host=host_cpu_spec())
     if isinstance(cpu, dict):
         cpu = tvm.target.Target(cpu)
     if gpu.kind.name != "opencl":

@@ -16,19 +16,22 @@ from pathlib import Path
 
 import numpy as np
 
+from codl_tvm.targets import host_cpu_spec
+
 __all__ = ["BuiltModel", "Latency", "build", "default_target", "remove_with", "time_vm"]
 
 DEVICES = ("cpu", "opencl")
 
 
 def default_target(device: str):
-    """The default TVM target of a processor: host LLVM, or OpenCL with an LLVM host."""
+    """The default TVM target of a processor: this machine's CPU (LLVM, with its detected CPU
+    model and features), or OpenCL with that CPU as host."""
     import tvm
 
     if device == "cpu":
-        return tvm.target.Target({"kind": "llvm"})
+        return tvm.target.Target(host_cpu_spec())
     if device == "opencl":
-        return tvm.target.Target({"kind": "opencl"}, host={"kind": "llvm"})
+        return tvm.target.Target({"kind": "opencl"}, host=host_cpu_spec())
     raise ValueError(f"unknown device {device!r}; expected one of {DEVICES}")
 
 
