@@ -29,6 +29,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import secrets
 import shutil
 import tempfile
 import time
@@ -36,18 +37,38 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from codl_tvm.errors import ArtifactError
-
-if TYPE_CHECKING:
-    from codl_tvm.planner import PlannerConfig
+from codl_tvm.cost_model.defaults import default_model_path
+from codl_tvm.errors import (
+    ArtifactError,
+    ModelFileError,
+    NoDefaultModelError,
+    PlanError,
+    PlannerError,
+)
+from codl_tvm.planner.policy import (
+    MIN_PREDICTED_SPEEDUP,
+    PlanChoice,
+    cost_model_cpu_alone,
+    planning_context,
+    resolve_plan,
+)
+from codl_tvm.planner.policy import coexec_cpu_algorithms as _coexec_cpu_algorithms
+from codl_tvm.planner.policy import cpu_alone_algorithms as _cpu_alone_algorithms
+from codl_tvm.planner.policy import cpu_alone_packed as _cpu_alone_packed
+from codl_tvm.planner.policy import cpu_alone_winograd as _cpu_alone_winograd
+from codl_tvm.planner.policy import planner_config as _planner_config
+from codl_tvm.planner.policy import single_processor as _single_processor
+from codl_tvm.planner.policy import switch_on as _switch_on
+from codl_tvm.targets import cpu_record, missing_cpu_features
 
 __all__ = [
     "ARTIFACT_FORMAT",
     "ARTIFACT_VERSION",
+    "MIN_PREDICTED_SPEEDUP",
     "Artifact",
     "ArtifactError",
     "compile_artifact",
@@ -66,6 +87,7 @@ MANIFEST = "manifest.json"
 LIBRARY = "model.so"
 REFERENCE = "reference.npz"
 DEVICES = ("coexec", "cpu", "opencl")
+_PROCESSOR = {"cpu": "CPU", "opencl": "GPU"}  # for log lines
 _OWN_FILES = (
     MANIFEST,
     LIBRARY,
@@ -96,7 +118,8 @@ def is_artifact(path: str | Path) -> bool:
         return False
 
 
-def _prepare_dir(out: Path, force: bool) -> None:
+def _check_out(out: Path, force: bool) -> None:
+    """Refuse an output directory that ``compile_artifact`` may not replace (touches nothing)."""
     if out.exists() and not out.is_dir():
         raise ArtifactError(f"{out}: exists and is not a directory")
     if out.is_dir() and any(out.iterdir()):
@@ -113,9 +136,51 @@ def _prepare_dir(out: Path, force: bool) -> None:
                 f"{out}: holds files codl-tvm did not write ({', '.join(foreign[:5])}); "
                 "refusing to replace the artifact there"
             )
-        for name in _OWN_FILES:
-            (out / name).unlink(missing_ok=True)
-    out.mkdir(parents=True, exist_ok=True)
+
+
+@contextlib.contextmanager
+def _staged(out: Path, force: bool) -> Iterator[Path]:
+    """A new directory beside ``out`` to write the artifact into; on success it replaces
+    ``out``, on any failure it is removed and ``out`` is as it was.
+
+    Writing in place would destroy an earlier artifact before the new one exists (a
+    ``--force`` compile that fails would leave nothing) and leave an empty ``out`` behind a
+    failed compile. The staging directory sits in ``out``'s parent, so the swap is two renames
+    on one file system: the old artifact is renamed aside, the new one in, then the old one is
+    deleted. Parent directories created for ``out`` are removed again on failure.
+    """
+    _check_out(out, force)
+    # a link to the directory: replace the directory it names, and keep the link
+    out = out.resolve() if out.is_symlink() else out.absolute()
+    created = [d for d in (out.parent, *out.parent.parents) if not d.exists()]
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        # mkdir, not mkdtemp: the directory gets the user's umask, as `out` would
+        stage = out.parent / f".{out.name}.codl-new-{os.getpid()}-{secrets.token_hex(4)}"
+        stage.mkdir()
+    except OSError as exc:
+        raise ArtifactError(f"{out}: cannot create the artifact directory ({exc})") from None
+    try:
+        yield stage
+        _check_out(out, force)  # another process may have written there meanwhile
+        if out.is_dir():
+            os.chmod(stage, out.stat().st_mode & 0o7777)
+            aside = Path(tempfile.mkdtemp(prefix=f".{out.name}.codl-old-", dir=out.parent))
+            os.replace(out, aside / "old")
+            try:
+                os.replace(stage, out)
+            except OSError:
+                os.replace(aside / "old", out)
+                raise
+            shutil.rmtree(aside, ignore_errors=True)
+        else:
+            os.replace(stage, out)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        for d in created:  # innermost first; only what this compile made and left empty
+            with contextlib.suppress(OSError):
+                d.rmdir()
+        raise
 
 
 # ---------------------------------------------------------------------------------------------
@@ -124,8 +189,6 @@ def _prepare_dir(out: Path, force: bool) -> None:
 
 def default_cost_model_for(preset: str | None) -> Path:
     """The shipped cost model for a target preset (see ``codl_tvm.cost_model.defaults``)."""
-    from codl_tvm.cost_model.defaults import default_model_path
-
     return default_model_path(preset)
 
 
@@ -238,14 +301,14 @@ def compile_artifact(
         then per-channel elementwise ops) that reads a split's output is split along channels
         at the plan's ``block_ratio`` (the planner's whole-model balance), so both processors
         normalise instead of one while the other waits (FST on the emulated SoC: 0.86-0.96x
-        the latency, ``results/planner_fst_block_ratio_ca10c8e*.json``). False keeps such
+        the latency). False keeps such
         blocks whole on one processor.
     split_row_blocks
         With ``device="coexec"``: a row-local block that reads an H split's output (LRN:
         channel pads and slices and elementwise ops) is split along rows at that split's ratio,
         so both processors compute it instead of one while the other waits. False (the
         default) keeps such blocks whole on one processor: AlexNet at k = 12 measured
-        1.04-1.07x slower split (``results/ab_soc_k12_8f08f26_rowblocks.json``).
+        1.04-1.07x slower split (see docs/benchmarks.md).
     refine
         With ``verify`` (on this machine): after the first timing, take ``refine_traces``
         timelines of the fastest co-executed build, balance each split from them
@@ -324,19 +387,18 @@ def compile_artifact(
     out = Path(out_dir)
     if not model_path.is_file():
         raise ArtifactError(f"{model_path}: no such model file")
-    _prepare_dir(out, force)
-    try:
+    with _staged(out, force) as stage:
         from codl_tvm.schedules import packed_enabled, winograd_enabled
 
         with (
             winograd_enabled("all") if winograd else contextlib.nullcontext(),
             packed_enabled("all") if packed else contextlib.nullcontext(),
         ):
-            return _compile_into(
+            _compile_into(
                 winograd,
                 packed,
                 model_path,
-                out,
+                stage,
                 device,
                 mode,
                 cost_model,
@@ -356,12 +418,8 @@ def compile_artifact(
                 weight_gbps,
                 split_row_blocks,
             )
-    except BaseException:
-        # Leave no half-written artifact behind (the directory held none of our files before,
-        # or only an earlier artifact that --force replaces).
-        for name in _OWN_FILES:
-            (out / name).unlink(missing_ok=True)
-        raise
+    log(f"wrote {out}/ ({', '.join(sorted(p.name for p in out.iterdir()))})")
+    return out
 
 
 def _compile_into(
@@ -402,7 +460,8 @@ def _compile_into(
         "codl_tvm_version": _version("codl-tvm"),
         "tvm_version": tvm.__version__,
         "model": {
-            "file": str(model_path),
+            # resolved: the manifest is read from other directories (refine, run)
+            "file": str(model_path.resolve()),
             "sha256": _sha256(model_path),
             "inputs": [_spec(s) for s in model.inputs],
             "outputs": [_spec(s) for s in model.outputs],
@@ -416,6 +475,9 @@ def _compile_into(
         "packed_cpu_alone": packed is None and _cpu_alone_packed(preset_obj),
     }
     cpu_target = preset_obj.target("cpu")
+    # the instruction set the library's CPU code needs (also the OpenCL build's host code):
+    # load_artifact refuses a machine without it instead of dying of an illegal instruction
+    manifest["cpu"] = cpu_record(cpu_target)
     if verify and preset_obj.is_cross and remote is None:
         raise ArtifactError(
             f"--verify times the builds on this machine, but preset {preset_obj.name!r} "
@@ -483,10 +545,11 @@ def _compile_into(
             planner_config = dataclasses.replace(
                 _planner_config(preset_obj), weight_gbps=weight_gbps
             )
-            plan, report = _make_plan(
+            choice = _make_plan(
                 model, out, mode, cost_model, plan, preset_obj.name, manifest, log, planner_config
             )
-            single = _single_processor(plan, report, mode)
+            plan, report = choice.plan, choice.report
+            single = None if choice.device == "coexec" else (choice.device, choice.reason)
             if single is not None and verify:
                 # The measurement decides (the prediction may pick the wrong processor too).
                 manifest["plan"]["predicted_fallback"] = single[1]
@@ -496,7 +559,7 @@ def _compile_into(
                 manifest["device"] = device
                 manifest["vm_devices"] = [device]
                 manifest["plan"]["fallback"] = why
-                log(f"not co-executing: {why}; building for {device} alone")
+                log(f"not co-executing: {why}; building for the {_PROCESSOR[device]} alone")
         if device == "coexec":
             gpu_target = preset_obj.target("gpu")
             manifest["split_channel_blocks"] = bool(split_channel_blocks)
@@ -510,7 +573,7 @@ def _compile_into(
             runtime.load()
 
             def build_coexec(p):
-                log(f"building {model_path.name} for co-execution ({preset_obj.name})")
+                log(f"building {model_path.name} for co-execution (preset {preset_obj.name})")
                 sink = libraries.new_kernel_splits()
                 return tvm.compile(
                     model.mod,
@@ -632,7 +695,6 @@ def _compile_into(
         shutil.rmtree(work, ignore_errors=True)
     manifest["files"] = {p.name: _sha256(p) for p in sorted(out.iterdir()) if p.name in _OWN_FILES}
     (out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-    log(f"wrote {out}/ ({', '.join(sorted(manifest['files']))})")
     return out
 
 
@@ -774,7 +836,7 @@ def compile_refined(
     ``manifest["plan"]["refined"]``. ``model_path``: the ONNX model, when the artifact's path
     to it is gone (its SHA-256 must match)."""
     src = Path(artifact_dir)
-    m = load_artifact(src, verify=False).manifest
+    m = load_artifact(src, verify=False, check_cpu=False).manifest
     model = Path(model_path) if model_path is not None else Path(m["model"]["file"])
     if not model.is_file():
         raise ArtifactError(f"{model}: the artifact's model file is gone; give its path (--model)")
@@ -802,7 +864,8 @@ def compile_refined(
     new = json.loads(manifest_path.read_text())
     new["plan"]["source"] = "refined"
     new["plan"]["refined"] = record
-    manifest_path.write_text(json.dumps(new, indent=2) + "\n")
+    text = json.dumps(new, indent=2) + "\n"
+    _replace_file(manifest_path, lambda tmp: tmp.write_text(text))
     return out
 
 
@@ -971,7 +1034,7 @@ class _Libraries:
                 presets |= set(WINOGRAD_CPU_ALONE)
             if device == "cpu" and self._cpu_alone_packed:
                 packed |= set(PACKED_CPU_ALONE)
-            self.log(f"building for {device} alone ({self.preset.name})")
+            self.log(f"building for the {_PROCESSOR[device]} alone (preset {self.preset.name})")
             alone = device == "cpu" and self._cpu_alone_packed
             with winograd_enabled(presets), packed_enabled(packed), cpu_alone_settings(alone):
                 return tvm.compile(
@@ -1056,125 +1119,6 @@ def _time_remote(libs: dict[str, Path], inputs, rounds: int, tracker: str, key: 
         remote.close()
 
 
-def _cpu_alone_winograd(preset_obj) -> bool:
-    """Whether the preset's CPU is one where builds for the CPU alone default to Winograd."""
-    from codl_tvm.schedules import cpu_config
-    from codl_tvm.schedules.config import WINOGRAD_CPU_ALONE
-
-    return cpu_config(preset_obj.target("cpu")).name in WINOGRAD_CPU_ALONE
-
-
-def _coexec_cpu_algorithms(cost_model, preset_obj, winograd, packed) -> tuple[str, ...]:
-    """The algorithms co-executed CPU parts use by default: those the preset's builds for the
-    CPU alone use (``WINOGRAD_CPU_ALONE``, ``PACKED_CPU_ALONE``) for which the cost model has
-    CPU conv data (``codl-tvm profile --winograd/--packed``), so the planner predicts the
-    kernels the build makes. An explicit ``winograd``/``packed`` (True or False) decides alone."""
-    from codl_tvm.cost_model.base import ModelFileError, load_model
-    from codl_tvm.cost_model.defaults import NoDefaultModelError
-    from codl_tvm.planner.search import _covered_impls
-
-    try:
-        path = Path(cost_model) if cost_model else default_cost_model_for(preset_obj.name)
-        covered = _covered_impls(load_model(path), "conv2d", "cpu")
-    except (ModelFileError, NoDefaultModelError):
-        return ()  # planning reports the problem
-    alone = _cpu_alone_algorithms(preset_obj, winograd is None, packed is None)
-    return tuple(name for name in alone if name in covered)
-
-
-def cost_model_cpu_alone(cost_model: str | Path | None, preset: str | None) -> bool:
-    """Whether the planner's cost model (default: the shipped one of ``preset``) was fitted
-    with CPU-alone Winograd/packed kernels (``codl-tvm profile --cpu-alone``) for a CPU whose
-    builds for the CPU alone have such settings; False where it cannot be read (planning
-    reports why)."""
-    from codl_tvm.cost_model.defaults import NoDefaultModelError
-    from codl_tvm.schedules import cpu_config
-    from codl_tvm.schedules.config import CPU_ALONE_SETTINGS
-    from codl_tvm.targets import get_preset
-
-    preset_obj = get_preset(preset or "opencl")
-    if cpu_config(preset_obj.target("cpu")).name not in CPU_ALONE_SETTINGS:
-        return False
-    try:
-        path = Path(cost_model) if cost_model else default_cost_model_for(preset_obj.name)
-        meta = json.loads(path.read_text()).get("meta") or {}  # the header only: no boosters
-        return isinstance(meta, dict) and bool(meta.get("cpu_alone_settings"))
-    except (OSError, ValueError, AttributeError, NoDefaultModelError):
-        return False
-
-
-def _cpu_alone_algorithms(preset_obj, winograd: bool, packed: bool) -> tuple[str, ...]:
-    """Of ``winograd`` and ``packed`` (those asked for), the algorithms the preset's builds for
-    the CPU alone use (``WINOGRAD_CPU_ALONE``, ``PACKED_CPU_ALONE``)."""
-    return tuple(
-        name
-        for name, on in (
-            ("winograd", winograd and _cpu_alone_winograd(preset_obj)),
-            ("packed", packed and _cpu_alone_packed(preset_obj)),
-        )
-        if on
-    )
-
-
-def _switch_on(stack: contextlib.ExitStack, algos, preset_obj) -> None:
-    """Switch ``algos`` on for the preset's CPU (on top of any switch already on)."""
-    from codl_tvm.schedules import cpu_config, packed_enabled, winograd_enabled
-    from codl_tvm.schedules.config import packed_presets, winograd_presets
-
-    name = cpu_config(preset_obj.target("cpu")).name
-    if "winograd" in algos:
-        stack.enter_context(winograd_enabled(winograd_presets() | {name}))
-    if "packed" in algos:
-        stack.enter_context(packed_enabled(packed_presets() | {name}))
-
-
-@contextlib.contextmanager
-def planning_context(
-    preset: str, cost_model: str | Path | None = None, **settings: Any
-) -> Iterator[PlannerConfig]:
-    """The planner settings ``compile --device coexec`` plans with for ``preset``, as a context.
-
-    Inside it, the algorithms that co-executed CPU parts get by default (those the cost model has
-    data for) are switched on, and it yields the :class:`~codl_tvm.planner.PlannerConfig` with the
-    preset's schedule configs (``settings`` override its other fields). Scripts that re-plan
-    measured builds use it so their predictions describe the kernels those builds ran."""
-    import dataclasses
-
-    from codl_tvm.targets import get_preset
-
-    preset_obj = get_preset(preset)
-    with contextlib.ExitStack() as stack:
-        if cost_model_cpu_alone(cost_model, preset):
-            from codl_tvm.schedules import cpu_alone_settings
-
-            stack.enter_context(cpu_alone_settings(True))
-            algos = _cpu_alone_algorithms(preset_obj, True, True)
-        else:
-            algos = _coexec_cpu_algorithms(cost_model, preset_obj, None, None)
-        _switch_on(stack, algos, preset_obj)
-        yield dataclasses.replace(_planner_config(preset_obj), **settings)
-
-
-def _planner_config(preset_obj):
-    """The planner settings with the schedule configs the build will use for each processor."""
-    from codl_tvm.planner import PlannerConfig
-    from codl_tvm.schedules import cpu_config, opencl_config
-
-    gpu = preset_obj.target("gpu")
-    return PlannerConfig(
-        cpu=cpu_config(preset_obj.target("cpu")),
-        gpu=opencl_config(gpu) if gpu is not None and gpu.kind.name == "opencl" else None,
-    )
-
-
-def _cpu_alone_packed(preset_obj) -> bool:
-    """Whether the preset's CPU is one where builds for the CPU alone default to packed convs."""
-    from codl_tvm.schedules import cpu_config
-    from codl_tvm.schedules.config import PACKED_CPU_ALONE
-
-    return cpu_config(preset_obj.target("cpu")).name in PACKED_CPU_ALONE
-
-
 def _packed_on() -> bool:
     from codl_tvm.schedules.config import packed_presets
 
@@ -1200,45 +1144,46 @@ def _spec(s) -> dict:
     return {"name": s.name, "shape": list(s.shape), "dtype": s.dtype}
 
 
-def _make_plan(model, out: Path, mode, cost_model, plan, preset_name, manifest, log, config=None):
-    from codl_tvm.plan import PlanError
-
-    if plan is not None:
-        try:
-            plan.validate(model.mod)
-        except PlanError as exc:
-            raise ArtifactError(f"plan: {exc}") from None
-        manifest["plan"] = {"source": "given"}
-        report = None
-    else:
-        from codl_tvm.cost_model.base import ModelFileError, load_model
-        from codl_tvm.planner import MODES, plan_model
-
-        if mode not in MODES:
-            raise ArtifactError(f"planner mode {mode!r} is not one of {tuple(MODES)}")
-        from codl_tvm.cost_model.defaults import NoDefaultModelError
-
-        try:
-            path = Path(cost_model) if cost_model else default_cost_model_for(preset_name)
-            cm = load_model(path)
-        except (ModelFileError, NoDefaultModelError) as exc:
-            raise ArtifactError(str(exc)) from None
-        t0 = time.perf_counter()
-        plan, report = plan_model(
-            model.mod, cm, mode=mode, config=config, model_name=Path(model.path).name
+def _make_plan(
+    model, out: Path, mode, cost_model, plan, preset_name, manifest, log, config=None
+) -> PlanChoice:
+    """The plan of a co-executed compile (:func:`~codl_tvm.planner.policy.resolve_plan`, the
+    plan resolution ``run --plan auto`` uses too), recorded in ``manifest["plan"]`` and
+    written to ``out``."""
+    try:
+        choice = resolve_plan(
+            model.mod,
+            plan=plan,
+            mode=mode,
+            cost_model=cost_model,
+            preset=preset_name,
+            config=config,
+            model_name=Path(model.path).name,
         )
+    except PlanError as exc:
+        raise ArtifactError(f"plan: {exc}") from None
+    except (PlannerError, ModelFileError, NoDefaultModelError) as exc:
+        raise ArtifactError(str(exc)) from None
+    if choice.source != "planner":
+        manifest["plan"] = {"source": "given"}
+    else:
+        path, report = choice.cost_model, choice.report
         manifest["plan"] = {
             "source": "planner",
             "mode": mode,
-            "cost_model": {"file": str(path), "sha256": _sha256(path), "kind": cm.kind},
-            "planning_s": round(time.perf_counter() - t0, 4),
+            "cost_model": {
+                "file": str(path),
+                "sha256": _sha256(path),
+                "kind": choice.cost_model_kind,
+            },
+            "planning_s": round(choice.planning_s or 0.0, 4),
             "summary": report.summary.to_dict() if report.summary else None,
         }
         if config is not None and config.weight_gbps is not None:
             manifest["plan"]["weight_gbps"] = list(config.weight_gbps)
         log(report.table())
-    _write_plan(out, plan, report)
-    return plan, report
+    _write_plan(out, choice.plan, choice.report)
+    return choice
 
 
 def _candidate_plans(model, plan, mode, modes, manifest, log, config=None) -> dict[str, tuple]:
@@ -1400,46 +1345,6 @@ def _write_plan(out: Path, plan, report) -> None:
         (out / "plan_report.txt").write_text(report.table() + "\n")
 
 
-# Co-execute only when the plan is predicted at least this much faster than the faster
-# processor alone: whole operators placed on the other processor pay syncs and (coarse SVM) map
-# and unmap costs the per-operator model does not see, and the model's error on a whole-model
-# sum is a few percent (measured: SqueezeNet planned at a predicted 1.006x ran 2.2x slower than
-# the H100 alone). 1.05 until commit c609613; the eight co-executed codl plans measured on the
-# emulated SoC since (k = 8 at 21e24f0, k = 12 at 268ba32 and c609613,
-# ``results/model_level_soc_*.json``, ``scripts/model_level_check.py``) were predicted
-# 1.07-1.40x faster and ran 0.92-1.15x: from 1.08 to 1.10 the margin picks the faster build on
-# six of them (five at 1.05: VGG16 at 1.07x ran 0.96x, PoseNet at k = 12 1.07x ran 0.92x) and
-# their summed latency is lowest.
-MIN_PREDICTED_SPEEDUP = 1.08
-
-
-def _single_processor(plan, report, mode: str) -> tuple[str, str] | None:
-    """Where a plan is better run by one processor alone: ``(device, reason)`` or None.
-
-    A plan that keeps every operator whole on one processor, or that the cost model predicts to
-    be slower than the faster processor alone, is built for that processor (CoDL's planner
-    falls back; the uLayer-like baseline does not).
-    """
-    ratios = {e.ratio for e in plan.entries()}
-    if ratios == {0.0}:
-        return "cpu", "the plan keeps every operator whole on the CPU"
-    if ratios == {1.0}:
-        return "opencl", "the plan keeps every operator whole on the GPU"
-    if report is None or mode == "ulayer_like" or report.summary is None:
-        return None
-    s = report.summary
-    best, best_ms = (
-        ("cpu", s.cpu_only_ms) if s.cpu_only_ms <= s.gpu_only_ms else ("opencl", s.gpu_only_ms)
-    )
-    if s.predicted_ms * MIN_PREDICTED_SPEEDUP > best_ms:
-        return best, (
-            f"predicted {s.predicted_ms:.3f} ms co-executed vs {best_ms:.3f} ms on the "
-            f"{'CPU' if best == 'cpu' else 'GPU'} alone (co-execution needs a predicted "
-            f"{MIN_PREDICTED_SPEEDUP:.2f}x)"
-        )
-    return None
-
-
 # ---------------------------------------------------------------------------------------------
 # Running (runtime-only TVM is enough).
 
@@ -1551,8 +1456,25 @@ class Artifact:
         return time_vm(self._vm, self._devices[0], inputs, number, repeat)
 
 
-def load_artifact(path: str | Path, verify: bool = True) -> Artifact:
-    """Read an artifact directory (checks format, version and, with ``verify``, file hashes)."""
+def load_artifact(path: str | Path, verify: bool = True, check_cpu: bool = True) -> Artifact:
+    """Read an artifact directory.
+
+    Parameters
+    ----------
+    path
+        The artifact directory.
+    verify
+        Check every file against its SHA-256 in the manifest.
+    check_cpu
+        Check that this machine's CPU has every instruction-set feature the library's CPU code
+        was compiled for (``manifest["cpu"]``): a library for another CPU would die of an
+        illegal instruction. Off to read an artifact's files without running it.
+
+    Raises
+    ------
+    ArtifactError
+        Not an artifact, another format version, a file altered, or a CPU that cannot run it.
+    """
     path = Path(path)
     manifest_path = path / MANIFEST
     if not manifest_path.is_file():
@@ -1571,6 +1493,8 @@ def load_artifact(path: str | Path, verify: bool = True) -> Artifact:
     for key in ("device", "vm_devices", "model", "files"):
         if key not in manifest:
             raise ArtifactError(f"{manifest_path}: missing field {key!r}")
+    if check_cpu and isinstance(manifest.get("cpu"), Mapping):
+        _check_cpu(path, manifest["cpu"])
     if verify:
         for name, digest in manifest["files"].items():
             f = path / name
@@ -1579,3 +1503,19 @@ def load_artifact(path: str | Path, verify: bool = True) -> Artifact:
             if _sha256(f) != digest:
                 raise ArtifactError(f"{path}: {name} does not match its SHA-256 in {MANIFEST}")
     return Artifact(path=path, manifest=dict(manifest))
+
+
+def _check_cpu(path: Path, record: Mapping) -> None:
+    """Refuse an artifact whose CPU code this machine cannot run (``manifest["cpu"]``)."""
+    arch, missing = missing_cpu_features(dict(record))
+    name = record.get("name", "generic")
+    if arch is not None:
+        raise ArtifactError(
+            f"{path}: built for {record.get('arch')} CPUs ({name}); this machine is {arch}"
+        )
+    if missing:
+        raise ArtifactError(
+            f"{path}: built for CPU {name!r}, whose instructions this machine's CPU lacks "
+            f"({', '.join(missing)}); compile it again here (`codl-tvm compile`) or run it on "
+            "such a CPU"
+        )

@@ -1,4 +1,4 @@
-"""``codl-tvm compile MODEL -o OUT/`` and ``codl-tvm run OUT/`` (issue 7, the main job).
+"""``codl-tvm compile MODEL -o OUT/`` and ``codl-tvm run OUT/`` (the main job).
 
 Artifacts are built for the local OpenCL device with planner cost models fitted on synthetic
 records (``codl_tvm.planner.synthetic``) or the shipped default; every run is checked against
@@ -11,6 +11,7 @@ import json
 
 import numpy as np
 import pytest
+from codl_tvm.schedules import cpu_config
 
 from codl_tvm.artifact import ArtifactError, compile_artifact, load_artifact
 from codl_tvm.cli import bundled_model_path, main
@@ -21,6 +22,7 @@ from codl_tvm.cost_model.features import OpParams, op_features
 from codl_tvm.cost_model.measured import MeasuredModel
 from codl_tvm.plan import PartitionPlan
 from codl_tvm.planner.synthetic import SyntheticDevice, synthetic_cost_model
+from codl_tvm.targets import get_preset
 
 pytestmark = pytest.mark.opencl
 
@@ -183,7 +185,8 @@ def test_compile_with_winograd(tmp_path, monkeypatch, capsys, opencl):
     coexec, reference = sorted(dump.glob("*-schedule.py"), key=lambda p: p.stat().st_mtime)
     assert '"codl.algorithm": "winograd"' not in reference.read_text()
     text = coexec.read_text()
-    assert '"codl.algorithm": "winograd", "codl.config": "sse"' in text
+    cpu = cpu_config(get_preset("opencl").target("cpu")).name  # this machine's CPU's config
+    assert f'"codl.algorithm": "winograd", "codl.config": "{cpu}"' in text
     assert '"codl.algorithm": "winograd", "codl.config": "opencl-generic"' in text
     capsys.readouterr()
     assert main(["run", str(out), "--number", "1", "--repeat", "1"]) == 0
@@ -447,7 +450,7 @@ def test_build_cache_reuses_only_matching_libraries(tmp_path, balanced_model, op
     assert len(list(cache.glob("*.so"))) == 2
     verified = compile_logged("verified", verify=1, verify_calibrate=False)
     assert "reusing the coexec library" in verified and "reusing the cpu library" in verified
-    assert "building for opencl alone" in verified and "for co-execution" not in verified
+    assert "building for the GPU alone" in verified and "for co-execution" not in verified
     assert len(list(cache.glob("*.so"))) == 3
     # The same plan as a given plan hits the cache; another ratio is another library.
     same = PartitionPlan.load(tmp_path / "coexec" / "plan.json")
