@@ -52,7 +52,8 @@ def rebuild(
             bindings.extend(replace.get(binding.var, (binding,)))
         kind = relax.DataflowBlock if isinstance(block, relax.DataflowBlock) else relax.BindingBlock
         blocks.append(kind(bindings))
-    body = relax.SeqExpr(blocks, func.body.body)
+    # normalized: the new SeqExpr needs its type, or well_formed and TypeFunctors fail on it
+    body = relax.BlockBuilder().normalize(relax.SeqExpr(blocks, func.body.body))
     return relax.Function(func.params, body, func.ret_ty, func.is_pure, func.attrs)
 
 
