@@ -49,37 +49,34 @@ from codl_tvm.errors import (
     PlanError,
     PlannerError,
 )
-from codl_tvm.planner.policy import (
-    MIN_PREDICTED_SPEEDUP,
-    PlanChoice,
-    cost_model_cpu_alone,
-    planning_context,
-    resolve_plan,
-)
-from codl_tvm.planner.policy import coexec_cpu_algorithms as _coexec_cpu_algorithms
-from codl_tvm.planner.policy import cpu_alone_algorithms as _cpu_alone_algorithms
-from codl_tvm.planner.policy import cpu_alone_packed as _cpu_alone_packed
-from codl_tvm.planner.policy import cpu_alone_winograd as _cpu_alone_winograd
-from codl_tvm.planner.policy import planner_config as _planner_config
-from codl_tvm.planner.policy import single_processor as _single_processor
-from codl_tvm.planner.policy import switch_on as _switch_on
 from codl_tvm.targets import cpu_record, missing_cpu_features
 
 __all__ = [
     "ARTIFACT_FORMAT",
     "ARTIFACT_VERSION",
-    "MIN_PREDICTED_SPEEDUP",
     "Artifact",
     "ArtifactError",
     "compile_artifact",
     "compile_refined",
-    "cost_model_cpu_alone",
     "is_artifact",
     "load_artifact",
-    "planning_context",
     "refine_artifact",
     "refined_plan",
 ]
+
+# The planning policy (codl_tvm.planner.policy) needs TVM's compiler, which a runtime-only TVM
+# (a device running artifacts) lacks: it is imported where compiling starts, and its names that
+# callers import from here resolve on first use.
+_POLICY_NAMES = ("MIN_PREDICTED_SPEEDUP", "cost_model_cpu_alone", "planning_context")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _POLICY_NAMES:
+        from codl_tvm.planner import policy
+
+        return getattr(policy, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 ARTIFACT_FORMAT = "codl-tvm-artifact"
 ARTIFACT_VERSION = 1
@@ -329,6 +326,8 @@ def compile_artifact(
     Path
         ``out_dir``.
     """
+    from codl_tvm.planner.policy import cost_model_cpu_alone
+
     if device not in DEVICES:
         raise ArtifactError(f"device {device!r} is not one of {DEVICES}")
     if weight_gbps is not None:
@@ -449,6 +448,15 @@ def _compile_into(
     import tvm
 
     from codl_tvm.frontend import load_onnx, random_inputs
+    from codl_tvm.planner.policy import (
+        coexec_cpu_algorithms,
+        cost_model_cpu_alone,
+        cpu_alone_algorithms,
+        cpu_alone_packed,
+        cpu_alone_winograd,
+        planner_config,
+        switch_on,
+    )
     from codl_tvm.targets import get_preset
 
     preset_obj = get_preset(preset or "opencl")
@@ -470,9 +478,9 @@ def _compile_into(
         "vm_devices": {"coexec": ["opencl", "cpu"], "cpu": ["cpu"], "opencl": ["opencl"]}[device],
         "preset": preset_obj.name,
         "winograd": _winograd_on(),
-        "winograd_cpu_alone": winograd is None and _cpu_alone_winograd(preset_obj),
+        "winograd_cpu_alone": winograd is None and cpu_alone_winograd(preset_obj),
         "packed": _packed_on(),
-        "packed_cpu_alone": packed is None and _cpu_alone_packed(preset_obj),
+        "packed_cpu_alone": packed is None and cpu_alone_packed(preset_obj),
     }
     cpu_target = preset_obj.target("cpu")
     # the instruction set the library's CPU code needs (also the OpenCL build's host code):
@@ -494,9 +502,7 @@ def _compile_into(
                 raise ArtifactError(f"preset {preset_obj.name!r} has no GPU; use --device cpu")
             if coexec_cpu_alone:
                 # the CPU-alone kernels everywhere on the CPU, whatever the cost model knows
-                algos = _cpu_alone_algorithms(
-                    preset_obj, winograd is not False, packed is not False
-                )
+                algos = cpu_alone_algorithms(preset_obj, winograd is not False, packed is not False)
                 from codl_tvm.schedules import cpu_alone_settings
 
                 switches.enter_context(cpu_alone_settings(True))
@@ -517,9 +523,9 @@ def _compile_into(
                 algos = (
                     ()
                     if plan is not None
-                    else _coexec_cpu_algorithms(cost_model, preset_obj, winograd, packed)
+                    else coexec_cpu_algorithms(cost_model, preset_obj, winograd, packed)
                 )
-            _switch_on(switches, algos, preset_obj)
+            switch_on(switches, algos, preset_obj)
             manifest["coexec_cpu_algorithms"] = list(algos)
             libraries.coexec_cpu_algorithms = algos
             if algos:
@@ -529,7 +535,7 @@ def _compile_into(
                 )
             alone = [
                 name
-                for name in _cpu_alone_algorithms(preset_obj, winograd is None, packed is None)
+                for name in cpu_alone_algorithms(preset_obj, winograd is None, packed is None)
                 if name not in algos
             ]
             if alone and plan is None:
@@ -543,7 +549,7 @@ def _compile_into(
                     f"--{' --'.join(alone)})"
                 )
             planner_config = dataclasses.replace(
-                _planner_config(preset_obj), weight_gbps=weight_gbps
+                planner_config(preset_obj), weight_gbps=weight_gbps
             )
             choice = _make_plan(
                 model, out, mode, cost_model, plan, preset_obj.name, manifest, log, planner_config
@@ -1144,12 +1150,12 @@ def _spec(s) -> dict:
     return {"name": s.name, "shape": list(s.shape), "dtype": s.dtype}
 
 
-def _make_plan(
-    model, out: Path, mode, cost_model, plan, preset_name, manifest, log, config=None
-) -> PlanChoice:
+def _make_plan(model, out: Path, mode, cost_model, plan, preset_name, manifest, log, config=None):
     """The plan of a co-executed compile (:func:`~codl_tvm.planner.policy.resolve_plan`, the
     plan resolution ``run --plan auto`` uses too), recorded in ``manifest["plan"]`` and
     written to ``out``."""
+    from codl_tvm.planner.policy import resolve_plan
+
     try:
         choice = resolve_plan(
             model.mod,
@@ -1192,6 +1198,7 @@ def _candidate_plans(model, plan, mode, modes, manifest, log, config=None) -> di
     (plan, report)}``, made with the cost model ``plan`` was made with."""
     from codl_tvm.cost_model.base import load_model
     from codl_tvm.planner import plan_model
+    from codl_tvm.planner.policy import single_processor
 
     cm = load_model(manifest["plan"]["cost_model"]["file"])
     seen = {plan.to_json()}
@@ -1203,7 +1210,7 @@ def _candidate_plans(model, plan, mode, modes, manifest, log, config=None) -> di
             model.mod, cm, mode=m, config=config, model_name=Path(model.path).name
         )
         text = cand.to_json()
-        alone = not cand.entries() or _single_processor(cand, None, m) is not None
+        alone = not cand.entries() or single_processor(cand, None, m) is not None
         if text in seen or alone:
             log(f"verify: the {m} plan adds no candidate (same plan, or one processor alone)")
             continue
@@ -1226,10 +1233,9 @@ def _calibrated_plans(model, mode, report, ms, seen: set, manifest, log, config)
     from every plan in ``seen`` (which grows), else ``{}``. One plan, not one per verify mode:
     each costs a build and its first OpenCL compile. The factors are recorded in
     ``manifest["plan"]["calibration"]``."""
-    import dataclasses
-
     from codl_tvm.cost_model.base import load_model
     from codl_tvm.planner import PlannerConfig, plan_model
+    from codl_tvm.planner.policy import single_processor
 
     s = report.summary
     if s is None or not (s.cpu_only_ms > 0 and s.gpu_only_ms > 0):
@@ -1250,7 +1256,7 @@ def _calibrated_plans(model, mode, report, ms, seen: set, manifest, log, config)
     name = Path(model.path).name
     cand, rep = plan_model(model.mod, cm, mode=mode, config=config, model_name=name)
     text = cand.to_json()
-    if text not in seen and cand.entries() and _single_processor(cand, None, mode) is None:
+    if text not in seen and cand.entries() and single_processor(cand, None, mode) is None:
         seen.add(text)
         found[f"coexec:{mode}:calibrated"] = (cand, rep)
         record["candidates"].append(mode)

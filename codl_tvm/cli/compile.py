@@ -32,7 +32,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     if args.plan or args.dim or args.ratio is not None:
         if args.device != "coexec":
             raise CliError("--plan/--dim/--ratio apply to --device coexec only")
-        plan = plan_from_args(args, load_onnx(model_path))
+        plan = plan_from_args(args, load_onnx(model_path)).plan
     options = CompileOptions(
         device=args.device,
         mode=args.mode,

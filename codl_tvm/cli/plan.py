@@ -12,14 +12,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from codl_tvm.artifact import planning_context
 from codl_tvm.cost_model.base import load_model
-from codl_tvm.cost_model.defaults import default_model_path
 from codl_tvm.errors import CliError
 from codl_tvm.frontend import OnnxModel, load_onnx
-from codl_tvm.plan import PartitionPlan, PlanError, uniform_plan
+from codl_tvm.plan import PlanError
 from codl_tvm.planner.placement import ALL_MODES, PlacementConfig, make_plan
-from codl_tvm.planner.search import PlannerConfig, plan_model
+from codl_tvm.planner.policy import PlanChoice, planning_context, resolve_plan
+from codl_tvm.planner.search import PlannerConfig
 from codl_tvm.targets import PRESETS
 
 __all__ = ["WEIGHT_GBPS_HELP", "cmd_plan", "plan_from_args", "register", "weight_gbps"]
@@ -63,36 +62,35 @@ def _ratios(text: str) -> tuple[float, ...]:
     return values
 
 
-def plan_from_args(args: argparse.Namespace, model: OnnxModel) -> PartitionPlan:
-    """The plan ``--plan PLAN.json|auto`` or ``--dim/--ratio`` give for ``model``, validated."""
+def plan_from_args(args: argparse.Namespace, model: OnnxModel) -> PlanChoice:
+    """The plan ``--plan PLAN.json|auto`` or ``--dim/--ratio`` give for ``model``, validated,
+    and where it runs: :func:`codl_tvm.planner.policy.resolve_plan`, the plan resolution of
+    ``compile`` (its fall-back to one processor included). Neither flag: H at 0.5."""
     if (args.plan == "auto" or args.plan) and (args.dim or args.ratio is not None):
         raise CliError("give either --plan or --dim/--ratio, not both")
     if args.plan == "auto":
-        plan = _auto_plan(args, model)
-    elif args.plan:
-        if not Path(args.plan).is_file():
-            raise CliError(f"--plan {args.plan}: no such file")
-        plan = PartitionPlan.load(args.plan)
-    else:
-        plan = uniform_plan(model.mod, args.dim or "H", 0.5 if args.ratio is None else args.ratio)
+        if args.cost_model and not Path(args.cost_model).is_file():
+            raise CliError(f"--cost-model {args.cost_model}: no such file")
+        choice = resolve_plan(
+            model.mod,
+            mode=getattr(args, "mode", "codl"),
+            cost_model=args.cost_model,
+            preset=getattr(args, "preset", None),
+            model_name=Path(model.path).name,
+        )
+        if not args.cost_model:
+            print(f"cost model: {choice.cost_model} (shipped default for this device pair)")
+        print(choice.report.table())
+        return choice
     try:
-        plan.validate(model.mod)
+        return resolve_plan(
+            model.mod,
+            plan=args.plan or None,
+            dim=args.dim or (None if args.plan else "H"),
+            ratio=args.ratio,
+        )
     except PlanError as exc:
         raise PlanError(f"{args.plan or 'plan'}: {exc}") from None
-    return plan
-
-
-def _auto_plan(args: argparse.Namespace, model: OnnxModel) -> PartitionPlan:
-    """Plan with the CoDL planner and the cost model given by --cost-model."""
-    if args.cost_model and not Path(args.cost_model).is_file():
-        raise CliError(f"--cost-model {args.cost_model}: no such file")
-    path = args.cost_model or default_model_path(None)
-    cost_model = load_model(path)
-    if not args.cost_model:
-        print(f"cost model: {path} (shipped default for this device pair)")
-    plan, report = plan_model(model.mod, cost_model)
-    print(report.table())
-    return plan
 
 
 def cmd_plan(args: argparse.Namespace) -> int:

@@ -26,7 +26,6 @@ from codl_tvm.cli.common import (
     print_outputs_and_latency,
     save_outputs,
 )
-from codl_tvm.cli.plan import plan_from_args
 from codl_tvm.coexec import compile_coexec
 from codl_tvm.errors import CliError
 from codl_tvm.frontend import check_inputs, load_onnx
@@ -46,13 +45,21 @@ def cmd_run(args: argparse.Namespace) -> int:
     model = load_onnx(args.model or bundled_model_path())
     inputs = load_inputs(args.inputs, model, args.seed)
     if args.device == "coexec":
-        plan = plan_from_args(args, model)
-        opencl_banner()
-        with building(model.path, "coexec"):
-            built = compile_coexec(model.mod, plan)
-        line = f"device: coexec (GPU + CPU), sync mode: {sync.sync_mode()}"
-        return _report(args, model, inputs, built, line)
-    if args.plan or args.dim or args.ratio is not None:
+        # deferred: planning needs TVM's compiler (the schedules), which a runtime-only TVM
+        # lacks, and this module must import there to run artifacts
+        from codl_tvm.cli.plan import plan_from_args
+
+        choice = plan_from_args(args, model)
+        if choice.device == "coexec":
+            opencl_banner()
+            with building(model.path, "coexec"):
+                built = compile_coexec(model.mod, choice.plan)
+            line = f"device: coexec (GPU + CPU), sync mode: {sync.sync_mode()}"
+            return _report(args, model, inputs, built, line)
+        # compile's fall-back rule: the plan is better run by one processor alone
+        print(f"not co-executing: {choice.reason}")
+        args.device = choice.device
+    elif args.plan or args.dim or args.ratio is not None:
         raise CliError("--plan/--dim/--ratio apply to --device coexec only")
     if args.device == "opencl":
         opencl_banner()
