@@ -106,6 +106,8 @@ def load_onnx(model: str | Path | object) -> OnnxModel:
     Weights become constants of the module. Raises :class:`ModelError` naming the file and the
     problem for a missing or unreadable file, dynamic shapes, or operators TVM cannot import.
     """
+    # deferred here and below (onnx, tvm.relax): this module also serves `codl-tvm run
+    # ARTIFACT/` on devices whose TVM is runtime-only, where importing ONNX is never needed
     import onnx
 
     if isinstance(model, (str, Path)):
@@ -144,7 +146,7 @@ def load_onnx(model: str | Path | object) -> OnnxModel:
 
 
 def _output_specs(mod, names: tuple[str, ...], path: str) -> list[TensorSpec]:
-    from tvm import relax
+    from tvm import relax  # deferred: tvm.relax needs TVM's compiler (see load_onnx)
 
     ret = mod["main"].ret_ty
     infos = list(ret.fields) if isinstance(ret, relax.TupleType) else [ret]

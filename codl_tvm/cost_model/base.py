@@ -46,6 +46,7 @@ from codl_tvm.cost_model.features import (
     OpParams,
     Partition,
     op_features,
+    part_shape,
     weight_bytes,
     weight_floor_ms,
 )
@@ -173,8 +174,6 @@ class SharingModel:
 def shared_nbytes(params: OpParams, partition: Partition, dtype_bytes: int = 4) -> int:
     """Bytes shared between the processors for one co-executed operator: the CPU part's input
     (its rows plus halo for H, all of it for OC) and its output part."""
-    from codl_tvm.cost_model.features import part_shape
-
     cpu = part_shape(params, partition, "cpu")
     if cpu.empty:
         return 0

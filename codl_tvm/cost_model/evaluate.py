@@ -354,6 +354,7 @@ def plot_scatter(report: EvalReport, path: str, title: str | None = None) -> Non
 
     matplotlib is imported here, with the Agg canvas (no display, no global backend change).
     """
+    # deferred: matplotlib is a heavy optional dependency, needed only to draw
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 

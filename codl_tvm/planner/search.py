@@ -267,6 +267,8 @@ def expected_impl(params: OpParams, processor: str, config=None) -> str:
             min_m = getattr(config, "dense_gemm_min_m", None) or OPENCL_GENERIC.dense_gemm_min_m
         return "reduction" if processor == "gpu" and params.h < min_m else "matmul"
     if config is not None and params.op == "conv2d":
+        # deferred: the schedules need TVM's compiler; the planner (through artifacts) is
+        # imported where TVM is runtime-only
         from codl_tvm.schedules.packed import packed_reason
         from codl_tvm.schedules.winograd import conv2d_shape_info, winograd_reason
 
@@ -416,7 +418,7 @@ class _Chainable:
     """Whether operators can form a chain, by the partitioning pass's own analysis."""
 
     def __init__(self, mod):
-        from codl_tvm.passes.partition import _Analysis
+        from codl_tvm.passes.partition import _Analysis  # deferred: needs TVM's compiler
 
         self._analysis = _Analysis(mod)
         self._cache: dict[tuple, bool] = {}

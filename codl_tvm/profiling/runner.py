@@ -17,6 +17,7 @@ locally, on a prepared directory copied to another machine, and through a TVM RP
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -27,8 +28,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
+import tvm
+from tvm.runtime.vm import VirtualMachine
 
+from codl_tvm import runtime
 from codl_tvm.cost_model.dataset import OpRecord, SharingRecord
+from codl_tvm.cost_model.dispatch import dispatch_features
 from codl_tvm.cost_model.features import (
     DispatchFeatures,
     FeatureError,
@@ -38,6 +43,9 @@ from codl_tvm.cost_model.features import (
     part_shape,
 )
 from codl_tvm.errors import ProfileError
+from codl_tvm.plan import uniform_plan
+from codl_tvm.runner import default_target
+from codl_tvm.targets import export_library, get_preset
 
 if TYPE_CHECKING:
     from codl_tvm.passes.winograd import ConvRewrite
@@ -191,6 +199,8 @@ def algorithm_switches() -> dict[str, list[str]]:
     names the presets whose Winograd/packed kernels then take the settings of builds for the CPU
     alone (:data:`~codl_tvm.schedules.config.CPU_ALONE_SETTINGS`): other kernels than the
     preset's, so a dataset of them is another dataset."""
+    # deferred: building parts needs TVM's compiler; this module also measures on devices whose
+    # TVM is runtime-only (`codl-tvm profile --run-dir`)
     from codl_tvm.schedules.config import (
         CPU_ALONE_SETTINGS,
         cpu_alone_on,
@@ -213,6 +223,8 @@ def part_rewrite(
     keeps its direct/GEMM kernel (no config, not a conv, or the rules decline)."""
     if algorithm_config is None or params.op != "conv2d":
         return None
+    # deferred: building parts needs TVM's compiler; this module also measures on devices whose
+    # TVM is runtime-only (`codl-tvm profile --run-dir`)
     from codl_tvm.passes.winograd import conv2d_rewrite
     from codl_tvm.schedules import conv2d_shape_info
 
@@ -236,7 +248,7 @@ def part_module(params: OpParams, part: PartShape, algorithm_config=None):
     that ``codl.Conv2DWinograd`` would rewrite under it is built as that Winograd/packed conv,
     its weight an input in the transformed layout.
     """
-    from tvm import relax
+    from tvm import relax  # deferred: needs TVM's compiler (see algorithm_switches)
 
     if part.empty:
         raise ProfileError(f"{params.describe()}: the part {part} is empty")
@@ -303,9 +315,9 @@ def part_module(params: OpParams, part: PartShape, algorithm_config=None):
 def passes_parts(params: OpParams, partition: Partition) -> dict[str, dict]:
     """The parts ``PartitionOperators`` makes of a one-op module of ``params`` under
     ``partition``: ``{processor: {"region": (a, b), "input_region": (c, d), "axis": k}}``."""
+    # deferred: the passes need TVM's compiler (see algorithm_switches)
     from codl_tvm.passes import PartitionOperators
     from codl_tvm.passes.parts import collect_parts
-    from codl_tvm.plan import uniform_plan
 
     full = part_shape(params, Partition(), "gpu")
     mod = part_module(params, full)
@@ -404,11 +416,7 @@ class CompiledPart:
 
 
 def _target(processor: str, target=None):
-    from codl_tvm.runner import default_target
-
     if target is not None:
-        import tvm
-
         return target if isinstance(target, tvm.target.Target) else tvm.target.Target(target)
     return default_target(PROCESSOR_DEVICE[processor])
 
@@ -460,12 +468,10 @@ def compile_part(
     imported model's conv gets under those switches (:func:`part_module`), so its record
     names it (``winograd``, ``packed``, or ``direct``/``gemm`` below their thresholds).
     """
-    import hashlib
-
-    import tvm
+    # deferred: building parts needs TVM's compiler; this module also measures on devices whose
+    # TVM is runtime-only (`codl-tvm profile --run-dir`)
     from tvm import tirx
 
-    from codl_tvm.cost_model.dispatch import dispatch_features
     from codl_tvm.pipeline import (
         dataflow_lower_passes,
         finalize_passes,
@@ -488,21 +494,17 @@ def compile_part(
         check_part(params, partition, processor, part)
     switches = algorithm_switches()
     if preset is not None and target is None:
-        from codl_tvm.targets import get_preset
-
         target = get_preset(preset).target(processor)
     tgt = _target(processor, target)
     config = None
     if switches and params.op == "conv2d":
-        from codl_tvm.schedules import cpu_config, opencl_config
+        from codl_tvm.schedules import cpu_config, opencl_config  # deferred: as above
 
         kind = tgt.kind.name
         if kind in ("llvm", "opencl"):
             config = cpu_config(tgt) if kind == "llvm" else opencl_config(tgt)
     mod = part_module(params, part, algorithm_config=config)
     if processor == "gpu":
-        from codl_tvm import runtime
-
         runtime.load()
     with tgt:
         scheduled = tvm.transform.Sequential(legalize_passes(tgt) + schedule_passes(tgt))(mod)
@@ -525,8 +527,6 @@ def compile_part(
     )
     lib = f"{params.op}_{processor}_{hashlib.sha1(ident.encode()).hexdigest()[:12]}.so"
     if preset is not None:
-        from codl_tvm.targets import export_library
-
         export_library(ex, out / lib, preset)
     else:
         ex.export_library(str(out / lib))
@@ -547,8 +547,6 @@ class LocalSession:
         self._plugin = False
 
     def device(self, processor: str):
-        import tvm
-
         if processor == "gpu":
             self._load_plugin()
             return tvm.opencl(0)
@@ -556,19 +554,13 @@ class LocalSession:
 
     def _load_plugin(self) -> None:
         if not self._plugin:
-            from codl_tvm import runtime
-
             runtime.load()
             self._plugin = True
 
     def load_module(self, path: str | Path):
-        import tvm
-
         return tvm.runtime.load_module(str(path))
 
     def get_function(self, name: str):
-        import tvm
-
         self._load_plugin()
         func = tvm.get_global_func(name, allow_missing=True)
         if func is None:
@@ -611,9 +603,6 @@ def time_samples(
     session, compiled: CompiledPart, directory: str | Path, timing: TimingConfig = TimingConfig()
 ) -> PartTiming:
     """Time ``compiled`` on its processor with ``timing`` (see :class:`TimingConfig`)."""
-    import tvm
-    from tvm.runtime.vm import VirtualMachine  # runtime-only TVM has no tvm.relax
-
     dev = session.device(compiled.processor)
     lib = session.load_module(Path(directory) / compiled.library)
     vm = VirtualMachine(lib, dev)
@@ -753,8 +742,6 @@ def measure_sharing(
     - ``transform``: host time of copying ``nbytes`` from a CPU tensor into an OpenCL tensor and
       waiting for it (through RPC: on the server, round trips subtracted).
     """
-    import tvm
-
     for n in sizes:
         if isinstance(n, bool) or not isinstance(n, int) or n < 4 or n % 4:
             raise ProfileError(f"sharing size {n!r} must be a positive multiple of 4 bytes")
