@@ -14,6 +14,8 @@ import onnx
 import pytest
 import tvm
 from codl_tvm.passes import PartitionOperators, collect_parts
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from onnx import TensorProto
 from onnx import helper as oh
 from onnx.reference import ReferenceEvaluator
@@ -21,7 +23,7 @@ from tvm import relax
 
 from codl_tvm.cli import main
 from codl_tvm.coexec import compile_coexec
-from codl_tvm.errors import ModelError
+from codl_tvm.errors import CodlError, ModelError
 from codl_tvm.frontend import check_inputs, load_onnx
 from codl_tvm.onnx_rewrites import rewrite_for_import
 from codl_tvm.pipeline import coexec_pipeline
@@ -390,3 +392,66 @@ def test_space_to_depth_crd_of_unknown_shape_is_refused():
     before = model.SerializeToString()
     rewrite_for_import(model, "m.onnx")
     assert model.SerializeToString() == before
+
+
+# -- property: one conv split on H or OC through the whole co-execution pipeline -------------
+
+
+@st.composite
+def _conv_cases(draw):
+    """A conv (with bias and relu) of odd geometry, a dimension and a GPU share."""
+    k = draw(st.sampled_from([1, 2, 3, 5]))
+    dil = draw(st.integers(1, 2))
+    eff = dil * (k - 1) + 1
+    stride = draw(st.integers(1, 3))
+    pads = [draw(st.integers(0, eff - 1)) for _ in range(4)]
+    if draw(st.booleans()):
+        ic = draw(st.integers(1, 6))
+        groups, oc = ic, ic * draw(st.integers(1, 3))  # depthwise (with a multiplier)
+    else:
+        groups = draw(st.sampled_from([1, 2, 3]))
+        ic = groups * draw(st.integers(1, 3))
+        oc = groups * draw(st.integers(1, 7))  # odd counts, not multiples of a vector width
+    # as few rows as give one output row: H is often smaller than the halo
+    h_min = max(eff - pads[0] - pads[2], 1)
+    w_min = max(eff - pads[1] - pads[3], 1)
+    h = draw(st.integers(h_min, h_min + 12))
+    w = draw(st.integers(w_min, w_min + 4))
+    dim = draw(st.sampled_from(["H", "OC"]))
+    ratio = draw(st.floats(0.2, 0.8))
+    return ic, oc, k, stride, pads, dil, groups, h, w, dim, ratio
+
+
+def _conv_module(ic, oc, k, stride, pads, dil, groups, h, w):
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, ic, h, w), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            weight = relax.const(_rand((oc, ic // groups, k, k), 1))
+            bias = relax.const(_rand((1, oc, 1, 1), 2))
+            y = bb.emit(
+                relax.op.nn.conv2d(
+                    x, weight, strides=stride, padding=pads, dilation=dil, groups=groups
+                )
+            )
+            y = bb.emit(relax.op.nn.relu(relax.op.add(y, bias)))
+            out = bb.emit_output(y)
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_conv_cases())
+def test_property_conv_split_equals_unsplit_build_or_is_declined(case):
+    *geometry, dim, ratio = case
+    mod = _conv_module(*geometry)
+    x = _rand((1, geometry[0], geometry[7], geometry[8]), 3)
+    reference = build(mod, "cpu", target=CPU)([x])[0]
+    plan = uniform_plan(mod, dim, ratio)
+    assert plan.ops, "a plain NCHW conv is splittable along H and OC"
+    try:
+        got = _coexec_on_cpu(mod, plan, [x])
+    except CodlError as exc:  # declined: it must say why
+        assert str(exc).strip()
+        return
+    np.testing.assert_allclose(got, reference, rtol=RTOL, atol=ATOL)
