@@ -10,6 +10,8 @@
   stack-and-reduce Sum/Max/Min as binary ops (residual adds that fuse into the conv before them).
 - :class:`LRNWindowSum` (``lrn.py``): before partitioning, writes LRN's channel-window average
   pool as shifted adds (one elementwise kernel instead of an unscheduled 3-D pool).
+- :class:`OrderSplits` (``order.py``): after partitioning, orders ``main``'s bindings so the
+  splits are issued in a placement schedule's dispatch order (HOPE).
 - :class:`Conv2DWinograd` (``winograd.py``): after partitioning, before legalization, rewrites
   qualifying 3x3 convs (and conv parts) as Winograd convs, per processor config.
 - :func:`~codl_tvm.passes.kernel_splits.kernel_splits` (``kernel_splits.py``): every kernel call
@@ -32,6 +34,7 @@ from codl_tvm.geometry import (
 
 from .fold_bn import FoldBatchNorm
 from .lrn import LRNWindowSum
+from .order import OrderSplits
 from .partition import PartitionOperators
 from .parts import PARTS_ATTR, PartRecord, Processor, SplitRecord, collect_parts
 from .variadic import PairwiseVariadic
@@ -43,6 +46,7 @@ __all__ = [
     "Conv2DWinograd",
     "FoldBatchNorm",
     "LRNWindowSum",
+    "OrderSplits",
     "PairwiseVariadic",
     "PartRecord",
     "PartSpan",

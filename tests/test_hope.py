@@ -493,3 +493,76 @@ def test_placement_modules_import_with_a_runtime_only_tvm():
     env = {**os.environ, "TVM_USE_RUNTIME_LIB": "1"}
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_dispatch_order_enqueues_gpu_work_before_the_cpu_blocks_the_host():
+    from codl_tvm.planner.placement import dispatch_order
+
+    # the diamond's optimum: a on the GPU [0, 1], c on the GPU [1, 5], b on the CPU [2, 6]:
+    # c must be enqueued before the host runs b, or the GPU idles while the CPU computes
+    nodes = [("a", 2, 1), ("b", 4, 4), ("c", 4, 4), ("d", 2, 1)]
+    g = OpGraph(
+        tuple(DagNode(n, c, gp, op=n) for n, c, gp in nodes),
+        tuple(DagEdge(s, d, 1) for s, d in (("a", "b"), ("a", "c"), ("b", "d"), ("c", "d"))),
+    )
+    s = Schedule(("gpu", "cpu", "gpu", "gpu"), (0, 2, 1, 7), (1, 6, 5, 8), 8.0, "hand")
+    check_schedule(g, s)
+    assert dispatch_order(g, s) == ("a", "c", "b", "d")
+    # a GPU node reading CPU results is issued after them; a GPU node that can start while the
+    # CPU still computes is issued before the CPU node
+    s2 = Schedule(("gpu", "cpu", "cpu", "gpu"), (0, 2, 6, 11), (1, 6, 10, 12), 12.0, "hand")
+    check_schedule(g, s2)
+    assert dispatch_order(g, s2) == ("a", "b", "c", "d")
+    s3 = Schedule(("cpu", "cpu", "gpu", "cpu"), (0, 2, 3, 8), (2, 6, 7, 10), 10.0, "hand")
+    check_schedule(g, s3)
+    assert dispatch_order(g, s3) == ("a", "c", "b", "d")
+
+
+def test_order_splits_issues_a_partitioned_module_in_dispatch_order(
+    inception_mod, cheap_sharing_model
+):
+    """The hope plan of the Inception-like module, partitioned as the build does, ordered by
+    its schedule's dispatch order: the operators come in that order and compute the same."""
+    from codl_tvm.passes import PartitionOperators, collect_parts
+    from codl_tvm.passes.order import OrderSplits
+
+    from codl_tvm.pipeline import inference_passes
+    from codl_tvm.planner.placement import (
+        PlacementConfig,
+        dispatch_order,
+        make_plan,
+        schedule_graph,
+    )
+    from tests.test_passes_split import run
+
+    graph_ = build_graph(inception_mod, cheap_sharing_model)
+    schedule = schedule_graph(graph_, "hope", PlacementConfig())
+    order = dispatch_order(graph_, schedule)
+    plan, _ = make_plan(inception_mod, cheap_sharing_model, "hope")
+    assert {e.op: e.ratio for e in plan.ops} == {
+        n.op: float(p == "gpu") for n, p in zip(graph_.nodes, schedule.processor) if n.op
+    }
+    mod = inception_mod
+    for p in inference_passes():
+        mod = p(mod)
+    parted = PartitionOperators(plan)(mod)
+    ordered = OrderSplits(order)(parted)
+    kinds = ("relax.nn.conv2d", "relax.nn.max_pool2d")
+    seen = [
+        b.var
+        for b in ordered["main"].body.blocks[0].bindings
+        if getattr(getattr(b.value, "op", None), "name", None) in kinds
+    ]
+    split_of = {v: s.name for s in collect_parts(ordered) for p in s.parts for v in p.bindings}
+    assert [split_of[v] for v in seen] == list(order)
+    x = np.random.default_rng(0).standard_normal((1, 3, 16, 16)).astype("float32")
+    np.testing.assert_allclose(run(ordered, x), run(parted, x), rtol=1e-5, atol=1e-5)
+
+
+def test_hope_plans_are_deterministic(inception_mod, cheap_sharing_model):
+    """The Inception module has several optimal placements; one solver worker always returns
+    the same one (parallel workers returned two different ones in six runs)."""
+    from codl_tvm.planner.placement import make_plan
+
+    plans = {make_plan(inception_mod, cheap_sharing_model, "hope")[0].to_json() for _ in range(4)}
+    assert len(plans) == 1

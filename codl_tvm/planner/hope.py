@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -541,7 +540,7 @@ def solve_exact(
     graph: OpGraph,
     time_limit_s: float = DEFAULT_TIME_LIMIT_S,
     max_nodes: int = DEFAULT_MAX_NODES,
-    workers: int | None = None,
+    workers: int = 1,
 ) -> Schedule:
     """Placement and per-processor order of minimum makespan (HOPE's ILP, with CP-SAT).
 
@@ -558,7 +557,9 @@ def solve_exact(
         Graphs with more nodes are cut by :func:`partition_by_upward_rank` and solved piece by
         piece (each with the earlier pieces fixed; the result is then optimal per piece only).
     workers
-        CP-SAT search workers (None: the machine's cores, at most 8).
+        CP-SAT search workers. One (the default) is deterministic: the same graph gives the same
+        schedule. More may prove large graphs faster, but then two runs may return different
+        schedules of the same makespan.
 
     Returns
     -------
@@ -568,7 +569,8 @@ def solve_exact(
     """
     if not time_limit_s > 0:
         raise PlannerError(f"exact: time_limit_s must be > 0, got {time_limit_s!r}")
-    workers = workers or max(1, min(8, os.cpu_count() or 1))
+    if not isinstance(workers, int) or workers < 1:
+        raise PlannerError(f"exact: workers must be a positive integer, got {workers!r}")
     n = len(graph)
     if n == 0:
         return simulate(graph, [], method="exact", status="optimal", bound_ms=0.0)

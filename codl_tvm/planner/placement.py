@@ -25,6 +25,7 @@ independent branches.
 
 from __future__ import annotations
 
+import heapq
 import warnings
 from dataclasses import dataclass
 
@@ -56,6 +57,7 @@ __all__ = [
     "ALL_MODES",
     "PLACEMENT_MODES",
     "PlacementConfig",
+    "dispatch_order",
     "make_plan",
     "plan_placement",
 ]
@@ -80,13 +82,14 @@ class PlacementConfig:
     max_nodes
         Graphs with more nodes are cut by upward rank and solved piece by piece.
     workers
-        CP-SAT search workers (None: the machine's cores, at most 8).
+        CP-SAT search workers (1: deterministic plans; more may solve large graphs faster, but
+        may return another schedule of the same makespan).
     """
 
     greedy_k: int = DEFAULT_GREEDY_K
     time_limit_s: float = DEFAULT_TIME_LIMIT_S
     max_nodes: int = DEFAULT_MAX_NODES
-    workers: int | None = None
+    workers: int = 1
 
     def __post_init__(self) -> None:
         if not isinstance(self.greedy_k, int) or not 1 <= self.greedy_k <= 12:
@@ -115,6 +118,47 @@ def schedule_graph(graph: OpGraph, mode: str, placement: PlacementConfig) -> Sch
         raise PlannerError(f"unknown placement mode {mode!r} (known: {', '.join(PLACEMENT_MODES)})")
     check_schedule(graph, s)
     return s
+
+
+def dispatch_order(graph: OpGraph, schedule: Schedule) -> tuple[str, ...]:
+    """The order in which the host should issue the placed operators so ``schedule`` runs.
+
+    The VM runs ``main`` in program order: a GPU kernel is only enqueued (it runs when the GPU
+    is free), a CPU kernel runs on the host thread until it finishes. So a GPU node is issued as
+    soon as the CPU nodes it waits for have finished (its *enqueue time*: the latest finish of
+    its CPU producers and the enqueue times of its GPU producers), a CPU node at its start.
+    Nodes are issued by that time, GPU first on ties, in a topological order; a GPU node that
+    starts while a CPU node runs is thus issued before it. Returns the plan operator names
+    (:attr:`~codl_tvm.planner.dag.DagNode.op`) in that order, for
+    :class:`~codl_tvm.passes.order.OrderSplits`.
+    """
+    check_schedule(graph, schedule)
+    n = len(graph)
+    key = [0.0] * n
+    for i in range(n):  # graph order is topological
+        if schedule.processor[i] == "cpu":
+            key[i] = schedule.start_ms[i]
+        else:
+            key[i] = max(
+                (
+                    key[j] if schedule.processor[j] == "gpu" else schedule.finish_ms[j]
+                    for j in graph.preds(i)
+                ),
+                default=0.0,
+            )
+    waiting = [len(graph.preds(i)) for i in range(n)]
+    heap = [(key[i], schedule.processor[i] != "gpu", i) for i in range(n) if not waiting[i]]
+    heapq.heapify(heap)
+    order: list[str] = []
+    while heap:
+        _, _, i = heapq.heappop(heap)
+        if graph.nodes[i].op is not None:
+            order.append(graph.nodes[i].op)
+        for j in graph.succs(i):
+            waiting[j] -= 1
+            if not waiting[j]:
+                heapq.heappush(heap, (key[j], schedule.processor[j] != "gpu", j))
+    return tuple(order)
 
 
 def _status(s: Schedule) -> str:
