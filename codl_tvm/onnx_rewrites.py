@@ -14,6 +14,10 @@ model is refused with a :class:`~codl_tvm.errors.ModelError` naming the node and
 
 - ``BatchNormalization`` with ``training_mode=1`` and its running-mean/variance outputs used:
   TVM returns the input statistics unchanged for those outputs (``Y`` itself is right). Refused.
+- ``Resize`` with ``antialias=1`` (ignored by TVM), with
+  ``coordinate_transformation_mode="half_pixel_symmetric"`` (TVM's build fails), or with
+  ``scales`` that do not map the input size to a whole output size: ONNX then maps coordinates
+  with the scale itself, TVM with the ratio of the output and input sizes. Refused.
 """
 
 from __future__ import annotations
@@ -53,6 +57,45 @@ def _training_statistics(node) -> bool:
         return False
     training = any(a.name == "training_mode" and a.i for a in node.attribute)
     return training and any(node.output[1:])
+
+
+def _resize_checker(model):
+    """A function from a node to why TVM's importer would give a wrong Resize ("" if fine)."""
+    from onnx import numpy_helper  # deferred like frontend.load_onnx's import
+
+    inits = {t.name: t for t in model.graph.initializer}
+    shapes: dict[str, tuple[int, ...]] | None = None
+
+    def problem(node) -> str:
+        nonlocal shapes
+        if node.op_type != "Resize" or node.domain not in _DEFAULT_DOMAINS:
+            return ""
+        attrs = {a.name: a for a in node.attribute}
+        if "antialias" in attrs and attrs["antialias"].i:
+            return "antialias=1 is ignored by TVM's ONNX importer"
+        mode = attrs.get("coordinate_transformation_mode")
+        if mode is not None and mode.s.decode() == "half_pixel_symmetric":
+            return "coordinate_transformation_mode=half_pixel_symmetric is not supported by TVM"
+        scales = node.input[2] if len(node.input) > 2 else ""
+        sizes = node.input[3] if len(node.input) > 3 else ""
+        if not scales or sizes or scales not in inits:
+            return ""
+        if shapes is None:
+            shapes = _static_shapes(model)
+        shape = shapes.get(node.input[0])
+        values = numpy_helper.to_array(inits[scales]).astype(np.float64)
+        if shape is None or len(values) != len(shape):
+            return ""
+        scaled = np.asarray(shape, dtype=np.float64) * values
+        if np.any(np.abs(scaled - np.round(scaled)) > 1e-6):
+            return (
+                f"scales {values.tolist()} give a fractional output size for input {shape}; "
+                "TVM then maps coordinates by the size ratio, ONNX by the scale (give sizes "
+                "instead of scales)"
+            )
+        return ""
+
+    return problem
 
 
 def _subgraph_nodes(graph):
@@ -107,7 +150,11 @@ def rewrite_for_import(model, path: str):
                 f"{where(node)} inside a subgraph: TVM's ONNX importer ignores the mode and "
                 "codl-tvm rewrites it only in the main graph"
             )
+    resize_problem = _resize_checker(model)
     for node in model.graph.node:
+        problem = resize_problem(node)
+        if problem:
+            raise ModelError(f"{path}: node '{node.name or node.output[0]}' (Resize): {problem}")
         if _training_statistics(node):
             raise ModelError(
                 f"{path}: node '{node.name or node.output[0]}' (BatchNormalization, "
