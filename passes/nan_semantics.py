@@ -81,9 +81,7 @@ def propagate_nan(func: tirx.PrimFunc) -> tirx.PrimFunc:
 class PropagateNaN:
     """Rewrite every PrimFunc of the module with :func:`propagate_nan`."""
 
-    def transform_module(
-        self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext
-    ) -> tvm.IRModule:
+    def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
         changed = {}
         for gvar, func in mod.functions.items():
             if isinstance(func, tirx.PrimFunc):
