@@ -115,7 +115,7 @@ def pin_tvm_threads(cores: str, pin_main_thread: bool = True) -> list[int]:
     The emulated SoC of the benchmarks: TVM's CPU kernels on their own cores, PoCL's workers on
     the others (``POCL_AFFINITY=1``, ``POCL_CPU_MAX_CU_COUNT``).
     """
-    import tvm
+    import tvm  # deferred: the benchmark helpers import without TVM (e.g. in analysis scripts)
 
     lo_hi = cores.split("-")
     n = os.cpu_count() or 1

@@ -27,6 +27,7 @@ operator).
 
 from __future__ import annotations
 
+import platform
 import shutil
 import tempfile
 import uuid
@@ -35,15 +36,21 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import tvm
+from tvm.runtime.vm import VirtualMachine
 
+from codl_tvm import runtime
 from codl_tvm.errors import DeployError
+from codl_tvm.frontend import OnnxModel, check_inputs, load_onnx, random_inputs
+from codl_tvm.pipeline import coexec_pipeline, single_device_pipeline
+from codl_tvm.plan import PartitionPlan, uniform_plan
 from codl_tvm.rpc_utils import (
     RemoteDevice,
     check_remote_versions,
     request_remote,
 )
-from codl_tvm.runner import remove_with
-from codl_tvm.targets import TargetPreset, get_preset
+from codl_tvm.runner import build, remove_with
+from codl_tvm.targets import TargetPreset, export_library, get_preset
 
 __all__ = [
     "DeployError",
@@ -119,8 +126,6 @@ def select_preset(
     KeyError
         Unknown preset name (the message lists the valid ones).
     """
-    import platform
-
     machine = (remote_info or {}).get("machine")
     if target is None:
         if machine is None:
@@ -174,8 +179,6 @@ def resolve_plan(mod, plan=None, dim: str | None = None, ratio: float | None = N
     codl_tvm.plan.PlanError
         The plan does not fit the model (names the operator and the problem).
     """
-    from codl_tvm.plan import PartitionPlan, uniform_plan
-
     if plan is not None and (dim is not None or ratio is not None):
         raise DeployError("give either a plan or --dim/--ratio for --device coexec, not both")
     if plan is None:
@@ -209,11 +212,6 @@ def compile_for(
     link with the NDK or clang + lld (:func:`codl_tvm.targets.export_library`). Without
     ``work_dir`` the library goes to a new temporary directory that the caller owns.
     """
-    import tvm
-
-    from codl_tvm.pipeline import coexec_pipeline, single_device_pipeline
-    from codl_tvm.targets import export_library
-
     preset = get_preset(preset)
     if device == "coexec":
         if plan is None:
@@ -248,9 +246,6 @@ def run_remote(
     ``repeat=0`` skips timing. Any failure of the remote raises
     :class:`codl_tvm.rpc_utils.RemoteFailure` naming the device and the stage.
     """
-    import tvm
-    from tvm.runtime.vm import VirtualMachine
-
     library = Path(library)
     sess = remote.session
     # A fresh remote name per upload: overwriting a library the server has loaded crashes it.
@@ -326,16 +321,6 @@ def _check_device(device: str, plan, dim, ratio) -> None:
         raise DeployError(f"unknown device {device!r}; expected one of {DEVICES}")
     if device != "coexec" and (plan is not None or dim is not None or ratio is not None):
         raise DeployError("--plan/--dim/--ratio apply to --device coexec only")
-    if device in ("opencl", "coexec"):
-        try:
-            from codl_tvm import runtime
-        except ImportError:
-            runtime = None
-        if runtime is None or not hasattr(runtime, "load"):
-            raise DeployError(
-                "--device opencl needs codl_tvm.runtime (the OpenCL plugin), which "
-                "this installation lacks"
-            )
 
 
 def deploy(
@@ -394,9 +379,6 @@ def deploy(
     codl_tvm.frontend.ModelError, DeployError, codl_tvm.targets.ToolchainError,
     codl_tvm.rpc_utils.RPCError (TrackerUnreachable, NoFreeDevice, VersionMismatch, RemoteFailure)
     """
-    from codl_tvm.frontend import OnnxModel, check_inputs, load_onnx, random_inputs
-    from codl_tvm.runner import build
-
     say = log or (lambda _msg: None)
     _check_device(device, plan, dim, ratio)
     onnx_model = model if isinstance(model, OnnxModel) else load_onnx(model)
@@ -437,8 +419,6 @@ def deploy(
             preset = select_preset(target, device, info, remote.name)
             say(f"compiling for '{preset.name}' ({device})")
             if device == "coexec":
-                from codl_tvm import runtime
-
                 runtime.load()  # as compile_coexec does: the plugin must be loaded to build
             lib = compile_for(onnx_model.mod, preset, device, work_dir or own_dir, plan=partition)
             say(f"uploading {lib.name} ({lib.stat().st_size} bytes) and running on {remote.name}")

@@ -126,7 +126,7 @@ def load_onnx(model: str | Path | object) -> OnnxModel:
     outputs = tuple(o.name for o in graph.output)
     proto = rewrite_for_import(proto, path)  # operators TVM's importer reads wrongly
     try:
-        from tvm.relax.frontend.onnx import from_onnx
+        from tvm.relax.frontend.onnx import from_onnx  # deferred: needs TVM's compiler
 
         # TVM's own renaming only replaces '.'; names.py makes every input a C identifier.
         mod = from_onnx(proto, sanitize_input_names=False)

@@ -8,10 +8,15 @@ depend on the input and comparisons mean something.
 
 from __future__ import annotations
 
+import re
 from importlib import resources
 from pathlib import Path
 
 import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from codl_tvm.zoo import build_model
 
 __all__ = [
     "LIGHT_MODELS",
@@ -34,8 +39,6 @@ def bundled_model_path() -> Path:
 
 def light_model_path(name: str) -> Path:
     """Path of onnx's light model ``name`` (e.g. "resnet50")."""
-    import onnx
-
     path = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light" / f"light_{name}.onnx"
     if not path.is_file():
         raise FileNotFoundError(f"onnx ships no light model '{name}' ({path})")
@@ -52,9 +55,6 @@ def with_random_weights(model, seed: int = 0, tiled: bool = False):
     which libraries embedding the weights compress ~100x in any packed layout (benchmark
     artifacts travel to the device machine in a few MB; latency does not depend on values).
     """
-    import onnx
-    from onnx import numpy_helper
-
     rng = np.random.default_rng(seed)
     out = onnx.ModelProto()
     out.CopyFrom(model)
@@ -97,8 +97,6 @@ def sanitize_names(model):
     TVM's OpenCL codegen names kernel parameters after the Relax variables, so a weight kept as
     a model parameter with a ``/`` in its name produces OpenCL source that does not compile.
     """
-    import re
-
     def fix(name: str) -> str:
         return re.sub(r"[^0-9A-Za-z_]", "_", name) if name else name
 
@@ -119,8 +117,6 @@ def pretranspose_gemm_weights(model):
     transposing it at every inference (which constant folding only removes when weights are
     compiled in as constants, not when they are inputs of the compiled library).
     """
-    from onnx import helper, numpy_helper
-
     inits = {t.name: t for t in model.graph.initializer}
     for node in model.graph.node:
         if node.op_type != "Gemm" or len(node.input) < 2 or node.input[1] not in inits:
@@ -141,8 +137,6 @@ def pretranspose_gemm_weights(model):
 def light_model(name: str, seed: int = 3, tiled: bool = False):
     """onnx's light model ``name`` with seeded random weights and C-identifier tensor names
     (``tiled``: see :func:`with_random_weights`)."""
-    import onnx
-
     model = onnx.load(str(light_model_path(name)))
     return sanitize_names(with_random_weights(model, seed=seed, tiled=tiled))
 
@@ -163,9 +157,6 @@ def compressible_weights(model, seed: int = 0):
     their scale, and libraries embedding the weights compress ~100x in any packed layout.
     Rank-1 parameters (biases, batch-norm statistics) are kept.
     """
-    import onnx
-    from onnx import numpy_helper
-
     rng = np.random.default_rng(seed)
     out = onnx.ModelProto()
     out.CopyFrom(model)
@@ -185,6 +176,4 @@ def benchmark_model(name: str):
     not depend on their values."""
     if name in LIGHT_MODELS:
         return light_model(name, tiled=True)
-    from codl_tvm.zoo import build_model
-
     return compressible_weights(build_model(name))

@@ -351,6 +351,8 @@ class OpInfo:
 
 def static_shape(expr) -> tuple[int, ...] | None:
     """The static shape of a Relax tensor expression, or ``None`` (not a tensor, or dynamic)."""
+    # deferred here and below: plans are read where TVM is runtime-only (artifacts on a device),
+    # and tvm.relax needs TVM's compiler
     from tvm import relax
 
     ty = getattr(expr, "ty", None)
@@ -424,7 +426,7 @@ def _op_info(index: int, var, call) -> OpInfo:
 
 def iter_main_bindings(mod):
     """``(block, binding)`` for every binding of ``main`` in order (shared with the passes)."""
-    from tvm import relax
+    from tvm import relax  # deferred: needs TVM's compiler (see static_shape)
 
     func = mod["main"]
     if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
@@ -436,6 +438,7 @@ def iter_main_bindings(mod):
 
 def partitionable_bindings(mod) -> list[tuple[OpInfo, object]]:
     """``(OpInfo, VarBinding)`` for each partitionable operator of ``main``, in binding order."""
+    # deferred: needs TVM's compiler (see static_shape)
     import tvm
     from tvm import relax
 

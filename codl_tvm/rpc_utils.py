@@ -21,6 +21,8 @@ Errors derive from :class:`RPCError`; failures of a connected device raise
 from __future__ import annotations
 
 import argparse
+import functools
+import gc
 import json
 import os
 import platform
@@ -34,6 +36,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import tvm
+import tvm.rpc
+import tvm_ffi
+
+from codl_tvm import runtime
 from codl_tvm.errors import (
     NoFreeDevice,
     RemoteFailure,
@@ -256,8 +263,6 @@ class RemoteDevice:
             # TVM's RPCSession has no close(): the connection ends when the last reference to it
             # goes. Remote tensors/VMs caught in reference cycles (closures, tracebacks) would keep
             # the device busy until the next garbage collection, so collect now.
-            import gc
-
             gc.collect()
 
 
@@ -287,8 +292,6 @@ def request_remote(
     ------
     TrackerUnreachable, NoFreeDevice, RemoteFailure
     """
-    import tvm.rpc
-
     addr = _address(tracker)
     deadline = time.monotonic() + timeout_s
     sock = _open_tracker(addr, timeout_s)
@@ -332,14 +335,7 @@ def request_remote(
 
 def local_versions(opencl: bool | None = None) -> dict[str, str]:
     """Versions and platform of this process: what a server reports through ``VERSIONS_FUNC``."""
-    import tvm
-
-    try:
-        import tvm_ffi
-
-        ffi_version = getattr(tvm_ffi, "__version__", "unknown")
-    except ImportError:
-        ffi_version = "none"
+    ffi_version = getattr(tvm_ffi, "__version__", "unknown")
     info = {
         "tvm": tvm.__version__,
         "tvm_ffi": ffi_version,
@@ -646,15 +642,9 @@ class DeviceFarm:
 
 def _register_versions(opencl: bool = False) -> None:
     """Server init callback: register ``codl_tvm.rpc.versions`` (runs in the server process)."""
-    import json as _json
-
-    import tvm_ffi
-
     info = local_versions(opencl=opencl)
     if opencl:
         try:
-            from codl_tvm import runtime
-
             runtime.load()
         except Exception as exc:  # reported to clients instead of failing the server
             info["opencl"] = "0"
@@ -662,7 +652,7 @@ def _register_versions(opencl: bool = False) -> None:
 
     @tvm_ffi.register_global_func(VERSIONS_FUNC, override=True)
     def _versions() -> str:
-        return _json.dumps(info)
+        return json.dumps(info)
 
 
 def serve(
@@ -679,10 +669,6 @@ def serve(
     The server answers ``codl_tvm.rpc.versions`` (TVM, tvm-ffi, Python, machine), so clients can
     check versions before uploading. ``opencl=True`` loads codl-tvm's OpenCL plugin in the server.
     """
-    import functools
-
-    import tvm.rpc
-
     url, tport = parse_address(tracker)
     init = functools.partial(_register_versions, opencl)
     server = tvm.rpc.Server(

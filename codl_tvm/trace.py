@@ -21,6 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import tvm
+
+from codl_tvm import runtime
 
 __all__ = ["Trace", "TraceEvent", "trace_inference"]
 
@@ -246,10 +249,6 @@ def trace_inference(
     each kernel to its split; when the calls the VM made do not match it, the events carry no
     split (a library built by other code).
     """
-    import tvm
-
-    from codl_tvm import runtime
-
     if kernel_splits is None:
         kernel_splits = getattr(built, "kernel_splits", None)
     vm = built.vm

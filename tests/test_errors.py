@@ -244,6 +244,21 @@ def test_runtime_only_tvm_lists_compiler_commands_and_says_why_they_cannot_run(t
     assert_one_line_error(proc, "`codl-tvm compile` needs TVM's compiler", "runtime-only")
 
 
+def test_runtime_only_tvm_runs_a_compiled_artifact(tmp_path):
+    """The deployment case: a machine whose TVM is its runtime alone runs `codl-tvm run
+    ARTIFACT/` (a library imported at the top of a command module must not need the compiler)."""
+    from codl_tvm.cli import main
+
+    model = _conv_model(tmp_path / "conv.onnx")
+    art = tmp_path / "art"
+    assert main(["compile", str(model), "-o", str(art), "--device", "cpu"]) == 0
+    proc = codl_tvm(
+        "run", str(art), "--repeat", "1", "--number", "1", env={"TVM_USE_RUNTIME_LIB": "1"}
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "-> OK" in proc.stdout
+
+
 def test_info_output_is_json_when_opencl_works(opencl):
     proc = codl_tvm("info")
     assert proc.returncode == 0, proc.stderr

@@ -170,6 +170,60 @@ def test_library_never_imports_the_cli():
     assert not bad, "\n".join(bad)
 
 
+# Modules (and packages) whose function-level imports do not all say yet why they are deferred
+# (being split or restructured); remove one from this list once it is clean, never add one.
+PENDING_REASONS = {
+    "codl_tvm.artifact",
+    "codl_tvm.coexec",
+    "codl_tvm.onnx_node_tests",
+    "codl_tvm.onnx_rewrites",
+    "codl_tvm.planner.hope",
+    "codl_tvm.runner",
+    "codl_tvm.targets",
+}
+
+
+def _unexplained_deferred_imports(path: Path) -> list[int]:
+    """Lines of the imports inside functions of ``path`` with no comment saying why: on the
+    line, or above it (over blank lines and the imports of the same group)."""
+    src = path.read_text().splitlines()
+    tree = ast.parse("\n".join(src), str(path))
+    skip: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            skip.update(id(n) for stmt in node.body for n in ast.walk(stmt))
+    deferred = [
+        n
+        for fn in ast.walk(tree)
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
+        for n in ast.walk(fn)
+        if isinstance(n, (ast.Import, ast.ImportFrom)) and id(n) not in skip
+    ]
+    spans = {i for n in deferred for i in range(n.lineno - 1, n.end_lineno)}
+    bad = []
+    for n in deferred:
+        if any("#" in src[i] for i in range(n.lineno - 1, n.end_lineno)):
+            continue
+        i = n.lineno - 2
+        while i >= 0 and (i in spans or not src[i].strip()) and "#" not in src[i]:
+            i -= 1
+        if i < 0 or "#" not in src[i]:
+            bad.append(n.lineno)
+    return sorted(set(bad))
+
+
+def test_deferred_imports_say_why():
+    """An import inside a function defers a heavy optional dependency or TVM's compiler (for
+    runtime-only devices), and a comment says which; anything else belongs at the top."""
+    bad = [
+        f"{path.relative_to(ROOT)}:{line}"
+        for name, path in _modules().items()
+        if not any(name == p or name.startswith(p + ".") for p in PENDING_REASONS)
+        for line in _unexplained_deferred_imports(path)
+    ]
+    assert not bad, "function-level imports without a reason:\n" + "\n".join(bad)
+
+
 def test_cycle_finder_finds_a_function_level_cycle():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert _cycles(graph) == [["a", "b", "c", "a"]]

@@ -16,6 +16,7 @@ from __future__ import annotations
 from importlib import resources
 from pathlib import Path
 
+from codl_tvm import runtime
 from codl_tvm.errors import NoDefaultModelError
 
 __all__ = ["SHIPPED", "NoDefaultModelError", "default_model_path", "shipped_model_path"]
@@ -51,8 +52,6 @@ def default_model_path(preset: str | None = None) -> Path:
 
 def _local_pair() -> str:
     try:
-        from codl_tvm import runtime
-
         runtime.load()
         info = runtime.info()
         names = f"{info.platform} {info.devices[0].name}".lower()

@@ -60,7 +60,7 @@ def _const(expr) -> int | None:
 
 def _binding(stmt) -> tuple[str, int | None] | None:
     """``(thread tag, extent)`` if ``stmt`` binds a GPU thread axis."""
-    from tvm import tirx
+    from tvm import tirx  # deferred: importing the cost-model package does not import TVM
 
     if isinstance(stmt, tirx.For) and stmt.kind == tirx.ForKind.THREAD_BINDING:
         return stmt.thread_binding.thread_tag, _const(stmt.extent)
@@ -71,7 +71,7 @@ def _binding(stmt) -> tuple[str, int | None] | None:
 
 def _launch(root) -> KernelLaunch:
     """Collect the bindings / parallel and vectorized loops of one launch rooted at ``root``."""
-    from tvm import s_tir, tirx
+    from tvm import s_tir, tirx  # deferred: the cost-model package imports without TVM
 
     extents: dict[str, int | None] = {}
     parallel: int | None = None
@@ -113,7 +113,7 @@ def _launch(root) -> KernelLaunch:
 
 
 def _is_launch_root(stmt) -> bool:
-    from tvm import tirx
+    from tvm import tirx  # deferred: importing the cost-model package does not import TVM
 
     bound = _binding(stmt)
     if bound is not None and bound[0].startswith(("blockIdx.", "threadIdx.")):
@@ -125,7 +125,7 @@ def kernel_launches(func) -> list[KernelLaunch]:
     """Launches of one PrimFunc, in program order: each maximal loop nest bound to GPU threads,
     or each outermost parallel loop nest on the CPU; a PrimFunc with neither (a serial CPU
     kernel, possibly vectorized) counts as one launch with one parallel block."""
-    from tvm import tirx
+    from tvm import tirx  # deferred: importing the cost-model package does not import TVM
 
     if not isinstance(func, tirx.PrimFunc):
         raise TypeError(f"expected a tvm.tirx.PrimFunc, got {type(func).__name__}")

@@ -176,7 +176,7 @@ class GbdtModel(CostModel):
         self.base = None  # CoDL's model the trees start from (analytical_base)
 
     def _fit_ops(self, records: list[OpRecord]) -> None:
-        import xgboost as xgb
+        import xgboost as xgb  # deferred: a heavy optional dependency, used only here
 
         by_key: dict[tuple[str, str, str], list[OpRecord]] = {}
         for r in records:
@@ -223,7 +223,7 @@ class GbdtModel(CostModel):
 
     @staticmethod
     def _booster_from(raw: dict):
-        import xgboost as xgb
+        import xgboost as xgb  # deferred: a heavy optional dependency, used only here
 
         booster = xgb.Booster()
         booster.load_model(bytearray(json.dumps(raw).encode()))
@@ -275,15 +275,15 @@ class GbdtModel(CostModel):
         self.config = GbdtConfig(**body["config"])
         self.base = None
         if body.get("base") is not None:
-            from codl_tvm.cost_model.analytical import CodlModel
-
             self.base = CodlModel.from_json(body["base"], "(analytical base)")
         if list(body["features"]) != list(FEATURE_NAMES):
             raise ValueError(
                 "the model's feature names differ from this codl-tvm's "
                 f"({body['features']!r}); refit the model"
             )
-        import xgboost  # noqa: F401  (a missing package is not a corrupt file)
+        # deferred (a heavy optional dependency); checked here because a missing package is not
+        # a corrupt file
+        import xgboost  # noqa: F401
 
         self.boosters, self._raw, self._counts = {}, {}, {}
         for obj in body["groups"]:

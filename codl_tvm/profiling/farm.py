@@ -30,6 +30,7 @@ from codl_tvm.profiling.runner import (
     device_description,
     measure_op,
 )
+from codl_tvm.rpc_utils import DeviceFarm
 
 __all__ = ["FarmSession", "profile_farm"]
 
@@ -96,8 +97,6 @@ def profile_farm(
         Some jobs failed on every attempt (the records of the others are written first; the
         message names each failed job and its last device and error).
     """
-    from codl_tvm.rpc_utils import DeviceFarm
-
     say = log or (lambda _msg: None)
     lock = threading.Lock()
     retried = [0]

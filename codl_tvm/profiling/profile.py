@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import json
 import sys
+import tempfile
+import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,18 +26,22 @@ import numpy as np
 
 from codl_tvm.cost_model.dataset import DatasetWriter, OpRecord, load_dataset
 from codl_tvm.cost_model.features import FeatureError, OpParams, Partition, part_shape
+from codl_tvm.cost_model.sampling import CODL_SPACE, POW2_SPACE, sample_conv2d, sample_dense
+from codl_tvm.plan import partitionable_ops
 from codl_tvm.profiling.runner import (
     LEGACY_TIMING,
     CompiledPart,
     LocalSession,
     ProfileError,
     TimingConfig,
+    _target_str,
     algorithm_switches,
     compile_part,
     device_description,
     measure_op,
     measure_sharing,
 )
+from codl_tvm.targets import get_preset
 
 __all__ = [
     "MANIFEST",
@@ -115,8 +121,6 @@ def sampled_ops(
     dense_fraction: float = 0.0,
 ) -> list[tuple[str | None, OpParams]]:
     """``n`` sampled operators (conv2d, and dense for ``dense_fraction`` of them)."""
-    from codl_tvm.cost_model.sampling import CODL_SPACE, POW2_SPACE, sample_conv2d, sample_dense
-
     if method not in ("codl", "pow2"):
         raise ValueError(f"sampling method {method!r} is not 'codl' or 'pow2'")
     space = CODL_SPACE if method == "codl" else POW2_SPACE
@@ -138,10 +142,9 @@ def _square(values, what: str, name: str) -> int:
 def model_ops(model) -> list[tuple[str, OpParams]]:
     """The partitionable operators of an ONNX model (path, proto or ``OnnxModel``) as
     ``(name, OpParams)``; operators ``OpParams`` cannot describe are skipped with a warning."""
-    import warnings
-
+    # deferred: importing an ONNX model needs TVM's compiler, and this module also serves
+    # `codl-tvm profile --run-dir` on devices whose TVM is runtime-only
     from codl_tvm.frontend import load_onnx
-    from codl_tvm.plan import partitionable_ops
 
     if not hasattr(model, "mod"):
         model = load_onnx(model)
@@ -285,8 +288,6 @@ def profile(
     built libraries (a temporary directory by default). Returns counts of measured, skipped
     and sharing records.
     """
-    import tempfile
-
     session = session or LocalSession()
     device = device_description(session, gpu_target, cpu_target)
     writer, done = _open(output, meta, timing)
@@ -331,8 +332,6 @@ def compile_jobs(
     ``preset`` (``codl_tvm.targets``) picks the targets and the (cross-)toolchain of a device
     machine; ``threads`` is its CPU thread count, recorded in the CPU dispatch features."""
     if preset is not None:
-        from codl_tvm.targets import get_preset
-
         p = get_preset(preset)
         gpu_target = gpu_target or p.target("gpu")
         cpu_target = cpu_target or p.target("cpu")
@@ -389,8 +388,6 @@ def compile_jobs(
 
 
 def _write_manifest(path: Path, entries, gpu_target, cpu_target) -> None:
-    from codl_tvm.profiling.runner import _target_str
-
     obj = {
         "format": MANIFEST_FORMAT,
         "version": 1,

@@ -115,7 +115,7 @@ def default_cache_dir() -> Path:
 
 
 def _global(name: str):
-    import tvm_ffi
+    import tvm_ffi  # deferred: importing codl_tvm.runtime loads no TVM library (see load)
 
     return tvm_ffi.get_global_func(name)
 

@@ -12,6 +12,7 @@ import ctypes
 import glob
 import importlib.util
 import os
+from importlib import metadata
 from pathlib import Path
 
 _SRC_DIR = Path(__file__).parent / "src"
@@ -32,7 +33,8 @@ def build_plugin(build_directory: str | None = None) -> str:
         Where to build; by default tvm_ffi's cache directory (``TVM_FFI_CACHE_DIR`` or
         ``~/.cache/tvm-ffi``) under a name that changes with the sources.
     """
-    import tvm  # noqa: F401  (loads libtvm_runtime so the plugin's symbols resolve)
+    # deferred (first use only); tvm loads libtvm_runtime so the plugin's symbols resolve
+    import tvm  # noqa: F401
     import tvm_ffi.cpp
 
     tvm_dir = Path(importlib.util.find_spec("tvm").origin).parent
@@ -91,8 +93,6 @@ def register_pip_opencl_drivers(cache_root: Path) -> None:
         return
     drivers: dict[str, str] = {}
     try:
-        from importlib import metadata
-
         for f in metadata.files("intel-opencl-rt") or []:
             if f.name == "libintelocl.so":
                 drivers["intel-cpu.icd"] = str(Path(f.locate()).resolve())
@@ -121,6 +121,8 @@ def load_library(path: str) -> ctypes.CDLL:
     The libraries it links against are opened first by full path, so a prebuilt plugin loads
     wherever TVM is installed (its build-time rpath may point elsewhere).
     """
+    # deferred, as everywhere in codl_tvm.runtime: importing it (the cost-model package does)
+    # loads no TVM library; TVM and the plugin load on first use
     import tvm
     import tvm_ffi
 
