@@ -61,7 +61,9 @@ own along rows at that split's ratio, named ``<split>+rows``: each part computes
 its rows of the merged output.
 
 ``main`` gets a ``"codl_parts"`` attribute recording, for each split, which variables belong to
-which processor, which output region each part writes and which input region it reads;
+which processor, which output region each part writes and which input region it reads, and which
+of them are computed from constants alone (``foldable``: the slices of a weight the graph computes,
+e.g. by ConstantOfShape, which FoldConstant later turns into constants);
 :func:`codl_tvm.passes.parts.collect_parts` reads it back.
 """
 
