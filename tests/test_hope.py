@@ -566,3 +566,148 @@ def test_hope_plans_are_deterministic(inception_mod, cheap_sharing_model):
 
     plans = {make_plan(inception_mod, cheap_sharing_model, "hope")[0].to_json() for _ in range(4)}
     assert len(plans) == 1
+
+
+# -- splits as a third choice (codl_hope) ----------------------------------------------------------
+
+
+def split_graph(nodes, edges, home="gpu") -> OpGraph:
+    """``nodes``: (name, cpu_ms, gpu_ms, split_ms or None); ``edges``: (src, dst, transfer)."""
+    return OpGraph(
+        tuple(
+            DagNode(
+                n,
+                c,
+                g,
+                op=n,
+                split_ms=sp,
+                split_dim=None if sp is None else "H",
+                split_ratio=None if sp is None else 0.5,
+            )
+            for n, c, g, sp in nodes
+        ),
+        tuple(DagEdge(s, d, t) for s, d, t in edges),
+        home,
+    )
+
+
+def test_a_lone_operator_is_split_when_its_split_is_faster():
+    g = split_graph([("x", 4, 4, 2.5)], [])
+    exact = solve_exact(g)
+    check_schedule(g, exact)
+    assert exact.processor == ("both",) and exact.makespan_ms == pytest.approx(2.5)
+
+
+def test_independent_branches_beat_splitting_each():
+    # two 4 ms ops side by side: 4; each split (2.5 ms on both processors) one after the other: 5
+    g = split_graph([("a", 4, 4, 2.5), ("b", 4, 4, 2.5)], [])
+    exact = solve_exact(g)
+    check_schedule(g, exact)
+    assert exact.makespan_ms == pytest.approx(4.0)
+    assert sorted(exact.processor) == ["cpu", "gpu"]
+
+
+def test_splits_carry_their_own_sharing_no_transfer_delay():
+    # a -> b -> c; moving a tensor costs 10 ms. Whole: a chain on one processor, 4 + 4 + 4 = 12.
+    # a and b split (3 ms each, sharing included) and c whole on the GPU after b's merged
+    # output: 3 + 3 + 1 = 7 (c is 1 ms on the GPU); all split: 3 + 3 + 3 = 9.
+    g = split_graph(
+        [("a", 4, 4, 3), ("b", 4, 4, 3), ("c", 4, 1, 3)], [("a", "b", 10), ("b", "c", 10)]
+    )
+    exact = solve_exact(g)
+    check_schedule(g, exact)
+    assert exact.makespan_ms == pytest.approx(7.0)
+    assert exact.processor == ("both", "both", "gpu")
+    assert greedy_schedule(g).makespan_ms >= exact.makespan_ms - 1e-9
+    from codl_tvm.planner.placement import dispatch_order
+
+    assert dispatch_order(g, exact) == ("a", "b", "c")
+
+
+def test_split_producers_do_not_decide_a_follow_node():
+    # j joins a split p and q whole on the CPU: PlaceParts ignores the merged split output, so j
+    # follows q to the CPU (home is the GPU); with q on the GPU too it goes to the GPU
+    nodes = (
+        DagNode("p", 9, 9, split_ms=1, split_dim="H", split_ratio=0.5),
+        DagNode("q", 1, 5),
+        DagNode("j", 0, 0, follows=True),
+    )
+    g = OpGraph(nodes, (DagEdge("p", "j", 1), DagEdge("q", "j", 1)), "gpu")
+    assert g.follow(2, ("both", "cpu", None)) == "cpu"
+    assert g.follow(2, ("both", "gpu", None)) == "gpu"
+    assert g.follow(2, ("both", "both", None)) == "gpu"
+    exact = solve_exact(g)
+    check_schedule(g, exact)
+    # p split [0, 1] then q on the CPU [1, 2], j on the CPU at 2 (no transfer from a split)
+    assert exact.processor == ("both", "cpu", "cpu") and exact.makespan_ms == pytest.approx(2.0)
+    with pytest.raises(ScheduleError, match="cannot run on 'both'"):
+        check_schedule(g, Schedule(("both", "both", "gpu"), (0, 1, 2), (1, 2, 2), 2.0, "hand"))
+
+
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.integers(0, 10_000), st.integers(2, 7), st.sampled_from([0.2, 0.5]))
+def test_greedy_with_splits_never_beats_the_exact_schedule(seed, n, p_edge):
+    rng = random.Random(seed)
+    base = random_graph(rng, n, p_edge)
+    nodes = tuple(
+        node
+        if node.follows or rng.random() < 0.4
+        else DagNode(
+            node.name,
+            node.cpu_ms,
+            node.gpu_ms,
+            split_ms=round(rng.uniform(0.3, 1.0) * min(node.cpu_ms, node.gpu_ms) + 0.05, 3),
+            split_dim="H",
+            split_ratio=0.5,
+            follows=False,
+        )
+        for node in base.nodes
+    )
+    g = OpGraph(nodes, base.edges, base.home)
+    exact = solve_exact(g, time_limit_s=20, workers=2)
+    assert exact.status == "optimal"
+    check_schedule(g, exact)
+    greedy = greedy_schedule(g)
+    check_schedule(g, greedy)
+    assert greedy.makespan_ms >= exact.makespan_ms - 1e-6 * max(1.0, exact.makespan_ms)
+    assert lower_bound_ms(g) <= exact.makespan_ms + 1e-9
+    # splits are a third choice: never worse than placing whole operators only
+    assert exact.makespan_ms <= solve_exact(base, time_limit_s=20, workers=2).makespan_ms + 1e-6
+
+
+@pytest.fixture(scope="module")
+def split_friendly_model():
+    """Sharing so cheap that splitting the larger convs pays."""
+    return synthetic_cost_model(SyntheticDevice(share_ms_per_mb=0.01, presync_ms=0.001))
+
+
+def test_codl_hope_mixes_splits_and_whole_branches(inception_mod, split_friendly_model):
+    from codl_tvm.planner.placement import make_plan
+
+    plans = {m: make_plan(inception_mod, split_friendly_model, m) for m in ("hope", "codl_hope")}
+    plan, report = plans["codl_hope"]
+    ratios = [e.ratio for e in plan.ops]
+    assert any(0.0 < r < 1.0 for r in ratios) and {0.0, 1.0} <= set(ratios)
+    s = report.summary
+    assert s.n_split_h + s.n_split_oc + s.n_whole_cpu + s.n_whole_gpu == len(ratios)
+    assert s.predicted_ms <= plans["hope"][1].summary.predicted_ms + 1e-9
+    split_rows = [d for d in report.decisions if d.ratio is not None and 0 < d.ratio < 1]
+    assert all("codl_hope: split" in d.reason and d.coexec_ms == d.split_ms for d in split_rows)
+
+
+@pytest.mark.opencl
+def test_codl_hope_plan_equals_onnxruntime(opencl, inception_mod, split_friendly_model):
+    import onnxruntime as ort
+
+    import codl_tvm
+    from codl_tvm.planner.placement import make_plan
+
+    plan, _ = make_plan(inception_mod, split_friendly_model, "codl_hope")
+    assert any(0.0 < e.ratio < 1.0 for e in plan.ops)
+    x = np.random.default_rng(1).standard_normal((1, 3, 16, 16)).astype("float32")
+    sess = ort.InferenceSession(
+        inception_like().SerializeToString(), providers=["CPUExecutionProvider"]
+    )
+    (expected,) = sess.run(None, {"x": x})
+    out = codl_tvm.compile(inception_mod, plan)([x])[0]
+    np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4)

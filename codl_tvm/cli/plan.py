@@ -147,7 +147,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         choices=ALL_MODES,
         default="codl",
         help="planner or baseline (hope, hope_greedy, starpu, mosaic: each operator whole on the "
-        "CPU or the GPU, independent branches on both at once)",
+        "CPU or the GPU, independent branches on both at once; codl_hope: or split)",
     )
     p.add_argument(
         "--preset",

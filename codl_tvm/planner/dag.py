@@ -41,9 +41,11 @@ from codl_tvm.errors import PlannerError
 from codl_tvm.plan import partitionable_bindings, static_shape
 from codl_tvm.planner.search import PlannerConfig, _Planner
 
-__all__ = ["PROCESSORS", "DagEdge", "DagNode", "OpGraph", "build_graph"]
+__all__ = ["PROCESSORS", "SPLIT", "DagEdge", "DagNode", "OpGraph", "build_graph"]
 
 PROCESSORS: tuple[str, str] = ("cpu", "gpu")
+#: The placement of a node split across both processors (CoDL's split, Eq. 2).
+SPLIT = "both"
 
 
 @dataclass(frozen=True)
@@ -67,6 +69,9 @@ class DagNode:
         The Relax variables of ``main`` merged into this node, in binding order.
     note
         Why a partitionable operator is a follow node (the cost model cannot describe it).
+    split_ms, split_dim, split_ratio
+        The operator's best CoDL split (Eq. 2: both processors busy, the sharing of its input
+        and output included), a third placement choice; None when not offered.
     """
 
     name: str
@@ -77,10 +82,21 @@ class DagNode:
     kind: str = ""
     members: tuple[str, ...] = ()
     note: str = ""
+    split_ms: float | None = None
+    split_dim: str | None = None
+    split_ratio: float | None = None
 
     def latency_ms(self, processor: str) -> float:
-        """Predicted latency on ``processor`` (``"cpu"`` or ``"gpu"``)."""
+        """Predicted latency on ``processor`` (``"cpu"``, ``"gpu"`` or :data:`SPLIT`)."""
+        if processor == SPLIT:
+            if self.split_ms is None:
+                raise PlannerError(f"graph: node {self.name} offers no split")
+            return self.split_ms
         return self.cpu_ms if processor == "cpu" else self.gpu_ms
+
+    def choices(self) -> tuple[str, ...]:
+        """The placements a scheduler may choose for a free node."""
+        return PROCESSORS if self.split_ms is None else (*PROCESSORS, SPLIT)
 
 
 @dataclass(frozen=True)
@@ -127,7 +143,9 @@ class OpGraph:
         for i, n in enumerate(self.nodes):
             if n.name in index:
                 raise PlannerError(f"graph: node {n.name!r} appears twice")
-            for ms in (n.cpu_ms, n.gpu_ms):
+            if n.split_ms is not None and n.follows:
+                raise PlannerError(f"graph: follow node {n.name} cannot offer a split")
+            for ms in (n.cpu_ms, n.gpu_ms, 0.0 if n.split_ms is None else n.split_ms):
                 if not ms >= 0.0 or ms == float("inf"):
                     raise PlannerError(
                         f"graph: node {n.name} needs finite latencies >= 0, got "
@@ -184,9 +202,19 @@ class OpGraph:
         """Transfer delay of the edge ``src -> dst`` when its ends run on different processors."""
         return self._transfer[(src, dst)]
 
+    def delay_ms(self, src: int, dst: int, src_on: str, dst_on: str) -> float:
+        """The edge's delay for these placements: its transfer when the ends run whole on
+        different processors; none next to a split, whose Eq. 2 includes the sharing of its
+        input and output."""
+        if src_on == dst_on or SPLIT in (src_on, dst_on):
+            return 0.0
+        return self._transfer[(src, dst)]
+
     def follow(self, i: int, placement: Mapping[int, str] | Sequence[str]) -> str:
-        """PlaceParts' rule for a follow node: its producers' one processor, else ``home``."""
-        procs = {placement[p] for p in self._preds[i]}
+        """PlaceParts' rule for a follow node: the one processor its producers run whole on,
+        else ``home`` (producers on both, or none; split producers do not count: their merged
+        output does not decide)."""
+        procs = {placement[p] for p in self._preds[i]} - {SPLIT}
         return procs.pop() if len(procs) == 1 else self.home
 
     def single_processor_ms(self, processor: str) -> float:
@@ -238,6 +266,7 @@ def build_graph(
     cost_model: CostModel,
     config: PlannerConfig | None = None,
     home: str | None = None,
+    splits: bool = False,
 ) -> OpGraph:
     """The :class:`OpGraph` of ``mod["main"]`` with ``cost_model``'s predictions.
 
@@ -255,6 +284,9 @@ def build_graph(
     home
         Where follow nodes go when their producers do not decide; None: the processor predicted
         faster for the sum of the free nodes (as the CoDL planner picks it).
+    splits
+        Also offer each operator's best CoDL split (along ``config.dims``, at its ratios) as a
+        third placement, where one gives both processors work.
 
     Returns
     -------
@@ -308,11 +340,12 @@ def build_graph(
                 "note": "" if free else op.problem,
                 "cpu": op.cpu_ms if free else 0.0,
                 "gpu": op.gpu_ms if free else 0.0,
+                "split": planner.best_split(op, config.dims) if free and splits else None,
             }
         else:
             n_unpredicted += isinstance(b.value, relax.Call)
             node = {"name": b.var.name, "kind": _kind(b.value), "op": None, "follows": True}
-            node.update(note="", cpu=0.0, gpu=0.0)
+            node.update(note="", cpu=0.0, gpu=0.0, split=None)
         node["members"] = [b.var.name]
         node_of[b.var] = len(nodes)
         nodes.append(node)
@@ -344,6 +377,11 @@ def build_graph(
             n["kind"],
             tuple(n["members"]),
             n["note"],
+            *(
+                (None, None, None)
+                if n["split"] is None
+                else (n["split"].total_ms, n["split"].dim, n["split"].ratio)
+            ),
         )
         for i, n in enumerate(nodes)
     )

@@ -11,7 +11,10 @@ validates:
   different processors (a delay, not work of either processor, so a tensor moved once serves every
   reader on the other side);
 - a follow node (concat, residual add: :class:`~codl_tvm.planner.dag.DagNode.follows`) runs where
-  ``codl.PlaceParts`` puts it: its producers' one processor, else the graph's ``home``.
+  ``codl.PlaceParts`` puts it: its producers' one processor, else the graph's ``home``;
+- a node that offers a CoDL split (:attr:`~codl_tvm.planner.dag.DagNode.split_ms`) may run split
+  (``"both"``): it occupies both processors for its Eq. 2 latency, which includes the sharing of
+  its input and output, so the edges next to it carry no transfer delay (``codl_hope``).
 
 Methods
 -------
@@ -35,9 +38,10 @@ import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from codl_tvm.errors import CodlError, PlannerError
-from codl_tvm.planner.dag import PROCESSORS, OpGraph
+from codl_tvm.planner.dag import PROCESSORS, SPLIT, OpGraph
 
 __all__ = [
     "DEFAULT_GREEDY_K",
@@ -78,7 +82,8 @@ class Schedule:
     Attributes
     ----------
     processor, start_ms, finish_ms
-        Per node, in the graph's node order.
+        Per node, in the graph's node order; the processor is ``"cpu"``, ``"gpu"`` or
+        ``"both"`` (split, :data:`~codl_tvm.planner.dag.SPLIT`).
     makespan_ms
         The latest finish.
     method
@@ -109,8 +114,8 @@ class Schedule:
         return max(0.0, (self.makespan_ms - self.bound_ms) / self.makespan_ms)
 
     def order(self, processor: str) -> list[int]:
-        """The nodes ``processor`` runs, in start order."""
-        nodes = [i for i, p in enumerate(self.processor) if p == processor]
+        """The nodes ``processor`` runs (its parts of split nodes included), in start order."""
+        nodes = [i for i, p in enumerate(self.processor) if p in (processor, SPLIT)]
         return sorted(nodes, key=lambda i: (self.start_ms[i], self.finish_ms[i], i))
 
     def placement(self, graph: OpGraph) -> dict[str, str]:
@@ -135,8 +140,8 @@ def check_schedule(graph: OpGraph, schedule: Schedule, tol: float = 1e-6) -> Non
     procs = schedule.processor
     for i, node in enumerate(graph.nodes):
         p = procs[i]
-        if p not in PROCESSORS:
-            problems.append(f"{node.name}: unknown processor {p!r}")
+        if p not in node.choices() and not (node.follows and p in PROCESSORS):
+            problems.append(f"{node.name}: cannot run on {p!r} (choices: {node.choices()})")
             continue
         if node.follows and p != graph.follow(i, procs):
             problems.append(
@@ -150,7 +155,7 @@ def check_schedule(graph: OpGraph, schedule: Schedule, tol: float = 1e-6) -> Non
                 f"{node.name}: runs {f - s:.6g} ms on {p}, predicted {node.latency_ms(p):.6g}"
             )
         for j in graph.preds(i):
-            delay = graph.transfer_ms(j, i) if procs[j] != p else 0.0
+            delay = graph.delay_ms(j, i, procs[j], p)
             if s + tol * max(1.0, s) < schedule.finish_ms[j] + delay:
                 problems.append(
                     f"{node.name}: starts at {s:.6g}, before {graph.nodes[j].name} finishes at "
@@ -160,7 +165,7 @@ def check_schedule(graph: OpGraph, schedule: Schedule, tol: float = 1e-6) -> Non
         busy = sorted(
             (schedule.start_ms[i], schedule.finish_ms[i], i)
             for i in range(n)
-            if procs[i] == p and schedule.finish_ms[i] - schedule.start_ms[i] > tol
+            if procs[i] in (p, SPLIT) and schedule.finish_ms[i] - schedule.start_ms[i] > tol
         )
         for (_, f0, a), (s1, _, b) in itertools.pairwise(busy):
             if s1 + tol * max(1.0, s1) < f0:
@@ -202,7 +207,7 @@ class _Timer:
         return self.graph.follow(i, self.procs) if self.graph.nodes[i].follows else wanted
 
     def end_on(self, i: int, p: str) -> tuple[float, float]:
-        """(start, finish) of node ``i`` appended to processor ``p`` now."""
+        """(start, finish) of node ``i`` appended to processor ``p`` (or split) now."""
         g = self.graph
         t = 0.0
         for j in g.preds(i):
@@ -211,16 +216,18 @@ class _Timer:
                     f"schedule: {g.nodes[i].name} is dispatched before its producer "
                     f"{g.nodes[j].name}"
                 )
-            t = max(t, self.finish[j] + (g.transfer_ms(j, i) if self.procs[j] != p else 0.0))
+            t = max(t, self.finish[j] + g.delay_ms(j, i, self.procs[j], p))
         lat = g.nodes[i].latency_ms(p)
-        s = max(t, self.ready[p]) if lat > 0 else t
+        used = PROCESSORS if p == SPLIT else (p,)
+        s = max(t, *(self.ready[q] for q in used)) if lat > 0 else t
         return s, s + lat
 
     def commit(self, i: int, p: str) -> None:
         self.procs[i] = p
         self.start[i], self.finish[i] = self.end_on(i, p)
         if self.finish[i] > self.start[i]:
-            self.ready[p] = self.finish[i]
+            for q in PROCESSORS if p == SPLIT else (p,):
+                self.ready[q] = self.finish[i]
 
     def schedule(self, method: str, status: str = "heuristic", bound_ms=None) -> Schedule:
         return Schedule(
@@ -259,13 +266,18 @@ def simulate(
 
 
 def lower_bound_ms(graph: OpGraph) -> float:
-    """A makespan no schedule beats: the longest path and the half of the total work, each with
-    every node at its faster processor's latency and free transfers."""
-    fastest = [min(n.cpu_ms, n.gpu_ms) for n in graph.nodes]
+    """A makespan no schedule beats: the longest path with every node at its fastest choice,
+    and half the total work with every node at its least processor time (a split busies both
+    processors), transfers free."""
+    fastest = [min(n.latency_ms(p) for p in n.choices()) for n in graph.nodes]
+    work = [
+        min(n.cpu_ms, n.gpu_ms, math.inf if n.split_ms is None else 2 * n.split_ms)
+        for n in graph.nodes
+    ]
     path = [0.0] * len(graph)
     for i in range(len(graph)):
         path[i] = fastest[i] + max((path[j] for j in graph.preds(i)), default=0.0)
-    return max(max(path, default=0.0), sum(fastest) / len(PROCESSORS))
+    return max(max(path, default=0.0), sum(work) / len(PROCESSORS))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -289,9 +301,10 @@ def greedy_schedule(graph: OpGraph, k: int = DEFAULT_GREEDY_K) -> Schedule:
     """HOPE's greedy search (GS, Algorithm 2).
 
     Repeatedly takes the ``k`` ready nodes (all producers placed) whose inputs are complete
-    earliest, tries every mapping of them to the processors (``2**k``; follow nodes go where
-    their rule puts them), and keeps the mapping that finishes the batch earliest (ties: the
-    smaller sum of finishes, then the mapping with more nodes on the home processor).
+    earliest, tries every mapping of them to the processors (``2**k``; ``3**k`` where nodes
+    offer a split; follow nodes go where their rule puts them), and keeps the mapping that
+    finishes the batch earliest (ties: the smaller sum of finishes, then the mapping with more
+    nodes on the home processor).
     """
     if not isinstance(k, int) or k < 1:
         raise PlannerError(f"greedy: k must be a positive integer, got {k!r}")
@@ -307,7 +320,8 @@ def greedy_schedule(graph: OpGraph, k: int = DEFAULT_GREEDY_K) -> Schedule:
         batch = sorted(frontier, key=est)[:k]
         free = [i for i in batch if not graph.nodes[i].follows]
         best = None
-        for choice in itertools.product(PROCESSORS, repeat=len(free)):
+        options = [graph.nodes[i].choices() for i in free]
+        for choice in itertools.product(*options):
             wanted = dict(zip(free, choice, strict=True))
             trial = timer.copy()
             for i in batch:  # in order of earliest start
@@ -469,7 +483,9 @@ def _solve_piece(
         max(ready_at.values()),
         max((finish[j] for i in nodes for j in graph.preds(i) if j not in inside), default=0.0),
     )
-    horizon_ms += sum(max(graph.nodes[i].cpu_ms, graph.nodes[i].gpu_ms) for i in nodes)
+    horizon_ms += sum(
+        max(graph.nodes[i].latency_ms(p) for p in graph.nodes[i].choices()) for i in nodes
+    )
     horizon_ms += sum(graph.transfer_ms(j, i) for i in nodes for j in graph.preds(i))
     scale = _TICKS / horizon_ms if horizon_ms > 0 else 1.0
 
@@ -478,44 +494,65 @@ def _solve_piece(
 
     horizon = ticks(horizon_ms) + len(nodes) + 1
     m = cp_model.CpModel()
-    on_gpu = {}
+    # Per node one literal per choice, exactly one true: gpu[i], cpu[i] and, where the node
+    # offers a split, split[i] (0 otherwise). Earlier pieces' nodes enter as constants.
+    gpu: dict[int, Any] = {}
+    cpu: dict[int, Any] = {}
+    split: dict[int, Any] = {}
     start = {}
     end = {}
     per_proc: dict[str, list] = {p: [] for p in PROCESSORS}
     for i in nodes:
         node = graph.nodes[i]
-        g = on_gpu[i] = m.NewBoolVar(f"gpu_{i}")
+        lits = {p: m.NewBoolVar(f"{p}_{i}") for p in node.choices()}
+        m.AddExactlyOne(lits.values())
+        gpu[i], cpu[i] = lits["gpu"], lits["cpu"]
+        split[i] = lits.get(SPLIT, 0)
         s = start[i] = m.NewIntVar(0, horizon, f"s_{i}")
         e = end[i] = m.NewIntVar(0, horizon, f"e_{i}")
-        for p, lit in (("gpu", g), ("cpu", g.Not())):
+        for p, lit in lits.items():
             d = ticks(node.latency_ms(p))
             m.Add(e == s + d).OnlyEnforceIf(lit)
-            if d > 0:
-                m.Add(s >= ticks(ready_at[p])).OnlyEnforceIf(lit)
-                per_proc[p].append(m.NewOptionalFixedSizeIntervalVar(s, d, lit, f"{p}_{i}"))
-        m.AddHint(g, hint[i] == "gpu")
+            for q in PROCESSORS if p == SPLIT else (p,):
+                if d > 0:
+                    m.Add(s >= ticks(ready_at[q])).OnlyEnforceIf(lit)
+                    per_proc[q].append(m.NewOptionalFixedSizeIntervalVar(s, d, lit, f"{q}{p}_{i}"))
+            m.AddHint(lit, hint[i] == p)
     for p in PROCESSORS:
         m.AddNoOverlap(per_proc[p])
+
+    def placed(j: int, p: str):
+        """Whether node j runs on p: a literal inside the piece, a constant before it."""
+        if j in inside:
+            return {"gpu": gpu, "cpu": cpu, SPLIT: split}[p][j]
+        return int(procs[j] == p)
+
     for i in nodes:
-        g = on_gpu[i]
         for j in graph.preds(i):
             t = ticks(graph.transfer_ms(j, i))
-            if j in inside:
-                # start_i >= end_j + t * [the two on different processors]
-                m.Add(start[i] >= end[j] + t * (g - on_gpu[j]))
-                m.Add(start[i] >= end[j] + t * (on_gpu[j] - g))
-            else:
-                fixed_gpu = procs[j] == "gpu"
-                m.Add(start[i] >= ticks(finish[j])).OnlyEnforceIf(g if fixed_gpu else g.Not())
-                m.Add(start[i] >= ticks(finish[j]) + t).OnlyEnforceIf(g.Not() if fixed_gpu else g)
+            end_j = end[j] if j in inside else ticks(finish[j])
+            # the transfer when the two run whole on different processors: the expressions are
+            # 1 exactly then, <= 0 otherwise (a split on either end has no transfer)
+            gi, gj = placed(i, "gpu"), placed(j, "gpu")
+            si, sj = placed(i, SPLIT), placed(j, SPLIT)
+            m.Add(start[i] >= end_j)
+            if t > 0:
+                m.Add(start[i] >= end_j + t * (gi - gj - si - sj))
+                m.Add(start[i] >= end_j + t * (gj - gi - si - sj))
         if graph.nodes[i].follows:
-            srcs = [on_gpu[j] if j in inside else int(procs[j] == "gpu") for j in graph.preds(i)]
-            if not srcs:
-                m.Add(g == int(graph.home == "gpu"))
-            elif graph.home == "gpu":  # any producer on the GPU (mixed or all) -> GPU
-                m.AddMaxEquality(g, srcs)
-            else:  # all producers on the GPU -> GPU, else the home CPU
-                m.AddMinEquality(g, srcs)
+            # PlaceParts: the one processor the producers run whole on, else home (split
+            # producers do not count). With home h and other o, the node is on o exactly when
+            # some producer runs whole on o and none on h.
+            h, o = graph.home, "cpu" if graph.home == "gpu" else "gpu"
+            on_home = placed(i, h)
+            preds = graph.preds(i)
+            if not preds:
+                m.Add(on_home == 1)
+            for j in preds:
+                m.Add(on_home >= placed(j, h))
+                m.Add(on_home <= sum(placed(k, h) for k in preds) + 1 - placed(j, o))
+            if preds:
+                m.Add(on_home >= 1 - sum(placed(k, o) for k in preds))
     makespan = m.NewIntVar(0, horizon, "makespan")
     m.AddMaxEquality(makespan, [end[i] for i in nodes])
     m.Minimize(makespan)
@@ -524,7 +561,10 @@ def _solve_piece(
     solver.parameters.num_workers = workers
     status = solver.Solve(m)
     if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        placement = {i: "gpu" if solver.Value(on_gpu[i]) else "cpu" for i in nodes}
+        placement = {
+            i: next(p for p in graph.nodes[i].choices() if solver.Value(placed(i, p)))
+            for i in nodes
+        }
         order = sorted(nodes, key=lambda i: (solver.Value(start[i]), solver.Value(end[i]), i))
         name = "optimal" if status == cp_model.OPTIMAL else "feasible"
     else:  # no solution within the limit: the hint (a heuristic's schedule)

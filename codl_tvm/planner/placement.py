@@ -15,12 +15,16 @@ Modes
 -----
 ``hope``: the exact placement and order (:func:`~codl_tvm.planner.hope.solve_exact`);
 ``hope_greedy``: HOPE's GS; ``starpu``: StarPU-like earliest finish; ``mosaic``: MOSAIC-like
-slices. :func:`make_plan` runs any mode, these or the CoDL planner's
-(:func:`~codl_tvm.planner.search.plan_model`).
+slices; ``codl_hope``: the exact placement where each operator may also be split between the
+processors (its best CoDL split, Eq. 2, as a third choice), so one plan mixes branches placed
+whole and split operators (no chains yet). :func:`make_plan` runs any mode, these or the CoDL
+planner's (:func:`~codl_tvm.planner.search.plan_model`).
 
 The schedule's order is not yet imposed on the build: the VM runs ``main``'s bindings in their
 order, so the measured latency can exceed the predicted makespan where the schedule reorders
-independent branches.
+independent branches. :func:`dispatch_order` gives the order to issue the operators in and
+:class:`~codl_tvm.passes.order.OrderSplits` reorders a partitioned module by it; the build
+pipeline does not apply them yet.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from dataclasses import dataclass
 from codl_tvm.cost_model.base import CostModel
 from codl_tvm.errors import PlannerError
 from codl_tvm.plan import OpPartition, PartitionPlan, model_fingerprint, partitionable_ops
-from codl_tvm.planner.dag import OpGraph, build_graph
+from codl_tvm.planner.dag import SPLIT, OpGraph, build_graph
 from codl_tvm.planner.hope import (
     DEFAULT_GREEDY_K,
     DEFAULT_MAX_NODES,
@@ -62,10 +66,8 @@ __all__ = [
     "plan_placement",
 ]
 
-PLACEMENT_MODES: tuple[str, ...] = ("hope", "hope_greedy", "starpu", "mosaic")
+PLACEMENT_MODES: tuple[str, ...] = ("hope", "hope_greedy", "starpu", "mosaic", "codl_hope")
 ALL_MODES: tuple[str, ...] = MODES + PLACEMENT_MODES
-
-_METHOD = {"hope": "exact", "hope_greedy": "greedy", "starpu": "starpu", "mosaic": "mosaic"}
 
 
 @dataclass(frozen=True)
@@ -106,7 +108,7 @@ class PlacementConfig:
 
 def schedule_graph(graph: OpGraph, mode: str, placement: PlacementConfig) -> Schedule:
     """The schedule of ``graph`` by the method of a placement ``mode``, checked."""
-    if mode == "hope":
+    if mode in ("hope", "codl_hope"):
         s = solve_exact(graph, placement.time_limit_s, placement.max_nodes, placement.workers)
     elif mode == "hope_greedy":
         s = greedy_schedule(graph, placement.greedy_k)
@@ -136,7 +138,7 @@ def dispatch_order(graph: OpGraph, schedule: Schedule) -> tuple[str, ...]:
     n = len(graph)
     key = [0.0] * n
     for i in range(n):  # graph order is topological
-        if schedule.processor[i] == "cpu":
+        if schedule.processor[i] != "gpu":  # the host runs a split's CPU part itself
             key[i] = schedule.start_ms[i]
         else:
             key[i] = max(
@@ -179,7 +181,8 @@ def plan_placement(
     model_name: str | None = None,
     placement: PlacementConfig | None = None,
 ) -> tuple[PartitionPlan, PlanReport]:
-    """Place every operator of ``mod`` whole on the CPU or the GPU with a placement ``mode``.
+    """Place every operator of ``mod`` whole on the CPU or the GPU (``codl_hope``: or split)
+    with a placement ``mode``.
 
     Parameters
     ----------
@@ -200,7 +203,8 @@ def plan_placement(
     Returns
     -------
     (PartitionPlan, PlanReport)
-        Ratio 1 or 0 for every placed operator; the report's predicted latency is the schedule's
+        Ratio 1 or 0 for every operator placed whole, the split's dimension and ratio for a
+        split one (``codl_hope``); the report's predicted latency is the schedule's
         makespan (transfers included), each row's reason gives the operator's processor and time
         span, and the notes the method, its status and gap, and what the graph leaves out.
     """
@@ -215,7 +219,7 @@ def plan_placement(
     cost_model, notes = calibrated_model(cost_model, config)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        graph = build_graph(mod, cost_model, config)
+        graph = build_graph(mod, cost_model, config, splits=mode == "codl_hope")
     schedule = schedule_graph(graph, mode, placement)
     infos = partitionable_ops(mod)
     rows: list[Decision] = []
@@ -238,6 +242,27 @@ def plan_placement(
             continue
         node = graph.nodes[i]
         p = schedule.processor[i]
+        span = f"from {schedule.start_ms[i]:.3f} to {schedule.finish_ms[i]:.3f} ms"
+        if p == SPLIT:
+            entries.append(OpPartition(info.name, node.split_dim, node.split_ratio))
+            best = min(node.cpu_ms, node.gpu_ms)
+            rows.append(
+                Decision(
+                    (info.name,),
+                    node.split_dim,
+                    node.split_ratio,
+                    node.cpu_ms,
+                    node.gpu_ms,
+                    node.split_ms,
+                    node.split_ms,
+                    None,
+                    best - node.split_ms,
+                    f"{mode}: split {node.split_dim}@{node.split_ratio:g} on both {span} "
+                    f"({node.split_ms:.3f} ms with sharing; whole CPU {node.cpu_ms:.3f}, GPU "
+                    f"{node.gpu_ms:.3f} ms)",
+                )
+            )
+            continue
         dims = [d.value for d in info.dims]
         dim = next((d for d in config.dims if d in dims), dims[0])
         entries.append(OpPartition(info.name, dim, 1.0 if p == "gpu" else 0.0))
@@ -253,8 +278,7 @@ def plan_placement(
                 None,
                 None,
                 node.latency_ms(other) - node.latency_ms(p),
-                f"{mode}: whole on {p.upper()} from {schedule.start_ms[i]:.3f} to "
-                f"{schedule.finish_ms[i]:.3f} ms ({node.latency_ms(p):.3f} ms; "
+                f"{mode}: whole on {p.upper()} {span} ({node.latency_ms(p):.3f} ms; "
                 f"{other.upper()} {node.latency_ms(other):.3f} ms)",
             )
         )
@@ -268,8 +292,8 @@ def plan_placement(
         gpu_only_ms=gpu,
         ideal_ms=ideal_latency(cpu, gpu),
         n_ops=len(infos),
-        n_split_h=0,
-        n_split_oc=0,
+        n_split_h=sum(0.0 < e.ratio < 1.0 and e.dim.value == "H" for e in entries),
+        n_split_oc=sum(0.0 < e.ratio < 1.0 and e.dim.value == "OC" for e in entries),
         n_whole_cpu=sum(e.ratio == 0.0 for e in entries),
         n_whole_gpu=sum(e.ratio == 1.0 for e in entries),
         chain_lengths=(),
@@ -280,7 +304,7 @@ def plan_placement(
         p: sum(
             schedule.finish_ms[i] - schedule.start_ms[i]
             for i in range(len(graph))
-            if schedule.processor[i] == p
+            if schedule.processor[i] in (p, SPLIT)
         )
         for p in ("cpu", "gpu")
     }
