@@ -37,6 +37,7 @@ from codl_tvm.passes.kernel_splits import RecordKernelSplits
 from codl_tvm.passes.lrn import LRNWindowSum
 from codl_tvm.passes.merge import MergePartsInPlace
 from codl_tvm.passes.nan_semantics import PropagateNaN
+from codl_tvm.passes.order import OrderSplits
 from codl_tvm.passes.place import PlaceParts
 from codl_tvm.passes.share_kernels import ShareIdenticalKernels
 from codl_tvm.passes.sync import InsertCoexecSync
@@ -230,7 +231,14 @@ def coexec_pipeline(
             place = PlaceParts(gpu_target, cpu_target, plan.home)
             phases = [
                 ("inference", inference_passes()),
-                ("partition", [PartitionOperators(plan, channel_blocks, row_blocks)]),
+                (
+                    "partition",
+                    [
+                        PartitionOperators(plan, channel_blocks, row_blocks),
+                        # the plan's issue order (a placement schedule's), if it has one
+                        *([OrderSplits(plan.order)] if plan.order else []),
+                    ],
+                ),
                 ("algorithm", algorithm_passes(gpu_target, cpu_target, cpu, opencl)),
                 ("legalize-place-fuse", legalize_passes(gpu_target, place)),
                 ("schedule", schedule_passes(gpu_target, cpu, opencl)),

@@ -8,11 +8,18 @@ partitioning passes (``codl_tvm.passes``). It is versioned JSON::
       "model_fingerprint": "9c1e...",            # optional
       "home": "cpu",                             # optional, default "gpu"
       "ops":    [{"op": "conv2d_0", "dim": "H", "ratio": 0.5}],
-      "chains": [{"ops": ["conv2d_2", "max_pool2d_3"], "dim": "H", "ratio": 0.4}]
+      "chains": [{"ops": ["conv2d_2", "max_pool2d_3"], "dim": "H", "ratio": 0.4}],
+      "order": ["conv2d_2..max_pool2d_3", "conv2d_0"]   # optional
     }
 
 ``ratio`` is the GPU's share rho in [0, 1] (0: CPU only, 1: GPU only). The GPU gets the first
 ``rho`` of the output rows (H) or output channels (OC), the CPU the rest.
+
+``order`` (optional) is the order in which the build issues the entries' kernels (named like
+the parts record names them: the operator, ``first..last`` for a chain), e.g. the dispatch order
+of a placement schedule that runs independent branches on both processors at once; entries not
+named, and the kernels between them, come as early as their inputs allow
+(:class:`~codl_tvm.passes.order.OrderSplits`). Without it ``main``'s order is kept.
 
 ``home`` is the processor of the kernels outside every partition (batch norms, softmax, concats,
 residual adds, ...) whose inputs do not decide: such a kernel runs where its inputs were computed
@@ -149,6 +156,8 @@ class PartitionPlan:
     #: GPU share of the channel blocks (InstanceNorm) split after a split, with
     #: ``PartitionOperators(channel_blocks=True)``; None: each block takes its split's ratio.
     block_ratio: float | None = None
+    #: Entry names (:meth:`entry_name`) in the order their kernels are issued; () keeps main's.
+    order: tuple[str, ...] = ()
 
     def __post_init__(self):
         if self.version != PLAN_VERSION:
@@ -171,6 +180,24 @@ class PartitionPlan:
                         f"{where}: operator {name} is already partitioned by {seen[name]}"
                     )
                 seen[name] = where
+        order = (self.order,) if isinstance(self.order, str) else tuple(self.order)
+        object.__setattr__(self, "order", order)
+        names = [self.entry_name(e) for e in self.entries()]
+        for name in order:
+            if not isinstance(name, str) or name not in names:
+                raise PlanError(
+                    f"plan: order names {name!r}, which is no entry of the plan (entries: "
+                    f"{', '.join(names[:8]) or 'none'}{', ...' if len(names) > 8 else ''})"
+                )
+        if len(set(order)) != len(order):
+            raise PlanError(f"plan: order names an entry twice: {list(order)}")
+
+    @staticmethod
+    def entry_name(entry: ChainPlan | OpPartition) -> str:
+        """The name of an entry in ``order`` and in the parts record: its operator, or
+        ``first..last`` for a chain."""
+        ops = (entry.op,) if isinstance(entry, OpPartition) else entry.ops
+        return ops[0] if len(ops) == 1 else f"{ops[0]}..{ops[-1]}"
 
     def entries(self) -> list[ChainPlan]:
         """Every partition as a chain (an :class:`OpPartition` is a chain of one operator)."""
@@ -186,6 +213,8 @@ class PartitionPlan:
             out["block_ratio"] = self.block_ratio
         out["ops"] = [p.to_dict() for p in self.ops]
         out["chains"] = [c.to_dict() for c in self.chains]
+        if self.order:
+            out["order"] = list(self.order)
         return out
 
     @classmethod
@@ -199,6 +228,7 @@ class PartitionPlan:
             "block_ratio",
             "ops",
             "chains",
+            "order",
         }
         if unknown:
             raise PlanError(f"plan: unknown field(s) {sorted(unknown)}")
@@ -228,6 +258,7 @@ class PartitionPlan:
             version,
             data.get("home", "gpu"),
             data.get("block_ratio"),
+            _names(data.get("order", []), "order"),
         )
 
     def to_json(self, indent: int | None = 2) -> str:
@@ -291,6 +322,12 @@ class PartitionPlan:
             if idx != sorted(idx):
                 raise PlanError(f"{where}: operators are not in data-flow order")
         return by_name
+
+
+def _names(data: Any, what: str) -> tuple[str, ...]:
+    if not isinstance(data, list) or not all(isinstance(n, str) for n in data):
+        raise PlanError(f"plan: {what} must be a list of entry names, got {data!r}")
+    return tuple(data)
 
 
 def _entry(cls, data: Any, keys: tuple[str, ...], i: int, what: str):

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
-from codl_tvm.errors import CodlError, PlannerError
+from codl_tvm.errors import CodlError, PlanError, PlannerError
 from codl_tvm.plan import PartitionPlan, partitionable_ops
 from codl_tvm.planner.dag import DagEdge, DagNode, OpGraph, build_graph
 from codl_tvm.planner.hope import (
@@ -435,22 +435,27 @@ def test_cli_plan_hope_mode(tmp_path, inception_mod, cheap_sharing_model, capsys
 
 @pytest.mark.opencl
 def test_hope_plan_of_an_inception_module_equals_onnxruntime(
-    opencl, inception_mod, cheap_sharing_model
+    opencl, inception_mod, split_friendly_model
 ):
     import onnxruntime as ort
 
     import codl_tvm
     from codl_tvm.planner.placement import make_plan
 
-    plan, _ = make_plan(inception_mod, cheap_sharing_model, "hope")
+    plan, _ = make_plan(inception_mod, split_friendly_model, "hope")
     assert {e.ratio for e in plan.ops} == {0.0, 1.0}  # branches on both processors
+    # the schedule issues the GPU branch before the CPU branch main computes first
+    assert plan.order != tuple(e.op for e in plan.ops)
     x = np.random.default_rng(0).standard_normal((1, 3, 16, 16)).astype("float32")
     sess = ort.InferenceSession(
         inception_like().SerializeToString(), providers=["CPUExecutionProvider"]
     )
     (expected,) = sess.run(None, {"x": x})
-    out = codl_tvm.compile(inception_mod, plan)([x])[0]
-    np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4)
+    built = codl_tvm.compile(inception_mod, plan)
+    np.testing.assert_allclose(built([x])[0], expected, rtol=1e-4, atol=1e-4)
+    # the build issues the operators in the schedule's dispatch order
+    issued = list(dict.fromkeys(c[1] for c in built.kernel_splits["calls"] if c[1] is not None))
+    assert plan.order and issued == list(plan.order)
 
 
 def test_unmodelled_operator_is_left_out_with_its_reason(cheap_sharing_model):
@@ -709,5 +714,24 @@ def test_codl_hope_plan_equals_onnxruntime(opencl, inception_mod, split_friendly
         inception_like().SerializeToString(), providers=["CPUExecutionProvider"]
     )
     (expected,) = sess.run(None, {"x": x})
-    out = codl_tvm.compile(inception_mod, plan)([x])[0]
-    np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4)
+    built = codl_tvm.compile(inception_mod, plan)
+    np.testing.assert_allclose(built([x])[0], expected, rtol=1e-4, atol=1e-4)
+    issued = list(dict.fromkeys(c[1] for c in built.kernel_splits["calls"] if c[1] is not None))
+    assert issued == list(plan.order)
+
+
+def test_plan_order_round_trips_and_names_entries(inception_mod, cheap_sharing_model):
+    from codl_tvm.planner.placement import make_plan
+
+    plan, _ = make_plan(inception_mod, cheap_sharing_model, "hope")
+    assert sorted(plan.order) == sorted(e.op for e in plan.ops)
+    assert PartitionPlan.from_json(plan.to_json()) == plan
+    data = plan.to_dict()
+    with pytest.raises(PlanError, match="order names 'conv2d_9', which is no entry"):
+        PartitionPlan.from_dict({**data, "order": ["conv2d_9"]})
+    with pytest.raises(PlanError, match="order must be a list of entry names"):
+        PartitionPlan.from_dict({**data, "order": "conv2d_0"})
+    with pytest.raises(PlanError, match="names an entry twice"):
+        PartitionPlan.from_dict({**data, "order": ["conv2d_0", "conv2d_0"]})
+    # plans without an order keep main's and write no "order" field
+    assert "order" not in PartitionPlan(plan.ops).to_dict()

@@ -20,11 +20,11 @@ processors (its best CoDL split, Eq. 2, as a third choice), so one plan mixes br
 whole and split operators (no chains yet). :func:`make_plan` runs any mode, these or the CoDL
 planner's (:func:`~codl_tvm.planner.search.plan_model`).
 
-The schedule's order is not yet imposed on the build: the VM runs ``main``'s bindings in their
-order, so the measured latency can exceed the predicted makespan where the schedule reorders
-independent branches. :func:`dispatch_order` gives the order to issue the operators in and
-:class:`~codl_tvm.passes.order.OrderSplits` reorders a partitioned module by it; the build
-pipeline does not apply them yet.
+The plan's ``order`` is the schedule's :func:`dispatch_order`: the build issues the operators in
+it (:class:`~codl_tvm.passes.order.OrderSplits`), so a GPU branch is enqueued before the host
+runs a CPU branch beside it. The runtime still decides the rest (each GPU kernel starts when
+the GPU is free, each CPU kernel waits only for the GPU results it reads), so the measured
+latency follows the schedule only as far as the predictions hold.
 """
 
 from __future__ import annotations
@@ -282,7 +282,13 @@ def plan_placement(
                 f"{other.upper()} {node.latency_ms(other):.3f} ms)",
             )
         )
-    plan = PartitionPlan(tuple(entries), (), model_fingerprint(mod, infos), home=graph.home)
+    plan = PartitionPlan(
+        tuple(entries),
+        (),
+        model_fingerprint(mod, infos),
+        home=graph.home,
+        order=dispatch_order(graph, schedule),
+    )
     plan.validate(mod)
     cpu = graph.single_processor_ms("cpu")
     gpu = graph.single_processor_ms("gpu")
