@@ -44,8 +44,11 @@ from codl_tvm.schedules.config import (
 from codl_tvm.targets import TargetPreset, get_preset
 
 __all__ = [
+    "CALIBRATION_MIN_SHIFT",
     "MIN_PREDICTED_SPEEDUP",
     "PlanChoice",
+    "calibrated_plans",
+    "candidate_plans",
     "cost_model_cpu_alone",
     "planning_context",
     "resolve_plan",
@@ -312,3 +315,96 @@ def planning_context(
             algos = coexec_cpu_algorithms(cost_model, preset_obj, None, None)
         switch_on(stack, algos, preset_obj)
         yield dataclasses.replace(planner_config(preset_obj), **settings)
+
+
+# ---------------------------------------------------------------------------------------------
+# More plans for ``compile --verify`` to time.
+
+
+def candidate_plans(
+    mod,
+    cost_model: str | Path,
+    plan: PartitionPlan,
+    mode: str,
+    modes,
+    config: PlannerConfig | None = None,
+    model_name: str | None = None,
+    log=print,
+) -> dict[str, tuple[PartitionPlan, PlanReport]]:
+    """The plans of ``modes`` that differ from ``plan`` and from each other and co-execute
+    (single-processor plans are the CPU and GPU builds timed anyway): ``{"coexec:<mode>":
+    (plan, report)}``, made with ``cost_model`` (the file ``plan`` was made with)."""
+    cm = load_model(cost_model)
+    seen = {plan.to_json()}
+    found = {}
+    for m in modes:
+        if m == mode:
+            continue
+        cand, report = plan_model(mod, cm, mode=m, config=config, model_name=model_name)
+        text = cand.to_json()
+        alone = not cand.entries() or single_processor(cand, None, m) is not None
+        if text in seen or alone:
+            log(f"verify: the {m} plan adds no candidate (same plan, or one processor alone)")
+            continue
+        seen.add(text)
+        found[f"coexec:{m}"] = (cand, report)
+    return found
+
+
+#: Re-plan with calibrated predictions only when the two processors' measured/predicted
+#: ratios differ by more than this factor: equal factors keep the processors' balance (only
+#: the weight of the sharing costs would change), not worth another build and timing.
+CALIBRATION_MIN_SHIFT = 1.1
+
+
+def calibrated_plans(
+    mod,
+    cost_model: str | Path,
+    mode: str,
+    report: PlanReport,
+    measured_ms: dict[str, float],
+    seen: set[str],
+    config: PlannerConfig | None = None,
+    model_name: str | None = None,
+    log=print,
+) -> tuple[dict[str, tuple[PartitionPlan, PlanReport]], dict | None]:
+    """The plan of ``mode`` re-made with each processor's predictions scaled by ``measured /
+    predicted`` of the model on it alone (``measured_ms["cpu"]``, ``measured_ms["opencl"]``
+    against ``report``'s summary).
+
+    Returns
+    -------
+    (dict, dict | None)
+        ``{"coexec:<mode>:calibrated": (plan, report)}`` if that plan co-executes and differs
+        from every plan in ``seen`` (which grows), else ``{}``; and the record of the
+        calibration (``cpu_scale``, ``gpu_scale``, ``candidates``), None where the summary has
+        no single-processor predictions. One plan, not one per verify mode: each costs a build
+        and its first OpenCL compile.
+    """
+    s = report.summary
+    if s is None or not (s.cpu_only_ms > 0 and s.gpu_only_ms > 0):
+        return {}, None
+    cpu_scale, gpu_scale = measured_ms["cpu"] / s.cpu_only_ms, measured_ms["opencl"] / s.gpu_only_ms
+    record: dict[str, Any] = {"cpu_scale": cpu_scale, "gpu_scale": gpu_scale, "candidates": []}
+    shift = max(cpu_scale / gpu_scale, gpu_scale / cpu_scale)
+    if shift < CALIBRATION_MIN_SHIFT:
+        log(
+            f"verify: measured/predicted CPU x{cpu_scale:.2f}, GPU x{gpu_scale:.2f}: within "
+            f"{CALIBRATION_MIN_SHIFT}x of each other, no calibrated re-plan"
+        )
+        return {}, record
+    config = dataclasses.replace(config or PlannerConfig(), processor_scale=(cpu_scale, gpu_scale))
+    cm = load_model(cost_model)
+    found = {}
+    cand, rep = plan_model(mod, cm, mode=mode, config=config, model_name=model_name)
+    text = cand.to_json()
+    if text not in seen and cand.entries() and single_processor(cand, None, mode) is None:
+        seen.add(text)
+        found[f"coexec:{mode}:calibrated"] = (cand, rep)
+        record["candidates"].append(mode)
+    log(
+        f"verify: measured/predicted CPU x{cpu_scale:.2f}, GPU x{gpu_scale:.2f}; calibrated "
+        f"re-plans add {len(found)} candidate(s)"
+        + (f" ({', '.join(record['candidates'])})" if found else "")
+    )
+    return found, record
