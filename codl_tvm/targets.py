@@ -421,15 +421,20 @@ def _cpu_features(spec: dict[str, Any]) -> frozenset[str]:
     return frozenset(str(f) for f in _llvm("target.llvm_get_cpu_features")(tvm.target.Target(spec)))
 
 
-@functools.cache
 def host_cpu_spec() -> dict[str, Any]:
-    """The LLVM target (JSON-dict form) of this machine's CPU.
+    """The LLVM target (JSON-dict form) of this machine's CPU (a new dict on every call).
 
     ``mcpu`` is LLVM's name for the CPU; ``mattr`` corrects what that name implies to what the
     CPU really has: features the model lacks here are turned off (hypervisors hide some, e.g.
     ``-pku``) and features beyond it turned on. A CPU LLVM does not know (``"generic"``) gets
     no ``mcpu`` and all its features in ``mattr``.
     """
+    spec = _host_cpu_spec()
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in spec.items()}
+
+
+@functools.cache
+def _host_cpu_spec() -> dict[str, Any]:
     cpu = host_cpu()
     spec: dict[str, Any] = {"kind": "llvm"}
     if cpu.name != "generic":
@@ -438,7 +443,7 @@ def host_cpu_spec() -> dict[str, Any]:
     mattr = sorted(f"+{f}" for f in cpu.features - implied)
     mattr += sorted(f"-{f}" for f in implied & cpu.absent)
     if mattr:
-        spec["mattr"] = mattr
+        spec["mattr"] = tuple(mattr)  # cached: immutable
     return spec
 
 

@@ -101,14 +101,14 @@ def test_unknown_cpu_name_gets_its_features(monkeypatch):
 
     real = host_cpu()
     monkeypatch.setattr(targets, "host_cpu", lambda: targets.HostCPU("generic", *_split(real)))
-    host_cpu_spec.cache_clear()
+    targets._host_cpu_spec.cache_clear()
     try:
         spec = host_cpu_spec()
         assert "mcpu" not in spec
         assert _isa(_cpu_features(spec)) == _isa(real.features)
         assert cpu_record(tvm.target.Target(spec))["name"] == "generic"
     finally:
-        host_cpu_spec.cache_clear()
+        targets._host_cpu_spec.cache_clear()
 
 
 def _split(cpu):
