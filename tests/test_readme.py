@@ -1,0 +1,61 @@
+"""The README's promises: its two set-up commands are CI's, and its code runs as written."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text()
+
+INSTALL = "pip install . && codl-tvm demo"
+TEST = 'pip install -e ".[test]" && ruff check . && pytest -q'
+
+
+def test_set_up_commands_are_cis():
+    assert INSTALL in README and TEST in README
+    # CI runs the same command, quieter and without pytest's cache in the clean clone
+    ci = (ROOT / ".ci" / "run").read_text()
+    ci = ci.replace("pip install -q ", "pip install ").replace(" -p no:cacheprovider", "")
+    assert TEST in ci
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor of a Markdown heading."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+DOCS = ["README.md", *sorted(p.name for p in (ROOT / "docs").glob("*.md"))]
+
+
+@pytest.mark.parametrize("doc", DOCS)
+def test_relative_links_resolve(doc):
+    """Every relative link of the README and docs/ names a file of the tree, and an anchor a
+    heading of that file."""
+    path = ROOT / doc if doc == "README.md" else ROOT / "docs" / doc
+    for target, anchor in re.findall(r"\]\(([^)#:\s]*)(?:#([^)\s]+))?\)", path.read_text()):
+        linked = (path.parent / target).resolve() if target else path
+        assert linked.exists(), f"{doc}: {target}"
+        if anchor:
+            headings = re.findall(r"^#+ (.+)$", linked.read_text(), re.M)
+            assert anchor in {_slug(h) for h in headings}, f"{doc}: {target}#{anchor}"
+
+
+@pytest.mark.opencl
+def test_pass_api_snippet_runs_and_matches_the_unpartitioned_model():
+    (snippet,) = re.findall(r"```python\n(.*?)```", README, re.S)
+    scope: dict = {}
+    exec(compile(snippet, "README.md", "exec"), scope)
+
+    import tvm
+    from tvm.runtime.vm import VirtualMachine
+
+    from codl_tvm.pipeline import single_device_pipeline
+
+    cpu, model, x = scope["cpu"], scope["model"], scope["x"]
+    ref = tvm.compile(model.mod, target=cpu, relax_pipeline=single_device_pipeline(cpu))
+    expected = VirtualMachine(ref, tvm.cpu(0))["main"](tvm.runtime.tensor(x)).numpy()
+    np.testing.assert_allclose(scope["y"], expected, rtol=1e-5, atol=1e-5)
