@@ -21,6 +21,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +53,7 @@ from codl_tvm.errors import (
     PlanError,
     PlannerError,
 )
+from codl_tvm.plan import PartitionPlan
 from codl_tvm.targets import cpu_record
 
 __all__ = ["compile_artifact", "default_cost_model_for"]
@@ -267,57 +269,73 @@ def compile_artifact(
             packed_enabled("all") if packed else contextlib.nullcontext(),
         ):
             _compile_into(
-                winograd,
-                packed,
-                model_path,
-                stage,
-                device,
-                mode,
-                cost_model,
-                plan,
-                preset,
-                reference,
-                seed,
-                verify,
-                verify_modes,
-                remote,
-                None if build_cache is None else Path(build_cache),
+                _Request(
+                    model_path=model_path,
+                    out=stage,
+                    device=device,
+                    mode=mode,
+                    cost_model=cost_model,
+                    plan=plan,
+                    preset=preset,
+                    reference=reference,
+                    seed=seed,
+                    winograd=winograd,
+                    packed=packed,
+                    verify=verify,
+                    verify_modes=verify_modes,
+                    remote=remote,
+                    build_cache=None if build_cache is None else Path(build_cache),
+                    coexec_cpu_alone=bool(coexec_cpu_alone),
+                    verify_calibrate=verify_calibrate,
+                    split_channel_blocks=split_channel_blocks,
+                    split_row_blocks=split_row_blocks,
+                    refine=(refine, refine_traces),
+                    weight_gbps=weight_gbps,
+                ),
                 log,
-                coexec_cpu_alone,
-                verify_calibrate,
-                split_channel_blocks,
-                (refine, refine_traces),
-                weight_gbps,
-                split_row_blocks,
             )
     log(f"wrote {out}/ ({', '.join(sorted(p.name for p in out.iterdir()))})")
     return out
 
 
-def _compile_into(
-    winograd,
-    packed,
-    model_path,
-    out,
-    device,
-    mode,
-    cost_model,
-    plan,
-    preset,
-    reference,
-    seed,
-    verify,
-    verify_modes,
-    remote,
-    build_cache,
-    log,
-    coexec_cpu_alone=False,
-    verify_calibrate=True,
-    split_channel_blocks=True,
-    refine=(0, 5),
-    weight_gbps=None,
-    split_row_blocks=False,
-):
+@dataclass(frozen=True)
+class _Request:
+    """One compile's arguments, checked and normalised by :func:`compile_artifact` (see its
+    parameters); ``out`` is the staging directory, ``remote`` the ``(tracker, key)`` pair or
+    None, ``refine`` the ``(rounds, traces)`` pair."""
+
+    model_path: Path
+    out: Path
+    device: str
+    mode: str
+    cost_model: str | Path | None
+    plan: PartitionPlan | None
+    preset: str | None
+    reference: bool
+    seed: int
+    winograd: bool | None
+    packed: bool | None
+    verify: int
+    verify_modes: tuple[str, ...]
+    remote: tuple[str, str] | None
+    build_cache: Path | None
+    coexec_cpu_alone: bool
+    verify_calibrate: bool
+    split_channel_blocks: bool
+    split_row_blocks: bool
+    refine: tuple[int, int]
+    weight_gbps: tuple[float, float] | None
+
+
+def _compile_into(request: _Request, log: Callable[[str], None]) -> Path:
+    """Plan, build and write the artifact of ``request`` into ``request.out``."""
+    r = request
+    model_path, out, device, mode, plan = r.model_path, r.out, r.device, r.mode, r.plan
+    cost_model, preset, reference, seed = r.cost_model, r.preset, r.reference, r.seed
+    winograd, packed, verify, verify_modes = r.winograd, r.packed, r.verify, r.verify_modes
+    remote, build_cache, coexec_cpu_alone = r.remote, r.build_cache, r.coexec_cpu_alone
+    verify_calibrate, refine, weight_gbps = r.verify_calibrate, r.refine, r.weight_gbps
+    split_channel_blocks, split_row_blocks = r.split_channel_blocks, r.split_row_blocks
     import tvm
 
     from codl_tvm.frontend import load_onnx, random_inputs
