@@ -92,6 +92,8 @@ SUBSET = [
     "test_reshape_allowzero_reordered",
     "test_resize_upsample_scales_nearest",
     "test_resize_downsample_scales_linear_initializers",
+    "test_resize_downsample_sizes_linear_antialias_initializers",
+    "test_resize_upsample_scales_linear_half_pixel_symmetric_initializers",
     "test_resize_upsample_sizes_nearest_initializers",
     "test_reshape_negative_dim_initializers",
     "test_spacetodepth_crd_mode_example",
