@@ -1,14 +1,15 @@
 """codl-tvm's Relax build pipelines, as phase functions returning ``list[Pass]``.
 
 ``single_device_pipeline(target)`` builds a model for one processor: inference
-simplification (``codl.FoldBatchNorm``: batch norms after convs with constant weights fold into
-them; ``codl.PairwiseVariadic``: ONNX Sum/Max/Min become binary ops that fuse;
-``codl.LRNWindowSum``: LRN's channel-window pool becomes shifted adds), codl-tvm's algorithm
-selection (``codl.Conv2DWinograd``: qualifying 3x3 convs become Winograd convs),
-TVM's legalization and fusion, then codl-tvm's schedule rules (``codl_tvm.schedules``) ahead of
-dlight's GPU rules, then TVM's lowering and finalisation. The co-execution pipeline adds the
-partitioning phase after the inference simplification (algorithm selection runs after it, per
-part and processor), places the parts between legalization and fusion, merges them in place
+simplification (``codl.SanitizeParamNames``: parameters named like ``x/0`` get C identifiers,
+which OpenCL kernel arguments need; ``codl.FoldBatchNorm``: batch norms after convs with
+constant weights fold into them; ``codl.PairwiseVariadic``: ONNX Sum/Max/Min become binary
+ops that fuse; ``codl.LRNWindowSum``: LRN's channel-window pool becomes shifted adds),
+codl-tvm's algorithm selection (``codl.Conv2DWinograd``: qualifying 3x3 convs become Winograd
+convs), TVM's legalization and fusion, then codl-tvm's schedule rules (``codl_tvm.schedules``)
+ahead of dlight's GPU rules, then TVM's lowering and finalisation. The co-execution pipeline
+adds the partitioning phase after the inference simplification (algorithm selection runs after
+it, per part and processor), places the parts between legalization and fusion, merges them in place
 after scheduling and inserts the synchronisation while leaving dataflow form.
 
 Phases that codl-tvm does not change are TVM's own (``tvm.relax.backend.gpu_generic``'s
@@ -38,6 +39,7 @@ from codl_tvm.passes.lrn import LRNWindowSum
 from codl_tvm.passes.merge import MergePartsInPlace
 from codl_tvm.passes.nan_semantics import PropagateNaN
 from codl_tvm.passes.order import OrderSplits
+from codl_tvm.passes.param_names import SanitizeParamNames
 from codl_tvm.passes.place import PlaceParts
 from codl_tvm.passes.share_kernels import ShareIdenticalKernels
 from codl_tvm.passes.sync import InsertCoexecSync
@@ -64,10 +66,12 @@ DUMP_IR_ENV = "CODL_TVM_DUMP_IR"
 
 def inference_passes() -> list[tvm.transform.Pass]:
     """Inference-only simplifications that keep every operator's name, order and shape (so a
-    plan made for the imported module applies): fold batch norms into the convs before them,
-    make the frontend's stack-and-reduce Sum/Max/Min pairwise binary ops (fusable epilogues),
-    and write LRN's channel-window pools as shifted adds (one elementwise kernel per LRN)."""
-    return [FoldBatchNorm(), PairwiseVariadic(), LRNWindowSum()]
+    plan made for the imported module applies): first give parameters C-identifier names (TVM
+    names kernel arguments after them; a hand-made module or TVM's own ``from_onnx`` may keep
+    names like ``x/0``), then fold batch norms into the convs before them, make the frontend's
+    stack-and-reduce Sum/Max/Min pairwise binary ops (fusable epilogues), and write LRN's
+    channel-window pools as shifted adds (one elementwise kernel per LRN)."""
+    return [SanitizeParamNames(), FoldBatchNorm(), PairwiseVariadic(), LRNWindowSum()]
 
 
 def algorithm_passes(

@@ -4,6 +4,8 @@
   :class:`~codl_tvm.plan.PartitionPlan` into a GPU part and a CPU part merged with ``concat``.
 - :func:`collect_parts` (``parts.py``): which variables belong to which processor, and which
   output region each part produces.
+- :class:`SanitizeParamNames` (``param_names.py``): first in every pipeline, gives Relax
+  parameters C-identifier names (TVM names kernel arguments after them).
 - :class:`FoldBatchNorm` (``fold_bn.py``): before partitioning, folds inference batch norms after
   constant-weight convs into the convs (keeps operator names and shapes).
 - :class:`PairwiseVariadic` (``variadic.py``): before partitioning, rewrites the ONNX frontend's
@@ -35,6 +37,7 @@ from codl_tvm.geometry import (
 from .fold_bn import FoldBatchNorm
 from .lrn import LRNWindowSum
 from .order import OrderSplits
+from .param_names import SanitizeParamNames
 from .partition import PartitionOperators
 from .parts import PARTS_ATTR, PartRecord, Processor, SplitRecord, collect_parts
 from .variadic import PairwiseVariadic
@@ -52,6 +55,7 @@ __all__ = [
     "PartSpan",
     "PartitionOperators",
     "Processor",
+    "SanitizeParamNames",
     "SlidingWindow",
     "Span",
     "SplitRecord",
