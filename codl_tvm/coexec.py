@@ -15,16 +15,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import tvm
+from tvm.runtime.vm import VirtualMachine
 
-from codl_tvm.runner import remove_with
+from codl_tvm import runtime
+from codl_tvm.runner import _flatten, as_build_error, remove_with, time_vm
 from codl_tvm.targets import host_cpu_spec
 
 __all__ = ["CoexecModule", "compile_coexec", "placement_report"]
 
 
 def _targets(gpu, cpu):
-    import tvm
-
     # this machine's CPU model and features: without them LLVM emits baseline x86-64 code
     gpu = gpu or tvm.target.Target({"kind": "opencl"}, host=host_cpu_spec())
     cpu = cpu or tvm.target.Target(host_cpu_spec())
@@ -67,11 +68,6 @@ class CoexecModule:
     def vm(self):
         """The Relax VM over ``[opencl(0), cpu(0)]`` (created on first use)."""
         if self._vm is None:
-            import tvm
-            from tvm.runtime.vm import VirtualMachine
-
-            from codl_tvm import runtime
-
             runtime.load()
             lib = tvm.runtime.load_module(str(self.library))
             self._vm = VirtualMachine(lib, [tvm.opencl(0), tvm.cpu(0)])
@@ -79,20 +75,12 @@ class CoexecModule:
 
     def __call__(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
         """Run once on numpy inputs; return numpy outputs."""
-        import tvm
-
-        from codl_tvm.runner import _flatten
-
         # asarray keeps a 0-d input 0-d (ascontiguousarray returns at least 1-d)
         args = [tvm.runtime.tensor(np.asarray(x, order="C"), tvm.opencl(0)) for x in inputs]
         return _flatten(self.vm["main"](*args))
 
     def time(self, inputs: Sequence[np.ndarray], number: int = 5, repeat: int = 3):
         """Latency with ``time_evaluator`` on the OpenCL device's event timer."""
-        import tvm
-
-        from codl_tvm.runner import time_vm
-
         return time_vm(self.vm, tvm.opencl(0), inputs, number, repeat)
 
 
@@ -102,8 +90,8 @@ def placement_report(
     """For each split (plan entries, and unless ``channel_blocks`` / ``row_blocks`` is False
     the channel / row blocks split after them): dimension, ratio and the output region of each
     processor."""
-    import tvm
-
+    # deferred here and in compile_coexec: the passes and the pipeline need TVM's compiler, and
+    # this module runs co-executed libraries where TVM is runtime-only (`codl-tvm run`)
     from codl_tvm.passes import PartitionOperators, collect_parts
     from codl_tvm.pipeline import inference_passes
 
@@ -134,6 +122,7 @@ def compile_coexec(
     work_dir: str | Path | None = None,
     name: str = "coexec",
     row_blocks: bool = False,
+    model: str = "Relax module",
 ) -> CoexecModule:
     """Build ``mod`` so that ``plan``'s operators co-execute on the GPU and the CPU.
 
@@ -152,25 +141,32 @@ def compile_coexec(
     row_blocks
         Also split the LRN-like block after an H split along rows
         (:class:`~codl_tvm.passes.PartitionOperators`); off by default.
-    """
-    import tvm
+    model
+        What error messages call the model (e.g. its file).
 
-    from codl_tvm import runtime
+    Raises
+    ------
+    PlanError
+        ``plan`` does not fit ``mod``.
+    BuildError
+        TVM could not build or export the co-executed model; the message names ``model`` and
+        the first line of the cause (the original exception is its ``__cause__``).
+    """
+    # deferred: needs TVM's compiler (see placement_report)
     from codl_tvm.pipeline import coexec_pipeline
 
     gpu, cpu = _targets(gpu, cpu)
     plan.validate(mod)
     runtime.load()
     splits: dict = {}
-    ex = tvm.compile(
-        mod,
-        target=gpu,
-        relax_pipeline=coexec_pipeline(plan, gpu, cpu, kernel_splits=splits, row_blocks=row_blocks),
-    )
+    pipeline = coexec_pipeline(plan, gpu, cpu, kernel_splits=splits, row_blocks=row_blocks)
+    with as_build_error(model, "coexec"):
+        ex = tvm.compile(mod, target=gpu, relax_pipeline=pipeline)
     work = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="codl-coexec-"))
     work.mkdir(parents=True, exist_ok=True)
     lib = work / f"{name}.so"
-    ex.export_library(str(lib))
+    with as_build_error(model, "coexec"):
+        ex.export_library(str(lib))
     (work / f"{name}.plan.json").write_text(plan.to_json())
     report = placement_report(mod, plan, row_blocks=row_blocks)
     (work / f"{name}.placement.json").write_text(json.dumps(report, indent=2))

@@ -7,18 +7,30 @@ creates the real module (this is also how a model is deployed).
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import tempfile
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import tvm
+from tvm.runtime.vm import VirtualMachine
 
+from codl_tvm import runtime
 from codl_tvm.targets import host_cpu_spec
 
-__all__ = ["BuiltModel", "Latency", "build", "default_target", "remove_with", "time_vm"]
+__all__ = [
+    "BuiltModel",
+    "Latency",
+    "as_build_error",
+    "build",
+    "default_target",
+    "remove_with",
+    "time_vm",
+]
 
 DEVICES = ("cpu", "opencl")
 
@@ -26,8 +38,6 @@ DEVICES = ("cpu", "opencl")
 def default_target(device: str):
     """The default TVM target of a processor: this machine's CPU (LLVM, with its detected CPU
     model and features), or OpenCL with that CPU as host."""
-    import tvm
-
     if device == "cpu":
         return tvm.target.Target(host_cpu_spec())
     if device == "opencl":
@@ -57,8 +67,6 @@ class BuiltModel:
 
     def __call__(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
         """Run once; return every output as a numpy array."""
-        import tvm
-
         args = [tvm.runtime.tensor(x, self.tvm_device) for x in inputs]
         out = self.vm["main"](*args)
         return _flatten(out)
@@ -71,8 +79,6 @@ class BuiltModel:
 def time_vm(vm, dev, inputs: Sequence[np.ndarray], number: int = 5, repeat: int = 3) -> Latency:
     """Latency of ``vm["main"]`` on ``inputs`` placed on ``dev``, with ``time_evaluator`` on
     ``dev``'s timer after one warm-up run (shared by every built-model wrapper)."""
-    import tvm
-
     # asarray keeps a 0-d input 0-d (ascontiguousarray returns at least 1-d)
     args = [tvm.runtime.tensor(np.asarray(x, order="C"), dev) for x in inputs]
     vm["main"](*args)
@@ -96,8 +102,29 @@ def _flatten(out) -> list[np.ndarray]:
     return result
 
 
+@contextlib.contextmanager
+def as_build_error(model: str, device: str) -> Iterator[None]:
+    """Raise a failure inside the block (TVM's compiler, a pass, exporting the library) as a
+    :class:`~codl_tvm.errors.BuildError` naming ``model``, ``device`` and the first line of the
+    cause (:func:`codl_tvm.runtime.build_error`, which the CLI prints too; the full text goes to
+    a log file it names). The original stays the ``__cause__``; the project's own errors pass
+    unchanged."""
+    try:
+        yield
+    except Exception as exc:
+        err = runtime.build_error(exc, model, device)
+        if err is exc:
+            raise
+        raise err from exc
+
+
 def build(
-    mod, device: str, target=None, work_dir: str | Path | None = None, relax_pipeline=None
+    mod,
+    device: str,
+    target=None,
+    work_dir: str | Path | None = None,
+    relax_pipeline=None,
+    model: str = "Relax module",
 ) -> BuiltModel:
     """Compile ``mod`` for ``device`` ("cpu" or "opencl"), export it, and load it into a VM.
 
@@ -114,29 +141,39 @@ def build(
         returned model is garbage collected; pass a directory to keep the library.
     relax_pipeline
         A Relax pipeline passed to ``tvm.compile`` (default: codl-tvm's pipeline for the target).
-    """
-    import tvm
-    from tvm import relax
+    model
+        What error messages call the model (e.g. its file).
 
+    Raises
+    ------
+    BuildError
+        TVM could not build or export ``mod`` for ``device``; the message names ``model``,
+        ``device`` and the first line of the cause (the original exception is its
+        ``__cause__``). OpenCL kernels are compiled by the driver at the first run, so a kernel
+        that does not compile fails there (:func:`codl_tvm.runtime.build_error` turns that
+        failure into the same error).
+    """
     if device not in DEVICES:
         raise ValueError(f"unknown device {device!r}; expected one of {DEVICES}")
     target = target or default_target(device)
     if relax_pipeline is None:
+        # deferred: the pipeline needs TVM's compiler, and this module runs built models where
+        # TVM is runtime-only (artifacts on a device)
         from codl_tvm.pipeline import single_device_pipeline
 
         relax_pipeline = single_device_pipeline(target)
     if device == "opencl":
-        from codl_tvm import runtime
-
         runtime.load()
-    ex = tvm.compile(mod, target=target, relax_pipeline=relax_pipeline)
+    with as_build_error(model, device):
+        ex = tvm.compile(mod, target=target, relax_pipeline=relax_pipeline)
     work = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="codl-tvm-"))
     work.mkdir(parents=True, exist_ok=True)
     lib_path = work / f"model_{device}.so"
-    ex.export_library(str(lib_path))
-    lib = tvm.runtime.load_module(str(lib_path))
+    with as_build_error(model, device):
+        ex.export_library(str(lib_path))  # compiles and links the host code
+        lib = tvm.runtime.load_module(str(lib_path))
     dev = tvm.cpu(0) if device == "cpu" else tvm.opencl(0)
-    vm = relax.VirtualMachine(lib, dev)
+    vm = VirtualMachine(lib, dev)
     built = BuiltModel(device=device, library=lib_path, vm=vm, tvm_device=dev)
     if not work_dir:
         remove_with(built, work)

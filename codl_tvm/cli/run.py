@@ -53,7 +53,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         if choice.device == "coexec":
             opencl_banner()
             with building(model.path, "coexec"):
-                built = compile_coexec(model.mod, choice.plan)
+                built = compile_coexec(model.mod, choice.plan, model=str(model.path))
             line = f"device: coexec (GPU + CPU), sync mode: {sync.sync_mode()}"
             return _report(args, model, inputs, built, line)
         # compile's fall-back rule: the plan is better run by one processor alone
@@ -64,7 +64,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.device == "opencl":
         opencl_banner()
     with building(model.path, args.device):
-        built = build(model.mod, args.device)
+        built = build(model.mod, args.device, model=str(model.path))
     return _report(args, model, inputs, built, f"device: {args.device}")
 
 
@@ -79,7 +79,7 @@ def _report(args: argparse.Namespace, model, inputs, built, device_line: str) ->
     print_outputs_and_latency(model, outputs, lat, args.number)
     if args.check and args.device != "cpu":
         with building(model.path, "cpu"):
-            ref = build(model.mod, "cpu")(inputs)
+            ref = build(model.mod, "cpu", model=str(model.path))(inputs)
         err = max(float(np.max(np.abs(a - b))) for a, b in zip(outputs, ref))
         print(f"max abs difference against the CPU build: {err:.3g}")
     if args.save_outputs:
