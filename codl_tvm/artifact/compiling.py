@@ -104,7 +104,8 @@ def compile_artifact(
     device
         ``coexec`` (GPU + CPU), ``cpu`` or ``opencl``.
     mode
-        Planner mode (``codl_tvm.planner.MODES``) when ``plan`` is not given.
+        Planner mode (``codl_tvm.planner.ALL_MODES``: CoDL's, a placement mode such as
+        ``hope``, or ``auto``) when ``plan`` is not given.
     cost_model
         Cost-model file for the planner; default: the shipped model for ``preset``.
     plan
@@ -144,7 +145,7 @@ def compile_artifact(
         differs from the plans timed, joins a second timing of every build
         (``manifest["plan"]["calibration"]``; off with ``verify_calibrate=False``).
     verify_modes
-        With ``verify``: more planner modes (``codl_tvm.planner.MODES``, e.g. ``codl_no_chain``,
+        With ``verify``: more planner modes (``codl_tvm.planner.ALL_MODES``, e.g. ``codl_no_chain``,
         ``h_only``) whose plans join the timed candidates when they differ from ``mode``'s.
         The cost model cannot rank plans whose predicted latencies are within its error, so the
         measurement picks among them; the artifact's plan files are the chosen plan's.
@@ -242,13 +243,13 @@ def compile_artifact(
         )
     verify_modes = tuple(verify_modes)
     if verify_modes:
-        from codl_tvm.planner import MODES
+        from codl_tvm.planner import ALL_MODES
 
-        bad = [m for m in verify_modes if m not in MODES]
+        bad = [m for m in verify_modes if m not in ALL_MODES]
         if bad:
             raise ArtifactError(
                 f"--verify-modes: {', '.join(map(repr, bad))} not among the planner modes "
-                f"{', '.join(MODES)}"
+                f"{', '.join(ALL_MODES)}"
             )
         if not verify:
             raise ArtifactError("--verify-modes names plans to time; give --verify N too")
@@ -609,7 +610,7 @@ def _make_plan(model, out: Path, mode, cost_model, plan, preset_name, manifest, 
         path, report = choice.cost_model, choice.report
         manifest["plan"] = {
             "source": "planner",
-            "mode": mode,
+            "mode": report.mode,  # auto: the mode it chose
             "cost_model": {
                 "file": str(path),
                 "sha256": _sha256(path),
@@ -618,6 +619,8 @@ def _make_plan(model, out: Path, mode, cost_model, plan, preset_name, manifest, 
             "planning_s": round(choice.planning_s or 0.0, 4),
             "summary": report.summary.to_dict() if report.summary else None,
         }
+        if report.candidates is not None:
+            manifest["plan"]["auto"] = {"candidates_ms": dict(report.candidates)}
         if config is not None and config.weight_gbps is not None:
             manifest["plan"]["weight_gbps"] = list(config.weight_gbps)
         log(report.table())

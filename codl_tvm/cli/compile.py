@@ -98,8 +98,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--mode",
         default="codl",
+        # checked by the plan resolution, whose one-line error names the modes
         help="planner mode: codl (default), codl_no_chain, h_only, oc_only, ulayer_like, "
-        "cpu_only, gpu_only",
+        "cpu_only, gpu_only; hope, hope_greedy, starpu, mosaic (each operator whole on the CPU "
+        "or the GPU, independent branches on both at once), codl_hope (or split); auto: the "
+        "lowest predicted latency of codl, hope, hope_greedy and codl_hope",
     )
     p.add_argument(
         "--cost-model", help="cost model JSON (default: the shipped model for the preset)"

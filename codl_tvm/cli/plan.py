@@ -147,7 +147,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         choices=ALL_MODES,
         default="codl",
         help="planner or baseline (hope, hope_greedy, starpu, mosaic: each operator whole on the "
-        "CPU or the GPU, independent branches on both at once; codl_hope: or split)",
+        "CPU or the GPU, independent branches on both at once; codl_hope: or split; auto: the "
+        "lowest predicted latency of codl, hope, hope_greedy and codl_hope)",
     )
     p.add_argument(
         "--preset",

@@ -20,6 +20,14 @@ processors (its best CoDL split, Eq. 2, as a third choice), so one plan mixes br
 whole and split operators (no chains yet). :func:`make_plan` runs any mode, these or the CoDL
 planner's (:func:`~codl_tvm.planner.search.plan_model`).
 
+``auto`` (:func:`plan_auto`) plans with each of :data:`AUTO_CANDIDATES` (``codl``, ``hope``,
+``hope_greedy``, ``codl_hope``) and keeps the plan of the lowest predicted latency, ``codl`` on a
+tie; its report is the chosen plan's, with every candidate's prediction
+(:attr:`~codl_tvm.planner.report.PlanReport.candidates`) and the reason in its notes. It is not
+the default: ``codl``'s fall-back margin (``policy.MIN_PREDICTED_SPEEDUP``) was calibrated on
+measured ``codl`` builds only, and the placement plans' measured latencies on the device are
+still to be benchmarked.
+
 The plan's ``order`` is the schedule's :func:`dispatch_order`: the build issues the operators in
 it (:class:`~codl_tvm.passes.order.OrderSplits`), so a GPU branch is enqueued before the host
 runs a CPU branch beside it. The runtime still decides the rest (each GPU kernel starts when
@@ -29,7 +37,9 @@ latency follows the schedule only as far as the predictions hold.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
+import itertools
 import warnings
 from dataclasses import dataclass
 
@@ -59,15 +69,23 @@ from codl_tvm.planner.search import (
 
 __all__ = [
     "ALL_MODES",
+    "AUTO_CANDIDATES",
     "PLACEMENT_MODES",
     "PlacementConfig",
     "dispatch_order",
     "make_plan",
+    "plan_auto",
     "plan_placement",
 ]
 
 PLACEMENT_MODES: tuple[str, ...] = ("hope", "hope_greedy", "starpu", "mosaic", "codl_hope")
-ALL_MODES: tuple[str, ...] = MODES + PLACEMENT_MODES
+#: The modes ``auto`` plans with, in the order ties go (today's default first).
+AUTO_CANDIDATES: tuple[str, ...] = ("codl", "hope", "hope_greedy", "codl_hope")
+ALL_MODES: tuple[str, ...] = (*MODES, *PLACEMENT_MODES, "auto")
+
+# auto takes another mode's plan only when it is predicted faster by more than this fraction:
+# plans of equal makespan (e.g. every mode keeping a chain on one processor) stay codl's.
+_AUTO_TIE = 1e-6
 
 
 @dataclass(frozen=True)
@@ -129,8 +147,9 @@ def dispatch_order(graph: OpGraph, schedule: Schedule) -> tuple[str, ...]:
     is free), a CPU kernel runs on the host thread until it finishes. So a GPU node is issued as
     soon as the CPU nodes it waits for have finished (its *enqueue time*: the latest finish of
     its CPU producers and the enqueue times of its GPU producers), a CPU node at its start.
-    Nodes are issued by that time, GPU first on ties, in a topological order; a GPU node that
-    starts while a CPU node runs is thus issued before it. Returns the plan operator names
+    Nodes are issued by that time, GPU first on ties, in a topological order that keeps the
+    GPU's queue in the schedule's order (GPU and split nodes by start); a GPU node that starts
+    while a CPU node runs is thus issued before it. Returns the plan operator names
     (:attr:`~codl_tvm.planner.dag.DagNode.op`) in that order, for
     :class:`~codl_tvm.passes.order.OrderSplits`.
     """
@@ -148,7 +167,19 @@ def dispatch_order(graph: OpGraph, schedule: Schedule) -> tuple[str, ...]:
                 ),
                 default=0.0,
             )
+    # The GPU runs its queue in order: the GPU lane's nodes (whole on the GPU or split) are
+    # issued in the schedule's order on it, each after the one before, else a node enqueued
+    # early would hold up the GPU work the schedule runs first.
+    succs = [list(graph.succs(i)) for i in range(n)]
     waiting = [len(graph.preds(i)) for i in range(n)]
+    lane = sorted(
+        (i for i in range(n) if schedule.processor[i] != "cpu"),
+        key=lambda i: (schedule.start_ms[i], i),
+    )
+    for a, b in itertools.pairwise(lane):
+        key[b] = max(key[b], key[a])
+        succs[a].append(b)
+        waiting[b] += 1
     heap = [(key[i], schedule.processor[i] != "gpu", i) for i in range(n) if not waiting[i]]
     heapq.heapify(heap)
     order: list[str] = []
@@ -156,7 +187,7 @@ def dispatch_order(graph: OpGraph, schedule: Schedule) -> tuple[str, ...]:
         _, _, i = heapq.heappop(heap)
         if graph.nodes[i].op is not None:
             order.append(graph.nodes[i].op)
-        for j in graph.succs(i):
+        for j in succs[i]:
             waiting[j] -= 1
             if not waiting[j]:
                 heapq.heappush(heap, (key[j], schedule.processor[j] != "gpu", j))
@@ -343,8 +374,59 @@ def make_plan(
 ) -> tuple[PartitionPlan, PlanReport]:
     """Plan ``mod`` with any planner mode of :data:`ALL_MODES`: the CoDL planner's
     (:func:`~codl_tvm.planner.search.plan_model`) or a placement mode (:func:`plan_placement`)."""
+    if mode == "auto":
+        return plan_auto(mod, cost_model, config, model_name, placement)
     if mode in PLACEMENT_MODES:
         return plan_placement(mod, cost_model, mode, config, model_name, placement)
     if mode not in MODES:
         raise PlannerError(f"unknown planner mode {mode!r} (known: {', '.join(ALL_MODES)})")
     return plan_model(mod, cost_model, mode, config, model_name)
+
+
+def plan_auto(
+    mod,
+    cost_model: CostModel,
+    config: PlannerConfig | None = None,
+    model_name: str | None = None,
+    placement: PlacementConfig | None = None,
+    candidates: tuple[str, ...] = AUTO_CANDIDATES,
+) -> tuple[PartitionPlan, PlanReport]:
+    """Plan ``mod`` with each mode of ``candidates`` and keep the lowest predicted latency.
+
+    Every candidate predicts with the same calibrated cost model: CoDL's is the sum of its
+    operators' (and chains') co-executed latencies, sharing included; the placement modes' the
+    schedule's makespan, transfers included. A later candidate replaces an earlier one only
+    when predicted faster by more than a relative 1e-6, so equal predictions keep the first
+    (``codl``: today's default).
+
+    Returns
+    -------
+    (PartitionPlan, PlanReport)
+        The chosen plan and its report, with ``mode`` the chosen mode,
+        :attr:`~codl_tvm.planner.report.PlanReport.candidates` every candidate's predicted
+        latency (ms) and a first note saying why it was chosen.
+    """
+    if not candidates:
+        raise PlannerError("auto: no candidate modes to plan with")
+    bad = [m for m in candidates if m == "auto" or m not in ALL_MODES]
+    if bad:
+        raise PlannerError(
+            f"auto: candidate modes {bad} are not among {', '.join(m for m in ALL_MODES[:-1])}"
+        )
+    results = {m: make_plan(mod, cost_model, m, config, model_name, placement) for m in candidates}
+    predicted = {m: results[m][1].summary.predicted_ms for m in candidates}
+    best = candidates[0]
+    for m in candidates[1:]:
+        if predicted[m] < predicted[best] * (1.0 - _AUTO_TIE):
+            best = m
+    plan, report = results[best]
+    others = [m for m in candidates if m != best]
+    runner_up = min(others, key=predicted.__getitem__) if others else None
+    why = f"auto: {best} predicted {predicted[best]:.3f} ms, the lowest of {len(candidates)}"
+    if runner_up is not None:
+        ratio = predicted[runner_up] / predicted[best] if predicted[best] > 0 else float("inf")
+        why += f" (next: {runner_up} {predicted[runner_up]:.3f} ms, {ratio:.3f}x)"
+        if predicted[runner_up] <= predicted[best] * (1.0 + _AUTO_TIE):
+            why += f"; a tie goes to the earlier of {', '.join(candidates)}"
+    report = dataclasses.replace(report, notes=(why, *report.notes), candidates=predicted)
+    return plan, report

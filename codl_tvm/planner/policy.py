@@ -25,8 +25,9 @@ from codl_tvm.cost_model.base import ModelFileError, load_model
 from codl_tvm.cost_model.defaults import NoDefaultModelError, default_model_path
 from codl_tvm.errors import PlannerError
 from codl_tvm.plan import PartitionPlan, uniform_plan
+from codl_tvm.planner.placement import ALL_MODES, make_plan
 from codl_tvm.planner.report import PlanReport
-from codl_tvm.planner.search import MODES, PlannerConfig, _covered_impls, plan_model
+from codl_tvm.planner.search import PlannerConfig, _covered_impls
 from codl_tvm.schedules import (
     cpu_alone_settings,
     cpu_config,
@@ -156,8 +157,10 @@ def resolve_plan(
         A uniform plan instead: every partitionable operator split along ``dim`` (``"H"`` or
         ``"OC"``, default ``"H"``) with GPU share ``ratio`` (default 0.5).
     mode
-        Planner mode (``codl_tvm.planner.MODES``) when neither a plan nor ``dim``/``ratio`` is
-        given: the planner then plans with ``cost_model``.
+        Planner mode (``codl_tvm.planner.ALL_MODES``: CoDL's, the placement modes ``hope``,
+        ``hope_greedy``, ``starpu``, ``mosaic``, ``codl_hope``, or ``auto``) when neither a plan
+        nor ``dim``/``ratio`` is given: the planner then plans with ``cost_model``. The
+        fall-back rule applies to every mode's plan alike.
     cost_model
         The cost-model file; default: the shipped model for ``preset``.
     preset
@@ -192,8 +195,8 @@ def resolve_plan(
         plan.validate(mod)
         device, reason = single_processor(plan, None, mode) or ("coexec", None)
         return PlanChoice(plan, None, device, reason, source=source)
-    if mode not in MODES:
-        raise PlannerError(f"planner mode {mode!r} is not one of {tuple(MODES)}")
+    if mode not in ALL_MODES:
+        raise PlannerError(f"planner mode {mode!r} is not one of {tuple(ALL_MODES)}")
     preset_name = preset or DEFAULT_PRESET
     path = Path(cost_model) if cost_model else default_model_path(preset)
     cm = load_model(path)
@@ -203,7 +206,7 @@ def resolve_plan(
         if config is None
         else contextlib.nullcontext(config)
     ) as cfg:
-        plan, report = plan_model(mod, cm, mode=mode, config=cfg, model_name=model_name)
+        plan, report = make_plan(mod, cm, mode=mode, config=cfg, model_name=model_name)
     planning_s = time.perf_counter() - t0
     device, reason = single_processor(plan, report, mode) or ("coexec", None)
     return PlanChoice(
@@ -340,7 +343,7 @@ def candidate_plans(
     for m in modes:
         if m == mode:
             continue
-        cand, report = plan_model(mod, cm, mode=m, config=config, model_name=model_name)
+        cand, report = make_plan(mod, cm, mode=m, config=config, model_name=model_name)
         text = cand.to_json()
         alone = not cand.entries() or single_processor(cand, None, m) is not None
         if text in seen or alone:
@@ -396,7 +399,7 @@ def calibrated_plans(
     config = dataclasses.replace(config or PlannerConfig(), processor_scale=(cpu_scale, gpu_scale))
     cm = load_model(cost_model)
     found = {}
-    cand, rep = plan_model(mod, cm, mode=mode, config=config, model_name=model_name)
+    cand, rep = make_plan(mod, cm, mode=mode, config=config, model_name=model_name)
     text = cand.to_json()
     if text not in seen and cand.entries() and single_processor(cand, None, mode) is None:
         seen.add(text)

@@ -115,9 +115,11 @@ class PlanReport:
     summary: PlanSummary
     notes: tuple[str, ...] = field(default=())
     model: str | None = None
+    # ``--mode auto``: each candidate mode's predicted latency (ms); ``mode`` is the one chosen
+    candidates: dict[str, float] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "model": self.model,
             "mode": self.mode,
             "cost_model": self.cost_model,
@@ -125,6 +127,9 @@ class PlanReport:
             "decisions": [d.to_dict() for d in self.decisions],
             "notes": list(self.notes),
         }
+        if self.candidates is not None:
+            out["auto"] = {"chosen": self.mode, "candidates_ms": dict(self.candidates)}
+        return out
 
     def to_json(self, indent: int | None = 2) -> str:
         return json.dumps(self.to_dict(), indent=indent)
@@ -168,6 +173,11 @@ class PlanReport:
             f"(efficiency {s.efficiency:.0%}, {s.speedup_vs_best_single:.2f}x the best single "
             "processor)"
         )
+        if self.candidates is not None:
+            lines.append(
+                f"auto chose {self.mode}, the lowest predicted latency of "
+                + ", ".join(f"{m} {ms:.3f} ms" for m, ms in self.candidates.items())
+            )
         lines.append(
             f"{s.n_ops} operators: {s.n_split_h} split on H, {s.n_split_oc} on OC, "
             f"{s.n_whole_gpu} whole on GPU, {s.n_whole_cpu} whole on CPU, "
