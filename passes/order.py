@@ -19,7 +19,9 @@ after the GPU branch's kernels were enqueued and before the GPU's results are wa
 Within each binding block, the bindings are re-emitted in a topological order where:
 
 - the bindings of the splits in ``order`` come as one group per split, in that order (within a
-  split, in their order before);
+  split, in their order before); an epilogue merged into a split (a binding reading the split's
+  own result) that also reads a split ordered later comes as soon as that result is computed,
+  so a residual add fused after a shortcut conv never holds the conv back;
 - every other binding (a concat joining branches, a reshape, a split not named) comes as early as
   its inputs allow, in its order before.
 
@@ -75,7 +77,13 @@ def order_bindings(
         group = members[split]
         inside = {b.var for b in group}
         for b in group:
-            missing = deps[b.var] - done - inside
+            missing = deps[b.var] - done
+            if missing and deps[b.var] & inside:
+                # an epilogue PartitionOperators merged into this split that also reads a
+                # later split's result (a residual add after a shortcut conv): the operator
+                # is issued in order, the epilogue as soon as both its inputs are computed
+                rest.append(b)
+                continue
             if missing:
                 var = next(iter(missing))
                 other = groups.get(var)

@@ -13,12 +13,14 @@ import json
 import numpy as np
 import onnx
 import pytest
+import tvm
 from onnx import TensorProto, helper, numpy_helper
 
 from codl_tvm.artifact import load_artifact
 from codl_tvm.cli import main
 from codl_tvm.errors import PlannerError
 from codl_tvm.frontend import load_onnx, random_inputs
+from codl_tvm.plan import partitionable_ops
 from codl_tvm.planner.placement import AUTO_CANDIDATES, make_plan, plan_auto
 from codl_tvm.planner.synthetic import SyntheticDevice, synthetic_cost_model
 
@@ -340,3 +342,68 @@ def test_dispatch_order_keeps_the_gpu_queue_in_schedule_order():
     s = Schedule(("gpu", SPLIT, "gpu"), (0, 1, 3), (1, 3, 4), 4.0, "hand")
     check_schedule(g, s)
     assert dispatch_order(g, s) == ("a", "b", "c")
+
+
+def _residual_plan(mod, shortcut_ratio: float):
+    """Every conv whole on the GPU but the 1x1 shortcut (``shortcut_ratio``), issued right after
+    the stem: the order a schedule gives when the shortcut runs beside the 3x3 branch."""
+    from codl_tvm.plan import OpPartition, PartitionPlan, model_fingerprint
+
+    infos = partitionable_ops(mod)
+    assert [i.name for i in infos] == ["conv2d_0", "conv2d_1", "conv2d_2", "conv2d_3"]
+    return PartitionPlan(
+        tuple(
+            OpPartition(i.name, "H", shortcut_ratio if i.name == "conv2d_3" else 1.0)
+            for i in infos
+        ),
+        (),
+        model_fingerprint(mod, infos),
+        home="gpu",
+        order=("conv2d_0", "conv2d_3", "conv2d_1", "conv2d_2"),
+    )
+
+
+def test_order_splits_issues_a_shortcut_conv_before_the_branch_its_add_reads():
+    """PartitionOperators merges the residual add into the shortcut conv's bindings; the add
+    also reads the 3x3 branch's result. OrderSplits issues the shortcut conv where the order
+    puts it and the add once both inputs are computed (it refused the order before)."""
+    from codl_tvm.passes import PartitionOperators, collect_parts
+    from codl_tvm.passes.order import OrderSplits
+
+    from codl_tvm.pipeline import inference_passes
+
+    from .test_passes_split import run
+
+    mod = load_onnx(residual_block()).mod
+    for ratio in (0.0, 1.0):
+        plan = _residual_plan(mod, ratio)
+        staged = mod
+        for p in inference_passes():
+            staged = p(staged)
+        parted = PartitionOperators(plan)(staged)
+        ordered = OrderSplits(plan.order)(parted)
+        tvm.relax.analysis.well_formed(ordered)
+        split_of = {v: s.name for s in collect_parts(ordered) for q in s.parts for v in q.bindings}
+        convs = [
+            split_of[b.var]
+            for b in ordered["main"].body.blocks[0].bindings
+            if getattr(getattr(b.value, "op", None), "name", None) == "relax.nn.conv2d"
+        ]
+        assert convs == list(plan.order)
+        x = np.random.default_rng(0).standard_normal((1, 3, 16, 16)).astype("float32")
+        np.testing.assert_allclose(run(ordered, x), run(parted, x), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.opencl
+def test_shortcut_on_the_cpu_beside_the_branch_equals_onnxruntime(opencl):
+    import codl_tvm
+
+    proto = residual_block()
+    model = load_onnx(proto)
+    plan = _residual_plan(model.mod, 0.0)
+    feeds = random_inputs(model, seed=8)
+    (want,) = onnxruntime_outputs(proto, feeds)
+    built = codl_tvm.compile(model.mod, plan)
+    assert_close(built([feeds[s.name] for s in model.inputs])[0], want)
+    issued = list(dict.fromkeys(c[1] for c in built.kernel_splits["calls"] if c[1] is not None))
+    assert issued == list(plan.order)
