@@ -27,3 +27,9 @@ def test_deploy_rpc(monkeypatch, tmp_path):
 def test_cost_model_tutorial(opencl, monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     runpy.run_path(str(TUTORIALS / "cost_model.py"), run_name="__main__")
+
+
+@pytest.mark.opencl
+def test_hope_placement_tutorial(opencl, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    runpy.run_path(str(TUTORIALS / "hope_placement.py"), run_name="__main__")
