@@ -34,8 +34,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import onnx
+import tvm
+from onnx import numpy_helper
+from tvm import relax
+from tvm.relax.frontend.onnx import from_onnx
 
+from codl_tvm import runtime
+from codl_tvm.coexec import compile_coexec
 from codl_tvm.errors import CodlError
+from codl_tvm.frontend import check_inputs, load_onnx
+from codl_tvm.plan import uniform_plan
+from codl_tvm.runner import _flatten, build, default_target
 
 __all__ = [
     "CONSTANT_OPERAND_OPS",
@@ -179,6 +189,7 @@ class CaseResult:
 
 @functools.cache
 def _all_cases() -> tuple[NodeCase, ...]:
+    # deferred: collecting the cases imports every node test's module and builds its models
     from onnx.backend.test.case.node import collect_testcases
 
     # Generating the cases runs numpy reference code that warns about overflows and
@@ -210,9 +221,6 @@ def _all_cases() -> tuple[NodeCase, ...]:
 
 def _with_initializers(case: NodeCase) -> NodeCase:
     """``case`` with every input after the first made an initializer holding its test value."""
-    import onnx
-    from onnx import numpy_helper
-
     model = onnx.ModelProto()
     model.CopyFrom(case.model)
     graph = model.graph
@@ -284,18 +292,12 @@ def _error_result(exc: BaseException) -> PathResult:
 
 
 def _ordered_inputs(model, case: NodeCase) -> list[np.ndarray]:
-    from codl_tvm.frontend import check_inputs
-
     return check_inputs(
         model, {s.name: x for s, x in zip(model.inputs, case.inputs)}, f"node test {case.name}"
     )
 
 
 def _run_path(path: str, model, case: NodeCase) -> PathResult:
-    from codl_tvm.coexec import compile_coexec
-    from codl_tvm.plan import uniform_plan
-    from codl_tvm.runner import build
-
     try:
         inputs = _ordered_inputs(model, case)
         if path in ("cpu", "opencl"):
@@ -314,8 +316,6 @@ def _run_path(path: str, model, case: NodeCase) -> PathResult:
 
 def run_case(case: NodeCase, paths: Sequence[str] = PATHS) -> CaseResult:
     """Import ``case`` with codl-tvm and run it on ``paths``; never raises for the case's sake."""
-    from codl_tvm.frontend import load_onnx
-
     try:
         model = load_onnx(case.model)
     except Exception as exc:
@@ -332,18 +332,10 @@ def plain_tvm_status(case: NodeCase, device: str = "cpu") -> PathResult:
     """The case through plain TVM: ``from_onnx``, ``tvm.compile`` with TVM's default pipeline
     for ``device`` ("cpu" or "opencl"), run in the Relax VM (OpenCL through codl-tvm's runtime
     plugin, which plain TVM's wheel lacks). A failure here that matches codl-tvm's is TVM's."""
-    import tvm
-    from tvm import relax
-    from tvm.relax.frontend.onnx import from_onnx
-
-    from codl_tvm.runner import _flatten, default_target
-
     try:
         mod = from_onnx(case.model)
         target = default_target(device)
         if device == "opencl":
-            from codl_tvm import runtime
-
             runtime.load()
         with target:
             ex = tvm.compile(mod, target=target)

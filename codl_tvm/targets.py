@@ -35,6 +35,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import tvm
+from tvm.support import cc, ndk
+
 from codl_tvm.errors import PresetError, ToolchainError
 
 __all__ = [
@@ -108,8 +111,6 @@ class TargetPreset:
 
     def cpu_target(self, mcpu: str | None = None):
         """The ``tvm.target.Target`` of the device's CPU (``mcpu`` overrides the CPU model)."""
-        import tvm
-
         return tvm.target.Target(self.cpu_spec(mcpu))
 
     def gpu_target(self, mcpu: str | None = None):
@@ -120,8 +121,6 @@ class TargetPreset:
         ValueError
             The preset has no GPU.
         """
-        import tvm
-
         if self.gpu is None:
             raise ValueError(
                 f"target preset '{self.name}' has no OpenCL GPU; presets with one: "
@@ -293,10 +292,10 @@ def check_toolchain(preset: TargetPreset) -> str:
     """
     method = link_method(preset)
     if method == "ndk":
-        cc = os.environ["TVM_NDK_CC"]
-        if not (Path(cc).is_file() or shutil.which(cc)):
+        ndk_cc = os.environ["TVM_NDK_CC"]
+        if not (Path(ndk_cc).is_file() or shutil.which(ndk_cc)):
             raise ToolchainError(
-                f"TVM_NDK_CC={cc} does not exist; point it at the NDK's clang "
+                f"TVM_NDK_CC={ndk_cc} does not exist; point it at the NDK's clang "
                 "(e.g. .../toolchains/llvm/prebuilt/linux-x86_64/bin/"
                 "aarch64-linux-android29-clang) or unset it to use clang + lld"
             )
@@ -341,12 +340,8 @@ def export_library(executable, path: str | Path, preset: str | TargetPreset) -> 
         executable.export_library(str(path))
         return path
     if method == "ndk":
-        from tvm.support import ndk
-
         fcompile = ndk.create_shared
     else:
-        from tvm.support import cc
-
         fcompile = cc.cross_compiler("clang", options=_clang_options(preset.triple))
     try:
         executable.export_library(str(path), fcompile=fcompile)
@@ -385,8 +380,6 @@ class HostCPU:
 
 def _llvm(name: str):
     """An LLVM helper of TVM's compiler library, or None (runtime-only TVM has none)."""
-    import tvm
-
     return tvm.get_global_func(name, allow_missing=True)
 
 
@@ -416,8 +409,6 @@ def host_cpu() -> HostCPU:
 
 def _cpu_features(spec: dict[str, Any]) -> frozenset[str]:
     """The features LLVM enables for an ``llvm`` target spec (its CPU model and ``mattr``)."""
-    import tvm
-
     return frozenset(str(f) for f in _llvm("target.llvm_get_cpu_features")(tvm.target.Target(spec)))
 
 

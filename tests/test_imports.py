@@ -170,19 +170,6 @@ def test_library_never_imports_the_cli():
     assert not bad, "\n".join(bad)
 
 
-# Modules (and packages) whose function-level imports do not all say yet why they are deferred
-# (being split or restructured); remove one from this list once it is clean, never add one.
-PENDING_REASONS = {
-    "codl_tvm.artifact",
-    "codl_tvm.coexec",
-    "codl_tvm.onnx_node_tests",
-    "codl_tvm.onnx_rewrites",
-    "codl_tvm.planner.hope",
-    "codl_tvm.runner",
-    "codl_tvm.targets",
-}
-
-
 def _unexplained_deferred_imports(path: Path) -> list[int]:
     """Lines of the imports inside functions of ``path`` with no comment saying why: on the
     line, or above it (over blank lines and the imports of the same group)."""
@@ -217,8 +204,7 @@ def test_deferred_imports_say_why():
     runtime-only devices), and a comment says which; anything else belongs at the top."""
     bad = [
         f"{path.relative_to(ROOT)}:{line}"
-        for name, path in _modules().items()
-        if not any(name == p or name.startswith(p + ".") for p in PENDING_REASONS)
+        for path in _modules().values()
         for line in _unexplained_deferred_imports(path)
     ]
     assert not bad, "function-level imports without a reason:\n" + "\n".join(bad)

@@ -76,7 +76,7 @@ _POLICY_NAMES = ("MIN_PREDICTED_SPEEDUP", "cost_model_cpu_alone", "planning_cont
 
 def __getattr__(name: str) -> Any:
     if name in _POLICY_NAMES:
-        from codl_tvm.planner import policy
+        from codl_tvm.planner import policy  # deferred: TVM's compiler (see above)
 
         return getattr(policy, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

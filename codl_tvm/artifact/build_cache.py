@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import tvm
+
 from codl_tvm.artifact.store import _PROCESSOR, _replace_file
 from codl_tvm.plan import PartitionPlan
 from codl_tvm.targets import TargetPreset, export_library
@@ -57,8 +59,6 @@ def code_digest() -> str:
 
 
 def _tvm_version() -> str:
-    import tvm  # deferred: the spec is made where compiling starts
-
     return tvm.__version__
 
 
@@ -206,8 +206,8 @@ class Libraries:
         return self.get(device, self.spec(device, None), self._build_single)
 
     def _build_coexec(self, spec: BuildSpec):
-        import tvm  # deferred, as every build: TVM's compiler
-
+        # deferred here and in _build_single: building needs TVM's compiler, and this package is
+        # imported where TVM is runtime-only (artifacts on a device)
         from codl_tvm.pipeline import coexec_pipeline
         from codl_tvm.planner.policy import switch_on
         from codl_tvm.schedules import cpu_alone_settings
@@ -235,8 +235,7 @@ class Libraries:
             )
 
     def _build_single(self, spec: BuildSpec):
-        import tvm
-
+        # deferred: needs TVM's compiler (see _build_coexec)
         from codl_tvm.pipeline import single_device_pipeline
         from codl_tvm.schedules import cpu_alone_settings, packed_enabled, winograd_enabled
         from codl_tvm.schedules.config import (

@@ -8,7 +8,7 @@ from :class:`~codl_tvm.artifact.build_cache.Libraries` (keyed by a
 :mod:`codl_tvm.artifact.store`, which swaps it in only when complete.
 
 Compiling needs TVM's compiler, which a runtime-only TVM (a device running artifacts) lacks:
-the planning policy and the build modules that need it are imported inside the functions that
+the planning policy and the schedules, which need it, are imported inside the functions that
 compile, so ``codl_tvm.artifact`` still imports there to load and run artifacts.
 """
 
@@ -26,7 +26,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import tvm
 
+from codl_tvm import runtime
 from codl_tvm.artifact.build_cache import Libraries
 from codl_tvm.artifact.store import (
     _OWN_FILES,
@@ -45,6 +47,7 @@ from codl_tvm.artifact.store import (
 )
 from codl_tvm.artifact.verify_timing import refined_candidates
 from codl_tvm.artifact.verify_timing import verify as verify_builds
+from codl_tvm.coexec import placement_report
 from codl_tvm.cost_model.defaults import default_model_path
 from codl_tvm.errors import (
     ArtifactError,
@@ -53,8 +56,11 @@ from codl_tvm.errors import (
     PlanError,
     PlannerError,
 )
+from codl_tvm.frontend import load_onnx, random_inputs
 from codl_tvm.plan import PartitionPlan
-from codl_tvm.targets import cpu_record
+from codl_tvm.planner import ALL_MODES, PlannerConfig
+from codl_tvm.runner import build
+from codl_tvm.targets import cpu_record, get_preset
 
 __all__ = ["compile_artifact", "default_cost_model_for"]
 
@@ -202,13 +208,12 @@ def compile_artifact(
     Path
         ``out_dir``.
     """
+    # deferred: needs TVM's compiler (see the module docstring)
     from codl_tvm.planner.policy import cost_model_cpu_alone
 
     if device not in DEVICES:
         raise ArtifactError(f"device {device!r} is not one of {DEVICES}")
     if weight_gbps is not None:
-        from codl_tvm.planner import PlannerConfig, PlannerError
-
         try:  # the planner's own check, before anything is built
             weight_gbps = PlannerConfig(weight_gbps=weight_gbps).weight_gbps
         except PlannerError as exc:
@@ -243,8 +248,6 @@ def compile_artifact(
         )
     verify_modes = tuple(verify_modes)
     if verify_modes:
-        from codl_tvm.planner import ALL_MODES
-
         bad = [m for m in verify_modes if m not in ALL_MODES]
         if bad:
             raise ArtifactError(
@@ -263,6 +266,7 @@ def compile_artifact(
     if not model_path.is_file():
         raise ArtifactError(f"{model_path}: no such model file")
     with _staged(out, force) as stage:
+        # deferred: needs TVM's compiler (see the module docstring)
         from codl_tvm.schedules import packed_enabled, winograd_enabled
 
         with (
@@ -337,9 +341,7 @@ def _compile_into(request: _Request, log: Callable[[str], None]) -> Path:
     remote, build_cache, coexec_cpu_alone = r.remote, r.build_cache, r.coexec_cpu_alone
     verify_calibrate, refine, weight_gbps = r.verify_calibrate, r.refine, r.weight_gbps
     split_channel_blocks, split_row_blocks = r.split_channel_blocks, r.split_row_blocks
-    import tvm
-
-    from codl_tvm.frontend import load_onnx, random_inputs
+    # deferred: needs TVM's compiler (see the module docstring)
     from codl_tvm.planner.policy import (
         coexec_cpu_algorithms,
         cost_model_cpu_alone,
@@ -349,7 +351,6 @@ def _compile_into(request: _Request, log: Callable[[str], None]) -> Path:
         planner_config,
         switch_on,
     )
-    from codl_tvm.targets import get_preset
 
     preset_obj = get_preset(preset or "opencl")
     model = load_onnx(model_path)
@@ -395,6 +396,7 @@ def _compile_into(request: _Request, log: Callable[[str], None]) -> Path:
             if coexec_cpu_alone:
                 # the CPU-alone kernels everywhere on the CPU, whatever the cost model knows
                 algos = cpu_alone_algorithms(preset_obj, winograd is not False, packed is not False)
+                # deferred: needs TVM's compiler (see the module docstring)
                 from codl_tvm.schedules import cpu_alone_settings
 
                 switches.enter_context(cpu_alone_settings(True))
@@ -464,9 +466,6 @@ def _compile_into(request: _Request, log: Callable[[str], None]) -> Path:
             manifest["split_row_blocks"] = bool(split_row_blocks)
             libraries.channel_blocks = bool(split_channel_blocks)
             libraries.row_blocks = bool(split_row_blocks)
-            from codl_tvm import runtime
-            from codl_tvm.coexec import placement_report
-
             runtime.load()
             built = libraries.coexec("coexec", plan)
             manifest["kernel_splits"] = libraries.kernel_splits.get("coexec")
@@ -548,11 +547,10 @@ def _compile_into(request: _Request, log: Callable[[str], None]) -> Path:
         if manifest["device"] == "cpu" and manifest["packed_cpu_alone"]:
             manifest["packed"] = True
         if reference:
-            from codl_tvm.runner import build
-
             log("computing the reference outputs (unpartitioned model, host CPU)")
             values = random_inputs(model, seed)
             ordered = [values[s.name] for s in model.inputs]
+            # deferred: needs TVM's compiler (see the module docstring)
             from codl_tvm.schedules import packed_enabled, winograd_enabled
 
             # the reference is the plain direct model
@@ -573,12 +571,14 @@ def _compile_into(request: _Request, log: Callable[[str], None]) -> Path:
 
 
 def _packed_on() -> bool:
+    # deferred: needs TVM's compiler (see the module docstring)
     from codl_tvm.schedules.config import packed_presets
 
     return bool(packed_presets())
 
 
 def _winograd_on() -> bool:
+    # deferred: needs TVM's compiler (see the module docstring)
     from codl_tvm.schedules.config import winograd_presets
 
     return bool(winograd_presets())
@@ -588,6 +588,7 @@ def _make_plan(model, out: Path, mode, cost_model, plan, preset_name, manifest, 
     """The plan of a co-executed compile (:func:`~codl_tvm.planner.policy.resolve_plan`, the
     plan resolution ``run --plan auto`` uses too), recorded in ``manifest["plan"]`` and
     written to ``out``."""
+    # deferred: needs TVM's compiler (see the module docstring)
     from codl_tvm.planner.policy import resolve_plan
 
     try:
@@ -631,6 +632,7 @@ def _make_plan(model, out: Path, mode, cost_model, plan, preset_name, manifest, 
 def _candidate_plans(model, plan, mode, modes, manifest, log, config=None) -> dict[str, tuple]:
     """:func:`~codl_tvm.planner.policy.candidate_plans` with the cost model ``plan`` was made
     with; the modes that add a candidate are recorded in ``manifest["plan"]``."""
+    # deferred: needs TVM's compiler (see the module docstring)
     from codl_tvm.planner.policy import candidate_plans
 
     cost_model = manifest["plan"]["cost_model"]["file"]
@@ -643,6 +645,7 @@ def _candidate_plans(model, plan, mode, modes, manifest, log, config=None) -> di
 def _calibrated_plans(model, mode, report, ms, seen: set, manifest, log, config) -> dict:
     """:func:`~codl_tvm.planner.policy.calibrated_plans` for ``--verify``'s first timing
     ``ms``; the calibration factors are recorded in ``manifest["plan"]["calibration"]``."""
+    # deferred: needs TVM's compiler (see the module docstring)
     from codl_tvm.planner.policy import calibrated_plans
 
     cost_model = manifest["plan"]["cost_model"]["file"]
@@ -658,8 +661,6 @@ def _calibrated_plans(model, mode, report, ms, seen: set, manifest, log, config)
 def _adopt_plan(out: Path, model, plan, report, mode: str, manifest) -> None:
     """Make the plan that ``--verify`` measured fastest the artifact's plan (its files and
     manifest entry); the primary plan's prediction stays on record."""
-    from codl_tvm.coexec import placement_report
-
     record = manifest["plan"]
     record["planned_mode"] = record.get("mode")
     record["mode"] = mode

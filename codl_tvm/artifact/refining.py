@@ -13,6 +13,9 @@ from codl_tvm.artifact.compiling import compile_artifact
 from codl_tvm.artifact.store import MANIFEST, _replace_file, _sha256, load_artifact
 from codl_tvm.artifact.verify_timing import refine_from_timelines
 from codl_tvm.errors import ArtifactError
+from codl_tvm.frontend import random_inputs
+from codl_tvm.plan import PartitionPlan
+from codl_tvm.planner.refine import RefineError
 
 __all__ = ["compile_refined", "refine_artifact", "refined_plan"]
 
@@ -77,10 +80,6 @@ def refined_plan(
         The refined plan, and the record :func:`compile_refined` stores: the source artifact,
         its plan, the timelines' spans and each split's measurements and change.
     """
-    from codl_tvm.frontend import random_inputs
-    from codl_tvm.plan import PartitionPlan
-    from codl_tvm.planner.refine import RefineError
-
     src = Path(artifact_dir)
     if not isinstance(traces, int) or traces < 1:
         raise ArtifactError(f"traces must be a number >= 1, got {traces!r}")

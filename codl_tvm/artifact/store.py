@@ -19,13 +19,19 @@ import shutil
 import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
+import tvm
+from tvm.runtime.vm import VirtualMachine
 
+from codl_tvm import runtime
 from codl_tvm.errors import ArtifactError
+from codl_tvm.frontend import TensorSpec
+from codl_tvm.runner import _flatten, time_vm
 from codl_tvm.targets import missing_cpu_features
 
 __all__ = [
@@ -158,8 +164,6 @@ def _replace_file(dst: Path, fill: Callable[[Path], Any]) -> None:
 
 
 def _version(dist: str) -> str | None:
-    from importlib import metadata
-
     try:
         return metadata.version(dist)
     except metadata.PackageNotFoundError:
@@ -198,8 +202,6 @@ class Artifact:
     @property
     def model(self) -> SimpleNamespace:
         """Input/output specs in the shape :mod:`codl_tvm.frontend`'s helpers expect."""
-        from codl_tvm.frontend import TensorSpec
-
         m = self.manifest["model"]
 
         def specs(items):
@@ -212,13 +214,8 @@ class Artifact:
     def _load(self):
         if self._vm is not None:
             return
-        import tvm
-        from tvm.runtime.vm import VirtualMachine
-
         names = self.manifest["vm_devices"]
         if "opencl" in names:
-            from codl_tvm import runtime
-
             runtime.load()
         self._devices = [tvm.opencl(0) if n == "opencl" else tvm.cpu(0) for n in names]
         lib = tvm.runtime.load_module(str(self.path / LIBRARY))
@@ -248,10 +245,6 @@ class Artifact:
 
     def __call__(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
         """Run once on inputs in ``main``'s order; return numpy outputs."""
-        import tvm
-
-        from codl_tvm.runner import _flatten
-
         self._load()
         args = [tvm.runtime.tensor(np.asarray(x, order="C"), self._devices[0]) for x in inputs]
         return _flatten(self._vm["main"](*args))
@@ -259,8 +252,6 @@ class Artifact:
     def runner(self, inputs: Sequence[np.ndarray]) -> Callable[[], None]:
         """A function that runs one inference on ``inputs`` (placed on the device once, here)
         and returns when every device has finished: for timing loops of one's own."""
-        import tvm
-
         self._load()
         args = [tvm.runtime.tensor(np.asarray(x, order="C"), self._devices[0]) for x in inputs]
         main = self._vm["main"]
@@ -275,8 +266,6 @@ class Artifact:
 
     def time(self, inputs: Sequence[np.ndarray], number: int = 5, repeat: int = 3):
         """Latency (``time_evaluator`` on the first VM device's timer; warm-up run first)."""
-        from codl_tvm.runner import time_vm
-
         self._load()
         return time_vm(self._vm, self._devices[0], inputs, number, repeat)
 

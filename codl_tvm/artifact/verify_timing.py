@@ -10,10 +10,19 @@ single processor. Timing runs here, or on a device through a TVM RPC tracker.
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
+import tvm
+from tvm.runtime.vm import VirtualMachine
 
+from codl_tvm import runtime
 from codl_tvm.errors import ArtifactError
+from codl_tvm.frontend import random_inputs
+from codl_tvm.planner.refine import RefineError, moves, refine_plan, split_times
+from codl_tvm.rpc_utils import RPCError, check_remote_versions, request_remote
+from codl_tvm.runner import time_vm
+from codl_tvm.trace import trace_inference
 
 __all__ = ["refine_from_timelines", "refined_candidates", "time_here", "time_remote", "verify"]
 
@@ -28,8 +37,6 @@ def verify(model, candidates, libraries, rounds: int, seed, manifest, remote, lo
     re-made with the cost model calibrated to the measured single-processor latencies, plans
     refined from timelines of the fastest co-executed build); if it returns any, every build is
     timed again with them and the second timing decides."""
-    from codl_tvm.frontend import random_inputs
-
     libs = dict(candidates)
     for device in ("cpu", "opencl"):
         libs[device] = libraries.single(device)
@@ -85,12 +92,6 @@ def verify(model, candidates, libraries, rounds: int, seed, manifest, remote, lo
 
 def time_here(libs: dict[str, Path], inputs, rounds: int) -> dict[str, list[float]]:
     """Median of 2 runs per round, the builds round-robin, so drift does not favour one."""
-    import tvm
-    from tvm.runtime.vm import VirtualMachine
-
-    from codl_tvm import runtime
-    from codl_tvm.runner import time_vm
-
     runtime.load()
     vms = {}
     for name, path in libs.items():
@@ -108,8 +109,9 @@ def time_here(libs: dict[str, Path], inputs, rounds: int) -> dict[str, list[floa
 def time_remote(libs: dict[str, Path], inputs, rounds: int, tracker: str, key: str):
     """Each build uploaded to one device of ``key`` and timed there (``rounds`` repeats of 2
     runs; the builds one after the other in one session)."""
+    # deferred: codl_tvm.deploy imports TVM's compiler, and this module is imported where TVM is
+    # runtime-only (artifacts on a device)
     from codl_tvm.deploy import run_remote
-    from codl_tvm.rpc_utils import RPCError, check_remote_versions, request_remote
 
     try:
         remote = request_remote(tracker, key)
@@ -138,9 +140,6 @@ def refine_from_timelines(traced, splits: dict, inputs, plan, traces: int, step:
     """Take ``traces`` timelines of ``traced`` (anything with a ``vm``; its kernel record is
     ``splits``) and refine ``plan`` from them; returns ``(refined plan, record)`` (the record
     without its ``"from"``). Raises :class:`~codl_tvm.planner.refine.RefineError`."""
-    from codl_tvm.planner.refine import refine_plan, split_times
-    from codl_tvm.trace import trace_inference
-
     timelines = [
         trace_inference(traced, inputs, warmup=1 if i == 0 else 0, kernel_splits=splits)
         for i in range(traces)
@@ -164,14 +163,6 @@ def refined_candidates(
     ``coexec:refined`` (then ``coexec:refined2`` from that, ...). Returns ``{name: library}``
     and records ``refined[name] = (plan, record)``; stops early when a round changes nothing
     or cannot be refined. ``mode``: the planner mode the refined plans descend from."""
-    from types import SimpleNamespace
-
-    import tvm
-    from tvm.runtime.vm import VirtualMachine
-
-    from codl_tvm.frontend import random_inputs
-    from codl_tvm.planner.refine import RefineError, moves
-
     rounds, traces = refine
     values = random_inputs(model, seed)
     inputs = [values[s.name] for s in model.inputs]

@@ -452,8 +452,8 @@ def partition_by_upward_rank(
 
 
 def _cp_model():
-    # ortools is imported where it is used: only the exact placement needs it
     try:
+        # deferred: ortools is an optional, heavy dependency only the exact placement needs
         from ortools.sat.python import cp_model
     except ImportError:
         raise SolverMissingError(
