@@ -149,6 +149,44 @@ def _arm64(triple: str, mcpu: str | None = None) -> dict[str, Any]:
 _ANDROID = "aarch64-linux-android"
 _LINUX_ARM64 = "aarch64-linux-gnu"
 
+
+def _android(name: str, description: str, gpu: str | None = None) -> TargetPreset:
+    """An aarch64 Android phone, with an OpenCL GPU of kind ``gpu`` if given."""
+    return TargetPreset(
+        name,
+        description,
+        cpu=_arm64(_ANDROID),
+        gpu={"kind": "opencl", "device": gpu} if gpu else None,
+        triple=_ANDROID,
+        os="android",
+    )
+
+
+def _linux_arm64(
+    name: str, description: str, mcpu: str | None = None, gpu: str | None = None
+) -> TargetPreset:
+    """An aarch64 Linux board, with an OpenCL GPU of kind ``gpu`` if given."""
+    return TargetPreset(
+        name,
+        description,
+        cpu=_arm64(_LINUX_ARM64, mcpu),
+        gpu={"kind": "opencl", "device": gpu} if gpu else None,
+        triple=_LINUX_ARM64,
+        os="linux",
+    )
+
+
+def _pocl_gpu() -> dict[str, Any]:
+    """PoCL's CPU OpenCL device: one thread a work-item, so small work-groups."""
+    return {
+        "kind": "opencl",
+        "device": "pocl",
+        "max_threads_per_block": 256,
+        "max_num_threads": 256,
+        "thread_warp_size": 1,
+    }
+
+
 PRESETS: dict[str, TargetPreset] = {
     p.name: p
     for p in (
@@ -158,50 +196,16 @@ PRESETS: dict[str, TargetPreset] = {
             cpu={"kind": "llvm"},
             native=True,
         ),
-        TargetPreset(
-            "android-arm64",
-            "aarch64 Android phone CPU (NEON)",
-            cpu=_arm64(_ANDROID),
-            triple=_ANDROID,
-            os="android",
-        ),
-        TargetPreset(
-            "android-adreno",
-            "aarch64 Android phone: Adreno GPU (OpenCL) + CPU",
-            cpu=_arm64(_ANDROID),
-            gpu={"kind": "opencl", "device": "adreno"},
-            triple=_ANDROID,
-            os="android",
-        ),
-        TargetPreset(
-            "android-mali",
-            "aarch64 Android phone: Mali GPU (OpenCL) + CPU",
-            cpu=_arm64(_ANDROID),
-            gpu={"kind": "opencl", "device": "mali"},
-            triple=_ANDROID,
-            os="android",
-        ),
-        TargetPreset(
-            "linux-arm64",
-            "aarch64 Linux board CPU (NEON), e.g. under qemu-aarch64",
-            cpu=_arm64(_LINUX_ARM64),
-            triple=_LINUX_ARM64,
-            os="linux",
-        ),
-        TargetPreset(
-            "rpi4",
-            "Raspberry Pi 4 (Cortex-A72, aarch64 Linux)",
-            cpu=_arm64(_LINUX_ARM64, "cortex-a72"),
-            triple=_LINUX_ARM64,
-            os="linux",
-        ),
-        TargetPreset(
+        _android("android-arm64", "aarch64 Android phone CPU (NEON)"),
+        _android("android-adreno", "aarch64 Android phone: Adreno GPU (OpenCL) + CPU", "adreno"),
+        _android("android-mali", "aarch64 Android phone: Mali GPU (OpenCL) + CPU", "mali"),
+        _linux_arm64("linux-arm64", "aarch64 Linux board CPU (NEON), e.g. under qemu-aarch64"),
+        _linux_arm64("rpi4", "Raspberry Pi 4 (Cortex-A72, aarch64 Linux)", "cortex-a72"),
+        _linux_arm64(
             "linux-arm64-mali",
             "aarch64 Linux board with a Mali GPU (e.g. RK3588)",
-            cpu=_arm64(_LINUX_ARM64, "cortex-a76"),
-            gpu={"kind": "opencl", "device": "mali"},
-            triple=_LINUX_ARM64,
-            os="linux",
+            "cortex-a76",
+            "mali",
         ),
         TargetPreset(
             "opencl",
@@ -214,13 +218,7 @@ PRESETS: dict[str, TargetPreset] = {
             "pocl",
             "PoCL's CPU OpenCL device on the host machine (tests, CI)",
             cpu={"kind": "llvm"},
-            gpu={
-                "kind": "opencl",
-                "device": "pocl",
-                "max_threads_per_block": 256,
-                "max_num_threads": 256,
-                "thread_warp_size": 1,
-            },
+            gpu=_pocl_gpu(),
             native=True,
         ),
         TargetPreset(
@@ -234,13 +232,7 @@ PRESETS: dict[str, TargetPreset] = {
             "the device machine's emulated SoC: PoCL on some Xeon cores as the GPU, TVM's "
             "AVX-512 CPU kernels on the others",
             cpu={"kind": "llvm", "mcpu": "skylake-avx512"},
-            gpu={
-                "kind": "opencl",
-                "device": "pocl",
-                "max_threads_per_block": 256,
-                "max_num_threads": 256,
-                "thread_warp_size": 1,
-            },
+            gpu=_pocl_gpu(),
         ),
     )
 }
