@@ -452,6 +452,33 @@ def _parts(s: _Split) -> dict[str, float]:
     return {"cpu_part_ms": s.cpu_ms, "gpu_part_ms": s.gpu_ms, "sharing_ms": s.sharing_ms}
 
 
+def _op_decision(
+    op: _Op,
+    dim: str,
+    ratio: float,
+    coexec_ms: float,
+    split_ms: float | None,
+    gain_ms: float,
+    reason: str,
+    parts: _Split | None = None,
+) -> Decision:
+    """The decision of one operator (not a chain): its whole-processor predictions beside the
+    chosen partition's, and the split's predicted parts when ``parts`` is given."""
+    return Decision(
+        (op.name,),
+        dim,
+        ratio,
+        op.cpu_ms,
+        op.gpu_ms,
+        coexec_ms,
+        split_ms,
+        None,
+        gain_ms,
+        reason,
+        **(_parts(parts) if parts is not None else {}),
+    )
+
+
 def _fmt_split(s: _Split) -> str:
     return (
         f"{s.dim}@{s.ratio:g} {s.total_ms:.3f} ms (cpu part {s.cpu_ms:.3f}, gpu part "
@@ -544,18 +571,8 @@ class _Planner:
                 f"split {_fmt_split(split)} beats whole on {proc.upper()} "
                 f"({whole_ms:.3f} ms{switch}) by {gain:.3f} ms"
             )
-            d = Decision(
-                (op.name,),
-                split.dim,
-                split.ratio,
-                op.cpu_ms,
-                op.gpu_ms,
-                split.total_ms,
-                split.total_ms,
-                None,
-                gain,
-                reason,
-                **_parts(split),
+            d = _op_decision(
+                op, split.dim, split.ratio, split.total_ms, split.total_ms, gain, reason, split
             )
         else:
             if split is None:
@@ -563,18 +580,8 @@ class _Planner:
             else:
                 why = f"best split {_fmt_split(split)} does not gain"
             reason = f"whole on {proc.upper()} ({whole_ms:.3f} ms{switch}): {why}"
-            d = Decision(
-                (op.name,),
-                dim0,
-                ratio,
-                op.cpu_ms,
-                op.gpu_ms,
-                whole_ms,
-                None if split is None else split.total_ms,
-                None,
-                0.0,
-                reason,
-            )
+            split_ms = None if split is None else split.total_ms
+            d = _op_decision(op, dim0, ratio, whole_ms, split_ms, 0.0, reason)
         return d, split
 
     # -- chains --------------------------------------------------------------------------------
@@ -646,14 +653,11 @@ class _Planner:
         for op in modelled:
             if forced in ("cpu", "gpu"):
                 ms = op.gpu_ms if forced == "gpu" else op.cpu_ms
-                d = Decision(
-                    (op.name,),
+                d = _op_decision(
+                    op,
                     _entry_dim(op, self.config),
                     1.0 if forced == "gpu" else 0.0,
-                    op.cpu_ms,
-                    op.gpu_ms,
                     ms,
-                    None,
                     None,
                     0.0,
                     f"baseline {self.mode}: whole on {forced.upper()} ({ms:.3f} ms)",
@@ -733,32 +737,26 @@ class _Planner:
         if split is None:
             proc, _ = _whole(ch)
             _, ms = _whole(op, proc)
-            return Decision(
-                (op.name,),
+            return _op_decision(
+                op,
                 _entry_dim(op, self.config),
                 1.0 if proc == "gpu" else 0.0,
-                op.cpu_ms,
-                op.gpu_ms,
                 ms,
-                None,
                 None,
                 0.0,
                 f"uLayer-like: no OC split possible; whole on {proc.upper()} by the FLOPs model",
             )
         mine = self.pred.split(op, split.dim, split.ratio)
-        return Decision(
-            (op.name,),
+        return _op_decision(
+            op,
             split.dim,
             split.ratio,
-            op.cpu_ms,
-            op.gpu_ms,
             mine.total_ms,
             mine.total_ms,
-            None,
             min(op.cpu_ms, op.gpu_ms) - mine.total_ms,
             f"uLayer-like: OC@{split.ratio:g} chosen by the FLOPs model "
             f"({split.total_ms:.3f} ms there); this cost model predicts {_fmt_split(mine)}",
-            **_parts(mine),
+            mine,
         )
 
 
@@ -891,12 +889,7 @@ def plan_model(
             f"{impl} data, so they are predicted as {closest} (profile them: `codl-tvm profile "
             f"--{impl}`)"
         )
-    seen = set()
-    for w in caught:
-        text = str(w.message)
-        if text not in seen:
-            seen.add(text)
-            notes.append(text)
+    notes.extend(dict.fromkeys(str(w.message) for w in caught))  # once each, in order
     report = PlanReport(
         mode=mode,
         cost_model=cost_model.kind,
