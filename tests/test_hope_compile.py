@@ -407,3 +407,21 @@ def test_shortcut_on_the_cpu_beside_the_branch_equals_onnxruntime(opencl):
     assert_close(built([feeds[s.name] for s in model.inputs])[0], want)
     issued = list(dict.fromkeys(c[1] for c in built.kernel_splits["calls"] if c[1] is not None))
     assert issued == list(plan.order)
+
+
+def test_verify_adopting_an_auto_candidate_records_the_mode_it_chose(
+    tmp_path, branches_mod, costly_splits_model
+):
+    """``--verify-modes auto`` (or a calibrated re-plan of ``--mode auto``) whose build is the
+    fastest: the manifest names the mode auto chose and its candidates, not ``auto``."""
+    from codl_tvm.artifact.compiling import _adopt_plan
+    from codl_tvm.frontend import OnnxModel
+
+    plan, report = make_plan(branches_mod, costly_splits_model, "auto")
+    model = OnnxModel("inception_like.onnx", branches_mod, (), ())
+    manifest = {"plan": {"source": "planner", "mode": "codl"}}
+    _adopt_plan(tmp_path, model, plan, report, "auto", manifest)
+    record = manifest["plan"]
+    assert record["mode"] == "hope" and record["planned_mode"] == "codl"
+    assert record["auto"]["candidates_ms"] == pytest.approx(report.candidates)
+    assert json.loads((tmp_path / "plan_report.json").read_text())["auto"]["chosen"] == "hope"

@@ -663,8 +663,12 @@ def _adopt_plan(out: Path, model, plan, report, mode: str, manifest) -> None:
     manifest entry); the primary plan's prediction stays on record."""
     record = manifest["plan"]
     record["planned_mode"] = record.get("mode")
-    record["mode"] = mode
+    # an auto candidate's report names the mode it chose
+    record["mode"] = report.mode if report is not None else mode
     record["summary"] = report.summary.to_dict() if report is not None and report.summary else None
+    record.pop("auto", None)  # the primary plan's candidates
+    if report is not None and report.candidates is not None:
+        record["auto"] = {"candidates_ms": dict(report.candidates)}
     record["chosen_by_verify"] = True
     if report is None:  # a refined plan: the planner's report describes another plan
         for name in ("plan_report.json", "plan_report.txt"):
