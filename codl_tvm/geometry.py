@@ -255,14 +255,7 @@ def chain_row_spans(
         the chain entry and ``result[k].inp == result[k-1].out``. Rows outside the processor's own
         share are the halo it recomputes redundantly (CoDL Eq. 1 and Fig. 12).
     """
-    span = _as_span(out)
-    result: list[PartSpan] = []
-    for op in reversed(ops):
-        part = PartSpan(span, span, computed=span) if op is None else op.input_span(span)
-        result.append(part)
-        span = part.inp
-    result.reverse()
-    return result
+    return _chain_spans(ops, out)
 
 
 def chain_channel_spans(
@@ -273,6 +266,12 @@ def chain_channel_spans(
     Like :func:`chain_row_spans` for channels; ``None`` is an elementwise operator. A grouped conv
     computes whole groups (``computed``) and its output is trimmed to ``out``.
     """
+    return _chain_spans(ops, out)
+
+
+def _chain_spans(ops: Sequence, out: Span | tuple[int, int]) -> list[PartSpan]:
+    """Walk a chain backwards from the last operator's ``out``: each operator's span from the
+    next one's input (``None``: elementwise, reads what it writes)."""
     span = _as_span(out)
     result: list[PartSpan] = []
     for op in reversed(ops):

@@ -23,6 +23,7 @@ threads); every field may be ``None`` when unknown.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -231,17 +232,7 @@ class PartShape:
         return self.out_h == 0 or self.out_w == 0 or self.oc == 0
 
     def to_json(self) -> dict:
-        return {
-            "out_h": self.out_h,
-            "out_w": self.out_w,
-            "oc": self.oc,
-            "in_h": self.in_h,
-            "in_w": self.in_w,
-            "ic": self.ic,
-            "groups": self.groups,
-            "row0": self.row0,
-            "oc0": self.oc0,
-        }
+        return dataclasses.asdict(self)
 
 
 def _input_rows(params: OpParams, row0: int, rows: int) -> int:
