@@ -49,7 +49,7 @@ from codl_tvm.rpc_utils import (
     check_remote_versions,
     request_remote,
 )
-from codl_tvm.runner import build, remove_with
+from codl_tvm.runner import _flatten, build, remove_with
 from codl_tvm.targets import TargetPreset, export_library, get_preset
 
 __all__ = [
@@ -283,15 +283,6 @@ def run_remote(
     res = remote.call("timing main", _time)
     ms = [r * 1e3 for r in res.results]
     return RemoteRun(outputs, float(np.median(ms)), float(np.min(ms)), float(np.max(ms)), len(ms))
-
-
-def _flatten(out) -> list[np.ndarray]:
-    if hasattr(out, "numpy"):
-        return [out.numpy()]
-    result = []
-    for item in out:
-        result.extend(_flatten(item))
-    return result
 
 
 def compare_outputs(

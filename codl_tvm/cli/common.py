@@ -6,6 +6,7 @@ Everything here checks what the user gave before any work starts and raises
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import zipfile
@@ -19,6 +20,7 @@ from codl_tvm.errors import CliError
 from codl_tvm.frontend import OnnxModel, check_inputs, random_inputs
 
 __all__ = [
+    "add_run_arguments",
     "building",
     "check_output_file",
     "load_inputs",
@@ -27,6 +29,19 @@ __all__ = [
     "print_outputs_and_latency",
     "save_outputs",
 ]
+
+
+def add_run_arguments(
+    p: argparse.ArgumentParser, outputs_help: str, repeat_help: str = "timing repeats"
+) -> None:
+    """The flags of the commands that run a model (``run``, ``deploy``): its inputs, where its
+    outputs go, the seed of random inputs and the timing."""
+    p.add_argument("--inputs", help=".npz of inputs keyed by graph input names")
+    p.add_argument("--save-outputs", help=outputs_help)
+    p.add_argument("--force", action="store_true", help="overwrite --save-outputs if it exists")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
+    p.add_argument("--repeat", type=int, default=3, help=repeat_help)
+    p.add_argument("--number", type=int, default=5, help="runs per timing repeat")
 
 
 def load_npz(path: str, flag: str = "--inputs") -> dict[str, np.ndarray]:

@@ -8,7 +8,13 @@ from __future__ import annotations
 
 import argparse
 
-from codl_tvm.cli.common import building, check_output_file, load_npz, save_outputs
+from codl_tvm.cli.common import (
+    add_run_arguments,
+    building,
+    check_output_file,
+    load_npz,
+    save_outputs,
+)
 from codl_tvm.deploy import DEVICES, deploy
 from codl_tvm.errors import CliError
 from codl_tvm.frontend import load_onnx
@@ -92,12 +98,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--plan", help="partition plan (JSON) for --device coexec")
     p.add_argument("--dim", choices=("H", "OC"), help="uniform plan dimension (--device coexec)")
     p.add_argument("--ratio", type=float, help="uniform plan GPU ratio 0..1 (--device coexec)")
-    p.add_argument("--inputs", help=".npz of inputs keyed by graph input names")
-    p.add_argument("--save-outputs", help=".npz to write the remote outputs to")
-    p.add_argument("--force", action="store_true", help="overwrite --save-outputs if it exists")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
-    p.add_argument("--repeat", type=int, default=3, help="timing repeats (0: no timing)")
-    p.add_argument("--number", type=int, default=5, help="runs per timing repeat")
+    add_run_arguments(p, ".npz to write the remote outputs to", "timing repeats (0: no timing)")
     p.add_argument(
         "--timeout",
         type=float,

@@ -18,6 +18,7 @@ import numpy as np
 from codl_tvm import runtime
 from codl_tvm.artifact import load_artifact
 from codl_tvm.cli.common import (
+    add_run_arguments,
     building,
     check_output_file,
     load_inputs,
@@ -167,12 +168,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cost-model", help="cost model JSON for --plan auto")
     p.add_argument("--dim", choices=("H", "OC"), help="split every operator along this dim")
     p.add_argument("--ratio", type=float, help="GPU share of every split operator, in [0, 1]")
-    p.add_argument("--inputs", help=".npz of inputs keyed by graph input names")
-    p.add_argument("--save-outputs", help=".npz to write outputs to, keyed by output names")
-    p.add_argument("--force", action="store_true", help="overwrite --save-outputs if it exists")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
-    p.add_argument("--repeat", type=int, default=3, help="timing repeats")
-    p.add_argument("--number", type=int, default=5, help="runs per timing repeat")
+    add_run_arguments(p, ".npz to write outputs to, keyed by output names")
     p.add_argument("--check", action="store_true", help="compare with the CPU build")
     p.set_defaults(func=cmd_run)
     p = sub.add_parser("info", help="describe the OpenCL platform and devices in use")
