@@ -48,6 +48,16 @@ class FuncBlocks:
     main: SBlockRV | None
     epilogue: list[SBlockRV]
 
+    def without(self, block: SBlockRV | None) -> FuncBlocks:
+        """These blocks less ``block`` in the prologue (all of them when it is None)."""
+        if block is None:
+            return self
+        return FuncBlocks(
+            prologue=[b for b in self.prologue if not b.same_as(block)],
+            main=self.main,
+            epilogue=self.epilogue,
+        )
+
 
 @dataclass(frozen=True)
 class ReductionInfo:

@@ -23,6 +23,7 @@ was built, not what was intended:
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import tvm_ffi
 from tvm import s_tir, tirx
@@ -32,6 +33,7 @@ from tvm.target import Target
 
 __all__ = [
     "CodlRule",
+    "ConfiguredRule",
     "RecordedRule",
     "choose_row_width",
     "kernel_features",
@@ -243,6 +245,21 @@ class CodlRule(ScheduleRule):
         algorithm, config, *rest = result
         overrides = rest[0] if rest else None
         return _with_record(sch, algorithm, config, self.target_kind != "llvm", overrides)
+
+
+class ConfiguredRule(CodlRule):
+    """A rule with tunables: the config it was given, else :meth:`default_config` of the target
+    (its :mod:`codl_tvm.schedules.config` preset)."""
+
+    def __init__(self, config: Any = None) -> None:
+        super().__init__()
+        self.config = config
+
+    def default_config(self, target: Target) -> Any:
+        raise NotImplementedError
+
+    def _config(self, target: Target) -> Any:
+        return self.config if self.config is not None else self.default_config(target)
 
 
 class RecordedRule(ScheduleRule):

@@ -66,7 +66,7 @@ from .analysis import (
     reverse_inline_epilogue,
     writer_of,
 )
-from .common import CodlRule, choose_row_width, padded_row_width
+from .common import ConfiguredRule, choose_row_width, padded_row_width
 from .config import CPUConfig, cpu_config
 
 __all__ = ["CPUConv2D", "CPUInjective", "CPUReduction", "conv2d_algorithm"]
@@ -130,14 +130,6 @@ def _data_producer(sch: s_tir.Schedule, blocks: FuncBlocks, conv: SBlockRV) -> S
     return None
 
 
-def _without(blocks: FuncBlocks, block: SBlockRV) -> FuncBlocks:
-    return FuncBlocks(
-        prologue=[b for b in blocks.prologue if not b.same_as(block)],
-        main=blocks.main,
-        epilogue=blocks.epilogue,
-    )
-
-
 def _inline_epilogue(sch: s_tir.Schedule, blocks: FuncBlocks, cfg: CPUConfig) -> None:
     """Inline elementwise epilogues into the write-back block; parallelise any that resist."""
     for block in reverse_inline_epilogue(sch, blocks):
@@ -180,15 +172,11 @@ def _finish_tile(
     return features
 
 
-class _CPURule(CodlRule):
+class _CPURule(ConfiguredRule):
     target_kind = "llvm"
 
-    def __init__(self, config: CPUConfig | None = None) -> None:
-        super().__init__()
-        self.config = config
-
-    def _config(self, target: Target) -> CPUConfig:
-        return self.config if self.config is not None else cpu_config(target)
+    def default_config(self, target: Target) -> CPUConfig:
+        return cpu_config(target)
 
 
 class CPUConv2D(_CPURule):
@@ -214,7 +202,7 @@ class CPUConv2D(_CPURule):
             # Strided conv: store the (padded) input with its columns split by phase,
             # [n, c, h, w % s, w // s], so each tap reads a contiguous run of a phase
             # instead of a strided gather; the copy is one pass over the input.
-            _prepare_prologue(sch, _without(blocks, padder), cfg)
+            _prepare_prologue(sch, blocks.without(padder), cfg)
             sch.transform_layout(
                 padder,
                 ("write", 0),

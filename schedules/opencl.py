@@ -52,7 +52,7 @@ from .analysis import (
     match_pool2d,
     reverse_inline_epilogue,
 )
-from .common import CodlRule
+from .common import ConfiguredRule
 from .config import OpenCLConfig, opencl_config
 
 __all__ = ["OpenCLConv2D", "OpenCLPool2D"]
@@ -105,16 +105,6 @@ def _finish_register_tile(
         sch.vectorize(sch.get_loops(init)[-1])
 
 
-def _without(blocks: FuncBlocks, block: SBlockRV | None) -> FuncBlocks:
-    if block is None:
-        return blocks
-    return FuncBlocks(
-        prologue=[b for b in blocks.prologue if not b.same_as(block)],
-        main=blocks.main,
-        epilogue=blocks.epilogue,
-    )
-
-
 def _read_index(sch: s_tir.Schedule, block: SBlockRV, buffer) -> int:
     for i, region in enumerate(sch.get(block).reads):
         if region.source.same_as(buffer):
@@ -143,15 +133,11 @@ def _weight_buffer(sch: s_tir.Schedule, conv: SBlockRV, _data):
     raise s_tir.ScheduleError("conv block has no OIHW weight operand")
 
 
-class _OpenCLRule(CodlRule):
+class _OpenCLRule(ConfiguredRule):
     target_kind = "opencl"
 
-    def __init__(self, config: OpenCLConfig | None = None) -> None:
-        super().__init__()
-        self.config = config
-
-    def _config(self, target: Target) -> OpenCLConfig:
-        return self.config if self.config is not None else opencl_config(target)
+    def default_config(self, target: Target) -> OpenCLConfig:
+        return opencl_config(target)
 
 
 def _opencl_vector_width(extent: int, lanes: int) -> int:
@@ -241,10 +227,10 @@ class OpenCLConv2D(_OpenCLRule):
         )
         if chunk:
             # the pad block is inlined into the local-memory copy below, not into the conv
-            _inline_prologue(sch, _without(blocks, padder), cfg.pool_threads)
+            _inline_prologue(sch, blocks.without(padder), cfg.pool_threads)
         elif vector and padder is not None and not is_trivial_copy(sch, padder):
             # a bounds check inside the vector loop would scalarise it: pad in its own kernel
-            _inline_prologue(sch, _without(blocks, padder), cfg.pool_threads)
+            _inline_prologue(sch, blocks.without(padder), cfg.pool_threads)
             _bind_spatial(sch, padder, cfg.pool_threads)
         else:
             _inline_prologue(sch, blocks, cfg.pool_threads)
