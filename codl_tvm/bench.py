@@ -15,20 +15,26 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+
+from codl_tvm import runtime
 
 __all__ = [
     "ConcurrentBound",
     "PairedAB",
     "PairedRatios",
+    "coexec_targets",
     "concurrent_bound",
     "envelope",
     "git_commit",
     "machine_info",
+    "open_opencl",
     "paired_ab",
     "paired_ratios",
     "pin_tvm_threads",
+    "run_coexec_library",
     "time_host_us",
     "write_json",
 ]
@@ -129,6 +135,50 @@ def pin_tvm_threads(cores: str, pin_main_thread: bool = True) -> list[int]:
     if pin_main_thread:
         os.sched_setaffinity(0, set(cpus))
     return cpus
+
+
+def coexec_targets(mcpu: str, gpu_device: str = ""):
+    """The ``(gpu, cpu)`` targets of a co-executed benchmark build: LLVM's CPU model ``mcpu`` for
+    the CPU and as the OpenCL target's host; ``gpu_device`` (``pocl``, ``nvidia``, ...) picks the
+    schedules' OpenCL preset when given."""
+    import tvm  # deferred: the benchmark helpers import without TVM (see pin_tvm_threads)
+
+    cpu = tvm.target.Target({"kind": "llvm", "mcpu": mcpu})
+    spec = {"kind": "opencl", **({"device": gpu_device} if gpu_device else {})}
+    return tvm.target.Target(spec, host={"kind": "llvm", "mcpu": mcpu}), cpu
+
+
+def open_opencl(platform_name: str | None = None, tvm_cpus: str = "") -> tuple[Any, dict]:
+    """Load the codl-tvm OpenCL runtime on ``platform_name`` (None: the runtime's choice, or the
+    platform already in use) and pin TVM's CPU threads to
+    ``tvm_cpus`` (``"LO-HI"``) when given; returns the runtime's info and the record of the
+    device a benchmark's results name (platform, device, compute units)."""
+    runtime.load(platform=platform_name)
+    info = runtime.info()
+    if tvm_cpus:
+        pin_tvm_threads(tvm_cpus)
+    record = {
+        "platform": info.platform,
+        "device": info.devices[0].name,
+        "compute_units": info.devices[0].compute_units,
+    }
+    return info, record
+
+
+def run_coexec_library(
+    path: str | Path, inputs: Sequence, dev, number: int, repeat: int
+) -> tuple[np.ndarray, float]:
+    """Load a co-executed library into a Relax VM over ``[dev, cpu(0)]``, run ``main`` once on
+    ``inputs`` (tensors on ``dev``) and time it with ``time_evaluator`` on ``dev``: returns its
+    first output and the median latency in ms."""
+    import tvm  # deferred: the benchmark helpers import without TVM (see pin_tvm_threads)
+    from tvm.runtime.vm import VirtualMachine
+
+    vm = VirtualMachine(tvm.runtime.load_module(str(path)), [dev, tvm.cpu(0)])
+    out = vm["main"](*inputs)
+    out = (out if hasattr(out, "numpy") else out[0]).numpy()
+    res = vm.time_evaluator("main", dev, number=number, repeat=repeat)(*inputs)
+    return out, float(np.median(res.results) * 1e3)
 
 
 Interval = tuple[float, float]

@@ -67,9 +67,8 @@ def conv_model(hw: int, c_in: int, c_out: int, k: int):
 def cmd_compile(args: argparse.Namespace) -> None:
     import shutil
 
-    import tvm
-
     import codl_tvm
+    from codl_tvm.bench import coexec_targets
     from codl_tvm.frontend import load_onnx
     from codl_tvm.plan import uniform_plan
     from codl_tvm.runtime._build import build_plugin
@@ -77,11 +76,7 @@ def cmd_compile(args: argparse.Namespace) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     shutil.copy(build_plugin(), out / "libcodl_tvm_opencl.so")
-    cpu = tvm.target.Target({"kind": "llvm", "mcpu": args.mcpu})
-    gpu_spec = {"kind": "opencl"}
-    if args.gpu_device:
-        gpu_spec["device"] = args.gpu_device  # picks the schedules' OpenCL preset
-    gpu = tvm.target.Target(gpu_spec, host={"kind": "llvm", "mcpu": args.mcpu})
+    gpu, cpu = coexec_targets(args.mcpu, args.gpu_device)
     manifest_target = str(gpu)
     manifest = {"convs": {}, "gpu_target": manifest_target}
     for name, (hw, ci, co, k) in SHAPES.items():
@@ -154,21 +149,11 @@ def _sync_costs(dev_id: int = 0) -> dict:
 
 def cmd_run(args: argparse.Namespace) -> None:
     import tvm
-    from tvm.runtime.vm import VirtualMachine
 
-    from codl_tvm import runtime
-    from codl_tvm.bench import envelope, pin_tvm_threads, write_json
+    from codl_tvm.bench import envelope, open_opencl, run_coexec_library, write_json
 
-    runtime.load(platform=args.platform)
-    info = runtime.info()
-    if args.tvm_cpus:
-        pin_tvm_threads(args.tvm_cpus)
-    result = {
-        "platform": info.platform,
-        "device": info.devices[0].name,
-        "compute_units": info.devices[0].compute_units,
-        "svm_mode": info.svm_mode,
-    }
+    info, result = open_opencl(args.platform, args.tvm_cpus)
+    result["svm_mode"] = info.svm_mode
     try:
         result["sync"] = _sync_costs()
     except Exception as exc:  # keep the conv results even if one mechanism fails here
@@ -186,14 +171,11 @@ def cmd_run(args: argparse.Namespace) -> None:
         args_t = [tvm.runtime.tensor(a, dev) for a in (x, w, b)]
         rows, ref = [], None
         for build in entry["builds"]:
-            lib = tvm.runtime.load_module(str(Path(args.dir) / build["lib"]))
-            vm = VirtualMachine(lib, [dev, tvm.cpu(0)])
-            out = vm["main"](*args_t).numpy()
+            lib = Path(args.dir) / build["lib"]
+            out, ms = run_coexec_library(lib, args_t, dev, args.number, args.repeat)
             if ref is None:
                 ref = out
             err = float(np.max(np.abs(out - ref)))
-            res = vm.time_evaluator("main", dev, number=args.number, repeat=args.repeat)(*args_t)
-            ms = float(np.median(res.results) * 1e3)
             rows.append(
                 {
                     "dim": build["dim"],

@@ -19,9 +19,8 @@ PLANS = (("H", 0.0), ("H", 1.0), ("H", 0.3), ("H", 0.5), ("OC", 0.3), ("OC", 0.5
 
 
 def cmd_compile(args: argparse.Namespace) -> None:
-    import tvm
-
     import codl_tvm
+    from codl_tvm.bench import coexec_targets
     from codl_tvm.frontend import load_onnx
     from codl_tvm.models import bundled_model_path, light_model
     from codl_tvm.plan import uniform_plan
@@ -30,9 +29,7 @@ def cmd_compile(args: argparse.Namespace) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     shutil.copy(build_plugin(), out / "libcodl_tvm_opencl.so")
-    cpu = tvm.target.Target({"kind": "llvm", "mcpu": args.mcpu})
-    spec = {"kind": "opencl", **({"device": args.gpu_device} if args.gpu_device else {})}
-    gpu = tvm.target.Target(spec, host={"kind": "llvm", "mcpu": args.mcpu})
+    gpu, cpu = coexec_targets(args.mcpu, args.gpu_device)
     manifest = {}
     for name in args.models.split(","):
         model = load_onnx(bundled_model_path() if name == "codl_small_cnn" else light_model(name))
@@ -53,23 +50,13 @@ def cmd_run(args: argparse.Namespace) -> None:
     import os
 
     import tvm
-    from tvm.runtime.vm import VirtualMachine
 
-    from codl_tvm import runtime
-    from codl_tvm.bench import envelope, pin_tvm_threads, write_json
+    from codl_tvm.bench import envelope, open_opencl, run_coexec_library, write_json
 
-    runtime.load(platform=args.platform)
-    info = runtime.info()
-    if args.tvm_cpus:
-        pin_tvm_threads(args.tvm_cpus)
+    _, results = open_opencl(args.platform, args.tvm_cpus)
+    results["models"] = {}
     dev = tvm.opencl(0)
     manifest = json.loads((Path(args.dir) / "manifest.json").read_text())
-    results = {
-        "platform": info.platform,
-        "device": info.devices[0].name,
-        "compute_units": info.devices[0].compute_units,
-        "models": {},
-    }
     rng = np.random.default_rng(0)
     for name, entry in manifest.items():
         inputs = [
@@ -78,15 +65,10 @@ def cmd_run(args: argparse.Namespace) -> None:
         ]
         rows, ref = [], None
         for item in entry["libs"]:
-            vm = VirtualMachine(
-                tvm.runtime.load_module(str(Path(args.dir) / item["lib"])), [dev, tvm.cpu(0)]
-            )
-            out = vm["main"](*inputs)
-            out = (out if hasattr(out, "numpy") else out[0]).numpy()
+            lib = Path(args.dir) / item["lib"]
+            out, ms = run_coexec_library(lib, inputs, dev, args.number, args.repeat)
             ref = out if ref is None else ref
             err = float(np.max(np.abs(out - ref)) / max(float(np.max(np.abs(ref))), 1e-12))
-            res = vm.time_evaluator("main", dev, number=args.number, repeat=args.repeat)(*inputs)
-            ms = float(np.median(res.results) * 1e3)
             rows.append({**item, "median_ms": ms, "max_rel_err_vs_cpu_only": err})
             print(
                 f"{name:16s} {item['dim']:2s} {item['ratio']:.2f} {ms:9.3f} ms err {err:.1e}",

@@ -272,3 +272,48 @@ def test_bench_planner_balance_table_and_plot(tmp_path, capsys):
         assert "14 m" in capsys.readouterr().out
         with pytest.raises(SystemExit, match="has x"):
             bp.main(["balance", "--results", k8, "--tag", "x"])
+
+
+@pytest.mark.opencl
+def test_coexec_benchmark_helpers_build_and_run_a_split_conv(tmp_path, opencl):
+    """The co-execution benchmarks' build targets, device record and library runner on a real
+    co-executed conv: its output equals the unpartitioned build's."""
+    import tvm
+    from onnx import TensorProto, helper, numpy_helper
+
+    import codl_tvm
+    from codl_tvm.bench import coexec_targets, open_opencl, run_coexec_library
+    from codl_tvm.frontend import load_onnx
+    from codl_tvm.plan import uniform_plan
+    from codl_tvm.runner import build
+    from codl_tvm.targets import host_cpu
+
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.standard_normal((8, 4, 3, 3)).astype(np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["y"], kernel_shape=[3, 3], pads=[1] * 4)],
+        "conv",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 12, 12])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 12, 12])],
+        [w],
+    )
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model = load_onnx(proto)
+    gpu, cpu = coexec_targets(host_cpu().name)
+    assert gpu.kind.name == "opencl" and "device" not in gpu.attrs
+    assert gpu.host.attrs["mcpu"] == cpu.attrs["mcpu"] == host_cpu().name
+    assert coexec_targets(host_cpu().name, "pocl")[0].attrs["device"] == "pocl"
+    built = codl_tvm.compile(
+        model.mod, uniform_plan(model.mod, "H", 0.5), gpu=gpu, cpu=cpu, work_dir=tmp_path
+    )
+    info, record = open_opencl()
+    assert record == {
+        "platform": info.platform,
+        "device": info.devices[0].name,
+        "compute_units": info.devices[0].compute_units,
+    }
+    x = rng.standard_normal((1, 4, 12, 12)).astype(np.float32)
+    dev = tvm.opencl(0)
+    out, ms = run_coexec_library(built.library, [tvm.runtime.tensor(x, dev)], dev, 1, 1)
+    np.testing.assert_allclose(out, build(model.mod, "cpu")([x])[0], rtol=1e-4, atol=1e-4)
+    assert isinstance(ms, float)
