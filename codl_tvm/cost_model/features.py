@@ -361,17 +361,10 @@ class DispatchFeatures:
     num_kernels: int | None = None
 
     def __post_init__(self) -> None:
-        for name in (
-            "wg_size",
-            "wg_count",
-            "cpu_parallel_blocks",
-            "vector_width",
-            "threads",
-            "num_kernels",
-        ):
-            value = getattr(self, name)
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
             if value is not None:
-                _pos_int(value, name, "dispatch features")
+                _pos_int(value, f.name, "dispatch features")
 
     def to_json(self) -> dict:
         return {k: v for k, v in self.__dict__.items() if v is not None}
