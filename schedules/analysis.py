@@ -36,6 +36,7 @@ __all__ = [
     "match_pool2d",
     "match_reduction",
     "stage_of",
+    "strip_cast",
     "writer_of",
 ]
 
@@ -172,7 +173,8 @@ def _loop_extents(sch: s_tir.Schedule, block: SBlockRV) -> tuple[int, ...] | str
     return tuple(extents)
 
 
-def _strip_cast(expr):
+def strip_cast(expr):
+    """``expr`` without the casts around it (a mixed-precision load or product)."""
     while isinstance(expr, tirx.Cast):
         expr = expr.value
     return expr
@@ -292,7 +294,7 @@ def _buffer_of(block_stmt, load: TensorLoad):
 
 def is_trivial_copy(sch: s_tir.Schedule, block: SBlockRV) -> bool:
     """True if an injective block stores a plain load (no condition): safe to inline anywhere."""
-    value = _strip_cast(sch.get(block).body.value)
+    value = strip_cast(sch.get(block).body.value)
     return isinstance(value, TensorLoad)
 
 
@@ -311,14 +313,14 @@ def match_conv2d(sch: s_tir.Schedule, blocks: FuncBlocks) -> Conv2DInfo | str:
     value = store.value
     if not isinstance(value, tirx.Add):
         return "update is not an accumulation (+)"
-    acc, prod = value.a, _strip_cast(value.b)
+    acc, prod = value.a, strip_cast(value.b)
     if not (isinstance(acc, TensorLoad) and acc.source.same_as(store.buffer)):
-        acc, prod = value.b, _strip_cast(value.a)
+        acc, prod = value.b, strip_cast(value.a)
     if not (isinstance(acc, TensorLoad) and acc.source.same_as(store.buffer)):
         return "update does not read its own output"
     if not isinstance(prod, tirx.Mul):
         return "accumulated value is not a product"
-    a, b = _strip_cast(prod.a), _strip_cast(prod.b)
+    a, b = strip_cast(prod.a), strip_cast(prod.b)
     if not (isinstance(a, TensorLoad) and isinstance(b, TensorLoad)):
         return "product operands are not buffer loads"
 

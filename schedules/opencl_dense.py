@@ -30,7 +30,7 @@ from tvm import s_tir, tirx
 from tvm.ir.expr import TensorLoad
 from tvm.target import Target
 
-from .analysis import buffer_loads, classify_blocks, match_reduction
+from .analysis import buffer_loads, classify_blocks, match_reduction, strip_cast
 from .opencl import (
     _finish_register_tile,
     _inline_epilogue,
@@ -55,12 +55,6 @@ class DenseInfo:
     dtype_bits: int
 
 
-def _strip_cast(expr):
-    while isinstance(expr, tirx.Cast):
-        expr = expr.value
-    return expr
-
-
 def _is_var(expr, var) -> bool:
     return isinstance(expr, tirx.Var) and expr.same_as(var)
 
@@ -79,10 +73,10 @@ def match_dense(sch: s_tir.Schedule, block) -> DenseInfo | str:
     value = stmt.body.value
     if not isinstance(value, tirx.Add):
         return "update is not an accumulation (acc + a * b)"
-    prod = _strip_cast(value.b)
+    prod = strip_cast(value.b)
     if not isinstance(prod, tirx.Mul):
         return "update is not acc + a * b"
-    loads = [_strip_cast(prod.a), _strip_cast(prod.b)]
+    loads = [strip_cast(prod.a), strip_cast(prod.b)]
     if not all(isinstance(x, TensorLoad) for x in loads):
         return "operands of the product are not buffer loads"
     acc = [x for x in buffer_loads(value) if x.source.same_as(stmt.body.buffer)]
