@@ -73,6 +73,21 @@ DATASET_VERSION = 1
 SHARING_KINDS: tuple[str, ...] = ("transform", "map", "unmap", "presync", "postsync")
 
 
+def _latency(lat, what: str, zero_ok: bool) -> float:
+    """A record's ``latency_ms`` as a float, checked: a finite number above 0 (or at least 0
+    when ``zero_ok``)."""
+    if (
+        isinstance(lat, bool)
+        or not isinstance(lat, int | float)
+        or not math.isfinite(lat)
+        or lat < 0
+        or (lat == 0 and not zero_ok)
+    ):
+        bound = ">= 0" if zero_ok else "> 0"
+        raise DatasetError(f"{what}: latency_ms must be a finite number {bound}, got {lat!r}")
+    return float(lat)
+
+
 def _canonical(obj) -> str:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"))
 
@@ -110,15 +125,7 @@ class OpRecord:
                 part_shape(self.params, self.partition, self.processor, RECORD_MATMUL_ALIGN),
             )
         what = f"record {self.params.describe()} on {self.processor}"
-        lat = self.latency_ms
-        if (
-            isinstance(lat, bool)
-            or not isinstance(lat, int | float)
-            or not math.isfinite(lat)
-            or lat <= 0
-        ):
-            raise DatasetError(f"{what}: latency_ms must be a finite number > 0, got {lat!r}")
-        object.__setattr__(self, "latency_ms", float(lat))
+        object.__setattr__(self, "latency_ms", _latency(self.latency_ms, what, zero_ok=False))
         if isinstance(self.repeats, bool) or not isinstance(self.repeats, int) or self.repeats < 1:
             raise DatasetError(f"{what}: repeats must be an integer >= 1, got {self.repeats!r}")
         if not isinstance(self.impl, str) or not self.impl:
@@ -232,15 +239,7 @@ class SharingRecord:
         what = f"sharing record {self.kind} of {self.nbytes!r} bytes"
         if isinstance(self.nbytes, bool) or not isinstance(self.nbytes, int) or self.nbytes < 0:
             raise DatasetError(f"{what}: nbytes must be an integer >= 0")
-        lat = self.latency_ms
-        if (
-            isinstance(lat, bool)
-            or not isinstance(lat, int | float)
-            or not math.isfinite(lat)
-            or lat < 0
-        ):
-            raise DatasetError(f"{what}: latency_ms must be a finite number >= 0, got {lat!r}")
-        object.__setattr__(self, "latency_ms", float(lat))
+        object.__setattr__(self, "latency_ms", _latency(self.latency_ms, what, zero_ok=True))
         if isinstance(self.repeats, bool) or not isinstance(self.repeats, int) or self.repeats < 1:
             raise DatasetError(f"{what}: repeats must be an integer >= 1, got {self.repeats!r}")
 
