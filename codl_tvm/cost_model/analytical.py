@@ -69,7 +69,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from codl_tvm.cost_model._linalg import weighted_lstsq
-from codl_tvm.cost_model.base import CostModel
+from codl_tvm.cost_model.base import CostModel, records_by_kernel
 from codl_tvm.cost_model.dataset import OpRecord
 from codl_tvm.cost_model.features import OP_KINDS, PROCESSORS, DispatchFeatures, OpFeatures
 
@@ -557,9 +557,7 @@ class CodlModel(CostModel):
         return [s * x for _, s in steps for x in u], u
 
     def _fit_ops(self, records: list[OpRecord]) -> None:
-        by_key: dict[tuple[str, str, str], list[OpRecord]] = {}
-        for r in records:
-            by_key.setdefault((r.op, r.processor, r.impl), []).append(r)
+        by_key = records_by_kernel(records)
         self.groups = {}
         n_feat = len(self.feature_names)
         for key, recs in sorted(by_key.items()):

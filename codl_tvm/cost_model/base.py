@@ -62,6 +62,7 @@ __all__ = [
     "ModelFileError",
     "SharingModel",
     "load_model",
+    "records_by_kernel",
     "shared_nbytes",
 ]
 
@@ -195,6 +196,15 @@ class CoexecLatency:
 
 # ---------------------------------------------------------------------------------------------
 # The interface.
+
+
+def records_by_kernel(records: Iterable[OpRecord]) -> dict[tuple[str, str, str], list[OpRecord]]:
+    """``records`` grouped by kernel: ``(op, processor, impl)``, the unit a model fits one
+    predictor to."""
+    groups: dict[tuple[str, str, str], list[OpRecord]] = {}
+    for r in records:
+        groups.setdefault((r.op, r.processor, r.impl), []).append(r)
+    return groups
 
 
 def _per_processor(method: str, what: str, cpu: float, gpu: float) -> dict[str, float]:

@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from codl_tvm.cost_model.analytical import CodlModel, has_dispatch, infer_preset
-from codl_tvm.cost_model.base import CostModel, CostModelFallbackWarning
+from codl_tvm.cost_model.base import CostModel, CostModelFallbackWarning, records_by_kernel
 from codl_tvm.cost_model.dataset import OpRecord
 from codl_tvm.cost_model.features import OP_KINDS, PROCESSORS, DispatchFeatures, OpFeatures
 
@@ -178,9 +178,7 @@ class GbdtModel(CostModel):
     def _fit_ops(self, records: list[OpRecord]) -> None:
         import xgboost as xgb  # deferred: a heavy optional dependency, used only here
 
-        by_key: dict[tuple[str, str, str], list[OpRecord]] = {}
-        for r in records:
-            by_key.setdefault((r.op, r.processor, r.impl), []).append(r)
+        by_key = records_by_kernel(records)
         self.boosters, self._raw, self._counts = {}, {}, {}
         self.base = None
         if self.config.analytical_base != "none":
