@@ -469,12 +469,12 @@ MALI = OpenCLConfig(
 # accumulators each; input rows and weights of 8 input channels at a time in local memory.
 # Convs with too few work-items for 132 SMs split their input channels (split-K) rather than
 # shrink the register tiles. Measured on the H100, one change at a time:
-# - split-K: 13x13x1024 0.97 -> 0.78 ms, 7x7x512 0.21 -> 0.075 (``kernels_nvidia_c609613.json``);
+# - split-K: 13x13x1024 0.97 -> 0.78 ms, 7x7x512 0.21 -> 0.075;
 # - 4 rows instead of 2: 0.72-0.92x as long on 3x3 convs (13x13x1024 0.78 -> 0.56 ms), 1.3x on
-#   the 52x52 1x1 conv, which keeps 2 (``kernels_nvidia_1b5ea91.json``);
+#   the 52x52 1x1 conv, which keeps 2;
 # - 16 channels per work-item instead of 8: 104x104x64 0.137 -> 0.111 ms, 13x13x1024 0.569 ->
-#   0.531, the other convs unchanged (``kernels_nvidia_d3f62a0.json``; 4 output columns per
-#   work-item doubled 13x13x1024, 8 rows helped it to 0.50 but slowed three others).
+#   0.531, the other convs unchanged (4 output columns per work-item doubled 13x13x1024, 8
+#   rows helped it to 0.50 but slowed three others). Kernel benchmark: docs/benchmarks.md.
 NVIDIA = OpenCLConfig(
     name="nvidia",
     conv_threads_oc=4,
