@@ -1,0 +1,686 @@
+"""Pipe-it's pipeline search: contiguous cuts of a layer sequence onto processor-group stages.
+
+A pipeline runs a model's layers (in order) as stages; each stage is a number of cores of one
+processor group (a CPU cluster: ``big``, ``little``) or a whole accelerator (the GPU), and with a
+frame in every stage at once the throughput is ``1 / max(stage latency)`` (Pipe-it Eq. 11). A
+stage's latency is the sum of its layers' latencies on its cores (Eq. 9) plus, when a transfer
+cost per cut is given, the cost of handing its output to the next stage.
+
+Inputs are a time matrix (:class:`LatencyTable`: ms of every layer on every (group, core count),
+measured or predicted by :mod:`codl_tvm.planner.pipe_model`) and the processor groups
+(:class:`ProcessorGroup`, :func:`parse_groups` reads ``big:0-3,little:4-7,gpu``), which are
+checked against the machine's cores and the table before any search runs.
+
+:func:`search_pipeline` is Pipe-it's heuristic (section VI):
+
+- **Algorithm 1** (``find_split``) shares the layers of two adjacent stages between them. The
+  paper moves layers from the end of the faster stage while it stays the slower of the two,
+  balancing the pair alone; a pair balanced alone can block the pipeline (a later stage that
+  could take a layer stays idle because the pair's own maximum would rise, though the pipeline's
+  bottleneck, elsewhere, would not). So this module picks the pair's cut that minimises the
+  pipeline's bottleneck (the other stages included) and, on a tie, lets the work flow
+  downstream (the paper's "water") up to the current bottleneck, leaving the earlier stage room.
+- **Algorithm 2** (``work_flow``) starts with every layer in the first stage and balances each
+  adjacent pair in turn until the cuts reach a fixed point. A fixed point of pairwise moves is a
+  local optimum (on random tables it misses the best cuts by more than 2 % now and then: a
+  bottleneck at one end needs layers to flow through stages that are balanced among
+  themselves), so by default (``balance="exact"``) the cuts of each stage sequence are the
+  optimum, found by dynamic programming in ``O(stages * layers ** 2)``; ``balance="pipe-it"``
+  keeps the published Algorithms 1 and 2.
+- **Algorithm 3** (``merge_stage``) starts from one single-core stage per core, fastest cluster
+  first (Eq. 10's order), and merges adjacent stages of one group while Eq. 12 holds (the merged
+  stage is faster than the slower of the two), re-running Algorithm 2 after every merge. A merge
+  Eq. 12 refuses is also kept when the re-balanced pipeline has a lower bottleneck (Eq. 12 sees
+  only the two stages' current layers: two stages without layers never satisfy it, which would
+  leave a cluster whose single cores are too slow for any layer unused), and where no single
+  merge helps, two merges in a row are tried.
+
+Starting pipelines: Pipe-it starts from one order (fastest cluster first, Eq. 10), which assumes
+every layer ranks the processors alike. A GPU is fast on some layers only, and per-layer speed
+ratios differ between clusters too, so Algorithm 3 runs from several starts and the best
+pipeline wins: a GPU group (one stage, never merged) at every position of the single-core
+pipeline, and every interleaving of the clusters' cores where that fits in ``max_starts`` (else
+every order of whole clusters); and one stage per whole cluster, in every order, as a start too
+(Algorithm 3 only merges, a step or two at a time, so it can stop short of whole clusters).
+Stages left without layers are dropped (their cores idle).
+
+:func:`exhaustive_pipeline` enumerates every pipeline of up to ``max_stages`` stages (any order
+of groups, any core counts, every cut): the check the heuristic is measured against.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from codl_tvm.errors import PlannerError
+
+__all__ = [
+    "BALANCERS",
+    "GROUP_KINDS",
+    "LatencyTable",
+    "PipelinePlan",
+    "PipelineStage",
+    "ProcessorGroup",
+    "StageConfig",
+    "check_groups",
+    "exhaustive_pipeline",
+    "parse_groups",
+    "search_pipeline",
+]
+
+GROUP_KINDS = ("cpu", "gpu")
+# How search_pipeline cuts one stage sequence (see its ``balance`` argument).
+BALANCERS = ("exact", "pipe-it")
+
+
+@dataclass(frozen=True)
+class ProcessorGroup:
+    """A processor group a pipeline's stages are built for.
+
+    Parameters
+    ----------
+    name
+        The group's name (``"big"``, ``"little"``, ``"gpu"``).
+    kind
+        ``"cpu"``: stages take 1 to ``len(cores)`` of its cores; ``"gpu"``: one stage, the
+        whole device (``cores`` are then the host cores its driver may use, possibly none).
+    cores
+        Host CPU core ids.
+    """
+
+    name: str
+    kind: str
+    cores: tuple[int, ...]
+
+    @property
+    def most_stage_cores(self) -> int:
+        """The largest core count one stage of this group may have (a GPU counts as 1)."""
+        return len(self.cores) if self.kind == "cpu" else 1
+
+
+@dataclass(frozen=True)
+class StageConfig:
+    """One stage's processors: ``cores`` cores of group ``group`` (1 for a GPU)."""
+
+    group: str
+    cores: int
+
+
+def _core_list(text: str, where: str) -> list[int]:
+    lo, sep, hi = text.partition("-")
+    try:
+        first, last = int(lo), int(hi) if sep else int(lo)
+    except ValueError:
+        raise PlannerError(f"{where}: bad core range {text!r} (expected N or N-M)") from None
+    if first < 0 or last < first:
+        raise PlannerError(f"{where}: bad core range {text!r}")
+    return list(range(first, last + 1))
+
+
+def parse_groups(spec: str, available: Iterable[int] | None = None) -> tuple[ProcessorGroup, ...]:
+    """Read processor groups from ``"big:0-3,6,little:8-11,gpu"`` and check them.
+
+    A ``name:cores`` item starts a group; a bare number or range after it adds cores to it; a
+    bare name is a group without cores. Groups named ``gpu`` (or ``gpu0``, ``gpu1``, ...) are
+    GPU groups, all others CPU clusters.
+
+    Raises
+    ------
+    PlannerError
+        Malformed text, or groups :func:`check_groups` refuses.
+    """
+    groups: list[tuple[str, list[int]]] = []
+    for item in (s.strip() for s in spec.split(",")):
+        if not item:
+            raise PlannerError(f"processor groups {spec!r}: empty item")
+        name, sep, cores = item.partition(":")
+        if sep:
+            name, cores = name.strip(), cores.strip()
+            groups.append((name, _core_list(cores, f"group {name!r}") if cores else []))
+        elif item[0].isdigit():
+            if not groups:
+                raise PlannerError(f"processor groups {spec!r}: cores {item!r} before any group")
+            groups[-1][1].extend(_core_list(item, f"group {groups[-1][0]!r}"))
+        else:
+            groups.append((item, []))
+    return check_groups(
+        [
+            ProcessorGroup(name, "gpu" if _is_gpu_name(name) else "cpu", tuple(cores))
+            for name, cores in groups
+        ],
+        available,
+    )
+
+
+def _is_gpu_name(name: str) -> bool:
+    return name == "gpu" or (name.startswith("gpu") and name[3:].isdigit())
+
+
+def _ranges(cores: Iterable[int]) -> str:
+    cores = sorted(set(cores))
+    out = []
+    for _, run in itertools.groupby(enumerate(cores), lambda ic: ic[1] - ic[0]):
+        run = [c for _, c in run]
+        out.append(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}")
+    return ",".join(out)
+
+
+def check_groups(
+    groups: Sequence[ProcessorGroup], available: Iterable[int] | None = None
+) -> tuple[ProcessorGroup, ...]:
+    """Refuse groups a pipeline cannot run on, before anything is searched or built.
+
+    Parameters
+    ----------
+    groups
+        The processor groups.
+    available
+        The cores this process may run on (default: ``os.sched_getaffinity(0)``).
+
+    Raises
+    ------
+    PlannerError
+        No groups, a duplicate or empty name, an unknown kind, a CPU group without cores, a core
+        named twice, or cores the machine does not have.
+    """
+    if not groups:
+        raise PlannerError("no processor groups to build a pipeline on")
+    avail = set(os.sched_getaffinity(0) if available is None else available)
+    seen_names: set[str] = set()
+    owner: dict[int, str] = {}
+    for g in groups:
+        if not isinstance(g, ProcessorGroup):
+            raise PlannerError(f"not a ProcessorGroup: {g!r}")
+        if not g.name:
+            raise PlannerError("a processor group has an empty name")
+        if g.name in seen_names:
+            raise PlannerError(f"processor group {g.name!r} is named twice")
+        seen_names.add(g.name)
+        if g.kind not in GROUP_KINDS:
+            raise PlannerError(f"processor group {g.name!r}: unknown kind {g.kind!r}")
+        if g.kind == "cpu" and not g.cores:
+            raise PlannerError(f"processor group {g.name!r} has no cores")
+        if len(set(g.cores)) != len(g.cores):
+            raise PlannerError(f"processor group {g.name!r} names a core twice")
+        missing = set(g.cores) - avail
+        if missing:
+            raise PlannerError(
+                f"processor group {g.name!r} names cores {_ranges(missing)}, which this machine "
+                f"does not have (available: {_ranges(avail) or 'none'})"
+            )
+        for c in g.cores:
+            if c in owner:
+                raise PlannerError(f"core {c} is in both group {owner[c]!r} and {g.name!r}")
+            owner[c] = g.name
+    return tuple(groups)
+
+
+class LatencyTable:
+    """Pipe-it's time matrix: ms of every layer on every (group, core count).
+
+    Parameters
+    ----------
+    latency_ms
+        ``(group, cores) -> per-layer latencies in ms`` (one value per layer, in layer order,
+        finite and >= 0).
+    layer_names
+        Optional names of the layers (for plans and messages).
+    """
+
+    def __init__(
+        self,
+        latency_ms: Mapping[tuple[str, int], Sequence[float] | np.ndarray],
+        layer_names: Sequence[str] | None = None,
+    ) -> None:
+        if not latency_ms:
+            raise PlannerError("the latency table is empty")
+        self._ms: dict[tuple[str, int], np.ndarray] = {}
+        n_layers = None
+        for key, values in latency_ms.items():
+            arr = np.asarray(values, dtype=np.float64)
+            if arr.ndim != 1 or arr.size == 0:
+                raise PlannerError(f"latency table {key}: expected one value per layer")
+            if n_layers is None:
+                n_layers = arr.size
+            elif arr.size != n_layers:
+                raise PlannerError(
+                    f"latency table {key}: {arr.size} layers, other entries have {n_layers}"
+                )
+            if not np.all(np.isfinite(arr)) or np.any(arr < 0):
+                bad = int(np.flatnonzero(~np.isfinite(arr) | (arr < 0))[0])
+                raise PlannerError(
+                    f"latency table {key}: layer {bad} has latency {float(arr[bad])!r} ms (must be "
+                    "finite and >= 0)"
+                )
+            self._ms[(str(key[0]), int(key[1]))] = arr
+        self.n_layers: int = int(n_layers)
+        if layer_names is not None and len(layer_names) != self.n_layers:
+            raise PlannerError(
+                f"{len(layer_names)} layer names for a table of {self.n_layers} layers"
+            )
+        self.layer_names = None if layer_names is None else tuple(layer_names)
+        # prefix sums: the latency of layers [a, b) on a config is one subtraction
+        self._prefix = {k: np.concatenate([[0.0], np.cumsum(v)]) for k, v in self._ms.items()}
+
+    def __getitem__(self, key: tuple[str, int]) -> np.ndarray:
+        return self._ms[key]
+
+    def prefix(self, config: StageConfig) -> np.ndarray:
+        """Prefix sums of ``config``'s per-layer latencies (length ``n_layers + 1``)."""
+        return self._prefix[(config.group, config.cores)]
+
+    def check(self, groups: Sequence[ProcessorGroup]) -> None:
+        """Refuse a table that lacks an entry the search needs for ``groups``."""
+        for g in groups:
+            for c in range(1, g.most_stage_cores + 1):
+                if (g.name, c) not in self._ms:
+                    raise PlannerError(
+                        f"the latency table has no entry for {c} core(s) of group {g.name!r}"
+                    )
+
+
+@dataclass(frozen=True)
+class PipelineStage:
+    """One stage of a pipeline.
+
+    Parameters
+    ----------
+    group
+        The processor group's name.
+    core_count
+        Cores of the group the stage uses (1 for a GPU).
+    cores
+        The host core ids the stage runs on (consecutive slices of its group's cores in stage
+        order; a GPU stage carries its group's host cores).
+    first_layer, stop_layer
+        The stage runs layers ``first_layer .. stop_layer - 1``.
+    latency_ms
+        Its layers' latency plus the transfer of its output to the next stage.
+    """
+
+    group: str
+    core_count: int
+    cores: tuple[int, ...]
+    first_layer: int
+    stop_layer: int
+    latency_ms: float
+
+
+@dataclass(frozen=True)
+class PipelinePlan:
+    """A pipeline: stages in order, each a contiguous run of layers on its processors."""
+
+    stages: tuple[PipelineStage, ...]
+    method: str
+
+    @property
+    def bottleneck_ms(self) -> float:
+        """The slowest stage's latency: one frame leaves the pipeline this often."""
+        return max(s.latency_ms for s in self.stages)
+
+    @property
+    def throughput_fps(self) -> float:
+        """Frames per second at steady state (Pipe-it Eq. 11)."""
+        return 1000.0 / self.bottleneck_ms if self.bottleneck_ms > 0 else math.inf
+
+    def describe(self) -> str:
+        """A one-line summary: ``big4[0:35] - little2[35:44] - gpu1[44:54]``."""
+        return " - ".join(
+            f"{s.group}{s.core_count}[{s.first_layer}:{s.stop_layer}]" for s in self.stages
+        )
+
+    def to_json(self) -> dict:
+        return {
+            "method": self.method,
+            "throughput_fps": self.throughput_fps,
+            "stages": [
+                {
+                    "group": s.group,
+                    "core_count": s.core_count,
+                    "cores": list(s.cores),
+                    "layers": [s.first_layer, s.stop_layer],
+                    "latency_ms": s.latency_ms,
+                }
+                for s in self.stages
+            ],
+        }
+
+
+class _Costs:
+    """Stage latencies of one table with its transfer costs."""
+
+    def __init__(self, table: LatencyTable, transfer_ms: Sequence[float] | None) -> None:
+        n = table.n_layers
+        self.table = table
+        self.n = n
+        if transfer_ms is None:
+            trans = np.zeros(max(n - 1, 0))
+        else:
+            trans = np.asarray(transfer_ms, dtype=np.float64)
+            if trans.shape != (max(n - 1, 0),):
+                raise PlannerError(
+                    f"transfer_ms has {trans.size} values; {n} layers have {max(n - 1, 0)} cuts"
+                )
+            if not np.all(np.isfinite(trans)) or np.any(trans < 0):
+                raise PlannerError("transfer_ms must be finite and >= 0")
+        # out_ms[b]: cost of handing over the tensors live after layer b - 1 (none at the ends)
+        self.out_ms = np.concatenate([[0.0], trans, [0.0]])
+
+    def stage(self, config: StageConfig, a: int, b: int) -> float:
+        if b <= a:
+            return 0.0
+        p = self.table.prefix(config)
+        return float(p[b] - p[a] + self.out_ms[b])
+
+    def stages(self, configs: Sequence[StageConfig], cuts: Sequence[int]) -> list[float]:
+        return [self.stage(c, cuts[i], cuts[i + 1]) for i, c in enumerate(configs)]
+
+
+def _find_split(
+    costs: _Costs, first: StageConfig, second: StageConfig, a: int, b: int, rest_ms: float
+) -> int:
+    """Algorithm 1: the cut ``k`` in ``[a, b]`` that shares layers ``a..b-1`` between two
+    adjacent stages; ``rest_ms`` is the slowest of the pipeline's other stages."""
+    ks = np.arange(a, b + 1)
+    p1, p2 = costs.table.prefix(first), costs.table.prefix(second)
+    t1 = np.where(ks > a, p1[ks] - p1[a] + costs.out_ms[ks], 0.0)
+    t2 = np.where(ks < b, p2[b] - p2[ks] + costs.out_ms[b], 0.0)
+    worst = np.maximum(np.maximum(t1, t2), rest_ms)
+    # the first minimum: on a tie the work flows on downstream, up to the pipeline's current
+    # bottleneck, which leaves the earlier stage room for the layers before it
+    return int(ks[int(np.argmin(worst))])
+
+
+def _work_flow(costs: _Costs, configs: Sequence[StageConfig]) -> list[int]:
+    """Algorithm 2: all layers in the first stage, then balance adjacent pairs to a fixed point."""
+    p = len(configs)
+    cuts = [0] + [costs.n] * p
+    seen: set[tuple[int, ...]] = set()
+    while tuple(cuts) not in seen:
+        seen.add(tuple(cuts))
+        for i in range(p - 1):
+            times = costs.stages(configs, cuts)
+            rest = max([0.0, *times[:i], *times[i + 2 :]])
+            cuts[i + 1] = _find_split(costs, configs[i], configs[i + 1], cuts[i], cuts[i + 2], rest)
+    return cuts
+
+
+def _exact_cuts(costs: _Costs, configs: Sequence[StageConfig]) -> list[int]:
+    """The cuts of a fixed stage sequence with the lowest bottleneck (what Algorithm 2 aims at),
+    by dynamic programming over (stage, layers placed): ``O(stages * layers ** 2)``."""
+    n, p = costs.n, len(configs)
+    best = np.full(n + 1, np.inf)  # best[k]: bottleneck of layers [0, k) on the stages so far
+    best[0] = 0.0
+    choice = np.zeros((p, n + 1), dtype=np.int64)
+    js = np.arange(n + 1)
+    for i, c in enumerate(configs):
+        pre = costs.table.prefix(c)
+        new = np.empty(n + 1)
+        for k in range(n + 1):
+            stage = np.where(js[: k + 1] < k, pre[k] - pre[: k + 1] + costs.out_ms[k], 0.0)
+            worst = np.maximum(best[: k + 1], stage)
+            # the last minimum: on a tie the earlier stages keep the layers
+            j = k - int(np.argmin(worst[::-1]))
+            new[k], choice[i, k] = worst[j], j
+        best = new
+    cuts = [n]
+    for i in range(p - 1, -1, -1):
+        cuts.append(int(choice[i, cuts[-1]]))
+    return cuts[::-1]
+
+
+def _merges(
+    configs: list[StageConfig], mergeable: set[str]
+) -> Iterable[tuple[int, list[StageConfig]]]:
+    """Every stage sequence one merge of two adjacent stages of one cluster away, with the
+    index of the first merged stage."""
+    for i in range(len(configs) - 1):
+        x, y = configs[i], configs[i + 1]
+        if x.group == y.group and x.group in mergeable:
+            yield i, [*configs[:i], StageConfig(x.group, x.cores + y.cores), *configs[i + 2 :]]
+
+
+def _merge_stage(
+    costs: _Costs, configs: list[StageConfig], mergeable: set[str], balance
+) -> tuple[list[StageConfig], list[int]]:
+    """Algorithm 3: merge adjacent stages of one cluster while Eq. 12 holds; the best pipeline
+    seen on the way (a merge that Eq. 12 accepts can still re-balance to a slower one).
+
+    Eq. 12 only looks at the two stages' current layers: two stages without layers (single cores
+    too slow for any layer) never satisfy it, and a merged stage too slow for both stages'
+    layers may still be the best home for fewer of them. A merge Eq. 12 refuses is therefore
+    tried, and kept if the re-balanced pipeline's bottleneck is lower; where no single merge
+    helps, two merges in a row are tried (growing one cluster's stage can pay only once another
+    cluster's stages merge to take the layers it hands on). Of the merges allowed, the one with
+    the lowest re-balanced bottleneck is made (the paper makes the first, Big cluster first; the
+    first can close the way to a better one).
+    """
+
+    def bottleneck(seq: list[StageConfig]) -> tuple[float, list[int]]:
+        cuts = balance(costs, seq)
+        return max(costs.stages(seq, cuts)), cuts
+
+    current, cuts = bottleneck(configs)
+    best = (current, list(configs), list(cuts))
+    while True:
+        times = costs.stages(configs, cuts)
+        steps = []
+        for i, trial in _merges(configs, mergeable):
+            after = bottleneck(trial)[0]
+            # Eq. 12 on the two stages the merge replaces, or a lower bottleneck re-balanced
+            eq12 = costs.stage(trial[i], cuts[i], cuts[i + 2]) < max(times[i], times[i + 1])
+            if eq12 or after < current:
+                steps.append((after, trial))
+        if not steps:
+            steps = [
+                (after, second)
+                for _, first in _merges(configs, mergeable)
+                for _, second in _merges(first, mergeable)
+                if (after := bottleneck(second)[0]) < current
+            ]
+        if not steps:
+            return best[1], best[2]
+        # the merge that leaves the lowest bottleneck (the first such, in pipeline order)
+        configs = min(steps, key=lambda step: step[0])[1]
+        current, cuts = bottleneck(configs)
+        if current < best[0]:
+            best = (current, list(configs), list(cuts))
+
+
+def _plan(
+    costs: _Costs,
+    groups: Sequence[ProcessorGroup],
+    configs: Sequence[StageConfig],
+    cuts: Sequence[int],
+    method: str,
+) -> PipelinePlan:
+    by_name = {g.name: g for g in groups}
+    used = dict.fromkeys(by_name, 0)
+    stages = []
+    for i, c in enumerate(configs):
+        g = by_name[c.group]
+        if g.kind == "cpu":
+            ids = g.cores[used[g.name] : used[g.name] + c.cores]
+            used[g.name] += c.cores
+        else:
+            ids = g.cores
+        if cuts[i + 1] > cuts[i]:
+            stages.append(
+                PipelineStage(
+                    group=c.group,
+                    core_count=c.cores,
+                    cores=tuple(ids),
+                    first_layer=cuts[i],
+                    stop_layer=cuts[i + 1],
+                    latency_ms=costs.stage(c, cuts[i], cuts[i + 1]),
+                )
+            )
+    return PipelinePlan(tuple(stages), method)
+
+
+def _prepare(
+    table: LatencyTable | Mapping[tuple[str, int], Sequence[float]],
+    groups: Sequence[ProcessorGroup],
+    available: Iterable[int] | None,
+    transfer_ms: Sequence[float] | None,
+) -> _Costs:
+    # the groups first: a group naming cores the machine lacks is the user's first mistake
+    check_groups(groups, available)
+    if not isinstance(table, LatencyTable):
+        table = LatencyTable(table)
+    table.check(groups)
+    return _Costs(table, transfer_ms)
+
+
+def _interleavings(counts: dict[str, int]) -> Iterable[list[str]]:
+    """Every distinct order of ``counts[name]`` copies of each name."""
+    if not any(counts.values()):
+        yield []
+        return
+    for name, n in counts.items():
+        if n:
+            for rest in _interleavings({**counts, name: n - 1}):
+                yield [name, *rest]
+
+
+def _start_orders(
+    cpus: Sequence[ProcessorGroup], gpus: Sequence[ProcessorGroup], max_starts: int
+) -> Iterable[list[StageConfig]]:
+    """Algorithm 3's starting pipelines (GPU stages are placed into them later).
+
+    Pipe-it starts from single-core stages in one order, the fastest cluster first. Per-layer
+    speed ratios differ (and a GPU is faster on some layers only), so where the starts fit in
+    ``max_starts`` every interleaving of the clusters' cores is a start (a big stage, a little
+    stage, then big again can be best); otherwise every order of whole clusters. Then one stage
+    per whole cluster, in every order.
+    """
+    counts = {g.name: len(g.cores) for g in cpus}
+    n_single = sum(counts.values())
+    n_interleavings = math.factorial(n_single)
+    for n in counts.values():
+        n_interleavings //= math.factorial(n)
+    if n_interleavings * (n_single + 1) ** len(gpus) <= max_starts:
+        for names in _interleavings(counts):
+            yield [StageConfig(name, 1) for name in names]
+    else:
+        for order in itertools.permutations(cpus):
+            yield [StageConfig(g.name, 1) for g in order for _ in g.cores]
+    # Merging single-core stages one or two at a time can stop short of whole clusters (a stage
+    # of every core of a cluster needs several merges that pay only together), so every order
+    # of whole clusters is a start too (Pipe-it's best pipelines are often B4-s4).
+    for order in itertools.permutations(cpus):
+        yield [StageConfig(g.name, len(g.cores)) for g in order]
+
+
+def search_pipeline(
+    table: LatencyTable | Mapping[tuple[str, int], Sequence[float]],
+    groups: Sequence[ProcessorGroup],
+    *,
+    transfer_ms: Sequence[float] | None = None,
+    available: Iterable[int] | None = None,
+    max_starts: int = 256,
+    balance: str = "exact",
+) -> PipelinePlan:
+    """Pipe-it's heuristic (Algorithms 1-3) extended with GPU stages.
+
+    Parameters
+    ----------
+    table
+        The time matrix (ms per layer for every (group, core count) the groups allow).
+    groups
+        The processor groups; checked (with ``available``) before anything is searched.
+    transfer_ms
+        Optional cost of each cut (``n_layers - 1`` values): handing the tensors live after
+        layer ``i`` to the next stage, added to the stage that sends them.
+    available
+        The machine's cores (default: this process's CPU affinity).
+    max_starts
+        The most starting pipelines Algorithm 3 runs from when every interleaving of the
+        clusters' cores is tried; beyond it, only orders of whole clusters are.
+    balance
+        How the cuts of one stage sequence are chosen: ``"pipe-it"``, Algorithms 1 and 2 (the
+        pairwise balancing, a local optimum); ``"exact"``, the lowest bottleneck by dynamic
+        programming (the optimum Algorithm 2 approximates; same merges and starts).
+
+    Returns
+    -------
+    PipelinePlan
+        The best pipeline found (``method="pipe-it"``).
+    """
+    costs = _prepare(table, groups, available, transfer_ms)
+    cpus = [g for g in groups if g.kind == "cpu"]
+    gpus = [g for g in groups if g.kind == "gpu"]
+    mergeable = {g.name for g in cpus}
+    if balance not in BALANCERS:
+        raise PlannerError(f"unknown balance {balance!r} (choose from {', '.join(BALANCERS)})")
+    balancer = _exact_cuts if balance == "exact" else _work_flow
+    best: tuple[float, list[StageConfig], list[int]] | None = None
+    for singles in _start_orders(cpus, gpus, max_starts):
+        # every placement of the GPU stages among the single-core stages
+        for slots in itertools.product(range(len(singles) + 1), repeat=len(gpus)):
+            configs = list(singles)
+            for gpu, slot in sorted(zip(gpus, slots, strict=True), key=lambda gs: -gs[1]):
+                configs.insert(slot, StageConfig(gpu.name, 1))
+            configs, cuts = _merge_stage(costs, configs, mergeable, balancer)
+            bottleneck = max(costs.stages(configs, cuts))
+            if best is None or bottleneck < best[0]:
+                best = (bottleneck, configs, cuts)
+    assert best is not None  # check_groups refuses an empty list
+    return _plan(costs, groups, best[1], best[2], "pipe-it")
+
+
+def _stage_options(groups: Sequence[ProcessorGroup], max_stages: int):
+    """Every sequence of up to ``max_stages`` stage configs the groups' cores can hold."""
+    options = [StageConfig(g.name, c) for g in groups for c in range(1, g.most_stage_cores + 1)]
+    room = {g.name: g.most_stage_cores for g in groups}
+    for p in range(1, max_stages + 1):
+        for seq in itertools.product(options, repeat=p):
+            used: dict[str, int] = {}
+            for s in seq:
+                used[s.group] = used.get(s.group, 0) + s.cores
+            if all(used[name] <= room[name] for name in used):
+                yield list(seq)
+
+
+def exhaustive_pipeline(
+    table: LatencyTable | Mapping[tuple[str, int], Sequence[float]],
+    groups: Sequence[ProcessorGroup],
+    *,
+    max_stages: int = 3,
+    transfer_ms: Sequence[float] | None = None,
+    available: Iterable[int] | None = None,
+) -> PipelinePlan:
+    """The best pipeline of at most ``max_stages`` non-empty stages, by enumeration.
+
+    Every order of groups, every core count per stage and every cut is tried, so the cost grows
+    as ``(configs ** max_stages) * C(n_layers - 1, max_stages - 1)``: a check for small tables.
+    Ties keep the pipeline with fewer stages.
+    """
+    if isinstance(max_stages, bool) or not isinstance(max_stages, int) or max_stages < 1:
+        raise PlannerError(f"max_stages must be a positive integer, got {max_stages!r}")
+    costs = _prepare(table, groups, available, transfer_ms)
+    n = costs.n
+    best: tuple[float, list[StageConfig], list[int]] | None = None
+    for configs in _stage_options(groups, min(max_stages, n)):
+        p = len(configs)
+        combos = list(itertools.combinations(range(1, n), p - 1))
+        inner = np.array(combos, dtype=np.int64).reshape(len(combos), p - 1)
+        cuts = np.concatenate(
+            [np.zeros((len(inner), 1), np.int64), inner, np.full((len(inner), 1), n)], axis=1
+        )
+        worst = np.zeros(len(cuts))
+        for i, c in enumerate(configs):
+            pre = costs.table.prefix(c)
+            a, b = cuts[:, i], cuts[:, i + 1]
+            worst = np.maximum(worst, pre[b] - pre[a] + costs.out_ms[b])
+        j = int(np.argmin(worst))
+        if best is None or worst[j] < best[0]:
+            best = (float(worst[j]), configs, [int(x) for x in cuts[j]])
+    assert best is not None
+    return _plan(costs, groups, best[1], best[2], f"exhaustive<={max_stages}")
