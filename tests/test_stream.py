@@ -1,0 +1,211 @@
+"""The stream executor with plain numpy stage functions: order, failures, shutdown, bad input.
+
+Nothing here asserts on time: sleeps only shuffle when stages finish, and the statistics are
+checked for their shape, not their values.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from codl_tvm.errors import CodlError, ModelError, PlannerError
+from codl_tvm.stream import StreamStage, StreamStats, run_stream
+
+
+def stream_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("codl-stream")]
+
+
+@pytest.fixture(autouse=True)
+def no_threads_left():
+    """Every test leaves no stream thread behind (the clean-shutdown check of every test)."""
+    assert stream_threads() == []
+    yield
+    assert stream_threads() == []
+
+
+def sleepy(fn, seed: int, most_s: float = 0.004):
+    """``fn`` after a random sleep: stages finish frames out of step with each other."""
+    rng = np.random.default_rng(seed)
+    delays = rng.uniform(0.0, most_s, 1000)
+    count = iter(range(1000))
+
+    def stage(x):
+        time.sleep(delays[next(count)])
+        return fn(x)
+
+    return stage
+
+
+def frames(n: int, shape=(2, 3)) -> list[np.ndarray]:
+    return [np.full(shape, float(i)) for i in range(n)]
+
+
+def test_outputs_in_input_order_with_random_stage_times():
+    fns = [lambda x: x + 1.0, lambda x: x * 2.0, lambda x: x - 3.0]
+    stages = [sleepy(fn, seed) for seed, fn in enumerate(fns)]
+    inputs = frames(40)
+    with run_stream(stages, inputs, queue_size=1, timeline=True) as stream:
+        outputs = list(stream)
+    expected = [(x + 1.0) * 2.0 - 3.0 for x in inputs]
+    assert len(outputs) == len(expected)
+    for got, want in zip(outputs, expected, strict=True):
+        np.testing.assert_array_equal(got, want)
+    stats = stream.stats()
+    assert isinstance(stats, StreamStats)
+    assert stats.frames == 40
+    assert stats.stage_names == ("stage0", "stage1", "stage2")
+    assert len(stats.stage_busy_s) == 3 and all(b >= 0 for b in stats.stage_busy_s)
+    assert stats.frames_per_s >= 0 and stats.latency_p99_ms >= stats.latency_median_ms >= 0
+    # one span per stage run, each stage's frames in order
+    assert len(stats.spans) == 3 * 40
+    for s in range(3):
+        assert [f for st, f, _, _ in stats.spans if st == s] == list(range(40))
+
+
+def test_frames_from_a_lazy_iterator():
+    source = (np.arange(4.0) + i for i in range(10))
+    outputs = list(run_stream([np.negative, StreamStage(np.abs, name="abs")], source))
+    for i, out in enumerate(outputs):
+        np.testing.assert_array_equal(out, np.arange(4.0) + i)
+
+
+class StageFailure(ValueError):
+    pass
+
+
+def test_a_raising_stage_stops_the_stream_with_its_error():
+    seen = []
+    raised = []
+
+    def bad(x):
+        if x[0, 0] == 5.0:
+            raised.append(StageFailure("frame five is bad"))
+            raise raised[0]
+        return x
+
+    def record(x):
+        seen.append(float(x[0, 0]))
+        return x
+
+    stages = [sleepy(lambda x: x, 0), StreamStage(bad, name="checker"), sleepy(record, 1)]
+    stream = run_stream(stages, frames(200))
+    with pytest.raises(StageFailure, match="frame five is bad") as err:
+        list(stream)
+    assert err.value is raised[0]
+    assert "raised in the stream by stage 'checker' on frame 5" in err.value.__notes__
+    assert 5.0 not in seen and len(seen) < 200
+    # the stream is over: no thread left, and iterating again ends at once
+    assert not any(t.is_alive() for t in stream.threads)
+    assert list(stream) == []
+
+
+def test_a_failing_frame_source_stops_the_stream():
+    def source():
+        yield np.zeros(2)
+        yield np.ones(2)
+        raise OSError("camera unplugged")
+
+    with pytest.raises(OSError, match="camera unplugged") as err:
+        list(run_stream([np.negative], source()))
+    assert "raised in the stream by the frame source on frame 2" in err.value.__notes__
+
+
+def test_a_failing_setup_stops_the_stream():
+    def setup():
+        raise RuntimeError("no such device")
+
+    with pytest.raises(RuntimeError, match="no such device"):
+        list(run_stream([StreamStage(np.negative, name="gpu", setup=setup)], frames(3)))
+
+
+def test_leaving_early_shuts_every_thread_down():
+    # The consumer takes two outputs of a long stream and leaves: the feeder and the stages are
+    # blocked on full queues; closing must stop them all (the fixture checks no thread is left).
+    with run_stream([lambda x: x + 1, lambda x: x * 2], frames(1000), queue_size=1) as stream:
+        first = [next(stream), next(stream)]
+    np.testing.assert_array_equal(first[1], (frames(2)[1] + 1) * 2)
+    assert not any(t.is_alive() for t in stream.threads)
+
+
+@pytest.mark.parametrize("source", [[], iter([]), np.zeros((0, 3))], ids=["list", "iter", "array"])
+def test_empty_stream_refused(source):
+    with pytest.raises(ModelError, match="the stream has no frames") as err:
+        run_stream([np.negative], source)
+    assert isinstance(err.value, CodlError)
+
+
+def test_shape_mismatch_refused_before_any_frame_runs():
+    calls = []
+    inputs = frames(6)
+    inputs[4] = np.zeros((3, 2))
+
+    def stage(x):
+        calls.append(x)
+        return x
+
+    with pytest.raises(ModelError, match=r"frame 4: shape \(3, 2\) differs .* \(2, 3\)"):
+        run_stream([stage], inputs, input_shape=(2, 3))
+    with pytest.raises(ModelError, match="frame 4"):
+        run_stream([stage], inputs, input_shape="first")
+    assert calls == []
+    # frames of one shape, but not the declared one
+    with pytest.raises(ModelError, match=r"frame 0: shape \(2, 3\) differs"):
+        run_stream([stage], frames(2), input_shape={"data": (2, 3)})
+    assert calls == []
+
+
+def test_shape_mismatch_from_an_iterator_stops_before_that_frame_runs():
+    shapes = []
+
+    def source():
+        yield {"data": np.zeros((1, 3))}
+        yield {"data": np.zeros((1, 3))}
+        yield {"data": np.zeros((1, 4))}
+
+    def stage(x):
+        shapes.append(x["data"].shape)
+        return x
+
+    with pytest.raises(ModelError, match=r"frame 2: shape \{'data': \(1, 4\)\}"):
+        list(run_stream([stage], source(), input_shape={"data": [1, 3]}))
+    assert (1, 4) not in shapes
+
+
+def test_bad_stages_refused_before_any_frame_runs():
+    calls = []
+
+    def stage(x):
+        calls.append(x)
+        return x
+
+    with pytest.raises(PlannerError, match="at least one stage"):
+        run_stream([], frames(2))
+    with pytest.raises(PlannerError, match="stage 1 is not callable"):
+        run_stream([stage, "resnet"], frames(2))
+    missing = max(os.sched_getaffinity(0)) + 1000
+    with pytest.raises(PlannerError, match=f"pinned to cores \\[{missing}\\]"):
+        run_stream([stage, StreamStage(stage, name="little", cores=(missing,))], frames(2))
+    with pytest.raises(PlannerError, match="queue_size must be a positive integer"):
+        run_stream([stage], frames(2), queue_size=0)
+    assert calls == []
+
+
+def test_a_pinned_stage_runs_on_its_cores_only():
+    core = min(os.sched_getaffinity(0))
+    before = os.sched_getaffinity(0)
+    where = []
+
+    def stage(x):
+        where.append(os.sched_getaffinity(0))
+        return x
+
+    list(run_stream([StreamStage(stage, name="big", cores=(core,)), np.negative], frames(3)))
+    assert where == [{core}] * 3
+    # the caller's thread keeps its own cores
+    assert os.sched_getaffinity(0) == before
