@@ -90,11 +90,12 @@ class StreamStats:
     frames
         Frames that came out of the last stage.
     wall_s
-        From the first stage starting the first frame to the last output.
+        From the first stage starting the first frame to the last stage finishing the last.
     frames_per_s
         ``frames / wall_s`` (0 before two frames are out).
     latency_median_ms, latency_p99_ms
-        Per-frame latency, from the first stage taking the frame to its output arriving.
+        Per-frame latency, from the first stage taking the frame to the last stage finishing
+        it (waiting in queues between stages included).
     stage_busy_s
         Per stage, the seconds its callable ran (its share of ``wall_s`` is its utilisation).
     stage_names
@@ -118,7 +119,8 @@ class StreamStats:
 class _Frame:
     index: int
     payload: Any
-    start: float = 0.0
+    start: float = 0.0  # the first stage took it
+    end: float = 0.0  # the last stage finished it
 
 
 def _shape_of(frame: Any) -> Any:
@@ -336,6 +338,7 @@ class Stream(Iterator[Any]):
                 self._fail(e, f"stage {stage.name!r}", item.index)
                 return
             t1 = time.perf_counter()
+            item.end = t1
             self._busy[i] += t1 - t0
             if self._timeline:
                 self._spans.append((i, item.index, t0, t1))
@@ -366,11 +369,13 @@ class Stream(Iterator[Any]):
                 if self._pending:  # frames lost between stages would be a bug here
                     raise RuntimeError(f"stream ended with frames {sorted(self._pending)} early")
                 raise StopIteration
-            now = time.perf_counter()
-            self._last_out = now
+            # times from the stages, not from here: a caller slow to take outputs does not
+            # count as stream latency
+            if self._last_out is None or item.end > self._last_out:
+                self._last_out = item.end
             if self._first_start is None or item.start < self._first_start:
                 self._first_start = item.start
-            self._latencies.append(now - item.start)
+            self._latencies.append(item.end - item.start)
             self._pending[item.index] = item.payload
 
     def _raise_if_failed(self) -> None:

@@ -7,6 +7,7 @@ heuristic (Algorithms 1-3 with GPU stages) against the exhaustive search of up t
 from __future__ import annotations
 
 import functools
+import os
 
 import numpy as np
 import pytest
@@ -14,22 +15,25 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from codl_tvm.errors import CodlError, PlannerError
+from codl_tvm.planner.pipe_model import PipeModel
 from codl_tvm.planner.pipe_search import (
     LatencyTable,
     PipelinePlan,
     ProcessorGroup,
     exhaustive_pipeline,
     parse_groups,
+    recost_plan,
     search_pipeline,
 )
+from tests.test_pipe_model import GROUPS, grid_layers, records, true_latency
 
-MACHINE = range(16)
+MACHINE = range(16)  # the cores of an imaginary machine; the tests never run anything on them
 # The heuristic with both ways of cutting a stage sequence, and the exhaustive check.
 SEARCHES = [
     pytest.param(functools.partial(search_pipeline, balance="exact"), id="pipe-it+exact"),
     pytest.param(functools.partial(search_pipeline, balance="pipe-it"), id="pipe-it"),
     pytest.param(exhaustive_pipeline, id="exhaustive"),
-]  # the cores of an imaginary machine; the tests never run anything on them
+]
 
 
 def stage_summary(plan: PipelinePlan) -> list[tuple[str, int, int, int]]:
@@ -198,8 +202,6 @@ def test_bad_groups_refused_before_the_search_runs():
 
 
 def test_machine_cores_default_to_this_process_affinity():
-    import os
-
     mine = sorted(os.sched_getaffinity(0))
     groups = parse_groups(f"big:{mine[0]}")
     assert groups[0].cores == (mine[0],)
@@ -219,3 +221,33 @@ def test_machine_cores_default_to_this_process_affinity():
 def test_bad_tables_refused(table, kwargs, match):
     with pytest.raises(PlannerError, match=match):
         search_pipeline(table, parse_groups("big:0-1", MACHINE), available=MACHINE, **kwargs)
+
+
+def test_pipeline_from_the_fitted_model_close_to_the_one_from_measurements():
+    """Pipe-it's Table IV check: the pipeline chosen from Eq. 5/8 predictions, run at the
+    measured latencies, within 4 % of the pipeline chosen from the measurements themselves."""
+    layers = grid_layers()
+    rng = np.random.default_rng(5)
+    picks = rng.permutation(len(layers))
+    model = PipeModel(GROUPS).fit(records([layers[i] for i in picks[:200]], noise=0.02))
+    # a 12-layer "network" of held-out shapes, big layers first (Pipe-it Fig. 7)
+    net = sorted((layers[i] for i in picks[200:212]), key=lambda la: -true_latency(la, "big", 1))
+    measured = {
+        (g, c): [true_latency(la, g, c) for la in net]
+        for g, most in GROUPS.items()
+        for c in range(1, most + 1)
+    }
+    groups = parse_groups("big:0-3,little:4-7,gpu", MACHINE)
+    from_model = search_pipeline(model.latency_table(net), groups, available=MACHINE)
+    from_measured = search_pipeline(measured, groups, available=MACHINE)
+    achieved = recost_plan(from_model, measured)
+    assert [s.first_layer for s in achieved.stages] == [s.first_layer for s in from_model.stages]
+    assert achieved.throughput_fps >= 0.96 * from_measured.throughput_fps
+
+
+def test_recost_plan_refuses_a_table_of_another_model():
+    plan = search_pipeline(CPU_TABLE, CPU_GROUPS, available=MACHINE)
+    with pytest.raises(PlannerError, match="covers 4 layers, the table has 2"):
+        recost_plan(plan, {("big", 2): [1.0, 1.0], ("little", 1): [1.0, 1.0]})
+    with pytest.raises(PlannerError, match="no entry for 1 core"):
+        recost_plan(plan, {("big", 2): [1.0] * 4})

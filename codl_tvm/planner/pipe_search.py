@@ -50,6 +50,7 @@ of groups, any core counts, every cut): the check the heuristic is measured agai
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import os
@@ -71,6 +72,7 @@ __all__ = [
     "check_groups",
     "exhaustive_pipeline",
     "parse_groups",
+    "recost_plan",
     "search_pipeline",
 ]
 
@@ -271,6 +273,9 @@ class LatencyTable:
     def __getitem__(self, key: tuple[str, int]) -> np.ndarray:
         return self._ms[key]
 
+    def __contains__(self, key: object) -> bool:
+        return key in self._ms
+
     def prefix(self, config: StageConfig) -> np.ndarray:
         """Prefix sums of ``config``'s per-layer latencies (length ``n_layers + 1``)."""
         return self._prefix[(config.group, config.cores)]
@@ -279,7 +284,7 @@ class LatencyTable:
         """Refuse a table that lacks an entry the search needs for ``groups``."""
         for g in groups:
             for c in range(1, g.most_stage_cores + 1):
-                if (g.name, c) not in self._ms:
+                if (g.name, c) not in self:
                     raise PlannerError(
                         f"the latency table has no entry for {c} core(s) of group {g.name!r}"
                     )
@@ -621,10 +626,10 @@ def search_pipeline(
         raise PlannerError(f"unknown balance {balance!r} (choose from {', '.join(BALANCERS)})")
     balancer = _exact_cuts if balance == "exact" else _work_flow
     best: tuple[float, list[StageConfig], list[int]] | None = None
-    for singles in _start_orders(cpus, gpus, max_starts):
-        # every placement of the GPU stages among the single-core stages
-        for slots in itertools.product(range(len(singles) + 1), repeat=len(gpus)):
-            configs = list(singles)
+    for start in _start_orders(cpus, gpus, max_starts):
+        # every placement of the GPU stages among the CPU stages
+        for slots in itertools.product(range(len(start) + 1), repeat=len(gpus)):
+            configs = list(start)
             for gpu, slot in sorted(zip(gpus, slots, strict=True), key=lambda gs: -gs[1]):
                 configs.insert(slot, StageConfig(gpu.name, 1))
             configs, cuts = _merge_stage(costs, configs, mergeable, balancer)
@@ -633,6 +638,41 @@ def search_pipeline(
                 best = (bottleneck, configs, cuts)
     assert best is not None  # check_groups refuses an empty list
     return _plan(costs, groups, best[1], best[2], "pipe-it")
+
+
+def recost_plan(
+    plan: PipelinePlan,
+    table: LatencyTable | Mapping[tuple[str, int], Sequence[float]],
+    *,
+    transfer_ms: Sequence[float] | None = None,
+) -> PipelinePlan:
+    """The same stages and cuts with latencies from another table.
+
+    What a pipeline chosen from predicted latencies achieves under measured ones (Pipe-it's
+    Table IV compares the two).
+    """
+    if not isinstance(table, LatencyTable):
+        table = LatencyTable(table)
+    if plan.stages and plan.stages[-1].stop_layer != table.n_layers:
+        raise PlannerError(
+            f"the plan covers {plan.stages[-1].stop_layer} layers, the table has {table.n_layers}"
+        )
+    costs = _Costs(table, transfer_ms)
+    for s in plan.stages:
+        if (s.group, s.core_count) not in table:
+            raise PlannerError(f"the table has no entry for {s.core_count} core(s) of {s.group!r}")
+    return PipelinePlan(
+        tuple(
+            dataclasses.replace(
+                s,
+                latency_ms=costs.stage(
+                    StageConfig(s.group, s.core_count), s.first_layer, s.stop_layer
+                ),
+            )
+            for s in plan.stages
+        ),
+        plan.method,
+    )
 
 
 def _stage_options(groups: Sequence[ProcessorGroup], max_stages: int):
