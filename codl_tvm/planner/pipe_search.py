@@ -54,7 +54,7 @@ import dataclasses
 import itertools
 import math
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -451,8 +451,15 @@ def _merges(
             yield i, [*configs[:i], StageConfig(x.group, x.cores + y.cores), *configs[i + 2 :]]
 
 
+Balancer = Callable[[_Costs, Sequence[StageConfig]], list[int]]
+
+
 def _merge_stage(
-    costs: _Costs, configs: list[StageConfig], mergeable: set[str], balance
+    costs: _Costs,
+    configs: list[StageConfig],
+    mergeable: set[str],
+    balance: Balancer,
+    memo: dict[tuple[StageConfig, ...], tuple[float, list[int]]],
 ) -> tuple[list[StageConfig], list[int]]:
     """Algorithm 3: merge adjacent stages of one cluster while Eq. 12 holds; the best pipeline
     seen on the way (a merge that Eq. 12 accepts can still re-balance to a slower one).
@@ -468,8 +475,12 @@ def _merge_stage(
     """
 
     def bottleneck(seq: list[StageConfig]) -> tuple[float, list[int]]:
-        cuts = balance(costs, seq)
-        return max(costs.stages(seq, cuts)), cuts
+        # starts share most stage sequences they merge into: each is balanced once
+        key = tuple(seq)
+        if key not in memo:
+            cuts = balance(costs, seq)
+            memo[key] = (max(costs.stages(seq, cuts)), cuts)
+        return memo[key][0], list(memo[key][1])
 
     current, cuts = bottleneck(configs)
     best = (current, list(configs), list(cuts))
@@ -625,6 +636,7 @@ def search_pipeline(
     if balance not in BALANCERS:
         raise PlannerError(f"unknown balance {balance!r} (choose from {', '.join(BALANCERS)})")
     balancer = _exact_cuts if balance == "exact" else _work_flow
+    memo: dict[tuple[StageConfig, ...], tuple[float, list[int]]] = {}
     best: tuple[float, list[StageConfig], list[int]] | None = None
     for start in _start_orders(cpus, gpus, max_starts):
         # every placement of the GPU stages among the CPU stages
@@ -632,7 +644,7 @@ def search_pipeline(
             configs = list(start)
             for gpu, slot in sorted(zip(gpus, slots, strict=True), key=lambda gs: -gs[1]):
                 configs.insert(slot, StageConfig(gpu.name, 1))
-            configs, cuts = _merge_stage(costs, configs, mergeable, balancer)
+            configs, cuts = _merge_stage(costs, configs, mergeable, balancer, memo)
             bottleneck = max(costs.stages(configs, cuts))
             if best is None or bottleneck < best[0]:
                 best = (bottleneck, configs, cuts)
@@ -675,7 +687,9 @@ def recost_plan(
     )
 
 
-def _stage_options(groups: Sequence[ProcessorGroup], max_stages: int):
+def _stage_options(
+    groups: Sequence[ProcessorGroup], max_stages: int
+) -> Iterator[list[StageConfig]]:
     """Every sequence of up to ``max_stages`` stage configs the groups' cores can hold."""
     options = [StageConfig(g.name, c) for g in groups for c in range(1, g.most_stage_cores + 1)]
     room = {g.name: g.most_stage_cores for g in groups}
