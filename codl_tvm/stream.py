@@ -123,6 +123,13 @@ class _Frame:
     end: float = 0.0  # the last stage finished it
 
 
+def _usable_cores() -> set[int]:
+    """The cores this process may run on (every core where the OS cannot say)."""
+    if hasattr(os, "sched_getaffinity"):
+        return set(os.sched_getaffinity(0))
+    return set(range(os.cpu_count() or 1))
+
+
 def _shape_of(frame: Any) -> Any:
     if hasattr(frame, "shape"):
         return tuple(int(d) for d in frame.shape)
@@ -217,7 +224,7 @@ class Stream(Iterator[Any]):
         stages = list(stages)
         if not stages:
             raise PlannerError("a stream needs at least one stage")
-        avail = set(os.sched_getaffinity(0) if available is None else available)
+        avail = set(_usable_cores() if available is None else available)
         out = []
         for i, s in enumerate(stages):
             if not isinstance(s, StreamStage):
@@ -382,6 +389,7 @@ class Stream(Iterator[Any]):
         if self._error is None:
             return
         self._finished = True
+        self._pending.clear()
         self.close()
         exc, where, index = self._error
         note = f"raised in the stream by {where}" + (

@@ -193,7 +193,14 @@ def check_groups(
     """
     if not groups:
         raise PlannerError("no processor groups to build a pipeline on")
-    avail = set(os.sched_getaffinity(0) if available is None else available)
+    if available is None:
+        # every core where the OS cannot say which this process may use
+        available = (
+            os.sched_getaffinity(0)
+            if hasattr(os, "sched_getaffinity")
+            else range(os.cpu_count() or 1)
+        )
+    avail = set(available)
     seen_names: set[str] = set()
     owner: dict[int, str] = {}
     for g in groups:
