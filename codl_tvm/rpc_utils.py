@@ -11,8 +11,9 @@ error that names the tracker, the key and what the tracker reported.
 - :class:`DeviceFarm` takes every free device of a key and spreads jobs over them in threads,
   with a per-job timeout and retries (used by the profiler);
 - ``python -m codl_tvm.rpc_utils serve --tracker HOST:PORT --key KEY`` starts TVM's RPC server
-  with the version function registered. The file also runs as a plain script (it imports only
-  the standard library and TVM), which is how the emulated aarch64 device uses it.
+  with the version function registered. The file also runs as a plain script beside a minimal
+  ``codl_tvm`` package (``__init__.py`` and ``errors.py``: it imports only those, the standard
+  library and TVM), which is how the emulated aarch64 device uses it.
 
 Errors derive from :class:`RPCError`; failures of a connected device raise
 :class:`RemoteFailure`, which names the device.
@@ -40,7 +41,6 @@ import tvm
 import tvm.rpc
 import tvm_ffi
 
-from codl_tvm import runtime
 from codl_tvm.errors import (
     NoFreeDevice,
     RemoteFailure,
@@ -644,6 +644,10 @@ def _register_versions(opencl: bool = False) -> None:
     """Server init callback: register ``codl_tvm.rpc.versions`` (runs in the server process)."""
     info = local_versions(opencl=opencl)
     if opencl:
+        # deferred: the emulated aarch64 device runs this file as a script beside a minimal
+        # package (codl_tvm/__init__.py and errors.py only); it needs the runtime only with --opencl
+        from codl_tvm import runtime
+
         try:
             runtime.load()
         except Exception as exc:  # reported to clients instead of failing the server

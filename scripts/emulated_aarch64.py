@@ -257,6 +257,19 @@ def write_wrapper(root: Path, py: Path) -> Path:
     return wrapper
 
 
+
+def install_server_script(root: Path) -> Path:
+    """Copy the RPC server script into the sysroot with the minimal package it imports
+    (``codl_tvm/__init__.py`` and ``errors.py`` beside it, so that running the script finds
+    ``codl_tvm.errors`` next to itself); returns the script's path."""
+    codl = root / "opt" / "codl-tvm"
+    (codl / "codl_tvm").mkdir(parents=True, exist_ok=True)
+    for name in ("__init__.py", "errors.py"):
+        shutil.copy(REPO / "codl_tvm" / name, codl / "codl_tvm" / name)
+    script = codl / "rpc_utils.py"
+    shutil.copy(REPO / "codl_tvm" / "rpc_utils.py", script)
+    return script
+
 def prepare(root: Path, timeout_s: float, force: bool = False, version: str | None = None) -> Path:
     """Build the aarch64 root if needed; return the Python wrapper.
 
@@ -281,9 +294,7 @@ def prepare(root: Path, timeout_s: float, force: bool = False, version: str | No
     py = root_python(root)
     install_wheels(work, root, py, version, timeout_s)
     wrapper = write_wrapper(root, py)
-    codl = root / "opt" / "codl-tvm"
-    codl.mkdir(parents=True, exist_ok=True)
-    shutil.copy(REPO / "codl_tvm" / "rpc_utils.py", codl / "rpc_utils.py")
+    install_server_script(root)
     out = run(
         [str(wrapper), "-c", "import platform, tvm; print(platform.machine(), tvm.__version__)"],
         "check: import tvm under qemu",
@@ -353,8 +364,7 @@ def serve(
     wrapper = prepare(root, timeout_s, version=version)
     before = _tracker_free(addr, key, 5.0) or 0
     log = root.parent / f"server-{port}.log"
-    script = root / "opt" / "codl-tvm" / "rpc_utils.py"
-    shutil.copy(REPO / "codl_tvm" / "rpc_utils.py", script)  # keep in step with the checkout
+    script = install_server_script(root)  # keep in step with the checkout
     cmd = [
         str(wrapper),
         str(script),
