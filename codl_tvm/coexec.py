@@ -19,7 +19,7 @@ import tvm
 from tvm.runtime.vm import VirtualMachine
 
 from codl_tvm import runtime
-from codl_tvm.runner import _flatten, as_build_error, remove_with, time_vm
+from codl_tvm.runner import _flatten, remove_with, time_vm
 from codl_tvm.targets import host_cpu_spec
 
 __all__ = ["CoexecModule", "compile_coexec", "placement_report"]
@@ -160,12 +160,12 @@ def compile_coexec(
     runtime.load()
     splits: dict = {}
     pipeline = coexec_pipeline(plan, gpu, cpu, kernel_splits=splits, row_blocks=row_blocks)
-    with as_build_error(model, "coexec"):
+    with runtime.build_errors(model, "coexec"):
         ex = tvm.compile(mod, target=gpu, relax_pipeline=pipeline)
     work = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="codl-coexec-"))
     work.mkdir(parents=True, exist_ok=True)
     lib = work / f"{name}.so"
-    with as_build_error(model, "coexec"):
+    with runtime.build_errors(model, "coexec"):
         ex.export_library(str(lib))
     (work / f"{name}.plan.json").write_text(plan.to_json())
     report = placement_report(mod, plan, row_blocks=row_blocks)

@@ -7,11 +7,10 @@ creates the real module (this is also how a model is deployed).
 
 from __future__ import annotations
 
-import contextlib
 import shutil
 import tempfile
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,7 +24,6 @@ from codl_tvm.targets import host_cpu_spec
 __all__ = [
     "BuiltModel",
     "Latency",
-    "as_build_error",
     "build",
     "default_target",
     "remove_with",
@@ -102,22 +100,6 @@ def _flatten(out) -> list[np.ndarray]:
     return result
 
 
-@contextlib.contextmanager
-def as_build_error(model: str, device: str) -> Iterator[None]:
-    """Raise a failure inside the block (TVM's compiler, a pass, exporting the library) as a
-    :class:`~codl_tvm.errors.BuildError` naming ``model``, ``device`` and the first line of the
-    cause (:func:`codl_tvm.runtime.build_error`, which the CLI prints too; the full text goes to
-    a log file it names). The original stays the ``__cause__``; the project's own errors pass
-    unchanged."""
-    try:
-        yield
-    except Exception as exc:
-        err = runtime.build_error(exc, model, device)
-        if err is exc:
-            raise
-        raise err from exc
-
-
 def build(
     mod,
     device: str,
@@ -164,12 +146,12 @@ def build(
         relax_pipeline = single_device_pipeline(target)
     if device == "opencl":
         runtime.load()
-    with as_build_error(model, device):
+    with runtime.build_errors(model, device):
         ex = tvm.compile(mod, target=target, relax_pipeline=relax_pipeline)
     work = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="codl-tvm-"))
     work.mkdir(parents=True, exist_ok=True)
     lib_path = work / f"model_{device}.so"
-    with as_build_error(model, device):
+    with runtime.build_errors(model, device):
         ex.export_library(str(lib_path))  # compiles and links the host code
         lib = tvm.runtime.load_module(str(lib_path))
     dev = tvm.cpu(0) if device == "cpu" else tvm.opencl(0)

@@ -10,7 +10,6 @@ import argparse
 import contextlib
 import os
 import zipfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -93,18 +92,10 @@ def save_outputs(path: str, model: OnnxModel, outputs: list[np.ndarray], force: 
     print(f"saved outputs to {path}")
 
 
-@contextlib.contextmanager
-def building(model: str | Path, device: str) -> Iterator[None]:
+def building(model: str | Path, device: str) -> contextlib.AbstractContextManager[None]:
     """Turn a failure while building or first running ``model`` for ``device`` into one line
-    (:func:`codl_tvm.runtime.build_error`: the kernel, device and first build-log lines, the
-    full log in a file); the project's own errors pass through unchanged."""
-    try:
-        yield
-    except Exception as exc:
-        err = runtime.build_error(exc, str(model), device)
-        if err is exc:
-            raise
-        raise err from None
+    (:func:`codl_tvm.runtime.build_errors`)."""
+    return runtime.build_errors(str(model), device)
 
 
 def opencl_banner() -> None:

@@ -336,6 +336,20 @@ def _first_lines(log: str, n: int = _LOG_LINES) -> str:
     return " | ".join((errors or lines)[:n]) or "<empty build log>"
 
 
+@contextlib.contextmanager
+def build_errors(model: str, device: str) -> Iterator[None]:
+    """Raise a failure inside the block (a pass, TVM's compiler, exporting the library, or a
+    first run, where OpenCL kernels are compiled) as :func:`build_error`'s one-line error; the
+    original stays its ``__cause__``, and the project's own errors pass unchanged."""
+    try:
+        yield
+    except Exception as exc:
+        err = build_error(exc, model, device)
+        if err is exc:
+            raise
+        raise err from exc
+
+
 def build_error(exc: BaseException, model: str, device: str) -> CodlError:
     """The one-line error for a build (or a first run, where OpenCL kernels are compiled) of
     ``model`` for ``device`` that failed with ``exc``.
