@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import sys
@@ -161,6 +162,7 @@ class _Job(NamedTuple):
     cache: Path
     refine: int
     weight_gbps: tuple[float, float] | None
+    processor_scale: tuple[float, float] = (1.0, 1.0)
 
 
 def _compile_job(job: _Job) -> tuple[str, str, str | None]:
@@ -185,10 +187,21 @@ def _compile_job(job: _Job) -> tuple[str, str, str | None]:
             split_channel_blocks=not flags.wholenorm,
             weight_gbps=job.weight_gbps if flags.streaming else None,
             split_row_blocks=flags.rowlrn,
+            processor_scale=job.processor_scale,
         )
     except Exception as exc:  # one failing build must not lose the others
         return job.name, job.tag, f"{type(exc).__name__}: {exc}"
     return job.name, job.tag, None
+
+
+def _scale_pair(text: str) -> tuple[float, float]:
+    try:
+        cpu, gpu = (float(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected CPU,GPU factors, got {text!r}") from None
+    if not (cpu > 0 and gpu > 0 and math.isfinite(cpu) and math.isfinite(gpu)):
+        raise argparse.ArgumentTypeError(f"factors must be positive and finite, got {text!r}")
+    return cpu, gpu
 
 
 def cmd_compile(args: argparse.Namespace) -> None:
@@ -236,6 +249,7 @@ def cmd_compile(args: argparse.Namespace) -> None:
                         out / "build_cache",
                         args.verify_refine if verify else 0,
                         args.weight_gbps,
+                        args.processor_scale,
                     )
                 )
             else:
@@ -897,6 +911,15 @@ def main(argv: list[str] | None = None) -> None:
         type=weight_gbps,
         metavar="CPU,GPU",
         help=f"rates for the modes ending {STREAMING_SUFFIX} (compile --weight-gbps)",
+    )
+    c.add_argument(
+        "--processor-scale",
+        type=_scale_pair,
+        default=(1.0, 1.0),
+        metavar="CPU,GPU",
+        help="factors on the cost model's CPU and GPU predictions of the co-executed modes: "
+        "planning for other core counts than the profiled split (compile_artifact's "
+        "processor_scale)",
     )
     c.add_argument(
         "--keep-build-cache",

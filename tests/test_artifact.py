@@ -403,6 +403,39 @@ def test_calibrated_plans_follow_the_measured_single_processor_latencies(balance
     assert manifest["plan"]["calibration"]["candidates"] == []
 
 
+def test_calibration_multiplies_the_configured_processor_scale(balanced_model):
+    """A plan made with ``processor_scale`` (another core split than the profiled one) predicts
+    with those factors, so ``--verify``'s measured / predicted multiplies them: CPU x2 set and a
+    CPU measured 3x slower than that prediction re-plans with CPU x6, not x3."""
+    import dataclasses
+
+    from codl_tvm.artifact import _calibrated_plans, planning_context
+    from codl_tvm.frontend import load_onnx
+    from codl_tvm.planner import plan_model
+
+    model = load_onnx(bundled_model_path())
+    cm = load_model(balanced_model)
+    manifest = {"plan": {"cost_model": {"file": str(balanced_model)}}}
+    with planning_context("opencl", balanced_model) as config:
+        config = dataclasses.replace(config, processor_scale=(2.0, 1.0))
+        plan, report = plan_model(model.mod, cm, mode="codl", config=config)
+        s = report.summary
+        ms = {"cpu": 3 * s.cpu_only_ms, "opencl": s.gpu_only_ms}
+        found = _calibrated_plans(model, "codl", report, ms, set(), manifest, print, config)
+    assert manifest["plan"]["calibration"]["cpu_scale"] == pytest.approx(3.0)
+    _, rep = found["coexec:codl:calibrated"]
+    assert any("calibrated: CPU x6" in n for n in rep.notes), rep.notes
+
+
+def test_compile_rejects_bad_processor_scale(tmp_path):
+    from codl_tvm.artifact import ArtifactError, compile_artifact
+
+    for bad in ((0.0, 1.0), (1.0, float("nan")), (1.0,)):
+        with pytest.raises(ArtifactError, match="processor_scale"):
+            compile_artifact(bundled_model_path(), tmp_path / "out", processor_scale=bad)
+    assert not (tmp_path / "out").exists()
+
+
 def test_compile_verify_calibrates(tmp_path, cpu_heavy_model, opencl):
     """End to end: a cost model far off on this machine (CPU 250x the GPU) gets calibration
     factors from the verify timing; any calibrated plan was built and timed again with the

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import math
 import shutil
 import tempfile
 import time
@@ -29,6 +30,7 @@ import numpy as np
 import tvm
 
 from codl_tvm import runtime
+from codl_tvm.artifact import program_binaries
 from codl_tvm.artifact.build_cache import Libraries
 from codl_tvm.artifact.store import (
     _OWN_FILES,
@@ -97,6 +99,7 @@ def compile_artifact(
     refine: int = 0,
     refine_traces: int = 5,
     weight_gbps: tuple[float, float] | None = None,
+    processor_scale: tuple[float, float] = (1.0, 1.0),
 ) -> Path:
     """Plan and build an ONNX model into an artifact directory.
 
@@ -202,6 +205,11 @@ def compile_artifact(
         (and whole operator) no faster than its weights' bytes over its processor's rate
         (:attr:`~codl_tvm.planner.PlannerConfig.weight_gbps`; recorded in
         ``manifest["plan"]["weight_gbps"]``). None: off.
+    processor_scale
+        ``(cpu, gpu)`` factors on the cost model's predicted compute latencies
+        (:attr:`~codl_tvm.planner.PlannerConfig.processor_scale`): planning for a device whose
+        processors have other core counts than the profiled pair (recorded in
+        ``manifest["plan"]["processor_scale"]``). ``--verify``'s calibration applies on top.
 
     Returns
     -------
@@ -218,6 +226,11 @@ def compile_artifact(
             weight_gbps = PlannerConfig(weight_gbps=weight_gbps).weight_gbps
         except PlannerError as exc:
             raise ArtifactError(str(exc).removeprefix("planner: ")) from None
+    processor_scale = tuple(float(x) for x in processor_scale)
+    if len(processor_scale) != 2 or not all(math.isfinite(x) and x > 0 for x in processor_scale):
+        raise ArtifactError(
+            f"processor_scale must be two positive factors (cpu, gpu), got {processor_scale!r}"
+        )
     if not isinstance(verify, int) or verify < 0:
         raise ArtifactError(f"verify must be a number of rounds >= 0, got {verify!r}")
     if (tracker is None) != (key is None):
@@ -296,6 +309,7 @@ def compile_artifact(
                     split_row_blocks=split_row_blocks,
                     refine=(refine, refine_traces),
                     weight_gbps=weight_gbps,
+                    processor_scale=processor_scale,
                 ),
                 log,
             )
@@ -330,6 +344,7 @@ class _Request:
     split_row_blocks: bool
     refine: tuple[int, int]
     weight_gbps: tuple[float, float] | None
+    processor_scale: tuple[float, float]
 
 
 def _compile_into(request: _Request, log: Callable[[str], None]) -> Path:
@@ -443,7 +458,9 @@ def _compile_into(request: _Request, log: Callable[[str], None]) -> Path:
                     f"--{' --'.join(alone)})"
                 )
             planner_config = dataclasses.replace(
-                planner_config(preset_obj), weight_gbps=weight_gbps
+                planner_config(preset_obj),
+                weight_gbps=weight_gbps,
+                processor_scale=r.processor_scale,
             )
             choice = _make_plan(
                 model, out, mode, cost_model, plan, preset_obj.name, manifest, log, planner_config
@@ -542,6 +559,9 @@ def _compile_into(request: _Request, log: Callable[[str], None]) -> Path:
             built = libraries.single(device)
             manifest["targets"] = {device: str(target)}
         shutil.move(str(built), out / LIBRARY)
+        if "opencl" in manifest["vm_devices"] and not preset_obj.is_cross:
+            # this machine's OpenCL device is the preset's: ship its program binaries
+            manifest["program_binaries"] = program_binaries.embed(out / LIBRARY, out, log)
         if manifest["device"] == "cpu" and manifest["winograd_cpu_alone"]:
             manifest["winograd"] = True  # the library is a build for the CPU alone
         if manifest["device"] == "cpu" and manifest["packed_cpu_alone"]:
@@ -565,7 +585,9 @@ def _compile_into(request: _Request, log: Callable[[str], None]) -> Path:
     finally:
         switches.close()
         shutil.rmtree(work, ignore_errors=True)
-    manifest["files"] = {p.name: _sha256(p) for p in sorted(out.iterdir()) if p.name in _OWN_FILES}
+    manifest["files"] = {
+        p.name: _sha256(p) for p in sorted(out.iterdir()) if p.name in _OWN_FILES and p.is_file()
+    }
     (out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     return out
 
@@ -624,6 +646,8 @@ def _make_plan(model, out: Path, mode, cost_model, plan, preset_name, manifest, 
             manifest["plan"]["auto"] = {"candidates_ms": dict(report.candidates)}
         if config is not None and config.weight_gbps is not None:
             manifest["plan"]["weight_gbps"] = list(config.weight_gbps)
+        if config is not None and tuple(config.processor_scale) != (1.0, 1.0):
+            manifest["plan"]["processor_scale"] = list(config.processor_scale)
         log(report.table())
     _write_plan(out, choice.plan, choice.report)
     return choice

@@ -396,7 +396,12 @@ def calibrated_plans(
             f"{CALIBRATION_MIN_SHIFT}x of each other, no calibrated re-plan"
         )
         return {}, record
-    config = dataclasses.replace(config or PlannerConfig(), processor_scale=(cpu_scale, gpu_scale))
+    config = config or PlannerConfig()
+    # The summary predicted with the config's own scales: the calibration multiplies them.
+    base_cpu, base_gpu = config.processor_scale
+    config = dataclasses.replace(
+        config, processor_scale=(base_cpu * cpu_scale, base_gpu * gpu_scale)
+    )
     cm = load_model(cost_model)
     found = {}
     cand, rep = make_plan(mod, cm, mode=mode, config=config, model_name=model_name)
