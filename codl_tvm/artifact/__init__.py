@@ -14,6 +14,10 @@ machine):
 ``plan.json``, ``plan_report.json``, ``plan_report.txt``, ``placement.json``
     The partition plan, the planner's report (one row per operator or chain with its reason)
     and where each part runs (co-execution only).
+``program_binaries/``
+    OpenCL builds compiled on a reachable device: each kernel's program binary for that device
+    and driver (:mod:`~codl_tvm.artifact.program_binaries`), so the first run there skips the
+    OpenCL compiler; any other device compiles from source.
 ``reference.npz``
     Seeded inputs (``input:<name>``) and the unpartitioned model's outputs on the host CPU
     (``output:<name>``), so ``run OUT/`` checks the numerics on the device with no compiler.

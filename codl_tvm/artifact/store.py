@@ -29,6 +29,8 @@ import tvm
 from tvm.runtime.vm import VirtualMachine
 
 from codl_tvm import runtime
+from codl_tvm.artifact import program_binaries
+from codl_tvm.artifact.program_binaries import BINARIES
 from codl_tvm.errors import ArtifactError
 from codl_tvm.frontend import TensorSpec
 from codl_tvm.runner import _flatten, time_vm
@@ -60,6 +62,7 @@ _OWN_FILES = (
     "plan_report.json",
     "plan_report.txt",
     "placement.json",
+    BINARIES,
 )
 
 
@@ -194,6 +197,7 @@ class Artifact:
     manifest: dict
     _vm: Any = None
     _devices: Any = None
+    programs: Any = None  # what the load did with OpenCL programs (program_binaries.prepare)
 
     @property
     def device(self) -> str:
@@ -219,6 +223,8 @@ class Artifact:
             runtime.load()
         self._devices = [tvm.opencl(0) if n == "opencl" else tvm.cpu(0) for n in names]
         lib = tvm.runtime.load_module(str(self.path / LIBRARY))
+        if "opencl" in names:
+            self.programs = program_binaries.prepare(self.path, self.manifest, lib)
         self._vm = VirtualMachine(lib, self._devices)
 
     @property

@@ -36,10 +36,13 @@ __all__ = [
     "DeviceInfo",
     "KernelEvent",
     "OpenCLInfo",
+    "add_program_binary_dir",
     "build_error",
+    "build_programs",
     "cache_stats",
     "cpu_view",
     "default_cache_dir",
+    "exporting_program_binaries",
     "host_clock_ns",
     "info",
     "is_available",
@@ -201,9 +204,43 @@ def svm_mode() -> str:
 
 
 def cache_stats() -> dict[str, int]:
-    """Program-cache counters: source builds, binary loads, disk hits, writes and errors."""
+    """Program-cache counters: source builds, binary loads, disk hits, writes and errors; the
+    ahead-of-time binaries' loads, fallbacks, corrupt and rejected files and exports; and
+    ``build_ns``, the time spent creating programs (summed over threads)."""
     load()
     return json.loads(_global("codl.opencl.cache_stats")())
+
+
+def add_program_binary_dir(path: str | os.PathLike) -> None:
+    """Offer the ahead-of-time program binaries in ``path`` (an artifact's ``program_binaries``)
+    to every later program creation. A binary is used only where its name, the program cache's
+    key (source, device, driver, options), matches and its hash checks; otherwise the kernel is
+    built as before (counted in :func:`cache_stats` as ``aot_fallbacks``, ``aot_corrupt``,
+    ``aot_rejected``)."""
+    load()
+    _global("codl.opencl.add_binary_dir")(str(path))
+
+
+@contextlib.contextmanager
+def exporting_program_binaries(path: str | os.PathLike) -> Iterator[None]:
+    """Inside the block, write the binary of every program created (built, cached or not) to
+    ``path``, named by its cache key and with its hash (what :func:`add_program_binary_dir`
+    reads)."""
+    load()
+    _global("codl.opencl.set_binary_export_dir")(str(path))
+    try:
+        yield
+    finally:
+        _global("codl.opencl.set_binary_export_dir")("")
+
+
+def build_programs(module, device: int = 0, threads: int = 1, wait: bool = True) -> None:
+    """Create the programs of every kernel of the OpenCL ``module`` on OpenCL device
+    ``device`` with ``threads`` threads. With ``wait`` False it returns at once: the programs
+    are created while the caller goes on, and each kernel's first launch waits for its own
+    program only (one lock per kernel)."""
+    load()
+    _global("codl.opencl.build_programs")(module, device, threads, wait)
 
 
 def workspace_stats() -> dict[str, int]:

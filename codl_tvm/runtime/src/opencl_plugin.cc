@@ -21,6 +21,8 @@
 #include <tvm/runtime/device_api.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <memory>
@@ -351,8 +353,36 @@ std::string BuildLog(cl_program prog, cl_device_id dev) {
   return log;
 }
 
+/*! \brief Write `data` to `path` through a temporary file and a rename, so concurrent processes
+ * and threads never read a partial file (the temporary's name is unique per thread). */
+bool WriteAtomic(const std::string& path, const std::string& data) {
+  std::ostringstream tmp;
+  tmp << path << ".tmp" << getpid() << "-" << std::hash<std::thread::id>()(std::this_thread::get_id());
+  std::ofstream f(tmp.str(), std::ios::binary);
+  f.write(data.data(), static_cast<std::streamsize>(data.size()));
+  f.close();
+  if (f && std::rename(tmp.str().c_str(), path.c_str()) == 0) return true;
+  std::remove(tmp.str().c_str());
+  return false;
+}
+
+/*! \brief The binary of a built program for its one device (false if the driver gives none). */
+bool ProgramBinary(cl_program prog, std::string* out) {
+  const Api& api = GetApi();
+  size_t bin_size = 0;
+  if (api.clGetProgramInfo(prog, CL_PROGRAM_BINARY_SIZES, sizeof(bin_size), &bin_size,
+                           nullptr) != CL_SUCCESS ||
+      bin_size == 0) {
+    return false;
+  }
+  out->assign(bin_size, '\0');
+  unsigned char* bptr = reinterpret_cast<unsigned char*>(out->data());
+  return api.clGetProgramInfo(prog, CL_PROGRAM_BINARIES, sizeof(bptr), &bptr, nullptr) ==
+         CL_SUCCESS;
+}
+
 /*! \brief Build `source` for device `dev_id`, from the disk cache when a binary is there. */
-cl_program BuildProgram(const std::string& source, int dev_id, const std::string& opts,
+cl_program BuildCachedProgram(const std::string& source, int dev_id, const std::string& opts,
                         const std::string& what) {
   Workspace* w = Workspace::Global();
   const DeviceEntry& dev = w->Device(dev_id);
@@ -403,19 +433,119 @@ cl_program BuildProgram(const std::string& source, int dev_id, const std::string
           CL_SUCCESS) {
         // Write then rename so concurrent processes never read a partial file.
         MakeDirs(cache_dir);
-        std::string tmp = path + ".tmp" + std::to_string(getpid());
-        std::ofstream f(tmp, std::ios::binary);
-        f.write(bin.data(), static_cast<std::streamsize>(bin.size()));
-        f.close();
-        if (f && std::rename(tmp.c_str(), path.c_str()) == 0) {
+        if (WriteAtomic(path, bin)) {
           w->disk_writes++;
         } else {
-          std::remove(tmp.c_str());
           w->disk_errors++;
         }
       }
     }
   }
+  return prog;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Ahead-of-time program binaries: an artifact's program_binaries/ folder
+// ---------------------------------------------------------------------------------------------
+//
+// Files are named by the disk cache's key (source, device name, vendor, version, driver version,
+// options), so a binary is only ever offered to the device and driver it was built for; each
+// file is "codl-aot-v1 <fnv128 hex of the payload>\n<payload>", so a truncated or altered
+// binary is detected before the driver sees it and the kernel is built from source instead.
+
+std::mutex g_aot_mu;
+std::vector<std::string> g_aot_dirs;  // folders read at program creation
+std::string g_aot_export_dir;         // where every created program's binary is written
+std::atomic<int64_t> g_aot_loads{0}, g_aot_fallbacks{0}, g_aot_corrupt{0}, g_aot_rejected{0},
+    g_aot_exports{0}, g_build_ns{0};
+constexpr char kAotMagic[] = "codl-aot-v1 ";
+constexpr size_t kAotMagicLen = sizeof(kAotMagic) - 1;
+
+std::string Fnv128Hex(const std::string& s) {
+  char buf[40];
+  snprintf(buf, sizeof(buf), "%016llx%016llx",
+           static_cast<unsigned long long>(Fnv1a(s, 14695981039346656037ULL)),
+           static_cast<unsigned long long>(Fnv1a(s, 0x9E3779B97F4A7C15ULL)));
+  return buf;
+}
+
+/*! \brief 1: `bin` holds the verified payload; 0: no such file; -1: corrupt. */
+int ReadAot(const std::string& path, std::string* bin) {
+  std::string raw;
+  if (!ReadFile(path, &raw)) return 0;
+  if (raw.size() <= kAotMagicLen + 33 || raw.compare(0, kAotMagicLen, kAotMagic) != 0 ||
+      raw[kAotMagicLen + 32] != '\n') {
+    return -1;
+  }
+  *bin = raw.substr(kAotMagicLen + 33);
+  return Fnv128Hex(*bin) == raw.substr(kAotMagicLen, 32) ? 1 : -1;
+}
+
+cl_program FromAot(const std::string& key, const DeviceEntry& dev, const std::string& opts,
+                   const std::string& what) {
+  std::vector<std::string> dirs;
+  {
+    std::lock_guard<std::mutex> lock(g_aot_mu);
+    dirs = g_aot_dirs;
+  }
+  if (dirs.empty()) return nullptr;
+  const Api& api = GetApi();
+  for (const auto& dir : dirs) {
+    std::string path = dir + "/" + key + ".bin", bin;
+    int st = ReadAot(path, &bin);
+    if (st == 0) continue;
+    if (st < 0) {
+      g_aot_corrupt++;
+      fprintf(stderr, "codl-tvm: note: %s: program binary fails its hash check; building %s from "
+              "source\n", path.c_str(), what.c_str());
+      continue;
+    }
+    const unsigned char* ptr = reinterpret_cast<const unsigned char*>(bin.data());
+    size_t len = bin.size();
+    cl_int status = CL_SUCCESS, err = CL_SUCCESS;
+    cl_program prog = api.clCreateProgramWithBinary(Workspace::Global()->context(), 1, &dev.id,
+                                                    &len, &ptr, &status, &err);
+    if (err == CL_SUCCESS && status == CL_SUCCESS &&
+        api.clBuildProgram(prog, 1, &dev.id, opts.c_str(), nullptr, nullptr) == CL_SUCCESS) {
+      g_aot_loads++;
+      return prog;
+    }
+    if (prog) api.clReleaseProgram(prog);
+    g_aot_rejected++;
+    fprintf(stderr, "codl-tvm: note: %s: '%s' rejected the program binary; building %s from "
+            "source\n", path.c_str(), dev.name.c_str(), what.c_str());
+  }
+  g_aot_fallbacks++;
+  return nullptr;
+}
+
+void ExportAot(const std::string& key, cl_program prog) {
+  std::string dir;
+  {
+    std::lock_guard<std::mutex> lock(g_aot_mu);
+    dir = g_aot_export_dir;
+  }
+  std::string bin;
+  if (dir.empty() || !ProgramBinary(prog, &bin)) return;
+  std::string data = kAotMagic + Fnv128Hex(bin) + "\n" + bin;
+  if (!WriteAtomic(dir + "/" + key + ".bin", data)) {
+    TVM_FFI_THROW(RuntimeError) << "cannot write the program binary " << dir << "/" << key
+                                << ".bin";
+  }
+  g_aot_exports++;
+}
+
+/*! \brief Build `source` for device `dev_id`: from an artifact's binary, the disk cache, or the
+ * OpenCL compiler, in that order; exported when an export folder is set. */
+cl_program BuildProgram(const std::string& source, int dev_id, const std::string& opts,
+                        const std::string& what) {
+  int64_t t0 = HostClockNs();
+  const DeviceEntry& dev = Workspace::Global()->Device(dev_id);
+  std::string key = CacheKey(source, dev, opts);
+  cl_program prog = FromAot(key, dev, opts, what);
+  if (prog == nullptr) prog = BuildCachedProgram(source, dev_id, opts, what);
+  ExportAot(key, prog);
+  g_build_ns += HostClockNs() - t0;
   return prog;
 }
 
@@ -488,15 +618,46 @@ class OpenCLModuleObj : public ffi::ModuleObj {
  public:
   OpenCLModuleObj(std::string fmt, std::vector<FunctionInfo> funcs, std::string source)
       : fmt_(std::move(fmt)), source_(std::move(source)) {
-    for (auto& f : funcs) fmap_[f.name] = std::move(f);
+    for (auto& f : funcs) {
+      programs_[f.name] = std::make_unique<ProgramSlot>();
+      fmap_[f.name] = std::move(f);
+    }
     SplitSource();
   }
   ~OpenCLModuleObj() {
+    for (auto& t : builders_) t.join();
     for (auto& kv : programs_) {
-      for (cl_program p : kv.second) {
+      for (cl_program p : kv.second->progs) {
         if (p) GetApi().clReleaseProgram(p);
       }
     }
+  }
+
+  /*!
+   * \brief Create every kernel's program on `dev_id` with `threads` threads; with `wait` false
+   * return at once (the threads run on, and a kernel's first launch waits for its own program
+   * only). A kernel that fails to build is built again at its first launch, which reports it.
+   */
+  void BuildAll(int dev_id, int threads, bool wait) {
+    auto names = std::make_shared<std::vector<std::string>>();
+    for (const auto& kv : fmap_) names->push_back(kv.first);
+    auto next = std::make_shared<std::atomic<size_t>>(0);
+    auto work = [this, names, next, dev_id]() {
+      for (size_t i = (*next)++; i < names->size(); i = (*next)++) {
+        try {
+          GetProgram((*names)[i], dev_id);
+        } catch (...) {
+        }
+      }
+    };
+    std::vector<std::thread> started;
+    for (int t = 0; t < std::max(threads, 1); ++t) started.emplace_back(work);
+    if (wait) {
+      for (auto& t : started) t.join();
+      return;
+    }
+    std::lock_guard<std::mutex> lock(builders_mu_);
+    for (auto& t : started) builders_.push_back(std::move(t));
   }
 
   const char* kind() const final { return "opencl"; }
@@ -541,8 +702,13 @@ class OpenCLModuleObj : public ffi::ModuleObj {
 
   /*! \brief The program holding `func` on `dev_id`, built on first use. */
   cl_program GetProgram(const std::string& func, int dev_id) {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto& progs = programs_[func];
+    auto slot = programs_.find(func);
+    if (slot == programs_.end()) {
+      TVM_FFI_THROW(ValueError) << "OpenCL module has no kernel " << func;
+    }
+    // one lock per kernel: a launch waits for its own kernel's program, not for every build
+    std::lock_guard<std::mutex> lock(slot->second->mu);
+    auto& progs = slot->second->progs;
     if (progs.size() <= static_cast<size_t>(dev_id)) progs.resize(dev_id + 1, nullptr);
     if (progs[dev_id] == nullptr) {
       auto it = sources_.find(func);
@@ -579,8 +745,14 @@ class OpenCLModuleObj : public ffi::ModuleObj {
   std::unordered_map<std::string, FunctionInfo> fmap_;
   std::string source_;
   std::unordered_map<std::string, std::string> sources_;
-  std::mutex mu_;
-  std::unordered_map<std::string, std::vector<cl_program>> programs_;
+  struct ProgramSlot {
+    std::mutex mu;
+    std::vector<cl_program> progs;
+  };
+  // one slot per kernel, made in the constructor (the map itself is never changed afterwards)
+  std::unordered_map<std::string, std::unique_ptr<ProgramSlot>> programs_;
+  std::mutex builders_mu_;
+  std::vector<std::thread> builders_;
 };
 
 KernelFunction::KernelFunction(OpenCLModuleObj* mod, ffi::ObjectPtr<ffi::Object> keep,
@@ -906,8 +1078,36 @@ TVM_FFI_STATIC_INIT_BLOCK() {
                 << ", \"binary_loads\": " << w->binary_loads.load()
                 << ", \"disk_hits\": " << w->disk_hits.load()
                 << ", \"disk_writes\": " << w->disk_writes.load()
-                << ", \"disk_errors\": " << w->disk_errors.load() << "}";
+                << ", \"disk_errors\": " << w->disk_errors.load()
+                << ", \"aot_loads\": " << g_aot_loads.load()
+                << ", \"aot_fallbacks\": " << g_aot_fallbacks.load()
+                << ", \"aot_corrupt\": " << g_aot_corrupt.load()
+                << ", \"aot_rejected\": " << g_aot_rejected.load()
+                << ", \"aot_exports\": " << g_aot_exports.load()
+                << ", \"build_ns\": " << g_build_ns.load() << "}";
              return ffi::String(os.str());
+           })
+      .def("codl.opencl.add_binary_dir",
+           [](ffi::String dir) {
+             std::lock_guard<std::mutex> lock(g_aot_mu);
+             std::string d(dir);
+             if (std::find(g_aot_dirs.begin(), g_aot_dirs.end(), d) == g_aot_dirs.end()) {
+               g_aot_dirs.push_back(d);
+             }
+           })
+      .def("codl.opencl.set_binary_export_dir",
+           [](ffi::String dir) {
+             std::lock_guard<std::mutex> lock(g_aot_mu);
+             g_aot_export_dir = std::string(dir);
+           })
+      .def("codl.opencl.build_programs",
+           [](ffi::Module mod, int dev_id, int threads, bool wait) {
+             if (std::string(mod->kind()) != "opencl") {
+               TVM_FFI_THROW(ValueError) << "build_programs expects an OpenCL module, got '"
+                                         << mod->kind() << "'";
+             }
+             Workspace::Global()->Device(dev_id);  // context first, outside the threads
+             static_cast<OpenCLModuleObj*>(mod.operator->())->BuildAll(dev_id, threads, wait);
            })
       .def("codl.opencl.workspace_stats",
            []() { return ffi::String(OpenCLSVMDeviceAPI::Global()->PoolStatsJson()); })

@@ -1,0 +1,164 @@
+"""Ahead-of-time OpenCL program binaries in an artifact, and what a load does with them.
+
+OpenCL kernels travel as source; the driver compiles each one at its first launch, which
+dominates a cold start (seconds on PoCL, tens of ms on NVIDIA). ``codl-tvm compile`` for a
+device it can reach creates every kernel's program there and stores the binaries in the
+artifact's ``program_binaries/`` folder (:func:`embed`), so the first run on that device loads
+them instead of compiling. At load (:func:`prepare`) the folder is offered to the runtime plugin
+and the programs of every kernel are created on spare threads while the caller goes on.
+
+Safety lives in the plugin (``opencl_plugin.cc``): each file is named by the program cache's key
+(source, device name, vendor, version, driver version, options), so another device or driver
+never finds a binary and compiles from source; each file carries a hash of its payload, so a
+truncated or altered binary is rebuilt from source; a binary the driver rejects falls back to
+source too. Each such case prints a note and counts in :func:`codl_tvm.runtime.cache_stats`.
+
+Environment: ``CODL_OPENCL_AOT=0`` ignores an artifact's binaries; ``CODL_OPENCL_OVERLAP=0``
+creates programs at each kernel's first launch instead of on threads at load;
+``CODL_OPENCL_BUILD_THREADS`` sets those threads (default: the CPU count, at most 8).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import tvm
+
+from codl_tvm import runtime
+
+__all__ = [
+    "BINARIES",
+    "INDEX",
+    "device_key",
+    "embed",
+    "opencl_modules",
+    "prepare",
+]
+
+BINARIES = "program_binaries"
+INDEX = "device.json"
+_KEY_FIELDS = ("name", "vendor", "version", "driver_version")
+
+
+def device_key(device: runtime.DeviceInfo) -> dict[str, str]:
+    """The fields of an OpenCL device that the program cache's key holds."""
+    return {f: getattr(device, f) for f in _KEY_FIELDS}
+
+
+def opencl_modules(lib) -> list:
+    """Every OpenCL module imported (directly or not) by a loaded library."""
+    found, stack = [], [lib]
+    while stack:
+        mod = stack.pop()
+        if mod.kind == "opencl":
+            found.append(mod)
+        stack.extend(mod.imports)
+    return found
+
+
+def _flag(name: str, default: bool) -> bool:
+    value = os.environ.get(name)
+    if value is None or not value.strip():
+        return default
+    return value.strip().lower() not in ("0", "off", "false", "no")
+
+
+def build_threads() -> int:
+    """Threads that create programs at load (``CODL_OPENCL_BUILD_THREADS``)."""
+    value = os.environ.get("CODL_OPENCL_BUILD_THREADS", "").strip()
+    if value.isdigit() and int(value) > 0:
+        return int(value)
+    return max(1, min(8, os.cpu_count() or 1))
+
+
+def embed(library: Path, out: Path, log: Callable[[str], None]) -> dict[str, Any] | None:
+    """Create every OpenCL kernel's program of ``library`` on this machine's OpenCL device and
+    store the binaries in ``out/program_binaries``.
+
+    Returns
+    -------
+    dict or None
+        The manifest's record (folder, device key, kernel count, bytes), or None where the
+        library has no OpenCL kernels or the driver gives no binaries.
+    """
+    device = runtime.info().devices[0]
+    lib = tvm.runtime.load_module(str(library))
+    modules = opencl_modules(lib)
+    if not modules:
+        return None
+    folder = out / BINARIES
+    folder.mkdir()
+    with runtime.exporting_program_binaries(folder):
+        for mod in modules:
+            runtime.build_programs(mod, 0, build_threads(), wait=True)
+    files = sorted(folder.glob("*.bin"))
+    if not files:
+        folder.rmdir()
+        log(f"note: '{device.name}' gives no program binaries; the artifact ships source only")
+        return None
+    record = {
+        "dir": BINARIES,
+        "device": device_key(device),
+        "kernels": len(files),
+        "nbytes": sum(f.stat().st_size for f in files),
+    }
+    (folder / INDEX).write_text(json.dumps(record, indent=2) + "\n")
+    log(
+        f"stored {len(files)} OpenCL program binaries for '{device.name}' (driver "
+        f"{device.driver_version}): the first run there skips the OpenCL compiler"
+    )
+    return record
+
+
+def _check_cache_dir() -> None:
+    """Note once where the program cache cannot be written (programs still build, uncached)."""
+    if not _flag("CODL_OPENCL_PROGRAM_CACHE", True):
+        return
+    folder = runtime.default_cache_dir() / "opencl-programs"
+    probe = folder if folder.exists() else next(p for p in folder.parents if p.exists())
+    if not os.access(probe, os.W_OK | os.X_OK):
+        warnings.warn(
+            f"the OpenCL program cache {folder} is not writable: kernels without an artifact "
+            "binary are compiled at every start (set CODL_TVM_CACHE_DIR to a writable folder)",
+            stacklevel=3,
+        )
+
+
+def prepare(path: Path, manifest: Mapping, lib) -> dict[str, Any]:
+    """Before an artifact's first run: offer its program binaries to the runtime when they
+    were made for this device and driver (a note otherwise), and start creating every
+    kernel's program on spare threads.
+
+    Returns
+    -------
+    dict
+        ``aot``: whether the binaries are offered; ``overlap``: whether program creation runs
+        on threads; ``threads``; ``note``: why binaries are not used, if so.
+    """
+    state: dict[str, Any] = {"aot": False, "overlap": False, "threads": 0, "note": None}
+    record = manifest.get("program_binaries")
+    if isinstance(record, Mapping) and _flag("CODL_OPENCL_AOT", True):
+        here = device_key(runtime.info().devices[0])
+        built_for = dict(record.get("device", {}))
+        if built_for == here:
+            runtime.add_program_binary_dir(path / str(record.get("dir", BINARIES)))
+            state["aot"] = True
+        else:
+            state["note"] = (
+                f"{path}: program binaries were built for '{built_for.get('name')}' (driver "
+                f"{built_for.get('driver_version')}); this device is '{here['name']}' (driver "
+                f"{here['driver_version']}): kernels are compiled from source"
+            )
+            warnings.warn(state["note"], stacklevel=3)
+    _check_cache_dir()
+    if _flag("CODL_OPENCL_OVERLAP", True):
+        state["threads"] = build_threads()
+        for mod in opencl_modules(lib):
+            runtime.build_programs(mod, 0, state["threads"], wait=False)
+        state["overlap"] = True
+    return state
