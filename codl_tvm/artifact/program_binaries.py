@@ -121,7 +121,7 @@ def _check_cache_dir() -> None:
         return
     folder = runtime.default_cache_dir() / "opencl-programs"
     probe = folder if folder.exists() else next(p for p in folder.parents if p.exists())
-    if not os.access(probe, os.W_OK | os.X_OK):
+    if not (probe.is_dir() and os.access(probe, os.W_OK | os.X_OK)):
         warnings.warn(
             f"the OpenCL program cache {folder} is not writable: kernels without an artifact "
             "binary are compiled at every start (set CODL_TVM_CACHE_DIR to a writable folder)",

@@ -1,0 +1,214 @@
+"""Cold start: page-cache eviction, ahead-of-time program binaries and their fallbacks, and
+program creation overlapped with the first run.
+
+Each run that must see a process's first program creation happens in a fresh process
+(``python -m codl_tvm.coldstart``): the plugin keeps the binary folders it was offered and its
+counters for the life of a process. No test times anything.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from codl_tvm.artifact import compile_artifact
+from codl_tvm.artifact.program_binaries import BINARIES, INDEX
+from codl_tvm.coldstart import artifact_files, evict, resident_fraction
+from codl_tvm.models import bundled_model_path
+
+
+def test_evict_keeps_contents_and_reports_residency(tmp_path):
+    path = tmp_path / "weights.bin"
+    data = np.random.default_rng(0).bytes(3 * 4096 + 17)
+    path.write_bytes(data)
+    assert path.read_bytes() == data  # in the page cache now
+    before = resident_fraction(path)
+    assert evict([path]) == len(data)
+    after = resident_fraction(path)
+    if before is not None:  # mincore exists on Linux; the advice itself is only a hint
+        assert 0.0 <= after <= before <= 1.0
+    assert path.read_bytes() == data
+    assert artifact_files(tmp_path) == [path]
+
+
+def test_resident_fraction_of_empty_file(tmp_path):
+    path = tmp_path / "empty"
+    path.write_bytes(b"")
+    assert resident_fraction(path) in (1.0, None)
+
+
+def _onnxruntime_outputs(inputs: dict) -> list[np.ndarray]:
+    ort = pytest.importorskip("onnxruntime")
+    sess = ort.InferenceSession(str(bundled_model_path()), providers=["CPUExecutionProvider"])
+    return sess.run(None, inputs)
+
+
+@pytest.fixture(scope="module")
+def gpu_artifact(tmp_path_factory, opencl):
+    out = tmp_path_factory.mktemp("cold") / "gpu"
+    compile_artifact(bundled_model_path(), out, device="opencl", log=lambda s: None)
+    return out
+
+
+def _cold(artifact: Path, tmp: Path, cache: Path, programs="overlap", **env) -> dict:
+    """One fresh process's first run of ``artifact``: its JSON, with its outputs."""
+    save = tmp / f"out-{programs}-{len(list(tmp.glob('out-*')))}.npz"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "codl_tvm.coldstart",
+            str(artifact),
+            "--programs",
+            programs,
+            "--save",
+            str(save),
+        ],
+        env={**os.environ, "CODL_TVM_CACHE_DIR": str(cache), **env},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    with np.load(save) as data:
+        result["outputs"] = [data[k] for k in sorted(data.files, key=lambda k: int(k[4:]))]
+    result["stderr"] = proc.stderr
+    return result
+
+
+def _check_against_onnxruntime(artifact: Path, outputs: list[np.ndarray]) -> None:
+    with np.load(artifact / "reference.npz") as data:
+        inputs = {k[6:]: data[k] for k in data.files if k.startswith("input:")}
+    expected = _onnxruntime_outputs(inputs)
+    assert len(outputs) == len(expected)
+    for got, want in zip(outputs, expected, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.opencl
+def test_embedded_binaries_skip_the_compiler_and_equal_onnxruntime(gpu_artifact, tmp_path):
+    record = json.loads((gpu_artifact / "manifest.json").read_text())["program_binaries"]
+    assert record == json.loads((gpu_artifact / BINARIES / INDEX).read_text())
+    assert record["kernels"] == len(list((gpu_artifact / BINARIES).glob("*.bin"))) > 0
+    res = _cold(gpu_artifact, tmp_path, tmp_path / "empty-cache")
+    stats = res["cache_stats"]
+    assert res["load"]["aot"] and res["load"]["overlap"]
+    assert stats["aot_loads"] == record["kernels"]
+    assert stats["source_builds"] == 0 and stats["disk_hits"] == 0 and stats["aot_fallbacks"] == 0
+    _check_against_onnxruntime(gpu_artifact, res["outputs"])
+
+
+@pytest.fixture(scope="module")
+def tampered(gpu_artifact, tmp_path_factory):
+    """A copy of the artifact whose binaries are: one altered (bad hash), one with a valid
+    hash over bytes no driver accepts, one renamed (another device's or driver's key); the
+    run's JSON."""
+    tmp = tmp_path_factory.mktemp("tampered")
+    art = tmp / "art"
+    shutil.copytree(gpu_artifact, art)
+    bins = sorted((art / BINARIES).glob("*.bin"))
+    assert len(bins) >= 4
+    raw = bytearray(bins[0].read_bytes())
+    raw[-1] ^= 0xFF
+    bins[0].write_bytes(bytes(raw))
+    # a well-formed file around garbage: the hash holds, the driver must refuse it
+    garbage = b"not a program binary" * 8
+    bins[1].write_bytes(b"codl-aot-v1 " + _fnv128(garbage) + b"\n" + garbage)
+    bins[2].rename(bins[2].with_name("0" * 32 + ".bin"))
+    return art, _cold(art, tmp, tmp / "empty-cache")
+
+
+def _fnv128(data: bytes) -> bytes:
+    """The plugin's payload hash (two FNV-1a 64-bit hashes with different seeds), in hex."""
+
+    def fnv(seed: int) -> int:
+        h = seed
+        for c in data:
+            h = ((h ^ c) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
+        return h
+
+    return f"{fnv(14695981039346656037):016x}{fnv(0x9E3779B97F4A7C15):016x}".encode()
+
+
+@pytest.mark.opencl
+def test_corrupt_binary_is_detected_and_rebuilt(tampered):
+    art, res = tampered
+    assert res["cache_stats"]["aot_corrupt"] == 1
+    assert "fails its hash check" in res["stderr"]
+    _check_against_onnxruntime(art, res["outputs"])
+
+
+@pytest.mark.opencl
+def test_rejected_binary_falls_back_to_source(tampered):
+    _, res = tampered
+    assert res["cache_stats"]["aot_rejected"] == 1
+    assert "rejected the program binary" in res["stderr"]
+
+
+@pytest.mark.opencl
+def test_foreign_key_falls_back_to_source(tampered):
+    art, res = tampered
+    stats = res["cache_stats"]
+    kernels = json.loads((art / "manifest.json").read_text())["program_binaries"]["kernels"]
+    # corrupt, rejected and missing kernels are each built from source, the rest loaded
+    assert stats["aot_fallbacks"] == 3 and stats["source_builds"] == 3
+    assert stats["aot_loads"] == kernels - 3
+
+
+@pytest.mark.opencl
+def test_other_device_in_manifest_compiles_from_source_with_a_note(gpu_artifact, tmp_path):
+    art = tmp_path / "art"
+    shutil.copytree(gpu_artifact, art)
+    manifest = json.loads((art / "manifest.json").read_text())
+    manifest["program_binaries"]["device"]["driver_version"] = "0.0-other"
+    (art / "manifest.json").write_text(json.dumps(manifest))
+    res = _cold(art, tmp_path, tmp_path / "cache")
+    assert res["load"]["aot"] is False and "0.0-other" in res["load"]["note"]
+    assert "kernels are compiled from source" in res["stderr"]
+    assert res["cache_stats"]["aot_loads"] == 0 and res["cache_stats"]["source_builds"] > 0
+    _check_against_onnxruntime(art, res["outputs"])
+
+
+@pytest.mark.opencl
+def test_overlapped_program_creation_equals_sequential(gpu_artifact, tmp_path):
+    cache = tmp_path / "cache"
+    seq = _cold(gpu_artifact, tmp_path, cache, "sequential", CODL_OPENCL_AOT="0")
+    over = _cold(gpu_artifact, tmp_path, cache, "overlap", CODL_OPENCL_AOT="0")
+    assert seq["load"]["overlap"] is False and over["load"]["overlap"] is True
+    for a, b in zip(seq["outputs"], over["outputs"], strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.opencl
+def test_concurrent_processes_fill_one_cache_safely(gpu_artifact, tmp_path):
+    cache = tmp_path / "shared-cache"
+    env = {**os.environ, "CODL_TVM_CACHE_DIR": str(cache), "CODL_OPENCL_AOT": "0"}
+    cmd = [sys.executable, "-m", "codl_tvm.coldstart", str(gpu_artifact)]
+    procs = [subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True) for _ in range(3)]
+    for p in procs:
+        p.communicate()
+        assert p.returncode == 0
+    programs = cache / "opencl-programs"
+    assert not [p.name for p in programs.iterdir() if ".tmp" in p.name]
+    res = _cold(gpu_artifact, tmp_path, cache, "lazy", CODL_OPENCL_AOT="0")
+    stats = res["cache_stats"]
+    assert stats["source_builds"] == 0 and stats["disk_errors"] == 0 and stats["disk_hits"] > 0
+
+
+@pytest.mark.opencl
+def test_unwritable_program_cache_warns_and_still_runs(gpu_artifact, tmp_path):
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "opencl-programs").write_text("a file where the cache folder goes")
+    res = _cold(gpu_artifact, tmp_path, cache, "lazy", CODL_OPENCL_AOT="0")
+    assert "is not writable" in res["stderr"]
+    assert res["cache_stats"]["disk_errors"] > 0
+    _check_against_onnxruntime(gpu_artifact, res["outputs"])
