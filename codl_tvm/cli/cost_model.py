@@ -4,8 +4,11 @@
 
     codl-tvm cost-model fit DATA.jsonl -o MODEL.json [--kind codl|gbdt|flops|measured]
         [--holdout 0.3] [--seed 0] [--preset NAME] [--trees N] [--drop-inconsistent 3]
-    codl-tvm cost-model eval MODEL.json DATA.jsonl [--json] [--plot OUT.png] [--all]
+    codl-tvm cost-model eval MODEL.json DATA.jsonl [--json] [--plot OUT.png] [--all] [--no-lomo]
 
+``eval`` prints the model's held-out report and the full assessment
+(:mod:`codl_tvm.cost_model.assessment`: random split and leave-one-model-out, per processor,
+implementation and latency band, CoDL's model and FLOPs beside, the repeatability ceiling).
 The metrics and the fitting live in :mod:`codl_tvm.cost_model.evaluate`.
 """
 
@@ -14,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from codl_tvm.cost_model.assessment import assess, format_assessment
 from codl_tvm.cost_model.base import CostModel
 from codl_tvm.cost_model.dataset import Dataset, OpRecord
 from codl_tvm.cost_model.evaluate import (
@@ -92,10 +96,18 @@ def cmd_eval(args: argparse.Namespace) -> int:
         _, records = split_records(data.records, holdout, seed)
         split = f"held-out {holdout:.0%} of {_names(args.data)} (seed {seed})"
     report = evaluate(model, records, split)
+    # The full assessment refits the model's recipe on folds of its own dataset; on a dataset
+    # the model was not fitted on (--all) only the plain report means something.
+    full = None if args.all else assess(model, data.records, _names(args.data), not args.no_lomo)
     if args.json:
-        print(json.dumps(report.to_json(), indent=2))
+        out = report.to_json()
+        if full is not None:
+            out["assessment"] = full.to_json()
+        print(json.dumps(out, indent=2))
     else:
         print(format_report(report))
+        if full is not None:
+            print(format_assessment(full))
     if args.plot:
         plot_scatter(report, args.plot, title=f"{args.model} on {split}")
         if not args.json:
@@ -161,5 +173,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--all",
         action="store_true",
         help="evaluate on every record (e.g. a dataset the model was not fitted on)",
+    )
+    e.add_argument(
+        "--no-lomo",
+        action="store_true",
+        help="skip leave-one-model-out (it refits the model once per benchmark model named in "
+        "the records)",
     )
     e.set_defaults(func=cmd_eval)

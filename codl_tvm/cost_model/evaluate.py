@@ -47,6 +47,7 @@ __all__ = [
     "Accuracy",
     "EvalReport",
     "accuracy",
+    "check_compatible",
     "drop_groups",
     "evaluate",
     "fit_model",
@@ -117,6 +118,8 @@ class EvalReport:
     predict_us_per_op: float
     predict_batch_us_per_op: float
     sharing: dict[str, Accuracy] = field(default_factory=dict)
+    #: Kernels (``op/processor/impl``) the model never saw, with their record counts.
+    unseen: dict[str, int] = field(default_factory=dict)
     predicted: list[float] = field(default_factory=list, repr=False)
     measured: list[float] = field(default_factory=list, repr=False)
     baseline_predicted: list[float] = field(default_factory=list, repr=False)
@@ -155,6 +158,11 @@ def evaluate(
         warnings.simplefilter("always", CostModelFallbackWarning)
         pred = model.predict_many(feats)
     n_fallback = sum(issubclass(w.category, CostModelFallbackWarning) for w in caught)
+    unseen: dict[str, int] = {}
+    for f in feats:
+        if not model.covers(f):
+            label = f"{f.op}/{f.processor}/{f.impl}"
+            unseen[label] = unseen.get(label, 0) + 1
     baseline_model = model.fallback if model.fallback is not None else model
     base = baseline_model.predict_many(feats)
 
@@ -193,6 +201,7 @@ def evaluate(
         predict_us_per_op=per_op_us,
         predict_batch_us_per_op=batch_us,
         sharing=sharing,
+        unseen=dict(sorted(unseen.items())),
         predicted=[float(x) for x in pred],
         measured=[float(x) for x in meas],
         baseline_predicted=[float(x) for x in base],
@@ -341,7 +350,11 @@ def format_report(r: EvalReport) -> str:
         lines.append("data-sharing costs:")
         lines += [f"  {k:<16} {_fmt(a)}" for k, a in r.sharing.items()]
     if r.n_fallback:
-        lines.append(f"{r.n_fallback} operators were not covered and used the FLOPs fallback")
+        which = ", ".join(f"{k} ({n})" for k, n in r.unseen.items())
+        lines.append(
+            f"{r.n_fallback} operator records are of kernels the model never saw and used its "
+            f"FLOPs fallback: {which}"
+        )
     lines.append(
         f"prediction time: {r.predict_us_per_op:.1f} us per op one at a time, "
         f"{r.predict_batch_us_per_op:.1f} us per op in a batch (this machine)"
@@ -406,6 +419,7 @@ def load_datasets(paths: Sequence[str]):
     """The records of several datasets in order (e.g. direct kernels and the algorithms of
     ``codl-tvm profile --winograd --packed``, measured on the same device)."""
     sets = [load_dataset(p) for p in paths]
+    check_compatible(paths, sets)
     meta = dict(sets[0].meta)
     alone = {
         str(p): bool(d.meta.get("algorithms", {}).get("cpu_alone"))
@@ -422,6 +436,61 @@ def load_datasets(paths: Sequence[str]):
     if any(alone.values()):
         meta["cpu_alone_settings"] = True
     return Dataset([r for d in sets for r in d.records], meta)
+
+
+def _devices(data: Dataset) -> list[dict]:
+    seen, out = set(), []
+    for r in data.records:
+        key = json.dumps(dict(r.device), sort_keys=True)
+        if key not in seen:
+            seen.add(key)
+            out.append(dict(r.device))
+    return out
+
+
+def _differing(a: dict, b: dict) -> str | None:
+    """The first field both dicts state with different values."""
+    for k in sorted(set(a) & set(b)):
+        if a[k] != b[k]:
+            return k
+    return None
+
+
+def check_compatible(paths: Sequence, sets: Sequence[Dataset]) -> None:
+    """Refuse datasets that cannot be fitted together, naming the field that differs: another
+    device (any field of the device descriptions, e.g. ``gpu``, ``compute_units``,
+    ``cpu_threads``) or another timing protocol (``meta["timing"]``: warm-up, repeats, number,
+    minimum repeat time), where both datasets state it. (Another schema version does not load:
+    ``load_dataset`` names the version.)"""
+    first_devices = None
+    for path, data in zip(paths, sets):
+        devices = _devices(data)
+        if len(devices) > 1:
+            k = _differing(devices[0], devices[1])
+            raise DatasetError(
+                f"{path}: holds measurements of {len(devices)} devices (device field {k!r} "
+                f"differs: {devices[0].get(k)!r} vs {devices[1].get(k)!r}); fit one cost "
+                "model per device"
+            )
+        if first_devices is None:
+            first_devices = (path, devices)
+        elif devices and first_devices[1]:
+            k = _differing(first_devices[1][0], devices[0])
+            if k is not None:
+                raise DatasetError(
+                    f"{path} was measured on another device than {first_devices[0]}: device "
+                    f"field {k!r} is {devices[0][k]!r} there and {first_devices[1][0][k]!r} in "
+                    f"{first_devices[0]}; fit one cost model per device"
+                )
+    timed = [(p, d.meta["timing"]) for p, d in zip(paths, sets) if d.meta.get("timing")]
+    for path, timing in timed[1:]:
+        k = _differing(timed[0][1], timing)
+        if k is not None:
+            raise DatasetError(
+                f"{path} was measured with another timing protocol than {timed[0][0]}: "
+                f"timing field {k!r} is {timing[k]!r} there and {timed[0][1][k]!r} in "
+                f"{timed[0][0]}; profile both with the same protocol"
+            )
 
 
 def drop_groups(records: list, specs: Sequence[str]) -> tuple[list, int]:

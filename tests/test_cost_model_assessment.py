@@ -1,0 +1,174 @@
+"""The cost-model assessment: random split and leave-one-model-out, slices by processor,
+implementation and latency band, CoDL's model and FLOPs beside, the repeatability ceiling, and
+the datasets ``fit`` refuses to mix.
+
+Data is synthetic (``tests.test_cost_model.synth_records``: Eq. 3 with known coefficients), with
+records named after made-up benchmark models so that folds exist.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+from codl_tvm.cost_model import (
+    CodlModel,
+    FlopsModel,
+    OpRecord,
+    load_model,
+    save_dataset,
+)
+from codl_tvm.cost_model.assessment import (
+    LATENCY_BANDS,
+    assess,
+    band_of,
+    format_assessment,
+    model_of,
+    refit_like,
+    repeatability,
+    slice_labels,
+)
+from codl_tvm.cost_model.evaluate import accuracy, training_split
+from codl_tvm.errors import CodlError
+from tests.test_cost_model import CFG, run_cli, synth_records
+
+
+def named(records: list[OpRecord], models: tuple[str, ...]) -> list[OpRecord]:
+    """``records`` with names ``MODEL/op_i``, the models taking turns."""
+    return [
+        dataclasses.replace(r, name=f"{models[i % len(models)]}/op_{i}")
+        for i, r in enumerate(records)
+    ]
+
+
+def dataset(seed: int = 0) -> list[OpRecord]:
+    rng = np.random.default_rng(seed)
+    recs = synth_records(rng, 60, "direct", noise=0.02) + synth_records(
+        rng, 40, "direct", "cpu", noise=0.02
+    )
+    return named(recs[:80], ("mA", "mB", "mC")) + recs[80:]
+
+
+def test_bands_and_slices():
+    assert [band_of(x) for x in (0.0099, 0.1, 0.99, 1.0, 25.0)] == [
+        "<0.1ms",
+        "0.1-1ms",
+        "0.1-1ms",
+        ">1ms",
+        ">1ms",
+    ]
+    assert LATENCY_BANDS[0][0] == "<0.1ms"
+    r = dataset()[0]
+    assert model_of(r) == "mA" and model_of(dataclasses.replace(r, name="conv_1")) is None
+    labels = slice_labels(r)
+    assert labels[0] == "overall" and labels[1] == r.processor
+    assert labels[2] == f"{r.processor} {band_of(r.latency_ms)}"
+    assert labels[3] == f"conv2d/{r.processor}/direct"
+
+
+def test_repeatability_pairs_identical_parts_per_band():
+    base = dataset()[0]
+    fast = dataclasses.replace(base, latency_ms=0.05)
+    recs = [
+        fast,
+        dataclasses.replace(fast, latency_ms=0.052),  # 4% apart: within
+        dataclasses.replace(fast, latency_ms=0.07),  # 40% apart: outside
+        dataclasses.replace(base, latency_ms=5.0, params=dataclasses.replace(base.params, h=99)),
+    ]
+    ceil = repeatability(recs)
+    band = f"{base.processor} <0.1ms"
+    # 3 records of one part: 6 ordered pairs, 2 of them (0.05 <-> 0.052) within +-10%
+    assert ceil[band]["pairs"] == 6 and ceil[band]["parts"] == 1
+    assert ceil[band]["acc10"] == pytest.approx(2 / 6)
+    assert f"{base.processor} >1ms" not in ceil  # measured once: no ceiling
+
+
+def test_assessment_scores_folds_against_direct_fits():
+    recs = dataset()
+    model = CodlModel(CFG)
+    train, test, _ = training_split(recs, 0.3, 0, 3.0)
+    model.fit(train)
+    model.meta.update({"holdout": 0.3, "seed": 0, "drop_inconsistent": 3.0})
+    a = assess(model, recs, "synthetic")
+
+    # random split: the model's own held-out part, with CoDL's model and FLOPs on its training
+    test_ops = [r for r in test if isinstance(r, OpRecord)]
+    meas = [r.latency_ms for r in test_ops]
+    feats = [r.features() for r in test_ops]
+    assert a.random["overall"].model == accuracy(model.predict_many(feats), meas)
+    flops = FlopsModel().fit(train)
+    assert a.random["overall"].references["flops"] == accuracy(flops.predict_many(feats), meas)
+    assert set(a.random["overall"].references) == {"codl", "flops"}
+    assert "conv2d/cpu/direct" in a.random and "gpu" in a.random
+
+    # leave-one-model-out: mB's parts predicted by the recipe refitted without them
+    held = [r for r in recs if model_of(r) == "mB"]
+    rest = [r for r in recs if model_of(r) != "mB"]
+    refit = refit_like(model, rest)
+    expect = accuracy(
+        refit.predict_many([r.features() for r in held]), [r.latency_ms for r in held]
+    )
+    assert a.lomo_models["mB"]["overall"].model == expect
+    assert set(a.lomo_models) == {"mA", "mB", "mC"}
+    assert a.lomo["overall"].n == sum(model_of(r) is not None for r in recs)
+    text = format_assessment(a)
+    assert "leave-one-model-out (3 models" in text and "mB overall" in text
+
+    # a model fitted on everything is scored by refitting its recipe on a 70/30 split
+    whole = CodlModel(CFG).fit(recs)
+    whole.meta.update({"holdout": 0.0})
+    b = assess(whole, recs, "synthetic", lomo=False)
+    assert "refitted on the other 70%" in b.split and not b.lomo
+    assert b.random["overall"].n == len(test_ops)
+
+
+def test_cli_eval_reports_the_assessment_and_unseen_kernels(tmp_path, capsys):
+    recs = dataset()
+    data = tmp_path / "d.jsonl"
+    save_dataset(recs, data)
+    model_path = tmp_path / "m.json"
+    assert (
+        run_cli(["cost-model", "fit", str(data), "-o", str(model_path), "--preset", "mobile"]) == 0
+    )
+    capsys.readouterr()
+    assert run_cli(["cost-model", "eval", str(model_path), str(data), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    slices = out["assessment"]["random_split"]["slices"]
+    assert {"overall", "cpu", "gpu"} <= set(slices)
+    assert set(slices["overall"]) >= {"model", "codl", "flops", "ceiling_acc10", "n"}
+    assert set(out["assessment"]["leave_one_model_out"]["models"]) == {"mA", "mB", "mC"}
+
+    # a kernel the model never saw (the winograd implementation) is counted and named
+    other = synth_records(np.random.default_rng(5), 6, "winograd")
+    data2 = tmp_path / "d2.jsonl"
+    save_dataset(recs + other, data2)
+    assert run_cli(["cost-model", "eval", str(model_path), str(data2), "--all"]) == 0
+    text = capsys.readouterr().out
+    assert "6 operator records are of kernels the model never saw" in text
+    assert "conv2d/gpu/winograd (6)" in text
+
+
+def test_fit_refuses_datasets_of_another_device_or_protocol(tmp_path):
+    recs = dataset()
+    a = tmp_path / "a.jsonl"
+    save_dataset(recs, a, meta={"timing": {"repeats": 10, "number": 1}})
+    other = [
+        dataclasses.replace(r, device={"gpu": "another gpu", "cpu": r.device["cpu"]}) for r in recs
+    ]
+    b = tmp_path / "b.jsonl"
+    save_dataset(other, b)
+    out = str(tmp_path / "m.json")
+    with pytest.raises(CodlError, match=r"b\.jsonl was measured on another device.*field 'gpu'"):
+        run_cli(["cost-model", "fit", str(a), str(b), "-o", out])
+    c = tmp_path / "c.jsonl"
+    save_dataset(recs, c, meta={"timing": {"repeats": 5, "number": 1}})
+    with pytest.raises(CodlError, match=r"c\.jsonl .*another timing protocol.*'repeats' is 5"):
+        run_cli(["cost-model", "fit", str(a), str(c), "-o", out])
+    # same device, one file without a stated protocol: fitted together
+    d = tmp_path / "d.jsonl"
+    save_dataset(recs, d)
+    assert run_cli(["cost-model", "fit", str(a), str(d), "-o", out, "--preset", "mobile"]) == 0
+    assert load_model(out).meta["n_train"] > 0
