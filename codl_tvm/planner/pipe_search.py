@@ -283,6 +283,10 @@ class LatencyTable:
     def __contains__(self, key: object) -> bool:
         return key in self._ms
 
+    def keys(self) -> list[tuple[str, int]]:
+        """The ``(group, cores)`` entries of the table."""
+        return list(self._ms)
+
     def prefix(self, config: StageConfig) -> np.ndarray:
         """Prefix sums of ``config``'s per-layer latencies (length ``n_layers + 1``)."""
         return self._prefix[(config.group, config.cores)]

@@ -1,0 +1,644 @@
+"""Pipelined builds: a model cut into stages, each built for its processor group, run as a stream.
+
+A pipeline artifact (``codl-tvm compile MODEL --objective throughput``) is a directory with one
+library per stage (``stage_K.so``) and ``pipeline.json``, which records the model's inputs and
+outputs, the processor groups, the plan (:class:`~codl_tvm.planner.pipe_search.PipelinePlan`)
+and every stage's group, cores, instruction set and layers, with each file's SHA-256.
+
+- :func:`group_target`: a processor group's TVM target. A CPU group is built for an instruction
+  set (:data:`ISAS`: ``host``, this machine's CPU with every feature it has, e.g. AVX-512;
+  ``x86-64-v2``, SSE4.2 without AVX: the "little" cluster of an emulated big.LITTLE machine);
+  a GPU group is the OpenCL device with the host CPU as host.
+- :func:`build_pipeline`: cut ``main`` at the plan's layer boundaries
+  (:class:`codl_tvm.passes.stages.CutStages`), build each stage with codl-tvm's single-device
+  pipeline for its group, write the artifact (into a staging directory, swapped in when
+  complete: a failed build never loses an earlier directory).
+- :func:`load_pipeline` / :class:`Pipeline`: run the stages one after another in the caller's
+  thread (``pipeline(inputs)``, single inferences) or as a stream (:meth:`Pipeline.stream`,
+  :func:`codl_tvm.stream.run_stream`): one thread per stage, pinned to its group's cores, with
+  TVM's CPU thread pool (a per-thread pool) configured in that thread with one worker per core.
+- :func:`profile_layers`: Pipe-it's time matrix measured on this machine: every layer's
+  latency on every (group, core count) (a library per group with one function per layer, timed
+  by ``time_evaluator`` in a thread pinned to the first ``c`` cores of the group), and
+  :func:`layer_shapes` the layers' GEMM shapes for :class:`~codl_tvm.planner.pipe_model.PipeModel`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import shutil
+import tempfile
+import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import tvm
+from tvm import relax
+from tvm.runtime.vm import VirtualMachine
+
+from codl_tvm import runtime
+from codl_tvm.errors import ArtifactError, ModelError, PlannerError
+from codl_tvm.frontend import OnnxModel, TensorSpec
+from codl_tvm.passes.rewrite import op_name
+from codl_tvm.passes.stages import MAJOR_OPS, cut_stages, layer_starts, stage_name
+from codl_tvm.pipeline import single_device_pipeline
+from codl_tvm.planner.pipe_model import LayerShape, PipeRecord
+from codl_tvm.planner.pipe_search import (
+    LatencyTable,
+    PipelinePlan,
+    ProcessorGroup,
+    check_groups,
+)
+from codl_tvm.runner import _flatten
+from codl_tvm.stream import Stream, StreamStage, run_stream
+from codl_tvm.targets import host_cpu_spec
+
+__all__ = [
+    "ISAS",
+    "PIPELINE_FORMAT",
+    "PIPELINE_MANIFEST",
+    "PIPELINE_VERSION",
+    "Pipeline",
+    "build_pipeline",
+    "default_isa",
+    "group_target",
+    "is_pipeline",
+    "layer_records",
+    "layer_shapes",
+    "load_pipeline",
+    "pin_thread_pool",
+    "profile_layers",
+]
+
+PIPELINE_FORMAT = "codl-tvm-pipeline"
+PIPELINE_VERSION = 1
+PIPELINE_MANIFEST = "pipeline.json"
+
+
+def _host_isa() -> dict[str, Any]:
+    return host_cpu_spec()
+
+
+def _x86_64_v2() -> dict[str, Any]:
+    # SSE4.2/POPCNT, no AVX: 4-wide float vectors against AVX-512's 16
+    return {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "x86-64-v2"}
+
+
+#: Instruction-set presets of CPU groups: name -> the LLVM target spec (JSON-dict form).
+ISAS: dict[str, Callable[[], dict[str, Any]]] = {"host": _host_isa, "x86-64-v2": _x86_64_v2}
+
+
+def default_isa(group: ProcessorGroup) -> str:
+    """The instruction set a group is built for by default: ``x86-64-v2`` for a group named
+    ``little`` on an x86-64 host (the emulated little cluster), else ``host``."""
+    arch = platform.machine().lower()
+    if group.name == "little" and arch in ("x86_64", "amd64"):
+        return "x86-64-v2"
+    return "host"
+
+
+def group_target(group: ProcessorGroup, isa: str | None = None) -> tvm.target.Target:
+    """The TVM target a stage on ``group`` is built for.
+
+    Raises
+    ------
+    PlannerError
+        An unknown instruction-set preset.
+    """
+    if group.kind == "gpu":
+        return tvm.target.Target({"kind": "opencl"}, host=host_cpu_spec())
+    isa = isa or default_isa(group)
+    if isa not in ISAS:
+        raise PlannerError(
+            f"group {group.name!r}: unknown instruction set {isa!r} (choose from {', '.join(ISAS)})"
+        )
+    return tvm.target.Target(ISAS[isa]())
+
+
+def _isas(groups: Sequence[ProcessorGroup], isa: Mapping[str, str] | None) -> dict[str, str]:
+    isa = dict(isa or {})
+    unknown = set(isa) - {g.name for g in groups}
+    if unknown:
+        raise PlannerError(f"instruction sets given for unknown groups {sorted(unknown)}")
+    out = {}
+    for g in groups:
+        out[g.name] = "opencl" if g.kind == "gpu" else isa.get(g.name, default_isa(g))
+        if g.kind == "cpu" and out[g.name] not in ISAS:
+            raise PlannerError(
+                f"group {g.name!r}: unknown instruction set {out[g.name]!r} (choose from "
+                f"{', '.join(ISAS)})"
+            )
+    return out
+
+
+def layer_shapes(mod: tvm.IRModule) -> list[LayerShape]:
+    """The GEMM shape (Pipe-it Eq. 4) of every layer of ``main`` (:func:`layer_starts`).
+
+    A convolution is ``N`` = output pixels, ``K`` = kernel height x width x input channels per
+    group, ``M`` = output channels; a matrix product is ``N`` = rows, ``K`` = the reduced extent,
+    ``M`` = columns. A layer without a major operator (elementwise ops before the first one) is
+    an ``other`` layer of its output's size.
+    """
+    func = mod["main"]
+    bindings = func.body.blocks[0].bindings
+    starts = layer_starts(func)
+    out = []
+    for i, start in enumerate(starts):
+        b = bindings[start]
+        name = op_name(b.value)
+        shape = [int(d) for d in b.var.ty.shape] if hasattr(b.var.ty, "shape") else [1]
+        if name in MAJOR_OPS and name.startswith("relax.nn.conv"):
+            w = [int(d) for d in b.value.args[1].ty.shape]
+            out.append(
+                LayerShape(
+                    f"{i}:{b.var.name}",
+                    "depthwise_conv2d"
+                    if w[1] == 1 and shape[1] > 1 and w[0] == shape[1]
+                    else "conv2d",
+                    max(1, shape[2] * shape[3]),
+                    max(1, w[1] * w[2] * w[3]),
+                    max(1, shape[1]),
+                )
+            )
+        elif name in MAJOR_OPS:
+            a = [int(d) for d in b.value.args[0].ty.shape]
+            out.append(
+                LayerShape(
+                    f"{i}:{b.var.name}",
+                    "dense",
+                    max(1, int(np.prod(a[:-1]))),
+                    max(1, a[-1]),
+                    max(1, shape[-1]),
+                )
+            )
+        else:
+            out.append(LayerShape(f"{i}:{b.var.name}", "other", max(1, int(np.prod(shape))), 1, 1))
+    return out
+
+
+def layer_records(table: LatencyTable, layers: Sequence[LayerShape]) -> list[PipeRecord]:
+    """Every measured entry of ``table`` as a :class:`PipeRecord` (to fit a Pipe-it model)."""
+    if len(layers) != table.n_layers:
+        raise PlannerError(f"{len(layers)} layer shapes for a table of {table.n_layers} layers")
+    records = []
+    for group, cores in table.keys():
+        values = table[(group, cores)]
+        for layer, ms in zip(layers, values, strict=True):
+            if ms > 0:
+                records.append(PipeRecord(layer, group, cores, float(ms)))
+    return records
+
+
+def pin_thread_pool(cores: Sequence[int]) -> None:
+    """Pin the calling thread to ``cores`` and give its TVM CPU thread pool one worker per
+    core there (TVM's pool belongs to the thread that launches kernels)."""
+    cores = [int(c) for c in cores]
+    if hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, cores)
+    # -2: one worker per listed core (kSpecifyOneCorePerThread)
+    tvm.get_global_func("runtime.config_threadpool")(-2, len(cores), [str(c) for c in cores])
+
+
+def _device(kind: str):
+    return tvm.opencl(0) if kind == "gpu" else tvm.cpu(0)
+
+
+def _compile(mod: tvm.IRModule, target: tvm.target.Target, path: Path, what: str) -> None:
+    kind = "opencl" if target.kind.name == "opencl" else "cpu"
+    if kind == "opencl":
+        runtime.load()
+    with runtime.build_errors(what, kind):
+        ex = tvm.compile(mod, target=target, relax_pipeline=single_device_pipeline(target))
+        ex.export_library(str(path))
+
+
+def _stage_module(staged: tvm.IRModule, names: Sequence[str], main: str | None = None):
+    """The Relax functions ``names`` of ``staged`` (``main`` renamed to ``main``) with the TIR
+    functions they call (the ONNX frontend emits some ops, e.g. Clip, as ``call_tir``)."""
+    funcs = {
+        gv: f
+        for gv, f in staged.functions.items()
+        if isinstance(f, tvm.tirx.PrimFunc) or gv.name_hint in (*names, main)
+    }
+    if main is not None:
+        gv = staged.get_global_var(main)
+        funcs[tvm.ir.GlobalVar("main")] = funcs.pop(gv).with_attr("global_symbol", "main")
+    mod = tvm.IRModule(funcs)
+    entries = ["main"] if main is not None else list(names)
+    return relax.transform.DeadCodeElimination(entries)(mod)
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def is_pipeline(path: str | Path) -> bool:
+    """Whether ``path`` is a pipeline artifact directory."""
+    return (Path(path) / PIPELINE_MANIFEST).is_file()
+
+
+def build_pipeline(
+    model: OnnxModel,
+    plan: PipelinePlan,
+    groups: Sequence[ProcessorGroup],
+    out: str | Path,
+    *,
+    isa: Mapping[str, str] | None = None,
+    force: bool = False,
+    extra: Mapping[str, Any] | None = None,
+) -> Path:
+    """Build ``model`` as ``plan``'s stages and write the pipeline artifact ``out``.
+
+    Parameters
+    ----------
+    model
+        The imported model.
+    plan
+        The stages (layers are :func:`layer_starts`'s layers of ``model.mod``'s ``main``).
+    groups
+        The processor groups the plan names.
+    out
+        The artifact directory; an existing one is replaced only with ``force`` and only when
+        it is a pipeline artifact.
+    isa
+        Instruction set per CPU group name (default: :func:`default_isa`).
+    extra
+        More fields for the manifest (e.g. how the latencies were obtained).
+
+    Raises
+    ------
+    PlannerError
+        A plan that does not cover the model's layers or names unknown groups.
+    ArtifactError
+        ``out`` exists and is not a pipeline artifact, or exists without ``force``.
+    BuildError
+        A stage failed to build.
+    """
+    out = Path(out)
+    if out.exists():
+        if not force:
+            raise ArtifactError(f"{out} exists (pass --force to replace it)")
+        if not is_pipeline(out):
+            raise ArtifactError(f"{out} exists and is not a pipeline artifact: not replacing it")
+    by_name = {g.name: g for g in groups}
+    isas = _isas(groups, isa)
+    starts = layer_starts(model.mod["main"])
+    if not plan.stages or plan.stages[-1].stop_layer != len(starts):
+        raise PlannerError(
+            f"the plan covers {plan.stages[-1].stop_layer if plan.stages else 0} layers; "
+            f"{model.path} has {len(starts)}"
+        )
+    for s in plan.stages:
+        if s.group not in by_name:
+            raise PlannerError(f"the plan names group {s.group!r}, not among {sorted(by_name)}")
+    cuts = [starts[s.first_layer] for s in plan.stages[1:]]
+    staged = cut_stages(model.mod, cuts)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    stage_dir = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        stages = []
+        files = {}
+        for k, s in enumerate(plan.stages):
+            group = by_name[s.group]
+            lib = f"{stage_name(k)}.so"
+            _compile(
+                _stage_module(staged, [], stage_name(k)),
+                group_target(group, isas[s.group] if group.kind == "cpu" else None),
+                stage_dir / lib,
+                f"{model.path} ({stage_name(k)} on {s.group})",
+            )
+            files[lib] = _sha256(stage_dir / lib)
+            stages.append(
+                {
+                    "library": lib,
+                    "group": s.group,
+                    "kind": group.kind,
+                    "isa": isas[s.group],
+                    "cores": list(s.cores),
+                    "core_count": s.core_count,
+                    "layers": [s.first_layer, s.stop_layer],
+                    "predicted_ms": s.latency_ms,
+                }
+            )
+        manifest = {
+            "format": PIPELINE_FORMAT,
+            "version": PIPELINE_VERSION,
+            "model": {
+                "file": str(model.path),
+                "inputs": [_spec(t) for t in model.inputs],
+                "outputs": [_spec(t) for t in model.outputs],
+            },
+            "groups": [
+                {"name": g.name, "kind": g.kind, "cores": list(g.cores), "isa": isas[g.name]}
+                for g in groups
+            ],
+            "plan": plan.to_json() | {"describe": plan.describe()},
+            "stages": stages,
+            "files": files,
+            **dict(extra or {}),
+        }
+        (stage_dir / PIPELINE_MANIFEST).write_text(json.dumps(manifest, indent=2))
+        if out.exists():
+            shutil.rmtree(out)
+        stage_dir.rename(out)
+    except BaseException:
+        shutil.rmtree(stage_dir, ignore_errors=True)
+        raise
+    return out
+
+
+def _spec(t: TensorSpec) -> dict:
+    return {"name": t.name, "shape": list(t.shape), "dtype": t.dtype}
+
+
+@dataclass
+class _LoadedStage:
+    index: int
+    group: str
+    kind: str
+    cores: tuple[int, ...]
+    vm: Any
+    device: Any
+
+
+class Pipeline:
+    """A loaded pipeline artifact: ``pipeline(inputs)`` runs one inference stage after stage;
+    :meth:`stream` runs a stream of frames with one thread per stage.
+
+    Made by :func:`load_pipeline`.
+    """
+
+    def __init__(self, path: Path, manifest: dict, stages: list[_LoadedStage]) -> None:
+        self.path = path
+        self.manifest = manifest
+        self._stages = stages
+        m = manifest["model"]
+        self.inputs = tuple(
+            TensorSpec(s["name"], tuple(s["shape"]), s["dtype"]) for s in m["inputs"]
+        )
+        self.outputs = tuple(
+            TensorSpec(s["name"], tuple(s["shape"]), s["dtype"]) for s in m["outputs"]
+        )
+
+    @property
+    def model(self) -> Any:
+        """Input/output specs in the shape :mod:`codl_tvm.frontend`'s helpers expect."""
+        return SimpleNamespace(
+            path=self.manifest["model"]["file"], inputs=self.inputs, outputs=self.outputs
+        )
+
+    def describe(self) -> str:
+        """The stages on one line: ``big4[0:35] - little2[35:44] - gpu1[44:54]``."""
+        return self.manifest["plan"]["describe"]
+
+    def _stage_fn(self, k: int) -> Callable[[Any], Any]:
+        stage = self._stages[k]
+        last = k == len(self._stages) - 1
+        fn = stage.vm["main"]
+        dev = stage.device
+
+        def run(args: Sequence[Any]) -> Any:
+            placed = [
+                a
+                if isinstance(a, tvm.runtime.Tensor) and a.device == dev
+                else tvm.runtime.tensor(np.asarray(a.numpy() if hasattr(a, "numpy") else a), dev)
+                for a in args
+            ]
+            result = fn(*placed)
+            if last:
+                return _flatten(result)
+            return list(result)
+
+        return run
+
+    def _frame_args(self, frame: Any) -> list[np.ndarray]:
+        if isinstance(frame, Mapping):
+            return [np.asarray(frame[s.name]) for s in self.inputs]
+        if isinstance(frame, np.ndarray):
+            return [frame]
+        return [np.asarray(a) for a in frame]
+
+    def _check_frame(self, args: Sequence[np.ndarray], where: str) -> None:
+        if len(args) != len(self.inputs):
+            raise ModelError(f"{where}: {len(args)} inputs, the model takes {len(self.inputs)}")
+        for a, s in zip(args, self.inputs, strict=True):
+            if tuple(a.shape) != s.shape or str(a.dtype) != s.dtype:
+                raise ModelError(
+                    f"{where}: input {s.name!r} has shape {tuple(a.shape)} {a.dtype}, the model "
+                    f"takes {s.shape} {s.dtype}"
+                )
+
+    def __call__(self, inputs: Sequence[np.ndarray] | Mapping[str, np.ndarray]) -> list[np.ndarray]:
+        """One inference: the stages in turn in this thread; numpy outputs in graph order."""
+        args: Any = self._frame_args(inputs)
+        self._check_frame(args, "inputs")
+        for k in range(len(self._stages)):
+            args = self._stage_fn(k)(args)
+        return args
+
+    def stream_stages(self, pin: bool = True) -> list[StreamStage]:
+        """The stages as :class:`~codl_tvm.stream.StreamStage`: CPU stages pinned to their
+        cores with TVM's thread pool there; a GPU stage's thread on its group's host cores."""
+        out = []
+        for k, s in enumerate(self._stages):
+            cores = s.cores if pin and s.cores else None
+            setup = None
+            if pin and s.kind == "cpu" and s.cores:
+                setup = _pool_setup(s.cores)
+            out.append(StreamStage(self._stage_fn(k), f"{stage_name(k)}:{s.group}", cores, setup))
+        return out
+
+    def stream(
+        self,
+        frames: Iterable[Any],
+        *,
+        queue_size: int = 2,
+        timeline: bool = False,
+        pin: bool = True,
+    ) -> Stream:
+        """Stream ``frames`` (each the model's inputs: a list in graph order, a ``{name:
+        array}`` mapping, or one array for a one-input model) through the stages; iterate the
+        result for the outputs in order, then ask it for :meth:`~codl_tvm.stream.Stream.stats`.
+
+        Raises
+        ------
+        ModelError
+            An empty stream, or a frame whose inputs differ from the model's (frames given as
+            a sequence are all checked before the first runs).
+        PlannerError
+            A stage pinned to cores this process cannot use.
+        """
+        if isinstance(frames, Sequence) and not isinstance(frames, str | bytes):
+            frames = [self._frame_args(f) for f in frames]
+            for i, f in enumerate(frames):
+                self._check_frame(f, f"stream frame {i}")
+        else:
+            frames = (self._frame_args(f) for f in frames)
+        return run_stream(
+            self.stream_stages(pin),
+            frames,
+            queue_size=queue_size,
+            input_shape=tuple(s.shape for s in self.inputs),
+            timeline=timeline,
+        )
+
+
+def _pool_setup(cores: Sequence[int]) -> Callable[[], None]:
+    def setup() -> None:
+        pin_thread_pool(cores)
+
+    return setup
+
+
+def load_pipeline(path: str | Path, available: Iterable[int] | None = None) -> Pipeline:
+    """Load a pipeline artifact and check its groups against this machine's cores.
+
+    Raises
+    ------
+    ArtifactError
+        Not a pipeline artifact, another version, or a file missing or altered.
+    PlannerError
+        A group names cores this machine (this process) does not have.
+    """
+    path = Path(path)
+    mpath = path / PIPELINE_MANIFEST
+    try:
+        manifest = json.loads(mpath.read_text())
+    except (OSError, ValueError) as exc:
+        raise ArtifactError(f"{mpath}: unreadable ({exc})") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != PIPELINE_FORMAT:
+        raise ArtifactError(f"{mpath}: not a codl-tvm pipeline manifest")
+    if manifest.get("version") != PIPELINE_VERSION:
+        raise ArtifactError(
+            f"{mpath}: pipeline format version {manifest.get('version')!r}; this codl-tvm reads "
+            f"version {PIPELINE_VERSION}"
+        )
+    check_groups(
+        [ProcessorGroup(g["name"], g["kind"], tuple(g["cores"])) for g in manifest["groups"]],
+        available,
+    )
+    for name, digest in manifest["files"].items():
+        f = path / name
+        if not f.is_file():
+            raise ArtifactError(f"{path}: {name} is missing")
+        if _sha256(f) != digest:
+            raise ArtifactError(f"{path}: {name} does not match its SHA-256 in {PIPELINE_MANIFEST}")
+    stages = []
+    for k, s in enumerate(manifest["stages"]):
+        if s["kind"] == "gpu":
+            runtime.load()
+        dev = _device(s["kind"])
+        lib = tvm.runtime.load_module(str(path / s["library"]))
+        stages.append(
+            _LoadedStage(k, s["group"], s["kind"], tuple(s["cores"]), VirtualMachine(lib, dev), dev)
+        )
+    return Pipeline(path, manifest, stages)
+
+
+def _time_in_thread(fn: Callable[[], Any], cores: Sequence[int] | None) -> Any:
+    """Run ``fn`` in a new thread (pinned with its own TVM pool on ``cores``) and return its
+    result: a thread's affinity and pool are its own, so the caller's stay as they were."""
+    box: dict[str, Any] = {}
+
+    def body() -> None:
+        try:
+            if cores:
+                pin_thread_pool(cores)
+            box["value"] = fn()
+        except BaseException as e:  # re-raised in the caller
+            box["error"] = e
+
+    t = threading.Thread(target=body, name="codl-profile-layers")
+    t.start()
+    t.join()
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def profile_layers(
+    model: OnnxModel,
+    groups: Sequence[ProcessorGroup],
+    *,
+    isa: Mapping[str, str] | None = None,
+    core_counts: Mapping[str, Sequence[int]] | None = None,
+    number: int = 3,
+    repeat: int = 3,
+    work_dir: str | Path | None = None,
+) -> LatencyTable:
+    """Measure Pipe-it's time matrix on this machine: ms of every layer on every (group, cores).
+
+    Each group gets one library with one function per layer (``main`` cut at every layer); a
+    layer runs on the outputs of the layers before it (computed once on the host), timed by
+    ``time_evaluator`` (median of ``repeat`` means of ``number`` runs) in a thread pinned to the
+    group's first ``c`` cores with ``c`` TVM workers.
+
+    Parameters
+    ----------
+    core_counts
+        Per CPU group, the core counts to measure (default: 1 to all of its cores). The search
+        needs every count from 1 to the group's size.
+    """
+    groups = check_groups(groups)
+    isas = _isas(groups, isa)
+    func = model.mod["main"]
+    starts = layer_starts(func)
+    staged = cut_stages(model.mod, starts[1:])
+    n = len(starts)
+    work = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="codl-profile-"))
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        # every layer's inputs, from the host build of the staged module
+        layer_mod = _stage_module(staged, [stage_name(k) for k in range(n)])
+        host = ProcessorGroup("host", "cpu", (0,))
+        _compile(layer_mod, group_target(host, "host"), work / "host.so", f"{model.path} (layers)")
+        vm = VirtualMachine(tvm.runtime.load_module(str(work / "host.so")), tvm.cpu(0))
+        rng = np.random.default_rng(0)
+        args: list[np.ndarray] = [
+            rng.standard_normal(t.shape).astype(t.dtype) for t in model.inputs
+        ]
+        layer_inputs = []
+        for k in range(n):
+            layer_inputs.append(args)
+            res = vm[stage_name(k)](*(tvm.runtime.tensor(a) for a in args))
+            args = [r.numpy() for r in res] if k < n - 1 else []
+        table: dict[tuple[str, int], np.ndarray] = {}
+        for g in groups:
+            lib = work / f"{g.name}.so"
+            _compile(
+                layer_mod,
+                group_target(g, isas[g.name] if g.kind == "cpu" else None),
+                lib,
+                f"{model.path} (layers on {g.name})",
+            )
+            dev = _device(g.kind)
+            counts = (
+                [1]
+                if g.kind == "gpu"
+                else list((core_counts or {}).get(g.name, range(1, len(g.cores) + 1)))
+            )
+
+            def measure(lib: Path = lib, dev: Any = dev) -> np.ndarray:
+                gvm = VirtualMachine(tvm.runtime.load_module(str(lib)), dev)
+                ms = np.zeros(n)
+                for k in range(n):
+                    placed = [tvm.runtime.tensor(a, dev) for a in layer_inputs[k]]
+                    gvm[stage_name(k)](*placed)  # warm-up (OpenCL compiles kernels here)
+                    timer = gvm.time_evaluator(stage_name(k), dev, number=number, repeat=repeat)
+                    ms[k] = float(np.median(timer(*placed).results)) * 1e3
+                return ms
+
+            for c in counts:
+                cores = list(g.cores[:c]) if g.kind == "cpu" else list(g.cores)
+                table[(g.name, c)] = _time_in_thread(measure, cores)
+    finally:
+        if not work_dir:
+            shutil.rmtree(work, ignore_errors=True)
+    return LatencyTable(table, [s.name for s in layer_shapes(model.mod)])
