@@ -18,7 +18,9 @@ from codl_tvm.cost_model import (
     CodlModel,
     FlopsModel,
     OpRecord,
+    Partition,
     load_model,
+    part_shape,
     save_dataset,
 )
 from codl_tvm.cost_model.assessment import (
@@ -31,7 +33,9 @@ from codl_tvm.cost_model.assessment import (
     repeatability,
     slice_labels,
 )
+from codl_tvm.cost_model.decisions import decide, format_decisions
 from codl_tvm.cost_model.evaluate import accuracy, training_split
+from codl_tvm.cost_model.measured import MeasuredModel
 from codl_tvm.errors import CodlError
 from tests.test_cost_model import CFG, run_cli, synth_records
 
@@ -172,3 +176,82 @@ def test_fit_refuses_datasets_of_another_device_or_protocol(tmp_path):
     save_dataset(recs, d)
     assert run_cli(["cost-model", "fit", str(a), str(d), "-o", out, "--preset", "mobile"]) == 0
     assert load_model(out).meta["n_train"] > 0
+
+
+def decision_records() -> list:
+    """Two benchmark models of two conv operators each, measured whole and split at H:0.5 and
+    OC:0.5 on both processors (Eq. 3 latencies, so the best split is what a model predicts)."""
+    rng = np.random.default_rng(9)
+    out = []
+    for i in range(4):
+        params = synth_records(rng, 1, "direct")[0].params
+        name = f"{('mA', 'mB')[i % 2]}/conv_{i}"
+        for part in (
+            Partition("none", 0.0),
+            Partition("none", 1.0),
+            Partition("H", 0.5),
+            Partition("OC", 0.5),
+        ):
+            for proc in ("cpu", "gpu"):
+                if part.dim == "none" and (part.ratio == 1.0) != (proc == "gpu"):
+                    continue
+                shape = part_shape(params, part, proc)
+                gpu_fast = 0.25 if proc == "gpu" else 1.0
+                lat = gpu_fast * (0.01 + 1e-9 * 2 * shape.out_h * shape.out_w * shape.oc * shape.ic)
+                out.append(OpRecord(params, part, proc, "direct", lat, 5, name=name))
+    return out
+
+
+@pytest.mark.filterwarnings("ignore:measured cost model has no data-sharing")
+def test_decisions_against_the_oracle(tmp_path, capsys):
+    recs = decision_records()
+    oracle = MeasuredModel().fit(recs)
+    # the oracle picks its own best: every pick right, no loss
+    report = decide(oracle, oracle, recs)
+    assert len(report.ops) == 4 and report.within == 1.0
+    assert all(s["loss"] == 0.0 for s in report.per_model().values())
+
+    # a model that thinks the GPU is 100x slower runs everything on the CPU
+    slow_gpu = oracle.scaled(cpu=1.0, gpu=100.0)
+    report = decide(slow_gpu, oracle, recs)
+    assert all(d.picked == Partition("none", 0.0) for d in report.ops)
+    for d in report.ops:
+        cands = [
+            c.total_ms
+            for c in oracle.predict_coexec_many(
+                next(r.params for r in recs if r.name == f"{d.model}/{d.name}"),
+                [
+                    Partition("none", 0.0),
+                    Partition("none", 1.0),
+                    Partition("H", 0.5),
+                    Partition("OC", 0.5),
+                ],
+                "direct",
+            )
+        ]
+        assert d.best_ms == pytest.approx(min(cands)) and d.picked_ms == pytest.approx(cands[0])
+    m = report.per_model()["mA"]
+    ds = [d for d in report.ops if d.model == "mA"]
+    assert m["loss"] == pytest.approx(sum(d.picked_ms for d in ds) / sum(d.best_ms for d in ds) - 1)
+    assert report.within < 1.0 and "worst picks" in format_decisions(report)
+
+    # the command: model, oracle, dataset; a non-oracle oracle is refused
+    data = tmp_path / "d.jsonl"
+    save_dataset(recs, data)
+    oracle_path = tmp_path / "oracle.json"
+    oracle.save(oracle_path)
+    assert (
+        run_cli(
+            ["cost-model", "decisions", str(oracle_path), str(oracle_path), str(data), "--json"]
+        )
+        == 0
+    )
+    assert json.loads(capsys.readouterr().out)["within"] == 1.0
+    codl = tmp_path / "codl.json"
+    CodlModel(CFG).fit(recs).save(codl)
+    with pytest.raises(CodlError, match="the oracle is a measured model"):
+        run_cli(["cost-model", "decisions", str(codl), str(codl), str(data)])
+    unnamed = tmp_path / "u.jsonl"
+    save_dataset([dataclasses.replace(r, name=None) for r in recs], unnamed)
+    with pytest.raises(CodlError, match="no records of benchmark models"):
+        run_cli(["cost-model", "decisions", str(codl), str(oracle_path), str(unnamed)])

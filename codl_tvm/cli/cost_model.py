@@ -1,10 +1,12 @@
-"""``codl-tvm cost-model fit`` and ``codl-tvm cost-model eval``.
+"""``codl-tvm cost-model fit``, ``eval`` and ``decisions``.
 
 ::
 
     codl-tvm cost-model fit DATA.jsonl -o MODEL.json [--kind codl|gbdt|flops|measured]
         [--holdout 0.3] [--seed 0] [--preset NAME] [--trees N] [--drop-inconsistent 3]
     codl-tvm cost-model eval MODEL.json DATA.jsonl [--json] [--plot OUT.png] [--all] [--no-lomo]
+    codl-tvm cost-model decisions MODEL.json ORACLE.json DATA.jsonl [--lomo] [--tolerance 0.05]
+        [--json]
 
 ``eval`` prints the model's held-out report and the full assessment
 (:mod:`codl_tvm.cost_model.assessment`: random split and leave-one-model-out, per processor,
@@ -20,6 +22,7 @@ import json
 from codl_tvm.cost_model.assessment import assess, format_assessment
 from codl_tvm.cost_model.base import CostModel
 from codl_tvm.cost_model.dataset import Dataset, OpRecord
+from codl_tvm.cost_model.decisions import decide, format_decisions
 from codl_tvm.cost_model.evaluate import (
     drop_groups,
     evaluate,
@@ -32,8 +35,9 @@ from codl_tvm.cost_model.evaluate import (
     training_split,
 )
 from codl_tvm.cost_model.gbdt import GbdtConfig
+from codl_tvm.errors import CliError
 
-__all__ = ["cmd_eval", "cmd_fit", "register"]
+__all__ = ["cmd_decisions", "cmd_eval", "cmd_fit", "register"]
 
 
 def _names(paths) -> str:
@@ -98,7 +102,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     report = evaluate(model, records, split)
     # The full assessment refits the model's recipe on folds of its own dataset; on a dataset
     # the model was not fitted on (--all) only the plain report means something.
-    full = None if args.all else assess(model, data.records, _names(args.data), not args.no_lomo)
+    full = None
+    if not args.all and model.kind != "measured":  # a lookup table is not refitted on folds
+        full = assess(model, data.records, _names(args.data), not args.no_lomo)
     if args.json:
         out = report.to_json()
         if full is not None:
@@ -115,8 +121,33 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_decisions(args: argparse.Namespace) -> int:
+    """Score the splits a cost model picks for the benchmark models' operators against the
+    oracle's measurements."""
+    if not 0.0 <= args.tolerance < 1.0:
+        raise CliError(f"--tolerance {args.tolerance!r}: must be in [0, 1)")
+    model = CostModel.load(args.model)
+    if args.lomo and model.kind == "measured":
+        raise CliError(
+            f"--lomo: {args.model} is a lookup table of measurements; it cannot be refitted"
+        )
+    oracle = CostModel.load(args.oracle)
+    if oracle.kind != "measured":
+        raise CliError(
+            f"{args.oracle} holds a {oracle.kind!r} model; the oracle is a measured model "
+            "(`codl-tvm cost-model fit DATA --kind measured --holdout 0`)"
+        )
+    data = load_datasets(args.data)
+    report = decide(model, oracle, data.records, args.tolerance, args.lomo)
+    if args.json:
+        print(json.dumps(report.to_json(), indent=2))
+    else:
+        print(format_decisions(report))
+    return 0
+
+
 def register(sub: argparse._SubParsersAction) -> None:
-    """Add ``cost-model fit`` and ``cost-model eval`` to the ``codl-tvm`` subcommands."""
+    """Add ``cost-model fit``, ``eval`` and ``decisions`` to the ``codl-tvm`` subcommands."""
     p = sub.add_parser("cost-model", help="fit and evaluate latency cost models")
     group = p.add_subparsers(dest="cost_model_command", required=True)
 
@@ -181,3 +212,30 @@ def register(sub: argparse._SubParsersAction) -> None:
         "the records)",
     )
     e.set_defaults(func=cmd_eval)
+
+    d = group.add_parser(
+        "decisions",
+        help="the splits a cost model picks for the benchmark models' operators, against the "
+        "measured best",
+    )
+    d.add_argument("model", help="model file (.json)")
+    d.add_argument(
+        "oracle", help="the measured model of the same measurements (`fit --kind measured`)"
+    )
+    d.add_argument(
+        "data", nargs="+", help="datasets (.jsonl) whose MODEL/OPERATOR records are the operators"
+    )
+    d.add_argument(
+        "--tolerance",
+        type=float,
+        default=0.05,
+        help="a pick within this fraction of the measured best counts as right (default 0.05)",
+    )
+    d.add_argument(
+        "--lomo",
+        action="store_true",
+        help="refit the model's recipe without each benchmark model before it picks that "
+        "model's splits",
+    )
+    d.add_argument("--json", action="store_true", help="print the report as JSON")
+    d.set_defaults(func=cmd_decisions)

@@ -1,0 +1,223 @@
+"""How good the splits a cost model picks are, against measurements (``cost-model decisions``).
+
+For every partitionable operator of the benchmark models in a dataset (records named
+``MODEL/OPERATOR``), the candidates are the partitions measured for it on both processors (each
+(dim, ratio) whose CPU and GPU parts were profiled) plus the whole operator on either processor.
+The cost model picks the candidate with the least predicted co-execution latency (CoDL's Eq. 2,
+:meth:`~codl_tvm.cost_model.CostModel.predict_coexec_many`); the oracle (a
+:class:`~codl_tvm.cost_model.measured.MeasuredModel` fitted on the same measurements) gives every
+candidate's measured latency by the same Eq. 2. Reported: the share of operators whose pick
+measures within ``tolerance`` (5%) of the measured best, and per benchmark model the loss of the
+picks, ``sum(measured pick) / sum(measured best) - 1`` over its operators (chains and the
+operators outside the plan left out: this scores the per-operator choice only).
+
+With ``lomo`` the model's recipe is refitted without each benchmark model's records before it
+picks that model's splits (the model never saw the operators it decides), as for the
+leave-one-model-out accuracy.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from codl_tvm.cost_model.assessment import model_of, refit_like
+from codl_tvm.cost_model.base import CostModel
+from codl_tvm.cost_model.dataset import DatasetError, OpRecord
+from codl_tvm.cost_model.evaluate import training_split
+from codl_tvm.cost_model.features import PROCESSORS, OpParams, Partition
+
+__all__ = ["DecisionReport", "OpDecision", "decide", "format_decisions"]
+
+
+@dataclass(frozen=True)
+class OpDecision:
+    """One operator: the model's pick and the measured best, with their measured latencies."""
+
+    model: str
+    name: str
+    picked: Partition
+    best: Partition
+    picked_ms: float
+    best_ms: float
+    candidates: int
+
+    @property
+    def loss(self) -> float:
+        """Measured latency of the pick over the best, minus 1."""
+        return self.picked_ms / self.best_ms - 1.0
+
+
+@dataclass
+class DecisionReport:
+    """Per operator decisions and their summary (see the module docstring)."""
+
+    tolerance: float
+    ops: list[OpDecision]
+    skipped: list[str]
+    lomo: bool
+
+    @property
+    def within(self) -> float:
+        """Share of operators whose pick measures within ``tolerance`` of the best."""
+        if not self.ops:
+            return float("nan")
+        return float(np.mean([d.loss <= self.tolerance + 1e-12 for d in self.ops]))
+
+    def per_model(self) -> dict[str, dict[str, float]]:
+        out = {}
+        for name in sorted({d.model for d in self.ops}):
+            ds = [d for d in self.ops if d.model == name]
+            picked = sum(d.picked_ms for d in ds)
+            best = sum(d.best_ms for d in ds)
+            out[name] = {
+                "ops": len(ds),
+                "within": float(np.mean([d.loss <= self.tolerance + 1e-12 for d in ds])),
+                "picked_ms": picked,
+                "best_ms": best,
+                "loss": picked / best - 1.0,
+            }
+        return out
+
+    def to_json(self) -> dict:
+        return {
+            "tolerance": self.tolerance,
+            "lomo": self.lomo,
+            "ops": len(self.ops),
+            "within": self.within,
+            "models": self.per_model(),
+            "skipped": self.skipped,
+            "decisions": [
+                {
+                    "model": d.model,
+                    "name": d.name,
+                    "picked": d.picked.to_json(),
+                    "best": d.best.to_json(),
+                    "picked_ms": d.picked_ms,
+                    "best_ms": d.best_ms,
+                    "candidates": d.candidates,
+                }
+                for d in self.ops
+            ],
+        }
+
+
+def _candidates(recs: Sequence[OpRecord]) -> list[Partition]:
+    seen: dict[tuple[str, float], set[str]] = {}
+    for r in recs:
+        seen.setdefault((r.partition.dim, r.partition.ratio), set()).add(r.processor)
+    out = [Partition("none", 0.0), Partition("none", 1.0)]
+    for (dim, ratio), procs in sorted(seen.items()):
+        if dim != "none" and set(PROCESSORS) <= procs:
+            out.append(Partition(dim, ratio))
+    return out
+
+
+def _impls(recs: Sequence[OpRecord]) -> dict[str, str]:
+    out = {}
+    for proc in PROCESSORS:
+        names = Counter(r.impl for r in recs if r.processor == proc)
+        if names:
+            out[proc] = names.most_common(1)[0][0]
+    return out
+
+
+def _coexec_ms(model: CostModel, params: OpParams, parts: list[Partition], impl) -> np.ndarray:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # fallbacks and unmeasured parts are the point here
+        return np.array([c.total_ms for c in model.predict_coexec_many(params, parts, impl)])
+
+
+def decide(
+    model: CostModel,
+    oracle: CostModel,
+    records: Sequence,
+    tolerance: float = 0.05,
+    lomo: bool = False,
+) -> DecisionReport:
+    """Score the splits ``model`` picks against ``oracle``'s measurements (module docstring)."""
+    if not 0.0 <= tolerance < 1.0:
+        raise ValueError(f"tolerance must be in [0, 1), got {tolerance!r}")
+    records = list(records)
+    by_op: dict[tuple[str, str], list[OpRecord]] = {}
+    for r in records:
+        if isinstance(r, OpRecord) and model_of(r) is not None:
+            by_op.setdefault((model_of(r), r.name.split("/", 1)[1]), []).append(r)
+    if not by_op:
+        raise DatasetError(
+            "no records of benchmark models (named MODEL/OPERATOR) to take decisions on"
+        )
+    pickers: dict[str, CostModel] = {}
+    if lomo:
+        drop = float(model.meta.get("drop_inconsistent", 3.0))
+        for name in sorted({m for m, _ in by_op}):
+            rest = [r for r in records if not (isinstance(r, OpRecord) and model_of(r) == name)]
+            rest, _, _ = training_split(rest, 0.0, 0, drop)
+            pickers[name] = refit_like(model, rest)
+    ops, skipped = [], []
+    for (bench, name), recs in sorted(by_op.items()):
+        params = recs[0].params
+        impl = _impls(recs)
+        parts = _candidates(recs)
+        if len(impl) < len(PROCESSORS) or len(parts) < 3:
+            skipped.append(f"{bench}/{name}: not measured whole on both processors and split")
+            continue
+        measured = _coexec_ms(oracle, params, parts, impl)
+        ok = np.isfinite(measured)
+        if ok.sum() < 2:
+            skipped.append(f"{bench}/{name}: the oracle covers {int(ok.sum())} of its candidates")
+            continue
+        parts = [p for p, good in zip(parts, ok) if good]
+        measured = measured[ok]
+        predicted = _coexec_ms(pickers.get(bench, model), params, parts, impl)
+        pick, best = int(np.argmin(predicted)), int(np.argmin(measured))
+        ops.append(
+            OpDecision(
+                bench,
+                name,
+                parts[pick],
+                parts[best],
+                float(measured[pick]),
+                float(measured[best]),
+                len(parts),
+            )
+        )
+    return DecisionReport(tolerance, ops, skipped, lomo)
+
+
+def _part(p: Partition) -> str:
+    if p.dim == "none":
+        return "gpu" if p.ratio >= 1.0 else "cpu"
+    return f"{p.dim}:{p.ratio:g}"
+
+
+def format_decisions(report: DecisionReport, worst: int = 10) -> str:
+    """The decisions as text: the summary, per benchmark model, the worst picks."""
+    tol = f"{100 * report.tolerance:g}%"
+    how = " (each model's splits picked by the recipe refitted without it)" if report.lomo else ""
+    lines = [
+        f"split decisions{how}: {len(report.ops)} operators, {100 * report.within:.1f}% of picks "
+        f"measure within {tol} of the measured best",
+        f"  {'model':<16} {'ops':>4} {'within':>7} {'picked ms':>10} {'best ms':>9} {'loss':>7}",
+    ]
+    for name, s in report.per_model().items():
+        lines.append(
+            f"  {name:<16} {s['ops']:4d} {100 * s['within']:6.1f}% {s['picked_ms']:10.3f} "
+            f"{s['best_ms']:9.3f} {100 * s['loss']:6.1f}%"
+        )
+    bad = sorted(report.ops, key=lambda d: -d.loss)[:worst]
+    bad = [d for d in bad if d.loss > report.tolerance and math.isfinite(d.loss)]
+    if bad:
+        lines.append("worst picks (operator: picked -> best, measured loss):")
+        lines += [
+            f"  {d.model}/{d.name}: {_part(d.picked)} -> {_part(d.best)}, +{100 * d.loss:.1f}%"
+            for d in bad
+        ]
+    if report.skipped:
+        lines.append(f"{len(report.skipped)} operators skipped, e.g. {report.skipped[0]}")
+    return "\n".join(lines)
