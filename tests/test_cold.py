@@ -18,8 +18,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from codl_tvm import runtime
 from codl_tvm.artifact import compile_artifact
-from codl_tvm.artifact.program_binaries import BINARIES, INDEX
+from codl_tvm.artifact.program_binaries import BINARIES, INDEX, device_key, device_key_of, embed
 from codl_tvm.coldstart import artifact_files, evict, resident_fraction
 from codl_tvm.models import bundled_model_path
 
@@ -97,11 +98,12 @@ def _check_against_onnxruntime(artifact: Path, outputs: list[np.ndarray]) -> Non
 def test_embedded_binaries_skip_the_compiler_and_equal_onnxruntime(gpu_artifact, tmp_path):
     record = json.loads((gpu_artifact / "manifest.json").read_text())["program_binaries"]
     assert record == json.loads((gpu_artifact / BINARIES / INDEX).read_text())
-    assert record["kernels"] == len(list((gpu_artifact / BINARIES).glob("*.bin"))) > 0
+    (device,) = record["devices"]
+    assert device["kernels"] == len(list((gpu_artifact / BINARIES).glob("*.bin"))) > 0
     res = _cold(gpu_artifact, tmp_path, tmp_path / "empty-cache")
     stats = res["cache_stats"]
     assert res["load"]["aot"] and res["load"]["overlap"]
-    assert stats["aot_loads"] == record["kernels"]
+    assert stats["aot_loads"] == device["kernels"]
     assert stats["source_builds"] == 0 and stats["disk_hits"] == 0 and stats["aot_fallbacks"] == 0
     _check_against_onnxruntime(gpu_artifact, res["outputs"])
 
@@ -157,7 +159,8 @@ def test_rejected_binary_falls_back_to_source(tampered):
 def test_foreign_key_falls_back_to_source(tampered):
     art, res = tampered
     stats = res["cache_stats"]
-    kernels = json.loads((art / "manifest.json").read_text())["program_binaries"]["kernels"]
+    record = json.loads((art / "manifest.json").read_text())["program_binaries"]
+    kernels = record["devices"][0]["kernels"]
     # corrupt, rejected and missing kernels are each built from source, the rest loaded
     assert stats["aot_fallbacks"] == 3 and stats["source_builds"] == 3
     assert stats["aot_loads"] == kernels - 3
@@ -168,7 +171,7 @@ def test_other_device_in_manifest_compiles_from_source_with_a_note(gpu_artifact,
     art = tmp_path / "art"
     shutil.copytree(gpu_artifact, art)
     manifest = json.loads((art / "manifest.json").read_text())
-    manifest["program_binaries"]["device"]["driver_version"] = "0.0-other"
+    manifest["program_binaries"]["devices"][0]["driver_version"] = "0.0-other"
     (art / "manifest.json").write_text(json.dumps(manifest))
     res = _cold(art, tmp_path, tmp_path / "cache")
     assert res["load"]["aot"] is False and "0.0-other" in res["load"]["note"]
@@ -212,3 +215,16 @@ def test_unwritable_program_cache_warns_and_still_runs(gpu_artifact, tmp_path):
     assert "is not writable" in res["stderr"]
     assert res["cache_stats"]["disk_errors"] > 0
     _check_against_onnxruntime(gpu_artifact, res["outputs"])
+
+
+@pytest.mark.opencl
+def test_binaries_of_several_devices_share_the_folder(gpu_artifact, tmp_path):
+    art = tmp_path / "art"
+    shutil.copytree(gpu_artifact, art)
+    other = {"name": "Other GPU", "vendor": "V", "version": "OpenCL 3.0", "driver_version": "9"}
+    earlier = {"dir": BINARIES, "devices": [{**other, "kernels": 1, "nbytes": 1}]}
+    record = embed(art / "model.so", art, lambda s: None, earlier)
+    here = device_key(runtime.info().devices[0])
+    assert [device_key_of(d) for d in record["devices"]] == [other, here]
+    assert json.loads((art / BINARIES / INDEX).read_text()) == record
+    assert not [p for p in (art / BINARIES).iterdir() if p.name.startswith(".")]

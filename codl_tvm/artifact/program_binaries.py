@@ -34,7 +34,9 @@ from codl_tvm import runtime
 __all__ = [
     "BINARIES",
     "INDEX",
+    "build_threads",
     "device_key",
+    "device_key_of",
     "embed",
     "opencl_modules",
     "prepare",
@@ -76,15 +78,19 @@ def build_threads() -> int:
     return max(1, min(8, os.cpu_count() or 1))
 
 
-def embed(library: Path, out: Path, log: Callable[[str], None]) -> dict[str, Any] | None:
+def embed(
+    library: Path, out: Path, log: Callable[[str], None], record: Mapping | None = None
+) -> dict[str, Any] | None:
     """Create every OpenCL kernel's program of ``library`` on this machine's OpenCL device and
-    store the binaries in ``out/program_binaries``.
+    store the binaries in ``out/program_binaries``, beside those of the devices in ``record``
+    (an earlier return value: binaries of several devices share the folder, their names
+    differ).
 
     Returns
     -------
     dict or None
-        The manifest's record (folder, device key, kernel count, bytes), or None where the
-        library has no OpenCL kernels or the driver gives no binaries.
+        The manifest's record: the folder and, per device, its key, kernel count and bytes;
+        None where the library has no OpenCL kernels or no device gave binaries.
     """
     device = runtime.info().devices[0]
     lib = tvm.runtime.load_module(str(library))
@@ -92,27 +98,40 @@ def embed(library: Path, out: Path, log: Callable[[str], None]) -> dict[str, Any
     if not modules:
         return None
     folder = out / BINARIES
-    folder.mkdir()
-    with runtime.exporting_program_binaries(folder):
+    folder.mkdir(exist_ok=True)
+    before = {f.name for f in folder.glob("*.bin")}
+    export = folder / f".export-{os.getpid()}"
+    export.mkdir()
+    with runtime.exporting_program_binaries(export):
         for mod in modules:
             runtime.build_programs(mod, 0, build_threads(), wait=True)
-    files = sorted(folder.glob("*.bin"))
-    if not files:
-        folder.rmdir()
+    files = []
+    for f in sorted(export.glob("*.bin")):
+        files.append(folder / f.name)
+        os.replace(f, files[-1])
+    export.rmdir()
+    key = device_key(device)
+    devices = [d for d in (record or {}).get("devices", []) if device_key_of(d) != key]
+    if files:
+        entry = {**key, "kernels": len(files), "nbytes": sum(f.stat().st_size for f in files)}
+        devices.append(entry)
+    if not devices:
+        if not before:
+            folder.rmdir()
         log(f"note: '{device.name}' gives no program binaries; the artifact ships source only")
         return None
-    record = {
-        "dir": BINARIES,
-        "device": device_key(device),
-        "kernels": len(files),
-        "nbytes": sum(f.stat().st_size for f in files),
-    }
+    record = {"dir": BINARIES, "devices": devices}
     (folder / INDEX).write_text(json.dumps(record, indent=2) + "\n")
     log(
         f"stored {len(files)} OpenCL program binaries for '{device.name}' (driver "
         f"{device.driver_version}): the first run there skips the OpenCL compiler"
     )
     return record
+
+
+def device_key_of(entry: Mapping) -> dict[str, str]:
+    """The device key of a record's device entry."""
+    return {f: str(entry.get(f)) for f in _KEY_FIELDS}
 
 
 def _check_cache_dir() -> None:
@@ -144,15 +163,16 @@ def prepare(path: Path, manifest: Mapping, lib) -> dict[str, Any]:
     record = manifest.get("program_binaries")
     if isinstance(record, Mapping) and _flag("CODL_OPENCL_AOT", True):
         here = device_key(runtime.info().devices[0])
-        built_for = dict(record.get("device", {}))
-        if built_for == here:
+        built_for = [device_key_of(d) for d in record.get("devices", [])]
+        if here in built_for:
             runtime.add_program_binary_dir(path / str(record.get("dir", BINARIES)))
             state["aot"] = True
         else:
+            names = ", ".join(f"'{d['name']}' (driver {d['driver_version']})" for d in built_for)
             state["note"] = (
-                f"{path}: program binaries were built for '{built_for.get('name')}' (driver "
-                f"{built_for.get('driver_version')}); this device is '{here['name']}' (driver "
-                f"{here['driver_version']}): kernels are compiled from source"
+                f"{path}: program binaries were built for {names}; this device is "
+                f"'{here['name']}' (driver {here['driver_version']}): kernels are compiled "
+                "from source"
             )
             warnings.warn(state["note"], stacklevel=3)
     _check_cache_dir()
