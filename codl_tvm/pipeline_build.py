@@ -1,9 +1,8 @@
 """Pipelined builds: a model cut into stages, each built for its processor group, run as a stream.
 
-A pipeline artifact (``codl-tvm compile MODEL --objective throughput``) is a directory with one
-library per stage (``stage_K.so``) and ``pipeline.json``, which records the model's inputs and
-outputs, the processor groups, the plan (:class:`~codl_tvm.planner.pipe_search.PipelinePlan`)
-and every stage's group, cores, instruction set and layers, with each file's SHA-256.
+A pipeline artifact (``codl-tvm compile MODEL --objective throughput``; its files are described
+in :mod:`codl_tvm.pipeline_artifact`) holds one library per stage of a
+:class:`~codl_tvm.planner.pipe_search.PipelinePlan`.
 
 - :func:`group_target`: a processor group's TVM target. A CPU group is built for an instruction
   set (:data:`ISAS`: ``host``, this machine's CPU with every feature it has, e.g. AVX-512;
@@ -13,10 +12,7 @@ and every stage's group, cores, instruction set and layers, with each file's SHA
   (:class:`codl_tvm.passes.stages.CutStages`), build each stage with codl-tvm's single-device
   pipeline for its group, write the artifact (into a staging directory, swapped in when
   complete: a failed build never loses an earlier directory).
-- :func:`load_pipeline` / :class:`Pipeline`: run the stages one after another in the caller's
-  thread (``pipeline(inputs)``, single inferences) or as a stream (:meth:`Pipeline.stream`,
-  :func:`codl_tvm.stream.run_stream`): one thread per stage, pinned to its group's cores, with
-  TVM's CPU thread pool (a per-thread pool) configured in that thread with one worker per core.
+- :mod:`codl_tvm.pipeline_artifact` loads and runs the artifact (no compiler needed there).
 - :func:`profile_layers`: Pipe-it's time matrix measured on this machine: every layer's
   latency on every (group, core count) (a library per group with one function per layer, timed
   by ``time_evaluator`` in a thread pinned to the first ``c`` cores of the group), and
@@ -25,17 +21,13 @@ and every stage's group, cores, instruction set and layers, with each file's SHA
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 import platform
 import shutil
 import tempfile
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -44,11 +36,20 @@ from tvm import relax
 from tvm.runtime.vm import VirtualMachine
 
 from codl_tvm import runtime
-from codl_tvm.errors import ArtifactError, ModelError, PlannerError
+from codl_tvm.errors import ArtifactError, PlannerError
 from codl_tvm.frontend import OnnxModel, TensorSpec
 from codl_tvm.passes.rewrite import op_name
 from codl_tvm.passes.stages import MAJOR_OPS, cut_stages, layer_starts, stage_name
 from codl_tvm.pipeline import single_device_pipeline
+from codl_tvm.pipeline_artifact import (
+    PIPELINE_FORMAT,
+    PIPELINE_MANIFEST,
+    PIPELINE_VERSION,
+    _device,
+    _sha256,
+    is_pipeline,
+    pin_thread_pool,
+)
 from codl_tvm.planner.pipe_model import LayerShape, PipeRecord
 from codl_tvm.planner.pipe_search import (
     LatencyTable,
@@ -56,30 +57,17 @@ from codl_tvm.planner.pipe_search import (
     ProcessorGroup,
     check_groups,
 )
-from codl_tvm.runner import _flatten
-from codl_tvm.stream import Stream, StreamStage, run_stream
 from codl_tvm.targets import host_cpu_spec
 
 __all__ = [
     "ISAS",
-    "PIPELINE_FORMAT",
-    "PIPELINE_MANIFEST",
-    "PIPELINE_VERSION",
-    "Pipeline",
     "build_pipeline",
     "default_isa",
     "group_target",
-    "is_pipeline",
     "layer_records",
     "layer_shapes",
-    "load_pipeline",
-    "pin_thread_pool",
     "profile_layers",
 ]
-
-PIPELINE_FORMAT = "codl-tvm-pipeline"
-PIPELINE_VERSION = 1
-PIPELINE_MANIFEST = "pipeline.json"
 
 
 def _host_isa() -> dict[str, Any]:
@@ -149,9 +137,14 @@ def layer_shapes(mod: tvm.IRModule) -> list[LayerShape]:
     func = mod["main"]
     bindings = func.body.blocks[0].bindings
     starts = layer_starts(func)
+    bounds = [*starts[1:], len(bindings)]
     out = []
     for i, start in enumerate(starts):
-        b = bindings[start]
+        # the layer's major operator (the first layer may start with other bindings)
+        b = next(
+            (b for b in bindings[start : bounds[i]] if op_name(b.value) in MAJOR_OPS),
+            bindings[start],
+        )
         name = op_name(b.value)
         shape = [int(d) for d in b.var.ty.shape] if hasattr(b.var.ty, "shape") else [1]
         if name in MAJOR_OPS and name.startswith("relax.nn.conv"):
@@ -196,20 +189,6 @@ def layer_records(table: LatencyTable, layers: Sequence[LayerShape]) -> list[Pip
     return records
 
 
-def pin_thread_pool(cores: Sequence[int]) -> None:
-    """Pin the calling thread to ``cores`` and give its TVM CPU thread pool one worker per
-    core there (TVM's pool belongs to the thread that launches kernels)."""
-    cores = [int(c) for c in cores]
-    if hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(0, cores)
-    # -2: one worker per listed core (kSpecifyOneCorePerThread)
-    tvm.get_global_func("runtime.config_threadpool")(-2, len(cores), [str(c) for c in cores])
-
-
-def _device(kind: str):
-    return tvm.opencl(0) if kind == "gpu" else tvm.cpu(0)
-
-
 def _compile(mod: tvm.IRModule, target: tvm.target.Target, path: Path, what: str) -> None:
     kind = "opencl" if target.kind.name == "opencl" else "cpu"
     if kind == "opencl":
@@ -233,15 +212,6 @@ def _stage_module(staged: tvm.IRModule, names: Sequence[str], main: str | None =
     mod = tvm.IRModule(funcs)
     entries = ["main"] if main is not None else list(names)
     return relax.transform.DeadCodeElimination(entries)(mod)
-
-
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def is_pipeline(path: str | Path) -> bool:
-    """Whether ``path`` is a pipeline artifact directory."""
-    return (Path(path) / PIPELINE_MANIFEST).is_file()
 
 
 def build_pipeline(
@@ -356,190 +326,6 @@ def build_pipeline(
 
 def _spec(t: TensorSpec) -> dict:
     return {"name": t.name, "shape": list(t.shape), "dtype": t.dtype}
-
-
-@dataclass
-class _LoadedStage:
-    index: int
-    group: str
-    kind: str
-    cores: tuple[int, ...]
-    vm: Any
-    device: Any
-
-
-class Pipeline:
-    """A loaded pipeline artifact: ``pipeline(inputs)`` runs one inference stage after stage;
-    :meth:`stream` runs a stream of frames with one thread per stage.
-
-    Made by :func:`load_pipeline`.
-    """
-
-    def __init__(self, path: Path, manifest: dict, stages: list[_LoadedStage]) -> None:
-        self.path = path
-        self.manifest = manifest
-        self._stages = stages
-        m = manifest["model"]
-        self.inputs = tuple(
-            TensorSpec(s["name"], tuple(s["shape"]), s["dtype"]) for s in m["inputs"]
-        )
-        self.outputs = tuple(
-            TensorSpec(s["name"], tuple(s["shape"]), s["dtype"]) for s in m["outputs"]
-        )
-
-    @property
-    def model(self) -> Any:
-        """Input/output specs in the shape :mod:`codl_tvm.frontend`'s helpers expect."""
-        return SimpleNamespace(
-            path=self.manifest["model"]["file"], inputs=self.inputs, outputs=self.outputs
-        )
-
-    def describe(self) -> str:
-        """The stages on one line: ``big4[0:35] - little2[35:44] - gpu1[44:54]``."""
-        return self.manifest["plan"]["describe"]
-
-    def _stage_fn(self, k: int) -> Callable[[Any], Any]:
-        stage = self._stages[k]
-        last = k == len(self._stages) - 1
-        fn = stage.vm["main"]
-        dev = stage.device
-
-        def run(args: Sequence[Any]) -> Any:
-            placed = [
-                a
-                if isinstance(a, tvm.runtime.Tensor) and a.device == dev
-                else tvm.runtime.tensor(np.asarray(a.numpy() if hasattr(a, "numpy") else a), dev)
-                for a in args
-            ]
-            result = fn(*placed)
-            if last:
-                return _flatten(result)
-            return list(result)
-
-        return run
-
-    def _frame_args(self, frame: Any) -> list[np.ndarray]:
-        if isinstance(frame, Mapping):
-            return [np.asarray(frame[s.name]) for s in self.inputs]
-        if isinstance(frame, np.ndarray):
-            return [frame]
-        return [np.asarray(a) for a in frame]
-
-    def _check_frame(self, args: Sequence[np.ndarray], where: str) -> None:
-        if len(args) != len(self.inputs):
-            raise ModelError(f"{where}: {len(args)} inputs, the model takes {len(self.inputs)}")
-        for a, s in zip(args, self.inputs, strict=True):
-            if tuple(a.shape) != s.shape or str(a.dtype) != s.dtype:
-                raise ModelError(
-                    f"{where}: input {s.name!r} has shape {tuple(a.shape)} {a.dtype}, the model "
-                    f"takes {s.shape} {s.dtype}"
-                )
-
-    def __call__(self, inputs: Sequence[np.ndarray] | Mapping[str, np.ndarray]) -> list[np.ndarray]:
-        """One inference: the stages in turn in this thread; numpy outputs in graph order."""
-        args: Any = self._frame_args(inputs)
-        self._check_frame(args, "inputs")
-        for k in range(len(self._stages)):
-            args = self._stage_fn(k)(args)
-        return args
-
-    def stream_stages(self, pin: bool = True) -> list[StreamStage]:
-        """The stages as :class:`~codl_tvm.stream.StreamStage`: CPU stages pinned to their
-        cores with TVM's thread pool there; a GPU stage's thread on its group's host cores."""
-        out = []
-        for k, s in enumerate(self._stages):
-            cores = s.cores if pin and s.cores else None
-            setup = None
-            if pin and s.kind == "cpu" and s.cores:
-                setup = _pool_setup(s.cores)
-            out.append(StreamStage(self._stage_fn(k), f"{stage_name(k)}:{s.group}", cores, setup))
-        return out
-
-    def stream(
-        self,
-        frames: Iterable[Any],
-        *,
-        queue_size: int = 2,
-        timeline: bool = False,
-        pin: bool = True,
-    ) -> Stream:
-        """Stream ``frames`` (each the model's inputs: a list in graph order, a ``{name:
-        array}`` mapping, or one array for a one-input model) through the stages; iterate the
-        result for the outputs in order, then ask it for :meth:`~codl_tvm.stream.Stream.stats`.
-
-        Raises
-        ------
-        ModelError
-            An empty stream, or a frame whose inputs differ from the model's (frames given as
-            a sequence are all checked before the first runs).
-        PlannerError
-            A stage pinned to cores this process cannot use.
-        """
-        if isinstance(frames, Sequence) and not isinstance(frames, str | bytes):
-            frames = [self._frame_args(f) for f in frames]
-            for i, f in enumerate(frames):
-                self._check_frame(f, f"stream frame {i}")
-        else:
-            frames = (self._frame_args(f) for f in frames)
-        return run_stream(
-            self.stream_stages(pin),
-            frames,
-            queue_size=queue_size,
-            input_shape=tuple(s.shape for s in self.inputs),
-            timeline=timeline,
-        )
-
-
-def _pool_setup(cores: Sequence[int]) -> Callable[[], None]:
-    def setup() -> None:
-        pin_thread_pool(cores)
-
-    return setup
-
-
-def load_pipeline(path: str | Path, available: Iterable[int] | None = None) -> Pipeline:
-    """Load a pipeline artifact and check its groups against this machine's cores.
-
-    Raises
-    ------
-    ArtifactError
-        Not a pipeline artifact, another version, or a file missing or altered.
-    PlannerError
-        A group names cores this machine (this process) does not have.
-    """
-    path = Path(path)
-    mpath = path / PIPELINE_MANIFEST
-    try:
-        manifest = json.loads(mpath.read_text())
-    except (OSError, ValueError) as exc:
-        raise ArtifactError(f"{mpath}: unreadable ({exc})") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != PIPELINE_FORMAT:
-        raise ArtifactError(f"{mpath}: not a codl-tvm pipeline manifest")
-    if manifest.get("version") != PIPELINE_VERSION:
-        raise ArtifactError(
-            f"{mpath}: pipeline format version {manifest.get('version')!r}; this codl-tvm reads "
-            f"version {PIPELINE_VERSION}"
-        )
-    check_groups(
-        [ProcessorGroup(g["name"], g["kind"], tuple(g["cores"])) for g in manifest["groups"]],
-        available,
-    )
-    for name, digest in manifest["files"].items():
-        f = path / name
-        if not f.is_file():
-            raise ArtifactError(f"{path}: {name} is missing")
-        if _sha256(f) != digest:
-            raise ArtifactError(f"{path}: {name} does not match its SHA-256 in {PIPELINE_MANIFEST}")
-    stages = []
-    for k, s in enumerate(manifest["stages"]):
-        if s["kind"] == "gpu":
-            runtime.load()
-        dev = _device(s["kind"])
-        lib = tvm.runtime.load_module(str(path / s["library"]))
-        stages.append(
-            _LoadedStage(k, s["group"], s["kind"], tuple(s["cores"]), VirtualMachine(lib, dev), dev)
-        )
-    return Pipeline(path, manifest, stages)
 
 
 def _time_in_thread(fn: Callable[[], Any], cores: Sequence[int] | None) -> Any:

@@ -20,7 +20,8 @@ from codl_tvm.errors import ArtifactError, ModelError, PlanError, PlannerError
 from codl_tvm.frontend import load_onnx
 from codl_tvm.models import bundled_model_path
 from codl_tvm.pipeline import single_device_pipeline
-from codl_tvm.pipeline_build import build_pipeline, load_pipeline
+from codl_tvm.pipeline_artifact import load_pipeline
+from codl_tvm.pipeline_build import build_pipeline
 from codl_tvm.planner.pipe_search import PipelinePlan, PipelineStage, ProcessorGroup
 from codl_tvm.targets import host_cpu_spec
 

@@ -19,13 +19,24 @@ from codl_tvm.frontend import load_onnx
 from codl_tvm.models import bundled_model_path
 from codl_tvm.options import CompileOptions, compile_model
 from codl_tvm.targets import preset_names
+from codl_tvm.throughput import ThroughputOptions, compile_throughput, parse_isa
 
 __all__ = ["cmd_compile", "cmd_refine", "register"]
+
+
+#: What ``compile --objective`` optimises; each objective other than latency has its own module.
+OBJECTIVES = ("latency", "throughput", "cold")
 
 
 def cmd_compile(args: argparse.Namespace) -> int:
     """``codl-tvm compile MODEL.onnx -o OUT/``: plan, build and write a deployable artifact."""
     model_path = args.model or str(bundled_model_path())
+    if args.objective == "throughput":
+        return _compile_throughput(args, model_path)
+    if args.objective == "cold":
+        raise CliError("--objective cold is not available in this version of codl-tvm")
+    if args.groups or args.isa or args.pipe_model:
+        raise CliError("--groups/--isa/--pipe-model apply to --objective throughput only")
     plan = None
     if args.plan == "auto":  # the default: plan with the cost model
         args.plan = None
@@ -63,6 +74,23 @@ def cmd_compile(args: argparse.Namespace) -> int:
     return 0
 
 
+def _compile_throughput(args: argparse.Namespace, model_path: str) -> int:
+    """``compile --objective throughput``: a pipeline of stages on processor groups."""
+    if not args.groups:
+        raise CliError("--objective throughput needs --groups (e.g. big:0-7,little:8-11,gpu)")
+    options = ThroughputOptions(
+        groups=args.groups,
+        isa=parse_isa(args.isa),
+        pipe_model=args.pipe_model,
+        force=args.force,
+    )
+    with building(model_path, "pipeline"):
+        plan = compile_throughput(model_path, args.output, options)
+    print(f"pipeline: {plan.describe()} (predicted {plan.throughput_fps:.1f} frames/s)")
+    print(f"run it with: codl-tvm run {args.output} --stream 100")
+    return 0
+
+
 def cmd_refine(args: argparse.Namespace) -> int:
     """``codl-tvm refine ARTIFACT -o OUT/``: rebalance a co-executed artifact's splits from
     timelines measured on this machine."""
@@ -95,6 +123,31 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("model", nargs="?", help="ONNX model (default: the bundled CNN)")
     p.add_argument("-o", "--output", required=True, help="artifact directory to create")
     p.add_argument("--device", choices=("coexec", "cpu", "opencl"), default="coexec")
+    p.add_argument(
+        "--objective",
+        choices=OBJECTIVES,
+        default="latency",
+        help="latency (default): one inference as fast as possible; throughput: frames/s of a "
+        "stream, as a pipeline of stages on --groups (Pipe-it); cold: the first inference",
+    )
+    p.add_argument(
+        "--groups",
+        metavar="NAME:CORES,...",
+        help="with --objective throughput: processor groups, e.g. big:0-7,little:8-11,gpu "
+        "(a group named gpu is the OpenCL device)",
+    )
+    p.add_argument(
+        "--isa",
+        metavar="GROUP=ISA,...",
+        help="with --objective throughput: instruction set per CPU group (host, x86-64-v2; "
+        "default: x86-64-v2 for a group named little on x86-64, else host)",
+    )
+    p.add_argument(
+        "--pipe-model",
+        metavar="JSON",
+        help="with --objective throughput: a fitted Pipe-it model predicting layer latencies "
+        "(default: measure every layer on every group here)",
+    )
     p.add_argument(
         "--mode",
         default="codl",

@@ -28,9 +28,10 @@ from codl_tvm.cli.common import (
     save_outputs,
 )
 from codl_tvm.coexec import compile_coexec
-from codl_tvm.errors import CliError
+from codl_tvm.errors import CliError, CodlError
 from codl_tvm.frontend import check_inputs, load_onnx
 from codl_tvm.models import bundled_model_path
+from codl_tvm.pipeline_artifact import is_pipeline, load_pipeline
 from codl_tvm.runner import build
 from codl_tvm.runtime import coexec as sync
 
@@ -42,6 +43,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     check_output_file(args.save_outputs, args.force)
     if args.model and Path(args.model).is_dir():
         return _run_artifact(args)
+    if args.stream is not None:
+        raise CliError(
+            "--stream runs a pipeline artifact (codl-tvm compile --objective throughput)"
+        )
     args.device = args.device or "opencl"
     model = load_onnx(args.model or bundled_model_path())
     inputs = load_inputs(args.inputs, model, args.seed)
@@ -100,6 +105,13 @@ def _run_artifact(args: argparse.Namespace) -> int:
             f"{args.model} is a compiled artifact: {', '.join(given)} were fixed at compile "
             "time (recompile with `codl-tvm compile` to change them)"
         )
+    if is_pipeline(args.model):
+        return _run_pipeline(args)
+    if args.stream is not None:
+        raise CliError(
+            f"{args.model}: --stream runs a pipeline artifact (codl-tvm compile --objective "
+            "throughput); this one runs single inferences"
+        )
     art = load_artifact(args.model)
     model = art.model
     ref = art.reference()
@@ -140,6 +152,52 @@ def _run_artifact(args: argparse.Namespace) -> int:
     return status
 
 
+def _run_pipeline(args: argparse.Namespace) -> int:
+    """``codl-tvm run PIPELINE/ [--stream N]``: one inference stage after stage, or a stream of
+    ``N`` frames through the stages (one thread each, pinned to its cores)."""
+    if args.stream is not None and args.stream < 1:
+        raise CliError(f"--stream must be a positive number of frames, got {args.stream}")
+    if args.queue_size < 1:
+        raise CliError(f"--queue-size must be >= 1, got {args.queue_size}")
+    pipe = load_pipeline(args.model)
+    model = pipe.model
+    inputs = load_inputs(args.inputs, model, args.seed)
+    if any(s["kind"] == "gpu" for s in pipe.manifest["stages"]):
+        opencl_banner()
+    print(f"artifact: {args.model} (model {model.path})")
+    print(f"pipeline: {pipe.describe()}")
+    try:
+        if args.stream is None:
+            outputs = pipe(inputs)
+            lat = pipe.time(inputs, number=args.number, repeat=args.repeat)
+        else:
+            # the frames are checked before the first runs; a failing stage stops the stream
+            with pipe.stream([inputs] * args.stream, queue_size=args.queue_size) as stream:
+                outputs = next(stream)
+                for _ in stream:
+                    pass
+    except CodlError:
+        raise
+    except Exception as exc:  # a library built for another machine fails to load or run
+        raise CliError(f"{args.model}: running the pipeline failed: {one_line(str(exc))}") from None
+    if args.stream is None:
+        print_outputs_and_latency(model, outputs, lat, args.number)
+    else:
+        st = stream.stats()
+        for spec, arr in zip(model.outputs, outputs):
+            print(f"output {spec.name}: shape {tuple(arr.shape)} dtype {arr.dtype}")
+        print(
+            f"stream: {st.frames} frames, {st.frames_per_s:.2f} frames/s, latency median "
+            f"{st.latency_median_ms:.3f} ms, p99 {st.latency_p99_ms:.3f} ms"
+        )
+        for name, busy in zip(st.stage_names, st.stage_busy_s):
+            share = busy / st.wall_s if st.wall_s > 0 else 0.0
+            print(f"  {name}: busy {busy * 1e3 / st.frames:.3f} ms/frame ({share:.0%} of the time)")
+    if args.save_outputs:
+        save_outputs(args.save_outputs, model, outputs, args.force)
+    return 0
+
+
 def cmd_info(args: argparse.Namespace) -> int:
     """Print the OpenCL platform, devices and skipped platforms as JSON."""
     try:
@@ -170,6 +228,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ratio", type=float, help="GPU share of every split operator, in [0, 1]")
     add_run_arguments(p, ".npz to write outputs to, keyed by output names")
     p.add_argument("--check", action="store_true", help="compare with the CPU build")
+    p.add_argument(
+        "--stream",
+        type=int,
+        metavar="N",
+        help="pipeline artifacts (compile --objective throughput): stream N frames of the "
+        "inputs through the stages; report frames/s and per-frame latency (median, p99)",
+    )
+    p.add_argument(
+        "--queue-size", type=int, default=2, help="with --stream: frames waiting per stage"
+    )
     p.set_defaults(func=cmd_run)
     p = sub.add_parser("info", help="describe the OpenCL platform and devices in use")
     p.set_defaults(func=cmd_info)
