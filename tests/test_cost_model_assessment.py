@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 
 import numpy as np
 import pytest
@@ -35,6 +36,7 @@ from codl_tvm.cost_model.assessment import (
 )
 from codl_tvm.cost_model.decisions import decide, format_decisions
 from codl_tvm.cost_model.evaluate import accuracy, training_split
+from codl_tvm.cost_model.in_model import summary, whole_model_table
 from codl_tvm.cost_model.measured import MeasuredModel
 from codl_tvm.errors import CodlError
 from tests.test_cost_model import CFG, run_cli, synth_records
@@ -255,3 +257,21 @@ def test_decisions_against_the_oracle(tmp_path, capsys):
     save_dataset([dataclasses.replace(r, name=None) for r in recs], unnamed)
     with pytest.raises(CodlError, match="no records of benchmark models"):
         run_cli(["cost-model", "decisions", str(codl), str(oracle_path), str(unnamed)])
+
+
+def test_whole_model_table_and_leave_one_model_out_factors():
+    predicted = {"a": {"cpu": 10.0, "gpu": 4.0}, "b": {"cpu": 20.0, "gpu": 5.0}, "c": {"cpu": 5.0}}
+    measured = {"a": {"cpu": 12.0, "gpu": 4.0}, "b": {"cpu": 30.0, "gpu": 5.5}, "c": {"cpu": 6.0}}
+    rows = {(r.model, r.processor): r for r in whole_model_table(predicted, measured)}
+    assert set(rows) == {("a", "cpu"), ("a", "gpu"), ("b", "cpu"), ("b", "gpu"), ("c", "cpu")}
+    a = rows[("a", "cpu")]
+    assert a.error == pytest.approx(10 / 12 - 1)
+    # a's CPU factor: geometric mean of b's and c's measured/predicted, never a's own
+    assert a.factor == pytest.approx(math.sqrt(1.5 * 1.2))
+    assert a.calibrated_error == pytest.approx(10 * math.sqrt(1.8) / 12 - 1)
+    assert rows[("a", "gpu")].factor == pytest.approx(1.1)
+    s = summary(list(rows.values()))
+    assert s["gpu"]["models"] == 2 and s["gpu"]["within_raw"] == 1.0
+    assert s["cpu"]["factor_all"] == pytest.approx((1.2 * 1.5 * 1.2) ** (1 / 3))
+    with pytest.raises(ValueError, match="b on gpu: measured latency must be > 0"):
+        whole_model_table(predicted, {"b": {"gpu": 0.0}})
