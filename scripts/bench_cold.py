@@ -1,0 +1,324 @@
+"""Cold inference: process start to first output, broken down (NNV12's Table 1 and Fig. 13).
+
+Each measurement is a fresh process (``python -m codl_tvm.coldstart``) started after the
+artifact's files, the program caches it will read and (``--evict-libs``) TVM's and the plugin's
+libraries were dropped from the page cache (:func:`codl_tvm.coldstart.evict`). Scenarios, per
+artifact with OpenCL kernels (a CPU build has only ``cold`` and ``warm``):
+
+``nocache``
+    today's cold start: no program binaries used, empty codl-tvm and driver program caches
+    (``POCL_CACHE_DIR``, ``CUDA_CACHE_PATH``), each program created at its kernel's first launch;
+``cache``
+    the same with the program caches the ``nocache`` run filled;
+``aot``
+    the artifact's program binaries, empty caches, programs created on threads at load while
+    the run goes on (the default path of ``codl-tvm run``);
+``aot_lazy``, ``overlap_only``, ``aot_warm_pages``
+    the ablation: binaries without the overlap; the overlap without binaries; ``aot`` with the
+    files left in the page cache (the cost of the cold read);
+``warm``
+    the median of further runs in the ``aot`` process.
+
+``onnxruntime``: importing it, creating the session and the first run of the same ONNX model,
+in a fresh process with its model file evicted, on ``--ort-threads`` threads.
+
+    python scripts/bench_cold.py binaries --dir DIR       # add this device's binaries
+    python scripts/bench_cold.py run --dir DIR --models vgg16,fst --builds gpu,codl \\
+        --platform portable --out cold.json --plot cold.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from codl_tvm.bench import envelope, write_json
+from codl_tvm.coldstart import PHASES, artifact_files, evict
+
+SCENARIOS = ("nocache", "cache", "aot", "aot_lazy", "overlap_only", "aot_warm_pages")
+
+
+def cmd_binaries(args: argparse.Namespace) -> None:
+    """Add this machine's OpenCL device's program binaries to every artifact under ``--dir``
+    (an artifact's binaries for several devices share its folder)."""
+    from codl_tvm import runtime
+    from codl_tvm.artifact import load_artifact
+    from codl_tvm.artifact.program_binaries import embed
+    from codl_tvm.artifact.store import LIBRARY, MANIFEST
+
+    if args.platform:
+        runtime.load(platform=args.platform)
+    for manifest_path in sorted(Path(args.dir).glob("*/*/" + MANIFEST)):
+        art = load_artifact(manifest_path.parent, verify=False, check_cpu=False)
+        if "opencl" not in art.manifest["vm_devices"]:
+            continue
+        record = embed(art.path / LIBRARY, art.path, print, art.manifest.get("program_binaries"))
+        manifest = {**art.manifest, "program_binaries": record}
+        tmp = manifest_path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(manifest, indent=2) + "\n")
+        os.replace(tmp, manifest_path)
+
+
+def _library_files() -> list[Path]:
+    """TVM's and the OpenCL plugin's shared libraries (what the library-load phase reads)."""
+    import tvm  # deferred: the parent only needs the path, and imports TVM only here
+
+    libs = sorted(Path(tvm.__file__).parent.rglob("*.so"))
+    plugin = os.environ.get("CODL_TVM_PLUGIN_LIB")
+    return libs + ([Path(plugin)] if plugin else [])
+
+
+def _child(
+    artifact: Path, programs: str, env: dict, evict_paths: list[Path], warm: int = 0
+) -> dict:
+    evict(evict_paths)
+    t0 = time.monotonic_ns()
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "codl_tvm.coldstart",
+            str(artifact),
+            "--programs",
+            programs,
+            "--warm",
+            str(warm),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if proc.returncode != 0:
+        return {"error": proc.stderr.strip().splitlines()[-1:] or ["exit " + str(proc.returncode)]}
+    res = json.loads(proc.stdout.strip().splitlines()[-1])
+    marks = res.pop("marks_ns")
+    res["phases_ms"] = {"process_start": (marks["main"] - t0) / 1e6, **res["phases_ms"]}
+    res["first_output_ms"] = (marks["first_run"] - t0) / 1e6
+    if res["warm_ms"]:
+        res["warm_median_ms"] = statistics.median(res["warm_ms"])
+    return res
+
+
+def _scenario_env(name: str, base: dict, caches: Path) -> dict:
+    env = dict(base)
+    env["CODL_OPENCL_AOT"] = "1" if name.startswith("aot") else "0"
+    fresh = name != "cache"
+    root = caches / ("fresh-" + name if fresh else "fresh-nocache")
+    if fresh and root.exists():
+        shutil.rmtree(root)
+    root.mkdir(parents=True, exist_ok=True)
+    env["CODL_TVM_CACHE_DIR"] = str(root / "codl")
+    env["POCL_CACHE_DIR"] = str(root / "pocl")
+    env["CUDA_CACHE_PATH"] = str(root / "cuda")
+    return env
+
+
+def _ort_child(model: Path, threads: int, evict_paths: list[Path]) -> dict:
+    code = (
+        "import time, json, sys, numpy as np\n"
+        "t0 = time.monotonic_ns()\n"
+        "import onnxruntime as ort\n"
+        "t1 = time.monotonic_ns()\n"
+        "o = ort.SessionOptions(); o.intra_op_num_threads = int(sys.argv[2])\n"
+        "s = ort.InferenceSession(sys.argv[1], o, providers=['CPUExecutionProvider'])\n"
+        "t2 = time.monotonic_ns()\n"
+        "feed = {i.name: np.random.default_rng(0).random(i.shape, dtype=np.float32) "
+        "for i in s.get_inputs()}\n"
+        "s.run(None, feed)\n"
+        "t3 = time.monotonic_ns()\n"
+        "print(json.dumps([t0, t1, t2, t3]))\n"
+    )
+    evict(evict_paths)
+    start = time.monotonic_ns()
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(model), str(threads)], capture_output=True, text=True
+    )
+    if proc.returncode != 0:
+        return {"error": proc.stderr.strip().splitlines()[-1:]}
+    t0, t1, t2, t3 = json.loads(proc.stdout.strip().splitlines()[-1])
+    phases = {
+        "process_start": (t0 - start) / 1e6,
+        "library_load": (t1 - t0) / 1e6,
+        "session_creation": (t2 - t1) / 1e6,
+        "first_run": (t3 - t2) / 1e6,
+    }
+    return {"phases_ms": phases, "first_output_ms": (t3 - start) / 1e6}
+
+
+def _line(res: dict) -> str:
+    if "error" in res:
+        return f"failed: {res['error']}"
+    text = f"{cold_ms(res):.1f} ms cold, {res['first_output_ms']:.1f} ms from process start"
+    if "warm_median_ms" in res:
+        text += f", warm {res['warm_median_ms']:.2f} ms"
+    return text
+
+
+def _onnx_file(model: str, folder: Path) -> Path:
+    """The ONNX model of the baseline (the compile's own copies are removed)."""
+    # deferred: onnx and the model builders, for the baseline only
+    import onnx
+
+    from codl_tvm.models import benchmark_model, bundled_model_path
+
+    if model == "codl_small_cnn":
+        return bundled_model_path()
+    path = folder / f"{model}.onnx"
+    if not path.exists():
+        onnx.save(benchmark_model(model), str(path))
+    return path
+
+
+def cold_ms(row: dict) -> float:
+    """Cold inference as NNV12 counts it: from loading the model to the first output, past
+    the interpreter's start and the framework's own libraries (onnxruntime: session creation
+    and first run)."""
+    return sum(v for k, v in row["phases_ms"].items() if k not in ("process_start", "library_load"))
+
+
+def cmd_run(args: argparse.Namespace) -> None:
+    root = Path(args.dir)
+    index = json.loads((root / "index.json").read_text())["models"]
+    models = [m for m in (args.models.split(",") if args.models else index) if m in index]
+    base = dict(os.environ)
+    if args.platform:
+        base["CODL_OPENCL_PLATFORM"] = args.platform
+    libs = _library_files() if args.evict_libs else []
+    scenarios = [s for s in args.scenarios.split(",") if s]
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="codl-cold-") as tmp:
+        caches = Path(tmp)
+        for model in models:
+            for build in args.builds.split(","):
+                if build not in index[model]:
+                    continue
+                art = root / index[model][build]
+                manifest = json.loads((art / "manifest.json").read_text())
+                opencl = "opencl" in manifest["vm_devices"]
+                files = artifact_files(art)
+                todo = scenarios if opencl else ["cpu"]
+                for name in todo:
+                    env = _scenario_env(name, base, caches)
+                    cache_files = [p for p in caches.rglob("*") if p.is_file()]
+                    evict_paths = [] if name == "aot_warm_pages" else files + cache_files + libs
+                    programs = {"aot_lazy": "lazy", "nocache": "lazy", "cache": "lazy"}.get(
+                        name, "overlap"
+                    )
+                    warm = args.warm if name in ("aot", "cpu") else 0
+                    res = _child(art, programs, env, evict_paths, warm)
+                    res.update(model=model, build=build, scenario=name, platform=args.platform)
+                    rows.append(res)
+                    print(f"{model} {build} {name}: {_line(res)}", flush=True)
+            if args.ort_threads:
+                onnx_path = _onnx_file(model, caches)
+                res = _ort_child(onnx_path, args.ort_threads, [onnx_path])
+                res.update(model=model, build="onnxruntime", scenario="cold", platform="cpu")
+                rows.append(res)
+                print(f"{model} onnxruntime cold: {_line(res)}", flush=True)
+    summary = summarize(rows)
+    out = envelope(sys.argv, {"rows": rows, "summary": summary}, platform=args.platform)
+    write_json(args.out, out)
+    print(json.dumps(summary, indent=1))
+    if args.plot:
+        plot(rows, args.plot)
+
+
+def summarize(rows: list[dict]) -> dict:
+    """Per build: cold (aot) over warm, per model and on average; the speed-up of ``aot`` over
+    ``nocache``; ``aot`` against onnxruntime's cold start."""
+    by = {(r["model"], r["build"], r["scenario"]): r for r in rows if "error" not in r}
+    out: dict = {}
+    for (model, build, scenario), r in by.items():
+        if scenario not in ("aot", "cpu") or "warm_median_ms" not in r:
+            continue
+        warm = r["warm_median_ms"]
+        entry = {
+            "cold_ms": cold_ms(r),
+            "from_process_start_ms": r["first_output_ms"],
+            "warm_ms": warm,
+            "cold_over_warm": cold_ms(r) / warm,
+        }
+        for name in SCENARIOS:
+            other = by.get((model, build, name))
+            if other is not None and name != "aot":
+                entry[f"{name}_cold_ms"] = cold_ms(other)
+        if (model, build, "nocache") in by:
+            entry["speedup_over_nocache"] = entry["nocache_cold_ms"] / entry["cold_ms"]
+        ort = by.get((model, "onnxruntime", "cold"))
+        if ort:
+            entry["onnxruntime_cold_ms"] = cold_ms(ort)
+            entry["speedup_over_onnxruntime"] = cold_ms(ort) / entry["cold_ms"]
+        out.setdefault(build, {})[model] = entry
+    for models in out.values():
+        ratios = [e["cold_over_warm"] for e in models.values()]
+        models["_mean_cold_over_warm"] = statistics.mean(ratios)
+    return out
+
+
+def plot(rows: list[dict], path: str) -> None:
+    """Stacked bars: each row's phases, one bar per (model, build, scenario)."""
+    import matplotlib  # deferred: optional, plotting only
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # deferred with matplotlib
+
+    good = [r for r in rows if "phases_ms" in r]
+    names = ["process_start", *PHASES, "session_creation"]
+    fig, ax = plt.subplots(figsize=(max(8, 0.35 * len(good)), 5))
+    bottom = [0.0] * len(good)
+    for name in names:
+        vals = [r["phases_ms"].get(name, 0.0) for r in good]
+        if not any(vals):
+            continue
+        ax.bar(range(len(good)), vals, bottom=bottom, label=name)
+        bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
+    ax.set_xticks(range(len(good)))
+    ax.set_xticklabels(
+        [f"{r['model']}/{r['build']}/{r['scenario']}" for r in good], rotation=90, fontsize=7
+    )
+    ax.set_ylabel("ms from process start")
+    ax.set_yscale("log")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    b = sub.add_parser("binaries", help="add this device's program binaries to the artifacts")
+    b.add_argument("--dir", required=True, help="bench_planner.py compile's output folder")
+    b.add_argument("--platform", help="OpenCL platform name substring")
+    b.set_defaults(func=cmd_binaries)
+    r = sub.add_parser("run", help="measure the cold starts")
+    r.add_argument("--dir", required=True, help="bench_planner.py compile's output folder")
+    r.add_argument("--models", help="models (default: every model of the index)")
+    r.add_argument("--builds", default="cpu,gpu,codl", help="index tags: cpu, gpu, codl, ...")
+    r.add_argument("--platform", default="", help="OpenCL platform name substring")
+    r.add_argument("--scenarios", default=",".join(SCENARIOS))
+    r.add_argument("--warm", type=int, default=5, help="warm runs after the aot run")
+    r.add_argument("--ort-threads", type=int, default=0, help="onnxruntime baseline threads")
+    r.add_argument(
+        "--evict-libs",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also evict TVM's and the plugin's libraries before each run",
+    )
+    r.add_argument("--out", required=True)
+    r.add_argument("--plot", help="stacked-bar PNG")
+    r.set_defaults(func=cmd_run)
+    args = p.parse_args()
+    args.func(args)
+
+
+if __name__ == "__main__":
+    main()
