@@ -124,9 +124,9 @@ def _scenario_env(name: str, base: dict, caches: Path) -> dict:
 
 def _ort_child(model: Path, threads: int, evict_paths: list[Path]) -> dict:
     code = (
-        "import time, json, sys, numpy as np\n"
+        "import time\n"
         "t0 = time.monotonic_ns()\n"
-        "import onnxruntime as ort\n"
+        "import json, sys, numpy as np, onnxruntime as ort\n"
         "t1 = time.monotonic_ns()\n"
         "o = ort.SessionOptions(); o.intra_op_num_threads = int(sys.argv[2])\n"
         "s = ort.InferenceSession(sys.argv[1], o, providers=['CPUExecutionProvider'])\n"
@@ -286,7 +286,6 @@ def plot(rows: list[dict], path: str) -> None:
         [f"{r['model']}/{r['build']}/{r['scenario']}" for r in good], rotation=90, fontsize=7
     )
     ax.set_ylabel("ms from process start")
-    ax.set_yscale("log")
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
