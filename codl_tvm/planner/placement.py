@@ -14,7 +14,9 @@ producers ran, else ``home``) exactly as the graph's super-ops and follow nodes 
 Modes
 -----
 ``hope``: the exact placement and order (:func:`~codl_tvm.planner.hope.solve_exact`);
-``hope_greedy``: HOPE's GS with its refinements (:func:`~codl_tvm.planner.hope.greedy_schedule`); ``starpu``: StarPU-like earliest finish; ``mosaic``: MOSAIC-like
+``hope_greedy``: HOPE's GS with its refinements
+(:func:`~codl_tvm.planner.hope.greedy_schedule`); ``starpu``: StarPU-like earliest finish;
+``mosaic``: MOSAIC-like
 slices; ``codl_hope``: the exact placement where each operator may also be split between the
 processors (its best CoDL split, Eq. 2, as a third choice), so one plan mixes branches placed
 whole and split operators (no chains yet). :func:`make_plan` runs any mode, these or the CoDL
