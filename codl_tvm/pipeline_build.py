@@ -61,11 +61,13 @@ from codl_tvm.targets import host_cpu_spec
 
 __all__ = [
     "ISAS",
+    "build_layer_libraries",
     "build_pipeline",
     "default_isa",
     "group_target",
     "layer_records",
     "layer_shapes",
+    "measure_layers",
     "profile_layers",
 ]
 
@@ -79,8 +81,17 @@ def _x86_64_v2() -> dict[str, Any]:
     return {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "x86-64-v2"}
 
 
+def _x86_64() -> dict[str, Any]:
+    # the x86-64 baseline: SSE2 only
+    return {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "x86-64"}
+
+
 #: Instruction-set presets of CPU groups: name -> the LLVM target spec (JSON-dict form).
-ISAS: dict[str, Callable[[], dict[str, Any]]] = {"host": _host_isa, "x86-64-v2": _x86_64_v2}
+ISAS: dict[str, Callable[[], dict[str, Any]]] = {
+    "host": _host_isa,
+    "x86-64-v2": _x86_64_v2,
+    "x86-64": _x86_64,
+}
 
 
 def default_isa(group: ProcessorGroup) -> str:
@@ -349,6 +360,97 @@ def _time_in_thread(fn: Callable[[], Any], cores: Sequence[int] | None) -> Any:
     return box["value"]
 
 
+def build_layer_libraries(
+    model: OnnxModel,
+    groups: Sequence[ProcessorGroup],
+    work_dir: str | Path,
+    *,
+    isa: Mapping[str, str] | None = None,
+) -> dict[str, Path]:
+    """Build ``main`` cut at every layer (one function per layer) for the host and for each
+    group: ``{"host": lib, group name: lib, ...}`` in ``work_dir`` (what
+    :func:`measure_layers` times; building and timing are apart so that a benchmark can build
+    many models in parallel and time them one at a time)."""
+    groups = check_groups(groups)
+    isas = _isas(groups, isa)
+    starts = layer_starts(model.mod["main"])
+    staged = cut_stages(model.mod, starts[1:])
+    layer_mod = _stage_module(staged, [stage_name(k) for k in range(len(starts))])
+    work = Path(work_dir)
+    work.mkdir(parents=True, exist_ok=True)
+    libs = {"host": work / "layers_host.so"}
+    host = ProcessorGroup("host", "cpu", (0,))
+    _compile(layer_mod, group_target(host, "host"), libs["host"], f"{model.path} (layers)")
+    for g in groups:
+        libs[g.name] = work / f"layers_{g.name}.so"
+        _compile(
+            layer_mod,
+            group_target(g, isas[g.name] if g.kind == "cpu" else None),
+            libs[g.name],
+            f"{model.path} (layers on {g.name})",
+        )
+    return libs
+
+
+def measure_layers(
+    model: OnnxModel,
+    groups: Sequence[ProcessorGroup],
+    libraries: Mapping[str, Path],
+    *,
+    core_counts: Mapping[str, Sequence[int]] | None = None,
+    number: int = 3,
+    repeat: int = 3,
+) -> LatencyTable:
+    """Time every layer of :func:`build_layer_libraries`' libraries on every (group, cores).
+
+    A layer runs on the outputs of the layers before it (computed once with the host library),
+    timed by ``time_evaluator`` (median of ``repeat`` means of ``number`` runs, after one
+    warm-up run) in a thread pinned to the group's first ``c`` cores with ``c`` TVM workers (a
+    GPU group: its host cores, one count).
+
+    Parameters
+    ----------
+    core_counts
+        Per CPU group, the core counts to measure (default: 1 to all of its cores). The search
+        needs every count from 1 to the group's size.
+    """
+    groups = check_groups(groups)
+    n = len(layer_starts(model.mod["main"]))
+    vm = VirtualMachine(tvm.runtime.load_module(str(libraries["host"])), tvm.cpu(0))
+    rng = np.random.default_rng(0)
+    args: list[np.ndarray] = [rng.standard_normal(t.shape).astype(t.dtype) for t in model.inputs]
+    layer_inputs = []
+    for k in range(n):
+        layer_inputs.append(args)
+        res = vm[stage_name(k)](*(tvm.runtime.tensor(a) for a in args))
+        args = [r.numpy() for r in res] if k < n - 1 else []
+    table: dict[tuple[str, int], np.ndarray] = {}
+    for g in groups:
+        if g.kind == "gpu":
+            runtime.load()
+        dev = _device(g.kind)
+
+        def measure(lib: Path = libraries[g.name], dev: Any = dev) -> np.ndarray:
+            gvm = VirtualMachine(tvm.runtime.load_module(str(lib)), dev)
+            ms = np.zeros(n)
+            for k in range(n):
+                placed = [tvm.runtime.tensor(a, dev) for a in layer_inputs[k]]
+                gvm[stage_name(k)](*placed)  # warm-up (OpenCL compiles kernels here)
+                timer = gvm.time_evaluator(stage_name(k), dev, number=number, repeat=repeat)
+                ms[k] = float(np.median(timer(*placed).results)) * 1e3
+            return ms
+
+        counts = (
+            [1]
+            if g.kind == "gpu"
+            else list((core_counts or {}).get(g.name, range(1, len(g.cores) + 1)))
+        )
+        for c in counts:
+            cores = list(g.cores[:c]) if g.kind == "cpu" else list(g.cores)
+            table[(g.name, c)] = _time_in_thread(measure, cores)
+    return LatencyTable(table, [s.name for s in layer_shapes(model.mod)])
+
+
 def profile_layers(
     model: OnnxModel,
     groups: Sequence[ProcessorGroup],
@@ -359,72 +461,15 @@ def profile_layers(
     repeat: int = 3,
     work_dir: str | Path | None = None,
 ) -> LatencyTable:
-    """Measure Pipe-it's time matrix on this machine: ms of every layer on every (group, cores).
-
-    Each group gets one library with one function per layer (``main`` cut at every layer); a
-    layer runs on the outputs of the layers before it (computed once on the host), timed by
-    ``time_evaluator`` (median of ``repeat`` means of ``number`` runs) in a thread pinned to the
-    group's first ``c`` cores with ``c`` TVM workers.
-
-    Parameters
-    ----------
-    core_counts
-        Per CPU group, the core counts to measure (default: 1 to all of its cores). The search
-        needs every count from 1 to the group's size.
-    """
-    groups = check_groups(groups)
-    isas = _isas(groups, isa)
-    func = model.mod["main"]
-    starts = layer_starts(func)
-    staged = cut_stages(model.mod, starts[1:])
-    n = len(starts)
+    """Measure Pipe-it's time matrix on this machine: ms of every layer on every (group, cores)
+    (:func:`build_layer_libraries`, then :func:`measure_layers`; the libraries go to
+    ``work_dir``, default a temporary directory removed afterwards)."""
     work = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="codl-profile-"))
-    work.mkdir(parents=True, exist_ok=True)
     try:
-        # every layer's inputs, from the host build of the staged module
-        layer_mod = _stage_module(staged, [stage_name(k) for k in range(n)])
-        host = ProcessorGroup("host", "cpu", (0,))
-        _compile(layer_mod, group_target(host, "host"), work / "host.so", f"{model.path} (layers)")
-        vm = VirtualMachine(tvm.runtime.load_module(str(work / "host.so")), tvm.cpu(0))
-        rng = np.random.default_rng(0)
-        args: list[np.ndarray] = [
-            rng.standard_normal(t.shape).astype(t.dtype) for t in model.inputs
-        ]
-        layer_inputs = []
-        for k in range(n):
-            layer_inputs.append(args)
-            res = vm[stage_name(k)](*(tvm.runtime.tensor(a) for a in args))
-            args = [r.numpy() for r in res] if k < n - 1 else []
-        table: dict[tuple[str, int], np.ndarray] = {}
-        for g in groups:
-            lib = work / f"{g.name}.so"
-            _compile(
-                layer_mod,
-                group_target(g, isas[g.name] if g.kind == "cpu" else None),
-                lib,
-                f"{model.path} (layers on {g.name})",
-            )
-            dev = _device(g.kind)
-            counts = (
-                [1]
-                if g.kind == "gpu"
-                else list((core_counts or {}).get(g.name, range(1, len(g.cores) + 1)))
-            )
-
-            def measure(lib: Path = lib, dev: Any = dev) -> np.ndarray:
-                gvm = VirtualMachine(tvm.runtime.load_module(str(lib)), dev)
-                ms = np.zeros(n)
-                for k in range(n):
-                    placed = [tvm.runtime.tensor(a, dev) for a in layer_inputs[k]]
-                    gvm[stage_name(k)](*placed)  # warm-up (OpenCL compiles kernels here)
-                    timer = gvm.time_evaluator(stage_name(k), dev, number=number, repeat=repeat)
-                    ms[k] = float(np.median(timer(*placed).results)) * 1e3
-                return ms
-
-            for c in counts:
-                cores = list(g.cores[:c]) if g.kind == "cpu" else list(g.cores)
-                table[(g.name, c)] = _time_in_thread(measure, cores)
+        libs = build_layer_libraries(model, groups, work, isa=isa)
+        return measure_layers(
+            model, groups, libs, core_counts=core_counts, number=number, repeat=repeat
+        )
     finally:
         if not work_dir:
             shutil.rmtree(work, ignore_errors=True)
-    return LatencyTable(table, [s.name for s in layer_shapes(model.mod)])

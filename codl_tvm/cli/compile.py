@@ -139,8 +139,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--isa",
         metavar="GROUP=ISA,...",
-        help="with --objective throughput: instruction set per CPU group (host, x86-64-v2; "
-        "default: x86-64-v2 for a group named little on x86-64, else host)",
+        help="with --objective throughput: instruction set per CPU group (host, x86-64-v2, "
+        "x86-64; default: x86-64-v2 for a group named little on x86-64, else host)",
     )
     p.add_argument(
         "--pipe-model",

@@ -1,0 +1,47 @@
+"""Per-layer latency for every (processor group, core count): the layers' GEMM shapes (Pipe-it
+Eq. 4), the measured time matrix and its records for the Pipe-it model."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from codl_tvm.frontend import load_onnx
+from codl_tvm.pipeline_build import layer_records, layer_shapes, profile_layers
+from codl_tvm.planner.pipe_model import LayerShape
+from codl_tvm.planner.pipe_search import ProcessorGroup, search_pipeline
+from tests.test_transform_stages import _depthwise_cnn, _residual_cnn
+
+
+def test_layer_shapes_are_gemm_shapes():
+    shapes = layer_shapes(load_onnx(_residual_cnn()).mod)
+    got = [(s.layer_type, s.out_pixels, s.filter_size, s.out_maps) for s in shapes]
+    # three 3x3 convs on 8x8 (3 then 8 input channels), then Gemm 128 -> 5
+    assert got == [
+        ("conv2d", 64, 27, 8),
+        ("conv2d", 64, 72, 8),
+        ("conv2d", 64, 72, 8),
+        ("dense", 1, 128, 5),
+    ]
+    dw = layer_shapes(load_onnx(_depthwise_cnn()).mod)
+    assert [s.layer_type for s in dw] == ["conv2d", "depthwise_conv2d", "conv2d"]
+    assert (dw[1].out_pixels, dw[1].filter_size, dw[1].out_maps) == (25, 9, 6)
+
+
+def test_profile_layers_measures_every_group_and_core_count(tmp_path):
+    model = load_onnx(_residual_cnn())
+    groups = (ProcessorGroup("big", "cpu", (0,)), ProcessorGroup("little", "cpu", (1,)))
+    table = profile_layers(
+        model, groups, isa={"little": "x86-64-v2"}, number=1, repeat=1, work_dir=tmp_path
+    )
+    assert sorted(table.keys()) == [("big", 1), ("little", 1)]
+    for key in table.keys():
+        assert table[key].shape == (4,) and np.all(table[key] > 0)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "layers_big.so",
+        "layers_host.so",
+        "layers_little.so",
+    ]
+    records = layer_records(table, layer_shapes(model.mod))
+    assert len(records) == 8 and all(isinstance(r.layer, LayerShape) for r in records)
+    plan = search_pipeline(table, groups, available=[0, 1])
+    assert plan.stages[-1].stop_layer == 4
