@@ -33,6 +33,7 @@ from codl_tvm.cost_model.assessment import (
     refit_like,
     repeatability,
     slice_labels,
+    smoothness,
 )
 from codl_tvm.cost_model.decisions import decide, format_decisions
 from codl_tvm.cost_model.evaluate import accuracy, training_split
@@ -275,3 +276,23 @@ def test_whole_model_table_and_leave_one_model_out_factors():
     assert s["cpu"]["factor_all"] == pytest.approx((1.2 * 1.5 * 1.2) ** (1 / 3))
     with pytest.raises(ValueError, match="b on gpu: measured latency must be > 0"):
         whole_model_table(predicted, {"b": {"gpu": 0.0}})
+
+
+def test_smoothness_interpolates_between_neighbouring_parts():
+    base = next(r for r in dataset() if r.processor == "gpu")
+    params = dataclasses.replace(base.params, h=64, padding=(0, 0, 0, 0), kernel=1, stride=1)
+
+    def recs(lats):
+        # GPU parts of 16, 32, 48, 64 rows: FLOPs 1 : 2 : 3 : 4
+        return [
+            dataclasses.replace(
+                base, params=params, partition=Partition("H", q), part=None, latency_ms=lat
+            )
+            for q, lat in zip((0.25, 0.5, 0.75, 1.0), lats)
+        ]
+
+    # latency proportional to FLOPs: both inner parts sit on the interpolation
+    s = smoothness(recs([1.0, 2.0, 3.0, 4.0]))
+    assert s["overall"] == {"acc10": 1.0, "parts": 2}
+    # 2.5 where the neighbours say 2.0 (25% off); then 3.0 where 2.5 and 4.0 say 3.29 (9.7%)
+    assert smoothness(recs([1.0, 2.5, 3.0, 4.0]))["overall"]["acc10"] == 0.5

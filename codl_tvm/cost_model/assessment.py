@@ -18,7 +18,9 @@ parts below 0.1 ms, 0.1-1 ms, above 1 ms), with CoDL's analytical model
 baseline fitted on the same training records beside it, and with the campaign's own
 repeatability ceiling: the share of ordered pairs of repeated measurements of one identical part
 (``evaluate.part_identity``) within +-10% of each other, the best any model can score against
-single measurements of that slice (``None`` where the dataset repeats no part of it).
+single measurements of that slice (``None`` where the dataset repeats no part of it), and the
+data's smoothness (:func:`smoothness`): how often a part is within +-10% of the interpolation
+between its operator's neighbouring parts, what a model of the part's size alone can reach.
 
 Operators whose kernel (operator, processor, implementation) the model has no sub-model for are
 predicted by its FLOPs fallback; the report counts them and names the kernels.
@@ -26,6 +28,7 @@ predicted by its FLOPs fallback; the report counts them and names the kernels.
 
 from __future__ import annotations
 
+import json
 import math
 import warnings
 from collections.abc import Callable, Iterable, Sequence
@@ -51,6 +54,7 @@ __all__ = [
     "refit_like",
     "repeatability",
     "slice_labels",
+    "smoothness",
     "uncovered_kernels",
 ]
 
@@ -154,6 +158,36 @@ def repeatability(records: Iterable) -> dict[str, dict[str, float]]:
     return out
 
 
+def smoothness(records: Iterable) -> dict[str, dict[str, float]]:
+    """How smooth the measurements are in the part's size, per report slice: for every part
+    with a smaller and a larger part of the same operator, processor, implementation and
+    partition dimension, the log-log interpolation in FLOPs between those two neighbours is
+    taken as its prediction; ``acc10`` is the share within +-10%. A model that sees only the
+    part's shape cannot beat this much on parts between measured neighbours: where it is low,
+    latency depends on more than the size (the kernel's tiling, launch jitter)."""
+    groups: dict[tuple, list[OpRecord]] = {}
+    for r in records:
+        if isinstance(r, OpRecord):
+            key = (r.params, r.processor, r.impl, r.partition.dim, json_device(r))
+            groups.setdefault(key, []).append(r)
+    hits: dict[str, list[bool]] = {}
+    for recs in groups.values():
+        pts = sorted(((math.log(r.features().flops), r) for r in recs), key=lambda t: t[0])
+        for (fa, a), (fb, b), (fc, c) in zip(pts, pts[1:], pts[2:]):
+            if not fa < fb < fc:
+                continue
+            t = (fb - fa) / (fc - fa)
+            est = math.exp((1 - t) * math.log(a.latency_ms) + t * math.log(c.latency_ms))
+            for label in slice_labels(b):
+                hits.setdefault(label, []).append(abs(est / b.latency_ms - 1.0) <= 0.10 + 1e-12)
+    return {k: {"acc10": float(np.mean(v)), "parts": len(v)} for k, v in hits.items()}
+
+
+def json_device(r: OpRecord) -> str:
+    """A record's device description as a canonical string (a grouping key)."""
+    return json.dumps(dict(r.device), sort_keys=True)
+
+
 def uncovered_kernels(model: CostModel, records: Iterable) -> dict[str, int]:
     """Kernels (``op/processor/impl``) of ``records`` the model has no sub-model for, with how
     many records each (they are predicted by the FLOPs fallback)."""
@@ -174,6 +208,7 @@ class SliceScore:
     references: dict[str, Accuracy]
     ceiling_acc10: float | None = None
     ceiling_pairs: int = 0
+    smooth_acc10: float | None = None
 
     def to_json(self) -> dict:
         return {
@@ -182,6 +217,7 @@ class SliceScore:
             **{k: {"acc10": a.acc10, "mape": a.mape} for k, a in self.references.items()},
             "ceiling_acc10": self.ceiling_acc10,
             "ceiling_pairs": self.ceiling_pairs,
+            "smooth_acc10": self.smooth_acc10,
         }
 
 
@@ -197,7 +233,9 @@ class _Predictions:
         for k, v in preds.items():
             self.by.setdefault(k, []).extend(float(x) for x in v)
 
-    def slices(self, ceiling: dict[str, dict]) -> dict[str, SliceScore]:
+    def slices(
+        self, ceiling: dict[str, dict], smooth: dict[str, dict] | None = None
+    ) -> dict[str, SliceScore]:
         labels = [slice_labels(r) for r in self.records]
         meas = np.array([r.latency_ms for r in self.records])
         names = sorted({x for ls in labels for x in ls}, key=_slice_order)
@@ -212,6 +250,7 @@ class _Predictions:
                 {k: scores[k] for k in REFERENCES if k in scores},
                 None if ceil is None else ceil["acc10"],
                 0 if ceil is None else ceil["pairs"],
+                (smooth or {}).get(name, {}).get("acc10"),
             )
         return out
 
@@ -285,6 +324,7 @@ def assess(
     drop = float(model.meta.get("drop_inconsistent", 3.0))
     preset = infer_preset(records)
     ceiling = repeatability(records)
+    smooth = smoothness(records)
 
     if holdout > 0:
         train, test, _ = training_split(records, holdout, seed, drop)
@@ -338,8 +378,8 @@ def assess(
         model.kind,
         len(model.dumps().encode()),
         split,
-        random.slices(ceiling) if random.records else {},
-        pooled.slices(ceiling) if pooled.records else {},
+        random.slices(ceiling, smooth) if random.records else {},
+        pooled.slices(ceiling, smooth) if pooled.records else {},
         per_model,
         unseen,
         examples,
@@ -351,6 +391,7 @@ def _row(label: str, s: SliceScore) -> str:
     for k in REFERENCES:
         a = s.references.get(k)
         cells.append("" if a is None else f"  {100 * a.acc10:5.1f}% {a.mape:6.1f}%")
+    cells.append("       -" if s.smooth_acc10 is None else f"  {100 * s.smooth_acc10:5.1f}%")
     if s.ceiling_acc10 is None:
         cells.append("        -")
     else:
@@ -360,7 +401,7 @@ def _row(label: str, s: SliceScore) -> str:
 
 _HEADER = (
     f"  {'slice':<28} {'n':>5}  {'model':>6} {'MAPE':>7}  {'codl':>6} {'MAPE':>7}  "
-    f"{'flops':>6} {'MAPE':>7}  ceiling"
+    f"{'flops':>6} {'MAPE':>7}  {'smooth':>6}  ceiling"
 )
 
 
@@ -369,7 +410,8 @@ def format_assessment(a: Assessment) -> str:
     lines = [
         "accuracy (share within +-10% and MAPE) of the model, CoDL's analytical model and the "
         "FLOPs-linear baseline fitted on the same records; ceiling: repeated measurements of "
-        "identical parts within +-10% of each other in this campaign",
+        "identical parts within +-10% of each other in this campaign; smooth: parts within "
+        "+-10% of the log-log interpolation between their operator's neighbouring parts",
         f"random split: {a.split}",
         _HEADER,
     ]

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import warnings
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -86,7 +87,10 @@ class GbdtConfig:
     (``analytical.infer_preset``), ``"none"`` for plain trees. ``augment_blind``: train on every
     record twice, with and without its dispatch features, so the trees also predict parts
     nobody has built yet (the planner's features have no dispatch features; trees that never
-    saw them missing send such rows down arbitrary default branches).
+    saw them missing send such rows down arbitrary default branches). ``base_clamp``: the
+    analytical base is kept within this factor of its FLOPs line (0 = unclamped, as files
+    written before the option): CoDL's formulas extrapolate to a kernel configuration missing
+    from the training data by 30x and more, the trees cannot correct what they never saw.
     """
 
     n_estimators: int = 100
@@ -101,6 +105,7 @@ class GbdtConfig:
     min_records: int = 8
     analytical_base: str = "auto"
     augment_blind: bool = True
+    base_clamp: float = 3.0
 
     def params(self) -> dict:
         return {
@@ -233,7 +238,15 @@ class GbdtModel(CostModel):
     def _base_margin(self, features: Sequence[OpFeatures]) -> np.ndarray:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", CostModelFallbackWarning)
-            return np.log(self.base.predict_many(features))
+            margin = np.log(self.base.predict_many(features))
+            clamp = self.config.base_clamp
+            if clamp > 1.0:
+                # CoDL's formulas extrapolate wildly to a kernel configuration they never saw
+                # (a padded stride-1 pooling predicted 35x too slow when no model with one was
+                # in the training data); the FLOPs line is crude but never that far off.
+                line = np.log(self.base.fallback.predict_many(features))
+                margin = np.clip(margin, line - math.log(clamp), line + math.log(clamp))
+            return margin
 
     def covers(self, features: OpFeatures) -> bool:
         return (features.op, features.processor, features.impl) in self.boosters
@@ -270,7 +283,8 @@ class GbdtModel(CostModel):
         }
 
     def _load_body(self, body: dict) -> None:
-        self.config = GbdtConfig(**body["config"])
+        # files written before base_clamp existed were fitted on the unclamped base
+        self.config = GbdtConfig(**{"base_clamp": 0.0, **body["config"]})
         self.base = None
         if body.get("base") is not None:
             self.base = CodlModel.from_json(body["base"], "(analytical base)")
