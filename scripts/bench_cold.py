@@ -46,25 +46,38 @@ from codl_tvm.coldstart import PHASES, artifact_files, evict
 SCENARIOS = ("nocache", "cache", "aot", "aot_lazy", "overlap_only", "aot_warm_pages")
 
 
-def cmd_binaries(args: argparse.Namespace) -> None:
-    """Add this machine's OpenCL device's program binaries to every artifact under ``--dir``
-    (an artifact's binaries for several devices share its folder)."""
+def _add_binaries(manifest_path: Path, platform: str) -> str:
+    """Add this machine's OpenCL device's program binaries to one artifact."""
     from codl_tvm import runtime
     from codl_tvm.artifact import load_artifact
     from codl_tvm.artifact.program_binaries import embed
-    from codl_tvm.artifact.store import LIBRARY, MANIFEST
+    from codl_tvm.artifact.store import LIBRARY
 
-    if args.platform:
-        runtime.load(platform=args.platform)
-    for manifest_path in sorted(Path(args.dir).glob("*/*/" + MANIFEST)):
-        art = load_artifact(manifest_path.parent, verify=False, check_cpu=False)
-        if "opencl" not in art.manifest["vm_devices"]:
-            continue
-        record = embed(art.path / LIBRARY, art.path, print, art.manifest.get("program_binaries"))
-        manifest = {**art.manifest, "program_binaries": record}
-        tmp = manifest_path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(manifest, indent=2) + "\n")
-        os.replace(tmp, manifest_path)
+    if platform:
+        runtime.load(platform=platform)
+    art = load_artifact(manifest_path.parent, verify=False, check_cpu=False)
+    if "opencl" not in art.manifest["vm_devices"]:
+        return f"{art.path}: no OpenCL kernels"
+    lines: list[str] = []
+    record = embed(art.path / LIBRARY, art.path, lines.append, art.manifest.get("program_binaries"))
+    manifest = {**art.manifest, "program_binaries": record}
+    tmp = manifest_path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(manifest, indent=2) + "\n")
+    os.replace(tmp, manifest_path)
+    return f"{art.path}: {' '.join(lines)}"
+
+
+def cmd_binaries(args: argparse.Namespace) -> None:
+    """Add this machine's OpenCL device's program binaries to every artifact under ``--dir``
+    (an artifact's binaries for several devices share its folder), ``--jobs`` at a time."""
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    paths = sorted(Path(args.dir).glob("*/*/manifest.json"))
+    # spawned workers: TVM's state is not fork-safe
+    with ProcessPoolExecutor(args.jobs, mp_context=mp.get_context("spawn")) as pool:
+        for line in pool.map(_add_binaries, paths, [args.platform] * len(paths)):
+            print(line, flush=True)
 
 
 def _library_files() -> list[Path]:
@@ -77,26 +90,27 @@ def _library_files() -> list[Path]:
 
 
 def _child(
-    artifact: Path, programs: str, env: dict, evict_paths: list[Path], warm: int = 0
+    artifact: Path,
+    programs: str,
+    env: dict,
+    evict_paths: list[Path],
+    warm: int = 0,
+    timeout_s: float | None = None,
 ) -> dict:
     evict(evict_paths)
     t0 = time.monotonic_ns()
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "codl_tvm.coldstart",
-            str(artifact),
-            "--programs",
-            programs,
-            "--warm",
-            str(warm),
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    cmd = [sys.executable, "-m", "codl_tvm.coldstart", str(artifact), "--programs", programs]
+    try:
+        proc = subprocess.run(
+            [*cmd, "--warm", str(warm)],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=timeout_s,
+        )
+    except subprocess.TimeoutExpired:
+        return {"error": [f"timed out after {timeout_s} s"]}
     if proc.returncode != 0:
         return {"error": proc.stderr.strip().splitlines()[-1:] or ["exit " + str(proc.returncode)]}
     res = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -214,7 +228,7 @@ def cmd_run(args: argparse.Namespace) -> None:
                         name, "overlap"
                     )
                     warm = args.warm if name in ("aot", "cpu") else 0
-                    res = _child(art, programs, env, evict_paths, warm)
+                    res = _child(art, programs, env, evict_paths, warm, args.timeout_s)
                     res.update(model=model, build=build, scenario=name, platform=args.platform)
                     rows.append(res)
                     print(f"{model} {build} {name}: {_line(res)}", flush=True)
@@ -296,7 +310,8 @@ def main() -> None:
     sub = p.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("binaries", help="add this device's program binaries to the artifacts")
     b.add_argument("--dir", required=True, help="bench_planner.py compile's output folder")
-    b.add_argument("--platform", help="OpenCL platform name substring")
+    b.add_argument("--platform", default="", help="OpenCL platform name substring")
+    b.add_argument("--jobs", type=int, default=1, help="artifacts at a time")
     b.set_defaults(func=cmd_binaries)
     r = sub.add_parser("run", help="measure the cold starts")
     r.add_argument("--dir", required=True, help="bench_planner.py compile's output folder")
@@ -305,6 +320,7 @@ def main() -> None:
     r.add_argument("--platform", default="", help="OpenCL platform name substring")
     r.add_argument("--scenarios", default=",".join(SCENARIOS))
     r.add_argument("--warm", type=int, default=5, help="warm runs after the aot run")
+    r.add_argument("--timeout-s", type=float, default=180.0, help="per measured process")
     r.add_argument("--ort-threads", type=int, default=0, help="onnxruntime baseline threads")
     r.add_argument(
         "--evict-libs",

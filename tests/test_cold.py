@@ -228,3 +228,22 @@ def test_binaries_of_several_devices_share_the_folder(gpu_artifact, tmp_path):
     assert [device_key_of(d) for d in record["devices"]] == [other, here]
     assert json.loads((art / BINARIES / INDEX).read_text()) == record
     assert not [p for p in (art / BINARIES).iterdir() if p.name.startswith(".")]
+
+
+@pytest.mark.opencl
+def test_no_binaries_for_a_preset_naming_another_device(tmp_path):
+    if "nvidia" in str(runtime.info()).lower():
+        pytest.skip("this machine has the preset's device")
+    lines: list[str] = []
+    out = tmp_path / "h100"
+    compile_artifact(
+        bundled_model_path(),
+        out,
+        device="opencl",
+        preset="device-h100",
+        reference=False,
+        log=lines.append,
+    )
+    assert json.loads((out / "manifest.json").read_text())["program_binaries"] is None
+    assert not (out / BINARIES).exists()
+    assert any("targets a nvidia OpenCL device" in line for line in lines)

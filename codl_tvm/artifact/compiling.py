@@ -559,9 +559,10 @@ def _compile_into(request: _Request, log: Callable[[str], None]) -> Path:
             built = libraries.single(device)
             manifest["targets"] = {device: str(target)}
         shutil.move(str(built), out / LIBRARY)
-        if "opencl" in manifest["vm_devices"] and not preset_obj.is_cross:
-            # this machine's OpenCL device is the preset's: ship its program binaries
-            manifest["program_binaries"] = program_binaries.embed(out / LIBRARY, out, log)
+        if "opencl" in manifest["vm_devices"]:
+            # where this machine's OpenCL device is the preset's, ship its program binaries
+            binaries = program_binaries.embed_for_preset(preset_obj, out / LIBRARY, out, log)
+            manifest["program_binaries"] = binaries
         if manifest["device"] == "cpu" and manifest["winograd_cpu_alone"]:
             manifest["winograd"] = True  # the library is a build for the CPU alone
         if manifest["device"] == "cpu" and manifest["packed_cpu_alone"]:

@@ -38,6 +38,7 @@ __all__ = [
     "device_key",
     "device_key_of",
     "embed",
+    "embed_for_preset",
     "opencl_modules",
     "prepare",
 ]
@@ -127,6 +128,28 @@ def embed(
         f"{device.driver_version}): the first run there skips the OpenCL compiler"
     )
     return record
+
+
+def embed_for_preset(
+    preset, library: Path, out: Path, log: Callable[[str], None]
+) -> dict[str, Any] | None:
+    """:func:`embed` where this machine's OpenCL device is the ``preset``'s GPU: never for a
+    cross-compiling preset, and where the preset names a device (``"device": "nvidia"``), only
+    when this machine's platform or device carries that name; a note says why not."""
+    if preset.is_cross:
+        return None
+    tag = str((preset.gpu or {}).get("device", "")).lower()
+    info = runtime.info()
+    device = info.devices[0]
+    here = " ".join((info.platform, info.platform_vendor, device.name, device.vendor)).lower()
+    if tag and tag not in here:
+        log(
+            f"note: preset {preset.name!r} targets a {tag} OpenCL device, this machine's is "
+            f"'{device.name}' ({info.platform}): no program binaries stored (the first run "
+            "there compiles the kernels)"
+        )
+        return None
+    return embed(library, out, log)
 
 
 def device_key_of(entry: Mapping) -> dict[str, str]:
