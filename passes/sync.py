@@ -22,6 +22,11 @@ GPU kernels are enqueued asynchronously; CPU kernels run on the host thread in p
   (before any later GPU kernel, e.g. the GPU part of the same chain) and a
   ``codl.coexec.cpu_wait`` right before the CPU kernel. So the GPU part of a co-executed
   operator runs while the CPU part computes (CoDL's order: enqueue GPU, run CPU, then sync).
+- A CPU kernel that follows GPU kernels enqueued after the last mark gets a
+  ``codl.coexec.gpu_flush`` before it (before its wait, if any): real GPU drivers start queued
+  work only when flushed, and a mark flushes only where a CPU kernel reads the GPU's result, so
+  a GPU branch beside a CPU branch (a HOPE placement) would otherwise start only at the next
+  mark.
 - A CPU kernel writing its region of a shared output (``codl.shared_output``, from
   :class:`~codl_tvm.passes.merge.MergePartsInPlace`) does not wait for the GPU part writing the
   other region of the same tensor.
@@ -163,12 +168,25 @@ class InsertCoexecSync:
                 )
                 if only_cpu:
                     cpu_private.add(b.var)
+        # GPU kernels enqueued since the last mark (a mark flushes) must be submitted before the
+        # host runs a CPU kernel beside them: a flush where nothing else would.
+        flush_before: set[int] = set()
+        unflushed = False
+        for i, b in enumerate(bindings):
+            if not _is_kernel_call(b.value):
+                continue
+            if _processor(mod, b.value) == "gpu":
+                unflushed = i not in marks_after
+            elif unflushed:
+                flush_before.add(i)
+                unflushed = False
         return {
             "func": func,
             "returned": returned,
             "bindings": bindings,
             "marks_after": marks_after,
             "waits_before": waits_before,
+            "flush_before": flush_before,
             "cpu_private": cpu_private,
         }
 
@@ -215,6 +233,13 @@ class _Rewriter(relax.PyExprMutator):
                 hint="entry_mark",
             )
             self._packed("codl.coexec.cpu_wait", mark, ty=relax.TupleType([]), hint="wait")
+        if i is not None and i in self.plan["flush_before"]:
+            self._packed(
+                "codl.coexec.gpu_flush",
+                relax.prim_value(GPU_DEVICE_INDEX),
+                ty=relax.TupleType([]),
+                hint="flush",
+            )
         if i is not None and i in self.plan["waits_before"]:
             mark = self.marks[self.plan["waits_before"][i]]
             self._packed("codl.coexec.cpu_wait", mark, ty=relax.TupleType([]), hint="wait")

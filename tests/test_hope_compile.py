@@ -353,8 +353,7 @@ def _residual_plan(mod, shortcut_ratio: float):
     assert [i.name for i in infos] == ["conv2d_0", "conv2d_1", "conv2d_2", "conv2d_3"]
     return PartitionPlan(
         tuple(
-            OpPartition(i.name, "H", shortcut_ratio if i.name == "conv2d_3" else 1.0)
-            for i in infos
+            OpPartition(i.name, "H", shortcut_ratio if i.name == "conv2d_3" else 1.0) for i in infos
         ),
         (),
         model_fingerprint(mod, infos),
@@ -425,3 +424,64 @@ def test_verify_adopting_an_auto_candidate_records_the_mode_it_chose(
     assert record["mode"] == "hope" and record["planned_mode"] == "codl"
     assert record["auto"]["candidates_ms"] == pytest.approx(report.candidates)
     assert json.loads((tmp_path / "plan_report.json").read_text())["auto"]["chosen"] == "hope"
+
+
+def _issued_calls(built, x) -> list[str]:
+    """The VM's calls of one inference, in order (kernels by their host function's name)."""
+    vm = built.vm
+    calls: list[str] = []
+
+    def instrument(func, symbol, before_run, ret, *args):
+        if before_run:
+            calls.append(str(symbol))
+        return 0
+
+    vm.set_instrument(instrument)
+    try:
+        vm["main"](tvm.runtime.tensor(x, tvm.opencl(0)))
+        tvm.opencl(0).sync()
+    finally:
+        vm.set_instrument(None)
+    return calls
+
+
+@pytest.mark.opencl
+@pytest.mark.parametrize("home", ["cpu", "gpu"])
+def test_gpu_branch_is_flushed_before_the_cpu_branch_runs(opencl, home):
+    """A GPU branch beside a CPU branch runs at once only if its kernels were submitted before
+    the host runs the CPU's: every CPU kernel issued after GPU kernels comes after a
+    ``gpu_mark`` or a ``gpu_flush`` that follows them. With the join on the GPU (home ``gpu``)
+    no CPU kernel reads the GPU branch, so no mark would flush it: the flush does. Checked on
+    the program the VM runs (the dispatch structure), not on timings: on a CPU OpenCL runtime
+    sharing the host's cores, whether the two lanes' intervals overlap depends on the load."""
+    import codl_tvm
+    from codl_tvm.plan import OpPartition, PartitionPlan, model_fingerprint
+
+    proto = inception_like(c=16, hw=16)
+    model = load_onnx(proto)
+    infos = partitionable_ops(model.mod)
+    names = [i.name for i in infos]  # conv2d_0 (stem), conv2d_1, conv2d_2, conv2d_3, pool, conv
+    gpu = {names[0], names[1], names[4], names[5]}  # stem, the 1x1 branch and the pool branch
+    ops = tuple(OpPartition(n, "OC", 1.0 if n in gpu else 0.0) for n in names)
+    order = (names[0], names[1], names[4], names[5], names[2], names[3])
+    plan = PartitionPlan(ops, (), model_fingerprint(model.mod, infos), home=home, order=order)
+    built = codl_tvm.compile(model.mod, plan)
+    feeds = random_inputs(model, seed=3)
+    (want,) = onnxruntime_outputs(proto, feeds)
+    x = feeds[model.inputs[0].name]
+    assert_close(built([x])[0], want)
+    processor = {c[0]: c[2] for c in built.kernel_splits["calls"]}
+    calls = _issued_calls(built, x)
+    kernels = [c for c in calls if c in processor]
+    first_cpu_branch = next(
+        i for i, c in enumerate(calls) if processor.get(c) == "cpu" and i > calls.index(kernels[0])
+    )
+    assert any(processor.get(c) == "gpu" for c in calls[:first_cpu_branch])
+    unsubmitted = False
+    for c in calls:
+        if processor.get(c) == "gpu":
+            unsubmitted = True
+        elif c in ("codl.coexec.gpu_mark", "codl.coexec.gpu_flush"):
+            unsubmitted = False
+        elif processor.get(c) == "cpu":
+            assert not unsubmitted, f"{c} runs while GPU kernels before it are not submitted"

@@ -302,6 +302,17 @@ int64_t GpuMark(int dev_id) {
   return h;
 }
 
+/*!
+ * \brief Submit what is queued on the device without waiting: the host is about to run a CPU
+ * kernel beside GPU work it need not wait for (real GPU drivers start executing only after a
+ * flush; without one the GPU branch would wait for the next mark).
+ */
+void GpuFlush(int dev_id) {
+  Workspace* w = Workspace::Global();
+  w->EnsureInit();
+  CODL_CL_CALL(clFlush, w->Queue(dev_id));
+}
+
 void CpuWait(int64_t handle) {
   Mark m;
   {
@@ -436,6 +447,7 @@ TVM_FFI_STATIC_INIT_BLOCK() {
   refl::GlobalDef()
       .def("codl.coexec.gpu_mark", GpuMark)
       .def("codl.coexec.cpu_wait", CpuWait)
+      .def("codl.coexec.gpu_flush", GpuFlush)
       .def("codl.coexec.cpu_view", CpuViewOrSelf)
       .def("codl.coexec.region_view", RegionView)
       .def("codl.coexec.alloc", SiteAlloc)
