@@ -19,10 +19,13 @@ import numpy as np
 import pytest
 
 from codl_tvm import runtime
-from codl_tvm.artifact import compile_artifact
+from codl_tvm.artifact import compile_artifact, load_artifact
 from codl_tvm.artifact.program_binaries import BINARIES, INDEX, device_key, device_key_of, embed
+from codl_tvm.cli import main
+from codl_tvm.cold_objective import cold_candidates
 from codl_tvm.coldstart import artifact_files, evict, resident_fraction
 from codl_tvm.models import bundled_model_path
+from codl_tvm.options import CompileOptions
 
 
 def test_evict_keeps_contents_and_reports_residency(tmp_path):
@@ -247,3 +250,43 @@ def test_no_binaries_for_a_preset_naming_another_device(tmp_path):
     assert json.loads((out / "manifest.json").read_text())["program_binaries"] is None
     assert not (out / BINARIES).exists()
     assert any("targets a nvidia OpenCL device" in line for line in lines)
+
+
+def test_cold_candidates_follow_the_preset():
+    gpu = cold_candidates(CompileOptions(preset="opencl", winograd=False))
+    assert gpu == {
+        "coexec": {"device": "coexec"},
+        "opencl": {"device": "opencl", "plan": None},
+        "cpu": {"device": "cpu", "plan": None},
+    }
+    with_winograd = cold_candidates(CompileOptions(preset="host", winograd=True))
+    assert with_winograd == {
+        "cpu": {"device": "cpu", "plan": None},
+        "cpu:direct": {"device": "cpu", "plan": None, "winograd": False},
+    }
+
+
+def test_objective_cold_refuses_a_cross_preset(tmp_path, capsys):
+    out = tmp_path / "out"
+    code = main(["compile", "--objective", "cold", "--preset", "android-arm64", "-o", str(out)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1
+    assert err[0].startswith("codl-tvm: error:") and "android-arm64" in err[0]
+    assert not out.exists()
+
+
+@pytest.mark.slow
+@pytest.mark.opencl
+def test_objective_cold_keeps_the_fastest_measured_build(tmp_path, capsys):
+    out = tmp_path / "cold"
+    assert main(["compile", "--objective", "cold", "--verify", "1", "-o", str(out)]) == 0
+    art = load_artifact(out)
+    record = art.manifest["cold"]
+    assert set(record["median_ms"]) == set(cold_candidates(CompileOptions()))
+    assert record["chosen"] == min(record["median_ms"], key=record["median_ms"].get)
+    chosen = record["chosen"].split(":")[0]
+    assert art.manifest["device"] == chosen or (chosen == "coexec" and "plan" in art.manifest)
+    inputs, expected = art.reference()
+    outs = art([inputs[s.name] for s in art.model.inputs])
+    for got, want in zip(outs, expected, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
