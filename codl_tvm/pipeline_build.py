@@ -366,21 +366,26 @@ def build_layer_libraries(
     work_dir: str | Path,
     *,
     isa: Mapping[str, str] | None = None,
+    host: bool = True,
 ) -> dict[str, Path]:
-    """Build ``main`` cut at every layer (one function per layer) for the host and for each
-    group: ``{"host": lib, group name: lib, ...}`` in ``work_dir`` (what
+    """Build ``main`` cut at every layer (one function per layer) for the host (with
+    ``host``) and for each group: ``{"host": lib, group name: lib, ...}`` in ``work_dir`` (what
     :func:`measure_layers` times; building and timing are apart so that a benchmark can build
     many models in parallel and time them one at a time)."""
-    groups = check_groups(groups)
+    groups = check_groups(groups) if groups or not host else ()
     isas = _isas(groups, isa)
     starts = layer_starts(model.mod["main"])
     staged = cut_stages(model.mod, starts[1:])
     layer_mod = _stage_module(staged, [stage_name(k) for k in range(len(starts))])
     work = Path(work_dir)
     work.mkdir(parents=True, exist_ok=True)
-    libs = {"host": work / "layers_host.so"}
-    host = ProcessorGroup("host", "cpu", (0,))
-    _compile(layer_mod, group_target(host, "host"), libs["host"], f"{model.path} (layers)")
+    libs = {}
+    if host:  # the library that computes every layer's inputs (skip: another call builds it)
+        libs["host"] = work / "layers_host.so"
+        host_group = ProcessorGroup("host", "cpu", (0,))
+        _compile(
+            layer_mod, group_target(host_group, "host"), libs["host"], f"{model.path} (layers)"
+        )
     for g in groups:
         libs[g.name] = work / f"layers_{g.name}.so"
         _compile(

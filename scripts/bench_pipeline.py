@@ -1,0 +1,617 @@
+"""Pipelined throughput (Pipe-it) on emulated big/little clusters and a GPU, with its baselines.
+
+::
+
+    python scripts/bench_pipeline.py \\
+        --models bvlc_alexnet,inception_v1,posenet,resnet50,squeezenet \\
+        --groups gpu:0-3,big:4-11,little:12-15 --isa little=x86-64-v2 --jobs 15 \\
+        --frames 40 --out $OUT/pipeline.json
+
+The machine is split into processor groups (``--groups``): ``big``, TVM's kernels for the host
+CPU (AVX-512 on the device machine) on one core set; ``little``, kernels built for a narrower
+instruction set (``--isa little=x86-64-v2``: SSE4.2, no AVX) on another; ``gpu``, PoCL on its
+own cores (the calling shell sets ``POCL_CPU_MAX_CU_COUNT`` and ``POCL_AFFINITY=1``, so PoCL's
+workers are on cores ``0..CU-1``; the GPU stage's host thread is pinned to the group's cores).
+The big/little ratio is *measured*, not set: the sum of every layer's one-core latency on
+``little`` over the same on ``big`` (reported per model as ``little_over_big_1core``; Pipe-it's
+clusters are 2-5x apart per core; ``--isa little=x86-64`` (SSE2) widens the gap).
+
+Phases (builds in ``--jobs`` spawned processes, timing one thing at a time):
+
+1. **build**: per model, the model cut at every layer for each group (the time matrix's
+   libraries) and the single-stage builds of the baselines.
+2. **measure**: Pipe-it's time matrix per model: every layer on 1..n cores of each CPU group
+   and on the GPU (:func:`codl_tvm.pipeline_build.measure_layers`).
+3. **plan**: Pipe-it's heuristic (``exact`` and the published ``pipe-it`` balancing) and the
+   exhaustive search (up to three stages) on the CPU groups and on all groups; a Pipe-it model
+   (Eq. 5/8) fitted on the *other* models' measured layers predicts this model's table, and the
+   pipeline chosen from it is re-costed with the measured table (predicted vs measured choice).
+4. **build pipelines** of the chosen plans; **stream** ``--frames`` frames through every
+   configuration, in the same process one after another:
+
+   - ``pipe_cpu``: the best pipeline on big + little; ``pipe_gpu``: on big + little + GPU;
+     ``pipe_pred``: chosen from predicted latencies (when it differs from ``pipe_gpu``);
+   - ``big``: all layers on the big cluster (Pipe-it's baseline);
+   - ``kernel_all``: every layer on all CPU cores at once (host ISA on big and little cores:
+     kernel-level parallelism, which favours this baseline since the little cores run the big
+     ISA);
+   - ``replicas``: a whole model per group (big, little, GPU), each taking the next frame
+     from a shared queue (frames alternate between the replicas as they free up);
+   - ``codl``: codl-tvm's latency plan (GPU + big cores co-executing each layer) back to back,
+     built with ``--cost-model`` scaled to the groups' core counts;
+   - ``gpu``: the whole model on the GPU alone.
+
+Output: one JSON with per model the measured tables' summary, the searches (predicted and
+measured bottlenecks, heuristic vs exhaustive), every configuration's frames/s and per-frame
+latency (median, p99), and a summary over models (mean throughput ratios). Each number comes
+from this one run on one machine; compare configurations within it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import queue
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+DEFAULT_MODELS = "bvlc_alexnet,inception_v1,posenet,resnet50,squeezenet"
+DEFAULT_GROUPS = "gpu:0-3,big:4-11,little:12-15"
+DEFAULT_COST_MODEL = "codl_tvm/data/cost_models/emulated-soc-k12.json"
+
+
+def _model_file(name: str, directory: Path) -> Path:
+    import onnx
+
+    from codl_tvm.models import benchmark_model, bundled_model_path
+
+    if name == "codl_small_cnn":
+        return bundled_model_path()
+    path = directory / f"{name}.onnx"
+    if not path.exists():
+        directory.mkdir(parents=True, exist_ok=True)
+        onnx.save(benchmark_model(name), str(path))
+    return path
+
+
+def _groups(spec: str):
+    from codl_tvm.planner.pipe_search import parse_groups
+
+    return parse_groups(spec)
+
+
+def _single_stage_plan(model, group):
+    from codl_tvm.passes.stages import layer_starts
+
+    from codl_tvm.planner.pipe_search import PipelinePlan, PipelineStage
+
+    n = len(layer_starts(model.mod["main"]))
+    count = len(group.cores) if group.kind == "cpu" else 1
+    return PipelinePlan((PipelineStage(group.name, count, group.cores, 0, n, 0.0),), "whole")
+
+
+def _build_job(job: dict) -> tuple[str, str, str | None, float]:
+    """One build in a spawned worker: ``layers``, ``whole`` (one stage), ``pipeline`` or
+    ``codl``; returns (model, tag, error or None, seconds)."""
+    t0 = time.perf_counter()
+    try:
+        from codl_tvm.frontend import load_onnx
+        from codl_tvm.pipeline_build import build_layer_libraries, build_pipeline
+        from codl_tvm.planner.pipe_search import PipelinePlan, PipelineStage
+
+        model = load_onnx(job["model_path"])
+        groups = _groups(job["groups"])
+        isa = job["isa"]
+        if job["kind"] == "layers":  # one group's (or the host's) layer library
+            only = [g for g in groups if g.name == job["group"]]
+            only_isa = {k: v for k, v in isa.items() if k == job["group"]}
+            build_layer_libraries(model, only, job["out"], isa=only_isa, host=not only)
+        elif job["kind"] == "whole":
+            group = next(g for g in groups if g.name == job["group"])
+            plan = _single_stage_plan(model, group)
+            build_pipeline(model, plan, groups, job["out"], isa=isa, force=True)
+        elif job["kind"] == "pipeline":
+            plan = PipelinePlan(
+                tuple(
+                    PipelineStage(
+                        s["group"],
+                        s["core_count"],
+                        tuple(s["cores"]),
+                        *s["layers"],
+                        s["latency_ms"],
+                    )
+                    for s in job["plan"]["stages"]
+                ),
+                job["plan"]["method"],
+            )
+            build_pipeline(model, plan, groups, job["out"], isa=isa, force=True)
+        elif job["kind"] == "codl":
+            from codl_tvm.artifact import compile_artifact
+
+            compile_artifact(
+                job["model_path"],
+                job["out"],
+                device="coexec",
+                mode="codl",
+                cost_model=job["cost_model"],
+                preset="emulated-soc",
+                reference=False,
+                log=lambda s: None,
+                processor_scale=tuple(job["processor_scale"]),
+                force=True,
+            )
+    except Exception as exc:  # one failing build must not lose the others
+        return job["name"], job["tag"], f"{type(exc).__name__}: {exc}", time.perf_counter() - t0
+    return job["name"], job["tag"], None, time.perf_counter() - t0
+
+
+def _run_builds(jobs: list[dict], n_jobs: int, log) -> dict[tuple[str, str], str]:
+    failed = {}
+    if n_jobs > 1 and len(jobs) > 1:
+        import multiprocessing as mp
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+
+        # spawned workers: TVM's state is not fork-safe
+        with ProcessPoolExecutor(n_jobs, mp_context=mp.get_context("spawn")) as pool:
+            results = [f.result() for f in as_completed([pool.submit(_build_job, j) for j in jobs])]
+    else:
+        results = [_build_job(j) for j in jobs]
+    for name, tag, err, secs in results:
+        log(f"built {name} {tag} in {secs:.1f} s" + (f": FAILED {err}" if err else ""))
+        if err:
+            failed[(name, tag)] = err
+    return failed
+
+
+def _fit_predictor(records, groups, exclude: str):
+    """A Pipe-it model per layer type fitted on the other models' records, with a fit pooled
+    over layer types for the types the others lack; returns ``predict(layer, group, cores)``."""
+    from codl_tvm.errors import CodlError
+    from codl_tvm.planner.pipe_model import LayerShape, PipeModel, PipeRecord
+
+    sizes = {g.name: g.most_stage_cores for g in groups}
+    train = [r for name, rs in records.items() if name != exclude for r in rs]
+    typed = PipeModel(sizes)
+    try:
+        typed.fit(train)
+    except CodlError:
+        typed = None
+    pooled = PipeModel(sizes).fit(
+        PipeRecord(
+            LayerShape(
+                r.layer.name, "any", r.layer.out_pixels, r.layer.filter_size, r.layer.out_maps
+            ),
+            r.group,
+            r.cores,
+            r.latency_ms,
+        )
+        for r in train
+    )
+
+    def predict(layer, group, cores):
+        if typed is not None and (group, layer.layer_type) in typed.fits:
+            try:
+                return typed.predict(layer, group, cores)
+            except CodlError:
+                pass
+        any_layer = LayerShape(
+            layer.name, "any", layer.out_pixels, layer.filter_size, layer.out_maps
+        )
+        return pooled.predict(any_layer, group, cores)
+
+    return predict
+
+
+def _plan_json(plan) -> dict:
+    return plan.to_json() | {"describe": plan.describe(), "bottleneck_ms": plan.bottleneck_ms}
+
+
+def _stream_stats(stream) -> dict:
+    st = stream.stats()
+    return {
+        "frames": st.frames,
+        "frames_per_s": st.frames_per_s,
+        "latency_median_ms": st.latency_median_ms,
+        "latency_p99_ms": st.latency_p99_ms,
+        "stage_busy_ms_per_frame": {
+            n: b * 1e3 / max(st.frames, 1)
+            for n, b in zip(st.stage_names, st.stage_busy_s, strict=True)
+        },
+    }
+
+
+def _run_pipeline(path: Path, frames: list, warmup: int) -> dict:
+    from codl_tvm.pipeline_artifact import load_pipeline
+
+    pipe = load_pipeline(path)
+    with pipe.stream(frames[:warmup]) as s:  # PoCL compiles kernels, pools start
+        list(s)
+    with pipe.stream(frames) as s:
+        for _ in s:
+            pass
+    return _stream_stats(s) | {"describe": pipe.describe()}
+
+
+def _run_replicas(paths: list[Path], frames: list, warmup: int) -> dict:
+    """Whole-model replicas, one per group, each taking the next frame from a shared queue."""
+    from codl_tvm.pipeline_artifact import load_pipeline, pin_thread_pool
+
+    pipes = [load_pipeline(p) for p in paths]
+    for p in pipes:
+        for _ in range(warmup):
+            p(frames[0])
+    todo: queue.Queue = queue.Queue()
+    for i in range(len(frames)):
+        todo.put(i)
+    latencies = [0.0] * len(frames)
+    done = [0] * len(pipes)
+    errors: list[BaseException] = []
+
+    def worker(k: int) -> None:
+        stage = pipes[k].manifest["stages"][0]
+        try:
+            if stage["cores"]:
+                if stage["kind"] == "cpu":
+                    pin_thread_pool(stage["cores"])
+                else:
+                    os.sched_setaffinity(0, stage["cores"])
+            while True:
+                try:
+                    i = todo.get_nowait()
+                except queue.Empty:
+                    return
+                t0 = time.perf_counter()
+                pipes[k](frames[i])
+                latencies[i] = time.perf_counter() - t0
+                done[k] += 1
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(len(pipes))]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    if errors:
+        raise errors[0]
+    lat = np.asarray(latencies) * 1e3
+    return {
+        "frames": len(frames),
+        "frames_per_s": len(frames) / wall,
+        "latency_median_ms": float(np.median(lat)),
+        "latency_p99_ms": float(np.percentile(lat, 99)),
+        "frames_per_replica": {p.describe(): d for p, d in zip(pipes, done, strict=True)},
+    }
+
+
+def _run_codl(path: Path, frames: list, cores: list[int], warmup: int) -> dict:
+    """codl's latency plan back to back, its CPU kernels on ``cores``."""
+    from codl_tvm.artifact import load_artifact
+    from codl_tvm.pipeline_artifact import pin_thread_pool
+
+    box: dict = {}
+
+    def body() -> None:
+        try:
+            pin_thread_pool(cores)
+            art = load_artifact(path)
+            run = art.runner(frames[0])
+            for _ in range(warmup):
+                run()
+            lat = []
+            t0 = time.perf_counter()
+            for _ in frames:
+                t = time.perf_counter()
+                run()
+                lat.append(time.perf_counter() - t)
+            wall = time.perf_counter() - t0
+            ms = np.asarray(lat) * 1e3
+            box["value"] = {
+                "frames": len(frames),
+                "frames_per_s": len(frames) / wall,
+                "latency_median_ms": float(np.median(ms)),
+                "latency_p99_ms": float(np.percentile(ms, 99)),
+            }
+        except BaseException as e:
+            box["error"] = e
+
+    t = threading.Thread(target=body)
+    t.start()
+    t.join()
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--models", default=os.environ.get("PIPE_MODELS", DEFAULT_MODELS))
+    ap.add_argument("--groups", default=DEFAULT_GROUPS, help="processor groups (a gpu group: PoCL)")
+    ap.add_argument("--isa", default="little=x86-64-v2", help="GROUP=ISA,... for CPU groups")
+    ap.add_argument("--cost-model", default=DEFAULT_COST_MODEL, help="codl baseline's cost model")
+    ap.add_argument("--frames", type=int, default=40, help="frames per streamed configuration")
+    ap.add_argument("--warmup", type=int, default=3, help="frames run before each measurement")
+    ap.add_argument("--number", type=int, default=2, help="layer timing: runs per repeat")
+    ap.add_argument("--repeat", type=int, default=3, help="layer timing: repeats (median)")
+    ap.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 2) - 1))
+    ap.add_argument("--no-codl", action="store_true", help="skip the codl latency-plan baseline")
+    ap.add_argument("--work", default="/tmp/bench_pipeline", help="build directory")
+    ap.add_argument("--out", required=True, help="result JSON")
+    args = ap.parse_args(argv)
+
+    from codl_tvm.frontend import load_onnx
+    from codl_tvm.pipeline_build import layer_records, layer_shapes, measure_layers
+    from codl_tvm.planner.pipe_search import (
+        LatencyTable,
+        exhaustive_pipeline,
+        recost_plan,
+        search_pipeline,
+    )
+    from codl_tvm.throughput import parse_isa
+
+    t_start = time.perf_counter()
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    out_path = Path(args.out)
+    groups = _groups(args.groups)
+    isa = parse_isa(args.isa)
+    by_name = {g.name: g for g in groups}
+    cpu_groups = tuple(g for g in groups if g.kind == "cpu")
+    gpu_groups = tuple(g for g in groups if g.kind == "gpu")
+    all_cores = tuple(c for g in cpu_groups for c in g.cores)
+    big = by_name.get("big", cpu_groups[0])
+    names = [m for m in args.models.split(",") if m]
+    result: dict = {
+        "groups": args.groups,
+        "isa": isa,
+        "frames": args.frames,
+        "pocl_cu": os.environ.get("POCL_CPU_MAX_CU_COUNT"),
+        "commit": os.environ.get("CODL_TVM_COMMIT"),
+        "models": {},
+        "failed_builds": {},
+    }
+
+    def log(msg: str) -> None:
+        print(f"[{time.perf_counter() - t_start:7.1f} s] {msg}", flush=True)
+
+    def save() -> None:
+        out_path.parent.mkdir(parents=True, exist_ok=True)
+        out_path.write_text(json.dumps(result, indent=2))
+
+    # 1. builds ----------------------------------------------------------------------------
+    paths = {n: _model_file(n, work / "models") for n in names}
+    jobs = []
+    for n in names:
+        base = {"name": n, "model_path": str(paths[n]), "groups": args.groups, "isa": isa}
+        for g in ("host", *(g.name for g in groups)):
+            jobs.append(
+                base
+                | {
+                    "kind": "layers",
+                    "tag": f"layers_{g}",
+                    "group": g,
+                    "out": str(work / n / "layers"),
+                }
+            )
+        for g in groups:
+            jobs.append(
+                base
+                | {
+                    "kind": "whole",
+                    "tag": g.name,
+                    "group": g.name,
+                    "out": str(work / n / f"whole_{g.name}"),
+                }
+            )
+        jobs.append(
+            base
+            | {
+                "kind": "whole",
+                "tag": "allcpu",
+                "group": "allcpu",
+                "groups": f"allcpu:{','.join(map(str, all_cores))}",
+                "isa": {"allcpu": "host"},
+                "out": str(work / n / "whole_allcpu"),
+            }
+        )
+        if gpu_groups and not args.no_codl:
+            k = int(os.environ.get("POCL_CPU_MAX_CU_COUNT") or len(gpu_groups[0].cores) or 4)
+            jobs.append(
+                base
+                | {
+                    "kind": "codl",
+                    "tag": "codl",
+                    "cost_model": args.cost_model,
+                    # the cost model was profiled with TVM on 4 threads and PoCL on 12 cores
+                    "processor_scale": [4 / len(big.cores), 12 / k],
+                    "out": str(work / n / "codl"),
+                }
+            )
+    jobs.sort(key=lambda j: -Path(j["model_path"]).stat().st_size)
+    failed = _run_builds(jobs, args.jobs, log)
+    result["failed_builds"] = {f"{n}/{t}": e for (n, t), e in failed.items()}
+    save()
+
+    # 2. measure ---------------------------------------------------------------------------
+    models = {}
+    tables = {}
+    records = {}
+    for n in names:
+        if any(t.startswith("layers_") for m, t in failed if m == n):
+            continue
+        model = load_onnx(paths[n])
+        models[n] = model
+        libs = {p.stem.removeprefix("layers_"): p for p in (work / n / "layers").glob("*.so")}
+        t0 = time.perf_counter()
+        tables[n] = measure_layers(model, groups, libs, number=args.number, repeat=args.repeat)
+        records[n] = layer_records(tables[n], layer_shapes(model.mod))
+        t1 = {g.name: float(tables[n][(g.name, 1)].sum()) for g in groups}
+        entry = {
+            "layers": tables[n].n_layers,
+            "one_core_ms": t1,
+            "whole_group_ms": {
+                g.name: float(tables[n][(g.name, g.most_stage_cores)].sum()) for g in groups
+            },
+            "measure_s": time.perf_counter() - t0,
+        }
+        if "little" in t1 and "big" in t1:
+            entry["little_over_big_1core"] = t1["little"] / t1["big"]
+        result["models"][n] = entry
+        log(f"measured {n}: {entry['whole_group_ms']}")
+        save()
+
+    # 3. plan ------------------------------------------------------------------------------
+    plans = {}
+    for n, table in tables.items():
+        entry = result["models"][n]
+        searches = {}
+        cpu = search_pipeline(table, cpu_groups)
+        searches["cpu_heuristic"] = _plan_json(cpu)
+        searches["cpu_pipe_it_balance"] = _plan_json(
+            search_pipeline(table, cpu_groups, balance="pipe-it")
+        )
+        ex_cpu = exhaustive_pipeline(table, cpu_groups, max_stages=3)
+        searches["cpu_exhaustive3"] = _plan_json(ex_cpu)
+        full = search_pipeline(table, groups)
+        searches["all_heuristic"] = _plan_json(full)
+        ex_all = exhaustive_pipeline(table, groups, max_stages=3)
+        searches["all_exhaustive3"] = _plan_json(ex_all)
+        entry["heuristic_over_exhaustive3"] = {
+            "cpu": cpu.bottleneck_ms / ex_cpu.bottleneck_ms,
+            "all": full.bottleneck_ms / ex_all.bottleneck_ms,
+        }
+        pred = None
+        if len(records) > 1:
+            try:
+                predict = _fit_predictor(records, groups, n)
+                shapes = layer_shapes(models[n].mod)
+                ptable = LatencyTable(
+                    {
+                        (g.name, c): [predict(s, g.name, c) for s in shapes]
+                        for g in groups
+                        for c in range(1, g.most_stage_cores + 1)
+                    }
+                )
+                pred = search_pipeline(ptable, groups)
+                measured_pred = recost_plan(pred, table)
+                searches["all_from_predicted"] = _plan_json(pred)
+                searches["all_from_predicted_measured"] = _plan_json(measured_pred)
+                entry["predicted_choice_over_measured_choice"] = (
+                    measured_pred.bottleneck_ms / full.bottleneck_ms
+                )
+                entry["layer_prediction_error_median"] = float(
+                    np.median(
+                        [
+                            abs(ptable[k][i] / table[k][i] - 1)
+                            for k in table.keys()
+                            for i in range(table.n_layers)
+                            if table[k][i] > 0
+                        ]
+                    )
+                )
+            except Exception as exc:  # a model the others cannot predict: reported, not fatal
+                entry["prediction_error"] = f"{type(exc).__name__}: {exc}"
+        entry["searches"] = searches
+        plans[n] = {"pipe_cpu": cpu, "pipe_gpu": full}
+        if pred is not None and pred.describe() != full.describe():
+            plans[n]["pipe_pred"] = pred
+        log(f"planned {n}: cpu {cpu.describe()} | all {full.describe()}")
+    save()
+
+    # 4. build the chosen pipelines, then stream everything ---------------------------------
+    jobs = []
+    for n, chosen in plans.items():
+        for tag, plan in chosen.items():
+            if tag == "pipe_gpu" and not gpu_groups:
+                continue
+            jobs.append(
+                {
+                    "name": n,
+                    "model_path": str(paths[n]),
+                    "groups": args.groups,
+                    "isa": isa,
+                    "kind": "pipeline",
+                    "tag": tag,
+                    "plan": plan.to_json(),
+                    "out": str(work / n / tag),
+                }
+            )
+    failed2 = _run_builds(jobs, args.jobs, log)
+    result["failed_builds"].update({f"{n}/{t}": e for (n, t), e in failed2.items()})
+    failed.update(failed2)
+    save()
+    for n in plans:
+        rng = np.random.default_rng(0)
+        frames = [
+            [rng.standard_normal(t.shape).astype(t.dtype) for t in models[n].inputs]
+            for _ in range(args.frames)
+        ]
+        runs = {}
+        todo = [(t, work / n / t) for t in plans[n] if (n, t) not in failed]
+        todo += [("big", work / n / f"whole_{big.name}"), ("kernel_all", work / n / "whole_allcpu")]
+        todo += [("gpu", work / n / f"whole_{g.name}") for g in gpu_groups]
+        for tag, path in todo:
+            if not (path / "pipeline.json").exists():
+                continue
+            try:
+                runs[tag] = _run_pipeline(path, frames, args.warmup)
+            except Exception as exc:
+                runs[tag] = {"error": f"{type(exc).__name__}: {exc}"}
+            log(f"{n} {tag}: {runs[tag].get('frames_per_s', runs[tag].get('error'))}")
+        whole = {g.name: work / n / f"whole_{g.name}" for g in groups}
+        whole = {g: p for g, p in whole.items() if (p / "pipeline.json").exists()}
+        replica_sets = {"replicas": list(whole.values())}
+        if gpu_groups:
+            replica_sets["replicas_cpu"] = [whole[g.name] for g in cpu_groups if g.name in whole]
+        for tag, ps in replica_sets.items():
+            if len(ps) < 2:
+                continue
+            try:
+                runs[tag] = _run_replicas(ps, frames, args.warmup)
+            except Exception as exc:
+                runs[tag] = {"error": f"{type(exc).__name__}: {exc}"}
+            log(f"{n} {tag}: {runs[tag].get('frames_per_s', runs[tag].get('error'))}")
+        if (work / n / "codl" / "manifest.json").exists():
+            try:
+                runs["codl"] = _run_codl(work / n / "codl", frames, list(big.cores), args.warmup)
+            except Exception as exc:
+                runs["codl"] = {"error": f"{type(exc).__name__}: {exc}"}
+            log(f"{n} codl: {runs['codl'].get('frames_per_s', runs['codl'].get('error'))}")
+        result["models"][n]["runs"] = runs
+        fps = {t: r["frames_per_s"] for t, r in runs.items() if "frames_per_s" in r}
+        if "big" in fps:
+            result["models"][n]["over_big"] = {t: v / fps["big"] for t, v in fps.items()}
+        save()
+
+    # summary ------------------------------------------------------------------------------
+    def mean_of(key: str, sub: str) -> float | None:
+        vals = [m[key][sub] for m in result["models"].values() if sub in m.get(key, {})]
+        return float(np.mean(vals)) if vals else None
+
+    tags = sorted({t for m in result["models"].values() for t in m.get("over_big", {})})
+    result["summary"] = {
+        "mean_throughput_over_big": {t: mean_of("over_big", t) for t in tags},
+        "little_over_big_1core": [
+            m.get("little_over_big_1core") for m in result["models"].values()
+        ],
+        "predicted_choice_over_measured_choice": {
+            n: m.get("predicted_choice_over_measured_choice") for n, m in result["models"].items()
+        },
+        "heuristic_over_exhaustive3": {
+            n: m.get("heuristic_over_exhaustive3") for n, m in result["models"].items()
+        },
+        "wall_s": time.perf_counter() - t_start,
+    }
+    save()
+    log(f"summary: {json.dumps(result['summary'])}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Pipelined throughput (Pipe-it, scripts/bench_pipeline.py) on emulated big/little clusters and
+# a GPU: PoCL on cores 0..G-1 (the GPU, G = PIPE_GPU_CORES, default 4), "big" = TVM's kernels for
+# the host CPU (AVX-512) on the next 8 cores, "little" = kernels for PIPE_ISA (default
+# x86-64-v2: SSE4.2, no AVX) on the rest. The big/little per-core ratio is measured and reported
+# (little_over_big_1core; Pipe-it's range is 2-5x: PIPE_ISA=little=x86-64, SSE2, widens it).
+# Builds run in PIPE_JOBS processes, then every layer is timed on 1..n cores of each group, the
+# stages searched (heuristic, exhaustive <= 3, from predicted latencies), the chosen pipelines
+# built, and PIPE_FRAMES frames streamed through each pipeline and baseline, one at a time.
+# About 12 minutes for the five models; trim with PIPE_MODELS, PIPE_FRAMES, PIPE_NUMBER,
+# PIPE_REPEAT, PIPE_NO_CODL=1 (skips the codl latency-plan baseline and its build).
+set -u
+. /tmp/code/env.sh
+cd /tmp/code
+r=/tmp/res
+g=${PIPE_GPU_CORES:-4}
+export POCL_CPU_MAX_CU_COUNT=$g POCL_AFFINITY=1 CODL_OPENCL_PLATFORM=portable
+groups=${PIPE_GROUPS:-gpu:0-$((g - 1)),big:$g-$((g + 7)),little:$((g + 8))-15}
+python3 scripts/bench_pipeline.py \
+  --models "${PIPE_MODELS:-bvlc_alexnet,inception_v1,posenet,resnet50,squeezenet}" \
+  --groups "$groups" --isa "${PIPE_ISA:-little=x86-64-v2}" --jobs "${PIPE_JOBS:-15}" \
+  --frames "${PIPE_FRAMES:-40}" --number "${PIPE_NUMBER:-2}" --repeat "${PIPE_REPEAT:-3}" \
+  ${PIPE_NO_CODL:+--no-codl} --work /tmp/b/pipeline --out $r/pipeline.json \
+  > $r/pipeline_bench.log 2>&1
+touch $r/DONE
