@@ -33,3 +33,9 @@ def test_cost_model_tutorial(opencl, monkeypatch, tmp_path):
 def test_hope_placement_tutorial(opencl, monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     runpy.run_path(str(TUTORIALS / "hope_placement.py"), run_name="__main__")
+
+
+@pytest.mark.opencl
+def test_pipeline_stream_tutorial(opencl, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    runpy.run_path(str(TUTORIALS / "pipeline_stream.py"), run_name="__main__")
