@@ -16,6 +16,7 @@ behind the README's figures::
     codl-tvm profile --sample 300 --ratios 0,0.25,0.5,0.75,1 -o data.jsonl
     codl-tvm cost-model fit data.jsonl -o codl.json --kind codl
     codl-tvm cost-model eval codl.json data.jsonl --plot scatter.png
+    codl-tvm cost-model decisions codl.json oracle.json data.jsonl   # models' splits vs measured
 """
 
 # %%
@@ -84,6 +85,19 @@ for kind, model in models.items():
     plot = work / f"scatter_{kind}.png"
     evaluate.plot_scatter(report, str(plot), title=f"{kind} on the local device")
     print("scatter plot:", plot)
+
+# %%
+# What ``cost-model eval`` adds
+# -----------------------------
+# The full assessment breaks the scores down per processor, implementation and latency band,
+# with CoDL's model and the FLOPs line beside the model and two ceilings from the data itself:
+# how often repeated measurements of one part agree within +-10% (``ceiling``, when parts were
+# measured twice) and how often a part sits within +-10% of the interpolation between its
+# operator's neighbouring parts (``smooth``). Datasets of benchmark models (records named
+# ``MODEL/OPERATOR``) are also scored leave-one-model-out; this sample has none.
+from codl_tvm.cost_model.assessment import assess, format_assessment  # noqa: E402
+
+print(format_assessment(assess(models["gbdt"], data.records, "the local sample", lomo=False)))
 
 # %%
 # The kernels of builds for the CPU alone
