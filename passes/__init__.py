@@ -19,6 +19,8 @@
 - :func:`~codl_tvm.passes.kernel_splits.kernel_splits` (``kernel_splits.py``): every kernel call
   of a co-executed ``main`` in execution order with the split it computes (the build's record
   that attributes a timeline's kernels to the plan).
+- :class:`~codl_tvm.passes.stages.CutStages` (``stages.py``): before any build pipeline, adds
+  pipeline stage functions cut from ``main`` at layer boundaries (Pipe-it).
 - :class:`~codl_tvm.passes.share_kernels.ShareIdenticalKernels` (``share_kernels.py``): after
   that record, merges the per-split kernel copies of identical code (PoCL reloads the binaries
   of a model with more than 128 distinct kernels on every launch).
