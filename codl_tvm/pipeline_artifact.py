@@ -20,7 +20,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -204,6 +204,13 @@ class Pipeline:
             repeats=len(ms),
         )
 
+    def _checked(self, frames: Iterable[Any]) -> Iterator[list[np.ndarray]]:
+        # frames from an iterator are checked as the stream reads them
+        for i, f in enumerate(frames):
+            args = self._frame_args(f)
+            self._check_frame(args, f"stream frame {i}")
+            yield args
+
     def stream_stages(self, pin: bool = True) -> list[StreamStage]:
         """The stages as :class:`~codl_tvm.stream.StreamStage`: CPU stages pinned to their
         cores with TVM's thread pool there; a GPU stage's thread on its group's host cores."""
@@ -248,7 +255,7 @@ class Pipeline:
             for i, f in enumerate(frames):
                 self._check_frame(f, f"stream frame {i}")
         else:
-            frames = (self._frame_args(f) for f in frames)
+            frames = self._checked(frames)
         return run_stream(
             self.stream_stages(pin),
             frames,

@@ -96,8 +96,9 @@ def test_stream_api_takes_an_iterator(compiled):
         np.testing.assert_allclose(o[0], _ort(model, x), rtol=1e-4, atol=1e-4)
     # a frame of another shape from an iterator stops the stream with the error
     bad = iter([np.zeros((1, 3, 8, 8), "float32"), np.zeros((1, 3, 4, 4), "float32")])
-    with pytest.raises(ModelError, match="shape"), pipe.stream(bad, pin=False) as stream:
-        list(stream)
+    with pytest.raises(ModelError, match=r"stream frame 1: input 'x' has shape \(1, 3, 4, 4\)"):
+        with pipe.stream(bad, pin=False) as stream:
+            list(stream)
 
 
 def _error(capsys) -> str:
@@ -121,5 +122,7 @@ def test_bad_input_one_line_before_any_frame(compiled, tmp_path, capsys):
     assert "unknown instruction set 'avx9000'" in _error(capsys)
     assert main(["compile", str(model), "-o", str(tmp_path / "y"), "--groups", "big:0"]) == 2
     assert "apply to --objective throughput only" in _error(capsys)
+    assert main([*argv, "--groups", "big:0", "--mode", "hope"]) == 2
+    assert "--mode apply to --objective latency, not throughput" in _error(capsys)
     assert main(["run", str(model), "--stream", "3"]) == 2
     assert "--stream runs a pipeline artifact" in _error(capsys)

@@ -80,6 +80,21 @@ def _compile_throughput(args: argparse.Namespace, model_path: str) -> int:
     """``compile --objective throughput``: a pipeline of stages on processor groups."""
     if not args.groups:
         raise CliError("--objective throughput needs --groups (e.g. big:0-7,little:8-11,gpu)")
+    given = [
+        flag
+        for flag, on in (
+            ("--plan", args.plan not in (None, "auto")),
+            ("--dim", args.dim),
+            ("--ratio", args.ratio is not None),
+            ("--verify", args.verify),
+            ("--refine", args.refine),
+            ("--device", args.device != "coexec"),
+            ("--mode", args.mode != "codl"),
+        )
+        if on
+    ]
+    if given:
+        raise CliError(f"{', '.join(given)} apply to --objective latency, not throughput")
     options = ThroughputOptions(
         groups=args.groups,
         isa=parse_isa(args.isa),
