@@ -290,3 +290,13 @@ def test_objective_cold_keeps_the_fastest_measured_build(tmp_path, capsys):
     outs = art([inputs[s.name] for s in art.model.inputs])
     for got, want in zip(outs, expected, strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.opencl
+def test_exit_while_programs_are_created_is_clean(gpu_artifact, tmp_path):
+    # load (which starts program creation on threads) and leave at once: exit waits for them
+    code = f"from codl_tvm.artifact import load_artifact; load_artifact({str(gpu_artifact)!r}).vm"
+    env = {**os.environ, "CODL_TVM_CACHE_DIR": str(tmp_path / "c"), "CODL_OPENCL_AOT": "0"}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert list((tmp_path / "c" / "opencl-programs").glob("*.bin"))  # they were built

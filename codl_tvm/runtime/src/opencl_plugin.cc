@@ -22,7 +22,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <memory>
@@ -549,6 +551,18 @@ cl_program BuildProgram(const std::string& source, int dev_id, const std::string
   return prog;
 }
 
+// Program-creation threads still running when the process exits would call into an OpenCL
+// driver whose static state is being destroyed: exit waits for them (registered at the first
+// start, so it runs before the destructors of the driver's statics, constructed earlier).
+std::mutex g_builders_mu;
+std::condition_variable g_builders_cv;
+int g_active_builders = 0;
+
+void WaitForBuilders() {
+  std::unique_lock<std::mutex> lock(g_builders_mu);
+  g_builders_cv.wait(lock, [] { return g_active_builders == 0; });
+}
+
 // ---------------------------------------------------------------------------------------------
 // Module: TVM's serialized OpenCL module
 // ---------------------------------------------------------------------------------------------
@@ -649,9 +663,19 @@ class OpenCLModuleObj : public ffi::ModuleObj {
         } catch (...) {
         }
       }
+      std::lock_guard<std::mutex> lock(g_builders_mu);
+      --g_active_builders;
+      g_builders_cv.notify_all();
     };
+    static std::once_flag at_exit;
+    std::call_once(at_exit, [] { std::atexit(WaitForBuilders); });
+    int n = std::max(threads, 1);
+    {
+      std::lock_guard<std::mutex> lock(g_builders_mu);
+      g_active_builders += n;
+    }
     std::vector<std::thread> started;
-    for (int t = 0; t < std::max(threads, 1); ++t) started.emplace_back(work);
+    for (int t = 0; t < n; ++t) started.emplace_back(work);
     if (wait) {
       for (auto& t : started) t.join();
       return;
