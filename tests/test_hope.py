@@ -840,3 +840,19 @@ def test_greedy_within_five_percent_of_exact_on_the_benchmark_models(name):
         check_schedule(g, greedy)
         assert greedy.makespan_ms >= exact.bound_ms - 1e-9
         assert greedy.makespan_ms <= 1.05 * exact.makespan_ms, (splits, greedy, exact)
+
+
+def test_contract_a_chain_into_one_node():
+    # s -> a -> b -> t, s -> t: the path a, b becomes one node where b was; a path whose inner
+    # node is read outside it, or nodes that are no path, cannot be contracted
+    g = graph(
+        [("s", 1, 1), ("a", 2, 3), ("b", 4, 5), ("t", 1, 1)],
+        [("s", "a", 0.5), ("a", "b", 0.1), ("b", "t", 0.7), ("s", "t", 0.2)],
+    )
+    node = DagNode("a..b", 6, 8, split_ms=4, split_dim="H", split_ratio=0.5)
+    c = g.contract(("a", "b"), node)
+    assert [n.name for n in c.nodes] == ["s", "a..b", "t"]
+    assert c.transfer_ms(0, 1) == 0.5 and c.transfer_ms(1, 2) == 0.7 and c.preds(2) == (1, 0)
+    assert g.contract(("s", "a"), node) is None  # s is also read by t
+    assert g.contract(("a", "t"), node) is None  # not a path
+    assert g.contract(("a", "x"), node) is None

@@ -485,3 +485,35 @@ def test_gpu_branch_is_flushed_before_the_cpu_branch_runs(opencl, home):
             unsubmitted = False
         elif processor.get(c) == "cpu":
             assert not unsubmitted, f"{c} runs while GPU kernels before it are not submitted"
+
+
+CHAINING = SyntheticDevice(share_ms_per_mb=0.3, presync_ms=0.05)
+
+
+def test_codl_hope_keeps_codls_chains():
+    """Sharing costly enough that CoDL chains the three convs (sharing at the chain's entry
+    and exit only): codl_hope offers the chain as a choice and plans it, never slower."""
+    mod = load_onnx(conv_chain()).mod
+    cm = synthetic_cost_model(CHAINING)
+    codl_plan, codl_report = make_plan(mod, cm, "codl")
+    plan, report = make_plan(mod, cm, "codl_hope")
+    assert len(codl_plan.chains) == 1 and plan.chains == codl_plan.chains
+    assert report.summary.predicted_ms <= codl_report.summary.predicted_ms * (1 + 1e-9)
+    assert report.summary.chain_lengths == (3,)
+    assert plan.order == ("conv2d_0..conv2d_2",)
+    assert any("CoDL chain H@" in d.reason for d in report.decisions)
+    plan.validate(mod)
+
+
+@pytest.mark.opencl
+def test_codl_hope_chain_plan_equals_onnxruntime(opencl):
+    import codl_tvm
+
+    proto = conv_chain()
+    model = load_onnx(proto)
+    plan, _ = make_plan(model.mod, synthetic_cost_model(CHAINING), "codl_hope")
+    assert plan.chains
+    feeds = random_inputs(model, seed=4)
+    (want,) = onnxruntime_outputs(proto, feeds)
+    built = codl_tvm.compile(model.mod, plan)
+    assert_close(built([feeds[s.name] for s in model.inputs])[0], want)

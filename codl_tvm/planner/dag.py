@@ -33,6 +33,7 @@ Tensors of the model's inputs are not modelled (both processors read them).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -229,6 +230,42 @@ class OpGraph:
             tuple(e for e in self.edges if e.src in names and e.dst in names),
             self.home,
         )
+
+    def contract(self, names: Sequence[str], node: DagNode) -> OpGraph | None:
+        """The graph with the path ``names`` (a CoDL chain: each node read only by the next
+        inside it) replaced by ``node``, or None where it cannot be: a name missing, not a
+        path, or an inner node read outside the chain.
+
+        ``node`` takes the place of the chain's last node (every outside producer of the chain
+        comes before it, every outside reader after it). Edges into and out of the chain keep
+        their transfer; two from the same producer become one with the larger (one tensor
+        moved per reader, the chain's input read by its first node).
+        """
+        if len(names) < 2 or any(n not in self._index for n in names):
+            return None
+        pos = [self._index[n] for n in names]
+        inside = set(pos)
+        for a, b in itertools.pairwise(pos):
+            if set(self._succs[a]) != {b}:
+                return None
+        if any(self.nodes[i].follows for i in pos):
+            return None
+        last = pos[-1]
+        rename = {self.nodes[i].name: node.name for i in pos}
+        edges: dict[tuple[str, str], DagEdge] = {}
+        for e in self.edges:
+            src, dst = rename.get(e.src, e.src), rename.get(e.dst, e.dst)
+            if src == dst:
+                continue
+            old = edges.get((src, dst))
+            if old is None or e.transfer_ms > old.transfer_ms:
+                edges[(src, dst)] = DagEdge(src, dst, e.transfer_ms, e.nbytes)
+        nodes = tuple(
+            node if i == last else n
+            for i, n in enumerate(self.nodes)
+            if i == last or i not in inside
+        )
+        return OpGraph(nodes, tuple(edges.values()), self.home, self.notes)
 
 
 # ---------------------------------------------------------------------------------------------

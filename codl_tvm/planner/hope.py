@@ -720,6 +720,7 @@ def solve_exact(
     time_limit_s: float = DEFAULT_TIME_LIMIT_S,
     max_nodes: int = DEFAULT_MAX_NODES,
     workers: int = 1,
+    start: Sequence[str] | None = None,
 ) -> Schedule:
     """Placement and per-processor order of minimum makespan (HOPE's ILP, with CP-SAT).
 
@@ -739,6 +740,10 @@ def solve_exact(
         CP-SAT search workers. One (the default) is deterministic: the same graph gives the same
         schedule. More may prove large graphs faster, but then two runs may return different
         schedules of the same makespan.
+    start
+        A placement to start from besides the greedy schedule (one choice per node, e.g. the
+        CoDL planner's): the solver's hint is the faster of the two, and the result is never
+        slower than either, even when the time limit or the pieces stop the proof.
 
     Returns
     -------
@@ -754,6 +759,15 @@ def solve_exact(
     if n == 0:
         return simulate(graph, [], method="exact", status="optimal", bound_ms=0.0)
     greedy = greedy_schedule(graph)
+    if start is not None:
+        if len(start) != n or any(
+            p not in graph.nodes[i].choices() and not graph.nodes[i].follows
+            for i, p in enumerate(start)
+        ):
+            raise PlannerError("exact: start must give each node one of its choices")
+        given = simulate(graph, start, method="exact")
+        if given.makespan_ms < greedy.makespan_ms:
+            greedy = given
     hint = greedy.processor
     pieces = partition_by_upward_rank(graph, max_nodes) if n > max_nodes else [list(range(n))]
     timer = _Timer(graph)  # the pieces solved so far, timed exactly

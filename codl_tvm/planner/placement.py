@@ -19,8 +19,10 @@ Modes
 ``mosaic``: MOSAIC-like
 slices; ``codl_hope``: the exact placement where each operator may also be split between the
 processors (its best CoDL split, Eq. 2, as a third choice), so one plan mixes branches placed
-whole and split operators (no chains yet). :func:`make_plan` runs any mode, these or the CoDL
-planner's (:func:`~codl_tvm.planner.search.plan_model`).
+whole and split operators; CoDL's chains enter as one node each (the chain split, or its
+operators whole) and CoDL's own plan is the exact solve's start, so ``codl_hope`` is never
+predicted slower than CoDL's placement in the graph's timing model. :func:`make_plan` runs
+any mode, these or the CoDL planner's (:func:`~codl_tvm.planner.search.plan_model`).
 
 ``auto`` (:func:`plan_auto`) plans with each of :data:`AUTO_CANDIDATES` (``codl``, ``hope``,
 ``hope_greedy``, ``codl_hope``) and keeps the plan of the lowest predicted latency, ``codl`` on a
@@ -47,8 +49,14 @@ from dataclasses import dataclass
 
 from codl_tvm.cost_model.base import CostModel
 from codl_tvm.errors import PlannerError
-from codl_tvm.plan import OpPartition, PartitionPlan, model_fingerprint, partitionable_ops
-from codl_tvm.planner.dag import SPLIT, OpGraph, build_graph
+from codl_tvm.plan import (
+    ChainPlan,
+    OpPartition,
+    PartitionPlan,
+    model_fingerprint,
+    partitionable_ops,
+)
+from codl_tvm.planner.dag import SPLIT, DagNode, OpGraph, build_graph
 from codl_tvm.planner.hope import (
     DEFAULT_GREEDY_K,
     DEFAULT_MAX_NODES,
@@ -126,10 +134,15 @@ class PlacementConfig:
             )
 
 
-def schedule_graph(graph: OpGraph, mode: str, placement: PlacementConfig) -> Schedule:
-    """The schedule of ``graph`` by the method of a placement ``mode``, checked."""
+def schedule_graph(
+    graph: OpGraph, mode: str, placement: PlacementConfig, start: list[str] | None = None
+) -> Schedule:
+    """The schedule of ``graph`` by the method of a placement ``mode``, checked (``start``: a
+    placement the exact solve starts from, see :func:`~codl_tvm.planner.hope.solve_exact`)."""
     if mode in ("hope", "codl_hope"):
-        s = solve_exact(graph, placement.time_limit_s, placement.max_nodes, placement.workers)
+        s = solve_exact(
+            graph, placement.time_limit_s, placement.max_nodes, placement.workers, start=start
+        )
     elif mode == "hope_greedy":
         s = greedy_schedule(graph, placement.greedy_k)
     elif mode == "starpu":
@@ -196,6 +209,57 @@ def dispatch_order(graph: OpGraph, schedule: Schedule) -> tuple[str, ...]:
     return tuple(order)
 
 
+def _with_codl_chains(
+    graph: OpGraph, codl_plan: PartitionPlan, codl_report: PlanReport
+) -> tuple[OpGraph, dict[str, ChainPlan], list[str], list[str]]:
+    """``graph`` with each of CoDL's chains contracted into one node that offers the chain's
+    split (its Eq. 2 latency with sharing at entry and exit only) besides running its operators
+    whole, and CoDL's own plan as a placement of that graph.
+
+    Returns the graph, the chains by node name, the placement (a chain or an operator CoDL
+    splits: split; one it runs whole: its processor) and notes on chains left out.
+    """
+    notes: list[str] = []
+    chains: dict[str, ChainPlan] = {}
+    for chain in codl_plan.chains:
+        row = next((d for d in codl_report.decisions if d.ops == chain.ops), None)
+        name = PartitionPlan.entry_name(chain)
+        names = {n.name for n in graph.nodes}
+        members = [graph.index(op) for op in chain.ops if op in names]
+        if row is None or row.coexec_ms is None or len(members) != len(chain.ops):
+            notes.append(f"codl_hope: chain {name} has no prediction in the graph; left out")
+            continue
+        node = DagNode(
+            name,
+            sum(graph.nodes[i].cpu_ms for i in members),
+            sum(graph.nodes[i].gpu_ms for i in members),
+            op=name,
+            kind="chain",
+            members=tuple(m for i in members for m in graph.nodes[i].members),
+            split_ms=row.coexec_ms,
+            split_dim=chain.dim.value,
+            split_ratio=chain.ratio,
+        )
+        contracted = graph.contract(chain.ops, node)
+        if contracted is None:
+            notes.append(f"codl_hope: chain {name} is no path of the graph; left out")
+            continue
+        graph = contracted
+        chains[name] = chain
+    ratio = {e.op: e.ratio for e in codl_plan.ops}
+    start: list[str] = []
+    for node in graph.nodes:
+        if node.name in chains:
+            start.append(SPLIT)
+        elif node.name in ratio and 0.0 < ratio[node.name] < 1.0 and node.split_ms is not None:
+            start.append(SPLIT)
+        elif node.name in ratio:
+            start.append("gpu" if ratio[node.name] == 1.0 else "cpu")
+        else:
+            start.append(graph.home)
+    return graph, chains, start, notes
+
+
 def _status(s: Schedule) -> str:
     if s.method != "exact":
         return f"{s.method} schedule"
@@ -249,15 +313,72 @@ def plan_placement(
         raise PlannerError(f"unknown placement mode {mode!r} (known: {', '.join(PLACEMENT_MODES)})")
     config = config or PlannerConfig()
     placement = placement or PlacementConfig()
+    raw_model = cost_model
     cost_model, notes = calibrated_model(cost_model, config)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         graph = build_graph(mod, cost_model, config, splits=mode == "codl_hope")
-    schedule = schedule_graph(graph, mode, placement)
+    chains: dict[str, ChainPlan] = {}
+    start = None
+    if mode == "codl_hope":
+        # CoDL's chains as a choice, and CoDL's own plan as a start: the combined schedule is
+        # never slower than CoDL's placement in the graph's timing model
+        codl_plan, codl_report = plan_model(mod, raw_model, "codl", config, model_name)
+        graph, chains, start, chain_notes = _with_codl_chains(graph, codl_plan, codl_report)
+        notes.extend(chain_notes)
+    schedule = schedule_graph(graph, mode, placement, start)
     infos = partitionable_ops(mod)
+    by_name = {info.name: info for info in infos}
     rows: list[Decision] = []
     entries: list[OpPartition] = []
+    chain_entries: list[ChainPlan] = []
+    chain_of = {op: name for name, chain in chains.items() for op in chain.ops}
+    for name, chain in chains.items():
+        i = graph.index(name)
+        node = graph.nodes[i]
+        p = schedule.processor[i]
+        span = f"from {schedule.start_ms[i]:.3f} to {schedule.finish_ms[i]:.3f} ms"
+        if p == SPLIT:
+            chain_entries.append(chain)
+            rows.append(
+                Decision(
+                    chain.ops,
+                    chain.dim.value,
+                    chain.ratio,
+                    node.cpu_ms,
+                    node.gpu_ms,
+                    node.split_ms,
+                    None,
+                    None,
+                    min(node.cpu_ms, node.gpu_ms) - node.split_ms,
+                    f"{mode}: CoDL chain {chain.dim.value}@{chain.ratio:g} on both {span} "
+                    f"({node.split_ms:.3f} ms with sharing at entry and exit; whole CPU "
+                    f"{node.cpu_ms:.3f}, GPU {node.gpu_ms:.3f} ms)",
+                )
+            )
+            continue
+        for op in chain.ops:
+            dims = [d.value for d in by_name[op].dims]
+            dim = next((d for d in config.dims if d in dims), dims[0])
+            entries.append(OpPartition(op, dim, 1.0 if p == "gpu" else 0.0))
+            rows.append(
+                Decision(
+                    (op,),
+                    dim,
+                    1.0 if p == "gpu" else 0.0,
+                    None,
+                    None,
+                    None,
+                    None,
+                    None,
+                    0.0,
+                    f"{mode}: CoDL's chain {name} whole on {p.upper()} {span} ({node.cpu_ms:.3f} "
+                    f"ms on the CPU, {node.gpu_ms:.3f} on the GPU for the chain)",
+                )
+            )
     for info in infos:
+        if info.name in chain_of:
+            continue
         i = graph.index(info.name)
         if graph.nodes[i].op is None:
             rows.append(
@@ -315,12 +436,17 @@ def plan_placement(
                 f"{other.upper()} {node.latency_ms(other):.3f} ms)",
             )
         )
+    # a chain placed whole is issued as its operators, in chain order
+    whole = {PartitionPlan.entry_name(c): c.ops for c in chains.values() if c not in chain_entries}
+    order = tuple(
+        op for entry in dispatch_order(graph, schedule) for op in whole.get(entry, (entry,))
+    )
     plan = PartitionPlan(
         tuple(entries),
-        (),
+        tuple(chain_entries),
         model_fingerprint(mod, infos),
         home=graph.home,
-        order=dispatch_order(graph, schedule),
+        order=order,
     )
     plan.validate(mod)
     cpu = graph.single_processor_ms("cpu")
@@ -335,8 +461,8 @@ def plan_placement(
         n_split_oc=sum(0.0 < e.ratio < 1.0 and e.dim.value == "OC" for e in entries),
         n_whole_cpu=sum(e.ratio == 0.0 for e in entries),
         n_whole_gpu=sum(e.ratio == 1.0 for e in entries),
-        chain_lengths=(),
-        n_unmodelled=len(infos) - len(entries),
+        chain_lengths=tuple(len(c.ops) for c in chain_entries),
+        n_unmodelled=len(infos) - len(entries) - sum(len(c.ops) for c in chain_entries),
         home=graph.home,
     )
     busy = {
