@@ -7,13 +7,15 @@
 # PoCL the co-executed build keeps the H100 plan: the cold path is what is measured).
 # Per platform: nocache, aot and warm for every model and build; the ablation (cache, aot_lazy,
 # overlap_only, aot_warm_pages) for COLD_ABLATION_MODELS.
-# COLD_MODELS, COLD_ABLATION_MODELS, COLD_PLATFORMS (nvidia,portable), COLD_BUILDS (cpu,gpu,codl).
+# COLD_MODELS, COLD_ABLATION_MODELS, COLD_BUILDS (cpu,gpu,codl), COLD_PLATFORMS (default nvidia:
+# about 6 minutes of builds and 6 of runs; portable on its own lease takes about 6 + 2 minutes
+# of builds and PoCL binaries, then 10-14 of runs, PoCL's first compiles being slow).
 set -u
 . /tmp/code/env.sh
 cd /tmp/code
 models=${COLD_MODELS:-squeezenet,inception_v1,posenet,retinaface,fst,bvlc_alexnet,resnet50,yolov2,vgg16,vgg19}
 ablation=${COLD_ABLATION_MODELS:-squeezenet,resnet50,vgg16}
-platforms=${COLD_PLATFORMS:-nvidia,portable}
+platforms=${COLD_PLATFORMS:-nvidia}
 builds=${COLD_BUILDS:-cpu,gpu,codl}
 b=/tmp/b/cold r=/tmp/res
 CODL_OPENCL_PLATFORM=nvidia python3 scripts/bench_planner.py compile --jobs 15 \
