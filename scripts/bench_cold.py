@@ -30,6 +30,7 @@ in a fresh process with its model file evicted, on ``--ort-threads`` threads.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import shutil
@@ -82,10 +83,10 @@ def cmd_binaries(args: argparse.Namespace) -> None:
 
 
 def _library_files() -> list[Path]:
-    """TVM's and the OpenCL plugin's shared libraries (what the library-load phase reads)."""
-    import tvm  # deferred: the parent only needs the path, and imports TVM only here
-
-    libs = sorted(Path(tvm.__file__).parent.rglob("*.so"))
+    """TVM's and the OpenCL plugin's shared libraries (what the library-load phase reads).
+    Found without importing TVM: pages this process mapped could not be evicted."""
+    spec = importlib.util.find_spec("tvm")
+    libs = sorted(Path(spec.origin).parent.rglob("*.so")) if spec and spec.origin else []
     plugin = os.environ.get("CODL_TVM_PLUGIN_LIB")
     return libs + ([Path(plugin)] if plugin else [])
 
