@@ -13,10 +13,8 @@ in :mod:`codl_tvm.pipeline_artifact`) holds one library per stage of a
   pipeline for its group, write the artifact (into a staging directory, swapped in when
   complete: a failed build never loses an earlier directory).
 - :mod:`codl_tvm.pipeline_artifact` loads and runs the artifact (no compiler needed there).
-- :func:`profile_layers`: Pipe-it's time matrix measured on this machine: every layer's
-  latency on every (group, core count) (a library per group with one function per layer, timed
-  by ``time_evaluator`` in a thread pinned to the first ``c`` cores of the group), and
-  :func:`layer_shapes` the layers' GEMM shapes for :class:`~codl_tvm.planner.pipe_model.PipeModel`.
+- :func:`layer_shapes`: the layers' GEMM shapes for :class:`~codl_tvm.planner.pipe_model.PipeModel`
+  (:mod:`codl_tvm.profiling.layers` measures their latencies on every group).
 """
 
 from __future__ import annotations
@@ -25,7 +23,6 @@ import json
 import platform
 import shutil
 import tempfile
-import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -33,7 +30,6 @@ from typing import Any
 import numpy as np
 import tvm
 from tvm import relax
-from tvm.runtime.vm import VirtualMachine
 
 from codl_tvm import runtime
 from codl_tvm.errors import ArtifactError, PlannerError
@@ -45,30 +41,25 @@ from codl_tvm.pipeline_artifact import (
     PIPELINE_FORMAT,
     PIPELINE_MANIFEST,
     PIPELINE_VERSION,
-    _device,
     _sha256,
     is_pipeline,
-    pin_thread_pool,
 )
-from codl_tvm.planner.pipe_model import LayerShape, PipeRecord
+from codl_tvm.planner.pipe_model import LayerShape
 from codl_tvm.planner.pipe_search import (
-    LatencyTable,
     PipelinePlan,
     ProcessorGroup,
-    check_groups,
 )
 from codl_tvm.targets import host_cpu_spec
 
 __all__ = [
     "ISAS",
-    "build_layer_libraries",
     "build_pipeline",
+    "compile_library",
     "default_isa",
     "group_target",
-    "layer_records",
     "layer_shapes",
-    "measure_layers",
-    "profile_layers",
+    "resolve_isas",
+    "stage_module",
 ]
 
 
@@ -121,7 +112,7 @@ def group_target(group: ProcessorGroup, isa: str | None = None) -> tvm.target.Ta
     return tvm.target.Target(ISAS[isa]())
 
 
-def _isas(groups: Sequence[ProcessorGroup], isa: Mapping[str, str] | None) -> dict[str, str]:
+def resolve_isas(groups: Sequence[ProcessorGroup], isa: Mapping[str, str] | None) -> dict[str, str]:
     isa = dict(isa or {})
     unknown = set(isa) - {g.name for g in groups}
     if unknown:
@@ -187,20 +178,7 @@ def layer_shapes(mod: tvm.IRModule) -> list[LayerShape]:
     return out
 
 
-def layer_records(table: LatencyTable, layers: Sequence[LayerShape]) -> list[PipeRecord]:
-    """Every measured entry of ``table`` as a :class:`PipeRecord` (to fit a Pipe-it model)."""
-    if len(layers) != table.n_layers:
-        raise PlannerError(f"{len(layers)} layer shapes for a table of {table.n_layers} layers")
-    records = []
-    for group, cores in table.keys():
-        values = table[(group, cores)]
-        for layer, ms in zip(layers, values, strict=True):
-            if ms > 0:
-                records.append(PipeRecord(layer, group, cores, float(ms)))
-    return records
-
-
-def _compile(mod: tvm.IRModule, target: tvm.target.Target, path: Path, what: str) -> None:
+def compile_library(mod: tvm.IRModule, target: tvm.target.Target, path: Path, what: str) -> None:
     kind = "opencl" if target.kind.name == "opencl" else "cpu"
     if kind == "opencl":
         runtime.load()
@@ -209,7 +187,7 @@ def _compile(mod: tvm.IRModule, target: tvm.target.Target, path: Path, what: str
         ex.export_library(str(path))
 
 
-def _stage_module(staged: tvm.IRModule, names: Sequence[str], main: str | None = None):
+def stage_module(staged: tvm.IRModule, names: Sequence[str], main: str | None = None):
     """The Relax functions ``names`` of ``staged`` (``main`` renamed to ``main``) with the TIR
     functions they call (the ONNX frontend emits some ops, e.g. Clip, as ``call_tir``)."""
     funcs = {
@@ -269,7 +247,7 @@ def build_pipeline(
         if not is_pipeline(out):
             raise ArtifactError(f"{out} exists and is not a pipeline artifact: not replacing it")
     by_name = {g.name: g for g in groups}
-    isas = _isas(groups, isa)
+    isas = resolve_isas(groups, isa)
     starts = layer_starts(model.mod["main"])
     if not plan.stages or plan.stages[-1].stop_layer != len(starts):
         raise PlannerError(
@@ -289,8 +267,8 @@ def build_pipeline(
         for k, s in enumerate(plan.stages):
             group = by_name[s.group]
             lib = f"{stage_name(k)}.so"
-            _compile(
-                _stage_module(staged, [], stage_name(k)),
+            compile_library(
+                stage_module(staged, [], stage_name(k)),
                 group_target(group, isas[s.group] if group.kind == "cpu" else None),
                 stage_dir / lib,
                 f"{model.path} ({stage_name(k)} on {s.group})",
@@ -337,144 +315,3 @@ def build_pipeline(
 
 def _spec(t: TensorSpec) -> dict:
     return {"name": t.name, "shape": list(t.shape), "dtype": t.dtype}
-
-
-def _time_in_thread(fn: Callable[[], Any], cores: Sequence[int] | None) -> Any:
-    """Run ``fn`` in a new thread (pinned with its own TVM pool on ``cores``) and return its
-    result: a thread's affinity and pool are its own, so the caller's stay as they were."""
-    box: dict[str, Any] = {}
-
-    def body() -> None:
-        try:
-            if cores:
-                pin_thread_pool(cores)
-            box["value"] = fn()
-        except BaseException as e:  # re-raised in the caller
-            box["error"] = e
-
-    t = threading.Thread(target=body, name="codl-profile-layers")
-    t.start()
-    t.join()
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
-
-
-def build_layer_libraries(
-    model: OnnxModel,
-    groups: Sequence[ProcessorGroup],
-    work_dir: str | Path,
-    *,
-    isa: Mapping[str, str] | None = None,
-    host: bool = True,
-) -> dict[str, Path]:
-    """Build ``main`` cut at every layer (one function per layer) for the host (with
-    ``host``) and for each group: ``{"host": lib, group name: lib, ...}`` in ``work_dir`` (what
-    :func:`measure_layers` times; building and timing are apart so that a benchmark can build
-    many models in parallel and time them one at a time)."""
-    groups = check_groups(groups) if groups or not host else ()
-    isas = _isas(groups, isa)
-    starts = layer_starts(model.mod["main"])
-    staged = cut_stages(model.mod, starts[1:])
-    layer_mod = _stage_module(staged, [stage_name(k) for k in range(len(starts))])
-    work = Path(work_dir)
-    work.mkdir(parents=True, exist_ok=True)
-    libs = {}
-    if host:  # the library that computes every layer's inputs (skip: another call builds it)
-        libs["host"] = work / "layers_host.so"
-        host_group = ProcessorGroup("host", "cpu", (0,))
-        _compile(
-            layer_mod, group_target(host_group, "host"), libs["host"], f"{model.path} (layers)"
-        )
-    for g in groups:
-        libs[g.name] = work / f"layers_{g.name}.so"
-        _compile(
-            layer_mod,
-            group_target(g, isas[g.name] if g.kind == "cpu" else None),
-            libs[g.name],
-            f"{model.path} (layers on {g.name})",
-        )
-    return libs
-
-
-def measure_layers(
-    model: OnnxModel,
-    groups: Sequence[ProcessorGroup],
-    libraries: Mapping[str, Path],
-    *,
-    core_counts: Mapping[str, Sequence[int]] | None = None,
-    number: int = 3,
-    repeat: int = 3,
-) -> LatencyTable:
-    """Time every layer of :func:`build_layer_libraries`' libraries on every (group, cores).
-
-    A layer runs on the outputs of the layers before it (computed once with the host library),
-    timed by ``time_evaluator`` (median of ``repeat`` means of ``number`` runs, after one
-    warm-up run) in a thread pinned to the group's first ``c`` cores with ``c`` TVM workers (a
-    GPU group: its host cores, one count).
-
-    Parameters
-    ----------
-    core_counts
-        Per CPU group, the core counts to measure (default: 1 to all of its cores). The search
-        needs every count from 1 to the group's size.
-    """
-    groups = check_groups(groups)
-    n = len(layer_starts(model.mod["main"]))
-    vm = VirtualMachine(tvm.runtime.load_module(str(libraries["host"])), tvm.cpu(0))
-    rng = np.random.default_rng(0)
-    args: list[np.ndarray] = [rng.standard_normal(t.shape).astype(t.dtype) for t in model.inputs]
-    layer_inputs = []
-    for k in range(n):
-        layer_inputs.append(args)
-        res = vm[stage_name(k)](*(tvm.runtime.tensor(a) for a in args))
-        args = [r.numpy() for r in res] if k < n - 1 else []
-    table: dict[tuple[str, int], np.ndarray] = {}
-    for g in groups:
-        if g.kind == "gpu":
-            runtime.load()
-        dev = _device(g.kind)
-
-        def measure(lib: Path = libraries[g.name], dev: Any = dev) -> np.ndarray:
-            gvm = VirtualMachine(tvm.runtime.load_module(str(lib)), dev)
-            ms = np.zeros(n)
-            for k in range(n):
-                placed = [tvm.runtime.tensor(a, dev) for a in layer_inputs[k]]
-                gvm[stage_name(k)](*placed)  # warm-up (OpenCL compiles kernels here)
-                timer = gvm.time_evaluator(stage_name(k), dev, number=number, repeat=repeat)
-                ms[k] = float(np.median(timer(*placed).results)) * 1e3
-            return ms
-
-        counts = (
-            [1]
-            if g.kind == "gpu"
-            else list((core_counts or {}).get(g.name, range(1, len(g.cores) + 1)))
-        )
-        for c in counts:
-            cores = list(g.cores[:c]) if g.kind == "cpu" else list(g.cores)
-            table[(g.name, c)] = _time_in_thread(measure, cores)
-    return LatencyTable(table, [s.name for s in layer_shapes(model.mod)])
-
-
-def profile_layers(
-    model: OnnxModel,
-    groups: Sequence[ProcessorGroup],
-    *,
-    isa: Mapping[str, str] | None = None,
-    core_counts: Mapping[str, Sequence[int]] | None = None,
-    number: int = 3,
-    repeat: int = 3,
-    work_dir: str | Path | None = None,
-) -> LatencyTable:
-    """Measure Pipe-it's time matrix on this machine: ms of every layer on every (group, cores)
-    (:func:`build_layer_libraries`, then :func:`measure_layers`; the libraries go to
-    ``work_dir``, default a temporary directory removed afterwards)."""
-    work = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="codl-profile-"))
-    try:
-        libs = build_layer_libraries(model, groups, work, isa=isa)
-        return measure_layers(
-            model, groups, libs, core_counts=core_counts, number=number, repeat=repeat
-        )
-    finally:
-        if not work_dir:
-            shutil.rmtree(work, ignore_errors=True)

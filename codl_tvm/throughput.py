@@ -6,7 +6,7 @@
 1. the processor groups are read and checked against this machine's cores
    (:func:`~codl_tvm.planner.pipe_search.parse_groups`) before anything is measured or built;
 2. the time matrix (ms of every layer on every (group, core count)) is measured on this machine
-   (:func:`~codl_tvm.pipeline_build.profile_layers`), or predicted by a fitted Pipe-it model
+   (:func:`~codl_tvm.profiling.layers.profile_layers`), or predicted by a fitted Pipe-it model
    (:class:`~codl_tvm.planner.pipe_model.PipeModel`, ``--pipe-model FILE``);
 3. Pipe-it's search (:func:`~codl_tvm.planner.pipe_search.search_pipeline`) picks the stages;
 4. the stages are built, each for its group, into one pipeline artifact
@@ -22,7 +22,7 @@ from pathlib import Path
 
 from codl_tvm.errors import PlannerError
 from codl_tvm.frontend import load_onnx
-from codl_tvm.pipeline_build import build_pipeline, layer_shapes, profile_layers
+from codl_tvm.pipeline_build import build_pipeline, layer_shapes
 from codl_tvm.planner.pipe_model import PipeModel
 from codl_tvm.planner.pipe_search import (
     LatencyTable,
@@ -30,6 +30,7 @@ from codl_tvm.planner.pipe_search import (
     parse_groups,
     search_pipeline,
 )
+from codl_tvm.profiling.layers import profile_layers
 
 __all__ = ["ThroughputOptions", "compile_throughput", "parse_isa"]
 

@@ -21,7 +21,7 @@ Phases (builds in ``--jobs`` spawned processes, timing one thing at a time):
 1. **build**: per model, the model cut at every layer for each group (the time matrix's
    libraries) and the single-stage builds of the baselines.
 2. **measure**: Pipe-it's time matrix per model: every layer on 1..n cores of each CPU group
-   and on the GPU (:func:`codl_tvm.pipeline_build.measure_layers`).
+   and on the GPU (:func:`codl_tvm.profiling.layers.measure_layers`).
 3. **plan**: Pipe-it's heuristic (``exact`` and the published ``pipe-it`` balancing) and the
    exhaustive search (up to three stages) on the CPU groups and on all groups; a Pipe-it model
    (Eq. 5/8) fitted on the *other* models' measured layers predicts this model's table, and the
@@ -101,8 +101,9 @@ def _build_job(job: dict) -> tuple[str, str, str | None, float]:
     t0 = time.perf_counter()
     try:
         from codl_tvm.frontend import load_onnx
-        from codl_tvm.pipeline_build import build_layer_libraries, build_pipeline
+        from codl_tvm.pipeline_build import build_pipeline
         from codl_tvm.planner.pipe_search import PipelinePlan, PipelineStage
+        from codl_tvm.profiling.layers import build_layer_libraries
 
         model = load_onnx(job["model_path"])
         groups = _groups(job["groups"])
@@ -347,13 +348,14 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
 
     from codl_tvm.frontend import load_onnx
-    from codl_tvm.pipeline_build import layer_records, layer_shapes, measure_layers
+    from codl_tvm.pipeline_build import layer_shapes
     from codl_tvm.planner.pipe_search import (
         LatencyTable,
         exhaustive_pipeline,
         recost_plan,
         search_pipeline,
     )
+    from codl_tvm.profiling.layers import layer_records, measure_layers
     from codl_tvm.throughput import parse_isa
 
     t_start = time.perf_counter()
@@ -460,6 +462,15 @@ def main(argv: list[str] | None = None) -> None:
                 g.name: float(tables[n][(g.name, g.most_stage_cores)].sum()) for g in groups
             },
             "measure_s": time.perf_counter() - t0,
+            # the whole time matrix and the layers' shapes: a Pipe-it model can be refitted
+            # from the JSON alone
+            "table_ms": {
+                f"{g}:{c}": [float(v) for v in tables[n][(g, c)]] for g, c in tables[n].keys()
+            },
+            "layer_shapes": [
+                [s.name, s.layer_type, s.out_pixels, s.filter_size, s.out_maps]
+                for s in layer_shapes(model.mod)
+            ],
         }
         if "little" in t1 and "big" in t1:
             entry["little_over_big_1core"] = t1["little"] / t1["big"]

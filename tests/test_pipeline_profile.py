@@ -6,9 +6,10 @@ from __future__ import annotations
 import numpy as np
 
 from codl_tvm.frontend import load_onnx
-from codl_tvm.pipeline_build import layer_records, layer_shapes, profile_layers
+from codl_tvm.pipeline_build import layer_shapes
 from codl_tvm.planner.pipe_model import LayerShape
 from codl_tvm.planner.pipe_search import ProcessorGroup, search_pipeline
+from codl_tvm.profiling.layers import layer_records, profile_layers
 from tests.test_transform_stages import _depthwise_cnn, _residual_cnn
 
 

@@ -33,7 +33,7 @@ from codl_tvm import runtime
 from codl_tvm.frontend import load_onnx, random_inputs
 from codl_tvm.models import bundled_model_path
 from codl_tvm.pipeline_artifact import load_pipeline
-from codl_tvm.pipeline_build import build_pipeline, layer_shapes, profile_layers
+from codl_tvm.pipeline_build import build_pipeline, layer_shapes
 from codl_tvm.planner.pipe_search import (
     PipelinePlan,
     PipelineStage,
@@ -41,6 +41,7 @@ from codl_tvm.planner.pipe_search import (
     recost_plan,
     search_pipeline,
 )
+from codl_tvm.profiling.layers import profile_layers
 from codl_tvm.runner import build
 
 model = load_onnx(bundled_model_path())
@@ -66,7 +67,7 @@ if len(cores) > 1:
 # %%
 # Measure the time matrix and search
 # ----------------------------------
-# :func:`~codl_tvm.pipeline_build.profile_layers` times every layer on every (group, core count)
+# :func:`~codl_tvm.profiling.layers.profile_layers` times every layer on every (group, core count)
 # (Pipe-it's time matrix); :func:`~codl_tvm.planner.pipe_search.search_pipeline` runs Pipe-it's
 # Algorithms 1-3 with the GPU as a stage: the pipeline whose slowest stage is fastest.
 table = profile_layers(model, groups, number=2, repeat=2)
