@@ -47,6 +47,8 @@ from typing import NamedTuple
 import numpy as np
 
 PLANNER_MODES = ("codl", "codl_no_chain", "h_only", "oc_only", "ulayer_like")
+#: HOPE's placement modes and their baselines (``compile --mode``), built like the above.
+PLACEMENT_MODES = ("hope", "hope_greedy", "starpu", "mosaic", "codl_hope")
 #: A mode tag ending so (``codl_alone``) is that mode built with ``compile
 #: --coexec-cpu-alone-kernels``: every CPU function gets the kernels of the build for the CPU alone.
 ALONE_SUFFIX = "_alone"
@@ -93,7 +95,7 @@ def _tag_mode(tag: str, strict: bool = True) -> _TagFlags:
             break
         flags[_SUFFIXES[hit]] = True
         rest = rest.removesuffix(hit)
-    if strict and rest not in PLANNER_MODES:
+    if strict and rest not in (*PLANNER_MODES, *PLACEMENT_MODES):
         hint = (
             ": LRN blocks are whole by default now, `_rowlrn` splits them"
             if tag.endswith("_wholelrn")
@@ -228,8 +230,8 @@ def cmd_compile(args: argparse.Namespace) -> None:
         ]
         if args.oracle:
             todo.append(("oracle", "coexec", "codl_no_chain", args.oracle, 0))
-        if args.verify:
-            todo.append(("codl_verify", "coexec", "codl", args.cost_model, args.verify))
+        for vmode in args.verify_mode.split(",") if args.verify else ():
+            todo.append((f"{vmode}_verify", "coexec", vmode, args.cost_model, args.verify))
         modes = tuple(m for m in args.verify_modes.split(",") if m)
         for tag, device, mode, cost_model, verify in todo:
             target = out / name / tag
@@ -483,7 +485,13 @@ def cmd_run(args: argparse.Namespace) -> None:
             )
         t_star_c = float(np.median([c.t_star_ms for c in contended])) if contended else None
         trace_tag = _trace_tag(entries, {t: a.manifest for t, a in arts.items()})
-        if args.trace_dir and trace_tag:
+        # co-executed builds named by --trace-also, beside codl's
+        also = [
+            t
+            for t in args.trace_also.split(",")
+            if t in arts and t != trace_tag and arts[t].device == "coexec"
+        ]
+        if args.trace_dir and (trace_tag or also):
             from codl_tvm.trace import trace_inference
 
             tdir = Path(args.trace_dir)
@@ -494,7 +502,7 @@ def cmd_run(args: argparse.Namespace) -> None:
                 for t, a in arts.items()
                 if t.startswith("codl_refined") and t != trace_tag and a.device == "coexec"
             ]
-            for tag in [trace_tag, *refined]:
+            for tag in [*([trace_tag] if trace_tag else []), *refined, *also]:
                 trace = trace_inference(arts[tag], inputs[tag])
                 trace.save_chrome(tdir / f"{name}_{tag}.json")
                 trace.save_png(tdir / f"{name}_{tag}.png")
@@ -534,6 +542,9 @@ def cmd_run(args: argparse.Namespace) -> None:
             row["speedup_vs_best_single"] = best / row["median_ms"]
             row["of_t_star"] = t_star / row["median_ms"]
             row["speedup_vs_best_single_fastest"] = min(fc, fg) / row["min_ms"]
+            if row.get("predicted_ms"):
+                # the plan's predicted makespan against this build's measured latency
+                row["measured_over_predicted"] = row["median_ms"] / row["predicted_ms"]
             row["of_t_star_fastest"] = summary["t_star_fastest_ms"] / row["min_ms"]
             if "ulayer_like" in rows:
                 row["speedup_vs_ulayer"] = rows["ulayer_like"]["median_ms"] / row["median_ms"]
@@ -896,6 +907,11 @@ def main(argv: list[str] | None = None) -> None:
         help="with --verify: `compile --verify-modes` for codl_verify (e.g. codl_no_chain,h_only)",
     )
     c.add_argument(
+        "--verify-mode",
+        default="codl",
+        help="with --verify: the planner modes built with it, comma list (tag MODE_verify)",
+    )
+    c.add_argument(
         "--verify-refine",
         type=int,
         default=0,
@@ -937,6 +953,11 @@ def main(argv: list[str] | None = None) -> None:
     r.add_argument("--number", type=int, default=5, help="runs averaged per sample")
     r.add_argument("--rounds", type=int, default=5, help="round-robin samples per variant")
     r.add_argument("--trace-dir")
+    r.add_argument(
+        "--trace-also",
+        default="",
+        help="comma list of more variants to trace beside codl's (e.g. hope,codl_hope)",
+    )
     r.add_argument(
         "--plan-repeat",
         type=int,

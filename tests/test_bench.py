@@ -215,6 +215,7 @@ def test_bench_planner_tags_combine_suffixes_in_any_order():
         assert (flags.mode, flags.rowlrn, flags.streaming) == ("h_only", True, True)
         assert bp._tag_mode("codl_wholenorm").wholenorm
         assert bp._tag_mode("codl") == bp._TagFlags("codl")  # row blocks off by default
+        assert bp._tag_mode("codl_hope") == bp._TagFlags("codl_hope")  # placement modes too
         with pytest.raises(SystemExit, match="LRN blocks are whole by default"):
             bp._tag_mode("codl_wholelrn")
         with pytest.raises(SystemExit, match="names no planner mode"):
