@@ -21,12 +21,19 @@ its own OpenCL support, loading the plugin replaces TVM's OpenCL device API in t
 keeps TVM's OpenCL and can run ``--device opencl`` models but not co-executed ones. ``--device
 coexec`` builds the model with :func:`codl_tvm.pipeline.coexec_pipeline` for the preset's OpenCL and
 CPU targets and runs it in the Relax VM over the remote's ``[opencl(0), cpu(0)]``; the plan comes
-from ``--plan PLAN.json`` or ``--dim H|OC --ratio R`` (the GPU share of every partitionable
-operator).
+from ``--plan PLAN.json``, ``--dim H|OC --ratio R`` (the GPU share of every partitionable
+operator) or ``--plan auto`` (the planner with the preset's cost model, or ``--cost-model``).
+
+A server started with ``--opencl`` but without a plugin (none built for it, no compiler there)
+reports it missing; :func:`ensure_remote_opencl` then uploads one (``plugin=`` or cross-built
+for the preset with :func:`codl_tvm.runtime._build.cross_build_plugin`, cached), after checking
+that it fits the device: its ELF machine, the TVM versions it was built against and the hash of
+its sources. A server whose loaded plugin does not fit is refused before anything is uploaded.
 """
 
 from __future__ import annotations
 
+import os
 import platform
 import shutil
 import tempfile
@@ -40,16 +47,21 @@ import tvm
 from tvm.runtime.vm import VirtualMachine
 
 from codl_tvm import runtime
-from codl_tvm.errors import DeployError
+from codl_tvm.errors import DeployError, VersionMismatch
 from codl_tvm.frontend import OnnxModel, check_inputs, load_onnx, random_inputs
 from codl_tvm.pipeline import coexec_pipeline, single_device_pipeline
 from codl_tvm.plan import PartitionPlan, uniform_plan
+from codl_tvm.planner.policy import resolve_plan as plan_with_planner
 from codl_tvm.rpc_utils import (
     RemoteDevice,
     check_remote_versions,
+    plugin_mismatches,
+    remote_plugin,
     request_remote,
+    upload_plugin,
 )
 from codl_tvm.runner import _flatten, build, remove_with
+from codl_tvm.runtime import _build
 from codl_tvm.targets import TargetPreset, export_library, get_preset
 
 __all__ = [
@@ -59,6 +71,8 @@ __all__ = [
     "compare_outputs",
     "compile_for",
     "deploy",
+    "ensure_remote_opencl",
+    "plugin_for",
     "resolve_plan",
     "run_remote",
     "select_preset",
@@ -134,9 +148,16 @@ def select_preset(
                 "--target PRESET (see `codl-tvm deploy --list-targets`)"
             )
         android = (remote_info or {}).get("android") == "1"
+        pocl = "Portable Computing Language" in (remote_info or {}).get("opencl_device", "")
         if machine in ("aarch64", "arm64"):
             name = (
-                ("android-adreno" if android else "linux-arm64-mali")
+                (
+                    "android-adreno"
+                    if android
+                    else "linux-arm64-pocl"
+                    if pocl
+                    else "linux-arm64-mali"
+                )
                 if device in ("opencl", "coexec")
                 else ("android-arm64" if android else "linux-arm64")
             )
@@ -181,6 +202,8 @@ def resolve_plan(mod, plan=None, dim: str | None = None, ratio: float | None = N
     """
     if plan is not None and (dim is not None or ratio is not None):
         raise DeployError("give either a plan or --dim/--ratio for --device coexec, not both")
+    if isinstance(plan, str) and plan == "auto":
+        return "auto"  # planned once the target is known (see deploy)
     if plan is None:
         if dim is None or ratio is None:
             raise DeployError(
@@ -195,6 +218,111 @@ def resolve_plan(mod, plan=None, dim: str | None = None, ratio: float | None = N
         plan = PartitionPlan.load(path)
     plan.validate(mod)
     return plan
+
+
+def plugin_for(
+    preset: TargetPreset, ndk: str | Path | None = None, log: Callable[[str], None] | None = None
+) -> Path:
+    """The OpenCL plugin for ``preset``'s device: this machine's build for a host preset, else a
+    cross build (:func:`codl_tvm.runtime._build.cross_build_plugin`) cached under codl-tvm's
+    cache by target and source hash.
+
+    Raises
+    ------
+    DeployError
+        An Android preset without an NDK (``ndk``, ``ANDROID_NDK_HOME`` or ``ANDROID_NDK_ROOT``).
+    codl_tvm.errors.ToolchainError
+        The cross compiler is missing or the build failed.
+    """
+    if not preset.is_cross:
+        return Path(runtime.load())
+    target = "android-arm64" if preset.os == "android" else "linux-arm64"
+    if target == "android-arm64":
+        ndk = ndk or os.environ.get("ANDROID_NDK_HOME") or os.environ.get("ANDROID_NDK_ROOT")
+        if not ndk:
+            raise DeployError(
+                "the device has no OpenCL plugin and building one for Android needs the NDK: "
+                "pass --ndk NDK_DIR (or set ANDROID_NDK_HOME), or --plugin PATH with a plugin "
+                "from `codl-tvm build-runtime --target android-arm64`"
+            )
+    sha = _build.sources_sha256()
+    out = runtime.default_cache_dir() / "plugins" / f"{target}-{sha[:16]}"
+    lib = out / _build.PLUGIN_NAME
+    if lib.is_file() and _build.plugin_description(lib).get("sources_sha256") == sha:
+        return lib
+    if log:
+        log(f"cross-building the OpenCL plugin for {target} into {out}")
+    return _build.cross_build_plugin(target, out, ndk=ndk)
+
+
+def ensure_remote_opencl(
+    remote: RemoteDevice,
+    info: dict | None,
+    preset: TargetPreset,
+    plugin: str | Path | None = None,
+    ndk: str | Path | None = None,
+    log: Callable[[str], None] | None = None,
+) -> dict:
+    """Make sure the remote runs a codl-tvm OpenCL plugin that fits this codl-tvm; return its
+    (possibly updated) report.
+
+    A plugin already loaded there is checked (machine, TVM versions, source hash); a missing one
+    is uploaded (``plugin``, else :func:`plugin_for`) after the same checks against the device,
+    so a mismatch is refused before anything is uploaded.
+
+    Raises
+    ------
+    codl_tvm.errors.VersionMismatch
+        The remote's plugin, or the one to upload, does not fit (the message names the device,
+        the plugin and each difference).
+    DeployError
+        The server cannot report, was not started with ``--opencl``, or has no usable OpenCL
+        platform (with the server's reason).
+    """
+    say = log or (lambda _msg: None)
+    if info is None:
+        raise DeployError(
+            f"remote device {remote.name} is a stock TVM RPC server; OpenCL co-execution needs "
+            "codl-tvm's server (`python -m codl_tvm.rpc_utils serve --opencl`)"
+        )
+    if "opencl" not in info:
+        raise DeployError(
+            f"remote device {remote.name} did not load codl-tvm's OpenCL plugin (its server "
+            "was started without --opencl: `python -m codl_tvm.rpc_utils serve --opencl`)"
+        )
+    sha = _build.sources_sha256()
+    if info.get("plugin_state") == "loaded":
+        problems = plugin_mismatches(remote_plugin(info), info, sha)
+        if problems:
+            raise VersionMismatch(
+                f"the OpenCL plugin loaded on remote device {remote.name} does not fit this "
+                f"codl-tvm: {'; '.join(problems)}; rebuild it (`codl-tvm build-runtime`) or "
+                "restart the server without it so that deploy uploads a matching one"
+            )
+    elif info.get("plugin_state") == "missing":
+        path = Path(plugin) if plugin else plugin_for(preset, ndk, say)
+        desc = _build.plugin_description(path)
+        problems = plugin_mismatches(desc, info, sha)
+        if problems:
+            raise VersionMismatch(
+                f"OpenCL plugin {path} cannot be uploaded to remote device {remote.name}: "
+                f"{'; '.join(problems)}"
+            )
+        say(f"{remote.name} has no OpenCL plugin: uploading {path.name} ({desc['machine']})")
+        info = upload_plugin(remote, str(path))
+    if info.get("opencl") != "1":
+        why = info.get("opencl_error", "the server reports no usable OpenCL device")
+        raise DeployError(f"remote device {remote.name} has no usable OpenCL runtime: {why}")
+    svm = info.get("svm", "unknown")
+    say(
+        f"OpenCL on {remote.name}: {info.get('opencl_device', '?')}, SVM {svm}"
+        + (
+            " (no SVM: falling back to host-mapped buffers, with copies between the processors)"
+            if svm == "buffer"
+            else ""
+        )
+    )
+    return info
 
 
 def compile_for(
@@ -333,6 +461,9 @@ def deploy(
     rtol: float = 1e-3,
     work_dir: str | Path | None = None,
     log: Callable[[str], None] | None = print,
+    plugin: str | Path | None = None,
+    ndk: str | Path | None = None,
+    cost_model: str | Path | None = None,
 ) -> DeployResult:
     """Compile ``model`` for a device of ``key``, run it there and compare with the host.
 
@@ -364,6 +495,11 @@ def deploy(
         returned result is garbage collected.
     log
         Receives progress lines (``None``: quiet).
+    plugin, ndk
+        The OpenCL plugin to upload to a server that lacks one (default: cross-built for the
+        preset, with ``ndk`` for Android); see :func:`ensure_remote_opencl`.
+    cost_model
+        The cost model for ``plan="auto"`` (default: the preset's shipped model).
 
     Raises
     ------
@@ -397,17 +533,21 @@ def deploy(
                     f"remote: TVM {info.get('tvm')}, {info.get('machine')} "
                     f"{'Android' if info.get('android') == '1' else info.get('system')}"
                 )
-            if device in ("opencl", "coexec") and (info or {}).get("opencl") != "1":
-                why = (info or {}).get(
-                    "opencl_error",
-                    "its server did not load codl-tvm's OpenCL "
-                    "plugin (start it with `python -m codl_tvm.rpc_utils serve "
-                    "--opencl`)",
-                )
+            if device in ("opencl", "coexec") and info is not None:
+                preset = select_preset(target, device, info, remote.name)
+                info = ensure_remote_opencl(remote, info, preset, plugin, ndk, say)
+            elif device in ("opencl", "coexec"):
                 raise DeployError(
-                    f"remote device {remote.name} has no usable OpenCL runtime: {why}"
+                    f"remote device {remote.name} is a stock TVM RPC server without codl-tvm's "
+                    "OpenCL plugin (start it with `python -m codl_tvm.rpc_utils serve --opencl`)"
                 )
             preset = select_preset(target, device, info, remote.name)
+            if partition == "auto":
+                choice = plan_with_planner(
+                    onnx_model.mod, mode="codl", cost_model=cost_model, preset=preset.name
+                )
+                partition = choice.plan
+                say(f"planned with the cost model ({choice.cost_model})")
             say(f"compiling for '{preset.name}' ({device})")
             if device == "coexec":
                 runtime.load()  # as compile_coexec does: the plugin must be loaded to build

@@ -24,10 +24,12 @@ from __future__ import annotations
 import argparse
 import functools
 import gc
+import hashlib
 import json
 import os
 import platform
 import queue
+import shutil
 import socket
 import struct
 import sys
@@ -61,10 +63,13 @@ __all__ = [
     "check_remote_versions",
     "local_versions",
     "parse_address",
+    "plugin_mismatches",
+    "remote_plugin",
     "remote_versions",
     "request_remote",
     "serve",
     "tracker_summary",
+    "upload_plugin",
     "version_mismatches",
     "wait_for_devices",
 ]
@@ -640,23 +645,199 @@ class DeviceFarm:
         return [results[i] for i in range(len(jobs))]
 
 
-def _register_versions(opencl: bool = False) -> None:
-    """Server init callback: register ``codl_tvm.rpc.versions`` (runs in the server process)."""
-    info = local_versions(opencl=opencl)
-    if opencl:
-        # deferred: the emulated aarch64 device runs this file as a script beside a minimal
-        # package (codl_tvm/__init__.py and errors.py only); it needs the runtime only with --opencl
-        from codl_tvm import runtime
+PLUGIN_LOAD_FUNC = "codl_tvm.rpc.load_plugin"
+#: Plugin description fields a server reports (prefixed ``plugin_``) and clients compare.
+PLUGIN_FIELDS = ("machine", "tvm", "tvm_ffi", "sources_sha256", "target")
 
-        try:
-            runtime.load()
-        except Exception as exc:  # reported to clients instead of failing the server
-            info["opencl"] = "0"
-            info["opencl_error"] = str(exc).strip().splitlines()[-1][:300]
+
+def _plugin_store(plugin_dir: str | None) -> str:
+    """Where a server keeps uploaded plugins (they outlive the session that uploaded them)."""
+    if plugin_dir:
+        return plugin_dir
+    root = os.environ.get("CODL_TVM_CACHE_DIR") or os.path.join(
+        os.path.expanduser("~"), ".cache", "codl-tvm"
+    )
+    return os.path.join(root, "plugins")
+
+
+def _stored_plugin(plugin_dir: str) -> str | None:
+    """The newest plugin uploaded to this server earlier, if any."""
+    try:
+        libs = [
+            os.path.join(plugin_dir, n)
+            for n in os.listdir(plugin_dir)
+            if n.startswith("libcodl_tvm_opencl") and n.endswith(".so")
+        ]
+    except OSError:
+        return None
+    return max(libs, key=os.path.getmtime) if libs else None
+
+
+def _load_plugin(info: dict[str, str], path: str | None) -> None:
+    """Load the OpenCL plugin (``path``, else ``CODL_TVM_PLUGIN_LIB``, else built here on first
+    use) and record in ``info`` what it is, or why it is missing or failed.
+
+    OpenCL itself is not initialised here: TVM's server forks a process per session from the one
+    that ran this, and a driver's threads (PoCL's workers) do not survive a fork; each session
+    initialises OpenCL in its own process (:func:`_probe_opencl`).
+    """
+    # deferred: the emulated aarch64 device runs this file as a script beside a minimal package
+    # (codl_tvm/__init__.py, errors.py, runtime/); the runtime is needed only with --opencl
+    from codl_tvm import runtime
+    from codl_tvm.runtime import _build
+
+    if path:
+        os.environ["CODL_TVM_PLUGIN_LIB"] = path
+    path = os.environ.get("CODL_TVM_PLUGIN_LIB")
+    if not path and not any(shutil.which(c) for c in ("c++", "g++", "clang++")):
+        info.update(
+            opencl="0",
+            plugin_state="missing",
+            opencl_error="no OpenCL plugin on this server and no C++ compiler to build it",
+        )
+        return
+    try:
+        loaded = runtime.load()
+        desc = _build.plugin_description(loaded)
+    except Exception as exc:  # reported to clients instead of failing the server
+        info.update(opencl="0", plugin_state="failed")
+        info["opencl_error"] = (
+            f"loading the OpenCL plugin {path or ''} failed: "
+            + (str(exc).strip().splitlines()[-1][:300])
+        )
+        return
+    info.update({f"plugin_{k}": desc[k] for k in PLUGIN_FIELDS if k in desc})
+    info.update(opencl="0", plugin_state="loaded")
+    info.pop("opencl_error", None)
+
+
+def _probe_opencl(info: dict[str, str]) -> None:
+    """Initialise OpenCL through the loaded plugin and record the device and SVM mode, or why
+    there is none (no platform, no device)."""
+    from codl_tvm import runtime  # deferred: see _load_plugin
+
+    try:
+        cl = runtime.info()
+    except Exception as exc:
+        info["opencl_error"] = "OpenCL: " + str(exc).strip().splitlines()[-1][:300]
+        return
+    info.update(opencl="1", svm=cl.svm_mode)
+    info["opencl_device"] = f"{cl.platform}: {', '.join(d.name for d in cl.devices)}"
+
+
+def _register_versions(opencl: bool = False, plugin_dir: str | None = None) -> None:
+    """Server init callback: register ``codl_tvm.rpc.versions`` (runs in the server process)
+    and, with ``opencl``, load the OpenCL plugin and register ``codl_tvm.rpc.load_plugin``."""
+    info = local_versions(opencl=opencl)
+    emulated = os.environ.get("CODL_TVM_EMULATED")
+    if emulated:
+        info["emulated"] = emulated
+    store = _plugin_store(plugin_dir)
+    if opencl:
+        _load_plugin(info, None if os.environ.get("CODL_TVM_PLUGIN_LIB") else _stored_plugin(store))
+
+        @tvm_ffi.register_global_func(PLUGIN_LOAD_FUNC, override=True)
+        def _load_uploaded(path: str, name: str) -> str:
+            # kept beside earlier uploads: later sessions load it when first asked (_versions)
+            os.makedirs(store, exist_ok=True)
+            kept = os.path.join(store, name)
+            shutil.copyfile(path, kept)
+            if os.path.isfile(path + ".json"):
+                shutil.copyfile(path + ".json", kept + ".json")
+            return _versions()
 
     @tvm_ffi.register_global_func(VERSIONS_FUNC, override=True)
     def _versions() -> str:
+        # runs in the session's process: OpenCL is initialised here, once per session
+        if opencl:
+            if info.get("plugin_state") == "missing":
+                stored = _stored_plugin(store)
+                if stored:
+                    _load_plugin(info, stored)
+            if info.get("plugin_state") == "loaded" and info.get("opencl") != "1":
+                if "opencl_error" not in info:
+                    _probe_opencl(info)
         return json.dumps(info)
+
+
+def plugin_mismatches(
+    plugin: dict[str, str], remote_info: dict[str, str], sources_sha256: str | None = None
+) -> list[str]:
+    """Why a plugin described by ``plugin`` (``codl_tvm.runtime._build.plugin_description``)
+    cannot serve a remote that reported ``remote_info`` (empty: it can).
+
+    ``sources_sha256`` is the hash of this codl-tvm's plugin sources: a plugin built from other
+    sources may lack builtins that models compiled here call, or call them differently.
+    """
+    problems = []
+    machine = remote_info.get("machine", "").replace("arm64", "aarch64")
+    if plugin.get("machine") and machine and plugin["machine"] != machine:
+        problems.append(f"it is built for {plugin['machine']}, the device is {machine}")
+    for name in ("tvm", "tvm_ffi"):
+        theirs = remote_info.get(name)
+        if plugin.get(name) and theirs and plugin[name] != theirs:
+            problems.append(f"it is built for {name} {plugin[name]}, the device runs {theirs}")
+    ours = plugin.get("sources_sha256")
+    if ours and sources_sha256 and ours != sources_sha256:
+        problems.append(
+            f"it is built from other codl-tvm runtime sources ({ours[:12]} there, "
+            f"{sources_sha256[:12]} here)"
+        )
+    return problems
+
+
+def remote_plugin(remote_info: dict[str, str]) -> dict[str, str]:
+    """The description of the plugin a server loaded, from its ``plugin_*`` fields."""
+    return {k: remote_info[f"plugin_{k}"] for k in PLUGIN_FIELDS if f"plugin_{k}" in remote_info}
+
+
+def upload_plugin(remote: RemoteDevice, path: str, timeout_s: float = 300.0) -> dict[str, str]:
+    """Upload the plugin at ``path`` (and its ``.json`` description) and have the server load
+    it; return the server's new report.
+
+    Raises
+    ------
+    RemoteFailure
+        The server has no ``codl_tvm.rpc.load_plugin`` (not started with ``--opencl``), or the
+        upload or load failed or took longer than ``timeout_s``.
+    """
+    sess = remote.session
+    base = os.path.basename(path)
+    stem, ext = os.path.splitext(base)
+    digest = hashlib.sha256(open(path, "rb").read()).hexdigest()[:16]
+    name = f"{stem}-{digest}{ext}"
+
+    def _upload() -> str:
+        sess.upload(path, name)
+        if os.path.isfile(path + ".json"):
+            sess.upload(path + ".json", name + ".json")
+        func = sess.get_function(PLUGIN_LOAD_FUNC)
+        if func is None:
+            raise RPCError(
+                f"the server has no {PLUGIN_LOAD_FUNC}; start it with "
+                "`python -m codl_tvm.rpc_utils serve --opencl`"
+            )
+        remote_dir = sess.get_function("tvm.rpc.server.workpath")(name)
+        return str(func(remote_dir, name))
+
+    box: dict[str, Any] = {}
+
+    def _run() -> None:
+        try:
+            box["value"] = remote.call("loading the uploaded OpenCL plugin", _upload)
+        except Exception as exc:
+            box["err"] = exc
+
+    worker = threading.Thread(target=_run, daemon=True)
+    worker.start()
+    worker.join(timeout_s)
+    if worker.is_alive():
+        raise RemoteFailure(
+            remote.name, "loading the uploaded OpenCL plugin", f"no answer in {timeout_s:g} s"
+        )
+    if "err" in box:
+        raise box["err"]
+    return json.loads(box["value"])
 
 
 def serve(
@@ -667,14 +848,19 @@ def serve(
     port_end: int | None = None,
     opencl: bool = False,
     silent: bool = False,
+    plugin_dir: str | None = None,
 ) -> None:
     """Run TVM's RPC server registered with ``tracker`` under ``key`` until killed.
 
     The server answers ``codl_tvm.rpc.versions`` (TVM, tvm-ffi, Python, machine), so clients can
-    check versions before uploading. ``opencl=True`` loads codl-tvm's OpenCL plugin in the server.
+    check versions before uploading. ``opencl=True`` loads codl-tvm's OpenCL plugin in the server:
+    ``CODL_TVM_PLUGIN_LIB``, else the newest one uploaded earlier (kept in ``plugin_dir``,
+    default ``plugins`` under codl-tvm's cache), else built on first use where a C++ compiler
+    exists; without any it reports the plugin missing, and clients upload one
+    (:func:`upload_plugin`).
     """
     url, tport = parse_address(tracker)
-    init = functools.partial(_register_versions, opencl)
+    init = functools.partial(_register_versions, opencl, plugin_dir)
     server = tvm.rpc.Server(
         host,
         port,
@@ -703,6 +889,7 @@ def _main(argv: list[str] | None = None) -> int:
     p.add_argument("--port-end", type=int, default=None)
     p.add_argument("--opencl", action="store_true", help="load codl-tvm's OpenCL plugin")
     p.add_argument("--silent", action="store_true")
+    p.add_argument("--plugin-dir", help="where uploaded OpenCL plugins are kept")
     p.add_argument(
         "--python",
         help="interpreter for the server's worker processes (sets "
@@ -717,7 +904,16 @@ def _main(argv: list[str] | None = None) -> int:
         return 0
     if args.python:
         sys.executable = args.python
-    serve(args.tracker, args.key, args.host, args.port, args.port_end, args.opencl, args.silent)
+    serve(
+        args.tracker,
+        args.key,
+        args.host,
+        args.port,
+        args.port_end,
+        args.opencl,
+        args.silent,
+        args.plugin_dir,
+    )
     return 0
 
 

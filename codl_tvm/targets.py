@@ -208,6 +208,14 @@ PRESETS: dict[str, TargetPreset] = {
             "mali",
         ),
         TargetPreset(
+            "linux-arm64-pocl",
+            "aarch64 Linux with PoCL's CPU OpenCL device as the GPU (the emulated aarch64 device)",
+            cpu=_arm64(_LINUX_ARM64),
+            gpu=_pocl_gpu(),
+            triple=_LINUX_ARM64,
+            os="linux",
+        ),
+        TargetPreset(
             "opencl",
             "a generic OpenCL GPU on the host machine",
             cpu={"kind": "llvm"},

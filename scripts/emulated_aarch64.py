@@ -17,6 +17,15 @@ until the tracker lists it. TVM's server re-executes ``sys.executable`` for its 
 wrapper is passed as that executable because without binfmt an aarch64 binary cannot be exec'ed.
 ``stop`` ends a server this script started. Each step is skipped when already done.
 
+``--opencl`` adds an OpenCL device: Debian's arm64 PoCL (``pocl-opencl-icd``, its CPU
+``pthread`` device, which offers fine-grained SVM) unpacked into the same root, and codl-tvm's
+OpenCL plugin cross-built on the host (``codl-tvm build-runtime --target linux-arm64``). PoCL
+runs helper programs (its kernel compiler links with ``ld``), which an aarch64 process can only
+start through binfmt_misc: the server then runs in a chroot of the root, with binfmt_misc
+mounted and qemu-aarch64 registered (as root), and ``/proc``, ``/sys`` and ``/dev`` bound into
+the root (hwloc reads the CPU topology there). ``--no-plugin`` starts it without the plugin
+(clients upload one); uploaded plugins are kept in a directory emptied at each such start.
+
 Host requirements are installed with apt-get when missing and running as root:
 qemu-user-static, plus clang and lld for cross-linking model libraries. Only Debian/Ubuntu hosts
 with apt are supported.
@@ -50,7 +59,20 @@ from pathlib import Path
 
 DEBS = ("python3", "libstdc++6", "libgcc-s1")
 WHEELS = ("tornado", "cloudpickle", "psutil")
-HOST_PACKAGES = {"qemu-aarch64-static": "qemu-user-static", "clang": "clang", "ld.lld": "lld"}
+OPENCL_DEBS = ("pocl-opencl-icd", "ocl-icd-libopencl1")
+HOST_PACKAGES = {
+    "qemu-aarch64-static": "qemu-user-static",
+    "clang": "clang",
+    "ld.lld": "lld",
+    "aarch64-linux-gnu-g++": "g++-aarch64-linux-gnu",
+}
+BASE_TOOLS = ("qemu-aarch64-static", "clang", "ld.lld")
+#: Inside the root: the server script, its package and the plugin.
+CODL_DIR = "opt/codl-tvm"
+PLUGIN = "libcodl_tvm_opencl.so"
+BINFMT = Path("/proc/sys/fs/binfmt_misc")
+#: Bound into the chroot for PoCL: /proc (its own mount), /sys (hwloc), /dev (/dev/null, urandom).
+CHROOT_MOUNTS = ("proc", "sys", "dev")
 STAMP = ".codl-tvm-ready.json"
 REPO = Path(__file__).resolve().parent.parent
 
@@ -134,7 +156,7 @@ def _source_files() -> list[str]:
     return files
 
 
-def fetch_debs(work: Path, root: Path, timeout_s: float) -> None:
+def fetch_debs(work: Path, root: Path, timeout_s: float, debs: tuple[str, ...] = DEBS) -> None:
     """Download the arm64 Debian packages with a private apt configuration and unpack them."""
     if shutil.which("apt-get") is None or shutil.which("dpkg") is None:
         raise StepError("the aarch64 root needs apt-get and dpkg (Debian/Ubuntu hosts only)")
@@ -170,8 +192,8 @@ def fetch_debs(work: Path, root: Path, timeout_s: float) -> None:
     env = {"APT_CONFIG": str(conf), "DEBIAN_FRONTEND": "noninteractive"}
     run(["apt-get", "update", "-qq"], "apt-get update (arm64 lists)", timeout_s, env)
     run(
-        ["apt-get", "install", "-y", "-qq", "--download-only", *DEBS],
-        f"download arm64 {' '.join(DEBS)}",
+        ["apt-get", "install", "-y", "-qq", "--download-only", *debs],
+        f"download arm64 {' '.join(debs)}",
         timeout_s,
         env,
     )
@@ -257,18 +279,19 @@ def write_wrapper(root: Path, py: Path) -> Path:
     return wrapper
 
 
-
 def install_server_script(root: Path) -> Path:
     """Copy the RPC server script into the sysroot with the minimal package it imports
     (``codl_tvm/__init__.py`` and ``errors.py`` beside it, so that running the script finds
     ``codl_tvm.errors`` next to itself); returns the script's path."""
-    codl = root / "opt" / "codl-tvm"
-    (codl / "codl_tvm").mkdir(parents=True, exist_ok=True)
-    for name in ("__init__.py", "errors.py"):
+    codl = root / CODL_DIR
+    (codl / "codl_tvm" / "runtime").mkdir(parents=True, exist_ok=True)
+    # the runtime package (pure Python; the plugin is built separately) for --opencl serving
+    for name in ("__init__.py", "errors.py", "runtime/__init__.py", "runtime/_build.py"):
         shutil.copy(REPO / "codl_tvm" / name, codl / "codl_tvm" / name)
     script = codl / "rpc_utils.py"
     shutil.copy(REPO / "codl_tvm" / "rpc_utils.py", script)
     return script
+
 
 def prepare(root: Path, timeout_s: float, force: bool = False, version: str | None = None) -> Path:
     """Build the aarch64 root if needed; return the Python wrapper.
@@ -276,7 +299,7 @@ def prepare(root: Path, timeout_s: float, force: bool = False, version: str | No
     ``version`` is the apache-tvm version to install (default: this machine's); another one
     makes a device that the version check must refuse.
     """
-    ensure_host_tools(timeout_s)
+    ensure_host_tools(timeout_s, BASE_TOOLS)
     version = version or tvm_version()
     stamp = root / STAMP
     if stamp.is_file() and not force:
@@ -287,6 +310,7 @@ def prepare(root: Path, timeout_s: float, force: bool = False, version: str | No
         say(f"aarch64 root at {root} is for TVM {data.get('tvm')}; rebuilding for {version}")
     t0 = time.monotonic()
     if root.exists():
+        unmount_chroot(root)
         shutil.rmtree(root)
     root.mkdir(parents=True)
     work = root.parent / "work"
@@ -306,6 +330,103 @@ def prepare(root: Path, timeout_s: float, force: bool = False, version: str | No
     stamp.write_text(json.dumps({"tvm": version, "wrapper": str(wrapper)}))
     say(f"prepared {root} in {time.monotonic() - t0:.0f} s")
     return wrapper
+
+
+def _mounts_under(root: Path) -> list[str]:
+    prefix = str(root) + "/"
+    with open("/proc/mounts") as f:
+        points = [line.split()[1] for line in f]
+    return sorted((p for p in points if p.startswith(prefix)), key=len, reverse=True)
+
+
+def unmount_chroot(root: Path) -> None:
+    """Unmount what :func:`mount_chroot` bound into ``root`` (before deleting it)."""
+    for point in _mounts_under(root):
+        subprocess.run(["umount", "-l", point], capture_output=True, timeout=30)
+    left = _mounts_under(root)
+    if left:
+        raise StepError(f"cannot unmount {left} (unmount them before deleting {root})")
+
+
+def mount_chroot(root: Path, timeout_s: float) -> None:
+    """binfmt_misc with qemu-aarch64 registered, and /proc, /sys, /dev inside ``root``."""
+    if os.geteuid() != 0:
+        raise StepError("--opencl serving needs root (chroot, mounts, binfmt_misc)")
+    if not (BINFMT / "register").exists():
+        run(
+            ["mount", "binfmt_misc", "-t", "binfmt_misc", str(BINFMT)],
+            "mount binfmt_misc",
+            timeout_s,
+        )
+    if not (BINFMT / "qemu-aarch64").exists():
+        conf = Path("/usr/lib/binfmt.d/qemu-aarch64.conf")
+        if not conf.is_file():
+            raise StepError(f"{conf} is missing (install qemu-user-static)")
+        # Flag F (in Debian's entry) opens the interpreter now, so it works inside the chroot.
+        (BINFMT / "register").write_text(conf.read_text().strip() + "\n")
+        say("registered qemu-aarch64 with binfmt_misc")
+    mounted = set(_mounts_under(root))
+    for name in CHROOT_MOUNTS:
+        point = root / name
+        point.mkdir(exist_ok=True)
+        if str(point) in mounted:
+            continue
+        if name == "proc":
+            cmd = ["mount", "-t", "proc", "proc", str(point)]
+        else:
+            cmd = ["mount", "--rbind", f"/{name}", str(point)]
+        run(cmd, f"mount /{name} in the root", timeout_s)
+        if name != "proc":
+            run(["mount", "--make-rslave", str(point)], f"mount /{name} as slave", timeout_s)
+    (root / "tmp").mkdir(exist_ok=True)
+    (root / "tmp").chmod(0o1777)
+
+
+def plugin_sha(lib: Path) -> str | None:
+    side = Path(str(lib) + ".json")
+    if not side.is_file():
+        return None
+    return json.loads(side.read_text()).get("sources_sha256")
+
+
+def prepare_opencl(root: Path, timeout_s: float, force: bool = False) -> Path:
+    """Add PoCL to the root and cross-build the plugin into it; return the plugin's path."""
+    ensure_host_tools(timeout_s)
+    stamp = root / STAMP
+    data = json.loads(stamp.read_text())
+    if not data.get("opencl") or force:
+        fetch_debs(root.parent / "work", root, timeout_s, (*DEBS, *OPENCL_DEBS))
+        data["opencl"] = True
+        stamp.write_text(json.dumps(data))
+    out = root / CODL_DIR / "plugin"
+    lib = out / PLUGIN
+    want = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from codl_tvm.runtime import _build; print(_build.sources_sha256())",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    ).stdout.strip()
+    if not lib.is_file() or plugin_sha(lib) != want or force:
+        run(
+            [
+                sys.executable,
+                "-m",
+                "codl_tvm.cli",
+                "build-runtime",
+                "--target",
+                "linux-arm64",
+                "-o",
+                str(out),
+                "--force",
+            ],
+            "cross-build the OpenCL plugin for aarch64",
+            timeout_s,
+        )
+    return lib
 
 
 def _tracker_free(tracker: tuple[str, int], key: str, timeout_s: float) -> int | None:
@@ -342,9 +463,19 @@ def _alive(pid: int) -> bool:
 
 
 def serve(
-    root: Path, tracker: str, key: str, port: int, timeout_s: float, version: str | None = None
+    root: Path,
+    tracker: str,
+    key: str,
+    port: int,
+    timeout_s: float,
+    version: str | None = None,
+    opencl: bool = False,
+    plugin: bool = True,
 ) -> int:
-    """Start the emulated RPC server (once per port) and wait until the tracker lists it."""
+    """Start the emulated RPC server (once per port) and wait until the tracker lists it.
+
+    ``opencl`` serves in a chroot with PoCL and (unless not ``plugin``) codl-tvm's plugin.
+    """
     host, _, tport = tracker.rpartition(":")
     if not host or not tport.isdigit():
         raise StepError(f"--tracker {tracker!r} is not HOST:PORT")
@@ -365,9 +496,32 @@ def serve(
     before = _tracker_free(addr, key, 5.0) or 0
     log = root.parent / f"server-{port}.log"
     script = install_server_script(root)  # keep in step with the checkout
+    env = dict(os.environ)
+    if opencl:
+        lib = prepare_opencl(root, timeout_s)
+        mount_chroot(root, timeout_s)
+        inside = "/" + CODL_DIR
+        store = f"/tmp/codl-tvm-plugins-{port}"
+        shutil.rmtree(root / store.lstrip("/"), ignore_errors=True)
+        env = {
+            "PATH": "/usr/local/bin:/usr/bin:/bin",
+            "HOME": "/root",
+            "LANG": "C.UTF-8",
+            "PYTHONPATH": inside,
+            "CODL_TVM_EMULATED": "qemu-aarch64, PoCL pthread device",
+        }
+        if plugin:
+            env["CODL_TVM_PLUGIN_LIB"] = f"{inside}/plugin/{lib.name}"
+        # the chroot's own python runs the server; binfmt starts its aarch64 workers
+        chroot = shutil.which("chroot") or "/usr/sbin/chroot"
+        prefix = [chroot, str(root), "/usr/bin/" + root_python(root).name]
+        script_arg = f"{inside}/{script.name}"
+        extra = ["--opencl", "--plugin-dir", store]
+    else:
+        prefix, script_arg, extra = [str(wrapper)], str(script), ["--python", str(wrapper)]
     cmd = [
-        str(wrapper),
-        str(script),
+        *prefix,
+        script_arg,
         "serve",
         "--tracker",
         tracker,
@@ -379,13 +533,18 @@ def serve(
         str(port),
         "--port-end",
         str(port + 1),
-        "--python",
-        str(wrapper),
+        *extra,
     ]
-    say(f"starting the emulated RPC server on 127.0.0.1:{port}, key '{key}' (log: {log})")
+    what = "OpenCL (PoCL) " if opencl else ""
+    say(f"starting the emulated {what}RPC server on 127.0.0.1:{port}, key '{key}' (log: {log})")
     with open(log, "ab") as out:
         proc = subprocess.Popen(
-            cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, cwd=str(root.parent)
+            cmd,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            cwd=str(root.parent),
+            env=env,
         )
     pid_file.write_text(str(proc.pid))
     deadline = time.monotonic() + timeout_s
@@ -444,6 +603,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--force", action="store_true", help="rebuild the root")
     parser.add_argument(
+        "--opencl",
+        action="store_true",
+        help="add PoCL and codl-tvm's cross-built OpenCL plugin; serve in a chroot (root only)",
+    )
+    parser.add_argument(
+        "--no-plugin",
+        action="store_true",
+        help="with --opencl: start without the plugin (clients upload one)",
+    )
+    parser.add_argument(
         "--tvm-version",
         default=None,
         help="apache-tvm version for the device (default: this machine's); use another --root",
@@ -453,9 +622,20 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "prepare":
             wrapper = prepare(root, args.timeout, args.force, args.tvm_version)
+            if args.opencl:
+                print(prepare_opencl(root, args.timeout, args.force))
             print(wrapper)
         elif args.command == "serve":
-            serve(root, args.tracker, args.key, args.port, args.timeout, args.tvm_version)
+            serve(
+                root,
+                args.tracker,
+                args.key,
+                args.port,
+                args.timeout,
+                args.tvm_version,
+                opencl=args.opencl,
+                plugin=not args.no_plugin,
+            )
         else:
             stop(root, args.port)
     except StepError as exc:

@@ -54,14 +54,19 @@ def cmd_deploy(args: argparse.Namespace) -> int:
             session_timeout_s=args.session_timeout,
             atol=args.atol,
             rtol=args.rtol,
+            plugin=args.plugin,
+            ndk=args.ndk,
+            cost_model=args.cost_model,
         )
     for spec, arr in zip(model.outputs, result.outputs):
         print(f"output {spec.name}: shape {tuple(arr.shape)} dtype {arr.dtype}")
     if result.run.median_ms is not None:
+        emulated = (result.remote_versions or {}).get("emulated")
         print(
             f"remote latency on {result.device}: median {result.run.median_ms:.3f} ms "
             f"(min {result.run.min_ms:.3f}, max {result.run.max_ms:.3f}, "
             f"{result.run.repeats} repeats of {args.number})"
+            + (f" [EMULATED ({emulated}): not a hardware latency]" if emulated else "")
         )
     verdict = "matches" if result.matches else "DOES NOT match"
     print(
@@ -95,7 +100,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         default="cpu",
         help="processor(s) to run on (coexec: the GPU and the CPU together)",
     )
-    p.add_argument("--plan", help="partition plan (JSON) for --device coexec")
+    p.add_argument(
+        "--plan", help="partition plan (JSON), or 'auto' to plan with the cost model (coexec)"
+    )
+    p.add_argument("--cost-model", help="cost model for --plan auto (default: the preset's)")
+    p.add_argument(
+        "--plugin",
+        help="OpenCL plugin to upload to a server that has none (default: built for the target)",
+    )
+    p.add_argument("--ndk", help="Android NDK for building the plugin for android-* targets")
     p.add_argument("--dim", choices=("H", "OC"), help="uniform plan dimension (--device coexec)")
     p.add_argument("--ratio", type=float, help="uniform plan GPU ratio 0..1 (--device coexec)")
     add_run_arguments(p, ".npz to write the remote outputs to", "timing repeats (0: no timing)")
