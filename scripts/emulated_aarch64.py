@@ -471,10 +471,12 @@ def serve(
     version: str | None = None,
     opencl: bool = False,
     plugin: bool = True,
+    plugin_lib: Path | None = None,
 ) -> int:
     """Start the emulated RPC server (once per port) and wait until the tracker lists it.
 
-    ``opencl`` serves in a chroot with PoCL and (unless not ``plugin``) codl-tvm's plugin.
+    ``opencl`` serves in a chroot with PoCL and (unless not ``plugin``) codl-tvm's plugin, the
+    cross-built one or ``plugin_lib`` (copied into the root with its ``.json``).
     """
     host, _, tport = tracker.rpartition(":")
     if not host or not tport.isdigit():
@@ -510,7 +512,14 @@ def serve(
             "PYTHONPATH": inside,
             "CODL_TVM_EMULATED": "qemu-aarch64, PoCL pthread device",
         }
-        if plugin:
+        if plugin_lib is not None:
+            own = root / CODL_DIR / f"plugin-{port}"
+            own.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(plugin_lib, own / PLUGIN)
+            if Path(f"{plugin_lib}.json").is_file():
+                shutil.copyfile(f"{plugin_lib}.json", own / f"{PLUGIN}.json")
+            env["CODL_TVM_PLUGIN_LIB"] = f"{inside}/{own.name}/{PLUGIN}"
+        elif plugin:
             env["CODL_TVM_PLUGIN_LIB"] = f"{inside}/plugin/{lib.name}"
         # the chroot's own python runs the server; binfmt starts its aarch64 workers
         chroot = shutil.which("chroot") or "/usr/sbin/chroot"
@@ -613,6 +622,12 @@ def main(argv: list[str] | None = None) -> int:
         help="with --opencl: start without the plugin (clients upload one)",
     )
     parser.add_argument(
+        "--plugin-lib",
+        type=Path,
+        default=None,
+        help="with --opencl: load this plugin instead of the cross-built one",
+    )
+    parser.add_argument(
         "--tvm-version",
         default=None,
         help="apache-tvm version for the device (default: this machine's); use another --root",
@@ -635,6 +650,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.tvm_version,
                 opencl=args.opencl,
                 plugin=not args.no_plugin,
+                plugin_lib=args.plugin_lib,
             )
         else:
             stop(root, args.port)

@@ -1,0 +1,235 @@
+"""Co-execution on the emulated aarch64 OpenCL device through a real TVM RPC tracker.
+
+``scripts/emulated_aarch64.py serve --opencl`` runs TVM's RPC server for aarch64 under qemu in a
+chroot with Debian's arm64 PoCL (fine-grained SVM) and codl-tvm's cross-built plugin. The tests
+deploy a co-executed model (an H split, an OC split and one chain) and compare it with
+onnxruntime; a server without the plugin gets one uploaded; plugins that do not fit are refused
+before anything is uploaded. They need root, apt and a network for the first preparation (then
+cached in ``~/.cache``) and are skipped where the device cannot be prepared.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from codl_tvm import deploy, rpc_utils
+from codl_tvm.errors import VersionMismatch
+from codl_tvm.frontend import load_onnx, random_inputs
+from codl_tvm.plan import ChainPlan, OpPartition, PartitionPlan
+from codl_tvm.runtime import _build
+
+pytestmark = [pytest.mark.rpc, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parent.parent
+SCRIPT = REPO / "scripts" / "emulated_aarch64.py"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _chain_model():
+    """Four 4-channel convs with Relu on a 1x3x8x8 input (tiny: kernels compile under qemu)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    inits, nodes, prev, cin = [], [], "x", 3
+    for i, k in enumerate((3, 3, 3, 1)):
+        w = (rng.standard_normal((4, cin, k, k)) * 0.3).astype("float32")
+        inits += [
+            numpy_helper.from_array(w, f"w{i}"),
+            numpy_helper.from_array((rng.standard_normal(4) * 0.1).astype("float32"), f"b{i}"),
+        ]
+        nodes += [
+            helper.make_node("Conv", [prev, f"w{i}", f"b{i}"], [f"c{i}"], pads=[k // 2] * 4),
+            helper.make_node("Relu", [f"c{i}"], [f"r{i}"]),
+        ]
+        prev, cin = f"r{i}", 4
+    graph = helper.make_graph(
+        nodes,
+        "chain",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info(prev, TensorProto.FLOAT, [1, 4, 8, 8])],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    onnx.checker.check_model(model)
+    return model
+
+
+PLAN = PartitionPlan(
+    ops=(OpPartition("conv2d_0", "H", 0.5), OpPartition("conv2d_1", "OC", 0.5)),
+    chains=(ChainPlan(("conv2d_2", "conv2d_3"), "H", 0.5),),
+)
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    import onnx
+
+    path = tmp_path_factory.mktemp("model") / "chain.onnx"
+    onnx.save(_chain_model(), str(path))
+    return path, load_onnx(path)
+
+
+@pytest.fixture(scope="module")
+def device():
+    """The prepared root (PoCL + cross-built plugin), or skip with the reason."""
+    if os.geteuid() != 0:
+        pytest.skip("the emulated OpenCL device needs root (chroot, binfmt_misc)")
+    prep = subprocess.run(
+        [sys.executable, str(SCRIPT), "prepare", "--opencl", "--timeout", "900"],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    if prep.returncode != 0:
+        pytest.skip(
+            "the emulated aarch64 OpenCL device cannot be prepared here: "
+            + (prep.stderr.strip().splitlines() or ["unknown error"])[-1]
+        )
+    # the cross-built plugin (the script prints its path, then the emulated Python's)
+    return next(Path(ln) for ln in prep.stdout.splitlines() if ln.endswith(_build.PLUGIN_NAME))
+
+
+@pytest.fixture(scope="module")
+def tracker():
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tvm.exec.rpc_tracker", "--host", "127.0.0.1", "--port",
+         str(port), "--port-end", str(port + 1), "--silent"],
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    addr = f"127.0.0.1:{port}"
+    try:
+        rpc_utils.wait_for_devices(addr, "none", 0, timeout_s=60)
+        yield addr
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+
+
+class _Servers:
+    def __init__(self, tracker: str) -> None:
+        self.tracker, self.ports = tracker, []
+
+    def start(self, key: str, *extra: str) -> str:
+        port = _free_port()
+        self.ports.append(port)
+        cmd = [sys.executable, str(SCRIPT), "serve", "--opencl", "--tracker", self.tracker,
+               "--key", key, "--port", str(port), "--timeout", "300", *extra]  # fmt: skip
+        start = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+        assert start.returncode == 0, start.stderr
+        return key
+
+    def stop(self) -> None:
+        for port in self.ports:
+            subprocess.run(
+                [sys.executable, str(SCRIPT), "stop", "--port", str(port)],
+                capture_output=True,
+                timeout=60,
+            )
+
+
+@pytest.fixture(scope="module")
+def servers(device, tracker):
+    s = _Servers(tracker)
+    yield s
+    s.stop()
+
+
+def _onnxruntime(path: Path, inputs: dict) -> list[np.ndarray]:
+    ort = pytest.importorskip("onnxruntime")
+    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, inputs)
+
+
+def _deploy(tracker: str, key: str, model, inputs, lines: list[str], **kw):
+    return deploy.deploy(
+        model[1],
+        tracker,
+        key,
+        target="linux-arm64-pocl",
+        device="coexec",
+        plan=PLAN,
+        inputs=inputs,
+        number=1,
+        repeat=1,
+        request_timeout_s=120,
+        log=lines.append,
+        **kw,
+    )
+
+
+def _assert_matches_onnxruntime(result, model, inputs) -> None:
+    ref = _onnxruntime(model[0], inputs)[0]
+    err = float(np.max(np.abs(result.outputs[0] - ref)))
+    assert err <= 1e-4 * float(np.max(np.abs(ref))), err
+
+
+def test_coexec_on_emulated_aarch64_opencl_matches_onnxruntime(tracker, servers, model):
+    key = servers.start("emu-cl")
+    inputs = random_inputs(model[1], seed=1)
+    lines: list[str] = []
+    result = _deploy(tracker, key, model, inputs, lines)
+    info = result.remote_versions
+    assert info["machine"] == "aarch64" and info["opencl"] == "1" and info["svm"] == "fine"
+    assert info["plugin_machine"] == "aarch64" and "emulated" in info
+    assert result.preset == "linux-arm64-pocl"
+    assert not any("uploading libcodl" in ln for ln in lines)
+    _assert_matches_onnxruntime(result, model, inputs)
+
+
+def test_server_without_plugin_gets_it_uploaded_after_checks(tracker, servers, model, tmp_path):
+    key = servers.start("emu-noplugin", "--no-plugin")
+    inputs = random_inputs(model[1], seed=2)
+    # the host's own plugin is for this machine: refused before anything is uploaded
+    wrong = Path(_build.build_plugin())
+    with pytest.raises(VersionMismatch, match="built for x86_64, the device is aarch64"):
+        _deploy(tracker, key, model, inputs, [], plugin=wrong)
+    remote = rpc_utils.request_remote(tracker, key, timeout_s=120)
+    try:
+        assert rpc_utils.remote_versions(remote, 120)["plugin_state"] == "missing"
+    finally:
+        remote.close()
+    rpc_utils.wait_for_devices(tracker, key, 1, timeout_s=60)
+    lines: list[str] = []
+    result = _deploy(tracker, key, model, inputs, lines)
+    assert any("has no OpenCL plugin: uploading" in ln for ln in lines), lines
+    assert result.remote_versions["plugin_state"] == "loaded"
+    _assert_matches_onnxruntime(result, model, inputs)
+    # the next session loads the uploaded plugin itself
+    rpc_utils.wait_for_devices(tracker, key, 1, timeout_s=60)
+    lines = []
+    result = _deploy(tracker, key, model, inputs, lines)
+    assert not any("uploading libcodl" in ln for ln in lines), lines
+    _assert_matches_onnxruntime(result, model, inputs)
+
+
+def test_server_with_mismatched_plugin_is_refused_before_upload(
+    tracker, servers, model, device, tmp_path
+):
+    # the aarch64 plugin described as built against other TVM headers
+    other = tmp_path / _build.PLUGIN_NAME
+    shutil.copyfile(device, other)
+    desc = json.loads(Path(f"{device}.json").read_text())
+    Path(f"{other}.json").write_text(json.dumps({**desc, "tvm": "0.26.0"}))
+    key = servers.start("emu-mismatch", "--plugin-lib", str(other))
+    work = tmp_path / "work"
+    with pytest.raises(VersionMismatch, match=r"built for tvm 0\.26\.0"):
+        _deploy(tracker, key, model, random_inputs(model[1], seed=3), [], work_dir=work)
+    assert not work.exists()  # refused before compiling, let alone uploading
