@@ -171,3 +171,94 @@ def test_a_module_without_cpu_kernels_is_left_alone():
         gv = gpu_only.get_global_var(name)
         gpu_only[gv] = gpu_only[gv].with_attr("target", GPU)
     assert InsertCoexecSync()(gpu_only).same_as(gpu_only)
+
+
+# Two branches: the GPU computes g1 from x while the CPU computes c1 from x; no CPU kernel reads
+# g1, so no mark follows it: a flush submits it before the CPU kernel runs.
+@I.ir_module
+class BeforeBranches:
+    I.module_global_infos(_vdevices())
+
+    @T.prim_func(private=True)
+    def neg(x: T.Buffer((2,), "float32"), y: T.Buffer((2,), "float32")):
+        T.func_attr({"target": GPU})
+        for i in range(2):
+            y[i] = T.float32(0) - x[i]
+
+    @T.prim_func(private=True)
+    def relu(x: T.Buffer((2,), "float32"), y: T.Buffer((2,), "float32")):
+        T.func_attr({"target": CPU})
+        for i in range(2):
+            y[i] = T.max(x[i], T.float32(0))
+
+    @R.function
+    def main(x: R.Tensor((2,), "float32", "opencl:0:global")) -> R.Tuple(
+        R.Tensor((2,), "float32", "opencl:0:global"), R.Tensor((2,), "float32", "opencl:0:global")
+    ):
+        R.func_attr({"relax.force_pure": True})
+        cls = BeforeBranches
+        g1 = R.call_tir(cls.neg, (x,), out_ty=R.Tensor((2,), "float32", "opencl:0:global"))
+        c1 = R.call_tir(cls.relu, (x,), out_ty=R.Tensor((2,), "float32", "llvm:0:global"))
+        g2 = R.call_tir(cls.neg, (c1,), out_ty=R.Tensor((2,), "float32", "opencl:0:global"))
+        return (g1, g2)
+
+
+C1_BRANCH_SITE = site_id(BeforeBranches["main"], "sync", 1)
+
+
+@I.ir_module
+class ExpectedBranches:
+    I.module_global_infos(_vdevices())
+
+    @T.prim_func(private=True)
+    def neg(x: T.Buffer((2,), "float32"), y: T.Buffer((2,), "float32")):
+        T.func_attr({"target": GPU})
+        for i in range(2):
+            y[i] = T.float32(0) - x[i]
+
+    @T.prim_func(private=True)
+    def relu(x: T.Buffer((2,), "float32"), y: T.Buffer((2,), "float32")):
+        T.func_attr({"target": CPU})
+        for i in range(2):
+            y[i] = T.max(x[i], T.float32(0))
+
+    @R.function
+    def main(x: R.Tensor((2,), "float32", "opencl:0:global")) -> R.Tuple(
+        R.Tensor((2,), "float32", "opencl:0:global"), R.Tensor((2,), "float32", "opencl:0:global")
+    ):
+        R.func_attr({"relax.force_pure": True})
+        cls = ExpectedBranches
+        entry_mark: R.Prim("int64") = R.call_packed(
+            "codl.coexec.gpu_mark", GPU_DEVICE, ty_args=(R.Prim("int64"),)
+        )
+        R.call_packed("codl.coexec.cpu_wait", entry_mark, ty_args=(R.Tuple,))
+        g1 = R.call_tir(cls.neg, (x,), out_ty=R.Tensor((2,), "float32", "opencl:0:global"))
+        # the GPU branch is submitted before the host runs the CPU branch
+        R.call_packed("codl.coexec.gpu_flush", GPU_DEVICE, ty_args=(R.Tuple,))
+        x_cpu: R.Tensor((2,), "float32", "opencl:0:global") = R.call_packed(
+            "codl.coexec.cpu_view", x, ty_args=(R.Tensor((2,), "float32", "opencl:0:global"),)
+        )
+        c1_buf: R.Tensor((2,), "float32", "llvm:0:global") = R.call_packed(
+            "codl.coexec.alloc",
+            C1_BRANCH_SITE,
+            R.shape([2]),
+            R.dtype("float32"),
+            GPU_DEVICE,
+            T.bool(True),
+            ty_args=(R.Tensor((2,), "float32", "llvm:0:global"),),
+        )
+        c1_buf_cpu: R.Tensor((2,), "float32", "llvm:0:global") = R.call_packed(
+            "codl.coexec.cpu_view", c1_buf, ty_args=(R.Tensor((2,), "float32", "llvm:0:global"),)
+        )
+        _c1: R.Tensor((2,), "float32", "llvm:0:global") = R.call_tir_inplace(
+            cls.relu,
+            (x_cpu, c1_buf_cpu),
+            out_ty=R.Tensor((2,), "float32", "llvm:0:global"),
+            inplace_indices=[1],
+        )
+        g2 = R.call_tir(cls.neg, (c1_buf,), out_ty=R.Tensor((2,), "float32", "opencl:0:global"))
+        return (g1, g2)
+
+
+def test_gpu_branch_is_flushed_before_a_cpu_branch():
+    tvm.ir.assert_structural_equal(InsertCoexecSync()(BeforeBranches), ExpectedBranches)
