@@ -1431,7 +1431,9 @@ def test_dispatch_features_are_the_conv_kernels_not_the_padding_copys():
 
 @pytest.mark.parametrize(
     "path",
-    sorted(Path(__file__).resolve().parents[1].glob("codl_tvm/data/cost_models/datasets/*.jsonl.gz")),
+    sorted(
+        Path(__file__).resolve().parents[1].glob("codl_tvm/data/cost_models/datasets/*.jsonl.gz")
+    ),
     ids=lambda p: p.name,
 )
 def test_committed_datasets_still_load(path):
