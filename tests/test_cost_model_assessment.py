@@ -205,7 +205,7 @@ def decision_records() -> list:
     return out
 
 
-@pytest.mark.filterwarnings("ignore:measured cost model has no data-sharing")
+@pytest.mark.filterwarnings("ignore:.* cost model has no data-sharing")
 def test_decisions_against_the_oracle(tmp_path, capsys):
     recs = decision_records()
     oracle = MeasuredModel().fit(recs)
@@ -218,18 +218,17 @@ def test_decisions_against_the_oracle(tmp_path, capsys):
     slow_gpu = oracle.scaled(cpu=1.0, gpu=100.0)
     report = decide(slow_gpu, oracle, recs)
     assert all(d.picked == Partition("none", 0.0) for d in report.ops)
+    parts = [
+        Partition("none", 0.0),
+        Partition("none", 1.0),
+        Partition("H", 0.5),
+        Partition("OC", 0.5),
+    ]
     for d in report.ops:
         cands = [
             c.total_ms
             for c in oracle.predict_coexec_many(
-                next(r.params for r in recs if r.name == f"{d.model}/{d.name}"),
-                [
-                    Partition("none", 0.0),
-                    Partition("none", 1.0),
-                    Partition("H", 0.5),
-                    Partition("OC", 0.5),
-                ],
-                "direct",
+                next(r.params for r in recs if r.name == f"{d.model}/{d.name}"), parts, "direct"
             )
         ]
         assert d.best_ms == pytest.approx(min(cands)) and d.picked_ms == pytest.approx(cands[0])
@@ -237,6 +236,14 @@ def test_decisions_against_the_oracle(tmp_path, capsys):
     ds = [d for d in report.ops if d.model == "mA"]
     assert m["loss"] == pytest.approx(sum(d.picked_ms for d in ds) / sum(d.best_ms for d in ds) - 1)
     assert report.within < 1.0 and "worst picks" in format_decisions(report)
+    # CoDL's model and the FLOPs line take the same decisions beside it, scored alike
+    assert set(report.references) == {"codl", "flops"}
+    flops = FlopsModel().fit(recs)
+    for d in report.references["flops"]:
+        params = next(r.params for r in recs if r.name == f"{d.model}/{d.name}")
+        preds = [c.total_ms for c in flops.predict_coexec_many(params, parts, "direct")]
+        assert d.picked == parts[int(np.argmin(preds))]
+    assert "FLOPs line:" in format_decisions(report)
 
     # the command: model, oracle, dataset; a non-oracle oracle is refused
     data = tmp_path / "d.jsonl"

@@ -6,7 +6,8 @@ For every partitionable operator of the benchmark models in a dataset (records n
 The cost model picks the candidate with the least predicted co-execution latency (CoDL's Eq. 2,
 :meth:`~codl_tvm.cost_model.CostModel.predict_coexec_many`); the oracle (a
 :class:`~codl_tvm.cost_model.measured.MeasuredModel` fitted on the same measurements) gives every
-candidate's measured latency by the same Eq. 2. Reported: the share of operators whose pick
+candidate's measured latency by the same Eq. 2; CoDL's analytical model and the FLOPs line,
+fitted on the same records, pick too. Reported: the share of operators whose pick
 measures within ``tolerance`` (5%) of the measured best, and per benchmark model the loss of the
 picks, ``sum(measured pick) / sum(measured best) - 1`` over its operators (chains and the
 operators outside the plan left out: this scores the per-operator choice only).
@@ -21,16 +22,18 @@ from __future__ import annotations
 import math
 import warnings
 from collections import Counter
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from codl_tvm.cost_model.assessment import model_of, refit_like
+from codl_tvm.cost_model.analytical import CodlModel, infer_preset
+from codl_tvm.cost_model.assessment import REFERENCES, model_of, refit_like
 from codl_tvm.cost_model.base import CostModel
 from codl_tvm.cost_model.dataset import DatasetError, OpRecord
 from codl_tvm.cost_model.evaluate import training_split
 from codl_tvm.cost_model.features import PROCESSORS, OpParams, Partition
+from codl_tvm.cost_model.flops import FlopsModel
 
 __all__ = ["DecisionReport", "OpDecision", "decide", "format_decisions"]
 
@@ -61,18 +64,31 @@ class DecisionReport:
     ops: list[OpDecision]
     skipped: list[str]
     lomo: bool
+    #: The same decisions taken by CoDL's model and by the FLOPs line.
+    references: dict[str, list[OpDecision]] = field(default_factory=dict)
+
+    def _within(self, ops: list[OpDecision]) -> float:
+        if not ops:
+            return float("nan")
+        return float(np.mean([d.loss <= self.tolerance + 1e-12 for d in ops]))
 
     @property
     def within(self) -> float:
         """Share of operators whose pick measures within ``tolerance`` of the best."""
-        if not self.ops:
-            return float("nan")
-        return float(np.mean([d.loss <= self.tolerance + 1e-12 for d in self.ops]))
+        return self._within(self.ops)
 
-    def per_model(self) -> dict[str, dict[str, float]]:
+    def reference_within(self) -> dict[str, float]:
+        """:attr:`within` of CoDL's model and of the FLOPs line."""
+        return {k: self._within(v) for k, v in self.references.items()}
+
+    def per_model(self, who: str = "model") -> dict[str, dict[str, float]]:
+        """Per benchmark model: operators, share within tolerance, summed measured latency of
+        the picks and of the best, and the loss; of ``who`` (``model``, ``codl`` or
+        ``flops``)."""
+        decisions = self.ops if who == "model" else self.references[who]
         out = {}
-        for name in sorted({d.model for d in self.ops}):
-            ds = [d for d in self.ops if d.model == name]
+        for name in sorted({d.model for d in decisions}):
+            ds = [d for d in decisions if d.model == name]
             picked = sum(d.picked_ms for d in ds)
             best = sum(d.best_ms for d in ds)
             out[name] = {
@@ -91,6 +107,10 @@ class DecisionReport:
             "ops": len(self.ops),
             "within": self.within,
             "models": self.per_model(),
+            "references": {
+                k: {"within": self._within(v), "models": self.per_model(k)}
+                for k, v in self.references.items()
+            },
             "skipped": self.skipped,
             "decisions": [
                 {
@@ -152,14 +172,28 @@ def decide(
         raise DatasetError(
             "no records of benchmark models (named MODEL/OPERATOR) to take decisions on"
         )
-    pickers: dict[str, CostModel] = {}
+    # who picks each benchmark model's splits: the model (or its recipe refitted without that
+    # benchmark model), and CoDL's model and the FLOPs line fitted on the same records
+    preset = infer_preset(records)
+    fitters: dict[str, Callable[[list], CostModel]] = {
+        "model": lambda recs: refit_like(model, recs),
+        "codl": lambda recs: _quiet_fit(CodlModel(preset), recs),
+        "flops": lambda recs: _quiet_fit(FlopsModel(), recs),
+    }
+    benches = sorted({m for m, _ in by_op})
+    pickers: dict[str, dict[str, CostModel]] = {}
     if lomo:
         drop = float(model.meta.get("drop_inconsistent", 3.0))
-        for name in sorted({m for m, _ in by_op}):
+        for name in benches:
             rest = [r for r in records if not (isinstance(r, OpRecord) and model_of(r) == name)]
             rest, _, _ = training_split(rest, 0.0, 0, drop)
-            pickers[name] = refit_like(model, rest)
-    ops, skipped = [], []
+            pickers[name] = {k: fit(rest) for k, fit in fitters.items()}
+    else:
+        whole = {"model": model, **{k: fitters[k](records) for k in REFERENCES}}
+        pickers = {name: whole for name in benches}
+    ops: list[OpDecision] = []
+    refs: dict[str, list[OpDecision]] = {k: [] for k in REFERENCES}
+    skipped: list[str] = []
     for (bench, name), recs in sorted(by_op.items()):
         params = recs[0].params
         impl = _impls(recs)
@@ -174,20 +208,30 @@ def decide(
             continue
         parts = [p for p, good in zip(parts, ok) if good]
         measured = measured[ok]
-        predicted = _coexec_ms(pickers.get(bench, model), params, parts, impl)
-        pick, best = int(np.argmin(predicted)), int(np.argmin(measured))
-        ops.append(
-            OpDecision(
-                bench,
-                name,
-                parts[pick],
-                parts[best],
-                float(measured[pick]),
-                float(measured[best]),
-                len(parts),
+        best = int(np.argmin(measured))
+        for who, out in (("model", ops), *refs.items()):
+            pick = int(np.argmin(_coexec_ms(pickers[bench][who], params, parts, impl)))
+            out.append(
+                OpDecision(
+                    bench,
+                    name,
+                    parts[pick],
+                    parts[best],
+                    float(measured[pick]),
+                    float(measured[best]),
+                    len(parts),
+                )
             )
-        )
-    return DecisionReport(tolerance, ops, skipped, lomo)
+    return DecisionReport(tolerance, ops, skipped, lomo, refs)
+
+
+_NAMES = {"codl": "CoDL's model", "flops": "FLOPs line"}
+
+
+def _quiet_fit(model: CostModel, records: list) -> CostModel:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # small groups fall back to FLOPs; not the point here
+        return model.fit(records)
 
 
 def _part(p: Partition) -> str:
@@ -202,13 +246,17 @@ def format_decisions(report: DecisionReport, worst: int = 10) -> str:
     how = " (each model's splits picked by the recipe refitted without it)" if report.lomo else ""
     lines = [
         f"split decisions{how}: {len(report.ops)} operators, {100 * report.within:.1f}% of picks "
-        f"measure within {tol} of the measured best",
-        f"  {'model':<16} {'ops':>4} {'within':>7} {'picked ms':>10} {'best ms':>9} {'loss':>7}",
+        f"measure within {tol} of the measured best"
+        + "".join(f"; {_NAMES[k]}: {100 * w:.1f}%" for k, w in report.reference_within().items()),
+        f"  {'model':<16} {'ops':>4} {'within':>7} {'picked ms':>10} {'best ms':>9} {'loss':>7}"
+        + "".join(f" {k + ' loss':>11}" for k in report.references),
     ]
+    refs = {k: report.per_model(k) for k in report.references}
     for name, s in report.per_model().items():
         lines.append(
             f"  {name:<16} {s['ops']:4d} {100 * s['within']:6.1f}% {s['picked_ms']:10.3f} "
             f"{s['best_ms']:9.3f} {100 * s['loss']:6.1f}%"
+            + "".join(f" {100 * r[name]['loss']:10.1f}%" for r in refs.values() if name in r)
         )
     bad = sorted(report.ops, key=lambda d: -d.loss)[:worst]
     bad = [d for d in bad if d.loss > report.tolerance and math.isfinite(d.loss)]
