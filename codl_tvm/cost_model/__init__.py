@@ -5,6 +5,9 @@
 ``analytical.CodlModel`` (CoDL's Eq. 3 per implementation, Eq. 2 composition), ``gbdt.GbdtModel``
 (xgboost per implementation with dispatch features) and ``flops.FlopsModel`` (FLOPs-linear
 baseline and fallback); ``evaluate`` holds the metrics and the ``cost-model`` commands,
+``assessment`` the full report of ``cost-model eval`` (random split and leave-one-model-out
+with CoDL's model, FLOPs and the data's ceilings beside), ``decisions`` the splits a model picks
+against the measured best, ``in_model`` whole-model sums against measured builds,
 ``dispatch`` reads work-group and parallel-loop features from scheduled TIR, ``sampling`` draws
 shapes to profile. Importing this package imports neither TVM, xgboost nor matplotlib.
 """
