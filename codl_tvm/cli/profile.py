@@ -178,6 +178,7 @@ def _profile_farm(args, jobs, timing, sharing, meta) -> int:
         job_timeout_s=args.job_timeout,
         retries=args.retries,
         request_timeout_s=args.rpc_timeout,
+        preset=args.preset,
     )
     _report(counts, args.output)
     return 0
@@ -223,7 +224,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--compile-dir", help="only compile the parts into DIR (run with --run-dir)")
     g.add_argument("--run-dir", help="measure the parts compiled into DIR")
     p.add_argument(
-        "--preset", help="with --compile-dir: target preset of the device (codl_tvm.targets)"
+        "--preset",
+        help="with --compile-dir or --farm: target preset of the device (codl_tvm.targets)",
     )
     p.add_argument(
         "--threads", type=int, help="with --compile-dir: CPU threads of the device (recorded)"

@@ -31,6 +31,7 @@ from codl_tvm.profiling.runner import (
     measure_op,
 )
 from codl_tvm.rpc_utils import DeviceFarm
+from codl_tvm.targets import get_preset
 
 __all__ = ["FarmSession", "profile_farm"]
 
@@ -62,6 +63,7 @@ def profile_farm(
     max_devices: int | None = None,
     request_timeout_s: float = 30.0,
     log: Callable[[str], None] | None = print,
+    preset: str | None = None,
 ) -> dict[str, int]:
     """Compile ``jobs`` here and measure them on every free device of ``key`` in parallel.
 
@@ -82,6 +84,9 @@ def profile_farm(
         Bound on getting at least one device.
     log
         Receives progress and failure lines (``None``: quiet).
+    preset
+        The devices' target preset (``codl_tvm.targets``): its targets, unless given, and its
+        (cross-)toolchain build the parts (default: this machine's).
 
     Returns
     -------
@@ -100,6 +105,9 @@ def profile_farm(
     say = log or (lambda _msg: None)
     lock = threading.Lock()
     retried = [0]
+    if preset is not None:
+        gpu_target = gpu_target or get_preset(preset).target("gpu")
+        cpu_target = cpu_target or get_preset(preset).target("cpu")
 
     def _on_failure(i: int, device: str, error: str, again: bool) -> None:
         with lock:
@@ -127,6 +135,7 @@ def profile_farm(
                     directory,
                     gpu_target if j.processor == "gpu" else cpu_target,
                     j.name,
+                    preset=preset,
                 )
                 for j in todo
             ]
