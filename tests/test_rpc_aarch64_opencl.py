@@ -233,3 +233,60 @@ def test_server_with_mismatched_plugin_is_refused_before_upload(
     with pytest.raises(VersionMismatch, match=r"built for tvm 0\.26\.0"):
         _deploy(tracker, key, model, random_inputs(model[1], seed=3), [], work_dir=work)
     assert not work.exists()  # refused before compiling, let alone uploading
+
+
+def test_compile_verify_on_emulated_device(tracker, servers, model, tmp_path, capsys):
+    from codl_tvm.cli import main
+
+    key = servers.start("emu-verify")
+    plan = tmp_path / "plan.json"
+    PLAN.save(plan)
+    out = tmp_path / "art"
+    rc = main(
+        ["compile", str(model[0]), "--preset", "linux-arm64-pocl", "--device", "coexec",
+         "--plan", str(plan), "--verify", "1", "--tracker", tracker, "--key", key, "-o", str(out)]
+    )  # fmt: skip
+    text = capsys.readouterr().out
+    assert rc == 0, text
+    assert f"verify on {key}@127.0.0.1" in text and "[EMULATED" in text
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert set(manifest["verify"]["median_ms"]) >= {"cpu", "opencl"}
+
+
+def test_profile_farm_fit_and_plan_auto(tracker, servers, model, tmp_path, capsys):
+    from codl_tvm.cli import main
+
+    key = servers.start("emu-farm")
+    data, fitted = tmp_path / "farm.jsonl", tmp_path / "cm.json"
+    rc = main(
+        ["profile", "--model", str(model[0]), "--ratios", "0.5", "--dims", "H,OC", "--preset",
+         "linux-arm64-pocl", "--rpc", tracker, "--rpc-key", key, "--farm", "-o", str(data),
+         "--repeats", "1", "--number", "1", "--warmup", "0", "--retries", "0"]
+    )  # fmt: skip
+    assert rc == 0, capsys.readouterr()
+    records = [json.loads(ln) for ln in data.read_text().splitlines() if ln.strip()]
+    ops = [r for r in records if r.get("type") == "op"]
+    assert {(r["processor"], r["partition"]["dim"]) for r in ops} == {
+        (p, d) for p in ("cpu", "gpu") for d in ("H", "OC")
+    }
+    assert all(r["latency_ms"] > 0 for r in ops)
+    device = next(r for r in records if r.get("type") == "device")["desc"]
+    assert '"mtriple":"aarch64-linux-gnu"' in device["cpu_target"].replace(" ", "")
+    assert main(["cost-model", "fit", str(data), "-o", str(fitted)]) == 0
+    rpc_utils.wait_for_devices(tracker, key, 1, timeout_s=60)
+    inputs = random_inputs(model[1], seed=4)
+    result = deploy.deploy(
+        model[1],
+        tracker,
+        key,
+        device="coexec",
+        plan="auto",
+        cost_model=fitted,
+        inputs=inputs,
+        number=1,
+        repeat=1,
+        request_timeout_s=120,
+        log=None,
+    )
+    assert result.preset == "linux-arm64-pocl"  # chosen from the remote's report
+    _assert_matches_onnxruntime(result, model, inputs)

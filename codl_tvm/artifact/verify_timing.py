@@ -129,7 +129,10 @@ def time_remote(libs: dict[str, Path], inputs, rounds: int, tracker: str, key: s
             device = name.split(":", 1)[0]
             run = run_remote(remote, path, inputs, device, number=2, repeat=rounds)
             samples[name] = [run.median_ms]
-        return samples, f"{remote.name} (RPC {tracker}, key {key})"
+        where = f"{remote.name} (RPC {tracker}, key {key})"
+        if (info or {}).get("emulated"):  # e.g. qemu: the choice below follows no real latency
+            where += f" [EMULATED ({info['emulated']}): not hardware latencies]"
+        return samples, where
     except RPCError as exc:
         raise ArtifactError(f"--verify: {exc}") from None
     finally:
