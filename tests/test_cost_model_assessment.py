@@ -303,3 +303,11 @@ def test_smoothness_interpolates_between_neighbouring_parts():
     assert s["overall"] == {"acc10": 1.0, "parts": 2}
     # 2.5 where the neighbours say 2.0 (25% off); then 3.0 where 2.5 and 4.0 say 3.29 (9.7%)
     assert smoothness(recs([1.0, 2.5, 3.0, 4.0]))["overall"]["acc10"] == 0.5
+
+
+def test_assessment_of_a_tiny_dataset_says_it_cannot_split():
+    recs = dataset()[:1]
+    model = CodlModel(CFG).fit(recs)
+    a = assess(model, recs, "one record")
+    assert not a.random and "too few records" in a.split and not a.lomo
+    assert "too few records" in format_assessment(a)

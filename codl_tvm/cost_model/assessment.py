@@ -345,8 +345,10 @@ def assess(
 
     test_ops = [r for r in test if isinstance(r, OpRecord)]
     random = _Predictions()
-    if test_ops:
+    if test_ops and any(isinstance(r, OpRecord) for r in train):
         random.add(test_ops, _fold_predictions(fitted, train, test_ops, preset))
+    else:
+        split += ": too few records for both sides, not scored"
 
     pooled = _Predictions()
     per_model: dict[str, dict[str, SliceScore]] = {}
