@@ -13,7 +13,9 @@ This tutorial walks through that path with codl-tvm:
 2. compile an ONNX model for the device's target preset,
 3. upload, run it remotely and compare the outputs with the host,
 4. measure the remote latency with ``time_evaluator``,
-5. spread jobs over every device of a key (a device farm), as the profiler does.
+5. co-execute it on an aarch64 device's OpenCL GPU and CPU (the emulated aarch64 OpenCL device
+   by default, a real board or phone by naming its tracker key),
+6. spread jobs over every device of a key (a device farm), as the profiler does.
 
 With ``local_demo = True`` (the default, used in CI) the tracker and the server run on this
 machine and the "device" is its own CPU. Set ``local_demo = False`` and the environment variables
@@ -38,19 +40,24 @@ device.
 # tracker the same way; it does not report its version, so codl-tvm warns and continues.
 #
 # Without a device, ``scripts/emulated_aarch64.py serve --tracker 127.0.0.1:9190`` starts an
-# aarch64 Python with TVM's aarch64 wheel under qemu-user and registers it as ``aarch64-emu``.
+# aarch64 Python with TVM's aarch64 wheel under qemu-user and registers it as ``aarch64-emu``;
+# with ``--opencl`` (as root) it adds Debian's arm64 PoCL as the "GPU" and codl-tvm's plugin
+# cross-built for aarch64 (``codl-tvm build-runtime --target linux-arm64``).
 
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 
 from codl_tvm import deploy, rpc_utils, targets
 from codl_tvm.frontend import load_onnx, random_inputs
 from codl_tvm.models import bundled_model_path
+from codl_tvm.plan import ChainPlan, OpPartition, PartitionPlan
 
 local_demo = True
 
@@ -185,6 +192,56 @@ else:
     )
 
 # %%
+# Co-execution on an aarch64 device
+# ---------------------------------
+# The same call reaches an aarch64 board or phone: name its key in ``CODL_TVM_AARCH64_KEY``
+# (its server runs ``serve --opencl``, see the README's "Phones and boards"). Without one, the
+# emulated aarch64 OpenCL device is used where its root is prepared (``sudo python
+# scripts/emulated_aarch64.py prepare --opencl``, cached in ``~/.cache``). A server that has no
+# plugin gets one uploaded: cross-built for the device and checked (machine, TVM version,
+# sources) before anything is sent. The plan mixes an H split, an OC split and one chain; the
+# target preset follows what the device reports (``linux-arm64-pocl`` for the emulated one).
+# Latencies measured under qemu are labelled as emulated: they say nothing about hardware.
+
+repo = Path(__file__).resolve().parent.parent
+emulator = repo / "scripts" / "emulated_aarch64.py"
+aarch64_key = os.environ.get("CODL_TVM_AARCH64_KEY")
+emulated_port = None
+if aarch64_key is None and local_demo:
+    cache = Path(os.environ.get("CODL_TVM_CACHE_DIR", Path.home() / ".cache" / "codl-tvm"))
+    stamp = cache / "aarch64-emu" / "sysroot" / ".codl-tvm-ready.json"
+    ready = stamp.is_file() and json.loads(stamp.read_text()).get("opencl")
+    if ready and os.geteuid() == 0:
+        emulated_port, aarch64_key = free_port(), "aarch64-emu-cl"
+        subprocess.run(
+            [sys.executable, str(emulator), "serve", "--opencl", "--tracker", tracker,
+             "--key", aarch64_key, "--port", str(emulated_port)],
+            check=True,
+            timeout=900,
+        )  # fmt: skip
+
+if aarch64_key:
+    plan = PartitionPlan(
+        ops=(OpPartition("conv2d_0", "H", 0.5), OpPartition("conv2d_1", "OC", 0.5)),
+        chains=(ChainPlan(("conv2d_4", "conv2d_5"), "H", 0.5),),
+    )
+    arm = deploy.deploy(
+        model, tracker, aarch64_key, device="coexec", plan=plan, inputs=inputs, number=1,
+        repeat=1, request_timeout_s=120,
+    )  # fmt: skip
+    where = arm.remote_versions or {}
+    label = f" [emulated: {where['emulated']}]" if "emulated" in where else ""
+    print(f"co-executed on {arm.device} ({arm.preset}, {where.get('opencl_device')})")
+    print(f"max abs difference against the host: {arm.max_abs_error:.3g}, matches: {arm.matches}")
+    print(f"latency: median {arm.run.median_ms:.3f} ms{label}")
+    assert arm.matches, arm.max_abs_error
+else:
+    print(
+        "no aarch64 device: set CODL_TVM_AARCH64_KEY to a board's key, or prepare the emulated "
+        "one with `sudo python scripts/emulated_aarch64.py prepare --opencl`"
+    )
+
+# %%
 # A device farm
 # -------------
 # :class:`codl_tvm.rpc_utils.DeviceFarm` takes every free device of a key and runs jobs on them in
@@ -217,6 +274,10 @@ for job in jobs:
 # --------
 # Each process was started in its own session; ending the group also ends TVM's worker
 # processes under it.
+if emulated_port is not None:
+    subprocess.run(
+        [sys.executable, str(emulator), "stop", "--port", str(emulated_port)], timeout=60
+    )
 for proc in reversed(started):
     try:
         os.killpg(proc.pid, signal.SIGTERM)
