@@ -33,6 +33,7 @@ its sources. A server whose loaded plugin does not fit is refused before anythin
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import shutil
@@ -255,6 +256,33 @@ def plugin_for(
     return _build.cross_build_plugin(target, out, ndk=ndk)
 
 
+def _stock_server_opencl(remote: RemoteDevice, say: Callable[[str], None]) -> dict:
+    """A server that cannot report (TVM's C++ ``tvm_rpc``, e.g. on Android): usable when the
+    plugin was preloaded into it, found by its ``codl.opencl.info`` function."""
+    box = {}
+
+    def _probe():
+        func = remote.session.get_function("codl.opencl.info")
+        box["info"] = json.loads(str(func()))
+
+    try:
+        remote.call("asking for codl-tvm's OpenCL plugin", _probe)
+    except Exception as exc:
+        raise DeployError(
+            f"remote device {remote.name} is a stock TVM RPC server without codl-tvm's OpenCL "
+            "plugin: start `python -m codl_tvm.rpc_utils serve --opencl` there, or TVM's "
+            "tvm_rpc with LD_PRELOAD=libcodl_tvm_opencl.so (README: Phones and boards); "
+            f"({str(exc).strip().splitlines()[-1] if str(exc).strip() else exc})"
+        ) from None
+    cl = box["info"]
+    devices = ", ".join(d.get("name", "?") for d in cl.get("devices", []))
+    say(
+        f"warning: {remote.name} cannot report its TVM and plugin versions (stock RPC server); "
+        f"its plugin drives {cl.get('platform')}: {devices}, SVM {cl.get('svm_mode')}"
+    )
+    return {"opencl": "1", "svm": str(cl.get("svm_mode")), "opencl_device": devices}
+
+
 def ensure_remote_opencl(
     remote: RemoteDevice,
     info: dict | None,
@@ -281,10 +309,7 @@ def ensure_remote_opencl(
     """
     say = log or (lambda _msg: None)
     if info is None:
-        raise DeployError(
-            f"remote device {remote.name} is a stock TVM RPC server; OpenCL co-execution needs "
-            "codl-tvm's server (`python -m codl_tvm.rpc_utils serve --opencl`)"
-        )
+        return _stock_server_opencl(remote, say)
     if "opencl" not in info:
         raise DeployError(
             f"remote device {remote.name} did not load codl-tvm's OpenCL plugin (its server "
@@ -533,14 +558,10 @@ def deploy(
                     f"remote: TVM {info.get('tvm')}, {info.get('machine')} "
                     f"{'Android' if info.get('android') == '1' else info.get('system')}"
                 )
-            if device in ("opencl", "coexec") and info is not None:
+            if device in ("opencl", "coexec"):
                 preset = select_preset(target, device, info, remote.name)
-                info = ensure_remote_opencl(remote, info, preset, plugin, ndk, say)
-            elif device in ("opencl", "coexec"):
-                raise DeployError(
-                    f"remote device {remote.name} is a stock TVM RPC server without codl-tvm's "
-                    "OpenCL plugin (start it with `python -m codl_tvm.rpc_utils serve --opencl`)"
-                )
+                opencl = ensure_remote_opencl(remote, info, preset, plugin, ndk, say)
+                info = opencl if info is not None else None
             preset = select_preset(target, device, info, remote.name)
             if partition == "auto":
                 choice = plan_with_planner(

@@ -118,3 +118,9 @@ def test_cross_build_linux_arm64_is_an_aarch64_elf(tmp_path, capsys):
     # the wheel's C++11 ABI: std::string in the plugin's symbols is std::__cxx11::basic_string
     syms = subprocess.run(["readelf", "-Ws", str(lib)], capture_output=True, text=True).stdout
     assert "__cxx11" in syms
+
+
+def test_tvm_lib_dir_names_tvm_as_dependencies(tmp_path):
+    cmd = _build.cross_build_command(["g++"], "android-arm64", tmp_path / "p.so", tmp_path)
+    i = cmd.index(f"-L{tmp_path}")
+    assert cmd[i + 1 : i + 3] == ["-ltvm_ffi", "-ltvm_runtime"]

@@ -37,8 +37,8 @@ def cmd_build_runtime(args: argparse.Namespace) -> int:
     out_dir = Path(args.output).expanduser()
     lib = _check_out_dir(out_dir, args.force)
     if args.target == "host":
-        if args.ndk or args.sysroot or args.cxx:
-            raise CliError("--ndk/--sysroot/--cxx apply to cross targets only")
+        if args.ndk or args.sysroot or args.cxx or args.tvm_lib_dir:
+            raise CliError("--ndk/--sysroot/--cxx/--tvm-lib-dir apply to cross targets only")
         out_dir.mkdir(parents=True, exist_ok=True)
         built = _build.build_plugin()
         shutil.copyfile(built, lib)
@@ -54,6 +54,7 @@ def cmd_build_runtime(args: argparse.Namespace) -> int:
             sysroot=args.sysroot,
             cxx=args.cxx,
             android_api=args.android_api,
+            tvm_lib_dir=args.tvm_lib_dir,
         )
         info = _build.plugin_description(lib)
     print(f"built {lib} ({info.get('machine')}, TVM {info.get('tvm')}, {args.target})")
@@ -79,5 +80,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--sysroot", help="arm64 root for clang (linux-arm64; default: cross g++)")
     p.add_argument("--cxx", help="C++ compiler to use instead (linux-arm64)")
+    p.add_argument(
+        "--tvm-lib-dir",
+        help="the device's TVM libraries (libtvm_ffi.so, libtvm_runtime.so) to link against, "
+        "for preloading the plugin into TVM's C++ tvm_rpc (Android)",
+    )
     p.add_argument("--force", action="store_true", help="overwrite an existing plugin")
     p.set_defaults(func=cmd_build_runtime)

@@ -341,14 +341,20 @@ def cross_target(target: str | CrossTarget) -> CrossTarget:
 
 
 def cross_build_command(
-    compiler: list[str], target: str | CrossTarget, output: str | os.PathLike
+    compiler: list[str],
+    target: str | CrossTarget,
+    output: str | os.PathLike,
+    tvm_lib_dir: str | os.PathLike | None = None,
 ) -> list[str]:
     """The full command that compiles and links the plugin with ``compiler``
     (:func:`cross_compiler`) into ``output``.
 
-    TVM's libraries are not linked: the process that loads the plugin has loaded them already
-    (:func:`load_library` opens them globally first), so their symbols resolve at load time and
-    the plugin does not depend on where TVM is installed on the device.
+    By default TVM's libraries are not linked: the process that loads the plugin has loaded them
+    already (:func:`load_library` opens them globally first), so their symbols resolve at load
+    time and the plugin does not depend on where TVM is installed on the device. With
+    ``tvm_lib_dir`` (the device's ``libtvm_ffi.so`` and ``libtvm_runtime.so``) it names them as
+    dependencies, so that preloading it (``LD_PRELOAD`` into TVM's C++ ``tvm_rpc``) runs TVM's
+    initialisers before the plugin's.
     """
     target = cross_target(target)
     tvm_dir, ffi_dir = _tvm_dirs()
@@ -371,6 +377,8 @@ def cross_build_command(
         libs = ["-ldl", "-lpthread"]
     else:
         libs = ["-static-libstdc++", "-ldl"]
+    if tvm_lib_dir is not None:
+        libs = [f"-L{tvm_lib_dir}", "-ltvm_ffi", "-ltvm_runtime", *libs]
     return [*compiler, *flags, *(str(p) for p in plugin_sources()), "-o", str(output), *libs]
 
 
@@ -402,12 +410,14 @@ def cross_build_plugin(
     cxx: str | None = None,
     android_api: int = DEFAULT_ANDROID_API,
     timeout_s: float = 900.0,
+    tvm_lib_dir: str | os.PathLike | None = None,
 ) -> Path:
     """Cross-build the plugin for ``target`` into ``out_dir``; return the library's path.
 
     Writes ``libcodl_tvm_opencl.so`` and ``libcodl_tvm_opencl.so.json`` (target, machine, C++
     runtime, the TVM versions whose headers it was built with, the sources' hash), after
-    checking that the result is an ELF file for the target's machine.
+    checking that the result is an ELF file for the target's machine. ``tvm_lib_dir``: see
+    :func:`cross_build_command`.
 
     Raises
     ------
@@ -421,7 +431,7 @@ def cross_build_plugin(
     out.mkdir(parents=True, exist_ok=True)
     lib = out / PLUGIN_NAME
     tmp = out / f".{PLUGIN_NAME}.{os.getpid()}"
-    cmd = cross_build_command(compiler, target, tmp)
+    cmd = cross_build_command(compiler, target, tmp, tvm_lib_dir)
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
