@@ -868,9 +868,24 @@ def cmd_balance(args: argparse.Namespace) -> None:
         import matplotlib.pyplot as plt
 
         fig, ax = plt.subplots(figsize=(7, 4.5))
-        for k in sorted({r["k"] for r in rows}, key=lambda v: v or 0):
-            sel = [r for r in rows if r["k"] == k]
-            ax.scatter([r["cpu_over_gpu"] for r in sel], [r["gain"] for r in sel], label=f"k={k}")
+        colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+        for i, k in enumerate(sorted({r["k"] for r in rows}, key=lambda v: v or 0)):
+            c = colors[i % len(colors)]
+            # Hollow: the build fell back to one processor, so its "gain" is that build against
+            # the same processor's build in the same rounds: the run's noise, not co-execution.
+            for co, style in (
+                (True, {"color": c}),
+                (False, {"facecolors": "none", "edgecolors": c}),
+            ):
+                sel = [r for r in rows if r["k"] == k and (r["device"] == "coexec") == co]
+                label = f"k={k}" + ("" if co else " (fell back to one processor)")
+                if sel:
+                    ax.scatter(
+                        [r["cpu_over_gpu"] for r in sel],
+                        [r["gain"] for r in sel],
+                        label=label,
+                        **style,
+                    )
         x = np.logspace(-1.3, 1.3, 100)
         # the ideal gain at a balance b = Tcpu/Tgpu: best single / T* = 1 + min(b, 1/b)
         ax.plot(x, 1 + np.minimum(x, 1 / x), "k--", lw=0.8, label="T* (ideal)")
