@@ -48,6 +48,7 @@ class CompileOptions:
     refine: int = 0
     refine_traces: int = 5
     weight_gbps: tuple[float, float] | None = None
+    processor_scale: tuple[float, float] = (1.0, 1.0)
 
 
 def compile_model(
