@@ -290,6 +290,7 @@ def ensure_remote_opencl(
     plugin: str | Path | None = None,
     ndk: str | Path | None = None,
     log: Callable[[str], None] | None = None,
+    device: str = "coexec",
 ) -> dict:
     """Make sure the remote runs a codl-tvm OpenCL plugin that fits this codl-tvm; return its
     (possibly updated) report.
@@ -304,12 +305,12 @@ def ensure_remote_opencl(
         The remote's plugin, or the one to upload, does not fit (the message names the device,
         the plugin and each difference).
     DeployError
-        The server cannot report, was not started with ``--opencl``, or has no usable OpenCL
-        platform (with the server's reason).
+        The server was not started with ``--opencl``, has no usable OpenCL platform (with the
+        server's reason), or, for ``device="coexec"``, no shared virtual memory.
     """
     say = log or (lambda _msg: None)
     if info is None:
-        return _stock_server_opencl(remote, say)
+        info = _stock_server_opencl(remote, say)
     if "opencl" not in info:
         raise DeployError(
             f"remote device {remote.name} did not load codl-tvm's OpenCL plugin (its server "
@@ -339,13 +340,16 @@ def ensure_remote_opencl(
         why = info.get("opencl_error", "the server reports no usable OpenCL device")
         raise DeployError(f"remote device {remote.name} has no usable OpenCL runtime: {why}")
     svm = info.get("svm", "unknown")
+    if svm == "buffer" and device == "coexec":
+        # the plugin's buffer mode copies between host and device; a CPU view of a GPU tensor
+        # (what co-executed kernels share) needs shared virtual memory
+        raise DeployError(
+            f"remote device {remote.name} ({info.get('opencl_device', '?')}) has no shared "
+            "virtual memory (SVM): co-execution needs it; --device opencl or cpu run there"
+        )
     say(
         f"OpenCL on {remote.name}: {info.get('opencl_device', '?')}, SVM {svm}"
-        + (
-            " (no SVM: falling back to host-mapped buffers, with copies between the processors)"
-            if svm == "buffer"
-            else ""
-        )
+        + (" (no SVM: OpenCL buffers with copies to and from the host)" if svm == "buffer" else "")
     )
     return info
 
@@ -560,7 +564,7 @@ def deploy(
                 )
             if device in ("opencl", "coexec"):
                 preset = select_preset(target, device, info, remote.name)
-                opencl = ensure_remote_opencl(remote, info, preset, plugin, ndk, say)
+                opencl = ensure_remote_opencl(remote, info, preset, plugin, ndk, say, device)
                 info = opencl if info is not None else None
             preset = select_preset(target, device, info, remote.name)
             if partition == "auto":

@@ -1,0 +1,111 @@
+"""Checks on the OpenCL plugin of an RPC server before anything is uploaded: the plugin's
+machine, TVM versions and sources against the device's, and shared virtual memory for
+co-execution (a real server on 127.0.0.1 whose OpenCL runs without SVM)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from codl_tvm import deploy, rpc_utils
+from codl_tvm.errors import DeployError
+from codl_tvm.frontend import load_onnx
+from codl_tvm.models import bundled_model_path
+
+
+def test_plugin_mismatches_names_each_difference():
+    remote = {"machine": "aarch64", "tvm": "0.27.0", "tvm_ffi": "0.1.15"}
+    same = {"machine": "aarch64", "tvm": "0.27.0", "tvm_ffi": "0.1.15", "sources_sha256": "ab"}
+    assert rpc_utils.plugin_mismatches(same, remote, "ab") == []
+    wrong = {**same, "machine": "x86_64", "tvm": "0.26.0", "sources_sha256": "cd" * 8}
+    problems = rpc_utils.plugin_mismatches(wrong, {**remote, "machine": "arm64"}, "ab" * 8)
+    assert problems == [
+        "it is built for x86_64, the device is aarch64",
+        "it is built for tvm 0.26.0, the device runs 0.27.0",
+        "it is built from other codl-tvm runtime sources (cdcdcdcdcdcd there, abababababab here)",
+    ]
+
+
+def test_remote_plugin_reads_the_servers_report():
+    info = {"machine": "aarch64", "plugin_machine": "aarch64", "plugin_tvm": "0.27.0"}
+    assert rpc_utils.remote_plugin(info) == {"machine": "aarch64", "tvm": "0.27.0"}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.rpc
+@pytest.mark.opencl
+def test_coexec_on_a_device_without_svm_is_refused_before_upload(opencl, tmp_path):
+    port = _free_port()
+    tracker = f"127.0.0.1:{port}"
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tvm.exec.rpc_tracker",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--port-end",
+                str(port + 1),
+                "--silent",
+            ],
+            start_new_session=True,
+        )
+    ]
+    try:
+        sport = _free_port()
+        procs.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "codl_tvm.rpc_utils",
+                    "serve",
+                    "--tracker",
+                    tracker,
+                    "--key",
+                    "nosvm",
+                    "--port",
+                    str(sport),
+                    "--port-end",
+                    str(sport + 1),
+                    "--silent",
+                    "--opencl",
+                ],
+                start_new_session=True,
+                env={**os.environ, "CODL_OPENCL_SVM": "buffer"},
+            )
+        )
+        rpc_utils.wait_for_devices(tracker, "nosvm", 1, timeout_s=90)
+        model = load_onnx(bundled_model_path())
+        work = tmp_path / "work"
+        with pytest.raises(DeployError, match=r"nosvm@127\.0\.0\.1:\d+ .*no shared virtual memory"):
+            deploy.deploy(
+                model,
+                tracker,
+                "nosvm",
+                target="pocl",
+                device="coexec",
+                dim="OC",
+                ratio=0.5,
+                request_timeout_s=60,
+                work_dir=work,
+                log=None,
+            )
+        assert not work.exists()
+    finally:
+        for proc in reversed(procs):
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
