@@ -472,11 +472,13 @@ def serve(
     opencl: bool = False,
     plugin: bool = True,
     plugin_lib: Path | None = None,
+    extra_env: dict[str, str] | None = None,
 ) -> int:
     """Start the emulated RPC server (once per port) and wait until the tracker lists it.
 
     ``opencl`` serves in a chroot with PoCL and (unless not ``plugin``) codl-tvm's plugin, the
-    cross-built one or ``plugin_lib`` (copied into the root with its ``.json``).
+    cross-built one or ``plugin_lib`` (copied into the root with its ``.json``); ``extra_env``
+    is added to the server's environment (e.g. ``CODL_OPENCL_SVM=coarse``, ``POCL_DEBUG=1``).
     """
     host, _, tport = tracker.rpartition(":")
     if not host or not tport.isdigit():
@@ -512,6 +514,7 @@ def serve(
             "PYTHONPATH": inside,
             "CODL_TVM_EMULATED": "qemu-aarch64, PoCL pthread device",
         }
+        env.update(extra_env or {})
         if plugin_lib is not None:
             own = root / CODL_DIR / f"plugin-{port}"
             own.mkdir(parents=True, exist_ok=True)
@@ -628,12 +631,24 @@ def main(argv: list[str] | None = None) -> int:
         help="with --opencl: load this plugin instead of the cross-built one",
     )
     parser.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="with --opencl: add to the server's environment (repeatable), e.g. "
+        "CODL_OPENCL_SVM=coarse",
+    )
+    parser.add_argument(
         "--tvm-version",
         default=None,
         help="apache-tvm version for the device (default: this machine's); use another --root",
     )
     args = parser.parse_args(argv)
     root = (args.root or default_root()).expanduser().resolve() / "sysroot"
+    bad = [e for e in args.env if "=" not in e or not e.split("=", 1)[0]]
+    if bad:
+        parser.error(f"--env {bad[0]!r} is not NAME=VALUE")
+    extra_env = dict(e.split("=", 1) for e in args.env)
     try:
         if args.command == "prepare":
             wrapper = prepare(root, args.timeout, args.force, args.tvm_version)
@@ -651,6 +666,7 @@ def main(argv: list[str] | None = None) -> int:
                 opencl=args.opencl,
                 plugin=not args.no_plugin,
                 plugin_lib=args.plugin_lib,
+                extra_env=extra_env,
             )
         else:
             stop(root, args.port)

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from codl_tvm import deploy, rpc_utils
-from codl_tvm.errors import VersionMismatch
+from codl_tvm.errors import DeployError, VersionMismatch
 from codl_tvm.frontend import load_onnx, random_inputs
 from codl_tvm.plan import ChainPlan, OpPartition, PartitionPlan
 from codl_tvm.runtime import _build
@@ -192,6 +192,24 @@ def test_coexec_on_emulated_aarch64_opencl_matches_onnxruntime(tracker, servers,
     assert result.preset == "linux-arm64-pocl"
     assert not any("uploading libcodl" in ln for ln in lines)
     _assert_matches_onnxruntime(result, model, inputs)
+
+
+def test_coarse_grained_svm_on_emulated_device(tracker, servers, model):
+    """Devices without fine-grained SVM (NVIDIA, many mobile drivers) map and unmap around each
+    switch; PoCL offers both, so the coarse path is forced here."""
+    key = servers.start("emu-coarse", "--env", "CODL_OPENCL_SVM=coarse")
+    inputs = random_inputs(model[1], seed=5)
+    result = _deploy(tracker, key, model, inputs, [])
+    assert result.remote_versions["svm"] == "coarse"
+    _assert_matches_onnxruntime(result, model, inputs)
+
+
+def test_server_without_opencl_platform_is_one_clear_error(tracker, servers, model, tmp_path):
+    key = servers.start("emu-noplatform", "--env", "OCL_ICD_VENDORS=/nonexistent")
+    work = tmp_path / "work"
+    with pytest.raises(DeployError, match=rf"{key}@127\.0\.0\.1:\d+ has no usable OpenCL"):
+        _deploy(tracker, key, model, random_inputs(model[1], seed=6), [], work_dir=work)
+    assert not work.exists()
 
 
 def test_server_without_plugin_gets_it_uploaded_after_checks(tracker, servers, model, tmp_path):
