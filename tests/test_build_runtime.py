@@ -124,3 +124,13 @@ def test_tvm_lib_dir_names_tvm_as_dependencies(tmp_path):
     cmd = _build.cross_build_command(["g++"], "android-arm64", tmp_path / "p.so", tmp_path)
     i = cmd.index(f"-L{tmp_path}")
     assert cmd[i + 1 : i + 3] == ["-ltvm_ffi", "-ltvm_runtime"]
+
+
+@pytest.mark.opencl  # builds (or reuses) this machine's plugin, as first use does
+def test_host_target_copies_this_machines_plugin(tmp_path, capsys):
+    assert main(["build-runtime", "-o", str(tmp_path)]) == 0, capsys.readouterr().err
+    lib = tmp_path / _build.PLUGIN_NAME
+    assert _build.elf_machine(lib) == platform.machine()
+    desc = json.loads((tmp_path / f"{_build.PLUGIN_NAME}.json").read_text())
+    assert desc["target"] == "host" and desc["sources_sha256"] == _build.sources_sha256()
+    assert main(["build-runtime", "--ndk", "/x", "-o", str(tmp_path / "o")]) == 2
