@@ -1,6 +1,7 @@
 """Checks on the OpenCL plugin of an RPC server before anything is uploaded: the plugin's
 machine, TVM versions and sources against the device's, and shared virtual memory for
-co-execution (a real server on 127.0.0.1 whose OpenCL runs without SVM)."""
+co-execution (a real server on 127.0.0.1 whose OpenCL runs without SVM); and a stock TVM server
+with the plugin preloaded, as TVM's C++ ``tvm_rpc`` on a phone is run."""
 
 from __future__ import annotations
 
@@ -12,10 +13,11 @@ import sys
 
 import pytest
 
-from codl_tvm import deploy, rpc_utils
+from codl_tvm import deploy, rpc_utils, runtime
 from codl_tvm.errors import DeployError
 from codl_tvm.frontend import load_onnx
 from codl_tvm.models import bundled_model_path
+from codl_tvm.runtime import _build
 
 
 def test_plugin_mismatches_names_each_difference():
@@ -105,6 +107,54 @@ def test_coexec_on_a_device_without_svm_is_refused_before_upload(opencl, tmp_pat
                 log=None,
             )
         assert not work.exists()
+    finally:
+        for proc in reversed(procs):
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+
+
+@pytest.mark.rpc
+@pytest.mark.opencl
+def test_stock_server_with_preloaded_plugin_coexecutes(opencl, tmp_path):
+    """TVM's own server loading the plugin as a library (``--load-library``), which cannot
+    report versions: deploy warns and co-executes through the plugin it finds."""
+    plugin = runtime.load()
+    loader = _build.pyopencl_icd_loader()  # the ICD loader the runtime uses here
+    env = dict(os.environ)
+    if loader:  # the stock server does not set it up: point the plugin and the loader at it
+        env["CODL_OPENCL_LIBRARY"] = loader
+        libs = os.path.dirname(loader)
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [libs, env.get("LD_LIBRARY_PATH")]))
+    port = _free_port()
+    tracker = f"127.0.0.1:{port}"
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "tvm.exec.rpc_tracker", "--host", "127.0.0.1", "--port",
+             str(port), "--port-end", str(port + 1), "--silent"],
+            start_new_session=True,
+        )
+    ]  # fmt: skip
+    try:
+        sport = _free_port()
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "tvm.exec.rpc_server", "--tracker", tracker, "--key",
+                 "stock", "--host", "127.0.0.1", "--port", str(sport), "--port-end",
+                 str(sport + 1), "--load-library", plugin],
+                start_new_session=True,
+                env=env,
+            )
+        )  # fmt: skip
+        rpc_utils.wait_for_devices(tracker, "stock", 1, timeout_s=90)
+        model = load_onnx(bundled_model_path())
+        lines: list[str] = []
+        result = deploy.deploy(
+            model, tracker, "stock", target="pocl", device="coexec", dim="H", ratio=0.5,
+            number=1, repeat=1, request_timeout_s=60, log=lines.append,
+        )  # fmt: skip
+        assert result.matches, result.max_abs_error
+        assert result.remote_versions is None
+        assert any("cannot report its TVM and plugin versions" in ln for ln in lines), lines
     finally:
         for proc in reversed(procs):
             os.killpg(proc.pid, signal.SIGKILL)
