@@ -689,7 +689,8 @@ def _load_plugin(info: dict[str, str], path: str | None) -> None:
     if path:
         os.environ["CODL_TVM_PLUGIN_LIB"] = path
     path = os.environ.get("CODL_TVM_PLUGIN_LIB")
-    if not path and not any(shutil.which(c) for c in ("c++", "g++", "clang++")):
+    compilers = (os.environ.get("CXX"), "c++", "g++", "clang++")  # tvm_ffi's build honours CXX
+    if not path and not any(c and shutil.which(c) for c in compilers):
         info.update(
             opencl="0",
             plugin_state="missing",

@@ -18,7 +18,8 @@ wrapper is passed as that executable because without binfmt an aarch64 binary ca
 ``stop`` ends a server this script started. Each step is skipped when already done.
 
 ``--opencl`` adds an OpenCL device: Debian's arm64 PoCL (``pocl-opencl-icd``, its CPU
-``pthread`` device, which offers fine-grained SVM) unpacked into the same root, and codl-tvm's
+``pthread`` device, which offers fine-grained SVM) and g++-12 (for building the plugin on the
+device: ``serve --opencl --no-plugin --env CXX=g++-12``) unpacked into the same root, and codl-tvm's
 OpenCL plugin cross-built on the host (``codl-tvm build-runtime --target linux-arm64``). PoCL
 runs helper programs (its kernel compiler links with ``ld``), which an aarch64 process can only
 start through binfmt_misc: the server then runs in a chroot of the root, with binfmt_misc
@@ -59,7 +60,10 @@ from pathlib import Path
 
 DEBS = ("python3", "libstdc++6", "libgcc-s1")
 WHEELS = ("tornado", "cloudpickle", "psutil")
-OPENCL_DEBS = ("pocl-opencl-icd", "ocl-icd-libopencl1")
+# PoCL, and what building the plugin on the device itself needs (tvm_ffi's build runs ninja,
+# which runs its commands with /bin/sh); the compiler is named g++-12 only, so a server builds
+# with it only when told (CXX=g++-12), as a board with g++ would on first use
+OPENCL_DEBS = ("pocl-opencl-icd", "ocl-icd-libopencl1", "g++-12", "ninja-build", "dash")
 HOST_PACKAGES = {
     "qemu-aarch64-static": "qemu-user-static",
     "clang": "clang",
@@ -281,13 +285,16 @@ def write_wrapper(root: Path, py: Path) -> Path:
 
 def install_server_script(root: Path) -> Path:
     """Copy the RPC server script into the sysroot with the minimal package it imports
-    (``codl_tvm/__init__.py`` and ``errors.py`` beside it, so that running the script finds
-    ``codl_tvm.errors`` next to itself); returns the script's path."""
+    (``codl_tvm/__init__.py``, ``errors.py`` and ``runtime/`` beside it, so that running the
+    script finds ``codl_tvm.errors`` next to itself); returns the script's path."""
     codl = root / CODL_DIR
     (codl / "codl_tvm" / "runtime").mkdir(parents=True, exist_ok=True)
     # the runtime package (pure Python; the plugin is built separately) for --opencl serving
     for name in ("__init__.py", "errors.py", "runtime/__init__.py", "runtime/_build.py"):
         shutil.copy(REPO / "codl_tvm" / name, codl / "codl_tvm" / name)
+    # the plugin's sources, for a server that builds it on the device (CXX=g++-12)
+    shutil.rmtree(codl / "codl_tvm" / "runtime" / "src", ignore_errors=True)
+    shutil.copytree(REPO / "codl_tvm" / "runtime" / "src", codl / "codl_tvm" / "runtime" / "src")
     script = codl / "rpc_utils.py"
     shutil.copy(REPO / "codl_tvm" / "rpc_utils.py", script)
     return script
@@ -394,9 +401,9 @@ def prepare_opencl(root: Path, timeout_s: float, force: bool = False) -> Path:
     ensure_host_tools(timeout_s)
     stamp = root / STAMP
     data = json.loads(stamp.read_text())
-    if not data.get("opencl") or force:
+    if data.get("opencl") != list(OPENCL_DEBS) or force:
         fetch_debs(root.parent / "work", root, timeout_s, (*DEBS, *OPENCL_DEBS))
-        data["opencl"] = True
+        data["opencl"] = list(OPENCL_DEBS)
         stamp.write_text(json.dumps(data))
     out = root / CODL_DIR / "plugin"
     lib = out / PLUGIN

@@ -238,6 +238,19 @@ def test_server_without_plugin_gets_it_uploaded_after_checks(tracker, servers, m
     _assert_matches_onnxruntime(result, model, inputs)
 
 
+def test_plugin_built_on_the_device_on_first_use(tracker, servers, model):
+    """A board with a compiler builds the plugin itself (the server's start-up, under qemu)."""
+    key = servers.start("emu-native", "--no-plugin", "--env", "CXX=g++-12")
+    inputs = random_inputs(model[1], seed=7)
+    lines: list[str] = []
+    result = _deploy(tracker, key, model, inputs, lines)
+    assert not any("uploading libcodl" in ln for ln in lines), lines
+    info = result.remote_versions
+    assert info["plugin_state"] == "loaded" and info["plugin_machine"] == "aarch64"
+    assert info["plugin_sources_sha256"] == _build.sources_sha256()
+    _assert_matches_onnxruntime(result, model, inputs)
+
+
 def test_server_with_mismatched_plugin_is_refused_before_upload(
     tracker, servers, model, device, tmp_path
 ):
