@@ -584,21 +584,39 @@ def serve(
     )
 
 
+def _live_servers(root: Path) -> list[int]:
+    pids = []
+    for pid_file in root.parent.glob("server-*.pid"):
+        text = pid_file.read_text().strip()
+        if text.isdigit() and _alive(int(text)):
+            pids.append(int(text))
+    return pids
+
+
 def stop(root: Path, port: int) -> bool:
+    """End the server on ``port``; once none is left, unmount what ``--opencl`` bound into the
+    root (a bound /dev or /sys inside a cache folder is a hazard for ``rm -rf``)."""
     pid_file = _pid_file(root, port)
+    stopped = False
     if not pid_file.is_file():
         say(f"no server started by this script on port {port}")
-        return False
-    pid = int(pid_file.read_text().strip() or 0)
-    pid_file.unlink()
-    if pid and _alive(pid):
-        say(f"stopping the server (process group {pid})")
-        try:
-            os.killpg(pid, signal.SIGTERM)
-        except OSError:
-            pass
-        return True
-    return False
+    else:
+        pid = int(pid_file.read_text().strip() or 0)
+        pid_file.unlink()
+        if pid and _alive(pid):
+            say(f"stopping the server (process group {pid})")
+            try:
+                os.killpg(pid, signal.SIGTERM)
+            except OSError:
+                pass
+            deadline = time.monotonic() + 10
+            while _alive(pid) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            stopped = True
+    if root.is_dir() and _mounts_under(root) and not _live_servers(root):
+        say(f"unmounting /proc, /sys and /dev from {root}")
+        unmount_chroot(root)
+    return stopped
 
 
 def main(argv: list[str] | None = None) -> int:
