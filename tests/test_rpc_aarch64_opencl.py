@@ -17,13 +17,15 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from codl_tvm import deploy, rpc_utils
-from codl_tvm.errors import DeployError, VersionMismatch
+from codl_tvm.errors import DeployError, RemoteFailure, VersionMismatch
 from codl_tvm.frontend import load_onnx, random_inputs
 from codl_tvm.plan import ChainPlan, OpPartition, PartitionPlan
 from codl_tvm.runtime import _build
@@ -131,6 +133,7 @@ class _Servers:
     def start(self, key: str, *extra: str) -> str:
         port = _free_port()
         self.ports.append(port)
+        self.last_port = port
         cmd = [sys.executable, str(SCRIPT), "serve", "--opencl", "--tracker", self.tracker,
                "--key", key, "--port", str(port), "--timeout", "300", *extra]  # fmt: skip
         start = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
@@ -321,3 +324,28 @@ def test_profile_farm_fit_and_plan_auto(tracker, servers, model, tmp_path, capsy
     )
     assert result.preset == "linux-arm64-pocl"  # chosen from the remote's report
     _assert_matches_onnxruntime(result, model, inputs)
+
+
+def test_remote_dying_mid_run_is_one_error_naming_it(tracker, servers, model, tmp_path):
+    key = servers.start("emu-dies")
+    pid_file = (
+        Path.home() / ".cache" / "codl-tvm" / "aarch64-emu" / f"server-{servers.last_port}.pid"
+    )
+    if os.environ.get("CODL_TVM_AARCH64_ROOT") or os.environ.get("CODL_TVM_CACHE_DIR"):
+        pytest.skip("the server's pid file is elsewhere")
+    pid = int(pid_file.read_text())
+
+    def _kill(line: str) -> None:
+        if line.startswith("uploading model"):  # the server dies while loading or running it
+            threading.Timer(0.5, os.killpg, (pid, signal.SIGKILL)).start()
+
+    # a plan of its own: its kernels are compiled on the device, which takes a while under qemu
+    plan = PartitionPlan(ops=(OpPartition("conv2d_0", "OC", 0.37),))
+    t0 = time.monotonic()
+    with pytest.raises(RemoteFailure, match=rf"remote device {key}@127\.0\.0\.1:\d+ failed"):
+        deploy.deploy(
+            model[1], tracker, key, target="linux-arm64-pocl", device="coexec", plan=plan,
+            number=1, repeat=1, request_timeout_s=120, log=_kill, work_dir=tmp_path / "w",
+        )  # fmt: skip
+    assert time.monotonic() - t0 < 300
+    assert (tmp_path / "w").is_dir()  # the host's files are kept
