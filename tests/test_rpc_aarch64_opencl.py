@@ -18,7 +18,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import numpy as np
@@ -328,11 +327,10 @@ def test_profile_farm_fit_and_plan_auto(tracker, servers, model, tmp_path, capsy
 
 def test_remote_dying_mid_run_is_one_error_naming_it(tracker, servers, model, tmp_path):
     key = servers.start("emu-dies")
-    pid_file = (
-        Path.home() / ".cache" / "codl-tvm" / "aarch64-emu" / f"server-{servers.last_port}.pid"
-    )
-    if os.environ.get("CODL_TVM_AARCH64_ROOT") or os.environ.get("CODL_TVM_CACHE_DIR"):
-        pytest.skip("the server's pid file is elsewhere")
+    # where scripts/emulated_aarch64.py keeps it (its default_root)
+    cache = Path(os.environ.get("CODL_TVM_CACHE_DIR", Path.home() / ".cache" / "codl-tvm"))
+    home = Path(os.environ.get("CODL_TVM_AARCH64_ROOT") or cache / "aarch64-emu").expanduser()
+    pid_file = home / f"server-{servers.last_port}.pid"
     pid = int(pid_file.read_text())
 
     def _kill(line: str) -> None:
@@ -341,11 +339,9 @@ def test_remote_dying_mid_run_is_one_error_naming_it(tracker, servers, model, tm
 
     # a plan of its own: its kernels are compiled on the device, which takes a while under qemu
     plan = PartitionPlan(ops=(OpPartition("conv2d_0", "OC", 0.37),))
-    t0 = time.monotonic()
     with pytest.raises(RemoteFailure, match=rf"remote device {key}@127\.0\.0\.1:\d+ failed"):
         deploy.deploy(
             model[1], tracker, key, target="linux-arm64-pocl", device="coexec", plan=plan,
             number=1, repeat=1, request_timeout_s=120, log=_kill, work_dir=tmp_path / "w",
         )  # fmt: skip
-    assert time.monotonic() - t0 < 300
     assert (tmp_path / "w").is_dir()  # the host's files are kept
