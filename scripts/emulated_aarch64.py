@@ -36,6 +36,10 @@ Examples::
     python scripts/emulated_aarch64.py prepare
     python scripts/emulated_aarch64.py serve --tracker 127.0.0.1:9190 --key aarch64-emu
     python scripts/emulated_aarch64.py stop --port 9300
+    sudo python scripts/emulated_aarch64.py serve --opencl --key aarch64-emu-cl --port 9301
+    sudo python scripts/emulated_aarch64.py serve --opencl --no-plugin --env CXX=g++-12 ...
+
+``stop`` unmounts what ``--opencl`` bound into the root once no server of the root is left.
 
 The root lives in ``--root`` (default ``$CODL_TVM_AARCH64_ROOT`` or
 ``~/.cache/codl-tvm/aarch64-emu``, holding the aarch64 ``sysroot``, the wrapper and logs).

@@ -240,6 +240,13 @@ def test_server_without_plugin_gets_it_uploaded_after_checks(tracker, servers, m
     _assert_matches_onnxruntime(result, model, inputs)
 
 
+def test_server_given_a_plugin_for_another_machine_reports_why(tracker, servers, model):
+    """The server loads this machine's (x86-64) plugin, which fails; deploy names both."""
+    key = servers.start("emu-wrongarch", "--plugin-lib", _build.build_plugin())
+    with pytest.raises(DeployError, match=rf"{key}@.* has no usable OpenCL runtime: loading the"):
+        _deploy(tracker, key, model, random_inputs(model[1], seed=8), [])
+
+
 def test_plugin_built_on_the_device_on_first_use(tracker, servers, model):
     """A board with a compiler builds the plugin itself (the server's start-up, under qemu)."""
     key = servers.start("emu-native", "--no-plugin", "--env", "CXX=g++-12")
