@@ -20,6 +20,7 @@ from codl_tvm.planner.pipe_search import (
     LatencyTable,
     PipelinePlan,
     ProcessorGroup,
+    check_groups,
     exhaustive_pipeline,
     parse_groups,
     recost_plan,
@@ -251,3 +252,29 @@ def test_recost_plan_refuses_a_table_of_another_model():
         recost_plan(plan, {("big", 2): [1.0, 1.0], ("little", 1): [1.0, 1.0]})
     with pytest.raises(PlannerError, match="no entry for 1 core"):
         recost_plan(plan, {("big", 2): [1.0] * 4})
+
+
+@pytest.mark.skipif(
+    not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+    reason="needs thread affinity and two cores",
+)
+def test_groups_checked_against_the_process_cores_not_a_pinned_thread():
+    """TVM's pool pins the thread that runs it (and stage threads pin themselves): a later
+    check of groups on that thread must still see every core of the process."""
+    import threading
+
+    cores = sorted(os.sched_getaffinity(0))
+    result = {}
+
+    def pinned():
+        os.sched_setaffinity(0, {cores[0]})
+        try:
+            check_groups([ProcessorGroup("big", "cpu", (cores[-1],))])
+            result["ok"] = True
+        except Exception as exc:  # reported below, the thread must not die silently
+            result["error"] = exc
+
+    t = threading.Thread(target=pinned)
+    t.start()
+    t.join()
+    assert result == {"ok": True}, result

@@ -61,6 +61,11 @@ import numpy as np
 
 from codl_tvm.errors import PlannerError
 
+# Captured before any thread of this process pins itself (see process_cpus).
+_IMPORT_CPUS: frozenset[int] = (
+    frozenset(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else frozenset()
+)
+
 __all__ = [
     "BALANCERS",
     "GROUP_KINDS",
@@ -72,6 +77,7 @@ __all__ = [
     "check_groups",
     "exhaustive_pipeline",
     "parse_groups",
+    "process_cpus",
     "recost_plan",
     "search_pipeline",
 ]
@@ -173,6 +179,15 @@ def _ranges(cores: Iterable[int]) -> str:
     return ",".join(out)
 
 
+def process_cpus() -> frozenset[int]:
+    """The cores this process may use: its affinity when this module was imported, with the
+    calling thread's now (a stage thread pinned to its group, or TVM's pool pinning the thread
+    that runs it, narrows only the thread's own mask); every core where the OS cannot say."""
+    if not hasattr(os, "sched_getaffinity"):
+        return frozenset(range(os.cpu_count() or 1))
+    return _IMPORT_CPUS | frozenset(os.sched_getaffinity(0))
+
+
 def check_groups(
     groups: Sequence[ProcessorGroup], available: Iterable[int] | None = None
 ) -> tuple[ProcessorGroup, ...]:
@@ -194,12 +209,7 @@ def check_groups(
     if not groups:
         raise PlannerError("no processor groups to build a pipeline on")
     if available is None:
-        # every core where the OS cannot say which this process may use
-        available = (
-            os.sched_getaffinity(0)
-            if hasattr(os, "sched_getaffinity")
-            else range(os.cpu_count() or 1)
-        )
+        available = process_cpus()
     avail = set(available)
     seen_names: set[str] = set()
     owner: dict[int, str] = {}
