@@ -44,6 +44,7 @@ __all__ = [
     "Stream",
     "StreamStage",
     "StreamStats",
+    "process_cpus",
     "run_stream",
 ]
 
@@ -123,11 +124,19 @@ class _Frame:
     end: float = 0.0  # the last stage finished it
 
 
-def _usable_cores() -> set[int]:
-    """The cores this process may run on (every core where the OS cannot say)."""
-    if hasattr(os, "sched_getaffinity"):
-        return set(os.sched_getaffinity(0))
-    return set(range(os.cpu_count() or 1))
+# Captured before any thread of this process pins itself (see process_cpus).
+_IMPORT_CPUS: frozenset[int] = (
+    frozenset(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else frozenset()
+)
+
+
+def process_cpus() -> frozenset[int]:
+    """The cores this process may use: its affinity when this module was imported, with the
+    calling thread's now (a stage thread pinned to its group, or TVM's pool pinning the thread
+    that runs it, narrows only the thread's own mask); every core where the OS cannot say."""
+    if not hasattr(os, "sched_getaffinity"):
+        return frozenset(range(os.cpu_count() or 1))
+    return _IMPORT_CPUS | frozenset(os.sched_getaffinity(0))
 
 
 def _shape_of(frame: Any) -> Any:
@@ -224,7 +233,7 @@ class Stream(Iterator[Any]):
         stages = list(stages)
         if not stages:
             raise PlannerError("a stream needs at least one stage")
-        avail = set(_usable_cores() if available is None else available)
+        avail = set(process_cpus() if available is None else available)
         out = []
         for i, s in enumerate(stages):
             if not isinstance(s, StreamStage):

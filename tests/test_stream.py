@@ -209,3 +209,29 @@ def test_a_pinned_stage_runs_on_its_cores_only():
     assert where == [{core}] * 3
     # the caller's thread keeps its own cores
     assert os.sched_getaffinity(0) == before
+
+
+@pytest.mark.skipif(
+    not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+    reason="needs thread affinity and two cores",
+)
+def test_a_stream_started_from_a_pinned_thread_may_use_the_process_cores():
+    """TVM's pool pins the thread that runs it: a stream started later from that thread may
+    still pin a stage to any core of the process (the device benchmark's second model was
+    refused its cores)."""
+    cores = sorted(os.sched_getaffinity(0))
+    result = {}
+
+    def caller():
+        os.sched_setaffinity(0, {cores[0]})
+        try:
+            stage = StreamStage(np.negative, name="big", cores=(cores[-1],))
+            result["out"] = list(run_stream([stage], frames(2)))
+        except Exception as exc:  # reported below, the thread must not die silently
+            result["error"] = exc
+
+    t = threading.Thread(target=caller)
+    t.start()
+    t.join()
+    assert "error" not in result, result
+    np.testing.assert_array_equal(result["out"][1], -frames(2)[1])

@@ -53,18 +53,13 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from codl_tvm.errors import PlannerError
-
-# Captured before any thread of this process pins itself (see process_cpus).
-_IMPORT_CPUS: frozenset[int] = (
-    frozenset(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else frozenset()
-)
+from codl_tvm.stream import process_cpus
 
 __all__ = [
     "BALANCERS",
@@ -77,7 +72,6 @@ __all__ = [
     "check_groups",
     "exhaustive_pipeline",
     "parse_groups",
-    "process_cpus",
     "recost_plan",
     "search_pipeline",
 ]
@@ -177,15 +171,6 @@ def _ranges(cores: Iterable[int]) -> str:
         run = [c for _, c in run]
         out.append(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}")
     return ",".join(out)
-
-
-def process_cpus() -> frozenset[int]:
-    """The cores this process may use: its affinity when this module was imported, with the
-    calling thread's now (a stage thread pinned to its group, or TVM's pool pinning the thread
-    that runs it, narrows only the thread's own mask); every core where the OS cannot say."""
-    if not hasattr(os, "sched_getaffinity"):
-        return frozenset(range(os.cpu_count() or 1))
-    return _IMPORT_CPUS | frozenset(os.sched_getaffinity(0))
 
 
 def check_groups(
