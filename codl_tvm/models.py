@@ -97,6 +97,7 @@ def sanitize_names(model):
     TVM's OpenCL codegen names kernel parameters after the Relax variables, so a weight kept as
     a model parameter with a ``/`` in its name produces OpenCL source that does not compile.
     """
+
     def fix(name: str) -> str:
         return re.sub(r"[^0-9A-Za-z_]", "_", name) if name else name
 

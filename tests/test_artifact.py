@@ -418,7 +418,7 @@ def test_calibration_multiplies_the_configured_processor_scale(balanced_model):
     manifest = {"plan": {"cost_model": {"file": str(balanced_model)}}}
     with planning_context("opencl", balanced_model) as config:
         config = dataclasses.replace(config, processor_scale=(2.0, 1.0))
-        plan, report = plan_model(model.mod, cm, mode="codl", config=config)
+        _, report = plan_model(model.mod, cm, mode="codl", config=config)
         s = report.summary
         ms = {"cpu": 3 * s.cpu_only_ms, "opencl": s.gpu_only_ms}
         found = _calibrated_plans(model, "codl", report, ms, set(), manifest, print, config)

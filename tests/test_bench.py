@@ -259,9 +259,7 @@ def test_bench_planner_balance_table_and_plot(tmp_path, capsys):
     k14 = _balance_run(tmp_path / "k14.json", 14, {"m": (6.0, 2.0, 1.6, 2.0)})
     out, png = tmp_path / "balance.json", tmp_path / "balance.png"
     with script_module("bench_planner") as bp:
-        bp.main(
-            ["balance", "--results", f"{k8},{k14}", "--out", str(out), "--plot", str(png)]
-        )
+        bp.main(["balance", "--results", f"{k8},{k14}", "--out", str(out), "--plot", str(png)])
         rows = json.loads(out.read_text())["results"]["rows"]
         assert [(r["k"], r["model"]) for r in rows] == [(8, "m"), (14, "m")]
         assert rows[0]["cpu_over_gpu"] == pytest.approx(1 / 3)

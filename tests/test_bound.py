@@ -106,9 +106,7 @@ def test_perfectly_balanced_timeline_has_only_work():
 
 
 def test_long_idle_is_dependency_not_host():
-    trace = Trace(
-        [_ev("GPU", "g", 0, 100), _ev("CPU", "a", 0, 10), _ev("CPU", "b", 90, 100)]
-    )
+    trace = Trace([_ev("GPU", "g", 0, 100), _ev("CPU", "a", 0, 10), _ev("CPU", "b", 90, 100)])
     b = gap_breakdown(trace, bound_ms=0.05, host_gap_us=50)
     assert b.cpu.dependency_idle_ms == pytest.approx(0.08)
     assert b.cpu.host_gap_ms == 0.0

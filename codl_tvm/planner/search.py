@@ -796,9 +796,7 @@ def _summary(ops: list[_Op], rows: list[Decision], home: str) -> PlanSummary:
     )
 
 
-def calibrated_model(
-    cost_model: CostModel, config: PlannerConfig
-) -> tuple[CostModel, list[str]]:
+def calibrated_model(cost_model: CostModel, config: PlannerConfig) -> tuple[CostModel, list[str]]:
     """``cost_model`` with ``config``'s processor scales and weight-streaming floors applied,
     and the report notes that say so (shared by every planner mode)."""
     notes: list[str] = []
