@@ -169,9 +169,10 @@ def _run_builds(jobs: list[dict], n_jobs: int, log) -> dict[tuple[str, str], str
     return failed
 
 
-def _fit_predictor(records, groups, exclude: str):
-    """A Pipe-it model per layer type fitted on the other models' records, with a fit pooled
-    over layer types for the types the others lack; returns ``predict(layer, group, cores)``."""
+def _fit_predictor(records, groups, exclude: str, loss: str = "relative"):
+    """A Pipe-it model per layer type fitted (with ``loss``) on the other models' records, with
+    a fit pooled over layer types for the types the others lack; returns
+    ``predict(layer, group, cores)``."""
     from codl_tvm.errors import CodlError
     from codl_tvm.planner.pipe_model import LayerShape, PipeModel, PipeRecord
 
@@ -179,19 +180,22 @@ def _fit_predictor(records, groups, exclude: str):
     train = [r for name, rs in records.items() if name != exclude for r in rs]
     typed = PipeModel(sizes)
     try:
-        typed.fit(train)
+        typed.fit(train, loss=loss)
     except CodlError:
         typed = None
     pooled = PipeModel(sizes).fit(
-        PipeRecord(
-            LayerShape(
-                r.layer.name, "any", r.layer.out_pixels, r.layer.filter_size, r.layer.out_maps
-            ),
-            r.group,
-            r.cores,
-            r.latency_ms,
-        )
-        for r in train
+        [
+            PipeRecord(
+                LayerShape(
+                    r.layer.name, "any", r.layer.out_pixels, r.layer.filter_size, r.layer.out_maps
+                ),
+                r.group,
+                r.cores,
+                r.latency_ms,
+            )
+            for r in train
+        ],
+        loss=loss,
     )
 
     def predict(layer, group, cores):
@@ -352,6 +356,7 @@ def main(argv: list[str] | None = None) -> None:
     from codl_tvm.planner.pipe_search import (
         LatencyTable,
         exhaustive_pipeline,
+        optimal_pipeline,
         recost_plan,
         search_pipeline,
     )
@@ -483,25 +488,43 @@ def main(argv: list[str] | None = None) -> None:
     for n, table in tables.items():
         entry = result["models"][n]
         searches = {}
+        # the planner's search (Pipe-it's heuristic, its local search, and the optimum over any
+        # stage count where that is lower) and the heuristic alone, against both optima
         cpu = search_pipeline(table, cpu_groups)
-        searches["cpu_heuristic"] = _plan_json(cpu)
+        searches["cpu_search"] = _plan_json(cpu)
+        cpu_h = search_pipeline(table, cpu_groups, exact_stages=False)
+        searches["cpu_heuristic"] = _plan_json(cpu_h)
+        cpu_opt = optimal_pipeline(table, cpu_groups)
+        searches["cpu_optimal"] = _plan_json(cpu_opt)
         searches["cpu_pipe_it_balance"] = _plan_json(
             search_pipeline(table, cpu_groups, balance="pipe-it")
         )
         ex_cpu = exhaustive_pipeline(table, cpu_groups, max_stages=3)
         searches["cpu_exhaustive3"] = _plan_json(ex_cpu)
         full = search_pipeline(table, groups)
-        searches["all_heuristic"] = _plan_json(full)
+        searches["all_search"] = _plan_json(full)
+        full_h = search_pipeline(table, groups, exact_stages=False)
+        searches["all_heuristic"] = _plan_json(full_h)
         ex_all = exhaustive_pipeline(table, groups, max_stages=3)
         searches["all_exhaustive3"] = _plan_json(ex_all)
-        entry["heuristic_over_exhaustive3"] = {
-            "cpu": cpu.bottleneck_ms / ex_cpu.bottleneck_ms,
-            "all": full.bottleneck_ms / ex_all.bottleneck_ms,
+        all_opt = optimal_pipeline(table, groups)
+        searches["all_optimal"] = _plan_json(all_opt)
+        # throughput ratios: >= 1 where the heuristic is at least as fast as the reference
+        entry["heuristic_fps_over_exhaustive3"] = {
+            "cpu": ex_cpu.bottleneck_ms / cpu_h.bottleneck_ms,
+            "all": ex_all.bottleneck_ms / full_h.bottleneck_ms,
+        }
+        entry["heuristic_fps_over_optimal"] = {
+            "cpu": cpu_opt.bottleneck_ms / cpu_h.bottleneck_ms,
+            "all": all_opt.bottleneck_ms / full_h.bottleneck_ms,
         }
         pred = None
-        if len(records) > 1:
+        # the default (relative) fit plans pipe_pred; the paper's absolute fit is reported beside
+        for loss, suffix in (
+            (("relative", ""), ("absolute", "_absolute")) if len(records) > 1 else ()
+        ):
             try:
-                predict = _fit_predictor(records, groups, n)
+                predict = _fit_predictor(records, groups, n, loss)
                 shapes = layer_shapes(models[n].mod)
                 ptable = LatencyTable(
                     {
@@ -510,25 +533,33 @@ def main(argv: list[str] | None = None) -> None:
                         for c in range(1, g.most_stage_cores + 1)
                     }
                 )
-                pred = search_pipeline(ptable, groups)
-                measured_pred = recost_plan(pred, table)
-                searches["all_from_predicted"] = _plan_json(pred)
-                searches["all_from_predicted_measured"] = _plan_json(measured_pred)
-                entry["predicted_choice_over_measured_choice"] = (
+                chosen = search_pipeline(ptable, groups)
+                measured_pred = recost_plan(chosen, table)
+                searches["all_from_predicted" + suffix] = _plan_json(chosen)
+                searches["all_from_predicted_measured" + suffix] = _plan_json(measured_pred)
+                entry["predicted_choice_over_measured_choice" + suffix] = (
                     measured_pred.bottleneck_ms / full.bottleneck_ms
                 )
-                entry["layer_prediction_error_median"] = float(
-                    np.median(
-                        [
-                            abs(ptable[k][i] / table[k][i] - 1)
-                            for k in table.keys()
-                            for i in range(table.n_layers)
-                            if table[k][i] > 0
-                        ]
-                    )
+                errors = {
+                    g.name: [
+                        abs(ptable[k][i] / table[k][i] - 1)
+                        for k in table.keys()
+                        if k[0] == g.name
+                        for i in range(table.n_layers)
+                        if table[k][i] > 0
+                    ]
+                    for g in groups
+                }
+                entry["layer_prediction_error_median" + suffix] = float(
+                    np.median([e for errs in errors.values() for e in errs])
                 )
+                entry["layer_prediction_error_median_by_group" + suffix] = {
+                    g: float(np.median(errs)) for g, errs in errors.items() if errs
+                }
+                if not suffix:
+                    pred = chosen
             except Exception as exc:  # a model the others cannot predict: reported, not fatal
-                entry["prediction_error"] = f"{type(exc).__name__}: {exc}"
+                entry["prediction_error" + suffix] = f"{type(exc).__name__}: {exc}"
         entry["searches"] = searches
         plans[n] = {"pipe_cpu": cpu, "pipe_gpu": full}
         if pred is not None and pred.describe() != full.describe():
@@ -615,8 +646,14 @@ def main(argv: list[str] | None = None) -> None:
         "predicted_choice_over_measured_choice": {
             n: m.get("predicted_choice_over_measured_choice") for n, m in result["models"].items()
         },
-        "heuristic_over_exhaustive3": {
-            n: m.get("heuristic_over_exhaustive3") for n, m in result["models"].items()
+        "heuristic_fps_over_exhaustive3": {
+            n: m.get("heuristic_fps_over_exhaustive3") for n, m in result["models"].items()
+        },
+        "heuristic_fps_over_optimal": {
+            n: m.get("heuristic_fps_over_optimal") for n, m in result["models"].items()
+        },
+        "layer_prediction_error_median_by_group": {
+            n: m.get("layer_prediction_error_median_by_group") for n, m in result["models"].items()
         },
         "wall_s": time.perf_counter() - t_start,
     }

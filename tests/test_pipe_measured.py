@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from codl_tvm.planner.pipe_model import LayerShape
+from codl_tvm.planner.pipe_model import MIN_LATENCY_MS, LayerShape, PipeRecord
 from codl_tvm.planner.pipe_search import (
     LatencyTable,
     ProcessorGroup,
@@ -25,6 +25,7 @@ from codl_tvm.planner.pipe_search import (
     parse_groups,
     search_pipeline,
 )
+from tests.scripts_util import script_module
 
 DATA = Path(__file__).parent / "data" / "pipe_tables.json"
 MACHINE = range(16)  # the device machine's cores; nothing runs on them here
@@ -106,3 +107,42 @@ def test_search_on_measured_cpu_tables(model):
 @pytest.mark.parametrize("model", MODELS)
 def test_search_on_measured_tables_with_gpu(model):
     check_search(model, "all")
+
+
+def leave_one_model_out(loss: str) -> tuple[dict[str, list[float]], int]:
+    """Each model's table predicted by the benchmark's predictor fitted on the other four:
+    relative errors per group (pooled over models) and how many predictions hit the floor."""
+    records = {}
+    for m in MODELS:
+        t, s = table(m), shapes(m)
+        records[m] = [
+            PipeRecord(layer, g, c, float(ms))
+            for g, c in t.keys()
+            for layer, ms in zip(s, t[(g, c)], strict=True)
+        ]
+    errors: dict[str, list[float]] = {}
+    floored = 0
+    with script_module("bench_pipeline") as bench:
+        for m in MODELS:
+            predict = bench._fit_predictor(records, groups("all"), m, loss)
+            t = table(m)
+            for g, c in t.keys():
+                for layer, ms in zip(shapes(m), t[(g, c)], strict=True):
+                    p = predict(layer, g, c)
+                    floored += p <= MIN_LATENCY_MS
+                    errors.setdefault(g, []).append(abs(p / ms - 1))
+    return errors, floored
+
+
+def test_relative_fit_predicts_unseen_models_better_than_the_absolute_fit():
+    # Leave-one-model-out on five real tables (the benchmark's predicted-choice check). The
+    # absolute (paper) fit floors 150+ predictions to 1 ns and is off by a median 53-97 % per
+    # group; the relative, non-negative fit floors none and is better on every group (on this
+    # data: gpu 63 %, big 37 %, little 26 %). Neither is near the 4 % choice target: see
+    # docs/benchmarks.md.
+    relative, rel_floored = leave_one_model_out("relative")
+    absolute, abs_floored = leave_one_model_out("absolute")
+    assert rel_floored == 0 and abs_floored > 0
+    for g in ("gpu", "big", "little"):
+        assert np.median(relative[g]) < np.median(absolute[g]), g
+    assert np.median(relative["big"]) < 0.4 and np.median(relative["little"]) < 0.3

@@ -212,3 +212,42 @@ def test_predict_refuses_what_it_was_not_fitted_for():
         model.predict(LAYER, "npu", 1)
     with pytest.raises(PlannerError, match="has 1 cores, not 2"):
         model.predict(LAYER, "gpu", 2)
+
+
+@pytest.mark.parametrize("loss", ["relative", "absolute"])
+def test_both_losses_recover_exact_coefficients(loss):
+    model = PipeModel(GROUPS).fit(records(grid_layers()), loss=loss)
+    for group, beta in BETA.items():
+        np.testing.assert_allclose(model.fits[(group, "conv2d")].beta, beta, rtol=1e-6, atol=1e-15)
+    for group, alpha in ALPHA.items():
+        np.testing.assert_allclose(model.fits[(group, "conv2d")].alpha, alpha, rtol=1e-6)
+
+
+def test_relative_fit_keeps_coefficients_non_negative_and_small_layers_right():
+    # A latency law with a term Eq. 5 lacks (a per-row overhead ~ sqrt(N)): least squares in
+    # ms trades the small layers' error for the large ones' and gives negative coefficients;
+    # the relative fit keeps every coefficient >= 0 and predicts small layers better.
+    layers = grid_layers()
+    recs = []
+    for layer in layers:
+        n, k, m = layer.out_pixels, layer.filter_size, layer.out_maps
+        t = 1.5e-9 * n * k * m + 0.02 * np.sqrt(n) + 0.01
+        recs.append(PipeRecord(layer, "big", 1, t))
+    groups = {"big": 1}
+    relative = PipeModel(groups).fit(recs, loss="relative")
+    absolute = PipeModel(groups).fit(recs, loss="absolute")
+    assert min(relative.fits[("big", "conv2d")].beta) >= 0
+    assert min(absolute.fits[("big", "conv2d")].beta) < 0
+
+    def small_error(model: PipeModel) -> float:
+        small = [r for r in recs if r.latency_ms < np.quantile([r.latency_ms for r in recs], 0.2)]
+        return float(
+            np.median([abs(model.predict(r.layer, "big") / r.latency_ms - 1) for r in small])
+        )
+
+    assert small_error(relative) < small_error(absolute)
+
+
+def test_unknown_loss_is_refused():
+    with pytest.raises(DatasetError, match="unknown loss 'l1'"):
+        PipeModel(GROUPS).fit(records(grid_layers()[:20]), loss="l1")

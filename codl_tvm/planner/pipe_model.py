@@ -8,7 +8,8 @@ of a processor group from the layer's GEMM shape alone:
   ``N = O_w * O_h`` (output size), ``K = F_w * F_h * F_d`` (filter size), ``M = Ofm`` (output
   maps); a fully-connected layer is ``N = 1`` (one frame), ``K`` inputs, ``M`` neurons;
 - **Eq. 5**, one core: ``T = b1 N + b2 K + b3 M + b4 NK + b5 KM + b6 NM + b7 NMK + b8``, fitted by
-  least squares per (processor group, layer type) on one-core measurements;
+  least squares per (processor group, layer type) on one-core measurements (by default on
+  relative errors with non-negative coefficients, see :meth:`PipeModel.fit`);
 - **Eq. 8**, ``H`` cores: ``T_H = (T - a1) / H + a2 N / (ts H) + a3``, fitted per (group, layer
   type) on multi-core measurements, with ``T`` the layer's one-core latency. The tile size ``ts``
   is a constant of the kernel library, so it is folded into the fitted coefficient: this module
@@ -26,6 +27,7 @@ matrix: predicted milliseconds of every layer on every (group, core count).
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -39,6 +41,7 @@ from codl_tvm.errors import DatasetError, ModelFileError, PlannerError
 
 __all__ = [
     "EQ5_TERMS",
+    "FIT_LOSSES",
     "PIPE_MODEL_FORMAT",
     "PIPE_MODEL_VERSION",
     "GroupFit",
@@ -52,6 +55,8 @@ PIPE_MODEL_FORMAT = "codl-tvm-pipe-model"
 PIPE_MODEL_VERSION = 1
 # The names of Eq. 5's terms, in the order of its coefficients b1..b8.
 EQ5_TERMS = ("N", "K", "M", "NK", "KM", "NM", "NMK", "1")
+# How fit() weighs its errors (see PipeModel.fit).
+FIT_LOSSES = ("relative", "absolute")
 # A linear model can predict <= 0 ms for a tiny layer; the search divides by stage latencies, so
 # predictions are floored at this value (1 ns) instead.
 MIN_LATENCY_MS = 1e-6
@@ -135,8 +140,17 @@ def eq5_features(
     return np.stack([n, k, m, n * k, k * m, n * m, n * m * k, np.ones_like(n)], axis=-1)
 
 
-def _lstsq(x: np.ndarray, y: np.ndarray, what: str) -> np.ndarray:
-    """Least squares with column scaling: Eq. 5's terms span ~10 orders of magnitude."""
+def _lstsq(
+    x: np.ndarray, y: np.ndarray, what: str, *, relative: bool = False, nonneg: bool = False
+) -> np.ndarray:
+    """Least squares with column scaling: Eq. 5's terms span ~10 orders of magnitude.
+
+    ``relative`` minimises the squared *relative* error (each row divided by its ``y``), so a
+    0.1 ms layer weighs as much as a 20 ms one; ``nonneg`` constrains every coefficient to
+    ``>= 0`` (solved exactly by trying every set of free coefficients: Eq. 5 has 8).
+    """
+    if relative:
+        x, y = x / y[:, None], np.ones_like(y)
     scale = np.abs(x).max(axis=0)
     scale[scale == 0] = 1.0
     xs = x / scale
@@ -147,6 +161,21 @@ def _lstsq(x: np.ndarray, y: np.ndarray, what: str) -> np.ndarray:
             "(measure layers of more varied shapes)"
         )
     coef, *_ = np.linalg.lstsq(xs, y, rcond=None)
+    if nonneg and np.any(coef < 0):
+        # the non-negative optimum is the unconstrained optimum on its own positive set
+        best, best_err = np.zeros(x.shape[1]), float(np.sum(y * y))
+        for free in itertools.product((False, True), repeat=x.shape[1]):
+            cols = np.flatnonzero(free)
+            if cols.size == 0:
+                continue
+            sub, *_ = np.linalg.lstsq(xs[:, cols], y, rcond=None)
+            if np.any(sub < 0):
+                continue
+            err = float(np.sum((xs[:, cols] @ sub - y) ** 2))
+            if err < best_err:
+                best, best_err = np.zeros(x.shape[1]), err
+                best[cols] = sub
+        coef = best
     return coef / scale
 
 
@@ -246,7 +275,7 @@ class PipeModel:
                 f"{record.group!r}, which has {self.groups[record.group]}"
             )
 
-    def fit(self, records: Iterable[PipeRecord]) -> PipeModel:
+    def fit(self, records: Iterable[PipeRecord], *, loss: str = "relative") -> PipeModel:
         """Fit Eq. 5 and Eq. 8 for every (group, layer type) the records cover.
 
         Every record is checked before anything is fitted. Eq. 5 needs at least 8 one-core
@@ -254,12 +283,28 @@ class PipeModel:
         records exist (at least 3, with varied core counts or sizes), each against the layer's
         measured one-core latency when one was recorded, else against Eq. 5's prediction.
 
+        Parameters
+        ----------
+        records
+            The measured layers.
+        loss
+            ``"absolute"``: ordinary least squares on milliseconds (the paper's fit).
+            ``"relative"`` (default): least squares on relative errors, with Eq. 5's
+            coefficients ``>= 0``. On a real time matrix the layers span three orders of
+            magnitude: an absolute fit is decided by the few largest layers and predicts
+            small ones badly, often <= 0 (floored to 1 ns, which a search then piles layers
+            onto); with every term of Eq. 5 positive, non-negative coefficients never
+            predict <= 0.
+
         Raises
         ------
         DatasetError
             A bad record, a (group, layer type) with no one-core records, or records that do
             not determine the coefficients.
         """
+        if loss not in FIT_LOSSES:
+            raise DatasetError(f"unknown loss {loss!r} (choose from {', '.join(FIT_LOSSES)})")
+        relative = loss == "relative"
         records = list(records)
         if not records:
             raise DatasetError("no records to fit the Pipe-it model on")
@@ -277,7 +322,13 @@ class PipeModel:
             what = f"group {group!r}, layer type {ltype!r}"
             if not single:
                 raise DatasetError(f"{what}: no one-core records (Eq. 5 needs them)")
-            beta = _lstsq(_design(single), _latencies(single), f"{what}, Eq. 5")
+            beta = _lstsq(
+                _design(single),
+                _latencies(single),
+                f"{what}, Eq. 5",
+                relative=relative,
+                nonneg=relative,
+            )
             alpha = None
             if multi:
                 # The layer's own one-core measurement isolates Eq. 8's error from Eq. 5's.
@@ -296,7 +347,12 @@ class PipeModel:
                 n = np.array([float(r.layer.out_pixels) for r in multi])
                 # T_H - T/H = a1 * (-1/H) + (a2/ts) * (N/H) + a3
                 x = np.stack([-1.0 / h, n / h, np.ones_like(h)], axis=-1)
-                y = _latencies(multi) - t1 / h
+                t_h = _latencies(multi)
+                if relative:
+                    # relative to T_H: (x @ a) / T_H = 1 - T / (H T_H)
+                    x, y = x / t_h[:, None], 1.0 - t1 / (h * t_h)
+                else:
+                    y = t_h - t1 / h
                 alpha = tuple(float(a) for a in _lstsq(x, y, f"{what}, Eq. 8"))
             fits[(group, ltype)] = GroupFit(
                 group=group,
