@@ -4,7 +4,7 @@
 
     python scripts/bench_pipeline.py \\
         --models bvlc_alexnet,inception_v1,posenet,resnet50,squeezenet \\
-        --groups gpu:0-3,big:4-11,little:12-15 --isa little=x86-64-v2 --jobs 15 \\
+        --groups gpu:0,big:1-8,little:9-15 --isa little=x86-64-v2 --jobs 15 \\
         --frames 40 --out $OUT/pipeline.json
 
 The machine is split into processor groups (``--groups``): ``big``, TVM's kernels for the host
@@ -61,7 +61,7 @@ from pathlib import Path
 import numpy as np
 
 DEFAULT_MODELS = "bvlc_alexnet,inception_v1,posenet,resnet50,squeezenet"
-DEFAULT_GROUPS = "gpu:0-3,big:4-11,little:12-15"
+DEFAULT_GROUPS = "gpu:0,big:1-8,little:9-15"
 DEFAULT_COST_MODEL = "codl_tvm/data/cost_models/emulated-soc-k12.json"
 
 
