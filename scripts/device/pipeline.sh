@@ -13,8 +13,9 @@
 # Builds run in PIPE_JOBS processes, then every layer is timed on 1..n cores of each group, the
 # stages searched (heuristic, exhaustive <= 3, from predicted latencies), the chosen pipelines
 # built, and PIPE_FRAMES frames streamed through each pipeline and baseline, one at a time.
-# About 13 minutes for the five models (the 7 little cores add columns to time); trim with PIPE_MODELS, PIPE_FRAMES, PIPE_NUMBER,
-# PIPE_REPEAT, PIPE_NO_CODL=1 (skips the codl latency-plan baseline and its build).
+# About 13 minutes for the five models (7 little cores add columns to time); trim with
+# PIPE_MODELS, PIPE_FRAMES, PIPE_NUMBER, PIPE_REPEAT, PIPE_NO_CODL=1 (skips the codl
+# latency-plan baseline and its build).
 set -u
 . /tmp/code/env.sh
 cd /tmp/code
