@@ -235,3 +235,31 @@ def test_a_stream_started_from_a_pinned_thread_may_use_the_process_cores():
     t.join()
     assert "error" not in result, result
     np.testing.assert_array_equal(result["out"][1], -frames(2)[1])
+
+
+@pytest.mark.skipif(
+    not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+    reason="needs thread affinity and two cores",
+)
+def test_a_process_that_inherited_a_narrow_mask_may_use_every_allowed_core():
+    """A build worker spawned from a thread TVM's pool had pinned inherits that thread's mask:
+    its groups are still checked against the cores its cpuset allows (the device benchmark's
+    stage builds were refused cores 8-15 in such workers)."""
+    import ast
+    import subprocess
+    import sys
+
+    cores = sorted(os.sched_getaffinity(0))
+    code = (
+        f"import os; os.sched_setaffinity(0, {{{cores[0]}}}); "
+        "from codl_tvm.stream import process_cpus; print(sorted(process_cpus()))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert set(cores) <= set(ast.literal_eval(out.stdout)), out.stdout
+
+
+def test_cpu_lists_parse_as_the_kernel_writes_them():
+    from codl_tvm.stream import _cpu_list
+
+    assert _cpu_list("0-3,8,10-11\n") == {0, 1, 2, 3, 8, 10, 11}
+    assert _cpu_list("5") == {5}
