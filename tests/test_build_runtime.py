@@ -7,6 +7,7 @@ Android is tested up to the NDK's compiler, which this machine does not have.
 from __future__ import annotations
 
 import json
+import os
 import platform
 import shutil
 import subprocess
@@ -134,3 +135,21 @@ def test_host_target_copies_this_machines_plugin(tmp_path, capsys):
     desc = json.loads((tmp_path / f"{_build.PLUGIN_NAME}.json").read_text())
     assert desc["target"] == "host" and desc["sources_sha256"] == _build.sources_sha256()
     assert main(["build-runtime", "--ndk", "/x", "-o", str(tmp_path / "o")]) == 2
+
+
+def test_an_unwritable_cache_root_does_not_stop_driver_registration(tmp_path, monkeypatch):
+    """The ICD list of pip's OpenCL drivers goes to a temporary folder, with a warning, when the
+    cache root cannot be created (a file in its way): loading the runtime must not crash."""
+    from importlib import metadata
+
+    try:
+        metadata.distribution("intel-opencl-rt")
+    except metadata.PackageNotFoundError:
+        pytest.skip("intel-opencl-rt (the pip OpenCL driver that needs an ICD file) is absent")
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    monkeypatch.delenv("OCL_ICD_VENDORS", raising=False)
+    with pytest.warns(UserWarning, match="cannot write the OpenCL driver list"):
+        _build.register_pip_opencl_drivers(blocker / "cache")
+    icd_dir = Path(os.environ["OCL_ICD_VENDORS"])
+    assert (icd_dir / "intel-cpu.icd").read_text().strip().endswith("libintelocl.so")

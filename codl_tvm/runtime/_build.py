@@ -25,6 +25,8 @@ import platform
 import shutil
 import struct
 import subprocess
+import tempfile
+import warnings
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -117,7 +119,19 @@ def register_pip_opencl_drivers(cache_root: Path) -> None:
     if not drivers:
         return
     icd_dir = cache_root / "icd"
-    icd_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        icd_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        # The ICD files are small and rewritten on every start: any writable folder serves,
+        # and an unusable cache root must not stop the OpenCL runtime from loading.
+        fallback = Path(tempfile.gettempdir()) / f"codl-tvm-{os.getuid()}" / "icd"
+        warnings.warn(
+            f"codl-tvm: cannot write the OpenCL driver list under {icd_dir} ({exc.strerror}); "
+            f"using {fallback}",
+            stacklevel=2,
+        )
+        icd_dir = fallback
+        icd_dir.mkdir(parents=True, exist_ok=True)
     system_dir = Path("/etc/OpenCL/vendors")
     if system_dir.is_dir():
         for icd in system_dir.glob("*.icd"):
