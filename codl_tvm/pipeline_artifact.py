@@ -16,7 +16,6 @@ CPU thread pool (a per-thread pool) configured in that thread with one worker pe
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import threading
 import time
@@ -31,6 +30,7 @@ import tvm
 from tvm.runtime.vm import VirtualMachine
 
 from codl_tvm import runtime
+from codl_tvm.artifact.store import read_manifest
 from codl_tvm.errors import ArtifactError, ModelError
 from codl_tvm.frontend import TensorSpec
 from codl_tvm.planner.pipe_search import ProcessorGroup, check_groups
@@ -196,13 +196,7 @@ class Pipeline:
             for _ in range(number):
                 self(inputs)
             ms.append((time.perf_counter() - t0) * 1e3 / number)
-        return Latency(
-            median_ms=float(np.median(ms)),
-            mean_ms=float(np.mean(ms)),
-            min_ms=float(np.min(ms)),
-            max_ms=float(np.max(ms)),
-            repeats=len(ms),
-        )
+        return Latency.of(ms)
 
     def _checked(self, frames: Iterable[Any]) -> Iterator[list[np.ndarray]]:
         # frames from an iterator are checked as the stream reads them
@@ -284,17 +278,7 @@ def load_pipeline(path: str | Path, available: Iterable[int] | None = None) -> P
     """
     path = Path(path)
     mpath = path / PIPELINE_MANIFEST
-    try:
-        manifest = json.loads(mpath.read_text())
-    except (OSError, ValueError) as exc:
-        raise ArtifactError(f"{mpath}: unreadable ({exc})") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != PIPELINE_FORMAT:
-        raise ArtifactError(f"{mpath}: not a codl-tvm pipeline manifest")
-    if manifest.get("version") != PIPELINE_VERSION:
-        raise ArtifactError(
-            f"{mpath}: pipeline format version {manifest.get('version')!r}; this codl-tvm reads "
-            f"version {PIPELINE_VERSION}"
-        )
+    manifest = read_manifest(mpath, PIPELINE_FORMAT, PIPELINE_VERSION, "pipeline")
     check_groups(
         [ProcessorGroup(g["name"], g["kind"], tuple(g["cores"])) for g in manifest["groups"]],
         available,

@@ -53,6 +53,18 @@ class Latency:
     max_ms: float
     repeats: int
 
+    @classmethod
+    def of(cls, samples_ms: Sequence[float]) -> Latency:
+        """The statistics of ``samples_ms`` (one per repeat)."""
+        ms = np.asarray(samples_ms, dtype=float)
+        return cls(
+            median_ms=float(np.median(ms)),
+            mean_ms=float(np.mean(ms)),
+            min_ms=float(np.min(ms)),
+            max_ms=float(np.max(ms)),
+            repeats=len(ms),
+        )
+
 
 @dataclass
 class BuiltModel:
@@ -81,14 +93,7 @@ def time_vm(vm, dev, inputs: Sequence[np.ndarray], number: int = 5, repeat: int 
     args = [tvm.runtime.tensor(np.asarray(x, order="C"), dev) for x in inputs]
     vm["main"](*args)
     res = vm.time_evaluator("main", dev, number=number, repeat=repeat)(*args)
-    ms = [r * 1e3 for r in res.results]
-    return Latency(
-        median_ms=float(np.median(ms)),
-        mean_ms=float(np.mean(ms)),
-        min_ms=float(np.min(ms)),
-        max_ms=float(np.max(ms)),
-        repeats=len(ms),
-    )
+    return Latency.of([r * 1e3 for r in res.results])
 
 
 def _flatten(out) -> list[np.ndarray]:

@@ -276,6 +276,29 @@ class Artifact:
         return time_vm(self._vm, self._devices[0], inputs, number, repeat)
 
 
+def read_manifest(manifest_path: Path, fmt: str, version: int, kind: str) -> dict[str, Any]:
+    """The JSON manifest at ``manifest_path``, checked to be of format ``fmt`` and ``version``
+    (``kind`` names it in the errors: "artifact", "pipeline").
+
+    Raises
+    ------
+    ArtifactError
+        Unreadable, not such a manifest, or another format version.
+    """
+    try:
+        manifest = json.loads(manifest_path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ArtifactError(f"{manifest_path}: unreadable ({exc})") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != fmt:
+        raise ArtifactError(f"{manifest_path}: not a codl-tvm {kind} manifest")
+    if manifest.get("version") != version:
+        raise ArtifactError(
+            f"{manifest_path}: {kind} format version {manifest.get('version')!r}; this "
+            f"codl-tvm reads version {version} (recompile with `codl-tvm compile`)"
+        )
+    return manifest
+
+
 def load_artifact(path: str | Path, verify: bool = True, check_cpu: bool = True) -> Artifact:
     """Read an artifact directory.
 
@@ -299,17 +322,7 @@ def load_artifact(path: str | Path, verify: bool = True, check_cpu: bool = True)
     manifest_path = path / MANIFEST
     if not manifest_path.is_file():
         raise ArtifactError(f"{path}: no {MANIFEST}; not a codl-tvm artifact directory")
-    try:
-        manifest = json.loads(manifest_path.read_text())
-    except (OSError, ValueError) as exc:
-        raise ArtifactError(f"{manifest_path}: unreadable ({exc})") from None
-    if not isinstance(manifest, Mapping) or manifest.get("format") != ARTIFACT_FORMAT:
-        raise ArtifactError(f"{manifest_path}: not a codl-tvm artifact manifest")
-    if manifest.get("version") != ARTIFACT_VERSION:
-        raise ArtifactError(
-            f"{manifest_path}: artifact format version {manifest.get('version')!r}; this "
-            f"codl-tvm reads version {ARTIFACT_VERSION} (recompile with `codl-tvm compile`)"
-        )
+    manifest = read_manifest(manifest_path, ARTIFACT_FORMAT, ARTIFACT_VERSION, "artifact")
     for key in ("device", "vm_devices", "model", "files"):
         if key not in manifest:
             raise ArtifactError(f"{manifest_path}: missing field {key!r}")
