@@ -44,7 +44,7 @@ touch $r/HOPE_VERIFIED
 for m in ${models//,/ }; do
   python3 scripts/bench_planner.py run --dir $b --models "$m" --platform portable \
     --tvm-cpus $tvm_cpus --rounds "${HOPE_ROUNDS:-3}" --number 2 --concurrent-s 1 \
-    --plan-repeat 1 --trace-dir $r/traces_hope --trace-also hope,codl_hope --append \
+    --plan-repeat 1 --trace-dir $r/traces_hope --trace-also hope,hope_greedy,starpu,codl_hope --append \
     --out $r/hope_emulated_soc_k12.json >> $r/hope_run.log 2>&1
 done
 rm -rf $r/traces_hope/*.png
