@@ -473,12 +473,27 @@ def _merges(
 Balancer = Callable[[_Costs, Sequence[StageConfig]], list[int]]
 
 
+_Memo = dict[tuple[StageConfig, ...], tuple[float, list[int]]]
+
+
+def _balanced(
+    costs: _Costs, seq: Sequence[StageConfig], balance: Balancer, memo: _Memo
+) -> tuple[float, list[int]]:
+    """``seq``'s bottleneck and cuts once balanced, each sequence balanced once per search
+    (the starts, merges and local moves revisit most of them)."""
+    key = tuple(seq)
+    if key not in memo:
+        cuts = balance(costs, seq)
+        memo[key] = (max(costs.stages(seq, cuts)), cuts)
+    return memo[key][0], list(memo[key][1])
+
+
 def _merge_stage(
     costs: _Costs,
     configs: list[StageConfig],
     mergeable: set[str],
     balance: Balancer,
-    memo: dict[tuple[StageConfig, ...], tuple[float, list[int]]],
+    memo: _Memo,
 ) -> tuple[list[StageConfig], list[int]]:
     """Algorithm 3: merge adjacent stages of one cluster while Eq. 12 holds; the best pipeline
     seen on the way (a merge that Eq. 12 accepts can still re-balance to a slower one).
@@ -494,12 +509,7 @@ def _merge_stage(
     """
 
     def bottleneck(seq: list[StageConfig]) -> tuple[float, list[int]]:
-        # starts share most stage sequences they merge into: each is balanced once
-        key = tuple(seq)
-        if key not in memo:
-            cuts = balance(costs, seq)
-            memo[key] = (max(costs.stages(seq, cuts)), cuts)
-        return memo[key][0], list(memo[key][1])
+        return _balanced(costs, seq, balance, memo)
 
     current, cuts = bottleneck(configs)
     best = (current, list(configs), list(cuts))
@@ -569,7 +579,7 @@ def _local_search(
     groups: Sequence[ProcessorGroup],
     configs: list[StageConfig],
     balance: Balancer,
-    memo: dict[tuple[StageConfig, ...], tuple[float, list[int]]],
+    memo: _Memo,
 ) -> tuple[list[StageConfig], list[int]]:
     """A final local search over core counts and stages from Algorithm 3's best pipeline (an
     extension of Pipe-it): the best of :func:`_neighbours` (re-balanced) while it lowers the
@@ -584,11 +594,7 @@ def _local_search(
     cpu_names = {g.name for g in groups if g.kind == "cpu"}
 
     def bottleneck(seq: list[StageConfig]) -> tuple[float, list[int]]:
-        key = tuple(seq)
-        if key not in memo:
-            cuts = balance(costs, seq)
-            memo[key] = (max(costs.stages(seq, cuts)), cuts)
-        return memo[key][0], list(memo[key][1])
+        return _balanced(costs, seq, balance, memo)
 
     current, cuts = bottleneck(configs)
     while True:
@@ -745,7 +751,7 @@ def search_pipeline(
     if balance not in BALANCERS:
         raise PlannerError(f"unknown balance {balance!r} (choose from {', '.join(BALANCERS)})")
     balancer = _exact_cuts if balance == "exact" else _work_flow
-    memo: dict[tuple[StageConfig, ...], tuple[float, list[int]]] = {}
+    memo: _Memo = {}
     best: tuple[float, list[StageConfig], list[int]] | None = None
     for start in _start_orders(cpus, gpus, max_starts):
         # every placement of the GPU stages among the CPU stages
