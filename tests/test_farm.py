@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -22,16 +21,11 @@ from codl_tvm.cost_model.features import OpParams, part_shape
 from codl_tvm.profiling.farm import profile_farm
 from codl_tvm.profiling.profile import job_key, make_jobs
 from codl_tvm.profiling.runner import TimingConfig
+from tests.rpc_support import free_port, tracker_command
 
 pytestmark = [pytest.mark.rpc, pytest.mark.opencl]
 
 TIMING = TimingConfig(warmup=0, repeats=1, number=1)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class _Processes:
@@ -68,13 +62,8 @@ def procs():
 
 @pytest.fixture(scope="module")
 def tracker(procs) -> str:
-    port = _free_port()
-    procs.start(
-        [
-            *(sys.executable, "-m", "tvm.exec.rpc_tracker", "--host", "127.0.0.1"),
-            *("--port", str(port), "--port-end", str(port + 1), "--silent"),
-        ]
-    )
+    port = free_port()
+    procs.start(tracker_command(port))
     addr = f"127.0.0.1:{port}"
     deadline = time.monotonic() + 60
     while True:
@@ -90,7 +79,7 @@ def tracker(procs) -> str:
 def _start_servers(procs, tracker: str, key: str, n: int) -> list[tuple[subprocess.Popen, int]]:
     out = []
     for _ in range(n):
-        port = _free_port()
+        port = free_port()
         proc = procs.start(
             [
                 *(sys.executable, "-m", "codl_tvm.rpc_utils", "serve", "--tracker", tracker),
@@ -174,7 +163,7 @@ def test_farm_errors(tracker, jobs, tmp_path):
         profile_farm(jobs, tmp_path / "x.jsonl", tracker, "nokey", request_timeout_s=1, log=None)
     with pytest.raises(rpc_utils.TrackerUnreachable):
         profile_farm(
-            jobs, tmp_path / "x.jsonl", f"127.0.0.1:{_free_port()}", "k", request_timeout_s=1
+            jobs, tmp_path / "x.jsonl", f"127.0.0.1:{free_port()}", "k", request_timeout_s=1
         )
 
 

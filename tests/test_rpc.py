@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -24,16 +23,11 @@ import pytest
 
 from codl_tvm import deploy, rpc_utils
 from codl_tvm.frontend import load_onnx, random_inputs
+from tests.rpc_support import free_port, tracker_command
 
 pytestmark = pytest.mark.rpc
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _small_cnn(seed: int = 0):
@@ -109,21 +103,8 @@ def procs():
 
 @pytest.fixture(scope="module")
 def tracker(procs) -> str:
-    port = _free_port()
-    procs.start(
-        [
-            sys.executable,
-            "-m",
-            "tvm.exec.rpc_tracker",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--port-end",
-            str(port + 1),
-            "--silent",
-        ]
-    )
+    port = free_port()
+    procs.start(tracker_command(port))
     addr = f"127.0.0.1:{port}"
     deadline = time.monotonic() + 60
     while True:
@@ -138,7 +119,7 @@ def tracker(procs) -> str:
 
 def _start_server(procs: _Processes, tracker: str, key: str, extra=()) -> subprocess.Popen:
     before = _free(tracker, key)
-    port = _free_port()
+    port = free_port()
     proc = procs.start(
         [
             sys.executable,
@@ -273,7 +254,7 @@ def test_cli_rejects_bad_input(tracker, cpu_server, cnn, tmp_path, capsys):
 
 
 def test_unreachable_tracker_fails_fast(cnn):
-    port = _free_port()  # nothing listens there
+    port = free_port()  # nothing listens there
     t0 = time.monotonic()
     with pytest.raises(rpc_utils.TrackerUnreachable, match=f"127.0.0.1:{port} within 1 s"):
         rpc_utils.request_remote(f"127.0.0.1:{port}", "x86", timeout_s=1)
@@ -320,7 +301,7 @@ def test_version_check(procs, tracker, cpu_server):
         f"tvm 0.26.0 there, {tvm.__version__} here"
     ]
     # a stock TVM server cannot report: unknown, and an error when strict
-    port = _free_port()
+    port = free_port()
     procs.start(
         [
             sys.executable,
@@ -445,7 +426,7 @@ def test_emulated_aarch64_deploy(procs, tracker, cnn):
             "the emulated aarch64 device cannot be prepared here: "
             + (prep.stderr.strip().splitlines() or ["unknown error"])[-1]
         )
-    port = _free_port()
+    port = free_port()
     start = subprocess.run(
         [
             sys.executable,
@@ -515,7 +496,7 @@ def test_emulated_device_with_other_tvm_is_refused_before_upload(procs, tracker,
             f"an emulated aarch64 device with TVM {OTHER_TVM} cannot be prepared here: "
             + (prep.stderr.strip().splitlines() or ["unknown error"])[-1]
         )
-    port = _free_port()
+    port = free_port()
     start = subprocess.run(
         [
             sys.executable,

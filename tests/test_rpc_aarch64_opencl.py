@@ -14,7 +14,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -28,17 +27,12 @@ from codl_tvm.errors import DeployError, RemoteFailure, VersionMismatch
 from codl_tvm.frontend import load_onnx, random_inputs
 from codl_tvm.plan import ChainPlan, OpPartition, PartitionPlan
 from codl_tvm.runtime import _build
+from tests.rpc_support import free_port, tracker_command
 
 pytestmark = [pytest.mark.rpc, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "scripts" / "emulated_aarch64.py"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _chain_model():
@@ -108,14 +102,13 @@ def device():
 
 @pytest.fixture(scope="module")
 def tracker():
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tvm.exec.rpc_tracker", "--host", "127.0.0.1", "--port",
-         str(port), "--port-end", str(port + 1), "--silent"],
+        tracker_command(port),
         start_new_session=True,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+    )
     addr = f"127.0.0.1:{port}"
     try:
         rpc_utils.wait_for_devices(addr, "none", 0, timeout_s=60)
@@ -130,7 +123,7 @@ class _Servers:
         self.tracker, self.ports = tracker, []
 
     def start(self, key: str, *extra: str) -> str:
-        port = _free_port()
+        port = free_port()
         self.ports.append(port)
         self.last_port = port
         cmd = [sys.executable, str(SCRIPT), "serve", "--opencl", "--tracker", self.tracker,

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 
@@ -18,6 +17,7 @@ from codl_tvm.errors import DeployError
 from codl_tvm.frontend import load_onnx
 from codl_tvm.models import bundled_model_path
 from codl_tvm.runtime import _build
+from tests.rpc_support import free_port, tracker_command
 
 
 def test_plugin_mismatches_names_each_difference():
@@ -38,36 +38,19 @@ def test_remote_plugin_reads_the_servers_report():
     assert rpc_utils.remote_plugin(info) == {"machine": "aarch64", "tvm": "0.27.0"}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.rpc
 @pytest.mark.opencl
 def test_coexec_on_a_device_without_svm_is_refused_before_upload(opencl, tmp_path):
-    port = _free_port()
+    port = free_port()
     tracker = f"127.0.0.1:{port}"
     procs = [
         subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "tvm.exec.rpc_tracker",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "--port-end",
-                str(port + 1),
-                "--silent",
-            ],
+            tracker_command(port),
             start_new_session=True,
         )
     ]
     try:
-        sport = _free_port()
+        sport = free_port()
         procs.append(
             subprocess.Popen(
                 [
@@ -125,17 +108,11 @@ def test_stock_server_with_preloaded_plugin_coexecutes(opencl, tmp_path):
         env["CODL_OPENCL_LIBRARY"] = loader
         libs = os.path.dirname(loader)
         env["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [libs, env.get("LD_LIBRARY_PATH")]))
-    port = _free_port()
+    port = free_port()
     tracker = f"127.0.0.1:{port}"
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-m", "tvm.exec.rpc_tracker", "--host", "127.0.0.1", "--port",
-             str(port), "--port-end", str(port + 1), "--silent"],
-            start_new_session=True,
-        )
-    ]  # fmt: skip
+    procs = [subprocess.Popen(tracker_command(port), start_new_session=True)]
     try:
-        sport = _free_port()
+        sport = free_port()
         procs.append(
             subprocess.Popen(
                 [sys.executable, "-m", "tvm.exec.rpc_server", "--tracker", tracker, "--key",
