@@ -93,7 +93,15 @@ class StreamStats:
     wall_s
         From the first stage starting the first frame to the last stage finishing the last.
     frames_per_s
-        ``frames / wall_s`` (0 before two frames are out).
+        ``frames / wall_s`` (0 before two frames are out): the pipeline's fill (the first
+        frame crossing every stage) included, so a short stream through many stages reads low.
+    steady_frames_per_s
+        Frames per second between the first output and the last (``(frames - 1)`` over that
+        span, 0 before two frames are out): the rate once the pipeline is full (Pipe-it
+        measures throughput at steady state), fill excluded.
+    fill_ms
+        From the first stage starting the first frame to the last stage finishing it: what
+        the pipeline takes to fill, reported apart from the steady rate.
     latency_median_ms, latency_p99_ms
         Per-frame latency, from the first stage taking the frame to the last stage finishing
         it (waiting in queues between stages included).
@@ -114,6 +122,8 @@ class StreamStats:
     stage_busy_s: tuple[float, ...]
     stage_names: tuple[str, ...]
     spans: tuple[tuple[int, int, float, float], ...] = ()
+    steady_frames_per_s: float = 0.0
+    fill_ms: float = 0.0
 
 
 @dataclass
@@ -234,6 +244,7 @@ class Stream(Iterator[Any]):
         self._latencies: list[float] = []
         self._first_start: float | None = None
         self._last_out: float | None = None
+        self._first_out: float | None = None
         self._next_index = 0
         self._pending: dict[int, Any] = {}
         self._finished = False
@@ -421,6 +432,8 @@ class Stream(Iterator[Any]):
             # count as stream latency
             if self._last_out is None or item.end > self._last_out:
                 self._last_out = item.end
+            if self._first_out is None or item.end < self._first_out:
+                self._first_out = item.end
             if self._first_start is None or item.start < self._first_start:
                 self._first_start = item.start
             self._latencies.append(item.end - item.start)
@@ -469,6 +482,11 @@ class Stream(Iterator[Any]):
             else 0.0
         )
         origin = self._first_start or 0.0
+        steady = (
+            self._last_out - self._first_out
+            if self._first_out is not None and self._last_out is not None
+            else 0.0
+        )
         return StreamStats(
             frames=frames,
             wall_s=wall,
@@ -478,6 +496,8 @@ class Stream(Iterator[Any]):
             stage_busy_s=tuple(self._busy),
             stage_names=tuple(s.name for s in self._stages),
             spans=tuple((s, f, t0 - origin, t1 - origin) for s, f, t0, t1 in self._spans),
+            steady_frames_per_s=(frames - 1) / steady if frames > 1 and steady > 0 else 0.0,
+            fill_ms=(self._first_out - origin) * 1e3 if self._first_out is not None else 0.0,
         )
 
 

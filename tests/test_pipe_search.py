@@ -17,11 +17,13 @@ from hypothesis import strategies as st
 from codl_tvm.errors import CodlError, PlannerError
 from codl_tvm.planner.pipe_model import PipeModel
 from codl_tvm.planner.pipe_search import (
+    HandOff,
     LatencyTable,
     PipelinePlan,
     ProcessorGroup,
     check_groups,
     exhaustive_pipeline,
+    optimal_pipeline,
     parse_groups,
     recost_plan,
     search_pipeline,
@@ -68,6 +70,31 @@ def test_transfer_cost_moves_the_cut(search):
     plan = search(CPU_TABLE, CPU_GROUPS, transfer_ms=[0.0, 2.0, 0.0], available=MACHINE)
     assert stage_summary(plan) == [("big", 2, 0, 3), ("little", 1, 3, 4)]
     assert plan.bottleneck_ms == pytest.approx(6.5)
+
+
+# Four equal layers on four big cores: 0.9 ms each on one core, 0.5 on two, 0.3 on four.
+HANDOFF_TABLE = {("big", c): [ms] * 4 for c, ms in ((1, 0.9), (2, 0.5), (3, 0.4), (4, 0.3))}
+HANDOFF_GROUPS = parse_groups("big:0-3", MACHINE)
+
+
+@pytest.mark.parametrize("search", [*SEARCHES, pytest.param(optimal_pipeline, id="optimal")])
+def test_handoff_cost_stops_the_cutting(search):
+    # Without a hand-off cost, a stage per core wins: 0.9 ms. At 0.3 ms per stage and a floor
+    # of (stages + 1) * 0.3 ms, four stages cost max(1.2, 1.5) = 1.5 ms, two of two cores
+    # max(1.0 + 0.3, 0.9) = 1.3 ms (three stages tie at 1.3, one stage is 1.5).
+    free = optimal_pipeline(HANDOFF_TABLE, HANDOFF_GROUPS, available=MACHINE)
+    assert len(free.stages) == 4 and free.bottleneck_ms == pytest.approx(0.9)
+    plan = search(HANDOFF_TABLE, HANDOFF_GROUPS, available=MACHINE, handoff=HandOff(0.3))
+    assert plan.bottleneck_ms == pytest.approx(1.3)
+    assert len(plan.stages) <= 3
+    assert plan.min_cycle_ms == pytest.approx(0.3 * (len(plan.stages) + 1))
+    again = recost_plan(plan, HANDOFF_TABLE, handoff=HandOff(0.3))
+    assert again.bottleneck_ms == pytest.approx(1.3)
+
+
+def test_bad_handoff_refused():
+    with pytest.raises(PlannerError, match="hand-off cost"):
+        HandOff(-1.0)
 
 
 @pytest.mark.parametrize("search", SEARCHES)

@@ -66,6 +66,11 @@ def test_outputs_in_input_order_with_random_stage_times():
     assert len(stats.spans) == 3 * 40
     for s in range(3):
         assert [f for st, f, _, _ in stats.spans if st == s] == list(range(40))
+    # the steady rate is measured between the first output and the last, and the fill is the
+    # first frame's way through every stage: both from the last stage's own spans
+    ends = sorted(t1 for st, _, _, t1 in stats.spans if st == 2)
+    assert stats.steady_frames_per_s == pytest.approx(39 / (ends[-1] - ends[0]))
+    assert stats.fill_ms == pytest.approx(ends[0] * 1e3)
 
 
 def test_frames_from_a_lazy_iterator():

@@ -6,6 +6,14 @@ frame in every stage at once the throughput is ``1 / max(stage latency)`` (Pipe-
 stage's latency is the sum of its layers' latencies on its cores (Eq. 9) plus, when a transfer
 cost per cut is given, the cost of handing its output to the next stage.
 
+The executor adds a cost per stage that the time matrix does not hold (:class:`HandOff`,
+measured on the machine by :func:`codl_tvm.profiling.layers.measure_handoff`): every frame
+a stage takes costs a queue get, a put and a thread wake-up (``stage_ms``, added to every
+stage), and those Python steps of all stages share one interpreter lock, so one frame leaves
+the pipeline no faster than ``(stages + 1) * stage_ms`` (the feeder's put counts too). The
+second term is what makes a further cut cost something: with it the search stops cutting
+stages whose work is near the hand-off itself.
+
 Inputs are a time matrix (:class:`LatencyTable`: ms of every layer on every (group, core count),
 measured or predicted by :mod:`codl_tvm.planner.pipe_model`) and the processor groups
 (:class:`ProcessorGroup`, :func:`parse_groups` reads ``big:0-3,little:4-7,gpu``), which are
@@ -72,6 +80,7 @@ from codl_tvm.stream import process_cpus
 __all__ = [
     "BALANCERS",
     "GROUP_KINDS",
+    "HandOff",
     "LatencyTable",
     "PipelinePlan",
     "PipelineStage",
@@ -89,9 +98,9 @@ GROUP_KINDS = ("cpu", "gpu")
 # How search_pipeline cuts one stage sequence (see its ``balance`` argument).
 BALANCERS = ("exact", "pipe-it")
 # The most work (see _dp_work) search_pipeline spends on the optimum over every stage sequence:
-# two clusters of 8 cores and a GPU on a 300-layer model are ~2.5e8 (n * configs = 5100 numpy
-# steps), five CNNs on 8 big + 4 little cores and a GPU at most ~4e6.
-MAX_DP_WORK = 1_000_000_000
+# two clusters of 8 cores and a GPU on a 300-layer model are ~4.5e9 (n * configs = 5100 numpy
+# steps over arrays of 300 * 1458 states), a 58-layer CNN on 8 + 7 cores and a GPU ~1.3e8.
+MAX_DP_WORK = 5_000_000_000
 
 
 @dataclass(frozen=True)
@@ -117,6 +126,30 @@ class ProcessorGroup:
     def most_stage_cores(self) -> int:
         """The largest core count one stage of this group may have (a GPU counts as 1)."""
         return len(self.cores) if self.kind == "cpu" else 1
+
+
+@dataclass(frozen=True)
+class HandOff:
+    """The executor's cost per stage, which no layer's latency holds.
+
+    Parameters
+    ----------
+    stage_ms
+        What one frame's hand-over costs a stage (queue get and put, thread wake-up); added to
+        every stage's latency. The Python steps of every stage are serialised by the
+        interpreter lock, so a pipeline of ``S`` stages also takes at least
+        ``(S + 1) * stage_ms`` per frame (the ``+ 1``: the feeder).
+    """
+
+    stage_ms: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not math.isfinite(self.stage_ms) or self.stage_ms < 0:
+            raise PlannerError(f"hand-off cost must be finite and >= 0 ms, got {self.stage_ms!r}")
+
+    def min_cycle_ms(self, stages: int) -> float:
+        """The shortest time per frame of a pipeline of ``stages`` stages."""
+        return (stages + 1) * self.stage_ms if stages else 0.0
 
 
 @dataclass(frozen=True)
@@ -325,7 +358,8 @@ class PipelineStage:
     first_layer, stop_layer
         The stage runs layers ``first_layer .. stop_layer - 1``.
     latency_ms
-        Its layers' latency plus the transfer of its output to the next stage.
+        Its layers' latency plus the transfer of its output to the next stage and the
+        executor's hand-off (:attr:`HandOff.stage_ms`).
     """
 
     group: str
@@ -338,15 +372,21 @@ class PipelineStage:
 
 @dataclass(frozen=True)
 class PipelinePlan:
-    """A pipeline: stages in order, each a contiguous run of layers on its processors."""
+    """A pipeline: stages in order, each a contiguous run of layers on its processors.
+
+    ``min_cycle_ms`` is the executor's floor on the time per frame for this many stages
+    (:meth:`HandOff.min_cycle_ms`; 0 without a hand-off cost).
+    """
 
     stages: tuple[PipelineStage, ...]
     method: str
+    min_cycle_ms: float = 0.0
 
     @property
     def bottleneck_ms(self) -> float:
-        """The slowest stage's latency: one frame leaves the pipeline this often."""
-        return max(s.latency_ms for s in self.stages)
+        """The slowest stage's latency, or the executor's floor where that is higher: one frame
+        leaves the pipeline this often."""
+        return max(self.min_cycle_ms, *(s.latency_ms for s in self.stages))
 
     @property
     def throughput_fps(self) -> float:
@@ -363,6 +403,7 @@ class PipelinePlan:
         return {
             "method": self.method,
             "throughput_fps": self.throughput_fps,
+            "min_cycle_ms": self.min_cycle_ms,
             "stages": [
                 {
                     "group": s.group,
@@ -377,12 +418,20 @@ class PipelinePlan:
 
 
 class _Costs:
-    """Stage latencies of one table with its transfer costs."""
+    """Stage latencies of one table with its transfer and hand-off costs."""
 
-    def __init__(self, table: LatencyTable, transfer_ms: Sequence[float] | None) -> None:
+    def __init__(
+        self,
+        table: LatencyTable,
+        transfer_ms: Sequence[float] | None,
+        handoff: HandOff | None = None,
+    ) -> None:
         n = table.n_layers
         self.table = table
         self.n = n
+        self.handoff = handoff or HandOff()
+        # the hand-off is paid by every stage with layers: folded into the cost of a cut and
+        # of the last stage's end (out_ms), a stage's cost stays one prefix-sum subtraction
         if transfer_ms is None:
             trans = np.zeros(max(n - 1, 0))
         else:
@@ -393,8 +442,10 @@ class _Costs:
                 )
             if not np.all(np.isfinite(trans)) or np.any(trans < 0):
                 raise PlannerError("transfer_ms must be finite and >= 0")
-        # out_ms[b]: cost of handing over the tensors live after layer b - 1 (none at the ends)
-        self.out_ms = np.concatenate([[0.0], trans, [0.0]])
+        # out_ms[b]: cost of handing over the tensors live after layer b - 1 (none at the
+        # ends) plus the executor's hand-off, which every stage with layers pays
+        self.out_ms = np.concatenate([[0.0], trans, [0.0]]) + self.handoff.stage_ms
+        self.out_ms[0] = 0.0
 
     def stage(self, config: StageConfig, a: int, b: int) -> float:
         if b <= a:
@@ -404,6 +455,13 @@ class _Costs:
 
     def stages(self, configs: Sequence[StageConfig], cuts: Sequence[int]) -> list[float]:
         return [self.stage(c, cuts[i], cuts[i + 1]) for i, c in enumerate(configs)]
+
+    def bottleneck(self, configs: Sequence[StageConfig], cuts: Sequence[int]) -> float:
+        """The time per frame: the slowest stage, or the hand-off floor of the stages with
+        layers where that is higher."""
+        times = self.stages(configs, cuts)
+        used = sum(1 for i in range(len(configs)) if cuts[i + 1] > cuts[i])
+        return max(self.handoff.min_cycle_ms(used), *times)
 
 
 def _find_split(
@@ -484,7 +542,7 @@ def _balanced(
     key = tuple(seq)
     if key not in memo:
         cuts = balance(costs, seq)
-        memo[key] = (max(costs.stages(seq, cuts)), cuts)
+        memo[key] = (costs.bottleneck(seq, cuts), cuts)
     return memo[key][0], list(memo[key][1])
 
 
@@ -638,7 +696,7 @@ def _plan(
                     latency_ms=costs.stage(c, cuts[i], cuts[i + 1]),
                 )
             )
-    return PipelinePlan(tuple(stages), method)
+    return PipelinePlan(tuple(stages), method, costs.handoff.min_cycle_ms(len(stages)))
 
 
 def _prepare(
@@ -646,13 +704,14 @@ def _prepare(
     groups: Sequence[ProcessorGroup],
     available: Iterable[int] | None,
     transfer_ms: Sequence[float] | None,
+    handoff: HandOff | None = None,
 ) -> _Costs:
     # the groups first: a group naming cores the machine lacks is the user's first mistake
     check_groups(groups, available)
     if not isinstance(table, LatencyTable):
         table = LatencyTable(table)
     table.check(groups)
-    return _Costs(table, transfer_ms)
+    return _Costs(table, transfer_ms, handoff)
 
 
 def _interleavings(counts: dict[str, int]) -> Iterable[list[str]]:
@@ -700,6 +759,7 @@ def search_pipeline(
     groups: Sequence[ProcessorGroup],
     *,
     transfer_ms: Sequence[float] | None = None,
+    handoff: HandOff | None = None,
     available: Iterable[int] | None = None,
     max_starts: int = 256,
     balance: str = "exact",
@@ -717,6 +777,8 @@ def search_pipeline(
     transfer_ms
         Optional cost of each cut (``n_layers - 1`` values): handing the tensors live after
         layer ``i`` to the next stage, added to the stage that sends them.
+    handoff
+        The executor's cost per stage (:class:`HandOff`); none by default.
     available
         The machine's cores (default: this process's CPU affinity).
     max_starts
@@ -743,7 +805,7 @@ def search_pipeline(
         The best pipeline found (``method="pipe-it"``, or ``"pipe-it+optimal"`` where the
         optimum over every stage sequence was lower).
     """
-    costs = _prepare(table, groups, available, transfer_ms)
+    costs = _prepare(table, groups, available, transfer_ms, handoff)
     exact_stages = exact_stages and balance == "exact"
     cpus = [g for g in groups if g.kind == "cpu"]
     gpus = [g for g in groups if g.kind == "gpu"]
@@ -760,17 +822,19 @@ def search_pipeline(
             for gpu, slot in sorted(zip(gpus, slots, strict=True), key=lambda gs: -gs[1]):
                 configs.insert(slot, StageConfig(gpu.name, 1))
             configs, cuts = _merge_stage(costs, configs, mergeable, balancer, memo)
-            bottleneck = max(costs.stages(configs, cuts))
+            bottleneck = costs.bottleneck(configs, cuts)
             if best is None or bottleneck < best[0]:
                 best = (bottleneck, configs, cuts)
     assert best is not None  # check_groups refuses an empty list
     if local_search:
         configs, cuts = _local_search(costs, groups, best[1], balancer, memo)
-        best = (max(costs.stages(configs, cuts)), configs, cuts)
+        best = (costs.bottleneck(configs, cuts), configs, cuts)
     if exact_stages and _dp_work(costs.n, groups) <= MAX_DP_WORK:
         # the optimum over every stage sequence (optimal_pipeline) where it is cheap: the
         # heuristic's pipeline is kept unless the optimum's bottleneck is lower
-        opt = optimal_pipeline(costs.table, groups, transfer_ms=transfer_ms, available=available)
+        opt = optimal_pipeline(
+            costs.table, groups, transfer_ms=transfer_ms, handoff=handoff, available=available
+        )
         if opt.bottleneck_ms < best[0]:
             return dataclasses.replace(opt, method="pipe-it+optimal")
     return _plan(costs, groups, best[1], best[2], "pipe-it")
@@ -781,8 +845,9 @@ def recost_plan(
     table: LatencyTable | Mapping[tuple[str, int], Sequence[float]],
     *,
     transfer_ms: Sequence[float] | None = None,
+    handoff: HandOff | None = None,
 ) -> PipelinePlan:
-    """The same stages and cuts with latencies from another table.
+    """The same stages and cuts with latencies from another table (and hand-off cost).
 
     What a pipeline chosen from predicted latencies achieves under measured ones (Pipe-it's
     Table IV compares the two).
@@ -793,7 +858,7 @@ def recost_plan(
         raise PlannerError(
             f"the plan covers {plan.stages[-1].stop_layer} layers, the table has {table.n_layers}"
         )
-    costs = _Costs(table, transfer_ms)
+    costs = _Costs(table, transfer_ms, handoff)
     for s in plan.stages:
         if (s.group, s.core_count) not in table:
             raise PlannerError(f"the table has no entry for {s.core_count} core(s) of {s.group!r}")
@@ -808,6 +873,7 @@ def recost_plan(
             for s in plan.stages
         ),
         plan.method,
+        costs.handoff.min_cycle_ms(len(plan.stages)),
     )
 
 
@@ -832,6 +898,7 @@ def exhaustive_pipeline(
     *,
     max_stages: int = 3,
     transfer_ms: Sequence[float] | None = None,
+    handoff: HandOff | None = None,
     available: Iterable[int] | None = None,
 ) -> PipelinePlan:
     """The best pipeline of at most ``max_stages`` non-empty stages, by enumeration.
@@ -842,7 +909,7 @@ def exhaustive_pipeline(
     """
     if isinstance(max_stages, bool) or not isinstance(max_stages, int) or max_stages < 1:
         raise PlannerError(f"max_stages must be a positive integer, got {max_stages!r}")
-    costs = _prepare(table, groups, available, transfer_ms)
+    costs = _prepare(table, groups, available, transfer_ms, handoff)
     n = costs.n
     best: tuple[float, list[StageConfig], list[int]] | None = None
     for configs in _stage_options(groups, min(max_stages, n)):
@@ -852,7 +919,8 @@ def exhaustive_pipeline(
         cuts = np.concatenate(
             [np.zeros((len(inner), 1), np.int64), inner, np.full((len(inner), 1), n)], axis=1
         )
-        worst = np.zeros(len(cuts))
+        # every stage here has layers: the hand-off floor of p stages holds for all cuts
+        worst = np.full(len(cuts), costs.handoff.min_cycle_ms(p))
         for i, c in enumerate(configs):
             pre = costs.table.prefix(c)
             a, b = cuts[:, i], cuts[:, i + 1]
@@ -865,9 +933,16 @@ def exhaustive_pipeline(
 
 
 def _dp_work(n_layers: int, groups: Sequence[ProcessorGroup]) -> int:
-    """:func:`optimal_pipeline`'s work: (layers ** 2) * stage configs * states of used cores."""
+    """:func:`optimal_pipeline`'s work: (layers ** 2) * stage configs * states of used cores
+    * stage counts."""
     configs = sum(g.most_stage_cores for g in groups)
-    return n_layers * n_layers * configs * math.prod(g.most_stage_cores + 1 for g in groups)
+    return (
+        n_layers
+        * n_layers
+        * configs
+        * math.prod(g.most_stage_cores + 1 for g in groups)
+        * (configs + 1)
+    )
 
 
 def optimal_pipeline(
@@ -875,24 +950,29 @@ def optimal_pipeline(
     groups: Sequence[ProcessorGroup],
     *,
     transfer_ms: Sequence[float] | None = None,
+    handoff: HandOff | None = None,
     available: Iterable[int] | None = None,
 ) -> PipelinePlan:
     """The pipeline with the lowest bottleneck over any number of stages, by dynamic programming.
 
     Cores of one group are alike, so a pipeline's remaining choices depend only on how many
-    layers are placed and how many cores of each group (and whether each GPU) are taken: the
-    best bottleneck of layers ``[0, k)`` on ``u`` used cores is
-    ``min over j, stage config c of max(best[j, u - c], stage(c, j, k))``. That is
-    ``O(n_layers ** 2 * configs * prod(cores + 1))`` time: every table the heuristic is for.
-    Ties keep the first pipeline found (fewer layers in the last stage).
+    layers are placed, how many cores of each group (and whether each GPU) are taken and how
+    many stages there are (the hand-off floor, :meth:`HandOff.min_cycle_ms`, grows with them):
+    the best bottleneck of layers ``[0, k)`` on ``u`` used cores in ``s`` stages is
+    ``min over j, stage config c of max(best[j, u - c, s - 1], stage(c, j, k))``, and the
+    answer the lowest ``max(best[n, u, s], min_cycle(s))``. That is
+    ``O(n_layers ** 2 * configs * prod(cores + 1) * stages)`` time: every table the heuristic
+    is for. Ties keep the first pipeline found (fewer layers in the last stage, fewer stages).
     """
-    costs = _prepare(table, groups, available, transfer_ms)
+    costs = _prepare(table, groups, available, transfer_ms, handoff)
     n = costs.n
     caps = [g.most_stage_cores for g in groups]
-    dims = tuple(c + 1 for c in caps)
+    most_stages = sum(caps)  # every stage takes a core (or the GPU)
+    dims = (*(c + 1 for c in caps), most_stages + 1)
+    g_axes = len(caps)
     configs = [(gi, c) for gi, g in enumerate(groups) for c in range(1, caps[gi] + 1)]
     best = np.full((n + 1, *dims), np.inf)
-    best[(0,) + (0,) * len(caps)] = 0.0
+    best[(0,) * (g_axes + 2)] = 0.0
     # how each state was reached: (previous layer count j, config index), -1 for none
     from_j = np.full((n + 1, *dims), -1, dtype=np.int64)
     from_c = np.full((n + 1, *dims), -1, dtype=np.int64)
@@ -900,10 +980,12 @@ def optimal_pipeline(
         for ci, (gi, c) in enumerate(configs):
             pre = costs.table.prefix(StageConfig(groups[gi].name, c))
             stage = pre[k] - pre[:k] + costs.out_ms[k]  # one value per start j < k
-            src = [slice(None)] * len(caps)
-            dst = [slice(None)] * len(caps)
+            src = [slice(None)] * g_axes + [slice(0, most_stages)]
+            dst = [slice(None)] * g_axes + [slice(1, most_stages + 1)]
             src[gi], dst[gi] = slice(0, caps[gi] + 1 - c), slice(c, caps[gi] + 1)
-            cand = np.maximum(best[(slice(0, k), *src)], stage.reshape((k,) + (1,) * len(caps)))
+            cand = np.maximum(
+                best[(slice(0, k), *src)], stage.reshape((k,) + (1,) * (g_axes + 1))
+            )
             j = np.argmin(cand, axis=0)
             val = np.take_along_axis(cand, j[None], 0)[0]
             cur = best[(k, *dst)]
@@ -911,7 +993,8 @@ def optimal_pipeline(
             cur[better] = val[better]
             from_j[(k, *dst)][better] = j[better]
             from_c[(k, *dst)][better] = ci
-    state = np.unravel_index(int(np.argmin(best[n])), dims)
+    floor = np.array([costs.handoff.min_cycle_ms(st) for st in range(most_stages + 1)])
+    state = np.unravel_index(int(np.argmin(np.maximum(best[n], floor))), dims)
     k = n
     seq: list[StageConfig] = []
     cuts = [n]
@@ -920,6 +1003,9 @@ def optimal_pipeline(
         gi, c = configs[ci]
         seq.append(StageConfig(groups[gi].name, c))
         cuts.append(j)
-        state = tuple(int(u) - (c if i == gi else 0) for i, u in enumerate(state))
+        state = (
+            *(int(u) - (c if i == gi else 0) for i, u in enumerate(state[:-1])),
+            int(state[-1]) - 1,
+        )
         k = j
     return _plan(costs, groups, seq[::-1], cuts[::-1], "optimal")
