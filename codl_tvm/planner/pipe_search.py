@@ -983,9 +983,7 @@ def optimal_pipeline(
             src = [slice(None)] * g_axes + [slice(0, most_stages)]
             dst = [slice(None)] * g_axes + [slice(1, most_stages + 1)]
             src[gi], dst[gi] = slice(0, caps[gi] + 1 - c), slice(c, caps[gi] + 1)
-            cand = np.maximum(
-                best[(slice(0, k), *src)], stage.reshape((k,) + (1,) * (g_axes + 1))
-            )
+            cand = np.maximum(best[(slice(0, k), *src)], stage.reshape((k,) + (1,) * (g_axes + 1)))
             j = np.argmin(cand, axis=0)
             val = np.take_along_axis(cand, j[None], 0)[0]
             cur = best[(k, *dst)]
