@@ -19,8 +19,9 @@ after the GPU branch's kernels were enqueued and before the GPU's results are wa
 Within each binding block, the bindings are re-emitted in a topological order where:
 
 - the bindings of the splits in ``order`` come as one group per split, in that order (within a
-  split, in their order before); an epilogue merged into a split (a binding reading the split's
-  own result) that also reads a split ordered later comes as soon as that result is computed,
+  split, in their order before); an epilogue merged into a split (a binding of a part after
+  its first, e.g. the residual add and, in a split, the slice of the add's other operand to
+  the part's rows) that reads a split ordered later comes as soon as that result is computed,
   so a residual add fused after a shortcut conv never holds the conv back;
 - every other binding (a concat joining branches, a reshape, a split not named) comes as early as
   its inputs allow, in its order before.
@@ -31,7 +32,7 @@ not change is returned as it was.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Sequence, Set
 
 import tvm
 from tvm import relax
@@ -44,10 +45,18 @@ __all__ = ["OrderSplits", "order_bindings"]
 
 
 def order_bindings(
-    bindings: Sequence[relax.Binding], groups: dict[relax.Var, str], order: Sequence[str]
+    bindings: Sequence[relax.Binding],
+    groups: dict[relax.Var, str],
+    order: Sequence[str],
+    heads: Set[relax.Var] = frozenset(),
 ) -> list[relax.Binding]:
     """``bindings`` (one block) reordered: the splits ``groups`` maps variables to, in
-    ``order``; the rest as early as their inputs allow (see the module docstring)."""
+    ``order``; the rest as early as their inputs allow (see the module docstring).
+
+    ``heads``: the first binding of each part of each split (the one reading the split's
+    input). A later binding of a part that reads a result the order puts later belongs to an
+    epilogue and waits for that result; a head that does is an order against the data flow.
+    """
     defined = {b.var for b in bindings}
     deps = {
         b.var: {v for v in relax.analysis.free_vars(b.value) if v in defined and v is not b.var}
@@ -78,7 +87,10 @@ def order_bindings(
         inside = {b.var for b in group}
         for b in group:
             missing = deps[b.var] - done
-            if missing and deps[b.var] & inside:
+            # a split's epilogue slices the residual add's other operand to each part's rows
+            # first: that slice reads no result of the split, but it is no part's head either
+            epilogue = bool(deps[b.var] & inside) or (bool(heads) and b.var not in heads)
+            if missing and epilogue:
                 # an epilogue PartitionOperators merged into this split that also reads a
                 # later split's result (a residual add after a shortcut conv): the operator
                 # is issued in order, the epilogue as soon as both its inputs are computed
@@ -127,6 +139,7 @@ class OrderSplits:
                 f"order: main has no split {unknown[0]!r} (it has: {', '.join(sorted(names))})"
             )
         groups: dict[relax.Var, str] = {}
+        heads = {part.bindings[0] for s in splits for part in s.parts if part.bindings}
         for s in splits:
             for part in s.parts:
                 for var in part.bindings:
@@ -137,7 +150,7 @@ class OrderSplits:
         changed = False
         for block in func.body.blocks:
             old = list(block.bindings)
-            new = order_bindings(old, groups, self.order)
+            new = order_bindings(old, groups, self.order, heads)
             changed |= any(a is not b for a, b in zip(old, new, strict=True))
             kind = (
                 relax.DataflowBlock

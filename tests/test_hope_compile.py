@@ -408,6 +408,70 @@ def test_shortcut_on_the_cpu_beside_the_branch_equals_onnxruntime(opencl):
     assert issued == list(plan.order)
 
 
+def _split_residual_plan(mod):
+    """ResNet50's conv2d_44..47 in small: the branch's first 3x3 split, its second whole on the
+    CPU, the shortcut split and issued before the second (the order codl_hope gave ResNet50).
+    PartitionOperators merges the residual add into the shortcut's parts, each slicing the
+    branch's result to its own rows."""
+    from codl_tvm.plan import OpPartition, PartitionPlan, model_fingerprint
+
+    infos = partitionable_ops(mod)
+    ratios = {"conv2d_0": 1.0, "conv2d_1": 0.3, "conv2d_2": 0.0, "conv2d_3": 0.3}
+    return PartitionPlan(
+        tuple(OpPartition(i.name, "H", ratios[i.name]) for i in infos),
+        (),
+        model_fingerprint(mod, infos),
+        home="cpu",
+        order=("conv2d_0", "conv2d_1", "conv2d_3", "conv2d_2"),
+    )
+
+
+def test_order_splits_issues_a_split_shortcut_before_the_branch_its_add_reads():
+    """A split shortcut whose merged add slices the branch's result per part: the slices wait
+    for the branch like the add (the order was refused: "split conv2d_3 reads ..., computed by
+    split conv2d_2 that the order puts later")."""
+    from codl_tvm.passes import PartitionOperators, collect_parts
+    from codl_tvm.passes.order import OrderSplits
+
+    from codl_tvm.pipeline import inference_passes
+
+    from .test_passes_split import run
+
+    mod = load_onnx(residual_block()).mod
+    plan = _split_residual_plan(mod)
+    staged = mod
+    for p in inference_passes():
+        staged = p(staged)
+    parted = PartitionOperators(plan)(staged)
+    ordered = OrderSplits(plan.order)(parted)
+    tvm.relax.analysis.well_formed(ordered)
+    split_of = {v: s.name for s in collect_parts(ordered) for q in s.parts for v in q.bindings}
+    convs = [
+        split_of[b.var]
+        for b in ordered["main"].body.blocks[0].bindings
+        if getattr(getattr(b.value, "op", None), "name", None) == "relax.nn.conv2d"
+    ]
+    # the split shortcut's two parts come before the branch's second conv
+    assert list(dict.fromkeys(convs)) == list(plan.order)
+    x = np.random.default_rng(0).standard_normal((1, 3, 16, 16)).astype("float32")
+    np.testing.assert_allclose(run(ordered, x), run(parted, x), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.opencl
+def test_split_shortcut_before_the_branch_equals_onnxruntime(opencl):
+    import codl_tvm
+
+    proto = residual_block()
+    model = load_onnx(proto)
+    plan = _split_residual_plan(model.mod)
+    feeds = random_inputs(model, seed=9)
+    (want,) = onnxruntime_outputs(proto, feeds)
+    built = codl_tvm.compile(model.mod, plan)
+    assert_close(built([feeds[s.name] for s in model.inputs])[0], want)
+    issued = list(dict.fromkeys(c[1] for c in built.kernel_splits["calls"] if c[1] is not None))
+    assert issued == list(plan.order)
+
+
 def test_verify_adopting_an_auto_candidate_records_the_mode_it_chose(
     tmp_path, branches_mod, costly_splits_model
 ):
