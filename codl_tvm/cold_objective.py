@@ -10,6 +10,11 @@ where it would use Winograd) are built, each started ``rounds`` times in a fresh
 its files evicted from the page cache and empty program caches
 (:func:`codl_tvm.coldstart.cold_start_ms`), and the one with the lowest median is written to
 the output; the manifest's ``cold`` record gives every candidate's times.
+
+Where the weights are stored is measured too: the candidates are built with their weights
+beside the library (read on a thread while the first inference runs), and the fastest one is
+also measured with its weights embedded in the library (one read, no fetches): the placement
+with the lower median is kept (``--weights`` fixes it instead).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from codl_tvm.artifact.store import MANIFEST
+from codl_tvm.artifact.weights import PLACEMENTS
 from codl_tvm.coldstart import cold_start_ms
 from codl_tvm.errors import ArtifactError
 from codl_tvm.options import CompileOptions, compile_model
@@ -52,10 +58,13 @@ def compile_cold(
     options: CompileOptions,
     rounds: int = 3,
     log: Callable[[str], None] = print,
+    weights: str | None = None,
 ) -> Path:
     """Build every :func:`cold_candidates` build of ``model_path``, measure each one's cold
     start ``rounds`` times here, and write the fastest to ``out_dir`` (as ``compile`` would,
-    ``options`` otherwise unchanged); returns the directory.
+    ``options`` otherwise unchanged); returns the directory. ``weights``: where every
+    candidate stores its weights (``embedded``, ``beside``); None measures both placements of
+    the fastest candidate and keeps the faster.
 
     Raises
     ------
@@ -76,13 +85,28 @@ def compile_cold(
     with tempfile.TemporaryDirectory(prefix="codl-cold-") as tmp:
         cache = options.build_cache or Path(tmp) / "build_cache"
         base = dataclasses.replace(options, build_cache=cache, verify=0)
-        for name, change in candidates.items():
+        if weights is None:
+            # the fastest candidate's embedded placement joins after the first measurements
+            base = dataclasses.replace(base, weights="beside")
+        elif weights not in PLACEMENTS:
+            raise ArtifactError(f"weights {weights!r} is not one of {', '.join(PLACEMENTS)}")
+        else:
+            base = dataclasses.replace(base, weights=weights)
+
+        def measure(name: str, change: dict) -> None:
             path = Path(tmp) / name.replace(":", "-")
             cand = dataclasses.replace(base, reference=False, force=False, **change)
             compile_model(model_path, path, cand, log=lambda s: None)
             times[name] = [cold_start_ms(path, Path(tmp) / "caches") for _ in range(rounds)]
             medians[name] = statistics.median(times[name])
             log(f"cold start of the {name} build: {medians[name]:.1f} ms (median of {rounds})")
+
+        for name, change in candidates.items():
+            measure(name, change)
+        if weights is None:
+            best = min(medians, key=medians.get)
+            candidates[f"{best}:embedded"] = {**candidates[best], "weights": "embedded"}
+            measure(f"{best}:embedded", candidates[f"{best}:embedded"])
         chosen = min(medians, key=medians.get)
         log(f"keeping the {chosen} build (lowest cold start)")
         out = compile_model(

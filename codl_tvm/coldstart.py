@@ -15,7 +15,9 @@ process joins the same time line) and prints one JSON line:
 ``opencl_context``
     the OpenCL platform, device, context and queues;
 ``weight_read``
-    loading the library, whose constants hold the weights (read from storage when cold);
+    loading the library, whose constants hold the weights (read from storage when cold); an
+    artifact with its weights beside the library (``--weights beside``) starts their loader
+    here, which reads them during ``first_run``;
 ``program_creation``
     creating the OpenCL programs before the run (``--programs sequential``); ``lazy`` (each at
     its kernel's first launch) and ``overlap`` (on threads while the run goes on) leave it
@@ -197,7 +199,7 @@ def measure(
 
     from codl_tvm import runtime
     from codl_tvm.artifact import load_artifact, program_binaries
-    from codl_tvm.artifact.store import LIBRARY
+    from codl_tvm.artifact.store import LIBRARY, start_weights
     from codl_tvm.runner import _flatten
 
     art = load_artifact(artifact, verify=False)
@@ -210,6 +212,8 @@ def measure(
         runtime.info()  # creates the context and queues
     marks["opencl_context"] = time.monotonic_ns()
     lib = tvm.runtime.load_module(str(Path(artifact) / LIBRARY))
+    devices = [tvm.opencl(0) if n == "opencl" else tvm.cpu(0) for n in names]
+    loader = start_weights(art.path, art.manifest, devices[0])  # noqa: F841 (kept while it runs)
     marks["weight_read"] = time.monotonic_ns()
     state = None
     stats0 = runtime.cache_stats() if opencl else {}
@@ -220,7 +224,6 @@ def measure(
             for mod in program_binaries.opencl_modules(lib):
                 runtime.build_programs(mod, 0, 1, wait=True)
     marks["program_creation"] = time.monotonic_ns()
-    devices = [tvm.opencl(0) if n == "opencl" else tvm.cpu(0) for n in names]
     vm = VirtualMachine(lib, devices)
     marks["weight_transform"] = time.monotonic_ns()
     ref = art.reference()
@@ -248,6 +251,7 @@ def measure(
         "artifact": str(artifact),
         "device": art.manifest["device"],
         "programs": programs,
+        "weights": (art.manifest.get("weights") or {}).get("placement", "embedded"),
         "marks_ns": marks,
         "phases_ms": phases,
         "program_ms": (stats.get("build_ns", 0) - stats0.get("build_ns", 0)) / 1e6,

@@ -49,6 +49,7 @@ class CompileOptions:
     refine_traces: int = 5
     weight_gbps: tuple[float, float] | None = None
     processor_scale: tuple[float, float] = (1.0, 1.0)
+    weights: str = "embedded"
 
 
 def compile_model(

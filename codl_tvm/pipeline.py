@@ -42,6 +42,7 @@ from codl_tvm.passes.order import OrderSplits
 from codl_tvm.passes.param_names import SanitizeParamNames
 from codl_tvm.passes.place import PlaceParts
 from codl_tvm.passes.share_kernels import ShareIdenticalKernels
+from codl_tvm.passes.stream_weights import StreamWeights
 from codl_tvm.passes.sync import InsertCoexecSync
 from codl_tvm.passes.variadic import PairwiseVariadic
 from codl_tvm.passes.winograd import Conv2DWinograd
@@ -58,6 +59,7 @@ __all__ = [
     "legalize_passes",
     "schedule_passes",
     "single_device_pipeline",
+    "weights_passes",
 ]
 
 #: Environment alias of the pipelines' ``dump_ir`` argument (see the module docstring).
@@ -158,6 +160,13 @@ def finalize_passes(target: tvm.target.Target) -> list[tvm.transform.Pass]:
     return list(gpu_generic.finalize_passes(target))
 
 
+def weights_passes(weights: dict | None, device: str) -> list[tvm.transform.Pass]:
+    """Last, with ``--weights beside``: large constants become fetches of weights loaded beside
+    the library (:class:`~codl_tvm.passes.stream_weights.StreamWeights`; ``weights`` receives
+    their key and arrays); none when ``weights`` is None (embedded in the library)."""
+    return [] if weights is None else [StreamWeights(weights, device)]
+
+
 def _dump_dir(dump_ir: str | Path | None) -> Path | None:
     if dump_ir is not None:
         return Path(dump_ir)
@@ -178,13 +187,18 @@ def _run_phases(
 
 
 def single_device_pipeline(
-    target: tvm.target.Target, cpu=None, opencl=None, dump_ir: str | Path | None = None
+    target: tvm.target.Target,
+    cpu=None,
+    opencl=None,
+    dump_ir: str | Path | None = None,
+    weights: dict | None = None,
 ) -> tvm.transform.Pass:
     """The Relax pipeline for a model that runs on one processor.
 
     ``cpu`` / ``opencl`` (:class:`~codl_tvm.schedules.CPUConfig` / ``OpenCLConfig``) replace the
     presets the target would get, for algorithm selection and schedules alike. ``dump_ir``: a
-    folder that receives the IR after every phase (see the module docstring).
+    folder that receives the IR after every phase (see the module docstring). ``weights``: a
+    dictionary that receives the weights to store beside the library (:func:`weights_passes`).
     """
 
     @tvm.transform.module_pass(opt_level=0, name="codl.SingleDevicePipeline")
@@ -197,6 +211,7 @@ def single_device_pipeline(
                 ("schedule", schedule_passes(target, cpu, opencl)),
                 ("dataflow-lower", dataflow_lower_passes(target)),
                 ("finalize", finalize_passes(target)),
+                ("weights", weights_passes(weights, "opencl" if "gpu" in target.keys else "cpu")),
             ]
             return _run_phases(mod, phases, _dump_dir(dump_ir))
 
@@ -213,6 +228,7 @@ def coexec_pipeline(
     kernel_splits: dict | None = None,
     row_blocks: bool = False,
     dump_ir: str | Path | None = None,
+    weights: dict | None = None,
 ) -> tvm.transform.Pass:
     """The Relax pipeline that co-executes ``plan``'s operators on the GPU and the CPU.
 
@@ -227,6 +243,8 @@ def coexec_pipeline(
     execution order and the split it computes (:func:`codl_tvm.passes.kernel_splits.
     kernel_splits`), which attributes a timeline's kernels to the plan's splits.
     ``dump_ir``: a folder that receives the IR after every phase (see the module docstring).
+    ``weights``: a dictionary that receives the weights to store beside the library
+    (:func:`weights_passes`).
     """
 
     @tvm.transform.module_pass(opt_level=0, name="codl.CoexecPipeline")
@@ -249,6 +267,7 @@ def coexec_pipeline(
                 ("merge", [MergePartsInPlace()]),
                 ("dataflow-lower", coexec_dataflow_lower_passes(gpu_target, kernel_splits)),
                 ("finalize", finalize_passes(gpu_target)),
+                ("weights", weights_passes(weights, "opencl")),
             ]
             return _run_phases(mod, phases, _dump_dir(dump_ir))
 

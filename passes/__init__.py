@@ -24,6 +24,9 @@
 - :class:`~codl_tvm.passes.share_kernels.ShareIdenticalKernels` (``share_kernels.py``): after
   that record, merges the per-split kernel copies of identical code (PoCL reloads the binaries
   of a model with more than 128 distinct kernels on every launch).
+- :class:`~codl_tvm.passes.stream_weights.StreamWeights` (``stream_weights.py``): last, with
+  ``--weights beside``, turns large constants into fetches of weights loaded beside the library
+  while the model runs.
 """
 
 from codl_tvm.geometry import (

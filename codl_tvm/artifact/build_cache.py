@@ -25,6 +25,7 @@ from typing import Any
 import tvm
 
 from codl_tvm.artifact.store import _PROCESSOR, _replace_file
+from codl_tvm.artifact.weights import write_weights
 from codl_tvm.plan import PartitionPlan
 from codl_tvm.targets import TargetPreset, export_library
 
@@ -85,6 +86,9 @@ class BuildSpec:
         they get the CPU-alone settings.
     channel_blocks, row_blocks
         A co-executed build's channel and row blocks.
+    weights
+        ``"embedded"`` (constants in the library) or ``"beside"`` (large constants fetched from
+        a weights file beside it, :mod:`codl_tvm.artifact.weights`).
     code, tvm_version
         codl-tvm's sources (:func:`code_digest`) and TVM's version.
     """
@@ -103,6 +107,7 @@ class BuildSpec:
     coexec_cpu_alone: bool = False
     channel_blocks: bool = False
     row_blocks: bool = False
+    weights: str = "embedded"
     code: str = field(default_factory=code_digest)
     tvm_version: str = field(default_factory=_tvm_version)
 
@@ -140,14 +145,21 @@ class Libraries:
         self.coexec_cpu_alone = False
         self.channel_blocks = True
         self.row_blocks = False
+        # where the libraries built from here on store their weights
+        self.weights_placement = "embedded"
         # library name -> its kernel calls and their splits (co-executed builds)
         self.kernel_splits: dict[str, dict] = {}
+        # library name -> the spec it was built from, and (weights beside) its weights record
+        self.specs: dict[str, BuildSpec] = {}
+        self.weights: dict[str, dict] = {}
+        self._pending_weights: dict | None = None
         self._pending_splits: dict | None = None
         if cache is not None:
             cache.mkdir(parents=True, exist_ok=True)
 
     def spec(self, device: str, plan: PartitionPlan | None) -> BuildSpec:
-        """The spec of the library of ``device`` (with ``plan`` when co-executed)."""
+        """The spec of the library of ``device`` (with ``plan`` when co-executed), its weights
+        stored as :attr:`weights_placement` says."""
         alone = device == "cpu" and plan is None
         coexec = device == "coexec"
         return BuildSpec(
@@ -165,6 +177,7 @@ class Libraries:
             coexec_cpu_alone=coexec and self.coexec_cpu_alone,
             channel_blocks=coexec and self.channel_blocks,
             row_blocks=coexec and self.row_blocks,
+            weights=self.weights_placement,
         )
 
     def key(self, device: str, plan: PartitionPlan | None) -> str:
@@ -175,26 +188,62 @@ class Libraries:
         """The library ``name`` described by ``spec``, from the cache or ``build(spec)``.
 
         The kernel splits a co-executed build records are kept beside it (in the cache too,
-        ``<key>.splits.json``) and in :attr:`kernel_splits` under ``name``."""
+        ``<key>.splits.json``) and in :attr:`kernel_splits` under ``name``. A library with its
+        weights beside it (``spec.weights``) has them in ``<library>.weights`` (the cache's
+        ``<key>.weights`` and ``<key>.weights.json``) and their record in :attr:`weights`."""
         path = self.work / f"{name.replace(':', '_')}.so"
+        self.specs[name] = spec
         cached = None if self.cache is None else self.cache / f"{spec.key()}.so"
         sidecar = None if cached is None else cached.with_suffix(".splits.json")
-        if cached is not None and cached.is_file():
+        beside = spec.weights == "beside"
+        wpath = path.with_suffix(".weights")
+        cached_w = None if cached is None else cached.with_suffix(".weights")
+        record_w = None if cached is None else cached.with_suffix(".weights.json")
+        if (
+            cached is not None
+            and cached.is_file()
+            and (not beside or (cached_w.is_file() and record_w.is_file()))
+        ):
             self.log(f"reusing the {name} library from the build cache ({cached.name})")
             shutil.copyfile(cached, path)
             if sidecar.is_file():
                 self.kernel_splits[name] = json.loads(sidecar.read_text())
+            if beside:
+                shutil.copyfile(cached_w, wpath)
+                self.weights[name] = json.loads(record_w.read_text())
             return path
         self._pending_splits = None
+        self._pending_weights = {} if beside else None
         export_library(build(spec), path, self.preset)
         if self._pending_splits:
             self.kernel_splits[name] = self._pending_splits
+        if beside:
+            found = self._pending_weights
+            self.weights[name] = write_weights(wpath, found.get("arrays") or [], found.get("key"))
         if cached is not None:
             _replace_file(cached, lambda tmp: shutil.copyfile(path, tmp))
             if name in self.kernel_splits:
                 text = json.dumps(self.kernel_splits[name])
                 _replace_file(sidecar, lambda tmp: tmp.write_text(text))
+            if beside:
+                _replace_file(cached_w, lambda tmp: shutil.copyfile(wpath, tmp))
+                text = json.dumps(self.weights[name])
+                _replace_file(record_w, lambda tmp: tmp.write_text(text))
         return path
+
+    def name_of(self, path: Path) -> str:
+        """The name of the library at ``path`` (one this compile built or reused)."""
+        for name in self.specs:
+            if self.work / f"{name.replace(':', '_')}.so" == Path(path):
+                return name
+        raise KeyError(path)
+
+    def rebuild(self, name: str, weights: str) -> Path:
+        """Library ``name`` (built by this compile) again with its weights stored ``weights``
+        (library ``<name>:weights-<weights>``)."""
+        spec = dataclasses.replace(self.specs[name], weights=weights)
+        build = self._build_coexec if spec.device == "coexec" else self._build_single
+        return self.get(f"{name}:weights-{weights}", spec, build)
 
     def coexec(self, name: str, plan: PartitionPlan) -> Path:
         """The co-executed build of ``plan`` (library ``name``: ``"coexec"``,
@@ -231,6 +280,7 @@ class Libraries:
                     channel_blocks=spec.channel_blocks,
                     row_blocks=spec.row_blocks,
                     kernel_splits=self._pending_splits,
+                    weights=self._pending_weights,
                 ),
             )
 
@@ -260,5 +310,7 @@ class Libraries:
             cpu_alone_settings(spec.cpu_alone_packed),
         ):
             return tvm.compile(
-                self.model.mod, target=target, relax_pipeline=single_device_pipeline(target)
+                self.model.mod,
+                target=target,
+                relax_pipeline=single_device_pipeline(target, weights=self._pending_weights),
             )

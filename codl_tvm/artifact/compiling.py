@@ -49,6 +49,7 @@ from codl_tvm.artifact.store import (
 )
 from codl_tvm.artifact.verify_timing import refined_candidates
 from codl_tvm.artifact.verify_timing import verify as verify_builds
+from codl_tvm.artifact.weights import PLACEMENTS, WEIGHTS
 from codl_tvm.coexec import placement_report
 from codl_tvm.cost_model.defaults import default_model_path
 from codl_tvm.errors import (
@@ -100,6 +101,7 @@ def compile_artifact(
     refine_traces: int = 5,
     weight_gbps: tuple[float, float] | None = None,
     processor_scale: tuple[float, float] = (1.0, 1.0),
+    weights: str = "embedded",
 ) -> Path:
     """Plan and build an ONNX model into an artifact directory.
 
@@ -210,6 +212,13 @@ def compile_artifact(
         (:attr:`~codl_tvm.planner.PlannerConfig.processor_scale`): planning for a device whose
         processors have other core counts than the profiled pair (recorded in
         ``manifest["plan"]["processor_scale"]``). ``--verify``'s calibration applies on top.
+    weights
+        ``"embedded"``: every weight is a constant of ``model.so`` (read and placed on the
+        device before the first operator runs). ``"beside"``: the large ones are in
+        ``weights.bin`` beside it, read on a thread while the first inference runs, each
+        awaited before its first use (:mod:`codl_tvm.artifact.weights`;
+        ``manifest["weights"]``). ``--verify`` times embedded builds; the chosen one is built
+        again with its weights beside.
 
     Returns
     -------
@@ -231,6 +240,8 @@ def compile_artifact(
         raise ArtifactError(
             f"processor_scale must be two positive factors (cpu, gpu), got {processor_scale!r}"
         )
+    if weights not in PLACEMENTS:
+        raise ArtifactError(f"weights {weights!r} is not one of {', '.join(PLACEMENTS)}")
     if not isinstance(verify, int) or verify < 0:
         raise ArtifactError(f"verify must be a number of rounds >= 0, got {verify!r}")
     if (tracker is None) != (key is None):
@@ -310,6 +321,7 @@ def compile_artifact(
                     refine=(refine, refine_traces),
                     weight_gbps=weight_gbps,
                     processor_scale=processor_scale,
+                    weights=weights,
                 ),
                 log,
             )
@@ -345,6 +357,7 @@ class _Request:
     refine: tuple[int, int]
     weight_gbps: tuple[float, float] | None
     processor_scale: tuple[float, float]
+    weights: str
 
 
 def _compile_into(request: _Request, log: Callable[[str], None]) -> Path:
@@ -402,6 +415,9 @@ def _compile_into(request: _Request, log: Callable[[str], None]) -> Path:
         )
     work = Path(tempfile.mkdtemp(prefix="codl-artifact-"))
     libraries = Libraries(work, build_cache, model, manifest, preset_obj, log)
+    # --verify times embedded builds (as every earlier compile cached them); the chosen one is
+    # built again with its weights beside below
+    libraries.weights_placement = "embedded" if verify else r.weights
     built = None  # the exported library
     switches = contextlib.ExitStack()  # algorithms switched on for co-executed CPU parts
     try:
@@ -558,6 +574,10 @@ def _compile_into(request: _Request, log: Callable[[str], None]) -> Path:
                 raise ArtifactError(f"preset {preset_obj.name!r} has no GPU; use --device cpu")
             built = libraries.single(device)
             manifest["targets"] = {device: str(target)}
+        if r.weights == "beside":
+            built = _weights_beside(libraries, built, out, manifest, log)
+        else:
+            manifest["weights"] = {"placement": "embedded"}
         shutil.move(str(built), out / LIBRARY)
         if "opencl" in manifest["vm_devices"]:
             # where this machine's OpenCL device is the preset's, ship its program binaries
@@ -591,6 +611,24 @@ def _compile_into(request: _Request, log: Callable[[str], None]) -> Path:
     }
     (out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     return out
+
+
+def _weights_beside(libraries: Libraries, built: Path, out: Path, manifest: dict, log) -> Path:
+    """The library ``built`` with its weights beside it (built again if it has them embedded):
+    its weights file moved to ``out`` and recorded in ``manifest["weights"]``."""
+    name = libraries.name_of(built)
+    if libraries.specs[name].weights != "beside":
+        log(f"building the {name} library again with its weights beside it")
+        built = libraries.rebuild(name, "beside")
+        name = libraries.name_of(built)
+    record = libraries.weights[name]
+    shutil.move(str(built.with_suffix(".weights")), out / WEIGHTS)
+    manifest["weights"] = {"placement": "beside", **record, "file": WEIGHTS}
+    log(
+        f"{len(record['tensors'])} weights ({record['bytes'] / 1e6:.1f} MB) beside the library in "
+        f"{WEIGHTS}, loaded while the first inference runs"
+    )
+    return built
 
 
 def _packed_on() -> bool:

@@ -31,6 +31,8 @@ from tvm.runtime.vm import VirtualMachine
 from codl_tvm import runtime
 from codl_tvm.artifact import program_binaries
 from codl_tvm.artifact.program_binaries import BINARIES
+from codl_tvm.artifact.weights import WEIGHTS
+from codl_tvm.artifact.weights import start as weights_start
 from codl_tvm.errors import ArtifactError
 from codl_tvm.frontend import TensorSpec
 from codl_tvm.runner import _flatten, time_vm
@@ -63,6 +65,7 @@ _OWN_FILES = (
     "plan_report.txt",
     "placement.json",
     BINARIES,
+    WEIGHTS,
 )
 
 
@@ -198,6 +201,7 @@ class Artifact:
     _vm: Any = None
     _devices: Any = None
     programs: Any = None  # what the load did with OpenCL programs (program_binaries.prepare)
+    weights: Any = None  # the loader of weights stored beside the library (weights.start)
 
     @property
     def device(self) -> str:
@@ -225,6 +229,7 @@ class Artifact:
         lib = tvm.runtime.load_module(str(self.path / LIBRARY))
         if "opencl" in names:
             self.programs = program_binaries.prepare(self.path, self.manifest, lib)
+        self.weights = start_weights(self.path, self.manifest, self._devices[0])
         self._vm = VirtualMachine(lib, self._devices)
 
     @property
@@ -253,7 +258,19 @@ class Artifact:
         """Run once on inputs in ``main``'s order; return numpy outputs."""
         self._load()
         args = [tvm.runtime.tensor(np.asarray(x, order="C"), self._devices[0]) for x in inputs]
-        return _flatten(self._vm["main"](*args))
+        with self._weight_errors():
+            return _flatten(self._vm["main"](*args))
+
+    @contextlib.contextmanager
+    def _weight_errors(self) -> Iterator[None]:
+        """A run that failed because a weight could not be loaded raises the loader's error
+        (naming the file and the weight) instead of the VM's wrapping of it."""
+        try:
+            yield
+        except Exception:
+            if self.weights is not None and self.weights.error is not None:
+                raise self.weights.error from None
+            raise
 
     def runner(self, inputs: Sequence[np.ndarray]) -> Callable[[], None]:
         """A function that runs one inference on ``inputs`` (placed on the device once, here)
@@ -264,7 +281,8 @@ class Artifact:
         devices = list({str(d): d for d in self._devices}.values())
 
         def run() -> None:
-            main(*args)
+            with self._weight_errors():
+                main(*args)
             for dev in devices:
                 dev.sync()
 
@@ -297,6 +315,16 @@ def read_manifest(manifest_path: Path, fmt: str, version: int, kind: str) -> dic
             f"codl-tvm reads version {version} (recompile with `codl-tvm compile`)"
         )
     return manifest
+
+
+def start_weights(path: Path, manifest: Mapping, device) -> Any:
+    """Start loading the weights of an artifact built with ``--weights beside`` onto ``device``
+    (the VM's first device) before its VM is created; None for embedded weights. The caller
+    keeps the loader while it runs the library (:func:`codl_tvm.artifact.weights.start`)."""
+    record = manifest.get("weights") or {}
+    if record.get("placement") != "beside" or not record.get("tensors"):
+        return None
+    return weights_start(path, record, device)
 
 
 def load_artifact(path: str | Path, verify: bool = True, check_cpu: bool = True) -> Artifact:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 
 from codl_tvm.artifact import refine_artifact
+from codl_tvm.artifact.weights import PLACEMENTS
 from codl_tvm.cli.common import building
 from codl_tvm.cli.plan import WEIGHT_GBPS_HELP, plan_from_args, weight_gbps
 from codl_tvm.cold_objective import compile_cold
@@ -66,10 +67,13 @@ def cmd_compile(args: argparse.Namespace) -> int:
         refine=args.refine,
         refine_traces=args.refine_traces,
         weight_gbps=args.weight_gbps,
+        weights=args.weights or "embedded",
     )
     with building(model_path, args.device):
         if args.objective == "cold":  # the lowest measured cold start, --verify N rounds
-            compile_cold(model_path, args.output, options, rounds=args.verify or 3)
+            compile_cold(
+                model_path, args.output, options, rounds=args.verify or 3, weights=args.weights
+            )
         else:
             compile_model(model_path, args.output, options)
     print(f"run it with: codl-tvm run {args.output}")
@@ -214,6 +218,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         "the kernels the build makes",
     )
     p.add_argument("--weight-gbps", type=weight_gbps, metavar="CPU,GPU", help=WEIGHT_GBPS_HELP)
+    p.add_argument(
+        "--weights",
+        choices=PLACEMENTS,
+        default=None,
+        help="where the weights are stored: embedded in model.so (read and placed on the device "
+        "before the first operator runs) or beside it in weights.bin (read on a thread while "
+        "the first inference runs, each awaited before its first use). Default: embedded; "
+        "with --objective cold, the placement with the lower measured cold start",
+    )
     p.add_argument(
         "--split-channel-blocks",
         action=argparse.BooleanOptionalAction,
