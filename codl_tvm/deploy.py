@@ -305,8 +305,8 @@ def ensure_remote_opencl(
         The remote's plugin, or the one to upload, does not fit (the message names the device,
         the plugin and each difference).
     DeployError
-        The server was not started with ``--opencl``, has no usable OpenCL platform (with the
-        server's reason), or, for ``device="coexec"``, no shared virtual memory.
+        The server was not started with ``--opencl`` or has no usable OpenCL platform (with
+        the server's reason).
     """
     say = log or (lambda _msg: None)
     if info is None:
@@ -340,16 +340,17 @@ def ensure_remote_opencl(
         why = info.get("opencl_error", "the server reports no usable OpenCL device")
         raise DeployError(f"remote device {remote.name} has no usable OpenCL runtime: {why}")
     svm = info.get("svm", "unknown")
-    if svm == "buffer" and device == "coexec":
-        # the plugin's buffer mode copies between host and device; a CPU view of a GPU tensor
-        # (what co-executed kernels share) needs shared virtual memory
-        raise DeployError(
-            f"remote device {remote.name} ({info.get('opencl_device', '?')}) has no shared "
-            "virtual memory (SVM): co-execution needs it; --device opencl or cpu run there"
-        )
+    # Without SVM the plugin falls back to host-mapped buffers: the CPU part of a co-executed
+    # operator works on the buffer's mapping, the GPU part on sub-buffers (README: Phones and
+    # boards), so co-execution still runs; the line says which memory it runs on.
     say(
-        f"OpenCL on {remote.name}: {info.get('opencl_device', '?')}, SVM {svm}"
-        + (" (no SVM: OpenCL buffers with copies to and from the host)" if svm == "buffer" else "")
+        f"OpenCL on {remote.name}: {info.get('opencl_device', '?')}, SVM {svm}: "
+        + runtime.describe_svm_mode(svm)
+        + (
+            " (co-execution maps buffers for the CPU; views at unaligned offsets are copied)"
+            if svm == "buffer" and device == "coexec"
+            else ""
+        )
     )
     return info
 

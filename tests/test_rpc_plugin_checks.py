@@ -1,7 +1,7 @@
 """Checks on the OpenCL plugin of an RPC server before anything is uploaded: the plugin's
-machine, TVM versions and sources against the device's, and shared virtual memory for
-co-execution (a real server on 127.0.0.1 whose OpenCL runs without SVM); and a stock TVM server
-with the plugin preloaded, as TVM's C++ ``tvm_rpc`` on a phone is run."""
+machine, TVM versions and sources against the device's; co-execution on a device without shared
+virtual memory (a real server on 127.0.0.1 whose OpenCL runs in buffer mode); and a stock TVM
+server with the plugin preloaded, as TVM's C++ ``tvm_rpc`` on a phone is run."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ import signal
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from codl_tvm import deploy, rpc_utils, runtime
-from codl_tvm.errors import DeployError
-from codl_tvm.frontend import load_onnx
+from codl_tvm.frontend import load_onnx, random_inputs
 from codl_tvm.models import bundled_model_path
 from codl_tvm.runtime import _build
 from tests.rpc_support import free_port, tracker_command
@@ -40,7 +40,8 @@ def test_remote_plugin_reads_the_servers_report():
 
 @pytest.mark.rpc
 @pytest.mark.opencl
-def test_coexec_on_a_device_without_svm_is_refused_before_upload(opencl, tmp_path):
+def test_coexec_on_a_device_without_svm_runs_on_host_mapped_buffers(opencl, tmp_path):
+    ort = pytest.importorskip("onnxruntime")
     port = free_port()
     tracker = f"127.0.0.1:{port}"
     procs = [
@@ -75,21 +76,27 @@ def test_coexec_on_a_device_without_svm_is_refused_before_upload(opencl, tmp_pat
         )
         rpc_utils.wait_for_devices(tracker, "nosvm", 1, timeout_s=90)
         model = load_onnx(bundled_model_path())
-        work = tmp_path / "work"
-        with pytest.raises(DeployError, match=r"nosvm@127\.0\.0\.1:\d+ .*no shared virtual memory"):
-            deploy.deploy(
-                model,
-                tracker,
-                "nosvm",
-                target="pocl",
-                device="coexec",
-                dim="OC",
-                ratio=0.5,
-                request_timeout_s=60,
-                work_dir=work,
-                log=None,
-            )
-        assert not work.exists()
+        inputs = random_inputs(model, seed=1)
+        lines: list[str] = []
+        result = deploy.deploy(
+            model,
+            tracker,
+            "nosvm",
+            target="pocl",
+            device="coexec",
+            dim="OC",
+            ratio=0.5,
+            inputs=inputs,
+            number=1,
+            repeat=1,
+            request_timeout_s=60,
+            log=lines.append,
+        )
+        assert result.remote_versions["svm"] == "buffer"
+        assert any("buffer (host-mapped, no SVM)" in ln for ln in lines), lines
+        want = ort.InferenceSession(str(bundled_model_path())).run(None, inputs)
+        for got, ref in zip(result.outputs, want):
+            np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
     finally:
         for proc in reversed(procs):
             os.killpg(proc.pid, signal.SIGKILL)

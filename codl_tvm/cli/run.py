@@ -199,13 +199,15 @@ def _run_pipeline(args: argparse.Namespace) -> int:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    """Print the OpenCL platform, devices and skipped platforms as JSON."""
+    """Print the OpenCL platform, devices, memory mode and skipped platforms as JSON."""
     try:
         runtime.load()
         info = runtime.info()
     except Exception as exc:  # the plugin reports an unusable platform as a TVM error
         raise CliError(f"OpenCL is not usable here: {one_line(str(exc))}") from None
-    print(json.dumps(asdict(info), indent=2))
+    # "memory" says in words how tensors are shared, e.g. "buffer (host-mapped, no SVM)"
+    described = {**asdict(info), "memory": runtime.describe_svm_mode(info.svm_mode)}
+    print(json.dumps(described, indent=2))
     return 0
 
 

@@ -37,11 +37,13 @@ __all__ = [
     "KernelEvent",
     "OpenCLInfo",
     "add_program_binary_dir",
+    "buffer_stats",
     "build_error",
     "build_programs",
     "cache_stats",
     "cpu_view",
     "default_cache_dir",
+    "describe_svm_mode",
     "exporting_program_binaries",
     "host_clock_ns",
     "info",
@@ -211,6 +213,24 @@ def cache_stats() -> dict[str, int]:
     return json.loads(_global("codl.opencl.cache_stats")())
 
 
+def buffer_stats() -> dict[str, int]:
+    """Buffer mode (devices without SVM): ``host_maps`` (buffers mapped for the CPU),
+    ``sub_buffers`` (byte-offset views given to kernels as sub-buffers) and ``staged_views``
+    (views at offsets the device cannot align a sub-buffer to, run on a temporary copy)."""
+    load()
+    return json.loads(_global("codl.opencl.buffer_stats")())
+
+
+def describe_svm_mode(mode: str) -> str:
+    """How OpenCL tensors are shared with the CPU in allocation mode ``mode``, in words (what
+    ``codl-tvm info`` and ``deploy`` print)."""
+    return {
+        "fine": "fine-grained SVM (no maps)",
+        "coarse": "coarse-grained SVM (mapped around GPU use)",
+        "buffer": "buffer (host-mapped, no SVM)",
+    }.get(mode, mode)
+
+
 def add_program_binary_dir(path: str | os.PathLike) -> None:
     """Offer the ahead-of-time program binaries in ``path`` (an artifact's ``program_binaries``)
     to every later program creation. A binary is used only where its name, the program cache's
@@ -261,14 +281,16 @@ def cpu_view(tensor):
     """A CPU tensor over the same SVM bytes as an OpenCL ``tensor`` (no copy).
 
     The view keeps ``tensor`` alive. With coarse-grained SVM, bracket host access with
-    :func:`svm_map` / :func:`svm_unmap`; finish queued GPU work before reading results.
+    :func:`svm_map` / :func:`svm_unmap`; finish queued GPU work before reading results. In buffer
+    mode (no SVM) the view is over the buffer's host mapping, valid until the next GPU command.
     """
     load()
     return _global("codl.opencl.cpu_view")(tensor)
 
 
 def svm_map(tensor, write: bool = True) -> None:
-    """Map a coarse-grained SVM tensor for host access (a no-op for fine-grained SVM)."""
+    """Map a coarse-grained SVM tensor or a buffer (buffer mode) for host access (a no-op for
+    fine-grained SVM)."""
     load()
     _global("codl.opencl.svm_map")(tensor, write)
 

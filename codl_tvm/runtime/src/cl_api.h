@@ -61,6 +61,7 @@ constexpr cl_device_info CL_DEVICE_MAX_COMPUTE_UNITS = 0x1002;
 constexpr cl_device_info CL_DEVICE_MAX_WORK_GROUP_SIZE = 0x1004;
 constexpr cl_device_info CL_DEVICE_MAX_WORK_ITEM_SIZES = 0x1005;
 constexpr cl_device_info CL_DEVICE_MAX_CLOCK_FREQUENCY = 0x100C;
+constexpr cl_device_info CL_DEVICE_MEM_BASE_ADDR_ALIGN = 0x1019;  // in bits
 constexpr cl_device_info CL_DEVICE_GLOBAL_MEM_SIZE = 0x101F;
 constexpr cl_device_info CL_DEVICE_LOCAL_MEM_SIZE = 0x1023;
 constexpr cl_device_info CL_DEVICE_NAME = 0x102B;
@@ -81,6 +82,13 @@ constexpr cl_svm_mem_flags CL_MEM_SVM_FINE_GRAIN_BUFFER = 1 << 10;
 constexpr cl_svm_mem_flags CL_MEM_SVM_ATOMICS = 1 << 11;
 constexpr cl_map_flags CL_MAP_READ = 1 << 0;
 constexpr cl_map_flags CL_MAP_WRITE = 1 << 1;
+using cl_buffer_create_type = cl_uint;
+constexpr cl_buffer_create_type CL_BUFFER_CREATE_TYPE_REGION = 0x1220;
+/*! \brief The region of a sub-buffer (clCreateSubBuffer's CL_BUFFER_CREATE_TYPE_REGION). */
+struct cl_buffer_region {
+  size_t origin;
+  size_t size;
+};
 
 constexpr cl_command_queue_properties CL_QUEUE_PROFILING_ENABLE = 1 << 1;
 constexpr cl_queue_properties CL_QUEUE_PROPERTIES = 0x1093;

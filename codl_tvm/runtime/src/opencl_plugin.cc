@@ -3,14 +3,15 @@
  *
  * Registers with the stock TVM runtime:
  *  - `device_api.opencl`: a DeviceAPI allocating in shared virtual memory (fine-grained where the
- *    device has it, coarse-grained otherwise, host-mappable buffers as the last resort), so device
- *    tensors are host-addressable and CPU kernels can use them without copies;
+ *    device has it, coarse-grained otherwise), so device tensors are host-addressable and CPU
+ *    kernels can use them without copies; devices without SVM get host-mapped buffers
+ *    (ALLOC_HOST_PTR, mapped for the CPU around GPU use, byte-offset views as sub-buffers);
  *  - `ffi.Module.load_from_bytes.opencl`: the loader of TVM's serialized OpenCL modules (format
  *    "cl": function-info map and source with `// Function: name` delimiters), with each kernel
  *    compiled once per context and program binaries cached on disk;
  *  - `runtime.timer.opencl`: an event-based timer so `time_evaluator` works on tvm.opencl();
  *  - `codl.opencl.*`: configuration, device info, cache statistics, kernel-event recording, CPU
- *    views of SVM tensors and SVM map/unmap.
+ *    views of device tensors and map/unmap.
  */
 #include <tvm/ffi/container/array.h>
 #include <tvm/ffi/cast.h>
@@ -152,8 +153,10 @@ class OpenCLSVMDeviceAPI final : public DeviceAPI {
     w->UnmapAll();
     w->UnregisterAlloc(ptr);
     if (w->svm_mode() == SvmMode::kBuffer) {
-      // OpenCL keeps a released buffer alive until the kernels using it are done.
+      // OpenCL keeps a released buffer (and sub-buffer) alive until the kernels using it are
+      // done.
       auto* desc = static_cast<BufferDescriptor*>(ptr);
+      for (auto& [region, sub] : desc->subs) api.clReleaseMemObject(sub);
       api.clReleaseMemObject(desc->mem);
       delete desc;
       return;
@@ -824,6 +827,77 @@ cl_kernel KernelFunction::GetKernel(int dev_id) {
   return ks[dev_id];
 }
 
+namespace {
+
+/*! \brief Bytes from a view's first element to one past its last (its strides included). */
+size_t ViewExtentBytes(const DLTensor* t) {
+  int64_t last = 0;
+  for (int i = 0; i < t->ndim; ++i) {
+    if (t->shape[i] == 0) return 0;
+    int64_t stride = 1;
+    if (t->strides != nullptr) {
+      stride = t->strides[i];
+    } else {
+      for (int j = i + 1; j < t->ndim; ++j) stride *= t->shape[j];
+    }
+    last += (t->shape[i] - 1) * stride;
+  }
+  return static_cast<size_t>(last + 1) * ((t->dtype.bits * t->dtype.lanes + 7) / 8);
+}
+
+/*! \brief A temporary buffer standing in for an unaligned view during one launch. */
+struct StagedView {
+  BufferDescriptor* desc;
+  size_t origin, size;
+  cl_mem temp;
+};
+
+/*!
+ * \brief Buffer mode: the cl_mem a kernel gets for a view at `origin` of `desc`.
+ *
+ * OpenCL buffers have no pointer arithmetic: a view with a byte offset (a region of a shared
+ * output, an offset tensor of a storage) is a sub-buffer, cached per (buffer, origin, size).
+ * A sub-buffer's origin must be a multiple of CL_DEVICE_MEM_BASE_ADDR_ALIGN (else
+ * CL_MISALIGNED_SUB_BUFFER_OFFSET), which a region view's offset (a row of an H split) often
+ * is not. Such a view runs on a temporary buffer instead: its bytes are copied in before the
+ * kernel and back after it on the same in-order queue, so every other command sees the buffer
+ * before or after the kernel, never the temporary. Overlapping unaligned views of one buffer
+ * in one launch could not be copied back consistently and are refused.
+ */
+cl_mem ViewBuffer(Workspace* w, int dev_id, cl_command_queue queue, BufferDescriptor* desc,
+                  size_t origin, size_t size, const std::string& what,
+                  std::vector<StagedView>* staged) {
+  if (origin + size > desc->nbytes) {
+    TVM_FFI_THROW(ValueError) << what << ": a view of bytes [" << origin << ", " << origin + size
+                              << ") does not fit its " << desc->nbytes << "-byte buffer";
+  }
+  if (origin == 0 && size == desc->nbytes) return desc->mem;
+  size_t align = w->Device(dev_id).base_addr_align_bytes;
+  if (origin % align == 0) return w->SubBuffer(desc, origin, std::max<size_t>(size, 1));
+  for (const StagedView& v : *staged) {
+    if (v.desc != desc) continue;
+    if (v.origin == origin && v.size == size) return v.temp;
+    if (origin < v.origin + v.size && v.origin < origin + size) {
+      TVM_FFI_THROW(ValueError) << what << ": overlapping views at unaligned offsets " << v.origin
+                                << " and " << origin << " of one buffer (buffer mode)";
+    }
+  }
+  const Api& api = GetApi();
+  cl_int err = CL_SUCCESS;
+  cl_mem temp = api.clCreateBuffer(w->context(), CL_MEM_READ_WRITE, std::max<size_t>(size, 1),
+                                   nullptr, &err);
+  if (err != CL_SUCCESS) ThrowCLError("clCreateBuffer", err, what + " (unaligned view)");
+  if (size > 0) {
+    CODL_CL_CALL(clEnqueueCopyBuffer, queue, desc->mem, temp, origin, 0, size, 0, nullptr,
+                 nullptr);
+  }
+  staged->push_back(StagedView{desc, origin, size, temp});
+  ++w->staged_views;
+  return temp;
+}
+
+}  // namespace
+
 void KernelFunction::Launch(ffi::PackedArgs args) {
   Workspace* w = Workspace::Global();
   w->UnmapAll();  // coarse-grained SVM: the host's mapping ends before the GPU touches memory
@@ -837,27 +911,54 @@ void KernelFunction::Launch(ffi::PackedArgs args) {
                               << nargs + tag_slot_.size() << " arguments, got " << args.size();
   }
   bool svm = w->svm_mode() != SvmMode::kBuffer;
+  std::vector<StagedView> staged;
+  // Temporaries of unaligned views go back to their buffers even when the launch fails.
+  struct StageGuard {
+    std::vector<StagedView>* staged;
+    cl_command_queue queue;
+    bool copy_back{false};
+    ~StageGuard() {
+      for (const StagedView& v : *staged) {
+        if (copy_back && v.size > 0) {
+          GetApi().clEnqueueCopyBuffer(queue, v.temp, v.desc->mem, 0, v.origin, v.size, 0,
+                                       nullptr, nullptr);
+        }
+        GetApi().clReleaseMemObject(v.temp);
+      }
+    }
+  } guard{&staged, queue};
   for (size_t i = 0; i < nargs; ++i) {
     DLDataType t = info_.arg_types[i];
     cl_int err = CL_SUCCESS;
     cl_uint idx = static_cast<cl_uint>(i);
     if (t.code == kDLOpaqueHandle) {
       void* ptr = nullptr;
+      size_t byte_offset = 0, extent = 0;
+      bool is_view = false;
       if (auto dl = args[i].try_cast<DLTensor*>()) {
         // Called from Python with tensors rather than from host code with data pointers.
         DLTensor* t = dl.value();
-        if (!svm && t->byte_offset != 0) {
-          TVM_FFI_THROW(ValueError) << "OpenCL kernel " << info_.name << ": argument " << i
-                                    << " is a view with a byte offset, unsupported in buffer mode";
-        }
         ptr = svm ? static_cast<char*>(t->data) + t->byte_offset : t->data;
+        is_view = !svm && t->byte_offset != 0;
+        byte_offset = t->byte_offset;
+        extent = ViewExtentBytes(t);
       } else {
         ptr = args[i].cast<void*>();
       }
       if (svm) {
         err = api.clSetKernelArgSVMPointer(kernel, idx, ptr);
       } else {
-        cl_mem mem = ptr ? static_cast<BufferDescriptor*>(ptr)->mem : nullptr;
+        cl_mem mem = nullptr;
+        if (ptr != nullptr) {
+          std::string what = "OpenCL kernel " + info_.name + " argument " + std::to_string(i);
+          if (!w->IsBuffer(ptr)) {
+            TVM_FFI_THROW(ValueError) << what << " is not an OpenCL buffer of the codl-tvm "
+                                      << "runtime (buffer mode: device data is no host address)";
+          }
+          auto* desc = static_cast<BufferDescriptor*>(ptr);
+          mem = is_view ? ViewBuffer(w, dev_id, queue, desc, byte_offset, extent, what, &staged)
+                        : desc->mem;
+        }
         err = api.clSetKernelArg(kernel, idx, sizeof(cl_mem), &mem);
       }
     } else if (t.code == kDLInt || t.code == kDLUInt) {
@@ -908,6 +1009,7 @@ void KernelFunction::Launch(ffi::PackedArgs args) {
   bool record = w->recording();
   cl_int err = api.clEnqueueNDRangeKernel(queue, kernel, static_cast<cl_uint>(work_dim_), nullptr,
                                           global, local, 0, nullptr, record ? &ev : nullptr);
+  guard.copy_back = true;  // the copy-ins are enqueued: a temporary now holds the view's bytes
   if (err != CL_SUCCESS) {
     std::ostringstream os;
     os << info_.name << " with global (" << global[0] << ", " << global[1] << ", " << global[2]
@@ -995,44 +1097,49 @@ class OpenCLEventTimerNode : public TimerNodeABI {
 /*! \brief Keeps the owning OpenCL tensor alive while a CPU view of its memory exists. */
 struct ViewAlloc {
   ffi::Tensor owner;
-  void AllocData(DLTensor* t) { t->data = owner.GetDLTensorPtr()->data; t->byte_offset = owner.GetDLTensorPtr()->byte_offset; }
+  void* host;  // the host address of owner's data pointer (mapped in buffer mode)
+  void AllocData(DLTensor* t) {
+    t->data = host;
+    t->byte_offset = owner.GetDLTensorPtr()->byte_offset;
+  }
   void FreeData(DLTensor*) {}
 };
 
-void CheckSvmTensor(const ffi::Tensor& t, const char* what) {
+void CheckOpenCLTensor(const ffi::Tensor& t, const char* what) {
   if (t.GetDLTensorPtr()->device.device_type != kDLOpenCL) {
     TVM_FFI_THROW(ValueError) << what << " expects an OpenCL tensor, got device type "
                               << static_cast<int>(t.GetDLTensorPtr()->device.device_type);
   }
-  Workspace* w = Workspace::Global();
-  w->EnsureInit();
-  if (w->svm_mode() == SvmMode::kBuffer) {
-    TVM_FFI_THROW(RuntimeError) << what << " needs SVM, but the OpenCL runtime runs in buffer mode "
-                                << "(no SVM on '" << w->Device(t.GetDLTensorPtr()->device.device_id).name << "')";
-  }
+  Workspace::Global()->EnsureInit();
 }
 
 ffi::Tensor CpuView(ffi::Tensor t) {
-  CheckSvmTensor(t, "codl.opencl.cpu_view");
-  // Coarse-grained SVM: host access needs a map (blocking, after queued GPU work).
-  Workspace::Global()->MapForHost(t.GetDLTensorPtr()->data);
+  CheckOpenCLTensor(t, "codl.opencl.cpu_view");
+  // Coarse-grained SVM and buffers: host access needs a map (blocking, after queued GPU work),
+  // which lasts until the next GPU-side command. A buffer's data pointer is no host address:
+  // the view points at the mapping instead.
+  void* host = Workspace::Global()->MapForHost(t.GetDLTensorPtr()->data);
   const DLTensor* d = t.GetDLTensorPtr();
   std::vector<int64_t> shape(d->shape, d->shape + d->ndim);
   // A 0-d tensor (a scalar input) has no strides to copy: an empty vector's data() is null,
   // which FromNDAllocStrided rejects.
   if (d->strides != nullptr && d->ndim > 0) {
     std::vector<int64_t> strides(d->strides, d->strides + d->ndim);
-    return ffi::Tensor::FromNDAllocStrided(ViewAlloc{t}, ffi::ShapeView(shape.data(), shape.size()),
+    return ffi::Tensor::FromNDAllocStrided(ViewAlloc{t, host}, ffi::ShapeView(shape.data(), shape.size()),
                                            ffi::ShapeView(strides.data(), strides.size()),
                                            d->dtype, DLDevice{kDLCPU, 0});
   }
-  return ffi::Tensor::FromNDAlloc(ViewAlloc{t}, ffi::ShapeView(shape.data(), shape.size()),
+  return ffi::Tensor::FromNDAlloc(ViewAlloc{t, host}, ffi::ShapeView(shape.data(), shape.size()),
                                   d->dtype, DLDevice{kDLCPU, 0});
 }
 
 void SvmMap(ffi::Tensor t, bool write) {
-  CheckSvmTensor(t, "codl.opencl.svm_map");
+  CheckOpenCLTensor(t, "codl.opencl.svm_map");
   Workspace* w = Workspace::Global();
+  if (w->svm_mode() == SvmMode::kBuffer) {
+    w->MapForHost(t.GetDLTensorPtr()->data);  // read and write: one mapping serves both
+    return;
+  }
   if (w->svm_mode() != SvmMode::kCoarseGrain) return;  // fine-grained: coherent, nothing to do
   void* ptr = static_cast<char*>(t.GetDLTensorPtr()->data) + t.GetDLTensorPtr()->byte_offset;
   size_t n = ffi::GetDataSize(*t.GetDLTensorPtr());
@@ -1041,8 +1148,12 @@ void SvmMap(ffi::Tensor t, bool write) {
 }
 
 void SvmUnmap(ffi::Tensor t) {
-  CheckSvmTensor(t, "codl.opencl.svm_unmap");
+  CheckOpenCLTensor(t, "codl.opencl.svm_unmap");
   Workspace* w = Workspace::Global();
+  if (w->svm_mode() == SvmMode::kBuffer) {
+    w->Unmap(t.GetDLTensorPtr()->data);
+    return;
+  }
   if (w->svm_mode() != SvmMode::kCoarseGrain) return;
   void* ptr = static_cast<char*>(t.GetDLTensorPtr()->data) + t.GetDLTensorPtr()->byte_offset;
   CODL_CL_CALL(clEnqueueSVMUnmap, w->Queue(t.GetDLTensorPtr()->device.device_id), ptr, 0, nullptr, nullptr);
@@ -1109,6 +1220,15 @@ TVM_FFI_STATIC_INIT_BLOCK() {
                 << ", \"aot_rejected\": " << g_aot_rejected.load()
                 << ", \"aot_exports\": " << g_aot_exports.load()
                 << ", \"build_ns\": " << g_build_ns.load() << "}";
+             return ffi::String(os.str());
+           })
+      .def("codl.opencl.buffer_stats",
+           []() {
+             Workspace* w = Workspace::Global();
+             std::ostringstream os;
+             os << "{\"host_maps\": " << w->host_maps.load()
+                << ", \"sub_buffers\": " << w->sub_buffers.load()
+                << ", \"staged_views\": " << w->staged_views.load() << "}";
              return ffi::String(os.str());
            })
       .def("codl.opencl.add_binary_dir",

@@ -72,6 +72,7 @@ const char* ErrorName(cl_int code) {
     case -8: return "CL_MEM_COPY_OVERLAP";
     case -11: return "CL_BUILD_PROGRAM_FAILURE";
     case -12: return "CL_MAP_FAILURE";
+    case -13: return "CL_MISALIGNED_SUB_BUFFER_OFFSET";
     case -14: return "CL_EXEC_STATUS_ERROR_FOR_EVENTS_IN_WAIT_LIST";
     case -30: return "CL_INVALID_VALUE";
     case -32: return "CL_INVALID_PLATFORM";
@@ -349,6 +350,8 @@ void Workspace::InitLocked() {
     e.max_work_group_size = DeviceValue<size_t>(id, CL_DEVICE_MAX_WORK_GROUP_SIZE);
     api.clGetDeviceInfo(id, CL_DEVICE_MAX_WORK_ITEM_SIZES, sizeof(e.max_work_item_sizes),
                         e.max_work_item_sizes, nullptr);
+    e.base_addr_align_bytes =
+        std::max<size_t>(DeviceValue<cl_uint>(id, CL_DEVICE_MEM_BASE_ADDR_ALIGN) / 8, 1);
     // OpenCL 1.x devices reject the query: they have no SVM.
     if (api.clGetDeviceInfo(id, CL_DEVICE_SVM_CAPABILITIES, sizeof(e.svm_caps), &e.svm_caps,
                             nullptr) != CL_SUCCESS) {
@@ -445,8 +448,31 @@ bool Workspace::FindAlloc(const void* ptr, void** base, size_t* nbytes) {
   return false;
 }
 
-void Workspace::MapForHost(const void* ptr) {
-  if (svm_mode_ != SvmMode::kCoarseGrain) return;
+void* Workspace::MapForHost(const void* ptr) {
+  if (svm_mode_ == SvmMode::kFineGrain) return const_cast<void*>(ptr);
+  if (svm_mode_ == SvmMode::kBuffer) {
+    if (!IsBuffer(ptr)) {
+      TVM_FFI_THROW(ValueError) << "pointer " << ptr << " is not an OpenCL buffer of the "
+                                << "codl-tvm OpenCL runtime (buffer mode)";
+    }
+    auto* desc = static_cast<BufferDescriptor*>(const_cast<void*>(ptr));
+    std::lock_guard<std::mutex> lock(map_mu_);
+    if (desc->host != nullptr) return desc->host;
+    // ALLOC_HOST_PTR buffers map without a copy on shared-memory SoCs (and on CPU devices);
+    // elsewhere the driver copies here and back at the unmap, which is still correct.
+    cl_int err = CL_SUCCESS;
+    void* host = GetApi().clEnqueueMapBuffer(Queue(0), desc->mem, CL_TRUE,
+                                             CL_MAP_READ | CL_MAP_WRITE, 0, desc->nbytes, 0,
+                                             nullptr, nullptr, &err);
+    if (err != CL_SUCCESS) {
+      ThrowCLError("clEnqueueMapBuffer", err, std::to_string(desc->nbytes) + " bytes");
+    }
+    desc->host = host;
+    ++host_maps;
+    mapped_.push_back(desc);
+    any_mapped_.store(true);
+    return host;
+  }
   void* base = nullptr;
   size_t nbytes = 0;
   if (!FindAlloc(ptr, &base, &nbytes)) {
@@ -455,20 +481,74 @@ void Workspace::MapForHost(const void* ptr) {
   }
   std::lock_guard<std::mutex> lock(map_mu_);
   for (void* m : mapped_) {
-    if (m == base) return;
+    if (m == base) return const_cast<void*>(ptr);
   }
   CODL_CL_CALL(clEnqueueSVMMap, Queue(0), CL_TRUE, CL_MAP_READ | CL_MAP_WRITE, base, nbytes, 0,
                nullptr, nullptr);
   mapped_.push_back(base);
   any_mapped_.store(true);
+  return const_cast<void*>(ptr);
 }
+
+namespace {
+
+/*! \brief Enqueue the unmap of one mapped allocation (an SVM base or a BufferDescriptor). */
+void EnqueueUnmap(cl_command_queue q, SvmMode mode, void* m) {
+  if (mode == SvmMode::kBuffer) {
+    auto* desc = static_cast<BufferDescriptor*>(m);
+    CODL_CL_CALL(clEnqueueUnmapMemObject, q, desc->mem, desc->host, 0, nullptr, nullptr);
+    desc->host = nullptr;
+  } else {
+    CODL_CL_CALL(clEnqueueSVMUnmap, q, m, 0, nullptr, nullptr);
+  }
+}
+
+}  // namespace
 
 void Workspace::UnmapAll() {
   if (!any_mapped_.load(std::memory_order_relaxed)) return;
   std::lock_guard<std::mutex> lock(map_mu_);
-  for (void* m : mapped_) CODL_CL_CALL(clEnqueueSVMUnmap, Queue(0), m, 0, nullptr, nullptr);
+  for (void* m : mapped_) EnqueueUnmap(Queue(0), svm_mode_, m);
   mapped_.clear();
   any_mapped_.store(false);
+}
+
+void Workspace::Unmap(const void* ptr) {
+  void* key = const_cast<void*>(ptr);
+  if (svm_mode_ != SvmMode::kBuffer) {
+    size_t nbytes = 0;
+    if (!FindAlloc(ptr, &key, &nbytes)) return;
+  }
+  std::lock_guard<std::mutex> lock(map_mu_);
+  auto it = std::find(mapped_.begin(), mapped_.end(), key);
+  if (it == mapped_.end()) return;
+  EnqueueUnmap(Queue(0), svm_mode_, key);
+  mapped_.erase(it);
+  any_mapped_.store(!mapped_.empty());
+}
+
+bool Workspace::IsBuffer(const void* ptr) {
+  std::lock_guard<std::mutex> lock(alloc_mu_);
+  return svm_mode_ == SvmMode::kBuffer && allocs_.count(const_cast<void*>(ptr)) != 0;
+}
+
+cl_mem Workspace::SubBuffer(BufferDescriptor* desc, size_t origin, size_t size) {
+  std::lock_guard<std::mutex> lock(sub_mu_);
+  auto key = std::make_pair(origin, size);
+  auto it = desc->subs.find(key);
+  if (it != desc->subs.end()) return it->second;
+  cl_buffer_region region{origin, size};
+  cl_int err = CL_SUCCESS;
+  cl_mem sub = GetApi().clCreateSubBuffer(desc->mem, CL_MEM_READ_WRITE,
+                                          CL_BUFFER_CREATE_TYPE_REGION, &region, &err);
+  if (err != CL_SUCCESS) {
+    ThrowCLError("clCreateSubBuffer", err,
+                 "bytes [" + std::to_string(origin) + ", " + std::to_string(origin + size) +
+                     ") of a " + std::to_string(desc->nbytes) + "-byte buffer");
+  }
+  desc->subs.emplace(key, sub);
+  ++sub_buffers;
+  return sub;
 }
 
 void Workspace::StartRecording() { recording_.fetch_add(1); }

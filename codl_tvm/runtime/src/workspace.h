@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <map>
 #include <mutex>
 #include <string>
 #include <utility>
@@ -22,7 +23,8 @@ namespace codl {
 enum class SvmMode : int {
   kFineGrain = 0,    // clSVMAlloc(FINE_GRAIN): host and device see the same bytes, no map.
   kCoarseGrain = 1,  // clSVMAlloc: host access between clEnqueueSVMMap and Unmap.
-  kBuffer = 2,       // clCreateBuffer(ALLOC_HOST_PTR): no host pointer, copies only.
+  kBuffer = 2,       // clCreateBuffer(ALLOC_HOST_PTR): host access between clEnqueueMapBuffer
+                     // and Unmap; byte-offset views reach kernels as sub-buffers.
 };
 
 const char* SvmModeName(SvmMode mode);
@@ -38,6 +40,7 @@ struct DeviceEntry {
   size_t max_work_group_size{0};
   size_t max_work_item_sizes[3]{0, 0, 0};
   uint64_t svm_caps{0};
+  size_t base_addr_align_bytes{0};  // CL_DEVICE_MEM_BASE_ADDR_ALIGN: sub-buffer origins
   cl::cl_command_queue queue{nullptr};
 };
 
@@ -48,10 +51,16 @@ struct KernelRecord {
   cl::cl_event event{nullptr};
 };
 
-/*! \brief Last-resort buffer-mode allocation: the tensor's data pointer points at this. */
+/*!
+ * \brief Buffer-mode allocation (devices without SVM): the tensor's data pointer points at this,
+ * so a tensor's data is no host address and a view's offset lives in DLTensor::byte_offset.
+ */
 struct BufferDescriptor {
   cl::cl_mem mem{nullptr};
   size_t nbytes{0};
+  void* host{nullptr};  // the buffer's host address while mapped (Workspace::MapForHost)
+  // Sub-buffers handed to kernels for byte-offset views, by (origin, size); released with mem.
+  std::map<std::pair<size_t, size_t>, cl::cl_mem> subs;
 };
 
 /*! \brief User choices applied at initialisation (API call or environment variables). */
@@ -88,12 +97,24 @@ class Workspace {
   bool FindAlloc(const void* ptr, void** base, size_t* nbytes);
 
   /*!
-   * \brief Coarse-grained SVM: map the allocation holding `ptr` for host access (blocking,
-   * so ordered after all queued GPU work). It stays mapped until UnmapAll, which every GPU-side
-   * command (kernel launch, copy, mark) calls first.
+   * \brief The host address of a tensor's data pointer `ptr` (the allocation's base, before
+   * the tensor's byte_offset). Coarse-grained SVM and buffer mode map the allocation holding
+   * `ptr` for host access (blocking, so ordered after all queued GPU work); it stays mapped
+   * until UnmapAll, which every GPU-side command (kernel launch, copy, mark) calls first, so a
+   * host address is valid until the next GPU-side command. Fine-grained SVM: `ptr` itself.
    */
-  void MapForHost(const void* ptr);
+  void* MapForHost(const void* ptr);
   void UnmapAll();
+  /*! \brief Unmap the one allocation holding `ptr` if it is mapped. */
+  void Unmap(const void* ptr);
+
+  /*! \brief Buffer mode: whether `ptr` is a BufferDescriptor this runtime allocated. */
+  bool IsBuffer(const void* ptr);
+  /*!
+   * \brief Buffer mode: a sub-buffer of `desc` for bytes [origin, origin + size), created once
+   * and cached in `desc`; `origin` must be a multiple of the device's base address alignment.
+   */
+  cl::cl_mem SubBuffer(BufferDescriptor* desc, size_t origin, size_t size);
 
   /*! \brief Kernel-event recording (used by kernel timers and the profiler). */
   bool recording() const { return recording_.load(std::memory_order_relaxed) > 0; }
@@ -103,6 +124,10 @@ class Workspace {
 
   /*! \brief A JSON description of the platform, devices and SVM mode. */
   std::string InfoJson();
+
+  // Buffer mode: host mappings made, sub-buffers created and unaligned views staged through a
+  // temporary buffer (tests check which path a view took).
+  std::atomic<int64_t> host_maps{0}, sub_buffers{0}, staged_views{0};
 
   // Statistics of the program cache.
   std::atomic<int64_t> source_builds{0}, binary_loads{0}, disk_hits{0}, disk_writes{0},
@@ -127,7 +152,8 @@ class Workspace {
   std::unordered_map<void*, size_t> allocs_;
 
   std::mutex map_mu_;
-  std::vector<void*> mapped_;
+  std::vector<void*> mapped_;  // SVM bases, or BufferDescriptors in buffer mode
+  std::mutex sub_mu_;
   std::atomic<bool> any_mapped_{false};
 
   std::atomic<int> recording_{0};
