@@ -282,8 +282,13 @@ def test_objective_cold_keeps_the_fastest_measured_build(tmp_path, capsys):
     assert main(["compile", "--objective", "cold", "--verify", "1", "-o", str(out)]) == 0
     art = load_artifact(out)
     record = art.manifest["cold"]
-    assert set(record["median_ms"]) == set(cold_candidates(CompileOptions()))
+    # every candidate with its weights beside, and the fastest one's embedded placement
+    assert set(record["median_ms"]) - set(cold_candidates(CompileOptions())) == {
+        next(k for k in record["median_ms"] if k.endswith(":embedded"))
+    }
     assert record["chosen"] == min(record["median_ms"], key=record["median_ms"].get)
+    placement = "embedded" if record["chosen"].endswith(":embedded") else "beside"
+    assert art.manifest["weights"]["placement"] == placement
     chosen = record["chosen"].split(":")[0]
     assert art.manifest["device"] == chosen or (chosen == "coexec" and "plan" in art.manifest)
     inputs, expected = art.reference()

@@ -1,0 +1,139 @@
+"""Weights stored beside the library (``compile --weights beside``): the artifact equals
+onnxruntime and the embedded build on the CPU, on OpenCL and co-executed, in this process and in
+a fresh process's first run (the cold path, where the loader overlaps the run); a truncated or
+altered weights file gives one clear error naming the file and the weight. Nothing is timed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from codl_tvm.artifact import compile_artifact, load_artifact
+from codl_tvm.artifact.weights import WEIGHTS
+from codl_tvm.cli import main
+from codl_tvm.errors import ArtifactError
+from codl_tvm.frontend import load_onnx
+from codl_tvm.models import bundled_model_path
+from codl_tvm.plan import uniform_plan
+
+QUIET = {"log": lambda s: None}
+
+
+def _onnxruntime(inputs: dict) -> list[np.ndarray]:
+    ort = pytest.importorskip("onnxruntime")
+    sess = ort.InferenceSession(str(bundled_model_path()), providers=["CPUExecutionProvider"])
+    return sess.run(None, inputs)
+
+
+def _compile(out: Path, weights: str, **kwargs) -> Path:
+    return compile_artifact(bundled_model_path(), out, weights=weights, **kwargs, **QUIET)
+
+
+def _run(path: Path) -> tuple[dict, list[np.ndarray]]:
+    art = load_artifact(path)
+    inputs, _ = art.reference()
+    return inputs, art([inputs[s.name] for s in art.model.inputs])
+
+
+def _first_run_in_fresh_process(path: Path, tmp: Path) -> list[np.ndarray]:
+    """The outputs of a new process's first run (``python -m codl_tvm.coldstart``)."""
+    save = tmp / f"{path.name}-first.npz"
+    proc = subprocess.run(
+        [sys.executable, "-m", "codl_tvm.coldstart", str(path), "--save", str(save)],
+        env={**os.environ, "CODL_TVM_CACHE_DIR": str(tmp / "cache")},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["weights"] == "beside"
+    with np.load(save) as data:
+        return [data[k] for k in sorted(data.files, key=lambda k: int(k[4:]))]
+
+
+def _check_beside(tmp: Path, **kwargs) -> None:
+    """A beside build equals onnxruntime and the embedded build, here and in a first run."""
+    beside = _compile(tmp / "beside", "beside", **kwargs)
+    embedded = _compile(tmp / "embedded", "embedded", reference=False, **kwargs)
+    manifest = load_artifact(beside).manifest
+    record = manifest["weights"]
+    assert record["placement"] == "beside" and record["tensors"]
+    assert (beside / WEIGHTS).stat().st_size == record["bytes"]
+    assert manifest["files"][WEIGHTS]  # hashed like every file of the artifact
+    assert load_artifact(embedded).manifest["weights"] == {"placement": "embedded"}
+    # the beside library holds only the small constants
+    assert (beside / "model.so").stat().st_size < (embedded / "model.so").stat().st_size
+    inputs, outs = _run(beside)
+    art = load_artifact(embedded)
+    ref = art([inputs[s.name] for s in art.model.inputs])
+    for got, want, onnx_out in zip(outs, ref, _onnxruntime(inputs), strict=True):
+        np.testing.assert_array_equal(got, want)  # the same kernels on the same weights
+        np.testing.assert_allclose(got, onnx_out, rtol=1e-4, atol=1e-4)
+    for got, want in zip(_first_run_in_fresh_process(beside, tmp), ref, strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_cpu_weights_beside_equal_embedded_and_onnxruntime(tmp_path):
+    _check_beside(tmp_path, device="cpu")
+
+
+@pytest.mark.opencl
+def test_opencl_weights_beside_equal_embedded_and_onnxruntime(tmp_path, opencl):
+    _check_beside(tmp_path, device="opencl")
+
+
+@pytest.mark.opencl
+def test_coexec_weights_beside_equal_embedded_and_onnxruntime(tmp_path, opencl):
+    plan = uniform_plan(load_onnx(bundled_model_path()).mod, "OC", 0.5)
+    _check_beside(tmp_path, device="coexec", plan=plan)
+
+
+@pytest.fixture(scope="module")
+def cpu_beside(tmp_path_factory) -> Path:
+    return _compile(tmp_path_factory.mktemp("weights") / "cpu", "beside", device="cpu")
+
+
+def test_truncated_weights_file_is_one_clear_error(cpu_beside, tmp_path, capsys):
+    art = tmp_path / "art"
+    shutil.copytree(cpu_beside, art)
+    size = (art / WEIGHTS).stat().st_size
+    os.truncate(art / WEIGHTS, size - 100)
+    assert main(["run", str(art)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("codl-tvm: error: ") and WEIGHTS in err[-1]
+    assert "Traceback" not in "\n".join(err)
+    # the loader's own check, where the files' hashes are not verified (a cold start)
+    loaded = load_artifact(art, verify=False)
+    with pytest.raises(ArtifactError, match=rf"{WEIGHTS}: {size - 100} bytes .*truncated"):
+        loaded.vm
+
+
+def test_altered_weight_names_the_file_and_the_weight(cpu_beside, tmp_path):
+    art = tmp_path / "art"
+    shutil.copytree(cpu_beside, art)
+    record = json.loads((art / "manifest.json").read_text())["weights"]
+    last = len(record["tensors"]) - 1
+    with open(art / WEIGHTS, "r+b") as f:  # flip bytes inside the last weight
+        f.seek(record["tensors"][last]["offset"] + 8)
+        f.write(b"\xff\xff\xff\xff")
+    loaded = load_artifact(art, verify=False)
+    inputs, _ = loaded.reference()
+    with pytest.raises(ArtifactError, match=rf"{WEIGHTS}: weight {last} .* CRC-32"):
+        loaded([inputs[s.name] for s in loaded.model.inputs])
+
+
+def test_unknown_placement_is_refused(tmp_path, capsys):
+    with pytest.raises(ArtifactError, match="'inline' is not one of embedded, beside"):
+        _compile(tmp_path / "x", "inline", device="cpu")
+    assert not (tmp_path / "x").exists()
+    with pytest.raises(SystemExit) as exc:
+        main(["compile", "--weights", "inline", "-o", str(tmp_path / "y")])
+    assert exc.value.code == 2
