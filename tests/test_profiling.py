@@ -87,7 +87,7 @@ def test_dataset_well_formed(run, opencl):
         ("postsync", 65536),
     } <= kinds
     for r in data.sharing_records:
-        if r.kind in ("map", "unmap") and opencl.svm_mode != "coarse":
+        if r.kind in ("map", "unmap") and opencl.svm_mode == "fine":
             assert r.latency_ms == 0.0
         elif r.kind == "transform":
             assert r.latency_ms > 0

@@ -737,8 +737,9 @@ def measure_sharing(
       plugin's ``measure_us`` (median of ``sync_repeats``); it does not depend on bytes, so it
       is measured once per size as independent samples.
     - ``map`` / ``unmap``: host time of mapping / unmapping an OpenCL tensor of ``nbytes`` when
-      the SVM mode is ``coarse``; with fine-grained SVM or buffers there is nothing to map and the
-      cost is 0 (``device["svm_mode"]`` says which).
+      the SVM mode is ``coarse`` or ``buffer`` (no SVM: co-execution maps buffers for the CPU);
+      with fine-grained SVM there is nothing to map and the cost is 0 (``device["svm_mode"]``
+      says which).
     - ``transform``: host time of copying ``nbytes`` from a CPU tensor into an OpenCL tensor and
       waiting for it (through RPC: on the server, round trips subtracted).
     """
@@ -750,7 +751,7 @@ def measure_sharing(
     cpu = session.device("cpu")
     mode = str(session.get_function("codl.coexec.sync_mode")(0))
     measure_us = session.get_function("codl.coexec.measure_us")
-    coarse = device.get("svm_mode") == "coarse"
+    coarse = device.get("svm_mode") in ("coarse", "buffer")  # modes that map for the host
     smap = session.get_function("codl.opencl.svm_map") if coarse else None
     sunmap = session.get_function("codl.opencl.svm_unmap") if coarse else None
     for n in sizes:
