@@ -17,7 +17,8 @@ process joins the same time line) and prints one JSON line:
 ``weight_read``
     loading the library, whose constants hold the weights (read from storage when cold); an
     artifact with its weights beside the library (``--weights beside``) starts their loader
-    here, which reads them during ``first_run``;
+    here, which reads them during ``first_run`` (``--weights overlap``) or before it
+    (``--weights sequential``: this phase waits for every weight);
 ``program_creation``
     creating the OpenCL programs before the run (``--programs sequential``); ``lazy`` (each at
     its kernel's first launch) and ``overlap`` (on threads while the run goes on) leave it
@@ -64,6 +65,7 @@ PHASES = (
     "first_run",
 )
 PROGRAM_MODES = ("lazy", "sequential", "overlap")
+WEIGHT_MODES = ("overlap", "sequential")
 
 
 def artifact_files(path: str | os.PathLike) -> list[Path]:
@@ -181,17 +183,22 @@ def measure(
     programs: str = "overlap",
     warm: int = 0,
     save: str | os.PathLike | None = None,
+    weights: str = "overlap",
 ) -> dict:
     """Load and run ``artifact`` once in this process, timing each step (see the module
     docstring); then ``warm`` more runs. Returns the marks (monotonic ns), the phases (ms),
     the program cache's counters and what the load did with the programs.
 
     ``CODL_OPENCL_AOT=0`` ignores the artifact's program binaries (the plugin reads the
-    environment at load, as in any run).
+    environment at load, as in any run). ``weights``: with weights beside the library, load
+    them while the first run goes on (``overlap``, as any run does) or wait for all of them
+    before it (``sequential``).
     """
     marks = {"main": time.monotonic_ns()}
     if programs not in PROGRAM_MODES:
         raise ValueError(f"programs must be one of {PROGRAM_MODES}, not {programs!r}")
+    if weights not in WEIGHT_MODES:
+        raise ValueError(f"weights must be one of {WEIGHT_MODES}, not {weights!r}")
     # deferred: importing TVM is the library-load phase this function measures
     import numpy as np
     import tvm
@@ -213,7 +220,9 @@ def measure(
     marks["opencl_context"] = time.monotonic_ns()
     lib = tvm.runtime.load_module(str(Path(artifact) / LIBRARY))
     devices = [tvm.opencl(0) if n == "opencl" else tvm.cpu(0) for n in names]
-    loader = start_weights(art.path, art.manifest, devices[0])  # noqa: F841 (kept while it runs)
+    loader = start_weights(art.path, art.manifest, devices[0])  # kept while the VM runs
+    if loader is not None and weights == "sequential":
+        loader.join()
     marks["weight_read"] = time.monotonic_ns()
     state = None
     stats0 = runtime.cache_stats() if opencl else {}
@@ -252,6 +261,8 @@ def measure(
         "device": art.manifest["device"],
         "programs": programs,
         "weights": (art.manifest.get("weights") or {}).get("placement", "embedded"),
+        "weights_mode": weights,
+        "weights_error": None if loader is None or loader.error is None else str(loader.error),
         "marks_ns": marks,
         "phases_ms": phases,
         "program_ms": (stats.get("build_ns", 0) - stats0.get("build_ns", 0)) / 1e6,
@@ -273,8 +284,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--programs", choices=PROGRAM_MODES, default="overlap")
     p.add_argument("--warm", type=int, default=0, help="warm runs after the first")
     p.add_argument("--save", help="write the first run's outputs to this .npz")
+    p.add_argument(
+        "--weights",
+        choices=WEIGHT_MODES,
+        default="overlap",
+        help="weights beside the library: load them during the first run or before it",
+    )
     args = p.parse_args(argv)
-    print(json.dumps(measure(args.artifact, args.programs, args.warm, args.save)))
+    print(json.dumps(measure(args.artifact, args.programs, args.warm, args.save, args.weights)))
     return 0
 
 

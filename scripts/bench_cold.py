@@ -13,15 +13,22 @@ artifact with OpenCL kernels (a CPU build has only ``cold`` and ``warm``):
 ``aot``
     the artifact's program binaries, empty caches, programs created on threads at load while
     the run goes on (the default path of ``codl-tvm run``);
-``aot_lazy``, ``overlap_only``, ``aot_warm_pages``
+``beside``
+    ``aot`` on the artifact's ``-beside`` sibling (``bench_cold.py beside``: the same build with
+    its weights in ``weights.bin`` beside the library), its weights read on a thread while the
+    first run goes on, each awaited before its first use: read, upload, program creation and
+    execution in one pipeline;
+``aot_lazy``, ``overlap_only``, ``aot_warm_pages``, ``beside_sequential``
     the ablation: binaries without the overlap; the overlap without binaries; ``aot`` with the
-    files left in the page cache (the cost of the cold read);
+    files left in the page cache (the cost of the cold read); ``beside`` with every weight
+    loaded before the first run (its placement without its overlap);
 ``warm``
     the median of further runs in the ``aot`` process.
 
 ``onnxruntime``: importing it, creating the session and the first run of the same ONNX model,
 in a fresh process with its model file evicted, on ``--ort-threads`` threads.
 
+    python scripts/bench_cold.py beside --dir DIR         # the weights-beside siblings
     python scripts/bench_cold.py binaries --dir DIR       # add this device's binaries
     python scripts/bench_cold.py run --dir DIR --models vgg16,fst --builds gpu,codl \\
         --platform portable --out cold.json --plot cold.png
@@ -45,7 +52,77 @@ from codl_tvm.bench import envelope, write_json
 from codl_tvm.coldstart import PHASES, artifact_files, evict
 from codl_tvm.coldstart import cold_ms as _cold_ms
 
-SCENARIOS = ("nocache", "cache", "aot", "aot_lazy", "overlap_only", "aot_warm_pages")
+SCENARIOS = (
+    "nocache",
+    "cache",
+    "aot",
+    "beside",
+    "aot_lazy",
+    "overlap_only",
+    "aot_warm_pages",
+    "beside_sequential",
+)
+#: The scenarios that measure an artifact's weights-beside sibling.
+BESIDE = ("beside", "beside_sequential")
+#: The sibling of an artifact ``DIR/model/build``, with its weights beside its library.
+BESIDE_SUFFIX = "-beside"
+
+
+def _compile_beside(root: str, rel: str) -> str:
+    """Compile ``root/rel`` again as ``root/rel-beside`` with its weights beside the library:
+    the same model, device, preset, planner mode and cost model (or its given plan) and block
+    settings as its manifest records, so the two differ in weight placement only."""
+    from codl_tvm.artifact import compile_artifact
+    from codl_tvm.plan import PartitionPlan
+
+    src, dst = Path(root) / rel, Path(root) / f"{rel}{BESIDE_SUFFIX}"
+    if (dst / "manifest.json").exists():
+        return f"{dst}: exists"
+    m = json.loads((src / "manifest.json").read_text())
+    record = m.get("plan") or {}
+    kwargs: dict = {"preset": m["preset"], "device": m["device"]}
+    if "plan" in m and (record.get("source") != "planner" or "verify" in m):
+        # a given plan, or one --verify chose: build that plan (not re-planned)
+        kwargs["device"] = "coexec"
+        kwargs["plan"] = PartitionPlan.from_json((src / "plan.json").read_text())
+    elif record.get("source") == "planner":
+        kwargs.update(device="coexec", mode=record["mode"], cost_model=record["cost_model"]["file"])
+    if kwargs["device"] == "coexec":
+        kwargs["split_channel_blocks"] = m.get("split_channel_blocks", True)
+        kwargs["split_row_blocks"] = m.get("split_row_blocks", False)
+        if m.get("coexec_cpu_alone_kernels"):
+            kwargs["coexec_cpu_alone"] = True
+    try:
+        compile_artifact(
+            m["model"]["file"],
+            dst,
+            weights="beside",
+            build_cache=Path(root) / "build_cache",
+            log=lambda s: None,
+            **kwargs,
+        )
+    except Exception as exc:  # one line per failed build; the others go on
+        return f"{dst}: failed: {exc}"
+    built = json.loads((dst / "manifest.json").read_text())["device"]
+    same = "" if built == m["device"] else f" (device {built}, the original {m['device']})"
+    return f"{dst}: {built}{same}"
+
+
+def cmd_beside(args: argparse.Namespace) -> None:
+    """Compile every artifact of the index (``--builds``) again with its weights beside its
+    library, as ``<artifact>-beside`` (``--jobs`` at a time, spawned processes)."""
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    index = json.loads((Path(args.dir) / "index.json").read_text())["models"]
+    models = args.models.split(",") if args.models else list(index)
+    rels = [
+        index[m][b] for m in models if m in index for b in args.builds.split(",") if b in index[m]
+    ]
+    # spawned workers: TVM's state is not fork-safe
+    with ProcessPoolExecutor(args.jobs, mp_context=mp.get_context("spawn")) as pool:
+        for line in pool.map(_compile_beside, [args.dir] * len(rels), rels):
+            print(line, flush=True)
 
 
 def _add_binaries(manifest_path: Path, platform: str) -> str:
@@ -98,10 +175,12 @@ def _child(
     evict_paths: list[Path],
     warm: int = 0,
     timeout_s: float | None = None,
+    weights: str = "overlap",
 ) -> dict:
     evict(evict_paths)
     t0 = time.monotonic_ns()
     cmd = [sys.executable, "-m", "codl_tvm.coldstart", str(artifact), "--programs", programs]
+    cmd += ["--weights", weights]
     try:
         proc = subprocess.run(
             [*cmd, "--warm", str(warm)],
@@ -126,7 +205,7 @@ def _child(
 
 def _scenario_env(name: str, base: dict, caches: Path) -> dict:
     env = dict(base)
-    env["CODL_OPENCL_AOT"] = "1" if name.startswith("aot") else "0"
+    env["CODL_OPENCL_AOT"] = "1" if name.startswith("aot") or name in BESIDE else "0"
     fresh = name != "cache"
     root = caches / ("fresh-" + name if fresh else "fresh-nocache")
     if fresh and root.exists():
@@ -217,19 +296,28 @@ def cmd_run(args: argparse.Namespace) -> None:
                 if build not in index[model]:
                     continue
                 art = root / index[model][build]
+                beside = art.with_name(art.name + BESIDE_SUFFIX)
                 manifest = json.loads((art / "manifest.json").read_text())
                 opencl = "opencl" in manifest["vm_devices"]
-                files = artifact_files(art)
-                todo = scenarios if opencl else ["cpu"]
+                todo = scenarios if opencl else ["cpu", *(s for s in scenarios if s in BESIDE)]
                 for name in todo:
+                    target = beside if name in BESIDE else art
+                    if not (target / "manifest.json").exists():
+                        res = {"error": [f"{target}: missing (run bench_cold.py beside)"]}
+                        res.update(model=model, build=build, scenario=name, platform=args.platform)
+                        rows.append(res)
+                        print(f"{model} {build} {name}: {_line(res)}", flush=True)
+                        continue
+                    files = artifact_files(target)
                     env = _scenario_env(name, base, caches)
                     cache_files = [p for p in caches.rglob("*") if p.is_file()]
                     evict_paths = [] if name == "aot_warm_pages" else files + cache_files + libs
                     programs = {"aot_lazy": "lazy", "nocache": "lazy", "cache": "lazy"}.get(
                         name, "overlap"
                     )
-                    warm = args.warm if name in ("aot", "cpu") else 0
-                    res = _child(art, programs, env, evict_paths, warm, args.timeout_s)
+                    warm = args.warm if name in ("aot", "cpu", "beside") else 0
+                    weights = "sequential" if name == "beside_sequential" else "overlap"
+                    res = _child(target, programs, env, evict_paths, warm, args.timeout_s, weights)
                     res.update(model=model, build=build, scenario=name, platform=args.platform)
                     rows.append(res)
                     print(f"{model} {build} {name}: {_line(res)}", flush=True)
@@ -249,7 +337,9 @@ def cmd_run(args: argparse.Namespace) -> None:
 
 def summarize(rows: list[dict]) -> dict:
     """Per build: cold (aot) over warm, per model and on average; the speed-up of ``aot`` over
-    ``nocache``; ``aot`` against onnxruntime's cold start."""
+    ``nocache``; ``aot`` against onnxruntime's cold start; the same for ``beside`` (weights
+    beside the library, loaded while the run goes on) where it was measured, with its own
+    warm runs."""
     by = {(r["model"], r["build"], r["scenario"]): r for r in rows if "error" not in r}
     out: dict = {}
     for (model, build, scenario), r in by.items():
@@ -268,6 +358,13 @@ def summarize(rows: list[dict]) -> dict:
                 entry[f"{name}_cold_ms"] = cold_ms(other)
         if (model, build, "nocache") in by:
             entry["speedup_over_nocache"] = entry["nocache_cold_ms"] / entry["cold_ms"]
+        side = by.get((model, build, "beside"))
+        if side is not None and "warm_median_ms" in side:
+            entry["beside_warm_ms"] = side["warm_median_ms"]
+            entry["beside_cold_over_warm"] = cold_ms(side) / side["warm_median_ms"]
+            entry["beside_speedup_over_embedded"] = entry["cold_ms"] / cold_ms(side)
+            if "nocache_cold_ms" in entry:
+                entry["beside_speedup_over_nocache"] = entry["nocache_cold_ms"] / cold_ms(side)
         ort = by.get((model, "onnxruntime", "cold"))
         if ort:
             entry["onnxruntime_cold_ms"] = cold_ms(ort)
@@ -275,7 +372,10 @@ def summarize(rows: list[dict]) -> dict:
         out.setdefault(build, {})[model] = entry
     for models in out.values():
         ratios = [e["cold_over_warm"] for e in models.values()]
+        beside = [e["beside_cold_over_warm"] for e in models.values() if "beside_warm_ms" in e]
         models["_mean_cold_over_warm"] = statistics.mean(ratios)
+        if beside:
+            models["_mean_beside_cold_over_warm"] = statistics.mean(beside)
     return out
 
 
@@ -314,6 +414,12 @@ def main() -> None:
     b.add_argument("--platform", default="", help="OpenCL platform name substring")
     b.add_argument("--jobs", type=int, default=1, help="artifacts at a time")
     b.set_defaults(func=cmd_binaries)
+    s = sub.add_parser("beside", help="compile each artifact again with its weights beside it")
+    s.add_argument("--dir", required=True, help="bench_planner.py compile's output folder")
+    s.add_argument("--models", help="models (default: every model of the index)")
+    s.add_argument("--builds", default="cpu,gpu,codl", help="index tags: cpu, gpu, codl, ...")
+    s.add_argument("--jobs", type=int, default=1, help="builds at a time")
+    s.set_defaults(func=cmd_beside)
     r = sub.add_parser("run", help="measure the cold starts")
     r.add_argument("--dir", required=True, help="bench_planner.py compile's output folder")
     r.add_argument("--models", help="models (default: every model of the index)")

@@ -5,11 +5,13 @@
 # The builds are compiled once (device-h100 preset; the compile stores NVIDIA's program
 # binaries), then PoCL's binaries are added to the same artifacts (one folder holds both; on
 # PoCL the co-executed build keeps the H100 plan: the cold path is what is measured).
-# Per platform: nocache, aot and warm for every model and build; the ablation (cache, aot_lazy,
-# overlap_only, aot_warm_pages) for COLD_ABLATION_MODELS.
+# Each build is compiled a second time with its weights beside its library (bench_cold.py
+# beside: <build>-beside, loaded on a thread while the first run goes on).
+# Per platform: nocache, aot, beside and warm for every model and build; the ablation (cache,
+# aot_lazy, overlap_only, aot_warm_pages, beside_sequential) for COLD_ABLATION_MODELS.
 # COLD_MODELS, COLD_ABLATION_MODELS, COLD_BUILDS (cpu,gpu,codl), COLD_PLATFORMS (default nvidia:
-# about 6 minutes of builds and 6 of runs; portable on its own lease takes about 6 + 2 minutes
-# of builds and PoCL binaries, then 10-14 of runs, PoCL's first compiles being slow).
+# about 12 minutes of builds and 9 of runs; portable on its own lease takes about 12 + 2
+# minutes of builds and PoCL binaries, then 15-20 of runs, PoCL's first compiles being slow).
 set -u
 . /tmp/code/env.sh
 cd /tmp/code
@@ -21,6 +23,8 @@ b=/tmp/b/cold r=/tmp/res
 CODL_OPENCL_PLATFORM=nvidia python3 scripts/bench_planner.py compile --jobs 15 \
   --preset device-h100 --cost-model codl_tvm/data/cost_models/device-h100.json \
   --models "$models" --modes codl --out $b > $r/cold_compile.log 2>&1
+CODL_OPENCL_PLATFORM=nvidia python3 scripts/bench_cold.py beside --dir $b --models "$models" \
+  --builds "$builds" --jobs 15 > $r/cold_beside.log 2>&1
 touch $r/COLD_BUILT
 for p in ${platforms//,/ }; do
   if [ "$p" = portable ]; then
@@ -34,11 +38,12 @@ for p in ${platforms//,/ }; do
       --jobs 15 > $r/cold_binaries_$p.log 2>&1
   fi
   python3 scripts/bench_cold.py run --dir $b --models "$models" --builds "$builds" \
-    --platform "$p" --scenarios nocache,aot --ort-threads $ort \
+    --platform "$p" --scenarios nocache,aot,beside --ort-threads $ort \
     --out $r/cold_$p.json --plot $r/cold_$p.png > $r/cold_$p.log 2>&1
   touch $r/COLD_${p}_MAIN
   python3 scripts/bench_cold.py run --dir $b --models "$ablation" --builds gpu,codl \
-    --platform "$p" --scenarios nocache,cache,aot,aot_lazy,overlap_only,aot_warm_pages \
+    --platform "$p" \
+    --scenarios nocache,cache,aot,beside,aot_lazy,overlap_only,aot_warm_pages,beside_sequential \
     --out $r/cold_ablation_$p.json --plot $r/cold_ablation_$p.png > $r/cold_ablation_$p.log 2>&1
   touch $r/COLD_${p}_DONE
 done
