@@ -137,3 +137,34 @@ def test_unknown_placement_is_refused(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         main(["compile", "--weights", "inline", "-o", str(tmp_path / "y")])
     assert exc.value.code == 2
+
+
+def test_build_cache_keeps_the_weights_with_the_library(tmp_path):
+    cache = tmp_path / "cache"
+    lines: list[str] = []
+    first = _compile(tmp_path / "a", "beside", device="cpu", build_cache=cache)
+    second = compile_artifact(
+        bundled_model_path(),
+        tmp_path / "b",
+        device="cpu",
+        weights="beside",
+        build_cache=cache,
+        log=lines.append,
+    )
+    assert any("reusing the cpu library from the build cache" in line for line in lines)
+    assert (first / WEIGHTS).read_bytes() == (second / WEIGHTS).read_bytes()
+    assert load_artifact(second).manifest["weights"] == load_artifact(first).manifest["weights"]
+    _, outs = _run(second)
+    for got, want in zip(outs, load_artifact(second).reference()[1], strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.slow
+@pytest.mark.opencl
+def test_verify_builds_the_chosen_library_again_with_its_weights_beside(tmp_path, opencl):
+    out = _compile(tmp_path / "v", "beside", device="coexec", verify=1)
+    manifest = load_artifact(out).manifest
+    assert manifest["weights"]["placement"] == "beside" and manifest["verify"]["chosen"]
+    _, outs = _run(out)
+    for got, want in zip(outs, load_artifact(out).reference()[1], strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
