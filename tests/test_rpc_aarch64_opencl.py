@@ -199,6 +199,18 @@ def test_coarse_grained_svm_on_emulated_device(tracker, servers, model):
     _assert_matches_onnxruntime(result, model, inputs)
 
 
+def test_device_without_svm_coexecutes_on_host_mapped_buffers(tracker, servers, model):
+    """Devices without SVM (OpenCL 1.2 drivers) fall back to host-mapped buffers; deploy says
+    so and the co-executed model still matches."""
+    key = servers.start("emu-buffer", "--env", "CODL_OPENCL_SVM=buffer")
+    inputs = random_inputs(model[1], seed=6)
+    lines: list[str] = []
+    result = _deploy(tracker, key, model, inputs, lines)
+    assert result.remote_versions["svm"] == "buffer"
+    assert any("buffer (host-mapped, no SVM)" in ln for ln in lines), lines
+    _assert_matches_onnxruntime(result, model, inputs)
+
+
 def test_server_without_opencl_platform_is_one_clear_error(tracker, servers, model, tmp_path):
     key = servers.start("emu-noplatform", "--env", "OCL_ICD_VENDORS=/nonexistent")
     work = tmp_path / "work"
