@@ -137,6 +137,10 @@ def test_unknown_placement_is_refused(tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         main(["compile", "--weights", "inline", "-o", str(tmp_path / "y")])
     assert exc.value.code == 2
+    capsys.readouterr()
+    argv = ["compile", "--objective", "throughput", "--groups", "big:0-1,gpu", "--weights"]
+    assert main([*argv, "beside", "-o", str(tmp_path / "z")]) == 2
+    assert "--weights apply to --objective latency" in capsys.readouterr().err
 
 
 def test_build_cache_keeps_the_weights_with_the_library(tmp_path):

@@ -94,6 +94,7 @@ def _compile_throughput(args: argparse.Namespace, model_path: str) -> int:
             ("--refine", args.refine),
             ("--device", args.device != "coexec"),
             ("--mode", args.mode != "codl"),
+            ("--weights", args.weights is not None),
         )
         if on
     ]
