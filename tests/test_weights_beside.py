@@ -23,6 +23,7 @@ from codl_tvm.errors import ArtifactError
 from codl_tvm.frontend import load_onnx
 from codl_tvm.models import bundled_model_path
 from codl_tvm.plan import uniform_plan
+from tests.scripts_util import script_module
 
 QUIET = {"log": lambda s: None}
 
@@ -172,3 +173,37 @@ def test_verify_builds_the_chosen_library_again_with_its_weights_beside(tmp_path
     _, outs = _run(out)
     for got, want in zip(outs, load_artifact(out).reference()[1], strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def _row(scenario: str, weight_read: float, first_run: float, warm: float | None = None) -> dict:
+    phases = {"process_start": 5.0, "library_load": 100.0, "weight_read": weight_read}
+    row = {"model": "m", "build": "gpu", "scenario": scenario, "first_output_ms": 0.0}
+    row["phases_ms"] = {**phases, "first_run": first_run}
+    return row if warm is None else {**row, "warm_median_ms": warm}
+
+
+def test_bench_cold_summary_has_the_beside_scenario_and_its_ablation():
+    rows = [
+        _row("aot", 30.0, 20.0, warm=10.0),
+        _row("beside", 2.0, 23.0, warm=12.5),
+        _row("beside_sequential", 32.0, 20.0),
+    ]
+    with script_module("bench_cold") as bench:
+        entry = bench.summarize(rows)["gpu"]
+    m = entry["m"]
+    assert (m["cold_ms"], m["beside_cold_ms"], m["beside_sequential_cold_ms"]) == (50, 25, 52)
+    assert m["beside_cold_over_warm"] == entry["_mean_beside_cold_over_warm"] == 25 / 12.5
+    assert m["beside_speedup_over_embedded"] == 2.0
+
+
+def test_bench_cold_compiles_the_beside_sibling_of_an_artifact(tmp_path):
+    original = _compile(tmp_path / "m" / "cpu", "embedded", device="cpu")
+    with script_module("bench_cold") as bench:
+        line = bench._compile_beside(str(tmp_path), "m/cpu")
+    sibling = tmp_path / "m" / "cpu-beside"
+    assert line == f"{sibling}: cpu"
+    assert load_artifact(sibling).manifest["weights"]["placement"] == "beside"
+    inputs, outs = _run(sibling)
+    art = load_artifact(original)
+    for got, want in zip(outs, art([inputs[s.name] for s in art.model.inputs]), strict=True):
+        np.testing.assert_array_equal(got, want)
