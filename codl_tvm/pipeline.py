@@ -211,8 +211,10 @@ def single_device_pipeline(
                 ("schedule", schedule_passes(target, cpu, opencl)),
                 ("dataflow-lower", dataflow_lower_passes(target)),
                 ("finalize", finalize_passes(target)),
-                ("weights", weights_passes(weights, "opencl" if "gpu" in target.keys else "cpu")),
             ]
+            if weights is not None:
+                device = "opencl" if "gpu" in target.keys else "cpu"
+                phases.append(("weights", weights_passes(weights, device)))
             return _run_phases(mod, phases, _dump_dir(dump_ir))
 
     return _pipeline
@@ -267,8 +269,9 @@ def coexec_pipeline(
                 ("merge", [MergePartsInPlace()]),
                 ("dataflow-lower", coexec_dataflow_lower_passes(gpu_target, kernel_splits)),
                 ("finalize", finalize_passes(gpu_target)),
-                ("weights", weights_passes(weights, "opencl")),
             ]
+            if weights is not None:
+                phases.append(("weights", weights_passes(weights, "opencl")))
             return _run_phases(mod, phases, _dump_dir(dump_ir))
 
     return _pipeline
