@@ -18,6 +18,9 @@ machine):
     OpenCL builds compiled on a reachable device: each kernel's program binary for that device
     and driver (:mod:`~codl_tvm.artifact.program_binaries`), so the first run there skips the
     OpenCL compiler; any other device compiles from source.
+``weights.bin``
+    With ``--weights beside``: the weights the library fetches while it runs, read on a thread
+    during the first inference (:mod:`~codl_tvm.artifact.weights`).
 ``reference.npz``
     Seeded inputs (``input:<name>``) and the unpartitioned model's outputs on the host CPU
     (``output:<name>``), so ``run OUT/`` checks the numerics on the device with no compiler.
