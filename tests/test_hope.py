@@ -19,7 +19,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from codl_tvm.errors import CodlError, PlanError, PlannerError
 from codl_tvm.plan import PartitionPlan, partitionable_ops
-from codl_tvm.planner.dag import DagEdge, DagNode, OpGraph, build_graph
+from codl_tvm.planner.dag import CoexecCosts, DagEdge, DagNode, OpGraph, build_graph
 from codl_tvm.planner.hope import (
     Schedule,
     ScheduleError,
@@ -32,9 +32,14 @@ from codl_tvm.planner.hope import (
     solve_exact,
     starpu_schedule,
 )
+from codl_tvm.planner.placement import PlacementConfig
 from codl_tvm.planner.synthetic import SyntheticDevice, synthetic_cost_model
 
 HEURISTICS = (greedy_schedule, starpu_schedule, mosaic_schedule)
+# The synthetic devices' operators take microseconds: the co-execution costs fitted on the
+# emulated SoC (DEFAULT_COEXEC_COSTS) would keep their placements on one processor, so the
+# tests of placed plans plan without them.
+PLAIN = PlacementConfig(costs=CoexecCosts())
 MODES_PLACED = ("hope", "hope_greedy", "starpu", "mosaic")
 
 
@@ -451,7 +456,7 @@ def cheap_sharing_model():
 def test_placement_modes_give_whole_operator_plans(inception_mod, cheap_sharing_model, mode):
     from codl_tvm.planner.placement import make_plan
 
-    plan, report = make_plan(inception_mod, cheap_sharing_model, mode)
+    plan, report = make_plan(inception_mod, cheap_sharing_model, mode, placement=PLAIN)
     names = [i.name for i in partitionable_ops(inception_mod)]
     assert [e.op for e in plan.ops] == names and not plan.chains
     assert {e.ratio for e in plan.ops} <= {0.0, 1.0}
@@ -465,7 +470,11 @@ def test_placement_modes_give_whole_operator_plans(inception_mod, cheap_sharing_
 def test_hope_plan_uses_both_processors_and_beats_the_baselines(inception_mod, cheap_sharing_model):
     from codl_tvm.planner.placement import make_plan
 
-    reports = {m: make_plan(inception_mod, cheap_sharing_model, m)[1] for m in MODES_PLACED}
+    plain = PLAIN
+    reports = {
+        m: make_plan(inception_mod, cheap_sharing_model, m, placement=plain)[1]
+        for m in MODES_PLACED
+    }
     hope = reports["hope"].summary
     assert hope.n_whole_cpu > 0 and hope.n_whole_gpu > 0
     assert hope.predicted_ms < min(hope.cpu_only_ms, hope.gpu_only_ms)
@@ -512,7 +521,7 @@ def test_hope_plan_of_an_inception_module_equals_onnxruntime(
     import codl_tvm
     from codl_tvm.planner.placement import make_plan
 
-    plan, _ = make_plan(inception_mod, split_friendly_model, "hope")
+    plan, _ = make_plan(inception_mod, split_friendly_model, "hope", placement=PLAIN)
     assert {e.ratio for e in plan.ops} == {0.0, 1.0}  # branches on both processors
     # the schedule issues the GPU branch before the CPU branch main computes first
     assert plan.order != tuple(e.op for e in plan.ops)
@@ -549,7 +558,7 @@ def test_unmodelled_operator_is_left_out_with_its_reason(cheap_sharing_model):
     graph_ = build_graph(mod, cheap_sharing_model)
     assert graph_.nodes[0].follows and graph_.nodes[0].op is None
     assert any("conv2d_0 (conv2d) is not placed" in n for n in graph_.notes)
-    plan, report = make_plan(mod, cheap_sharing_model, "hope")
+    plan, report = make_plan(mod, cheap_sharing_model, "hope", placement=PLAIN)
     assert [e.op for e in plan.ops] == ["conv2d_1"]
     row = report.decisions[0]
     assert row.ops == ("conv2d_0",) and row.ratio is None
@@ -613,7 +622,7 @@ def test_order_splits_issues_a_partitioned_module_in_dispatch_order(
     graph_ = build_graph(inception_mod, cheap_sharing_model)
     schedule = schedule_graph(graph_, "hope", PlacementConfig())
     order = dispatch_order(graph_, schedule)
-    plan, _ = make_plan(inception_mod, cheap_sharing_model, "hope")
+    plan, _ = make_plan(inception_mod, cheap_sharing_model, "hope", placement=PLAIN)
     assert {e.op: e.ratio for e in plan.ops} == {
         n.op: float(p == "gpu") for n, p in zip(graph_.nodes, schedule.processor) if n.op
     }
@@ -639,7 +648,10 @@ def test_hope_plans_are_deterministic(inception_mod, cheap_sharing_model):
     the same one (parallel workers returned two different ones in six runs)."""
     from codl_tvm.planner.placement import make_plan
 
-    plans = {make_plan(inception_mod, cheap_sharing_model, "hope")[0].to_json() for _ in range(4)}
+    plans = {
+        make_plan(inception_mod, cheap_sharing_model, "hope", placement=PLAIN)[0].to_json()
+        for _ in range(4)
+    }
     assert len(plans) == 1
 
 
@@ -759,7 +771,11 @@ def split_friendly_model():
 def test_codl_hope_mixes_splits_and_whole_branches(inception_mod, split_friendly_model):
     from codl_tvm.planner.placement import make_plan
 
-    plans = {m: make_plan(inception_mod, split_friendly_model, m) for m in ("hope", "codl_hope")}
+    plain = PLAIN
+    plans = {
+        m: make_plan(inception_mod, split_friendly_model, m, placement=plain)
+        for m in ("hope", "codl_hope")
+    }
     plan, report = plans["codl_hope"]
     ratios = [e.ratio for e in plan.ops]
     assert any(0.0 < r < 1.0 for r in ratios) and {0.0, 1.0} <= set(ratios)
@@ -777,7 +793,7 @@ def test_codl_hope_plan_equals_onnxruntime(opencl, inception_mod, split_friendly
     import codl_tvm
     from codl_tvm.planner.placement import make_plan
 
-    plan, _ = make_plan(inception_mod, split_friendly_model, "codl_hope")
+    plan, _ = make_plan(inception_mod, split_friendly_model, "codl_hope", placement=PLAIN)
     assert any(0.0 < e.ratio < 1.0 for e in plan.ops)
     x = np.random.default_rng(1).standard_normal((1, 3, 16, 16)).astype("float32")
     sess = ort.InferenceSession(
@@ -793,7 +809,7 @@ def test_codl_hope_plan_equals_onnxruntime(opencl, inception_mod, split_friendly
 def test_plan_order_round_trips_and_names_entries(inception_mod, cheap_sharing_model):
     from codl_tvm.planner.placement import make_plan
 
-    plan, _ = make_plan(inception_mod, cheap_sharing_model, "hope")
+    plan, _ = make_plan(inception_mod, cheap_sharing_model, "hope", placement=PLAIN)
     assert sorted(plan.order) == sorted(e.op for e in plan.ops)
     assert PartitionPlan.from_json(plan.to_json()) == plan
     data = plan.to_dict()
@@ -856,3 +872,68 @@ def test_contract_a_chain_into_one_node():
     assert g.contract(("s", "a"), node) is None  # s is also read by t
     assert g.contract(("a", "t"), node) is None  # not a path
     assert g.contract(("a", "x"), node) is None
+
+
+# -- co-execution costs --------------------------------------------------------------------------
+
+
+def test_coexec_costs_scale_whole_operators_and_delay_cross_edges():
+
+    g = OpGraph(
+        (
+            DagNode("a", 2.0, 4.0, op="a", split_ms=3.0, split_dim="H", split_ratio=0.5),
+            DagNode("j", 0.0, 0.0, follows=True),
+            DagNode("b", 1.0, 1.0, op="b"),
+        ),
+        (DagEdge("a", "j", 0.5), DagEdge("j", "b", 0.25)),
+    )
+    costs = CoexecCosts(cpu_factor=1.5, gpu_factor=2.0, gpu_op_ms=0.1, cross_edge_ms=0.2)
+    c = g.with_costs(costs)
+    a, j, b = c.nodes
+    assert (a.cpu_ms, a.gpu_ms, a.split_ms) == (3.0, 8.1, 3.0)  # a split keeps Eq. 2's latency
+    assert (j.cpu_ms, j.gpu_ms) == (0.0, 0.0) and j.follows
+    assert (b.cpu_ms, b.gpu_ms) == (1.5, 2.1)
+    assert [e.transfer_ms for e in c.edges] == [0.7, 0.45]
+    assert c.delay_ms(1, 2, "cpu", "cpu") == 0.0 and c.delay_ms(1, 2, "cpu", "gpu") == 0.45
+    assert g.with_costs(CoexecCosts()) is g
+    for bad in ({"cpu_factor": 0.0}, {"gpu_factor": float("inf")}, {"cross_edge_ms": -1.0}):
+        with pytest.raises(PlannerError, match="CoexecCosts"):
+            CoexecCosts(**bad)
+
+
+def test_costs_turn_a_marginal_branch_placement_into_one_processor(
+    inception_mod, cheap_sharing_model
+):
+    """A placement predicted faster with the plain predictions but not once each operator and
+    edge pays the co-executed build's costs: every operator goes to the faster processor,
+    predicted at its plain single-processor latency (what the compile then builds)."""
+    from codl_tvm.planner.placement import PlacementConfig, make_plan
+
+    plain = PlacementConfig(costs=CoexecCosts())
+    costly = PlacementConfig(costs=CoexecCosts(cpu_factor=3.0, gpu_factor=3.0, gpu_op_ms=1.0))
+    for mode in (*MODES_PLACED, "codl_hope"):
+        _, before = make_plan(inception_mod, cheap_sharing_model, mode, placement=plain)
+        s = before.summary
+        if mode in ("hope", "codl_hope"):
+            assert s.predicted_ms < min(s.cpu_only_ms, s.gpu_only_ms), mode
+        plan, report = make_plan(inception_mod, cheap_sharing_model, mode, placement=costly)
+        s = report.summary
+        best = min(s.cpu_only_ms, s.gpu_only_ms)
+        assert s.predicted_ms == pytest.approx(best), mode
+        ratio = 0.0 if s.cpu_only_ms <= s.gpu_only_ms else 1.0
+        assert {e.ratio for e in plan.ops} == {ratio} and not plan.chains, mode
+        where = "CPU" if ratio == 0.0 else "GPU"
+        assert any(f"every operator on the {where}" in n for n in report.notes), mode
+
+
+@pytest.mark.parametrize("mode", (*MODES_PLACED, "codl_hope"))
+def test_default_costs_never_predict_a_plan_slower_than_one_processor(
+    inception_mod, cheap_sharing_model, mode
+):
+    from codl_tvm.planner.placement import DEFAULT_COEXEC_COSTS, make_plan
+
+    _, report = make_plan(inception_mod, cheap_sharing_model, mode)
+    s = report.summary
+    assert s.predicted_ms <= min(s.cpu_only_ms, s.gpu_only_ms) + 1e-9
+    assert any("co-execution costs in the makespan" in n for n in report.notes)
+    assert not DEFAULT_COEXEC_COSTS.neutral

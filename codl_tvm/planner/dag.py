@@ -33,6 +33,7 @@ Tensors of the model's inputs are not modelled (both processors read them).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -42,7 +43,7 @@ from codl_tvm.errors import PlannerError
 from codl_tvm.plan import partitionable_bindings, static_shape
 from codl_tvm.planner.search import PlannerConfig, _Planner
 
-__all__ = ["PROCESSORS", "SPLIT", "DagEdge", "DagNode", "OpGraph", "build_graph"]
+__all__ = ["PROCESSORS", "SPLIT", "CoexecCosts", "DagEdge", "DagNode", "OpGraph", "build_graph"]
 
 PROCESSORS: tuple[str, str] = ("cpu", "gpu")
 #: The placement of a node split across both processors (CoDL's split, Eq. 2).
@@ -108,6 +109,52 @@ class DagEdge:
     dst: str
     transfer_ms: float
     nbytes: int = 0
+
+
+@dataclass(frozen=True)
+class CoexecCosts:
+    """What an operator costs in a co-executed build beyond the cost model's prediction of it
+    in a build for one processor alone (:meth:`OpGraph.with_costs`).
+
+    The cost model is fitted on, and the single-processor plans are built as, one processor's
+    kernels in one build. A placed plan's kernels run in a co-executed build: epilogues a
+    neighbour on the other processor keeps from fusing run as kernels of their own, every GPU
+    operator is enqueued and synchronised with the host, and each tensor that crosses
+    processors is flushed and mapped. Device traces of placed plans show these as per-processor
+    slowdowns and per-operator and per-edge delays.
+
+    Attributes
+    ----------
+    cpu_factor, gpu_factor
+        Latency of an operator run whole on the CPU (GPU) in a co-executed build over its
+        prediction.
+    gpu_op_ms
+        Added to each operator on the GPU (its launch, the host's enqueue and the kernels its
+        epilogue adds).
+    cross_edge_ms
+        Added to every edge whose ends run whole on different processors (the sync around the
+        transfer the cost model predicts).
+    """
+
+    cpu_factor: float = 1.0
+    gpu_factor: float = 1.0
+    gpu_op_ms: float = 0.0
+    cross_edge_ms: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("cpu_factor", "gpu_factor"):
+            v = getattr(self, name)
+            if not (isinstance(v, int | float) and 0.0 < v < float("inf")):
+                raise PlannerError(f"CoexecCosts.{name} must be a finite factor > 0, got {v!r}")
+        for name in ("gpu_op_ms", "cross_edge_ms"):
+            v = getattr(self, name)
+            if not (isinstance(v, int | float) and 0.0 <= v < float("inf")):
+                raise PlannerError(f"CoexecCosts.{name} must be finite and >= 0, got {v!r}")
+
+    @property
+    def neutral(self) -> bool:
+        """True when the costs change no prediction."""
+        return self == CoexecCosts()
 
 
 @dataclass(frozen=True)
@@ -221,6 +268,31 @@ class OpGraph:
     def single_processor_ms(self, processor: str) -> float:
         """Sum of the node latencies on one processor (every node there, nothing transferred)."""
         return sum(n.latency_ms(processor) for n in self.nodes)
+
+    def with_costs(self, costs: CoexecCosts) -> OpGraph:
+        """The graph as a co-executed build runs it (see :class:`CoexecCosts`): free nodes'
+        whole-processor latencies scaled and the GPU's per-operator cost added, every edge's
+        cross-processor delay increased by the sync cost. A split's latency (CoDL's Eq. 2, its
+        sharing included, as measured split by split) and follow nodes are unchanged, and so
+        are the single-processor sums of ``self``: :meth:`single_processor_ms` of the result is
+        not a single-processor build's latency."""
+        if costs.neutral:
+            return self
+        nodes = tuple(
+            n
+            if n.follows
+            else dataclasses.replace(
+                n,
+                cpu_ms=n.cpu_ms * costs.cpu_factor,
+                gpu_ms=n.gpu_ms * costs.gpu_factor + (costs.gpu_op_ms if n.gpu_ms > 0 else 0.0),
+            )
+            for n in self.nodes
+        )
+        edges = tuple(
+            dataclasses.replace(e, transfer_ms=e.transfer_ms + costs.cross_edge_ms)
+            for e in self.edges
+        )
+        return OpGraph(nodes, edges, self.home, self.notes)
 
     def subgraph(self, keep: Iterable[int]) -> OpGraph:
         """The nodes at positions ``keep`` (in graph order) and the edges between them."""

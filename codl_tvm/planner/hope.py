@@ -90,7 +90,8 @@ class Schedule:
     makespan_ms
         The latest finish.
     method
-        ``exact``, ``greedy``, ``starpu`` or ``mosaic``.
+        ``exact``, ``greedy``, ``starpu`` or ``mosaic``; ``single_processor`` where a
+        planner kept every node on one processor because no placement was predicted faster.
     status
         ``optimal`` (proven), ``optimal_pieces`` (each piece of a partitioned graph proven
         optimal given the earlier ones), ``feasible`` (a time limit stopped the proof) or

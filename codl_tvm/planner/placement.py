@@ -32,6 +32,13 @@ the default: ``codl``'s fall-back margin (``policy.MIN_PREDICTED_SPEEDUP``) was 
 measured ``codl`` builds only, and the placement plans' measured latencies on the device are
 still to be benchmarked.
 
+Every mode minimises the makespan with what a co-executed build pays beyond the cost model's
+per-operator predictions (:attr:`PlacementConfig.costs`, :data:`DEFAULT_COEXEC_COSTS`: slower
+operators on each processor, a sync per edge across processors), and a schedule no faster
+than the faster processor alone (its plain prediction: such a plan is built for that processor
+alone) becomes that processor alone, so no placement mode predicts a plan slower than the best
+single processor.
+
 The plan's ``order`` is the schedule's :func:`dispatch_order`: the build issues the operators in
 it (:class:`~codl_tvm.passes.order.OrderSplits`), so a GPU branch is enqueued before the host
 runs a CPU branch beside it. The runtime still decides the rest (each GPU kernel starts when
@@ -56,7 +63,7 @@ from codl_tvm.plan import (
     model_fingerprint,
     partitionable_ops,
 )
-from codl_tvm.planner.dag import SPLIT, DagNode, OpGraph, build_graph
+from codl_tvm.planner.dag import PROCESSORS, SPLIT, CoexecCosts, DagNode, OpGraph, build_graph
 from codl_tvm.planner.hope import (
     DEFAULT_GREEDY_K,
     DEFAULT_MAX_NODES,
@@ -65,6 +72,7 @@ from codl_tvm.planner.hope import (
     check_schedule,
     greedy_schedule,
     mosaic_schedule,
+    simulate,
     solve_exact,
     starpu_schedule,
 )
@@ -80,18 +88,30 @@ from codl_tvm.planner.search import (
 __all__ = [
     "ALL_MODES",
     "AUTO_CANDIDATES",
+    "DEFAULT_COEXEC_COSTS",
     "PLACEMENT_MODES",
     "PlacementConfig",
+    "PlacementSchedule",
     "dispatch_order",
     "make_plan",
     "plan_auto",
     "plan_placement",
+    "schedule_placement",
 ]
 
 PLACEMENT_MODES: tuple[str, ...] = ("hope", "hope_greedy", "starpu", "mosaic", "codl_hope")
 #: The modes ``auto`` plans with, in the order ties go (today's default first).
 AUTO_CANDIDATES: tuple[str, ...] = ("codl", "hope", "hope_greedy", "codl_hope")
 ALL_MODES: tuple[str, ...] = (*MODES, *PLACEMENT_MODES, "auto")
+
+#: Fitted by scripts/fit_coexec_costs.py to a device run of the placed plans (emulated SoC,
+#: k = 12, ten models, 16 placed builds): the costs whose makespans, over the faster processor's
+#: predicted latency alone, best match the measured latencies over the faster processor's
+#: (rms log error 0.30 with no costs, 0.10 with these). A co-executed build's CPU operators
+#: ran slower than in the CPU-alone build (median 1.19x over the models, their timelines), and
+#: the GPU factor also covers the GPU's waits for the host, which enqueues GPU work only
+#: between CPU kernels. See docs/benchmarks.md, "Does branch placement (HOPE) pay?".
+DEFAULT_COEXEC_COSTS = CoexecCosts(cpu_factor=1.3, gpu_factor=1.5, gpu_op_ms=0.0, cross_edge_ms=0.1)
 
 # auto takes another mode's plan only when it is predicted faster by more than this fraction:
 # plans of equal makespan (e.g. every mode keeping a chain on one processor) stay codl's.
@@ -114,14 +134,25 @@ class PlacementConfig:
     workers
         CP-SAT search workers (1: deterministic plans; more may solve large graphs faster, but
         may return another schedule of the same makespan).
+    costs
+        What a co-executed build adds to the cost model's predictions
+        (:class:`~codl_tvm.planner.dag.CoexecCosts`), in the makespan every mode minimises;
+        the single-processor latencies a plan is compared with keep the plain predictions.
+        Default: :data:`DEFAULT_COEXEC_COSTS`; ``CoexecCosts()`` predicts as the cost model
+        alone.
     """
 
     greedy_k: int = DEFAULT_GREEDY_K
     time_limit_s: float = DEFAULT_TIME_LIMIT_S
     max_nodes: int = DEFAULT_MAX_NODES
     workers: int = 1
+    costs: CoexecCosts = DEFAULT_COEXEC_COSTS
 
     def __post_init__(self) -> None:
+        if not isinstance(self.costs, CoexecCosts):
+            raise PlannerError(
+                f"placement: costs must be a CoexecCosts, got {type(self.costs).__name__}"
+            )
         if not isinstance(self.greedy_k, int) or not 1 <= self.greedy_k <= 12:
             raise PlannerError(
                 f"placement: greedy_k must be an integer in 1..12, got {self.greedy_k!r}"
@@ -261,6 +292,8 @@ def _with_codl_chains(
 
 
 def _status(s: Schedule) -> str:
+    if s.method == "single_processor":
+        return "one processor alone (no placement predicted faster)"
     if s.method != "exact":
         return f"{s.method} schedule"
     if s.status == "optimal":
@@ -268,6 +301,114 @@ def _status(s: Schedule) -> str:
     if s.status == "optimal_pieces":
         return f"exact schedule, optimal per upward-rank piece (gap to the lower bound {s.gap:.1%})"
     return f"exact schedule stopped by the time limit, proven gap {s.gap:.1%}"
+
+
+@dataclass(frozen=True)
+class PlacementSchedule:
+    """A placement mode's schedule of a module (:func:`schedule_placement`).
+
+    Attributes
+    ----------
+    graph
+        The graph scheduled: CoDL's chains contracted (``codl_hope``) and
+        :attr:`PlacementConfig.costs` applied.
+    schedule
+        Its checked schedule; every node on one processor when no placement was predicted
+        faster than the faster processor alone.
+    chains
+        CoDL's chains by graph node name (``codl_hope``).
+    single_ms
+        Predicted latency of the model on each processor alone (the plain cost model's, as the
+        single-processor builds run), by ``"cpu"`` / ``"gpu"``.
+    notes, warnings
+        Report notes, and the messages of warnings raised while reading the graph.
+    """
+
+    graph: OpGraph
+    schedule: Schedule
+    chains: dict[str, ChainPlan]
+    single_ms: dict[str, float]
+    notes: tuple[str, ...]
+    warnings: tuple[str, ...] = ()
+
+
+def schedule_placement(
+    mod,
+    cost_model: CostModel,
+    mode: str = "hope",
+    config: PlannerConfig | None = None,
+    model_name: str | None = None,
+    placement: PlacementConfig | None = None,
+) -> PlacementSchedule:
+    """The schedule a placement ``mode`` gives ``mod`` (what :func:`plan_placement` turns into
+    a plan); arguments as there.
+
+    The mode minimises the makespan of the graph with :attr:`PlacementConfig.costs` applied
+    (:meth:`~codl_tvm.planner.dag.OpGraph.with_costs`); a schedule whose makespan is not below
+    the faster processor alone (its plain prediction: a plan keeping every operator on one
+    processor is built for that processor alone) is replaced by that processor alone.
+    """
+    if not isinstance(cost_model, CostModel):
+        raise PlannerError(
+            f"plan_placement needs a fitted CostModel, got {type(cost_model).__name__}"
+        )
+    if mode not in PLACEMENT_MODES:
+        raise PlannerError(f"unknown placement mode {mode!r} (known: {', '.join(PLACEMENT_MODES)})")
+    config = config or PlannerConfig()
+    placement = placement or PlacementConfig()
+    raw_model = cost_model
+    cost_model, notes = calibrated_model(cost_model, config)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        graph = build_graph(mod, cost_model, config, splits=mode == "codl_hope")
+    single = {p: graph.single_processor_ms(p) for p in PROCESSORS}
+    chains: dict[str, ChainPlan] = {}
+    start = None
+    if mode == "codl_hope":
+        # CoDL's chains as a choice, and CoDL's own plan as a start: the combined schedule is
+        # never slower than CoDL's placement in the graph's timing model
+        codl_plan, codl_report = plan_model(mod, raw_model, "codl", config, model_name)
+        graph, chains, start, chain_notes = _with_codl_chains(graph, codl_plan, codl_report)
+        notes.extend(chain_notes)
+    plain = graph
+    costs = placement.costs
+    if not costs.neutral:
+        graph = graph.with_costs(costs)
+        notes.append(
+            f"co-execution costs in the makespan: CPU operators x{costs.cpu_factor:g}, GPU "
+            f"operators x{costs.gpu_factor:g} + {costs.gpu_op_ms:g} ms, "
+            f"+{costs.cross_edge_ms:g} ms per edge across processors"
+        )
+    schedule = schedule_graph(graph, mode, placement, start)
+    best = min(PROCESSORS, key=lambda p: (single[p], p != graph.home))
+    used = {schedule.processor[i] for i, n in enumerate(graph.nodes) if not n.follows}
+    one_processor = len(used) <= 1 and SPLIT not in used
+    if schedule.makespan_ms >= single[best] or one_processor:
+        # a plan that keeps every operator on one processor is built for that processor
+        # alone, which pays none of the co-execution costs: predict it plainly, and take the
+        # faster processor when no placement is predicted faster than it
+        if one_processor:
+            notes.append(
+                f"{mode}: every operator on the {best.upper()}, built and predicted as the "
+                f"{best.upper()} alone ({single[best]:.3f} ms)"
+            )
+        else:
+            notes.append(
+                f"{mode}: the best placement found, {schedule.makespan_ms:.3f} ms with "
+                f"co-execution costs, is no faster than the {best.upper()} alone "
+                f"({single[best]:.3f} ms): every operator on the {best.upper()}"
+            )
+        graph = plain
+        schedule = simulate(graph, [best] * len(graph), method="single_processor")
+        check_schedule(graph, schedule)
+    return PlacementSchedule(
+        graph,
+        schedule,
+        chains,
+        single,
+        tuple(notes),
+        tuple(dict.fromkeys(str(w.message) for w in caught)),
+    )
 
 
 def plan_placement(
@@ -305,28 +446,11 @@ def plan_placement(
         makespan (transfers included), each row's reason gives the operator's processor and time
         span, and the notes the method, its status and gap, and what the graph leaves out.
     """
-    if not isinstance(cost_model, CostModel):
-        raise PlannerError(
-            f"plan_placement needs a fitted CostModel, got {type(cost_model).__name__}"
-        )
-    if mode not in PLACEMENT_MODES:
-        raise PlannerError(f"unknown placement mode {mode!r} (known: {', '.join(PLACEMENT_MODES)})")
+    scheduled = schedule_placement(mod, cost_model, mode, config, model_name, placement)
+    graph, schedule, chains = scheduled.graph, scheduled.schedule, scheduled.chains
+    notes = list(scheduled.notes)
+    caught = scheduled.warnings
     config = config or PlannerConfig()
-    placement = placement or PlacementConfig()
-    raw_model = cost_model
-    cost_model, notes = calibrated_model(cost_model, config)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        graph = build_graph(mod, cost_model, config, splits=mode == "codl_hope")
-    chains: dict[str, ChainPlan] = {}
-    start = None
-    if mode == "codl_hope":
-        # CoDL's chains as a choice, and CoDL's own plan as a start: the combined schedule is
-        # never slower than CoDL's placement in the graph's timing model
-        codl_plan, codl_report = plan_model(mod, raw_model, "codl", config, model_name)
-        graph, chains, start, chain_notes = _with_codl_chains(graph, codl_plan, codl_report)
-        notes.extend(chain_notes)
-    schedule = schedule_graph(graph, mode, placement, start)
     infos = partitionable_ops(mod)
     by_name = {info.name: info for info in infos}
     rows: list[Decision] = []
@@ -449,8 +573,8 @@ def plan_placement(
         order=order,
     )
     plan.validate(mod)
-    cpu = graph.single_processor_ms("cpu")
-    gpu = graph.single_processor_ms("gpu")
+    cpu = scheduled.single_ms["cpu"]
+    gpu = scheduled.single_ms["gpu"]
     summary = PlanSummary(
         predicted_ms=schedule.makespan_ms,
         cpu_only_ms=cpu,
@@ -480,7 +604,7 @@ def plan_placement(
         "included in the makespan)",
     )
     notes.extend(graph.notes)
-    notes.extend(dict.fromkeys(str(w.message) for w in caught))
+    notes.extend(dict.fromkeys(caught))
     report = PlanReport(
         mode=mode,
         cost_model=cost_model.kind,
