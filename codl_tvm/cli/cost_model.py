@@ -3,7 +3,8 @@
 ::
 
     codl-tvm cost-model fit DATA.jsonl -o MODEL.json [--kind codl|gbdt|flops|measured]
-        [--holdout 0.3] [--seed 0] [--preset NAME] [--trees N] [--drop-inconsistent 3]
+        [--holdout 0.3] [--seed 0] [--preset NAME] [--trees N] [--recipe codl|wave]
+        [--drop-inconsistent 3]
     codl-tvm cost-model eval MODEL.json DATA.jsonl [--json] [--plot OUT.png] [--all] [--no-lomo]
     codl-tvm cost-model decisions MODEL.json ORACLE.json DATA.jsonl [--lomo] [--tolerance 0.05]
         [--json]
@@ -58,8 +59,12 @@ def cmd_fit(args: argparse.Namespace) -> int:
     options = {}
     if args.kind == "codl":
         options["config"] = args.preset or infer_preset(data.records)
-    elif args.kind == "gbdt" and args.trees is not None:
-        options["config"] = GbdtConfig(n_estimators=args.trees)
+    elif args.kind == "gbdt":
+        trees = {} if args.trees is None else {"n_estimators": args.trees}
+        if args.recipe == "wave":
+            options["config"] = GbdtConfig.wave(**trees)
+        elif trees:
+            options["config"] = GbdtConfig(**trees)
     model = fit_model(args.kind, train, **options)
     if data.meta.get("cpu_alone_settings"):
         # Its Winograd/packed CPU kernels are those of builds for the CPU alone: co-executed
@@ -169,6 +174,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         "nvidia-h100; default: from the dataset's device, see infer_preset)",
     )
     f.add_argument("--trees", type=int, help="boosting rounds of the gbdt model")
+    f.add_argument(
+        "--recipe",
+        choices=("codl", "wave"),
+        default="codl",
+        help="gbdt recipe: trees on CoDL's analytical model (codl, default) or on the "
+        "dispatch-shape wave base with dispatch-shape features (wave; GbdtConfig.wave)",
+    )
     f.add_argument(
         "--holdout",
         type=float,

@@ -12,15 +12,16 @@ two ways:
   shapes without a name included) and predicts that model's parts.
 
 Each score is broken down per processor, per kernel implementation (operator, processor,
-implementation) and per latency band of the measurement (:data:`LATENCY_BANDS`: launch-bound
-parts below 0.1 ms, 0.1-1 ms, above 1 ms), with CoDL's analytical model
+implementation), per latency band of the measurement (:data:`LATENCY_BANDS`: launch-bound parts
+below 0.1 ms, 0.1-1 ms, above 1 ms) and, on the GPU, per dispatch shape (work-groups per compute
+unit, :data:`WAVE_BANDS`, and work-group size, :data:`WG_SIZE_BANDS`), with CoDL's analytical model
 (:class:`~codl_tvm.cost_model.analytical.CodlModel`, the dataset's preset) and the FLOPs-linear
-baseline fitted on the same training records beside it, and with the campaign's own
-repeatability ceiling: the share of ordered pairs of repeated measurements of one identical part
-(``evaluate.part_identity``) within +-10% of each other, the best any model can score against
-single measurements of that slice (``None`` where the dataset repeats no part of it), and the
-data's smoothness (:func:`smoothness`): how often a part is within +-10% of the interpolation
-between its operator's neighbouring parts, what a model of the part's size alone can reach.
+baseline fitted on the same training records beside it, and with the campaign's own repeatability
+ceiling: the share of ordered pairs of repeated measurements of one identical part
+(``evaluate.part_identity``) within +-10% of each other, the best any model can score against single
+measurements of that slice (``None`` where the dataset repeats no part of it), and the data's
+smoothness (:func:`smoothness`): how often a part is within +-10% of the interpolation between its
+operator's neighbouring parts, what a model of the part's size alone can reach.
 
 Operators whose kernel (operator, processor, implementation) the model has no sub-model for are
 predicted by its FLOPs fallback; the report counts them and names the kernels.
@@ -45,10 +46,13 @@ from codl_tvm.cost_model.gbdt import GbdtModel
 
 __all__ = [
     "LATENCY_BANDS",
+    "WAVE_BANDS",
+    "WG_SIZE_BANDS",
     "Assessment",
     "SliceScore",
     "assess",
     "band_of",
+    "dispatch_labels",
     "format_assessment",
     "model_of",
     "refit_like",
@@ -63,6 +67,23 @@ LATENCY_BANDS: tuple[tuple[str, float, float], ...] = (
     ("<0.1ms", 0.0, 0.1),
     ("0.1-1ms", 0.1, 1.0),
     (">1ms", 1.0, math.inf),
+)
+
+#: (label, lower bound, upper bound) of a GPU part's work-groups per compute unit (an NVIDIA SM):
+#: below one wave the GPU is not full; the lower bound is inclusive.
+WAVE_BANDS: tuple[tuple[str, float, float], ...] = (
+    ("wg/CU<1", 0.0, 1.0),
+    ("wg/CU 1-4", 1.0, 4.0),
+    ("wg/CU 4-16", 4.0, 16.0),
+    ("wg/CU>=16", 16.0, math.inf),
+)
+
+#: (label, lower bound, upper bound) of a GPU part's work-group size (work-items); the upper
+#: bound is inclusive.
+WG_SIZE_BANDS: tuple[tuple[str, float, float], ...] = (
+    ("wg<=64", 0.0, 64.0),
+    ("wg 65-128", 64.0, 128.0),
+    ("wg>128", 128.0, math.inf),
 )
 
 #: The scorers beside the assessed model: CoDL's analytical model and the FLOPs baseline.
@@ -85,13 +106,30 @@ def model_of(record: OpRecord) -> str | None:
     return None
 
 
+def dispatch_labels(r: OpRecord) -> list[str]:
+    """The dispatch-shape slices of a GPU record with known work-groups: its
+    :data:`WAVE_BANDS` label (work-groups over the device's ``compute_units``; 1 where the
+    device description does not say) and its :data:`WG_SIZE_BANDS` label; none otherwise."""
+    d = r.dispatch
+    if r.processor != "gpu" or not d.wg_size or not d.wg_count:
+        return []
+    cu = dict(r.device).get("compute_units")
+    cu = cu if isinstance(cu, int) and not isinstance(cu, bool) and cu > 0 else 1
+    per_cu = d.wg_count / cu
+    wave = next(label for label, lo, hi in WAVE_BANDS if lo <= per_cu < hi)
+    size = next(label for label, lo, hi in WG_SIZE_BANDS if lo < d.wg_size <= hi)
+    return [f"gpu {wave}", f"gpu {size}"]
+
+
 def slice_labels(r: OpRecord) -> list[str]:
     """The report slices a record falls in: ``overall``, its processor, its processor's
-    latency band and its kernel implementation ``op/processor/impl``."""
+    latency band, its dispatch shape (GPU: :func:`dispatch_labels`) and its kernel
+    implementation ``op/processor/impl``."""
     return [
         "overall",
         r.processor,
         f"{r.processor} {band_of(r.latency_ms)}",
+        *dispatch_labels(r),
         f"{r.op}/{r.processor}/{r.impl}",
     ]
 
@@ -260,9 +298,12 @@ def _slice_order(label: str) -> tuple:
     if label == "overall":
         return (0, "", 0)
     proc, _, band = label.partition(" ")
-    if "/" in label:
+    if "/" in label and " " not in label:
         return (3, label, 0)
-    return (1, proc, 1 + bands.index(band) if band else 0)
+    if band in bands or not band:
+        return (1, proc, 1 + bands.index(band) if band else 0)
+    shapes = [b[0] for b in WAVE_BANDS + WG_SIZE_BANDS]
+    return (2, proc, shapes.index(band))
 
 
 @dataclass

@@ -20,21 +20,35 @@ import dataclasses
 import json
 import math
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from codl_tvm.cost_model._linalg import nnls
 from codl_tvm.cost_model.analytical import CodlModel, has_dispatch, infer_preset
 from codl_tvm.cost_model.base import CostModel, CostModelFallbackWarning, records_by_kernel
 from codl_tvm.cost_model.dataset import OpRecord
-from codl_tvm.cost_model.features import OP_KINDS, PROCESSORS, DispatchFeatures, OpFeatures
+from codl_tvm.cost_model.features import (
+    OP_KINDS,
+    PROCESSORS,
+    DispatchFeatures,
+    OpFeatures,
+    weight_bytes,
+)
 
 __all__ = [
     "FEATURE_NAMES",
+    "FEATURE_SETS",
+    "SHAPE_FEATURE_NAMES",
+    "THREADS_PER_CU",
     "GbdtConfig",
     "GbdtModel",
+    "WaveBase",
     "derived_features",
+    "device_compute_units",
+    "dispatch_shape",
+    "shape_features",
     "strip_training_stats",
 ]
 
@@ -76,6 +90,43 @@ FEATURE_NAMES: tuple[str, ...] = (
 )
 _BASE_NAMES = FEATURE_NAMES[:26]
 
+#: Dispatch-shape features of the ``"dispatch"`` feature set (:func:`shape_features`), after
+#: :data:`FEATURE_NAMES`.
+SHAPE_FEATURE_NAMES: tuple[str, ...] = (
+    "tz_oc",
+    "tz_out_h",
+    "tz_out_w",
+    "tz_ic",
+    "tz_out_hw",
+    "oc_mod16",
+    "oc_mod8",
+    "out_w_odd",
+    "waves",
+    "waves_ceil",
+    "wave_tail",
+    "wg_per_cu",
+    "outputs_per_item_ceil",
+    "in_bytes",
+    "weight_bytes",
+    "out_bytes",
+    "bytes",
+    "intensity",
+    "log_macs",
+    "macs_per_cu",
+)
+
+#: Feature sets: ``"v1"`` (the files written before dispatch-shape features) and
+#: ``"dispatch"`` (v1 plus :data:`SHAPE_FEATURE_NAMES`).
+FEATURE_SETS: dict[str, tuple[str, ...]] = {
+    "v1": FEATURE_NAMES,
+    "dispatch": FEATURE_NAMES + SHAPE_FEATURE_NAMES,
+}
+
+#: Work-items one compute unit keeps resident (an NVIDIA SM: 2048 threads): a GPU wave is
+#: ``compute_units * THREADS_PER_CU`` work-items. Occupancy limits (registers, local memory)
+#: are not visible in the dispatch features; the fitted coefficients and the trees absorb them.
+THREADS_PER_CU = 2048
+
 
 @dataclass(frozen=True)
 class GbdtConfig:
@@ -91,6 +142,8 @@ class GbdtConfig:
     analytical base is kept within this factor of its FLOPs line (0 = unclamped, as files
     written before the option): CoDL's formulas extrapolate to a kernel configuration missing
     from the training data by 30x and more, the trees cannot correct what they never saw.
+    ``feature_set``: :data:`FEATURE_SETS` key. ``compute_units``: the GPU's compute units for
+    the wave features (0: read from the records' device description, ``compute_units``).
     """
 
     n_estimators: int = 100
@@ -106,6 +159,31 @@ class GbdtConfig:
     analytical_base: str = "auto"
     augment_blind: bool = True
     base_clamp: float = 3.0
+    feature_set: str = "v1"
+    compute_units: int = 0
+
+    def __post_init__(self) -> None:
+        if self.feature_set not in FEATURE_SETS:
+            raise ValueError(
+                f"feature_set {self.feature_set!r} is not one of {sorted(FEATURE_SETS)}"
+            )
+
+    @classmethod
+    def wave(cls, **overrides) -> GbdtConfig:
+        """The dispatch-shape recipe: the wave/roofline base (:class:`WaveBase`), the
+        ``"dispatch"`` feature set and deeper trees on ``log(latency / base)``.
+
+        On the H100 dataset it beat the CoDL-based recipe on both processors and both splits
+        (docs/benchmarks.md, "How accurate are the cost models?")."""
+        recipe = {
+            "n_estimators": 150,
+            "max_depth": 5,
+            "min_child_weight": 1.0,
+            "analytical_base": "wave",
+            "feature_set": "dispatch",
+            **overrides,
+        }
+        return cls(**recipe)
 
     def params(self) -> dict:
         return {
@@ -159,12 +237,190 @@ def derived_features(f: OpFeatures) -> list[float]:
     ]
 
 
-def _matrix(features: Sequence[OpFeatures]) -> np.ndarray:
+def _trailing_zeros(n: int, cap: int = 8) -> float:
+    """Times 2 divides ``n`` (at most ``cap``; 0 for 0): whether a tile divides the extent."""
+    return float(min((n & -n).bit_length() - 1, cap)) if n > 0 else 0.0
+
+
+@dataclass(frozen=True)
+class _Shape:
+    """Work of one part and how its kernel spreads it over the processor (see
+    :func:`dispatch_shape`)."""
+
+    outputs: int
+    reduction: int
+    units: int  # parallel units: GPU work-items, CPU parallel blocks
+    slots: int  # units the processor runs at once
+    in_bytes: int
+    weight_bytes: int
+    out_bytes: int
+
+    @property
+    def macs(self) -> float:
+        return float(self.outputs) * self.reduction
+
+    @property
+    def waves(self) -> float:
+        return self.units / self.slots
+
+    @property
+    def per_unit_macs(self) -> float:
+        """Multiply-adds of the busiest unit: outputs per unit (ceil) x reduction."""
+        return float(-(-self.outputs // self.units)) * self.reduction
+
+
+def dispatch_shape(f: OpFeatures, compute_units: int) -> _Shape:
+    """The part's work and dispatch shape: parallel units are the GPU's work-items (work-group
+    size x count) or the CPU's parallel blocks; a processor runs ``compute_units x``
+    :data:`THREADS_PER_CU` work-items (GPU) or ``threads`` blocks (CPU; ``compute_units`` when
+    unknown) at once. Without dispatch features (a part nobody built yet) every unit computes
+    one output, as many as the processor runs at once."""
+    q, p, d = f.part, f.params, f.dispatch
+    out = q.out_h * q.out_w * q.oc
+    red = p.kernel * p.kernel if f.op == "pool" else (q.ic // max(q.groups, 1)) * p.kernel**2
+    cu = max(1, compute_units)
+    if f.processor == "gpu":
+        slots = cu * THREADS_PER_CU
+        units = d.wg_size * d.wg_count if d.wg_size and d.wg_count else None
+    else:
+        slots = d.threads or cu
+        units = d.cpu_parallel_blocks
+    if units is None:
+        units = max(1, min(out, slots))
+    return _Shape(
+        out,
+        red,
+        units,
+        slots,
+        4 * q.in_h * q.in_w * q.ic,
+        weight_bytes(f.op, q, p.kernel),
+        4 * out,
+    )
+
+
+def shape_features(f: OpFeatures, compute_units: int) -> list[float]:
+    """The :data:`SHAPE_FEATURE_NAMES` of a part: powers of two dividing its extents (a tile
+    that divides an extent needs no bounds checks, one that does not runs idle lanes), waves
+    of its parallel units over the processor (:func:`dispatch_shape`; whole waves and the
+    last wave's fill, the tail), work-groups per compute unit (GPU; NaN elsewhere or unknown),
+    outputs per unit (ceil), bytes read and written, multiply-adds per byte, log multiply-adds
+    and multiply-adds per compute unit."""
+    q, d = f.part, f.dispatch
+    s = dispatch_shape(f, compute_units)
+    nan = float("nan")
+    known = (d.wg_size and d.wg_count) if f.processor == "gpu" else d.cpu_parallel_blocks
+    waves = s.waves
+    nbytes = s.in_bytes + s.weight_bytes + s.out_bytes
+    wg_per_cu = d.wg_count / max(1, compute_units) if f.processor == "gpu" and known else nan
+    return [
+        _trailing_zeros(q.oc),
+        _trailing_zeros(q.out_h),
+        _trailing_zeros(q.out_w),
+        _trailing_zeros(q.ic),
+        _trailing_zeros(q.out_h * q.out_w),
+        float(q.oc % 16),
+        float(q.oc % 8),
+        float(q.out_w % 2),
+        waves if known else nan,
+        float(math.ceil(waves)) if known else nan,
+        waves - math.floor(waves) if known else nan,
+        wg_per_cu,
+        float(-(-s.outputs // s.units)) if known else nan,
+        float(s.in_bytes),
+        float(s.weight_bytes),
+        float(s.out_bytes),
+        float(nbytes),
+        s.macs / max(1, nbytes),
+        math.log(s.macs + 1.0),
+        s.macs / max(1, compute_units),
+    ]
+
+
+def _matrix(
+    features: Sequence[OpFeatures], feature_set: str = "v1", compute_units: int = 0
+) -> np.ndarray:
     rows = []
     for f in features:
         n = f.numeric()
-        rows.append([n[k] for k in _BASE_NAMES] + derived_features(f))
+        row = [n[k] for k in _BASE_NAMES] + derived_features(f)
+        if feature_set == "dispatch":
+            row += shape_features(f, compute_units)
+        rows.append(row)
     return np.array(rows, dtype=np.float64)
+
+
+class WaveBase:
+    """An analytical latency per kernel group from the part's dispatch shape, the trees'
+    starting point with ``analytical_base="wave"``.
+
+    ``latency_ms = a + b * per_unit_macs * ceil(waves) + c * macs + d * bytes``: a launch
+    cost, the busiest unit's serial chain in each wave (a GPU runs its waves one after
+    another; within a wave the slowest work-item finishes last), a throughput term and a
+    memory term (:func:`dispatch_shape`). Coefficients are non-negative least squares,
+    weighted by 1/latency so that each part counts by its relative error. The trees then
+    learn ``log(latency / base)``.
+    """
+
+    def __init__(self, compute_units: int, coef: dict[tuple[str, str, str], list[float]]):
+        self.compute_units = compute_units
+        self.coef = dict(coef)
+
+    @staticmethod
+    def terms(f: OpFeatures, compute_units: int) -> list[float]:
+        s = dispatch_shape(f, compute_units)
+        chain = s.per_unit_macs * math.ceil(s.waves)
+        return [1.0, chain, s.macs, float(s.in_bytes + s.weight_bytes + s.out_bytes)]
+
+    @classmethod
+    def fit(cls, records: Sequence[OpRecord], compute_units: int) -> WaveBase:
+        coef = {}
+        for key, recs in sorted(records_by_kernel(records).items()):
+            a = np.array([cls.terms(r.features(), compute_units) for r in recs])
+            y = np.array([r.latency_ms for r in recs])
+            # scale columns so NNLS is well conditioned; weights make errors relative
+            scale = np.maximum(a.max(axis=0), 1e-30)
+            w = 1.0 / y
+            c = nnls(a / scale * w[:, None], y * w) / scale
+            coef[key] = [float(v) for v in c]
+        return cls(compute_units, coef)
+
+    def predict_many(self, features: Sequence[OpFeatures]) -> np.ndarray:
+        """Latency in ms of each part (a group never fitted raises KeyError)."""
+        out = np.empty(len(features))
+        for i, f in enumerate(features):
+            c = self.coef[(f.op, f.processor, f.impl)]
+            out[i] = float(np.dot(c, self.terms(f, self.compute_units)))
+        # a group whose fit left every term at zero predicts nothing; 1 ns keeps the log finite
+        return np.maximum(out, 1e-6)
+
+    def to_json(self) -> dict:
+        return {
+            "compute_units": self.compute_units,
+            "groups": [
+                {"op": k[0], "processor": k[1], "impl": k[2], "coef": v}
+                for k, v in sorted(self.coef.items())
+            ],
+        }
+
+    @classmethod
+    def from_json(cls, obj: dict) -> WaveBase:
+        coef = {}
+        for g in obj["groups"]:
+            c = [float(v) for v in g["coef"]]
+            if len(c) != 4 or not all(math.isfinite(v) and v >= 0 for v in c):
+                raise ValueError(f"wave base coefficients of {g['op']}/{g['impl']}: {c!r}")
+            coef[(g["op"], g["processor"], str(g["impl"]))] = c
+        return cls(int(obj["compute_units"]), coef)
+
+
+def device_compute_units(records: Iterable[OpRecord]) -> int:
+    """The GPU's compute units from the records' device description (``compute_units``), 1
+    where none says."""
+    for r in records:
+        cu = dict(r.device).get("compute_units")
+        if isinstance(cu, int) and not isinstance(cu, bool) and cu > 0:
+            return cu
+    return 1
 
 
 class GbdtModel(CostModel):
@@ -178,7 +434,8 @@ class GbdtModel(CostModel):
         self.boosters: dict[tuple[str, str, str], object] = {}
         self._raw: dict[tuple[str, str, str], dict] = {}
         self._counts: dict[tuple[str, str, str], int] = {}
-        self.base = None  # CoDL's model the trees start from (analytical_base)
+        self.base: CodlModel | WaveBase | None = None  # the trees' start (analytical_base)
+        self.compute_units = self.config.compute_units  # of the wave features, resolved by fit
 
     def _fit_ops(self, records: list[OpRecord]) -> None:
         import xgboost as xgb  # deferred: a heavy optional dependency, used only here
@@ -186,7 +443,11 @@ class GbdtModel(CostModel):
         by_key = records_by_kernel(records)
         self.boosters, self._raw, self._counts = {}, {}, {}
         self.base = None
-        if self.config.analytical_base != "none":
+        self.compute_units = self.config.compute_units or device_compute_units(records)
+        if self.config.analytical_base == "wave":
+            fitted = [r for rs in by_key.values() if len(rs) >= self.config.min_records for r in rs]
+            self.base = WaveBase.fit(fitted, self.compute_units)
+        elif self.config.analytical_base != "none":
             preset = self.config.analytical_base
             if preset == "auto":
                 preset = infer_preset(records)
@@ -207,8 +468,8 @@ class GbdtModel(CostModel):
             if self.config.augment_blind and any(has_dispatch(f) for f in feats):
                 feats = feats + [dataclasses.replace(f, dispatch=DispatchFeatures()) for f in feats]
                 y = np.concatenate([y, y])
-            x = _matrix(feats)
-            dtrain = xgb.DMatrix(x, label=y, feature_names=list(FEATURE_NAMES))
+            x = self._x(feats)
+            dtrain = xgb.DMatrix(x, label=y, feature_names=list(self.feature_names))
             if self.base is not None:
                 dtrain.set_base_margin(self._base_margin(feats))
             params = self.config.params()
@@ -224,6 +485,13 @@ class GbdtModel(CostModel):
             self.boosters[key] = self._booster_from(raw)
             self._counts[key] = len(recs)
 
+    @property
+    def feature_names(self) -> tuple[str, ...]:
+        return FEATURE_SETS[self.config.feature_set]
+
+    def _x(self, features: Sequence[OpFeatures]) -> np.ndarray:
+        return _matrix(features, self.config.feature_set, self.compute_units)
+
     @staticmethod
     def _booster_from(raw: dict):
         import xgboost as xgb  # deferred: a heavy optional dependency, used only here
@@ -236,6 +504,8 @@ class GbdtModel(CostModel):
         return booster
 
     def _base_margin(self, features: Sequence[OpFeatures]) -> np.ndarray:
+        if isinstance(self.base, WaveBase):
+            return np.log(self.base.predict_many(features))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", CostModelFallbackWarning)
             margin = np.log(self.base.predict_many(features))
@@ -258,7 +528,7 @@ class GbdtModel(CostModel):
             by_key.setdefault((f.op, f.processor, f.impl), []).append(i)
         for key, idx in by_key.items():
             feats = [features[i] for i in idx]
-            x = _matrix(feats)
+            x = self._x(feats)
             pred = np.asarray(self.boosters[key].inplace_predict(x), dtype=np.float64)
             if self.base is not None:
                 pred = pred + self._base_margin(feats)
@@ -268,8 +538,9 @@ class GbdtModel(CostModel):
     def _body_json(self) -> dict:
         return {
             "config": asdict(self.config),
-            "features": list(FEATURE_NAMES),
+            "features": list(self.feature_names),
             "base": None if self.base is None else self.base.to_json(),
+            "compute_units": self.compute_units,
             "groups": [
                 {
                     "op": k[0],
@@ -286,9 +557,13 @@ class GbdtModel(CostModel):
         # files written before base_clamp existed were fitted on the unclamped base
         self.config = GbdtConfig(**{"base_clamp": 0.0, **body["config"]})
         self.base = None
+        self.compute_units = int(body.get("compute_units", self.config.compute_units))
         if body.get("base") is not None:
-            self.base = CodlModel.from_json(body["base"], "(analytical base)")
-        if list(body["features"]) != list(FEATURE_NAMES):
+            if self.config.analytical_base == "wave":
+                self.base = WaveBase.from_json(body["base"])
+            else:
+                self.base = CodlModel.from_json(body["base"], "(analytical base)")
+        if list(body["features"]) != list(self.feature_names):
             raise ValueError(
                 "the model's feature names differ from this codl-tvm's "
                 f"({body['features']!r}); refit the model"
