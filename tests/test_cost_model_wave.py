@@ -210,3 +210,19 @@ def test_dispatch_slices_in_the_assessment():
         < keys.index(next(iter(shapes & set(keys))))
         < keys.index("conv2d/gpu/direct")
     )
+
+
+def test_cli_fit_with_the_wave_recipe(tmp_path, capsys):
+    from codl_tvm.cost_model import save_dataset
+    from tests.test_cost_model import run_cli
+
+    data = tmp_path / "d.jsonl"
+    save_dataset(wave_records(np.random.default_rng(5), 80), data)
+    out = tmp_path / "m.json"
+    argv = ["cost-model", "fit", str(data), "-o", str(out), "--kind", "gbdt"]
+    assert run_cli([*argv, "--recipe", "wave", "--trees", "30"]) == 0
+    model = load_model(out)
+    assert model.config == GbdtConfig.wave(n_estimators=30) and model.compute_units == CU
+    assert run_cli(argv) == 0  # the default recipe is unchanged
+    assert load_model(out).config == GbdtConfig()
+    capsys.readouterr()
