@@ -142,11 +142,19 @@ class Pipeline:
         fn = stage.vm["main"]
         dev = stage.device
 
+        # tvm_ffi releases the interpreter lock around a call by default (its
+        # TVM_FFI_RELEASE_GIL_BY_DEFAULT); set here so that the other stages' threads run
+        # while this one's kernels do, whatever the environment says
+        if hasattr(fn, "release_gil"):
+            fn.release_gil = True
+
         def run(args: Sequence[Any]) -> Any:
+            # a tensor from a stage on another device is copied device to device (one copy,
+            # not two through numpy); same-device tensors pass as they are
             placed = [
-                a
-                if isinstance(a, tvm.runtime.Tensor) and a.device == dev
-                else tvm.runtime.tensor(np.asarray(a.numpy() if hasattr(a, "numpy") else a), dev)
+                (a if a.device == dev else a.copyto(dev))
+                if isinstance(a, tvm.runtime.Tensor)
+                else tvm.runtime.tensor(np.asarray(a), dev)
                 for a in args
             ]
             result = fn(*placed)

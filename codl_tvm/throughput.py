@@ -8,7 +8,9 @@
 2. the time matrix (ms of every layer on every (group, core count)) is measured on this machine
    (:func:`~codl_tvm.profiling.layers.profile_layers`), or predicted by a fitted Pipe-it model
    (:class:`~codl_tvm.planner.pipe_model.PipeModel`, ``--pipe-model FILE``);
-3. Pipe-it's search (:func:`~codl_tvm.planner.pipe_search.search_pipeline`) picks the stages;
+3. the stream executor's hand-off cost per stage is measured on this machine
+   (:func:`~codl_tvm.profiling.layers.measure_handoff`), and Pipe-it's search
+   (:func:`~codl_tvm.planner.pipe_search.search_pipeline`) picks the stages with it counted;
 4. the stages are built, each for its group, into one pipeline artifact
    (:func:`~codl_tvm.pipeline_build.build_pipeline`), which records the stages, the groups and
    the latencies the search used.
@@ -25,12 +27,13 @@ from codl_tvm.frontend import load_onnx
 from codl_tvm.pipeline_build import build_pipeline, layer_shapes
 from codl_tvm.planner.pipe_model import PipeModel
 from codl_tvm.planner.pipe_search import (
+    HandOff,
     LatencyTable,
     PipelinePlan,
     parse_groups,
     search_pipeline,
 )
-from codl_tvm.profiling.layers import profile_layers
+from codl_tvm.profiling.layers import measure_handoff, profile_layers
 
 __all__ = ["ThroughputOptions", "compile_throughput", "parse_isa"]
 
@@ -72,6 +75,9 @@ class ThroughputOptions:
         The search's cut balancer (``"exact"`` or ``"pipe-it"``).
     number, repeat
         Timing of each layer when measuring (``time_evaluator``'s ``number`` and ``repeat``).
+    handoff
+        Measure the stream executor's cost per stage and let the search count it (fewer,
+        larger stages where stages are short); False plans on the layers' latencies alone.
     force
         Replace an existing pipeline artifact.
     """
@@ -82,6 +88,7 @@ class ThroughputOptions:
     balance: str = "exact"
     number: int = 3
     repeat: int = 3
+    handoff: bool = True
     force: bool = False
 
 
@@ -114,7 +121,8 @@ def compile_throughput(
             model, groups, isa=options.isa, number=options.number, repeat=options.repeat
         )
         source = "measured on this machine"
-    plan = search_pipeline(table, groups, balance=options.balance)
+    handoff = measure_handoff() if options.handoff else HandOff()
+    plan = search_pipeline(table, groups, balance=options.balance, handoff=handoff)
     build_pipeline(
         model,
         plan,
@@ -125,6 +133,7 @@ def compile_throughput(
         extra={
             "latencies": {
                 "source": source,
+                "handoff_ms_per_stage": handoff.stage_ms,
                 "layers": list(table.layer_names or ()),
                 "ms": {f"{g}:{c}": [float(v) for v in table[(g, c)]] for g, c in table.keys()},
             }

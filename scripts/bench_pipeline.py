@@ -169,13 +169,24 @@ def _run_builds(jobs: list[dict], n_jobs: int, log) -> dict[tuple[str, str], str
     return failed
 
 
-def _fit_predictor(records, groups, exclude: str, loss: str = "relative"):
-    """A Pipe-it model per layer type fitted (with ``loss``) on the other models' records, with
-    a fit pooled over layer types for the types the others lack; returns
-    ``predict(layer, group, cores)``."""
-    from codl_tvm.errors import CodlError
-    from codl_tvm.planner.pipe_model import LayerShape, PipeModel, PipeRecord
+# How phase 3 predicts a model's time matrix (the first plans ``pipe_pred``):
+# - "eq8": Pipe-it's Eq. 8 (multi-core scaling, fitted on the other models) applied to this
+#   model's *measured* one-core latency of each layer (Eq. 8 takes the one-core latency as its
+#   input): one column per group measured instead of every core count;
+# - "relative", "absolute": Eq. 5 and Eq. 8 fitted on the other models alone (relative errors
+#   with non-negative Eq. 5 coefficients, or the paper's least squares on milliseconds).
+PREDICTORS = ("eq8", "relative", "absolute")
 
+
+def _fit_predictor(records, groups, exclude: str, method: str, table):
+    """A Pipe-it model per layer type fitted on the other models' records (a fit pooled over
+    layer types for the types the others lack); returns ``predict(index, layer, group,
+    cores)``. With ``method="eq8"`` the one-core latency Eq. 8 scales is ``table``'s measured
+    one (the excluded model's own), else Eq. 5's prediction."""
+    from codl_tvm.errors import CodlError
+    from codl_tvm.planner.pipe_model import MIN_LATENCY_MS, LayerShape, PipeModel, PipeRecord
+
+    loss = "absolute" if method == "absolute" else "relative"
     sizes = {g.name: g.most_stage_cores for g in groups}
     train = [r for name, rs in records.items() if name != exclude for r in rs]
     typed = PipeModel(sizes)
@@ -198,28 +209,251 @@ def _fit_predictor(records, groups, exclude: str, loss: str = "relative"):
         loss=loss,
     )
 
-    def predict(layer, group, cores):
+    def any_type(layer):
+        return LayerShape(layer.name, "any", layer.out_pixels, layer.filter_size, layer.out_maps)
+
+    def fit_of(layer, group):
         if typed is not None and (group, layer.layer_type) in typed.fits:
+            return typed, layer
+        return pooled, any_type(layer)
+
+    def predict(i, layer, group, cores):
+        model, shape = fit_of(layer, group)
+        if method == "amdahl":
+            most = sizes[group]
+            t1, tn = float(table[(group, 1)][i]), float(table[(group, most)][i])
+            if cores in (1, most):
+                return max(float(table[(group, cores)][i]), MIN_LATENCY_MS)
+            # T_H = serial + parallel / H through the two measured points
+            parallel = (t1 - tn) * most / (most - 1)
+            return max(t1 - parallel + parallel / cores, MIN_LATENCY_MS)
+        if method != "eq8":
             try:
-                return typed.predict(layer, group, cores)
+                return model.predict(shape, group, cores)
             except CodlError:
-                pass
-        any_layer = LayerShape(
-            layer.name, "any", layer.out_pixels, layer.filter_size, layer.out_maps
-        )
-        return pooled.predict(any_layer, group, cores)
+                return pooled.predict(any_type(layer), group, cores)
+        t1 = float(table[(group, 1)][i])
+        alpha = model.fits[(group, shape.layer_type)].alpha
+        if cores == 1 or alpha is None:
+            return max(t1, MIN_LATENCY_MS)
+        a1, a2_ts, a3 = alpha
+        return max((t1 - a1) / cores + a2_ts * shape.out_pixels / cores + a3, MIN_LATENCY_MS)
 
     return predict
+
+
+def _plan_model(entry: dict, n: str, table, records, shapes, groups, handoff, available=None):
+    """Phase 3 for one model: the searches on its measured ``table`` (with the executor's
+    ``handoff``) into ``entry``, and the plans to stream (``pipe_cpu``, ``pipe_gpu``,
+    ``pipe_pred``)."""
+    from codl_tvm.planner.pipe_search import (
+        LatencyTable,
+        exhaustive_pipeline,
+        optimal_pipeline,
+        recost_plan,
+        search_pipeline,
+    )
+
+    cpu_groups = tuple(g for g in groups if g.kind == "cpu")
+    kw = {"handoff": handoff, "available": available}
+    searches = {}
+    # the planner's search (Pipe-it's heuristic, its local search, and the optimum over any
+    # stage count where that is lower) and the heuristic alone, against both optima
+    cpu = search_pipeline(table, cpu_groups, **kw)
+    searches["cpu_search"] = _plan_json(cpu)
+    cpu_h = search_pipeline(table, cpu_groups, exact_stages=False, **kw)
+    searches["cpu_heuristic"] = _plan_json(cpu_h)
+    cpu_opt = optimal_pipeline(table, cpu_groups, **kw)
+    searches["cpu_optimal"] = _plan_json(cpu_opt)
+    searches["cpu_pipe_it_balance"] = _plan_json(
+        search_pipeline(table, cpu_groups, balance="pipe-it", **kw)
+    )
+    ex_cpu = exhaustive_pipeline(table, cpu_groups, max_stages=3, **kw)
+    searches["cpu_exhaustive3"] = _plan_json(ex_cpu)
+    full = search_pipeline(table, groups, **kw)
+    searches["all_search"] = _plan_json(full)
+    full_h = search_pipeline(table, groups, exact_stages=False, **kw)
+    searches["all_heuristic"] = _plan_json(full_h)
+    ex_all = exhaustive_pipeline(table, groups, max_stages=3, **kw)
+    searches["all_exhaustive3"] = _plan_json(ex_all)
+    all_opt = optimal_pipeline(table, groups, **kw)
+    searches["all_optimal"] = _plan_json(all_opt)
+    # throughput ratios: >= 1 where the heuristic is at least as fast as the reference
+    entry["heuristic_fps_over_exhaustive3"] = {
+        "cpu": ex_cpu.bottleneck_ms / cpu_h.bottleneck_ms,
+        "all": ex_all.bottleneck_ms / full_h.bottleneck_ms,
+    }
+    entry["heuristic_fps_over_optimal"] = {
+        "cpu": cpu_opt.bottleneck_ms / cpu_h.bottleneck_ms,
+        "all": all_opt.bottleneck_ms / full_h.bottleneck_ms,
+    }
+    pred = None
+    # each predictor plans on its predicted table; the pipeline it picks is then costed on the
+    # measured table (its layers' measured times + the hand-off): what that choice would
+    # stream at, over what the choice from measurements streams at
+    for method in PREDICTORS if len(records) > 1 else ():
+        suffix = "" if method == PREDICTORS[0] else f"_{method}"
+        try:
+            predict = _fit_predictor(records, groups, n, method, table)
+            ptable = LatencyTable(
+                {
+                    (g.name, c): [predict(i, s, g.name, c) for i, s in enumerate(shapes)]
+                    for g in groups
+                    for c in range(1, g.most_stage_cores + 1)
+                }
+            )
+            chosen = search_pipeline(ptable, groups, **kw)
+            measured_pred = recost_plan(chosen, table, handoff=handoff)
+            searches["all_from_predicted" + suffix] = _plan_json(chosen)
+            searches["all_from_predicted_measured" + suffix] = _plan_json(measured_pred)
+            entry["predicted_choice_over_measured_choice" + suffix] = (
+                measured_pred.bottleneck_ms / full.bottleneck_ms
+            )
+            errors = {
+                g.name: [
+                    abs(ptable[k][i] / table[k][i] - 1)
+                    for k in table.keys()
+                    if k[0] == g.name
+                    for i in range(table.n_layers)
+                    if table[k][i] > 0
+                ]
+                for g in groups
+            }
+            entry["layer_prediction_error_median" + suffix] = float(
+                np.median([e for errs in errors.values() for e in errs])
+            )
+            entry["layer_prediction_error_median_by_group" + suffix] = {
+                g: float(np.median(errs)) for g, errs in errors.items() if errs
+            }
+            if not suffix:
+                pred = chosen
+        except Exception as exc:  # a model the others cannot predict: reported, not fatal
+            entry["prediction_error" + suffix] = f"{type(exc).__name__}: {exc}"
+    entry["searches"] = searches
+    plans = {"pipe_cpu": cpu, "pipe_gpu": full}
+    if pred is not None and pred.describe() != full.describe():
+        plans["pipe_pred"] = pred
+    return plans
+
+
+def _summary(result: dict) -> dict:
+    """Means and per-model ratios over the models of ``result``."""
+    models = result["models"]
+
+    def mean_of(key: str, sub: str) -> float | None:
+        vals = [m[key][sub] for m in models.values() if sub in m.get(key, {})]
+        return float(np.mean(vals)) if vals else None
+
+    def per_model(key: str) -> dict:
+        return {n: m.get(key) for n, m in models.items()}
+
+    out: dict = {}
+    for key in ("over_big", "over_big_with_fill"):
+        tags = sorted({t for m in models.values() for t in m.get(key, {})})
+        if tags:
+            out[f"mean_throughput_{key}"] = {t: mean_of(key, t) for t in tags}
+    out["little_over_big_1core"] = [m.get("little_over_big_1core") for m in models.values()]
+    for method in PREDICTORS:
+        suffix = "" if method == PREDICTORS[0] else f"_{method}"
+        out[f"predicted_choice_over_measured_choice{suffix}"] = per_model(
+            "predicted_choice_over_measured_choice" + suffix
+        )
+        out[f"layer_prediction_error_median_by_group{suffix}"] = per_model(
+            "layer_prediction_error_median_by_group" + suffix
+        )
+    out["heuristic_fps_over_exhaustive3"] = per_model("heuristic_fps_over_exhaustive3")
+    out["heuristic_fps_over_optimal"] = per_model("heuristic_fps_over_optimal")
+    return out
+
+
+def _cpu_topology() -> dict:
+    """Per CPU, its physical core and SMT siblings (Linux sysfs): two stages on siblings share
+    one core, which the time matrix (each layer timed alone) does not see."""
+    out = {}
+    for d in sorted(Path("/sys/devices/system/cpu").glob("cpu[0-9]*")):
+        topo = d / "topology"
+        try:
+            out[d.name] = {
+                "package": int((topo / "physical_package_id").read_text()),
+                "core_id": int((topo / "core_id").read_text()),
+                "siblings": (topo / "thread_siblings_list").read_text().strip(),
+            }
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def _replan(path: Path, out_path: Path, handoff_ms: float | None) -> None:
+    """Phase 3 again on the time matrices of an earlier run's JSON (no build, no device):
+    the searches and the predicted choices with this code, costed on that run's measured
+    tables."""
+    from codl_tvm.planner.pipe_model import LayerShape
+    from codl_tvm.planner.pipe_search import HandOff, LatencyTable, parse_groups
+    from codl_tvm.profiling.layers import layer_records
+
+    old = json.loads(path.read_text())
+    cores = [c for part in old["groups"].split(",") for c in _spec_cores(part)]
+    available = range(max(cores, default=0) + 1)
+    groups = parse_groups(old["groups"], available)
+    ms = old.get("handoff_ms_per_stage", 0.0) if handoff_ms is None else handoff_ms
+    handoff = HandOff(ms)
+    tables, shapes, records = {}, {}, {}
+    for n, m in old["models"].items():
+        tables[n] = LatencyTable(
+            {(k.rpartition(":")[0], int(k.rpartition(":")[2])): v for k, v in m["table_ms"].items()}
+        )
+        shapes[n] = [LayerShape(*row) for row in m["layer_shapes"]]
+        records[n] = layer_records(tables[n], shapes[n])
+    result = {
+        "replanned_from": path.name,
+        "groups": old["groups"],
+        "handoff_ms_per_stage": ms,
+        "models": {},
+    }
+    for n in tables:
+        entry = {k: old["models"][n][k] for k in ("layers", "one_core_ms", "whole_group_ms")}
+        _plan_model(entry, n, tables[n], records, shapes[n], groups, handoff, available)
+        result["models"][n] = entry
+    result["summary"] = _summary(result)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_text(json.dumps(result, indent=2))
+    print(json.dumps(result["summary"], indent=1))
+
+
+def _spec_cores(part: str) -> list[int]:
+    """The core ids of one item of a group list (``big:1-8``, ``9``, ``gpu``)."""
+    text = part.partition(":")[2] if ":" in part else part
+    if not text or not text[0].isdigit():
+        return []
+    lo, _, hi = text.partition("-")
+    return list(range(int(lo), int(hi or lo) + 1))
 
 
 def _plan_json(plan) -> dict:
     return plan.to_json() | {"describe": plan.describe(), "bottleneck_ms": plan.bottleneck_ms}
 
 
+def _steady(starts: list[float], ends: list[float]) -> dict:
+    """The rates every configuration reports alike, from per-frame start and end times:
+    ``steady_frames_per_s`` between the first output and the last (the one the summary
+    compares), ``frames_per_s`` from the first start (fill included), and ``fill_ms``."""
+    ends = sorted(ends)
+    t0 = min(starts)
+    span = ends[-1] - ends[0]
+    return {
+        "frames": len(ends),
+        "steady_frames_per_s": (len(ends) - 1) / span if span > 0 else 0.0,
+        "frames_per_s": len(ends) / (ends[-1] - t0),
+        "fill_ms": (ends[0] - t0) * 1e3,
+    }
+
+
 def _stream_stats(stream) -> dict:
     st = stream.stats()
     return {
         "frames": st.frames,
+        "steady_frames_per_s": st.steady_frames_per_s,
+        "fill_ms": st.fill_ms,
         "frames_per_s": st.frames_per_s,
         "latency_median_ms": st.latency_median_ms,
         "latency_p99_ms": st.latency_p99_ms,
@@ -254,6 +488,8 @@ def _run_replicas(paths: list[Path], frames: list, warmup: int) -> dict:
     for i in range(len(frames)):
         todo.put(i)
     latencies = [0.0] * len(frames)
+    starts = [0.0] * len(frames)
+    ends = [0.0] * len(frames)
     done = [0] * len(pipes)
     errors: list[BaseException] = []
 
@@ -270,26 +506,23 @@ def _run_replicas(paths: list[Path], frames: list, warmup: int) -> dict:
                     i = todo.get_nowait()
                 except queue.Empty:
                     return
-                t0 = time.perf_counter()
+                starts[i] = time.perf_counter()
                 pipes[k](frames[i])
-                latencies[i] = time.perf_counter() - t0
+                ends[i] = time.perf_counter()
+                latencies[i] = ends[i] - starts[i]
                 done[k] += 1
         except BaseException as e:
             errors.append(e)
 
     threads = [threading.Thread(target=worker, args=(k,)) for k in range(len(pipes))]
-    t0 = time.perf_counter()
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    wall = time.perf_counter() - t0
     if errors:
         raise errors[0]
     lat = np.asarray(latencies) * 1e3
-    return {
-        "frames": len(frames),
-        "frames_per_s": len(frames) / wall,
+    return _steady(starts, ends) | {
         "latency_median_ms": float(np.median(lat)),
         "latency_p99_ms": float(np.percentile(lat, 99)),
         "frames_per_replica": {p.describe(): d for p, d in zip(pipes, done, strict=True)},
@@ -310,17 +543,13 @@ def _run_codl(path: Path, frames: list, cores: list[int], warmup: int) -> dict:
             run = art.runner(frames[0])
             for _ in range(warmup):
                 run()
-            lat = []
-            t0 = time.perf_counter()
+            starts, ends = [], []
             for _ in frames:
-                t = time.perf_counter()
+                starts.append(time.perf_counter())
                 run()
-                lat.append(time.perf_counter() - t)
-            wall = time.perf_counter() - t0
-            ms = np.asarray(lat) * 1e3
-            box["value"] = {
-                "frames": len(frames),
-                "frames_per_s": len(frames) / wall,
+                ends.append(time.perf_counter())
+            ms = (np.asarray(ends) - np.asarray(starts)) * 1e3
+            box["value"] = _steady(starts, ends) | {
                 "latency_median_ms": float(np.median(ms)),
                 "latency_p99_ms": float(np.percentile(ms, 99)),
             }
@@ -349,18 +578,24 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--no-codl", action="store_true", help="skip the codl latency-plan baseline")
     ap.add_argument("--work", default="/tmp/bench_pipeline", help="build directory")
     ap.add_argument("--out", required=True, help="result JSON")
+    ap.add_argument(
+        "--replan",
+        metavar="RUN_JSON",
+        help="only re-run the searches and predictions on an earlier run's time matrices",
+    )
+    ap.add_argument(
+        "--handoff-ms",
+        type=float,
+        help="with --replan: the hand-off cost per stage (default: the run's measured one)",
+    )
     args = ap.parse_args(argv)
+    if args.replan:
+        _replan(Path(args.replan), Path(args.out), args.handoff_ms)
+        return
 
     from codl_tvm.frontend import load_onnx
     from codl_tvm.pipeline_build import layer_shapes
-    from codl_tvm.planner.pipe_search import (
-        LatencyTable,
-        exhaustive_pipeline,
-        optimal_pipeline,
-        recost_plan,
-        search_pipeline,
-    )
-    from codl_tvm.profiling.layers import layer_records, measure_layers
+    from codl_tvm.profiling.layers import layer_records, measure_handoff, measure_layers
     from codl_tvm.throughput import parse_isa
 
     t_start = time.perf_counter()
@@ -381,6 +616,7 @@ def main(argv: list[str] | None = None) -> None:
         "frames": args.frames,
         "pocl_cu": os.environ.get("POCL_CPU_MAX_CU_COUNT"),
         "commit": os.environ.get("CODL_TVM_COMMIT"),
+        "cpu_topology": _cpu_topology(),
         "models": {},
         "failed_builds": {},
     }
@@ -484,86 +720,16 @@ def main(argv: list[str] | None = None) -> None:
         save()
 
     # 3. plan ------------------------------------------------------------------------------
+    # the executor's own cost per stage, measured here (the time matrix holds layers only)
+    handoff = measure_handoff()
+    result["handoff_ms_per_stage"] = handoff.stage_ms
+    log(f"hand-off per stage: {handoff.stage_ms * 1e3:.1f} us")
     plans = {}
     for n, table in tables.items():
-        entry = result["models"][n]
-        searches = {}
-        # the planner's search (Pipe-it's heuristic, its local search, and the optimum over any
-        # stage count where that is lower) and the heuristic alone, against both optima
-        cpu = search_pipeline(table, cpu_groups)
-        searches["cpu_search"] = _plan_json(cpu)
-        cpu_h = search_pipeline(table, cpu_groups, exact_stages=False)
-        searches["cpu_heuristic"] = _plan_json(cpu_h)
-        cpu_opt = optimal_pipeline(table, cpu_groups)
-        searches["cpu_optimal"] = _plan_json(cpu_opt)
-        searches["cpu_pipe_it_balance"] = _plan_json(
-            search_pipeline(table, cpu_groups, balance="pipe-it")
+        plans[n] = _plan_model(
+            result["models"][n], n, table, records, layer_shapes(models[n].mod), groups, handoff
         )
-        ex_cpu = exhaustive_pipeline(table, cpu_groups, max_stages=3)
-        searches["cpu_exhaustive3"] = _plan_json(ex_cpu)
-        full = search_pipeline(table, groups)
-        searches["all_search"] = _plan_json(full)
-        full_h = search_pipeline(table, groups, exact_stages=False)
-        searches["all_heuristic"] = _plan_json(full_h)
-        ex_all = exhaustive_pipeline(table, groups, max_stages=3)
-        searches["all_exhaustive3"] = _plan_json(ex_all)
-        all_opt = optimal_pipeline(table, groups)
-        searches["all_optimal"] = _plan_json(all_opt)
-        # throughput ratios: >= 1 where the heuristic is at least as fast as the reference
-        entry["heuristic_fps_over_exhaustive3"] = {
-            "cpu": ex_cpu.bottleneck_ms / cpu_h.bottleneck_ms,
-            "all": ex_all.bottleneck_ms / full_h.bottleneck_ms,
-        }
-        entry["heuristic_fps_over_optimal"] = {
-            "cpu": cpu_opt.bottleneck_ms / cpu_h.bottleneck_ms,
-            "all": all_opt.bottleneck_ms / full_h.bottleneck_ms,
-        }
-        pred = None
-        # the default (relative) fit plans pipe_pred; the paper's absolute fit is reported beside
-        for loss, suffix in (
-            (("relative", ""), ("absolute", "_absolute")) if len(records) > 1 else ()
-        ):
-            try:
-                predict = _fit_predictor(records, groups, n, loss)
-                shapes = layer_shapes(models[n].mod)
-                ptable = LatencyTable(
-                    {
-                        (g.name, c): [predict(s, g.name, c) for s in shapes]
-                        for g in groups
-                        for c in range(1, g.most_stage_cores + 1)
-                    }
-                )
-                chosen = search_pipeline(ptable, groups)
-                measured_pred = recost_plan(chosen, table)
-                searches["all_from_predicted" + suffix] = _plan_json(chosen)
-                searches["all_from_predicted_measured" + suffix] = _plan_json(measured_pred)
-                entry["predicted_choice_over_measured_choice" + suffix] = (
-                    measured_pred.bottleneck_ms / full.bottleneck_ms
-                )
-                errors = {
-                    g.name: [
-                        abs(ptable[k][i] / table[k][i] - 1)
-                        for k in table.keys()
-                        if k[0] == g.name
-                        for i in range(table.n_layers)
-                        if table[k][i] > 0
-                    ]
-                    for g in groups
-                }
-                entry["layer_prediction_error_median" + suffix] = float(
-                    np.median([e for errs in errors.values() for e in errs])
-                )
-                entry["layer_prediction_error_median_by_group" + suffix] = {
-                    g: float(np.median(errs)) for g, errs in errors.items() if errs
-                }
-                if not suffix:
-                    pred = chosen
-            except Exception as exc:  # a model the others cannot predict: reported, not fatal
-                entry["prediction_error" + suffix] = f"{type(exc).__name__}: {exc}"
-        entry["searches"] = searches
-        plans[n] = {"pipe_cpu": cpu, "pipe_gpu": full}
-        if pred is not None and pred.describe() != full.describe():
-            plans[n]["pipe_pred"] = pred
+        cpu, full = plans[n]["pipe_cpu"], plans[n]["pipe_gpu"]
         log(f"planned {n}: cpu {cpu.describe()} | all {full.describe()}")
     save()
 
@@ -606,7 +772,7 @@ def main(argv: list[str] | None = None) -> None:
                 runs[tag] = _run_pipeline(path, frames, args.warmup)
             except Exception as exc:
                 runs[tag] = {"error": f"{type(exc).__name__}: {exc}"}
-            log(f"{n} {tag}: {runs[tag].get('frames_per_s', runs[tag].get('error'))}")
+            log(f"{n} {tag}: {runs[tag].get('steady_frames_per_s', runs[tag].get('error'))}")
         whole = {g.name: work / n / f"whole_{g.name}" for g in groups}
         whole = {g: p for g, p in whole.items() if (p / "pipeline.json").exists()}
         replica_sets = {"replicas": list(whole.values())}
@@ -619,44 +785,35 @@ def main(argv: list[str] | None = None) -> None:
                 runs[tag] = _run_replicas(ps, frames, args.warmup)
             except Exception as exc:
                 runs[tag] = {"error": f"{type(exc).__name__}: {exc}"}
-            log(f"{n} {tag}: {runs[tag].get('frames_per_s', runs[tag].get('error'))}")
+            log(f"{n} {tag}: {runs[tag].get('steady_frames_per_s', runs[tag].get('error'))}")
         if (work / n / "codl" / "manifest.json").exists():
             try:
                 runs["codl"] = _run_codl(work / n / "codl", frames, list(big.cores), args.warmup)
             except Exception as exc:
                 runs["codl"] = {"error": f"{type(exc).__name__}: {exc}"}
-            log(f"{n} codl: {runs['codl'].get('frames_per_s', runs['codl'].get('error'))}")
+            log(f"{n} codl: {runs['codl'].get('steady_frames_per_s', runs['codl'].get('error'))}")
+        # each stage's time in the stream over the time matrix's for its layers (alone):
+        # above 1 where stages slow each other down (shared caches, memory, SMT siblings)
+        for tag, plan in plans[n].items():
+            busy = runs.get(tag, {}).get("stage_busy_ms_per_frame")
+            if busy and len(busy) == len(plan.stages):
+                runs[tag]["busy_over_plan"] = [
+                    b / st.latency_ms
+                    for b, st in zip(busy.values(), plan.stages, strict=True)
+                    if st.latency_ms > 0
+                ]
         result["models"][n]["runs"] = runs
-        fps = {t: r["frames_per_s"] for t, r in runs.items() if "frames_per_s" in r}
-        if "big" in fps:
-            result["models"][n]["over_big"] = {t: v / fps["big"] for t, v in fps.items()}
+        for key, rate in (
+            ("over_big", "steady_frames_per_s"),
+            ("over_big_with_fill", "frames_per_s"),
+        ):
+            fps = {t: r[rate] for t, r in runs.items() if r.get(rate)}
+            if "big" in fps:
+                result["models"][n][key] = {t: v / fps["big"] for t, v in fps.items()}
         save()
 
     # summary ------------------------------------------------------------------------------
-    def mean_of(key: str, sub: str) -> float | None:
-        vals = [m[key][sub] for m in result["models"].values() if sub in m.get(key, {})]
-        return float(np.mean(vals)) if vals else None
-
-    tags = sorted({t for m in result["models"].values() for t in m.get("over_big", {})})
-    result["summary"] = {
-        "mean_throughput_over_big": {t: mean_of("over_big", t) for t in tags},
-        "little_over_big_1core": [
-            m.get("little_over_big_1core") for m in result["models"].values()
-        ],
-        "predicted_choice_over_measured_choice": {
-            n: m.get("predicted_choice_over_measured_choice") for n, m in result["models"].items()
-        },
-        "heuristic_fps_over_exhaustive3": {
-            n: m.get("heuristic_fps_over_exhaustive3") for n, m in result["models"].items()
-        },
-        "heuristic_fps_over_optimal": {
-            n: m.get("heuristic_fps_over_optimal") for n, m in result["models"].items()
-        },
-        "layer_prediction_error_median_by_group": {
-            n: m.get("layer_prediction_error_median_by_group") for n, m in result["models"].items()
-        },
-        "wall_s": time.perf_counter() - t_start,
-    }
+    result["summary"] = _summary(result) | {"wall_s": time.perf_counter() - t_start}
     save()
     log(f"summary: {json.dumps(result['summary'])}")
 

@@ -47,3 +47,46 @@ def test_bench_pipeline_runs_every_configuration(tmp_path):
     assert entry["heuristic_fps_over_optimal"]["cpu"] <= 1.0 + 1e-9
     assert entry["little_over_big_1core"] > 0
     assert "pipe_cpu" in result["summary"]["mean_throughput_over_big"]
+
+
+def test_replan_costs_each_predicted_choice_on_the_measured_tables(tmp_path):
+    # Three "models" whose time matrices follow Pipe-it's Eq. 5/8 exactly: every predictor,
+    # fitted on the other two, predicts the third's table, so the pipeline it picks streams
+    # as fast (on the measured table, hand-off counted) as the one picked from measurements.
+    from codl_tvm.planner.pipe_model import LayerShape
+    from tests.test_pipe_model import GROUPS, sample_layers, true_latency
+
+    models = {}
+    for seed in (3, 4, 5):
+        layers = [
+            LayerShape(f"l{i}", s.layer_type, s.out_pixels, s.filter_size, s.out_maps)
+            for i, s in enumerate(sample_layers(12, seed))
+        ]
+        models[f"m{seed}"] = {
+            "layers": len(layers),
+            "one_core_ms": {},
+            "whole_group_ms": {},
+            "table_ms": {
+                f"{g}:{c}": [true_latency(s, g, c) for s in layers]
+                for g, most in GROUPS.items()
+                for c in range(1, most + 1)
+            },
+            "layer_shapes": [
+                [s.name, s.layer_type, s.out_pixels, s.filter_size, s.out_maps] for s in layers
+            ],
+        }
+    run = tmp_path / "run.json"
+    run.write_text(json.dumps({"groups": "gpu:0,big:1-4,little:5-8", "models": models}))
+    out = tmp_path / "replanned.json"
+    with script_module("bench_pipeline") as bench:
+        bench.main(["--replan", str(run), "--handoff-ms", "0.01", "--out", str(out)])
+        predictors = bench.PREDICTORS
+    result = json.loads(out.read_text())
+    assert result["handoff_ms_per_stage"] == 0.01
+    for name, entry in result["models"].items():
+        assert entry["searches"]["all_search"]["min_cycle_ms"] > 0, name
+        assert entry["heuristic_fps_over_optimal"]["all"] <= 1.0 + 1e-9
+        for method in ("eq8", "relative"):
+            suffix = "" if method == predictors[0] else f"_{method}"
+            ratio = entry["predicted_choice_over_measured_choice" + suffix]
+            assert ratio == pytest.approx(1.0, rel=1e-3), (name, method)

@@ -4,12 +4,14 @@ Eq. 4), the measured time matrix and its records for the Pipe-it model."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
+from codl_tvm.errors import PlannerError
 from codl_tvm.frontend import load_onnx
 from codl_tvm.pipeline_build import layer_shapes
 from codl_tvm.planner.pipe_model import LayerShape
-from codl_tvm.planner.pipe_search import ProcessorGroup, search_pipeline
-from codl_tvm.profiling.layers import layer_records, profile_layers
+from codl_tvm.planner.pipe_search import HandOff, ProcessorGroup, search_pipeline
+from codl_tvm.profiling.layers import layer_records, measure_handoff, profile_layers
 from tests.test_transform_stages import _depthwise_cnn, _residual_cnn
 
 
@@ -46,3 +48,11 @@ def test_profile_layers_measures_every_group_and_core_count(tmp_path):
     assert len(records) == 8 and all(isinstance(r.layer, LayerShape) for r in records)
     plan = search_pipeline(table, groups, available=[0, 1])
     assert plan.stages[-1].stop_layer == 4
+
+
+def test_measure_handoff_gives_a_cost_the_search_takes():
+    # what it measures depends on the machine: only its form is checked here
+    handoff = measure_handoff(stages=2, frames=10, repeat=1)
+    assert isinstance(handoff, HandOff) and handoff.stage_ms >= 0
+    with pytest.raises(PlannerError, match="measure_handoff needs"):
+        measure_handoff(stages=0)

@@ -9,6 +9,10 @@ its own ``c``-worker TVM pool) and on the GPU, and returns the
 :func:`profile_layers` does both. Building and timing are apart so that a benchmark builds
 many models in parallel and times them one at a time. :func:`layer_records` turns a table into
 :class:`~codl_tvm.planner.pipe_model.PipeRecord` to fit Pipe-it's model (Eq. 5/8) on.
+
+:func:`measure_handoff` measures what the stream executor (:mod:`codl_tvm.stream`) costs a
+stage per frame beyond its layers, the :class:`~codl_tvm.planner.pipe_search.HandOff` the
+search counts: the time matrix times layers alone.
 """
 
 from __future__ import annotations
@@ -37,9 +41,50 @@ from codl_tvm.pipeline_build import (
     stage_module,
 )
 from codl_tvm.planner.pipe_model import LayerShape, PipeRecord
-from codl_tvm.planner.pipe_search import LatencyTable, ProcessorGroup, check_groups
+from codl_tvm.planner.pipe_search import HandOff, LatencyTable, ProcessorGroup, check_groups
+from codl_tvm.stream import run_stream
 
-__all__ = ["build_layer_libraries", "layer_records", "measure_layers", "profile_layers"]
+__all__ = [
+    "build_layer_libraries",
+    "layer_records",
+    "measure_handoff",
+    "measure_layers",
+    "profile_layers",
+]
+
+
+def measure_handoff(stages: int = 8, frames: int = 400, repeat: int = 3) -> HandOff:
+    """The stream executor's cost per stage and frame on this machine, measured.
+
+    ``frames`` small arrays stream through ``stages`` stages that return their input (the
+    executor's default queues, threads unpinned); with no work in the stages the steady time
+    per frame is the hand-offs alone: ``stages + 1`` of them (the feeder's too), serialised by
+    the interpreter lock. The median over ``repeat`` streams, divided by ``stages + 1``.
+
+    Raises
+    ------
+    PlannerError
+        ``stages``, ``frames`` or ``repeat`` below what a steady rate needs.
+    """
+    if stages < 1 or frames < 3 or repeat < 1:
+        raise PlannerError(
+            f"measure_handoff needs >= 1 stage, >= 3 frames and >= 1 repeat, got {stages}, "
+            f"{frames}, {repeat}"
+        )
+    frame = np.zeros(16, dtype=np.float32)
+    cycles = []
+    for _ in range(repeat):
+        with run_stream([_identity] * stages, [frame] * frames) as stream:
+            for _ in stream:
+                pass
+        fps = stream.stats().steady_frames_per_s
+        if fps > 0:  # 0: every frame out within the timer's resolution
+            cycles.append(1e3 / fps)
+    return HandOff(float(np.median(cycles)) / (stages + 1) if cycles else 0.0)
+
+
+def _identity(x: Any) -> Any:
+    return x
 
 
 def layer_records(table: LatencyTable, layers: Sequence[LayerShape]) -> list[PipeRecord]:
