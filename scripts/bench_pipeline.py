@@ -174,8 +174,10 @@ def _run_builds(jobs: list[dict], n_jobs: int, log) -> dict[tuple[str, str], str
 #   model's *measured* one-core latency of each layer (Eq. 8 takes the one-core latency as its
 #   input): one column per group measured instead of every core count;
 # - "relative", "absolute": Eq. 5 and Eq. 8 fitted on the other models alone (relative errors
-#   with non-negative Eq. 5 coefficients, or the paper's least squares on milliseconds).
-PREDICTORS = ("eq8", "relative", "absolute")
+#   with non-negative Eq. 5 coefficients, or the paper's least squares on milliseconds);
+# - "amdahl": no fit, two measured columns per group (one core, every core) and
+#   ``serial + parallel / H`` through them per layer: how close measured anchors get.
+PREDICTORS = ("eq8", "relative", "absolute", "amdahl")
 
 
 def _fit_predictor(records, groups, exclude: str, method: str, table):
@@ -411,7 +413,11 @@ def _replan(path: Path, out_path: Path, handoff_ms: float | None) -> None:
         "models": {},
     }
     for n in tables:
-        entry = {k: old["models"][n][k] for k in ("layers", "one_core_ms", "whole_group_ms")}
+        entry = {
+            k: old["models"][n][k]
+            for k in ("layers", "one_core_ms", "whole_group_ms")
+            if k in old["models"][n]
+        }
         _plan_model(entry, n, tables[n], records, shapes[n], groups, handoff, available)
         result["models"][n] = entry
     result["summary"] = _summary(result)
@@ -571,6 +577,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--isa", default="little=x86-64-v2", help="GROUP=ISA,... for CPU groups")
     ap.add_argument("--cost-model", default=DEFAULT_COST_MODEL, help="codl baseline's cost model")
     ap.add_argument("--frames", type=int, default=40, help="frames per streamed configuration")
+    ap.add_argument(
+        "--gpu-frames",
+        type=int,
+        default=8,
+        help="frames for the GPU-alone baseline (100x slower than the CPU configurations here)",
+    )
     ap.add_argument("--warmup", type=int, default=3, help="frames run before each measurement")
     ap.add_argument("--number", type=int, default=2, help="layer timing: runs per repeat")
     ap.add_argument("--repeat", type=int, default=3, help="layer timing: repeats (median)")
@@ -769,7 +781,8 @@ def main(argv: list[str] | None = None) -> None:
             if not (path / "pipeline.json").exists():
                 continue
             try:
-                runs[tag] = _run_pipeline(path, frames, args.warmup)
+                some = frames[: args.gpu_frames] if tag == "gpu" else frames
+                runs[tag] = _run_pipeline(path, some, args.warmup)
             except Exception as exc:
                 runs[tag] = {"error": f"{type(exc).__name__}: {exc}"}
             log(f"{n} {tag}: {runs[tag].get('steady_frames_per_s', runs[tag].get('error'))}")

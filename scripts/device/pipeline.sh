@@ -13,9 +13,12 @@
 # Builds run in PIPE_JOBS processes, then every layer is timed on 1..n cores of each group, the
 # stages searched (heuristic, exhaustive <= 3, from predicted latencies), the chosen pipelines
 # built, and PIPE_FRAMES frames streamed through each pipeline and baseline, one at a time.
-# About 13 minutes for the five models (7 little cores add columns to time); trim with
-# PIPE_MODELS, PIPE_FRAMES, PIPE_NUMBER, PIPE_REPEAT, PIPE_NO_CODL=1 (skips the codl
-# latency-plan baseline and its build).
+# Throughput is the steady rate (first to last output; the fill is reported apart) for every
+# configuration alike; the executor's hand-off per stage is measured and counted by the search;
+# the CPU topology (SMT siblings) is recorded. About 8 minutes for squeezenet, inception_v1
+# and resnet50, 13 for the five models (7 little cores add columns to time); trim with
+# PIPE_MODELS, PIPE_FRAMES, PIPE_GPU_FRAMES (GPU-alone baseline, default 8), PIPE_NUMBER,
+# PIPE_REPEAT, PIPE_NO_CODL=1 (skips the codl latency-plan baseline and its build).
 set -u
 . /tmp/code/env.sh
 cd /tmp/code
@@ -26,7 +29,7 @@ groups=${PIPE_GROUPS:-gpu:0-$((g - 1)),big:$g-$((g + 7)),little:$((g + 8))-15}
 python3 scripts/bench_pipeline.py \
   --models "${PIPE_MODELS:-bvlc_alexnet,inception_v1,posenet,resnet50,squeezenet}" \
   --groups "$groups" --isa "${PIPE_ISA:-little=x86-64-v2}" --jobs "${PIPE_JOBS:-15}" \
-  --frames "${PIPE_FRAMES:-40}" --number "${PIPE_NUMBER:-2}" --repeat "${PIPE_REPEAT:-3}" \
+  --frames "${PIPE_FRAMES:-40}" --gpu-frames "${PIPE_GPU_FRAMES:-8}" --number "${PIPE_NUMBER:-2}" --repeat "${PIPE_REPEAT:-3}" \
   ${PIPE_NO_CODL:+--no-codl} --work /tmp/b/pipeline --out $r/pipeline.json \
   > $r/pipeline_bench.log 2>&1
 touch $r/DONE
