@@ -11,7 +11,11 @@ through:
 - ``coexec-H`` / ``coexec-OC``: :func:`codl_tvm.coexec.compile_coexec` with
   :func:`codl_tvm.plan.uniform_plan` (every conv/pool/matmul the plan rules allow split at 0.5,
   what ``codl-tvm run --device coexec --dim H|OC`` builds); ``n/a`` where no operator can be
-  split along that dimension.
+  split along that dimension;
+- ``beside``: the CPU build with its weights beside the library (``compile --weights
+  beside``): every constant, however small (the cases' constants are mostly under
+  :data:`~codl_tvm.passes.stream_weights.MIN_BYTES`), is fetched through ``codl.weights.get``
+  from a ``weights.bin`` that :mod:`codl_tvm.artifact.weights` loads on its thread.
 
 Outputs are compared with the expected ones as onnx's backend runner does (same shape and dtype,
 ``np.testing.assert_allclose`` with the case's ``rtol``/``atol``, NaN equal to NaN). A failure is
@@ -41,9 +45,12 @@ from tvm import relax
 from tvm.relax.frontend.onnx import from_onnx
 
 from codl_tvm import runtime
+from codl_tvm.artifact import weights
 from codl_tvm.coexec import compile_coexec
 from codl_tvm.errors import CodlError
 from codl_tvm.frontend import check_inputs, load_onnx
+from codl_tvm.passes.stream_weights import StreamWeights
+from codl_tvm.pipeline import single_device_pipeline
 from codl_tvm.plan import uniform_plan
 from codl_tvm.runner import _flatten, build, default_target
 
@@ -121,7 +128,7 @@ CONSTANT_OPERAND_OPS: tuple[str, ...] = (
 )
 INITIALIZERS_SUFFIX = "_initializers"
 
-PATHS: tuple[str, ...] = ("cpu", "opencl", "coexec-H", "coexec-OC")
+PATHS: tuple[str, ...] = ("cpu", "opencl", "coexec-H", "coexec-OC", "beside")
 
 # Outcomes of one path.
 PASS = "pass"
@@ -297,9 +304,38 @@ def _ordered_inputs(model, case: NodeCase) -> list[np.ndarray]:
     )
 
 
+def _run_beside(mod, inputs: list[np.ndarray], name: str) -> list[np.ndarray]:
+    """Build ``mod`` for the CPU with every constant fetched from a weights file beside the
+    library, start loading the file as an artifact does (before the VM is created: the VM
+    looks its packed functions up when it is created), and run once."""
+    sink: dict = {}
+    target = default_target("cpu")
+    # min_bytes=0: a node case's constants are small; all of them take the fetch path here
+    pipeline = tvm.transform.Sequential(
+        [single_device_pipeline(target), StreamWeights(sink, "cpu", min_bytes=0)]
+    )
+    with runtime.build_errors(f"node test {name}", "cpu"):
+        ex = tvm.compile(mod, target=target, relax_pipeline=pipeline)
+    dev = tvm.cpu(0)
+    with tempfile.TemporaryDirectory(prefix="codl-node-") as tmp:
+        loader = None
+        if sink["arrays"]:
+            record = weights.write_weights(Path(tmp) / weights.WEIGHTS, sink["arrays"], sink["key"])
+            loader = weights.start(tmp, record, dev)
+        vm = relax.VirtualMachine(ex, dev)
+        got = _flatten(vm["main"](*[tvm.runtime.tensor(x, dev) for x in inputs]))
+        if loader is not None:
+            loader.join()  # its file goes with the directory
+        return got
+
+
 def _run_path(path: str, model, case: NodeCase) -> PathResult:
     try:
         inputs = _ordered_inputs(model, case)
+        if path == "beside":
+            got = _run_beside(model.mod, inputs, case.name)
+            why = compare_outputs(got, case.expected, case.rtol, case.atol)
+            return PathResult(MISMATCH, detail=why) if why else PathResult(PASS)
         if path in ("cpu", "opencl"):
             built = build(model.mod, path)
         else:
@@ -364,8 +400,8 @@ def attribute(case: NodeCase, result: CaseResult) -> dict[str, str]:
     - A refusal at import is TVM's when TVM's frontend is what refused (plain ``from_onnx``
       fails too), ours when codl-tvm's own checks refuse a case plain TVM imports and runs.
     - A CPU or OpenCL failure is TVM's when plain TVM's build for that device fails too.
-    - A co-executed failure is ours when the CPU build passed (co-execution must then work);
-      otherwise it shares the CPU failure's attribution.
+    - A co-executed or ``beside`` failure is ours when the CPU build passed (co-execution and
+      streamed weights must then work); otherwise it shares the CPU failure's attribution.
     """
     owners: dict[str, str] = {}
     plain: dict[str, PathResult] = {}
@@ -383,7 +419,7 @@ def attribute(case: NodeCase, result: CaseResult) -> dict[str, str]:
         if res is not None and res.outcome not in (PASS, NOT_APPLICABLE, SKIPPED):
             owners[path] = OURS if plain_ok(path) else TVM
     cpu = result.paths.get("cpu")
-    for path in ("coexec-H", "coexec-OC"):
+    for path in ("coexec-H", "coexec-OC", "beside"):
         res = result.paths.get(path)
         if res is None or res.outcome in (PASS, NOT_APPLICABLE, SKIPPED):
             continue

@@ -24,6 +24,7 @@ from codl_tvm.onnx_node_tests import (
     PASS,
     PATHS,
     CaseResult,
+    PathResult,
     attribute,
     node_cases,
     run_case,
@@ -60,6 +61,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+_NONE = PathResult(NOT_APPLICABLE)
+
+
 def summarize(rows: list[dict]) -> str:
     """The markdown tables of the docs: totals per path, counts per operator, then every
     failure and refusal grouped by operator, step and reason."""
@@ -73,7 +77,8 @@ def summarize(rows: list[dict]) -> str:
         "|---|---:|---:|---:|---:|",
     ]
     for path in PATHS:
-        applicable = [r for r in imported if r.paths[path].outcome != NOT_APPLICABLE]
+        # rows written before a path existed lack it: not applicable to them
+        applicable = [r for r in imported if r.paths.get(path, _NONE).outcome != NOT_APPLICABLE]
         passed = [r for r in applicable if r.paths[path].outcome == PASS]
         failed = [r for r in applicable if r.paths[path].outcome != PASS]
         tvm = sum(owners[r.name].get(path) == "tvm" for r in failed)
@@ -87,15 +92,17 @@ def summarize(rows: list[dict]) -> str:
         f"Not imported: {len(refused)} (TVM's frontend or a TVM bug: {by_owner['tvm']}, "
         f"codl-tvm's own checks on cases plain TVM runs: {by_owner['ours']})",
         "",
-        "| operator | cases | imported | cpu | opencl | coexec-H | coexec-OC |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        f"| operator | cases | imported | {' | '.join(PATHS)} |",
+        "|---|---:|---:|" + "---:|" * len(PATHS),
     ]
     by_op: dict[str, list[CaseResult]] = defaultdict(list)
     for r in results:
         by_op[r.op_type].append(r)
 
     def cell(rs: list[CaseResult], path: str) -> str:
-        applicable = [r for r in rs if r.paths[path].outcome not in (NOT_APPLICABLE, "skipped")]
+        applicable = [
+            r for r in rs if r.paths.get(path, _NONE).outcome not in (NOT_APPLICABLE, "skipped")
+        ]
         if not applicable:
             return "-"
         return f"{sum(r.paths[path].outcome == PASS for r in applicable)}/{len(applicable)}"

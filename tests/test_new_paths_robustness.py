@@ -12,9 +12,10 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+import tvm
 from onnx import TensorProto, helper, numpy_helper
 
-from codl_tvm.artifact import compile_artifact, load_artifact
+from codl_tvm.artifact import compile_artifact, load_artifact, weights
 from codl_tvm.artifact.weights import WEIGHTS
 from codl_tvm.cli import main
 from codl_tvm.frontend import load_onnx
@@ -170,13 +171,19 @@ def _check_beside(model: onnx.ModelProto, tmp: Path, device: str, **kwargs) -> d
     onnx.save(model, path)
     feeds = _inputs(model)
     outs = {}
-    for weights in ("beside", "embedded"):
+    for placement in ("beside", "embedded"):
         out = compile_artifact(
-            path, tmp / weights, device=device, weights=weights, reference=False, **kwargs, **QUIET
+            path,
+            tmp / placement,
+            device=device,
+            weights=placement,
+            reference=False,
+            **kwargs,
+            **QUIET,
         )
         art = load_artifact(out)
-        outs[weights] = art([feeds[s.name] for s in art.model.inputs])
-        if weights == "beside":
+        outs[placement] = art([feeds[s.name] for s in art.model.inputs])
+        if placement == "beside":
             record = art.manifest["weights"]
             assert record["placement"] == "beside"
             assert (out / WEIGHTS).stat().st_size == record["bytes"]
@@ -233,3 +240,21 @@ def test_cli_beside_with_inf_outputs_and_a_missing_weights_file(tmp_path, capsys
     assert main(["run", str(out)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"codl-tvm: error: {out}: {WEIGHTS} is missing"]
+
+
+def test_weights_file_keeps_0d_bool_and_float16_shapes(tmp_path):
+    """The weights file and its loader give back each array as it was written: a 0-d weight
+    stays 0-d (it came back with shape (1,), which the kernel fetching it refused)."""
+    arrays = [
+        np.array(np.inf, np.float32),
+        RNG.random((3, 5)) > 0.5,
+        _f32(7).astype(np.float16),
+        np.arange(3, dtype=np.int64),
+    ]
+    record = weights.write_weights(tmp_path / WEIGHTS, arrays, "k0d@cpu")
+    assert [t["shape"] for t in record["tensors"]] == [[], [3, 5], [7], [3]]
+    loader = weights.start(tmp_path, record, tvm.cpu(0))
+    for i, want in enumerate(arrays):
+        got = loader.get(i).numpy()
+        assert got.shape == want.shape and got.dtype == want.dtype
+        np.testing.assert_array_equal(got, want)

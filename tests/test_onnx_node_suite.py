@@ -1,16 +1,19 @@
 """ONNX's backend node tests as a peer suite (codl_tvm.onnx_node_tests, docs/onnx-node-tests.md).
 
-Each case runs through codl-tvm's import, CPU build, OpenCL build and co-executed builds (every
-conv/pool/matmul split on H, then on OC, where the plan rules allow) against ONNX's expected
+Each case runs through codl-tvm's import, CPU build, OpenCL build, co-executed builds (every
+conv/pool/matmul split on H, then on OC, where the plan rules allow) and the CPU build with its
+constants fetched from a weights file beside the library (``beside``) against ONNX's expected
 outputs. The rules:
 
-- a case that imports passes on every path (the CPU build, OpenCL and both co-executed builds);
+- a case that imports passes on every path (the CPU build, OpenCL, both co-executed builds and
+  the beside build);
 - a case that does not import is refused with a :class:`~codl_tvm.errors.CodlError`, never a
   crash: either TVM's frontend cannot import it (the message says so), or codl-tvm's own checks
   refuse it for a reason listed in :data:`CODL_REFUSALS`;
 - a failure that plain TVM shares is listed in :data:`KNOWN_TVM_FAILURES` with its reason.
 
-A representative subset runs by default; every selected operator's cases with ``--runslow``.
+A representative subset runs by default (the beside path only on :data:`BESIDE_SUBSET`);
+every selected operator's cases on every path with ``--runslow``.
 The whole selection with the counts of the docs: ``python scripts/onnx_node_report.py run``.
 """
 
@@ -23,6 +26,7 @@ import pytest
 from codl_tvm.onnx_node_tests import (
     NOT_APPLICABLE,
     PASS,
+    PATHS,
     REFUSED,
     SELECTED_OPS,
     CaseResult,
@@ -101,14 +105,22 @@ SUBSET = [
 ]
 
 
+# The subset's cases that take the beside path by default: the only ones whose CPU build keeps
+# a constant to fetch (Clip's 0-d bounds; a 0-d weight came back 1-d from the weights file).
+# Every other subset case's constants fold into its kernels, so its beside build is its CPU
+# build; the slow run takes the beside path on every case all the same.
+BESIDE_SUBSET = {"test_clip_splitbounds"}
+WITHOUT_BESIDE = tuple(p for p in PATHS if p != "beside")
+
+
 @functools.cache
-def _result(name: str) -> CaseResult:
+def _result(name: str, paths: tuple[str, ...] = PATHS) -> CaseResult:
     # the subset and the slow run share a session's builds of a case
-    return run_case(node_cases([name])[0])
+    return run_case(node_cases([name])[0], paths)
 
 
-def _check(name: str) -> None:
-    result = _result(name)
+def _check(name: str, paths: tuple[str, ...] = PATHS) -> None:
+    result = _result(name, paths)
     imported = result.imported
     if imported.outcome != PASS:
         assert imported.outcome == REFUSED, (
@@ -136,7 +148,7 @@ def _check(name: str) -> None:
 @pytest.mark.opencl
 @pytest.mark.parametrize("name", SUBSET)
 def test_node_case(opencl, name):
-    _check(name)
+    _check(name, PATHS if name in BESIDE_SUBSET else WITHOUT_BESIDE)
 
 
 @pytest.mark.opencl
@@ -158,4 +170,5 @@ def test_selection_covers_every_family():
     cases = node_cases()
     assert {c.op_type for c in cases} == set(SELECTED_OPS)
     assert set(SUBSET) <= {c.name for c in cases}
+    assert BESIDE_SUBSET <= set(SUBSET)
     assert set(KNOWN_TVM_FAILURES) <= {c.name for c in cases}

@@ -55,7 +55,7 @@ def write_weights(path: Path, arrays: Sequence[np.ndarray], key: str) -> dict:
     offset = 0
     with open(path, "wb") as f:
         for a in arrays:
-            a = np.ascontiguousarray(a)
+            a = np.asarray(a, order="C")  # ascontiguousarray would make a 0-d weight 1-d
             pad = -offset % ALIGN
             f.write(b"\0" * pad)
             offset += pad
