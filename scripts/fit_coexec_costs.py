@@ -12,19 +12,22 @@ and then:
    co-execution factor of each processor, by model);
 2. searches a grid of :class:`CoexecCosts` for the one whose makespans, over the faster
    processor's predicted latency alone, best match the measured latencies over the faster
-   processor's measured latency (least squares of the logs, one row per placed build).
+   processor's measured latency (least squares of the logs, one row per placed build);
+3. with ``--write``, records it in the cost model file (``meta["coexec_costs"]``), where the
+   placement modes read it (:meth:`CoexecCosts.of`).
 
 Nothing is timed here::
 
     python scripts/fit_coexec_costs.py --run benchmarks/hope_emulated_soc_k12.json \\
         --traces TRACE_DIR --cost-model codl_tvm/data/cost_models/emulated-soc-k12.json \\
-        --preset emulated-soc
+        --preset emulated-soc --write
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import itertools
 import json
 import math
@@ -73,6 +76,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--traces", help="its --trace-dir (timelines MODEL_MODE.json)")
     ap.add_argument("--cost-model", required=True)
     ap.add_argument("--preset", default=None)
+    ap.add_argument(
+        "--write", action="store_true", help="record the fitted costs in the cost model file"
+    )
     args = ap.parse_args(argv)
 
     # deferred: TVM, ONNX and the planner load only once the arguments parse
@@ -82,14 +88,14 @@ def main(argv: list[str] | None = None) -> int:
     from codl_tvm.cost_model.base import load_model
     from codl_tvm.frontend import load_onnx
     from codl_tvm.models import benchmark_model
-    from codl_tvm.planner.dag import CoexecCosts
+    from codl_tvm.planner.dag import META_KEY, CoexecCosts
     from codl_tvm.planner.hope import simulate
     from codl_tvm.planner.placement import PlacementConfig, schedule_placement
     from codl_tvm.planner.search import PlannerConfig
 
     run = json.loads(Path(args.run).read_text())
     cost_model = load_model(args.cost_model)
-    neutral = PlacementConfig(costs=CoexecCosts())
+    neutral = PlacementConfig(costs=CoexecCosts())  # the plain predictions, as on the device
     cases = []  # (model, mode, plain graph, schedule, measured ratio, single predicted ms)
     factors: dict[str, dict[str, list[float]]] = {"cpu": {}, "gpu": {}}
     with tempfile.TemporaryDirectory() as tmp:
@@ -178,6 +184,13 @@ def main(argv: list[str] | None = None) -> int:
             f"  {m:13s} {mode:12s} measured/best-alone {measured:.2f}  predicted: plain "
             f"{schedule.makespan_ms / single:.2f}, with costs {ms / single:.2f}"
         )
+    if args.write:
+        # only the meta entry changes: the file is otherwise written back as it was read
+        path = Path(args.cost_model)
+        obj = json.loads(path.read_text())
+        obj.setdefault("meta", {})[META_KEY] = dataclasses.asdict(best)
+        path.write_text(json.dumps(obj, separators=(",", ":")) + "\n")
+        print(f"wrote {META_KEY} to {path}")
     return 0
 
 

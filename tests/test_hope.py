@@ -36,9 +36,8 @@ from codl_tvm.planner.placement import PlacementConfig
 from codl_tvm.planner.synthetic import SyntheticDevice, synthetic_cost_model
 
 HEURISTICS = (greedy_schedule, starpu_schedule, mosaic_schedule)
-# The synthetic devices' operators take microseconds: the co-execution costs fitted on the
-# emulated SoC (DEFAULT_COEXEC_COSTS) would keep their placements on one processor, so the
-# tests of placed plans plan without them.
+# Plans without co-execution costs (the synthetic models record none; explicit, as these tests
+# check the schedulers and plans, not the costs).
 PLAIN = PlacementConfig(costs=CoexecCosts())
 MODES_PLACED = ("hope", "hope_greedy", "starpu", "mosaic")
 
@@ -927,13 +926,33 @@ def test_costs_turn_a_marginal_branch_placement_into_one_processor(
 
 
 @pytest.mark.parametrize("mode", (*MODES_PLACED, "codl_hope"))
-def test_default_costs_never_predict_a_plan_slower_than_one_processor(
+def test_costs_recorded_in_the_cost_model_apply_by_default(
     inception_mod, cheap_sharing_model, mode
 ):
-    from codl_tvm.planner.placement import DEFAULT_COEXEC_COSTS, make_plan
+    """The costs a cost model's file records (as fit_coexec_costs.py writes them) are what
+    every placement mode plans with by default; no mode then predicts a plan slower than the
+    faster processor alone."""
+    import copy
 
-    _, report = make_plan(inception_mod, cheap_sharing_model, mode)
+    from codl_tvm.planner.dag import META_KEY
+    from codl_tvm.planner.placement import make_plan
+
+    cm = copy.copy(cheap_sharing_model)
+    cm.meta = {**cheap_sharing_model.meta, META_KEY: {"cpu_factor": 1.3, "gpu_factor": 1.5}}
+    assert CoexecCosts.of(cm) == CoexecCosts(cpu_factor=1.3, gpu_factor=1.5)
+    _, report = make_plan(inception_mod, cm, mode)
     s = report.summary
     assert s.predicted_ms <= min(s.cpu_only_ms, s.gpu_only_ms) + 1e-9
-    assert any("co-execution costs in the makespan" in n for n in report.notes)
-    assert not DEFAULT_COEXEC_COSTS.neutral
+    assert any("co-execution costs in the makespan: CPU operators x1.3" in n for n in report.notes)
+    cm.meta = {META_KEY: {"cpu_factor": 1.3, "launch_ms": 1.0}}
+    with pytest.raises(PlannerError, match="meta 'coexec_costs' must map cpu_factor"):
+        make_plan(inception_mod, cm, mode)
+
+
+def test_the_shipped_emulated_soc_model_records_its_coexec_costs():
+    from codl_tvm.cost_model import load_model
+    from codl_tvm.cost_model.defaults import default_model_path
+
+    path = default_model_path("emulated-soc").parent / "emulated-soc-k12.json"
+    costs = CoexecCosts.of(load_model(path))
+    assert not costs.neutral and costs.cpu_factor >= 1.0 and costs.gpu_factor >= 1.0

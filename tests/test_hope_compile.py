@@ -36,9 +36,8 @@ CHEAP_SPLITS_FAST_GPU = SyntheticDevice(
 )
 
 
-# The synthetic devices' operators take microseconds: the co-execution costs fitted on the
-# emulated SoC (DEFAULT_COEXEC_COSTS) would keep every placement on one processor. Tests of the
-# modes' choices plan without them.
+# Plans without co-execution costs (the synthetic models record none; explicit, as these tests
+# check the modes' choices, not the costs).
 PLAIN = PlacementConfig(costs=CoexecCosts())
 
 

@@ -46,6 +46,8 @@ from codl_tvm.planner.search import PlannerConfig, _Planner
 __all__ = ["PROCESSORS", "SPLIT", "CoexecCosts", "DagEdge", "DagNode", "OpGraph", "build_graph"]
 
 PROCESSORS: tuple[str, str] = ("cpu", "gpu")
+#: The key of a cost model's ``meta`` that records its device's :class:`CoexecCosts`.
+META_KEY = "coexec_costs"
 #: The placement of a node split across both processors (CoDL's split, Eq. 2).
 SPLIT = "both"
 
@@ -155,6 +157,20 @@ class CoexecCosts:
     def neutral(self) -> bool:
         """True when the costs change no prediction."""
         return self == CoexecCosts()
+
+    @classmethod
+    def of(cls, cost_model: CostModel) -> CoexecCosts:
+        """The costs a cost model's file records for its device (``meta["coexec_costs"]``,
+        written by scripts/fit_coexec_costs.py), else none."""
+        record = getattr(cost_model, "meta", {}).get(META_KEY)
+        if record is None:
+            return cls()
+        if not isinstance(record, dict) or set(record) - set(cls.__dataclass_fields__):
+            raise PlannerError(
+                f"cost model meta {META_KEY!r} must map {', '.join(cls.__dataclass_fields__)} "
+                f"to numbers, got {record!r}"
+            )
+        return cls(**record)
 
 
 @dataclass(frozen=True)

@@ -33,8 +33,9 @@ measured ``codl`` builds only, and the placement plans' measured latencies on th
 still to be benchmarked.
 
 Every mode minimises the makespan with what a co-executed build pays beyond the cost model's
-per-operator predictions (:attr:`PlacementConfig.costs`, :data:`DEFAULT_COEXEC_COSTS`: slower
-operators on each processor, a sync per edge across processors), and a schedule no faster
+per-operator predictions (:attr:`PlacementConfig.costs`, by default those the cost model
+records for its device: slower operators on each processor, a sync per edge across
+processors), and a schedule no faster
 than the faster processor alone (its plain prediction: such a plan is built for that processor
 alone) becomes that processor alone, so no placement mode predicts a plan slower than the best
 single processor.
@@ -88,7 +89,6 @@ from codl_tvm.planner.search import (
 __all__ = [
     "ALL_MODES",
     "AUTO_CANDIDATES",
-    "DEFAULT_COEXEC_COSTS",
     "PLACEMENT_MODES",
     "PlacementConfig",
     "PlacementSchedule",
@@ -103,15 +103,6 @@ PLACEMENT_MODES: tuple[str, ...] = ("hope", "hope_greedy", "starpu", "mosaic", "
 #: The modes ``auto`` plans with, in the order ties go (today's default first).
 AUTO_CANDIDATES: tuple[str, ...] = ("codl", "hope", "hope_greedy", "codl_hope")
 ALL_MODES: tuple[str, ...] = (*MODES, *PLACEMENT_MODES, "auto")
-
-#: Fitted by scripts/fit_coexec_costs.py to a device run of the placed plans (emulated SoC,
-#: k = 12, ten models, 16 placed builds): the costs whose makespans, over the faster processor's
-#: predicted latency alone, best match the measured latencies over the faster processor's
-#: (rms log error 0.30 with no costs, 0.10 with these). A co-executed build's CPU operators
-#: ran slower than in the CPU-alone build (median 1.19x over the models, their timelines), and
-#: the GPU factor also covers the GPU's waits for the host, which enqueues GPU work only
-#: between CPU kernels. See docs/benchmarks.md, "Does branch placement (HOPE) pay?".
-DEFAULT_COEXEC_COSTS = CoexecCosts(cpu_factor=1.3, gpu_factor=1.5, gpu_op_ms=0.0, cross_edge_ms=0.1)
 
 # auto takes another mode's plan only when it is predicted faster by more than this fraction:
 # plans of equal makespan (e.g. every mode keeping a chain on one processor) stay codl's.
@@ -138,18 +129,19 @@ class PlacementConfig:
         What a co-executed build adds to the cost model's predictions
         (:class:`~codl_tvm.planner.dag.CoexecCosts`), in the makespan every mode minimises;
         the single-processor latencies a plan is compared with keep the plain predictions.
-        Default: :data:`DEFAULT_COEXEC_COSTS`; ``CoexecCosts()`` predicts as the cost model
-        alone.
+        None: the costs the cost model's file records for its device
+        (:meth:`~codl_tvm.planner.dag.CoexecCosts.of`; the shipped ``emulated-soc-k12`` model
+        carries them), else none; ``CoexecCosts()``: none.
     """
 
     greedy_k: int = DEFAULT_GREEDY_K
     time_limit_s: float = DEFAULT_TIME_LIMIT_S
     max_nodes: int = DEFAULT_MAX_NODES
     workers: int = 1
-    costs: CoexecCosts = DEFAULT_COEXEC_COSTS
+    costs: CoexecCosts | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.costs, CoexecCosts):
+        if self.costs is not None and not isinstance(self.costs, CoexecCosts):
             raise PlannerError(
                 f"placement: costs must be a CoexecCosts, got {type(self.costs).__name__}"
             )
@@ -371,7 +363,7 @@ def schedule_placement(
         graph, chains, start, chain_notes = _with_codl_chains(graph, codl_plan, codl_report)
         notes.extend(chain_notes)
     plain = graph
-    costs = placement.costs
+    costs = placement.costs if placement.costs is not None else CoexecCosts.of(raw_model)
     if not costs.neutral:
         graph = graph.with_costs(costs)
         notes.append(
