@@ -77,6 +77,12 @@ def single_processor(plan, report: PlanReport | None, mode: str) -> tuple[str, s
     built for that processor (CoDL's planner falls back; the uLayer-like baseline does not).
     """
     ratios = {e.ratio for e in plan.entries()}
+    if not ratios:  # no conv, pool or matmul: nothing to split or place
+        device = "cpu" if plan.home == "cpu" else "opencl"
+        return device, (
+            f"the plan holds no operator (nothing to split or place); built for its home "
+            f"processor, the {'CPU' if device == 'cpu' else 'GPU'}"
+        )
     if ratios == {0.0}:
         return "cpu", "the plan keeps every operator whole on the CPU"
     if ratios == {1.0}:

@@ -90,11 +90,16 @@ class PlanSummary:
 
     @property
     def speedup_vs_best_single(self) -> float:
+        # a model with no modelled operator predicts 0 ms co-executed and alone alike
+        if self.predicted_ms <= 0:
+            return 1.0
         return min(self.cpu_only_ms, self.gpu_only_ms) / self.predicted_ms
 
     @property
     def efficiency(self) -> float:
         """T* / predicted (1.0 reaches the ideal bound)."""
+        if self.predicted_ms <= 0:  # nothing modelled (see speedup_vs_best_single)
+            return 1.0
         return self.ideal_ms / self.predicted_ms
 
     def to_dict(self) -> dict[str, Any]:
