@@ -21,11 +21,12 @@ from codl_tvm.cli import main
 from codl_tvm.coexec import compile_coexec
 from codl_tvm.cost_model import CostModel
 from codl_tvm.frontend import load_onnx, random_inputs
-from codl_tvm.plan import uniform_plan
+from codl_tvm.plan import ChainPlan, OpPartition, PartitionPlan, uniform_plan
 from codl_tvm.planner.dag import CoexecCosts
 from codl_tvm.planner.placement import PlacementConfig, make_plan
 from codl_tvm.planner.policy import resolve_plan
 from codl_tvm.planner.synthetic import SyntheticDevice, synthetic_cost_model
+from tests.test_buffer_mode import _run_in_buffer_mode
 
 QUIET = {"log": lambda s: None}
 RNG = np.random.default_rng(0)
@@ -439,3 +440,87 @@ def test_compile_hope_greedy_matches_onnxruntime(name, tmp_path, capsys, opencl)
     capsys.readouterr()
     assert main(["run", str(tmp_path / "a")]) == 0
     assert "-> OK" in capsys.readouterr().out
+
+
+# -- buffer mode (no SVM) on an odd model -----------------------------------------------------
+
+
+def odd_rows_model() -> onnx.ModelProto:
+    """7 rows and 5, 6, 7 and 3 channels (none a multiple of 4), converter-style names: an H
+    split conv, an OC split conv, an H split max pool and an H split chain of two convs."""
+    x = "gpu_0/data_0"
+    nodes = [
+        helper.make_node("Conv", [x, "gpu_0/w0", "gpu_0/b0"], ["gpu_0/c0"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["gpu_0/c0"], ["gpu_0/r0"]),
+        helper.make_node("Conv", ["gpu_0/r0", "gpu_0/w1"], ["gpu_0/c1"], pads=[1, 1, 1, 1]),
+        helper.make_node(
+            "MaxPool", ["gpu_0/c1"], ["gpu_0/p"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]
+        ),
+        helper.make_node("Conv", ["gpu_0/p", "gpu_0/w2"], ["gpu_0/c2"], pads=[1, 1, 1, 1]),
+        helper.make_node("Conv", ["gpu_0/c2", "gpu_0/w3"], ["gpu_0/softmax_1"], pads=[0, 1, 0, 1]),
+    ]
+    return _model(
+        nodes,
+        [_vi(x, [1, 5, 7, 9])],
+        [_vi("gpu_0/softmax_1", [1, 3, 5, 9])],
+        {
+            "gpu_0/w0": _f32(6, 5, 3, 3) / 4,
+            "gpu_0/b0": _f32(6),
+            "gpu_0/w1": _f32(7, 6, 3, 3) / 4,
+            "gpu_0/w2": _f32(3, 7, 3, 3) / 4,
+            "gpu_0/w3": _f32(3, 3, 3, 3) / 4,
+        },
+    )
+
+
+ODD_PLAN = PartitionPlan(
+    ops=(
+        OpPartition("conv2d_0", "H", 0.5),
+        OpPartition("conv2d_1", "OC", 0.5),
+        OpPartition("max_pool2d_2", "H", 0.5),
+    ),
+    chains=(ChainPlan(("conv2d_3", "conv2d_4"), "H", 0.5),),
+)
+
+BUFFER_MODE = """
+import json
+import numpy as np
+import onnxruntime as ort
+import codl_tvm
+from codl_tvm import runtime
+from codl_tvm.frontend import load_onnx, random_inputs
+from tests.test_new_paths_robustness import ODD_PLAN, odd_rows_model
+
+proto = odd_rows_model()
+model = load_onnx(proto)
+feeds = random_inputs(model, seed=3)
+want = ort.InferenceSession(proto.SerializeToString()).run(None, feeds)
+got = codl_tvm.compile(model.mod, ODD_PLAN)([feeds[s.name] for s in model.inputs])
+# the same plan with its weights beside the library: the loader uploads into buffers
+import os, onnx
+from pathlib import Path
+tmp = Path(os.environ["CODL_TVM_CACHE_DIR"])  # the test's tmp_path
+from codl_tvm.artifact import compile_artifact, load_artifact
+onnx.save(proto, tmp / "odd.onnx")
+art = load_artifact(compile_artifact(
+    tmp / "odd.onnx", tmp / "art", device="coexec", plan=ODD_PLAN,
+    weights="beside", reference=False, log=lambda s: None))
+got += art([feeds[s.name] for s in art.model.inputs])
+errs = [float(np.max(np.abs(g - w))) for g, w in zip(got, want + want)]
+print(json.dumps({"svm": runtime.svm_mode(), "stats": runtime.buffer_stats(), "errs": errs,
+                  "shapes": [list(g.shape) for g in got],
+                  "beside": len(art.manifest["weights"]["tensors"])}))
+"""
+
+
+@pytest.mark.opencl
+def test_odd_rows_and_channels_co_execute_in_buffer_mode(opencl, tmp_path):
+    """7 rows split 0.5 (a 3/4 split whose views start at unaligned byte offsets) and channel
+    counts that are no multiple of 4, in buffer mode, against onnxruntime: built in the process
+    and as an artifact with its weights beside the library."""
+    pytest.importorskip("onnxruntime")
+    ODD_PLAN.validate(load_onnx(odd_rows_model()).mod)
+    out = _run_in_buffer_mode(BUFFER_MODE, tmp_path)
+    assert out["svm"] == "buffer" and out["stats"]["host_maps"] > 0
+    assert out["shapes"] == [[1, 3, 5, 9]] * 2 and out["beside"] >= 1
+    assert max(out["errs"]) <= 1e-4, out["errs"]
