@@ -148,7 +148,19 @@ def constant_output_model() -> onnx.ModelProto:
     )
 
 
+def initializers_as_inputs_model() -> onnx.ModelProto:
+    """:func:`shared_weight_model` as old converters write it (IR version 3): the weight is
+    listed among the graph's inputs too, so onnxruntime lets a caller override it."""
+    model = shared_weight_model()
+    model.graph.input.append(_vi("gpu_0/conv_w", [8, 8, 3, 3]))
+    model.ir_version = 3
+    model.opset_import[0].version = 8
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
 MODELS = {
+    "initializers_as_inputs": initializers_as_inputs_model,
     "constant_output": constant_output_model,
     "shared": shared_weight_model,
     "computed": computed_weight_model,
@@ -159,7 +171,10 @@ MODELS = {
 
 def _inputs(model: onnx.ModelProto) -> dict[str, np.ndarray]:
     feeds = {}
+    inits = {i.name for i in model.graph.initializer}
     for vi in model.graph.input:
+        if vi.name in inits:  # IR < 4 lists initializers among the inputs too
+            continue
         shape = [d.dim_value for d in vi.type.tensor_type.shape.dim]
         feeds[vi.name] = _f32(*shape)
     return feeds
