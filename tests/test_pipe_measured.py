@@ -124,11 +124,11 @@ def leave_one_model_out(loss: str) -> tuple[dict[str, list[float]], int]:
     floored = 0
     with script_module("bench_pipeline") as bench:
         for m in MODELS:
-            predict = bench._fit_predictor(records, groups("all"), m, loss)
             t = table(m)
+            predict = bench._fit_predictor(records, groups("all"), m, loss, t)
             for g, c in t.keys():
-                for layer, ms in zip(shapes(m), t[(g, c)], strict=True):
-                    p = predict(layer, g, c)
+                for i, (layer, ms) in enumerate(zip(shapes(m), t[(g, c)], strict=True)):
+                    p = predict(i, layer, g, c)
                     floored += p <= MIN_LATENCY_MS
                     errors.setdefault(g, []).append(abs(p / ms - 1))
     return errors, floored
