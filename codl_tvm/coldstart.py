@@ -207,7 +207,7 @@ def measure(
     from codl_tvm import runtime
     from codl_tvm.artifact import load_artifact, program_binaries
     from codl_tvm.artifact.store import LIBRARY, start_weights
-    from codl_tvm.runner import _flatten
+    from codl_tvm.runner import _flatten, max_abs_difference
 
     art = load_artifact(artifact, verify=False)
     names = art.manifest["vm_devices"]
@@ -269,9 +269,7 @@ def measure(
         "cache_stats": stats,
         "load": state,
         "warm_ms": warm_ms,
-        "max_abs_err": None
-        if ref is None
-        else max(float(np.max(np.abs(o - r))) for o, r in zip(outs, ref[1], strict=True)),
+        "max_abs_err": None if ref is None else max_abs_difference(outs, ref[1]),
     }
 
 

@@ -26,6 +26,7 @@ __all__ = [
     "Latency",
     "build",
     "default_target",
+    "max_abs_difference",
     "remove_with",
     "time_vm",
 ]
@@ -103,6 +104,21 @@ def _flatten(out) -> list[np.ndarray]:
     for item in out:
         result.extend(_flatten(item))
     return result
+
+
+def max_abs_difference(outputs, expected) -> float:
+    """The largest absolute difference between ``outputs`` and ``expected``, where equal
+    values (the same infinity, NaN and NaN) differ by 0 and a NaN or infinity against anything
+    else by inf: a model whose outputs hold inf or NaN (as onnxruntime's do) matches its
+    reference instead of giving ``inf - inf = nan``."""
+    err = 0.0
+    for a, b in zip(outputs, expected, strict=True):
+        a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+        same = (a == b) | (np.isnan(a) & np.isnan(b))
+        with np.errstate(invalid="ignore"):  # inf - inf where ``same`` already holds
+            diff = np.where(same, 0.0, np.abs(a - b))
+        err = max(err, float(np.max(np.nan_to_num(diff, nan=np.inf, posinf=np.inf), initial=0.0)))
+    return err
 
 
 def build(

@@ -26,6 +26,7 @@ from codl_tvm.planner.dag import CoexecCosts
 from codl_tvm.planner.placement import PlacementConfig, make_plan
 from codl_tvm.planner.policy import resolve_plan
 from codl_tvm.planner.synthetic import SyntheticDevice, synthetic_cost_model
+from codl_tvm.runner import max_abs_difference
 from tests.test_buffer_mode import _run_in_buffer_mode
 
 QUIET = {"log": lambda s: None}
@@ -539,3 +540,12 @@ def test_odd_rows_and_channels_co_execute_in_buffer_mode(opencl, tmp_path):
     assert out["svm"] == "buffer" and out["stats"]["host_maps"] > 0
     assert out["shapes"] == [[1, 3, 5, 9]] * 2 and out["beside"] >= 1
     assert max(out["errs"]) <= 1e-4, out["errs"]
+
+
+def test_max_abs_difference_counts_equal_infinities_and_nans_as_equal():
+    inf, nan = np.inf, np.nan
+    a = np.array([1.0, inf, -inf, nan], np.float32)
+    assert max_abs_difference([a], [a.copy()]) == 0.0
+    assert max_abs_difference([a], [np.array([1.5, inf, -inf, nan])]) == 0.5
+    assert max_abs_difference([a], [np.array([1.0, -inf, -inf, nan])]) == inf
+    assert max_abs_difference([a], [np.array([1.0, inf, -inf, 0.0])]) == inf

@@ -32,7 +32,7 @@ from codl_tvm.errors import CliError, CodlError
 from codl_tvm.frontend import check_inputs, load_onnx
 from codl_tvm.models import bundled_model_path
 from codl_tvm.pipeline_artifact import is_pipeline, load_pipeline
-from codl_tvm.runner import build
+from codl_tvm.runner import build, max_abs_difference
 from codl_tvm.runtime import coexec as sync
 
 __all__ = ["cmd_info", "cmd_run", "register"]
@@ -72,21 +72,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     with building(model.path, args.device):
         built = build(model.mod, args.device, model=str(model.path))
     return _report(args, model, inputs, built, f"device: {args.device}")
-
-
-def max_abs_difference(outputs, expected) -> float:
-    """The largest absolute difference between ``outputs`` and ``expected``, where equal
-    values (the same infinity, NaN and NaN) differ by 0 and a NaN or infinity against anything
-    else by inf: a model whose outputs hold inf or NaN (as onnxruntime's do) matches its
-    reference instead of giving ``inf - inf = nan``."""
-    err = 0.0
-    for a, b in zip(outputs, expected, strict=True):
-        a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-        same = (a == b) | (np.isnan(a) & np.isnan(b))
-        with np.errstate(invalid="ignore"):  # inf - inf where ``same`` already holds
-            diff = np.where(same, 0.0, np.abs(a - b))
-        err = max(err, float(np.max(np.nan_to_num(diff, nan=np.inf), initial=0.0)))
-    return err
 
 
 def _report(args: argparse.Namespace, model, inputs, built, device_line: str) -> int:
