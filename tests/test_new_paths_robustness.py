@@ -549,3 +549,15 @@ def test_max_abs_difference_counts_equal_infinities_and_nans_as_equal():
     assert max_abs_difference([a], [np.array([1.5, inf, -inf, nan])]) == 0.5
     assert max_abs_difference([a], [np.array([1.0, -inf, -inf, nan])]) == inf
     assert max_abs_difference([a], [np.array([1.0, inf, -inf, 0.0])]) == inf
+
+
+@pytest.mark.opencl
+@pytest.mark.parametrize("mode", ["hope", "codl_hope"])
+def test_coexec_weights_beside_with_a_placement_plan(mode, costly_splits, tmp_path, opencl):
+    """A placement plan (branches on different processors, issued in the schedule's order;
+    codl_hope also splits a pool) with its weights beside the library."""
+    proto = merging_branches("Concat")
+    plan, _ = make_plan(load_onnx(proto).mod, costly_splits, mode, placement=PLAIN)
+    assert {0.0, 1.0} <= {e.ratio for e in plan.ops}
+    record = _check_beside(proto, tmp_path, "coexec", plan=plan)
+    assert len(record["tensors"]) == 3
