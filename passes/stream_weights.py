@@ -19,7 +19,8 @@ What it does
 ------------
 In every Relax function, each distinct constant of at least ``min_bytes`` becomes a binding
 ``w = R.call_packed("codl.weights.get", R.str(key), R.prim_value(i), ty_args=...)`` placed
-right before the binding that first uses it; every use refers to ``w``. ``i`` numbers the
+right before the binding that first uses it; every use refers to ``w``. A constant used by
+several functions is one weight, fetched in each of them. ``i`` numbers the
 constants in first-use order (the order the loader reads them), ``key`` names the weights of
 this library (a digest of their bytes, shapes and dtypes, and the device they go to), and
 the key and arrays, in the same order, go to the ``sink`` dictionary given to the pass.
@@ -83,6 +84,7 @@ def stream_weights(
         if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
             continue
         blocks, changed = [], False
+        here: set[tvm.ir.Constant] = set()  # fetched in this function: variables are local
         for block in func.body.blocks:
             if isinstance(block, relax.DataflowBlock):
                 # a packed call is impure: dataflow blocks must have been left (run last)
@@ -95,10 +97,12 @@ def stream_weights(
                 found: list[tvm.ir.Constant] = []
                 _constants_in(binding.value, found)
                 for c in found:
-                    if c in index or _nbytes(c.value) < min_bytes:
+                    if c in here or _nbytes(c.value) < min_bytes:
                         continue
-                    index[c] = len(order)
-                    order.append(c)
+                    here.add(c)
+                    if c not in index:  # a constant of several functions: one weight
+                        index[c] = len(order)
+                        order.append(c)
                     bindings.append(c)  # fetched before this binding
                     changed = True
                 bindings.append(binding)
@@ -110,11 +114,11 @@ def stream_weights(
     arrays = [c.value.numpy() for c in order]
     key_text = f"{weights_key(arrays)}@{device}"
     key = tvm.ir.StringImm(key_text)
-    fetched: dict[tvm.ir.Constant, relax.Var] = {}
     normalize = relax.BlockBuilder().normalize  # gives the call its type (from ty_args)
     new_funcs = {}
     for gv, blocks in plans.items():
         func = mod[gv]
+        fetched: dict[tvm.ir.Constant, relax.Var] = {}
         new_blocks = []
         for bindings in blocks:
             out = []

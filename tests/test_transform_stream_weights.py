@@ -106,3 +106,30 @@ def test_dataflow_blocks_are_refused():
         bb.emit_func_output(out)
     with pytest.raises(ValueError, match="after the finalisation phase"):
         StreamWeights({}, "cpu")(bb.get())
+
+
+def _two_functions(a: relax.Expr, b: relax.Expr, fetch=None) -> tvm.IRModule:
+    """f1(x) = x + a; f2(x) = (x + b) * a: one constant in two functions. With ``fetch``
+    (index -> call), the expected module: each function fetches what it uses itself."""
+    bb = relax.BlockBuilder()
+    x = _x()
+    with bb.function("f1", [x], attrs=FINALIZED):
+        a1 = bb.emit(fetch(0, A)) if fetch else a
+        bb.emit_func_output(bb.emit(relax.op.add(x, a1)))
+    x = _x()
+    with bb.function("f2", [x], attrs=FINALIZED):
+        b2 = bb.emit(fetch(1, B)) if fetch else b
+        y = bb.emit(relax.op.add(x, b2))
+        a2 = bb.emit(fetch(0, A)) if fetch else a
+        bb.emit_func_output(bb.emit(relax.op.multiply(y, a2)))
+    return bb.get()
+
+
+def test_a_constant_of_two_functions_is_one_weight_fetched_in_each():
+    # f2 referred to f1's variable: an ill-formed module
+    key = f"{weights_key([A, B])}@cpu"
+    a = relax.const(A)
+    expected = _two_functions(None, None, lambda i, like: _fetch(key, i, like))
+    sink: dict = {}
+    verify(_two_functions(a, relax.const(B)), expected, sink)
+    assert sink["key"] == key and len(sink["arrays"]) == 2
