@@ -97,7 +97,8 @@ def legalize_passes(
 
     TVM's ``gpu_generic.legalize_passes`` without its dlight schedules (codl-tvm schedules in its
     own phase). ``place`` (the co-executed build's :class:`~codl_tvm.passes.place.PlaceParts`)
-    runs after constant folding, before fusion; FuseTIR is then bracketed by
+    runs after constant folding, before fusion, and ``CanonicalizeBindings`` right after fusion
+    removes the fences it put on every GPU/CPU edge; FuseTIR is then bracketed by
     ``RecordFusedTargets``/``RestoreTargets``, because FuseTIR drops the per-PrimFunc ``target``
     attribute that tells the CPU parts' kernels from the GPU's. ``codl.PropagateNaN`` right
     after legalization makes element-wise max/min (Relu, Clip, Max, Min) propagate NaN as ONNX
@@ -111,6 +112,8 @@ def legalize_passes(
         relax.transform.FoldConstant(),
         *([place] if placed else []),
         relax.transform.FuseOps(),
+        # removes PlaceParts' fences (aliases that kept FuseOps from fusing across processors)
+        *([relax.transform.CanonicalizeBindings()] if placed else []),
         *([RecordFusedTargets()] if placed else []),
         relax.transform.FuseTIR(),
         *([RestoreTargets()] if placed else []),

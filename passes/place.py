@@ -16,8 +16,13 @@ What it does
   one). Placing them all on the GPU cost a GPU round trip per layer wherever the CPU ran whole
   convolutions followed by an unfused batch norm (RetinaFace on the emulated SoC: 29 ms co-executed
   against 11 ms on the CPU alone, a PoCL softmax alone 15 ms).
-- A fusable kernel on one side of a GPU/CPU edge is made opaque, so FuseOps never fuses kernels
-  of two processors into one function.
+- Every GPU/CPU edge is cut for FuseOps by a fence: the consumer reads the producer's tensor
+  through an alias binding (``codl_fence = x``), which FuseOps takes for an opaque node, so it
+  never fuses kernels of two processors into one function while each side keeps its own fusions
+  (a conv with its bias add, ReLU and residual add, as in a single-processor build).
+  ``CanonicalizeBindings`` right after FuseOps removes the aliases. Making a kernel on the edge
+  opaque instead cut it from its own processor's neighbours too: a CPU conv's bias add or ReLU,
+  and the GPU residual add and ReLU after a shortcut conv, ran as kernels of their own.
 - Every kernel's output tensor gets its processor's Relax ``VDevice`` (``main``'s module gets the
   global info ``"vdevice" = [GPU, CPU]``, the device order of the VM): the IR states where every
   tensor lives, and later passes read the placement from it.
@@ -48,7 +53,6 @@ from .parts import collect_parts
 __all__ = ["PlaceParts"]
 
 _OPAQUE = 8
-_OUT_ELEMWISE_FUSABLE = 4
 
 
 def _callee(binding):
@@ -125,7 +129,7 @@ class PlaceParts:
             where_of[b.var] = seen_as[b.var] = where
             if where != "merge":
                 users.setdefault(gv, set()).add((where, split_of.get(b.var.name, "")))
-        barriers = _cross_device_barriers(mod, bindings, where_of)
+        fences = _cross_device_edges(bindings, where_of)
         # One PrimFunc per (processor, split): a kernel LegalizeOps shared between two splits
         # (VGG's repeated convs) stays two kernels, so FuseOps cannot merge their fused groups
         # either and a timeline can tell the splits apart (codl.split).
@@ -162,15 +166,6 @@ class PlaceParts:
                     }
                 )
                 rt.callee_of[b.var] = bb.add_func(prim, name)
-            elif b.var in barriers:
-                # Fusable kernel next to the other processor's: opaque, so FuseOps cannot
-                # merge kernels of two processors into one function.
-                target = self.cpu_target if where == "cpu" else self.gpu_target
-                name = f"{gv.name_hint}_{where}_{b.var.name}"
-                attrs = {"target": target, "op_pattern": _OPAQUE, "global_symbol": name}
-                if b.var.name in split_of:
-                    attrs[SPLIT_ATTR] = split_of[b.var.name]
-                rt.callee_of[b.var] = bb.add_func(mod[gv].with_attrs(attrs), name)
             else:
                 rt.callee_of[b.var] = renames[(gv, where, split_of.get(b.var.name, ""))]
         # Every kernel's output carries its processor's VDevice: the IR states where each
@@ -180,6 +175,7 @@ class PlaceParts:
             "cpu": relax.VDevice(self.cpu_target, 0, "global"),
         }
         rt.where_of = where_of
+        rt.fences = fences
         new_main = rt.visit_expr(func)
         bb.update_func(mod.get_global_var("main"), new_main)
         out = bb.get()
@@ -191,11 +187,6 @@ class PlaceParts:
         return out
 
 
-def _pattern(mod, gv) -> int:
-    attrs = mod[gv].attrs
-    return int(attrs["op_pattern"]) if attrs is not None and "op_pattern" in attrs else _OPAQUE
-
-
 def _follow_producers(binding, where_of, home: str) -> str:
     """Placement of a kernel outside every split: the one processor its input kernels ran on,
     else ``home`` (inputs from both, from a merge, or none: model inputs and constants only).
@@ -205,21 +196,13 @@ def _follow_producers(binding, where_of, home: str) -> str:
     return producers.pop() if len(producers) == 1 else home
 
 
-def _cross_device_barriers(mod, bindings, where_of) -> set:
-    """Kernels FuseOps could fuse with a kernel of the other processor (an elementwise,
-    broadcast, injective or reduction kernel on one side of a GPU/CPU edge)."""
+def _cross_device_edges(bindings, where_of) -> dict:
+    """Every kernel's arguments computed on the other processor: kernel variable -> those
+    argument variables (read through tuple projections and aliases, as batch_norm's users read
+    ``bn[0]``). Each gets a fence (see the module docstring)."""
     by_var = {b.var: b for b in bindings}
 
-    def pattern(var) -> int:
-        return _pattern(mod, _callee(by_var[var]))
-
-    def single(var) -> bool:
-        call = by_var[var].value
-        return len(call.ty_args) == 1 and isinstance(call.ty_args[0], relax.TensorType)
-
     def producer(var):
-        # Through tuple projections and aliases (batch_norm's kernel returns a tuple and its
-        # users read ``bn[0]``) to the kernel that computes the value.
         seen = 0
         while var in by_var and _callee(by_var[var]) is None and seen < len(bindings):
             value = by_var[var].value
@@ -232,25 +215,17 @@ def _cross_device_barriers(mod, bindings, where_of) -> set:
             seen += 1
         return var
 
-    out = set()
+    out: dict = {}
     for b in bindings:
         where = where_of.get(b.var)
         if where in (None, "merge"):
             continue
-        for arg in (producer(a) for a in b.value.args[1].fields):
-            other = where_of.get(arg)
-            if other in (None, "merge") or other == where:
+        for arg in b.value.args[1].fields:
+            if not isinstance(arg, relax.Var):
                 continue
-            pair = (b.var, arg)
-            if all(pattern(v) >= _OUT_ELEMWISE_FUSABLE for v in pair):
-                continue  # FuseOps fuses neither into the other (conv -> conv, opaque)
-            # The elementwise/injective/reduction side becomes opaque; a kernel with a tuple
-            # output (batch_norm's, dropout's) cannot (the CPU side runs single-tensor kernels
-            # only; fused, its projection disappears), so the other side is made opaque then.
-            marks = [v for v in pair if pattern(v) < _OUT_ELEMWISE_FUSABLE and single(v)]
-            if not marks:
-                marks = [v for v in pair if single(v) and pattern(v) < _OPAQUE]
-            out.update(marks)
+            other = where_of.get(producer(arg))
+            if other not in (None, "merge") and other != where:
+                out.setdefault(b.var, set()).add(arg)
     return out
 
 
@@ -263,6 +238,7 @@ class _Retarget(relax.PyExprMutator):
         self.callee_of: dict = {}
         self.vdevices: dict = {}
         self.where_of: dict = {}
+        self.fences: dict = {}
 
     def visit_var_binding_(self, binding) -> None:
         new_gv = self.callee_of.get(binding.var)
@@ -276,9 +252,17 @@ class _Retarget(relax.PyExprMutator):
         if len(ty_args) == 1 and isinstance(ty_args[0], relax.TensorType) and vdev is not None:
             old = ty_args[0]
             ty_args = [relax.TensorType(old.shape, old.dtype, vdevice=vdev)]
+        # the other processor's tensors are read through fences: an alias FuseOps cannot fuse
+        fenced = self.fences.get(binding.var, set())
+        args = [
+            self.builder_.emit(self.visit_expr(a), name_hint="codl_fence")
+            if a in fenced
+            else self.visit_expr(a)
+            for a in call.args[1].fields
+        ]
         value = relax.Call(
             call.op,
-            [new_gv, *[self.visit_expr(a) for a in call.args[1:]]],
+            [new_gv, relax.Tuple(args), *[self.visit_expr(a) for a in call.args[2:]]],
             call.attrs,
             ty_args,
         )

@@ -154,8 +154,7 @@ def test_tuple_kernel_across_processors(opencl, ratios):
     """Conv -> average pool -> dropout -> conv (Inception v1's head), the dropout's kernel
     returning a tuple. It follows the pool's processor: on the CPU its outputs are shared buffers
     written in place and the GPU conv reads ``d[0]``; on the GPU the CPU conv waits for it through
-    the projection. FuseOps must not fuse two processors' kernels (the non-tuple side becomes the
-    barrier)."""
+    the projection. FuseOps must not fuse two processors' kernels (PlaceParts fences the edge)."""
     rng = np.random.default_rng(4)
     w = (rng.standard_normal((8, 4, 3, 3)) * 0.3).astype("float32")
     w2 = (rng.standard_normal((5, 8, 1, 1)) * 0.3).astype("float32")

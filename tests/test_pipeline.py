@@ -53,6 +53,7 @@ def test_coexec_phases_differ_only_where_documented():
         "FoldConstant",
         "codl.PlaceParts",
         "FuseOps",
+        "CanonicalizeBindings",  # removes PlaceParts' fences
         "codl.RecordFusedTargets",
         "FuseTIR",
         "codl.RestoreTargets",
