@@ -19,10 +19,14 @@ What it does
 - Every GPU/CPU edge is cut for FuseOps by a fence: the consumer reads the producer's tensor
   through an alias binding (``codl_fence = x``), which FuseOps takes for an opaque node, so it
   never fuses kernels of two processors into one function while each side keeps its own fusions
-  (a conv with its bias add, ReLU and residual add, as in a single-processor build).
-  ``CanonicalizeBindings`` right after FuseOps removes the aliases. Making a kernel on the edge
-  opaque instead cut it from its own processor's neighbours too: a CPU conv's bias add or ReLU,
-  and the GPU residual add and ReLU after a shortcut conv, ran as kernels of their own.
+  (a conv with its bias add, ReLU and residual add, as in a single-processor build). So is a
+  same-processor edge into a kernel that waits for more of the other processor's work than its
+  producer (a residual add reading the other processor's branch, its shortcut conv issued
+  before that branch is done): fused, the shortcut conv would wait for the branch instead of
+  running beside it; the add keeps its ReLU. ``CanonicalizeBindings`` right after FuseOps
+  removes the aliases. Making a kernel on the edge opaque instead cut it from its own
+  processor's neighbours too: a CPU conv's bias add or ReLU, and the GPU residual add and ReLU
+  after a shortcut conv, ran as kernels of their own.
 - Every kernel's output tensor gets its processor's Relax ``VDevice`` (``main``'s module gets the
   global info ``"vdevice" = [GPU, CPU]``, the device order of the VM): the IR states where every
   tensor lives, and later passes read the placement from it.
@@ -129,7 +133,7 @@ class PlaceParts:
             where_of[b.var] = seen_as[b.var] = where
             if where != "merge":
                 users.setdefault(gv, set()).add((where, split_of.get(b.var.name, "")))
-        fences = _cross_device_edges(bindings, where_of)
+        fences = _fenced_edges(bindings, where_of)
         # One PrimFunc per (processor, split): a kernel LegalizeOps shared between two splits
         # (VGG's repeated convs) stays two kernels, so FuseOps cannot merge their fused groups
         # either and a timeline can tell the splits apart (codl.split).
@@ -196,10 +200,21 @@ def _follow_producers(binding, where_of, home: str) -> str:
     return producers.pop() if len(producers) == 1 else home
 
 
-def _cross_device_edges(bindings, where_of) -> dict:
-    """Every kernel's arguments computed on the other processor: kernel variable -> those
-    argument variables (read through tuple projections and aliases, as batch_norm's users read
-    ``bn[0]``). Each gets a fence (see the module docstring)."""
+def _fenced_edges(bindings, where_of) -> dict:
+    """The kernel-to-kernel edges FuseOps must not fuse: kernel variable -> the argument
+    variables it reads through a fence (read through tuple projections and aliases, as
+    batch_norm's users read ``bn[0]``).
+
+    Every GPU/CPU edge is fenced. A same-processor edge is fenced where fusing would delay the
+    producer behind the other processor: FuseOps emits a fused kernel where its last kernel was,
+    so the producer would start only when everything its consumer waits for on the other
+    processor is done. Each processor runs its kernels in program order (the host runs CPU
+    kernels one after the other; the GPU queue is in order and a GPU kernel is enqueued after
+    the CPU kernels before it), so what a kernel waits for on each processor is one position in
+    the program: the latest of its inputs' and, for a GPU kernel, of the CPU kernels before it.
+    A residual add reading the other processor's branch keeps its shortcut conv apart when that
+    conv could run beside the branch, and takes it in when it could not.
+    """
     by_var = {b.var: b for b in bindings}
 
     def producer(var):
@@ -215,16 +230,35 @@ def _cross_device_edges(bindings, where_of) -> dict:
             seen += 1
         return var
 
+    waits: dict = {}  # kernel -> {processor: program position it waits for there}
+    done: dict = {}  # kernel -> the same, once it ran (its own position on its processor)
+    last = {"cpu": -1, "gpu": -1}
     out: dict = {}
-    for b in bindings:
+    for i, b in enumerate(bindings):  # in program order: producers first
         where = where_of.get(b.var)
-        if where in (None, "merge"):
+        if where is None:
             continue
-        for arg in b.value.args[1].fields:
-            if not isinstance(arg, relax.Var):
+        reads = [
+            (arg, producer(arg))
+            for arg in b.value.args[1].fields
+            if isinstance(arg, relax.Var) and producer(arg) in where_of
+        ]
+        w = {k: max([done[p][k] for _, p in reads], default=-1) for k in ("cpu", "gpu")}
+        if where == "merge":
+            # no kernel of its own once MergePartsInPlace ran: done when both parts are
+            done[b.var] = w
+            continue  # opaque already
+        w["cpu"] = max(w["cpu"], last["cpu"])
+        if where == "gpu":
+            w["gpu"] = max(w["gpu"], last["gpu"])
+        waits[b.var] = w
+        done[b.var] = {**w, where: i}
+        last[where] = i
+        other = "gpu" if where == "cpu" else "cpu"
+        for arg, p in reads:
+            if where_of[p] == "merge":
                 continue
-            other = where_of.get(producer(arg))
-            if other not in (None, "merge") and other != where:
+            if where_of[p] != where or waits[p][other] < w[other]:
                 out.setdefault(b.var, set()).add(arg)
     return out
 

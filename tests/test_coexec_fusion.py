@@ -29,6 +29,7 @@ from codl_tvm.pipeline import (
 from codl_tvm.plan import OpPartition, PartitionPlan, model_fingerprint, partitionable_ops
 
 from .test_hope_compile import (
+    _residual_plan,
     _split_residual_plan,
     assert_close,
     onnxruntime_outputs,
@@ -83,15 +84,15 @@ def _calls(mod: tvm.IRModule) -> list[tuple[str, str]]:
     return out
 
 
-def _epilogues_alone(mod: tvm.IRModule) -> list[str]:
-    """Kernels that compute elementwise epilogues (bias or residual add, ReLU) without a conv:
-    neither a conv, nor the slice of a part's input, nor a split's merge."""
+def _epilogues_alone(mod: tvm.IRModule) -> list[list[str]]:
+    """The epilogues (``add``, ``relu``) of every kernel ``main`` calls that computes them
+    without a conv, by block names (a kernel's attributes and parameters may name its conv)."""
     alone = []
     for name, _ in _calls(mod):
         text = mod[name].script(show_meta=False)
-        # block names: a kernel's attributes and parameters may name its conv too
-        if not any(k in text for k in ('"conv2d_nchw"', '"T_strided_slice', "codl.merge")):
-            alone.append(name)
+        ops = [op for op, block in (("add", '"T_add'), ("relu", '"compute"')) if block in text]
+        if ops and '"conv2d_nchw"' not in text:
+            alone.append(ops)
     return alone
 
 
@@ -102,16 +103,38 @@ def test_cpu_only_build_fuses_every_epilogue():
     assert _epilogues_alone(mod) == []
 
 
-@pytest.mark.parametrize("plan_name", sorted(PLANS))
-def test_coexec_build_fuses_every_epilogue(plan_name):
-    """No bias add, ReLU or residual add runs as a kernel of its own beside the other
-    processor (there were four with either plan), and no kernel mixes processors."""
+def test_coexec_build_fuses_every_epilogue():
+    """Whole convs on the CPU keep their bias adds and ReLUs, and the GPU shortcut conv, issued
+    after the CPU branch it is added to, takes the residual add and ReLU in, as the CPU-only
+    build does (four epilogues ran alone: the stem's ReLU and the branch's bias add on the CPU,
+    the residual add and its ReLU on the GPU)."""
     mod = load_onnx(residual_block()).mod
-    fused = _fused(mod, PLANS[plan_name](mod))
+    fused = _fused(mod, _whole_and_split_plan(mod))
     assert _epilogues_alone(fused) == []
-    convs = [(n, k) for n, k in _calls(fused) if "conv2d" in n]
-    # the four convs, two of them split in two parts (whole_and_split splits one)
-    assert len(convs) == (5 if plan_name == "whole_and_split" else 6)
+    # the stem, the split's two parts, the branch's CPU conv, the GPU shortcut
+    kinds = [k for n, k in _calls(fused) if "conv2d" in n]
+    assert kinds == ["llvm", "opencl", "llvm", "llvm", "opencl"]
+
+
+def test_residual_add_beside_the_other_processor_keeps_its_relu():
+    """A split shortcut issued before the whole CPU conv its add reads: each part's residual
+    add waits for that conv, so it stays apart from the part's conv (which runs meanwhile) but
+    keeps its ReLU; every conv keeps its bias add (the stem's ReLU and the CPU conv's bias add
+    ran alone)."""
+    mod = load_onnx(residual_block()).mod
+    assert _epilogues_alone(_fused(mod, _split_residual_plan(mod))) == [["add", "relu"]] * 2
+
+
+def test_shortcut_issued_before_the_branch_is_not_fused_into_its_add():
+    """The shortcut whole on the CPU, issued before the GPU branch its add reads: its kernel is
+    still called before the branch's last conv (fused with the add, it would wait for it)."""
+    mod = load_onnx(residual_block()).mod
+    fused = _fused(mod, _residual_plan(mod, 0.0))
+    calls = _calls(fused)
+    convs = [(i, k) for i, (n, k) in enumerate(calls) if "conv2d" in n]
+    shortcut = [i for i, k in convs if k == "llvm"]
+    assert len(shortcut) == 1 and shortcut[0] < convs[-1][0], calls
+    assert _epilogues_alone(fused) == [["add", "relu"]]
 
 
 def test_whole_cpu_conv_is_the_cpu_only_kernel():

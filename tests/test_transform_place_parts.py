@@ -140,8 +140,11 @@ class Expected:
                 (codl0_gpu, codl0_cpu),
                 out_ty=R.Tensor((4,), "float32", "opencl:0:global"),
             )
+            # side is issued after the CPU part: fused with x1 it would delay x1 behind the CPU
+            # part, so this same-processor edge is fenced too
+            codl_fence1: R.Tensor((2,), "float32", "opencl:0:global") = x1
             side = R.call_tir(
-                cls.add_one_gpu, (x1,), out_ty=R.Tensor((2,), "float32", "opencl:0:global")
+                cls.add_one_gpu, (codl_fence1,), out_ty=R.Tensor((2,), "float32", "opencl:0:global")
             )
             R.output(codl0_out, side)
         return codl0_out
