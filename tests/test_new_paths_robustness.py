@@ -373,7 +373,8 @@ def _coexec_matches_onnxruntime(proto: onnx.ModelProto, plan) -> None:
 
 
 @pytest.mark.opencl
-@pytest.mark.parametrize("kind", ["Add", "Mul", "Concat"])
+# Mul merges as Add does (one more element-wise kernel): only with --runslow
+@pytest.mark.parametrize("kind", ["Add", pytest.param("Mul", marks=pytest.mark.slow), "Concat"])
 def test_placement_modes_on_merging_branches_match_onnxruntime(kind, costly_splits, opencl):
     proto = merging_branches(kind)
     mod = load_onnx(proto).mod
