@@ -764,7 +764,7 @@ def search_pipeline(
     max_starts: int = 256,
     balance: str = "exact",
     local_search: bool = True,
-    local_starts: int = 8,
+    local_starts: int | None = None,
     exact_stages: bool = True,
 ) -> PipelinePlan:
     """Pipe-it's heuristic (Algorithms 1-3) extended with GPU stages.
@@ -793,10 +793,10 @@ def search_pipeline(
         After Algorithm 3, move cores between stages, split, drop and add stages while the
         bottleneck falls (an extension: Algorithm 3 only merges).
     local_starts
-        The local search runs from this many of Algorithm 3's best distinct pipelines (its
-        starts end in a few; from the best alone it stops in a worse local optimum more
-        often: on the device's SqueezeNet table 0.76 of the optimum's throughput, 1.0 from
-        all of them).
+        The local search runs from this many of Algorithm 3's best distinct pipelines (None:
+        from every one; its starts end in few, and the local searches share their balanced
+        sequences). From the best alone it stops in a worse local optimum more often: on the
+        device's SqueezeNet table 0.76 of the optimum's throughput, 1.0 from all of them.
     exact_stages
         With ``balance="exact"``, also compute :func:`optimal_pipeline` (the optimum over every
         stage sequence) where its work is at most ``MAX_DP_WORK`` and return it when its
@@ -833,7 +833,7 @@ def search_pipeline(
     ranked = sorted(found.values(), key=lambda f: f[0])
     best = ranked[0]  # check_groups refuses an empty list: there is one start at least
     if local_search:
-        for _, start_configs, _ in ranked[:local_starts]:
+        for _, start_configs, _ in ranked[:local_starts]:  # [:None]: every one
             configs, cuts = _local_search(costs, groups, start_configs, balancer, memo)
             bottleneck = costs.bottleneck(configs, cuts)
             if bottleneck < best[0]:
