@@ -28,7 +28,7 @@ from codl_tvm.plan import ChainPlan, PartitionPlan
 from codl_tvm.runner import build
 from codl_tvm.trace import Trace, TraceEvent
 
-# The shipped cost model predicts the bundled CNN at 0.315 ms on the CPU alone against 1.54 ms
+# The shipped cost model predicts the bundled CNN at 0.28 ms on the CPU alone against 1.32 ms
 # on the GPU alone and every split slower: the planner keeps it on the CPU, on every machine
 # (the prediction reads the model and the cost-model file only).
 FALLBACK = (
