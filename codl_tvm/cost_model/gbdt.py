@@ -11,7 +11,8 @@ prediction is the base margin and the trees learn the residual, so the analytica
 carries the extrapolation and the trees the corrections (on the device machine's data: held-out
 MAPE 21.6% -> 19.7% on the emulated SoC, 29.9% -> 28.7% on the H100 pair).
 
-``GbdtConfig.wave()`` (the shipped ``device-h100`` recipe) starts instead from
+``GbdtConfig.wave()`` (the recipe of the shipped ``device-h100`` and ``emulated-soc`` models)
+starts instead from
 :class:`WaveBase`, a per-group latency fitted from the part's dispatch shape (launch, the
 busiest work-item's multiply-adds in each wave of work-items over the GPU's compute units,
 throughput, bytes), and adds the dispatch-shape features of :func:`shape_features`: on the H100
@@ -180,8 +181,9 @@ class GbdtConfig:
         """The dispatch-shape recipe: the wave/roofline base (:class:`WaveBase`), the
         ``"dispatch"`` feature set and deeper trees on ``log(latency / base)``.
 
-        On the H100 dataset it beat the CoDL-based recipe on both processors and both splits
-        (docs/benchmarks.md, "How accurate are the cost models?")."""
+        On the H100 and the emulated SoC (k = 8) datasets it beat the CoDL-based recipe on both
+        processors and both splits (docs/benchmarks.md, "How accurate are the cost models?");
+        the SoC's model has 80 trees, to stay under 2 MB with its more kernel groups."""
         recipe = {
             # 150 trees scored 3 points more on the H100 GPU but made a 2.6 MB file
             "n_estimators": 100,
