@@ -11,15 +11,14 @@ prediction is the base margin and the trees learn the residual, so the analytica
 carries the extrapolation and the trees the corrections (on the device machine's data: held-out
 MAPE 21.6% -> 19.7% on the emulated SoC, 29.9% -> 28.7% on the H100 pair).
 
-``GbdtConfig.wave()`` (the recipe of the shipped ``device-h100`` and ``emulated-soc`` models)
-starts instead from
-:class:`WaveBase`, a per-group latency fitted from the part's dispatch shape (launch, the
-busiest work-item's multiply-adds in each wave of work-items over the GPU's compute units,
+``GbdtConfig.wave()`` (the recipe of the shipped ``device-h100`` and ``emulated-soc`` models) starts
+instead from :class:`WaveBase`, a per-group latency fitted from the part's dispatch shape (launch,
+the busiest work-item's multiply-adds in each wave of work-items over the GPU's compute units,
 throughput, bytes), and adds the dispatch-shape features of :func:`shape_features`: on the H100
-GPU's held-out parts 34% -> 50% within +-10%, on models never seen 23% -> 35%
-(docs/benchmarks.md). Boosters are stored
-inside the model's JSON file as xgboost's own JSON model (``save_raw("json")``), so a reloaded
-model predicts bit-identically. xgboost is imported only inside the functions that use it.
+GPU's held-out parts 34% -> 50% within +-10%, on models never seen 23% -> 35% (docs/benchmarks.md).
+Boosters are stored inside the model's JSON file as xgboost's own JSON model (``save_raw("json")``),
+so a reloaded model predicts bit-identically. xgboost is imported only inside the functions that use
+it.
 """
 
 from __future__ import annotations
