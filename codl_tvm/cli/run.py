@@ -187,7 +187,8 @@ def _run_pipeline(args: argparse.Namespace) -> int:
         for spec, arr in zip(model.outputs, outputs):
             print(f"output {spec.name}: shape {tuple(arr.shape)} dtype {arr.dtype}")
         print(
-            f"stream: {st.frames} frames, {st.frames_per_s:.2f} frames/s, latency median "
+            f"stream: {st.frames} frames, {st.steady_frames_per_s:.2f} frames/s steady "
+            f"({st.frames_per_s:.2f} with the {st.fill_ms:.3f} ms fill), latency median "
             f"{st.latency_median_ms:.3f} ms, p99 {st.latency_p99_ms:.3f} ms"
         )
         for name, busy in zip(st.stage_names, st.stage_busy_s):
