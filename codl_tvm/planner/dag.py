@@ -441,7 +441,7 @@ def build_graph(
     node_of: dict = {}  # relax.Var -> position of the node that computes it
     params = set(folded["main"].params)
     bindings = [b for block in folded["main"].body.blocks for b in block.bindings]
-    n_unpredicted = 0
+    unpredicted: dict[str, int] = {}  # operator kind -> kernels the cost model does not predict
     for b in bindings:
         used = [v for v in relax.analysis.free_vars(b.value) if isinstance(v, relax.Var)]
         producers = {node_of[v] for v in used if v in node_of}
@@ -450,7 +450,8 @@ def build_graph(
             # HOPE's super-op: PlaceParts runs a kernel with one producer where that one ran
             (node_of[b.var],) = producers
             nodes[node_of[b.var]]["members"].append(b.var.name)
-            n_unpredicted += isinstance(b.value, relax.Call)
+            if isinstance(b.value, relax.Call):
+                unpredicted[_kind(b.value)] = unpredicted.get(_kind(b.value), 0) + 1
             continue
         if info is None and not producers and not any(v in params for v in used):
             continue  # constants only: FoldConstant folds it before placement
@@ -468,7 +469,8 @@ def build_graph(
                 "split": planner.best_split(op, config.dims) if free and splits else None,
             }
         else:
-            n_unpredicted += isinstance(b.value, relax.Call)
+            if isinstance(b.value, relax.Call):
+                unpredicted[_kind(b.value)] = unpredicted.get(_kind(b.value), 0) + 1
             node = {"name": b.var.name, "kind": _kind(b.value), "op": None, "follows": True}
             node.update(note="", cpu=0.0, gpu=0.0, split=None)
         node["members"] = [b.var.name]
@@ -521,10 +523,12 @@ def build_graph(
         gpu = sum(n.gpu_ms for n in free)
         home = "cpu" if cpu < gpu else "gpu"
     notes = []
-    if n_unpredicted:
+    if unpredicted:
+        # named, so that an operator the cost model has never seen (DepthToSpace) is visible
+        kinds = ", ".join(f"{k} x{c}" for k, c in sorted(unpredicted.items()))
         notes.append(
-            f"{n_unpredicted} kernel(s) outside the cost model (elementwise, concat, reshape) "
-            "add no predicted latency; each runs with its producer or on the home processor"
+            f"{sum(unpredicted.values())} kernel(s) outside the cost model ({kinds}) add no "
+            "predicted latency; each runs with its producer or on the home processor"
         )
     for n in graph_nodes:
         if n.op is None and n.kind in ("conv2d", "max_pool2d", "avg_pool2d", "matmul"):
