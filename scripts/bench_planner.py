@@ -398,6 +398,7 @@ def cmd_run(args: argparse.Namespace) -> None:
         write_json,
     )
     from codl_tvm.bound import gap_breakdown, ideal_bound_ms
+    from codl_tvm.runner import max_abs_difference
 
     root = Path(args.dir)
     index = json.loads((root / "index.json").read_text())
@@ -440,8 +441,10 @@ def cmd_run(args: argparse.Namespace) -> None:
             art = load_artifact(root / rel)
             inputs[tag] = [ref_inputs[s.name] for s in art.model.inputs]
             outs = art(inputs[tag])
-            err = max(float(np.max(np.abs(a - b))) for a, b in zip(outs, ref_outputs))
-            scale = max(1.0, max(float(np.max(np.abs(r))) for r in ref_outputs))
+            err = max_abs_difference(outs, ref_outputs)
+            scale = max(
+                1.0, *(float(np.max(np.abs(r[np.isfinite(r)]), initial=0.0)) for r in ref_outputs)
+            )
             arts[tag] = art
             rows[tag] = {
                 "max_abs_err": err,
