@@ -34,12 +34,16 @@ from codl_tvm.cost_model.assessment import (
 )
 from codl_tvm.cost_model.evaluate import accuracy
 from codl_tvm.cost_model.gbdt import (
+    DIRECT_TILINGS,
     FEATURE_NAMES,
+    GUARD_FEATURE_NAMES,
     SHAPE_FEATURE_NAMES,
     THREADS_PER_CU,
     GbdtConfig,
     GbdtModel,
     WaveBase,
+    conv_guards,
+    direct_tile,
     dispatch_shape,
     shape_features,
 )
@@ -223,6 +227,130 @@ def test_cli_fit_with_the_wave_recipe(tmp_path, capsys):
     assert run_cli([*argv, "--recipe", "wave", "--trees", "30"]) == 0
     model = load_model(out)
     assert model.config == GbdtConfig.wave(n_estimators=30) and model.compute_units == CU
+    assert run_cli([*argv, "--recipe", "wave-guards", "--trees", "30"]) == 0
+    guarded = load_model(out)
+    assert guarded.config == GbdtConfig.wave(n_estimators=30, feature_set="guards")
+    assert guarded.base.guards
     assert run_cli(argv) == 0  # the default recipe is unchanged
     assert load_model(out).config == GbdtConfig()
     capsys.readouterr()
+
+
+# SqueezeNet's conv2d_25 (13x13, 512 -> 64, 1x1) on the H100: the direct-conv rule's tile is 4
+# channels x 2 rows x 13 columns (104 work-items); the generated OpenCL guards the channels of
+# a 13-channel part and the rows of any odd row count.
+SQUEEZE_25 = OpParams("conv2d", 13, 13, 512, 64, 1, 1, 0)
+
+
+def _guards(partition: Partition, wg_count: int, wg_size: int = 104) -> list[float]:
+    f = op_features(SQUEEZE_25, "gpu", "direct", partition, DispatchFeatures(wg_size, wg_count))
+    return conv_guards(f)
+
+
+def test_conv_guards_of_squeezenet_conv2d_25():
+    assert GUARD_FEATURE_NAMES == ("guard_oc", "guard_oh", "guard_ow", "guard_oh_not_oc")
+    # 13 channels: channels and rows guarded (19 us on the H100)
+    assert _guards(Partition("OC", 0.2), 28) == [1.0, 1.0, 0.0, 0.0]
+    # 32 channels: rows alone (33 us)
+    assert _guards(Partition("OC", 0.5), 56) == [0.0, 1.0, 0.0, 1.0]
+    # 3 rows: rows alone (32 us); 4 rows: no guard (21 us)
+    assert _guards(Partition("H", 0.2), 32) == [0.0, 1.0, 0.0, 1.0]
+    assert _guards(Partition("H", 0.3), 32) == [0.0, 0.0, 0.0, 0.0]
+    # a launch no setting of the rule makes, a pool, a part never built: unknown
+    assert all(math.isnan(v) for v in _guards(Partition("OC", 0.2), 29))
+    pool = op_features(
+        OpParams("pool", 13, 13, 64, 64, 3, 2, 0),
+        "gpu",
+        "default",
+        dispatch=DispatchFeatures(64, 9),
+    )
+    assert all(math.isnan(v) for v in conv_guards(pool))
+    blind = op_features(SQUEEZE_25, "gpu", "direct", Partition("OC", 0.2))
+    assert all(math.isnan(v) for v in conv_guards(blind))
+
+
+def test_conv_guards_follow_the_nvidia_direct_rule():
+    """The rule's arithmetic in ``conv_guards`` reproduces the work-groups the NVIDIA preset's
+    direct-conv schedule records for fresh builds (the preset's current setting is one of
+    ``DIRECT_TILINGS``)."""
+    import tvm
+    from tvm import tirx
+
+    from codl_tvm.cost_model.dispatch import dispatch_features
+    from codl_tvm.pipeline import legalize_passes, schedule_passes
+    from codl_tvm.profiling.runner import part_module
+    from codl_tvm.targets import get_preset
+
+    target = tvm.target.Target(get_preset("device-h100").target("gpu"))
+    for params, partition in [
+        (SQUEEZE_25, Partition("OC", 0.2)),
+        (SQUEEZE_25, Partition("H", 0.2)),
+        (OpParams("conv2d", 28, 28, 64, 96, 3, 1, 1), Partition("OC", 0.3)),
+    ]:
+        mod = part_module(params, part_shape(params, partition, "gpu"))
+        with target:
+            mod = tvm.transform.Sequential(legalize_passes(target) + schedule_passes(target))(mod)
+        funcs = [f for _, f in mod.functions.items() if isinstance(f, tirx.PrimFunc)]
+        f = op_features(params, "gpu", "direct", partition, dispatch_features(funcs))
+        assert not any(math.isnan(v) for v in conv_guards(f)), (params, partition, f.dispatch)
+
+
+def guard_records(rng, n: int) -> list[OpRecord]:
+    """Direct-conv parts whose latency is the wave term, 1.6x its chain where only the rows
+    are bounds-checked (the H100's pattern)."""
+    out = []
+    while len(out) < n:
+        params = OpParams(
+            "conv2d", int(rng.integers(5, 30)), int(rng.integers(5, 30)), 2048, 64, 1, 1, 0
+        )
+        partition = Partition(str(rng.choice(["H", "OC"])), float(rng.uniform(0.2, 0.9)))
+        q = part_shape(params, partition, "gpu")
+        if q.empty:
+            continue
+        blind = op_features(params, "gpu", "direct", partition)
+        *_, size, count = direct_tile(blind, DIRECT_TILINGS[0])
+        disp = DispatchFeatures(size, count)
+        f = op_features(params, "gpu", "direct", partition, disp)
+        latency = wave_latency(params, partition, disp)
+        if conv_guards(f)[3] == 1.0:
+            latency += 0.6 * (latency - LAUNCH_MS)
+        out.append(
+            OpRecord(
+                params,
+                partition,
+                "gpu",
+                "direct",
+                latency,
+                3,
+                dispatch=disp,
+                device={"gpu": "synthetic GPU", "compute_units": CU},
+            )
+        )
+    return out
+
+
+def test_wave_base_prices_the_row_guard():
+    rng = np.random.default_rng(5)
+    recs = guard_records(rng, 120)
+    row_only = [conv_guards(r.features())[3] for r in recs]
+    assert 10 < sum(row_only) < 110  # both kinds of kernel in the data
+    base = WaveBase.fit(recs, CU, guards=True)
+    coef = base.coef[("conv2d", "gpu", "direct")]
+    assert coef[1] == pytest.approx(MS_PER_MAC, rel=1e-6)
+    assert coef[4] == pytest.approx(0.6 * MS_PER_MAC, rel=1e-6)
+    meas = [r.latency_ms for r in recs]
+    assert accuracy(base.predict_many([r.features() for r in recs]), meas).mape < 1e-4
+    # without the term the same data is missed by a tenth on average
+    plain = WaveBase.fit(recs, CU)
+    assert accuracy(plain.predict_many([r.features() for r in recs]), meas).mape > 10.0
+    back = WaveBase.from_json(json.loads(json.dumps(base.to_json())))
+    assert back.guards and back.coef == base.coef
+    # a file written before the term: four coefficients, no guards
+    old = plain.to_json()
+    del old["guards"]
+    assert not WaveBase.from_json(old).guards
+    with pytest.raises(ValueError, match="wave base coefficients"):
+        WaveBase.from_json({**base.to_json(), "guards": False})
+    model = GbdtModel(GbdtConfig.wave(n_estimators=10, feature_set="guards")).fit(recs)
+    assert model.base.guards
+    assert model.feature_names[-len(GUARD_FEATURE_NAMES) :] == GUARD_FEATURE_NAMES

@@ -3,7 +3,7 @@
 ::
 
     codl-tvm cost-model fit DATA.jsonl -o MODEL.json [--kind codl|gbdt|flops|measured]
-        [--holdout 0.3] [--seed 0] [--preset NAME] [--trees N] [--recipe codl|wave]
+        [--holdout 0.3] [--seed 0] [--preset NAME] [--trees N] [--recipe codl|wave|wave-guards]
         [--drop-inconsistent 3]
     codl-tvm cost-model eval MODEL.json DATA.jsonl [--json] [--plot OUT.png] [--all] [--no-lomo]
     codl-tvm cost-model decisions MODEL.json ORACLE.json DATA.jsonl [--lomo] [--tolerance 0.05]
@@ -63,6 +63,8 @@ def cmd_fit(args: argparse.Namespace) -> int:
         trees = {} if args.trees is None else {"n_estimators": args.trees}
         if args.recipe == "wave":
             options["config"] = GbdtConfig.wave(**trees)
+        elif args.recipe == "wave-guards":
+            options["config"] = GbdtConfig.wave(feature_set="guards", **trees)
         elif trees:
             options["config"] = GbdtConfig(**trees)
     model = fit_model(args.kind, train, **options)
@@ -176,10 +178,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     f.add_argument("--trees", type=int, help="boosting rounds of the gbdt model")
     f.add_argument(
         "--recipe",
-        choices=("codl", "wave"),
+        choices=("codl", "wave", "wave-guards"),
         default="codl",
         help="gbdt recipe: trees on CoDL's analytical model (codl, default) or on the "
-        "dispatch-shape wave base with dispatch-shape features (wave; GbdtConfig.wave)",
+        "dispatch-shape wave base with dispatch-shape features (wave; GbdtConfig.wave), "
+        "wave-guards adds the GPU direct conv's bounds checks",
     )
     f.add_argument(
         "--holdout",

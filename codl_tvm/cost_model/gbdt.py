@@ -45,15 +45,19 @@ from codl_tvm.cost_model.features import (
 )
 
 __all__ = [
+    "DIRECT_TILINGS",
     "FEATURE_NAMES",
     "FEATURE_SETS",
+    "GUARD_FEATURE_NAMES",
     "SHAPE_FEATURE_NAMES",
     "THREADS_PER_CU",
     "GbdtConfig",
     "GbdtModel",
     "WaveBase",
+    "conv_guards",
     "derived_features",
     "device_compute_units",
+    "direct_tile",
     "dispatch_shape",
     "shape_features",
     "strip_training_stats",
@@ -122,11 +126,17 @@ SHAPE_FEATURE_NAMES: tuple[str, ...] = (
     "macs_per_cu",
 )
 
-#: Feature sets: ``"v1"`` (the files written before dispatch-shape features) and
-#: ``"dispatch"`` (v1 plus :data:`SHAPE_FEATURE_NAMES`).
+#: Bounds checks of codl's OpenCL direct conv (:func:`conv_guards`), after the dispatch-shape
+#: features in the ``"guards"`` feature set.
+GUARD_FEATURE_NAMES: tuple[str, ...] = ("guard_oc", "guard_oh", "guard_ow", "guard_oh_not_oc")
+
+#: Feature sets: ``"v1"`` (the files written before dispatch-shape features), ``"dispatch"``
+#: (v1 plus :data:`SHAPE_FEATURE_NAMES`) and ``"guards"`` (dispatch plus
+#: :data:`GUARD_FEATURE_NAMES`; its wave base has the row-guard term of :class:`WaveBase`).
 FEATURE_SETS: dict[str, tuple[str, ...]] = {
     "v1": FEATURE_NAMES,
     "dispatch": FEATURE_NAMES + SHAPE_FEATURE_NAMES,
+    "guards": FEATURE_NAMES + SHAPE_FEATURE_NAMES + GUARD_FEATURE_NAMES,
 }
 
 #: Work-items one compute unit keeps resident (an NVIDIA SM: 2048 threads): a GPU wave is
@@ -178,7 +188,9 @@ class GbdtConfig:
     @classmethod
     def wave(cls, **overrides) -> GbdtConfig:
         """The dispatch-shape recipe: the wave/roofline base (:class:`WaveBase`), the
-        ``"dispatch"`` feature set and deeper trees on ``log(latency / base)``.
+        ``"dispatch"`` feature set and deeper trees on ``log(latency / base)``;
+        ``feature_set="guards"`` adds the direct conv's bounds checks (:func:`conv_guards`)
+        and the base's row-guard term (``cost-model fit --recipe wave-guards``).
 
         On the H100 and the emulated SoC (k = 8) datasets it beat the CoDL-based recipe on both
         processors and both splits (docs/benchmarks.md, "How accurate are the cost models?");
@@ -189,6 +201,8 @@ class GbdtConfig:
             "max_depth": 5,
             "min_child_weight": 1.0,
             "analytical_base": "wave",
+            # "guards" (the direct conv's bounds checks) scored better on the H100 GPU but
+            # moved one of its 141 split decisions off the best (docs/benchmarks.md)
             "feature_set": "dispatch",
             **overrides,
         }
@@ -345,6 +359,100 @@ def shape_features(f: OpFeatures, compute_units: int) -> list[float]:
     ]
 
 
+@dataclass(frozen=True)
+class _DirectTiling:
+    """Settings of codl's OpenCL direct-conv rule (``schedules/opencl.py``) that shape its
+    tile: threads per work-group along channels, rows and columns, outputs per work-item
+    along channels and columns, the fewest work-items before register tiles shrink, and the
+    largest split-K."""
+
+    threads_oc: int
+    threads_ow: int
+    threads_oh: int
+    threads_oh_pointwise: int
+    reg_oc: int
+    reg_ow: int
+    max_workgroup_size: int
+    min_work_items: int
+    split_k: int
+    split_k_min_reduction: int = 1024
+
+
+#: The NVIDIA preset's settings the H100 campaigns were built with: the preset now (4 rows,
+#: 16 channels per work-item) and before (2 rows, 8 channels), with and without split-K. Every
+#: GPU conv record of the H100 dataset has the work-group size and count of one of them.
+DIRECT_TILINGS: tuple[_DirectTiling, ...] = tuple(
+    _DirectTiling(4, 16, rows, 2, reg_oc, 2, 1024, 32768, split_k)
+    for rows, reg_oc in ((2, 8), (4, 16), (2, 16))
+    for split_k in (8, 1)
+)
+
+
+def _fit_threads(threads: int, reg: int, extent: int) -> int:
+    return max(1, min(threads, math.ceil(extent / max(1, reg))))
+
+
+def direct_tile(f: OpFeatures, t: _DirectTiling) -> tuple[int, int, int, int, int, int]:
+    """``(tile_oc, tile_oh, tile_ow, split_k, wg_size, wg_count)`` the direct-conv rule picks
+    for the part under ``t`` (the rule's arithmetic, without TVM)."""
+    q, p = f.part, f.params
+    oc, oh, ow = q.oc, q.out_h, q.out_w
+    groups = max(q.groups, 1)
+    reg_oc, reg_ow = min(t.reg_oc, oc), min(t.reg_ow, ow)
+    split = 1
+    if groups == 1 and t.split_k > 1:
+        items = math.ceil(oc / reg_oc) * oh * math.ceil(ow / reg_ow)
+        while items * split < t.min_work_items and split * 2 <= t.split_k:
+            if q.ic % (split * 2) or q.ic // (split * 2) * p.kernel**2 < t.split_k_min_reduction:
+                break
+            split *= 2
+    outputs = oc * oh * ow * split
+    while outputs < t.min_work_items * reg_oc * reg_ow and reg_oc * reg_ow > 1:
+        if reg_oc >= reg_ow:
+            reg_oc = max(1, reg_oc // 2)
+        else:
+            reg_ow = max(1, reg_ow // 2)
+    t_oc = _fit_threads(t.threads_oc, reg_oc, oc)
+    t_ow = _fit_threads(t.threads_ow, reg_ow, ow)
+    pointwise = p.kernel == 1 and p.stride == 1 and not any(p.padding) and groups == 1
+    t_oh = _fit_threads(t.threads_oh_pointwise if pointwise else t.threads_oh, 1, oh)
+    while t_oc * t_ow * t_oh > t.max_workgroup_size:
+        if t_oc >= t_oh and t_oc > 1:
+            t_oc = max(1, t_oc // 2)
+        elif t_oh > 1:
+            t_oh = max(1, t_oh // 2)
+        else:
+            t_ow = max(1, t_ow // 2)
+    tile_oc, tile_ow = t_oc * reg_oc, t_ow * reg_ow
+    count = split * math.ceil(oc / tile_oc) * math.ceil(oh / t_oh) * math.ceil(ow / tile_ow)
+    return tile_oc, t_oh, tile_ow, split, t_oc * t_oh * t_ow, count
+
+
+def conv_guards(f: OpFeatures, tilings: Sequence[_DirectTiling] = DIRECT_TILINGS) -> list[float]:
+    """The bounds checks in a GPU direct conv's kernel: whether its work-group tile leaves a
+    partial tile along output channels, rows and columns (TVM then wraps the input staging,
+    the accumulation and the store in ``if (channel < oc)`` / ``if (row < out_h)`` guards), and
+    whether the rows are guarded and the channels are not.
+
+    The tile is the direct-conv rule's under the first of ``tilings`` that reproduces the
+    part's recorded work-group size and count; NaN for other kernels and unknown dispatch.
+    The last flag is the one that tells apart SqueezeNet's conv2d_25 parts of one dispatch
+    shape on the H100 (13x13 rows in 2-row tiles: 13 channels in 4-channel tiles 19 us, 16 or
+    32 channels 33 us; 4 rows, no guard, 21 us).
+    """
+    nan = float("nan")
+    d = f.dispatch
+    if f.op != "conv2d" or f.processor != "gpu" or f.impl != "direct" or not d.wg_count:
+        return [nan] * len(GUARD_FEATURE_NAMES)
+    q = f.part
+    for t in tilings:
+        tile_oc, tile_oh, tile_ow, _, size, count = direct_tile(f, t)
+        if (size, count) == (d.wg_size, d.wg_count):
+            g_oc, g_oh, g_ow = q.oc % tile_oc != 0, q.out_h % tile_oh != 0, q.out_w % tile_ow != 0
+            return [float(g_oc), float(g_oh), float(g_ow), float(g_oh and not g_oc)]
+    return [nan] * len(GUARD_FEATURE_NAMES)
+
+
 def _matrix(
     features: Sequence[OpFeatures], feature_set: str = "v1", compute_units: int = 0
 ) -> np.ndarray:
@@ -352,8 +460,10 @@ def _matrix(
     for f in features:
         n = f.numeric()
         row = [n[k] for k in _BASE_NAMES] + derived_features(f)
-        if feature_set == "dispatch":
+        if feature_set in ("dispatch", "guards"):
             row += shape_features(f, compute_units)
+        if feature_set == "guards":
+            row += conv_guards(f)
         rows.append(row)
     return np.array(rows, dtype=np.float64)
 
@@ -367,44 +477,57 @@ class WaveBase:
     another; within a wave the slowest work-item finishes last), a throughput term and a
     memory term (:func:`dispatch_shape`). Coefficients are non-negative least squares,
     weighted by 1/latency so that each part counts by its relative error. The trees then
-    learn ``log(latency / base)``.
+    learn ``log(latency / base)``. With ``guards`` (the ``"guards"`` feature set) a fifth
+    term, ``e * chain * guard_oh_not_oc`` (:func:`conv_guards`), prices the slower serial
+    chain of a direct conv whose rows alone are bounds-checked.
     """
 
-    def __init__(self, compute_units: int, coef: dict[tuple[str, str, str], list[float]]):
+    def __init__(
+        self,
+        compute_units: int,
+        coef: dict[tuple[str, str, str], list[float]],
+        guards: bool = False,
+    ):
         self.compute_units = compute_units
         self.coef = dict(coef)
+        self.guards = guards
 
     @staticmethod
-    def terms(f: OpFeatures, compute_units: int) -> list[float]:
+    def terms(f: OpFeatures, compute_units: int, guards: bool = False) -> list[float]:
         s = dispatch_shape(f, compute_units)
         chain = s.per_unit_macs * math.ceil(s.waves)
-        return [1.0, chain, s.macs, float(s.in_bytes + s.weight_bytes + s.out_bytes)]
+        out = [1.0, chain, s.macs, float(s.in_bytes + s.weight_bytes + s.out_bytes)]
+        if guards:
+            row_only = conv_guards(f)[3]
+            out.append(chain if row_only == 1.0 else 0.0)
+        return out
 
     @classmethod
-    def fit(cls, records: Sequence[OpRecord], compute_units: int) -> WaveBase:
+    def fit(cls, records: Sequence[OpRecord], compute_units: int, guards: bool = False) -> WaveBase:
         coef = {}
         for key, recs in sorted(records_by_kernel(records).items()):
-            a = np.array([cls.terms(r.features(), compute_units) for r in recs])
+            a = np.array([cls.terms(r.features(), compute_units, guards) for r in recs])
             y = np.array([r.latency_ms for r in recs])
             # scale columns so NNLS is well conditioned; weights make errors relative
             scale = np.maximum(a.max(axis=0), 1e-30)
             w = 1.0 / y
             c = nnls(a / scale * w[:, None], y * w) / scale
             coef[key] = [float(v) for v in c]
-        return cls(compute_units, coef)
+        return cls(compute_units, coef, guards)
 
     def predict_many(self, features: Sequence[OpFeatures]) -> np.ndarray:
         """Latency in ms of each part (a group never fitted raises KeyError)."""
         out = np.empty(len(features))
         for i, f in enumerate(features):
             c = self.coef[(f.op, f.processor, f.impl)]
-            out[i] = float(np.dot(c, self.terms(f, self.compute_units)))
+            out[i] = float(np.dot(c, self.terms(f, self.compute_units, self.guards)))
         # a group whose fit left every term at zero predicts nothing; 1 ns keeps the log finite
         return np.maximum(out, 1e-6)
 
     def to_json(self) -> dict:
         return {
             "compute_units": self.compute_units,
+            "guards": self.guards,
             "groups": [
                 {"op": k[0], "processor": k[1], "impl": k[2], "coef": v}
                 for k, v in sorted(self.coef.items())
@@ -414,12 +537,14 @@ class WaveBase:
     @classmethod
     def from_json(cls, obj: dict) -> WaveBase:
         coef = {}
+        # files written before the guard term have none (and four coefficients)
+        guards = bool(obj.get("guards", False))
         for g in obj["groups"]:
             c = [float(v) for v in g["coef"]]
-            if len(c) != 4 or not all(math.isfinite(v) and v >= 0 for v in c):
+            if len(c) != 4 + guards or not all(math.isfinite(v) and v >= 0 for v in c):
                 raise ValueError(f"wave base coefficients of {g['op']}/{g['impl']}: {c!r}")
             coef[(g["op"], g["processor"], str(g["impl"]))] = c
-        return cls(int(obj["compute_units"]), coef)
+        return cls(int(obj["compute_units"]), coef, guards)
 
 
 def device_compute_units(records: Iterable[OpRecord]) -> int:
@@ -455,7 +580,8 @@ class GbdtModel(CostModel):
         self.compute_units = self.config.compute_units or device_compute_units(records)
         if self.config.analytical_base == "wave":
             fitted = [r for rs in by_key.values() if len(rs) >= self.config.min_records for r in rs]
-            self.base = WaveBase.fit(fitted, self.compute_units)
+            guards = self.config.feature_set == "guards"
+            self.base = WaveBase.fit(fitted, self.compute_units, guards)
         elif self.config.analytical_base != "none":
             preset = self.config.analytical_base
             if preset == "auto":
