@@ -89,4 +89,5 @@ def test_cli_prints_the_build_failure_as_one_line(opencl, tmp_path, device):
     if device == "coexec":
         argv += ["--dim", "OC", "--ratio", "0.5"]
     proc = run_cli(*argv, env={"CODL_TVM_CACHE_DIR": str(tmp_path / "cache")})
-    assert_one_line_error(proc, f"{model}: building for {device} failed: ", "int4")
+    # a casts-only model has nothing to split: a coexec request builds it for the GPU alone
+    assert_one_line_error(proc, f"{model}: building for opencl failed: ", "int4")
