@@ -153,6 +153,44 @@ def _fit(threads: int, reg: int, extent: int) -> int:
     return max(1, min(threads, math.ceil(extent / max(1, reg))))
 
 
+def conv_thread_tile(
+    extents: tuple[int, int, int],
+    outputs: int,
+    registers: tuple[int, int],
+    threads: tuple[int, int, int],
+    min_work_items: int,
+    max_workgroup_size: int,
+    shrink_registers: bool = True,
+) -> tuple[int, int, int, int, int]:
+    """The direct conv's register and work-group tile: ``(reg_oc, reg_ow, t_oc, t_oh, t_ow)``.
+
+    ``extents`` are the output channels, rows and columns, ``outputs`` the outputs times the
+    split-K slices, ``registers`` the preset's (oc, ow) register tile and ``threads`` its (oc,
+    oh, ow) work-group threads. The register tile halves while too few work-items would run
+    (unless ``shrink_registers`` is off: the vector paths keep their lanes); the threads then
+    fit the extents and halve until the work-group fits the device. Pure arithmetic, shared
+    with the cost model's guard features, which must reproduce the kernels' tiles.
+    """
+    oc, oh, ow = extents
+    reg_oc, reg_ow = registers
+    while shrink_registers and outputs < min_work_items * reg_oc * reg_ow and reg_oc * reg_ow > 1:
+        if reg_oc >= reg_ow:
+            reg_oc = max(1, reg_oc // 2)
+        else:
+            reg_ow = max(1, reg_ow // 2)
+    t_oc = _fit(threads[0], reg_oc, oc)
+    t_ow = _fit(threads[2], reg_ow, ow)
+    t_oh = _fit(threads[1], 1, oh)
+    while t_oc * t_ow * t_oh > max_workgroup_size:
+        if t_oc >= t_oh and t_oc > 1:
+            t_oc = max(1, t_oc // 2)
+        elif t_oh > 1:
+            t_oh = max(1, t_oh // 2)
+        else:
+            t_ow = max(1, t_ow // 2)
+    return reg_oc, reg_ow, t_oc, t_oh, t_ow
+
+
 _STAGE_TOO_BIG = "local-memory stage larger than the device allows"
 
 
@@ -197,23 +235,16 @@ class OpenCLConv2D(_OpenCLRule):
                 reg_ow = max(w for w in range(1, 17) if info.out_width % w == 0)
         outputs = info.batch * info.out_channels * info.out_height * info.out_width
         split_k = 1 if vector else _split_k(cfg, info, reg_oc, reg_ow)
-        outputs *= split_k
-        while not vector and outputs < cfg.min_work_items * reg_oc * reg_ow and reg_oc * reg_ow > 1:
-            if reg_oc >= reg_ow:
-                reg_oc = max(1, reg_oc // 2)
-            else:
-                reg_ow = max(1, reg_ow // 2)
-        t_oc = _fit(cfg.conv_threads_oc, reg_oc, info.out_channels)
-        t_ow = _fit(cfg.conv_threads_ow, reg_ow, info.out_width)
         rows = cfg.conv_threads_oh_pointwise if info.pointwise else 0
-        t_oh = _fit(rows or cfg.conv_threads_oh, 1, info.out_height)
-        while t_oc * t_ow * t_oh > cfg.max_workgroup_size:
-            if t_oc >= t_oh and t_oc > 1:
-                t_oc = max(1, t_oc // 2)
-            elif t_oh > 1:
-                t_oh = max(1, t_oh // 2)
-            else:
-                t_ow = max(1, t_ow // 2)
+        reg_oc, reg_ow, t_oc, t_oh, t_ow = conv_thread_tile(
+            (info.out_channels, info.out_height, info.out_width),
+            outputs * split_k,
+            (reg_oc, reg_ow),
+            (cfg.conv_threads_oc, rows or cfg.conv_threads_oh, cfg.conv_threads_ow),
+            cfg.min_work_items,
+            cfg.max_workgroup_size,
+            shrink_registers=not vector,
+        )
         chunk = 0
         if not self._global_only:
             chunk = self._local_chunk(

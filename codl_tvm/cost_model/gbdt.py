@@ -388,10 +388,6 @@ DIRECT_TILINGS: tuple[_DirectTiling, ...] = tuple(
 )
 
 
-def _fit_threads(threads: int, reg: int, extent: int) -> int:
-    return max(1, min(threads, math.ceil(extent / max(1, reg))))
-
-
 def direct_tile(f: OpFeatures, t: _DirectTiling) -> tuple[int, int, int, int, int, int]:
     """``(tile_oc, tile_oh, tile_ow, split_k, wg_size, wg_count)`` the direct-conv rule picks
     for the part under ``t`` (the rule's arithmetic, without TVM)."""
@@ -406,23 +402,19 @@ def direct_tile(f: OpFeatures, t: _DirectTiling) -> tuple[int, int, int, int, in
             if q.ic % (split * 2) or q.ic // (split * 2) * p.kernel**2 < t.split_k_min_reduction:
                 break
             split *= 2
-    outputs = oc * oh * ow * split
-    while outputs < t.min_work_items * reg_oc * reg_ow and reg_oc * reg_ow > 1:
-        if reg_oc >= reg_ow:
-            reg_oc = max(1, reg_oc // 2)
-        else:
-            reg_ow = max(1, reg_ow // 2)
-    t_oc = _fit_threads(t.threads_oc, reg_oc, oc)
-    t_ow = _fit_threads(t.threads_ow, reg_ow, ow)
+    # deferred: the schedules package imports TVM's schedule machinery, needed here only for
+    # the guard features
+    from codl_tvm.schedules.opencl import conv_thread_tile
+
     pointwise = p.kernel == 1 and p.stride == 1 and not any(p.padding) and groups == 1
-    t_oh = _fit_threads(t.threads_oh_pointwise if pointwise else t.threads_oh, 1, oh)
-    while t_oc * t_ow * t_oh > t.max_workgroup_size:
-        if t_oc >= t_oh and t_oc > 1:
-            t_oc = max(1, t_oc // 2)
-        elif t_oh > 1:
-            t_oh = max(1, t_oh // 2)
-        else:
-            t_ow = max(1, t_ow // 2)
+    reg_oc, reg_ow, t_oc, t_oh, t_ow = conv_thread_tile(
+        (oc, oh, ow),
+        oc * oh * ow * split,
+        (reg_oc, reg_ow),
+        (t.threads_oc, t.threads_oh_pointwise if pointwise else t.threads_oh, t.threads_ow),
+        t.min_work_items,
+        t.max_workgroup_size,
+    )
     tile_oc, tile_ow = t_oc * reg_oc, t_ow * reg_ow
     count = split * math.ceil(oc / tile_oc) * math.ceil(oh / t_oh) * math.ceil(ow / tile_ow)
     return tile_oc, t_oh, tile_ow, split, t_oc * t_oh * t_ow, count
