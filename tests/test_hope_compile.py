@@ -370,32 +370,39 @@ def _residual_plan(mod, shortcut_ratio: float):
     )
 
 
-def test_order_splits_issues_a_shortcut_conv_before_the_branch_its_add_reads():
-    """PartitionOperators merges the residual add into the shortcut conv's bindings; the add
-    also reads the 3x3 branch's result. OrderSplits issues the shortcut conv where the order
-    puts it and the add once both inputs are computed (it refused the order before)."""
+def _partition_and_order(mod, plan):
+    """``mod`` partitioned by ``plan`` and ordered by its order: the partitioned module, the
+    ordered one (checked well formed) and the split of each conv binding in issue order."""
     from codl_tvm.passes import PartitionOperators, collect_parts
     from codl_tvm.passes.order import OrderSplits
 
     from codl_tvm.pipeline import inference_passes
 
+    staged = mod
+    for p in inference_passes():
+        staged = p(staged)
+    parted = PartitionOperators(plan)(staged)
+    ordered = OrderSplits(plan.order)(parted)
+    tvm.relax.analysis.well_formed(ordered)
+    split_of = {v: s.name for s in collect_parts(ordered) for q in s.parts for v in q.bindings}
+    convs = [
+        split_of[b.var]
+        for b in ordered["main"].body.blocks[0].bindings
+        if getattr(getattr(b.value, "op", None), "name", None) == "relax.nn.conv2d"
+    ]
+    return parted, ordered, convs
+
+
+def test_order_splits_issues_a_shortcut_conv_before_the_branch_its_add_reads():
+    """PartitionOperators merges the residual add into the shortcut conv's bindings; the add
+    also reads the 3x3 branch's result. OrderSplits issues the shortcut conv where the order
+    puts it and the add once both inputs are computed (it refused the order before)."""
     from .test_passes_split import run
 
     mod = load_onnx(residual_block()).mod
     for ratio in (0.0, 1.0):
         plan = _residual_plan(mod, ratio)
-        staged = mod
-        for p in inference_passes():
-            staged = p(staged)
-        parted = PartitionOperators(plan)(staged)
-        ordered = OrderSplits(plan.order)(parted)
-        tvm.relax.analysis.well_formed(ordered)
-        split_of = {v: s.name for s in collect_parts(ordered) for q in s.parts for v in q.bindings}
-        convs = [
-            split_of[b.var]
-            for b in ordered["main"].body.blocks[0].bindings
-            if getattr(getattr(b.value, "op", None), "name", None) == "relax.nn.conv2d"
-        ]
+        parted, ordered, convs = _partition_and_order(mod, plan)
         assert convs == list(plan.order)
         x = np.random.default_rng(0).standard_normal((1, 3, 16, 16)).astype("float32")
         np.testing.assert_allclose(run(ordered, x), run(parted, x), rtol=1e-5, atol=1e-5)
@@ -438,27 +445,11 @@ def test_order_splits_issues_a_split_shortcut_before_the_branch_its_add_reads():
     """A split shortcut whose merged add slices the branch's result per part: the slices wait
     for the branch like the add (the order was refused: "split conv2d_3 reads ..., computed by
     split conv2d_2 that the order puts later")."""
-    from codl_tvm.passes import PartitionOperators, collect_parts
-    from codl_tvm.passes.order import OrderSplits
-
-    from codl_tvm.pipeline import inference_passes
-
     from .test_passes_split import run
 
     mod = load_onnx(residual_block()).mod
     plan = _split_residual_plan(mod)
-    staged = mod
-    for p in inference_passes():
-        staged = p(staged)
-    parted = PartitionOperators(plan)(staged)
-    ordered = OrderSplits(plan.order)(parted)
-    tvm.relax.analysis.well_formed(ordered)
-    split_of = {v: s.name for s in collect_parts(ordered) for q in s.parts for v in q.bindings}
-    convs = [
-        split_of[b.var]
-        for b in ordered["main"].body.blocks[0].bindings
-        if getattr(getattr(b.value, "op", None), "name", None) == "relax.nn.conv2d"
-    ]
+    parted, ordered, convs = _partition_and_order(mod, plan)
     # the split shortcut's two parts come before the branch's second conv
     assert list(dict.fromkeys(convs)) == list(plan.order)
     x = np.random.default_rng(0).standard_normal((1, 3, 16, 16)).astype("float32")
