@@ -11,9 +11,16 @@ inference on the system-wide monotonic clock (so the parent's time before it sta
 process joins the same time line) and prints one JSON line:
 
 ``library_load``
-    importing TVM and codl-tvm and loading the OpenCL runtime plugin;
+    importing TVM and codl-tvm and loading the OpenCL runtime plugin; the artifact's files
+    are asked into the page cache (:func:`prefetch`) on a thread meanwhile, so that their
+    read from storage overlaps the import instead of following it;
+``input_read``
+    reading the input (the artifact's stored reference input): the app's data, not the
+    model's, so not counted as cold inference (:func:`cold_ms`);
 ``opencl_context``
-    the OpenCL platform, device, context and queues;
+    the OpenCL platform, device, context and queues; created on a thread while the library
+    loads (``--context overlap``, the default: this phase is then what is left of it after
+    ``weight_read``) or before it (``--context sequential``);
 ``weight_read``
     loading the library, whose constants hold the weights (read from storage when cold); an
     artifact with its weights beside the library (``--weights beside``) starts their loader
@@ -28,6 +35,14 @@ process joins the same time line) and prints one JSON line:
     load: layout changes are folded into the constants at compile time);
 ``first_run``
     the first inference up to its outputs in host memory.
+
+Phases follow their marks in time order. With each phase come the process's counters over it
+(``getrusage``: minor and major page faults, blocks read, context switches; and the threads
+alive at its end): what a phase did, not how long it took.
+
+Run with ``TVM_USE_RUNTIME_LIB=1`` (:func:`cold_start_ms` and ``scripts/bench_cold.py`` set
+it), ``import tvm`` loads ``libtvm_runtime`` alone, not the compiler library, which is all a
+run needs; the JSON's ``runtime_only`` says which was loaded.
 """
 
 from __future__ import annotations
@@ -37,10 +52,12 @@ import ctypes.util
 import json
 import mmap
 import os
+import resource
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -53,11 +70,13 @@ __all__ = [
     "evict",
     "main",
     "measure",
+    "prefetch",
     "resident_fraction",
 ]
 
 PHASES = (
     "library_load",
+    "input_read",
     "opencl_context",
     "weight_read",
     "program_creation",
@@ -66,6 +85,18 @@ PHASES = (
 )
 PROGRAM_MODES = ("lazy", "sequential", "overlap")
 WEIGHT_MODES = ("overlap", "sequential")
+CONTEXT_MODES = ("overlap", "sequential")
+POOL_MODES = ("overlap", "lazy")
+#: Phases that are not cold inference: the interpreter, the framework's libraries, the input.
+NOT_COLD = ("process_start", "library_load", "input_read")
+#: ``getrusage`` fields reported per phase, under shorter names.
+COUNTERS = {
+    "ru_minflt": "minor_faults",
+    "ru_majflt": "major_faults",
+    "ru_inblock": "blocks_read",
+    "ru_nvcsw": "voluntary_switches",
+    "ru_nivcsw": "involuntary_switches",
+}
 
 
 def artifact_files(path: str | os.PathLike) -> list[Path]:
@@ -87,6 +118,27 @@ def evict(paths: Iterable[str | os.PathLike]) -> int:
             size = os.fstat(fd).st_size
             os.fsync(fd)
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            total += size
+        finally:
+            os.close(fd)
+    return total
+
+
+def prefetch(paths: Iterable[str | os.PathLike]) -> int:
+    """Ask the kernel to read ``paths`` into the page cache (``POSIX_FADV_WILLNEED``); return
+    how many bytes were asked for. The reads go on in the background: a later ``mmap`` or
+    ``read`` of the file finds its pages there (or waits for them) instead of faulting them in
+    one read-around window after another. Files that cannot be opened are skipped.
+    """
+    total = 0
+    for p in paths:
+        try:
+            fd = os.open(p, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            size = os.fstat(fd).st_size
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
             total += size
         finally:
             os.close(fd)
@@ -139,14 +191,16 @@ def resident_fraction(path: str | os.PathLike) -> float | None:
 
 def cold_ms(phases_ms: dict[str, float]) -> float:
     """Cold inference as NNV12 counts it: loading the model to its first output, past the
-    interpreter's start and the framework's own libraries (``library_load``)."""
-    return sum(v for k, v in phases_ms.items() if k not in ("process_start", "library_load"))
+    interpreter's start, the framework's own libraries (``library_load``) and reading the
+    input (``input_read``)."""
+    return sum(v for k, v in phases_ms.items() if k not in NOT_COLD)
 
 
 def cold_start_ms(artifact: str | os.PathLike, scratch: str | os.PathLike) -> float:
     """One cold start of ``artifact`` (:func:`cold_ms`, in ms) in a fresh process, with the
     artifact's files evicted from the page cache and empty program caches (codl-tvm's, PoCL's
-    and NVIDIA's, in a new folder under ``scratch``, removed afterwards).
+    and NVIDIA's, in a new folder under ``scratch``, removed afterwards); TVM's runtime
+    library alone is loaded (``TVM_USE_RUNTIME_LIB=1``, unless the environment says otherwise).
 
     Raises
     ------
@@ -161,6 +215,7 @@ def cold_start_ms(artifact: str | os.PathLike, scratch: str | os.PathLike) -> fl
         "POCL_CACHE_DIR": str(caches / "pocl"),
         "CUDA_CACHE_PATH": str(caches / "cuda"),
     }
+    env.setdefault("TVM_USE_RUNTIME_LIB", "1")
     try:
         evict(artifact_files(artifact))
         proc = subprocess.run(
@@ -178,27 +233,76 @@ def cold_start_ms(artifact: str | os.PathLike, scratch: str | os.PathLike) -> fl
     return cold_ms(json.loads(proc.stdout.strip().splitlines()[-1])["phases_ms"])
 
 
+def _counters() -> dict[str, int]:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    out = {name: getattr(usage, field) for field, name in COUNTERS.items()}
+    try:
+        out["threads"] = len(os.listdir("/proc/self/task"))
+    except OSError:  # no procfs (not Linux)
+        out["threads"] = threading.active_count()
+    return out
+
+
+class _Background(threading.Thread):
+    """A daemon thread that keeps its function's result or exception for :meth:`result`."""
+
+    def __init__(self, fn, name: str) -> None:
+        super().__init__(name=name, daemon=True)
+        self._fn, self._value, self._error = fn, None, None
+        self.start()
+
+    def run(self) -> None:
+        try:
+            self._value = self._fn()
+        except BaseException as exc:  # re-raised on the caller's thread by result()
+            self._error = exc
+
+    def result(self):
+        self.join()
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
 def measure(
     artifact: str | os.PathLike,
     programs: str = "overlap",
     warm: int = 0,
     save: str | os.PathLike | None = None,
     weights: str = "overlap",
+    context: str = "overlap",
+    pool: str = "overlap",
 ) -> dict:
     """Load and run ``artifact`` once in this process, timing each step (see the module
-    docstring); then ``warm`` more runs. Returns the marks (monotonic ns), the phases (ms),
-    the program cache's counters and what the load did with the programs.
+    docstring); then ``warm`` more runs. Returns the marks (monotonic ns), the phases (ms) with
+    their counters, the program cache's counters and what the load did with the programs.
 
     ``CODL_OPENCL_AOT=0`` ignores the artifact's program binaries (the plugin reads the
     environment at load, as in any run). ``weights``: with weights beside the library, load
     them while the first run goes on (``overlap``, as any run does) or wait for all of them
-    before it (``sequential``).
+    before it (``sequential``). ``context``: create the OpenCL context on a thread while the
+    library loads (``overlap``) or before it (``sequential``). ``pool``: start TVM's CPU thread
+    pool while the library loads (``overlap``; builds that run CPU kernels) or at the first
+    run's first parallel kernel (``lazy``, as TVM does).
     """
     marks = {"main": time.monotonic_ns()}
+    counters = {"main": _counters()}
     if programs not in PROGRAM_MODES:
         raise ValueError(f"programs must be one of {PROGRAM_MODES}, not {programs!r}")
     if weights not in WEIGHT_MODES:
         raise ValueError(f"weights must be one of {WEIGHT_MODES}, not {weights!r}")
+    if context not in CONTEXT_MODES:
+        raise ValueError(f"context must be one of {CONTEXT_MODES}, not {context!r}")
+    if pool not in POOL_MODES:
+        raise ValueError(f"pool must be one of {POOL_MODES}, not {pool!r}")
+
+    def mark(name: str) -> None:
+        marks[name] = time.monotonic_ns()
+        counters[name] = _counters()
+
+    # the artifact's reads start now, beside the imports (library, weights, binaries first)
+    files = sorted(artifact_files(artifact), key=lambda f: f.suffix not in (".so", ".bin"))
+    fetch = _Background(lambda: prefetch(files), "codl-prefetch")
     # deferred: importing TVM is the library-load phase this function measures
     import numpy as np
     import tvm
@@ -214,16 +318,39 @@ def measure(
     opencl = "opencl" in names
     if opencl:
         runtime.load()
-    marks["library_load"] = time.monotonic_ns()
-    if opencl:
+    fetched = fetch.result()  # long done: the advice only starts the reads
+    mark("library_load")
+    ref = art.reference()
+    if ref is not None:
+        ordered = [np.asarray(ref[0][s.name], order="C") for s in art.model.inputs]
+    else:  # no reference stored: any input times the same
+        ordered = [np.ones(s.shape, s.dtype) for s in art.model.inputs]
+    mark("input_read")
+    # the context on a thread while this one loads the library (TVM's calls release the GIL;
+    # the plugin initialises its workspace once, under a lock, whichever thread comes first)
+    ctx = _Background(runtime.info, "codl-context") if opencl and context == "overlap" else None
+    if opencl and ctx is None:
         runtime.info()  # creates the context and queues
-    marks["opencl_context"] = time.monotonic_ns()
-    lib = tvm.runtime.load_module(str(Path(artifact) / LIBRARY))
+    if ctx is None:
+        mark("opencl_context")
+    library = str(Path(artifact) / LIBRARY)
+    if pool == "overlap" and art.manifest["device"] in ("cpu", "coexec"):
+        # TVM's thread pool belongs to the thread that first launches a parallel kernel (this
+        # one, which runs the VM): start it here while a spare thread loads the library,
+        # instead of inside the first run
+        load = _Background(lambda: tvm.runtime.load_module(library), "codl-load")
+        tvm.runtime.num_threads()
+        lib = load.result()
+    else:
+        lib = tvm.runtime.load_module(library)
     devices = [tvm.opencl(0) if n == "opencl" else tvm.cpu(0) for n in names]
     loader = start_weights(art.path, art.manifest, devices[0])  # kept while the VM runs
     if loader is not None and weights == "sequential":
         loader.join()
-    marks["weight_read"] = time.monotonic_ns()
+    mark("weight_read")
+    if ctx is not None:
+        ctx.result()
+        mark("opencl_context")
     state = None
     stats0 = runtime.cache_stats() if opencl else {}
     if opencl:
@@ -232,17 +359,12 @@ def measure(
         if programs == "sequential":
             for mod in program_binaries.opencl_modules(lib):
                 runtime.build_programs(mod, 0, 1, wait=True)
-    marks["program_creation"] = time.monotonic_ns()
+    mark("program_creation")
     vm = VirtualMachine(lib, devices)
-    marks["weight_transform"] = time.monotonic_ns()
-    ref = art.reference()
-    if ref is not None:
-        ordered = [np.asarray(ref[0][s.name], order="C") for s in art.model.inputs]
-    else:  # no reference stored: any input times the same
-        ordered = [np.ones(s.shape, s.dtype) for s in art.model.inputs]
+    mark("weight_transform")
     args = [tvm.runtime.tensor(x, devices[0]) for x in ordered]
     outs = _flatten(vm["main"](*args))
-    marks["first_run"] = time.monotonic_ns()
+    mark("first_run")
     warm_ms = []
     for _ in range(warm):
         t0 = time.monotonic_ns()
@@ -251,20 +373,28 @@ def measure(
     stats = runtime.cache_stats() if opencl else {}
     if save is not None:
         np.savez(save, *outs)
-    prev = marks["main"]
-    phases = {}
-    for name in PHASES:
-        phases[name] = (marks[name] - prev) / 1e6
-        prev = marks[name]
+    phases, phase_counters = {}, {}
+    prev = "main"
+    for name in sorted(PHASES, key=marks.__getitem__):
+        phases[name] = (marks[name] - marks[prev]) / 1e6
+        phase_counters[name] = {
+            k: v - counters[prev][k] if k != "threads" else v for k, v in counters[name].items()
+        }
+        prev = name
     return {
         "artifact": str(artifact),
         "device": art.manifest["device"],
         "programs": programs,
+        "context": context,
+        "pool": pool,
+        "runtime_only": bool(getattr(tvm.base, "_RUNTIME_ONLY", False)),
+        "prefetched_bytes": fetched,
         "weights": (art.manifest.get("weights") or {}).get("placement", "embedded"),
         "weights_mode": weights,
         "weights_error": None if loader is None or loader.error is None else str(loader.error),
         "marks_ns": marks,
         "phases_ms": phases,
+        "counters": phase_counters,
         "program_ms": (stats.get("build_ns", 0) - stats0.get("build_ns", 0)) / 1e6,
         "cache_stats": stats,
         "load": state,
@@ -288,8 +418,23 @@ def main(argv: list[str] | None = None) -> int:
         default="overlap",
         help="weights beside the library: load them during the first run or before it",
     )
+    p.add_argument(
+        "--context",
+        choices=CONTEXT_MODES,
+        default="overlap",
+        help="create the OpenCL context while the library loads, or before it",
+    )
+    p.add_argument(
+        "--pool",
+        choices=POOL_MODES,
+        default="overlap",
+        help="start TVM's thread pool while the library loads, or in the first run",
+    )
     args = p.parse_args(argv)
-    print(json.dumps(measure(args.artifact, args.programs, args.warm, args.save, args.weights)))
+    res = measure(
+        args.artifact, args.programs, args.warm, args.save, args.weights, args.context, args.pool
+    )
+    print(json.dumps(res))
     return 0
 
 

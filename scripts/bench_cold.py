@@ -18,12 +18,21 @@ artifact with OpenCL kernels (a CPU build has only ``cold`` and ``warm``):
     its weights in ``weights.bin`` beside the library), its weights read on a thread while the
     first run goes on, each awaited before its first use: read, upload, program creation and
     execution in one pipeline;
-``aot_lazy``, ``overlap_only``, ``aot_warm_pages``, ``beside_sequential``
+``aot_lazy``, ``overlap_only``, ``aot_warm_pages``, ``beside_sequential``, ``context_sequential``
     the ablation: binaries without the overlap; the overlap without binaries; ``aot`` with the
     files left in the page cache (the cost of the cold read); ``beside`` with every weight
-    loaded before the first run (its placement without its overlap);
+    loaded before the first run (its placement without its overlap); ``aot`` with the OpenCL
+    context created before the library loads instead of beside it; ``aot`` (``cpu``) with
+    TVM's thread pool started by the first run instead of beside the library load;
+``compiler_lib``
+    ``aot`` (a CPU build: ``cpu``) with TVM's compiler library loaded too, as a plain
+    ``import tvm`` does: every other scenario loads ``libtvm_runtime`` alone
+    (``TVM_USE_RUNTIME_LIB=1``, unless ``--no-runtime-lib``);
 ``warm``
     the median of further runs in the ``aot`` process.
+
+Each row carries the process's counters per phase (page faults, blocks read, context
+switches, threads: ``codl_tvm.coldstart``).
 
 ``onnxruntime``: importing it, creating the session and the first run of the same ONNX model,
 in a fresh process with its model file evicted, on ``--ort-threads`` threads.
@@ -61,9 +70,14 @@ SCENARIOS = (
     "overlap_only",
     "aot_warm_pages",
     "beside_sequential",
+    "context_sequential",
+    "pool_lazy",
+    "compiler_lib",
 )
 #: The scenarios that measure an artifact's weights-beside sibling.
 BESIDE = ("beside", "beside_sequential")
+#: The scenarios a CPU build has besides ``cpu`` (its ``aot``).
+CPU_TOO = (*BESIDE, "pool_lazy", "compiler_lib")
 #: The sibling of an artifact ``DIR/model/build``, with its weights beside its library.
 BESIDE_SUFFIX = "-beside"
 
@@ -176,11 +190,13 @@ def _child(
     warm: int = 0,
     timeout_s: float | None = None,
     weights: str = "overlap",
+    context: str = "overlap",
+    pool: str = "overlap",
 ) -> dict:
     evict(evict_paths)
     t0 = time.monotonic_ns()
     cmd = [sys.executable, "-m", "codl_tvm.coldstart", str(artifact), "--programs", programs]
-    cmd += ["--weights", weights]
+    cmd += ["--weights", weights, "--context", context, "--pool", pool]
     try:
         proc = subprocess.run(
             [*cmd, "--warm", str(warm)],
@@ -203,9 +219,12 @@ def _child(
     return res
 
 
-def _scenario_env(name: str, base: dict, caches: Path) -> dict:
+def _scenario_env(name: str, base: dict, caches: Path, runtime_lib: bool = True) -> dict:
     env = dict(base)
-    env["CODL_OPENCL_AOT"] = "1" if name.startswith("aot") or name in BESIDE else "0"
+    aot = name.startswith("aot") or name in (*BESIDE, *CPU_TOO, "context_sequential")
+    env["CODL_OPENCL_AOT"] = "1" if aot else "0"
+    # a run needs TVM's runtime library alone; a plain `import tvm` loads the compiler's too
+    env["TVM_USE_RUNTIME_LIB"] = "1" if runtime_lib and name != "compiler_lib" else "0"
     fresh = name != "cache"
     root = caches / ("fresh-" + name if fresh else "fresh-nocache")
     if fresh and root.exists():
@@ -299,7 +318,7 @@ def cmd_run(args: argparse.Namespace) -> None:
                 beside = art.with_name(art.name + BESIDE_SUFFIX)
                 manifest = json.loads((art / "manifest.json").read_text())
                 opencl = "opencl" in manifest["vm_devices"]
-                todo = scenarios if opencl else ["cpu", *(s for s in scenarios if s in BESIDE)]
+                todo = scenarios if opencl else ["cpu", *(s for s in scenarios if s in CPU_TOO)]
                 for name in todo:
                     target = beside if name in BESIDE else art
                     if not (target / "manifest.json").exists():
@@ -309,7 +328,7 @@ def cmd_run(args: argparse.Namespace) -> None:
                         print(f"{model} {build} {name}: {_line(res)}", flush=True)
                         continue
                     files = artifact_files(target)
-                    env = _scenario_env(name, base, caches)
+                    env = _scenario_env(name, base, caches, args.runtime_lib)
                     cache_files = [p for p in caches.rglob("*") if p.is_file()]
                     evict_paths = [] if name == "aot_warm_pages" else files + cache_files + libs
                     programs = {"aot_lazy": "lazy", "nocache": "lazy", "cache": "lazy"}.get(
@@ -317,7 +336,19 @@ def cmd_run(args: argparse.Namespace) -> None:
                     )
                     warm = args.warm if name in ("aot", "cpu", "beside") else 0
                     weights = "sequential" if name == "beside_sequential" else "overlap"
-                    res = _child(target, programs, env, evict_paths, warm, args.timeout_s, weights)
+                    context = "sequential" if name == "context_sequential" else "overlap"
+                    pool = "lazy" if name == "pool_lazy" else "overlap"
+                    res = _child(
+                        target,
+                        programs,
+                        env,
+                        evict_paths,
+                        warm,
+                        args.timeout_s,
+                        weights,
+                        context,
+                        pool,
+                    )
                     res.update(model=model, build=build, scenario=name, platform=args.platform)
                     rows.append(res)
                     print(f"{model} {build} {name}: {_line(res)}", flush=True)
@@ -336,7 +367,8 @@ def cmd_run(args: argparse.Namespace) -> None:
 
 
 def summarize(rows: list[dict]) -> dict:
-    """Per build: cold (aot) over warm, per model and on average; the speed-up of ``aot`` over
+    """Per build: cold (aot) over warm, per model and on average; the library load with TVM's
+    runtime library alone and with its compiler library too; the speed-up of ``aot`` over
     ``nocache``; ``aot`` against onnxruntime's cold start; the same for ``beside`` (weights
     beside the library, loaded while the run goes on) where it was measured, with its own
     warm runs."""
@@ -351,7 +383,11 @@ def summarize(rows: list[dict]) -> dict:
             "from_process_start_ms": r["first_output_ms"],
             "warm_ms": warm,
             "cold_over_warm": cold_ms(r) / warm,
+            "library_load_ms": r["phases_ms"]["library_load"],
         }
+        full = by.get((model, build, "compiler_lib"))
+        if full is not None:  # what loading TVM's compiler library too costs
+            entry["compiler_lib_library_load_ms"] = full["phases_ms"]["library_load"]
         for name in SCENARIOS:
             other = by.get((model, build, name))
             if other is not None and name != "aot":
@@ -434,6 +470,12 @@ def main() -> None:
         action=argparse.BooleanOptionalAction,
         default=True,
         help="also evict TVM's and the plugin's libraries before each run",
+    )
+    r.add_argument(
+        "--runtime-lib",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="load TVM's runtime library alone (TVM_USE_RUNTIME_LIB=1) except in compiler_lib",
     )
     r.add_argument("--out", required=True)
     r.add_argument("--plot", help="stacked-bar PNG")

@@ -23,7 +23,15 @@ from codl_tvm.artifact import compile_artifact, load_artifact
 from codl_tvm.artifact.program_binaries import BINARIES, INDEX, device_key, device_key_of, embed
 from codl_tvm.cli import main
 from codl_tvm.cold_objective import cold_candidates
-from codl_tvm.coldstart import artifact_files, evict, resident_fraction
+from codl_tvm.coldstart import (
+    NOT_COLD,
+    PHASES,
+    artifact_files,
+    cold_ms,
+    evict,
+    prefetch,
+    resident_fraction,
+)
 from codl_tvm.models import bundled_model_path
 from codl_tvm.options import CompileOptions
 
@@ -40,6 +48,28 @@ def test_evict_keeps_contents_and_reports_residency(tmp_path):
         assert 0.0 <= after <= before <= 1.0
     assert path.read_bytes() == data
     assert artifact_files(tmp_path) == [path]
+
+
+def test_prefetch_brings_an_evicted_file_back_unchanged(tmp_path):
+    path = tmp_path / "model.so"
+    data = np.random.default_rng(1).bytes(5 * 4096 + 3)
+    path.write_bytes(data)
+    evict([path])
+    assert prefetch([path, tmp_path / "missing"]) == len(data)  # a missing file is skipped
+    if resident_fraction(path) is not None:
+        # the advice starts reads in the background: wait for them (bounded), never time them
+        for _ in range(500):
+            if resident_fraction(path) == 1.0:
+                break
+            os.sched_yield()
+        assert resident_fraction(path) == 1.0
+    assert path.read_bytes() == data
+
+
+def test_cold_ms_leaves_out_libraries_and_the_input():
+    phases = dict.fromkeys(("process_start", *PHASES), 1.0)
+    assert set(NOT_COLD) == {"process_start", "library_load", "input_read"}
+    assert cold_ms(phases) == len(PHASES) - 2
 
 
 def test_resident_fraction_of_empty_file(tmp_path):
@@ -61,7 +91,9 @@ def gpu_artifact(tmp_path_factory, opencl):
     return out
 
 
-def _cold(artifact: Path, tmp: Path, cache: Path, programs="overlap", **env) -> dict:
+def _cold(
+    artifact: Path, tmp: Path, cache: Path, programs="overlap", args: tuple = (), **env
+) -> dict:
     """One fresh process's first run of ``artifact``: its JSON, with its outputs."""
     save = tmp / f"out-{programs}-{len(list(tmp.glob('out-*')))}.npz"
     proc = subprocess.run(
@@ -74,6 +106,7 @@ def _cold(artifact: Path, tmp: Path, cache: Path, programs="overlap", **env) -> 
             programs,
             "--save",
             str(save),
+            *args,
         ],
         env={**os.environ, "CODL_TVM_CACHE_DIR": str(cache), **env},
         capture_output=True,
@@ -194,6 +227,54 @@ def test_overlapped_program_creation_equals_sequential(gpu_artifact, tmp_path):
 
 
 @pytest.mark.opencl
+def test_context_created_beside_the_library_load_equals_sequential(gpu_artifact, tmp_path):
+    cache = tmp_path / "cache"
+    seq = _cold(gpu_artifact, tmp_path, cache, args=("--context", "sequential"))
+    over = _cold(gpu_artifact, tmp_path, cache, args=("--context", "overlap"))
+    assert (seq["context"], over["context"]) == ("sequential", "overlap")
+    marks = over["marks_ns"]  # the context is waited for after the library's load
+    assert marks["weight_read"] <= marks["opencl_context"] <= marks["program_creation"]
+    marks = seq["marks_ns"]
+    assert marks["opencl_context"] <= marks["weight_read"]
+    for a, b in zip(seq["outputs"], over["outputs"], strict=True):
+        np.testing.assert_array_equal(a, b)
+    _check_against_onnxruntime(gpu_artifact, over["outputs"])
+
+
+@pytest.fixture(scope="module")
+def cpu_artifact(tmp_path_factory):
+    out = tmp_path_factory.mktemp("cold") / "cpu"
+    return compile_artifact(bundled_model_path(), out, device="cpu", log=lambda s: None)
+
+
+def test_first_run_with_tvm_runtime_library_alone_equals_onnxruntime(cpu_artifact, tmp_path):
+    """The measured process loads libtvm_runtime alone (no compiler library) and its first
+    run equals onnxruntime; each phase comes with its counters."""
+    res = _cold(cpu_artifact, tmp_path, tmp_path / "cache", TVM_USE_RUNTIME_LIB="1")
+    assert res["runtime_only"] is True
+    assert res["prefetched_bytes"] == sum(f.stat().st_size for f in artifact_files(cpu_artifact))
+    assert list(res["counters"]) == list(res["phases_ms"]) and set(res["phases_ms"]) == set(PHASES)
+    _check_against_onnxruntime(cpu_artifact, res["outputs"])
+
+
+def test_thread_pool_started_beside_the_library_load_equals_lazy(cpu_artifact, tmp_path):
+    """TVM's thread pool starts while the library loads (no thread is created in the first
+    run), and the outputs equal those of a pool started by the first run."""
+    env = {"TVM_NUM_THREADS": "2", "TVM_USE_RUNTIME_LIB": "1"}  # one worker beside this thread
+    lazy = _cold(cpu_artifact, tmp_path, tmp_path / "cache", args=("--pool", "lazy"), **env)
+    over = _cold(cpu_artifact, tmp_path, tmp_path / "cache", args=("--pool", "overlap"), **env)
+    threads = {
+        r["pool"]: [r["counters"][p]["threads"] for p in ("weight_read", "first_run")]
+        for r in (lazy, over)
+    }
+    assert threads["lazy"][1] > threads["lazy"][0]
+    assert threads["overlap"][1] == threads["overlap"][0]
+    for a, b in zip(lazy["outputs"], over["outputs"], strict=True):
+        np.testing.assert_array_equal(a, b)
+    _check_against_onnxruntime(cpu_artifact, over["outputs"])
+
+
+@pytest.mark.opencl
 def test_concurrent_processes_fill_one_cache_safely(gpu_artifact, tmp_path):
     cache = tmp_path / "shared-cache"
     env = {**os.environ, "CODL_TVM_CACHE_DIR": str(cache), "CODL_OPENCL_AOT": "0"}
@@ -305,3 +386,28 @@ def test_exit_while_programs_are_created_is_clean(gpu_artifact, tmp_path):
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert list((tmp_path / "c" / "opencl-programs").glob("*.bin"))  # they were built
+
+
+def test_bench_cold_loads_the_runtime_library_alone_except_in_compiler_lib(tmp_path):
+    """bench_cold.py run on a CPU build: the cold scenario loads libtvm_runtime alone, the
+    compiler_lib one the compiler library too; both equal the stored reference, and the
+    summary holds both library loads."""
+    art = tmp_path / "m" / "cpu"
+    compile_artifact(bundled_model_path(), art, device="cpu", log=lambda s: None)
+    (tmp_path / "index.json").write_text(json.dumps({"models": {"m": {"cpu": "m/cpu"}}}))
+    out = tmp_path / "cold.json"
+    cmd = [sys.executable, str(Path(__file__).parents[1] / "scripts" / "bench_cold.py"), "run"]
+    cmd += ["--dir", str(tmp_path), "--builds", "cpu", "--scenarios", "compiler_lib,pool_lazy"]
+    cmd += ["--warm", "1", "--no-evict-libs", "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(out.read_text())["results"]
+    rows = {r["scenario"]: r for r in result["rows"]}
+    assert set(rows) == {"cpu", "compiler_lib", "pool_lazy"}
+    assert rows["cpu"]["runtime_only"] is True and rows["compiler_lib"]["runtime_only"] is False
+    assert rows["pool_lazy"]["pool"] == "lazy" and rows["cpu"]["pool"] == "overlap"
+    for row in rows.values():
+        assert row["max_abs_err"] < 1e-4
+        assert set(row["counters"]) == set(PHASES)
+    entry = result["summary"]["cpu"]["m"]
+    assert {"library_load_ms", "compiler_lib_library_load_ms", "compiler_lib_cold_ms"} <= set(entry)
