@@ -42,6 +42,7 @@ __all__ = [
     "cpu_config",
     "cpu_overrides",
     "opencl_config",
+    "opencl_overrides",
     "packed_enabled",
 ]
 
@@ -738,6 +739,35 @@ def cpu_overrides(**fields) -> Iterator[None]:
         _CPU_OVERRIDES.reset(token)
 
 
+_OPENCL_OVERRIDES: contextvars.ContextVar[tuple[tuple[str, object], ...]] = contextvars.ContextVar(
+    "codl_opencl_overrides", default=()
+)
+
+
+@contextlib.contextmanager
+def opencl_overrides(**fields) -> Iterator[None]:
+    """Within the block, :func:`opencl_config` returns every OpenCL preset with ``fields``
+    replaced: to rebuild a part as a campaign built it under earlier preset settings (the cost
+    model reads the kernels of recorded parts, ``cost_model.kernel_counts``).
+
+    Raises
+    ------
+    ValueError
+        A name that is not an :class:`OpenCLConfig` field.
+    """
+    names = {f.name for f in dataclasses.fields(OpenCLConfig)} - {"name"}
+    unknown = sorted(set(fields) - names)
+    if unknown:
+        raise ValueError(
+            f"opencl_overrides: {unknown} not OpenCLConfig fields (have {sorted(names)})"
+        )
+    token = _OPENCL_OVERRIDES.set(tuple(fields.items()))
+    try:
+        yield
+    finally:
+        _OPENCL_OVERRIDES.reset(token)
+
+
 def winograd_presets() -> frozenset[str]:
     """The presets :func:`winograd_enabled` switched on here (empty outside such a block)."""
     return _WINOGRAD_ON.get()
@@ -754,6 +784,8 @@ def _switched(base):
         base = dataclasses.replace(base, **CPU_ALONE_SETTINGS[base.name])
     if isinstance(base, CPUConfig) and _CPU_OVERRIDES.get():
         base = dataclasses.replace(base, **dict(_CPU_OVERRIDES.get()))
+    if isinstance(base, OpenCLConfig) and _OPENCL_OVERRIDES.get():
+        base = dataclasses.replace(base, **dict(_OPENCL_OVERRIDES.get()))
     return base
 
 

@@ -3,7 +3,8 @@
 ::
 
     codl-tvm cost-model fit DATA.jsonl -o MODEL.json [--kind codl|gbdt|flops|measured]
-        [--holdout 0.3] [--seed 0] [--preset NAME] [--trees N] [--recipe codl|wave|wave-guards]
+        [--holdout 0.3] [--seed 0] [--preset NAME] [--trees N]
+        [--recipe codl|wave|wave-guards|wave-tir]
         [--drop-inconsistent 3]
     codl-tvm cost-model eval MODEL.json DATA.jsonl [--json] [--plot OUT.png] [--all] [--no-lomo]
     codl-tvm cost-model decisions MODEL.json ORACLE.json DATA.jsonl [--lomo] [--tolerance 0.05]
@@ -35,7 +36,7 @@ from codl_tvm.cost_model.evaluate import (
     split_records,
     training_split,
 )
-from codl_tvm.cost_model.gbdt import GbdtConfig
+from codl_tvm.cost_model.gbdt import GbdtConfig, GbdtModel
 from codl_tvm.errors import CliError
 
 __all__ = ["cmd_decisions", "cmd_eval", "cmd_fit", "register"]
@@ -43,6 +44,23 @@ __all__ = ["cmd_decisions", "cmd_eval", "cmd_fit", "register"]
 
 def _names(paths) -> str:
     return ", ".join(str(p) for p in paths)
+
+
+def _kernel_reader():
+    """The reader of built parts' kernels that the ``"tir"`` feature set needs."""
+    # deferred: reading kernels imports TVM's compiler, which the other recipes and commands
+    # do not need
+    from codl_tvm.cost_model.kernel_counts import part_kernel_counts
+
+    return part_kernel_counts
+
+
+def _load(path) -> CostModel:
+    """A model file, with the kernel reader its recipe needs to score recorded parts."""
+    model = CostModel.load(path)
+    if isinstance(model, GbdtModel) and model.config.feature_set == "tir":
+        model.kernel_reader = _kernel_reader()
+    return model
 
 
 def cmd_fit(args: argparse.Namespace) -> int:
@@ -65,6 +83,9 @@ def cmd_fit(args: argparse.Namespace) -> int:
             options["config"] = GbdtConfig.wave(**trees)
         elif args.recipe == "wave-guards":
             options["config"] = GbdtConfig.wave(feature_set="guards", **trees)
+        elif args.recipe == "wave-tir":
+            options["config"] = GbdtConfig.wave(feature_set="tir", **trees)
+            options["kernel_reader"] = _kernel_reader()
         elif trees:
             options["config"] = GbdtConfig(**trees)
     model = fit_model(args.kind, train, **options)
@@ -97,7 +118,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     """Print (or plot) a cost model's accuracy on a dataset's held-out part."""
-    model = CostModel.load(args.model)
+    model = _load(args.model)
     data = load_datasets(args.data)
     holdout = float(model.meta.get("holdout", 0.0))
     seed = int(model.meta.get("seed", 0))
@@ -133,7 +154,7 @@ def cmd_decisions(args: argparse.Namespace) -> int:
     oracle's measurements."""
     if not 0.0 <= args.tolerance < 1.0:
         raise CliError(f"--tolerance {args.tolerance!r}: must be in [0, 1)")
-    model = CostModel.load(args.model)
+    model = _load(args.model)
     if args.lomo and model.kind == "measured":
         raise CliError(
             f"--lomo: {args.model} is a lookup table of measurements; it cannot be refitted"
@@ -178,11 +199,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     f.add_argument("--trees", type=int, help="boosting rounds of the gbdt model")
     f.add_argument(
         "--recipe",
-        choices=("codl", "wave", "wave-guards"),
+        choices=("codl", "wave", "wave-guards", "wave-tir"),
         default="codl",
         help="gbdt recipe: trees on CoDL's analytical model (codl, default) or on the "
         "dispatch-shape wave base with dispatch-shape features (wave; GbdtConfig.wave), "
-        "wave-guards adds the GPU direct conv's bounds checks",
+        "wave-guards adds the GPU direct conv's bounds checks, wave-tir counts read from "
+        "each GPU part's scheduled kernel (loads, stores, flops, guards per thread)",
     )
     f.add_argument(
         "--holdout",

@@ -138,7 +138,7 @@ def refit_like(model: CostModel, records: Iterable) -> CostModel:
     """A fresh model of ``model``'s kind and configuration fitted on ``records`` (its recipe,
     for held-out folds)."""
     if isinstance(model, GbdtModel):
-        fresh: CostModel = GbdtModel(model.config)
+        fresh: CostModel = GbdtModel(model.config, model.kernel_reader)
     elif isinstance(model, CodlModel):
         fresh = CodlModel(model.config)
     elif isinstance(model, FlopsModel):

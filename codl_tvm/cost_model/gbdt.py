@@ -27,7 +27,7 @@ import dataclasses
 import json
 import math
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -49,14 +49,18 @@ __all__ = [
     "FEATURE_NAMES",
     "FEATURE_SETS",
     "GUARD_FEATURE_NAMES",
+    "KERNEL_FEATURE_NAMES",
     "SHAPE_FEATURE_NAMES",
     "THREADS_PER_CU",
     "GbdtConfig",
     "GbdtModel",
+    "KernelReader",
     "WaveBase",
     "conv_guards",
     "derived_features",
     "device_compute_units",
+    "device_gpu_target",
+    "direct_settings",
     "direct_tile",
     "dispatch_shape",
     "shape_features",
@@ -130,13 +134,40 @@ SHAPE_FEATURE_NAMES: tuple[str, ...] = (
 #: features in the ``"guards"`` feature set.
 GUARD_FEATURE_NAMES: tuple[str, ...] = ("guard_oc", "guard_oh", "guard_ow", "guard_oh_not_oc")
 
+#: What ``kernel_counts.kernel_counts`` reads from a GPU part's scheduled kernel, in order
+#: (per-thread counts unless said otherwise), after the dispatch-shape features in the ``"tir"``
+#: feature set.
+KERNEL_FEATURE_NAMES: tuple[str, ...] = (
+    "k_threads",  # work-items per work-group
+    "k_groups",  # work-groups
+    "k_global_loads",
+    "k_shared_loads",
+    "k_local_loads",
+    "k_global_stores",
+    "k_shared_stores",
+    "k_local_stores",
+    "k_flops",  # float add/sub/mul/div/min/max
+    "k_guarded",  # block executions under a bounds-check predicate
+    "k_guard_terms",  # comparisons in those predicates, per execution summed
+    "k_compute_guard_terms",  # comparisons in the predicate of the reduction's update block
+    "k_selects",  # if_then_else / select evaluations (padding)
+    "k_serial_iters",  # serial loop iterations around the reduction's update block
+    "k_unroll",  # largest product of unrolled loop extents around a store
+    "k_shared_bytes",  # per work-group
+    "k_local_bytes",  # per work-item
+    "k_kernels",  # PrimFuncs
+)
+
 #: Feature sets: ``"v1"`` (the files written before dispatch-shape features), ``"dispatch"``
-#: (v1 plus :data:`SHAPE_FEATURE_NAMES`) and ``"guards"`` (dispatch plus
-#: :data:`GUARD_FEATURE_NAMES`; its wave base has the row-guard term of :class:`WaveBase`).
+#: (v1 plus :data:`SHAPE_FEATURE_NAMES`), ``"guards"`` (dispatch plus
+#: :data:`GUARD_FEATURE_NAMES`; its wave base has the row-guard term of :class:`WaveBase`) and
+#: ``"tir"`` (dispatch plus :data:`KERNEL_FEATURE_NAMES`, read from the GPU part's scheduled
+#: kernel by a ``GbdtModel``'s ``kernel_reader``).
 FEATURE_SETS: dict[str, tuple[str, ...]] = {
     "v1": FEATURE_NAMES,
     "dispatch": FEATURE_NAMES + SHAPE_FEATURE_NAMES,
     "guards": FEATURE_NAMES + SHAPE_FEATURE_NAMES + GUARD_FEATURE_NAMES,
+    "tir": FEATURE_NAMES + SHAPE_FEATURE_NAMES + KERNEL_FEATURE_NAMES,
 }
 
 #: Work-items one compute unit keeps resident (an NVIDIA SM: 2048 threads): a GPU wave is
@@ -190,7 +221,9 @@ class GbdtConfig:
         """The dispatch-shape recipe: the wave/roofline base (:class:`WaveBase`), the
         ``"dispatch"`` feature set and deeper trees on ``log(latency / base)``;
         ``feature_set="guards"`` adds the direct conv's bounds checks (:func:`conv_guards`)
-        and the base's row-guard term (``cost-model fit --recipe wave-guards``).
+        and the base's row-guard term (``cost-model fit --recipe wave-guards``);
+        ``feature_set="tir"`` the counts read from each GPU part's scheduled kernel
+        (``kernel_counts``; ``cost-model fit --recipe wave-tir``).
 
         On the H100 and the emulated SoC (k = 8) datasets it beat the CoDL-based recipe on both
         processors and both splits (docs/benchmarks.md, "How accurate are the cost models?");
@@ -445,17 +478,61 @@ def conv_guards(f: OpFeatures, tilings: Sequence[_DirectTiling] = DIRECT_TILINGS
     return [nan] * len(GUARD_FEATURE_NAMES)
 
 
+def direct_settings(f: OpFeatures) -> dict[str, int]:
+    """The OpenCL preset settings (``OpenCLConfig`` fields) of the first of
+    :data:`DIRECT_TILINGS` that reproduces a GPU direct conv record's work-group size and count,
+    to rebuild its kernel as the campaign did (``kernel_counts.part_kernel_counts``); empty (the
+    preset as it is) for other parts and unknown dispatch."""
+    d = f.dispatch
+    if f.op != "conv2d" or f.processor != "gpu" or f.impl != "direct" or not d.wg_count:
+        return {}
+    for t in DIRECT_TILINGS:
+        if direct_tile(f, t)[4:] == (d.wg_size, d.wg_count):
+            return {
+                "conv_threads_oc": t.threads_oc,
+                "conv_threads_ow": t.threads_ow,
+                "conv_threads_oh": t.threads_oh,
+                "conv_threads_oh_pointwise": t.threads_oh_pointwise,
+                "conv_reg_oc": t.reg_oc,
+                "conv_reg_ow": t.reg_ow,
+                "max_workgroup_size": t.max_workgroup_size,
+                "min_work_items": t.min_work_items,
+                "conv_split_k": t.split_k,
+                "conv_split_k_min_reduction": t.split_k_min_reduction,
+            }
+    return {}
+
+
+#: Reads the :data:`KERNEL_FEATURE_NAMES` of a part's kernel built for a target (its JSON text)
+#: under preset settings (``kernel_counts.part_kernel_counts``; NaN where it cannot).
+KernelReader = Callable[[OpFeatures, str, Mapping[str, object]], list[float]]
+
+
 def _matrix(
-    features: Sequence[OpFeatures], feature_set: str = "v1", compute_units: int = 0
+    features: Sequence[OpFeatures],
+    feature_set: str = "v1",
+    compute_units: int = 0,
+    kernel_target: str = "",
+    kernel_reader: KernelReader | None = None,
 ) -> np.ndarray:
     rows = []
     for f in features:
         n = f.numeric()
         row = [n[k] for k in _BASE_NAMES] + derived_features(f)
-        if feature_set in ("dispatch", "guards"):
+        if feature_set in ("dispatch", "guards", "tir"):
             row += shape_features(f, compute_units)
         if feature_set == "guards":
             row += conv_guards(f)
+        if feature_set == "tir":
+            if kernel_reader is not None:
+                row += kernel_reader(f, kernel_target, direct_settings(f))
+            elif f.processor == "gpu" and f.dispatch.wg_size and f.dispatch.wg_count:
+                raise ValueError(
+                    f"{f.params.describe()}: the 'tir' features of a built part need the "
+                    "model's kernel_reader (kernel_counts.part_kernel_counts)"
+                )
+            else:  # what the reader returns for parts nobody built (the planner's)
+                row += [math.nan] * len(KERNEL_FEATURE_NAMES)
         rows.append(row)
     return np.array(rows, dtype=np.float64)
 
@@ -539,6 +616,16 @@ class WaveBase:
         return cls(int(obj["compute_units"]), coef, guards)
 
 
+def device_gpu_target(records: Iterable[OpRecord]) -> str:
+    """The GPU target the records' parts were built for (the device description's
+    ``gpu_target``, a target's JSON text); empty where none says."""
+    for r in records:
+        target = dict(r.device).get("gpu_target")
+        if isinstance(target, str) and target:
+            return target
+    return ""
+
+
 def device_compute_units(records: Iterable[OpRecord]) -> int:
     """The GPU's compute units from the records' device description (``compute_units``), 1
     where none says."""
@@ -550,18 +637,30 @@ def device_compute_units(records: Iterable[OpRecord]) -> int:
 
 
 class GbdtModel(CostModel):
-    """One xgboost booster per (operator kind, processor, implementation)."""
+    """One xgboost booster per (operator kind, processor, implementation).
+
+    ``kernel_reader`` (the ``"tir"`` feature set): reads a built part's kernel,
+    ``kernel_counts.part_kernel_counts``; passed in by whoever fits or evaluates the model on
+    recorded parts (the cost-model CLI), since reading a kernel schedules it with the profiler's
+    part builder, above this package. Without it the model predicts parts without recorded
+    dispatch (the planner's), whose kernel features are NaN either way.
+    """
 
     kind = "gbdt"
 
-    def __init__(self, config: GbdtConfig | None = None) -> None:
+    def __init__(
+        self, config: GbdtConfig | None = None, kernel_reader: KernelReader | None = None
+    ) -> None:
         super().__init__()
         self.config = config or GbdtConfig()
+        self.kernel_reader = kernel_reader
         self.boosters: dict[tuple[str, str, str], object] = {}
         self._raw: dict[tuple[str, str, str], dict] = {}
         self._counts: dict[tuple[str, str, str], int] = {}
         self.base: CodlModel | WaveBase | None = None  # the trees' start (analytical_base)
         self.compute_units = self.config.compute_units  # of the wave features, resolved by fit
+        # the target whose kernels the "tir" features read, resolved by fit
+        self.kernel_target = ""
 
     def _fit_ops(self, records: list[OpRecord]) -> None:
         import xgboost as xgb  # deferred: a heavy optional dependency, used only here
@@ -570,6 +669,7 @@ class GbdtModel(CostModel):
         self.boosters, self._raw, self._counts = {}, {}, {}
         self.base = None
         self.compute_units = self.config.compute_units or device_compute_units(records)
+        self.kernel_target = device_gpu_target(records) if self.config.feature_set == "tir" else ""
         if self.config.analytical_base == "wave":
             fitted = [r for rs in by_key.values() if len(rs) >= self.config.min_records for r in rs]
             guards = self.config.feature_set == "guards"
@@ -617,7 +717,13 @@ class GbdtModel(CostModel):
         return FEATURE_SETS[self.config.feature_set]
 
     def _x(self, features: Sequence[OpFeatures]) -> np.ndarray:
-        return _matrix(features, self.config.feature_set, self.compute_units)
+        return _matrix(
+            features,
+            self.config.feature_set,
+            self.compute_units,
+            self.kernel_target,
+            self.kernel_reader,
+        )
 
     @staticmethod
     def _booster_from(raw: dict):
@@ -668,6 +774,7 @@ class GbdtModel(CostModel):
             "features": list(self.feature_names),
             "base": None if self.base is None else self.base.to_json(),
             "compute_units": self.compute_units,
+            "kernel_target": self.kernel_target,
             "groups": [
                 {
                     "op": k[0],
@@ -685,6 +792,7 @@ class GbdtModel(CostModel):
         self.config = GbdtConfig(**{"base_clamp": 0.0, **body["config"]})
         self.base = None
         self.compute_units = int(body.get("compute_units", self.config.compute_units))
+        self.kernel_target = str(body.get("kernel_target", ""))  # none before the "tir" set
         if body.get("base") is not None:
             if self.config.analytical_base == "wave":
                 self.base = WaveBase.from_json(body["base"])

@@ -69,6 +69,7 @@ __all__ = [
     "part_padding",
     "passes_parts",
     "runs_per_sample",
+    "schedule_part",
     "time_samples",
 ]
 
@@ -444,6 +445,30 @@ def _threads() -> int:
     return int(env) if env else (os.cpu_count() or 1)
 
 
+def schedule_part(params: OpParams, part: PartShape, processor: str, target=None):
+    """The one-op module of ``part`` (:func:`part_module`, under the algorithm switches on here)
+    and that module legalized and scheduled for ``processor``'s ``target``, as
+    :func:`compile_part` builds it: ``(module, scheduled)``. The cost model reads its kernels'
+    TIR (``cost_model.kernel_counts``)."""
+    # deferred: building parts needs TVM's compiler (see algorithm_switches)
+    from codl_tvm.pipeline import legalize_passes, schedule_passes
+
+    tgt = _target(processor, target)
+    config = None
+    if algorithm_switches() and params.op == "conv2d":
+        from codl_tvm.schedules import cpu_config, opencl_config  # deferred: as above
+
+        kind = tgt.kind.name
+        if kind in ("llvm", "opencl"):
+            config = cpu_config(tgt) if kind == "llvm" else opencl_config(tgt)
+    mod = part_module(params, part, algorithm_config=config)
+    if processor == "gpu":
+        runtime.load()
+    with tgt:
+        scheduled = tvm.transform.Sequential(legalize_passes(tgt) + schedule_passes(tgt))(mod)
+    return mod, scheduled
+
+
 def compile_part(
     params: OpParams,
     partition: Partition,
@@ -472,12 +497,7 @@ def compile_part(
     # TVM is runtime-only (`codl-tvm profile --run-dir`)
     from tvm import tirx
 
-    from codl_tvm.pipeline import (
-        dataflow_lower_passes,
-        finalize_passes,
-        legalize_passes,
-        schedule_passes,
-    )
+    from codl_tvm.pipeline import dataflow_lower_passes, finalize_passes
 
     if processor not in PROCESSOR_DEVICE:
         raise ProfileError(f"{params.describe()}: processor {processor!r} is not 'gpu' or 'cpu'")
@@ -496,18 +516,7 @@ def compile_part(
     if preset is not None and target is None:
         target = get_preset(preset).target(processor)
     tgt = _target(processor, target)
-    config = None
-    if switches and params.op == "conv2d":
-        from codl_tvm.schedules import cpu_config, opencl_config  # deferred: as above
-
-        kind = tgt.kind.name
-        if kind in ("llvm", "opencl"):
-            config = cpu_config(tgt) if kind == "llvm" else opencl_config(tgt)
-    mod = part_module(params, part, algorithm_config=config)
-    if processor == "gpu":
-        runtime.load()
-    with tgt:
-        scheduled = tvm.transform.Sequential(legalize_passes(tgt) + schedule_passes(tgt))(mod)
+    mod, scheduled = schedule_part(params, part, processor, tgt)
     funcs = [f for _, f in scheduled.functions.items() if isinstance(f, tirx.PrimFunc)]
     impl = _implementation(funcs)
     cpu_threads = None if processor == "gpu" else (threads or _threads())
