@@ -516,6 +516,9 @@ def _matrix(
     kernel_reader: KernelReader | None = None,
 ) -> np.ndarray:
     rows = []
+    # DIRECT_TILINGS are the NVIDIA preset's settings; other devices' parts were built with
+    # their preset as it is
+    nvidia = bool(kernel_target) and json.loads(kernel_target).get("device") == "nvidia"
     for f in features:
         n = f.numeric()
         row = [n[k] for k in _BASE_NAMES] + derived_features(f)
@@ -525,7 +528,7 @@ def _matrix(
             row += conv_guards(f)
         if feature_set == "tir":
             if kernel_reader is not None:
-                row += kernel_reader(f, kernel_target, direct_settings(f))
+                row += kernel_reader(f, kernel_target, direct_settings(f) if nvidia else {})
             elif f.processor == "gpu" and f.dispatch.wg_size and f.dispatch.wg_count:
                 raise ValueError(
                     f"{f.params.describe()}: the 'tir' features of a built part need the "
