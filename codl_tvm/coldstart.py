@@ -326,9 +326,8 @@ def measure(
     else:  # no reference stored: any input times the same
         ordered = [np.ones(s.shape, s.dtype) for s in art.model.inputs]
     mark("input_read")
-    # the context on a thread while this one loads the library (TVM's calls release the GIL;
-    # the plugin initialises its workspace once, under a lock, whichever thread comes first)
-    ctx = _Background(runtime.info, "codl-context") if opencl and context == "overlap" else None
+    # the context on a thread while this one loads the library (runtime.start_context)
+    ctx = runtime.start_context() if opencl and context == "overlap" else None
     if opencl and ctx is None:
         runtime.info()  # creates the context and queues
     if ctx is None:
@@ -349,7 +348,8 @@ def measure(
         loader.join()
     mark("weight_read")
     if ctx is not None:
-        ctx.result()
+        ctx.join()
+        runtime.info()  # raises what the thread met, if anything
         mark("opencl_context")
     state = None
     stats0 = runtime.cache_stats() if opencl else {}

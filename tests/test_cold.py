@@ -241,6 +241,37 @@ def test_context_created_beside_the_library_load_equals_sequential(gpu_artifact,
     _check_against_onnxruntime(gpu_artifact, over["outputs"])
 
 
+@pytest.mark.opencl
+def test_artifact_load_creates_the_context_beside_the_library_and_equals_onnxruntime(
+    gpu_artifact, tmp_path
+):
+    """A fresh process: the context thread initialises OpenCL by itself, and an artifact
+    loaded the way every run loads it (its context beside the library) equals onnxruntime."""
+    code = (
+        "import sys, numpy as np\n"
+        "from codl_tvm import runtime\n"
+        "from codl_tvm.artifact import load_artifact\n"
+        "runtime.load()\n"
+        "runtime.start_context().join()\n"
+        "assert runtime._global('codl.opencl.initialized')()\n"
+        "art = load_artifact(sys.argv[1])\n"
+        "inputs, _ = art.reference()\n"
+        "np.savez(sys.argv[2], *art([inputs[s.name] for s in art.model.inputs]))\n"
+    )
+    save = tmp_path / "out.npz"
+    proc = subprocess.run(
+        [sys.executable, "-c", code, str(gpu_artifact), str(save)],
+        env={**os.environ, "CODL_TVM_CACHE_DIR": str(tmp_path / "cache")},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    with np.load(save) as data:
+        outputs = [data[k] for k in sorted(data.files, key=lambda k: int(k[4:]))]
+    _check_against_onnxruntime(gpu_artifact, outputs)
+
+
 @pytest.fixture(scope="module")
 def cpu_artifact(tmp_path_factory):
     out = tmp_path_factory.mktemp("cold") / "cpu"

@@ -226,7 +226,13 @@ class Artifact:
         if "opencl" in names:
             runtime.load()
         self._devices = [tvm.opencl(0) if n == "opencl" else tvm.cpu(0) for n in names]
-        lib = tvm.runtime.load_module(str(self.path / LIBRARY))
+        # the OpenCL context is created while the library loads, not after it
+        context = runtime.start_context() if "opencl" in names else None
+        try:
+            lib = tvm.runtime.load_module(str(self.path / LIBRARY))
+        finally:
+            if context is not None:
+                context.join()
         if "opencl" in names:
             self.programs = program_binaries.prepare(self.path, self.manifest, lib)
         self.weights = start_weights(self.path, self.manifest, self._devices[0])

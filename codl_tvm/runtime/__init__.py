@@ -52,6 +52,7 @@ __all__ = [
     "log_dir",
     "opencl_module_from_source",
     "record_kernels",
+    "start_context",
     "svm_map",
     "svm_mode",
     "svm_unmap",
@@ -198,6 +199,23 @@ def info() -> OpenCLInfo:
     devices = tuple(DeviceInfo(**d) for d in raw.pop("devices"))
     skipped = tuple(raw.pop("skipped_platforms"))
     return OpenCLInfo(devices=devices, skipped_platforms=skipped, **raw)
+
+
+def start_context() -> threading.Thread:
+    """Create the OpenCL context and queues (:func:`info`) on a thread, so that it overlaps
+    what the caller does next, typically loading a library (TVM's calls release the GIL, and
+    the plugin initialises its workspace once, under a lock, whichever thread comes first).
+    Join the returned thread before the process may exit. An error is not raised here: the
+    caller's next OpenCL call meets it and raises it with its own context.
+    """
+
+    def create() -> None:
+        with contextlib.suppress(Exception):  # raised again by the caller's next OpenCL call
+            info()
+
+    thread = threading.Thread(target=create, name="codl-opencl-context", daemon=True)
+    thread.start()
+    return thread
 
 
 def svm_mode() -> str:
