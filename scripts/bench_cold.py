@@ -319,6 +319,8 @@ def cmd_run(args: argparse.Namespace) -> None:
                 manifest = json.loads((art / "manifest.json").read_text())
                 opencl = "opencl" in manifest["vm_devices"]
                 todo = scenarios if opencl else ["cpu", *(s for s in scenarios if s in CPU_TOO)]
+                if manifest["device"] == "opencl":  # runs no CPU kernel: no thread pool
+                    todo = [s for s in todo if s != "pool_lazy"]
                 for name in todo:
                     target = beside if name in BESIDE else art
                     if not (target / "manifest.json").exists():
