@@ -46,6 +46,7 @@ in a fresh process with its model file evicted, on ``--ort-threads`` threads.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib.util
 import json
 import os
@@ -133,17 +134,68 @@ def cmd_beside(args: argparse.Namespace) -> None:
     rels = [
         index[m][b] for m in models if m in index for b in args.builds.split(",") if b in index[m]
     ]
-    # spawned workers: TVM's state is not fork-safe
-    with ProcessPoolExecutor(args.jobs, mp_context=mp.get_context("spawn")) as pool:
-        for line in pool.map(_compile_beside, [args.dir] * len(rels), rels):
-            print(line, flush=True)
+    made, failed = _restore_models(Path(args.dir), rels)
+    for rel, why in failed.items():
+        print(f"{Path(args.dir) / rel}{BESIDE_SUFFIX}: failed: {why}", flush=True)
+    rels = [r for r in rels if r not in failed]
+    try:
+        # spawned workers: TVM's state is not fork-safe
+        with ProcessPoolExecutor(args.jobs, mp_context=mp.get_context("spawn")) as pool:
+            for line in pool.map(_compile_beside, [args.dir] * len(rels), rels):
+                print(line, flush=True)
+    finally:
+        for path in made:  # as bench_planner.py compile leaves the folder: no ONNX files
+            path.unlink(missing_ok=True)
+
+
+def _restore_models(root: Path, rels: list[str]) -> tuple[list[Path], dict[str, str]]:
+    """Write again the ONNX file each artifact's manifest names where it is gone
+    (``bench_planner.py compile`` removes its ``models/`` folder once the artifacts are
+    built), from the benchmark model of the artifact's folder name, and check it is the file
+    the artifact was built from (its SHA-256). Done here, before the builds start, so that
+    parallel builds of one model never write the same file.
+
+    Returns
+    -------
+    tuple
+        The files written (to remove afterwards) and, per artifact that cannot be rebuilt,
+        why.
+    """
+    made: list[Path] = []
+    failed: dict[str, str] = {}
+    for rel in rels:
+        record = json.loads((root / rel / "manifest.json").read_text())["model"]
+        path = Path(record["file"])
+        if not path.exists():
+            # deferred: onnx and the model builders, only where a model file is gone
+            import onnx
+
+            from codl_tvm.models import benchmark_model
+
+            name = Path(rel).parts[0]
+            try:
+                model = benchmark_model(name)
+            except Exception as exc:  # a model that is no benchmark model: that build fails
+                failed[rel] = f"{path}: no such model file, and no benchmark model {name!r} ({exc})"
+                continue
+            path.parent.mkdir(parents=True, exist_ok=True)
+            onnx.save(model, str(path))
+            made.append(path)
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        if digest != record["sha256"]:
+            failed[rel] = (
+                f"{path}: not the model {rel} was built from (SHA-256 {digest[:12]}..., the "
+                f"manifest's {record['sha256'][:12]}...)"
+            )
+    return made, failed
 
 
 def _add_binaries(manifest_path: Path, platform: str) -> str:
-    """Add this machine's OpenCL device's program binaries to one artifact."""
+    """Add this machine's OpenCL device's program binaries to one artifact (on PoCL, taken
+    after one run of it)."""
     from codl_tvm import runtime
     from codl_tvm.artifact import load_artifact
-    from codl_tvm.artifact.program_binaries import embed
+    from codl_tvm.artifact.program_binaries import embed, embed_after_warm_up, is_pocl
     from codl_tvm.artifact.store import LIBRARY
 
     if platform:
@@ -152,7 +204,16 @@ def _add_binaries(manifest_path: Path, platform: str) -> str:
     if "opencl" not in art.manifest["vm_devices"]:
         return f"{art.path}: no OpenCL kernels"
     lines: list[str] = []
-    record = embed(art.path / LIBRARY, art.path, lines.append, art.manifest.get("program_binaries"))
+    prior = art.manifest.get("program_binaries")
+    if is_pocl(runtime.info()):
+        # PoCL compiles each kernel's work-group function at its first launch: binaries taken
+        # after one run carry them (program_binaries.embed_after_warm_up)
+        try:
+            record = embed_after_warm_up(art.path, lines.append, prior)
+        except Exception as exc:  # one line per failed artifact; the others go on
+            return f"{art.path}: failed: {exc}"
+    else:
+        record = embed(art.path / LIBRARY, art.path, lines.append, prior)
     manifest = {**art.manifest, "program_binaries": record}
     tmp = manifest_path.with_suffix(f".{os.getpid()}.tmp")
     tmp.write_text(json.dumps(manifest, indent=2) + "\n")

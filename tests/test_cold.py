@@ -442,3 +442,35 @@ def test_bench_cold_loads_the_runtime_library_alone_except_in_compiler_lib(tmp_p
         assert set(row["counters"]) == set(PHASES)
     entry = result["summary"]["cpu"]["m"]
     assert {"library_load_ms", "compiler_lib_library_load_ms", "compiler_lib_cold_ms"} <= set(entry)
+
+
+@pytest.mark.slow
+@pytest.mark.opencl
+def test_bench_cold_beside_builds_what_bench_planner_compile_made(tmp_path):
+    """cold.sh's sequence: ``bench_planner.py compile`` (which removes the ONNX files it built
+    from), then ``bench_cold.py beside``: each build gets its weights-beside sibling, from the
+    same model (its SHA-256), and the folder is left without ONNX files as compile left it."""
+    root = Path(__file__).parents[1]
+    out = tmp_path / "cold"
+    compile_cmd = [sys.executable, str(root / "scripts" / "bench_planner.py"), "compile"]
+    compile_cmd += ["--jobs", "2", "--preset", "device-h100", "--cost-model"]
+    compile_cmd += [str(root / "codl_tvm" / "data" / "cost_models" / "device-h100.json")]
+    compile_cmd += ["--models", "squeezenet", "--modes", "", "--out", str(out)]
+    proc = subprocess.run(compile_cmd, capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert not (out / "models").exists()  # what the beside step used to look for
+    cmd = [sys.executable, str(root / "scripts" / "bench_cold.py"), "beside", "--dir", str(out)]
+    cmd += ["--models", "squeezenet", "--builds", "cpu,gpu", "--jobs", "2"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert "failed" not in proc.stdout, proc.stdout
+    for build in ("cpu", "gpu"):
+        src = json.loads((out / "squeezenet" / build / "manifest.json").read_text())
+        art = load_artifact(out / "squeezenet" / f"{build}-beside")
+        assert art.manifest["weights"]["placement"] == "beside"
+        assert art.manifest["model"]["sha256"] == src["model"]["sha256"]
+        inputs, expected = art.reference()
+        outs = art([inputs[s.name] for s in art.model.inputs])
+        for got, want in zip(outs, expected, strict=True):
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    assert not list((out / "models").glob("*.onnx"))
