@@ -209,7 +209,7 @@ def _add_binaries(manifest_path: Path, platform: str) -> str:
         # PoCL compiles each kernel's work-group function at its first launch: binaries taken
         # after one run carry them (program_binaries.embed_after_warm_up)
         try:
-            record = embed_after_warm_up(art.path, lines.append, prior)
+            record = embed_after_warm_up(art.path, art.path / LIBRARY, lines.append, prior)
         except Exception as exc:  # one line per failed artifact; the others go on
             return f"{art.path}: failed: {exc}"
     else:

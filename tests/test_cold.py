@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -474,3 +475,43 @@ def test_bench_cold_beside_builds_what_bench_planner_compile_made(tmp_path):
         for got, want in zip(outs, expected, strict=True):
             np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
     assert not list((out / "models").glob("*.onnx"))
+
+
+def _pocl_objects(folder: Path) -> set[str]:
+    """The compiled kernel objects (``kernel/<local size or 0-0-0>/kernel.so``) that PoCL's
+    program binaries in ``folder`` carry: a PoCL binary serialises its kernels' cache folders,
+    each file under its relative path."""
+    found: set[str] = set()
+    for f in folder.glob("*.bin"):
+        found.update(m.decode() for m in re.findall(rb"[\w.]+/[\w-]+/[\w.]+\.so", f.read_bytes()))
+    return found
+
+
+@pytest.mark.opencl
+def test_pocl_binaries_taken_after_a_warm_up_leave_nothing_to_compile(gpu_artifact, tmp_path):
+    """bench_cold.py binaries on PoCL (cold.sh's step) stores binaries taken after one run:
+    a fresh process with an empty PoCL cache loads them and compiles nothing (every kernel
+    object in PoCL's cache after its run came from the binaries, none from PoCL's compiler at a
+    kernel's first launch), and equals onnxruntime."""
+    art = tmp_path / "d" / "m" / "gpu"
+    shutil.copytree(gpu_artifact, art)
+    cmd = [sys.executable, str(Path(__file__).parents[1] / "scripts" / "bench_cold.py")]
+    cmd += ["binaries", "--dir", str(tmp_path / "d"), "--platform", "portable"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    assert proc.returncode == 0 and "failed" not in proc.stdout, proc.stdout + proc.stderr
+    record = json.loads((art / "manifest.json").read_text())["program_binaries"]
+    assert record == json.loads((art / BINARIES / INDEX).read_text())
+    pocl = [d for d in record["devices"] if d.get("after_warm_up")]
+    assert len(pocl) == 1 and len(record["devices"]) == 2  # the first device's kept
+    cache = tmp_path / "pocl-cache"
+    res = _cold(art, tmp_path, tmp_path / "c", CODL_OPENCL_PLATFORM="portable",
+                POCL_CACHE_DIR=str(cache))  # fmt: skip
+    stats = res["cache_stats"]
+    assert res["load"]["aot"] and stats["aot_loads"] == pocl[0]["kernels"]
+    assert stats["source_builds"] == 0 and stats["aot_fallbacks"] == 0
+    objects = {"/".join(p.relative_to(cache).parts[-3:]) for p in cache.rglob("*.so")}
+    carried = _pocl_objects(art / BINARIES)
+    # each kernel's generic object and at least one compiled for its launch's local size
+    assert len(carried) > pocl[0]["kernels"]
+    assert objects and objects <= carried
+    _check_against_onnxruntime(art, res["outputs"])

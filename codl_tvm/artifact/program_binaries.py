@@ -13,6 +13,15 @@ never finds a binary and compiles from source; each file carries a hash of its p
 truncated or altered binary is rebuilt from source; a binary the driver rejects falls back to
 source too. Each such case prints a note and counts in :func:`codl_tvm.runtime.cache_stats`.
 
+PoCL compiles a kernel's work-group function for each local size (and grid shape) at its first
+launch, not when the program is built, and the binary it gives (``clGetProgramInfo``) carries
+the kernels' folders of its cache as they are when the binary is first asked for (it keeps that
+copy for the program's life). Stored right after the build, such a binary still leaves every
+work-group function to compile in a cold process. :func:`embed_after_warm_up` therefore runs
+the artifact once in a fresh process with a private PoCL cache, then asks for the binaries in a
+second fresh process that builds the programs from that (now filled) cache: the stored binaries
+carry the compiled work-group functions, and a cold process compiles nothing.
+
 Environment: ``CODL_OPENCL_AOT=0`` ignores an artifact's binaries; ``CODL_OPENCL_OVERLAP=0``
 creates programs at each kernel's first launch instead of on threads at load;
 ``CODL_OPENCL_BUILD_THREADS`` sets those threads (default: the CPU count, at most 8).
@@ -22,14 +31,19 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
+import tempfile
 import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import tvm
 
 from codl_tvm import runtime
+from codl_tvm.errors import ArtifactError
 
 __all__ = [
     "BINARIES",
@@ -38,7 +52,9 @@ __all__ = [
     "device_key",
     "device_key_of",
     "embed",
+    "embed_after_warm_up",
     "embed_for_preset",
+    "is_pocl",
     "opencl_modules",
     "prepare",
 ]
@@ -128,6 +144,103 @@ def embed(
         f"{device.driver_version}): the first run there skips the OpenCL compiler"
     )
     return record
+
+
+def is_pocl(info: runtime.OpenCLInfo) -> bool:
+    """Whether the OpenCL platform in use is PoCL (its binaries need a warm-up run)."""
+    text = f"{info.platform} {info.platform_version} {info.platform_vendor}".lower()
+    return "portable computing language" in text or "pocl" in text
+
+
+def embed_after_warm_up(
+    path: Path, library: Path, log: Callable[[str], None], record: Mapping | None = None
+) -> dict[str, Any] | None:
+    """:func:`embed` of ``library`` for the complete artifact ``path``, the binaries taken
+    after one run of it (its reference inputs, else zeros), so that on PoCL they carry the
+    work-group functions the run compiled. Both steps run in fresh processes that share a
+    private PoCL cache (``POCL_CACHE_DIR``) and ignore the artifact's binaries: the second
+    builds the programs from PoCL's filled cache and exports them. This process's platform
+    and device are used.
+
+    Returns
+    -------
+    dict or None
+        As :func:`embed`; this device's entry has ``"after_warm_up": true``.
+
+    Raises
+    ------
+    ArtifactError
+        Where the run or the export fails (its error output in the message).
+    """
+    info = runtime.info()
+    with tempfile.TemporaryDirectory(prefix="codl-warm-") as tmp:
+        env = {
+            **os.environ,
+            "POCL_CACHE_DIR": str(Path(tmp) / "pocl"),
+            "CODL_OPENCL_AOT": "0",
+            "CODL_OPENCL_PLATFORM": info.platform,
+        }
+        # the artifact is loaded by the child (store imports this module: no import here)
+        art = f"load_artifact({str(path)!r}, verify=False, check_cpu=False)"
+        calls = {
+            "_warm_up_run": art,
+            "_embed_json": f"{str(library)!r}, {str(path)!r}, {json.dumps(dict(record or {}))!r}",
+        }
+        out = ""
+        for step, args in calls.items():
+            code = (
+                "from codl_tvm.artifact import load_artifact; "
+                f"from codl_tvm.artifact.program_binaries import {step}; {step}({args})"
+            )
+            # an empty program cache per step: a program created from a binary (as the first
+            # step's cached one) gives back that binary, not PoCL's filled cache
+            env["CODL_TVM_CACHE_DIR"] = str(Path(tmp) / f"codl-{step}")
+            proc = subprocess.run(
+                [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False
+            )
+            if proc.returncode != 0:
+                tail = proc.stderr.strip().splitlines()[-1:] or ["no output"]
+                raise ArtifactError(
+                    f"{path}: the warm-up for PoCL's program binaries failed ({step}): {tail[0]}"
+                )
+            out = proc.stdout
+    lines = out.strip().splitlines()
+    result = json.loads(lines[-1]) if lines else None
+    for line in lines[:-1]:
+        log(line)
+    if result:
+        here = device_key(info.devices[0])
+        for entry in result["devices"]:
+            if device_key_of(entry) == here:
+                entry["after_warm_up"] = True
+        (path / str(result.get("dir", BINARIES)) / INDEX).write_text(
+            json.dumps(result, indent=2) + "\n"
+        )
+    return result
+
+
+def _warm_up_run(art) -> None:
+    """One run of the artifact ``art`` (the first step of :func:`embed_after_warm_up`)."""
+    ref = art.reference()
+    if ref is not None:
+        inputs = [ref[0][s.name] for s in art.model.inputs]
+    else:
+        inputs = [np.zeros(s.shape, s.dtype) for s in art.model.inputs]
+    art(inputs)
+    # The run is all this process is for, and PoCL wrote each compiled function to its cache
+    # when it compiled it. Leave without the interpreter's teardown: with PoCL, releasing the
+    # VM's objects after the run can abort the process (munmap_chunk, free(): invalid pointer).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def _embed_json(library: str, path: str, record_json: str) -> None:
+    """:func:`embed` of ``library`` into the artifact ``path``, its log then its record (JSON)
+    on stdout (the second step of :func:`embed_after_warm_up`)."""
+    lines: list[str] = []
+    record = embed(Path(library), Path(path), lines.append, json.loads(record_json) or None)
+    print("\n".join([*lines, json.dumps(record)]), flush=True)
 
 
 def embed_for_preset(
