@@ -16,6 +16,9 @@ instead from :class:`WaveBase`, a per-group latency fitted from the part's dispa
 the busiest work-item's multiply-adds in each wave of work-items over the GPU's compute units,
 throughput, bytes), and adds the dispatch-shape features of :func:`shape_features`: on the H100
 GPU's held-out parts 34% -> 50% within +-10%, on models never seen 23% -> 35% (docs/benchmarks.md).
+Its ``"tir"`` feature set adds counts read from each built GPU part's kernel
+(:data:`KERNEL_FEATURE_NAMES`, read by the model's ``kernel_reader``): on the H100 GPU 50% -> 54%
+and 32% -> 37% over three seeds, not shipped because one split decision got worse.
 Boosters are stored inside the model's JSON file as xgboost's own JSON model (``save_raw("json")``),
 so a reloaded model predicts bit-identically. xgboost is imported only inside the functions that use
 it.
@@ -234,8 +237,9 @@ class GbdtConfig:
             "max_depth": 5,
             "min_child_weight": 1.0,
             "analytical_base": "wave",
-            # "guards" (the direct conv's bounds checks) scored better on the H100 GPU but
-            # moved one of its 141 split decisions off the best (docs/benchmarks.md)
+            # "guards" (the direct conv's bounds checks) and "tir" (counts read from the built
+            # kernel) scored better on the H100 GPU but each moved one of its 141 split
+            # decisions off the best (docs/benchmarks.md)
             "feature_set": "dispatch",
             **overrides,
         }
