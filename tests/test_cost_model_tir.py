@@ -183,3 +183,15 @@ def test_cli_fits_and_evaluates_the_wave_tir_recipe(tmp_path, capsys):
     # eval scores the held-out built parts, which needs the kernel reader the CLI supplies
     assert run_cli(["cost-model", "eval", str(out), str(data), "--no-lomo"]) == 0
     assert "within" in capsys.readouterr().out
+
+
+def test_opencl_overrides_rebuild_with_earlier_settings():
+    from codl_tvm.schedules.config import opencl_config, opencl_overrides
+
+    assert opencl_config(NVIDIA).conv_threads_oh == 4
+    with opencl_overrides(conv_threads_oh=2, conv_reg_oc=8):
+        cfg = opencl_config(NVIDIA)
+        assert (cfg.name, cfg.conv_threads_oh, cfg.conv_reg_oc) == ("nvidia", 2, 8)
+    assert opencl_config(NVIDIA).conv_threads_oh == 4
+    with pytest.raises(ValueError, match="not OpenCLConfig fields"), opencl_overrides(rows=2):
+        pass
