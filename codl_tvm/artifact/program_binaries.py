@@ -226,13 +226,7 @@ def _warm_up_run(art) -> None:
         inputs = [ref[0][s.name] for s in art.model.inputs]
     else:
         inputs = [np.zeros(s.shape, s.dtype) for s in art.model.inputs]
-    art(inputs)
-    # The run is all this process is for, and PoCL wrote each compiled function to its cache
-    # when it compiled it. Leave without the interpreter's teardown: with PoCL, releasing the
-    # VM's objects after the run can abort the process (munmap_chunk, free(): invalid pointer).
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    art(inputs)  # PoCL writes each work-group function to its cache as it compiles it
 
 
 def _embed_json(library: str, path: str, record_json: str) -> None:

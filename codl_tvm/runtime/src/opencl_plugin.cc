@@ -68,6 +68,23 @@ namespace {
 
 thread_local int tls_device_id = 0;
 
+/*! \brief One enqueued SVM free: the pointer array handed to clEnqueueSVMFree, and the context.
+ * PoCL 3.0 keeps the caller's array (not a copy) until the free runs on its queue thread, so
+ * the array must outlive the call (a stack array was read after its frame was gone: free() of
+ * garbage, intermittent crashes, mostly at exit); Intel's passes the callback another array
+ * (deleting the one it is given was a double free). This object is the callback's user data
+ * and is deleted there, whichever array the callback gets. */
+struct PendingSvmFree {
+  cl_context context;
+  void* ptrs[1];
+};
+
+void FreeSvmPointers(cl_command_queue, cl_uint n, void** ptrs, void* data) {
+  auto* pending = static_cast<PendingSvmFree*>(data);
+  for (cl_uint i = 0; i < n; ++i) GetApi().clSVMFree(pending->context, ptrs[i]);
+  delete pending;
+}
+
 // ---------------------------------------------------------------------------------------------
 // Device API
 // ---------------------------------------------------------------------------------------------
@@ -166,8 +183,13 @@ class OpenCLSVMDeviceAPI final : public DeviceAPI {
     // so the free is enqueued behind the queued work instead (stream-ordered free).
     cl_command_queue q = w->Queue(dev.device_id);
     if (api.clEnqueueSVMFree != nullptr && w->num_devices() == 1) {
-      void* ptrs[1] = {ptr};
-      CODL_CL_CALL(clEnqueueSVMFree, q, 1, ptrs, nullptr, nullptr, 0, nullptr, nullptr);
+      auto* pending = new PendingSvmFree{w->context(), {ptr}};  // deleted by FreeSvmPointers
+      cl_int err = api.clEnqueueSVMFree(q, 1, pending->ptrs, FreeSvmPointers, pending, 0,
+                                        nullptr, nullptr);
+      if (err != CL_SUCCESS) {
+        delete pending;
+        ThrowCLError("clEnqueueSVMFree", err);
+      }
       api.clFlush(q);
     } else {
       for (size_t i = 0; i < w->num_devices(); ++i) api.clFinish(w->Queue(static_cast<int>(i)));
