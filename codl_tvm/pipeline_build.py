@@ -72,6 +72,16 @@ def _x86_64_v2() -> dict[str, Any]:
     return {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "x86-64-v2"}
 
 
+def _x86_64_v3() -> dict[str, Any]:
+    # AVX2 and FMA: 8-wide float vectors
+    return {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "x86-64-v3"}
+
+
+def _x86_64_v3_nofma() -> dict[str, Any]:
+    # AVX2 without FMA (LLVM's "-fma" feature): 8-wide vectors, a multiply and an add apiece
+    return {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "x86-64-v3", "mattr": ["-fma"]}
+
+
 def _x86_64() -> dict[str, Any]:
     # the x86-64 baseline: SSE2 only
     return {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "x86-64"}
@@ -80,6 +90,8 @@ def _x86_64() -> dict[str, Any]:
 #: Instruction-set presets of CPU groups: name -> the LLVM target spec (JSON-dict form).
 ISAS: dict[str, Callable[[], dict[str, Any]]] = {
     "host": _host_isa,
+    "x86-64-v3": _x86_64_v3,
+    "x86-64-v3-nofma": _x86_64_v3_nofma,
     "x86-64-v2": _x86_64_v2,
     "x86-64": _x86_64,
 }

@@ -17,6 +17,7 @@ from codl_tvm.planner.pipe_model import (
     LayerShape,
     PipeModel,
     PipeRecord,
+    amdahl_table,
     eq5_features,
 )
 
@@ -251,3 +252,28 @@ def test_relative_fit_keeps_coefficients_non_negative_and_small_layers_right():
 def test_unknown_loss_is_refused():
     with pytest.raises(DatasetError, match="unknown loss 'l1'"):
         PipeModel(GROUPS).fit(records(grid_layers()[:20]), loss="l1")
+
+
+def test_amdahl_table_fills_core_counts_through_two_anchors():
+    # layers with a known serial and parallel part (one slower on more cores: p < 0), and a
+    # one-core GPU group: the columns between the anchors are exact, the anchors kept as given
+    serial = np.array([0.5, 0.1, 2.0])
+    parallel = np.array([4.0, 0.9, -0.4])
+    measured = {
+        ("big", 1): serial + parallel,
+        ("big", 4): serial + parallel / 4,
+        ("gpu", 1): np.array([3.0, 1.0, 2.0]),
+    }
+    table = amdahl_table(measured, {"big": 4, "gpu": 1})
+    assert sorted(table) == [("big", 1), ("big", 2), ("big", 3), ("big", 4), ("gpu", 1)]
+    for h in (2, 3):
+        np.testing.assert_allclose(table[("big", h)], serial + parallel / h, rtol=1e-12)
+    np.testing.assert_array_equal(table[("big", 4)], measured[("big", 4)])
+    np.testing.assert_array_equal(table[("gpu", 1)], measured[("gpu", 1)])
+
+
+def test_amdahl_table_refuses_a_missing_anchor():
+    with pytest.raises(PlannerError, match=r"group 'big': no measured latencies on 4 core"):
+        amdahl_table({("big", 1): [1.0, 2.0]}, {"big": 4})
+    with pytest.raises(PlannerError, match="different lengths"):
+        amdahl_table({("big", 1): [1.0, 2.0], ("big", 2): [1.0]}, {"big": 2})

@@ -3,8 +3,11 @@ Eq. 4), the measured time matrix and its records for the Pipe-it model."""
 
 from __future__ import annotations
 
+import platform
+
 import numpy as np
 import pytest
+import tvm
 
 from codl_tvm.errors import PlannerError
 from codl_tvm.frontend import load_onnx
@@ -56,3 +59,30 @@ def test_measure_handoff_gives_a_cost_the_search_takes():
     assert isinstance(handoff, HandOff) and handoff.stage_ms >= 0
     with pytest.raises(PlannerError, match="measure_handoff needs"):
         measure_handoff(stages=0)
+
+
+@pytest.mark.skipif(
+    platform.machine().lower() not in ("x86_64", "amd64"), reason="x86-64 instruction sets"
+)
+def test_little_isa_without_fma_emits_avx2_and_no_fma():
+    # the emulated little cluster's default preset: 8-wide AVX2 vectors, no fused multiply-add
+    # (LLVM's "-fma"), which sets its per-core gap to the AVX-512 big cluster
+    from tvm import s_tir, te
+
+    from codl_tvm.pipeline_build import group_target
+
+    def asm(isa: str) -> str:
+        a = te.placeholder((32, 32), name="A")
+        b = te.placeholder((32, 32), name="B")
+        k = te.reduce_axis((0, 32))
+        c = te.compute((32, 32), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k))
+        sch = s_tir.Schedule(te.create_prim_func([a, b, c]))
+        i, j, kk = sch.get_loops(sch.get_sblock("compute"))
+        sch.reorder(i, kk, j)
+        sch.vectorize(j)
+        little = ProcessorGroup("little", "cpu", (0,))
+        return tvm.compile(sch.mod, target=group_target(little, isa)).mod.inspect_source("asm")
+
+    nofma, v3 = asm("x86-64-v3-nofma"), asm("x86-64-v3")
+    assert "ymm" in nofma and "zmm" not in nofma and "vfmadd" not in nofma
+    assert "vfmadd" in v3

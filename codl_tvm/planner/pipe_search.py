@@ -101,6 +101,9 @@ BALANCERS = ("exact", "pipe-it")
 # two clusters of 8 cores and a GPU on a 300-layer model are ~4.5e9 (n * configs = 5100 numpy
 # steps over arrays of 300 * 1458 states), a 58-layer CNN on 8 + 7 cores and a GPU ~1.3e8.
 MAX_DP_WORK = 5_000_000_000
+# The most stages per cluster of the alternating starts (_start_orders): the optima on the
+# device's measured tables alternate the clusters in up to four blocks each.
+ALTERNATING_BLOCKS = 4
 
 
 @dataclass(frozen=True)
@@ -624,6 +627,17 @@ def _neighbours(
             for k in range(1, x.cores):
                 halves = [StageConfig(x.group, k), StageConfig(x.group, x.cores - k)]
                 yield [*configs[:i], *halves, *configs[i + 1 :]]
+            # one of its cores carved off into a new stage elsewhere
+            kept = [*configs[:i], StageConfig(x.group, x.cores - 1), *configs[i + 1 :]]
+            for j in range(p + 1):
+                if j not in (i, i + 1):
+                    yield [*kept[:j], StageConfig(x.group, 1), *kept[j:]]
+    # a stage moved elsewhere in the pipeline (a swap of neighbours included)
+    for i, x in enumerate(configs):
+        rest = [*configs[:i], *configs[i + 1 :]]
+        for j in range(p):
+            if j != i:
+                yield [*rest[:j], x, *rest[j:]]
     for name, most in room.items():
         free = most - used.get(name, 0)
         sizes = range(1, free + 1) if name in cpu_names else range(1, min(free, 1) + 1)
@@ -754,6 +768,37 @@ def _start_orders(
         yield [StageConfig(g.name, len(g.cores)) for g in order]
 
 
+def _alternating_starts(cpus: Sequence[ProcessorGroup]) -> Iterable[list[StageConfig]]:
+    """Starts that alternate the clusters in a few blocks (an extension of Pipe-it).
+
+    Where the single-core interleavings are too many to start from (:func:`_start_orders`),
+    the optima still alternate clusters in a few blocks (``little3 - big4 - little2 - big1 -
+    little2 - big1 - big2`` on a 58-layer CNN, 8 big + 7 little cores): merges only join
+    neighbours of one cluster and a local move changes one stage, so from those starts the
+    search ends with each cluster in one run (0.94 of the optimum there). Each start here splits
+    every cluster into ``blocks`` stages of near-equal core counts (the last cluster of the
+    order into ``blocks`` or ``blocks - 1``, so the pipeline can begin and end on one cluster),
+    the clusters in turn. :func:`search_pipeline` puts a GPU stage at their end only (its local
+    search moves it): every slot of every start multiplied the search's time by the stage count.
+    """
+    for blocks in range(2, ALTERNATING_BLOCKS + 1):
+        for order in itertools.permutations(cpus):
+            for last in (blocks - 1, blocks) if len(order) > 1 else (blocks,):
+                parts = [blocks] * (len(order) - 1) + [last]
+                yield [
+                    StageConfig(g.name, _even_share(len(g.cores), k, b))
+                    for b in range(blocks)
+                    for g, k in zip(order, parts, strict=True)
+                    if b < k and _even_share(len(g.cores), k, b)
+                ]
+
+
+def _even_share(n: int, parts: int, i: int) -> int:
+    """The ``i``-th of ``parts`` near-equal shares of ``n`` (the larger shares first)."""
+    q, r = divmod(n, parts)
+    return q + (1 if i < r else 0)
+
+
 def search_pipeline(
     table: LatencyTable | Mapping[tuple[str, int], Sequence[float]],
     groups: Sequence[ProcessorGroup],
@@ -821,9 +866,12 @@ def search_pipeline(
     balancer = _exact_cuts if balance == "exact" else _work_flow
     memo: _Memo = {}
     found: dict[tuple[StageConfig, ...], tuple[float, list[StageConfig], list[int]]] = {}
-    for start in _start_orders(cpus, gpus, max_starts):
-        # every placement of the GPU stages among the CPU stages
-        for slots in itertools.product(range(len(start) + 1), repeat=len(gpus)):
+    starts = [(start, True) for start in _start_orders(cpus, gpus, max_starts)]
+    starts += [(start, False) for start in _alternating_starts(cpus)]
+    for start, every_slot in starts:
+        # every placement of the GPU stages among the CPU stages (or after them)
+        slots_of = range(len(start) + 1) if every_slot else (len(start),)
+        for slots in itertools.product(slots_of, repeat=len(gpus)):
             configs = list(start)
             for gpu, slot in sorted(zip(gpus, slots, strict=True), key=lambda gs: -gs[1]):
                 configs.insert(slot, StageConfig(gpu.name, 1))
