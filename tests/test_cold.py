@@ -499,10 +499,30 @@ def test_pocl_binaries_taken_after_a_warm_up_leave_nothing_to_compile(gpu_artifa
     cmd += ["binaries", "--dir", str(tmp_path / "d"), "--platform", "portable"]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     assert proc.returncode == 0 and "failed" not in proc.stdout, proc.stdout + proc.stderr
+    _check_pocl_cold_start_compiles_nothing(art, tmp_path, devices=2)  # Intel's kept
+
+
+@pytest.mark.opencl
+def test_compile_on_pocl_stores_binaries_taken_after_a_warm_up(tmp_path):
+    """``codl-tvm compile`` on PoCL stores the binaries taken after one run of the artifact:
+    a cold process compiles nothing and equals onnxruntime."""
+    art = tmp_path / "art"
+    cmd = [sys.executable, "-m", "codl_tvm.cli", "compile", str(bundled_model_path())]
+    cmd += ["-o", str(art), "--device", "opencl"]
+    env = {**os.environ, "CODL_OPENCL_PLATFORM": "portable", "POCL_CACHE_DIR": str(tmp_path / "p")}
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+    _check_pocl_cold_start_compiles_nothing(art, tmp_path, devices=1)
+
+
+def _check_pocl_cold_start_compiles_nothing(art: Path, tmp_path: Path, devices: int) -> None:
+    """A fresh PoCL process with empty caches loads ``art``'s binaries: each kernel object in
+    PoCL's cache after its first run came from them (none from PoCL's compiler at a kernel's
+    first launch), and its outputs equal onnxruntime's."""
     record = json.loads((art / "manifest.json").read_text())["program_binaries"]
     assert record == json.loads((art / BINARIES / INDEX).read_text())
     pocl = [d for d in record["devices"] if d.get("after_warm_up")]
-    assert len(pocl) == 1 and len(record["devices"]) == 2  # the first device's kept
+    assert len(pocl) == 1 and len(record["devices"]) == devices
     cache = tmp_path / "pocl-cache"
     res = _cold(art, tmp_path, tmp_path / "c", CODL_OPENCL_PLATFORM="portable",
                 POCL_CACHE_DIR=str(cache))  # fmt: skip

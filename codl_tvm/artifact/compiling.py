@@ -610,6 +610,13 @@ def _compile_into(request: _Request, log: Callable[[str], None]) -> Path:
         p.name: _sha256(p) for p in sorted(out.iterdir()) if p.name in _OWN_FILES and p.is_file()
     }
     (out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    if manifest.get("program_binaries") and program_binaries.is_pocl(runtime.info()):
+        # PoCL compiles each kernel's work-group function at its first launch: binaries taken
+        # after one run of the finished artifact carry them
+        manifest["program_binaries"] = program_binaries.embed_after_warm_up(
+            out, out / LIBRARY, log, manifest["program_binaries"]
+        )
+        (out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     return out
 
 
