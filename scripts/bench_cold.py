@@ -39,6 +39,7 @@ in a fresh process with its model file evicted, on ``--ort-threads`` threads.
 
     python scripts/bench_cold.py beside --dir DIR         # the weights-beside siblings
     python scripts/bench_cold.py binaries --dir DIR       # add this device's binaries
+                                                          # (on PoCL: after one run)
     python scripts/bench_cold.py run --dir DIR --models vgg16,fst --builds gpu,codl \\
         --platform portable --out cold.json --plot cold.png
 """
