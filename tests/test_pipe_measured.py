@@ -99,6 +99,10 @@ def check_search(model: str, which: str) -> None:
     assert opt.bottleneck_ms <= ex3.bottleneck_ms * (1 + 1e-12)
     # Pipe-it's heuristic (with the local search) within 2 % of the <= 3-stage optimum ...
     assert fps_ratio(heuristic, ex3) >= 0.98, (heuristic.describe(), ex3.describe())
+    if which == "cpu":
+        # ... and of the optimum over any stage count (it stopped at 0.89-0.95 on three of
+        # these tables before the alternating starts, stage moves and the tie-break)
+        assert fps_ratio(heuristic, opt) >= 0.98, (heuristic.describe(), opt.describe())
     # ... and the search as the planner runs it within 2 % of the optimum
     assert fps_ratio(full, opt) >= 0.98, (full.describe(), opt.describe())
     assert fps_ratio(full, ex3) >= 0.98
@@ -120,8 +124,9 @@ def test_search_on_measured_tables_with_gpu(model):
 def test_heuristic_within_two_percent_of_the_optimum_on_15_cpu_cores(model):
     # Pipe-it's Algorithms 1-3 with the local search alone (no optimum swapped in): on this
     # table (Inception v1) it stopped at 0.94 of the optimum's throughput with every big stage
-    # before every little one; the alternating starts and the stage moves reach the optimum's
-    # neighbourhood. With the run's measured hand-off, as the benchmark plans.
+    # before every little one; the alternating starts, the stage moves and the tie-break on the
+    # next slowest stages reach the optimum. With the run's measured hand-off, as the benchmark
+    # plans.
     data = json.loads(DATA_GPU1.read_text())
     gs = tuple(g for g in parse_groups(data["groups"], MACHINE) if g.kind == "cpu")
     entry = data["models"][model]["table_ms"]
