@@ -41,7 +41,16 @@ def test_bench_pipeline_runs_every_configuration(tmp_path):
     result = json.loads(out.read_text())
     assert result["failed_builds"] == {}
     entry = result["models"]["codl_small_cnn"]
-    assert set(entry["runs"]) == {"pipe_cpu", "big", "kernel_all", "replicas"}
+    # kernel_all: every core with the little ISA; kernel_all_big_isa: with the host's
+    assert set(entry["runs"]) == {
+        "pipe_cpu",
+        "big",
+        "kernel_all",
+        "kernel_all_big_isa",
+        "replicas",
+    }
+    assert result["isa"] == {"little": "x86-64-v3-nofma"}
+    assert isinstance(result["summary"]["little_over_big_1core_in_pipe_it_range"], bool)
     assert all(r["frames"] == 4 for r in entry["runs"].values())
     assert entry["heuristic_fps_over_exhaustive3"]["cpu"] >= 1.0 - 1e-9
     assert entry["heuristic_fps_over_optimal"]["cpu"] <= 1.0 + 1e-9
@@ -53,6 +62,7 @@ def test_replan_costs_each_predicted_choice_on_the_measured_tables(tmp_path):
     # Three "models" whose time matrices follow Pipe-it's Eq. 5/8 exactly: every predictor,
     # fitted on the other two, predicts the third's table, so the pipeline it picks streams
     # as fast (on the measured table, hand-off counted) as the one picked from measurements.
+    # Eq. 8 is serial + parallel / H per layer, so amdahl's two anchors predict it exactly.
     from codl_tvm.planner.pipe_model import LayerShape
     from tests.test_pipe_model import GROUPS, sample_layers, true_latency
 
@@ -86,7 +96,8 @@ def test_replan_costs_each_predicted_choice_on_the_measured_tables(tmp_path):
     for name, entry in result["models"].items():
         assert entry["searches"]["all_search"]["min_cycle_ms"] > 0, name
         assert entry["heuristic_fps_over_optimal"]["all"] <= 1.0 + 1e-9
-        for method in ("eq8", "relative"):
+        assert predictors[0] == "amdahl"  # the predictor pipe_pred streams
+        for method in ("amdahl", "eq8", "relative"):
             suffix = "" if method == predictors[0] else f"_{method}"
             ratio = entry["predicted_choice_over_measured_choice" + suffix]
             assert ratio == pytest.approx(1.0, rel=1e-3), (name, method)
