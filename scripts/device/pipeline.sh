@@ -8,8 +8,8 @@
 # it 0-4 light layers and 0-5 % more throughput, while pipelined throughput grows with CPU cores
 # (stages of 1-3 cores): from the same tables, the optimum on 6 big + 4 little cores is 20-27 %
 # below 8 big + 4 little, and little cores scale well (1 -> 4 cores: 2.9-4.1x). Four PoCL cores
-# are worth more as CPU stages; PIPE_GPU_CORES=4 repeats the first run's split. The big/little per-core ratio is measured and reported
-# (little_over_big_1core, and the summary's little_over_big_1core_in_pipe_it_range; Pipe-it's
+# are worth more as CPU stages; PIPE_GPU_CORES=4 repeats the first run's split.
+# The big/little per-core ratio is measured and reported (little_over_big_1core, and the summary's little_over_big_1core_in_pipe_it_range; Pipe-it's
 # range is 2-5x): x86-64-v2 (SSE4.2) measured 4.7-7.0x, so the default is AVX2 without FMA;
 # PIPE_ISA=little=x86-64-v3 (with FMA) narrows the gap, little=x86-64-v2 or x86-64 widen it.
 # kernel_all is every core with the little ISA (TVM's static parallel-for chunks make a
@@ -21,7 +21,8 @@
 # Throughput is the steady rate (first to last output; the fill is reported apart) for every
 # configuration alike; the executor's hand-off per stage is measured and counted by the search;
 # the CPU topology (SMT siblings) is recorded. About 11 minutes for squeezenet, inception_v1
-# and resnet50 (48 frames: 10.3 min before the kernel_all_big_isa build), 16 for the five models (7 little cores add columns to time); trim with
+# and resnet50 with 48 frames (10.3 before kernel_all_big_isa was added), 16 for the five
+# models (7 little cores add columns to time); trim with
 # PIPE_MODELS, PIPE_FRAMES, PIPE_GPU_FRAMES (GPU-alone baseline, default 8), PIPE_NUMBER,
 # PIPE_REPEAT, PIPE_NO_CODL=1 (skips the codl latency-plan baseline and its build).
 set -u
