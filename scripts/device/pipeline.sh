@@ -10,7 +10,8 @@
 # below 8 big + 4 little, and little cores scale well (1 -> 4 cores: 2.9-4.1x). Four PoCL cores
 # are worth more as CPU stages; PIPE_GPU_CORES=4 repeats the first run's split.
 # The big/little per-core ratio is measured and reported (little_over_big_1core, and the
-# summary's little_over_big_1core_in_pipe_it_range; Pipe-it's range is 2-5x): x86-64-v2 (SSE4.2) measured 4.7-7.0x, so the default is AVX2 without FMA;
+# summary's little_over_big_1core_in_pipe_it_range; Pipe-it's range is 2-5x): x86-64-v2
+# (SSE4.2) measured 4.7-7.0x, so the default is AVX2 without FMA;
 # PIPE_ISA=little=x86-64-v3 (with FMA) narrows the gap, little=x86-64-v2 or x86-64 widen it.
 # kernel_all is every core with the little ISA (TVM's static parallel-for chunks make a
 # big.LITTLE kernel end with its little threads); kernel_all_big_isa, the host ISA on every
