@@ -4,11 +4,16 @@
 
     codl-tvm cost-model fit DATA.jsonl -o MODEL.json [--kind codl|gbdt|flops|measured]
         [--holdout 0.3] [--seed 0] [--preset NAME] [--trees N]
-        [--recipe codl|wave|wave-guards|wave-tir]
+        [--recipe codl|wave|wave-guards|wave-tir|wave-tir-nv] [--kernel-info NVINFO.json]
         [--drop-inconsistent 3]
     codl-tvm cost-model eval MODEL.json DATA.jsonl [--json] [--plot OUT.png] [--all] [--no-lomo]
+        [--kernel-info NVINFO.json]
     codl-tvm cost-model decisions MODEL.json ORACLE.json DATA.jsonl [--lomo] [--tolerance 0.05]
-        [--json]
+        [--json] [--kernel-info NVINFO.json]
+
+``wave-tir-nv`` joins what NVIDIA's compiler measured of each kernel (``--kernel-info``, the JSON
+of ``scripts/nv_kernel_info.py measure``); its model files need the same file to score recorded
+parts.
 
 ``eval`` prints the model's held-out report and the full assessment
 (:mod:`codl_tvm.cost_model.assessment`: random split and leave-one-model-out, per processor,
@@ -46,20 +51,32 @@ def _names(paths) -> str:
     return ", ".join(str(p) for p in paths)
 
 
-def _kernel_reader():
-    """The reader of built parts' kernels that the ``"tir"`` feature set needs."""
+def _kernel_reader(feature_set: str = "tir", kernel_info: str | None = None):
+    """The reader of built parts' kernels that the ``"tir"`` (``"tir-nv"``: with the measured
+    ``kernel_info``) feature set needs."""
     # deferred: reading kernels imports TVM's compiler, which the other recipes and commands
     # do not need
-    from codl_tvm.cost_model.kernel_counts import part_kernel_counts
+    from codl_tvm.cost_model import kernel_counts
 
-    return part_kernel_counts
+    if feature_set == "tir":
+        return kernel_counts.part_kernel_counts
+    if not kernel_info:
+        raise CliError(
+            f"the {feature_set!r} features need --kernel-info NVINFO.json "
+            "(scripts/nv_kernel_info.py measure)"
+        )
+    try:
+        info = kernel_counts.load_kernel_info(kernel_info)
+    except (OSError, ValueError) as exc:
+        raise CliError(f"--kernel-info: {exc}") from None
+    return kernel_counts.nv_kernel_reader(info)
 
 
-def _load(path) -> CostModel:
+def _load(path, kernel_info: str | None = None) -> CostModel:
     """A model file, with the kernel reader its recipe needs to score recorded parts."""
     model = CostModel.load(path)
-    if isinstance(model, GbdtModel) and model.config.feature_set == "tir":
-        model.kernel_reader = _kernel_reader()
+    if isinstance(model, GbdtModel) and model.config.feature_set in ("tir", "tir-nv"):
+        model.kernel_reader = _kernel_reader(model.config.feature_set, kernel_info)
     return model
 
 
@@ -86,6 +103,9 @@ def cmd_fit(args: argparse.Namespace) -> int:
         elif args.recipe == "wave-tir":
             options["config"] = GbdtConfig.wave(feature_set="tir", **trees)
             options["kernel_reader"] = _kernel_reader()
+        elif args.recipe == "wave-tir-nv":
+            options["config"] = GbdtConfig.wave(feature_set="tir-nv", **trees)
+            options["kernel_reader"] = _kernel_reader("tir-nv", args.kernel_info)
         elif trees:
             options["config"] = GbdtConfig(**trees)
     model = fit_model(args.kind, train, **options)
@@ -118,7 +138,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     """Print (or plot) a cost model's accuracy on a dataset's held-out part."""
-    model = _load(args.model)
+    model = _load(args.model, args.kernel_info)
     data = load_datasets(args.data)
     holdout = float(model.meta.get("holdout", 0.0))
     seed = int(model.meta.get("seed", 0))
@@ -154,7 +174,7 @@ def cmd_decisions(args: argparse.Namespace) -> int:
     oracle's measurements."""
     if not 0.0 <= args.tolerance < 1.0:
         raise CliError(f"--tolerance {args.tolerance!r}: must be in [0, 1)")
-    model = _load(args.model)
+    model = _load(args.model, args.kernel_info)
     if args.lomo and model.kind == "measured":
         raise CliError(
             f"--lomo: {args.model} is a lookup table of measurements; it cannot be refitted"
@@ -199,12 +219,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     f.add_argument("--trees", type=int, help="boosting rounds of the gbdt model")
     f.add_argument(
         "--recipe",
-        choices=("codl", "wave", "wave-guards", "wave-tir"),
+        choices=("codl", "wave", "wave-guards", "wave-tir", "wave-tir-nv"),
         default="codl",
         help="gbdt recipe: trees on CoDL's analytical model (codl, default) or on the "
         "dispatch-shape wave base with dispatch-shape features (wave; GbdtConfig.wave), "
         "wave-guards adds the GPU direct conv's bounds checks, wave-tir counts read from "
-        "each GPU part's scheduled kernel (loads, stores, flops, guards per thread)",
+        "each GPU part's scheduled kernel (loads, stores, flops, guards per thread), "
+        "wave-tir-nv adds what NVIDIA's compiler says of it (--kernel-info)",
     )
     f.add_argument(
         "--holdout",
@@ -230,6 +251,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="leave the records of this group out (e.g. dense:gpu:reduction, measured with a "
         "kernel that has changed since); repeatable",
     )
+    f.add_argument(
+        "--kernel-info",
+        metavar="NVINFO.json",
+        help="registers, spills and occupancy of each GPU kernel measured on the device "
+        "(scripts/nv_kernel_info.py measure): the wave-tir-nv recipe's input",
+    )
     f.set_defaults(func=cmd_fit)
 
     e = group.add_parser("eval", help="accuracy of a cost model on a dataset's held-out part")
@@ -247,6 +274,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="skip leave-one-model-out (it refits the model once per benchmark model named in "
         "the records)",
+    )
+    e.add_argument(
+        "--kernel-info",
+        metavar="NVINFO.json",
+        help="registers, spills and occupancy of each GPU kernel measured on the device "
+        "(scripts/nv_kernel_info.py measure): the wave-tir-nv recipe's input",
     )
     e.set_defaults(func=cmd_eval)
 
@@ -275,4 +308,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         "model's splits",
     )
     d.add_argument("--json", action="store_true", help="print the report as JSON")
+    d.add_argument(
+        "--kernel-info",
+        metavar="NVINFO.json",
+        help="registers, spills and occupancy of each GPU kernel measured on the device "
+        "(scripts/nv_kernel_info.py measure): the wave-tir-nv recipe's input",
+    )
     d.set_defaults(func=cmd_decisions)

@@ -53,6 +53,7 @@ __all__ = [
     "FEATURE_SETS",
     "GUARD_FEATURE_NAMES",
     "KERNEL_FEATURE_NAMES",
+    "NV_FEATURE_NAMES",
     "SHAPE_FEATURE_NAMES",
     "THREADS_PER_CU",
     "GbdtConfig",
@@ -161,16 +162,39 @@ KERNEL_FEATURE_NAMES: tuple[str, ...] = (
     "k_kernels",  # PrimFuncs
 )
 
+#: What NVIDIA's OpenCL compiler says of a GPU part's kernel (``ptxas`` through
+#: ``-cl-nv-verbose`` and ``clGetKernelWorkGroupInfo``, measured on the device by
+#: ``scripts/nv_kernel_info.py``; ``kernel_counts.nv_features``), after the kernel counts in the
+#: ``"tir-nv"`` feature set. Over the part's kernels: the largest unless said otherwise.
+NV_FEATURE_NAMES: tuple[str, ...] = (
+    "nv_registers",  # per work-item
+    "nv_spill_bytes",  # spill stores + loads, summed over the kernels
+    "nv_stack_bytes",  # stack frame per work-item
+    "nv_smem_bytes",  # static shared memory per work-group
+    "nv_private_bytes",  # CL_KERNEL_PRIVATE_MEM_SIZE
+    "nv_max_wg",  # CL_KERNEL_WORK_GROUP_SIZE, the smallest
+    "nv_blocks_per_sm",  # resident work-groups per SM at the part's work-group size, the fewest
+    "nv_occupancy",  # resident warps / the SM's 64, the lowest
+)
+
 #: Feature sets: ``"v1"`` (the files written before dispatch-shape features), ``"dispatch"``
 #: (v1 plus :data:`SHAPE_FEATURE_NAMES`), ``"guards"`` (dispatch plus
 #: :data:`GUARD_FEATURE_NAMES`; its wave base has the row-guard term of :class:`WaveBase`) and
 #: ``"tir"`` (dispatch plus :data:`KERNEL_FEATURE_NAMES`, read from the GPU part's scheduled
-#: kernel by a ``GbdtModel``'s ``kernel_reader``).
+#: kernel by a ``GbdtModel``'s ``kernel_reader``) and ``"tir-nv"`` (tir plus
+#: :data:`NV_FEATURE_NAMES`, the reader joining the device's measured kernel info).
 FEATURE_SETS: dict[str, tuple[str, ...]] = {
     "v1": FEATURE_NAMES,
     "dispatch": FEATURE_NAMES + SHAPE_FEATURE_NAMES,
     "guards": FEATURE_NAMES + SHAPE_FEATURE_NAMES + GUARD_FEATURE_NAMES,
     "tir": FEATURE_NAMES + SHAPE_FEATURE_NAMES + KERNEL_FEATURE_NAMES,
+    "tir-nv": FEATURE_NAMES + SHAPE_FEATURE_NAMES + KERNEL_FEATURE_NAMES + NV_FEATURE_NAMES,
+}
+
+#: The feature sets read from a built part's kernel by a ``GbdtModel``'s ``kernel_reader``.
+KERNEL_FEATURE_SETS: dict[str, tuple[str, ...]] = {
+    "tir": KERNEL_FEATURE_NAMES,
+    "tir-nv": KERNEL_FEATURE_NAMES + NV_FEATURE_NAMES,
 }
 
 #: Work-items one compute unit keeps resident (an NVIDIA SM: 2048 threads): a GPU wave is
@@ -526,20 +550,20 @@ def _matrix(
     for f in features:
         n = f.numeric()
         row = [n[k] for k in _BASE_NAMES] + derived_features(f)
-        if feature_set in ("dispatch", "guards", "tir"):
+        if feature_set in ("dispatch", "guards", "tir", "tir-nv"):
             row += shape_features(f, compute_units)
         if feature_set == "guards":
             row += conv_guards(f)
-        if feature_set == "tir":
+        if feature_set in KERNEL_FEATURE_SETS:
             if kernel_reader is not None:
                 row += kernel_reader(f, kernel_target, direct_settings(f) if nvidia else {})
             elif f.processor == "gpu" and f.dispatch.wg_size and f.dispatch.wg_count:
                 raise ValueError(
-                    f"{f.params.describe()}: the 'tir' features of a built part need the "
-                    "model's kernel_reader (kernel_counts.part_kernel_counts)"
+                    f"{f.params.describe()}: the {feature_set!r} features of a built part need "
+                    "the model's kernel_reader (kernel_counts.part_kernel_counts)"
                 )
             else:  # what the reader returns for parts nobody built (the planner's)
-                row += [math.nan] * len(KERNEL_FEATURE_NAMES)
+                row += [math.nan] * len(KERNEL_FEATURE_SETS[feature_set])
         rows.append(row)
     return np.array(rows, dtype=np.float64)
 
@@ -676,7 +700,8 @@ class GbdtModel(CostModel):
         self.boosters, self._raw, self._counts = {}, {}, {}
         self.base = None
         self.compute_units = self.config.compute_units or device_compute_units(records)
-        self.kernel_target = device_gpu_target(records) if self.config.feature_set == "tir" else ""
+        reads = self.config.feature_set in KERNEL_FEATURE_SETS
+        self.kernel_target = device_gpu_target(records) if reads else ""
         if self.config.analytical_base == "wave":
             fitted = [r for rs in by_key.values() if len(rs) >= self.config.min_records for r in rs]
             guards = self.config.feature_set == "guards"

@@ -19,25 +19,46 @@ target, and caches the counts per distinct kernel: a fit and its leave-one-model
 schedule each kernel once per process. A record whose recorded work-group size and count differ
 from the regenerated kernel's (it was built with other rule settings) gets NaN counts: its
 kernel is not the one measured.
+
+What the counts cannot show is what NVIDIA's compiler makes of the kernel (registers, spills,
+the occupancy they leave): kernels with identical dispatch and nearly identical code still run up
+to 1.7x apart on the H100. :func:`kernel_key` names each distinct kernel, :func:`kernel_source`
+gives its OpenCL C for ``scripts/nv_kernel_info.py`` to compile on the device, and
+:func:`nv_kernel_reader` joins what that measured (the ``"tir-nv"`` feature set):
+:func:`nv_features`, with the occupancy of :func:`occupancy`.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
 import math
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 
 import tvm
 from tvm import s_tir, tirx
 
 from codl_tvm.cost_model.dispatch import _children, dispatch_features
 from codl_tvm.cost_model.features import OpFeatures, OpParams, PartShape
-from codl_tvm.cost_model.gbdt import KERNEL_FEATURE_NAMES
+from codl_tvm.cost_model.gbdt import KERNEL_FEATURE_NAMES, NV_FEATURE_NAMES, KernelReader
 from codl_tvm.errors import CodlError
 from codl_tvm.profiling.runner import schedule_part
 from codl_tvm.schedules.config import opencl_overrides
 
-__all__ = ["kernel_counts", "part_kernel_counts"]
+__all__ = [
+    "H100",
+    "SmLimits",
+    "kernel_counts",
+    "kernel_key",
+    "kernel_source",
+    "load_kernel_info",
+    "nv_features",
+    "nv_kernel_reader",
+    "occupancy",
+    "part_kernel_counts",
+]
 
 _ARITH = ("Add", "Sub", "Mul", "Div", "Min", "Max")
 _COMPARE = ("LT", "LE", "GT", "GE", "EQ", "NE")
@@ -218,3 +239,158 @@ def part_kernel_counts(
     if (d.wg_size, d.wg_count) != launch:
         return nan
     return list(counts)
+
+
+def kernel_key(f: OpFeatures, target: str, settings: Mapping[str, object] | None = None) -> str:
+    """The name of the kernel :func:`part_kernel_counts` rebuilds for ``f`` (what its cache is
+    keyed by: the operator, the part, the target and the preset settings), stable across
+    processes and machines: the key ``scripts/nv_kernel_info.py`` stores each kernel under."""
+    ident = json.dumps(
+        [f.params.to_json(), f.part.to_json(), target, sorted((settings or {}).items())],
+        sort_keys=True,
+        default=str,
+    )
+    return hashlib.sha1(ident.encode()).hexdigest()[:20]
+
+
+def kernel_source(
+    f: OpFeatures, target: str, settings: Mapping[str, object] | None = None
+) -> tuple[str, tuple[int, int]]:
+    """The OpenCL C of the kernel(s) of GPU part ``f`` built as :func:`part_kernel_counts`
+    rebuilds it, and its ``(wg_size, wg_count)``; raises ``CodlError``/``RuntimeError`` where
+    the rules or TVM refuse the part."""
+    # deferred: lowering to OpenCL C needs the build pipeline, which the counts do not
+    from codl_tvm.pipeline import dataflow_lower_passes, finalize_passes
+
+    tgt = tvm.target.Target(target)
+    with opencl_overrides(**dict(settings or {})):
+        _, scheduled = schedule_part(f.params, f.part, "gpu", tgt)
+    funcs = [g for _, g in scheduled.functions.items() if isinstance(g, tirx.PrimFunc)]
+    d = dispatch_features(funcs)
+
+    @tvm.transform.module_pass(opt_level=0, name="codl.cost_model.Lower")
+    def _lower(m, _ctx):
+        with tgt:
+            return tvm.transform.Sequential(dataflow_lower_passes(tgt) + finalize_passes(tgt))(m)
+
+    ex = tvm.compile(scheduled, target=tgt, relax_pipeline=_lower)
+    stack, sources = [ex.mod], []
+    while stack:
+        m = stack.pop()
+        stack.extend(m.imports)
+        if m.kind == "opencl":
+            sources.append(m.inspect_source())
+    if not sources:
+        raise RuntimeError(f"{f.params.describe()}: the build holds no OpenCL module")
+    return "\n".join(sources), (d.wg_size, d.wg_count)
+
+
+@dataclass(frozen=True)
+class SmLimits:
+    """What one streaming multiprocessor holds (the inputs of CUDA's occupancy calculator)."""
+
+    registers: int
+    threads: int
+    blocks: int
+    smem_bytes: int
+    warp: int = 32
+    reg_unit: int = 256  # registers are allocated per warp in units of this many
+    smem_unit: int = 128  # shared memory is allocated per block in units of this many bytes
+    smem_reserved: int = 1024  # bytes the driver reserves per block (compute capability >= 8.0)
+
+
+#: The H100 (compute capability 9.0): 64K registers, 2048 threads, 32 blocks and 228 KB of
+#: shared memory per SM.
+H100 = SmLimits(registers=65536, threads=2048, blocks=32, smem_bytes=228 * 1024)
+
+
+def occupancy(
+    registers: float, threads: float, smem_bytes: float = 0.0, sm: SmLimits = H100
+) -> tuple[float, float]:
+    """``(blocks, occupancy)``: work-groups of ``threads`` work-items using ``registers`` per
+    work-item and ``smem_bytes`` of shared memory that one SM holds at once, and their warps
+    over the SM's (``sm.threads / sm.warp``); NaN where an input is unknown or ``threads`` not
+    positive."""
+    if not all(math.isfinite(v) for v in (registers, threads, smem_bytes)) or threads <= 0:
+        return math.nan, math.nan
+    warps = math.ceil(threads / sm.warp)
+    limits = [sm.blocks, (sm.threads // sm.warp) // warps]
+    if registers > 0:
+        per_warp = math.ceil(registers * sm.warp / sm.reg_unit) * sm.reg_unit
+        limits.append((sm.registers // per_warp) // warps)
+    if smem_bytes > 0:
+        per_block = math.ceil(smem_bytes / sm.smem_unit) * sm.smem_unit + sm.smem_reserved
+        limits.append(sm.smem_bytes // per_block)
+    blocks = float(min(limits))
+    return blocks, blocks * warps / (sm.threads // sm.warp)
+
+
+def _num(v) -> float:
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else math.nan
+
+
+def nv_features(entry: Mapping | None, wg_size: float, sm: SmLimits = H100) -> list[float]:
+    """The :data:`NV_FEATURE_NAMES` of one kernel key's entry of ``nv_kernel_info.py
+    measure``'s JSON (``{"kernels": {name: {...}}}``) for a part launched with ``wg_size``
+    work-items per work-group; NaN for what it lacks (no entry, a build error, a platform whose
+    log has no ``ptxas`` lines)."""
+    kernels = list(((entry or {}).get("kernels") or {}).values())
+
+    def agg(field: str, fn) -> float:
+        vals = [v for v in (_num(k.get(field)) for k in kernels) if math.isfinite(v)]
+        return float(fn(vals)) if vals else math.nan
+
+    occ = [
+        occupancy(_num(k.get("registers")), wg_size, _num(k.get("smem_bytes")), sm) for k in kernels
+    ]
+    occ = [o for o in occ if math.isfinite(o[1])]
+    spills = [_num(k.get("spill_stores")) + _num(k.get("spill_loads")) for k in kernels]
+    spills = [v for v in spills if math.isfinite(v)]
+    out = {
+        "nv_registers": agg("registers", max),
+        "nv_spill_bytes": float(sum(spills)) if spills else math.nan,
+        "nv_stack_bytes": agg("stack_bytes", max),
+        "nv_smem_bytes": agg("smem_bytes", max),
+        "nv_private_bytes": agg("private_mem_size", max),
+        "nv_max_wg": agg("work_group_size", min),
+        "nv_blocks_per_sm": min(o[0] for o in occ) if occ else math.nan,
+        "nv_occupancy": min(o[1] for o in occ) if occ else math.nan,
+    }
+    return [out[k] for k in NV_FEATURE_NAMES]
+
+
+def nv_kernel_reader(info: Mapping[str, Mapping], sm: SmLimits = H100) -> KernelReader:
+    """The ``"tir-nv"`` feature set's reader: :func:`part_kernel_counts` and the
+    :func:`nv_features` of the part's kernel in ``info`` (the ``"kernels"`` of
+    ``nv_kernel_info.py measure``'s JSON, by :func:`kernel_key`); NaN where the counts are (the
+    kernel rebuilt is not the one measured) or ``info`` has no entry."""
+
+    def read(f: OpFeatures, target: str, settings: Mapping[str, object]) -> list[float]:
+        counts = part_kernel_counts(f, target, settings)
+        if math.isnan(counts[0]):
+            return counts + [math.nan] * len(NV_FEATURE_NAMES)
+        entry = info.get(kernel_key(f, target, settings))
+        return counts + nv_features(entry, float(f.dispatch.wg_size), sm)
+
+    return read
+
+
+#: The ``meta.format`` of ``scripts/nv_kernel_info.py measure``'s JSON.
+KERNEL_INFO_FORMAT = "codl-nv-kernel-info"
+
+
+def load_kernel_info(path) -> dict[str, dict]:
+    """The ``"kernels"`` of a ``nv_kernel_info.py measure`` JSON file, by :func:`kernel_key`;
+    ``ValueError`` naming the file and what is wrong when it is not one."""
+    with open(path) as fh:
+        try:
+            obj = json.load(fh)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}: not JSON ({exc})") from None
+    fmt = obj.get("meta", {}).get("format") if isinstance(obj, dict) else None
+    if fmt != KERNEL_INFO_FORMAT or not isinstance(obj.get("kernels"), dict):
+        raise ValueError(
+            f"{path}: meta.format is {fmt!r}, not {KERNEL_INFO_FORMAT!r} "
+            "(the JSON of `scripts/nv_kernel_info.py measure`)"
+        )
+    return obj["kernels"]
