@@ -24,7 +24,9 @@ fi
 # without its log lines
 echo /usr/local/nvidia/lib64/libnvidia-opencl.so.1 > /tmp/icd/nvidia.icd
 export OCL_ICD_VENDORS=/tmp/icd PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 CUDA_CACHE_DISABLE=1
+status=0
 python3 "$script" measure --dir "$dir" --out $r/nvinfo.json --jobs "${NVINFO_JOBS:-16}" \
-  2>&1 | tee $r/nvinfo.log
+  2>&1 | tee $r/nvinfo.log || status=$?
 touch $r/DONE
-if [ -n "${OUT:-}" ]; then cp $r/nvinfo.json $r/nvinfo.log "$OUT/"; fi
+if [ -n "${OUT:-}" ]; then cp $r/nvinfo.json $r/nvinfo.log "$OUT/" 2>/dev/null || true; fi
+exit $status
