@@ -7,6 +7,9 @@ GBDT cost model (``cost_model.kernel_counts.nv_kernel_reader``). Two steps on tw
     python scripts/nv_kernel_info.py export --dataset DATA.jsonl.gz --out .device/nvinfo
     # on the device (pyopencl and the NVIDIA platform only, no TVM): compile and read them
     python scripts/nv_kernel_info.py measure --dir .device/nvinfo --out nvinfo.json
+    # here again: the recipes with and without it over seeds (GPU records alone)
+    python scripts/nv_kernel_info.py compare --dataset DATA.jsonl.gz --kernel-info nvinfo.json \
+        --out compare.json
 
 ``export`` rebuilds each GPU part's kernel exactly as the ``"tir"`` features read it
 (``kernel_counts.kernel_source``: the profiler's part builder under the campaign's settings)
@@ -389,6 +392,137 @@ def cmd_measure(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---------------------------------------------------------------------------------------------
+# compare (here: the recipes over seeds)
+
+#: ``compare``'s recipes: ``GbdtConfig.wave`` feature sets.
+RECIPES = {"wave": "dispatch", "wave-tir": "tir", "wave-tir-nv": "tir-nv"}
+
+
+def _score(accuracy, band_of, pred, recs) -> dict:
+    meas = [r.latency_ms for r in recs]
+    a = accuracy(pred, meas)
+    bands: dict[str, list[int]] = {}
+    for i, r in enumerate(recs):
+        bands.setdefault(band_of(r.latency_ms), []).append(i)
+    return {
+        "n": a.n,
+        "acc10": a.acc10,
+        "mape": a.mape,
+        "bands": {
+            b: (lambda x: {"n": x.n, "acc10": x.acc10, "mape": x.mape})(
+                accuracy([pred[i] for i in ix], [meas[i] for i in ix])
+            )
+            for b, ix in sorted(bands.items())
+        },
+    }
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    """The recipes on the dataset's GPU records alone: tree seeds x random 70/30 splits, and
+    leave-one-model-out per tree seed (each benchmark model's parts predicted by the recipe
+    fitted without them), pooled; inconsistent training records dropped as ``cost-model fit``
+    does. Results are merged into ``--out`` by recipe (a rerun skips the recipes it holds)."""
+    import warnings
+
+    # deferred: compare fits the cost models (and reads kernels with TVM's compiler)
+    import numpy as np
+
+    from codl_tvm.cost_model import kernel_counts
+    from codl_tvm.cost_model.assessment import band_of, model_of
+    from codl_tvm.cost_model.dataset import OpRecord, load_dataset
+    from codl_tvm.cost_model.evaluate import accuracy, training_split
+    from codl_tvm.cost_model.gbdt import (
+        FEATURE_SETS,
+        GbdtConfig,
+        GbdtModel,
+        device_gpu_target,
+    )
+
+    recipes = [r for r in args.recipes.split(",") if r]
+    unknown = [r for r in recipes if r not in RECIPES]
+    if unknown:
+        raise NvInfoError(f"--recipes: {unknown} not among {sorted(RECIPES)}")
+    readers = {"wave": None, "wave-tir": kernel_counts.part_kernel_counts}
+    if "wave-tir-nv" in recipes:
+        if not args.kernel_info:
+            raise NvInfoError("--recipes wave-tir-nv needs --kernel-info NVINFO.json")
+        try:
+            info = kernel_counts.load_kernel_info(args.kernel_info)
+        except (OSError, ValueError) as exc:
+            raise NvInfoError(str(exc)) from None
+        readers["wave-tir-nv"] = kernel_counts.nv_kernel_reader(info)
+    data = load_dataset(args.dataset)
+    recs = [r for r in data.records if isinstance(r, OpRecord) and r.processor == "gpu"]
+    out = Path(args.out)
+    results = json.loads(out.read_text()) if out.exists() else {}
+    seeds = range(args.seeds)
+    names = sorted({m for m in map(model_of, recs) if m is not None})
+    for recipe in recipes:
+        if recipe in results and not args.force:
+            print(f"{recipe}: in {out} already (--force to redo)")
+            continue
+        start = time.monotonic()
+
+        def fit(train, seed, recipe=recipe):
+            cfg = GbdtConfig.wave(feature_set=RECIPES[recipe], seed=seed)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                return GbdtModel(cfg, readers[recipe]).fit(train)
+
+        res: dict = {"random": [], "lomo": []}
+        pooled: dict[str, tuple[list, list]] = {"random": ([], []), "lomo": ([], [])}
+        for seed in seeds:
+            for split in seeds:
+                train, test, _ = training_split(recs, 0.3, split, args.drop)
+                test = [r for r in test if isinstance(r, OpRecord)]
+                pred = list(fit(train, seed).predict_many([r.features() for r in test]))
+                res["random"].append(
+                    {"seed": seed, "split": split, **_score(accuracy, band_of, pred, test)}
+                )
+                pooled["random"][0].extend(pred)
+                pooled["random"][1].extend(test)
+            preds, helds = [], []
+            for name in names:
+                held = [r for r in recs if model_of(r) == name]
+                rest, _, _ = training_split(
+                    [r for r in recs if model_of(r) != name], 0.0, 0, args.drop
+                )
+                preds.extend(fit(rest, seed).predict_many([r.features() for r in held]))
+                helds.extend(held)
+            res["lomo"].append({"seed": seed, **_score(accuracy, band_of, preds, helds)})
+            pooled["lomo"][0].extend(preds)
+            pooled["lomo"][1].extend(helds)
+        for kind in ("random", "lomo"):
+            runs = res[kind]
+            res[f"{kind}_mean"] = {
+                "acc10": float(np.mean([r["acc10"] for r in runs])),
+                "mape": float(np.mean([r["mape"] for r in runs])),
+            }
+            res[f"{kind}_pooled"] = _score(accuracy, band_of, *pooled[kind])
+        if recipe == "wave-tir-nv":  # how many GPU records the measured info reached
+            x = GbdtModel(GbdtConfig.wave(feature_set="tir-nv"), readers[recipe])
+            x.kernel_target = device_gpu_target(recs)
+            col = FEATURE_SETS["tir-nv"].index("nv_registers")
+            regs = x._x([r.features() for r in recs])[:, col]
+            res["nv_coverage"] = {
+                "records": len(recs),
+                "with_registers": int(np.isfinite(regs).sum()),
+            }
+        res["wall_s"] = round(time.monotonic() - start, 1)
+        results[recipe] = res
+        out.write_text(json.dumps(results, indent=1) + "\n")
+        rm, lm = res["random_mean"], res["lomo_mean"]
+        print(
+            f"{recipe}: random {rm['acc10']:.1%} / {rm['mape']:.1f}% (seeds x splits "
+            f"{args.seeds}x{args.seeds}), leave-one-model-out {lm['acc10']:.1%} / "
+            f"{lm['mape']:.1f}% "
+            f"({res['wall_s']} s)",
+            flush=True,
+        )
+    return 0
+
+
 def main(argv: Iterable[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -405,6 +539,15 @@ def main(argv: Iterable[str] | None = None) -> int:
     m.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="build processes")
     m.add_argument("--limit", type=int, default=0, help="measure only the first N kernels")
     m.set_defaults(func=cmd_measure)
+    c = sub.add_parser("compare", help="the recipes with and without the info, over seeds")
+    c.add_argument("--dataset", required=True, help="profiling dataset (.jsonl or .jsonl.gz)")
+    c.add_argument("--kernel-info", help="`measure`'s JSON (for wave-tir-nv)")
+    c.add_argument("--recipes", default="wave,wave-tir,wave-tir-nv", help="comma-separated")
+    c.add_argument("--seeds", type=int, default=3, help="tree seeds and random splits (3)")
+    c.add_argument("--drop", type=float, default=3.0, help="inconsistent-record factor (3)")
+    c.add_argument("--force", action="store_true", help="redo recipes --out holds")
+    c.add_argument("--out", required=True, help="JSON to write (merged by recipe)")
+    c.set_defaults(func=cmd_compare)
     args = p.parse_args(list(argv) if argv is not None else None)
     if getattr(args, "jobs", 1) < 1:
         p.error(f"--jobs {args.jobs}: must be >= 1")
