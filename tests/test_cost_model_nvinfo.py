@@ -219,3 +219,34 @@ def test_measure_on_a_platform_without_ptxas_leaves_its_fields_null(tmp_path):
         assert load_kernel_info(out) == result["kernels"]
         # bad input: a folder without the export
         assert nv.main(["measure", "--dir", str(tmp_path / "none"), "--out", str(out)]) == 2
+
+
+def test_compare_scores_each_recipe_and_merges_by_recipe(tmp_path, capsys):
+    from codl_tvm.cost_model import save_dataset
+
+    recs = _built_records(16)
+    data = tmp_path / "d.jsonl"
+    save_dataset(recs, data)
+    info = tmp_path / "nvinfo.json"
+    kernels = {
+        kernel_key(f, NVIDIA_JSON, direct_settings(f)): {
+            "kernels": {"k": {"registers": 40, "smem_bytes": 0}},
+            "error": None,
+        }
+        for f in (r.features() for r in recs)
+    }
+    info.write_text(json.dumps({"meta": {"format": "codl-nv-kernel-info"}, "kernels": kernels}))
+    out = tmp_path / "cmp.json"
+    argv = ["compare", "--dataset", str(data), "--kernel-info", str(info), "--seeds", "1"]
+    with script_module("nv_kernel_info") as nv:
+        assert nv.main([*argv, "--recipes", "wave,wave-tir-nv", "--out", str(out)]) == 0
+        got = json.loads(out.read_text())
+        assert sorted(got) == ["wave", "wave-tir-nv"]
+        assert got["wave-tir-nv"]["nv_coverage"] == {"records": 16, "with_registers": 16}
+        run = got["wave"]["random"][0]
+        assert run["n"] > 0 and 0.0 <= run["acc10"] <= 1.0 and run["bands"]
+        # a rerun keeps what it holds; an unknown recipe is refused
+        assert nv.main([*argv, "--recipes", "wave", "--out", str(out)]) == 0
+        assert "already" in capsys.readouterr().out
+        assert nv.main([*argv, "--recipes", "wave-x", "--out", str(out)]) == 2
+        assert "wave-x" in capsys.readouterr().err
