@@ -34,6 +34,7 @@ import os
 import re
 import sys
 import time
+import warnings
 from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
@@ -284,6 +285,8 @@ _WORKER: dict = {}
 def _worker_init(pi: int, options: list[str]) -> None:
     import pyopencl as cl  # deferred: a worker's own context (contexts do not cross processes)
 
+    # every -cl-nv-verbose build has a log: pyopencl would warn of each
+    warnings.simplefilter("ignore", cl.CompilerWarning)
     dev = cl.get_platforms()[pi].get_devices()[0]
     _WORKER.update(cl=cl, dev=dev, ctx=cl.Context([dev]), options=options)
 
@@ -375,8 +378,10 @@ def cmd_measure(args: argparse.Namespace) -> int:
         raise NvInfoError(f"{folder / SOURCES}: {exc}") from None
     if args.limit:
         sources = dict(sorted(sources.items())[: args.limit])
-    # NVIDIA's compute cache answers a build it has seen without running ptxas (no log lines)
+    # NVIDIA's compute cache and pyopencl's binary cache answer a build they have seen without
+    # running ptxas (no log lines)
     os.environ.setdefault("CUDA_CACHE_DISABLE", "1")
+    os.environ.setdefault("PYOPENCL_NO_CACHE", "1")
     result = measure(sources, args.platform, args.jobs)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -423,7 +428,6 @@ def cmd_compare(args: argparse.Namespace) -> int:
     leave-one-model-out per tree seed (each benchmark model's parts predicted by the recipe
     fitted without them), pooled; inconsistent training records dropped as ``cost-model fit``
     does. Results are merged into ``--out`` by recipe (a rerun skips the recipes it holds)."""
-    import warnings
 
     # deferred: compare fits the cost models (and reads kernels with TVM's compiler)
     import numpy as np

@@ -20,10 +20,11 @@ if ! PYTHONPATH=/tmp/site python3 -c "import pyopencl" 2>/dev/null; then
     "$root"/.whl/pyopencl-*.whl "$root"/.whl/pytools-*.whl "$root"/.whl/platformdirs-*.whl \
     "$root"/.whl/siphash24-*.whl "$root"/.whl/typing_extensions-*.whl
 fi
-# no ICD file is installed there; a build ptxas has seen is answered from the compute cache
-# without its log lines
+# no ICD file is installed there; a build ptxas has seen is answered from a cache (NVIDIA's,
+# pyopencl's) without its log lines
 echo /usr/local/nvidia/lib64/libnvidia-opencl.so.1 > /tmp/icd/nvidia.icd
-export OCL_ICD_VENDORS=/tmp/icd PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 CUDA_CACHE_DISABLE=1
+export OCL_ICD_VENDORS=/tmp/icd PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 CUDA_CACHE_DISABLE=1 \
+  PYOPENCL_NO_CACHE=1
 status=0
 python3 "$script" measure --dir "$dir" --out $r/nvinfo.json --jobs "${NVINFO_JOBS:-16}" \
   2>&1 | tee $r/nvinfo.log || status=$?
