@@ -99,10 +99,9 @@ def check_search(model: str, which: str) -> None:
     assert opt.bottleneck_ms <= ex3.bottleneck_ms * (1 + 1e-12)
     # Pipe-it's heuristic (with the local search) within 2 % of the <= 3-stage optimum ...
     assert fps_ratio(heuristic, ex3) >= 0.98, (heuristic.describe(), ex3.describe())
-    if which == "cpu":
-        # ... and of the optimum over any stage count (it stopped at 0.89-0.95 on three of
-        # these tables before the alternating starts, stage moves and the tie-break)
-        assert fps_ratio(heuristic, opt) >= 0.98, (heuristic.describe(), opt.describe())
+    # ... and of the optimum over any stage count (it stopped at 0.89-0.97 on these tables
+    # before the alternating starts, stage moves and the tie-break)
+    assert fps_ratio(heuristic, opt) >= 0.98, (heuristic.describe(), opt.describe())
     # ... and the search as the planner runs it within 2 % of the optimum
     assert fps_ratio(full, opt) >= 0.98, (full.describe(), opt.describe())
     assert fps_ratio(full, ex3) >= 0.98
