@@ -4,6 +4,7 @@ from the build log there), the occupancy arithmetic, and the join into the GBDT'
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 
@@ -217,6 +218,9 @@ def test_measure_on_a_platform_without_ptxas_leaves_its_fields_null(tmp_path):
             assert k["work_group_size"] >= 1
         assert len(meta["notes"]) == 1 and "null" in meta["notes"][0]
         assert load_kernel_info(out) == result["kernels"]
+        packed = tmp_path / "nvinfo.json.gz"
+        packed.write_bytes(gzip.compress(out.read_bytes()))
+        assert load_kernel_info(packed) == result["kernels"]
         # bad input: a folder without the export
         assert nv.main(["measure", "--dir", str(tmp_path / "none"), "--out", str(out)]) == 2
 

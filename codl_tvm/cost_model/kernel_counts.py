@@ -31,6 +31,7 @@ gives its OpenCL C for ``scripts/nv_kernel_info.py`` to compile on the device, a
 from __future__ import annotations
 
 import functools
+import gzip
 import hashlib
 import json
 import math
@@ -380,9 +381,10 @@ KERNEL_INFO_FORMAT = "codl-nv-kernel-info"
 
 
 def load_kernel_info(path) -> dict[str, dict]:
-    """The ``"kernels"`` of a ``nv_kernel_info.py measure`` JSON file, by :func:`kernel_key`;
-    ``ValueError`` naming the file and what is wrong when it is not one."""
-    with open(path) as fh:
+    """The ``"kernels"`` of a ``nv_kernel_info.py measure`` JSON file (gzipped where its name
+    ends in ``.gz``), by :func:`kernel_key`; ``ValueError`` naming the file and what is wrong
+    when it is not one."""
+    with gzip.open(path, "rt") if str(path).endswith(".gz") else open(path) as fh:
         try:
             obj = json.load(fh)
         except json.JSONDecodeError as exc:
