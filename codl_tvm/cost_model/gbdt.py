@@ -18,7 +18,9 @@ throughput, bytes), and adds the dispatch-shape features of :func:`shape_feature
 GPU's held-out parts 34% -> 50% within +-10%, on models never seen 23% -> 35% (docs/benchmarks.md).
 Its ``"tir"`` feature set adds counts read from each built GPU part's kernel
 (:data:`KERNEL_FEATURE_NAMES`, read by the model's ``kernel_reader``): on the H100 GPU 50% -> 54%
-and 32% -> 37% over three seeds, not shipped because one split decision got worse.
+and 32% -> 37% over three seeds, not shipped because one split decision got worse; ``"tir-nv"``
+adds what NVIDIA's compiler says of the kernel (:data:`NV_FEATURE_NAMES`, measured on the device):
+54% and 40%, within seed noise of ``"tir"`` on the random split, not shipped.
 Boosters are stored inside the model's JSON file as xgboost's own JSON model (``save_raw("json")``),
 so a reloaded model predicts bit-identically. xgboost is imported only inside the functions that use
 it.
@@ -250,7 +252,8 @@ class GbdtConfig:
         ``feature_set="guards"`` adds the direct conv's bounds checks (:func:`conv_guards`)
         and the base's row-guard term (``cost-model fit --recipe wave-guards``);
         ``feature_set="tir"`` the counts read from each GPU part's scheduled kernel
-        (``kernel_counts``; ``cost-model fit --recipe wave-tir``).
+        (``kernel_counts``; ``cost-model fit --recipe wave-tir``), ``feature_set="tir-nv"``
+        those and the compiler's registers, spills and occupancy (``--recipe wave-tir-nv``).
 
         On the H100 and the emulated SoC (k = 8) datasets it beat the CoDL-based recipe on both
         processors and both splits (docs/benchmarks.md, "How accurate are the cost models?");
