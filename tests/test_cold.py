@@ -535,3 +535,34 @@ def _check_pocl_cold_start_compiles_nothing(art: Path, tmp_path: Path, devices: 
     assert len(carried) > pocl[0]["kernels"]
     assert objects and objects <= carried
     _check_against_onnxruntime(art, res["outputs"])
+
+
+@pytest.mark.opencl
+def test_compile_on_pocl_keeps_the_build_binaries_when_the_warm_up_fails(tmp_path):
+    """A PoCL warm-up that fails (here made to raise as a failed warm-up run does) leaves the
+    compile done, with a note, the binaries of the build recorded and the artifact's outputs
+    equal to its reference."""
+    art = tmp_path / "art"
+    code = (
+        "import sys\n"
+        "from codl_tvm.artifact import program_binaries\n"
+        "from codl_tvm.errors import ArtifactError\n"
+        "def fail(path, *args, **kwargs):\n"
+        "    raise ArtifactError(f'{path}: the warm-up for PoCL program binaries failed')\n"
+        "program_binaries.embed_after_warm_up = fail\n"
+        "from codl_tvm.cli import main\n"
+        f"sys.exit(main(['compile', {str(bundled_model_path())!r}, '-o', {str(art)!r},"
+        " '--device', 'opencl']))\n"
+    )
+    env = {**os.environ, "CODL_OPENCL_PLATFORM": "portable", "POCL_CACHE_DIR": str(tmp_path / "p")}
+    proc = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "the program binaries are kept as built" in proc.stdout + proc.stderr
+    record = json.loads((art / "manifest.json").read_text())["program_binaries"]
+    assert record["devices"] and not any(d.get("after_warm_up") for d in record["devices"])
+    res = _cold(art, tmp_path, tmp_path / "c", CODL_OPENCL_PLATFORM="portable",
+                POCL_CACHE_DIR=str(tmp_path / "pocl-cache"))  # fmt: skip
+    assert res["cache_stats"]["aot_loads"] > 0
+    _check_against_onnxruntime(art, res["outputs"])

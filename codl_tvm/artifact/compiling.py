@@ -612,10 +612,14 @@ def _compile_into(request: _Request, log: Callable[[str], None]) -> Path:
     (out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     if manifest.get("program_binaries") and program_binaries.is_pocl(runtime.info()):
         # PoCL compiles each kernel's work-group function at its first launch: binaries taken
-        # after one run of the finished artifact carry them
-        manifest["program_binaries"] = program_binaries.embed_after_warm_up(
-            out, out / LIBRARY, log, manifest["program_binaries"]
-        )
+        # after one run of the finished artifact carry them; where that run fails, the
+        # binaries of the build stay (PoCL then compiles those functions at first launch)
+        try:
+            manifest["program_binaries"] = program_binaries.embed_after_warm_up(
+                out, out / LIBRARY, log, manifest["program_binaries"]
+            )
+        except ArtifactError as exc:
+            log(f"note: {exc}; the program binaries are kept as built")
         (out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     return out
 
