@@ -728,15 +728,8 @@ def cpu_overrides(**fields) -> Iterator[None]:
     ValueError
         A name that is not a :class:`CPUConfig` field.
     """
-    names = {f.name for f in dataclasses.fields(CPUConfig)} - {"name"}
-    unknown = sorted(set(fields) - names)
-    if unknown:
-        raise ValueError(f"cpu_overrides: {unknown} not CPUConfig fields (have {sorted(names)})")
-    token = _CPU_OVERRIDES.set(tuple(fields.items()))
-    try:
+    with _overriding(_CPU_OVERRIDES, CPUConfig, "cpu_overrides", fields):
         yield
-    finally:
-        _CPU_OVERRIDES.reset(token)
 
 
 _OPENCL_OVERRIDES: contextvars.ContextVar[tuple[tuple[str, object], ...]] = contextvars.ContextVar(
@@ -755,17 +748,24 @@ def opencl_overrides(**fields) -> Iterator[None]:
     ValueError
         A name that is not an :class:`OpenCLConfig` field.
     """
-    names = {f.name for f in dataclasses.fields(OpenCLConfig)} - {"name"}
+    with _overriding(_OPENCL_OVERRIDES, OpenCLConfig, "opencl_overrides", fields):
+        yield
+
+
+@contextlib.contextmanager
+def _overriding(
+    var: contextvars.ContextVar, config: type, what: str, fields: dict[str, object]
+) -> Iterator[None]:
+    """``var`` set to ``fields`` (checked against ``config``'s fields) within the block."""
+    names = {f.name for f in dataclasses.fields(config)} - {"name"}
     unknown = sorted(set(fields) - names)
     if unknown:
-        raise ValueError(
-            f"opencl_overrides: {unknown} not OpenCLConfig fields (have {sorted(names)})"
-        )
-    token = _OPENCL_OVERRIDES.set(tuple(fields.items()))
+        raise ValueError(f"{what}: {unknown} not {config.__name__} fields (have {sorted(names)})")
+    token = var.set(tuple(fields.items()))
     try:
         yield
     finally:
-        _OPENCL_OVERRIDES.reset(token)
+        var.reset(token)
 
 
 def winograd_presets() -> frozenset[str]:
