@@ -10,6 +10,7 @@ it did not write, and a failed compile leaves the earlier artifact (or nothing) 
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import hashlib
 import json
@@ -229,7 +230,14 @@ class Artifact:
         # the OpenCL context is created while the library loads, not after it
         context = runtime.start_context() if "opencl" in names else None
         try:
-            lib = tvm.runtime.load_module(str(self.path / LIBRARY))
+            with concurrent.futures.ThreadPoolExecutor(1, "codl-load") as spare:
+                loading = spare.submit(tvm.runtime.load_module, str(self.path / LIBRARY))
+                if self.manifest["device"] in ("cpu", "coexec"):
+                    # TVM's CPU thread pool belongs to the thread that first launches a
+                    # parallel kernel (this one, which runs the VM): start it while the spare
+                    # thread loads the library, not inside the first run
+                    tvm.runtime.num_threads()
+                lib = loading.result()
         finally:
             if context is not None:
                 context.join()
