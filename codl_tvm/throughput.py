@@ -78,6 +78,10 @@ class ThroughputOptions:
     handoff
         Measure the stream executor's cost per stage and let the search count it (fewer,
         larger stages where stages are short); False plans on the layers' latencies alone.
+    under_load
+        Time each layer while every other core of the groups runs the model's layers, as the
+        other stages of a stream keep them busy (shared caches and memory bandwidth), instead
+        of alone as Pipe-it does (:func:`~codl_tvm.profiling.layers.measure_layers`).
     force
         Replace an existing pipeline artifact.
     """
@@ -89,6 +93,7 @@ class ThroughputOptions:
     number: int = 3
     repeat: int = 3
     handoff: bool = True
+    under_load: bool = False
     force: bool = False
 
 
@@ -118,9 +123,14 @@ def compile_throughput(
         source = f"predicted by {options.pipe_model}"
     else:
         table = profile_layers(
-            model, groups, isa=options.isa, number=options.number, repeat=options.repeat
+            model,
+            groups,
+            isa=options.isa,
+            number=options.number,
+            repeat=options.repeat,
+            under_load=options.under_load,
         )
-        source = "measured on this machine"
+        source = "measured on this machine" + (" under load" if options.under_load else "")
     handoff = measure_handoff() if options.handoff else HandOff()
     plan = search_pipeline(table, groups, balance=options.balance, handoff=handoff)
     build_pipeline(

@@ -28,7 +28,9 @@ Phases (builds in ``--jobs`` spawned processes, timing one thing at a time):
 1. **build**: per model, the model cut at every layer for each group (the time matrix's
    libraries) and the single-stage builds of the baselines.
 2. **measure**: Pipe-it's time matrix per model: every layer on 1..n cores of each CPU group
-   and on the GPU (:func:`codl_tvm.profiling.layers.measure_layers`).
+   and on the GPU (:func:`codl_tvm.profiling.layers.measure_layers`), each layer alone as
+   Pipe-it does, and (unless ``--no-under-load``) again with every other core running the
+   model's layers, as a stream's other stages keep them (``under_load``).
 3. **plan**: Pipe-it's heuristic (``exact`` and the published ``pipe-it`` balancing) and the
    exhaustive search (up to three stages) on the CPU groups and on all groups; a Pipe-it model
    (Eq. 5/8) fitted on the *other* models' measured layers predicts this model's table, and the
@@ -38,6 +40,9 @@ Phases (builds in ``--jobs`` spawned processes, timing one thing at a time):
 
    - ``pipe_cpu``: the best pipeline on big + little; ``pipe_gpu``: on big + little + GPU;
      ``pipe_pred``: chosen from predicted latencies (when it differs from ``pipe_gpu``);
+     ``pipe_cpu_loaded``, ``pipe_gpu_loaded``: the same searches on the table timed under
+     load (each streamed where it differs from the plans above; every streamed plan is also
+     costed on both tables, ``planned_fps``, to show which one the stream follows);
    - ``big``: all layers on the big cluster (Pipe-it's baseline);
    - ``kernel_all``: every layer on all CPU cores at once (kernel-level parallelism, Pipe-it's
      "all cores" baseline), built for the *little* group's ISA. On a real big.LITTLE one
@@ -369,6 +374,25 @@ def _plan_model(entry: dict, n: str, table, records, shapes, groups, handoff, av
     return plans
 
 
+def _plan_loaded(entry: dict, plans: dict, table, groups, handoff) -> None:
+    """The planner's searches on the table timed under load, into ``plans`` as
+    ``pipe_cpu_loaded`` and ``pipe_gpu_loaded`` where they differ from a plan already there
+    (``entry["loaded_plans"]`` says which it equals otherwise)."""
+    from codl_tvm.planner.pipe_search import search_pipeline
+
+    cpu_groups = tuple(g for g in groups if g.kind == "cpu")
+    found = {}
+    for tag, gs in (("pipe_cpu_loaded", cpu_groups), ("pipe_gpu_loaded", groups)):
+        if tag == "pipe_gpu_loaded" and len(gs) == len(cpu_groups):
+            continue
+        plan = search_pipeline(table, gs, handoff=handoff)
+        same = next((t for t, p in plans.items() if p.describe() == plan.describe()), None)
+        found[tag] = {"plan": _plan_json(plan), "same_as": same}
+        if same is None:
+            plans[tag] = plan
+    entry["loaded_plans"] = found
+
+
 def _planner_choice(heuristic, optimum):
     """What :func:`~codl_tvm.planner.pipe_search.search_pipeline` returns from its heuristic's
     pipeline and the optimum (where that is computed): the optimum where its bottleneck is
@@ -634,6 +658,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--repeat", type=int, default=3, help="layer timing: repeats (median)")
     ap.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 2) - 1))
     ap.add_argument("--no-codl", action="store_true", help="skip the codl latency-plan baseline")
+    ap.add_argument(
+        "--no-under-load",
+        action="store_true",
+        help="time the layers alone only (Pipe-it), not also beside a load on the other cores",
+    )
     ap.add_argument("--work", default="/tmp/bench_pipeline", help="build directory")
     ap.add_argument("--out", required=True, help="result JSON")
     ap.add_argument(
@@ -653,6 +682,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from codl_tvm.frontend import load_onnx
     from codl_tvm.pipeline_build import layer_shapes, resolve_isas
+    from codl_tvm.planner.pipe_search import recost_plan
     from codl_tvm.profiling.layers import layer_records, measure_handoff, measure_layers
     from codl_tvm.throughput import parse_isa
 
@@ -748,6 +778,7 @@ def main(argv: list[str] | None = None) -> None:
     # 2. measure ---------------------------------------------------------------------------
     models = {}
     tables = {}
+    loaded = {}
     records = {}
     for n in names:
         if any(t.startswith("layers_") for m, t in failed if m == n):
@@ -778,6 +809,30 @@ def main(argv: list[str] | None = None) -> None:
         }
         if "little" in t1 and "big" in t1:
             entry["little_over_big_1core"] = t1["little"] / t1["big"]
+        if not args.no_under_load:
+            t0 = time.perf_counter()
+            loaded[n] = measure_layers(
+                model, groups, libs, number=args.number, repeat=args.repeat, under_load=True
+            )
+            entry["measure_loaded_s"] = time.perf_counter() - t0
+            entry["table_loaded_ms"] = {
+                f"{g}:{c}": [float(v) for v in loaded[n][(g, c)]] for g, c in loaded[n].keys()
+            }
+            # how much slower a layer runs beside the other cores' work than alone
+            entry["loaded_over_alone_median_by_group"] = {
+                g.name: float(
+                    np.median(
+                        [
+                            loaded[n][k][i] / tables[n][k][i]
+                            for k in tables[n].keys()
+                            if k[0] == g.name
+                            for i in range(tables[n].n_layers)
+                            if tables[n][k][i] > 0
+                        ]
+                    )
+                )
+                for g in groups
+            }
         result["models"][n] = entry
         log(f"measured {n}: {entry['whole_group_ms']}")
         save()
@@ -794,6 +849,8 @@ def main(argv: list[str] | None = None) -> None:
         )
         cpu, full = plans[n]["pipe_cpu"], plans[n]["pipe_gpu"]
         log(f"planned {n}: cpu {cpu.describe()} | all {full.describe()}")
+        if n in loaded:
+            _plan_loaded(result["models"][n], plans[n], loaded[n], groups, handoff)
     save()
 
     # 4. build the chosen pipelines, then stream everything ---------------------------------
@@ -860,6 +917,12 @@ def main(argv: list[str] | None = None) -> None:
         # each stage's time in the stream over the time matrix's for its layers (alone):
         # above 1 where stages slow each other down (shared caches, memory, SMT siblings)
         for tag, plan in plans[n].items():
+            if tag in runs:  # what each table promised this plan, beside what it streamed
+                planned = {"alone": tables[n]} | ({"under_load": loaded[n]} if n in loaded else {})
+                runs[tag]["planned_fps"] = {
+                    k: recost_plan(plan, t, handoff=handoff).throughput_fps
+                    for k, t in planned.items()
+                }
             busy = runs.get(tag, {}).get("stage_busy_ms_per_frame")
             if busy and len(busy) == len(plan.stages):
                 runs[tag]["busy_over_plan"] = [

@@ -42,13 +42,14 @@ def test_bench_pipeline_runs_every_configuration(tmp_path):
     assert result["failed_builds"] == {}
     entry = result["models"]["codl_small_cnn"]
     # kernel_all: every core with the little ISA; kernel_all_big_isa: with the host's
-    assert set(entry["runs"]) == {
-        "pipe_cpu",
-        "big",
-        "kernel_all",
-        "kernel_all_big_isa",
-        "replicas",
-    }
+    base = {"pipe_cpu", "big", "kernel_all", "kernel_all_big_isa", "replicas"}
+    # the plan searched on the table timed under load streams where it differs from pipe_cpu
+    loaded = entry["loaded_plans"]["pipe_cpu_loaded"]
+    extra = {"pipe_cpu_loaded"} if loaded["same_as"] is None else set()
+    assert set(entry["runs"]) == base | extra
+    assert loaded["same_as"] in (None, "pipe_cpu")
+    assert set(entry["loaded_over_alone_median_by_group"]) == {"big", "little"}
+    assert set(entry["runs"]["pipe_cpu"]["planned_fps"]) == {"alone", "under_load"}
     assert result["isa"] == {"little": "x86-64-v3-nofma"}
     assert isinstance(result["summary"]["little_over_big_1core_in_pipe_it_range"], bool)
     assert all(r["frames"] == 4 for r in entry["runs"].values())

@@ -37,6 +37,7 @@ def compiled(tmp_path_factory):
                 "big:0,little:1",
                 "--isa",
                 "little=x86-64-v2",
+                "--under-load",
             ]
         )
         == 0
@@ -58,7 +59,7 @@ def test_compile_records_stages_groups_and_latencies(compiled):
     assert layers[0][0] == 0 and all(a[1] == b[0] for a, b in itertools.pairwise(layers))
     assert layers[-1][1] == len(manifest["latencies"]["layers"])
     assert set(manifest["latencies"]["ms"]) == {"big:1", "little:1"}
-    assert manifest["latencies"]["source"] == "measured on this machine"
+    assert manifest["latencies"]["source"] == "measured on this machine under load"
 
 
 def test_run_single_inference_and_stream_equal_onnxruntime(compiled, tmp_path, capsys):
@@ -123,6 +124,8 @@ def test_bad_input_one_line_before_any_frame(compiled, tmp_path, capsys):
     assert "unknown instruction set 'avx9000'" in _error(capsys)
     assert main(["compile", str(model), "-o", str(tmp_path / "y"), "--groups", "big:0"]) == 2
     assert "apply to --objective throughput only" in _error(capsys)
+    assert main([*argv, "--groups", "big:0", "--under-load", "--pipe-model", "m.json"]) == 2
+    assert "--pipe-model predicts them instead" in _error(capsys)
     assert main([*argv, "--groups", "big:0", "--mode", "hope"]) == 2
     assert "--mode apply to --objective latency, not throughput" in _error(capsys)
     assert main(["run", str(model), "--stream", "3"]) == 2

@@ -4,6 +4,7 @@ Eq. 4), the measured time matrix and its records for the Pipe-it model."""
 from __future__ import annotations
 
 import platform
+import threading
 
 import numpy as np
 import pytest
@@ -14,7 +15,16 @@ from codl_tvm.frontend import load_onnx
 from codl_tvm.pipeline_build import layer_shapes
 from codl_tvm.planner.pipe_model import LayerShape
 from codl_tvm.planner.pipe_search import HandOff, ProcessorGroup, search_pipeline
-from codl_tvm.profiling.layers import layer_records, measure_handoff, profile_layers
+from codl_tvm.profiling.layers import (
+    _busy,
+    _layer_inputs,
+    _loads_beside,
+    build_layer_libraries,
+    layer_records,
+    measure_handoff,
+    measure_layers,
+    profile_layers,
+)
 from tests.test_transform_stages import _depthwise_cnn, _residual_cnn
 
 
@@ -86,3 +96,52 @@ def test_little_isa_without_fma_emits_avx2_and_no_fma():
     nofma, v3 = asm("x86-64-v3-nofma"), asm("x86-64-v3")
     assert "ymm" in nofma and "zmm" not in nofma and "vfmadd" not in nofma
     assert "vfmadd" in v3
+
+
+def test_loads_beside_cover_every_other_core():
+    groups = (
+        ProcessorGroup("gpu", "gpu", (0,)),
+        ProcessorGroup("big", "cpu", (1, 2, 3)),
+        ProcessorGroup("little", "cpu", (4, 5)),
+    )
+    libs = {g.name: f"layers_{g.name}.so" for g in groups}
+    # big on 2 cores: the GPU and little whole, big's third core with big's kernels
+    loads = _loads_beside(groups, libs, [1, 2])
+    assert [(lib, dev.dlpack_device_type(), cores) for lib, dev, cores in loads] == [
+        ("layers_gpu.so", tvm.opencl(0).dlpack_device_type(), [0]),
+        ("layers_big.so", tvm.cpu(0).dlpack_device_type(), [3]),
+        ("layers_little.so", tvm.cpu(0).dlpack_device_type(), [4, 5]),
+    ]
+    # the GPU measured: every CPU core busy, no GPU load
+    assert [cores for _, _, cores in _loads_beside(groups, libs, [0])] == [[1, 2, 3], [4, 5]]
+
+
+def test_profile_under_load_runs_the_other_group_while_timing(tmp_path):
+    model = load_onnx(_residual_cnn())
+    groups = (ProcessorGroup("big", "cpu", (0,)), ProcessorGroup("little", "cpu", (1,)))
+    libs = build_layer_libraries(model, groups, tmp_path, isa={"little": "x86-64-v2"})
+    inputs = _layer_inputs(model, libs["host"])
+    with _busy(_loads_beside(groups, libs, [0]), inputs) as passes:
+        deadline = 600
+        while passes[0] < 2 and deadline:  # the load keeps going while the block runs
+            threading.Event().wait(0.05)
+            deadline -= 1
+        assert passes[0] >= 2
+    stopped = list(passes)
+    threading.Event().wait(0.2)
+    assert passes == stopped  # and stops with it
+    table = measure_layers(model, groups, libs, number=1, repeat=1, under_load=True)
+    alone = measure_layers(model, groups, libs, number=1, repeat=1)
+    assert table.keys() == alone.keys()
+    assert all(np.all(table[k] > 0) for k in table.keys())
+
+
+def test_a_failing_load_is_reported(tmp_path):
+    # the timing of big runs little's library beside it: a broken one fails there, named
+    model = load_onnx(_residual_cnn())
+    groups = (ProcessorGroup("big", "cpu", (0,)), ProcessorGroup("little", "cpu", (1,)))
+    libs = build_layer_libraries(model, groups[:1], tmp_path)
+    libs["little"] = tmp_path / "layers_little.so"
+    libs["little"].write_bytes(b"not a library")
+    with pytest.raises(PlannerError, match="a load beside the layer timing failed"):
+        measure_layers(model, groups, libs, number=1, repeat=1, under_load=True)

@@ -35,8 +35,10 @@ def cmd_compile(args: argparse.Namespace) -> int:
     model_path = args.model or str(bundled_model_path())
     if args.objective == "throughput":
         return _compile_throughput(args, model_path)
-    if args.groups or args.isa or args.pipe_model:
-        raise CliError("--groups/--isa/--pipe-model apply to --objective throughput only")
+    if args.groups or args.isa or args.pipe_model or args.under_load:
+        raise CliError(
+            "--groups/--isa/--pipe-model/--under-load apply to --objective throughput only"
+        )
     plan = None
     if args.plan == "auto":  # the default: plan with the cost model
         args.plan = None
@@ -100,10 +102,13 @@ def _compile_throughput(args: argparse.Namespace, model_path: str) -> int:
     ]
     if given:
         raise CliError(f"{', '.join(given)} apply to --objective latency, not throughput")
+    if args.under_load and args.pipe_model:
+        raise CliError("--under-load times the layers here; --pipe-model predicts them instead")
     options = ThroughputOptions(
         groups=args.groups,
         isa=parse_isa(args.isa),
         pipe_model=args.pipe_model,
+        under_load=args.under_load,
         force=args.force,
     )
     with building(model_path, "pipeline"):
@@ -171,6 +176,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="JSON",
         help="with --objective throughput: a fitted Pipe-it model predicting layer latencies "
         "(default: measure every layer on every group here)",
+    )
+    p.add_argument(
+        "--under-load",
+        action="store_true",
+        help="with --objective throughput: time each layer while the other cores run the "
+        "model, as a stream's other stages do (default: each layer alone, as Pipe-it)",
     )
     p.add_argument(
         "--mode",

@@ -6,7 +6,11 @@ layer) for the host and for each processor group's target; :func:`measure_layers
 layer on 1..n cores of each CPU group (a thread pinned to the group's first ``c`` cores with
 its own ``c``-worker TVM pool) and on the GPU, and returns the
 :class:`~codl_tvm.planner.pipe_search.LatencyTable` the stage search takes;
-:func:`profile_layers` does both. Building and timing are apart so that a benchmark builds
+:func:`profile_layers` does both. Pipe-it times each layer alone; ``under_load=True`` times it
+while every other core of the groups runs the model's layers, as the other stages of a stream
+keep them busy: stages share the socket's caches and memory bandwidth, and a device run found
+them 1.0-2.3x slower streaming than alone (docs/benchmarks.md), which a table of layers alone
+does not show the search. Building and timing are apart so that a benchmark builds
 many models in parallel and times them one at a time. :func:`layer_records` turns a table into
 :class:`~codl_tvm.planner.pipe_model.PipeRecord` to fit Pipe-it's model (Eq. 5/8) on.
 
@@ -17,10 +21,11 @@ search counts: the time matrix times layers alone.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import tempfile
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -121,6 +126,109 @@ def _time_in_thread(fn: Callable[[], Any], cores: Sequence[int] | None) -> Any:
     return box["value"]
 
 
+def _layer_inputs(model: OnnxModel, host_library: Path) -> list[list[np.ndarray]]:
+    """Each layer's inputs: the outputs of the layers before it on a random input, computed
+    once with the host library of :func:`build_layer_libraries`."""
+    n = len(layer_starts(model.mod["main"]))
+    vm = VirtualMachine(tvm.runtime.load_module(str(host_library)), tvm.cpu(0))
+    rng = np.random.default_rng(0)
+    args: list[np.ndarray] = [rng.standard_normal(t.shape).astype(t.dtype) for t in model.inputs]
+    layer_inputs = []
+    for k in range(n):
+        layer_inputs.append(args)
+        res = vm[stage_name(k)](*(tvm.runtime.tensor(a) for a in args))
+        args = [r.numpy() for r in res] if k < n - 1 else []
+    return layer_inputs
+
+
+def _run_layers(lib: Path, dev: Any, layer_inputs: Sequence[Sequence[np.ndarray]]):
+    """A VM on ``lib`` and a function running every layer once on its inputs on ``dev``."""
+    vm = VirtualMachine(tvm.runtime.load_module(str(lib)), dev)
+    placed = [[tvm.runtime.tensor(a, dev) for a in inputs] for inputs in layer_inputs]
+
+    def run_all(stop: threading.Event | None = None) -> None:
+        for k, args in enumerate(placed):
+            if stop is not None and stop.is_set():
+                return
+            vm[stage_name(k)](*args)
+            # the GPU enqueues: wait per layer, so the queue never runs far past a stop
+            dev.sync()
+
+    return run_all
+
+
+@contextlib.contextmanager
+def _busy(
+    loads: Sequence[tuple[Path, Any, Sequence[int]]],
+    layer_inputs: Sequence[Sequence[np.ndarray]],
+) -> Iterator[list[int]]:
+    """Keep each ``(library, device, cores)`` of ``loads`` running every layer in a loop, on a
+    thread pinned to ``cores`` with its own TVM pool there, for the duration of the block;
+    yields the passes over the layers each load has finished (live counts).
+
+    The block starts once every load has run its layers once (a GPU's first run compiles its
+    kernels, which is not the load a stream puts on the machine).
+
+    Raises
+    ------
+    PlannerError
+        A load failed (its error, after every load stopped).
+    """
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    ready = [threading.Event() for _ in loads]
+    passes = [0] * len(loads)
+
+    def body(i: int, lib: Path, dev: Any, cores: Sequence[int]) -> None:
+        try:
+            pin_thread_pool(cores)
+            run_all = _run_layers(lib, dev, layer_inputs)
+            run_all()
+            ready[i].set()
+            while not stop.is_set():
+                run_all(stop)
+                passes[i] += 1
+        except BaseException as e:  # reported by the caller after every load stopped
+            errors.append(e)
+        finally:
+            ready[i].set()
+
+    threads = [
+        threading.Thread(target=body, args=(i, *load), name=f"codl-layer-load-{i}", daemon=True)
+        for i, load in enumerate(loads)
+    ]
+    for t in threads:
+        t.start()
+    try:
+        for r in ready:
+            r.wait()
+        if errors:
+            raise PlannerError(f"a load beside the layer timing failed: {errors[0]}")
+        yield passes
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    if errors:
+        raise PlannerError(f"a load beside the layer timing failed: {errors[0]}")
+
+
+def _loads_beside(
+    groups: Sequence[ProcessorGroup],
+    libraries: Mapping[str, Path],
+    cores: Sequence[int],
+) -> list[tuple[Path, Any, list[int]]]:
+    """What keeps every core of ``groups`` but the measured ``cores`` busy: each group's other
+    cores with its own library (the other groups whole, the measured group's cores left over
+    as a stream's other stages of that core type)."""
+    loads = []
+    for h in groups:
+        rest = [c for c in h.cores if c not in cores]
+        if rest:
+            loads.append((libraries[h.name], _device(h.kind), rest))
+    return loads
+
+
 def build_layer_libraries(
     model: OnnxModel,
     groups: Sequence[ProcessorGroup],
@@ -166,6 +274,7 @@ def measure_layers(
     core_counts: Mapping[str, Sequence[int]] | None = None,
     number: int = 3,
     repeat: int = 3,
+    under_load: bool = False,
 ) -> LatencyTable:
     """Time every layer of :func:`build_layer_libraries`' libraries on every (group, cores).
 
@@ -179,17 +288,14 @@ def measure_layers(
     core_counts
         Per CPU group, the core counts to measure (default: 1 to all of its cores). The search
         needs every count from 1 to the group's size.
+    under_load
+        Time each (group, cores) while every other core of ``groups`` runs the model's layers
+        in a loop (each other group with its own library on all its cores, the group's other
+        cores with its library), as in a stream; default: each layer alone, as Pipe-it.
     """
     groups = check_groups(groups)
     n = len(layer_starts(model.mod["main"]))
-    vm = VirtualMachine(tvm.runtime.load_module(str(libraries["host"])), tvm.cpu(0))
-    rng = np.random.default_rng(0)
-    args: list[np.ndarray] = [rng.standard_normal(t.shape).astype(t.dtype) for t in model.inputs]
-    layer_inputs = []
-    for k in range(n):
-        layer_inputs.append(args)
-        res = vm[stage_name(k)](*(tvm.runtime.tensor(a) for a in args))
-        args = [r.numpy() for r in res] if k < n - 1 else []
+    layer_inputs = _layer_inputs(model, libraries["host"])
     table: dict[tuple[str, int], np.ndarray] = {}
     for g in groups:
         if g.kind == "gpu":
@@ -213,7 +319,9 @@ def measure_layers(
         )
         for c in counts:
             cores = list(g.cores[:c]) if g.kind == "cpu" else list(g.cores)
-            table[(g.name, c)] = _time_in_thread(measure, cores)
+            loads = _loads_beside(groups, libraries, cores) if under_load else []
+            with _busy(loads, layer_inputs):
+                table[(g.name, c)] = _time_in_thread(measure, cores)
     return LatencyTable(table, [s.name for s in layer_shapes(model.mod)])
 
 
@@ -226,15 +334,22 @@ def profile_layers(
     number: int = 3,
     repeat: int = 3,
     work_dir: str | Path | None = None,
+    under_load: bool = False,
 ) -> LatencyTable:
     """Measure Pipe-it's time matrix on this machine: ms of every layer on every (group, cores)
-    (:func:`build_layer_libraries`, then :func:`measure_layers`; the libraries go to
-    ``work_dir``, default a temporary directory removed afterwards)."""
+    (:func:`build_layer_libraries`, then :func:`measure_layers`, ``under_load`` as there; the
+    libraries go to ``work_dir``, default a temporary directory removed afterwards)."""
     work = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="codl-profile-"))
     try:
         libs = build_layer_libraries(model, groups, work, isa=isa)
         return measure_layers(
-            model, groups, libs, core_counts=core_counts, number=number, repeat=repeat
+            model,
+            groups,
+            libs,
+            core_counts=core_counts,
+            number=number,
+            repeat=repeat,
+            under_load=under_load,
         )
     finally:
         if not work_dir:
