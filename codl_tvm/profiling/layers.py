@@ -296,10 +296,10 @@ def measure_layers(
     groups = check_groups(groups)
     n = len(layer_starts(model.mod["main"]))
     layer_inputs = _layer_inputs(model, libraries["host"])
+    if any(g.kind == "gpu" for g in groups):  # before any GPU load or timing
+        runtime.load()
     table: dict[tuple[str, int], np.ndarray] = {}
     for g in groups:
-        if g.kind == "gpu":
-            runtime.load()
         dev = _device(g.kind)
 
         def measure(lib: Path = libraries[g.name], dev: Any = dev) -> np.ndarray:
