@@ -511,17 +511,20 @@ def _exact_cuts(costs: _Costs, configs: Sequence[StageConfig]) -> list[int]:
     best = np.full(n + 1, np.inf)  # best[k]: bottleneck of layers [0, k) on the stages so far
     best[0] = 0.0
     choice = np.zeros((p, n + 1), dtype=np.int64)
-    js = np.arange(n + 1)
+    # stage[j, k]: the stage running layers [j, k) (0 for j == k, none for j > k), one
+    # (n + 1) x (n + 1) array per stage: the search balances thousands of sequences
+    j_idx, k_idx = np.indices((n + 1, n + 1))
+    empty, after = j_idx == k_idx, j_idx > k_idx
     for i, c in enumerate(configs):
         pre = costs.table.prefix(c)
-        new = np.empty(n + 1)
-        for k in range(n + 1):
-            stage = np.where(js[: k + 1] < k, pre[k] - pre[: k + 1] + costs.out_ms[k], 0.0)
-            worst = np.maximum(best[: k + 1], stage)
-            # the last minimum: on a tie the earlier stages keep the layers
-            j = k - int(np.argmin(worst[::-1]))
-            new[k], choice[i, k] = worst[j], j
-        best = new
+        stage = pre[None, :] - pre[:, None] + costs.out_ms[None, :]
+        stage[empty] = 0.0
+        worst = np.maximum(best[:, None], stage)
+        worst[after] = np.inf
+        # the last minimum over j: on a tie the earlier stages keep the layers
+        j = n - np.argmin(worst[::-1], axis=0)
+        best = worst[j, np.arange(n + 1)]
+        choice[i] = j
     cuts = [n]
     for i in range(p - 1, -1, -1):
         cuts.append(int(choice[i, cuts[-1]]))
