@@ -54,22 +54,27 @@ Stages left without layers are dropped (their cores idle).
 
 Where the single-core interleavings are too many to start from, starts that alternate the
 clusters in two to four blocks each are added (the optima on measured tables do; from the other
-starts the search ends with each cluster in one run). Then (extensions) a local search from
-each of Algorithm 3's pipelines moves cores between stages of a cluster, splits, drops, adds and
-relocates stages, and carves a core off a stage into a new stage elsewhere, while the bottleneck
-falls; and, where it is cheap, :func:`optimal_pipeline` replaces the result when its bottleneck
-is lower.
+starts the search ends with each cluster in one run). Then (extensions, ours, not the paper's)
+a local search from each of Algorithm 3's pipelines moves cores between stages of a cluster,
+splits, drops, adds and relocates stages, and carves a core off a stage into a new stage
+elsewhere, while the bottleneck falls; the best pipeline's runs of one cluster are then
+coarsened to one stage each and the local search restarts from every neighbour of that coarse
+pipeline, while that lowers the bottleneck (a local optimum whose clusters alternate in other
+blocks than the optimum's is several moves from it); and, where it is cheap,
+:func:`optimal_pipeline` replaces the result when its bottleneck is lower.
 
 :func:`exhaustive_pipeline` enumerates every pipeline of up to ``max_stages`` stages (any order
 of groups, any core counts, every cut): the check the issue measures the heuristic against.
 :func:`optimal_pipeline` finds the optimum over any number of stages by dynamic programming over
 (layers placed, cores of each group used). On the device's measured tables (five CNNs, 8 big +
-4 little cores and a GPU; and three CNNs on 8 big + 7 little cores and a GPU) the heuristic
-alone reaches the optimum over any stage count (0.998 at worst) on all eight, CPU groups and
-all groups; before the alternating starts, the stage relocations and the local search's
-tie-break on the next slowest stages it stopped at 0.89-0.97 on four of them. On the tables of a
-later run with a faster little cluster (AVX2 without FMA) it stopped at 0.979 (CPU groups) and
-0.971 (all groups) of the optimum on Inception v1, and reached it on SqueezeNet and ResNet50.
+4 little cores and a GPU; three CNNs on 8 big + 7 x86-64-v2 little cores and a GPU; the same
+three with AVX2 little kernels) the heuristic alone reaches the optimum over any stage count
+(0.998 at worst) on all eleven, CPU groups and all groups. Before the alternating starts, the
+stage relocations and the local search's tie-break on the next slowest stages it stopped at
+0.89-0.97 on four of them; before the coarse restarts, at 0.979 (CPU groups) and 0.971 (all
+groups) on the AVX2 run's Inception v1. The heuristic balances thousands of stage sequences:
+on those tables, and on three clusters of six cores, the dynamic program is the cheaper of the
+two.
 """
 
 from __future__ import annotations
@@ -772,8 +777,9 @@ def _coarse_restarts(
     from every neighbour of the coarse pipeline (:func:`_neighbours`: a block's core moved to
     another block, a block carved into a new one elsewhere, a block moved ...); the best
     result replaces the pipeline where its bottleneck is lower, and the step repeats from it
-    until none is (two steps on that table: one coarse neighbour,
-    ``little2 - big4 - little4 - big3 - little1``, leads to the optimum). Deterministic: the
+    until none is (on that table the first step's coarse neighbour
+    ``little2 - big7 - little1 - big1 - little1 - little3``, the last block split, leads to the
+    optimum, and the second finds nothing lower). Deterministic: the
     neighbours come in :func:`_neighbours`' order, the first best wins a tie, and no
     pipeline is searched from twice.
     """
