@@ -37,7 +37,6 @@ def compiled(tmp_path_factory):
                 "big:0,little:1",
                 "--isa",
                 "little=x86-64-v2",
-                "--under-load",
             ]
         )
         == 0
@@ -124,7 +123,7 @@ def test_bad_input_one_line_before_any_frame(compiled, tmp_path, capsys):
     assert "unknown instruction set 'avx9000'" in _error(capsys)
     assert main(["compile", str(model), "-o", str(tmp_path / "y"), "--groups", "big:0"]) == 2
     assert "apply to --objective throughput only" in _error(capsys)
-    assert main([*argv, "--groups", "big:0", "--under-load", "--pipe-model", "m.json"]) == 2
+    assert main([*argv, "--groups", "big:0", "--layer-timing", "alone", "--pipe-model", "m"]) == 2
     assert "--pipe-model predicts them instead" in _error(capsys)
     assert main([*argv, "--groups", "big:0", "--mode", "hope"]) == 2
     assert "--mode apply to --objective latency, not throughput" in _error(capsys)

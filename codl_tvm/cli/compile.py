@@ -35,9 +35,9 @@ def cmd_compile(args: argparse.Namespace) -> int:
     model_path = args.model or str(bundled_model_path())
     if args.objective == "throughput":
         return _compile_throughput(args, model_path)
-    if args.groups or args.isa or args.pipe_model or args.under_load:
+    if args.groups or args.isa or args.pipe_model or args.layer_timing:
         raise CliError(
-            "--groups/--isa/--pipe-model/--under-load apply to --objective throughput only"
+            "--groups/--isa/--pipe-model/--layer-timing apply to --objective throughput only"
         )
     plan = None
     if args.plan == "auto":  # the default: plan with the cost model
@@ -102,13 +102,13 @@ def _compile_throughput(args: argparse.Namespace, model_path: str) -> int:
     ]
     if given:
         raise CliError(f"{', '.join(given)} apply to --objective latency, not throughput")
-    if args.under_load and args.pipe_model:
-        raise CliError("--under-load times the layers here; --pipe-model predicts them instead")
+    if args.layer_timing and args.pipe_model:
+        raise CliError("--layer-timing times the layers here; --pipe-model predicts them instead")
     options = ThroughputOptions(
         groups=args.groups,
         isa=parse_isa(args.isa),
         pipe_model=args.pipe_model,
-        under_load=args.under_load,
+        under_load=args.layer_timing != "alone",
         force=args.force,
     )
     with building(model_path, "pipeline"):
@@ -178,10 +178,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         "(default: measure every layer on every group here)",
     )
     p.add_argument(
-        "--under-load",
-        action="store_true",
+        "--layer-timing",
+        choices=("under-load", "alone"),
         help="with --objective throughput: time each layer while the other cores run the "
-        "model, as a stream's other stages do (default: each layer alone, as Pipe-it)",
+        "model, as a stream's other stages do (under-load, the default), or alone (Pipe-it)",
     )
     p.add_argument(
         "--mode",
