@@ -81,10 +81,8 @@ class ThroughputOptions:
     under_load
         Time each layer while every other core of the groups runs the model's layers, as the
         other stages of a stream keep them busy (shared caches and memory bandwidth); False:
-        each layer alone, as Pipe-it (:func:`~codl_tvm.profiling.layers.measure_layers`). On
-        the device machine's emulated clusters the pipelines planned under load streamed
-        1.51x the big cluster on average over five models, those planned on layers alone
-        1.32x (docs/benchmarks.md).
+        each layer alone, as Pipe-it (:func:`~codl_tvm.profiling.layers.measure_layers`).
+        docs/benchmarks.md streams the plans of both.
     force
         Replace an existing pipeline artifact.
     """
