@@ -21,9 +21,8 @@
 # built, and PIPE_FRAMES frames streamed through each pipeline and baseline, one at a time.
 # Throughput is the steady rate (first to last output; the fill is reported apart) for every
 # configuration alike; the executor's hand-off per stage is measured and counted by the search;
-# the CPU topology (SMT siblings) is recorded. About 11 minutes for squeezenet, inception_v1
-# and resnet50 with 48 frames (10.3 before kernel_all_big_isa was added), 16 for the five
-# models (7 little cores add columns to time); trim with
+# the CPU topology (SMT siblings) is recorded. About 21 minutes for the five models with 48
+# frames and both time matrices (the lease's 30 minutes hold it after stage 1); trim with
 # PIPE_MODELS, PIPE_FRAMES, PIPE_GPU_FRAMES (GPU-alone baseline, default 8), PIPE_NUMBER,
 # PIPE_REPEAT, PIPE_NO_CODL=1 (skips the codl latency-plan baseline and its build),
 # PIPE_NO_UNDER_LOAD=1 (skips the second time matrix, each layer timed beside a load on every
