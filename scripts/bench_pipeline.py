@@ -36,7 +36,8 @@ Phases (builds in ``--jobs`` spawned processes, timing one thing at a time):
    (Eq. 5/8) fitted on the *other* models' measured layers predicts this model's table, and the
    pipeline chosen from it is re-costed with the measured table (predicted vs measured choice).
 4. **build pipelines** of the chosen plans; **stream** ``--frames`` frames through every
-   configuration, in the same process one after another:
+   configuration, in the same process one after another, ``--rounds`` times in rotated order
+   (rates are medians over the rounds, ratios to ``big`` medians of per-round ratios):
 
    - ``pipe_cpu``: the best pipeline on big + little; ``pipe_gpu``: on big + little + GPU;
      ``pipe_pred``: chosen from predicted latencies (when it differs from ``pipe_gpu``);
@@ -72,12 +73,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import queue
 import sys
 import threading
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -540,6 +543,66 @@ def _stream_stats(stream) -> dict:
     }
 
 
+def _stream_rounds(
+    jobs: Mapping[str, Callable[[], dict]], rounds: int, log: Callable[[str], None]
+) -> list[dict[str, dict]]:
+    """Each job once per round, one at a time, the order rotated by one each round (so no
+    configuration always follows the same one); the GPU alone (``gpu``, 100x slower than the
+    rest) in the first round only. A job that raises is recorded as ``{"error": ...}``."""
+    order = list(jobs)
+    out = []
+    for r in range(rounds):
+        runs: dict[str, dict] = {}
+        for tag in order[r % len(order) :] + order[: r % len(order)] if order else []:
+            if tag == "gpu" and r > 0:
+                continue
+            try:
+                runs[tag] = jobs[tag]()
+            except Exception as exc:
+                runs[tag] = {"error": f"{type(exc).__name__}: {exc}"}
+            log(f"round {r} {tag}: {runs[tag].get('steady_frames_per_s', runs[tag].get('error'))}")
+        out.append(runs)
+    return out
+
+
+def _pooled_runs(rounds: list[dict[str, dict]]) -> dict[str, dict]:
+    """Per configuration, its first round's record with the rates and each stage's busy time
+    replaced by their medians over the rounds it ran without error, and the per-round rates
+    (``steady_frames_per_s_rounds``)."""
+    out: dict[str, dict] = {}
+    for tag in dict.fromkeys(t for runs in rounds for t in runs):
+        ok = [runs[tag] for runs in rounds if tag in runs and "error" not in runs[tag]]
+        if not ok:
+            out[tag] = next(runs[tag] for runs in rounds if tag in runs)
+            continue
+        rec = dict(ok[0])
+        for rate in ("steady_frames_per_s", "frames_per_s", "latency_median_ms"):
+            if rate in rec:
+                rec[rate] = float(np.median([r[rate] for r in ok]))
+        rec["steady_frames_per_s_rounds"] = [r["steady_frames_per_s"] for r in ok]
+        if "stage_busy_ms_per_frame" in rec:
+            rec["stage_busy_ms_per_frame"] = {
+                name: float(np.median([r["stage_busy_ms_per_frame"][name] for r in ok]))
+                for name in rec["stage_busy_ms_per_frame"]
+            }
+        out[tag] = rec
+    return out
+
+
+def _round_ratios(rounds: list[dict[str, dict]], rate: str, base: str) -> dict[str, float]:
+    """Per configuration, the median over rounds of its ``rate`` over ``base``'s in the same
+    round (a configuration run in one round only, the GPU alone, against that round's)."""
+    ratios: dict[str, list[float]] = {}
+    for runs in rounds:
+        b = runs.get(base, {}).get(rate)
+        if not b:
+            continue
+        for tag, rec in runs.items():
+            if rec.get(rate):
+                ratios.setdefault(tag, []).append(rec[rate] / b)
+    return {t: float(np.median(v)) for t, v in ratios.items()}
+
+
 def _run_pipeline(path: Path, frames: list, warmup: int) -> dict:
     from codl_tvm.pipeline_artifact import load_pipeline
 
@@ -654,6 +717,13 @@ def main(argv: list[str] | None = None) -> None:
         help="frames for the GPU-alone baseline (100x slower than the CPU configurations here)",
     )
     ap.add_argument("--warmup", type=int, default=3, help="frames run before each measurement")
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="stream every configuration this many times, in rotated order; rates and ratios "
+        "to big are medians over the rounds",
+    )
     ap.add_argument("--number", type=int, default=2, help="layer timing: runs per repeat")
     ap.add_argument("--repeat", type=int, default=3, help="layer timing: repeats (median)")
     ap.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 2) - 1))
@@ -881,39 +951,29 @@ def main(argv: list[str] | None = None) -> None:
             [rng.standard_normal(t.shape).astype(t.dtype) for t in models[n].inputs]
             for _ in range(args.frames)
         ]
-        runs = {}
+        jobs: dict[str, Callable[[], dict]] = {}
         todo = [(t, work / n / t) for t in plans[n] if (n, t) not in failed]
         todo += [("big", work / n / f"whole_{big.name}"), ("kernel_all", work / n / "whole_allcpu")]
         todo += [("kernel_all_big_isa", work / n / "whole_allcpu_big_isa")]
         todo += [("gpu", work / n / f"whole_{g.name}") for g in gpu_groups]
         for tag, path in todo:
-            if not (path / "pipeline.json").exists():
-                continue
-            try:
+            if (path / "pipeline.json").exists():
                 some = frames[: args.gpu_frames] if tag == "gpu" else frames
-                runs[tag] = _run_pipeline(path, some, args.warmup)
-            except Exception as exc:
-                runs[tag] = {"error": f"{type(exc).__name__}: {exc}"}
-            log(f"{n} {tag}: {runs[tag].get('steady_frames_per_s', runs[tag].get('error'))}")
+                jobs[tag] = functools.partial(_run_pipeline, path, some, args.warmup)
         whole = {g.name: work / n / f"whole_{g.name}" for g in groups}
         whole = {g: p for g, p in whole.items() if (p / "pipeline.json").exists()}
         replica_sets = {"replicas": list(whole.values())}
         if gpu_groups:
             replica_sets["replicas_cpu"] = [whole[g.name] for g in cpu_groups if g.name in whole]
         for tag, ps in replica_sets.items():
-            if len(ps) < 2:
-                continue
-            try:
-                runs[tag] = _run_replicas(ps, frames, args.warmup)
-            except Exception as exc:
-                runs[tag] = {"error": f"{type(exc).__name__}: {exc}"}
-            log(f"{n} {tag}: {runs[tag].get('steady_frames_per_s', runs[tag].get('error'))}")
+            if len(ps) >= 2:
+                jobs[tag] = functools.partial(_run_replicas, ps, frames, args.warmup)
         if (work / n / "codl" / "manifest.json").exists():
-            try:
-                runs["codl"] = _run_codl(work / n / "codl", frames, list(big.cores), args.warmup)
-            except Exception as exc:
-                runs["codl"] = {"error": f"{type(exc).__name__}: {exc}"}
-            log(f"{n} codl: {runs['codl'].get('steady_frames_per_s', runs['codl'].get('error'))}")
+            jobs["codl"] = functools.partial(
+                _run_codl, work / n / "codl", frames, list(big.cores), args.warmup
+            )
+        rounds = _stream_rounds(jobs, args.rounds, lambda m, n=n: log(f"{n} {m}"))
+        runs = _pooled_runs(rounds)
         # each stage's time in the stream over the time matrix's for its layers (alone):
         # above 1 where stages slow each other down (shared caches, memory, SMT siblings)
         for tag, plan in plans[n].items():
@@ -935,9 +995,9 @@ def main(argv: list[str] | None = None) -> None:
             ("over_big", "steady_frames_per_s"),
             ("over_big_with_fill", "frames_per_s"),
         ):
-            fps = {t: r[rate] for t, r in runs.items() if r.get(rate)}
-            if "big" in fps:
-                result["models"][n][key] = {t: v / fps["big"] for t, v in fps.items()}
+            ratios = _round_ratios(rounds, rate, "big")
+            if ratios:
+                result["models"][n][key] = ratios
         save()
 
     # summary ------------------------------------------------------------------------------

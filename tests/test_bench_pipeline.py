@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from tests.scripts_util import script_module
@@ -32,6 +33,8 @@ def test_bench_pipeline_runs_every_configuration(tmp_path):
                 "--repeat",
                 "1",
                 "--no-codl",
+                "--rounds",
+                "2",
                 "--work",
                 str(tmp_path / "work"),
                 "--out",
@@ -53,6 +56,11 @@ def test_bench_pipeline_runs_every_configuration(tmp_path):
     assert result["isa"] == {"little": "x86-64-v3-nofma"}
     assert isinstance(result["summary"]["little_over_big_1core_in_pipe_it_range"], bool)
     assert all(r["frames"] == 4 for r in entry["runs"].values())
+    # two rounds of each configuration, pooled: the rate is the median of the rounds'
+    assert all(len(r["steady_frames_per_s_rounds"]) == 2 for r in entry["runs"].values())
+    big = entry["runs"]["big"]
+    assert big["steady_frames_per_s"] == pytest.approx(np.median(big["steady_frames_per_s_rounds"]))
+    assert entry["over_big"]["big"] == 1.0
     assert entry["heuristic_fps_over_exhaustive3"]["cpu"] >= 1.0 - 1e-9
     assert entry["heuristic_fps_over_optimal"]["cpu"] <= 1.0 + 1e-9
     assert entry["little_over_big_1core"] > 0

@@ -23,7 +23,7 @@
 # configuration alike; the executor's hand-off per stage is measured and counted by the search;
 # the CPU topology (SMT siblings) is recorded. About 21 minutes for the five models with 48
 # frames and both time matrices (the lease's 30 minutes hold it after stage 1); trim with
-# PIPE_MODELS, PIPE_FRAMES, PIPE_GPU_FRAMES (GPU-alone baseline, default 8), PIPE_NUMBER,
+# PIPE_MODELS, PIPE_FRAMES, PIPE_ROUNDS (streams of each configuration, default 3), PIPE_GPU_FRAMES (GPU-alone baseline, default 8), PIPE_NUMBER,
 # PIPE_REPEAT, PIPE_NO_CODL=1 (skips the codl latency-plan baseline and its build),
 # PIPE_NO_UNDER_LOAD=1 (skips the second time matrix, each layer timed beside a load on every
 # other core, and the plans searched on it).
@@ -37,7 +37,7 @@ groups=${PIPE_GROUPS:-gpu:0-$((g - 1)),big:$g-$((g + 7)),little:$((g + 8))-15}
 python3 scripts/bench_pipeline.py \
   --models "${PIPE_MODELS:-bvlc_alexnet,inception_v1,posenet,resnet50,squeezenet}" \
   --groups "$groups" --isa "${PIPE_ISA:-little=x86-64-v3-nofma}" --jobs "${PIPE_JOBS:-15}" \
-  --frames "${PIPE_FRAMES:-40}" --gpu-frames "${PIPE_GPU_FRAMES:-8}" --number "${PIPE_NUMBER:-2}" --repeat "${PIPE_REPEAT:-3}" \
+  --frames "${PIPE_FRAMES:-40}" --rounds "${PIPE_ROUNDS:-3}" --gpu-frames "${PIPE_GPU_FRAMES:-8}" --number "${PIPE_NUMBER:-2}" --repeat "${PIPE_REPEAT:-3}" \
   ${PIPE_NO_CODL:+--no-codl} ${PIPE_NO_UNDER_LOAD:+--no-under-load} --work /tmp/b/pipeline --out $r/pipeline.json \
   > $r/pipeline_bench.log 2>&1
 touch $r/DONE
