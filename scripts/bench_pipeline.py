@@ -195,24 +195,33 @@ def _run_builds(jobs: list[dict], n_jobs: int, log) -> dict[tuple[str, str], str
 
 
 # How phase 3 predicts a model's time matrix (the first plans ``pipe_pred``):
+# - "on_demand": this model's one-core and all-core columns per group, Amdahl's law between
+#   adjacent measured core counts (pipe_model.piecewise_amdahl_table), and every column the
+#   pipeline chosen on that table runs on measured in turn until the choice runs on measured
+#   columns alone (pipe_model.on_demand_table): the search exploits underestimates, and the
+#   measured tables' errors against a smooth scaling law are mostly whole columns of one model
+#   (no fit on other columns or other models predicts them), so the choice's own columns are
+#   measured and the rest predicted; on the stored runs' tables it measured 6-11 of 16
+#   columns, and its choice was never further from the measured choice than amdahl's;
 # - "amdahl": no fit, two measured columns per group (one core, every core) and
 #   ``serial + parallel / H`` through them per layer (codl_tvm.planner.pipe_model.amdahl_table):
-#   on the device's tables its per-layer errors were 3-14 % against Eq. 5/8's 18-39 %, and its
-#   choice 13-28 % off the measured choice against eq8's 2-86 %, so it is the one streamed;
+#   on the device's tables its per-layer errors were 3-14 % against Eq. 5/8's 18-39 %;
 # - "eq8": Pipe-it's Eq. 8 (multi-core scaling, fitted on the other models) applied to this
 #   model's *measured* one-core latency of each layer (Eq. 8 takes the one-core latency as its
 #   input): one column per group measured instead of every core count;
 # - "relative", "absolute": Eq. 5 and Eq. 8 fitted on the other models alone (relative errors
 #   with non-negative Eq. 5 coefficients, or the paper's least squares on milliseconds).
 # Every predictor's choice is reported (keys with a ``_<method>`` suffix; the first has none).
-PREDICTORS = ("amdahl", "eq8", "relative", "absolute")
+PREDICTORS = ("on_demand", "amdahl", "eq8", "relative", "absolute")
 
 
 def _fit_predictor(records, groups, exclude: str, method: str, table):
     """A Pipe-it model per layer type fitted on the other models' records (a fit pooled over
     layer types for the types the others lack); returns ``predict(index, layer, group,
     cores)``. With ``method="eq8"`` the one-core latency Eq. 8 scales is ``table``'s measured
-    one (the excluded model's own), else Eq. 5's prediction."""
+    one (the excluded model's own), else Eq. 5's prediction. ``"amdahl"`` and ``"on_demand"``
+    fit nothing: they read the columns of ``table`` they measure (``predict.columns_measured``
+    says which)."""
     from codl_tvm.errors import CodlError
     from codl_tvm.planner.pipe_model import (
         MIN_LATENCY_MS,
@@ -220,17 +229,33 @@ def _fit_predictor(records, groups, exclude: str, method: str, table):
         PipeModel,
         PipeRecord,
         amdahl_table,
+        on_demand_table,
     )
+    from codl_tvm.planner.pipe_search import optimal_pipeline
 
-    loss = "absolute" if method == "absolute" else "relative"
     sizes = {g.name: g.most_stage_cores for g in groups}
-    if method == "amdahl":  # no fit: the two measured anchors per group, the rest through them
-        anchored = amdahl_table(
-            {(g, c): table[(g, c)] for g, most in sizes.items() for c in {1, most}}, sizes
-        )
-        return lambda i, layer, group, cores: max(
-            float(anchored[(group, cores)][i]), MIN_LATENCY_MS
-        )
+    if method in ("amdahl", "on_demand"):
+        if method == "amdahl":  # the two measured anchors per group, the rest through them
+            anchors = {(g, c) for g, most in sizes.items() for c in {1, most}}
+            predicted = amdahl_table({k: table[k] for k in anchors}, sizes)
+        else:
+            # the groups were checked against the machine where they were parsed; planning
+            # on them again needs no more cores than they name
+            cores = sorted({c for g in groups for c in g.cores})
+
+            def used(ptable):
+                plan = optimal_pipeline(ptable, groups, available=cores)
+                return [(s.group, s.core_count) for s in plan.stages]
+
+            found = on_demand_table(lambda g, c: table[(g, c)], sizes, used)
+            predicted, anchors = found.table, set(found.measured)
+
+        def predict(i, layer, group, cores):
+            return max(float(predicted[(group, cores)][i]), MIN_LATENCY_MS)
+
+        predict.columns_measured = sorted(anchors)
+        return predict
+    loss = "absolute" if method == "absolute" else "relative"
     train = [r for name, rs in records.items() if name != exclude for r in rs]
     typed = PipeModel(sizes)
     try:
@@ -328,8 +353,9 @@ def _plan_model(entry: dict, n: str, table, records, shapes, groups, handoff, av
     # each predictor plans on its predicted table; the pipeline it picks is then costed on the
     # measured table (its layers' measured times + the hand-off): what that choice would
     # stream at, over what the choice from measurements streams at
-    # the fitted predictors need other models to fit on; amdahl needs this model's anchors only
-    for method in PREDICTORS if len(records) > 1 else ("amdahl",):
+    # the fitted predictors need other models to fit on; on_demand and amdahl need this
+    # model's own columns only
+    for method in PREDICTORS if len(records) > 1 else ("on_demand", "amdahl"):
         suffix = "" if method == PREDICTORS[0] else f"_{method}"
         try:
             predict = _fit_predictor(records, groups, n, method, table)

@@ -105,8 +105,8 @@ def test_replan_costs_each_predicted_choice_on_the_measured_tables(tmp_path):
     for name, entry in result["models"].items():
         assert entry["searches"]["all_search"]["min_cycle_ms"] > 0, name
         assert entry["heuristic_fps_over_optimal"]["all"] <= 1.0 + 1e-9
-        assert predictors[0] == "amdahl"  # the predictor pipe_pred streams
-        for method in ("amdahl", "eq8", "relative"):
+        assert predictors[0] == "on_demand"  # the predictor pipe_pred streams
+        for method in ("on_demand", "amdahl", "eq8", "relative"):
             suffix = "" if method == predictors[0] else f"_{method}"
             ratio = entry["predicted_choice_over_measured_choice" + suffix]
             assert ratio == pytest.approx(1.0, rel=1e-3), (name, method)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,6 +20,15 @@ from codl_tvm.planner.pipe_model import (
     PipeRecord,
     amdahl_table,
     eq5_features,
+    on_demand_table,
+    piecewise_amdahl_table,
+)
+from codl_tvm.planner.pipe_search import (
+    HandOff,
+    LatencyTable,
+    optimal_pipeline,
+    parse_groups,
+    recost_plan,
 )
 
 # b1..b8 of Eq. 5 in ms (N, K, M, NK, KM, NM, NMK, 1): big cores, little cores ~3x slower.
@@ -277,3 +287,143 @@ def test_amdahl_table_refuses_a_missing_anchor():
         amdahl_table({("big", 1): [1.0, 2.0]}, {"big": 4})
     with pytest.raises(PlannerError, match="different lengths"):
         amdahl_table({("big", 1): [1.0, 2.0], ("big", 2): [1.0]}, {"big": 2})
+
+
+def two_regime_table(n_layers: int = 9, seed: int = 5) -> tuple[dict, dict]:
+    """A time matrix whose layers follow Amdahl's law with one (serial, parallel) split on 1-4
+    big cores and another on 4-8 (the two meet at 4: memory-bound past it), a one-core GPU."""
+    rng = np.random.default_rng(seed)
+    serial = rng.uniform(0.05, 0.5, n_layers)
+    parallel = rng.uniform(1.0, 6.0, n_layers)
+    at4 = serial + parallel / 4
+    serial_hi = at4 * rng.uniform(0.4, 0.8, n_layers)  # more serial on 4-8 cores
+    parallel_hi = (at4 - serial_hi) * 4
+    table = {("gpu", 1): rng.uniform(0.3, 3.0, n_layers)}
+    for h in range(1, 9):
+        table[("big", h)] = serial + parallel / h if h <= 4 else serial_hi + parallel_hi / h
+    for h in range(1, 5):
+        table[("little", h)] = 3.0 * (serial + parallel / h)
+    return table, {"gpu": 1, "big": 8, "little": 4}
+
+
+def test_piecewise_amdahl_recovers_a_scaling_law_with_two_regimes():
+    # through the anchors 1, 4 and 8 every column is exact; through 1 and 8 alone (amdahl_table)
+    # the columns of the first regime are not
+    truth, sizes = two_regime_table()
+    anchors = {k: truth[k] for k in (("gpu", 1), ("big", 1), ("big", 4), ("big", 8))}
+    anchors |= {k: truth[k] for k in (("little", 1), ("little", 4))}
+    table = piecewise_amdahl_table(anchors, sizes)
+    assert sorted(table) == sorted(truth)
+    for k, v in truth.items():
+        np.testing.assert_allclose(table[k], v, rtol=1e-12, err_msg=str(k))
+    ends = {k: v for k, v in anchors.items() if k != ("big", 4)}
+    two = amdahl_table(ends, sizes)
+    assert np.max(np.abs(two[("big", 2)] / truth[("big", 2)] - 1)) > 0.05
+    # with 1 and the group's size alone it is amdahl_table
+    for k, v in piecewise_amdahl_table(ends, sizes).items():
+        np.testing.assert_allclose(v, two[k], rtol=1e-12, err_msg=str(k))
+
+
+def test_piecewise_amdahl_refuses_columns_outside_the_groups():
+    cols = {("big", 1): [1.0], ("big", 2): [0.6]}
+    with pytest.raises(PlannerError, match="measured column big:3 is not a core count"):
+        piecewise_amdahl_table({**cols, ("big", 3): [0.5]}, {"big": 2})
+    with pytest.raises(PlannerError, match="group 'little': no measured latencies on 1 core"):
+        piecewise_amdahl_table(cols, {"big": 2, "little": 2})
+
+
+def synthetic_groups():
+    return parse_groups("gpu:0,big:1-8,little:9-12", range(13))
+
+
+def on_demand(truth: dict, sizes: dict, gs) -> tuple:
+    """:func:`on_demand_table` on ``truth`` with the planner's optimum as the choice, and the
+    columns it measured."""
+    asked = []
+
+    def measure(g, c):
+        asked.append((g, c))
+        return truth[(g, c)]
+
+    def used(table):
+        plan = optimal_pipeline(table, gs, available=range(16))
+        return [(s.group, s.core_count) for s in plan.stages]
+
+    return on_demand_table(measure, sizes, used), asked
+
+
+def test_on_demand_recovers_an_amdahl_law_table_from_its_anchors():
+    # layers that follow Amdahl's law exactly: the two anchors per group predict every column,
+    # so the choice on the predicted table is the measured optimum, and whatever columns it
+    # asks for are measured once each
+    rng = np.random.default_rng(2)
+    serial, parallel = rng.uniform(0.05, 0.5, 10), rng.uniform(1.0, 6.0, 10)
+    truth = {("gpu", 1): rng.uniform(0.5, 4.0, 10)}
+    truth |= {("big", h): serial + parallel / h for h in range(1, 9)}
+    truth |= {("little", h): 3.0 * (serial + parallel / h) for h in range(1, 5)}
+    sizes = {"gpu": 1, "big": 8, "little": 4}
+    gs = synthetic_groups()
+    found, asked = on_demand(truth, sizes, gs)
+    for k, v in truth.items():
+        np.testing.assert_allclose(found.table[k], v, rtol=1e-9, err_msg=str(k))
+    assert asked[:5] == [("gpu", 1), ("big", 1), ("big", 8), ("little", 1), ("little", 4)]
+    assert len(asked) == len(set(asked)) == len(found.measured) < len(truth)
+    chosen = optimal_pipeline(found.table, gs, available=range(16))
+    best = optimal_pipeline(truth, gs, available=range(16))
+    assert recost_plan(chosen, truth).bottleneck_ms == pytest.approx(best.bottleneck_ms)
+
+
+def test_on_demand_measures_the_columns_amdahl_underestimates():
+    # the two-regime table with big:2 and big:3 slower than the law (a column effect, as on
+    # the device): amdahl's two anchors underestimate every big column between 1 and 8 and its
+    # choice runs on them; on_demand measures what its choice runs on, so that choice's
+    # predicted bottleneck is its measured one and no worse than amdahl's choice
+    truth, sizes = two_regime_table(12, seed=7)
+    for h in (2, 3):
+        truth[("big", h)] = truth[("big", h)] * 1.3
+    gs = synthetic_groups()
+    found, _ = on_demand(truth, sizes, gs)
+    assert len(found.measured) < len(truth)
+    chosen = optimal_pipeline(found.table, gs, available=range(16))
+    assert {(s.group, s.core_count) for s in chosen.stages} <= set(found.measured)
+    costed = recost_plan(chosen, truth)
+    assert costed.bottleneck_ms == pytest.approx(chosen.bottleneck_ms)
+    anchors = {k: truth[k] for k in truth if k[1] in (1, sizes[k[0]])}
+    by_amdahl = optimal_pipeline(amdahl_table(anchors, sizes), gs, available=range(16))
+    best = optimal_pipeline(truth, gs, available=range(16)).bottleneck_ms
+    assert recost_plan(by_amdahl, truth).bottleneck_ms > 1.04 * best
+    assert costed.bottleneck_ms <= 1.01 * best
+
+
+def test_on_demand_refuses_a_choice_outside_the_groups():
+    truth = {("big", 1): [1.0, 2.0], ("big", 2): [0.6, 1.1]}
+    with pytest.raises(PlannerError, match="runs on big:3, not a column of the groups"):
+        on_demand_table(lambda g, c: truth[(g, c)], {"big": 2}, lambda table: [("big", 3)])
+
+
+STORED_RUN = Path(__file__).parent / "data" / "pipe_tables_avx2.json"
+
+
+def test_on_demand_choice_on_a_stored_table_is_the_measured_choice():
+    # Inception v1 measured on the device (AVX2 run, 16 columns): planned as the benchmark
+    # does (the optimum on the predicted table, costed on the measured one with the run's
+    # hand-off, over the measured optimum), amdahl's choice streams 1.15x slower; on_demand's
+    # is the measured choice (1.000, measured) from 8 of the 16 columns
+    data = json.loads(STORED_RUN.read_text())
+    gs = parse_groups(data["groups"], range(16))
+    handoff = HandOff(data["handoff_ms_per_stage"])
+    entry = data["models"]["inception_v1"]["table_ms"]
+    truth = {(k.split(":")[0], int(k.split(":")[1])): np.asarray(v) for k, v in entry.items()}
+    sizes = {g.name: g.most_stage_cores for g in gs}
+    found, _ = on_demand(truth, sizes, gs)
+    measured = LatencyTable(truth)
+    best = optimal_pipeline(measured, gs, handoff=handoff, available=range(16)).bottleneck_ms
+
+    def ratio(table) -> float:
+        chosen = optimal_pipeline(table, gs, handoff=handoff, available=range(16))
+        return recost_plan(chosen, measured, handoff=handoff).bottleneck_ms / best
+
+    assert len(found.measured) <= 9
+    assert ratio(found.table) <= 1.01
+    anchors = {k: v for k, v in truth.items() if k[1] in (1, sizes[k[0]])}
+    assert ratio(amdahl_table(anchors, sizes)) > 1.1

@@ -28,9 +28,18 @@ matrix: predicted milliseconds of every layer on every (group, core count).
 layer on one core and on every core) and ``T_H = serial + parallel / H`` through them per
 layer. It needs those two columns of the model itself (``2`` timings per layer and group
 instead of ``cores``), and on the device's measured tables it was far closer than Eq. 5/8
-fitted on other models (median per-layer error 3-14 % against 18-39 %; the pipeline chosen
-from it 1.13-1.28x the measured choice's bottleneck against 1.02-1.86x): Eq. 8 is the same
-form with its coefficients shared by a layer type, where this takes each layer's own.
+fitted on other models: Eq. 8 is the same form with its coefficients shared by a layer type,
+where this takes each layer's own.
+
+:func:`on_demand_table` measures a column only where the search would use it: it plans on
+:func:`piecewise_amdahl_table` (Amdahl's law between adjacent measured core counts), measures the
+columns the chosen pipeline uses that are still predicted, and plans again until the choice
+uses measured columns alone. The measured tables' errors against any smooth scaling law are
+mostly per column (a whole (group, core count) column of one model 0.7-1.4x its interpolation,
+with other models of the same run, or the same model measured again, off the other way), so
+no fit on other columns or other models predicts them; the search then picks the columns it
+underestimates. Measuring what the choice uses removes those underestimates from the choice
+itself, at some 6-11 of a 16-column table's columns on the stored runs.
 """
 
 from __future__ import annotations
@@ -39,7 +48,7 @@ import itertools
 import json
 import math
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,10 +63,13 @@ __all__ = [
     "PIPE_MODEL_VERSION",
     "GroupFit",
     "LayerShape",
+    "OnDemandTable",
     "PipeModel",
     "PipeRecord",
     "amdahl_table",
     "eq5_features",
+    "on_demand_table",
+    "piecewise_amdahl_table",
 ]
 
 PIPE_MODEL_FORMAT = "codl-tvm-pipe-model"
@@ -553,3 +565,128 @@ def amdahl_table(
             if (g, h) not in out:
                 out[(g, h)] = np.maximum(t1 - parallel + parallel / h, MIN_LATENCY_MS)
     return out
+
+
+def piecewise_amdahl_table(
+    measured: Mapping[tuple[str, int], Sequence[float] | np.ndarray],
+    groups: Mapping[str, int],
+) -> dict[tuple[str, int], np.ndarray]:
+    """A full time matrix through every measured column, by Amdahl's law between adjacent ones.
+
+    Parameters
+    ----------
+    measured
+        ``(group, cores) -> ms per layer``; must hold ``(g, 1)`` and ``(g, groups[g])`` for
+        every group, and may hold any core counts between them.
+    groups
+        Group name -> the most cores one stage of it may use.
+
+    Returns
+    -------
+    dict
+        ``(group, cores) -> ms per layer`` for every group and 1..``groups[g]`` cores: the
+        measured columns as given, and between two adjacent measured counts ``a < b`` each
+        layer's ``T_H = s + p / H`` through ``T_a`` and ``T_b`` (``p = (T_a - T_b) / (1/a -
+        1/b)``, floored at :data:`MIN_LATENCY_MS`). With the anchors 1 and ``groups[g]`` alone
+        this is :func:`amdahl_table`.
+
+    Raises
+    ------
+    PlannerError
+        An anchor column missing, a column of a group not in ``groups`` or beyond its cores,
+        or columns of different lengths.
+    """
+    out = {(str(g), int(c)): np.asarray(v, dtype=np.float64) for (g, c), v in measured.items()}
+    lengths = {v.shape for v in out.values()}
+    if len(lengths) > 1:
+        raise PlannerError(f"measured columns of different lengths: {sorted(lengths)}")
+    for g, c in out:
+        if g not in groups or not 1 <= c <= groups[g]:
+            raise PlannerError(
+                f"measured column {g}:{c} is not a core count of the groups "
+                f"({', '.join(f'{n}:1-{m}' for n, m in groups.items())})"
+            )
+    for g, most in groups.items():
+        for anchor in {1, most}:
+            if (g, anchor) not in out:
+                raise PlannerError(
+                    f"group {g!r}: no measured latencies on {anchor} core(s) to predict from"
+                )
+        anchors = sorted(c for name, c in out if name == g)
+        for lo, hi in itertools.pairwise(anchors):
+            t_lo, t_hi = out[(g, lo)], out[(g, hi)]
+            parallel = (t_lo - t_hi) / (1.0 / lo - 1.0 / hi)
+            serial = t_lo - parallel / lo
+            for h in range(lo + 1, hi):
+                out[(g, h)] = np.maximum(serial + parallel / h, MIN_LATENCY_MS)
+    return out
+
+
+@dataclass(frozen=True)
+class OnDemandTable:
+    """What :func:`on_demand_table` returns.
+
+    Parameters
+    ----------
+    table
+        ``(group, cores) -> ms per layer`` for every column: measured where ``measured`` says,
+        predicted by :func:`piecewise_amdahl_table` elsewhere.
+    measured
+        The columns measured, in the order they were measured (the anchors first).
+    rounds
+        How many times the chosen pipeline asked for columns not yet measured.
+    """
+
+    table: dict[tuple[str, int], np.ndarray]
+    measured: tuple[tuple[str, int], ...]
+    rounds: int
+
+
+def on_demand_table(
+    measure: Callable[[str, int], Sequence[float] | np.ndarray],
+    groups: Mapping[str, int],
+    used: Callable[[Mapping[tuple[str, int], np.ndarray]], Iterable[tuple[str, int]]],
+) -> OnDemandTable:
+    """A time matrix measured where the pipeline chosen from it runs, predicted elsewhere.
+
+    Starts from each group's one-core and all-core columns, predicts the others with
+    :func:`piecewise_amdahl_table`, asks ``used`` which columns the pipeline chosen on that
+    table runs on, measures those not yet measured and repeats until the choice runs on
+    measured columns alone. Each round measures at least one more column, so it ends after at
+    most as many rounds as the table has columns; the chosen pipeline's latencies are then
+    measured ones, which a search cannot underestimate.
+
+    Parameters
+    ----------
+    measure
+        ``(group, cores) -> ms per layer`` of the model on that many cores of the group (for
+        example :func:`codl_tvm.profiling.layers.measure_layers` with ``core_counts``).
+    groups
+        Group name -> the most cores one stage of it may use (1 for an accelerator).
+    used
+        A predicted table -> the ``(group, cores)`` of every stage of the pipeline the search
+        chooses on it (the search is the caller's: this module does not plan).
+
+    Raises
+    ------
+    PlannerError
+        ``used`` names a column outside ``groups``, or ``measure`` returns columns of
+        different lengths.
+    """
+    measured: dict[tuple[str, int], np.ndarray] = {}
+    for g, most in groups.items():
+        for c in sorted({1, int(most)}):
+            measured[(g, c)] = np.asarray(measure(g, c), dtype=np.float64)
+    rounds = 0
+    while True:
+        table = piecewise_amdahl_table(measured, groups)
+        wanted = sorted({(str(g), int(c)) for g, c in used(table)} - set(measured))
+        if not wanted:
+            return OnDemandTable(table, tuple(measured), rounds)
+        for g, c in wanted:
+            if g not in groups or not 1 <= c <= groups[g]:
+                raise PlannerError(
+                    f"the chosen pipeline runs on {g}:{c}, not a column of the groups"
+                )
+            measured[(g, c)] = np.asarray(measure(g, c), dtype=np.float64)
+        rounds += 1
