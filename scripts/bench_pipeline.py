@@ -359,6 +359,7 @@ def _plan_model(entry: dict, n: str, table, records, shapes, groups, handoff, av
         suffix = "" if method == PREDICTORS[0] else f"_{method}"
         try:
             predict = _fit_predictor(records, groups, n, method, table)
+            entry["columns_measured" + suffix] = getattr(predict, "columns_measured", None)
             ptable = LatencyTable(
                 {
                     (g.name, c): [predict(i, s, g.name, c) for i, s in enumerate(shapes)]
