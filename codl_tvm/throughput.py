@@ -14,28 +14,53 @@
 4. the stages are built, each for its group, into one pipeline artifact
    (:func:`~codl_tvm.pipeline_build.build_pipeline`), which records the stages, the groups and
    the latencies the search used.
+
+With ``verify_frames`` (``--verify N``) the table is not trusted to rank plans (streams measured
+0.3-0.9 of the rates tables promise, and not in the tables' order): the layers are timed both
+under load and alone, the plan searched on each and the whole model as one stage on the group
+where it runs fastest are built, each streams ``N`` frames here in rotated rounds, and the one
+with the highest median steady rate is kept (:func:`verify_throughput`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from codl_tvm.errors import PlannerError
-from codl_tvm.frontend import load_onnx
+import numpy as np
+
+from codl_tvm.errors import ArtifactError, PlannerError
+from codl_tvm.frontend import OnnxModel, load_onnx, random_inputs
+from codl_tvm.passes.stages import layer_starts
+from codl_tvm.pipeline_artifact import PIPELINE_MANIFEST, is_pipeline, load_pipeline
 from codl_tvm.pipeline_build import build_pipeline, layer_shapes
 from codl_tvm.planner.pipe_model import PipeModel
 from codl_tvm.planner.pipe_search import (
     HandOff,
     LatencyTable,
     PipelinePlan,
+    PipelineStage,
+    ProcessorGroup,
     parse_groups,
     search_pipeline,
 )
-from codl_tvm.profiling.layers import measure_handoff, profile_layers
+from codl_tvm.profiling.layers import build_layer_libraries, measure_handoff, measure_layers
 
-__all__ = ["ThroughputOptions", "compile_throughput", "parse_isa"]
+__all__ = [
+    "Candidate",
+    "ThroughputOptions",
+    "compile_throughput",
+    "one_stage_plan",
+    "parse_isa",
+    "stream_rate",
+    "verify_throughput",
+]
 
 
 def parse_isa(spec: str | None) -> dict[str, str]:
@@ -85,6 +110,14 @@ class ThroughputOptions:
         docs/benchmarks.md streams the plans of both.
     force
         Replace an existing pipeline artifact.
+    verify_frames
+        0: build the plan searched on the one table. Else frames each candidate streams per
+        round (:func:`verify_throughput`; ``under_load`` is then moot: both tables are
+        measured).
+    verify_rounds
+        Rounds of streaming every candidate once, in rotated order (the median rate counts).
+    seed
+        Seed of the random frames streamed with ``verify_frames``.
     """
 
     groups: str
@@ -96,24 +129,120 @@ class ThroughputOptions:
     handoff: bool = True
     under_load: bool = True
     force: bool = False
+    verify_frames: int = 0
+    verify_rounds: int = 3
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A plan ``--verify`` builds and streams.
+
+    Attributes
+    ----------
+    name
+        Where it came from: ``under-load``, ``alone`` (the plan searched on that table),
+        ``one-stage`` (:func:`one_stage_plan`), or several joined by ``+`` where they are the
+        same plan.
+    plan
+        The stages.
+    latencies
+        The manifest's ``latencies`` record of the table it was planned on.
+    """
+
+    name: str
+    plan: PipelinePlan
+    latencies: Mapping[str, Any]
 
 
 def compile_throughput(
-    model_path: str | Path, out: str | Path, options: ThroughputOptions
+    model_path: str | Path,
+    out: str | Path,
+    options: ThroughputOptions,
+    log: Callable[[str], None] | None = None,
 ) -> PipelinePlan:
     """Plan and build ``model_path`` as a pipeline artifact in ``out``; return the plan.
+
+    With ``options.verify_frames`` the candidates of :func:`verify_throughput` are built and
+    streamed here and the fastest is kept; ``log`` gets one line per candidate and the kept one.
 
     Raises
     ------
     PlannerError
         Groups naming cores this machine does not have, unknown instruction sets, or a Pipe-it
-        model that lacks a group or layer type.
-    ModelError, BuildError, ArtifactError
+        model that lacks a group or layer type; ``verify_frames`` or ``verify_rounds`` out of
+        range.
+    ArtifactError
+        ``out`` exists (without ``force``, or is not a pipeline artifact), checked before
+        anything is measured.
+    ModelError, BuildError
         As :func:`~codl_tvm.frontend.load_onnx` and
         :func:`~codl_tvm.pipeline_build.build_pipeline`.
     """
+    out = Path(out)
+    _check_out(out, options.force)
+    verifying = options.verify_frames != 0
+    if verifying:
+        _check_verify(options)
     groups = parse_groups(options.groups)
     model = load_onnx(model_path)
+    handoff = measure_handoff() if options.handoff else HandOff()
+    tables = _tables(model, groups, options, both=verifying)
+    plans = {
+        name: search_pipeline(table, groups, balance=options.balance, handoff=handoff)
+        for name, (table, _) in tables.items()
+    }
+    if not verifying:
+        ((table, source),), (plan,) = tables.values(), plans.values()
+        build_pipeline(
+            model,
+            plan,
+            groups,
+            out,
+            isa=options.isa,
+            force=options.force,
+            extra={"latencies": _latencies(table, source, handoff)},
+        )
+        return plan
+    # the one-stage candidate on the table of layers timed with nothing else running, as a
+    # lone stage runs (a Pipe-it model predicts one table only)
+    table, source = tables.get("alone", next(iter(tables.values())))
+    found = [Candidate(name, plans[name], _latencies(*tables[name], handoff)) for name in tables]
+    found.append(
+        Candidate(
+            "one-stage",
+            one_stage_plan(model, table, groups, handoff),
+            _latencies(table, source, handoff),
+        )
+    )
+    kept = verify_throughput(model, groups, out, _unique(found), options, log or (lambda _: None))
+    return kept.plan
+
+
+def _check_out(out: Path, force: bool) -> None:
+    # before anything is measured: a refusal costs the user nothing
+    if out.exists():
+        if not force:
+            raise ArtifactError(f"{out} exists (pass --force to replace it)")
+        if not is_pipeline(out):
+            raise ArtifactError(f"{out} exists and is not a pipeline artifact: not replacing it")
+
+
+def _check_verify(options: ThroughputOptions) -> None:
+    if options.verify_frames < 2:
+        raise PlannerError(
+            f"--verify streams N frames per candidate and needs N >= 2 (the steady rate is "
+            f"timed between the first output and the last), got {options.verify_frames}"
+        )
+    if options.verify_rounds < 1:
+        raise PlannerError(f"verify rounds must be >= 1, got {options.verify_rounds}")
+
+
+def _tables(
+    model: OnnxModel, groups: Sequence[ProcessorGroup], options: ThroughputOptions, both: bool
+) -> dict[str, tuple[LatencyTable, str]]:
+    """The time matrices to plan on, ``{name: (table, source)}``: one, or with ``both`` (and
+    no Pipe-it model) the layers timed under load and alone (built once, timed twice)."""
     if options.pipe_model:
         pipe_model = PipeModel.load(options.pipe_model)
         shapes = layer_shapes(model.mod)
@@ -121,33 +250,197 @@ def compile_throughput(
             pipe_model.latency_table(shapes, {g.name: g.most_stage_cores for g in groups}),
             [s.name for s in shapes],
         )
-        source = f"predicted by {options.pipe_model}"
-    else:
-        table = profile_layers(
-            model,
-            groups,
-            isa=options.isa,
-            number=options.number,
-            repeat=options.repeat,
-            under_load=options.under_load,
-        )
-        source = "measured on this machine" + (" under load" if options.under_load else "")
-    handoff = measure_handoff() if options.handoff else HandOff()
-    plan = search_pipeline(table, groups, balance=options.balance, handoff=handoff)
-    build_pipeline(
-        model,
-        plan,
-        groups,
-        out,
-        isa=options.isa,
-        force=options.force,
-        extra={
-            "latencies": {
-                "source": source,
-                "handoff_ms_per_stage": handoff.stage_ms,
-                "layers": list(table.layer_names or ()),
-                "ms": {f"{g}:{c}": [float(v) for v in table[(g, c)]] for g, c in table.keys()},
-            }
-        },
+        return {"predicted": (table, f"predicted by {options.pipe_model}")}
+    loads = (True, False) if both else (options.under_load,)
+    work = Path(tempfile.mkdtemp(prefix="codl-profile-"))
+    try:
+        libs = build_layer_libraries(model, groups, work, isa=options.isa)
+        out = {}
+        for under_load in loads:
+            table = measure_layers(
+                model,
+                groups,
+                libs,
+                number=options.number,
+                repeat=options.repeat,
+                under_load=under_load,
+            )
+            source = "measured on this machine" + (" under load" if under_load else "")
+            out["under-load" if under_load else "alone"] = (table, source)
+        return out
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _latencies(table: LatencyTable, source: str, handoff: HandOff) -> dict[str, Any]:
+    return {
+        "source": source,
+        "handoff_ms_per_stage": handoff.stage_ms,
+        "layers": list(table.layer_names or ()),
+        "ms": {f"{g}:{c}": [float(v) for v in table[(g, c)]] for g, c in table.keys()},
+    }
+
+
+def one_stage_plan(
+    model: OnnxModel,
+    table: LatencyTable,
+    groups: Sequence[ProcessorGroup],
+    handoff: HandOff | None = None,
+) -> PipelinePlan:
+    """The whole model as one stage, on all cores of the group where ``table`` says it runs
+    fastest (a pipeline of one stage: what a stream gets without pipelining).
+
+    Raises
+    ------
+    PlannerError
+        A table of another number of layers than the model's, or one that lacks a group's
+        all-cores entry.
+    """
+    handoff = handoff or HandOff()
+    n = len(layer_starts(model.mod["main"]))
+    if table.n_layers != n:
+        raise PlannerError(f"the latency table has {table.n_layers} layers; the model has {n}")
+    table.check(groups)
+    ms = {g.name: float(np.sum(table[(g.name, g.most_stage_cores)])) for g in groups}
+    best = min(groups, key=lambda g: ms[g.name])
+    stage = PipelineStage(
+        best.name, best.most_stage_cores, best.cores, 0, n, ms[best.name] + handoff.stage_ms
     )
-    return plan
+    return PipelinePlan((stage,), "one-stage", handoff.min_cycle_ms(1))
+
+
+def _unique(candidates: Sequence[Candidate]) -> list[Candidate]:
+    """One candidate per plan (same :meth:`~PipelinePlan.describe`), its names joined, its
+    record the first's."""
+    by_plan: dict[str, Candidate] = {}
+    for c in candidates:
+        key = c.plan.describe()
+        if key in by_plan:
+            first = by_plan[key]
+            by_plan[key] = Candidate(f"{first.name}+{c.name}", first.plan, first.latencies)
+        else:
+            by_plan[key] = c
+    return list(by_plan.values())
+
+
+def verify_throughput(
+    model: OnnxModel,
+    groups: Sequence[ProcessorGroup],
+    out: str | Path,
+    candidates: Sequence[Candidate],
+    options: ThroughputOptions,
+    log: Callable[[str], None],
+) -> Candidate:
+    """Build every candidate beside ``out``, stream them here, keep the fastest as ``out``.
+
+    Each candidate is built into one temporary directory beside ``out``, streams a warm-up
+    (a quarter of the frames, at least 2), then ``options.verify_rounds`` rounds stream
+    ``options.verify_frames`` random frames through every candidate, the order rotated each
+    round so that drift favours none. The candidate with the highest median steady rate is
+    moved to ``out`` (an existing ``out`` is replaced only with ``options.force``, after the
+    kept one is complete) with every candidate's plan, predicted and measured rates in its
+    manifest's ``verify``; the others are removed.
+
+    Raises
+    ------
+    ArtifactError
+        ``out`` exists (without ``force``, or is not a pipeline artifact).
+    BuildError
+        A candidate failed to build (nothing is left behind).
+    """
+    out = Path(out)
+    _check_out(out, options.force)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{out.name}.verify-", dir=out.parent))
+    try:
+        paths = []
+        for k, c in enumerate(candidates):
+            path = work / f"candidate{k}"
+            build_pipeline(
+                model, c.plan, groups, path, isa=options.isa, extra={"latencies": c.latencies}
+            )
+            paths.append(path)
+        frames = _frames(model, options.verify_frames, options.seed)
+        samples = _stream_rounds(paths, frames, options.verify_rounds)
+        rates = [float(np.median(v)) for v in samples]
+        best = int(np.argmax(rates))
+        record = {
+            "frames": options.verify_frames,
+            "rounds": options.verify_rounds,
+            "on": "this machine",
+            "candidates": [
+                {
+                    "name": c.name,
+                    "describe": c.plan.describe(),
+                    "predicted_fps": c.plan.throughput_fps,
+                    "measured_fps": rates[k],
+                    "samples_fps": samples[k],
+                }
+                for k, c in enumerate(candidates)
+            ],
+            "kept": candidates[best].name,
+        }
+        for k, c in enumerate(candidates):
+            log(
+                f"verify: {c.name}: {c.plan.describe()} predicted {c.plan.throughput_fps:.1f}, "
+                f"streamed {rates[k]:.1f} frames/s (median of {options.verify_rounds} rounds of "
+                f"{options.verify_frames} frames)"
+            )
+        log(f"verify: keeping {candidates[best].name}: {candidates[best].plan.describe()}")
+        _add_to_manifest(paths[best], {"verify": record})
+        _install(paths[best], out, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return candidates[best]
+
+
+def _frames(model: OnnxModel, count: int, seed: int) -> list[list[np.ndarray]]:
+    # a few distinct frames repeated: what a frame holds does not change a CNN's time
+    distinct = [random_inputs(model, seed + i) for i in range(min(count, 4))]
+    return [[distinct[i % len(distinct)][s.name] for s in model.inputs] for i in range(count)]
+
+
+def stream_rate(path: str | Path, frames: Sequence[Any]) -> float:
+    """Steady frames/s of ``frames`` streamed through the pipeline artifact ``path`` (its
+    stages pinned to their cores)."""
+    pipe = load_pipeline(path)
+    with pipe.stream(frames) as stream:
+        for _ in stream:
+            pass
+        return stream.stats().steady_frames_per_s
+
+
+def _stream_rounds(paths: Sequence[Path], frames: Sequence[Any], rounds: int) -> list[list[float]]:
+    """Steady rates of every artifact per round (in ``paths`` order), after a warm-up."""
+    warm = frames[: max(2, len(frames) // 4)]
+    for path in paths:
+        stream_rate(path, warm)
+    samples: list[list[float]] = [[] for _ in paths]
+    for r in range(rounds):
+        for i in range(len(paths)):
+            k = (i + r) % len(paths)
+            samples[k].append(stream_rate(paths[k], frames))
+    return samples
+
+
+def _add_to_manifest(path: Path, fields: Mapping[str, Any]) -> None:
+    mpath = path / PIPELINE_MANIFEST
+    manifest = json.loads(mpath.read_text())
+    manifest.update(fields)
+    tmp = mpath.with_suffix(".tmp")
+    tmp.write_text(json.dumps(manifest, indent=2))
+    os.replace(tmp, mpath)
+
+
+def _install(path: Path, out: Path, work: Path) -> None:
+    """Move the complete artifact ``path`` to ``out``; an existing ``out`` (already checked
+    replaceable) moves into ``work`` first and comes back if the move fails."""
+    old = work / "replaced"
+    if out.exists():
+        out.rename(old)
+    try:
+        path.rename(out)
+    except BaseException:
+        if old.exists():
+            old.rename(out)
+        raise

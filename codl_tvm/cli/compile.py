@@ -57,7 +57,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
         force=args.force,
         winograd=args.winograd,
         packed=args.packed,
-        verify=args.verify,
+        verify=args.verify or 0,
         verify_modes=tuple(m for m in (args.verify_modes or "").split(",") if m),
         tracker=args.tracker,
         key=args.key,
@@ -92,7 +92,6 @@ def _compile_throughput(args: argparse.Namespace, model_path: str) -> int:
             ("--plan", args.plan not in (None, "auto")),
             ("--dim", args.dim),
             ("--ratio", args.ratio is not None),
-            ("--verify", args.verify),
             ("--refine", args.refine),
             ("--device", args.device != "coexec"),
             ("--mode", args.mode != "codl"),
@@ -104,15 +103,24 @@ def _compile_throughput(args: argparse.Namespace, model_path: str) -> int:
         raise CliError(f"{', '.join(given)} apply to --objective latency, not throughput")
     if args.layer_timing and args.pipe_model:
         raise CliError("--layer-timing times the layers here; --pipe-model predicts them instead")
+    if args.verify is not None and args.verify < 2:
+        raise CliError(
+            f"--verify N streams N frames through each candidate pipeline; N must be >= 2, "
+            f"got {args.verify}"
+        )
+    if args.verify and args.layer_timing:
+        raise CliError("--verify times the layers both under load and alone: drop --layer-timing")
     options = ThroughputOptions(
         groups=args.groups,
         isa=parse_isa(args.isa),
         pipe_model=args.pipe_model,
         under_load=args.layer_timing != "alone",
         force=args.force,
+        verify_frames=args.verify or 0,
+        seed=args.seed,
     )
     with building(model_path, "pipeline"):
-        plan = compile_throughput(model_path, args.output, options)
+        plan = compile_throughput(model_path, args.output, options, log=print)
     print(f"pipeline: {plan.describe()} (predicted {plan.throughput_fps:.1f} frames/s)")
     print(f"run it with: codl-tvm run {args.output} --stream 100")
     return 0
@@ -259,12 +267,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--verify",
         type=int,
-        default=0,
+        default=None,
         metavar="ROUNDS",
         help="also build for each processor alone, time the three builds on this machine "
         "(ROUNDS round-robin rounds) and keep the fastest: never slower than one processor. "
         "Where the two processors missed their predicted latencies by different factors, the "
-        "plans are re-made with predictions calibrated to the measurements and timed too",
+        "plans are re-made with predictions calibrated to the measurements and timed too. "
+        "With --objective throughput: build the plans searched on the layers timed under load "
+        "and alone and the whole model as one stage, stream ROUNDS frames through each here "
+        "(3 rounds, rotated) and keep the highest median frames/s",
     )
     p.add_argument(
         "--verify-calibrate",
