@@ -38,7 +38,7 @@ import numpy as np
 from codl_tvm.errors import ArtifactError, PlannerError
 from codl_tvm.frontend import OnnxModel, load_onnx, random_inputs
 from codl_tvm.passes.stages import layer_starts
-from codl_tvm.pipeline_artifact import PIPELINE_MANIFEST, is_pipeline, load_pipeline
+from codl_tvm.pipeline_artifact import PIPELINE_MANIFEST, Pipeline, is_pipeline, load_pipeline
 from codl_tvm.pipeline_build import build_pipeline, layer_shapes
 from codl_tvm.planner.pipe_model import PipeModel
 from codl_tvm.planner.pipe_search import (
@@ -400,10 +400,9 @@ def _frames(model: OnnxModel, count: int, seed: int) -> list[list[np.ndarray]]:
     return [[distinct[i % len(distinct)][s.name] for s in model.inputs] for i in range(count)]
 
 
-def stream_rate(path: str | Path, frames: Sequence[Any]) -> float:
-    """Steady frames/s of ``frames`` streamed through the pipeline artifact ``path`` (its
-    stages pinned to their cores)."""
-    pipe = load_pipeline(path)
+def stream_rate(pipe: Pipeline, frames: Sequence[Any]) -> float:
+    """Steady frames/s of ``frames`` streamed through ``pipe`` (its stages pinned to their
+    cores)."""
     with pipe.stream(frames) as stream:
         for _ in stream:
             pass
@@ -412,14 +411,15 @@ def stream_rate(path: str | Path, frames: Sequence[Any]) -> float:
 
 def _stream_rounds(paths: Sequence[Path], frames: Sequence[Any], rounds: int) -> list[list[float]]:
     """Steady rates of every artifact per round (in ``paths`` order), after a warm-up."""
+    pipes = [load_pipeline(path) for path in paths]
     warm = frames[: max(2, len(frames) // 4)]
-    for path in paths:
-        stream_rate(path, warm)
-    samples: list[list[float]] = [[] for _ in paths]
+    for pipe in pipes:
+        stream_rate(pipe, warm)
+    samples: list[list[float]] = [[] for _ in pipes]
     for r in range(rounds):
-        for i in range(len(paths)):
-            k = (i + r) % len(paths)
-            samples[k].append(stream_rate(paths[k], frames))
+        for i in range(len(pipes)):
+            k = (i + r) % len(pipes)
+            samples[k].append(stream_rate(pipes[k], frames))
     return samples
 
 
