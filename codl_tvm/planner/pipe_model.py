@@ -520,6 +520,25 @@ def _eq5(beta: np.ndarray, layer: LayerShape) -> float:
     return float(x @ np.asarray(beta))
 
 
+def _anchored_columns(
+    measured: Mapping[tuple[str, int], Sequence[float] | np.ndarray],
+    groups: Mapping[str, int],
+) -> dict[tuple[str, int], np.ndarray]:
+    """``measured`` as float arrays, checked to be of one length and to hold every group's
+    one-core and all-core columns (the anchors both Amdahl tables predict from)."""
+    out = {(str(g), int(c)): np.asarray(v, dtype=np.float64) for (g, c), v in measured.items()}
+    lengths = {v.shape for v in out.values()}
+    if len(lengths) > 1:
+        raise PlannerError(f"measured columns of different lengths: {sorted(lengths)}")
+    for g, most in groups.items():
+        for anchor in {1, most}:
+            if (g, anchor) not in out:
+                raise PlannerError(
+                    f"group {g!r}: no measured latencies on {anchor} core(s) to predict from"
+                )
+    return out
+
+
 def amdahl_table(
     measured: Mapping[tuple[str, int], Sequence[float] | np.ndarray],
     groups: Mapping[str, int],
@@ -549,16 +568,8 @@ def amdahl_table(
     PlannerError
         An anchor column missing, or columns of different lengths.
     """
-    out = {(str(g), int(c)): np.asarray(v, dtype=np.float64) for (g, c), v in measured.items()}
-    lengths = {v.shape for v in out.values()}
-    if len(lengths) > 1:
-        raise PlannerError(f"measured columns of different lengths: {sorted(lengths)}")
+    out = _anchored_columns(measured, groups)
     for g, most in groups.items():
-        for anchor in {1, most}:
-            if (g, anchor) not in out:
-                raise PlannerError(
-                    f"group {g!r}: no measured latencies on {anchor} core(s) to predict from"
-                )
         t1, tn = out[(g, 1)], out[(g, most)]
         parallel = (t1 - tn) * most / (most - 1) if most > 1 else np.zeros_like(t1)
         for h in range(2, most):
@@ -596,22 +607,14 @@ def piecewise_amdahl_table(
         An anchor column missing, a column of a group not in ``groups`` or beyond its cores,
         or columns of different lengths.
     """
-    out = {(str(g), int(c)): np.asarray(v, dtype=np.float64) for (g, c), v in measured.items()}
-    lengths = {v.shape for v in out.values()}
-    if len(lengths) > 1:
-        raise PlannerError(f"measured columns of different lengths: {sorted(lengths)}")
+    out = _anchored_columns(measured, groups)
     for g, c in out:
         if g not in groups or not 1 <= c <= groups[g]:
             raise PlannerError(
                 f"measured column {g}:{c} is not a core count of the groups "
                 f"({', '.join(f'{n}:1-{m}' for n, m in groups.items())})"
             )
-    for g, most in groups.items():
-        for anchor in {1, most}:
-            if (g, anchor) not in out:
-                raise PlannerError(
-                    f"group {g!r}: no measured latencies on {anchor} core(s) to predict from"
-                )
+    for g in groups:
         anchors = sorted(c for name, c in out if name == g)
         for lo, hi in itertools.pairwise(anchors):
             t_lo, t_hi = out[(g, lo)], out[(g, hi)]
