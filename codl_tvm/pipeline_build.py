@@ -54,9 +54,11 @@ from codl_tvm.targets import host_cpu_spec
 __all__ = [
     "ISAS",
     "build_pipeline",
+    "check_pipeline_out",
     "compile_library",
     "default_isa",
     "group_target",
+    "install_pipeline",
     "layer_shapes",
     "resolve_isas",
     "stage_module",
@@ -215,6 +217,40 @@ def stage_module(staged: tvm.IRModule, names: Sequence[str], main: str | None = 
     return relax.transform.DeadCodeElimination(entries)(mod)
 
 
+def check_pipeline_out(out: Path, force: bool) -> None:
+    """Refuse an ``out`` that a pipeline build may not replace (touches nothing): an existing
+    one without ``force``, or one that is not a pipeline artifact.
+
+    Raises
+    ------
+    ArtifactError
+        As above.
+    """
+    if out.exists():
+        if not force:
+            raise ArtifactError(f"{out} exists (pass --force to replace it)")
+        if not is_pipeline(out):
+            raise ArtifactError(f"{out} exists and is not a pipeline artifact: not replacing it")
+
+
+def install_pipeline(built: Path, out: Path) -> None:
+    """Move the complete pipeline directory ``built`` to ``out`` (beside it, so a rename); an
+    existing ``out``, already checked replaceable, is set aside first, put back if the move
+    fails and deleted once it succeeded, so a failure never leaves the user without one."""
+    if not out.exists():
+        built.rename(out)
+        return
+    aside = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+    out.rename(aside / "old")
+    try:
+        built.rename(out)
+    except BaseException:
+        (aside / "old").rename(out)
+        aside.rmdir()
+        raise
+    shutil.rmtree(aside, ignore_errors=True)
+
+
 def build_pipeline(
     model: OnnxModel,
     plan: PipelinePlan,
@@ -253,11 +289,7 @@ def build_pipeline(
         A stage failed to build.
     """
     out = Path(out)
-    if out.exists():
-        if not force:
-            raise ArtifactError(f"{out} exists (pass --force to replace it)")
-        if not is_pipeline(out):
-            raise ArtifactError(f"{out} exists and is not a pipeline artifact: not replacing it")
+    check_pipeline_out(out, force)
     by_name = {g.name: g for g in groups}
     isas = resolve_isas(groups, isa)
     starts = layer_starts(model.mod["main"])
@@ -316,9 +348,7 @@ def build_pipeline(
             **dict(extra or {}),
         }
         (stage_dir / PIPELINE_MANIFEST).write_text(json.dumps(manifest, indent=2))
-        if out.exists():
-            shutil.rmtree(out)
-        stage_dir.rename(out)
+        install_pipeline(stage_dir, out)
     except BaseException:
         shutil.rmtree(stage_dir, ignore_errors=True)
         raise

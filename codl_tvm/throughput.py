@@ -35,11 +35,16 @@ from typing import Any
 
 import numpy as np
 
-from codl_tvm.errors import ArtifactError, PlannerError
+from codl_tvm.errors import PlannerError
 from codl_tvm.frontend import OnnxModel, load_onnx, random_inputs
 from codl_tvm.passes.stages import layer_starts
-from codl_tvm.pipeline_artifact import PIPELINE_MANIFEST, Pipeline, is_pipeline, load_pipeline
-from codl_tvm.pipeline_build import build_pipeline, layer_shapes
+from codl_tvm.pipeline_artifact import PIPELINE_MANIFEST, Pipeline, load_pipeline
+from codl_tvm.pipeline_build import (
+    build_pipeline,
+    check_pipeline_out,
+    install_pipeline,
+    layer_shapes,
+)
 from codl_tvm.planner.pipe_model import PipeModel
 from codl_tvm.planner.pipe_search import (
     HandOff,
@@ -180,7 +185,7 @@ def compile_throughput(
         :func:`~codl_tvm.pipeline_build.build_pipeline`.
     """
     out = Path(out)
-    _check_out(out, options.force)
+    check_pipeline_out(out, options.force)
     verifying = options.verify_frames != 0
     if verifying:
         _check_verify(options)
@@ -217,15 +222,6 @@ def compile_throughput(
     )
     kept = verify_throughput(model, groups, out, _unique(found), options, log or (lambda _: None))
     return kept.plan
-
-
-def _check_out(out: Path, force: bool) -> None:
-    # before anything is measured: a refusal costs the user nothing
-    if out.exists():
-        if not force:
-            raise ArtifactError(f"{out} exists (pass --force to replace it)")
-        if not is_pipeline(out):
-            raise ArtifactError(f"{out} exists and is not a pipeline artifact: not replacing it")
 
 
 def _check_verify(options: ThroughputOptions) -> None:
@@ -349,7 +345,7 @@ def verify_throughput(
         A candidate failed to build (nothing is left behind).
     """
     out = Path(out)
-    _check_out(out, options.force)
+    check_pipeline_out(out, options.force)
     out.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{out.name}.verify-", dir=out.parent))
     try:
@@ -388,7 +384,7 @@ def verify_throughput(
             )
         log(f"verify: keeping {candidates[best].name}: {candidates[best].plan.describe()}")
         _add_to_manifest(paths[best], {"verify": record})
-        _install(paths[best], out, work)
+        install_pipeline(paths[best], out)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return candidates[best]
@@ -430,17 +426,3 @@ def _add_to_manifest(path: Path, fields: Mapping[str, Any]) -> None:
     tmp = mpath.with_suffix(".tmp")
     tmp.write_text(json.dumps(manifest, indent=2))
     os.replace(tmp, mpath)
-
-
-def _install(path: Path, out: Path, work: Path) -> None:
-    """Move the complete artifact ``path`` to ``out``; an existing ``out`` (already checked
-    replaceable) moves into ``work`` first and comes back if the move fails."""
-    old = work / "replaced"
-    if out.exists():
-        out.rename(old)
-    try:
-        path.rename(out)
-    except BaseException:
-        if old.exists():
-            old.rename(out)
-        raise
