@@ -11,6 +11,10 @@
 3. the stream executor's hand-off cost per stage is measured on this machine
    (:func:`~codl_tvm.profiling.layers.measure_handoff`), and Pipe-it's search
    (:func:`~codl_tvm.planner.pipe_search.search_pipeline`) picks the stages with it counted;
+   on a measured matrix the chosen stages are then timed running together and the search
+   repeated on those measurements until its choice runs on measured stages only
+   (:func:`~codl_tvm.planner.pipe_refine.refine_with_stages`, ``stage_rounds``): a stage of
+   many layers runs slower than the sum of its layers timed one by one;
 4. the stages are built, each for its group, into one pipeline artifact
    (:func:`~codl_tvm.pipeline_build.build_pipeline`), which records the stages, the groups and
    the latencies the search used.
@@ -46,6 +50,7 @@ from codl_tvm.pipeline_build import (
     layer_shapes,
 )
 from codl_tvm.planner.pipe_model import PipeModel
+from codl_tvm.planner.pipe_refine import refine_with_stages
 from codl_tvm.planner.pipe_search import (
     HandOff,
     LatencyTable,
@@ -55,7 +60,12 @@ from codl_tvm.planner.pipe_search import (
     parse_groups,
     search_pipeline,
 )
-from codl_tvm.profiling.layers import build_layer_libraries, measure_handoff, measure_layers
+from codl_tvm.profiling.layers import (
+    build_layer_libraries,
+    measure_handoff,
+    measure_layers,
+    stage_timer,
+)
 
 __all__ = [
     "Candidate",
@@ -113,6 +123,10 @@ class ThroughputOptions:
         other stages of a stream keep them busy (shared caches and memory bandwidth); False:
         each layer alone, as Pipe-it (:func:`~codl_tvm.profiling.layers.measure_layers`).
         docs/benchmarks.md streams the plans of both.
+    stage_rounds
+        On a measured matrix, the most pipelines whose stages are timed running together
+        before the search's choice (:func:`~codl_tvm.planner.pipe_refine.refine_with_stages`);
+        0 plans on the sums of the layers' latencies (Pipe-it's way).
     force
         Replace an existing pipeline artifact.
     verify_frames
@@ -133,6 +147,7 @@ class ThroughputOptions:
     repeat: int = 3
     handoff: bool = True
     under_load: bool = True
+    stage_rounds: int = 16
     force: bool = False
     verify_frames: int = 0
     verify_rounds: int = 3
@@ -189,14 +204,14 @@ def compile_throughput(
     verifying = options.verify_frames != 0
     if verifying:
         _check_verify(options)
+    if options.stage_rounds < 0:
+        raise PlannerError(f"stage rounds must be >= 0, got {options.stage_rounds}")
     groups = parse_groups(options.groups)
     model = load_onnx(model_path)
     handoff = measure_handoff() if options.handoff else HandOff()
-    tables = _tables(model, groups, options, both=verifying)
-    plans = {
-        name: search_pipeline(table, groups, balance=options.balance, handoff=handoff)
-        for name, (table, _) in tables.items()
-    }
+    planned = _plans(model, groups, options, handoff, both=verifying)
+    tables = {name: (table, source) for name, (_, table, source) in planned.items()}
+    plans = {name: plan for name, (plan, _, _) in planned.items()}
     if not verifying:
         ((table, source),), (plan,) = tables.values(), plans.values()
         build_pipeline(
@@ -234,11 +249,17 @@ def _check_verify(options: ThroughputOptions) -> None:
         raise PlannerError(f"verify rounds must be >= 1, got {options.verify_rounds}")
 
 
-def _tables(
-    model: OnnxModel, groups: Sequence[ProcessorGroup], options: ThroughputOptions, both: bool
-) -> dict[str, tuple[LatencyTable, str]]:
-    """The time matrices to plan on, ``{name: (table, source)}``: one, or with ``both`` (and
-    no Pipe-it model) the layers timed under load and alone (built once, timed twice)."""
+def _plans(
+    model: OnnxModel,
+    groups: Sequence[ProcessorGroup],
+    options: ThroughputOptions,
+    handoff: HandOff,
+    both: bool,
+) -> dict[str, tuple[PipelinePlan, LatencyTable, str]]:
+    """The plans searched on each time matrix, ``{name: (plan, table, source)}``: one
+    matrix, or with ``both`` (and no Pipe-it model) the layers timed under load and alone
+    (built once, timed twice); on a measured matrix the plan's stages are measured
+    (``options.stage_rounds``) and the table returned holds them."""
     if options.pipe_model:
         pipe_model = PipeModel.load(options.pipe_model)
         shapes = layer_shapes(model.mod)
@@ -246,11 +267,13 @@ def _tables(
             pipe_model.latency_table(shapes, {g.name: g.most_stage_cores for g in groups}),
             [s.name for s in shapes],
         )
-        return {"predicted": (table, f"predicted by {options.pipe_model}")}
+        plan = search_pipeline(table, groups, balance=options.balance, handoff=handoff)
+        return {"predicted": (plan, table, f"predicted by {options.pipe_model}")}
     loads = (True, False) if both else (options.under_load,)
     work = Path(tempfile.mkdtemp(prefix="codl-profile-"))
     try:
         libs = build_layer_libraries(model, groups, work, isa=options.isa)
+        measure = stage_timer(model, groups, libs) if options.stage_rounds else None
         out = {}
         for under_load in loads:
             table = measure_layers(
@@ -262,7 +285,20 @@ def _tables(
                 under_load=under_load,
             )
             source = "measured on this machine" + (" under load" if under_load else "")
-            out["under-load" if under_load else "alone"] = (table, source)
+            if measure is None:
+                plan = search_pipeline(table, groups, balance=options.balance, handoff=handoff)
+            else:
+                refined = refine_with_stages(
+                    table,
+                    groups,
+                    measure,
+                    handoff=handoff,
+                    rounds=options.stage_rounds,
+                    balance=options.balance,
+                )
+                plan, table = refined.plan, refined.table
+                source += ", stages timed together"
+            out["under-load" if under_load else "alone"] = (plan, table, source)
         return out
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -274,6 +310,8 @@ def _latencies(table: LatencyTable, source: str, handoff: HandOff) -> dict[str, 
         "handoff_ms_per_stage": handoff.stage_ms,
         "layers": list(table.layer_names or ()),
         "ms": {f"{g}:{c}": [float(v) for v in table[(g, c)]] for g, c in table.keys()},
+        # measured stages: [group, cores, first layer, stop layer, ms]
+        "stages_ms": [[*key, ms] for key, ms in table.stage_ms.items()],
     }
 
 
@@ -297,7 +335,12 @@ def one_stage_plan(
     if table.n_layers != n:
         raise PlannerError(f"the latency table has {table.n_layers} layers; the model has {n}")
     table.check(groups)
-    ms = {g.name: float(np.sum(table[(g.name, g.most_stage_cores)])) for g in groups}
+    ms = {
+        g.name: table.stage_ms.get(
+            (g.name, g.most_stage_cores, 0, n), float(np.sum(table[(g.name, g.most_stage_cores)]))
+        )
+        for g in groups
+    }
     best = min(groups, key=lambda g: ms[g.name])
     stage = PipelineStage(
         best.name, best.most_stage_cores, best.cores, 0, n, ms[best.name] + handoff.stage_ms

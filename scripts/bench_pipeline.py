@@ -42,8 +42,12 @@ Phases (builds in ``--jobs`` spawned processes, timing one thing at a time):
    - ``pipe_cpu``: the best pipeline on big + little; ``pipe_gpu``: on big + little + GPU;
      ``pipe_pred``: chosen from predicted latencies (when it differs from ``pipe_gpu``);
      ``pipe_cpu_loaded``, ``pipe_gpu_loaded``: the same searches on the table timed under
-     load (each streamed where it differs from the plans above; every streamed plan is also
-     costed on both tables, ``planned_fps``, to show which one the stream follows);
+     load; ``pipe_cpu_staged``, ``pipe_gpu_staged``: from the loaded table, the chosen
+     stages timed running together and the search repeated on those times until its choice
+     runs on measured stages (:func:`codl_tvm.planner.pipe_refine.refine_with_stages`, what
+     ``compile --objective throughput`` builds); each streamed where it differs from the
+     plans above; every streamed plan is also costed on every table, ``planned_fps``, to show
+     which one the stream follows;
    - ``big``: all layers on the big cluster (Pipe-it's baseline);
    - ``kernel_all``: every layer on all CPU cores at once (kernel-level parallelism, Pipe-it's
      "all cores" baseline), built for the *little* group's ISA. On a real big.LITTLE one
@@ -423,6 +427,34 @@ def _plan_loaded(entry: dict, plans: dict, table, groups, handoff) -> None:
     entry["loaded_plans"] = found
 
 
+def _plan_staged(entry: dict, plans: dict, table, groups, handoff, measure, rounds: int):
+    """From ``table``, :func:`refine_with_stages` over the CPU groups and over all groups, into
+    ``plans`` as ``pipe_cpu_staged`` and ``pipe_gpu_staged`` where they differ from a plan
+    already there; returns ``table`` with every stage measured on the way."""
+    from codl_tvm.planner.pipe_refine import refine_with_stages
+
+    cpu_groups = tuple(g for g in groups if g.kind == "cpu")
+    found = {}
+    for tag, gs in (("pipe_cpu_staged", cpu_groups), ("pipe_gpu_staged", groups)):
+        if tag == "pipe_gpu_staged" and len(gs) == len(cpu_groups):
+            continue
+        t0 = time.perf_counter()
+        refined = refine_with_stages(table, gs, measure, handoff=handoff, rounds=rounds)
+        plan = refined.plan
+        table = table.with_stages(refined.table.stage_ms)
+        same = next((t for t, p in plans.items() if p.describe() == plan.describe()), None)
+        found[tag] = {
+            "plan": _plan_json(plan),
+            "same_as": same,
+            "refinement": refined.to_json(),
+            "seconds": time.perf_counter() - t0,
+        }
+        if same is None:
+            plans[tag] = plan
+    entry["staged_plans"] = found
+    return table
+
+
 def _planner_choice(heuristic, optimum):
     """What :func:`~codl_tvm.planner.pipe_search.search_pipeline` returns from its heuristic's
     pipeline and the optimum (where that is computed): the optimum where its bottleneck is
@@ -756,6 +788,18 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 2) - 1))
     ap.add_argument("--no-codl", action="store_true", help="skip the codl latency-plan baseline")
     ap.add_argument(
+        "--stage-rounds",
+        type=int,
+        default=16,
+        help="the most pipelines whose stages are timed together for the staged plans "
+        "(0: no staged plans)",
+    )
+    ap.add_argument(
+        "--skip",
+        default="",
+        help="configurations not streamed, comma-separated (e.g. gpu,replicas,kernel_all_big_isa)",
+    )
+    ap.add_argument(
         "--no-under-load",
         action="store_true",
         help="time the layers alone only (Pipe-it), not also beside a load on the other cores",
@@ -780,7 +824,12 @@ def main(argv: list[str] | None = None) -> None:
     from codl_tvm.frontend import load_onnx
     from codl_tvm.pipeline_build import layer_shapes, resolve_isas
     from codl_tvm.planner.pipe_search import recost_plan
-    from codl_tvm.profiling.layers import layer_records, measure_handoff, measure_layers
+    from codl_tvm.profiling.layers import (
+        layer_records,
+        measure_handoff,
+        measure_layers,
+        stage_timer,
+    )
     from codl_tvm.throughput import parse_isa
 
     t_start = time.perf_counter()
@@ -797,6 +846,7 @@ def main(argv: list[str] | None = None) -> None:
     little = by_name.get("little", cpu_groups[-1])
     little_isa = resolve_isas(groups, isa)[little.name]
     names = [m for m in args.models.split(",") if m]
+    skip = {t for t in args.skip.split(",") if t}
     result: dict = {
         "groups": args.groups,
         "isa": isa,
@@ -940,6 +990,7 @@ def main(argv: list[str] | None = None) -> None:
     result["handoff_ms_per_stage"] = handoff.stage_ms
     log(f"hand-off per stage: {handoff.stage_ms * 1e3:.1f} us")
     plans = {}
+    staged = {}
     for n, table in tables.items():
         plans[n] = _plan_model(
             result["models"][n], n, table, records, layer_shapes(models[n].mod), groups, handoff
@@ -948,7 +999,20 @@ def main(argv: list[str] | None = None) -> None:
         log(f"planned {n}: cpu {cpu.describe()} | all {full.describe()}")
         if n in loaded:
             _plan_loaded(result["models"][n], plans[n], loaded[n], groups, handoff)
-    save()
+        if args.stage_rounds > 0:
+            libs = {p.stem.removeprefix("layers_"): p for p in (work / n / "layers").glob("*.so")}
+            measure = stage_timer(models[n], groups, libs)
+            staged[n] = _plan_staged(
+                result["models"][n],
+                plans[n],
+                loaded.get(n, table),
+                groups,
+                handoff,
+                measure,
+                args.stage_rounds,
+            )
+            log(f"staged {n}: {json.dumps(result['models'][n]['staged_plans'])[:400]}")
+        save()
 
     # 4. build the chosen pipelines, then stream everything ---------------------------------
     jobs = []
@@ -995,6 +1059,8 @@ def main(argv: list[str] | None = None) -> None:
         for tag, ps in replica_sets.items():
             if len(ps) >= 2:
                 jobs[tag] = functools.partial(_run_replicas, ps, frames, args.warmup)
+        for tag in skip:
+            jobs.pop(tag, None)
         if (work / n / "codl" / "manifest.json").exists():
             jobs["codl"] = functools.partial(
                 _run_codl, work / n / "codl", frames, list(big.cores), args.warmup
@@ -1006,6 +1072,8 @@ def main(argv: list[str] | None = None) -> None:
         for tag, plan in plans[n].items():
             if tag in runs:  # what each table promised this plan, beside what it streamed
                 planned = {"alone": tables[n]} | ({"under_load": loaded[n]} if n in loaded else {})
+                if n in staged:
+                    planned["staged"] = staged[n]
                 runs[tag]["planned_fps"] = {
                     k: recost_plan(plan, t, handoff=handoff).throughput_fps
                     for k, t in planned.items()

@@ -35,6 +35,10 @@ def test_bench_pipeline_runs_every_configuration(tmp_path):
                 "--no-codl",
                 "--rounds",
                 "2",
+                "--stage-rounds",
+                "3",
+                "--skip",
+                "kernel_all_big_isa",
                 "--work",
                 str(tmp_path / "work"),
                 "--out",
@@ -44,15 +48,20 @@ def test_bench_pipeline_runs_every_configuration(tmp_path):
     result = json.loads(out.read_text())
     assert result["failed_builds"] == {}
     entry = result["models"]["codl_small_cnn"]
-    # kernel_all: every core with the little ISA; kernel_all_big_isa: with the host's
-    base = {"pipe_cpu", "big", "kernel_all", "kernel_all_big_isa", "replicas"}
-    # the plan searched on the table timed under load streams where it differs from pipe_cpu
+    # kernel_all: every core with the little ISA (kernel_all_big_isa, the host's, skipped)
+    base = {"pipe_cpu", "big", "kernel_all", "replicas"}
+    # the plans searched on the table timed under load and refined on measured stages stream
+    # where they differ from the plans before them
     loaded = entry["loaded_plans"]["pipe_cpu_loaded"]
+    staged = entry["staged_plans"]["pipe_cpu_staged"]
     extra = {"pipe_cpu_loaded"} if loaded["same_as"] is None else set()
+    extra |= {"pipe_cpu_staged"} if staged["same_as"] is None else set()
     assert set(entry["runs"]) == base | extra
     assert loaded["same_as"] in (None, "pipe_cpu")
+    assert staged["same_as"] in (None, "pipe_cpu", "pipe_cpu_loaded")
+    assert 1 <= len(staged["refinement"]["rounds"]) <= 3
     assert set(entry["loaded_over_alone_median_by_group"]) == {"big", "little"}
-    assert set(entry["runs"]["pipe_cpu"]["planned_fps"]) == {"alone", "under_load"}
+    assert set(entry["runs"]["pipe_cpu"]["planned_fps"]) == {"alone", "under_load", "staged"}
     assert result["isa"] == {"little": "x86-64-v3-nofma"}
     assert isinstance(result["summary"]["little_over_big_1core_in_pipe_it_range"], bool)
     assert all(r["frames"] == 4 for r in entry["runs"].values())

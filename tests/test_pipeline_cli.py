@@ -58,7 +58,17 @@ def test_compile_records_stages_groups_and_latencies(compiled):
     assert layers[0][0] == 0 and all(a[1] == b[0] for a, b in itertools.pairwise(layers))
     assert layers[-1][1] == len(manifest["latencies"]["layers"])
     assert set(manifest["latencies"]["ms"]) == {"big:1", "little:1"}
-    assert manifest["latencies"]["source"] == "measured on this machine under load"
+    assert manifest["latencies"]["source"] == (
+        "measured on this machine under load, stages timed together"
+    )
+    # the kept stages' times are measured stages (refine_with_stages), not sums of layers
+    measured = {tuple(m[:4]): m[4] for m in manifest["latencies"]["stages_ms"]}
+    for st in manifest["stages"]:
+        key = (st["group"], st["core_count"], *st["layers"])
+        assert key in measured
+        assert st["predicted_ms"] == pytest.approx(
+            measured[key] + manifest["latencies"]["handoff_ms_per_stage"]
+        )
 
 
 def test_run_single_inference_and_stream_equal_onnxruntime(compiled, tmp_path, capsys):

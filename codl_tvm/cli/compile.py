@@ -35,9 +35,16 @@ def cmd_compile(args: argparse.Namespace) -> int:
     model_path = args.model or str(bundled_model_path())
     if args.objective == "throughput":
         return _compile_throughput(args, model_path)
-    if args.groups or args.isa or args.pipe_model or args.layer_timing:
+    if (
+        args.groups
+        or args.isa
+        or args.pipe_model
+        or args.layer_timing
+        or args.stage_rounds is not None
+    ):
         raise CliError(
-            "--groups/--isa/--pipe-model/--layer-timing apply to --objective throughput only"
+            "--groups/--isa/--pipe-model/--layer-timing/--stage-rounds apply to --objective "
+            "throughput only"
         )
     plan = None
     if args.plan == "auto":  # the default: plan with the cost model
@@ -108,6 +115,10 @@ def _compile_throughput(args: argparse.Namespace, model_path: str) -> int:
             f"--verify N streams N frames through each candidate pipeline; N must be >= 2, "
             f"got {args.verify}"
         )
+    if args.stage_rounds is not None and args.pipe_model:
+        raise CliError("--stage-rounds times the stages here; --pipe-model predicts the layers")
+    if args.stage_rounds is not None and args.stage_rounds < 0:
+        raise CliError(f"--stage-rounds must be >= 0, got {args.stage_rounds}")
     if args.verify and args.layer_timing:
         raise CliError("--verify times the layers both under load and alone: drop --layer-timing")
     options = ThroughputOptions(
@@ -115,6 +126,7 @@ def _compile_throughput(args: argparse.Namespace, model_path: str) -> int:
         isa=parse_isa(args.isa),
         pipe_model=args.pipe_model,
         under_load=args.layer_timing != "alone",
+        **({} if args.stage_rounds is None else {"stage_rounds": args.stage_rounds}),
         force=args.force,
         verify_frames=args.verify or 0,
         seed=args.seed,
@@ -190,6 +202,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         choices=("under-load", "alone"),
         help="with --objective throughput: time each layer while the other cores run the "
         "model, as a stream's other stages do (under-load, the default), or alone (Pipe-it)",
+    )
+    p.add_argument(
+        "--stage-rounds",
+        type=int,
+        metavar="N",
+        help="with --objective throughput: time the chosen pipeline's stages running together "
+        "and search again on those times, up to N pipelines (default 16; 0: plan on the sums "
+        "of the layers' times, as Pipe-it)",
     )
     p.add_argument(
         "--mode",

@@ -297,12 +297,18 @@ class LatencyTable:
         finite and >= 0).
     layer_names
         Optional names of the layers (for plans and messages).
+    stage_ms
+        Optional measured stages, ``(group, cores, first layer, stop layer) -> ms``: the time
+        of layers ``[first, stop)`` run as one stage, which the search takes instead of the sum
+        of their latencies (:meth:`with_stages`). A stage of many layers runs slower than its
+        layers timed one at a time, each repeated with its weights warm in the caches.
     """
 
     def __init__(
         self,
         latency_ms: Mapping[tuple[str, int], Sequence[float] | np.ndarray],
         layer_names: Sequence[str] | None = None,
+        stage_ms: Mapping[tuple[str, int, int, int], float] | None = None,
     ) -> None:
         if not latency_ms:
             raise PlannerError("the latency table is empty")
@@ -333,6 +339,21 @@ class LatencyTable:
         self.layer_names = None if layer_names is None else tuple(layer_names)
         # prefix sums: the latency of layers [a, b) on a config is one subtraction
         self._prefix = {k: np.concatenate([[0.0], np.cumsum(v)]) for k, v in self._ms.items()}
+        self.stage_ms: dict[tuple[str, int, int, int], float] = {}
+        for key, ms in (stage_ms or {}).items():
+            group, cores, first, stop = str(key[0]), int(key[1]), int(key[2]), int(key[3])
+            if (group, cores) not in self._ms:
+                raise PlannerError(
+                    f"measured stage {key}: the table has no entry for {cores} core(s) of {group!r}"
+                )
+            if not 0 <= first < stop <= self.n_layers:
+                raise PlannerError(
+                    f"measured stage {key}: layers [{first}, {stop}) outside the table's "
+                    f"{self.n_layers} layers"
+                )
+            if not math.isfinite(ms) or ms < 0:
+                raise PlannerError(f"measured stage {key}: {ms!r} ms (must be finite and >= 0)")
+            self.stage_ms[(group, cores, first, stop)] = float(ms)
 
     def __getitem__(self, key: tuple[str, int]) -> np.ndarray:
         return self._ms[key]
@@ -347,6 +368,16 @@ class LatencyTable:
     def prefix(self, config: StageConfig) -> np.ndarray:
         """Prefix sums of ``config``'s per-layer latencies (length ``n_layers + 1``)."""
         return self._prefix[(config.group, config.cores)]
+
+    def measured(self, config: StageConfig) -> Iterator[tuple[int, int, float]]:
+        """``(first, stop, ms)`` of every measured stage on ``config``."""
+        for (group, cores, first, stop), ms in self.stage_ms.items():
+            if group == config.group and cores == config.cores:
+                yield first, stop, ms
+
+    def with_stages(self, stage_ms: Mapping[tuple[str, int, int, int], float]) -> LatencyTable:
+        """This table with ``stage_ms`` measured stages added (replacing any of the same key)."""
+        return LatencyTable(self._ms, self.layer_names, {**self.stage_ms, **stage_ms})
 
     def check(self, groups: Sequence[ProcessorGroup]) -> None:
         """Refuse a table that lacks an entry the search needs for ``groups``."""
@@ -472,6 +503,8 @@ class _Costs:
         if m is None:
             pre = self.table.prefix(config)
             m = pre[None, :] - pre[:, None] + self.out_ms[None, :]
+            for first, stop, ms in self.table.measured(config):
+                m[first, stop] = ms + self.out_ms[stop]
             j, k = np.indices(m.shape)
             m[j == k] = 0.0
             m[j > k] = np.inf
@@ -481,8 +514,11 @@ class _Costs:
     def stage(self, config: StageConfig, a: int, b: int) -> float:
         if b <= a:
             return 0.0
-        p = self.table.prefix(config)
-        return float(p[b] - p[a] + self.out_ms[b])
+        ms = self.table.stage_ms.get((config.group, config.cores, a, b))
+        if ms is None:
+            p = self.table.prefix(config)
+            ms = float(p[b] - p[a])
+        return float(ms + self.out_ms[b])
 
     def stages(self, configs: Sequence[StageConfig], cuts: Sequence[int]) -> list[float]:
         return [self.stage(c, cuts[i], cuts[i + 1]) for i, c in enumerate(configs)]
@@ -501,9 +537,8 @@ def _find_split(
     """Algorithm 1: the cut ``k`` in ``[a, b]`` that shares layers ``a..b-1`` between two
     adjacent stages; ``rest_ms`` is the slowest of the pipeline's other stages."""
     ks = np.arange(a, b + 1)
-    p1, p2 = costs.table.prefix(first), costs.table.prefix(second)
-    t1 = np.where(ks > a, p1[ks] - p1[a] + costs.out_ms[ks], 0.0)
-    t2 = np.where(ks < b, p2[b] - p2[ks] + costs.out_ms[b], 0.0)
+    t1 = costs.stage_matrix(first)[a, ks]
+    t2 = costs.stage_matrix(second)[ks, b]
     worst = np.maximum(np.maximum(t1, t2), rest_ms)
     # the first minimum: on a tie the work flows on downstream, up to the pipeline's current
     # bottleneck, which leaves the earlier stage room for the layers before it
@@ -1109,9 +1144,7 @@ def exhaustive_pipeline(
         # every stage here has layers: the hand-off floor of p stages holds for all cuts
         worst = np.full(len(cuts), costs.handoff.min_cycle_ms(p))
         for i, c in enumerate(configs):
-            pre = costs.table.prefix(c)
-            a, b = cuts[:, i], cuts[:, i + 1]
-            worst = np.maximum(worst, pre[b] - pre[a] + costs.out_ms[b])
+            worst = np.maximum(worst, costs.stage_matrix(c)[cuts[:, i], cuts[:, i + 1]])
         j = int(np.argmin(worst))
         if best is None or worst[j] < best[0]:
             best = (float(worst[j]), configs, [int(x) for x in cuts[j]])
@@ -1165,8 +1198,8 @@ def optimal_pipeline(
     from_c = np.full((n + 1, *dims), -1, dtype=np.int64)
     for k in range(1, n + 1):
         for ci, (gi, c) in enumerate(configs):
-            pre = costs.table.prefix(StageConfig(groups[gi].name, c))
-            stage = pre[k] - pre[:k] + costs.out_ms[k]  # one value per start j < k
+            # one value per start j < k
+            stage = costs.stage_matrix(StageConfig(groups[gi].name, c))[:k, k]
             src = [slice(None)] * g_axes + [slice(0, most_stages)]
             dst = [slice(None)] * g_axes + [slice(1, most_stages + 1)]
             src[gi], dst[gi] = slice(0, caps[gi] + 1 - c), slice(c, caps[gi] + 1)

@@ -14,6 +14,10 @@ does not show the search. Building and timing are apart so that a benchmark buil
 many models in parallel and times them one at a time. :func:`layer_records` turns a table into
 :class:`~codl_tvm.planner.pipe_model.PipeRecord` to fit Pipe-it's model (Eq. 5/8) on.
 
+:func:`stage_timer` times a plan's stages running together, where a stage's layers evict each
+other's weights and stages share the caches (what
+:func:`~codl_tvm.planner.pipe_refine.refine_with_stages` plans on).
+
 :func:`measure_handoff` measures what the stream executor (:mod:`codl_tvm.stream`) costs a
 stage per frame beyond its layers, the :class:`~codl_tvm.planner.pipe_search.HandOff` the
 search counts: the time matrix times layers alone.
@@ -25,6 +29,7 @@ import contextlib
 import shutil
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -46,7 +51,14 @@ from codl_tvm.pipeline_build import (
     stage_module,
 )
 from codl_tvm.planner.pipe_model import LayerShape, PipeRecord
-from codl_tvm.planner.pipe_search import HandOff, LatencyTable, ProcessorGroup, check_groups
+from codl_tvm.planner.pipe_search import (
+    HandOff,
+    LatencyTable,
+    PipelinePlan,
+    PipelineStage,
+    ProcessorGroup,
+    check_groups,
+)
 from codl_tvm.stream import run_stream
 
 __all__ = [
@@ -55,6 +67,7 @@ __all__ = [
     "measure_handoff",
     "measure_layers",
     "profile_layers",
+    "stage_timer",
 ]
 
 
@@ -141,13 +154,14 @@ def _layer_inputs(model: OnnxModel, host_library: Path) -> list[list[np.ndarray]
     return layer_inputs
 
 
-def _run_layers(lib: Path, dev: Any, layer_inputs: Sequence[Sequence[np.ndarray]]):
-    """A VM on ``lib`` and a function running every layer once on its inputs on ``dev``."""
+def _run_layers(lib: Path, dev: Any, layer_inputs: Sequence[Sequence[np.ndarray]], first: int = 0):
+    """A VM on ``lib`` and a function running layers ``first, first + 1, ...`` (one per entry
+    of ``layer_inputs``) once each on their inputs on ``dev``."""
     vm = VirtualMachine(tvm.runtime.load_module(str(lib)), dev)
     placed = [[tvm.runtime.tensor(a, dev) for a in inputs] for inputs in layer_inputs]
 
     def run_all(stop: threading.Event | None = None) -> None:
-        for k, args in enumerate(placed):
+        for k, args in enumerate(placed, start=first):
             if stop is not None and stop.is_set():
                 return
             vm[stage_name(k)](*args)
@@ -227,6 +241,97 @@ def _loads_beside(
         if rest:
             loads.append((libraries[h.name], _device(h.kind), rest))
     return loads
+
+
+def stage_timer(
+    model: OnnxModel,
+    groups: Sequence[ProcessorGroup],
+    libraries: Mapping[str, Path],
+    *,
+    passes: int = 5,
+    timeout_s: float = 120.0,
+) -> Callable[[PipelinePlan], list[float]]:
+    """A function timing a plan's stages running together on this machine (the ``measure`` of
+    :func:`~codl_tvm.planner.pipe_refine.refine_with_stages`).
+
+    Each stage runs its layers (:func:`build_layer_libraries`' libraries, each layer on the
+    outputs of the layers before it, computed once here) in a loop on a thread pinned to its
+    cores with its own TVM pool, every stage at once, as in a stream without the hand-offs:
+    a stage's layers evict each other's weights and its neighbours share the caches and
+    memory bandwidth. The loops start together once every stage has run once (a GPU compiles
+    its kernels then) and stop when every stage has ``passes`` passes; a stage's time is the
+    median of its passes, in ms.
+
+    Raises
+    ------
+    PlannerError
+        A stage failed (its error, after every stage stopped), or a stage lacked ``passes``
+        passes after ``timeout_s`` seconds.
+    """
+    if passes < 1:
+        raise PlannerError(f"stage timing needs >= 1 pass, got {passes}")
+    by_name = {g.name: g for g in check_groups(groups)}
+    layer_inputs = _layer_inputs(model, libraries["host"])
+    if any(g.kind == "gpu" for g in by_name.values()):
+        runtime.load()
+
+    def measure(plan: PipelinePlan) -> list[float]:
+        stop, start = threading.Event(), threading.Event()
+        ready = [threading.Event() for _ in plan.stages]
+        times: list[list[float]] = [[] for _ in plan.stages]
+        errors: list[BaseException] = []
+
+        def body(i: int, stage: PipelineStage) -> None:
+            try:
+                group = by_name[stage.group]
+                pin_thread_pool(stage.cores)
+                run = _run_layers(
+                    libraries[group.name],
+                    _device(group.kind),
+                    layer_inputs[stage.first_layer : stage.stop_layer],
+                    stage.first_layer,
+                )
+                run()
+                ready[i].set()
+                start.wait()
+                while not stop.is_set():
+                    t0 = time.perf_counter()
+                    run(stop)
+                    if not stop.is_set():  # a pass cut short by the stop does not count
+                        times[i].append((time.perf_counter() - t0) * 1e3)
+            except BaseException as e:  # reported by the caller after every stage stopped
+                errors.append(e)
+            finally:
+                ready[i].set()
+
+        threads = [
+            threading.Thread(target=body, args=(i, st), name=f"codl-stage-{i}", daemon=True)
+            for i, st in enumerate(plan.stages)
+        ]
+        for t in threads:
+            t.start()
+        try:
+            for r in ready:
+                r.wait()
+            start.set()
+            deadline = time.monotonic() + timeout_s
+            while not errors and min(map(len, times)) < passes and time.monotonic() < deadline:
+                time.sleep(0.002)
+        finally:
+            stop.set()
+            start.set()
+            for t in threads:
+                t.join()
+        if errors:
+            raise PlannerError(f"timing the stages of {plan.describe()} failed: {errors[0]}")
+        if min(map(len, times)) < passes:
+            raise PlannerError(
+                f"timing the stages of {plan.describe()}: a stage ran fewer than {passes} "
+                f"passes in {timeout_s:g} s"
+            )
+        return [float(np.median(t)) for t in times]
+
+    return measure
 
 
 def build_layer_libraries(

@@ -26,7 +26,9 @@
 # PIPE_MODELS, PIPE_FRAMES, PIPE_ROUNDS (streams of each configuration, default 3), PIPE_GPU_FRAMES (GPU-alone baseline, default 8), PIPE_NUMBER,
 # PIPE_REPEAT, PIPE_NO_CODL=1 (skips the codl latency-plan baseline and its build),
 # PIPE_NO_UNDER_LOAD=1 (skips the second time matrix, each layer timed beside a load on every
-# other core, and the plans searched on it).
+# other core, and the plans searched on it), PIPE_STAGE_ROUNDS (pipelines whose stages are timed
+# together for the staged plans, default 16; 0 skips them), PIPE_SKIP (configurations not
+# streamed, e.g. gpu,replicas,kernel_all_big_isa).
 set -u
 . /tmp/code/env.sh
 cd /tmp/code
@@ -38,6 +40,6 @@ python3 scripts/bench_pipeline.py \
   --models "${PIPE_MODELS:-bvlc_alexnet,inception_v1,posenet,resnet50,squeezenet}" \
   --groups "$groups" --isa "${PIPE_ISA:-little=x86-64-v3-nofma}" --jobs "${PIPE_JOBS:-15}" \
   --frames "${PIPE_FRAMES:-40}" --rounds "${PIPE_ROUNDS:-3}" --gpu-frames "${PIPE_GPU_FRAMES:-8}" --number "${PIPE_NUMBER:-2}" --repeat "${PIPE_REPEAT:-3}" \
-  ${PIPE_NO_CODL:+--no-codl} ${PIPE_NO_UNDER_LOAD:+--no-under-load} --work /tmp/b/pipeline --out $r/pipeline.json \
+  --stage-rounds "${PIPE_STAGE_ROUNDS:-16}" --skip "${PIPE_SKIP:-}" ${PIPE_NO_CODL:+--no-codl} ${PIPE_NO_UNDER_LOAD:+--no-under-load} --work /tmp/b/pipeline --out $r/pipeline.json \
   > $r/pipeline_bench.log 2>&1
 touch $r/DONE
