@@ -65,9 +65,7 @@ def test_measured_stages_replace_the_sums_in_every_search():
     t2 = table.with_stages({key: 3 * float(np.sum(table[key[:2]][key[2] : key[3]]))})
     assert t2.stage_ms == {key: pytest.approx(3 * slow.latency_ms)}
     again = optimal_pipeline(t2, GROUPS, available=CORES)
-    assert key not in {
-        (s.group, s.core_count, s.first_layer, s.stop_layer) for s in again.stages
-    }
+    assert key not in {(s.group, s.core_count, s.first_layer, s.stop_layer) for s in again.stages}
     # the same plan recosted on the table with the stage measured: that stage at 3x
     assert recost_plan(plan, t2).bottleneck_ms == pytest.approx(3 * slow.latency_ms)
     # the search and the exhaustive check agree on it (both see the measured stage)
@@ -99,8 +97,7 @@ def test_refinement_ends_in_the_optimum_of_the_true_stage_times(seed):
     def measure(plan):
         calls.append(plan.describe())
         return [
-            _true_ms(table, s.group, s.core_count, s.first_layer, s.stop_layer)
-            for s in plan.stages
+            _true_ms(table, s.group, s.core_count, s.first_layer, s.stop_layer) for s in plan.stages
         ]
 
     got = refine_with_stages(table, GROUPS, measure, rounds=200, available=CORES)
@@ -123,8 +120,7 @@ def test_out_of_rounds_keeps_the_lowest_measured_bottleneck():
 
     def measure(plan):
         return [
-            _true_ms(table, s.group, s.core_count, s.first_layer, s.stop_layer)
-            for s in plan.stages
+            _true_ms(table, s.group, s.core_count, s.first_layer, s.stop_layer) for s in plan.stages
         ]
 
     got = refine_with_stages(table, GROUPS, measure, rounds=2, available=CORES)
