@@ -58,6 +58,18 @@ def test_compile_records_stages_groups_and_latencies(compiled):
     assert layers[0][0] == 0 and all(a[1] == b[0] for a, b in itertools.pairwise(layers))
     assert layers[-1][1] == len(manifest["latencies"]["layers"])
     assert set(manifest["latencies"]["ms"]) == {"big:1", "little:1"}
+    assert manifest["latencies"]["source"] == "measured on this machine under load"
+    assert manifest["latencies"]["stages_ms"] == []
+
+
+def test_stage_rounds_plan_on_measured_stages(tmp_path):
+    model = tmp_path / "residual.onnx"
+    onnx.save(_residual_cnn(), str(model))
+    out = tmp_path / "art"
+    argv = ["compile", str(model), "-o", str(out), "--objective", "throughput"]
+    argv += ["--groups", "big:0,little:1", "--isa", "little=x86-64-v2", "--stage-rounds", "3"]
+    assert main(argv) == 0
+    manifest = json.loads((out / "pipeline.json").read_text())
     assert manifest["latencies"]["source"] == (
         "measured on this machine under load, stages timed together"
     )

@@ -208,8 +208,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         type=int,
         metavar="N",
         help="with --objective throughput: time the chosen pipeline's stages running together "
-        "and search again on those times, up to N pipelines (default 16; 0: plan on the sums "
-        "of the layers' times, as Pipe-it)",
+        "and search again on those times, up to N pipelines (default 0: plan on the sums of "
+        "the layers' times, as Pipe-it)",
     )
     p.add_argument(
         "--mode",
