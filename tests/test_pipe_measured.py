@@ -9,6 +9,10 @@ kernels on 8 cores, ``little`` = x86-64-v2 kernels on 4 cores), with each layer'
 alternate clusters (``little3 - big4 - little2 - big1 - little2 - big1 - big2``).
 ``tests/data/pipe_tables_avx2.json`` holds the same three CNNs of a run with an AVX2 (no FMA)
 little cluster, which makes the little cores faster and the optima alternate in other blocks.
+``tests/data/pipe_tables_h200.json`` holds AlexNet, Inception v1 and ResNet50 of the same
+configuration on another VM, where AlexNet's optimum over the CPU groups has six stages and
+the best pipeline of three is a local optimum the coarse restarts from the best end alone
+cannot leave.
 Real tables are less regular than synthetic ones (more cores can be slower, a layer's best group
 changes along the model), which is where the search and the model fit missed before.
 """
@@ -37,6 +41,7 @@ from tests.scripts_util import script_module
 DATA = Path(__file__).parent / "data" / "pipe_tables.json"
 DATA_GPU1 = Path(__file__).parent / "data" / "pipe_tables_gpu1.json"
 DATA_AVX2 = Path(__file__).parent / "data" / "pipe_tables_avx2.json"
+DATA_H200 = Path(__file__).parent / "data" / "pipe_tables_h200.json"
 MACHINE = range(16)  # the device machine's cores; nothing runs on them here
 MODELS = ("bvlc_alexnet", "inception_v1", "posenet", "resnet50", "squeezenet")
 
@@ -148,6 +153,14 @@ FIFTEEN_CORE_TABLES = [
     for path in (DATA_GPU1, DATA_AVX2)
     for model in ("squeezenet", "inception_v1", "resnet50")
     for which in ("cpu", "all")
+] + [
+    pytest.param(
+        DATA_H200, model, which, id=f"{DATA_H200.stem}-{model}-{which}", marks=pytest.mark.slow
+    )
+    for model in ("bvlc_alexnet", "inception_v1", "resnet50")
+    for which in ("cpu", "all")
+    # AlexNet over the CPU groups: test_coarse_restarts_from_several_block_structures
+    if (model, which) != ("bvlc_alexnet", "cpu")
 ]
 
 
@@ -179,6 +192,23 @@ def test_coarse_restarts_leave_the_local_optimum_of_other_cluster_blocks():
     opt = optimal_pipeline(t, gs, available=MACHINE, handoff=handoff)
     assert fps_ratio(without, opt) < 0.98
     assert with_restarts.bottleneck_ms == pytest.approx(opt.bottleneck_ms, rel=1e-9)
+
+
+def test_coarse_restarts_from_several_block_structures(monkeypatch):
+    # Run B's AlexNet on 8 big + 7 little cores: the local search's best ends are
+    # big6 - little7 - big2 (5.73 ms, the best pipeline of three stages) and its split
+    # big5 - big1 - little7 - big2, one block structure; the coarse restarts from it stop
+    # there, 0.961 of the optimum little4 - big3 - little1 - little1 - big5 - little1 (5.50 ms).
+    # From the third-best end's blocks (little4 - big3 - little3 - big5) they reach it.
+    import codl_tvm.planner.pipe_search as pipe_search
+
+    t, gs, handoff = stored(DATA_H200, "bvlc_alexnet", "cpu")
+    kw = {"available": MACHINE, "exact_stages": False, "handoff": handoff}
+    opt = optimal_pipeline(t, gs, available=MACHINE, handoff=handoff)
+    assert len(opt.stages) == 6
+    assert search_pipeline(t, gs, **kw).bottleneck_ms == pytest.approx(opt.bottleneck_ms)
+    monkeypatch.setattr(pipe_search, "COARSE_STARTS", 1)
+    assert fps_ratio(search_pipeline(t, gs, **kw), opt) < 0.97
 
 
 def leave_one_model_out(loss: str) -> tuple[dict[str, list[float]], int]:

@@ -118,6 +118,12 @@ MAX_DP_WORK = 5_000_000_000
 # device's measured tables alternate the clusters in up to four blocks each.
 ALTERNATING_BLOCKS = 4
 
+# Coarse restarts run from the local search's best ends of this many distinct block structures:
+# from the best alone the heuristic stopped at 0.961 of the optimum on a measured AlexNet
+# matrix (its best end's blocks ``big6 - little7 - big2`` are four coarse moves from the
+# optimum's; the third-best end's ``little4 - big3 - little3 - big5`` one).
+COARSE_STARTS = 3
+
 
 @dataclass(frozen=True)
 class ProcessorGroup:
@@ -998,10 +1004,11 @@ def search_pipeline(
         sequences). From the best alone it stops in a worse local optimum more often: on the
         device's SqueezeNet table 0.76 of the optimum's throughput, 1.0 from all of them.
     coarse_restarts
-        With ``local_search``, then restart it from every neighbour of the best pipeline's
-        blocks (each run of one cluster's stages as one stage) while that lowers the
-        bottleneck (:func:`_coarse_restarts`, an extension). Without it the emulated SoC's
-        Inception v1 table stopped at 0.979 (CPU groups) and 0.971 (all groups) of the optimum.
+        With ``local_search``, then restart it from every neighbour of a pipeline's blocks
+        (each run of one cluster's stages as one stage) while that lowers the bottleneck
+        (:func:`_coarse_restarts`, an extension), from the local search's best ends of
+        ``COARSE_STARTS`` distinct block structures. Without it the emulated SoC's Inception v1
+        table stopped at 0.979 (CPU groups) and 0.971 (all groups) of the optimum.
     exact_stages
         With ``balance="exact"``, also compute :func:`optimal_pipeline` (the optimum over every
         stage sequence) where its work is at most ``MAX_DP_WORK`` and return it when its
@@ -1041,16 +1048,27 @@ def search_pipeline(
     ranked = sorted(found.values(), key=lambda f: f[0])
     best = ranked[0]  # check_groups refuses an empty list: there is one start at least
     if local_search:
+        ends: dict[tuple[StageConfig, ...], tuple[float, list[StageConfig], list[int]]] = {}
         for _, start_configs, _ in ranked[:local_starts]:  # [:None]: every one
             configs, cuts = _local_search(costs, groups, start_configs, balancer, memo)
             bottleneck = costs.bottleneck(configs, cuts)
+            ends.setdefault(tuple(configs), (bottleneck, configs, cuts))
             if bottleneck < best[0]:
                 best = (bottleneck, configs, cuts)
         if coarse_restarts:
-            configs, cuts = _coarse_restarts(costs, groups, best[1], balancer, memo)
-            bottleneck = costs.bottleneck(configs, cuts)
-            if bottleneck < best[0]:
-                best = (bottleneck, configs, cuts)
+            # from the best local-search ends of COARSE_STARTS distinct block structures
+            coarse_seen: set[tuple[StageConfig, ...]] = set()
+            for _, end_configs, _ in sorted(ends.values(), key=lambda e: e[0]):
+                blocks = tuple(_coarsened(end_configs, mergeable))
+                if blocks in coarse_seen:
+                    continue
+                coarse_seen.add(blocks)
+                configs, cuts = _coarse_restarts(costs, groups, end_configs, balancer, memo)
+                bottleneck = costs.bottleneck(configs, cuts)
+                if bottleneck < best[0]:
+                    best = (bottleneck, configs, cuts)
+                if len(coarse_seen) == COARSE_STARTS:
+                    break
     if exact_stages and _dp_work(costs.n, groups) <= MAX_DP_WORK:
         # the optimum over every stage sequence (optimal_pipeline) where it is cheap: the
         # heuristic's pipeline is kept unless the optimum's bottleneck is lower
