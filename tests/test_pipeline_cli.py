@@ -147,6 +147,14 @@ def test_bad_input_one_line_before_any_frame(compiled, tmp_path, capsys):
     assert "apply to --objective throughput only" in _error(capsys)
     assert main([*argv, "--groups", "big:0", "--layer-timing", "alone", "--pipe-model", "m"]) == 2
     assert "--pipe-model predicts them instead" in _error(capsys)
+    assert main([*argv, "--groups", "big:0", "--stage-rounds", "-1"]) == 2
+    assert "--stage-rounds must be >= 0, got -1" in _error(capsys)
+    assert main([*argv, "--groups", "big:0", "--stage-rounds", "2", "--pipe-model", "m"]) == 2
+    assert "--stage-rounds times the stages here" in _error(capsys)
+    latency = ["compile", str(model), "-o", str(tmp_path / "z"), "--stage-rounds", "2"]
+    assert main(latency) == 2
+    assert "--stage-rounds apply to --objective" in _error(capsys)
+    assert not (tmp_path / "z").exists()
     assert main([*argv, "--groups", "big:0", "--mode", "hope"]) == 2
     assert "--mode apply to --objective latency, not throughput" in _error(capsys)
     assert main(["run", str(model), "--stream", "3"]) == 2
