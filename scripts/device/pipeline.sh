@@ -28,14 +28,13 @@
 # PIPE_NO_UNDER_LOAD=1 (skips the second time matrix, each layer timed beside a load on every
 # other core, and the plans searched on it), PIPE_STAGE_ROUNDS (pipelines whose stages are timed
 # together for the staged plans, default 16; 0 skips them), PIPE_SKIP (configurations not
-# streamed, e.g. gpu,replicas,kernel_all_big_isa), PIPE_OPENCL_PLATFORM (the GPU group's OpenCL
-# platform, default portable = PoCL; nvidia puts the device's real GPU in the pipeline).
+# streamed, e.g. gpu,replicas,kernel_all_big_isa).
 set -u
 . /tmp/code/env.sh
 cd /tmp/code
 r=/tmp/res
 g=${PIPE_GPU_CORES:-1}
-export POCL_CPU_MAX_CU_COUNT=$g POCL_AFFINITY=1 CODL_OPENCL_PLATFORM=${PIPE_OPENCL_PLATFORM:-portable}
+export POCL_CPU_MAX_CU_COUNT=$g POCL_AFFINITY=1 CODL_OPENCL_PLATFORM=portable
 groups=${PIPE_GROUPS:-gpu:0-$((g - 1)),big:$g-$((g + 7)),little:$((g + 8))-15}
 python3 scripts/bench_pipeline.py \
   --models "${PIPE_MODELS:-bvlc_alexnet,inception_v1,posenet,resnet50,squeezenet}" \
