@@ -45,9 +45,9 @@ Phases (builds in ``--jobs`` spawned processes, timing one thing at a time):
      load; ``pipe_cpu_staged``, ``pipe_gpu_staged``: from the loaded table, the chosen
      stages timed running together and the search repeated on those times until its choice
      runs on measured stages (:func:`codl_tvm.planner.pipe_refine.refine_with_stages`, what
-     ``compile --objective throughput`` builds); each streamed where it differs from the
-     plans above; every streamed plan is also costed on every table, ``planned_fps``, to show
-     which one the stream follows;
+     ``compile --objective throughput --stage-rounds N`` builds); each streamed where it
+     differs from the plans above; every streamed plan is also costed on every table,
+     ``planned_fps``, to show which one the stream follows;
    - ``big``: all layers on the big cluster (Pipe-it's baseline);
    - ``kernel_all``: every layer on all CPU cores at once (kernel-level parallelism, Pipe-it's
      "all cores" baseline), built for the *little* group's ISA. On a real big.LITTLE one
@@ -927,12 +927,14 @@ def main(argv: list[str] | None = None) -> None:
     tables = {}
     loaded = {}
     records = {}
+    libraries = {}
     for n in names:
         if any(t.startswith("layers_") for m, t in failed if m == n):
             continue
         model = load_onnx(paths[n])
         models[n] = model
         libs = {p.stem.removeprefix("layers_"): p for p in (work / n / "layers").glob("*.so")}
+        libraries[n] = libs
         t0 = time.perf_counter()
         tables[n] = measure_layers(model, groups, libs, number=args.number, repeat=args.repeat)
         records[n] = layer_records(tables[n], layer_shapes(model.mod))
@@ -1000,8 +1002,7 @@ def main(argv: list[str] | None = None) -> None:
         if n in loaded:
             _plan_loaded(result["models"][n], plans[n], loaded[n], groups, handoff)
         if args.stage_rounds > 0:
-            libs = {p.stem.removeprefix("layers_"): p for p in (work / n / "layers").glob("*.so")}
-            measure = stage_timer(models[n], groups, libs)
+            measure = stage_timer(models[n], groups, libraries[n])
             staged[n] = _plan_staged(
                 result["models"][n],
                 plans[n],

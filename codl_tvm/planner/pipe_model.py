@@ -569,13 +569,9 @@ def amdahl_table(
         An anchor column missing, or columns of different lengths.
     """
     out = _anchored_columns(measured, groups)
-    for g, most in groups.items():
-        t1, tn = out[(g, 1)], out[(g, most)]
-        parallel = (t1 - tn) * most / (most - 1) if most > 1 else np.zeros_like(t1)
-        for h in range(2, most):
-            if (g, h) not in out:
-                out[(g, h)] = np.maximum(t1 - parallel + parallel / h, MIN_LATENCY_MS)
-    return out
+    anchors = {(g, c): out[(g, c)] for g, most in groups.items() for c in {1, most}}
+    # the other measured columns are kept, not interpolated through
+    return {**piecewise_amdahl_table(anchors, groups), **out}
 
 
 def piecewise_amdahl_table(
