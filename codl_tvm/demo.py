@@ -36,11 +36,9 @@ import numpy as np
 
 from codl_tvm import runtime
 from codl_tvm.artifact import Artifact, compile_artifact, load_artifact
-from codl_tvm.errors import ArtifactError, BuildError, FeatureError, PlanError
-from codl_tvm.frontend import load_onnx
-from codl_tvm.models import bundled_model_path
-from codl_tvm.passes.partition import _Analysis
-from codl_tvm.plan import (
+from codl_tvm.build.runner import max_abs_difference
+from codl_tvm.core.errors import ArtifactError, BuildError, FeatureError, PlanError
+from codl_tvm.core.plan import (
     ChainPlan,
     OpPartition,
     PartitionDim,
@@ -48,9 +46,11 @@ from codl_tvm.plan import (
     partitionable_ops,
     uniform_plan,
 )
-from codl_tvm.planner.part_shapes import chain_parts, op_params
-from codl_tvm.runner import max_abs_difference
-from codl_tvm.trace import Trace, trace_inference
+from codl_tvm.frontend.importer import load_onnx
+from codl_tvm.frontend.models import bundled_model_path
+from codl_tvm.passes.partition import _Analysis
+from codl_tvm.planner.split.part_shapes import chain_parts, op_params
+from codl_tvm.profiling.trace import Trace, trace_inference
 
 __all__ = [
     "DEMO_ENTRIES",

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from codl_tvm.artifact import compile_artifact
-from codl_tvm.plan import PartitionPlan
+from codl_tvm.core.plan import PartitionPlan
 
 __all__ = ["CompileOptions", "compile_model"]
 

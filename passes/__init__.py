@@ -1,7 +1,7 @@
 """Co-execution passes: split, chain and place operators on GPU + CPU.
 
 - :class:`PartitionOperators` (``partition.py``): splits the operators and chains of a
-  :class:`~codl_tvm.plan.PartitionPlan` into a GPU part and a CPU part merged with ``concat``.
+  :class:`~codl_tvm.core.plan.PartitionPlan` into a GPU part and a CPU part merged with ``concat``.
 - :func:`collect_parts` (``parts.py``): which variables belong to which processor, and which
   output region each part produces.
 - :class:`SanitizeParamNames` (``param_names.py``): first in every pipeline, gives Relax
@@ -29,7 +29,7 @@
   while the model runs.
 """
 
-from codl_tvm.geometry import (
+from codl_tvm.core.geometry import (
     ChannelMap,
     PartSpan,
     SlidingWindow,

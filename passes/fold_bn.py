@@ -28,7 +28,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from codl_tvm.plan import static_shape
+from codl_tvm.core.plan import static_shape
 
 from .rewrite import Bindings, op_name, rebuild, rewrite_functions
 

@@ -1,7 +1,7 @@
 """Which split each kernel call of a co-executed ``main`` computes, in the order the VM runs them.
 
-A timeline (:func:`codl_tvm.trace.trace_inference`) sees kernels by their function names;
-:func:`codl_tvm.planner.refine.refine_plan` needs each split's time on each processor. This
+A timeline (:func:`codl_tvm.profiling.trace.trace_inference`) sees kernels by their function names;
+:func:`codl_tvm.planner.split.refine.refine_plan` needs each split's time on each processor. This
 module bridges the two: :func:`kernel_splits` walks ``main`` once, after
 :class:`~codl_tvm.passes.sync.InsertCoexecSync` and before ``CallTIRRewrite`` (no kernel call
 is added, removed or reordered after it), and lists every kernel call with the split it belongs

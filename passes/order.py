@@ -6,7 +6,7 @@ Preconditions
   ``"codl_parts"`` record naming each split's bindings) and before LegalizeOps: the bindings are
   still Relax operator calls, each split's are named in the record.
 - ``order`` names splits of the record (plan entries: ``conv2d_3``), e.g. the dispatch order of
-  a HOPE schedule (:func:`codl_tvm.planner.placement.dispatch_order`); it must agree with the
+  a HOPE schedule (:func:`codl_tvm.planner.placement.modes.dispatch_order`); it must agree with the
   data flow (a split never before one whose result it reads).
 
 What it does
@@ -37,7 +37,7 @@ from collections.abc import Sequence, Set
 import tvm
 from tvm import relax
 
-from codl_tvm.errors import PlanError
+from codl_tvm.core.errors import PlanError
 
 from .parts import collect_parts
 

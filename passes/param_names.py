@@ -2,13 +2,13 @@
 
 Preconditions
 -------------
-None: it runs first in codl-tvm's pipelines (:func:`codl_tvm.pipeline.inference_passes`), on
+None: it runs first in codl-tvm's pipelines (:func:`codl_tvm.build.pipeline.inference_passes`), on
 the module as the caller hands it to ``tvm.compile`` or :func:`codl_tvm.compile`.
 
 Why
 ---
 TVM names kernel arguments after the Relax parameters they read (``x/0`` becomes the OpenCL
-argument ``x/0_ptr``) and ``clBuildProgram`` rejects the kernel. :func:`codl_tvm.frontend.
+argument ``x/0_ptr``) and ``clBuildProgram`` rejects the kernel. :func:`codl_tvm.frontend.importer.
 load_onnx` already renames the parameters of the modules it imports, but a module built by hand
 (``BlockBuilder``, TVMScript) or with TVM's own ``from_onnx`` reaches the build with its names
 as they are; this pass covers those.
@@ -16,7 +16,7 @@ as they are; this pass covers those.
 What it does
 ------------
 In every Relax function, parameters whose names are no C identifiers get the names
-:func:`codl_tvm.names.c_identifiers` gives them (distinct, never another parameter's name);
+:func:`codl_tvm.core.names.c_identifiers` gives them (distinct, never another parameter's name);
 valid names stay. Variables keep their identity (only their names change), so the function
 computes the same and inputs still bind by position; operator names, which plans refer to, are
 untouched. A module with nothing to rename is returned as it was.
@@ -27,7 +27,7 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
-from codl_tvm.names import c_identifiers, rename_params
+from codl_tvm.core.names import c_identifiers, rename_params
 
 from .rewrite import rewrite_functions
 

@@ -4,16 +4,16 @@ Preconditions
 -------------
 - Runs on the Relax module as imported (e.g. from ONNX), **before** LegalizeOps or any fusion:
   ``main`` is in normal form, with static shapes, and the plan's operator names are those of
-  :func:`codl_tvm.plan.partitionable_ops` on the module given to the pass.
+  :func:`codl_tvm.core.plan.partitionable_ops` on the module given to the pass.
 - conv2d in NCHW/OIHW, pools in NCHW, matmul with its weight as the second operand (``(..., K,
   N)``, split along N). The plan is validated first (:meth:`PartitionPlan.validate`).
 - ``main`` is not partitioned yet (no ``"codl_parts"`` attribute): apply one plan, once.
 - Every operator of a chain must read the output of the previous one (after its followers), and
-  that output must have no other use; otherwise :class:`~codl_tvm.plan.PlanError` says which.
+  that output must have no other use; otherwise :class:`~codl_tvm.core.plan.PlanError` says which.
 
 What is emitted
 ---------------
-For every plan entry (an :class:`~codl_tvm.plan.OpPartition` is a chain of one operator) the
+For every plan entry (an :class:`~codl_tvm.core.plan.OpPartition` is a chain of one operator) the
 chain's last output, of extent ``E`` along the split axis (H: axis 2; OC: axis 1, or the last
 axis for matmul), is cut at ``n = round(ratio * E)`` (for a grouped conv, at whole groups): the
 GPU part produces ``[0, n)``, the CPU part ``[n, E)``. A part with nothing to produce is not
@@ -28,7 +28,7 @@ ops, all bound to fresh variables named ``codl{K}_{gpu|cpu}_...``::
     (the same for cpu)
     codlK_out = R.concat((codlK_gpu_<last>, codlK_cpu_<last>), axis=2)   # the merge
 
-H parts read their input rows plus the halo (:func:`codl_tvm.geometry.chain_row_spans`): the
+H parts read their input rows plus the halo (:func:`codl_tvm.core.geometry.chain_row_spans`): the
 slice is clamped to the image and the clamped amounts become the part's own top/bottom padding, so
 every part is exact; in a chain each part computes the halo rows it needs from its own data
 (redundant compute at the part border, CoDL Eq. 1 and Fig. 12). OC parts slice the weights (and
@@ -78,7 +78,7 @@ import tvm_ffi
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
-from codl_tvm.geometry import (
+from codl_tvm.core.geometry import (
     ChannelMap,
     PartSpan,
     SlidingWindow,
@@ -88,7 +88,7 @@ from codl_tvm.geometry import (
     oc_granularity,
     split_point,
 )
-from codl_tvm.plan import (
+from codl_tvm.core.plan import (
     ChainPlan,
     PartitionDim,
     PartitionPlan,
@@ -965,7 +965,7 @@ class PartitionOperators:
     ----------
     plan
         The partition plan; its operator names refer to the module this pass is applied to
-        (see :mod:`codl_tvm.plan`). An empty plan leaves the module unchanged.
+        (see :mod:`codl_tvm.core.plan`). An empty plan leaves the module unchanged.
     channel_blocks
         Also split, along channels at the same ratio, the channel-local block (InstanceNorm)
         that reads a split's output (see ``_Analysis.channel_block``), at the plan's

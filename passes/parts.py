@@ -35,7 +35,7 @@ import enum
 import json
 from dataclasses import dataclass
 
-from codl_tvm.plan import PartitionDim
+from codl_tvm.core.plan import PartitionDim
 
 __all__ = ["PARTS_ATTR", "PartRecord", "Processor", "SplitRecord", "collect_parts"]
 

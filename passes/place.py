@@ -78,7 +78,7 @@ class PlaceParts:
         The LLVM target of CPU kernels.
     home
         ``"gpu"`` or ``"cpu"``: where kernels outside every split go when their inputs do not
-        decide (:attr:`~codl_tvm.plan.PartitionPlan.home`).
+        decide (:attr:`~codl_tvm.core.plan.PartitionPlan.home`).
     """
 
     def __init__(

@@ -3,7 +3,7 @@
 Preconditions: ``main``'s body is one dataflow block (as TVM's ONNX frontend imports a model,
 and as the inference simplifications keep it) followed by its return value. Run it on the
 imported (or inference-simplified) module, before any build pipeline: each stage is then built
-on its own, for its own processor group (:mod:`codl_tvm.pipeline_build`).
+on its own, for its own processor group (:mod:`codl_tvm.objectives.stage_build`).
 
 What it does: given cut points (binding indices of ``main``'s dataflow block, ascending, each in
 ``1 .. len(bindings) - 1``), :class:`CutStages` adds ``stage_0 .. stage_K`` beside ``main``
@@ -32,7 +32,7 @@ import tvm
 from tvm import relax
 from tvm.relax.analysis import free_vars
 
-from codl_tvm.errors import PlanError
+from codl_tvm.core.errors import PlanError
 
 from .rewrite import op_name
 

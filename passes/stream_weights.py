@@ -3,7 +3,7 @@ first use, so a library's weights can be stored beside it and loaded while the m
 
 Preconditions
 -------------
-Runs last, after TVM's finalisation phase (:func:`codl_tvm.pipeline.finalize_passes`): every
+Runs last, after TVM's finalisation phase (:func:`codl_tvm.build.pipeline.finalize_passes`): every
 constant folding and weight layout change has happened, so the constants left are exactly the
 VM's constant pool, and ``main`` has left dataflow form (the fetch is an impure packed call).
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
-from codl_tvm.plan import static_shape
+from codl_tvm.core.plan import static_shape
 
 from .rewrite import Bindings, op_name, rebuild, rewrite_functions
 

@@ -56,7 +56,7 @@ from codl_tvm.schedules.winograd import (
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
-from codl_tvm.plan import static_shape
+from codl_tvm.core.plan import static_shape
 
 from .parts import collect_parts
 

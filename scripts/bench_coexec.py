@@ -69,9 +69,9 @@ def cmd_compile(args: argparse.Namespace) -> None:
 
     import codl_tvm
     from codl_tvm.bench import coexec_targets
-    from codl_tvm.frontend import load_onnx
-    from codl_tvm.plan import uniform_plan
-    from codl_tvm.runtime._build import build_plugin
+    from codl_tvm.core.plan import uniform_plan
+    from codl_tvm.frontend.importer import load_onnx
+    from codl_tvm.runtime.plugin_build import build_plugin
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -109,7 +109,7 @@ def _sync_costs(dev_id: int = 0) -> dict:
     import tvm
 
     from codl_tvm import runtime
-    from codl_tvm.runtime import coexec as sync
+    from codl_tvm.runtime import sync
 
     modes = ["event", "finish"] + (["flag"] if sync.flag_supported() else [])
     idle = {m: sync.measure_sync_us(m, dev_id, repeat=500) for m in modes}
@@ -220,8 +220,8 @@ def cmd_trace(args: argparse.Namespace) -> None:
 
     from codl_tvm import runtime
     from codl_tvm.bench import pin_tvm_threads
-    from codl_tvm.coexec import CoexecModule
-    from codl_tvm.trace import trace_inference
+    from codl_tvm.build.coexec import CoexecModule
+    from codl_tvm.profiling.trace import trace_inference
 
     runtime.load(platform=args.platform)
     if args.tvm_cpus:

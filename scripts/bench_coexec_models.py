@@ -21,10 +21,10 @@ PLANS = (("H", 0.0), ("H", 1.0), ("H", 0.3), ("H", 0.5), ("OC", 0.3), ("OC", 0.5
 def cmd_compile(args: argparse.Namespace) -> None:
     import codl_tvm
     from codl_tvm.bench import coexec_targets
-    from codl_tvm.frontend import load_onnx
-    from codl_tvm.models import bundled_model_path, light_model
-    from codl_tvm.plan import uniform_plan
-    from codl_tvm.runtime._build import build_plugin
+    from codl_tvm.core.plan import uniform_plan
+    from codl_tvm.frontend.importer import load_onnx
+    from codl_tvm.frontend.models import bundled_model_path, light_model
+    from codl_tvm.runtime.plugin_build import build_plugin
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

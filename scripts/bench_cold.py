@@ -1,8 +1,9 @@
 """Cold inference: process start to first output, broken down (NNV12's Table 1 and Fig. 13).
 
-Each measurement is a fresh process (``python -m codl_tvm.coldstart``) started after the
+Each measurement is a fresh process (``python -m codl_tvm.profiling.cold_start``) started after the
 artifact's files, the program caches it will read and (``--evict-libs``) TVM's and the plugin's
-libraries were dropped from the page cache (:func:`codl_tvm.coldstart.evict`). Scenarios, per
+libraries were dropped from the page cache (:func:`codl_tvm.profiling.cold_start.evict`).
+Scenarios, per
 artifact with OpenCL kernels (a CPU build has only ``cold`` and ``warm``):
 
 ``nocache``
@@ -32,7 +33,7 @@ artifact with OpenCL kernels (a CPU build has only ``cold`` and ``warm``):
     the median of further runs in the ``aot`` process.
 
 Each row carries the process's counters per phase (page faults, blocks read, context
-switches, threads: ``codl_tvm.coldstart``).
+switches, threads: ``codl_tvm.profiling.cold_start``).
 
 ``onnxruntime``: importing it, creating the session and the first run of the same ONNX model,
 in a fresh process with its model file evicted, on ``--ort-threads`` threads.
@@ -60,8 +61,8 @@ import time
 from pathlib import Path
 
 from codl_tvm.bench import envelope, write_json
-from codl_tvm.coldstart import PHASES, artifact_files, evict
-from codl_tvm.coldstart import cold_ms as _cold_ms
+from codl_tvm.profiling.cold_start import PHASES, artifact_files, evict
+from codl_tvm.profiling.cold_start import cold_ms as _cold_ms
 
 SCENARIOS = (
     "nocache",
@@ -89,7 +90,7 @@ def _compile_beside(root: str, rel: str) -> str:
     the same model, device, preset, planner mode and cost model (or its given plan) and block
     settings as its manifest records, so the two differ in weight placement only."""
     from codl_tvm.artifact import compile_artifact
-    from codl_tvm.plan import PartitionPlan
+    from codl_tvm.core.plan import PartitionPlan
 
     src, dst = Path(root) / rel, Path(root) / f"{rel}{BESIDE_SUFFIX}"
     if (dst / "manifest.json").exists():
@@ -171,7 +172,7 @@ def _restore_models(root: Path, rels: list[str]) -> tuple[list[Path], dict[str, 
             # deferred: onnx and the model builders, only where a model file is gone
             import onnx
 
-            from codl_tvm.models import benchmark_model
+            from codl_tvm.frontend.models import benchmark_model
 
             name = Path(rel).parts[0]
             try:
@@ -196,8 +197,8 @@ def _add_binaries(manifest_path: Path, platform: str) -> str:
     after one run of it)."""
     from codl_tvm import runtime
     from codl_tvm.artifact import load_artifact
-    from codl_tvm.artifact.program_binaries import embed, embed_after_warm_up, is_pocl
-    from codl_tvm.artifact.store import LIBRARY
+    from codl_tvm.runtime.artifact import LIBRARY
+    from codl_tvm.runtime.program_binaries import embed, embed_after_warm_up, is_pocl
 
     if platform:
         runtime.load(platform=platform)
@@ -257,7 +258,8 @@ def _child(
 ) -> dict:
     evict(evict_paths)
     t0 = time.monotonic_ns()
-    cmd = [sys.executable, "-m", "codl_tvm.coldstart", str(artifact), "--programs", programs]
+    cmd = [sys.executable, "-m", "codl_tvm.profiling.cold_start", str(artifact)]
+    cmd += ["--programs", programs]
     cmd += ["--weights", weights, "--context", context, "--pool", pool]
     try:
         proc = subprocess.run(
@@ -331,7 +333,7 @@ def _ort_child(model: Path, threads: int, evict_paths: list[Path]) -> dict:
 
 
 def cold_ms(row: dict) -> float:
-    """A row's cold inference (:func:`codl_tvm.coldstart.cold_ms`; onnxruntime: session
+    """A row's cold inference (:func:`codl_tvm.profiling.cold_start.cold_ms`; onnxruntime: session
     creation and first run)."""
     return _cold_ms(row["phases_ms"])
 
@@ -350,7 +352,7 @@ def _onnx_file(model: str, folder: Path) -> Path:
     # deferred: onnx and the model builders, for the baseline only
     import onnx
 
-    from codl_tvm.models import benchmark_model, bundled_model_path
+    from codl_tvm.frontend.models import benchmark_model, bundled_model_path
 
     if model == "codl_small_cnn":
         return bundled_model_path()

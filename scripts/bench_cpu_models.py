@@ -1,7 +1,7 @@
 """Whole-model CPU latency: codl-tvm's CPU path against onnxruntime on the same threads.
 
 onnx's light models with seeded random weights, or the paper's models (``posenet``, ``yolov2``,
-...: :mod:`codl_tvm.zoo`). By default weights are inputs of the compiled
+...: :mod:`codl_tvm.frontend.zoo`). By default weights are inputs of the compiled
 library so it stays small enough to carry. Compile here, run on the device machine:
 
     python scripts/bench_cpu_models.py compile --out .device/cpu_models
@@ -35,10 +35,10 @@ import numpy as np
 
 def _model(name: str):
     """The ONNX model benchmarked as ``name``: an onnx light model with seeded weights, or one
-    of the paper's models (:mod:`codl_tvm.zoo`) as the planner benchmark builds it. Gemm
+    of the paper's models (:mod:`codl_tvm.frontend.zoo`) as the planner benchmark builds it. Gemm
     weights are stored pre-transposed, so no transpose runs per inference when weights are
     library inputs (constant folding removes it for constants)."""
-    from codl_tvm.models import (
+    from codl_tvm.frontend.models import (
         LIGHT_MODELS,
         benchmark_model,
         light_model,
@@ -77,7 +77,7 @@ def cmd_compile(args: argparse.Namespace) -> None:
     )
     from tvm.relax.frontend.onnx import from_onnx
 
-    from codl_tvm.pipeline import single_device_pipeline
+    from codl_tvm.build.pipeline import single_device_pipeline
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

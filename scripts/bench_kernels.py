@@ -178,7 +178,7 @@ def compile_all(args: argparse.Namespace) -> None:
     from tvm.target import Target
 
     from codl_tvm.bench import git_commit, write_json
-    from codl_tvm.pipeline import algorithm_passes, legalize_passes, single_device_pipeline
+    from codl_tvm.build.pipeline import algorithm_passes, legalize_passes, single_device_pipeline
 
     out = Path(args.compile_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -191,7 +191,7 @@ def compile_all(args: argparse.Namespace) -> None:
         targets[f"opencl-{dev}"] = Target(attrs, host=host)
     if len(targets) > 1:
         try:
-            from codl_tvm.runtime._build import build_plugin
+            from codl_tvm.runtime.plugin_build import build_plugin
 
             shutil.copy(build_plugin(), out / "libcodl_tvm_opencl.so")
         except Exception as err:  # the OpenCL rows then need the plugin built there

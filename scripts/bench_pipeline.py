@@ -44,7 +44,7 @@ Phases (builds in ``--jobs`` spawned processes, timing one thing at a time):
      ``pipe_cpu_loaded``, ``pipe_gpu_loaded``: the same searches on the table timed under
      load; ``pipe_cpu_staged``, ``pipe_gpu_staged``: from the loaded table, the chosen
      stages timed running together and the search repeated on those times until its choice
-     runs on measured stages (:func:`codl_tvm.planner.pipe_refine.refine_with_stages`, what
+     runs on measured stages (:func:`codl_tvm.planner.stages.refine.refine_with_stages`, what
      ``compile --objective throughput --stage-rounds N`` builds); each streamed where it
      differs from the plans above; every streamed plan is also costed on every table,
      ``planned_fps``, to show which one the stream follows;
@@ -97,7 +97,7 @@ DEFAULT_COST_MODEL = "codl_tvm/data/cost_models/emulated-soc-k12.json"
 def _model_file(name: str, directory: Path) -> Path:
     import onnx
 
-    from codl_tvm.models import benchmark_model, bundled_model_path
+    from codl_tvm.frontend.models import benchmark_model, bundled_model_path
 
     if name == "codl_small_cnn":
         return bundled_model_path()
@@ -109,7 +109,7 @@ def _model_file(name: str, directory: Path) -> Path:
 
 
 def _groups(spec: str):
-    from codl_tvm.planner.pipe_search import parse_groups
+    from codl_tvm.planner.stages.search import parse_groups
 
     return parse_groups(spec)
 
@@ -117,7 +117,7 @@ def _groups(spec: str):
 def _single_stage_plan(model, group):
     from codl_tvm.passes.stages import layer_starts
 
-    from codl_tvm.planner.pipe_search import PipelinePlan, PipelineStage
+    from codl_tvm.planner.stages.search import PipelinePlan, PipelineStage
 
     n = len(layer_starts(model.mod["main"]))
     count = len(group.cores) if group.kind == "cpu" else 1
@@ -129,9 +129,9 @@ def _build_job(job: dict) -> tuple[str, str, str | None, float]:
     ``codl``; returns (model, tag, error or None, seconds)."""
     t0 = time.perf_counter()
     try:
-        from codl_tvm.frontend import load_onnx
-        from codl_tvm.pipeline_build import build_pipeline
-        from codl_tvm.planner.pipe_search import PipelinePlan, PipelineStage
+        from codl_tvm.frontend.importer import load_onnx
+        from codl_tvm.objectives.stage_build import build_pipeline
+        from codl_tvm.planner.stages.search import PipelinePlan, PipelineStage
         from codl_tvm.profiling.layers import build_layer_libraries
 
         model = load_onnx(job["model_path"])
@@ -208,7 +208,8 @@ def _run_builds(jobs: list[dict], n_jobs: int, log) -> dict[tuple[str, str], str
 #   measured and the rest predicted; on the stored runs' tables it measured 6-11 of 16
 #   columns, and its choice was never further from the measured choice than amdahl's;
 # - "amdahl": no fit, two measured columns per group (one core, every core) and
-#   ``serial + parallel / H`` through them per layer (codl_tvm.planner.pipe_model.amdahl_table):
+#   ``serial + parallel / H`` through them per layer
+#   (codl_tvm.planner.stages.layer_model.amdahl_table):
 #   on the device's tables its per-layer errors were 3-14 % against Eq. 5/8's 18-39 %;
 # - "eq8": Pipe-it's Eq. 8 (multi-core scaling, fitted on the other models) applied to this
 #   model's *measured* one-core latency of each layer (Eq. 8 takes the one-core latency as its
@@ -226,8 +227,8 @@ def _fit_predictor(records, groups, exclude: str, method: str, table):
     one (the excluded model's own), else Eq. 5's prediction. ``"amdahl"`` and ``"on_demand"``
     fit nothing: they read the columns of ``table`` they measure (``predict.columns_measured``
     says which)."""
-    from codl_tvm.errors import CodlError
-    from codl_tvm.planner.pipe_model import (
+    from codl_tvm.core.errors import CodlError
+    from codl_tvm.planner.stages.layer_model import (
         MIN_LATENCY_MS,
         LayerShape,
         PipeModel,
@@ -235,7 +236,7 @@ def _fit_predictor(records, groups, exclude: str, method: str, table):
         amdahl_table,
         on_demand_table,
     )
-    from codl_tvm.planner.pipe_search import optimal_pipeline
+    from codl_tvm.planner.stages.search import optimal_pipeline
 
     sizes = {g.name: g.most_stage_cores for g in groups}
     if method in ("amdahl", "on_demand"):
@@ -310,7 +311,7 @@ def _plan_model(entry: dict, n: str, table, records, shapes, groups, handoff, av
     """Phase 3 for one model: the searches on its measured ``table`` (with the executor's
     ``handoff``) into ``entry``, and the plans to stream (``pipe_cpu``, ``pipe_gpu``,
     ``pipe_pred``)."""
-    from codl_tvm.planner.pipe_search import (
+    from codl_tvm.planner.stages.search import (
         LatencyTable,
         exhaustive_pipeline,
         optimal_pipeline,
@@ -412,7 +413,7 @@ def _plan_loaded(entry: dict, plans: dict, table, groups, handoff) -> None:
     """The planner's searches on the table timed under load, into ``plans`` as
     ``pipe_cpu_loaded`` and ``pipe_gpu_loaded`` where they differ from a plan already there
     (``entry["loaded_plans"]`` says which it equals otherwise)."""
-    from codl_tvm.planner.pipe_search import search_pipeline
+    from codl_tvm.planner.stages.search import search_pipeline
 
     cpu_groups = tuple(g for g in groups if g.kind == "cpu")
     found = {}
@@ -431,7 +432,7 @@ def _plan_staged(entry: dict, plans: dict, table, groups, handoff, measure, roun
     """From ``table``, :func:`refine_with_stages` over the CPU groups and over all groups, into
     ``plans`` as ``pipe_cpu_staged`` and ``pipe_gpu_staged`` where they differ from a plan
     already there; returns ``table`` with every stage measured on the way."""
-    from codl_tvm.planner.pipe_refine import refine_with_stages
+    from codl_tvm.planner.stages.refine import refine_with_stages
 
     cpu_groups = tuple(g for g in groups if g.kind == "cpu")
     found = {}
@@ -456,7 +457,7 @@ def _plan_staged(entry: dict, plans: dict, table, groups, handoff, measure, roun
 
 
 def _planner_choice(heuristic, optimum):
-    """What :func:`~codl_tvm.planner.pipe_search.search_pipeline` returns from its heuristic's
+    """What :func:`~codl_tvm.planner.stages.search.search_pipeline` returns from its heuristic's
     pipeline and the optimum (where that is computed): the optimum where its bottleneck is
     lower."""
     if optimum.bottleneck_ms < heuristic.bottleneck_ms:
@@ -521,8 +522,8 @@ def _replan(path: Path, out_path: Path, handoff_ms: float | None) -> None:
     """Phase 3 again on the time matrices of an earlier run's JSON (no build, no device):
     the searches and the predicted choices with this code, costed on that run's measured
     tables."""
-    from codl_tvm.planner.pipe_model import LayerShape
-    from codl_tvm.planner.pipe_search import HandOff, LatencyTable, parse_groups
+    from codl_tvm.planner.stages.layer_model import LayerShape
+    from codl_tvm.planner.stages.search import HandOff, LatencyTable, parse_groups
     from codl_tvm.profiling.layers import layer_records
 
     old = json.loads(path.read_text())
@@ -663,7 +664,7 @@ def _round_ratios(rounds: list[dict[str, dict]], rate: str, base: str) -> dict[s
 
 
 def _run_pipeline(path: Path, frames: list, warmup: int) -> dict:
-    from codl_tvm.pipeline_artifact import load_pipeline
+    from codl_tvm.runtime.staged_artifact import load_pipeline
 
     pipe = load_pipeline(path)
     with pipe.stream(frames[:warmup]) as s:  # PoCL compiles kernels, pools start
@@ -676,7 +677,7 @@ def _run_pipeline(path: Path, frames: list, warmup: int) -> dict:
 
 def _run_replicas(paths: list[Path], frames: list, warmup: int) -> dict:
     """Whole-model replicas, one per group, each taking the next frame from a shared queue."""
-    from codl_tvm.pipeline_artifact import load_pipeline, pin_thread_pool
+    from codl_tvm.runtime.staged_artifact import load_pipeline, pin_thread_pool
 
     pipes = [load_pipeline(p) for p in paths]
     for p in pipes:
@@ -730,7 +731,7 @@ def _run_replicas(paths: list[Path], frames: list, warmup: int) -> dict:
 def _run_codl(path: Path, frames: list, cores: list[int], warmup: int) -> dict:
     """codl's latency plan back to back, its CPU kernels on ``cores``."""
     from codl_tvm.artifact import load_artifact
-    from codl_tvm.pipeline_artifact import pin_thread_pool
+    from codl_tvm.runtime.staged_artifact import pin_thread_pool
 
     box: dict = {}
 
@@ -821,16 +822,16 @@ def main(argv: list[str] | None = None) -> None:
         _replan(Path(args.replan), Path(args.out), args.handoff_ms)
         return
 
-    from codl_tvm.frontend import load_onnx
-    from codl_tvm.pipeline_build import layer_shapes, resolve_isas
-    from codl_tvm.planner.pipe_search import recost_plan
+    from codl_tvm.frontend.importer import load_onnx
+    from codl_tvm.objectives.stage_build import layer_shapes, resolve_isas
+    from codl_tvm.objectives.throughput import parse_isa
+    from codl_tvm.planner.stages.search import recost_plan
     from codl_tvm.profiling.layers import (
         layer_records,
         measure_handoff,
         measure_layers,
         stage_timer,
     )
-    from codl_tvm.throughput import parse_isa
 
     t_start = time.perf_counter()
     work = Path(args.work)

@@ -111,7 +111,7 @@ def _tag_mode(tag: str, strict: bool = True) -> _TagFlags:
 def _model_file(name: str, tmp: Path) -> Path:
     import onnx
 
-    from codl_tvm.models import benchmark_model, bundled_model_path
+    from codl_tvm.frontend.models import benchmark_model, bundled_model_path
 
     if name == "codl_small_cnn":
         return bundled_model_path()
@@ -129,7 +129,7 @@ def _planning_alone_s(name: str, manifest: dict, preset: str, repeat: int) -> fl
 
     from codl_tvm.artifact import planning_context
     from codl_tvm.cost_model.base import load_model
-    from codl_tvm.frontend import load_onnx
+    from codl_tvm.frontend.importer import load_onnx
     from codl_tvm.planner import plan_model
 
     plan = manifest.get("plan") or {}
@@ -349,7 +349,7 @@ def _warm_job(job: tuple) -> tuple[str, float, str | None]:
     root, rel, platform = job
     from codl_tvm import runtime
     from codl_tvm.artifact import load_artifact
-    from codl_tvm.frontend import random_inputs
+    from codl_tvm.frontend.importer import random_inputs
 
     t0 = time.perf_counter()
     try:
@@ -397,14 +397,14 @@ def cmd_run(args: argparse.Namespace) -> None:
         pin_tvm_threads,
         write_json,
     )
-    from codl_tvm.bound import gap_breakdown, ideal_bound_ms
-    from codl_tvm.runner import max_abs_difference
+    from codl_tvm.build.runner import max_abs_difference
+    from codl_tvm.profiling.bound import gap_breakdown, ideal_bound_ms
 
     root = Path(args.dir)
     index = json.loads((root / "index.json").read_text())
     runtime.load(platform=args.platform or None)
     info = runtime.info()
-    from codl_tvm.runtime import coexec as sync
+    from codl_tvm.runtime import sync
 
     sync.set_sync_mode(args.sync_mode)
     if args.tvm_cpus:
@@ -495,7 +495,7 @@ def cmd_run(args: argparse.Namespace) -> None:
             if t in arts and t != trace_tag and arts[t].device == "coexec"
         ]
         if args.trace_dir and (trace_tag or also):
-            from codl_tvm.trace import trace_inference
+            from codl_tvm.profiling.trace import trace_inference
 
             tdir = Path(args.trace_dir)
             tdir.mkdir(parents=True, exist_ok=True)
@@ -615,7 +615,7 @@ def cmd_run(args: argparse.Namespace) -> None:
 
 def _refine_job(job: tuple) -> tuple[str, str, str | None]:
     from codl_tvm.artifact import compile_refined
-    from codl_tvm.plan import PartitionPlan
+    from codl_tvm.core.plan import PartitionPlan
 
     name, tag, src, target, model, plan_json, record = job
     try:
@@ -640,7 +640,7 @@ def cmd_refine(args: argparse.Namespace) -> None:
 
     from codl_tvm import runtime
     from codl_tvm.artifact import ArtifactError, load_artifact, refined_plan
-    from codl_tvm.planner.refine import moves
+    from codl_tvm.planner.split.refine import moves
 
     root = Path(args.dir)
     index = json.loads((root / "index.json").read_text())
@@ -989,13 +989,13 @@ def main(argv: list[str] | None = None) -> None:
         default=2.0,
         help="seconds of the CPU and GPU builds running at once (T* under contention); 0: skip",
     )
-    from codl_tvm.runtime.coexec import MODES as SYNC_MODES
+    from codl_tvm.runtime.sync import MODES as SYNC_MODES
 
     r.add_argument(
         "--sync-mode",
         default="auto",
         choices=SYNC_MODES,
-        help="the co-execution synchronisation (codl_tvm.runtime.coexec.set_sync_mode)",
+        help="the co-execution synchronisation (codl_tvm.runtime.sync.set_sync_mode)",
     )
     r.set_defaults(func=cmd_run)
     f = sub.add_parser("refine", help="rebalance artifacts from timelines taken here")

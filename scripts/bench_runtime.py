@@ -35,9 +35,9 @@ def cmd_compile(args: argparse.Namespace) -> None:
     import tvm
     from tvm.relax.frontend.onnx import from_onnx
 
-    from codl_tvm.models import light_model
-    from codl_tvm.pipeline import single_device_pipeline
-    from codl_tvm.runtime._build import build_plugin
+    from codl_tvm.build.pipeline import single_device_pipeline
+    from codl_tvm.frontend.models import light_model
+    from codl_tvm.runtime.plugin_build import build_plugin
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -68,7 +68,7 @@ def _model_args(name: str, entry: dict, dev):
     import tvm
     from onnx import numpy_helper
 
-    from codl_tvm.models import light_model
+    from codl_tvm.frontend.models import light_model
 
     proto = light_model(name, seed=3)
     init = {t.name: numpy_helper.to_array(t) for t in proto.graph.initializer}

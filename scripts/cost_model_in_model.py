@@ -2,7 +2,7 @@
 
 For every model of a planner benchmark file (``benchmarks/planner_*.json``, written by
 ``scripts/bench_planner.py run``: rows ``cpu`` and ``gpu`` are the single-processor builds), the
-model is built as the benchmark built it (``codl_tvm.models.benchmark_model``), planned in
+model is built as the benchmark built it (``codl_tvm.frontend.models.benchmark_model``), planned in
 ``cpu_only`` mode with the cost model under the preset's planning context (the kernels those
 builds ran), and the planner's predicted CPU-only and GPU-only sums are compared with the
 measured medians; a per-processor factor fitted leave-one-model-out
@@ -44,8 +44,8 @@ def predicted_ms(names, cost_model: Path, preset: str) -> dict[str, dict[str, fl
     import onnx  # deferred: building models needs onnx and TVM, the table above does not
 
     from codl_tvm.cost_model import load_model
-    from codl_tvm.frontend import load_onnx
-    from codl_tvm.models import benchmark_model, bundled_model_path
+    from codl_tvm.frontend.importer import load_onnx
+    from codl_tvm.frontend.models import benchmark_model, bundled_model_path
     from codl_tvm.planner import plan_model
     from codl_tvm.planner.policy import planning_context
 

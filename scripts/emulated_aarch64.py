@@ -11,7 +11,7 @@
    the root's ``dist-packages``; TVM's compiler library is removed (runtime-only, faster import);
 3. ``bin/python-aarch64``: a wrapper running the root's Python with ``qemu-aarch64-static -L``.
 
-``serve`` (prepares first when needed) starts ``codl_tvm/rpc_utils.py serve`` (TVM's RPC server
+``serve`` (prepares first when needed) starts ``codl_tvm/rpc/client.py serve`` (TVM's RPC server
 that reports its versions) under that Python, registered with a tracker on 127.0.0.1, and waits
 until the tracker lists it. TVM's server re-executes ``sys.executable`` for its workers; the
 wrapper is passed as that executable because without binfmt an aarch64 binary cannot be exec'ed.
@@ -290,7 +290,7 @@ def write_wrapper(root: Path, py: Path) -> Path:
 def install_server_script(root: Path) -> Path:
     """Copy the RPC server script into the sysroot with the minimal package it imports
     (``codl_tvm/__init__.py``, ``errors.py`` and ``runtime/`` beside it, so that running the
-    script finds ``codl_tvm.errors`` next to itself); returns the script's path."""
+    script finds ``codl_tvm.core.errors`` next to itself); returns the script's path."""
     codl = root / CODL_DIR
     (codl / "codl_tvm" / "runtime").mkdir(parents=True, exist_ok=True)
     # the runtime package (pure Python; the plugin is built separately) for --opencl serving
@@ -415,7 +415,7 @@ def prepare_opencl(root: Path, timeout_s: float, force: bool = False) -> Path:
         [
             sys.executable,
             "-c",
-            "from codl_tvm.runtime import _build; print(_build.sources_sha256())",
+            "from codl_tvm.runtime import plugin_build; print(plugin_build.sources_sha256())",
         ],
         capture_output=True,
         text=True,

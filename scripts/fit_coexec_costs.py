@@ -1,6 +1,7 @@
 """Fit the co-execution costs of the placement modes' makespan model to a device run.
 
-``PlacementConfig.costs`` (:class:`codl_tvm.planner.dag.CoexecCosts`) adds to the cost model's
+``PlacementConfig.costs`` (:class:`codl_tvm.planner.placement.graph.CoexecCosts`) adds to the cost
+model's
 per-operator predictions what a co-executed build pays and a build for one processor alone does
 not. This script takes a run of ``scripts/device/hope.sh`` (its JSON and the timelines of its
 placed builds), plans every placed build again here with the plain predictions (the planner is
@@ -86,12 +87,12 @@ def main(argv: list[str] | None = None) -> int:
 
     from codl_tvm.artifact import planning_context
     from codl_tvm.cost_model.base import load_model
-    from codl_tvm.frontend import load_onnx
-    from codl_tvm.models import benchmark_model
-    from codl_tvm.planner.dag import META_KEY, CoexecCosts
-    from codl_tvm.planner.hope import simulate
-    from codl_tvm.planner.placement import PlacementConfig, schedule_placement
-    from codl_tvm.planner.search import PlannerConfig
+    from codl_tvm.frontend.importer import load_onnx
+    from codl_tvm.frontend.models import benchmark_model
+    from codl_tvm.planner.placement.graph import META_KEY, CoexecCosts
+    from codl_tvm.planner.placement.hope import simulate
+    from codl_tvm.planner.placement.modes import PlacementConfig, schedule_placement
+    from codl_tvm.planner.split.search import PlannerConfig
 
     run = json.loads(Path(args.run).read_text())
     cost_model = load_model(args.cost_model)

@@ -1,4 +1,4 @@
-"""Write the CoDL evaluation models (codl_tvm.zoo) as ONNX files into a directory.
+"""Write the CoDL evaluation models (codl_tvm.frontend.zoo) as ONNX files into a directory.
 
 Each model is written as ``OUT_DIR/<name>.onnx`` at its evaluation size, or as
 ``OUT_DIR/<name>_<H>x<W>.onnx`` with ``--input-hw``. Existing files are kept unless
@@ -14,7 +14,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from codl_tvm.zoo import DEFAULT_INPUT_HW, ZOO_MODELS, save_model
+from codl_tvm.frontend.zoo import DEFAULT_INPUT_HW, ZOO_MODELS, save_model
 
 
 def main(argv: list[str] | None = None) -> int:

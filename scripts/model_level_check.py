@@ -103,8 +103,8 @@ def main(argv: list[str] | None = None) -> None:
     from codl_tvm.artifact import planning_context
     from codl_tvm.bench import envelope, write_json
     from codl_tvm.cost_model.base import load_model
-    from codl_tvm.frontend import load_onnx
-    from codl_tvm.models import benchmark_model
+    from codl_tvm.frontend.importer import load_onnx
+    from codl_tvm.frontend.models import benchmark_model
     from codl_tvm.planner import plan_model
 
     settings = {} if args.chain_min_gain is None else {"chain_min_gain": args.chain_min_gain}

@@ -41,7 +41,7 @@ def compare(
     and measured / predicted per processor.
 
     ``decisions`` are plan-report rows (``Decision.to_dict()``); ``times`` maps a split name to
-    its :class:`~codl_tvm.planner.refine.SplitTime`; ``weights`` maps a split operator to the
+    its :class:`~codl_tvm.planner.split.refine.SplitTime`; ``weights`` maps a split operator to the
     weight bytes of its (CPU, GPU) parts, which give the in-model rate each part read its
     weights at (``cpu_gbps`` / ``gpu_gbps``). Operators run whole have no parts and are left
     out, as are splits the timelines do not show.
@@ -146,11 +146,11 @@ def _plan_rows(
     import onnx
 
     from codl_tvm.artifact import planning_context
+    from codl_tvm.core.plan import partitionable_ops
     from codl_tvm.cost_model.base import load_model
     from codl_tvm.cost_model.features import Partition, part_shape, weight_bytes
-    from codl_tvm.frontend import load_onnx
-    from codl_tvm.models import benchmark_model
-    from codl_tvm.plan import partitionable_ops
+    from codl_tvm.frontend.importer import load_onnx
+    from codl_tvm.frontend.models import benchmark_model
     from codl_tvm.planner import op_params, plan_model
 
     path = tmp / f"{name}.onnx"
@@ -172,8 +172,8 @@ def _plan_rows(
 
 def main(argv: list[str] | None = None) -> int:
     from codl_tvm.bench import envelope, write_json
-    from codl_tvm.planner.refine import split_times
-    from codl_tvm.trace import Trace
+    from codl_tvm.planner.split.refine import split_times
+    from codl_tvm.profiling.trace import Trace
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", required=True, help="comma list of benchmark models")

@@ -47,15 +47,15 @@ def _ratios(text: str) -> tuple[float, ...]:
 
 
 def _model(name: str):
-    from codl_tvm.frontend import load_onnx
-    from codl_tvm.models import LIGHT_MODELS, bundled_model_path, light_model
+    from codl_tvm.frontend.importer import load_onnx
+    from codl_tvm.frontend.models import LIGHT_MODELS, bundled_model_path, light_model
 
     if name == "codl_small_cnn":
         return load_onnx(bundled_model_path())
     if name in LIGHT_MODELS:
         return load_onnx(light_model(name))
     try:
-        from codl_tvm.zoo import ZOO_MODELS, build_model
+        from codl_tvm.frontend.zoo import ZOO_MODELS, build_model
     except ImportError:
         ZOO_MODELS = ()
     if name in ZOO_MODELS:
@@ -68,9 +68,9 @@ def _algorithm_jobs(jobs: list, preset: str) -> list:
     same selection as the build); depthwise convs and parts below the thresholds stay direct."""
     from codl_tvm.schedules import cpu_config
 
+    from codl_tvm.build.targets import get_preset
     from codl_tvm.cost_model.features import part_shape
-    from codl_tvm.profiling.runner import part_rewrite
-    from codl_tvm.targets import get_preset
+    from codl_tvm.profiling.parts import part_rewrite
 
     config = cpu_config(get_preset(preset).target("cpu"))
     kept = [

@@ -1,7 +1,7 @@
 """``codl-tvm compile MODEL -o OUT/`` and ``codl-tvm run OUT/`` (the main job).
 
 Artifacts are built for the local OpenCL device with planner cost models fitted on synthetic
-records (``codl_tvm.planner.synthetic``) or the shipped default; every run is checked against
+records (``codl_tvm.cost_model.synthetic``) or the shipped default; every run is checked against
 the unpartitioned model's outputs on the host CPU.
 """
 
@@ -14,15 +14,15 @@ import pytest
 from codl_tvm.schedules import cpu_config
 
 from codl_tvm.artifact import ArtifactError, compile_artifact, load_artifact
+from codl_tvm.build.targets import get_preset
 from codl_tvm.cli import bundled_model_path, main
+from codl_tvm.core.plan import PartitionPlan
 from codl_tvm.cost_model import Partition
 from codl_tvm.cost_model.base import CostModelFallbackWarning, ModelFileError, load_model
 from codl_tvm.cost_model.dataset import OpRecord
 from codl_tvm.cost_model.features import OpParams, op_features
 from codl_tvm.cost_model.measured import MeasuredModel
-from codl_tvm.plan import PartitionPlan
-from codl_tvm.planner.synthetic import SyntheticDevice, synthetic_cost_model
-from codl_tvm.targets import get_preset
+from codl_tvm.cost_model.synthetic import SyntheticDevice, synthetic_cost_model
 
 pytestmark = pytest.mark.opencl
 
@@ -277,7 +277,7 @@ def test_measured_model_plans_the_measured_best_split(tmp_path):
     import onnx
     from onnx import TensorProto, helper
 
-    from codl_tvm.frontend import load_onnx
+    from codl_tvm.frontend.importer import load_onnx
     from codl_tvm.planner import plan_model
 
     w = helper.make_tensor(
@@ -337,7 +337,7 @@ def test_compile_verify_modes_times_more_plans(tmp_path, balanced_model, opencl)
     """``--verify-modes``: the other planner modes' plans (where they differ) are built and
     timed too; the fastest build is kept, and when it is another mode's plan the artifact's
     plan files are that plan's. Whichever wins, the outputs match the reference."""
-    from codl_tvm.frontend import load_onnx
+    from codl_tvm.frontend.importer import load_onnx
     from codl_tvm.planner import plan_model
 
     out = tmp_path / "modes"
@@ -375,7 +375,7 @@ def test_calibrated_plans_follow_the_measured_single_processor_latencies(balance
     (a candidate unless a plan timed already is the same); factors within 1.1x of each other
     re-plan nothing."""
     from codl_tvm.artifact import _calibrated_plans, planning_context
-    from codl_tvm.frontend import load_onnx
+    from codl_tvm.frontend.importer import load_onnx
     from codl_tvm.planner import plan_model
 
     model = load_onnx(bundled_model_path())
@@ -410,7 +410,7 @@ def test_calibration_multiplies_the_configured_processor_scale(balanced_model):
     import dataclasses
 
     from codl_tvm.artifact import _calibrated_plans, planning_context
-    from codl_tvm.frontend import load_onnx
+    from codl_tvm.frontend.importer import load_onnx
     from codl_tvm.planner import plan_model
 
     model = load_onnx(bundled_model_path())
@@ -465,8 +465,8 @@ def test_build_cache_reuses_only_matching_libraries(tmp_path, balanced_model, op
     """``build_cache``: a later compile of the same model, plan and targets copies the library
     instead of building it (``--verify`` then only builds what no earlier compile built); a
     different plan is built anew; artifacts from the cache still match the reference."""
-    from codl_tvm.frontend import load_onnx
-    from codl_tvm.plan import uniform_plan
+    from codl_tvm.core.plan import uniform_plan
+    from codl_tvm.frontend.importer import load_onnx
 
     cache = tmp_path / "cache"
     model = bundled_model_path()
@@ -535,7 +535,7 @@ def test_planning_context_matches_what_compile_plans_with():
     from codl_tvm.schedules import cpu_config
 
     from codl_tvm.artifact import default_cost_model_for, planning_context
-    from codl_tvm.targets import get_preset
+    from codl_tvm.build.targets import get_preset
 
     cpu_target = get_preset("emulated-soc").target("cpu")
     assert not cpu_config(cpu_target).conv_packed

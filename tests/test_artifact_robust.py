@@ -20,9 +20,8 @@ from codl_tvm.schedules import cpu_config
 from onnx import TensorProto, helper
 
 from codl_tvm.artifact import ArtifactError, compile_artifact, load_artifact
-from codl_tvm.cli import bundled_model_path, main
-from codl_tvm.runner import default_target
-from codl_tvm.targets import (
+from codl_tvm.build.runner import default_target
+from codl_tvm.build.targets import (
     _ISA_FEATURE,
     _cpu_features,
     _cpuinfo_features,
@@ -32,6 +31,7 @@ from codl_tvm.targets import (
     host_cpu_spec,
     missing_cpu_features,
 )
+from codl_tvm.cli import bundled_model_path, main
 
 
 def _quiet(_line: str) -> None:
@@ -97,7 +97,7 @@ def test_local_presets_compile_for_this_cpu(preset):
 def test_unknown_cpu_name_gets_its_features(monkeypatch):
     """A CPU LLVM cannot name ("generic": new models, some hypervisors) is compiled for the
     features it has, given one by one, instead of baseline x86-64."""
-    from codl_tvm import targets
+    from codl_tvm.build import targets
 
     real = host_cpu()
     monkeypatch.setattr(targets, "host_cpu", lambda: targets.HostCPU("generic", *_split(real)))

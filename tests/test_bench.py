@@ -282,10 +282,10 @@ def test_coexec_benchmark_helpers_build_and_run_a_split_conv(tmp_path, opencl):
 
     import codl_tvm
     from codl_tvm.bench import coexec_targets, open_opencl, run_coexec_library
-    from codl_tvm.frontend import load_onnx
-    from codl_tvm.plan import uniform_plan
-    from codl_tvm.runner import build
-    from codl_tvm.targets import host_cpu
+    from codl_tvm.build.runner import build
+    from codl_tvm.build.targets import host_cpu
+    from codl_tvm.core.plan import uniform_plan
+    from codl_tvm.frontend.importer import load_onnx
 
     rng = np.random.default_rng(0)
     w = numpy_helper.from_array(rng.standard_normal((8, 4, 3, 3)).astype(np.float32), "w")

@@ -81,7 +81,7 @@ def test_replan_costs_each_predicted_choice_on_the_measured_tables(tmp_path):
     # fitted on the other two, predicts the third's table, so the pipeline it picks streams
     # as fast (on the measured table, hand-off counted) as the one picked from measurements.
     # Eq. 8 is serial + parallel / H per layer, so amdahl's two anchors predict it exactly.
-    from codl_tvm.planner.pipe_model import LayerShape
+    from codl_tvm.planner.stages.layer_model import LayerShape
     from tests.test_pipe_model import GROUPS, sample_layers, true_latency
 
     models = {}

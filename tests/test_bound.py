@@ -8,8 +8,8 @@ import math
 
 import pytest
 
-from codl_tvm.bound import gap_breakdown, ideal_bound_ms
-from codl_tvm.trace import Trace, TraceEvent
+from codl_tvm.profiling.bound import gap_breakdown, ideal_bound_ms
+from codl_tvm.profiling.trace import Trace, TraceEvent
 
 
 def test_ideal_bound_is_the_harmonic_combination():
@@ -132,9 +132,9 @@ def test_serial_trace_runs_every_kernel_alone(opencl):
     from pathlib import Path
 
     import codl_tvm
-    from codl_tvm.frontend import load_onnx, random_inputs
-    from codl_tvm.plan import uniform_plan
-    from codl_tvm.trace import trace_inference
+    from codl_tvm.core.plan import uniform_plan
+    from codl_tvm.frontend.importer import load_onnx, random_inputs
+    from codl_tvm.profiling.trace import trace_inference
 
     model = load_onnx(Path(codl_tvm.__file__).parent / "data" / "codl_small_cnn.onnx")
     built = codl_tvm.compile(model.mod, uniform_plan(model.mod, "H", 0.5))

@@ -43,8 +43,8 @@ import numpy as np
 import onnxruntime as ort
 import codl_tvm
 from codl_tvm import runtime
-from codl_tvm.frontend import load_onnx, random_inputs
-from codl_tvm.runtime import coexec
+from codl_tvm.frontend.importer import load_onnx, random_inputs
+from codl_tvm.runtime import sync as coexec
 from tests.test_rpc_aarch64_opencl import PLAN, _chain_model
 
 proto = _chain_model()  # an H split, an OC split and one chain of two convs

@@ -10,11 +10,11 @@ import dataclasses
 
 import pytest
 
-from codl_tvm.artifact.build_cache import BuildSpec, Libraries, code_digest, source_files
-from codl_tvm.frontend import load_onnx
-from codl_tvm.models import bundled_model_path
-from codl_tvm.plan import uniform_plan
-from codl_tvm.targets import get_preset
+from codl_tvm.build.cache import BuildSpec, Libraries, code_digest, source_files
+from codl_tvm.build.targets import get_preset
+from codl_tvm.core.plan import uniform_plan
+from codl_tvm.frontend.importer import load_onnx
+from codl_tvm.frontend.models import bundled_model_path
 
 
 def _spec(**fields) -> BuildSpec:
@@ -51,7 +51,7 @@ def test_code_digest_covers_passes_and_schedules():
     names = {name for name, _ in source_files()}
     assert "codl_tvm.passes/partition.py" in names
     assert "codl_tvm.schedules/cpu.py" in names
-    assert "codl_tvm/artifact/build_cache.py" in names
+    assert "codl_tvm/build/cache.py" in names
     assert len(code_digest()) == 64
 
 

@@ -1,4 +1,5 @@
-"""Build failures reach the caller as :class:`~codl_tvm.errors.BuildError`, not as TVM's errors.
+"""Build failures reach the caller as :class:`~codl_tvm.core.errors.BuildError`, not as TVM's
+errors.
 
 The failing module casts to int4, which TVM 0.27's OpenCL code generator cannot spell ("Cannot
 convert type int4 to OpenCL type"): ``tvm.compile`` fails for OpenCL and for co-execution, as
@@ -16,10 +17,10 @@ from onnx import TensorProto, helper
 from tvm import relax
 
 import codl_tvm
-from codl_tvm.coexec import compile_coexec
-from codl_tvm.errors import BuildError, CodlError
-from codl_tvm.plan import uniform_plan
-from codl_tvm.runner import build
+from codl_tvm.build.coexec import compile_coexec
+from codl_tvm.build.runner import build
+from codl_tvm.core.errors import BuildError, CodlError
+from codl_tvm.core.plan import uniform_plan
 from tests.test_errors import assert_one_line_error
 from tests.test_errors import codl_tvm as run_cli
 

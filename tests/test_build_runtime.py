@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from codl_tvm.cli import main
-from codl_tvm.errors import ToolchainError
-from codl_tvm.runtime import _build
+from codl_tvm.core.errors import ToolchainError
+from codl_tvm.runtime import plugin_build as _build
 
 needs_cross_gxx = pytest.mark.skipif(
     shutil.which("aarch64-linux-gnu-g++") is None,

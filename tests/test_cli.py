@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from codl_tvm.build.runner import build
 from codl_tvm.cli import bundled_model_path, main
-from codl_tvm.frontend import load_onnx, random_inputs
-from codl_tvm.runner import build
+from codl_tvm.frontend.importer import load_onnx, random_inputs
 
 
 def _run(capsys, *argv: str) -> tuple[int, str, str]:
@@ -103,7 +103,7 @@ def test_missing_and_invalid_model_files(tmp_path, capsys):
 
 @pytest.mark.opencl
 def test_run_coexec_with_an_automatic_plan(opencl, tmp_path, capsys):
-    from codl_tvm.planner.synthetic import SyntheticDevice, synthetic_cost_model
+    from codl_tvm.cost_model.synthetic import SyntheticDevice, synthetic_cost_model
 
     # A cost model fitted on synthetic records of a balanced device pair (nothing measured).
     synthetic_cost_model(SyntheticDevice()).save(tmp_path / "cm.json")

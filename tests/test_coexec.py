@@ -16,11 +16,11 @@ from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
 import codl_tvm
+from codl_tvm.build.runner import build
 from codl_tvm.cli import bundled_model_path, main
-from codl_tvm.frontend import load_onnx, random_inputs
-from codl_tvm.plan import ChainPlan, OpPartition, PartitionPlan, uniform_plan
-from codl_tvm.runner import build
-from codl_tvm.runtime import coexec as sync
+from codl_tvm.core.plan import ChainPlan, OpPartition, PartitionPlan, uniform_plan
+from codl_tvm.frontend.importer import load_onnx, random_inputs
+from codl_tvm.runtime import sync
 
 pytestmark = pytest.mark.opencl
 
@@ -299,7 +299,7 @@ def test_single_conv_property(opencl, dim, ratio, k, stride, hw, c_out):
 @pytest.mark.parametrize("name", ["squeezenet", "resnet50"])
 def test_light_model_coexec_against_onnxruntime(opencl, name):
     ort = pytest.importorskip("onnxruntime")
-    from codl_tvm.models import light_model
+    from codl_tvm.frontend.models import light_model
 
     proto = light_model(name)
     model = load_onnx(proto)
@@ -374,7 +374,7 @@ def test_sync_cost_is_measurable(opencl):
 
 
 def test_trace_has_both_lanes(opencl, tmp_path):
-    from codl_tvm.trace import trace_inference
+    from codl_tvm.profiling.trace import trace_inference
 
     model = load_onnx(bundled_model_path())
     built = codl_tvm.compile(model.mod, uniform_plan(model.mod, "H", 0.5))
@@ -386,7 +386,7 @@ def test_trace_has_both_lanes(opencl, tmp_path):
     assert any(e["ph"] == "X" for e in data["traceEvents"])
     trace.save_png(tmp_path / "t.png")
     assert (tmp_path / "t.png").stat().st_size > 1000
-    from codl_tvm.trace import Trace
+    from codl_tvm.profiling.trace import Trace
 
     again = Trace.load_chrome(tmp_path / "t.json")
     assert [(e.lane, e.name) for e in again.events] == [(e.lane, e.name) for e in trace.events]

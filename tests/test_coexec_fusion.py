@@ -18,15 +18,15 @@ from codl_tvm.passes import PartitionOperators
 from codl_tvm.passes.order import OrderSplits
 from codl_tvm.passes.place import PlaceParts
 
-from codl_tvm.coexec import _targets
-from codl_tvm.frontend import load_onnx, random_inputs
-from codl_tvm.pipeline import (
+from codl_tvm.build.coexec import _targets
+from codl_tvm.build.pipeline import (
     algorithm_passes,
     inference_passes,
     legalize_passes,
     schedule_passes,
 )
-from codl_tvm.plan import OpPartition, PartitionPlan, model_fingerprint, partitionable_ops
+from codl_tvm.core.plan import OpPartition, PartitionPlan, model_fingerprint, partitionable_ops
+from codl_tvm.frontend.importer import load_onnx, random_inputs
 
 from .test_hope_compile import (
     _residual_plan,

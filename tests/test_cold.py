@@ -2,7 +2,8 @@
 program creation overlapped with the first run.
 
 Each run that must see a process's first program creation happens in a fresh process
-(``python -m codl_tvm.coldstart``): the plugin keeps the binary folders it was offered and its
+(``python -m codl_tvm.profiling.cold_start``): the plugin keeps the binary folders it was offered
+and its
 counters for the life of a process. No test times anything.
 """
 
@@ -21,10 +22,11 @@ import pytest
 
 from codl_tvm import runtime
 from codl_tvm.artifact import compile_artifact, load_artifact
-from codl_tvm.artifact.program_binaries import BINARIES, INDEX, device_key, device_key_of, embed
 from codl_tvm.cli import main
-from codl_tvm.cold_objective import cold_candidates
-from codl_tvm.coldstart import (
+from codl_tvm.frontend.models import bundled_model_path
+from codl_tvm.objectives.cold import cold_candidates
+from codl_tvm.options import CompileOptions
+from codl_tvm.profiling.cold_start import (
     NOT_COLD,
     PHASES,
     artifact_files,
@@ -33,8 +35,7 @@ from codl_tvm.coldstart import (
     prefetch,
     resident_fraction,
 )
-from codl_tvm.models import bundled_model_path
-from codl_tvm.options import CompileOptions
+from codl_tvm.runtime.program_binaries import BINARIES, INDEX, device_key, device_key_of, embed
 
 
 def test_evict_keeps_contents_and_reports_residency(tmp_path):
@@ -101,7 +102,7 @@ def _cold(
         [
             sys.executable,
             "-m",
-            "codl_tvm.coldstart",
+            "codl_tvm.profiling.cold_start",
             str(artifact),
             "--programs",
             programs,
@@ -340,7 +341,7 @@ def test_artifact_load_starts_the_thread_pool_beside_the_library(cpu_artifact, t
 def test_concurrent_processes_fill_one_cache_safely(gpu_artifact, tmp_path):
     cache = tmp_path / "shared-cache"
     env = {**os.environ, "CODL_TVM_CACHE_DIR": str(cache), "CODL_OPENCL_AOT": "0"}
-    cmd = [sys.executable, "-m", "codl_tvm.coldstart", str(gpu_artifact)]
+    cmd = [sys.executable, "-m", "codl_tvm.profiling.cold_start", str(gpu_artifact)]
     procs = [subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True) for _ in range(3)]
     for p in procs:
         p.communicate()
@@ -576,7 +577,7 @@ def test_compile_on_pocl_keeps_the_build_binaries_when_the_warm_up_fails(tmp_pat
     code = (
         "import sys\n"
         "from codl_tvm.artifact import program_binaries\n"
-        "from codl_tvm.errors import ArtifactError\n"
+        "from codl_tvm.core.errors import ArtifactError\n"
         "def fail(path, *args, **kwargs):\n"
         "    raise ArtifactError(f'{path}: the warm-up for PoCL program binaries failed')\n"
         "program_binaries.embed_after_warm_up = fail\n"

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from codl_tvm.cli.cost_model import register as register_cli
+from codl_tvm.core.errors import CodlError
 from codl_tvm.cost_model import (
     CodlConfig,
     CodlModel,
@@ -47,7 +48,6 @@ from codl_tvm.cost_model.evaluate import (
     evaluate,
     split_records,
 )
-from codl_tvm.errors import CodlError
 
 DEVICE = {"gpu": "synthetic gpu", "cpu": "synthetic cpu"}
 CFG = CodlConfig(
@@ -221,7 +221,7 @@ def test_h_split_rows_and_halo(h, k, s, pad, dil, ratio):
 
 def test_split_matches_the_partitioning_passes():
     """The cost model predicts the parts the passes really cut (same rounding, rows, groups)."""
-    from codl_tvm.geometry import ChannelMap, SlidingWindow, Span, split_point
+    from codl_tvm.core.geometry import ChannelMap, SlidingWindow, Span, split_point
 
     for n in (1, 2, 3, 7, 10, 56, 113):
         for ratio in np.linspace(0.0, 1.0, 41):

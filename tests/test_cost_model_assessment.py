@@ -15,6 +15,7 @@ import math
 import numpy as np
 import pytest
 
+from codl_tvm.core.errors import CodlError
 from codl_tvm.cost_model import (
     CodlModel,
     FlopsModel,
@@ -39,7 +40,6 @@ from codl_tvm.cost_model.decisions import decide, format_decisions
 from codl_tvm.cost_model.evaluate import accuracy, training_split
 from codl_tvm.cost_model.in_model import summary, whole_model_table
 from codl_tvm.cost_model.measured import MeasuredModel
-from codl_tvm.errors import CodlError
 from tests.test_cost_model import CFG, run_cli, synth_records
 
 

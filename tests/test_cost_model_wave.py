@@ -15,6 +15,7 @@ import math
 import numpy as np
 import pytest
 
+from codl_tvm.core.errors import ModelFileError
 from codl_tvm.cost_model import (
     DispatchFeatures,
     FlopsModel,
@@ -47,7 +48,6 @@ from codl_tvm.cost_model.gbdt import (
     dispatch_shape,
     shape_features,
 )
-from codl_tvm.errors import ModelFileError
 
 CU = 2  # compute units of the synthetic GPU: a wave is 4096 work-items
 LAUNCH_MS = 0.004
@@ -276,10 +276,10 @@ def test_conv_guards_follow_the_nvidia_direct_rule():
     import tvm
     from tvm import tirx
 
+    from codl_tvm.build.pipeline import legalize_passes, schedule_passes
+    from codl_tvm.build.targets import get_preset
     from codl_tvm.cost_model.dispatch import dispatch_features
-    from codl_tvm.pipeline import legalize_passes, schedule_passes
-    from codl_tvm.profiling.runner import part_module
-    from codl_tvm.targets import get_preset
+    from codl_tvm.profiling.parts import part_module
 
     target = tvm.target.Target(get_preset("device-h100").target("gpu"))
     for params, partition in [

@@ -13,7 +13,10 @@ import numpy as np
 import pytest
 
 from codl_tvm.artifact import load_artifact
+from codl_tvm.build.runner import build
 from codl_tvm.cli import main
+from codl_tvm.core.errors import ArtifactError, CodlError, PlanError
+from codl_tvm.core.plan import ChainPlan, PartitionPlan
 from codl_tvm.demo import (
     DemoOptions,
     fixed_split_plan,
@@ -21,12 +24,9 @@ from codl_tvm.demo import (
     opencl_on_host_cpu,
     run_demo,
 )
-from codl_tvm.errors import ArtifactError, CodlError, PlanError
-from codl_tvm.frontend import load_onnx, random_inputs
-from codl_tvm.models import bundled_model_path
-from codl_tvm.plan import ChainPlan, PartitionPlan
-from codl_tvm.runner import build
-from codl_tvm.trace import Trace, TraceEvent
+from codl_tvm.frontend.importer import load_onnx, random_inputs
+from codl_tvm.frontend.models import bundled_model_path
+from codl_tvm.profiling.trace import Trace, TraceEvent
 
 # The shipped cost model predicts the bundled CNN at 0.28 ms on the CPU alone against 1.32 ms
 # on the GPU alone and every split slower: the planner keeps it on the CPU, on every machine

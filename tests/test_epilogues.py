@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from codl_tvm.frontend import load_onnx
-from codl_tvm.runner import build
+from codl_tvm.build.runner import build
+from codl_tvm.frontend.importer import load_onnx
 
 
 def _conv_then(tail: str, channels: int = 12, hw: int = 9):

@@ -16,8 +16,9 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from codl_tvm import errors, runtime
-from codl_tvm.models import bundled_model_path
+from codl_tvm import runtime
+from codl_tvm.core import errors
+from codl_tvm.frontend.models import bundled_model_path
 
 
 def codl_tvm(*argv: str, env: dict[str, str] | None = None, cwd: Path | None = None):
@@ -61,11 +62,11 @@ def _conv_model(path: Path) -> Path:
 
 def test_every_project_error_is_a_codl_error_and_keeps_its_builtin_base():
     from codl_tvm.artifact import ArtifactError
+    from codl_tvm.build.targets import ToolchainError, get_preset
+    from codl_tvm.core.plan import PlanError
     from codl_tvm.cost_model.base import ModelFileError
-    from codl_tvm.frontend import ModelError
-    from codl_tvm.plan import PlanError
-    from codl_tvm.rpc_utils import RemoteFailure, RPCError
-    from codl_tvm.targets import ToolchainError, get_preset
+    from codl_tvm.frontend.importer import ModelError
+    from codl_tvm.rpc.client import RemoteFailure, RPCError
 
     for cls in (ArtifactError, ModelFileError, ModelError, PlanError, RPCError, ToolchainError):
         assert issubclass(cls, errors.CodlError)
@@ -196,7 +197,7 @@ def test_other_build_failures_name_the_model_and_keep_the_traceback_in_a_file(
 ):
     import tvm
 
-    from codl_tvm.frontend import load_onnx
+    from codl_tvm.frontend.importer import load_onnx
 
     monkeypatch.setenv("CODL_TVM_CACHE_DIR", str(tmp_path))
     mod = load_onnx(_conv_model(tmp_path / "m.onnx")).mod

@@ -1,7 +1,7 @@
 """Profiling over a device farm: several real TVM RPC servers on 127.0.0.1 under one tracker key.
 
 The fixtures start ``python -m tvm.exec.rpc_tracker`` and codl-tvm's RPC servers with the OpenCL
-plugin (``python -m codl_tvm.rpc_utils serve --opencl``) on free ports.
+plugin (``python -m codl_tvm.rpc.client serve --opencl``) on free ports.
 """
 
 from __future__ import annotations
@@ -15,12 +15,12 @@ import time
 
 import pytest
 
-from codl_tvm import rpc_utils
 from codl_tvm.cost_model.dataset import load_dataset
 from codl_tvm.cost_model.features import OpParams, part_shape
 from codl_tvm.profiling.farm import profile_farm
+from codl_tvm.profiling.parts import TimingConfig
 from codl_tvm.profiling.profile import job_key, make_jobs
-from codl_tvm.profiling.runner import TimingConfig
+from codl_tvm.rpc import client as rpc_utils
 from tests.rpc_support import free_port, tracker_command
 
 pytestmark = [pytest.mark.rpc, pytest.mark.opencl]
@@ -82,7 +82,7 @@ def _start_servers(procs, tracker: str, key: str, n: int) -> list[tuple[subproce
         port = free_port()
         proc = procs.start(
             [
-                *(sys.executable, "-m", "codl_tvm.rpc_utils", "serve", "--tracker", tracker),
+                *(sys.executable, "-m", "codl_tvm.rpc.client", "serve", "--tracker", tracker),
                 *("--key", key, "--port", str(port), "--port-end", str(port + 1), "--silent"),
                 "--opencl",
             ]

@@ -14,9 +14,9 @@ from onnx import TensorProto, helper, numpy_helper
 from tvm import relax
 
 import codl_tvm
-from codl_tvm.frontend import load_onnx
-from codl_tvm.plan import uniform_plan
-from codl_tvm.runner import build
+from codl_tvm.build.runner import build
+from codl_tvm.core.plan import uniform_plan
+from codl_tvm.frontend.importer import load_onnx
 
 
 def _model(bias=True, users="bn", bn_input="conv", weight_input=False, mean_used=False, seed=0):
@@ -150,9 +150,9 @@ def test_paper_model_batch_norms_fold(name, hw):
     """Every batch norm of the zoo's YOLOv2 and RetinaFace follows a conv: none is left, the
     operators' fingerprint (what plans are checked against) is unchanged, and the CPU build
     matches TVM's unfolded build."""
-    from codl_tvm.frontend import random_inputs
-    from codl_tvm.plan import model_fingerprint
-    from codl_tvm.zoo import build_model
+    from codl_tvm.core.plan import model_fingerprint
+    from codl_tvm.frontend.importer import random_inputs
+    from codl_tvm.frontend.zoo import build_model
 
     model = load_onnx(build_model(name, input_hw=hw))
     assert _has_batch_norm(model.mod)

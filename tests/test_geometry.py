@@ -1,4 +1,4 @@
-"""Property tests of the split geometry (codl_tvm.geometry) over odd shapes.
+"""Property tests of the split geometry (codl_tvm.core.geometry) over odd shapes.
 
 Images smaller than the kernel's reach, strides and dilations that leave rows unread, ceil-mode
 pools, grouped and depthwise convs, output channels that are no multiple of the vector width:
@@ -13,7 +13,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from codl_tvm.geometry import (
+from codl_tvm.core.geometry import (
     MATMUL_OC_ALIGN,
     ChannelMap,
     PartSpan,

@@ -2,7 +2,7 @@
 
 The hand-made graphs have optimal makespans worked out in the comments; nothing is measured.
 Cost models for the graph tests are CodlModels fitted on a synthetic device pair
-(``codl_tvm.planner.synthetic``).
+(``codl_tvm.cost_model.synthetic``).
 """
 
 from __future__ import annotations
@@ -17,10 +17,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
-from codl_tvm.errors import CodlError, PlanError, PlannerError
-from codl_tvm.plan import PartitionPlan, partitionable_ops
-from codl_tvm.planner.dag import CoexecCosts, DagEdge, DagNode, OpGraph, build_graph
-from codl_tvm.planner.hope import (
+from codl_tvm.core.errors import CodlError, PlanError, PlannerError
+from codl_tvm.core.plan import PartitionPlan, partitionable_ops
+from codl_tvm.cost_model.synthetic import SyntheticDevice, synthetic_cost_model
+from codl_tvm.planner.placement.graph import CoexecCosts, DagEdge, DagNode, OpGraph, build_graph
+from codl_tvm.planner.placement.hope import (
     Schedule,
     ScheduleError,
     SolverMissingError,
@@ -32,8 +33,7 @@ from codl_tvm.planner.hope import (
     solve_exact,
     starpu_schedule,
 )
-from codl_tvm.planner.placement import PlacementConfig
-from codl_tvm.planner.synthetic import SyntheticDevice, synthetic_cost_model
+from codl_tvm.planner.placement.modes import PlacementConfig
 
 HEURISTICS = (greedy_schedule, starpu_schedule, mosaic_schedule)
 # Plans without co-execution costs (the synthetic models record none; explicit, as these tests
@@ -356,7 +356,7 @@ def inception_like(seed: int = 0, c: int = 8, hw: int = 16) -> onnx.ModelProto:
 
 @pytest.fixture(scope="module")
 def inception_mod():
-    from codl_tvm.frontend import load_onnx
+    from codl_tvm.frontend.importer import load_onnx
 
     return load_onnx(inception_like()).mod
 
@@ -367,7 +367,7 @@ def sharing_model():
 
 
 def test_graph_of_an_inception_module(inception_mod, sharing_model):
-    from codl_tvm.planner.search import PlannerConfig, _Planner
+    from codl_tvm.planner.split.search import PlannerConfig, _Planner
 
     g = build_graph(inception_mod, sharing_model)
     names = [n.name for n in g.nodes]
@@ -412,7 +412,7 @@ def test_graph_of_an_inception_module(inception_mod, sharing_model):
 
 def test_graph_of_a_residual_block(sharing_model):
     """x -> conv -> relu -> conv, added to the first conv's output: the add is a follow node."""
-    from codl_tvm.frontend import load_onnx
+    from codl_tvm.frontend.importer import load_onnx
 
     rng = np.random.default_rng(1)
     w = [
@@ -453,7 +453,7 @@ def cheap_sharing_model():
 
 @pytest.mark.parametrize("mode", MODES_PLACED)
 def test_placement_modes_give_whole_operator_plans(inception_mod, cheap_sharing_model, mode):
-    from codl_tvm.planner.placement import make_plan
+    from codl_tvm.planner.placement.modes import make_plan
 
     plan, report = make_plan(inception_mod, cheap_sharing_model, mode, placement=PLAIN)
     names = [i.name for i in partitionable_ops(inception_mod)]
@@ -467,7 +467,7 @@ def test_placement_modes_give_whole_operator_plans(inception_mod, cheap_sharing_
 
 
 def test_hope_plan_uses_both_processors_and_beats_the_baselines(inception_mod, cheap_sharing_model):
-    from codl_tvm.planner.placement import make_plan
+    from codl_tvm.planner.placement.modes import make_plan
 
     plain = PLAIN
     reports = {
@@ -518,7 +518,7 @@ def test_hope_plan_of_an_inception_module_equals_onnxruntime(
     import onnxruntime as ort
 
     import codl_tvm
-    from codl_tvm.planner.placement import make_plan
+    from codl_tvm.planner.placement.modes import make_plan
 
     plan, _ = make_plan(inception_mod, split_friendly_model, "hope", placement=PLAIN)
     assert {e.ratio for e in plan.ops} == {0.0, 1.0}  # branches on both processors
@@ -537,8 +537,8 @@ def test_hope_plan_of_an_inception_module_equals_onnxruntime(
 
 
 def test_unmodelled_operator_is_left_out_with_its_reason(cheap_sharing_model):
-    from codl_tvm.frontend import load_onnx
-    from codl_tvm.planner.placement import make_plan
+    from codl_tvm.frontend.importer import load_onnx
+    from codl_tvm.planner.placement.modes import make_plan
 
     rng = np.random.default_rng(0)
     w0 = numpy_helper.from_array(rng.standard_normal((8, 4, 3, 1)).astype(np.float32), "w0")
@@ -572,14 +572,14 @@ def test_placement_modules_import_with_a_runtime_only_tvm():
     import subprocess
     import sys
 
-    code = "import codl_tvm.planner, codl_tvm.planner.placement, codl_tvm.planner.hope"
+    code = "import codl_tvm.planner.placement.modes, codl_tvm.planner.placement.hope"
     env = {**os.environ, "TVM_USE_RUNTIME_LIB": "1"}
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
 
 
 def test_dispatch_order_enqueues_gpu_work_before_the_cpu_blocks_the_host():
-    from codl_tvm.planner.placement import dispatch_order
+    from codl_tvm.planner.placement.modes import dispatch_order
 
     # the diamond's optimum: a on the GPU [0, 1], c on the GPU [1, 5], b on the CPU [2, 6]:
     # c must be enqueued before the host runs b, or the GPU idles while the CPU computes
@@ -609,8 +609,8 @@ def test_order_splits_issues_a_partitioned_module_in_dispatch_order(
     from codl_tvm.passes import PartitionOperators, collect_parts
     from codl_tvm.passes.order import OrderSplits
 
-    from codl_tvm.pipeline import inference_passes
-    from codl_tvm.planner.placement import (
+    from codl_tvm.build.pipeline import inference_passes
+    from codl_tvm.planner.placement.modes import (
         PlacementConfig,
         dispatch_order,
         make_plan,
@@ -645,7 +645,7 @@ def test_order_splits_issues_a_partitioned_module_in_dispatch_order(
 def test_hope_plans_are_deterministic(inception_mod, cheap_sharing_model):
     """The Inception module has several optimal placements; one solver worker always returns
     the same one (parallel workers returned two different ones in six runs)."""
-    from codl_tvm.planner.placement import make_plan
+    from codl_tvm.planner.placement.modes import make_plan
 
     plans = {
         make_plan(inception_mod, cheap_sharing_model, "hope", placement=PLAIN)[0].to_json()
@@ -705,7 +705,7 @@ def test_splits_carry_their_own_sharing_no_transfer_delay():
     assert exact.makespan_ms == pytest.approx(7.0)
     assert exact.processor == ("both", "both", "gpu")
     assert greedy_schedule(g).makespan_ms >= exact.makespan_ms - 1e-9
-    from codl_tvm.planner.placement import dispatch_order
+    from codl_tvm.planner.placement.modes import dispatch_order
 
     assert dispatch_order(g, exact) == ("a", "b", "c")
 
@@ -768,7 +768,7 @@ def split_friendly_model():
 
 
 def test_codl_hope_mixes_splits_and_whole_branches(inception_mod, split_friendly_model):
-    from codl_tvm.planner.placement import make_plan
+    from codl_tvm.planner.placement.modes import make_plan
 
     plain = PLAIN
     plans = {
@@ -790,7 +790,7 @@ def test_codl_hope_plan_equals_onnxruntime(opencl, inception_mod, split_friendly
     import onnxruntime as ort
 
     import codl_tvm
-    from codl_tvm.planner.placement import make_plan
+    from codl_tvm.planner.placement.modes import make_plan
 
     plan, _ = make_plan(inception_mod, split_friendly_model, "codl_hope", placement=PLAIN)
     assert any(0.0 < e.ratio < 1.0 for e in plan.ops)
@@ -806,7 +806,7 @@ def test_codl_hope_plan_equals_onnxruntime(opencl, inception_mod, split_friendly
 
 
 def test_plan_order_round_trips_and_names_entries(inception_mod, cheap_sharing_model):
-    from codl_tvm.planner.placement import make_plan
+    from codl_tvm.planner.placement.modes import make_plan
 
     plan, _ = make_plan(inception_mod, cheap_sharing_model, "hope", placement=PLAIN)
     assert sorted(plan.order) == sorted(e.op for e in plan.ops)
@@ -841,9 +841,9 @@ BENCHMARK_MODELS = (
 def test_greedy_within_five_percent_of_exact_on_the_benchmark_models(name):
     from codl_tvm.cost_model import load_model
     from codl_tvm.cost_model.defaults import default_model_path
-    from codl_tvm.frontend import load_onnx
-    from codl_tvm.models import benchmark_model
-    from codl_tvm.planner.search import PlannerConfig, calibrated_model
+    from codl_tvm.frontend.importer import load_onnx
+    from codl_tvm.frontend.models import benchmark_model
+    from codl_tvm.planner.split.search import PlannerConfig, calibrated_model
 
     path = default_model_path("emulated-soc").parent / "emulated-soc-k12.json"
     cost_model, _ = calibrated_model(load_model(path), PlannerConfig())
@@ -906,7 +906,7 @@ def test_costs_turn_a_marginal_branch_placement_into_one_processor(
     """A placement predicted faster with the plain predictions but not once each operator and
     edge pays the co-executed build's costs: every operator goes to the faster processor,
     predicted at its plain single-processor latency (what the compile then builds)."""
-    from codl_tvm.planner.placement import PlacementConfig, make_plan
+    from codl_tvm.planner.placement.modes import PlacementConfig, make_plan
 
     plain = PlacementConfig(costs=CoexecCosts())
     costly = PlacementConfig(costs=CoexecCosts(cpu_factor=3.0, gpu_factor=3.0, gpu_op_ms=1.0))
@@ -934,8 +934,8 @@ def test_costs_recorded_in_the_cost_model_apply_by_default(
     faster processor alone."""
     import copy
 
-    from codl_tvm.planner.dag import META_KEY
-    from codl_tvm.planner.placement import make_plan
+    from codl_tvm.planner.placement.graph import META_KEY
+    from codl_tvm.planner.placement.modes import make_plan
 
     cm = copy.copy(cheap_sharing_model)
     cm.meta = {**cheap_sharing_model.meta, META_KEY: {"cpu_factor": 1.3, "gpu_factor": 1.5}}

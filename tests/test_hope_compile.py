@@ -1,6 +1,6 @@
 """The placement modes through ``codl-tvm compile`` and ``--mode auto``; hope plans' numerics.
 
-``auto`` is checked on synthetic device pairs (``codl_tvm.planner.synthetic``) where the winner
+``auto`` is checked on synthetic device pairs (``codl_tvm.cost_model.synthetic``) where the winner
 is known: two independent branches on balanced processors with costly splits (hope), one chain
 with a fast GPU and cheap splits (codl). Built plans are compared with onnxruntime on the local
 OpenCL device; nothing is timed.
@@ -18,12 +18,12 @@ from onnx import TensorProto, helper, numpy_helper
 
 from codl_tvm.artifact import load_artifact
 from codl_tvm.cli import main
-from codl_tvm.errors import PlannerError
-from codl_tvm.frontend import load_onnx, random_inputs
-from codl_tvm.plan import partitionable_ops
-from codl_tvm.planner.dag import CoexecCosts
-from codl_tvm.planner.placement import AUTO_CANDIDATES, PlacementConfig, make_plan, plan_auto
-from codl_tvm.planner.synthetic import SyntheticDevice, synthetic_cost_model
+from codl_tvm.core.errors import PlannerError
+from codl_tvm.core.plan import partitionable_ops
+from codl_tvm.cost_model.synthetic import SyntheticDevice, synthetic_cost_model
+from codl_tvm.frontend.importer import load_onnx, random_inputs
+from codl_tvm.planner.placement.graph import CoexecCosts
+from codl_tvm.planner.placement.modes import AUTO_CANDIDATES, PlacementConfig, make_plan, plan_auto
 
 from .test_hope import inception_like
 
@@ -325,7 +325,7 @@ def test_residual_block_placement_plan_equals_onnxruntime(opencl, mode):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["squeezenet", "inception_v1"])
 def test_light_model_hope_plan_equals_onnxruntime(opencl, name):
-    from codl_tvm.models import light_model
+    from codl_tvm.frontend.models import light_model
 
     _check_placement_plan(light_model(name), synthetic_cost_model(SyntheticDevice()), "hope")
 
@@ -335,9 +335,9 @@ def test_dispatch_order_keeps_the_gpu_queue_in_schedule_order():
     only. The GPU runs its queue in order, so c (enqueueable right after a) must be issued
     after b, or it holds up b's GPU part. (The residual block's codl_hope plan had this shape;
     its build refused the earlier order.)"""
-    from codl_tvm.planner.dag import SPLIT, DagEdge, DagNode, OpGraph
-    from codl_tvm.planner.hope import Schedule, check_schedule
-    from codl_tvm.planner.placement import dispatch_order
+    from codl_tvm.planner.placement.graph import SPLIT, DagEdge, DagNode, OpGraph
+    from codl_tvm.planner.placement.hope import Schedule, check_schedule
+    from codl_tvm.planner.placement.modes import dispatch_order
 
     g = OpGraph(
         (
@@ -355,7 +355,7 @@ def test_dispatch_order_keeps_the_gpu_queue_in_schedule_order():
 def _residual_plan(mod, shortcut_ratio: float):
     """Every conv whole on the GPU but the 1x1 shortcut (``shortcut_ratio``), issued right after
     the stem: the order a schedule gives when the shortcut runs beside the 3x3 branch."""
-    from codl_tvm.plan import OpPartition, PartitionPlan, model_fingerprint
+    from codl_tvm.core.plan import OpPartition, PartitionPlan, model_fingerprint
 
     infos = partitionable_ops(mod)
     assert [i.name for i in infos] == ["conv2d_0", "conv2d_1", "conv2d_2", "conv2d_3"]
@@ -376,7 +376,7 @@ def _partition_and_order(mod, plan):
     from codl_tvm.passes import PartitionOperators, collect_parts
     from codl_tvm.passes.order import OrderSplits
 
-    from codl_tvm.pipeline import inference_passes
+    from codl_tvm.build.pipeline import inference_passes
 
     staged = mod
     for p in inference_passes():
@@ -428,7 +428,7 @@ def _split_residual_plan(mod):
     CPU, the shortcut split and issued before the second (the order codl_hope gave ResNet50).
     PartitionOperators merges the residual add into the shortcut's parts, each slicing the
     branch's result to its own rows."""
-    from codl_tvm.plan import OpPartition, PartitionPlan, model_fingerprint
+    from codl_tvm.core.plan import OpPartition, PartitionPlan, model_fingerprint
 
     infos = partitionable_ops(mod)
     ratios = {"conv2d_0": 1.0, "conv2d_1": 0.3, "conv2d_2": 0.0, "conv2d_3": 0.3}
@@ -476,8 +476,8 @@ def test_verify_adopting_an_auto_candidate_records_the_mode_it_chose(
 ):
     """``--verify-modes auto`` (or a calibrated re-plan of ``--mode auto``) whose build is the
     fastest: the manifest names the mode auto chose and its candidates, not ``auto``."""
-    from codl_tvm.artifact.compiling import _adopt_plan
-    from codl_tvm.frontend import OnnxModel
+    from codl_tvm.frontend.importer import OnnxModel
+    from codl_tvm.objectives.latency import _adopt_plan
 
     plan, report = make_plan(branches_mod, costly_splits_model, "auto", placement=PLAIN)
     model = OnnxModel("inception_like.onnx", branches_mod, (), ())
@@ -518,7 +518,7 @@ def test_gpu_branch_is_flushed_before_the_cpu_branch_runs(opencl, home):
     the program the VM runs (the dispatch structure), not on timings: on a CPU OpenCL runtime
     sharing the host's cores, whether the two lanes' intervals overlap depends on the load."""
     import codl_tvm
-    from codl_tvm.plan import OpPartition, PartitionPlan, model_fingerprint
+    from codl_tvm.core.plan import OpPartition, PartitionPlan, model_fingerprint
 
     proto = inception_like(c=16, hw=16)
     model = load_onnx(proto)

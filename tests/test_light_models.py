@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from codl_tvm.frontend import load_onnx, random_inputs
-from codl_tvm.models import light_model
-from codl_tvm.runner import build
+from codl_tvm.build.runner import build
+from codl_tvm.frontend.importer import load_onnx, random_inputs
+from codl_tvm.frontend.models import light_model
 
 FAST = ["squeezenet", "bvlc_alexnet"]
 SLOW = ["vgg19", "resnet50", "inception_v1"]

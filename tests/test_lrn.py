@@ -17,9 +17,9 @@ from onnx import TensorProto, helper, numpy_helper
 from tvm import relax
 
 import codl_tvm
-from codl_tvm.frontend import load_onnx
-from codl_tvm.plan import model_fingerprint, uniform_plan
-from codl_tvm.runner import build
+from codl_tvm.build.runner import build
+from codl_tvm.core.plan import model_fingerprint, uniform_plan
+from codl_tvm.frontend.importer import load_onnx
 
 
 def _lrn_net(size: int = 5, channels: int = 12, hw: int = 9, seed: int = 0, **attrs):
@@ -174,7 +174,7 @@ def test_lrn_after_an_h_split_is_split_by_rows(opencl, ratio):
     co-executed build still equals onnxruntime's output."""
     from codl_tvm.passes import PartitionOperators, collect_parts
 
-    from codl_tvm.plan import OpPartition, PartitionPlan
+    from codl_tvm.core.plan import OpPartition, PartitionPlan
 
     proto, model = _lrn_net(seed=6)
     plan = PartitionPlan(ops=(OpPartition("conv2d_0", "H", ratio),))
@@ -193,7 +193,7 @@ def test_lrn_after_an_h_split_is_split_by_rows(opencl, ratio):
 
 
 def test_row_blocks_only_follow_h_splits():
-    from codl_tvm.plan import OpPartition, PartitionPlan
+    from codl_tvm.core.plan import OpPartition, PartitionPlan
 
     _, model = _lrn_net(seed=6)
     h = PartitionPlan(ops=(OpPartition("conv2d_0", "H", 0.5),))
@@ -216,7 +216,7 @@ def test_a_plan_adopted_by_verify_reports_the_builds_row_blocks(tmp_path):
     import json
 
     from codl_tvm.artifact import _adopt_plan
-    from codl_tvm.plan import OpPartition, PartitionPlan
+    from codl_tvm.core.plan import OpPartition, PartitionPlan
 
     _, model = _lrn_net(seed=6)
     plan = PartitionPlan(ops=(OpPartition("conv2d_0", "H", 0.5),))

@@ -20,11 +20,11 @@ from onnx import TensorProto, helper, numpy_helper
 from tvm import relax
 
 import codl_tvm
+from codl_tvm.build.runner import build
 from codl_tvm.cli import main
-from codl_tvm.frontend import load_onnx, random_inputs
-from codl_tvm.names import c_identifiers, is_c_identifier, rename_params
-from codl_tvm.plan import uniform_plan
-from codl_tvm.runner import build
+from codl_tvm.core.names import c_identifiers, is_c_identifier, rename_params
+from codl_tvm.core.plan import uniform_plan
+from codl_tvm.frontend.importer import load_onnx, random_inputs
 
 # -- the sanitizer -------------------------------------------------------------------------------
 

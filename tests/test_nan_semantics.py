@@ -13,10 +13,10 @@ from onnx import helper as oh
 from tvm import te, topi
 from tvm.script import tirx as T
 
-from codl_tvm.coexec import compile_coexec
-from codl_tvm.frontend import load_onnx
-from codl_tvm.plan import uniform_plan
-from codl_tvm.runner import build
+from codl_tvm.build.coexec import compile_coexec
+from codl_tvm.build.runner import build
+from codl_tvm.core.plan import uniform_plan
+from codl_tvm.frontend.importer import load_onnx
 
 ort = pytest.importorskip("onnxruntime")
 

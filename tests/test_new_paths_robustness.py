@@ -15,18 +15,19 @@ import pytest
 import tvm
 from onnx import TensorProto, helper, numpy_helper
 
-from codl_tvm.artifact import compile_artifact, load_artifact, weights
-from codl_tvm.artifact.weights import WEIGHTS
+from codl_tvm.artifact import compile_artifact, load_artifact
+from codl_tvm.build.coexec import compile_coexec
+from codl_tvm.build.runner import max_abs_difference
 from codl_tvm.cli import main
-from codl_tvm.coexec import compile_coexec
+from codl_tvm.core.plan import ChainPlan, OpPartition, PartitionPlan, uniform_plan
 from codl_tvm.cost_model import CostModel
-from codl_tvm.frontend import load_onnx, random_inputs
-from codl_tvm.plan import ChainPlan, OpPartition, PartitionPlan, uniform_plan
-from codl_tvm.planner.dag import CoexecCosts
-from codl_tvm.planner.placement import PlacementConfig, make_plan
+from codl_tvm.cost_model.synthetic import SyntheticDevice, synthetic_cost_model
+from codl_tvm.frontend.importer import load_onnx, random_inputs
+from codl_tvm.planner.placement.graph import CoexecCosts
+from codl_tvm.planner.placement.modes import PlacementConfig, make_plan
 from codl_tvm.planner.policy import resolve_plan
-from codl_tvm.planner.synthetic import SyntheticDevice, synthetic_cost_model
-from codl_tvm.runner import max_abs_difference
+from codl_tvm.runtime import weights
+from codl_tvm.runtime.weights import WEIGHTS
 from tests.test_buffer_mode import _run_in_buffer_mode
 
 QUIET = {"log": lambda s: None}
@@ -501,7 +502,7 @@ import numpy as np
 import onnxruntime as ort
 import codl_tvm
 from codl_tvm import runtime
-from codl_tvm.frontend import load_onnx, random_inputs
+from codl_tvm.frontend.importer import load_onnx, random_inputs
 from tests.test_new_paths_robustness import ODD_PLAN, odd_rows_model
 
 proto = odd_rows_model()

@@ -1,4 +1,5 @@
-"""ONNX's backend node tests as a peer suite (codl_tvm.onnx_node_tests, docs/onnx-node-tests.md).
+"""ONNX's backend node tests as a peer suite (codl_tvm.frontend.node_tests,
+docs/onnx-node-tests.md).
 
 Each case runs through codl-tvm's import, CPU build, OpenCL build, co-executed builds (every
 conv/pool/matmul split on H, then on OC, where the plan rules allow) and the CPU build with its
@@ -7,7 +8,7 @@ outputs. The rules:
 
 - a case that imports passes on every path (the CPU build, OpenCL, both co-executed builds and
   the beside build);
-- a case that does not import is refused with a :class:`~codl_tvm.errors.CodlError`, never a
+- a case that does not import is refused with a :class:`~codl_tvm.core.errors.CodlError`, never a
   crash: either TVM's frontend cannot import it (the message says so), or codl-tvm's own checks
   refuse it for a reason listed in :data:`CODL_REFUSALS`;
 - a failure that plain TVM shares is listed in :data:`KNOWN_TVM_FAILURES` with its reason.
@@ -23,7 +24,7 @@ import functools
 
 import pytest
 
-from codl_tvm.onnx_node_tests import (
+from codl_tvm.frontend.node_tests import (
     NOT_APPLICABLE,
     PASS,
     PATHS,

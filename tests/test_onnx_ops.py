@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from codl_tvm.frontend import load_onnx
-from codl_tvm.runner import build
+from codl_tvm.build.runner import build
+from codl_tvm.frontend.importer import load_onnx
 from tests.onnx_data import DATA, case_dir, load_case
 
 CONVERTED = sorted(

@@ -24,7 +24,7 @@ from tvm import relax, s_tir
 from tvm.s_tir.dlight.analysis import get_root_block
 
 from codl_tvm.cost_model.features import IMPL_GROUPS, OpParams
-from codl_tvm.planner.search import expected_impl
+from codl_tvm.planner.split.search import expected_impl
 
 from .test_schedules_cpu import prim_funcs
 from .test_schedules_opencl import (
@@ -227,7 +227,7 @@ def test_dense_epilogues_and_batch_axis(opencl, epilogue):
 
 def gemm_model(m, k, hidden, n, seed=0):
     """ONNX ``Gemm(transB=1) -> Relu -> Gemm(transB=1)`` with random weights."""
-    from codl_tvm.frontend import load_onnx
+    from codl_tvm.frontend.importer import load_onnx
 
     rng = np.random.default_rng(seed)
     inits = [
@@ -261,8 +261,8 @@ def _ort(proto, feeds):
 @pytest.mark.opencl
 @pytest.mark.parametrize("m", [1, 16])
 def test_gemm_model_on_opencl_matches_onnxruntime(opencl, m):
-    from codl_tvm.frontend import random_inputs
-    from codl_tvm.runner import build
+    from codl_tvm.build.runner import build
+    from codl_tvm.frontend.importer import random_inputs
 
     proto, model = gemm_model(m, 80, 48, 10)
     feeds = random_inputs(model, seed=1)
@@ -277,9 +277,9 @@ def test_coexec_oc_parts_get_the_rule_and_match_unpartitioned(
     opencl, tmp_path, monkeypatch, m, algorithm
 ):
     import codl_tvm
-    from codl_tvm.frontend import random_inputs
-    from codl_tvm.plan import uniform_plan
-    from codl_tvm.runner import build
+    from codl_tvm.build.runner import build
+    from codl_tvm.core.plan import uniform_plan
+    from codl_tvm.frontend.importer import random_inputs
 
     _, model = gemm_model(m, 80, 48, 10, seed=2)
     feeds = random_inputs(model, seed=4)
@@ -298,9 +298,9 @@ def test_coexec_oc_parts_get_the_rule_and_match_unpartitioned(
 @pytest.mark.slow
 @pytest.mark.opencl
 def test_alexnet_builds_for_opencl_and_matches_onnxruntime(opencl):
-    from codl_tvm.frontend import load_onnx, random_inputs
-    from codl_tvm.models import light_model
-    from codl_tvm.runner import build
+    from codl_tvm.build.runner import build
+    from codl_tvm.frontend.importer import load_onnx, random_inputs
+    from codl_tvm.frontend.models import light_model
 
     proto = light_model("bvlc_alexnet")
     model = load_onnx(proto)

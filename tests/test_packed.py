@@ -30,11 +30,11 @@ from hypothesis import strategies as st
 from tvm import relax, tirx
 
 import codl_tvm
-from codl_tvm import runner
+from codl_tvm.build import runner
+from codl_tvm.build.pipeline import legalize_passes, single_device_pipeline
+from codl_tvm.core.plan import uniform_plan
 from codl_tvm.cost_model.features import OpParams
-from codl_tvm.pipeline import legalize_passes, single_device_pipeline
-from codl_tvm.plan import uniform_plan
-from codl_tvm.planner.search import expected_impl
+from codl_tvm.planner.split.search import expected_impl
 
 from .test_schedules_cpu import (
     AVX512_TARGET,
@@ -813,7 +813,7 @@ def _model_with_packed(factor: float = 0.5):
     direct latency (what `profile --packed` adds to a direct dataset)."""
     from codl_tvm.cost_model.analytical import CodlModel
     from codl_tvm.cost_model.dataset import OpRecord
-    from codl_tvm.planner.synthetic import SyntheticDevice, synthetic_records
+    from codl_tvm.cost_model.synthetic import SyntheticDevice, synthetic_records
 
     records = synthetic_records(SyntheticDevice())
     extra = [
@@ -825,9 +825,9 @@ def _model_with_packed(factor: float = 0.5):
 
 
 def test_planner_predicts_the_packed_kernels_the_build_makes():
-    from codl_tvm.frontend import load_onnx
+    from codl_tvm.cost_model.synthetic import synthetic_cost_model
+    from codl_tvm.frontend.importer import load_onnx
     from codl_tvm.planner import PlannerConfig, plan_model
-    from codl_tvm.planner.synthetic import synthetic_cost_model
 
     from .test_planner import bundled_model_path
 
@@ -887,7 +887,7 @@ def test_profiled_packed_part_takes_the_packed_weight_as_input(tmp_path):
     """A profiled algorithm part reads its weight as an input in the transformed layout (no
     weight baked into the library), below the thresholds it stays direct."""
     from codl_tvm.cost_model.features import OpParams, Partition
-    from codl_tvm.profiling.runner import compile_part
+    from codl_tvm.profiling.parts import compile_part
 
     conv = OpParams("conv2d", 7, 7, 64, 45, kernel=3, stride=1, padding=(1, 1, 1, 1))
     small = OpParams("conv2d", 7, 7, 16, 32, kernel=3, stride=1, padding=(1, 1, 1, 1))
@@ -897,7 +897,7 @@ def test_profiled_packed_part_takes_the_packed_weight_as_input(tmp_path):
     assert part.impl == "packed" and part.inputs == ((1, 64, 7, 7), (3, 64, 3, 3, 16))
     assert direct.impl == "direct" and direct.inputs[1] == (32, 16, 3, 3)
     # the selection a campaign filters on before building agrees with the builds
-    from codl_tvm.profiling.runner import part_rewrite
+    from codl_tvm.profiling.parts import part_rewrite
 
     with packed_enabled("all"):
         cfg = cpu_config(AVX512_TARGET)
@@ -913,9 +913,9 @@ def test_profiled_packed_part_takes_the_packed_weight_as_input(tmp_path):
 
 def _whole_model(name: str, **overrides) -> list[str]:
     ort = pytest.importorskip("onnxruntime")
-    from codl_tvm.frontend import load_onnx, random_inputs
-    from codl_tvm.models import light_model
-    from codl_tvm.zoo import ZOO_MODELS, build_model
+    from codl_tvm.frontend.importer import load_onnx, random_inputs
+    from codl_tvm.frontend.models import light_model
+    from codl_tvm.frontend.zoo import ZOO_MODELS, build_model
 
     proto = build_model(name, seed=5) if name in ZOO_MODELS else light_model(name, seed=3)
     model = load_onnx(proto)
@@ -952,8 +952,8 @@ def test_squeezenet_with_nhwc_input_packed_convs_matches_onnxruntime():
 def test_squeezenet_with_packed_stem_and_rounded_classifier_matches_onnxruntime():
     """The 3-channel stride-2 stem packed and the 1000-class conv in 64 blocks of 16 (AVX-512;
     4-lane hosts round 250 blocks to 250): the whole model still equals onnxruntime."""
-    from codl_tvm.frontend import load_onnx
-    from codl_tvm.models import light_model
+    from codl_tvm.frontend.importer import load_onnx
+    from codl_tvm.frontend.models import light_model
 
     algos = _whole_model("squeezenet", packed_min_in_channels=3, packed_round_blocks=True)
     target = AVX512_TARGET if _host_has_avx512() else LLVM

@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tvm import relax
 
-from codl_tvm.plan import (
+from codl_tvm.core.plan import (
     ChainPlan,
     OpPartition,
     PartitionDim,

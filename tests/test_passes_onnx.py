@@ -12,7 +12,7 @@ from codl_tvm.passes import PartitionOperators, collect_parts
 from onnx import TensorProto, helper, numpy_helper
 from tvm.relax.frontend.onnx import from_onnx
 
-from codl_tvm.plan import ChainPlan, PartitionPlan, partitionable_ops, uniform_plan
+from codl_tvm.core.plan import ChainPlan, PartitionPlan, partitionable_ops, uniform_plan
 from tests.test_passes_split import check, check_records, run
 
 

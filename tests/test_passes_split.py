@@ -16,7 +16,7 @@ from tvm import relax
 from tvm.script import ir as I
 from tvm.script import relax as R
 
-from codl_tvm.plan import (
+from codl_tvm.core.plan import (
     OpPartition,
     PartitionDim,
     PartitionPlan,
@@ -56,7 +56,7 @@ def run(mod, *inputs, codl_pipeline=False):
     # invalid LLVM IR ("Instruction does not dominate all uses") for some unscheduled pools.
     kwargs = {}
     if codl_pipeline:
-        from codl_tvm.pipeline import single_device_pipeline
+        from codl_tvm.build.pipeline import single_device_pipeline
 
         kwargs["relax_pipeline"] = single_device_pipeline(TARGET)
     ex = tvm.compile(mod, target=TARGET, **kwargs)
@@ -314,8 +314,8 @@ def test_matmul_constant_weight_is_split_at_compile_time():
 def test_matmul_oc_parts_are_whole_vectors(features, ratio, cut):
     """Matmul OC cuts fall on MATMUL_OC_ALIGN features (or the largest power of two that divides
     the features), in the pass and in the planner's part geometry alike."""
-    from codl_tvm.geometry import MATMUL_OC_ALIGN, aligned_granularity
-    from codl_tvm.planner.part_shapes import chain_parts, op_params
+    from codl_tvm.core.geometry import MATMUL_OC_ALIGN, aligned_granularity
+    from codl_tvm.planner.split.part_shapes import chain_parts, op_params
 
     assert MATMUL_OC_ALIGN == 16
     assert aligned_granularity(features, 1, MATMUL_OC_ALIGN) in (1, 2, 4, 8, 16)

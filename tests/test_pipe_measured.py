@@ -26,8 +26,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from codl_tvm.planner.pipe_model import MIN_LATENCY_MS, LayerShape, PipeRecord
-from codl_tvm.planner.pipe_search import (
+from codl_tvm.planner.stages.layer_model import MIN_LATENCY_MS, LayerShape, PipeRecord
+from codl_tvm.planner.stages.search import (
     HandOff,
     LatencyTable,
     ProcessorGroup,
@@ -200,7 +200,7 @@ def test_coarse_restarts_from_several_block_structures(monkeypatch):
     # big5 - big1 - little7 - big2, one block structure; the coarse restarts from it stop
     # there, 0.961 of the optimum little4 - big3 - little1 - little1 - big5 - little1 (5.50 ms).
     # From the third-best end's blocks (little4 - big3 - little3 - big5) they reach it.
-    import codl_tvm.planner.pipe_search as pipe_search
+    import codl_tvm.planner.stages.search as pipe_search
 
     t, gs, handoff = stored(DATA_H200, "bvlc_alexnet", "cpu")
     kw = {"available": MACHINE, "exact_stages": False, "handoff": handoff}

@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from codl_tvm.errors import CodlError, DatasetError, ModelFileError, PlannerError
-from codl_tvm.planner.pipe_model import (
+from codl_tvm.core.errors import CodlError, DatasetError, ModelFileError, PlannerError
+from codl_tvm.planner.stages.layer_model import (
     LayerShape,
     PipeModel,
     PipeRecord,
@@ -23,7 +23,7 @@ from codl_tvm.planner.pipe_model import (
     on_demand_table,
     piecewise_amdahl_table,
 )
-from codl_tvm.planner.pipe_search import (
+from codl_tvm.planner.stages.search import (
     HandOff,
     LatencyTable,
     optimal_pipeline,

@@ -9,10 +9,10 @@ import itertools
 import numpy as np
 import pytest
 
-from codl_tvm.errors import PlannerError
-from codl_tvm.frontend import load_onnx
-from codl_tvm.planner.pipe_refine import refine_with_stages
-from codl_tvm.planner.pipe_search import (
+from codl_tvm.core.errors import PlannerError
+from codl_tvm.frontend.importer import load_onnx
+from codl_tvm.planner.stages.refine import refine_with_stages
+from codl_tvm.planner.stages.search import (
     HandOff,
     LatencyTable,
     ProcessorGroup,

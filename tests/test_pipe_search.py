@@ -14,9 +14,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from codl_tvm.errors import CodlError, PlannerError
-from codl_tvm.planner.pipe_model import PipeModel
-from codl_tvm.planner.pipe_search import (
+from codl_tvm.core.errors import CodlError, PlannerError
+from codl_tvm.planner.stages.layer_model import PipeModel
+from codl_tvm.planner.stages.search import (
     HandOff,
     LatencyTable,
     PipelinePlan,

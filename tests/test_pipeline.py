@@ -1,4 +1,5 @@
-"""codl_tvm.pipeline: phases shared with TVM's gpu_generic backend, and IR dumps (CPU only)."""
+"""codl_tvm.build.pipeline: phases shared with TVM's gpu_generic backend, and IR dumps (CPU
+only)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from codl_tvm.passes.place import PlaceParts
 from tvm import relax
 from tvm.relax.backend import gpu_generic
 
-from codl_tvm.pipeline import (
+from codl_tvm.build.pipeline import (
     DUMP_IR_ENV,
     coexec_dataflow_lower_passes,
     dataflow_lower_passes,
@@ -17,7 +18,7 @@ from codl_tvm.pipeline import (
     legalize_passes,
     single_device_pipeline,
 )
-from codl_tvm.plan import PartitionPlan
+from codl_tvm.core.plan import PartitionPlan
 
 LLVM = tvm.target.Target({"kind": "llvm"})
 PHASES = ["inference", "algorithm", "legalize", "schedule", "dataflow-lower", "finalize"]

@@ -13,8 +13,8 @@ import onnxruntime as ort
 import pytest
 
 from codl_tvm.cli import main
-from codl_tvm.errors import ModelError
-from codl_tvm.pipeline_artifact import load_pipeline
+from codl_tvm.core.errors import ModelError
+from codl_tvm.runtime.staged_artifact import load_pipeline
 from tests.test_transform_stages import _residual_cnn
 
 

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 import tvm
 
-from codl_tvm.errors import PlannerError
-from codl_tvm.frontend import load_onnx
-from codl_tvm.pipeline_build import layer_shapes
-from codl_tvm.planner.pipe_model import LayerShape
-from codl_tvm.planner.pipe_search import HandOff, ProcessorGroup, search_pipeline
+from codl_tvm.core.errors import PlannerError
+from codl_tvm.frontend.importer import load_onnx
+from codl_tvm.objectives.stage_build import layer_shapes
+from codl_tvm.planner.stages.layer_model import LayerShape
+from codl_tvm.planner.stages.search import HandOff, ProcessorGroup, search_pipeline
 from codl_tvm.profiling.layers import (
     _busy,
     _layer_inputs,
@@ -79,7 +79,7 @@ def test_little_isa_without_fma_emits_avx2_and_no_fma():
     # (LLVM's "-fma"), which sets its per-core gap to the AVX-512 big cluster
     from tvm import s_tir, te
 
-    from codl_tvm.pipeline_build import group_target
+    from codl_tvm.objectives.stage_build import group_target
 
     def asm(isa: str) -> str:
         a = te.placeholder((32, 32), name="A")

@@ -7,7 +7,7 @@ import json
 import pytest
 from tvm import relax
 
-from codl_tvm.plan import (
+from codl_tvm.core.plan import (
     PLAN_VERSION,
     ChainPlan,
     OpPartition,

@@ -3,7 +3,7 @@
 (the plan's predicted gain is under ``MIN_PREDICTED_SPEEDUP``) is run on that processor by
 ``run --plan auto`` too, with the same numerics.
 
-The cost models are fitted on synthetic records (``codl_tvm.planner.synthetic``), so the
+The cost models are fitted on synthetic records (``codl_tvm.cost_model.synthetic``), so the
 planner's decisions do not depend on this machine's speed.
 """
 
@@ -16,11 +16,11 @@ import pytest
 
 from codl_tvm.artifact import compile_artifact, load_artifact
 from codl_tvm.cli import main
-from codl_tvm.errors import PlannerError
-from codl_tvm.frontend import load_onnx
-from codl_tvm.models import bundled_model_path
+from codl_tvm.core.errors import PlannerError
+from codl_tvm.cost_model.synthetic import SyntheticDevice, synthetic_cost_model
+from codl_tvm.frontend.importer import load_onnx
+from codl_tvm.frontend.models import bundled_model_path
 from codl_tvm.planner.policy import MIN_PREDICTED_SPEEDUP, resolve_plan
-from codl_tvm.planner.synthetic import SyntheticDevice, synthetic_cost_model
 
 pytestmark = pytest.mark.opencl
 

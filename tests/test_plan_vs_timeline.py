@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from codl_tvm.planner.refine import SplitTime
+from codl_tvm.planner.split.refine import SplitTime
 from tests.scripts_util import ROOT, script_module
 
 
@@ -71,9 +71,9 @@ def test_decisions_record_the_predicted_parts_of_splits_and_chains(tmp_path):
     import onnx
 
     from codl_tvm.cost_model.base import load_model
-    from codl_tvm.frontend import load_onnx
+    from codl_tvm.frontend.importer import load_onnx
+    from codl_tvm.frontend.zoo import build_model
     from codl_tvm.planner import plan_model
-    from codl_tvm.zoo import build_model
 
     path = tmp_path / "yolov2.onnx"
     onnx.save(build_model("yolov2"), path)

@@ -1,7 +1,7 @@
 """The CoDL planner: geometry, decisions, baselines, reports, CLI, numerics.
 
 Cost models are CodlModels fitted with the cost-model package's own ``fit`` on synthetic records
-of an imaginary device pair (``codl_tvm.planner.synthetic``); nothing is measured here.
+of an imaginary device pair (``codl_tvm.cost_model.synthetic``); nothing is measured here.
 """
 
 from __future__ import annotations
@@ -14,9 +14,10 @@ import pytest
 
 from codl_tvm.cli import bundled_model_path
 from codl_tvm.cli.plan import register as register_cli
+from codl_tvm.core.errors import CodlError
+from codl_tvm.core.plan import OpInfo, PartitionDim, PartitionPlan, partitionable_ops
 from codl_tvm.cost_model import Partition, load_model
-from codl_tvm.errors import CodlError
-from codl_tvm.plan import OpInfo, PartitionDim, PartitionPlan, partitionable_ops
+from codl_tvm.cost_model.synthetic import SyntheticDevice, synthetic_cost_model
 from codl_tvm.planner import (
     MODES,
     PlannerConfig,
@@ -28,8 +29,7 @@ from codl_tvm.planner import (
     plan_all,
     plan_model,
 )
-from codl_tvm.planner.search import _Op, _Predictor
-from codl_tvm.planner.synthetic import SyntheticDevice, synthetic_cost_model
+from codl_tvm.planner.split.search import _Op, _Predictor
 
 BALANCED = SyntheticDevice()
 HIGH_SHARING = SyntheticDevice(share_ms_per_mb=2.0, presync_ms=0.05)
@@ -37,7 +37,7 @@ HIGH_SHARING = SyntheticDevice(share_ms_per_mb=2.0, presync_ms=0.05)
 
 @pytest.fixture(scope="module")
 def model():
-    from codl_tvm.frontend import load_onnx
+    from codl_tvm.frontend.importer import load_onnx
 
     return load_onnx(bundled_model_path())
 
@@ -287,7 +287,7 @@ def test_chain_min_gain_turns_down_small_chain_gains(model, high_sharing):
 
 @pytest.mark.parametrize("delta", [0.3, 0.5])
 def test_chain_rho_stays_within_delta_of_the_head(model, high_sharing, delta):
-    from codl_tvm.planner.search import _Planner
+    from codl_tvm.planner.split.search import _Planner
 
     config = PlannerConfig(chain_delta=delta, chain_min_gain=0.0)
     plan, report = plan_model(model.mod, high_sharing, config=config)
@@ -380,7 +380,7 @@ def test_unmodelled_operator_is_left_out_with_its_reason(balanced):
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
-    from codl_tvm.frontend import load_onnx
+    from codl_tvm.frontend.importer import load_onnx
 
     rng = np.random.default_rng(0)
     w0 = numpy_helper.from_array(rng.standard_normal((8, 4, 3, 1)).astype(np.float32), "w0")
@@ -468,8 +468,8 @@ def test_cli_preset_plans_what_compile_plans(tmp_path, model, capsys):
 @pytest.mark.opencl
 def test_planned_model_equals_unpartitioned(model, high_sharing, opencl):
     import codl_tvm
-    from codl_tvm.frontend import random_inputs
-    from codl_tvm.runner import build
+    from codl_tvm.build.runner import build
+    from codl_tvm.frontend.importer import random_inputs
 
     plan, _ = plan_model(model.mod, high_sharing, config=ALGORITHM_1)
     assert plan.chains and any(0.0 < e.ratio < 1.0 for e in plan.entries())
@@ -494,8 +494,8 @@ def test_switch_costs_keep_single_operators_home():
     the CPU; without switch costs the planner scattered 18 of them there (measured 10.3 ms
     against 3.24 on the GPU alone). With them every operator stays on the home GPU."""
     from codl_tvm.cost_model.defaults import default_model_path
-    from codl_tvm.frontend import load_onnx
-    from codl_tvm.models import benchmark_model
+    from codl_tvm.frontend.importer import load_onnx
+    from codl_tvm.frontend.models import benchmark_model
 
     mod = load_onnx(benchmark_model("inception_v1")).mod
     cm = load_model(default_model_path("device-h100"))

@@ -15,15 +15,7 @@ import pytest
 from codl_tvm.cost_model.base import CostModelFallbackWarning
 from codl_tvm.cost_model.dataset import SHARING_KINDS, DatasetWriter, load_dataset
 from codl_tvm.cost_model.features import FeatureError, OpParams, Partition, part_shape
-from codl_tvm.profiling.profile import (
-    compile_jobs,
-    make_jobs,
-    model_ops,
-    profile,
-    run_compiled,
-    sampled_ops,
-)
-from codl_tvm.profiling.runner import (
+from codl_tvm.profiling.parts import (
     LEGACY_TIMING,
     MAX_RUNS_PER_SAMPLE,
     ProfileError,
@@ -32,6 +24,14 @@ from codl_tvm.profiling.runner import (
     part_module,
     passes_parts,
     runs_per_sample,
+)
+from codl_tvm.profiling.profile import (
+    compile_jobs,
+    make_jobs,
+    model_ops,
+    profile,
+    run_compiled,
+    sampled_ops,
 )
 
 FAST = TimingConfig(warmup=1, repeats=2, number=1)
@@ -279,7 +279,7 @@ def test_fit_on_profiled_data(run, tmp_path):
 )
 def test_part_module_matches_unpartitioned(params, partition):
     """Each part module, fed its slice of the input, computes its slice of the full output."""
-    from codl_tvm.runner import build
+    from codl_tvm.build.runner import build
 
     full_mod = part_module(params, part_shape(params, Partition(), "cpu"))
     rng = np.random.default_rng(1)
@@ -463,7 +463,7 @@ def test_profile_through_rpc(opencl, tmp_path):
 
     import tvm.rpc
 
-    from codl_tvm.profiling.runner import RPCSession
+    from codl_tvm.profiling.parts import RPCSession
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -491,7 +491,7 @@ def test_profile_through_rpc(opencl, tmp_path):
 
 
 def test_bad_jobs_raise_clear_errors(tmp_path):
-    from codl_tvm.profiling.runner import compile_part
+    from codl_tvm.profiling.parts import compile_part
 
     p = OpParams("conv2d", 6, 6, 3, 4, 3, 1, 1)
     with pytest.raises(ProfileError, match=r"conv2d\(H=6.*processor 'npu'"):

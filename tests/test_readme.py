@@ -53,7 +53,7 @@ def test_pass_api_snippet_runs_and_matches_the_unpartitioned_model():
     import tvm
     from tvm.runtime.vm import VirtualMachine
 
-    from codl_tvm.pipeline import single_device_pipeline
+    from codl_tvm.build.pipeline import single_device_pipeline
 
     cpu, model, x = scope["cpu"], scope["model"], scope["x"]
     ref = tvm.compile(model.mod, target=cpu, relax_pipeline=single_device_pipeline(cpu))

@@ -15,10 +15,10 @@ import pytest
 import codl_tvm
 from codl_tvm.artifact import ArtifactError, compile_artifact, load_artifact, refine_artifact
 from codl_tvm.cli import bundled_model_path, main
-from codl_tvm.frontend import load_onnx, random_inputs
-from codl_tvm.plan import ChainPlan, OpPartition, PartitionPlan
-from codl_tvm.planner.refine import RefineError, SplitTime, refine_plan, split_times
-from codl_tvm.trace import Trace, TraceEvent, trace_inference
+from codl_tvm.core.plan import ChainPlan, OpPartition, PartitionPlan
+from codl_tvm.frontend.importer import load_onnx, random_inputs
+from codl_tvm.planner.split.refine import RefineError, SplitTime, refine_plan, split_times
+from codl_tvm.profiling.trace import Trace, TraceEvent, trace_inference
 
 # -- the balancing rule ---------------------------------------------------------------------
 
@@ -88,7 +88,7 @@ def test_output_channel_cuts_move_in_whole_vectors():
     assert refined.ops[0].ratio == 0.5
     assert refined.ops[1].ratio == 0.49
     assert refined.chains[0].ratio == 0.49
-    from codl_tvm.geometry import split_point
+    from codl_tvm.core.geometry import split_point
 
     for share in (0.07, 0.33, 0.61, 0.93):
         splits["splits"]["conv2d_0"]["gpu_share"] = share
@@ -223,7 +223,7 @@ def test_identical_splits_share_kernels_and_are_told_apart(opencl, tmp_path):
     model.ir_version = 8
     model = load_onnx(model)
     feeds = random_inputs(model, seed=1)
-    from codl_tvm.runner import build
+    from codl_tvm.build.runner import build
 
     want = build(model.mod, "cpu")([feeds["input"]])[0]
     for dim in ("OC", "H"):  # H: the input slices are shared kernels too

@@ -21,13 +21,12 @@ from onnx import helper as oh
 from onnx.reference import ReferenceEvaluator
 from tvm import relax
 
+from codl_tvm.build.coexec import compile_coexec
+from codl_tvm.build.pipeline import coexec_pipeline
+from codl_tvm.build.runner import build
 from codl_tvm.cli import main
-from codl_tvm.coexec import compile_coexec
-from codl_tvm.errors import CodlError, ModelError
-from codl_tvm.frontend import check_inputs, load_onnx
-from codl_tvm.onnx_rewrites import rewrite_for_import
-from codl_tvm.pipeline import coexec_pipeline
-from codl_tvm.plan import (
+from codl_tvm.core.errors import CodlError, ModelError
+from codl_tvm.core.plan import (
     OpPartition,
     PartitionDim,
     PartitionPlan,
@@ -35,9 +34,10 @@ from codl_tvm.plan import (
     partitionable_ops,
     uniform_plan,
 )
+from codl_tvm.cost_model.synthetic import synthetic_cost_model
+from codl_tvm.frontend.importer import check_inputs, load_onnx
+from codl_tvm.frontend.rewrites import rewrite_for_import
 from codl_tvm.planner import plan_model
-from codl_tvm.planner.synthetic import synthetic_cost_model
-from codl_tvm.runner import build
 
 ort = pytest.importorskip("onnxruntime")
 

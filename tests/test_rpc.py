@@ -1,7 +1,7 @@
 """Deployment through a real TVM RPC tracker and servers on 127.0.0.1.
 
 The fixtures start ``python -m tvm.exec.rpc_tracker`` and codl-tvm's RPC server
-(``python -m codl_tvm.rpc_utils serve``, TVM's server plus a version report) as separate
+(``python -m codl_tvm.rpc.client serve``, TVM's server plus a version report) as separate
 processes on free ports; every test compares remote outputs with the host build and onnxruntime.
 The emulated aarch64 test (``slow``) prepares or reuses the qemu-user device of
 ``scripts/emulated_aarch64.py``.
@@ -21,8 +21,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from codl_tvm import deploy, rpc_utils
-from codl_tvm.frontend import load_onnx, random_inputs
+from codl_tvm.frontend.importer import load_onnx, random_inputs
+from codl_tvm.rpc import client as rpc_utils
+from codl_tvm.rpc import deploy
 from tests.rpc_support import free_port, tracker_command
 
 pytestmark = pytest.mark.rpc
@@ -124,7 +125,7 @@ def _start_server(procs: _Processes, tracker: str, key: str, extra=()) -> subpro
         [
             sys.executable,
             "-m",
-            "codl_tvm.rpc_utils",
+            "codl_tvm.rpc.client",
             "serve",
             "--tracker",
             tracker,
@@ -348,7 +349,7 @@ def test_remote_dies_mid_run(procs, tracker, cnn, cnn_library):
 
 
 def test_farm_spreads_jobs_with_retry_and_timeout(procs, tracker, cnn, cnn_library):
-    from codl_tvm.runner import build
+    from codl_tvm.build.runner import build
 
     _start_server(procs, tracker, "farm")
     _start_server(procs, tracker, "farm")
@@ -544,7 +545,7 @@ def opencl_server(procs, tracker, opencl) -> str:
 def test_deploy_coexec_matches_unpartitioned_host(tracker, opencl_server, cnn, dim):
     """A co-executed build runs over the remote's OpenCL device and CPU; its outputs equal the
     host's unpartitioned CPU build and onnxruntime."""
-    from codl_tvm.runner import build
+    from codl_tvm.build.runner import build
 
     path, model = cnn
     inputs = random_inputs(model, seed=3)
@@ -578,9 +579,9 @@ def test_deploy_coexec_matches_unpartitioned_host(tracker, opencl_server, cnn, d
 def test_cli_deploy_coexec_with_plan_file(tracker, opencl_server, cnn, tmp_path, capsys):
     """``codl-tvm deploy --device coexec --plan PLAN.json`` (a plan with a GPU-only and a
     split operator) matches the host; a plan naming an unknown operator fails before upload."""
+    from codl_tvm.build.runner import build
     from codl_tvm.cli import main
-    from codl_tvm.plan import PartitionPlan, uniform_plan
-    from codl_tvm.runner import build
+    from codl_tvm.core.plan import PartitionPlan, uniform_plan
 
     path, model = cnn
     plan = uniform_plan(model.mod, "OC", 0.25)

@@ -22,11 +22,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from codl_tvm import deploy, rpc_utils
-from codl_tvm.errors import DeployError, RemoteFailure, VersionMismatch
-from codl_tvm.frontend import load_onnx, random_inputs
-from codl_tvm.plan import ChainPlan, OpPartition, PartitionPlan
-from codl_tvm.runtime import _build
+from codl_tvm.core.errors import DeployError, RemoteFailure, VersionMismatch
+from codl_tvm.core.plan import ChainPlan, OpPartition, PartitionPlan
+from codl_tvm.frontend.importer import load_onnx, random_inputs
+from codl_tvm.rpc import client as rpc_utils
+from codl_tvm.rpc import deploy
+from codl_tvm.runtime import plugin_build as _build
 from tests.rpc_support import free_port, tracker_command
 
 pytestmark = [pytest.mark.rpc, pytest.mark.slow]

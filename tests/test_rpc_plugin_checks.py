@@ -13,10 +13,12 @@ import sys
 import numpy as np
 import pytest
 
-from codl_tvm import deploy, rpc_utils, runtime
-from codl_tvm.frontend import load_onnx, random_inputs
-from codl_tvm.models import bundled_model_path
-from codl_tvm.runtime import _build
+from codl_tvm import runtime
+from codl_tvm.frontend.importer import load_onnx, random_inputs
+from codl_tvm.frontend.models import bundled_model_path
+from codl_tvm.rpc import client as rpc_utils
+from codl_tvm.rpc import deploy
+from codl_tvm.runtime import plugin_build as _build
 from tests.rpc_support import free_port, tracker_command
 
 
@@ -57,7 +59,7 @@ def test_coexec_on_a_device_without_svm_runs_on_host_mapped_buffers(opencl, tmp_
                 [
                     sys.executable,
                     "-m",
-                    "codl_tvm.rpc_utils",
+                    "codl_tvm.rpc.client",
                     "serve",
                     "--tracker",
                     tracker,

@@ -580,7 +580,7 @@ def test_partitioned_parts_get_conv_schedules(dim, ratio):
     """The parts made by the co-execution pass are ordinary convs and keep fast schedules."""
     from codl_tvm.passes import PartitionOperators
 
-    from codl_tvm.plan import uniform_plan
+    from codl_tvm.core.plan import uniform_plan
 
     xshape, wshape = (1, 8, 15, 13), (12, 8, 3, 3)
     mod = conv_module(xshape, wshape, (2, 2), (1, 1, 1, 1), (1, 1), 1, True)

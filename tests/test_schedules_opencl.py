@@ -216,7 +216,7 @@ def test_cpu_functions_in_an_opencl_build_get_cpu_rules():
 
 
 def _run_opencl(mod, target, inputs):
-    from codl_tvm import runner
+    from codl_tvm.build import runner
 
     built = runner.build(mod, "opencl", target=target)
     return built(inputs)[0]
@@ -348,8 +348,8 @@ def test_split_k_must_be_positive():
     ids=["7x7x256", "split8-odd-channels", "pointwise", "stride2"],
 )
 def test_split_k_conv_matches_numpy(opencl, xshape, wshape, pad, stride, cfg):
-    from codl_tvm import runner
-    from codl_tvm.pipeline import single_device_pipeline
+    from codl_tvm.build import runner
+    from codl_tvm.build.pipeline import single_device_pipeline
 
     target = DEVICE_TARGETS["nvidia"]
     mod = conv_module(xshape, wshape, stride, pad, 1, 1, True)
@@ -372,7 +372,8 @@ def test_split_k_conv_matches_numpy(opencl, xshape, wshape, pad, stride, cfg):
 def test_split_k_workspace_is_pooled_across_calls(opencl):
     """The partial sums are a workspace TVM allocates and frees around every call: the
     runtime's pool serves every call after the first from the block the first one freed."""
-    from codl_tvm import runner, runtime
+    from codl_tvm import runtime
+    from codl_tvm.build import runner
 
     target = DEVICE_TARGETS["nvidia"]
     xshape, wshape = (1, 256, 7, 7), (64, 256, 3, 3)
@@ -392,7 +393,8 @@ def test_split_k_workspace_is_pooled_across_calls(opencl):
 _POOL_SCRIPT = """
 import json, sys
 import numpy as np
-from codl_tvm import runner, runtime
+from codl_tvm import runtime
+from codl_tvm.build import runner
 from tests.test_schedules_cpu import conv_module
 from tests.test_schedules_opencl import DEVICE_TARGETS
 
@@ -462,7 +464,7 @@ def _split_slice_module():
 def test_split_k_with_a_slice_epilogue_stays_in_bounds(opencl):
     """The slice epilogue stays out of the split-K sum's write-back (it reads 4 of the 6 rows)
     and the result is exact."""
-    from codl_tvm import runner
+    from codl_tvm.build import runner
 
     target = DEVICE_TARGETS["nvidia"]
     mod = schedule(_split_slice_module(), target)

@@ -13,8 +13,8 @@ import time
 import numpy as np
 import pytest
 
-from codl_tvm.errors import CodlError, ModelError, PlannerError
-from codl_tvm.stream import StreamStage, StreamStats, run_stream
+from codl_tvm.core.errors import CodlError, ModelError, PlannerError
+from codl_tvm.runtime.stream import StreamStage, StreamStats, run_stream
 
 
 def stream_threads() -> list[threading.Thread]:
@@ -257,14 +257,14 @@ def test_a_process_that_inherited_a_narrow_mask_may_use_every_allowed_core():
     cores = sorted(os.sched_getaffinity(0))
     code = (
         f"import os; os.sched_setaffinity(0, {{{cores[0]}}}); "
-        "from codl_tvm.stream import process_cpus; print(sorted(process_cpus()))"
+        "from codl_tvm.runtime.stream import process_cpus; print(sorted(process_cpus()))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert set(cores) <= set(ast.literal_eval(out.stdout)), out.stdout
 
 
 def test_cpu_lists_parse_as_the_kernel_writes_them():
-    from codl_tvm.stream import _cpu_list
+    from codl_tvm.runtime.stream import _cpu_list
 
     assert _cpu_list("0-3,8,10-11\n") == {0, 1, 2, 3, 8, 10, 11}
     assert _cpu_list("5") == {5}

@@ -11,7 +11,7 @@ import tvm
 from tvm import relax
 from tvm.script import relax as R
 
-from codl_tvm import targets
+from codl_tvm.build import targets
 
 
 def _add_mod():

@@ -14,10 +14,10 @@ import pytest
 from codl_tvm.passes.stages import layer_starts
 
 from codl_tvm.cli import main
-from codl_tvm.frontend import load_onnx
-from codl_tvm.pipeline_artifact import load_pipeline
-from codl_tvm.planner.pipe_search import HandOff, LatencyTable, ProcessorGroup
-from codl_tvm.throughput import one_stage_plan
+from codl_tvm.frontend.importer import load_onnx
+from codl_tvm.objectives.throughput import one_stage_plan
+from codl_tvm.planner.stages.search import HandOff, LatencyTable, ProcessorGroup
+from codl_tvm.runtime.staged_artifact import load_pipeline
 from tests.test_transform_stages import _residual_cnn
 
 GROUPS = ["--groups", "big:0,little:1", "--isa", "little=x86-64-v2"]

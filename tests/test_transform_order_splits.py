@@ -15,7 +15,7 @@ from codl_tvm.passes.order import OrderSplits
 from tvm.script import ir as I
 from tvm.script import relax as R
 
-from codl_tvm.errors import PlanError
+from codl_tvm.core.errors import PlanError
 
 
 def _split(name: str, processor: str, bindings: list[str]) -> dict:

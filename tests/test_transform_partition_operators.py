@@ -15,7 +15,7 @@ from codl_tvm.passes import PartitionOperators
 from tvm.script import ir as I
 from tvm.script import relax as R
 
-from codl_tvm.plan import ChainPlan, OpPartition, PartitionDim, PartitionPlan
+from codl_tvm.core.plan import ChainPlan, OpPartition, PartitionDim, PartitionPlan
 
 H, OC = PartitionDim.H, PartitionDim.OC
 

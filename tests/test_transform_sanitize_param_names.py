@@ -18,9 +18,9 @@ from tvm.script import ir as I
 from tvm.script import relax as R
 
 import codl_tvm
-from codl_tvm.pipeline import inference_passes
-from codl_tvm.plan import uniform_plan
-from codl_tvm.runner import build
+from codl_tvm.build.pipeline import inference_passes
+from codl_tvm.build.runner import build
+from codl_tvm.core.plan import uniform_plan
 
 X_SHAPE, W_SHAPE = (1, 3, 6, 6), (4, 3, 3, 3)
 

@@ -16,14 +16,14 @@ from tvm import relax
 from tvm.script import ir as I
 from tvm.script import relax as R
 
-from codl_tvm.errors import ArtifactError, ModelError, PlanError, PlannerError
-from codl_tvm.frontend import load_onnx
-from codl_tvm.models import bundled_model_path
-from codl_tvm.pipeline import single_device_pipeline
-from codl_tvm.pipeline_artifact import load_pipeline
-from codl_tvm.pipeline_build import build_pipeline
-from codl_tvm.planner.pipe_search import PipelinePlan, PipelineStage, ProcessorGroup
-from codl_tvm.targets import host_cpu_spec
+from codl_tvm.build.pipeline import single_device_pipeline
+from codl_tvm.build.targets import host_cpu_spec
+from codl_tvm.core.errors import ArtifactError, ModelError, PlanError, PlannerError
+from codl_tvm.frontend.importer import load_onnx
+from codl_tvm.frontend.models import bundled_model_path
+from codl_tvm.objectives.stage_build import build_pipeline
+from codl_tvm.planner.stages.search import PipelinePlan, PipelineStage, ProcessorGroup
+from codl_tvm.runtime.staged_artifact import load_pipeline
 
 RTOL = ATOL = 1e-4
 

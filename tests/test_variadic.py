@@ -19,9 +19,9 @@ from onnx import TensorProto, helper, numpy_helper
 from tvm import relax
 
 import codl_tvm
-from codl_tvm.frontend import load_onnx
-from codl_tvm.plan import model_fingerprint, uniform_plan
-from codl_tvm.runner import build
+from codl_tvm.build.runner import build
+from codl_tvm.core.plan import model_fingerprint, uniform_plan
+from codl_tvm.frontend.importer import load_onnx
 
 _NUMPY = {"Sum": np.add, "Max": np.maximum, "Min": np.minimum}
 
@@ -244,7 +244,7 @@ def test_join_stays_with_the_chain_that_continues_past_it(opencl):
     from codl_tvm.passes import collect_parts
     from codl_tvm.passes.partition import PartitionOperators
 
-    from codl_tvm.plan import ChainPlan, OpPartition, PartitionPlan
+    from codl_tvm.core.plan import ChainPlan, OpPartition, PartitionPlan
 
     model = _projection(seed=4)
     plan = PartitionPlan(

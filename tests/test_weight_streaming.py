@@ -14,12 +14,12 @@ import pytest
 
 from codl_tvm.artifact import ArtifactError, compile_artifact, load_artifact
 from codl_tvm.cli import bundled_model_path
+from codl_tvm.core.plan import PartitionPlan
 from codl_tvm.cost_model import FlopsModel, OpParams, OpRecord, Partition, op_features, part_shape
 from codl_tvm.cost_model.base import load_model
 from codl_tvm.cost_model.defaults import default_model_path
 from codl_tvm.cost_model.features import weight_bytes
-from codl_tvm.frontend import load_onnx
-from codl_tvm.plan import PartitionPlan
+from codl_tvm.frontend.importer import load_onnx
 from codl_tvm.planner import PlannerConfig, PlannerError, plan_model
 
 CONV = OpParams("conv2d", 32, 32, 64, 128, kernel=3, padding=(1, 1, 1, 1))

@@ -17,12 +17,12 @@ import numpy as np
 import pytest
 
 from codl_tvm.artifact import compile_artifact, load_artifact
-from codl_tvm.artifact.weights import WEIGHTS
 from codl_tvm.cli import main
-from codl_tvm.errors import ArtifactError
-from codl_tvm.frontend import load_onnx
-from codl_tvm.models import bundled_model_path
-from codl_tvm.plan import uniform_plan
+from codl_tvm.core.errors import ArtifactError
+from codl_tvm.core.plan import uniform_plan
+from codl_tvm.frontend.importer import load_onnx
+from codl_tvm.frontend.models import bundled_model_path
+from codl_tvm.runtime.weights import WEIGHTS
 from tests.scripts_util import script_module
 
 QUIET = {"log": lambda s: None}
@@ -45,10 +45,10 @@ def _run(path: Path) -> tuple[dict, list[np.ndarray]]:
 
 
 def _first_run_in_fresh_process(path: Path, tmp: Path) -> list[np.ndarray]:
-    """The outputs of a new process's first run (``python -m codl_tvm.coldstart``)."""
+    """The outputs of a new process's first run (``python -m codl_tvm.profiling.cold_start``)."""
     save = tmp / f"{path.name}-first.npz"
     proc = subprocess.run(
-        [sys.executable, "-m", "codl_tvm.coldstart", str(path), "--save", str(save)],
+        [sys.executable, "-m", "codl_tvm.profiling.cold_start", str(path), "--save", str(save)],
         env={**os.environ, "CODL_TVM_CACHE_DIR": str(tmp / "cache")},
         capture_output=True,
         text=True,

@@ -42,11 +42,11 @@ from tvm import relax, tirx
 from tvm.target import Target
 
 import codl_tvm
-from codl_tvm import runner
+from codl_tvm.build import runner
+from codl_tvm.build.pipeline import legalize_passes, single_device_pipeline
+from codl_tvm.core.plan import ChainPlan, PartitionPlan, uniform_plan
 from codl_tvm.cost_model.features import OpParams
-from codl_tvm.pipeline import legalize_passes, single_device_pipeline
-from codl_tvm.plan import ChainPlan, PartitionPlan, uniform_plan
-from codl_tvm.planner.search import expected_impl
+from codl_tvm.planner.split.search import expected_impl
 
 from .test_schedules_cpu import conv2d_ref, loop_kinds, prim_funcs
 from .test_schedules_opencl import DEVICE_TARGETS, kernel_launches, opencl_source

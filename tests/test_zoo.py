@@ -1,4 +1,4 @@
-"""The CoDL evaluation models of codl_tvm.zoo: structure, numerics against onnxruntime, the
+"""The CoDL evaluation models of codl_tvm.frontend.zoo: structure, numerics against onnxruntime, the
 planner, and co-execution against the CPU build.
 
 Tolerance: fp32, |tvm - reference| <= 1e-4 * max(1, max|reference|) per output (different
@@ -15,12 +15,12 @@ import onnx
 import pytest
 
 import codl_tvm
-from codl_tvm.frontend import load_onnx, random_inputs
-from codl_tvm.plan import OpPartition, PartitionPlan, partitionable_ops, uniform_plan
+from codl_tvm.build.runner import build
+from codl_tvm.core.plan import OpPartition, PartitionPlan, partitionable_ops, uniform_plan
+from codl_tvm.cost_model.synthetic import synthetic_cost_model
+from codl_tvm.frontend.importer import load_onnx, random_inputs
+from codl_tvm.frontend.zoo import DEFAULT_INPUT_HW, ZOO_MODELS, build_model, save_model
 from codl_tvm.planner import plan_model
-from codl_tvm.planner.synthetic import synthetic_cost_model
-from codl_tvm.runner import build
-from codl_tvm.zoo import DEFAULT_INPUT_HW, ZOO_MODELS, build_model, save_model
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -34,7 +34,8 @@ SMALL_HW = {
 FAST = ("posenet", "fst", "retinaface")
 SLOW = ("yolov2", "vgg16")
 
-# Partitionable operators by kind, counted from the architectures (see codl_tvm.zoo): YOLOv2 has
+# Partitionable operators by kind, counted from the architectures (see codl_tvm.frontend.zoo):
+# YOLOv2 has
 # 18 Darknet-19 convolutions + 5 detection-head convolutions and 5 max-pools; VGG-16 13 convs,
 # 5 pools, 3 fully-connected; PoseNet 1 + 13 x 2 backbone convs + 4 heads; FST 3 + 10 + 2 + 1;
 # RetinaFace 27 backbone + 5 FPN + 3 x 5 SSH + 3 x 3 head convolutions.

@@ -22,9 +22,15 @@ import tvm
 
 import codl_tvm
 from codl_tvm import runtime
-from codl_tvm.frontend import load_onnx, random_inputs
-from codl_tvm.models import bundled_model_path
-from codl_tvm.plan import ChainPlan, OpPartition, PartitionPlan, partitionable_ops, uniform_plan
+from codl_tvm.core.plan import (
+    ChainPlan,
+    OpPartition,
+    PartitionPlan,
+    partitionable_ops,
+    uniform_plan,
+)
+from codl_tvm.frontend.importer import load_onnx, random_inputs
+from codl_tvm.frontend.models import bundled_model_path
 
 model = load_onnx(bundled_model_path())
 print([op.name for op in partitionable_ops(model.mod)])
@@ -32,7 +38,7 @@ print([op.name for op in partitionable_ops(model.mod)])
 # %%
 # Choose a partition plan
 # -----------------------
-# A :class:`~codl_tvm.plan.PartitionPlan` names, for every operator or chain of operators, the
+# A :class:`~codl_tvm.core.plan.PartitionPlan` names, for every operator or chain of operators, the
 # dimension it is split along (output rows ``H`` or output channels ``OC``) and the GPU's share
 # of the output. A chain is computed by each processor from its own rows from start to end,
 # recomputing the halo rows its filters need (CoDL's operator chain), so data is shared only at
@@ -52,7 +58,7 @@ print(plan.to_json(indent=None))
 # The co-execution pipeline is an ordinary Relax pipeline: it splits the operators, places every
 # kernel on its processor (OpenCL for the GPU, LLVM for the CPU), makes the parts write disjoint
 # regions of one shared tensor, and inserts the synchronisation. ``tvm.compile`` does the rest.
-from codl_tvm.pipeline import coexec_pipeline  # noqa: E402
+from codl_tvm.build.pipeline import coexec_pipeline  # noqa: E402
 
 gpu = tvm.target.Target({"kind": "opencl"}, host={"kind": "llvm"})
 cpu = tvm.target.Target({"kind": "llvm"})
@@ -78,7 +84,7 @@ y = vm["main"](tvm.runtime.tensor(x, tvm.opencl(0))).numpy()
 # %%
 # Compare with the unpartitioned model
 # ------------------------------------
-from codl_tvm.runner import build  # noqa: E402
+from codl_tvm.build.runner import build  # noqa: E402
 
 reference = build(model.mod, "cpu")([x])[0]
 err = float(np.max(np.abs(y - reference)))
@@ -99,8 +105,8 @@ for row in built.placements[:3]:
 # -----------------
 # Each GPU kernel comes from OpenCL event timestamps, each CPU kernel and synchronisation wait
 # from host timestamps, on one time base. Open the JSON in chrome://tracing or Perfetto.
+from codl_tvm.profiling.trace import trace_inference  # noqa: E402
 from codl_tvm.runtime import coexec as sync  # noqa: E402
-from codl_tvm.trace import trace_inference  # noqa: E402
 
 print("sync mechanism:", sync.sync_mode())
 trace = trace_inference(built, [x])

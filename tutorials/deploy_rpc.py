@@ -33,7 +33,7 @@ device.
 # On a Linux board (or an x86 machine), codl-tvm's server is TVM's RPC server plus a function
 # reporting its TVM version and machine, so the client can check them before uploading::
 #
-#   python -m codl_tvm.rpc_utils serve --tracker WORKSTATION:9190 --key rk3588 --host 0.0.0.0
+#   python -m codl_tvm.rpc.client serve --tracker WORKSTATION:9190 --key rk3588 --host 0.0.0.0
 #
 # Add ``--opencl`` to load codl-tvm's OpenCL runtime plugin into the server (TVM's PyPI wheel has
 # no OpenCL runtime of its own). On an Android phone, TVM's Android RPC app registers with the
@@ -54,10 +54,12 @@ from pathlib import Path
 
 import numpy as np
 
-from codl_tvm import deploy, rpc_utils, targets
-from codl_tvm.frontend import load_onnx, random_inputs
-from codl_tvm.models import bundled_model_path
-from codl_tvm.plan import ChainPlan, OpPartition, PartitionPlan
+from codl_tvm.build import targets
+from codl_tvm.core.plan import ChainPlan, OpPartition, PartitionPlan
+from codl_tvm.frontend.importer import load_onnx, random_inputs
+from codl_tvm.frontend.models import bundled_model_path
+from codl_tvm.rpc import client as rpc_utils
+from codl_tvm.rpc import deploy
 
 local_demo = True
 
@@ -98,7 +100,7 @@ if local_demo:
             [
                 sys.executable,
                 "-m",
-                "codl_tvm.rpc_utils",
+                "codl_tvm.rpc.client",
                 "serve",
                 "--tracker",
                 tracker,
@@ -137,7 +139,7 @@ for preset in targets.PRESETS.values():
 # %%
 # Deploy and compare
 # ------------------
-# :func:`codl_tvm.deploy.deploy` requests a device (failing after ``request_timeout_s`` if the
+# :func:`codl_tvm.rpc.deploy.deploy` requests a device (failing after ``request_timeout_s`` if the
 # tracker does not answer or no device is free), checks the remote TVM version, compiles,
 # uploads, runs, and compares with a build for this machine's CPU. The command line does the
 # same::
@@ -160,7 +162,8 @@ print(f"remote latency: median {result.run.median_ms:.3f} ms over {result.run.re
 # --------------------------
 # ``device="coexec"`` builds the model so that every partitionable operator runs partly on the
 # device's OpenCL GPU and partly on its CPU (here a uniform plan: half of the output channels on
-# each; ``plan=`` takes a :class:`~codl_tvm.plan.PartitionPlan` or its JSON file). The plugin is
+# each; ``plan=`` takes a :class:`~codl_tvm.core.plan.PartitionPlan` or its JSON file). The plugin
+# is
 # not inside the uploaded library: the RPC server loaded it at start-up (``serve --opencl``), and
 # every model uploaded later uses it. The outputs are compared with the host's unpartitioned
 # build::
@@ -244,10 +247,10 @@ else:
 # %%
 # A device farm
 # -------------
-# :class:`codl_tvm.rpc_utils.DeviceFarm` takes every free device of a key and runs jobs on them in
+# :class:`codl_tvm.rpc.client.DeviceFarm` takes every free device of a key and runs jobs on them in
 # parallel threads, with a per-job timeout and retries (a job whose device fails is retried on
 # another, and the failed device leaves the farm). A job receives a connected
-# :class:`~codl_tvm.rpc_utils.RemoteDevice`. The profiler measures operators this way::
+# :class:`~codl_tvm.rpc.client.RemoteDevice`. The profiler measures operators this way::
 #
 #   codl-tvm profile --sample 20 --rpc HOST:PORT --rpc-key KEY --farm -o data/soc.jsonl
 

@@ -18,7 +18,7 @@ unpartitioned model and draws the timeline of one inference.
 
 .. note::
 
-   The cost model here is fitted on an imaginary device pair (``codl_tvm.planner.synthetic``:
+   The cost model here is fitted on an imaginary device pair (``codl_tvm.cost_model.synthetic``:
    two equally fast processors whose data sharing is expensive), so the plan and its predicted
    times describe that pair. The local OpenCL "GPU" is a CPU OpenCL runtime on the same cores
    as the CPU part: the timeline shows the two lanes working, not the imaginary pair's speed.
@@ -40,13 +40,13 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 import codl_tvm
-from codl_tvm.frontend import load_onnx, random_inputs
-from codl_tvm.plan import PartitionPlan
-from codl_tvm.planner.dag import build_graph
-from codl_tvm.planner.hope import greedy_schedule
-from codl_tvm.planner.placement import make_plan
-from codl_tvm.planner.synthetic import SyntheticDevice, synthetic_cost_model
-from codl_tvm.trace import trace_inference
+from codl_tvm.core.plan import PartitionPlan
+from codl_tvm.cost_model.synthetic import SyntheticDevice, synthetic_cost_model
+from codl_tvm.frontend.importer import load_onnx, random_inputs
+from codl_tvm.planner.placement.graph import build_graph
+from codl_tvm.planner.placement.hope import greedy_schedule
+from codl_tvm.planner.placement.modes import make_plan
+from codl_tvm.profiling.trace import trace_inference
 
 
 def inception_module(c: int = 32, hw: int = 32) -> onnx.ModelProto:
@@ -104,7 +104,7 @@ for e in graph.edges:
 # %%
 # Compare the planner modes
 # -------------------------
-# Every mode returns a :class:`~codl_tvm.plan.PartitionPlan` and a report; a placement plan
+# Every mode returns a :class:`~codl_tvm.core.plan.PartitionPlan` and a report; a placement plan
 # gives each operator ratio 1 (whole on the GPU) or 0 (whole on the CPU) and the order in which
 # the host issues them. Here every split loses to its sharing cost, so ``codl`` keeps the model
 # on one processor, while ``hope`` runs the branches side by side. The baselines find slower

@@ -30,11 +30,11 @@ import tempfile
 import numpy as np
 
 from codl_tvm import runtime
-from codl_tvm.frontend import load_onnx, random_inputs
-from codl_tvm.models import bundled_model_path
-from codl_tvm.pipeline_artifact import load_pipeline
-from codl_tvm.pipeline_build import build_pipeline, layer_shapes
-from codl_tvm.planner.pipe_search import (
+from codl_tvm.build.runner import build
+from codl_tvm.frontend.importer import load_onnx, random_inputs
+from codl_tvm.frontend.models import bundled_model_path
+from codl_tvm.objectives.stage_build import build_pipeline, layer_shapes
+from codl_tvm.planner.stages.search import (
     PipelinePlan,
     PipelineStage,
     ProcessorGroup,
@@ -42,7 +42,7 @@ from codl_tvm.planner.pipe_search import (
     search_pipeline,
 )
 from codl_tvm.profiling.layers import profile_layers
-from codl_tvm.runner import build
+from codl_tvm.runtime.staged_artifact import load_pipeline
 
 model = load_onnx(bundled_model_path())
 shapes = layer_shapes(model.mod)
@@ -71,7 +71,7 @@ if len(cores) > 1:
 # (Pipe-it's time matrix), here while the other group's cores run the model's layers
 # (``under_load``), as the other stages of a stream keep them busy: stages share caches and
 # memory bandwidth, which a layer timed alone does not see;
-# :func:`~codl_tvm.planner.pipe_search.search_pipeline` runs Pipe-it's Algorithms 1-3 with the
+# :func:`~codl_tvm.planner.stages.search.search_pipeline` runs Pipe-it's Algorithms 1-3 with the
 # GPU as a stage: the pipeline whose slowest stage is fastest.
 table = profile_layers(model, groups, number=2, repeat=2, under_load=True)
 for key in table.keys():
@@ -103,7 +103,8 @@ print("built:", plan.describe(), [f"{s.latency_ms:.3f} ms" for s in plan.stages]
 # Build and stream
 # ----------------
 # Each stage becomes a library of its own, built for its group; the artifact records the
-# stages. :meth:`~codl_tvm.pipeline_artifact.Pipeline.stream` runs one thread per stage, pinned
+# stages. :meth:`~codl_tvm.runtime.staged_artifact.Pipeline.stream` runs one thread per stage,
+# pinned
 # to the stage's cores (TVM's CPU thread pool belongs to the thread that runs the kernels, so
 # each stage gets its own), with bounded queues between them; outputs come back in input order.
 work = tempfile.mkdtemp(prefix="codl-pipeline-")

@@ -33,11 +33,11 @@ import numpy as np
 
 import codl_tvm
 from codl_tvm.artifact import compile_artifact, load_artifact
+from codl_tvm.core.plan import PartitionPlan, partitionable_ops, uniform_plan
 from codl_tvm.cost_model import load_model
 from codl_tvm.cost_model.defaults import default_model_path
-from codl_tvm.frontend import load_onnx, random_inputs
-from codl_tvm.models import bundled_model_path
-from codl_tvm.plan import PartitionPlan, partitionable_ops, uniform_plan
+from codl_tvm.frontend.importer import load_onnx, random_inputs
+from codl_tvm.frontend.models import bundled_model_path
 from codl_tvm.planner import PlannerConfig, comparison_table, plan_all, plan_model
 
 cost_model = load_model(default_model_path("emulated-soc"))
@@ -75,7 +75,7 @@ for note in report.notes:
         print("turned down:", note)
 
 # %%
-# The plan is an ordinary :class:`~codl_tvm.plan.PartitionPlan` (save it with ``plan.save``);
+# The plan is an ordinary :class:`~codl_tvm.core.plan.PartitionPlan` (save it with ``plan.save``);
 # the report saves as JSON.
 print(plan.to_json(indent=None))
 plan.validate(model.mod)

@@ -16,11 +16,11 @@ machine):
     and where each part runs (co-execution only).
 ``program_binaries/``
     OpenCL builds compiled on a reachable device: each kernel's program binary for that device
-    and driver (:mod:`~codl_tvm.artifact.program_binaries`), so the first run there skips the
+    and driver (:mod:`~codl_tvm.runtime.program_binaries`), so the first run there skips the
     OpenCL compiler; any other device compiles from source.
 ``weights.bin``
     With ``--weights beside``: the weights the library fetches while it runs, read on a thread
-    during the first inference (:mod:`~codl_tvm.artifact.weights`).
+    during the first inference (:mod:`~codl_tvm.runtime.weights`).
 ``reference.npz``
     Seeded inputs (``input:<name>``) and the unpartitioned model's outputs on the host CPU
     (``output:<name>``), so ``run OUT/`` checks the numerics on the device with no compiler.
@@ -28,11 +28,11 @@ machine):
 ``compile_artifact`` never overwrites a directory it did not write; ``force=True`` replaces an
 earlier artifact only, and only once the new one is complete.
 
-The package, by concern: :mod:`~codl_tvm.artifact.store` (the format, writing the directory
-safely, loading and running; runtime-only TVM is enough), :mod:`~codl_tvm.artifact.compiling`
-(``compile_artifact``), :mod:`~codl_tvm.artifact.build_cache` (the libraries of a compile and
-the cache keyed by a ``BuildSpec``), :mod:`~codl_tvm.artifact.verify_timing` (``--verify``) and
-:mod:`~codl_tvm.artifact.refining` (``codl-tvm refine``). The planning policy (when to
+The package, by concern: :mod:`~codl_tvm.runtime.artifact` (the format, writing the directory
+safely, loading and running; runtime-only TVM is enough), :mod:`~codl_tvm.objectives.latency`
+(``compile_artifact``), :mod:`~codl_tvm.build.cache` (the libraries of a compile and
+the cache keyed by a ``BuildSpec``), :mod:`~codl_tvm.objectives.verify` (``--verify``) and
+:mod:`~codl_tvm.objectives.refine` (``codl-tvm refine``). The planning policy (when to
 co-execute, calibrated and candidate plans) is :mod:`codl_tvm.planner.policy`.
 """
 
@@ -40,11 +40,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from codl_tvm.artifact.compiling import _adopt_plan as _adopt_plan  # for older callers
-from codl_tvm.artifact.compiling import _calibrated_plans as _calibrated_plans
-from codl_tvm.artifact.compiling import compile_artifact, default_cost_model_for
-from codl_tvm.artifact.refining import compile_refined, refine_artifact, refined_plan
-from codl_tvm.artifact.store import (
+from codl_tvm.core.errors import ArtifactError
+from codl_tvm.objectives.latency import _adopt_plan as _adopt_plan  # for older callers
+from codl_tvm.objectives.latency import _calibrated_plans as _calibrated_plans
+from codl_tvm.objectives.latency import compile_artifact, default_cost_model_for
+from codl_tvm.objectives.refine import compile_refined, refine_artifact, refined_plan
+from codl_tvm.runtime.artifact import (
     ARTIFACT_FORMAT,
     ARTIFACT_VERSION,
     DEVICES,
@@ -55,7 +56,6 @@ from codl_tvm.artifact.store import (
     is_artifact,
     load_artifact,
 )
-from codl_tvm.errors import ArtifactError
 
 __all__ = [
     "ARTIFACT_FORMAT",

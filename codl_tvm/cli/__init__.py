@@ -2,7 +2,7 @@
 
 One module per command group, each with a ``register(subparsers)`` that adds its commands; the
 work is done by library functions. :func:`main` turns every expected failure
-(:class:`~codl_tvm.errors.CodlError`, and OS errors on the user's files) into one line,
+(:class:`~codl_tvm.core.errors.CodlError`, and OS errors on the user's files) into one line,
 ``codl-tvm: error: ...``, and exit status 2. Anything else is a bug and keeps its traceback.
 
 The command table is explicit. A command module that fails to import is an error, except on a
@@ -20,8 +20,8 @@ import importlib
 import sys
 from collections.abc import Callable
 
-from codl_tvm.errors import CliError, CodlError
-from codl_tvm.models import bundled_model_path
+from codl_tvm.core.errors import CliError, CodlError
+from codl_tvm.frontend.models import bundled_model_path
 
 __all__ = ["COMMANDS", "CliError", "build_parser", "bundled_model_path", "main"]
 

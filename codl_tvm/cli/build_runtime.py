@@ -3,7 +3,7 @@
 ``--target host`` (the default) builds for this machine, as first use does; ``linux-arm64``
 cross-builds for aarch64 Linux boards (Debian's ``g++-aarch64-linux-gnu``, or clang with
 ``--sysroot``); ``android-arm64`` uses the NDK given by ``--ndk``. The library and a JSON
-description go to ``DIR`` (:func:`codl_tvm.runtime._build.cross_build_plugin`).
+description go to ``DIR`` (:func:`codl_tvm.runtime.plugin_build.cross_build_plugin`).
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import json
 import shutil
 from pathlib import Path
 
-from codl_tvm.errors import CliError
-from codl_tvm.runtime import _build
+from codl_tvm.core.errors import CliError
+from codl_tvm.runtime import plugin_build as _build
 
 __all__ = ["cmd_build_runtime", "register"]
 

@@ -1,7 +1,7 @@
 """Helpers the ``codl-tvm`` commands share: input and output files, the OpenCL banner, reports.
 
 Everything here checks what the user gave before any work starts and raises
-:class:`~codl_tvm.errors.CliError` (one line, exit status 2) when it cannot be used.
+:class:`~codl_tvm.core.errors.CliError` (one line, exit status 2) when it cannot be used.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 
 from codl_tvm import runtime
-from codl_tvm.errors import CliError
-from codl_tvm.frontend import OnnxModel, check_inputs, random_inputs
+from codl_tvm.core.errors import CliError
+from codl_tvm.frontend.importer import OnnxModel, check_inputs, random_inputs
 
 __all__ = [
     "add_run_arguments",

@@ -12,16 +12,16 @@ from __future__ import annotations
 import argparse
 
 from codl_tvm.artifact import refine_artifact
-from codl_tvm.artifact.weights import PLACEMENTS
+from codl_tvm.build.targets import preset_names
 from codl_tvm.cli.common import building
 from codl_tvm.cli.plan import WEIGHT_GBPS_HELP, plan_from_args, weight_gbps
-from codl_tvm.cold_objective import compile_cold
-from codl_tvm.errors import CliError
-from codl_tvm.frontend import load_onnx
-from codl_tvm.models import bundled_model_path
+from codl_tvm.core.errors import CliError
+from codl_tvm.frontend.importer import load_onnx
+from codl_tvm.frontend.models import bundled_model_path
+from codl_tvm.objectives.cold import compile_cold
+from codl_tvm.objectives.throughput import ThroughputOptions, compile_throughput, parse_isa
 from codl_tvm.options import CompileOptions, compile_model
-from codl_tvm.targets import preset_names
-from codl_tvm.throughput import ThroughputOptions, compile_throughput, parse_isa
+from codl_tvm.runtime.weights import PLACEMENTS
 
 __all__ = ["cmd_compile", "cmd_refine", "register"]
 

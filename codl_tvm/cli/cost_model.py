@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from codl_tvm.core.errors import CliError
 from codl_tvm.cost_model.assessment import assess, format_assessment
 from codl_tvm.cost_model.base import CostModel
 from codl_tvm.cost_model.dataset import Dataset, OpRecord
@@ -42,7 +43,6 @@ from codl_tvm.cost_model.evaluate import (
     training_split,
 )
 from codl_tvm.cost_model.gbdt import GbdtConfig, GbdtModel
-from codl_tvm.errors import CliError
 
 __all__ = ["cmd_decisions", "cmd_eval", "cmd_fit", "register"]
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from codl_tvm.cli.common import building
 from codl_tvm.demo import DemoOptions, run_demo
-from codl_tvm.models import bundled_model_path
+from codl_tvm.frontend.models import bundled_model_path
 
 __all__ = ["cmd_demo", "register"]
 

@@ -1,13 +1,14 @@
 """``codl-tvm deploy MODEL.onnx --tracker HOST:PORT --key KEY [--target PRESET] [--device D]``.
 
 Compiles the model for a device behind a TVM RPC tracker, runs it there and compares it with
-the host (:func:`codl_tvm.deploy.deploy`).
+the host (:func:`codl_tvm.rpc.deploy.deploy`).
 """
 
 from __future__ import annotations
 
 import argparse
 
+from codl_tvm.build.targets import PRESETS
 from codl_tvm.cli.common import (
     add_run_arguments,
     building,
@@ -15,10 +16,9 @@ from codl_tvm.cli.common import (
     load_npz,
     save_outputs,
 )
-from codl_tvm.deploy import DEVICES, deploy
-from codl_tvm.errors import CliError
-from codl_tvm.frontend import load_onnx
-from codl_tvm.targets import PRESETS
+from codl_tvm.core.errors import CliError
+from codl_tvm.frontend.importer import load_onnx
+from codl_tvm.rpc.deploy import DEVICES, deploy
 
 __all__ = ["cmd_deploy", "register"]
 

@@ -12,14 +12,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from codl_tvm.build.targets import PRESETS
+from codl_tvm.core.errors import CliError
+from codl_tvm.core.plan import PlanError
 from codl_tvm.cost_model.base import load_model
-from codl_tvm.errors import CliError
-from codl_tvm.frontend import OnnxModel, load_onnx
-from codl_tvm.plan import PlanError
-from codl_tvm.planner.placement import ALL_MODES, PlacementConfig, make_plan
+from codl_tvm.frontend.importer import OnnxModel, load_onnx
+from codl_tvm.planner.placement.modes import ALL_MODES, PlacementConfig, make_plan
 from codl_tvm.planner.policy import PlanChoice, planning_context, resolve_plan
-from codl_tvm.planner.search import PlannerConfig
-from codl_tvm.targets import PRESETS
+from codl_tvm.planner.split.search import PlannerConfig
 
 __all__ = ["WEIGHT_GBPS_HELP", "cmd_plan", "plan_from_args", "register", "weight_gbps"]
 

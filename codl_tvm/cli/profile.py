@@ -33,9 +33,10 @@ import argparse
 import contextlib
 
 from codl_tvm.bench import pin_tvm_threads
+from codl_tvm.core.errors import CliError, ProfileError
 from codl_tvm.cost_model.features import DIMS
-from codl_tvm.errors import CliError, ProfileError
 from codl_tvm.profiling.farm import profile_farm
+from codl_tvm.profiling.parts import LocalSession, RPCSession, TimingConfig, algorithm_switches
 from codl_tvm.profiling.profile import (
     compile_jobs,
     make_jobs,
@@ -44,8 +45,7 @@ from codl_tvm.profiling.profile import (
     run_compiled,
     sampled_ops,
 )
-from codl_tvm.profiling.runner import LocalSession, RPCSession, TimingConfig, algorithm_switches
-from codl_tvm.rpc_utils import request_remote
+from codl_tvm.rpc.client import request_remote
 
 __all__ = ["cmd_profile", "register"]
 
@@ -225,7 +225,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--run-dir", help="measure the parts compiled into DIR")
     p.add_argument(
         "--preset",
-        help="with --compile-dir or --farm: target preset of the device (codl_tvm.targets)",
+        help="with --compile-dir or --farm: target preset of the device (codl_tvm.build.targets)",
     )
     p.add_argument(
         "--threads", type=int, help="with --compile-dir: CPU threads of the device (recorded)"

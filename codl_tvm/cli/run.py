@@ -17,6 +17,8 @@ import numpy as np
 
 from codl_tvm import runtime
 from codl_tvm.artifact import load_artifact
+from codl_tvm.build.coexec import compile_coexec
+from codl_tvm.build.runner import build, max_abs_difference
 from codl_tvm.cli.common import (
     add_run_arguments,
     building,
@@ -27,13 +29,11 @@ from codl_tvm.cli.common import (
     print_outputs_and_latency,
     save_outputs,
 )
-from codl_tvm.coexec import compile_coexec
-from codl_tvm.errors import CliError, CodlError
-from codl_tvm.frontend import check_inputs, load_onnx
-from codl_tvm.models import bundled_model_path
-from codl_tvm.pipeline_artifact import is_pipeline, load_pipeline
-from codl_tvm.runner import build, max_abs_difference
-from codl_tvm.runtime import coexec as sync
+from codl_tvm.core.errors import CliError, CodlError
+from codl_tvm.frontend.importer import check_inputs, load_onnx
+from codl_tvm.frontend.models import bundled_model_path
+from codl_tvm.runtime import sync
+from codl_tvm.runtime.staged_artifact import is_pipeline, load_pipeline
 
 __all__ = ["cmd_info", "cmd_run", "register"]
 

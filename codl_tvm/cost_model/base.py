@@ -37,6 +37,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from codl_tvm.core.errors import ModelFileError
 from codl_tvm.cost_model._linalg import nnls
 from codl_tvm.cost_model.dataset import SHARING_KINDS, OpRecord, SharingRecord
 from codl_tvm.cost_model.features import (
@@ -50,7 +51,6 @@ from codl_tvm.cost_model.features import (
     weight_bytes,
     weight_floor_ms,
 )
-from codl_tvm.errors import ModelFileError
 
 __all__ = [
     "MODEL_FORMAT",

@@ -41,6 +41,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from codl_tvm.core.errors import DatasetError
 from codl_tvm.cost_model.features import (
     RECORD_MATMUL_ALIGN,
     DispatchFeatures,
@@ -53,7 +54,6 @@ from codl_tvm.cost_model.features import (
     op_features,
     part_shape,
 )
-from codl_tvm.errors import DatasetError
 
 __all__ = [
     "DATASET_FORMAT",

@@ -17,7 +17,7 @@ from importlib import resources
 from pathlib import Path
 
 from codl_tvm import runtime
-from codl_tvm.errors import NoDefaultModelError
+from codl_tvm.core.errors import NoDefaultModelError
 
 __all__ = ["SHIPPED", "NoDefaultModelError", "default_model_path", "shipped_model_path"]
 

@@ -11,7 +11,7 @@ Conventions (shared with the dataset format and every cost model):
   (0 = CPU only, 1 = GPU only), as in the partition plan of the co-execution passes.
 - Split of an extent ``n`` by ``rho`` (``split_extent``): the GPU gets ``floor(rho * n + 0.5)``
   (round half up) rows or channels, the CPU the rest, exactly as the partitioning passes cut
-  (``codl_tvm.geometry.split_point``). The GPU takes the *first* rows or channels. An H part
+  (``codl_tvm.core.geometry.split_point``). The GPU takes the *first* rows or channels. An H part
   reads its input rows plus the halo the filter needs, clamped to the input (padding rows are not
   read). Grouped convolutions are split in whole groups, depthwise ones per channel.
 - ``pool`` may have ``ceil_mode`` (output size rounded up, as the passes compute it).
@@ -27,8 +27,8 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
-from codl_tvm.errors import FeatureError
-from codl_tvm.geometry import oc_granularity
+from codl_tvm.core.errors import FeatureError
+from codl_tvm.core.geometry import oc_granularity
 
 __all__ = [
     "DIMS",

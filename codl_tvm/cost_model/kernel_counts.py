@@ -41,11 +41,11 @@ from dataclasses import dataclass
 import tvm
 from tvm import s_tir, tirx
 
+from codl_tvm.core.errors import CodlError
 from codl_tvm.cost_model.dispatch import _children, dispatch_features
 from codl_tvm.cost_model.features import OpFeatures, OpParams, PartShape
 from codl_tvm.cost_model.gbdt import KERNEL_FEATURE_NAMES, NV_FEATURE_NAMES, KernelReader
-from codl_tvm.errors import CodlError
-from codl_tvm.profiling.runner import schedule_part
+from codl_tvm.profiling.parts import schedule_part
 from codl_tvm.schedules.config import opencl_overrides
 
 __all__ = [
@@ -261,7 +261,7 @@ def kernel_source(
     rebuilds it, and its ``(wg_size, wg_count)``; raises ``CodlError``/``RuntimeError`` where
     the rules or TVM refuse the part."""
     # deferred: lowering to OpenCL C needs the build pipeline, which the counts do not
-    from codl_tvm.pipeline import dataflow_lower_passes, finalize_passes
+    from codl_tvm.build.pipeline import dataflow_lower_passes, finalize_passes
 
     tgt = tvm.target.Target(target)
     with opencl_overrides(**dict(settings or {})):

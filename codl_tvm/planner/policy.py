@@ -21,13 +21,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from codl_tvm.build.targets import TargetPreset, get_preset
+from codl_tvm.core.errors import PlannerError
+from codl_tvm.core.plan import PartitionPlan, uniform_plan
 from codl_tvm.cost_model.base import ModelFileError, load_model
 from codl_tvm.cost_model.defaults import NoDefaultModelError, default_model_path
-from codl_tvm.errors import PlannerError
-from codl_tvm.plan import PartitionPlan, uniform_plan
-from codl_tvm.planner.placement import ALL_MODES, make_plan
+from codl_tvm.planner.placement.modes import ALL_MODES, make_plan
 from codl_tvm.planner.report import PlanReport
-from codl_tvm.planner.search import PlannerConfig, _covered_impls
+from codl_tvm.planner.split.search import PlannerConfig, _covered_impls
 from codl_tvm.schedules import (
     cpu_alone_settings,
     cpu_config,
@@ -42,7 +43,6 @@ from codl_tvm.schedules.config import (
     packed_presets,
     winograd_presets,
 )
-from codl_tvm.targets import TargetPreset, get_preset
 
 __all__ = [
     "CALIBRATION_MIN_SHIFT",
@@ -158,7 +158,7 @@ def resolve_plan(
     mod
         The Relax module as imported.
     plan
-        A :class:`~codl_tvm.plan.PartitionPlan` or the path of a plan JSON.
+        A :class:`~codl_tvm.core.plan.PartitionPlan` or the path of a plan JSON.
     dim, ratio
         A uniform plan instead: every partitionable operator split along ``dim`` (``"H"`` or
         ``"OC"``, default ``"H"``) with GPU share ``ratio`` (default 0.5).
@@ -182,9 +182,9 @@ def resolve_plan(
     ------
     PlannerError
         Both a plan and ``dim``/``ratio``, a plan file that does not exist, an unknown mode.
-    codl_tvm.errors.PlanError
+    codl_tvm.core.errors.PlanError
         The plan does not fit the module.
-    codl_tvm.errors.ModelFileError, codl_tvm.errors.NoDefaultModelError
+    codl_tvm.core.errors.ModelFileError, codl_tvm.core.errors.NoDefaultModelError
         The cost model cannot be read, or no shipped model describes the preset.
     """
     if plan is not None and (dim is not None or ratio is not None):

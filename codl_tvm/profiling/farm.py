@@ -1,8 +1,8 @@
 """Profiling over a device farm: every remote registered under one tracker key measures a share
 of the jobs in parallel.
 
-The host compiles every part once (:func:`codl_tvm.profiling.runner.compile_part`); a
-:class:`codl_tvm.rpc_utils.DeviceFarm` then hands the measurements to the free devices of the key,
+The host compiles every part once (:func:`codl_tvm.profiling.parts.compile_part`); a
+:class:`codl_tvm.rpc.client.DeviceFarm` then hands the measurements to the free devices of the key,
 one job at a time per device, with a per-job timeout and retries. A job whose device fails or
 dies is retried on another device (the failing device is named in the log and dropped from the
 farm); the records of all devices are merged into one dataset, in job order, each job measured
@@ -21,8 +21,8 @@ import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from codl_tvm.profiling.profile import ProfileJob, _label, _open, _sharing, job_key
-from codl_tvm.profiling.runner import (
+from codl_tvm.build.targets import get_preset
+from codl_tvm.profiling.parts import (
     ProfileError,
     RPCSession,
     TimingConfig,
@@ -30,8 +30,8 @@ from codl_tvm.profiling.runner import (
     device_description,
     measure_op,
 )
-from codl_tvm.rpc_utils import DeviceFarm
-from codl_tvm.targets import get_preset
+from codl_tvm.profiling.profile import ProfileJob, _label, _open, _sharing, job_key
+from codl_tvm.rpc.client import DeviceFarm
 
 __all__ = ["FarmSession", "profile_farm"]
 
@@ -75,7 +75,7 @@ def profile_farm(
         The dataset (``.jsonl``) to write or resume.
     tracker, key
         The TVM RPC tracker ``HOST:PORT`` and the device key (the servers must have loaded
-        codl-tvm's OpenCL plugin: ``python -m codl_tvm.rpc_utils serve --opencl``).
+        codl-tvm's OpenCL plugin: ``python -m codl_tvm.rpc.client serve --opencl``).
     job_timeout_s, retries
         Per-job bound, and how many more attempts a failed job gets (on any live device).
     max_devices
@@ -85,7 +85,7 @@ def profile_farm(
     log
         Receives progress and failure lines (``None``: quiet).
     preset
-        The devices' target preset (``codl_tvm.targets``): its targets, unless given, and its
+        The devices' target preset (``codl_tvm.build.targets``): its targets, unless given, and its
         (cross-)toolchain build the parts (default: this machine's).
 
     Returns
@@ -96,7 +96,7 @@ def profile_farm(
 
     Raises
     ------
-    codl_tvm.rpc_utils.RPCError
+    codl_tvm.rpc.client.RPCError
         The tracker is unreachable or no device of ``key`` is free.
     ProfileError
         Some jobs failed on every attempt (the records of the others are written first; the

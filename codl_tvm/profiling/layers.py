@@ -5,21 +5,21 @@ after it). :func:`build_layer_libraries` builds ``main`` cut at every layer (one
 layer) for the host and for each processor group's target; :func:`measure_layers` times each
 layer on 1..n cores of each CPU group (a thread pinned to the group's first ``c`` cores with
 its own ``c``-worker TVM pool) and on the GPU, and returns the
-:class:`~codl_tvm.planner.pipe_search.LatencyTable` the stage search takes;
+:class:`~codl_tvm.planner.stages.search.LatencyTable` the stage search takes;
 :func:`profile_layers` does both. Pipe-it times each layer alone; ``under_load=True`` times it
 while every other core of the groups runs the model's layers, as the other stages of a stream
 keep them busy: stages share the socket's caches and memory bandwidth, and a device run found
 them 1.0-2.3x slower streaming than alone (docs/benchmarks.md), which a table of layers alone
 does not show the search. Building and timing are apart so that a benchmark builds
 many models in parallel and times them one at a time. :func:`layer_records` turns a table into
-:class:`~codl_tvm.planner.pipe_model.PipeRecord` to fit Pipe-it's model (Eq. 5/8) on.
+:class:`~codl_tvm.planner.stages.layer_model.PipeRecord` to fit Pipe-it's model (Eq. 5/8) on.
 
 :func:`stage_timer` times a plan's stages running together, where a stage's layers evict each
 other's weights and stages share the caches (what
-:func:`~codl_tvm.planner.pipe_refine.refine_with_stages` plans on).
+:func:`~codl_tvm.planner.stages.refine.refine_with_stages` plans on).
 
-:func:`measure_handoff` measures what the stream executor (:mod:`codl_tvm.stream`) costs a
-stage per frame beyond its layers, the :class:`~codl_tvm.planner.pipe_search.HandOff` the
+:func:`measure_handoff` measures what the stream executor (:mod:`codl_tvm.runtime.stream`) costs a
+stage per frame beyond its layers, the :class:`~codl_tvm.planner.stages.search.HandOff` the
 search counts: the time matrix times layers alone.
 """
 
@@ -39,19 +39,18 @@ import tvm
 from tvm.runtime.vm import VirtualMachine
 
 from codl_tvm import runtime
-from codl_tvm.errors import PlannerError
-from codl_tvm.frontend import OnnxModel
-from codl_tvm.passes.stages import cut_stages, layer_starts, stage_name
-from codl_tvm.pipeline_artifact import _device, pin_thread_pool
-from codl_tvm.pipeline_build import (
+from codl_tvm.core.errors import PlannerError
+from codl_tvm.frontend.importer import OnnxModel
+from codl_tvm.objectives.stage_build import (
     compile_library,
     group_target,
     layer_shapes,
     resolve_isas,
     stage_module,
 )
-from codl_tvm.planner.pipe_model import LayerShape, PipeRecord
-from codl_tvm.planner.pipe_search import (
+from codl_tvm.passes.stages import cut_stages, layer_starts, stage_name
+from codl_tvm.planner.stages.layer_model import LayerShape, PipeRecord
+from codl_tvm.planner.stages.search import (
     HandOff,
     LatencyTable,
     PipelinePlan,
@@ -59,7 +58,8 @@ from codl_tvm.planner.pipe_search import (
     ProcessorGroup,
     check_groups,
 )
-from codl_tvm.stream import run_stream
+from codl_tvm.runtime.staged_artifact import _device, pin_thread_pool
+from codl_tvm.runtime.stream import run_stream
 
 __all__ = [
     "build_layer_libraries",
@@ -252,7 +252,7 @@ def stage_timer(
     timeout_s: float = 120.0,
 ) -> Callable[[PipelinePlan], list[float]]:
     """A function timing a plan's stages running together on this machine (the ``measure`` of
-    :func:`~codl_tvm.planner.pipe_refine.refine_with_stages`).
+    :func:`~codl_tvm.planner.stages.refine.refine_with_stages`).
 
     Each stage runs its layers (:func:`build_layer_libraries`' libraries, each layer on the
     outputs of the layers before it, computed once here) in a loop on a thread pinned to its

@@ -24,11 +24,12 @@ from pathlib import Path
 
 import numpy as np
 
+from codl_tvm.build.targets import get_preset
+from codl_tvm.core.plan import partitionable_ops
 from codl_tvm.cost_model.dataset import DatasetWriter, OpRecord, load_dataset
 from codl_tvm.cost_model.features import FeatureError, OpParams, Partition, part_shape
 from codl_tvm.cost_model.sampling import CODL_SPACE, POW2_SPACE, sample_conv2d, sample_dense
-from codl_tvm.plan import partitionable_ops
-from codl_tvm.profiling.runner import (
+from codl_tvm.profiling.parts import (
     LEGACY_TIMING,
     CompiledPart,
     LocalSession,
@@ -41,7 +42,6 @@ from codl_tvm.profiling.runner import (
     measure_op,
     measure_sharing,
 )
-from codl_tvm.targets import get_preset
 
 __all__ = [
     "MANIFEST",
@@ -144,7 +144,7 @@ def model_ops(model) -> list[tuple[str, OpParams]]:
     ``(name, OpParams)``; operators ``OpParams`` cannot describe are skipped with a warning."""
     # deferred: importing an ONNX model needs TVM's compiler, and this module also serves
     # `codl-tvm profile --run-dir` on devices whose TVM is runtime-only
-    from codl_tvm.frontend import load_onnx
+    from codl_tvm.frontend.importer import load_onnx
 
     if not hasattr(model, "mod"):
         model = load_onnx(model)
@@ -329,7 +329,7 @@ def compile_jobs(
     """Build every job into ``directory`` (with ``manifest.json``) to be run by
     :func:`run_compiled` elsewhere; jobs already in the manifest are not rebuilt.
 
-    ``preset`` (``codl_tvm.targets``) picks the targets and the (cross-)toolchain of a device
+    ``preset`` (``codl_tvm.build.targets``) picks the targets and the (cross-)toolchain of a device
     machine; ``threads`` is its CPU thread count, recorded in the CPU dispatch features."""
     if preset is not None:
         p = get_preset(preset)

@@ -29,8 +29,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from codl_tvm.errors import BuildError, CodlError
-from codl_tvm.runtime import _build
+from codl_tvm.core.errors import BuildError, CodlError
+from codl_tvm.runtime import plugin_build as _build
 
 __all__ = [
     "DeviceInfo",
@@ -434,7 +434,7 @@ def build_error(exc: BaseException, model: str, device: str) -> CodlError:
     An OpenCL kernel that does not compile is named with its device and the build log's first
     error lines; any other failure (a pass, TVM's code generation) with its exception. The full
     text (the whole build log, or the traceback) goes to a file under :func:`log_dir`, whose
-    path the message ends with. A :class:`~codl_tvm.errors.CodlError` is returned unchanged.
+    path the message ends with. A :class:`~codl_tvm.core.errors.CodlError` is returned unchanged.
     """
     if isinstance(exc, CodlError):
         return exc
