@@ -214,3 +214,187 @@ def test_cycle_finder_finds_a_function_level_cycle():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert _cycles(graph) == [["a", "b", "c", "a"]]
     assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+# --- layer rules -------------------------------------------------------------------------------
+
+# The package's layers, lowest first: a module may import its own layer and any layer below it,
+# never one above (docs/design.md draws the same picture). Top-level modules are layers of their
+# own: ``options`` (the options objects) sits below the objectives that take them, ``demo`` above.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("codl_tvm.core",),
+    ("codl_tvm.runtime",),
+    ("codl_tvm.frontend",),
+    ("codl_tvm.schedules",),
+    ("codl_tvm.passes",),
+    ("codl_tvm.build",),
+    ("codl_tvm.rpc",),
+    ("codl_tvm.cost_model",),
+    ("codl_tvm.profiling",),
+    ("codl_tvm.planner",),
+    ("codl_tvm.options",),
+    ("codl_tvm.objectives", "codl_tvm.artifact"),
+    ("codl_tvm.demo",),
+    ("codl_tvm.cli",),
+)
+
+
+def _layer(module: str) -> int | None:
+    """The rank of ``module``'s layer (None for the package root ``codl_tvm`` itself)."""
+    for rank, heads in enumerate(LAYERS):
+        if any(module == h or module.startswith(h + ".") for h in heads):
+            return rank
+    return None
+
+
+def test_every_module_has_a_layer():
+    missing = sorted(m for m in _modules() if m != "codl_tvm" and _layer(m) is None)
+    assert not missing, "modules outside every layer (add them to LAYERS):\n" + "\n".join(missing)
+
+
+def test_layers_import_only_downwards():
+    """Lower layers never import higher ones, even inside a function: runtime imports only core,
+    passes and schedules no planner, cost model or objectives, and so on up."""
+    bad = sorted(
+        f"{mod} ({LAYERS[_layer(mod)][0]}) imports {t} ({LAYERS[_layer(t)][0]})"
+        for mod, targets in import_graph().items()
+        if _layer(mod) is not None
+        for t in targets
+        if _layer(t) is not None and _layer(t) > _layer(mod)
+    )
+    assert not bad, "imports against the layers:\n" + "\n".join(bad)
+
+
+def test_runtime_imports_only_core():
+    """A runtime-only TVM (a phone, a board) loads artifacts with codl_tvm.runtime alone."""
+    bad = sorted(
+        f"{mod} imports {t}"
+        for mod, targets in import_graph().items()
+        if mod.startswith("codl_tvm.runtime")
+        for t in targets
+        if not (t.startswith("codl_tvm.runtime") or t.startswith("codl_tvm.core"))
+        and t != "codl_tvm"
+    )
+    assert not bad, "\n".join(bad)
+
+
+def _package(module: str) -> str:
+    """``codl_tvm.X`` for every module below ``codl_tvm.X``."""
+    return ".".join(module.split(".")[:2])
+
+
+def test_no_package_level_cycles():
+    """No cycle between subpackages, through function-level imports too: a cycle between two
+    packages means neither is a layer."""
+    graph: dict[str, set[str]] = {}
+    for mod, targets in import_graph().items():
+        graph.setdefault(_package(mod), set()).update(
+            _package(t) for t in targets if _package(t) != _package(mod)
+        )
+    cycles = _cycles(graph)
+    assert not cycles, "package cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+def _private_imports(name: str, path: Path, modules: dict[str, Path]) -> list[str]:
+    """``from m import _x`` and ``m._x`` where ``m`` is another codl_tvm module."""
+    tree = ast.parse(path.read_text(), str(path))
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    aliases: dict[str, str] = {}
+    found = []
+    where = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path.name
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                mod = ".".join([*base, node.module] if node.module else base)
+            else:
+                mod = node.module or ""
+            if not mod.startswith("codl_tvm"):
+                continue
+            for a in node.names:
+                full = f"{mod}.{a.name}"
+                if full in modules:
+                    aliases[a.asname or a.name] = full
+                elif _is_private(a.name) and mod != name:
+                    found.append(f"{where}:{node.lineno}: {mod}.{a.name}")
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.startswith("codl_tvm") and a.asname:
+                    aliases[a.asname] = a.name
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in aliases
+            and _is_private(node.attr)
+            and aliases[node.value.id] != name
+        ):
+            found.append(f"{where}:{node.lineno}: {aliases[node.value.id]}.{node.attr}")
+    return found
+
+
+def _is_private(attr: str) -> bool:
+    return attr.startswith("_") and not attr.startswith("__")
+
+
+def test_no_private_names_across_modules():
+    """A name with a leading underscore belongs to its module: another module that needs it
+    needs a public name for it."""
+    modules = _modules()
+    bad = [line for name, path in modules.items() for line in _private_imports(name, path, modules)]
+    assert not bad, "private names imported across modules:\n" + "\n".join(sorted(bad))
+
+
+def test_private_import_finder_sees_both_forms(tmp_path):
+    mod = tmp_path / "m.py"
+    mod.write_text("from codl_tvm.core.plan import _x\nfrom codl_tvm.core import plan\nplan._y\n")
+    found = _private_imports("codl_tvm.other", mod_path := mod, {"codl_tvm.core.plan": mod_path})
+    assert [f.split(": ")[1] for f in found] == ["codl_tvm.core.plan._x", "codl_tvm.core.plan._y"]
+
+
+# --- sizes and wording -------------------------------------------------------------------------
+
+MAX_MODULE_LINES = 700
+MAX_FUNCTION_LINES = 120
+MAX_PARAMETERS = 12
+
+
+def test_modules_and_functions_stay_small():
+    """A module holds one concern and a function one step: long ones hide several."""
+    bad = []
+    for path in _modules().values():
+        text = path.read_text()
+        rel = path.relative_to(ROOT)
+        if len(text.splitlines()) > MAX_MODULE_LINES:
+            bad.append(f"{rel}: {len(text.splitlines())} lines")
+        for fn in ast.walk(ast.parse(text, str(path))):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            lines = fn.end_lineno - fn.lineno + 1
+            a = fn.args
+            params = [*a.posonlyargs, *a.args, *a.kwonlyargs]
+            n = len(params) + bool(a.vararg) + bool(a.kwarg)
+            n -= bool(params) and params[0].arg in ("self", "cls")
+            if lines > MAX_FUNCTION_LINES:
+                bad.append(f"{rel}:{fn.lineno} {fn.name}: {lines} lines")
+            if n > MAX_PARAMETERS:
+                bad.append(f"{rel}:{fn.lineno} {fn.name}: {n} parameters")
+    assert not bad, "\n".join(bad)
+
+
+def test_few_modules_at_the_top():
+    """The top of codl_tvm/ is the public surface; everything else lives in a layer's package."""
+    top = sorted(p.name for p in (ROOT / "codl_tvm").glob("*.py"))
+    assert len(top) <= 12, top
+
+
+def test_library_speaks_to_users():
+    """The library names hardware, not the lab it was measured in, and logs instead of taking
+    ``log=print`` callbacks."""
+    bad = []
+    for path in _modules().values():
+        for i, line in enumerate(path.read_text().splitlines(), 1):
+            if "device machine" in line.lower() or "log=print" in line.replace(" ", ""):
+                bad.append(f"{path.relative_to(ROOT)}:{i}: {line.strip()}")
+    assert not bad, "\n".join(bad)
