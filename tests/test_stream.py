@@ -264,7 +264,7 @@ def test_a_process_that_inherited_a_narrow_mask_may_use_every_allowed_core():
 
 
 def test_cpu_lists_parse_as_the_kernel_writes_them():
-    from codl_tvm.runtime.stream import _cpu_list
+    from codl_tvm.core.groups import parse_cpu_list
 
-    assert _cpu_list("0-3,8,10-11\n") == {0, 1, 2, 3, 8, 10, 11}
-    assert _cpu_list("5") == {5}
+    assert parse_cpu_list("0-3,8,10-11\n") == {0, 1, 2, 3, 8, 10, 11}
+    assert parse_cpu_list("5") == {5}

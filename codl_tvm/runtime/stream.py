@@ -39,6 +39,7 @@ from typing import Any, Literal
 import numpy as np
 
 from codl_tvm.core.errors import ModelError, PlannerError
+from codl_tvm.core.groups import process_cpus
 
 __all__ = [
     "Stream",
@@ -132,53 +133,6 @@ class _Frame:
     payload: Any
     start: float = 0.0  # the first stage took it
     end: float = 0.0  # the last stage finished it
-
-
-def _cpu_list(text: str) -> set[int]:
-    """``"0-3,8,10-11"`` (the kernel's CPU list format) as a set."""
-    cpus: set[int] = set()
-    for part in text.strip().split(","):
-        if part:
-            lo, _, hi = part.partition("-")
-            cpus.update(range(int(lo), int(hi or lo) + 1))
-    return cpus
-
-
-def _allowed_cpus() -> set[int] | None:
-    """The cores the process's cpuset cgroup allows (cgroup v2, then v1), else the online ones:
-    what a thread of it may pin itself to, whatever mask it inherited."""
-    try:
-        entries = open("/proc/self/cgroup").read().splitlines()
-    except OSError:
-        entries = []
-    candidates = []
-    for line in entries:
-        _, controllers, path = line.split(":", 2)
-        if controllers == "":
-            candidates.append(f"/sys/fs/cgroup{path}/cpuset.cpus.effective")
-        elif "cpuset" in controllers.split(","):
-            candidates.append(f"/sys/fs/cgroup/cpuset{path}/cpuset.effective_cpus")
-    candidates.append("/sys/devices/system/cpu/online")
-    for f in candidates:
-        try:
-            cpus = _cpu_list(open(f).read())
-        except (OSError, ValueError):
-            continue
-        if cpus:
-            return cpus
-    return None
-
-
-def process_cpus() -> frozenset[int]:
-    """The cores this process may use: those its cpuset allows (else every online core), not
-    the calling thread's affinity, which TVM's pool narrows on the thread that runs it and a
-    spawned process inherits; a stage thread may pin itself to any of them."""
-    allowed = _allowed_cpus()
-    if allowed is None:
-        allowed = set(range(os.cpu_count() or 1))
-    if hasattr(os, "sched_getaffinity"):
-        allowed |= os.sched_getaffinity(0)
-    return frozenset(allowed)
 
 
 def _shape_of(frame: Any) -> Any:

@@ -27,7 +27,7 @@ matrix: predicted milliseconds of every layer on every (group, core count).
 :func:`amdahl_table` is the other predictor: no fit, two *measured* columns per CPU group (each
 layer on one core and on every core) and ``T_H = serial + parallel / H`` through them per
 layer. It needs those two columns of the model itself (``2`` timings per layer and group
-instead of ``cores``), and on the device's measured tables it was far closer than Eq. 5/8
+instead of ``cores``), and on tables measured on a 16-core Xeon it was far closer than Eq. 5/8
 fitted on other models: Eq. 8 is the same form with its coefficients shared by a layer type,
 where this takes each layer's own.
 

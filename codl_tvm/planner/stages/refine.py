@@ -3,7 +3,7 @@
 Pipe-it's time matrix times every layer on its own, repeated with its weights warm in the
 caches, and a stage's cost is the sum of its layers. A stream runs each stage's layers in turn,
 beside the other stages: a stage of many layers evicts its own weights every frame and shares
-the socket's caches and memory bandwidth with its neighbours. On the device a ResNet50 stage of
+the socket's caches and memory bandwidth with its neighbours. On a 16-core Xeon a ResNet50 stage of
 twelve layers streamed at 2.0x the sum of its layers under load (docs/benchmarks.md), and the
 search, which puts the pipeline's bottleneck wherever the table is lowest, picks exactly such
 underestimated stages.
@@ -11,7 +11,7 @@ underestimated stages.
 :func:`refine_with_stages` closes that loop with measurements instead of a model: it searches the
 table, times the chosen pipeline's stages all at once on their cores (the caller's ``measure``;
 :func:`codl_tvm.profiling.layers.measure_stages` on this machine), records each as a measured
-stage of the table (:meth:`~codl_tvm.planner.stages.search.LatencyTable.with_stages`, which the
+stage of the table (:meth:`~codl_tvm.planner.stages.table.LatencyTable.with_stages`, which the
 search then takes instead of the sum), and searches again, until the search's choice runs on
 measured stages only. A stage not yet measured keeps its (usually optimistic) sum, so the search
 keeps trying the stages that look best until their measurements say otherwise. Where
@@ -27,14 +27,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from codl_tvm.core.errors import PlannerError
-from codl_tvm.planner.stages.search import (
-    HandOff,
-    LatencyTable,
-    PipelinePlan,
-    ProcessorGroup,
-    recost_plan,
-    search_pipeline,
-)
+from codl_tvm.core.groups import ProcessorGroup
+from codl_tvm.planner.stages.search import recost_plan, search_pipeline
+from codl_tvm.planner.stages.table import HandOff, LatencyTable, PipelinePlan
 
 __all__ = ["StageRefinement", "refine_with_stages"]
 
