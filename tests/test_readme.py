@@ -43,6 +43,22 @@ def test_relative_links_resolve(doc):
             assert anchor in {_slug(h) for h in headings}, f"{doc}: {target}#{anchor}"
 
 
+def test_readme_is_short():
+    """A newcomer reads the README top to bottom: at most 250 lines."""
+    assert len(README.splitlines()) <= 250
+
+
+def test_command_table_is_the_clis():
+    """The README's command table lists every ``codl-tvm`` command and no other, and the README
+    runs the library only through the CLI (no ``python -m codl_tvm...``)."""
+    from codl_tvm.cli import COMMANDS
+
+    section = README.split("## The command line", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| `codl-tvm ([a-z-]+)", section, re.M)
+    assert set(rows) == {name for _, names in COMMANDS for name in names}
+    assert "python -m codl_tvm" not in README
+
+
 @pytest.mark.opencl
 def test_pass_api_snippet_runs_and_matches_the_unpartitioned_model():
     (snippet,) = re.findall(r"```python\n(.*?)```", README, re.S)
