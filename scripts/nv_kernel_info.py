@@ -164,8 +164,9 @@ def _build_one(task):
 def cmd_export(args: argparse.Namespace) -> int:
     # deferred: only export needs the package (and TVM); measure runs without both
     from codl_tvm.cost_model.dataset import OpRecord, load_dataset
-    from codl_tvm.cost_model.gbdt import device_gpu_target, direct_settings
+    from codl_tvm.cost_model.gbdt import device_gpu_target
     from codl_tvm.cost_model.kernel_counts import kernel_key
+    from codl_tvm.cost_model.tiling_features import direct_settings
 
     try:
         data = load_dataset(args.dataset)

@@ -70,7 +70,7 @@ def _algorithm_jobs(jobs: list, preset: str) -> list:
 
     from codl_tvm.build.targets import get_preset
     from codl_tvm.cost_model.features import part_shape
-    from codl_tvm.profiling.parts import part_rewrite
+    from codl_tvm.cost_model.part_ir import part_rewrite
 
     config = cpu_config(get_preset(preset).target("cpu"))
     kept = [

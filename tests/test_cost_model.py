@@ -42,12 +42,12 @@ from codl_tvm.cost_model import (
     part_shape,
     save_dataset,
 )
-from codl_tvm.cost_model._linalg import nnls
 from codl_tvm.cost_model.evaluate import (
     accuracy,
     evaluate,
     split_records,
 )
+from codl_tvm.cost_model.linalg import nnls
 
 DEVICE = {"gpu": "synthetic gpu", "cpu": "synthetic cpu"}
 CFG = CodlConfig(
@@ -1196,7 +1196,7 @@ def test_robust_fit_ignores_gross_outliers():
     y[[3, 7, 11, 19, 23, 41]] *= 5.0  # 10% of the measurements 5x too slow (interference)
     robust = _irls_relative(a, y)
     np.testing.assert_allclose(robust, x_true, rtol=2e-3)
-    from codl_tvm.cost_model._linalg import weighted_lstsq
+    from codl_tvm.cost_model.linalg import weighted_lstsq
 
     plain = weighted_lstsq(a, y, 1.0 / y)
     assert np.max(np.abs(plain - x_true) / x_true) > 0.03  # 10x further off at least

@@ -18,7 +18,6 @@ from codl_tvm.cost_model.gbdt import (
     NV_FEATURE_NAMES,
     GbdtConfig,
     GbdtModel,
-    direct_settings,
 )
 from codl_tvm.cost_model.kernel_counts import (
     H100,
@@ -30,6 +29,7 @@ from codl_tvm.cost_model.kernel_counts import (
     occupancy,
     part_kernel_counts,
 )
+from codl_tvm.cost_model.tiling_features import direct_settings
 from tests.scripts_util import script_module
 from tests.test_cost_model_tir import CONV25, NVIDIA_JSON, _built_records
 

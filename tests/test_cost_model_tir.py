@@ -20,8 +20,9 @@ from codl_tvm.cost_model import (
     load_model,
     op_features,
 )
-from codl_tvm.cost_model.gbdt import KERNEL_FEATURE_NAMES, GbdtConfig, GbdtModel, direct_settings
+from codl_tvm.cost_model.gbdt import KERNEL_FEATURE_NAMES, GbdtConfig, GbdtModel
 from codl_tvm.cost_model.kernel_counts import kernel_counts, part_kernel_counts
+from codl_tvm.cost_model.tiling_features import direct_settings
 
 # The GPU target of the H100 campaign (its records' device description).
 NVIDIA = tvm.target.Target(
@@ -186,7 +187,7 @@ def test_cli_fits_and_evaluates_the_wave_tir_recipe(tmp_path, capsys):
 
 
 def test_opencl_overrides_rebuild_with_earlier_settings():
-    from codl_tvm.schedules.config import opencl_config, opencl_overrides
+    from codl_tvm.schedules.settings import opencl_config, opencl_overrides
 
     assert opencl_config(NVIDIA).conv_threads_oh == 4
     with opencl_overrides(conv_threads_oh=2, conv_reg_oc=8):

@@ -33,20 +33,19 @@ from codl_tvm.cost_model.assessment import (
     format_assessment,
     slice_labels,
 )
-from codl_tvm.cost_model.evaluate import accuracy
-from codl_tvm.cost_model.gbdt import (
-    DIRECT_TILINGS,
-    FEATURE_NAMES,
-    GUARD_FEATURE_NAMES,
+from codl_tvm.cost_model.dispatch_shape import (
     SHAPE_FEATURE_NAMES,
     THREADS_PER_CU,
-    GbdtConfig,
-    GbdtModel,
-    WaveBase,
-    conv_guards,
-    direct_tile,
     dispatch_shape,
     shape_features,
+)
+from codl_tvm.cost_model.evaluate import accuracy
+from codl_tvm.cost_model.gbdt import FEATURE_NAMES, GbdtConfig, GbdtModel, WaveBase
+from codl_tvm.cost_model.tiling_features import (
+    DIRECT_TILINGS,
+    GUARD_FEATURE_NAMES,
+    conv_guards,
+    direct_tile,
 )
 
 CU = 2  # compute units of the synthetic GPU: a wave is 4096 work-items
@@ -279,7 +278,7 @@ def test_conv_guards_follow_the_nvidia_direct_rule():
     from codl_tvm.build.pipeline import legalize_passes, schedule_passes
     from codl_tvm.build.targets import get_preset
     from codl_tvm.cost_model.dispatch import dispatch_features
-    from codl_tvm.profiling.parts import part_module
+    from codl_tvm.cost_model.part_ir import part_module
 
     target = tvm.target.Target(get_preset("device-h100").target("gpu"))
     for params, partition in [

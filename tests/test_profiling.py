@@ -12,19 +12,11 @@ import warnings
 import numpy as np
 import pytest
 
+from codl_tvm.core.errors import ProfileError
 from codl_tvm.cost_model.base import CostModelFallbackWarning
 from codl_tvm.cost_model.dataset import SHARING_KINDS, DatasetWriter, load_dataset
 from codl_tvm.cost_model.features import FeatureError, OpParams, Partition, part_shape
-from codl_tvm.profiling.parts import (
-    LEGACY_TIMING,
-    MAX_RUNS_PER_SAMPLE,
-    ProfileError,
-    TimingConfig,
-    check_part,
-    part_module,
-    passes_parts,
-    runs_per_sample,
-)
+from codl_tvm.cost_model.part_ir import check_part, part_module, passes_parts
 from codl_tvm.profiling.profile import (
     compile_jobs,
     make_jobs,
@@ -32,6 +24,12 @@ from codl_tvm.profiling.profile import (
     profile,
     run_compiled,
     sampled_ops,
+)
+from codl_tvm.profiling.timing import (
+    LEGACY_TIMING,
+    MAX_RUNS_PER_SAMPLE,
+    TimingConfig,
+    runs_per_sample,
 )
 
 FAST = TimingConfig(warmup=1, repeats=2, number=1)
@@ -463,7 +461,7 @@ def test_profile_through_rpc(opencl, tmp_path):
 
     import tvm.rpc
 
-    from codl_tvm.profiling.parts import RPCSession
+    from codl_tvm.profiling.sessions import RPCSession
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -491,7 +489,7 @@ def test_profile_through_rpc(opencl, tmp_path):
 
 
 def test_bad_jobs_raise_clear_errors(tmp_path):
-    from codl_tvm.profiling.parts import compile_part
+    from codl_tvm.profiling.part_build import compile_part
 
     p = OpParams("conv2d", 6, 6, 3, 4, 3, 1, 1)
     with pytest.raises(ProfileError, match=r"conv2d\(H=6.*processor 'npu'"):

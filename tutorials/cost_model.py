@@ -32,8 +32,8 @@ import numpy as np
 from codl_tvm.cost_model import evaluate
 from codl_tvm.cost_model.dataset import load_dataset
 from codl_tvm.cost_model.sampling import SampleSpace, sample_conv2d
-from codl_tvm.profiling.parts import TimingConfig
 from codl_tvm.profiling.profile import make_jobs, profile
+from codl_tvm.profiling.timing import TimingConfig
 
 space = SampleSpace("pow2", pow2_k=(2, 5), kernels=(1, 3), strides=(1, 2))
 convs = sample_conv2d(np.random.default_rng(0), 5, space, max_gflops=0.02)
@@ -110,7 +110,7 @@ print(format_assessment(assess(models["gbdt"], data.records, "the local sample",
 from codl_tvm.schedules import packed_enabled, winograd_enabled  # noqa: E402
 
 from codl_tvm.cost_model.features import OpParams  # noqa: E402
-from codl_tvm.profiling.parts import algorithm_switches  # noqa: E402
+from codl_tvm.cost_model.part_ir import algorithm_switches  # noqa: E402
 
 # the sampled convs are too narrow for either algorithm; some that qualify (64 input channels):
 # 3x3 stride 1 (Winograd) and stride 2 (packed), split along H (each group needs 8 records)

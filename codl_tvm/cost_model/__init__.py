@@ -9,7 +9,12 @@ baseline and fallback); ``evaluate`` holds the metrics and the ``cost-model`` co
 with CoDL's model, FLOPs and the data's ceilings beside), ``decisions`` the splits a model picks
 against the measured best, ``in_model`` whole-model sums against measured builds,
 ``dispatch`` reads work-group and parallel-loop features from scheduled TIR, ``sampling`` draws
-shapes to profile. Importing this package imports neither TVM, xgboost nor matplotlib.
+shapes to profile. The GBDT's feature code sits beside it: ``dispatch_shape`` (a part's work
+over the processor), ``tiling_features`` (the direct conv's tiling, mirrored) and
+``kernel_counts`` (counts read from a part's rebuilt kernel); ``part_ir`` builds a part's one-op
+module, for the profiler and for ``kernel_counts``; ``linalg`` holds the least-squares helpers.
+Importing this package imports neither TVM, xgboost nor matplotlib (``part_ir`` and
+``kernel_counts``, which need TVM, are imported by name).
 """
 
 from codl_tvm.cost_model.analytical import PRESETS, CodlConfig, CodlModel, ProcessorBlocking

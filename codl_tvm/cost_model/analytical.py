@@ -25,8 +25,8 @@ GPU ``ceil(wg_count / cores) * ceil(wg_size / unit)`` (waves of work-groups time
 work-group), CPU ``ceil(blocks / threads) * ceil(ceil(Size / blocks) / vector_width)``.
 
 Work-per-unit form (``CodlConfig.unit_model = "work"``, the presets of the measured devices).
-On the device machine's data the form above is worse than FLOPs-linear (held-out MAPE 67% vs
-36% on the emulated SoC; the work form below: 26%; H100 pair 62% / 52% / 37%): our kernels'
+On the measured data the form above is worse than FLOPs-linear (held-out MAPE 67% vs 36% on
+the emulated SoC; the work form below: 26%; H100 pair 62% / 52% / 37%): our kernels'
 work per work-item is not fixed (register tiles of 16 OC x 16 columns on PoCL, parallel blocks
 of very different sizes on the CPU), so a ``t_unit`` linear in (H, W, IC, OC)
 cannot follow ``steps * work``. The work form keeps Eq. 3's non-linearity but reads the block
@@ -68,10 +68,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from codl_tvm.cost_model._linalg import weighted_lstsq
 from codl_tvm.cost_model.base import CostModel, records_by_kernel
 from codl_tvm.cost_model.dataset import OpRecord
 from codl_tvm.cost_model.features import OP_KINDS, PROCESSORS, DispatchFeatures, OpFeatures
+from codl_tvm.cost_model.linalg import weighted_lstsq
 
 __all__ = [
     "FORMULAS",
@@ -274,8 +274,8 @@ PRESETS: dict[str, CodlConfig] = {
     "mobile": CodlConfig(cpu=ProcessorBlocking(4, 64, 8), gpu=ProcessorBlocking(4, 256, 64)),
     # This repository's local pair: PoCL on 2 vCPUs as the GPU stand-in, TVM's CPU path.
     "pocl-local": CodlConfig(cpu=ProcessorBlocking(1, 64, 8), gpu=ProcessorBlocking(1, 64, 8)),
-    # The device machine's emulated SoC (DEVICE.md): PoCL on 8 cores, TVM on the other 8,
-    # skylake-avx512 (16 fp32 lanes).
+    # The emulated SoC of a 16-core Xeon (docs/benchmarks.md): PoCL on 8 cores, TVM on the
+    # other 8, skylake-avx512 (16 fp32 lanes).
     # Work-per-unit form: PoCL runs one work-group per core (8) and vectorises 16 fp32 lanes.
     "emulated-soc": CodlConfig(
         cpu=ProcessorBlocking(8, 256, 16),
@@ -285,7 +285,7 @@ PRESETS: dict[str, CodlConfig] = {
         item_terms=False,
         filter_variants=30,
     ),
-    # The device machine's H100 through NVIDIA OpenCL: 132 SMs, 32-wide warps; 16 Xeon threads.
+    # An H100 through NVIDIA OpenCL: 132 SMs, 32-wide warps; its host's 16 Xeon threads.
     "nvidia-h100": CodlConfig(
         cpu=ProcessorBlocking(16, 256, 16),
         gpu=ProcessorBlocking(132, 256, 32),
@@ -299,7 +299,7 @@ PRESETS: dict[str, CodlConfig] = {
 
 def infer_preset(records: Iterable) -> str:
     """The codl blocking preset for the device a dataset was measured on: ``nvidia-h100`` for an
-    NVIDIA OpenCL device, ``emulated-soc`` for PoCL (the device machine's CPU OpenCL stand-in),
+    NVIDIA OpenCL device, ``emulated-soc`` for PoCL (the CPU OpenCL stand-in for a phone's GPU),
     ``mobile`` (CoDL's phone setting) otherwise."""
     for r in records:
         if isinstance(r, OpRecord) and r.device:
@@ -676,14 +676,14 @@ class CodlModel(CostModel):
     def _predict_covered(self, features: Sequence[OpFeatures]) -> np.ndarray:
         return np.array([self._predict_one(f) for f in features])
 
-    def _body_json(self) -> dict:
+    def body_json(self) -> dict:
         return {
             "config": self.config.to_json(),
             "features": list(self.feature_names),
             "groups": [g.to_json() for _, g in sorted(self.groups.items())],
         }
 
-    def _load_body(self, body: dict) -> None:
+    def load_body(self, body: dict) -> None:
         self.config = CodlConfig.from_json(body["config"])
         self.presync_quantile = self.config.presync_quantile
         if list(body["features"]) != list(self.feature_names):

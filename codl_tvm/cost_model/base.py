@@ -38,7 +38,6 @@ from typing import ClassVar
 import numpy as np
 
 from codl_tvm.core.errors import ModelFileError
-from codl_tvm.cost_model._linalg import nnls
 from codl_tvm.cost_model.dataset import SHARING_KINDS, OpRecord, SharingRecord
 from codl_tvm.cost_model.features import (
     PROCESSORS,
@@ -51,6 +50,7 @@ from codl_tvm.cost_model.features import (
     weight_bytes,
     weight_floor_ms,
 )
+from codl_tvm.cost_model.linalg import nnls
 
 __all__ = [
     "MODEL_FORMAT",
@@ -61,6 +61,7 @@ __all__ = [
     "CostModelFallbackWarning",
     "ModelFileError",
     "SharingModel",
+    "finite_number",
     "load_model",
     "records_by_kernel",
     "shared_nbytes",
@@ -86,7 +87,9 @@ def _model_class(kind: str) -> type[CostModel]:
     return getattr(import_module(module), name)
 
 
-def _num(obj, key: str) -> float:
+def finite_number(obj: Mapping, key: str) -> float:
+    """``obj[key]`` as a float; ValueError unless it is a finite number (not a bool). Model
+    files' numbers are read through it."""
     v = obj[key]
     if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
         raise ValueError(f"{key!r} must be a finite number, got {v!r}")
@@ -163,13 +166,15 @@ class SharingModel:
     @classmethod
     def from_json(cls, obj: dict) -> SharingModel:
         linear = {
-            k: _Linear(_num(v, "intercept_ms"), _num(v, "ms_per_byte"), int(v["n"]))
+            k: _Linear(
+                finite_number(v, "intercept_ms"), finite_number(v, "ms_per_byte"), int(v["n"])
+            )
             for k, v in obj["linear"].items()
         }
         for k in (*linear, *obj["constant_ms"]):
             if k not in SHARING_KINDS:
                 raise ValueError(f"unknown sharing kind {k!r}")
-        return cls(linear, {k: _num(obj["constant_ms"], k) for k in obj["constant_ms"]})
+        return cls(linear, {k: finite_number(obj["constant_ms"], k) for k in obj["constant_ms"]})
 
 
 def shared_nbytes(params: OpParams, partition: Partition, dtype_bytes: int = 4) -> int:
@@ -221,8 +226,8 @@ def _per_processor(method: str, what: str, cpu: float, gpu: float) -> dict[str, 
 class CostModel(ABC):
     """Predicts the latency of one operator part on one processor (see the module docstring).
 
-    Subclasses implement ``_fit_ops``, ``covers``, ``_predict_covered``, ``_body_json`` and
-    ``_load_body``; fallback, sharing costs, Eq. 2 and the file format live here.
+    Subclasses implement ``_fit_ops``, ``covers``, ``_predict_covered``, :meth:`body_json` and
+    :meth:`load_body`; fallback, sharing costs, Eq. 2 and the file format live here.
     """
 
     kind: ClassVar[str]
@@ -420,10 +425,12 @@ class CostModel(ABC):
 
     # -- files ---------------------------------------------------------------------------------
     @abstractmethod
-    def _body_json(self) -> dict: ...
+    def body_json(self) -> dict:
+        """The model's own part of its file (the ``"model"`` field), as JSON-able data."""
 
     @abstractmethod
-    def _load_body(self, body: dict) -> None: ...
+    def load_body(self, body: dict) -> None:
+        """Restore the model from what :meth:`body_json` wrote (a fresh instance's state)."""
 
     def to_json(self) -> dict:
         return {
@@ -431,7 +438,7 @@ class CostModel(ABC):
             "version": MODEL_VERSION,
             "kind": self.kind,
             "meta": self.meta,
-            "model": self._body_json(),
+            "model": self.body_json(),
             "fallback": None if self.fallback is None else self.fallback.to_json(),
             "sharing": None if self.sharing is None else self.sharing.to_json(),
         }
@@ -471,7 +478,7 @@ class CostModel(ABC):
         model = klass()
         try:
             model.meta = dict(obj.get("meta") or {})
-            model._load_body(obj["model"])
+            model.load_body(obj["model"])
             if obj.get("fallback") is not None:
                 model.fallback = CostModel.from_json(obj["fallback"], f"{source} (fallback)")
             if obj.get("sharing") is not None:

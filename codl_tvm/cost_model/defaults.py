@@ -1,9 +1,9 @@
 """The cost models shipped with codl-tvm and which one a target preset uses.
 
-Each was fitted on datasets measured on the device machine, shipped in the source tree beside
-the models (``codl_tvm/data/cost_models/datasets/``; each model's ``meta["dataset"]`` names its
-own); a device that is not one of these needs its own (``codl-tvm profile`` then
-``codl-tvm cost-model fit``).
+Each was fitted on datasets measured on a 16-core Xeon host with an H100, shipped in the source
+tree beside the models (``codl_tvm/data/cost_models/datasets/``; each model's
+``meta["dataset"]`` names its own); a device that is not one of these needs its own
+(``codl-tvm profile`` then ``codl-tvm cost-model fit``).
 
 - ``emulated-soc``: PoCL's CPU OpenCL device on 8 Xeon cores as the GPU, TVM's AVX-512 kernels on
   8 other cores: the stand-in for a phone SoC, and the default for every CPU OpenCL device

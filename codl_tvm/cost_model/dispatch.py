@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from codl_tvm.cost_model.features import DispatchFeatures
 
-__all__ = ["KernelLaunch", "dispatch_features", "kernel_launches"]
+__all__ = ["KernelLaunch", "dispatch_features", "kernel_launches", "stmt_children"]
 
 _CHILD_FIELDS = ("body", "then_case", "else_case", "block", "init")
 
@@ -41,7 +41,9 @@ class KernelLaunch:
         return self.parallel_blocks or 0
 
 
-def _children(stmt) -> list:
+def stmt_children(stmt) -> list:
+    """The statements directly inside a TIR statement (a ``SeqStmt``'s, else its body fields),
+    for the walks here and in ``kernel_counts``."""
     seq = getattr(stmt, "seq", None)
     if seq is not None:
         return list(seq)
@@ -98,7 +100,7 @@ def _launch(root) -> KernelLaunch:
                 ext = _const(stmt.extent)
                 if ext is not None:
                     vector = max(vector or 0, ext)
-        stack.extend(reversed(_children(stmt)))
+        stack.extend(reversed(stmt_children(stmt)))
 
     def product(prefix: str) -> int | None:
         values = [v for k, v in extents.items() if k.startswith(prefix)]
@@ -136,7 +138,7 @@ def kernel_launches(func) -> list[KernelLaunch]:
         if _is_launch_root(stmt):
             launches.append(_launch(stmt))
             continue
-        stack.extend(reversed(_children(stmt)))
+        stack.extend(reversed(stmt_children(stmt)))
     if not launches:
         serial = _launch(func.body)
         launches.append(KernelLaunch(None, None, 1, serial.vector_width))

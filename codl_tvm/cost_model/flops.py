@@ -13,10 +13,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from codl_tvm.cost_model._linalg import weighted_lstsq
-from codl_tvm.cost_model.base import CostModel, _num
+from codl_tvm.cost_model.base import CostModel, finite_number
 from codl_tvm.cost_model.dataset import OpRecord
 from codl_tvm.cost_model.features import OP_KINDS, PROCESSORS, OpFeatures
+from codl_tvm.cost_model.linalg import weighted_lstsq
 
 __all__ = ["FlopsLine", "FlopsModel"]
 
@@ -48,7 +48,7 @@ class FlopsLine:
         n = obj["n"]
         if not isinstance(n, int) or n < 1:
             raise ValueError(f"'n' must be a positive integer, got {n!r}")
-        return cls(_num(obj, "intercept_ms"), _num(obj, "ms_per_gflop"), n)
+        return cls(finite_number(obj, "intercept_ms"), finite_number(obj, "ms_per_gflop"), n)
 
 
 class FlopsModel(CostModel):
@@ -89,7 +89,7 @@ class FlopsModel(CostModel):
         # A line fitted on few points can cross zero for tiny ops; latencies stay positive.
         return np.array([max(self.line_for(f.op, f.processor)(f.flops), 1e-6) for f in features])
 
-    def _body_json(self) -> dict:
+    def body_json(self) -> dict:
         return {
             "lines": [
                 {"op": op, "processor": p, **line.to_json()}
@@ -99,7 +99,7 @@ class FlopsModel(CostModel):
             "overall": None if self.overall is None else self.overall.to_json(),
         }
 
-    def _load_body(self, body: dict) -> None:
+    def load_body(self, body: dict) -> None:
         self.lines = {}
         for obj in body["lines"]:
             if obj["op"] not in OP_KINDS or obj["processor"] not in PROCESSORS:

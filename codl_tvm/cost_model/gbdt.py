@@ -4,17 +4,22 @@ named features of ``OpFeatures.numeric`` (hyper-parameters, partition, part shap
 OpenCL work-group size and count, CPU parallel blocks, vector width, threads; unknown = NaN,
 which xgboost treats as missing).
 
+The feature code lives beside the model: :mod:`codl_tvm.cost_model.dispatch_shape` (the
+dispatch-shape features) and :mod:`codl_tvm.cost_model.tiling_features` (the direct conv's tiling
+and bounds checks).
+
 The target is ``log(latency_ms)`` (relative error, latencies span decades). With
 ``GbdtConfig.analytical_base`` (the default) the trees start from CoDL's analytical model
 (``analytical.CodlModel``, fitted on the same records and embedded in the file): its log
 prediction is the base margin and the trees learn the residual, so the analytical structure
-carries the extrapolation and the trees the corrections (on the device machine's data: held-out
-MAPE 21.6% -> 19.7% on the emulated SoC, 29.9% -> 28.7% on the H100 pair).
+carries the extrapolation and the trees the corrections (held-out MAPE 21.6% -> 19.7% on the
+emulated SoC (PoCL and TVM on a 16-core Xeon), 29.9% -> 28.7% on the H100 and its Xeon host).
 
 ``GbdtConfig.wave()`` (the recipe of the shipped ``device-h100`` and ``emulated-soc`` models) starts
 instead from :class:`WaveBase`, a per-group latency fitted from the part's dispatch shape (launch,
 the busiest work-item's multiply-adds in each wave of work-items over the GPU's compute units,
-throughput, bytes), and adds the dispatch-shape features of :func:`shape_features`: on the H100
+throughput, bytes), and adds the dispatch-shape features of
+:func:`~codl_tvm.cost_model.dispatch_shape.shape_features`: on the H100
 GPU's held-out parts 34% -> 50% within +-10%, on models never seen 23% -> 35% (docs/benchmarks.md).
 Its ``"tir"`` feature set adds counts read from each built GPU part's kernel
 (:data:`KERNEL_FEATURE_NAMES`, read by the model's ``kernel_reader``): on the H100 GPU 50% -> 54%
@@ -37,39 +42,27 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from codl_tvm.cost_model._linalg import nnls
 from codl_tvm.cost_model.analytical import CodlModel, has_dispatch, infer_preset
 from codl_tvm.cost_model.base import CostModel, CostModelFallbackWarning, records_by_kernel
 from codl_tvm.cost_model.dataset import OpRecord
-from codl_tvm.cost_model.features import (
-    OP_KINDS,
-    PROCESSORS,
-    DispatchFeatures,
-    OpFeatures,
-    weight_bytes,
-)
+from codl_tvm.cost_model.dispatch_shape import SHAPE_FEATURE_NAMES, dispatch_shape, shape_features
+from codl_tvm.cost_model.features import OP_KINDS, PROCESSORS, DispatchFeatures, OpFeatures
+from codl_tvm.cost_model.linalg import nnls
+from codl_tvm.cost_model.tiling_features import GUARD_FEATURE_NAMES, conv_guards, direct_settings
 
 __all__ = [
-    "DIRECT_TILINGS",
     "FEATURE_NAMES",
     "FEATURE_SETS",
-    "GUARD_FEATURE_NAMES",
     "KERNEL_FEATURE_NAMES",
+    "KERNEL_FEATURE_SETS",
     "NV_FEATURE_NAMES",
-    "SHAPE_FEATURE_NAMES",
-    "THREADS_PER_CU",
     "GbdtConfig",
     "GbdtModel",
     "KernelReader",
     "WaveBase",
-    "conv_guards",
     "derived_features",
     "device_compute_units",
     "device_gpu_target",
-    "direct_settings",
-    "direct_tile",
-    "dispatch_shape",
-    "shape_features",
     "strip_training_stats",
 ]
 
@@ -111,35 +104,6 @@ FEATURE_NAMES: tuple[str, ...] = (
 )
 _BASE_NAMES = FEATURE_NAMES[:26]
 
-#: Dispatch-shape features of the ``"dispatch"`` feature set (:func:`shape_features`), after
-#: :data:`FEATURE_NAMES`.
-SHAPE_FEATURE_NAMES: tuple[str, ...] = (
-    "tz_oc",
-    "tz_out_h",
-    "tz_out_w",
-    "tz_ic",
-    "tz_out_hw",
-    "oc_mod16",
-    "oc_mod8",
-    "out_w_odd",
-    "waves",
-    "waves_ceil",
-    "wave_tail",
-    "wg_per_cu",
-    "outputs_per_item_ceil",
-    "in_bytes",
-    "weight_bytes",
-    "out_bytes",
-    "bytes",
-    "intensity",
-    "log_macs",
-    "macs_per_cu",
-)
-
-#: Bounds checks of codl's OpenCL direct conv (:func:`conv_guards`), after the dispatch-shape
-#: features in the ``"guards"`` feature set.
-GUARD_FEATURE_NAMES: tuple[str, ...] = ("guard_oc", "guard_oh", "guard_ow", "guard_oh_not_oc")
-
 #: What ``kernel_counts.kernel_counts`` reads from a GPU part's scheduled kernel, in order
 #: (per-thread counts unless said otherwise), after the dispatch-shape features in the ``"tir"``
 #: feature set.
@@ -179,12 +143,13 @@ NV_FEATURE_NAMES: tuple[str, ...] = (
     "nv_occupancy",  # resident warps / the SM's 64, the lowest
 )
 
-#: Feature sets: ``"v1"`` (the files written before dispatch-shape features), ``"dispatch"``
-#: (v1 plus :data:`SHAPE_FEATURE_NAMES`), ``"guards"`` (dispatch plus
-#: :data:`GUARD_FEATURE_NAMES`; its wave base has the row-guard term of :class:`WaveBase`) and
-#: ``"tir"`` (dispatch plus :data:`KERNEL_FEATURE_NAMES`, read from the GPU part's scheduled
-#: kernel by a ``GbdtModel``'s ``kernel_reader``) and ``"tir-nv"`` (tir plus
-#: :data:`NV_FEATURE_NAMES`, the reader joining the device's measured kernel info).
+#: Feature sets: ``"v1"`` (the files written before dispatch-shape features), ``"dispatch"`` (v1
+#: plus :data:`~codl_tvm.cost_model.dispatch_shape.SHAPE_FEATURE_NAMES`), ``"guards"`` (dispatch
+#: plus :data:`~codl_tvm.cost_model.tiling_features.GUARD_FEATURE_NAMES`; its wave base has the
+#: row-guard term of :class:`WaveBase`) and ``"tir"`` (dispatch plus :data:`KERNEL_FEATURE_NAMES`,
+#: read from the GPU part's scheduled kernel by a ``GbdtModel``'s ``kernel_reader``) and
+#: ``"tir-nv"`` (tir plus :data:`NV_FEATURE_NAMES`, the reader joining the device's measured kernel
+#: info).
 FEATURE_SETS: dict[str, tuple[str, ...]] = {
     "v1": FEATURE_NAMES,
     "dispatch": FEATURE_NAMES + SHAPE_FEATURE_NAMES,
@@ -198,11 +163,6 @@ KERNEL_FEATURE_SETS: dict[str, tuple[str, ...]] = {
     "tir": KERNEL_FEATURE_NAMES,
     "tir-nv": KERNEL_FEATURE_NAMES + NV_FEATURE_NAMES,
 }
-
-#: Work-items one compute unit keeps resident (an NVIDIA SM: 2048 threads): a GPU wave is
-#: ``compute_units * THREADS_PER_CU`` work-items. Occupancy limits (registers, local memory)
-#: are not visible in the dispatch features; the fitted coefficients and the trees absorb them.
-THREADS_PER_CU = 2048
 
 
 @dataclass(frozen=True)
@@ -249,11 +209,12 @@ class GbdtConfig:
     def wave(cls, **overrides) -> GbdtConfig:
         """The dispatch-shape recipe: the wave/roofline base (:class:`WaveBase`), the
         ``"dispatch"`` feature set and deeper trees on ``log(latency / base)``;
-        ``feature_set="guards"`` adds the direct conv's bounds checks (:func:`conv_guards`)
-        and the base's row-guard term (``cost-model fit --recipe wave-guards``);
-        ``feature_set="tir"`` the counts read from each GPU part's scheduled kernel
-        (``kernel_counts``; ``cost-model fit --recipe wave-tir``), ``feature_set="tir-nv"``
-        those and the compiler's registers, spills and occupancy (``--recipe wave-tir-nv``).
+        ``feature_set="guards"`` adds the direct conv's bounds checks
+        (:func:`~codl_tvm.cost_model.tiling_features.conv_guards`) and the base's row-guard term
+        (``cost-model fit --recipe wave-guards``); ``feature_set="tir"`` the counts read from each
+        GPU part's scheduled kernel (``kernel_counts``; ``cost-model fit --recipe wave-tir``),
+        ``feature_set="tir-nv"`` those and the compiler's registers, spills and occupancy
+        (``--recipe wave-tir-nv``).
 
         On the H100 and the emulated SoC (k = 8) datasets it beat the CoDL-based recipe on both
         processors and both splits (docs/benchmarks.md, "How accurate are the cost models?");
@@ -324,216 +285,6 @@ def derived_features(f: OpFeatures) -> list[float]:
     ]
 
 
-def _trailing_zeros(n: int, cap: int = 8) -> float:
-    """Times 2 divides ``n`` (at most ``cap``; 0 for 0): whether a tile divides the extent."""
-    return float(min((n & -n).bit_length() - 1, cap)) if n > 0 else 0.0
-
-
-@dataclass(frozen=True)
-class _Shape:
-    """Work of one part and how its kernel spreads it over the processor (see
-    :func:`dispatch_shape`)."""
-
-    outputs: int
-    reduction: int
-    units: int  # parallel units: GPU work-items, CPU parallel blocks
-    slots: int  # units the processor runs at once
-    in_bytes: int
-    weight_bytes: int
-    out_bytes: int
-
-    @property
-    def macs(self) -> float:
-        return float(self.outputs) * self.reduction
-
-    @property
-    def waves(self) -> float:
-        return self.units / self.slots
-
-    @property
-    def per_unit_macs(self) -> float:
-        """Multiply-adds of the busiest unit: outputs per unit (ceil) x reduction."""
-        return float(-(-self.outputs // self.units)) * self.reduction
-
-
-def dispatch_shape(f: OpFeatures, compute_units: int) -> _Shape:
-    """The part's work and dispatch shape: parallel units are the GPU's work-items (work-group
-    size x count) or the CPU's parallel blocks; a processor runs ``compute_units x``
-    :data:`THREADS_PER_CU` work-items (GPU) or ``threads`` blocks (CPU; ``compute_units`` when
-    unknown) at once. Without dispatch features (a part nobody built yet) every unit computes
-    one output, as many as the processor runs at once."""
-    q, p, d = f.part, f.params, f.dispatch
-    out = q.out_h * q.out_w * q.oc
-    red = p.kernel * p.kernel if f.op == "pool" else (q.ic // max(q.groups, 1)) * p.kernel**2
-    cu = max(1, compute_units)
-    if f.processor == "gpu":
-        slots = cu * THREADS_PER_CU
-        units = d.wg_size * d.wg_count if d.wg_size and d.wg_count else None
-    else:
-        slots = d.threads or cu
-        units = d.cpu_parallel_blocks
-    if units is None:
-        units = max(1, min(out, slots))
-    return _Shape(
-        out,
-        red,
-        units,
-        slots,
-        4 * q.in_h * q.in_w * q.ic,
-        weight_bytes(f.op, q, p.kernel),
-        4 * out,
-    )
-
-
-def shape_features(f: OpFeatures, compute_units: int) -> list[float]:
-    """The :data:`SHAPE_FEATURE_NAMES` of a part: powers of two dividing its extents (a tile
-    that divides an extent needs no bounds checks, one that does not runs idle lanes), waves
-    of its parallel units over the processor (:func:`dispatch_shape`; whole waves and the
-    last wave's fill, the tail), work-groups per compute unit (GPU; NaN elsewhere or unknown),
-    outputs per unit (ceil), bytes read and written, multiply-adds per byte, log multiply-adds
-    and multiply-adds per compute unit."""
-    q, d = f.part, f.dispatch
-    s = dispatch_shape(f, compute_units)
-    nan = float("nan")
-    known = (d.wg_size and d.wg_count) if f.processor == "gpu" else d.cpu_parallel_blocks
-    waves = s.waves
-    nbytes = s.in_bytes + s.weight_bytes + s.out_bytes
-    wg_per_cu = d.wg_count / max(1, compute_units) if f.processor == "gpu" and known else nan
-    return [
-        _trailing_zeros(q.oc),
-        _trailing_zeros(q.out_h),
-        _trailing_zeros(q.out_w),
-        _trailing_zeros(q.ic),
-        _trailing_zeros(q.out_h * q.out_w),
-        float(q.oc % 16),
-        float(q.oc % 8),
-        float(q.out_w % 2),
-        waves if known else nan,
-        float(math.ceil(waves)) if known else nan,
-        waves - math.floor(waves) if known else nan,
-        wg_per_cu,
-        float(-(-s.outputs // s.units)) if known else nan,
-        float(s.in_bytes),
-        float(s.weight_bytes),
-        float(s.out_bytes),
-        float(nbytes),
-        s.macs / max(1, nbytes),
-        math.log(s.macs + 1.0),
-        s.macs / max(1, compute_units),
-    ]
-
-
-@dataclass(frozen=True)
-class _DirectTiling:
-    """Settings of codl's OpenCL direct-conv rule (``schedules/opencl.py``) that shape its
-    tile: threads per work-group along channels, rows and columns, outputs per work-item
-    along channels and columns, the fewest work-items before register tiles shrink, and the
-    largest split-K."""
-
-    threads_oc: int
-    threads_ow: int
-    threads_oh: int
-    threads_oh_pointwise: int
-    reg_oc: int
-    reg_ow: int
-    max_workgroup_size: int
-    min_work_items: int
-    split_k: int
-    split_k_min_reduction: int = 1024
-
-
-#: The NVIDIA preset's settings the H100 campaigns were built with: the preset now (4 rows,
-#: 16 channels per work-item) and before (2 rows, 8 channels), with and without split-K. Every
-#: GPU conv record of the H100 dataset has the work-group size and count of one of them.
-DIRECT_TILINGS: tuple[_DirectTiling, ...] = tuple(
-    _DirectTiling(4, 16, rows, 2, reg_oc, 2, 1024, 32768, split_k)
-    for rows, reg_oc in ((2, 8), (4, 16), (2, 16))
-    for split_k in (8, 1)
-)
-
-
-def direct_tile(f: OpFeatures, t: _DirectTiling) -> tuple[int, int, int, int, int, int]:
-    """``(tile_oc, tile_oh, tile_ow, split_k, wg_size, wg_count)`` the direct-conv rule picks
-    for the part under ``t`` (the rule's arithmetic, without TVM)."""
-    q, p = f.part, f.params
-    oc, oh, ow = q.oc, q.out_h, q.out_w
-    groups = max(q.groups, 1)
-    reg_oc, reg_ow = min(t.reg_oc, oc), min(t.reg_ow, ow)
-    split = 1
-    if groups == 1 and t.split_k > 1:
-        items = math.ceil(oc / reg_oc) * oh * math.ceil(ow / reg_ow)
-        while items * split < t.min_work_items and split * 2 <= t.split_k:
-            if q.ic % (split * 2) or q.ic // (split * 2) * p.kernel**2 < t.split_k_min_reduction:
-                break
-            split *= 2
-    # deferred: the schedules package imports TVM's schedule machinery, needed here only for
-    # the guard features
-    from codl_tvm.schedules.opencl import conv_thread_tile
-
-    pointwise = p.kernel == 1 and p.stride == 1 and not any(p.padding) and groups == 1
-    reg_oc, reg_ow, t_oc, t_oh, t_ow = conv_thread_tile(
-        (oc, oh, ow),
-        oc * oh * ow * split,
-        (reg_oc, reg_ow),
-        (t.threads_oc, t.threads_oh_pointwise if pointwise else t.threads_oh, t.threads_ow),
-        t.min_work_items,
-        t.max_workgroup_size,
-    )
-    tile_oc, tile_ow = t_oc * reg_oc, t_ow * reg_ow
-    count = split * math.ceil(oc / tile_oc) * math.ceil(oh / t_oh) * math.ceil(ow / tile_ow)
-    return tile_oc, t_oh, tile_ow, split, t_oc * t_oh * t_ow, count
-
-
-def conv_guards(f: OpFeatures, tilings: Sequence[_DirectTiling] = DIRECT_TILINGS) -> list[float]:
-    """The bounds checks in a GPU direct conv's kernel: whether its work-group tile leaves a
-    partial tile along output channels, rows and columns (TVM then wraps the input staging,
-    the accumulation and the store in ``if (channel < oc)`` / ``if (row < out_h)`` guards), and
-    whether the rows are guarded and the channels are not.
-
-    The tile is the direct-conv rule's under the first of ``tilings`` that reproduces the
-    part's recorded work-group size and count; NaN for other kernels and unknown dispatch.
-    The last flag is the one that tells apart SqueezeNet's conv2d_25 parts of one dispatch
-    shape on the H100 (13x13 rows in 2-row tiles: 13 channels in 4-channel tiles 19 us, 16 or
-    32 channels 33 us; 4 rows, no guard, 21 us).
-    """
-    nan = float("nan")
-    d = f.dispatch
-    if f.op != "conv2d" or f.processor != "gpu" or f.impl != "direct" or not d.wg_count:
-        return [nan] * len(GUARD_FEATURE_NAMES)
-    q = f.part
-    for t in tilings:
-        tile_oc, tile_oh, tile_ow, _, size, count = direct_tile(f, t)
-        if (size, count) == (d.wg_size, d.wg_count):
-            g_oc, g_oh, g_ow = q.oc % tile_oc != 0, q.out_h % tile_oh != 0, q.out_w % tile_ow != 0
-            return [float(g_oc), float(g_oh), float(g_ow), float(g_oh and not g_oc)]
-    return [nan] * len(GUARD_FEATURE_NAMES)
-
-
-def direct_settings(f: OpFeatures) -> dict[str, int]:
-    """The OpenCL preset settings (``OpenCLConfig`` fields) of the first of
-    :data:`DIRECT_TILINGS` that reproduces a GPU direct conv record's work-group size and count,
-    to rebuild its kernel as the campaign did (``kernel_counts.part_kernel_counts``); empty (the
-    preset as it is) for other parts and unknown dispatch."""
-    d = f.dispatch
-    if f.op != "conv2d" or f.processor != "gpu" or f.impl != "direct" or not d.wg_count:
-        return {}
-    for t in DIRECT_TILINGS:
-        if direct_tile(f, t)[4:] == (d.wg_size, d.wg_count):
-            return {
-                "conv_threads_oc": t.threads_oc,
-                "conv_threads_ow": t.threads_ow,
-                "conv_threads_oh": t.threads_oh,
-                "conv_threads_oh_pointwise": t.threads_oh_pointwise,
-                "conv_reg_oc": t.reg_oc,
-                "conv_reg_ow": t.reg_ow,
-                "max_workgroup_size": t.max_workgroup_size,
-                "min_work_items": t.min_work_items,
-                "conv_split_k": t.split_k,
-                "conv_split_k_min_reduction": t.split_k_min_reduction,
-            }
-    return {}
-
-
 #: Reads the :data:`KERNEL_FEATURE_NAMES` of a part's kernel built for a target (its JSON text)
 #: under preset settings (``kernel_counts.part_kernel_counts``; NaN where it cannot).
 KernelReader = Callable[[OpFeatures, str, Mapping[str, object]], list[float]]
@@ -577,11 +328,12 @@ class WaveBase:
 
     ``latency_ms = a + b * per_unit_macs * ceil(waves) + c * macs + d * bytes``: a launch
     cost, the busiest unit's serial chain in each wave (a GPU runs its waves one after
-    another; within a wave the slowest work-item finishes last), a throughput term and a
-    memory term (:func:`dispatch_shape`). Coefficients are non-negative least squares,
-    weighted by 1/latency so that each part counts by its relative error. The trees then
-    learn ``log(latency / base)``. With ``guards`` (the ``"guards"`` feature set) a fifth
-    term, ``e * chain * guard_oh_not_oc`` (:func:`conv_guards`), prices the slower serial
+    another; within a wave the slowest work-item finishes last), a throughput term and a memory term
+    (:func:`~codl_tvm.cost_model.dispatch_shape.dispatch_shape`). Coefficients are non-negative
+    least squares, weighted by 1/latency so that each part counts by its relative error. The trees
+    then learn ``log(latency / base)``. With ``guards`` (the ``"guards"`` feature set) a fifth
+    term, ``e * chain * guard_oh_not_oc``
+    (:func:`~codl_tvm.cost_model.tiling_features.conv_guards`), prices the slower serial
     chain of a direct conv whose rows alone are bounds-checked.
     """
 
@@ -675,9 +427,9 @@ class GbdtModel(CostModel):
 
     ``kernel_reader`` (the ``"tir"`` feature set): reads a built part's kernel,
     ``kernel_counts.part_kernel_counts``; passed in by whoever fits or evaluates the model on
-    recorded parts (the cost-model CLI), since reading a kernel schedules it with the profiler's
-    part builder, above this package. Without it the model predicts parts without recorded
-    dispatch (the planner's), whose kernel features are NaN either way.
+    recorded parts (the cost-model CLI), since reading a kernel schedules it with TVM
+    (``cost_model.part_ir``), which the model itself never imports. Without it the model predicts
+    parts without recorded dispatch (the planner's), whose kernel features are NaN either way.
     """
 
     kind = "gbdt"
@@ -803,7 +555,7 @@ class GbdtModel(CostModel):
             out[idx] = np.exp(pred)
         return out
 
-    def _body_json(self) -> dict:
+    def body_json(self) -> dict:
         return {
             "config": asdict(self.config),
             "features": list(self.feature_names),
@@ -822,7 +574,7 @@ class GbdtModel(CostModel):
             ],
         }
 
-    def _load_body(self, body: dict) -> None:
+    def load_body(self, body: dict) -> None:
         # files written before base_clamp existed were fitted on the unclamped base
         self.config = GbdtConfig(**{"base_clamp": 0.0, **body["config"]})
         self.base = None

@@ -14,7 +14,7 @@ Why not ``tvm.s_tir.meta_schedule.feature_extractor.PerStoreFeature`` itself: in
 (called from ``parallel_for_dynamic``) on any PrimFunc, a plain TE matmul on ``llvm`` included.
 
 :func:`part_kernel_counts` regenerates a part's kernel from its shapes with codl's schedule rules
-exactly as the profiler builds it (``profiling.runner.schedule_part``) under the records' GPU
+exactly as the profiler builds it (``cost_model.part_ir.schedule_part``) under the records' GPU
 target, and caches the counts per distinct kernel: a fit and its leave-one-model-out refits
 schedule each kernel once per process. A record whose recorded work-group size and count differ
 from the regenerated kernel's (it was built with other rule settings) gets NaN counts: its
@@ -42,11 +42,11 @@ import tvm
 from tvm import s_tir, tirx
 
 from codl_tvm.core.errors import CodlError
-from codl_tvm.cost_model.dispatch import _children, dispatch_features
+from codl_tvm.cost_model.dispatch import dispatch_features, stmt_children
 from codl_tvm.cost_model.features import OpFeatures, OpParams, PartShape
 from codl_tvm.cost_model.gbdt import KERNEL_FEATURE_NAMES, NV_FEATURE_NAMES, KernelReader
-from codl_tvm.profiling.parts import schedule_part
-from codl_tvm.schedules.config import opencl_overrides
+from codl_tvm.cost_model.part_ir import compile_scheduled, schedule_part
+from codl_tvm.schedules.settings import opencl_overrides
 
 __all__ = [
     "H100",
@@ -156,7 +156,7 @@ class _Counter:
         if isinstance(s, tirx.IfThenElse):
             self.c["k_guarded"] += mult
             self.c["k_guard_terms"] += mult * self.comparisons(s.condition)
-        for child in _children(s):
+        for child in stmt_children(s):
             if isinstance(child, tirx.Stmt):
                 self.stmt(child, mult, unroll, serial)
 
@@ -179,7 +179,7 @@ def _allocated_bytes(func) -> dict[str, float]:
             scope = _scope(buf)
             if scope in out:
                 out[scope] += math.prod(_const(d) or 1 for d in buf.shape) * buf.dtype.bits // 8
-        stack.extend(_children(s))
+        stack.extend(stmt_children(s))
     return out
 
 
@@ -223,7 +223,7 @@ def part_kernel_counts(
 ) -> list[float]:
     """The :data:`KERNEL_FEATURE_NAMES` of the GPU part ``f`` built for ``target`` (a target's
     JSON text, the records' ``gpu_target``) with the OpenCL preset's ``settings`` replaced
-    (``schedules.config.opencl_overrides``: the campaign's settings where they were others);
+    (``schedules.settings.opencl_overrides``: the campaign's settings where they were others);
     NaN for CPU parts, without a target, for a part the rules cannot schedule, for a record
     whose work-group size and count differ from the kernel built, and for a part without
     recorded dispatch (the planner's: scheduling a kernel takes ~0.1 s, too slow for the
@@ -260,21 +260,12 @@ def kernel_source(
     """The OpenCL C of the kernel(s) of GPU part ``f`` built as :func:`part_kernel_counts`
     rebuilds it, and its ``(wg_size, wg_count)``; raises ``CodlError``/``RuntimeError`` where
     the rules or TVM refuse the part."""
-    # deferred: lowering to OpenCL C needs the build pipeline, which the counts do not
-    from codl_tvm.build.pipeline import dataflow_lower_passes, finalize_passes
-
     tgt = tvm.target.Target(target)
     with opencl_overrides(**dict(settings or {})):
         _, scheduled = schedule_part(f.params, f.part, "gpu", tgt)
     funcs = [g for _, g in scheduled.functions.items() if isinstance(g, tirx.PrimFunc)]
     d = dispatch_features(funcs)
-
-    @tvm.transform.module_pass(opt_level=0, name="codl.cost_model.Lower")
-    def _lower(m, _ctx):
-        with tgt:
-            return tvm.transform.Sequential(dataflow_lower_passes(tgt) + finalize_passes(tgt))(m)
-
-    ex = tvm.compile(scheduled, target=tgt, relax_pipeline=_lower)
+    ex = compile_scheduled(scheduled, tgt)
     stack, sources = [ex.mod], []
     while stack:
         m = stack.pop()

@@ -79,10 +79,10 @@ class MeasuredModel(CostModel):
     def _predict_covered(self, features: Sequence[OpFeatures]) -> np.ndarray:
         return np.array([self.table[_key(f.processor, f.params, f.part)] for f in features])
 
-    def _body_json(self) -> dict:
+    def body_json(self) -> dict:
         return {"table": self.table}
 
-    def _load_body(self, body: dict) -> None:
+    def load_body(self, body: dict) -> None:
         table = body["table"]
         if not isinstance(table, dict):
             raise ValueError("'table' must be an object")

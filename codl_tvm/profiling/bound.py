@@ -4,7 +4,8 @@ T* = 1 / (1/Tcpu + 1/Tgpu) is the latency of a perfectly divided inference when 
 keeps the speed it has alone. On a shared-memory SoC (and on its emulation, where both
 processors are cores of one chip) the two slow each other down through caches and memory
 bandwidth, so the same formula over each processor's latency *while the other is busy* (T*c,
-measured by :func:`codl_tvm.bench.concurrent_bound`) is the bound a plan can actually reach.
+measured by :func:`codl_tvm.profiling.stats.concurrent_bound`) is the bound a plan can actually
+reach.
 
 :func:`gap_breakdown` splits a co-executed inference's latency above T*c into what its timeline
 shows. Over the two lanes (GPU kernels, CPU kernels) of one inference of span ``L``::
