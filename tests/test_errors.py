@@ -260,7 +260,7 @@ def test_runtime_only_tvm_runs_a_compiled_artifact(tmp_path):
     assert "-> OK" in proc.stdout
 
 
-def test_info_output_is_json_when_opencl_works(opencl):
-    proc = codl_tvm("info")
+def test_info_output_is_json_with_the_flag(opencl):
+    proc = codl_tvm("info", "--json")
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["platform"] == opencl.platform

@@ -7,7 +7,9 @@ CPU can address them: :func:`cpu_view` gives a CPU tensor over the same bytes, w
 
 Device selection, by argument or environment variable (arguments win):
 
-- ``CODL_OPENCL_PLATFORM``: substring of the platform name (case-insensitive), e.g. ``pocl``;
+- ``CODL_OPENCL_PLATFORM``: part of the platform's name or vendor (case-insensitive), or a short
+  name: ``pocl`` (Portable Computing Language), ``intel``, ``nvidia``, ``amd``, ``mali``,
+  ``adreno``;
 - ``CODL_OPENCL_DEVICE``: index of the one device to use on that platform (default: all);
 - ``CODL_OPENCL_SVM``: force ``fine``, ``coarse`` or ``buffer`` allocation (default: the best the
   devices support);
@@ -30,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from codl_tvm.core.errors import BuildError, CodlError
+from codl_tvm.core.interrupts import is_interrupt, sigint_count, watching_sigint
 from codl_tvm.runtime import plugin_build as _build
 
 __all__ = [
@@ -140,8 +143,9 @@ def load(
     Parameters
     ----------
     platform
-        Substring of the OpenCL platform name; default ``CODL_OPENCL_PLATFORM`` or the first
-        platform with devices.
+        Part of the OpenCL platform's name or vendor, or a short name (``pocl``, ``intel``,
+        ``nvidia``, ...); default ``CODL_OPENCL_PLATFORM`` or the first platform whose devices
+        build a test kernel.
     device
         Index of the single device to use; default ``CODL_OPENCL_DEVICE`` or all devices.
     svm
@@ -417,14 +421,26 @@ def _first_lines(log: str, n: int = _LOG_LINES) -> str:
 def build_errors(model: str, device: str) -> Iterator[None]:
     """Raise a failure inside the block (a pass, TVM's compiler, exporting the library, or a
     first run, where OpenCL kernels are compiled) as :func:`build_error`'s one-line error; the
-    original stays its ``__cause__``, and the project's own errors pass unchanged."""
-    try:
-        yield
-    except Exception as exc:
-        err = build_error(exc, model, device)
-        if err is exc:
-            raise
-        raise err from exc
+    original stays its ``__cause__``, and the project's own errors pass unchanged.
+
+    A Ctrl-C inside the block stays a ``KeyboardInterrupt``, also where TVM's FFI turned it
+    into another error (:func:`codl_tvm.core.interrupts.is_interrupt`) or code inside caught
+    it as a failure and went on (raised when the block ends)."""
+    with watching_sigint():
+        before = sigint_count()
+        try:
+            yield
+        except Exception as exc:
+            if is_interrupt(exc, before):
+                raise KeyboardInterrupt from exc
+            err = build_error(exc, model, device)
+            if err is exc:
+                raise
+            raise err from exc
+        # Code between here and the SIGINT may have caught the interrupt as an ordinary
+        # failure (a schedule rule that declines on any error): stop now all the same.
+        if sigint_count() > before:
+            raise KeyboardInterrupt
 
 
 def build_error(exc: BaseException, model: str, device: str) -> CodlError:

@@ -229,6 +229,28 @@ std::string Lower(std::string s) {
   return s;
 }
 
+/*!
+ * \brief Whether the user's platform choice `want` (lower case, non-empty) names the platform
+ * `name` of vendor `vendor`: a substring of either, case-insensitive, or a short name people use
+ * for it ("pocl" for "Portable Computing Language", "amd" for "Advanced Micro Devices, Inc.").
+ */
+bool PlatformMatches(const std::string& want, const std::string& name, const std::string& vendor) {
+  std::string n = Lower(name), v = Lower(vendor);
+  if (n.find(want) != std::string::npos || v.find(want) != std::string::npos) return true;
+  static const std::pair<const char*, const char*> kShortNames[] = {
+      {"pocl", "portable computing language"}, {"amd", "advanced micro devices"},
+      {"mali", "arm"},                          {"adreno", "qualcomm"},
+      {"nvidia", "nvidia"},                     {"intel", "intel"},
+  };
+  for (const auto& [short_name, full] : kShortNames) {
+    if (want == short_name &&
+        (n.find(full) != std::string::npos || v.find(full) != std::string::npos)) {
+      return true;
+    }
+  }
+  return false;
+}
+
 }  // namespace
 
 Workspace* Workspace::Global() {
@@ -289,7 +311,15 @@ void Workspace::InitLocked() {
   for (cl_platform_id p : plats) {
     std::string name = PlatformString(p, CL_PLATFORM_NAME);
     names.push_back(name);
-    if (platform_ != nullptr || (!want.empty() && Lower(name).find(want) == std::string::npos)) {
+    // Every platform not used is listed with its reason (codl-tvm info shows them), the ones
+    // never tried included: the user may have meant one of them.
+    if (platform_ != nullptr) {
+      skipped_.push_back({name, "not tried: '" + platform_name_ + "' comes first and is used"});
+      continue;
+    }
+    if (!want.empty() && !PlatformMatches(want, name, PlatformString(p, CL_PLATFORM_VENDOR))) {
+      skipped_.push_back({name, "not tried: not the platform asked for ('" +
+                                    config_.platform_filter + "')"});
       continue;
     }
     cl_uint ndev = 0;
@@ -311,13 +341,14 @@ void Workspace::InitLocked() {
   if (platform_ == nullptr) {
     std::ostringstream os;
     for (size_t i = 0; i < names.size(); ++i) os << (i ? ", " : "") << "'" << names[i] << "'";
-    for (const auto& s : skipped_) os << "; skipped '" << s.first << "': " << s.second;
+    for (const auto& s : skipped_) {
+      if (s.second.rfind("not tried", 0) != 0) os << "; skipped '" << s.first << "': " << s.second;
+    }
     TVM_FFI_THROW(RuntimeError) << "No usable OpenCL platform"
                                 << (want.empty() ? "" : " matches '" + config_.platform_filter + "'")
                                 << "; available platforms: " << os.str()
-                                << (want.empty() ? " (set CODL_OPENCL_PLATFORM to a substring "
-                                                   "of one of them)"
-                                                 : "");
+                                << " (CODL_OPENCL_PLATFORM picks one by a part of its name or "
+                                   "vendor, or pocl, intel, nvidia, amd, mali, adreno)";
   }
   platform_version_ = PlatformString(platform_, CL_PLATFORM_VERSION);
   platform_vendor_ = PlatformString(platform_, CL_PLATFORM_VENDOR);
