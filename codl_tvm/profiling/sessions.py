@@ -15,7 +15,7 @@ from codl_tvm import runtime
 from codl_tvm.core.errors import ProfileError
 from codl_tvm.cost_model.part_ir import target_str
 
-__all__ = ["LocalSession", "RPCSession", "device_description", "local_cpu_threads"]
+__all__ = ["LocalSession", "RPCSession", "Session", "device_description", "local_cpu_threads"]
 
 
 def local_cpu_threads() -> int:
@@ -83,7 +83,11 @@ class RPCSession:
             ) from None
 
 
-def device_description(session, gpu_target=None, cpu_target=None) -> dict:
+#: Either kind of session: what the measuring functions take.
+Session = LocalSession | RPCSession
+
+
+def device_description(session: Session, gpu_target=None, cpu_target=None) -> dict:
     """What the records were measured on (stable across runs, so resuming matches keys)."""
     desc: dict = {
         "gpu_target": target_str("gpu", gpu_target),

@@ -13,6 +13,7 @@ import tvm
 
 from codl_tvm.core.errors import ProfileError
 from codl_tvm.cost_model.dataset import SharingRecord
+from codl_tvm.profiling.sessions import Session
 
 __all__ = ["measure_sharing"]
 
@@ -28,7 +29,7 @@ def _host_median_ms(func, repeats: int, warmup: int = 1) -> float:
     return float(statistics.median(samples))
 
 
-def _copy_ms(session, src, dst, repeats: int) -> float:
+def _copy_ms(session: Session, src, dst, repeats: int) -> float:
     """Host time of copying ``src`` (CPU) into ``dst`` (OpenCL) and waiting for it. Through RPC
     the copy runs on the server (its ``runtime.TVMTensorCopyFromTo``) and the round trips of the
     two calls, measured with sync-only calls, are subtracted (clipped at 0)."""
@@ -54,7 +55,7 @@ def _copy_ms(session, src, dst, repeats: int) -> float:
 
 
 def measure_sharing(
-    session,
+    session: Session,
     device: dict,
     sizes: tuple[int, ...] = (4096, 65536, 1 << 20),
     repeats: int = 10,

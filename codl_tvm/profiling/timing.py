@@ -23,6 +23,7 @@ from tvm.runtime.vm import VirtualMachine
 from codl_tvm.core.errors import ProfileError
 from codl_tvm.cost_model.dataset import OpRecord
 from codl_tvm.profiling.part_build import CompiledPart
+from codl_tvm.profiling.sessions import Session
 
 __all__ = [
     "LEGACY_TIMING",
@@ -133,7 +134,10 @@ class PartTiming:
 
 
 def time_samples(
-    session, compiled: CompiledPart, directory: str | Path, timing: TimingConfig = TimingConfig()
+    session: Session,
+    compiled: CompiledPart,
+    directory: str | Path,
+    timing: TimingConfig = TimingConfig(),
 ) -> PartTiming:
     """Time ``compiled`` on its processor with ``timing`` (see :class:`TimingConfig`)."""
     dev = session.device(compiled.processor)
@@ -174,7 +178,7 @@ def time_samples(
 
 
 def measure_op(
-    session,
+    session: Session,
     compiled: CompiledPart,
     directory: str | Path,
     device: dict,
