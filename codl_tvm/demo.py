@@ -48,7 +48,7 @@ from codl_tvm.core.plan import (
 )
 from codl_tvm.frontend.importer import load_onnx
 from codl_tvm.frontend.models import bundled_model_path
-from codl_tvm.passes.partition import _Analysis
+from codl_tvm.passes.partition_analysis import OperatorAnalysis
 from codl_tvm.planner.split.part_shapes import chain_parts, op_params
 from codl_tvm.profiling.trace import Trace, trace_inference
 
@@ -314,7 +314,7 @@ def fixed_split_plan(mod, dim: str, ratio: float, chain: bool = True) -> Partiti
     if not chain:
         return single
     # The partitioning pass's own legality check, as the planner uses it for its chains.
-    analysis = _Analysis(mod)
+    analysis = OperatorAnalysis(mod)
 
     def chainable(names: list[str]) -> bool:
         try:

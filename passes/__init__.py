@@ -1,7 +1,9 @@
 """Co-execution passes: split, chain and place operators on GPU + CPU.
 
 - :class:`PartitionOperators` (``partition.py``): splits the operators and chains of a
-  :class:`~codl_tvm.core.plan.PartitionPlan` into a GPU part and a CPU part merged with ``concat``.
+  :class:`~codl_tvm.core.plan.PartitionPlan` into a GPU part and a CPU part merged with ``concat``;
+  :class:`OperatorAnalysis` (``partition_analysis.py``) is what it reads first (chains,
+  followers, the blocks after a split), also used by the planner.
 - :func:`collect_parts` (``parts.py``): which variables belong to which processor, and which
   output region each part produces.
 - :class:`SanitizeParamNames` (``param_names.py``): first in every pipeline, gives Relax
@@ -44,6 +46,7 @@ from .lrn import LRNWindowSum
 from .order import OrderSplits
 from .param_names import SanitizeParamNames
 from .partition import PartitionOperators
+from .partition_analysis import OperatorAnalysis
 from .parts import PARTS_ATTR, PartRecord, Processor, SplitRecord, collect_parts
 from .variadic import PairwiseVariadic
 from .winograd import Conv2DWinograd
@@ -54,6 +57,7 @@ __all__ = [
     "Conv2DWinograd",
     "FoldBatchNorm",
     "LRNWindowSum",
+    "OperatorAnalysis",
     "OrderSplits",
     "PairwiseVariadic",
     "PartRecord",

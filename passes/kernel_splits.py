@@ -10,9 +10,10 @@ each split its own kernels, :class:`~codl_tvm.passes.fused_targets.RestoreTarget
 attribute through FuseTIR). :class:`~codl_tvm.passes.share_kernels.ShareIdenticalKernels`
 runs after it, merges copies of identical code and renames the record's calls to match.
 
-:class:`RecordKernelSplits` is the pass form: it leaves the module unchanged and writes the
-result into a dictionary the caller holds (the build pipeline's way to hand it to the
-artifact).
+:class:`RecordKernelSplits` is the pass form: it changes no function and records the result as
+the module attribute ``"codl_kernel_splits"`` (:data:`KERNEL_SPLITS_ATTR`, JSON), which
+:func:`recorded_kernel_splits` reads back; the build pipeline reads it at the end and hands it to
+the artifact.
 """
 
 from __future__ import annotations
@@ -23,10 +24,20 @@ import tvm
 from tvm import relax
 
 from .fused_targets import SPLIT_ATTR
+from .kernel_calls import is_kernel_call, kernel_processor
 from .parts import PARTS_ATTR
-from .sync import _is_kernel_call, _processor
 
-__all__ = ["RecordKernelSplits", "kernel_splits", "kernel_symbol"]
+__all__ = [
+    "KERNEL_SPLITS_ATTR",
+    "RecordKernelSplits",
+    "kernel_splits",
+    "kernel_symbol",
+    "recorded_kernel_splits",
+    "with_kernel_splits",
+]
+
+#: Module attribute holding the kernel record (JSON of :func:`kernel_splits`).
+KERNEL_SPLITS_ATTR = "codl_kernel_splits"
 
 
 def _splits_of(main: relax.Function) -> dict[str, dict]:
@@ -71,7 +82,7 @@ def kernel_splits(mod: tvm.IRModule) -> dict:
     for block in main.body.blocks:
         for b in block.bindings:
             value = b.value
-            if not _is_kernel_call(value):
+            if not is_kernel_call(value):
                 continue
             gv = value.args[0]
             callee = mod[gv]
@@ -79,18 +90,25 @@ def kernel_splits(mod: tvm.IRModule) -> dict:
                 continue
             attrs = callee.attrs
             split = str(attrs[SPLIT_ATTR]) if attrs is not None and SPLIT_ATTR in attrs else None
-            calls.append([kernel_symbol(gv, callee), split, _processor(mod, value)])
+            calls.append([kernel_symbol(gv, callee), split, kernel_processor(mod, value)])
     return {"splits": _splits_of(main), "calls": calls}
+
+
+def with_kernel_splits(mod: tvm.IRModule, record: dict) -> tvm.IRModule:
+    """``mod`` with ``record`` as its :data:`KERNEL_SPLITS_ATTR` attribute."""
+    return mod.with_attr(KERNEL_SPLITS_ATTR, json.dumps(record))
+
+
+def recorded_kernel_splits(mod: tvm.IRModule) -> dict | None:
+    """The kernel record :class:`RecordKernelSplits` left on ``mod`` (None: no record)."""
+    text = mod.get_attr(KERNEL_SPLITS_ATTR)
+    return None if text is None else json.loads(str(text))
 
 
 @tvm.transform.module_pass(opt_level=0, name="codl.RecordKernelSplits")
 class RecordKernelSplits:
-    """Write :func:`kernel_splits` of the module into ``sink`` (cleared first); change nothing."""
-
-    def __init__(self, sink: dict) -> None:
-        self.sink = sink
+    """Record :func:`kernel_splits` of the module as its :data:`KERNEL_SPLITS_ATTR` attribute
+    (replacing an earlier record); every function stays as it is."""
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
-        self.sink.clear()
-        self.sink.update(kernel_splits(mod))
-        return mod
+        return with_kernel_splits(mod, kernel_splits(mod))

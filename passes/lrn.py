@@ -8,9 +8,9 @@ TVM's ONNX frontend imports ``LRN`` (Inception v1, AlexNet) on an NCHW tensor ``
 
 The pool slides a window of ``n`` channels over the 5-D tensor's depth axis. Neither
 processor's schedules cover 3-D pools: the OpenCL build ran Inception v1's two LRNs as
-serial kernels (a kernel trace on the development machine's PoCL, a diagnosis and not a
-benchmark, put nearly all of the model's time in them; the device machine's 12-core PoCL GPU
-took 239 ms for the model, against 46 ms for ResNet50), and the CPU lane of its co-executed
+serial kernels (a kernel trace on a 2-core VM's PoCL, a diagnosis and not a benchmark, put
+nearly all of the model's time in them; on an emulated SoC (a 16-core Xeon, PoCL on 12 cores)
+the GPU took 239 ms for the model, against 46 ms for ResNet50), and the CPU lane of its co-executed
 build spent 2.5 of 15.6 ms on them at 4 threads (its timeline on the emulated SoC).
 :class:`LRNWindowSum` rewrites ``q`` as the same average written with injective ops,
 

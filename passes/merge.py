@@ -33,9 +33,9 @@ import tvm
 import tvm_ffi
 from tvm import relax
 
-__all__ = ["MergePartsInPlace", "site_id", "strided_output"]
+from .kernel_calls import CALL_TIR, dtype_expr
 
-_CALL_TIR = tvm.ir.Op.get("relax.call_tir")
+__all__ = ["MergePartsInPlace", "site_id", "strided_output"]
 
 
 def _compact_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -76,10 +76,6 @@ def strided_output(func: tvm.tirx.PrimFunc, full_shape: tuple[int, ...]) -> tvm.
     return tvm.script.from_source(new_text)
 
 
-def _dtype_expr(dtype: str):
-    return tvm.ir.GenericConst(tvm.DataType(dtype), relax.AnyType())
-
-
 def site_id(func, tag: str, index: int) -> int:
     """A call-site id, stable for a given function, unique across modules in a process."""
     return hash((int(tvm_ffi.structural_hash(func)), tag, index)) & ((1 << 62) - 1)
@@ -114,7 +110,7 @@ class MergePartsInPlace:
         report = {}
         for b in bindings:
             call = b.value
-            if not (isinstance(call, relax.Call) and call.op.same_as(_CALL_TIR)):
+            if not (isinstance(call, relax.Call) and call.op.same_as(CALL_TIR)):
                 continue
             callee = mod[call.args[0]]
             if not isinstance(callee, tvm.tirx.PrimFunc) or callee.attrs is None:
@@ -158,7 +154,7 @@ class MergePartsInPlace:
             if uses.get(v, 0) != 1:
                 return f"part output {v.name} has other uses"
             value = b.value
-            if not (isinstance(value, relax.Call) and value.op.same_as(_CALL_TIR)):
+            if not (isinstance(value, relax.Call) and value.op.same_as(CALL_TIR)):
                 return f"part output {v.name} is not produced by a kernel call"
             if len(value.ty_args) != 1 or _tensor_shape(value.ty_args[0]) is None:
                 return f"part output {v.name} is not a single static tensor"
@@ -227,7 +223,7 @@ class _Rewriter(relax.PyExprMutator):
                     "codl.coexec.alloc",
                     relax.prim_value(self.site(merge_var)),
                     relax.ShapeExpr(list(full_shape)),
-                    _dtype_expr(str(full_ty.dtype)),
+                    dtype_expr(str(full_ty.dtype)),
                     relax.prim_value(0),
                     relax.prim_value(merge_var not in self.returned),
                     ty_args=[full_ty],

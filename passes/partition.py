@@ -70,7 +70,6 @@ e.g. by ConstantOfShape, which FoldConstant later turns into constants);
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 
 import numpy as np
 import tvm
@@ -79,9 +78,7 @@ from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from codl_tvm.core.geometry import (
-    ChannelMap,
     PartSpan,
-    SlidingWindow,
     Span,
     chain_channel_spans,
     chain_row_spans,
@@ -89,14 +86,21 @@ from codl_tvm.core.geometry import (
     split_point,
 )
 from codl_tvm.core.plan import (
-    ChainPlan,
     PartitionDim,
     PartitionPlan,
     PlanError,
-    iter_main_bindings,
-    partitionable_bindings,
 )
 
+from .partition_analysis import (
+    Chain,
+    OperatorAnalysis,
+    Step,
+    add_blocks,
+    channel_map,
+    share_followers,
+    sliding_window,
+    tensor_shape,
+)
 from .parts import PARTS_ATTR, Processor
 
 __all__ = ["PartitionOperators"]
@@ -104,490 +108,12 @@ __all__ = ["PartitionOperators"]
 # Plan errors raised inside the pass reach the caller as PlanError, not as a generic RuntimeError.
 tvm_ffi.register_error("PlanError", PlanError)
 
-_UNARY = frozenset(
-    f"relax.{n}"
-    for n in (
-        "nn.relu",
-        "clip",
-        "sigmoid",
-        "tanh",
-        "nn.silu",
-        "nn.gelu",
-        "nn.gelu_tanh",
-        "nn.leakyrelu",
-        "nn.softplus",
-        "nn.selu",
-        "exp",
-        "negative",
-        "sqrt",
-        "abs",
-        "erf",
-        "astype",
-    )
-)
-_BINARY = frozenset(
-    f"relax.{n}" for n in ("add", "subtract", "multiply", "divide", "maximum", "minimum", "power")
-)
-#: Reductions that keep the channel axis (``keepdims``) and reduce others: channel-local.
-_REDUCE = frozenset(f"relax.{n}" for n in ("mean", "variance", "sum", "max", "min"))
-#: Suffix of the name of a channel block's split (its plan entry is the split it follows).
-CHANNEL_BLOCK = "+channels"
-#: Suffix of the name of a row block's split (the H split it follows; see ``row_block``).
-ROW_BLOCK = "+rows"
-#: Ops a row block may hold besides elementwise ones, when they leave the rows (axis 2) alone.
-_ROW_LOCAL = frozenset(("relax.nn.pad", "relax.strided_slice"))
-
-
-@dataclass
-class _Step:
-    """One binding of a chain: an anchor operator or a follower."""
-
-    var: relax.Var
-    value: relax.Expr
-    role: str  # "anchor", "unary", "binary", "batch_norm", "getitem", "local"
-    kind: str  # anchor kind (conv2d, ...) or the op name
-    in_shape: tuple[int, ...]
-    out_shape: tuple[int, ...]
-
-
-@dataclass
-class _Chain:
-    entry: ChainPlan
-    steps: list[_Step]
-    input: relax.Expr
-    axis: int
-    dropped: list[relax.Var] = field(default_factory=list)
-
-    @property
-    def name(self) -> str:
-        ops = self.entry.ops
-        return ops[0] if len(ops) == 1 else f"{ops[0]}..{ops[-1]}"
-
-
-def _shape(expr) -> tuple[int, ...]:
-    ty = expr.ty
-    return tuple(int(v) for v in ty.shape.values)
-
-
-def _int_fields(expr) -> list[int] | None:
-    """The integers of a tuple argument (``strided_slice``'s axes), or None."""
-    fields = getattr(expr, "fields", None)
-    if fields is None:
-        return None
-    try:
-        return [int(getattr(f, "value", f)) for f in fields]
-    except (TypeError, ValueError):
-        return None
-
-
-def _op_name(value) -> str | None:
-    if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op):
-        return value.op.name
-    return None
-
-
-def _channel_extent(expr) -> int:
-    """Extent of a tensor along the channel axis of a 4-D NCHW tensor it broadcasts with."""
-    shape = _shape(expr)
-    k = 1 - (4 - len(shape))
-    return shape[k] if 0 <= k < len(shape) else 1
-
-
-class _Analysis:
-    """Bindings and uses of ``main``, and the chains of a plan resolved to bindings."""
-
-    def __init__(self, mod: tvm.IRModule):
-        self.block_of: dict[relax.Var, int] = {}
-        self.order: dict[relax.Var, int] = {}  # binding position in main
-        self.value_of: dict[relax.Var, relax.Expr] = {}
-        self.uses: dict[relax.Var, list[relax.Var | None]] = {}
-        iter_main_bindings(mod)  # checks that main is a Relax function in normal form
-        for bi, block in enumerate(mod["main"].body.blocks):
-            for binding in block.bindings:
-                var = binding.var
-                self.block_of[var] = bi
-                self.order[var] = len(self.order)
-                self.value_of[var] = binding.value
-                for used in relax.analysis.free_vars(binding.value):
-                    self.uses.setdefault(used, []).append(var)
-        for used in relax.analysis.free_vars(mod["main"].body.body):
-            self.uses.setdefault(used, []).append(None)
-        self.anchors = {info.name: (info, b) for info, b in partitionable_bindings(mod)}
-        self.params = set(mod["main"].params)
-
-    def const_array(self, expr: relax.Expr) -> np.ndarray | None:
-        """The value of ``expr`` when it is a constant, possibly reshaped or transposed."""
-        if isinstance(expr, tvm.ir.Constant):
-            return expr.value.numpy()
-        if isinstance(expr, relax.Var) and expr in self.value_of:
-            value = self.value_of[expr]
-            op = _op_name(value)
-            if op == "relax.reshape":
-                src = self.const_array(value.args[0])
-                return None if src is None else src.reshape(_shape(expr))
-            if op == "relax.permute_dims":
-                src = self.const_array(value.args[0])
-                if src is None:
-                    return None
-                axes = value.attrs.axes
-                return np.transpose(src, None if axes is None else [int(a) for a in axes])
-        return None
-
-    def single_user(self, var: relax.Var) -> relax.Var | None:
-        users = self.uses.get(var, [])
-        if (
-            len(users) == 1
-            and users[0] is not None
-            and self.block_of[users[0]] == self.block_of[var]
-        ):
-            return users[0]
-        return None
-
-    def chain(self, entry: ChainPlan) -> _Chain:
-        where = f"chain {list(entry.ops)}" if len(entry.ops) > 1 else f"op {entry.ops[0]}"
-        steps: list[_Step] = []
-        dropped: list[relax.Var] = []
-        first_input = None
-        for k, name in enumerate(entry.ops):
-            info, binding = self.anchors[name]
-            data = binding.value.args[0]
-            if k == 0:
-                first_input = data
-            else:
-                prev = steps[-1].var
-                if not data.same_as(prev):
-                    raise PlanError(
-                        f"{where}: {name} does not read the output of "
-                        f"{entry.ops[k - 1]} (and its followers); chained operators "
-                        "must be consecutive"
-                    )
-                if self.single_user(prev) is None:
-                    raise PlanError(
-                        f"{where}: the output of {entry.ops[k - 1]} "
-                        f"({prev.name}) is also used outside the chain; split "
-                        "the chain there"
-                    )
-            steps.append(
-                _Step(
-                    binding.var,
-                    binding.value,
-                    "anchor",
-                    info.kind,
-                    _shape(data),
-                    _shape(binding.var),
-                )
-            )
-            self._absorb(steps, dropped)
-        kinds = {s.kind for s in steps if s.role == "anchor"}
-        if "matmul" in kinds and len(kinds) > 1:
-            raise PlanError(f"{where}: cannot chain matmul with {sorted(kinds - {'matmul'})}")
-        if entry.dim == PartitionDim.H:
-            axis = 2
-        else:
-            axis = len(steps[-1].out_shape) - 1 if "matmul" in kinds else 1
-        blocks = {self.block_of[s.var] for s in steps}
-        if len(blocks) != 1:
-            raise PlanError(f"{where}: operators lie in different binding blocks of main")
-        return _Chain(entry, steps, first_input, axis, dropped)
-
-    def channel_block(
-        self, chain: _Chain, taken: set[relax.Var], ratio: float | None = None
-    ) -> _Chain | None:
-        """The channel-local block that reads ``chain``'s merged output, as an OC split at
-        ``ratio`` (None: the chain's ratio), or None.
-
-        InstanceNorm (imported as mean, variance and elementwise ops over the conv output),
-        with its affine, activation and a residual add, reads its input several times, so it
-        is no follower; left whole, one processor runs it while the other waits. Every output
-        channel of such a block depends on the same input channel only, so both processors
-        can each normalise a share of the channels of the merged output. The block: the
-        closure of the users of the output that are unary or binary elementwise ops or
-        reductions keeping the channel axis (``keepdims``), whose other operands are bound
-        before it and broadcast along channels or span them all, holding at least one
-        reduction and ending in one variable of the output's shape.
-        """
-        v = chain.steps[-1].var
-        shape = _shape(v)
-        if len(shape) != 4:
-            return None
-        channels = shape[1]
-        inside: dict[relax.Var, _Step] = {}
-
-        def operand_ok(a) -> bool:
-            if not isinstance(a, relax.Var):
-                return not isinstance(a.ty, relax.TensorType) or _channel_extent(a) in (1, channels)
-            if a.same_as(v) or a in inside:
-                return True
-            return _channel_extent(a) in (1, channels) and self._outside_block(a, v)
-
-        def local_step(u) -> _Step | None:
-            if not isinstance(u.ty, relax.TensorType) or _channel_extent(u) != channels:
-                return None
-            found = self._block_candidate(u, v, inside, taken, operand_ok)
-            if found is None:
-                return None
-            value, op, args, ins = found
-            if op in _REDUCE:
-                axes = value.attrs.axis
-                rank = len(_shape(args[0]))
-                if axes is None or not bool(value.attrs.keepdims):
-                    return None
-                if 1 in {int(a) % rank for a in axes}:
-                    return None
-            elif op not in _UNARY and op not in _BINARY:
-                return None
-            return _Step(u, value, "local", op, _shape(ins[0]), _shape(u))
-
-        steps = self._grow_block(v, inside, local_step, _REDUCE)
-        if steps is None:
-            return None
-        ratio = chain.entry.ratio if ratio is None else ratio
-        entry = ChainPlan((chain.name + CHANNEL_BLOCK,), PartitionDim.OC, ratio)
-        return _Chain(entry, steps, v, 1)
-
-    def row_block(self, chain: _Chain, taken: set[relax.Var]) -> _Chain | None:
-        """The row-local block that reads an H split's merged output, as an H split at the
-        split's ratio, or None.
-
-        LRN as :class:`~codl_tvm.passes.lrn.LRNWindowSum` writes it squares its input, pads it
-        along channels, adds channel slices of it and divides the input by the result: it
-        reads its input twice, so it is no follower, and left whole one processor runs it while
-        the other waits (AlexNet's two LRNs: 1.8 ms of its CPU lane at k = 12). Every output row
-        of such a block depends on the same input row only, so each processor can compute the
-        block on its rows of the merged output. The block: the closure of the users of the
-        output that are unary or binary elementwise ops, channel pads or channel slices (any op
-        of ``_ROW_LOCAL`` that leaves axis 2 alone), keeping the output's rows, whose other
-        tensor operands are bound before it and broadcast along rows or span them all; it
-        holds at least one pad or slice (otherwise its ops would have been followers) and ends
-        in one variable of the output's shape.
-        """
-        v = chain.steps[-1].var
-        shape = _shape(v)
-        if len(shape) != 4:
-            return None
-        rows = shape[2]
-        inside: dict[relax.Var, _Step] = {}
-
-        def operand_ok(a) -> bool:
-            if not isinstance(a.ty, relax.TensorType):
-                return True  # attributes passed as arguments (a slice's axes, begin, end)
-            if isinstance(a, relax.Var) and (a.same_as(v) or a in inside):
-                return True
-            extent = _shape(a)
-            local = 2 - (4 - len(extent))
-            if local >= 0 and extent[local] not in (1, rows):
-                return False
-            return self._outside_block(a, v)
-
-        def local_step(u) -> _Step | None:
-            if not isinstance(u.ty, relax.TensorType) or len(_shape(u)) != 4:
-                return None
-            if _shape(u)[2] != rows:
-                return None
-            found = self._block_candidate(u, v, inside, taken, operand_ok)
-            if found is None:
-                return None
-            value, op, args, ins = found
-            if op == "relax.nn.pad":
-                width = [int(w) for w in value.attrs.pad_width]
-                if str(value.attrs.pad_mode) != "constant" or width[4:6] != [0, 0]:
-                    return None
-            elif op == "relax.strided_slice":
-                axes = _int_fields(args[1]) if len(args) > 1 else None
-                if axes is None or 2 in {a % 4 for a in axes}:
-                    return None
-            elif op not in _UNARY and op not in _BINARY:
-                return None
-            return _Step(u, value, "local", op, _shape(ins[0]), _shape(u))
-
-        steps = self._grow_block(v, inside, local_step, _ROW_LOCAL)
-        if steps is None:
-            return None
-        entry = ChainPlan((chain.name + ROW_BLOCK,), PartitionDim.H, chain.entry.ratio)
-        return _Chain(entry, steps, v, 2)
-
-    def _outside_block(self, a, v) -> bool:
-        """Whether operand ``a`` of a block reading ``v`` does not depend on the block: a
-        constant, a parameter, bound before ``v``, or a reshaped constant (an affine's scale)."""
-        if not isinstance(a, relax.Var) or a in self.params:
-            return True
-        if a not in self.order:
-            return False
-        return self.order[a] < self.order[v] or self.const_array(a) is not None
-
-    def _block_candidate(self, u, v, inside: dict, taken: set, operand_ok):
-        """``(value, op, args, block operands)`` of ``u`` if it may join the block reading
-        ``v`` (an op in ``v``'s dataflow block, not taken by a split, reading the block, with
-        every operand ``operand_ok``), else None."""
-        value = self.value_of.get(u)
-        op = _op_name(value)
-        if op is None or u in taken or self.block_of[u] != self.block_of[v]:
-            return None
-        args = list(value.args)
-        ins = [a for a in args if isinstance(a, relax.Var) and (a.same_as(v) or a in inside)]
-        if not ins or not all(operand_ok(a) for a in args):
-            return None
-        return value, op, args, ins
-
-    def _grow_block(self, v, inside: dict, local_step, required: frozenset) -> list | None:
-        """Grow ``inside`` with every user of ``v`` or of ``inside`` that ``local_step`` takes,
-        and return its steps in binding order when it holds an op of ``required`` and ends in
-        one variable of ``v``'s shape, read outside it; else None. ``local_step`` sees
-        ``inside`` as it grows (an op joins once all its block operands are in)."""
-        grew = True
-        while grew:
-            grew = False
-            for src in [v, *inside]:
-                for u in self.uses.get(src, []):
-                    if u is None or u in inside:
-                        continue
-                    step = local_step(u)
-                    if step is not None:
-                        inside[u] = step
-                        grew = True
-        if not any(s.kind in required for s in inside.values()):
-            return None
-        exits = [
-            u for u in inside if any(w is None or w not in inside for w in self.uses.get(u, [None]))
-        ]
-        if len(exits) != 1 or _shape(exits[0]) != _shape(v):
-            return None
-        steps = sorted(inside.values(), key=lambda s: self.order[s.var])
-        return steps if steps[-1].var.same_as(exits[0]) else None
-
-    def _absorb(self, steps: list[_Step], dropped: list[relax.Var]) -> None:
-        """Append the elementwise followers of ``steps[-1]`` while each has a single use."""
-        chain_vars = {s.var for s in steps}
-        while True:
-            cur = steps[-1].var
-            user = self.single_user(cur)
-            if user is None:
-                return
-            value = self.value_of[user]
-            op = _op_name(value)
-            shape = _shape(cur)
-            if (
-                op in _UNARY
-                and value.args[0].same_as(cur)
-                and not any(isinstance(a, relax.Var) for a in value.args[1:])
-                and _shape(user) == shape
-            ):
-                steps.append(_Step(user, value, "unary", op, shape, shape))
-            elif (
-                op in _BINARY and _shape(user) == shape and any(a.same_as(cur) for a in value.args)
-            ):
-                others = [a for a in value.args if not a.same_as(cur)]
-                if any(isinstance(a, relax.Var) and a in chain_vars for a in others):
-                    return
-                steps.append(_Step(user, value, "binary", op, shape, shape))
-            elif (
-                op == "relax.nn.batch_norm"
-                and value.args[0].same_as(cur)
-                and int(value.attrs.axis) == 1
-                and len(shape) == 4
-            ):
-                getitems = self.uses.get(user, [])
-                main_out = None
-                side = []
-                for g in getitems:
-                    gv = self.value_of.get(g) if g is not None else None
-                    if not isinstance(gv, relax.TupleGetItem):
-                        return
-                    if gv.index == 0 and main_out is None:
-                        main_out = g
-                    elif self.uses.get(g):
-                        return  # mean/var outputs are used: keep batch_norm unsplit
-                    else:
-                        side.append(g)
-                if main_out is None or _shape(main_out) != shape:
-                    return
-                steps.append(_Step(user, value, "batch_norm", op, shape, shape))
-                steps.append(
-                    _Step(main_out, self.value_of[main_out], "getitem", "getitem", shape, shape)
-                )
-                dropped.extend(side)
-            else:
-                return
-            chain_vars.add(steps[-1].var)
-
-
-def _share_followers(analysis: _Analysis, chains: list[_Chain]) -> list[_Chain]:
-    """Give each follower to one chain.
-
-    Two chains absorb the same follower when it joins their outputs and each output has no
-    other use: ResNet's projection block adds its two split branches. The follower stays with
-    the chain that has operators after it (it must, to stay one chain), else with the one that
-    starts later, which then reads the other's merged output; the other chain ends before it.
-    """
-    claims: dict[relax.Var, list[int]] = {}
-    for ci, chain in enumerate(chains):
-        for step in chain.steps:
-            if step.role != "anchor":
-                claims.setdefault(step.var, []).append(ci)
-
-    def anchors_after(ci: int, var: relax.Var) -> bool:
-        steps = chains[ci].steps
-        k = next(i for i, s in enumerate(steps) if s.var.same_as(var))
-        return any(s.role == "anchor" for s in steps[k + 1 :])
-
-    cut_at: dict[int, int] = {}
-    for var, owners in claims.items():
-        if len(owners) < 2:
-            continue
-        keep = max(
-            owners,
-            key=lambda ci: (anchors_after(ci, var), analysis.order[chains[ci].steps[0].var]),
-        )
-        for ci in owners:
-            if ci == keep:
-                continue
-            if anchors_after(ci, var):
-                raise PlanError(
-                    f"chains {chains[ci].name} and {chains[keep].name} both continue through "
-                    f"{var.name}; split one of them before it"
-                )
-            k = next(i for i, s in enumerate(chains[ci].steps) if s.var.same_as(var))
-            cut_at[ci] = min(cut_at.get(ci, k), k)
-    result = []
-    for ci, chain in enumerate(chains):
-        if ci not in cut_at:
-            result.append(chain)
-            continue
-        steps = chain.steps[: cut_at[ci]]
-        kept = {s.var for s in steps}
-        dropped = [d for d in chain.dropped if analysis.value_of[d].tuple_value in kept]
-        result.append(_Chain(chain.entry, steps, chain.input, chain.axis, dropped))
-    return result
-
-
-def _window(step: _Step) -> SlidingWindow:
-    a = step.value.attrs
-    if step.kind == "conv2d":
-        kernel = _shape(step.value.args[1])[2]
-        ceil = False
-    else:
-        kernel = int(a.pool_size[0])
-        ceil = bool(a.ceil_mode)
-    pad = [int(p) for p in a.padding]
-    return SlidingWindow(
-        step.in_shape[2], kernel, int(a.strides[0]), int(a.dilation[0]), pad[0], pad[2], ceil
-    )
-
-
-def _channel_map(step: _Step) -> ChannelMap | None:
-    if step.kind == "conv2d":
-        w = _shape(step.value.args[1])
-        return ChannelMap(step.in_shape[1], w[0], int(step.value.attrs.groups))
-    if step.kind == "matmul":
-        return ChannelMap(step.in_shape[-1], step.out_shape[-1], 1)
-    return None  # pools: channel-wise
-
 
 @mutator
 class _Rewriter(PyExprMutator):
     """Re-emits ``main`` with every planned chain replaced by its parts and their merge."""
 
-    def __init__(self, mod: tvm.IRModule, analysis: _Analysis, chains: list[_Chain]):
+    def __init__(self, mod: tvm.IRModule, analysis: OperatorAnalysis, chains: list[Chain]):
         super().__init__(mod)
         self._an = analysis
         self._by_last = {c.steps[-1].var: c for c in chains}
@@ -629,7 +155,7 @@ class _Rewriter(PyExprMutator):
 
     def _slice(self, orig: relax.Expr, axis: int, span: Span, name: str, bindings: list):
         """``orig`` restricted to ``span`` along ``axis``: a new constant, a slice, or itself."""
-        full = _shape(orig)[axis]
+        full = tensor_shape(orig)[axis]
         if span.start == 0 and span.stop == full:
             return self.visit_expr(orig)
         arr = self._an.const_array(orig)
@@ -660,7 +186,7 @@ class _Rewriter(PyExprMutator):
         """A broadcasting operand of a follower, restricted to the part's rows/channels."""
         if not isinstance(orig.ty, relax.TensorType):
             return self.visit_expr(orig)
-        shape = _shape(orig)
+        shape = tensor_shape(orig)
         local = axis - (chain_rank - len(shape))
         if local < 0 or shape[local] == 1:
             return self.visit_expr(orig)
@@ -676,17 +202,17 @@ class _Rewriter(PyExprMutator):
         return new.name if isinstance(new, relax.Var) else None
 
     # -- one chain -----------------------------------------------------------------------------
-    def _emit_chain(self, chain: _Chain):
+    def _emit_chain(self, chain: Chain):
         sid = self._next_id
         self._next_id += 1
         steps, axis, dim = chain.steps, chain.axis, chain.entry.dim
         extent = steps[-1].out_shape[axis]
         if dim == PartitionDim.H:
-            geoms = [_window(s) if s.role == "anchor" else None for s in steps]
+            geoms = [sliding_window(s) if s.role == "anchor" else None for s in steps]
             spans_of = chain_row_spans
             gran = 1
         else:
-            geoms = [_channel_map(s) if s.role == "anchor" else None for s in steps]
+            geoms = [channel_map(s) if s.role == "anchor" else None for s in steps]
             spans_of = chain_channel_spans
             last = next((g for g in reversed(geoms) if g is not None), None)
             matmul = any(s.kind == "matmul" for s in steps if s.role == "anchor")
@@ -736,7 +262,7 @@ class _Rewriter(PyExprMutator):
 
     def _emit_part(
         self,
-        chain: _Chain,
+        chain: Chain,
         sid: int,
         proc: Processor,
         spans: list[PartSpan],
@@ -770,7 +296,7 @@ class _Rewriter(PyExprMutator):
         return cur
 
     def _local_expr(
-        self, step: _Step, env: dict, ps: PartSpan, axis: int, prefix: str, bindings, where
+        self, step: Step, env: dict, ps: PartSpan, axis: int, prefix: str, bindings, where
     ):
         """A channel (row) block's op on this part's channels (rows): block variables become
         the part's, other operands spanning the split axis are sliced to its share."""
@@ -787,11 +313,11 @@ class _Rewriter(PyExprMutator):
 
     def _step_expr(
         self,
-        step: _Step,
+        step: Step,
         prev: relax.Expr,
         ps: PartSpan,
         x,
-        chain: _Chain,
+        chain: Chain,
         prefix: str,
         bindings: list,
         where: str,
@@ -834,7 +360,7 @@ class _Rewriter(PyExprMutator):
         return relax.Call(value.op, [x, *params], value.attrs, value.ty_args)
 
     @staticmethod
-    def _keep_ceil_width(step: _Step, pad, a) -> list[int]:
+    def _keep_ceil_width(step: Step, pad, a) -> list[int]:
         """Right padding that gives a part without ``ceil_mode`` the pool's ceil-mode width.
 
         ``ceil_mode`` acts on both axes; an H part that drops it (only the part holding the
@@ -865,7 +391,7 @@ class _Rewriter(PyExprMutator):
 
     def _anchor_expr(
         self,
-        step: _Step,
+        step: Step,
         ps: PartSpan,
         x,
         dim: PartitionDim,
@@ -876,7 +402,7 @@ class _Rewriter(PyExprMutator):
         value, a = step.value, step.value.attrs
         if step.kind == "matmul":
             w = value.args[1]
-            w_axis = len(_shape(w)) - 1
+            w_axis = len(tensor_shape(w)) - 1
             weight = self._slice(w, w_axis, ps.computed, f"{prefix}_w", bindings)
             return relax.op.matmul(x, weight, out_dtype=a.out_dtype)
         pad = [int(p) for p in a.padding]
@@ -886,7 +412,7 @@ class _Rewriter(PyExprMutator):
             w = value.args[1]
             groups = int(a.groups)
             if dim == PartitionDim.OC:
-                groups = _channel_map(step).part_groups(ps.computed)
+                groups = channel_map(step).part_groups(ps.computed)
                 weight = self._slice(w, 0, ps.computed, f"{prefix}_w", bindings)
             else:
                 weight = self.visit_expr(w)
@@ -917,21 +443,6 @@ class _Rewriter(PyExprMutator):
             layout=a.layout,
             out_layout=a.out_layout,
         )
-
-
-def _add_blocks(chains: list[_Chain], find) -> None:
-    """Append to ``chains`` the block ``find(chain, taken)`` gives after each split chain, with
-    ``taken`` the variables chains and earlier blocks already hold. A chain kept whole on one
-    processor gets none: its block stays there, unsplit."""
-    taken = {s.var for c in chains for s in c.steps}
-    taken.update(d for c in chains for d in c.dropped)
-    for chain in list(chains):
-        if not 0.0 < chain.entry.ratio < 1.0:
-            continue
-        block = find(chain, taken)
-        if block is not None:
-            chains.append(block)
-            taken.update(s.var for s in block.steps)
 
 
 def _constant_vars(func: relax.Function) -> set[str]:
@@ -968,11 +479,11 @@ class PartitionOperators:
         (see :mod:`codl_tvm.core.plan`). An empty plan leaves the module unchanged.
     channel_blocks
         Also split, along channels at the same ratio, the channel-local block (InstanceNorm)
-        that reads a split's output (see ``_Analysis.channel_block``), at the plan's
+        that reads a split's output (see ``OperatorAnalysis.channel_block``), at the plan's
         ``block_ratio``. FST on the emulated SoC: 0.86-0.96x the latency.
     row_blocks
         Also split, along rows at the split's ratio, the row-local block (LRN) that reads an H
-        split's output (see ``_Analysis.row_block``). Off by default: AlexNet at k = 12 took
+        split's output (see ``OperatorAnalysis.row_block``). Off by default: AlexNet at k = 12 took
         1.04-1.07x the latency of its build with the LRN kept whole, PoCL's LRN
         rows being slower than the CPU's at the conv's ratio.
 
@@ -997,15 +508,15 @@ class PartitionOperators:
                 "operators of the unpartitioned module, so apply one plan, once"
             )
         self.plan.validate(mod)
-        analysis = _Analysis(mod)
-        chains = _share_followers(analysis, [analysis.chain(e) for e in entries])
+        analysis = OperatorAnalysis(mod)
+        chains = share_followers(analysis, [analysis.chain(e) for e in entries])
         if self.channel_blocks:
-            _add_blocks(
+            add_blocks(
                 chains,
                 lambda chain, taken: analysis.channel_block(chain, taken, self.plan.block_ratio),
             )
         if self.row_blocks:
-            _add_blocks(
+            add_blocks(
                 chains,
                 lambda chain, taken: (
                     analysis.row_block(chain, taken) if chain.entry.dim == PartitionDim.H else None

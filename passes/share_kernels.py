@@ -30,8 +30,8 @@ import tvm_ffi
 from tvm import relax
 
 from .fused_targets import SPLIT_ATTR
-from .kernel_splits import kernel_symbol
-from .sync import _is_kernel_call
+from .kernel_calls import is_kernel_call
+from .kernel_splits import kernel_symbol, recorded_kernel_splits, with_kernel_splits
 
 __all__ = ["ShareIdenticalKernels", "share_identical_kernels"]
 
@@ -82,7 +82,7 @@ class _Redirect(relax.PyExprMutator):
 
     def visit_call_(self, call: relax.Call) -> relax.Expr:
         call = super().visit_call_(call)
-        if _is_kernel_call(call) and call.args[0] in self.replace:
+        if is_kernel_call(call) and call.args[0] in self.replace:
             args = [self.replace[call.args[0]], *call.args[1:]]
             return relax.Call(call.op, args, call.attrs, call.ty_args, call.span)
         return call
@@ -92,17 +92,16 @@ class _Redirect(relax.PyExprMutator):
 class ShareIdenticalKernels:
     """Merge PrimFuncs of identical code (:func:`share_identical_kernels`).
 
-    ``record``: a kernel record written by
-    :class:`~codl_tvm.passes.kernel_splits.RecordKernelSplits` earlier in the same pipeline; its
-    calls are renamed to the kernels the VM will call.
+    A kernel record that :class:`~codl_tvm.passes.kernel_splits.RecordKernelSplits` left on the
+    module (its ``codl_kernel_splits`` attribute) follows: its calls are renamed to the kernels
+    the VM will call.
     """
-
-    def __init__(self, record: dict | None = None) -> None:
-        self.record = record
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
         out, renamed = share_identical_kernels(mod)
-        if self.record and renamed:
-            for call in self.record.get("calls", []):
+        record = recorded_kernel_splits(out)
+        if record and renamed:
+            for call in record.get("calls", []):
                 call[0] = renamed.get(call[0], call[0])
+            out = with_kernel_splits(out, record)
         return out

@@ -39,21 +39,14 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
-from .merge import _dtype_expr, site_id
+from .kernel_calls import CALL_TIR_INPLACE, dtype_expr, is_kernel_call, kernel_processor
+from .merge import site_id
 
 __all__ = ["InsertCoexecSync"]
 
-_CALL_TIR = tvm.ir.Op.get("relax.call_tir")
-_CALL_TIR_INPLACE = tvm.ir.Op.get("relax.call_tir_inplace")
 _ALIASING = ("codl.coexec.region_view", "codl.coexec.join", "codl.coexec.cpu_view")
 CPU_DEVICE_INDEX = 1
 GPU_DEVICE_INDEX = 0
-
-
-def _is_kernel_call(value) -> bool:
-    return isinstance(value, relax.Call) and (
-        value.op.same_as(_CALL_TIR) or value.op.same_as(_CALL_TIR_INPLACE)
-    )
 
 
 def _packed_name(value) -> str | None:
@@ -67,14 +60,8 @@ def _packed_name(value) -> str | None:
     return None
 
 
-def _processor(mod, call) -> str:
-    callee = mod[call.args[0]]
-    target = callee.attrs.get("target") if callee.attrs is not None else None
-    return "cpu" if target is not None and target.kind.name == "llvm" else "gpu"
-
-
 def _inplace_indices(call) -> list[int]:
-    if call.op.same_as(_CALL_TIR_INPLACE):
+    if call.op.same_as(CALL_TIR_INPLACE):
         return [int(i) for i in call.attrs.inplace_indices]
     return []
 
@@ -92,7 +79,7 @@ class InsertCoexecSync:
         func = mod[main_gv]
         bindings = [b for block in func.body.blocks for b in block.bindings]
         if not any(
-            _is_kernel_call(b.value) and _processor(mod, b.value) == "cpu" for b in bindings
+            is_kernel_call(b.value) and kernel_processor(mod, b.value) == "cpu" for b in bindings
         ):
             return mod
         plan = self._plan(mod, bindings, func)
@@ -133,9 +120,9 @@ class InsertCoexecSync:
                 if isinstance(src, relax.Var):
                     root[b.var] = root_of(src)
                 continue
-            if not _is_kernel_call(value):
+            if not is_kernel_call(value):
                 continue
-            proc = _processor(mod, value)
+            proc = kernel_processor(mod, value)
             args = list(value.args[1].fields) if isinstance(value.args[1], relax.Tuple) else []
             inplace = _inplace_indices(value)
             if proc == "gpu":
@@ -162,8 +149,8 @@ class InsertCoexecSync:
             if not inplace and isinstance(b.var.ty, relax.TensorType):
                 users = consumers.get(b.var, [])
                 only_cpu = b.var not in returned and all(
-                    _is_kernel_call(bindings[j].value)
-                    and _processor(mod, bindings[j].value) == "cpu"
+                    is_kernel_call(bindings[j].value)
+                    and kernel_processor(mod, bindings[j].value) == "cpu"
                     for j in users
                 )
                 if only_cpu:
@@ -173,9 +160,9 @@ class InsertCoexecSync:
         flush_before: set[int] = set()
         unflushed = False
         for i, b in enumerate(bindings):
-            if not _is_kernel_call(b.value):
+            if not is_kernel_call(b.value):
                 continue
-            if _processor(mod, b.value) == "gpu":
+            if kernel_processor(mod, b.value) == "gpu":
                 unflushed = i not in marks_after
             elif unflushed:
                 flush_before.add(i)
@@ -243,7 +230,7 @@ class _Rewriter(relax.PyExprMutator):
         if i is not None and i in self.plan["waits_before"]:
             mark = self.marks[self.plan["waits_before"][i]]
             self._packed("codl.coexec.cpu_wait", mark, ty=relax.TupleType([]), hint="wait")
-        is_cpu = _is_kernel_call(value) and _processor(self.mod_, value) == "cpu"
+        is_cpu = is_kernel_call(value) and kernel_processor(self.mod_, value) == "cpu"
         if not is_cpu:
             super().visit_var_binding_(binding)
         else:
@@ -260,7 +247,7 @@ class _Rewriter(relax.PyExprMutator):
         call = binding.value
         args = [self.visit_expr(a) for a in call.args[1].fields]
         views = [self._cpu_view(a) if isinstance(a.ty, relax.TensorType) else a for a in args]
-        if call.op.same_as(_CALL_TIR_INPLACE):
+        if call.op.same_as(CALL_TIR_INPLACE):
             new = relax.op.call_tir_inplace(
                 call.args[0], relax.Tuple(views), _inplace_indices(call), call.ty_args[0]
             )
@@ -306,7 +293,7 @@ class _Rewriter(relax.PyExprMutator):
             "codl.coexec.alloc",
             relax.prim_value(site),
             ty.shape,
-            _dtype_expr(str(ty.dtype)),
+            dtype_expr(str(ty.dtype)),
             relax.prim_value(device),
             relax.prim_value(cache),
             ty=ty,

@@ -8,7 +8,7 @@ TVM's ONNX frontend imports a variadic ``Sum(a, b)`` (and ``Max``, ``Min``) with
 ResNet50's sixteen residual joins are ``Sum`` nodes. Each becomes three kernels (the broadcast
 copies fuse with the stack, then a reduction) that write and read the activation twice more,
 and the ``relu`` after it is a kernel of its own: the stack-and-sum and relu kernels took 3.1 of
-the 26 ms of ResNet50's CPU build on the device machine (its kernel-by-kernel times),
+the 26 ms of ResNet50's CPU build on a skylake-avx512 Xeon (its kernel-by-kernel times),
 where onnxruntime fuses the add and relu into the conv. :class:`PairwiseVariadic` rewrites
 ``y`` as ``add(a, b)`` (a left fold for more inputs, ``maximum``/``minimum`` for Max/Min), an
 elementwise epilogue that FuseOps fuses into the conv before it, with the relu after it, and

@@ -39,13 +39,19 @@ from dataclasses import dataclass, field
 
 import tvm
 from codl_tvm.schedules.analysis import Conv2DInfo
-from codl_tvm.schedules.config import CPUConfig, OpenCLConfig, cpu_config, opencl_config
+from codl_tvm.schedules.config import CPUConfig, OpenCLConfig
 from codl_tvm.schedules.packed import (
     pack_weight,
     packed_blocks,
     packed_conv2d,
     packed_nhwc,
     packed_reason,
+)
+from codl_tvm.schedules.settings import (
+    ScheduleSettings,
+    cpu_config,
+    current_settings,
+    opencl_config,
 )
 from codl_tvm.schedules.winograd import (
     conv2d_shape_info,
@@ -184,12 +190,12 @@ class _Rewriter(PyExprMutator):
         )
 
 
-def _config_of(target: tvm.target.Target) -> CPUConfig | OpenCLConfig:
+def _config_of(target: tvm.target.Target, settings: ScheduleSettings) -> CPUConfig | OpenCLConfig:
     kind = target.kind.name
     if kind == "llvm":
-        return cpu_config(target)
+        return cpu_config(target, settings)
     if kind == "opencl":
-        return opencl_config(target)
+        return opencl_config(target, settings)
     raise ValueError(f"codl.Conv2DWinograd supports llvm and opencl targets, not {kind!r}")
 
 
@@ -212,6 +218,9 @@ class Conv2DWinograd:
     cpu, opencl : CPUConfig | OpenCLConfig | None
         Configs replacing the presets of the targets (e.g. to force Winograd or packed convs
         on or off).
+    settings : ScheduleSettings | None
+        The build's schedule switches (which presets use Winograd or packed convs); None:
+        :func:`~codl_tvm.schedules.settings.current_settings`, read once here.
     """
 
     def __init__(
@@ -220,8 +229,10 @@ class Conv2DWinograd:
         cpu_target: tvm.target.Target | None = None,
         cpu: CPUConfig | None = None,
         opencl: OpenCLConfig | None = None,
+        settings: ScheduleSettings | None = None,
     ) -> None:
         self.target = target
+        self.settings = current_settings() if settings is None else settings
         if cpu_target is None:  # one processor: no CPU parts; the host stands in
             cpu_target = target if target.kind.name == "llvm" else _host(target)
         self.cpu_target = cpu_target
@@ -241,7 +252,7 @@ class Conv2DWinograd:
             return self.cpu
         if target.kind.name == "opencl" and self.opencl is not None:
             return self.opencl
-        return _config_of(target)
+        return _config_of(target, self.settings)
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext):
         if "main" not in [gv.name_hint for gv in mod.get_global_vars()]:

@@ -31,6 +31,8 @@ from tvm.s_tir.dlight.base import ScheduleRule
 from tvm.s_tir.transform import LowerCrossThreadReduction
 from tvm.target import Target
 
+from .settings import ScheduleSettings, current_settings
+
 __all__ = [
     "CodlRule",
     "ConfiguredRule",
@@ -111,7 +113,7 @@ def padded_row_width(
     registers over ``ceil(extent / width) * width`` columns avoids both. A divisor that fills
     part of one register (13 of 16 lanes) stays: measured on AVX-512 (masked vector ops),
     padding SqueezeNet's 13x13, 27x27 and 55x55 rows instead made the model 5-11% slower,
-    while padding PoseNet's 17x17 rows made it 8-10x faster (whole models on the device machine).
+    while padding PoseNet's 17x17 rows made it 8-10x faster (whole models on a skylake-avx512 Xeon).
 
     Parameters
     ----------
@@ -249,11 +251,21 @@ class CodlRule(ScheduleRule):
 
 class ConfiguredRule(CodlRule):
     """A rule with tunables: the config it was given, else :meth:`default_config` of the target
-    (its :mod:`codl_tvm.schedules.config` preset)."""
+    (its :mod:`codl_tvm.schedules.presets` preset under the rule's settings).
 
-    def __init__(self, config: Any = None) -> None:
+    Parameters
+    ----------
+    config : CPUConfig | OpenCLConfig | None
+        A fixed config for every target; None: the target's preset under ``settings``.
+    settings : ScheduleSettings | None
+        The build's switches (:class:`~codl_tvm.schedules.settings.ScheduleSettings`); None:
+        those in effect where the rule is constructed (``current_settings()``), read once.
+    """
+
+    def __init__(self, config: Any = None, settings: ScheduleSettings | None = None) -> None:
         super().__init__()
         self.config = config
+        self.settings = current_settings() if settings is None else settings
 
     def default_config(self, target: Target) -> Any:
         raise NotImplementedError

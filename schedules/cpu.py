@@ -59,15 +59,20 @@ from .analysis import (
     Conv2DInfo,
     FuncBlocks,
     classify_blocks,
-    is_trivial_copy,
     match_conv2d,
     match_pool2d,
     match_reduction,
-    reverse_inline_epilogue,
     writer_of,
 )
-from .common import ConfiguredRule, choose_row_width, padded_row_width
-from .config import CPUConfig, cpu_config
+from .common import choose_row_width, padded_row_width
+from .config import CPUConfig
+from .cpu_common import (
+    CPURule,
+    finish_tile,
+    inline_epilogue,
+    prepare_prologue,
+    schedule_injective,
+)
 
 __all__ = ["CPUConv2D", "CPUInjective", "CPUReduction", "conv2d_algorithm"]
 
@@ -85,42 +90,6 @@ def conv2d_algorithm(info: Conv2DInfo, config: CPUConfig | None = None) -> str:
     return "direct"
 
 
-def _extent(sch: s_tir.Schedule, loop: LoopRV) -> int:
-    return int(sch.get(loop).extent)
-
-
-def _schedule_injective(sch: s_tir.Schedule, block: SBlockRV, cfg: CPUConfig) -> None:
-    """Run a spatial block's outer loops in parallel; the innermost loop stays a plain loop.
-
-    Fusing the innermost loop too would recover its index with a division and a modulo per
-    element (measured: the padding copy of a conv then cost more than the conv).
-    """
-    loops = sch.get_loops(block)
-    if not loops:
-        return
-    total = math.prod(_extent(sch, lp) for lp in loops)
-    if total < cfg.min_parallel_work:
-        return
-    if len(loops) == 1:
-        outer, _ = sch.split(loops[0], [None, max(cfg.injective_chunk, 1)])
-    else:
-        outer = sch.fuse(*loops[:-1]) if len(loops) > 2 else loops[0]
-    if _extent(sch, outer) > 1:
-        sch.parallel(outer)
-
-
-def _prepare_prologue(sch: s_tir.Schedule, blocks: FuncBlocks, cfg: CPUConfig) -> None:
-    """Inline plain copies/reshapes into their consumers; parallelise the rest (padding)."""
-    for block in blocks.prologue:
-        if is_trivial_copy(sch, block):
-            try:
-                sch.compute_inline(block)
-                continue
-            except s_tir.ScheduleError:
-                pass
-        _schedule_injective(sch, block, cfg)
-
-
 def _data_producer(sch: s_tir.Schedule, blocks: FuncBlocks, conv: SBlockRV) -> SBlockRV | None:
     """The prologue block that writes the conv's input (padding or a copy), if any."""
     reads = [region.source for region in sch.get(conv).reads]
@@ -130,56 +99,7 @@ def _data_producer(sch: s_tir.Schedule, blocks: FuncBlocks, conv: SBlockRV) -> S
     return None
 
 
-def _inline_epilogue(sch: s_tir.Schedule, blocks: FuncBlocks, cfg: CPUConfig) -> None:
-    """Inline elementwise epilogues into the write-back block; parallelise any that resist."""
-    for block in reverse_inline_epilogue(sch, blocks):
-        _schedule_injective(sch, block, cfg)
-
-
-def _finish_tile(
-    sch: s_tir.Schedule,
-    main: SBlockRV,
-    writeback: SBlockRV,
-    parallel_loop: LoopRV,
-    first_reduction: LoopRV,
-    vector_loop: LoopRV | None,
-    unroll: list[LoopRV],
-    work: int,
-    cfg: CPUConfig,
-) -> dict[str, int]:
-    """Common tail: write-back under the parallel loop, init split off, vectorise, unroll.
-
-    Returns the ``codl.parallel_extent`` and ``codl.vector_width`` of this loop nest.
-    """
-    sch.reverse_compute_at(writeback, parallel_loop, preserve_unit_loops=True)
-    features = {"codl.parallel_extent": 0, "codl.vector_width": 1}
-    if work >= cfg.min_parallel_work and _extent(sch, parallel_loop) > 1:
-        features["codl.parallel_extent"] = _extent(sch, parallel_loop)
-        sch.parallel(parallel_loop)
-    for loop in unroll:
-        if _extent(sch, loop) > 1:
-            sch.unroll(loop)
-    if vector_loop is not None and _extent(sch, vector_loop) > 1:
-        features["codl.vector_width"] = _extent(sch, vector_loop)
-        sch.vectorize(vector_loop)
-    wb_loops = sch.get_loops(writeback)
-    if vector_loop is not None and len(wb_loops) > 1 and _extent(sch, wb_loops[-1]) > 1:
-        sch.vectorize(wb_loops[-1])
-    init = sch.decompose_reduction(main, first_reduction)
-    init_loops = sch.get_loops(init)
-    if vector_loop is not None and len(init_loops) > 1 and _extent(sch, init_loops[-1]) > 1:
-        sch.vectorize(init_loops[-1])
-    return features
-
-
-class _CPURule(ConfiguredRule):
-    target_kind = "llvm"
-
-    def default_config(self, target: Target) -> CPUConfig:
-        return cpu_config(target)
-
-
-class CPUConv2D(_CPURule):
+class CPUConv2D(CPURule):
     """NCHW conv2d on CPUs: ``gemm`` for 1x1 stride-1 unpadded, else ``direct``/``depthwise``.
 
     Declines (``explain`` gives the reason) when the function has no NCHW/OIHW conv2d block,
@@ -202,18 +122,18 @@ class CPUConv2D(_CPURule):
             # Strided conv: store the (padded) input with its columns split by phase,
             # [n, c, h, w % s, w // s], so each tap reads a contiguous run of a phase
             # instead of a strided gather; the copy is one pass over the input.
-            _prepare_prologue(sch, blocks.without(padder), cfg)
+            prepare_prologue(sch, blocks.without(padder), cfg)
             sch.transform_layout(
                 padder,
                 ("write", 0),
                 lambda n, c, h, w: (n, c, h, w % stride, w // stride),
                 pad_value=0.0,
             )
-            _schedule_injective(sch, padder, cfg)
+            schedule_injective(sch, padder, cfg)
         else:
-            _prepare_prologue(sch, blocks, cfg)
+            prepare_prologue(sch, blocks, cfg)
         writeback = sch.cache_write(conv, 0, "global")
-        _inline_epilogue(sch, blocks, cfg)
+        inline_epilogue(sch, blocks, cfg)
         lanes = cfg.lanes(info.dtype_bits)
         work = info.batch * info.out_channels * info.out_height * info.out_width
         work *= info.in_channels_per_group * info.kernel_h * info.kernel_w
@@ -253,7 +173,7 @@ class CPUConv2D(_CPURule):
         unroll = [yi, fi]
         if info.kernel_w <= 7:
             unroll.append(kx)
-        return _finish_tile(sch, conv, writeback, par, c, xi, unroll, work, cfg)
+        return finish_tile(sch, conv, writeback, par, c, xi, unroll, work, cfg)
 
     def _gemm(self, sch, conv, writeback, info, cfg, lanes, work) -> dict[str, int]:
         ow = info.out_width
@@ -288,7 +208,7 @@ class CPUConv2D(_CPURule):
         po, pi = sch.split(p, [None, width])
         sch.reorder(n, fo, po, c, ky, kx, fi, pi)
         par = sch.fuse(n, fo, po)
-        return _finish_tile(sch, conv, writeback, par, c, pi, [fi], work, cfg)
+        return finish_tile(sch, conv, writeback, par, c, pi, [fi], work, cfg)
 
     @staticmethod
     def _pad_pixels(sch, conv, ow: int, width: int, cfg: CPUConfig) -> None:
@@ -327,11 +247,11 @@ class CPUConv2D(_CPURule):
         sch.compute_inline(copy)
         sch.compute_inline(pad_out)
         fill = sch.decompose_padding(pad_in, sch.get_loops(pad_in)[0])
-        _schedule_injective(sch, fill, cfg)
-        _schedule_injective(sch, pad_in, cfg)
+        schedule_injective(sch, fill, cfg)
+        schedule_injective(sch, pad_in, cfg)
 
 
-class CPUReduction(_CPURule):
+class CPUReduction(CPURule):
     """One reduction block (pooling, matmul, mean, ...) plus injective pro/epilogues."""
 
     def schedule(self, sch: s_tir.Schedule, target: Target) -> tuple[str, str] | str:
@@ -349,10 +269,10 @@ class CPUReduction(_CPURule):
             algorithm = "pool"
         elif info.kinds.endswith("SSR") or info.kinds == "SR":
             algorithm = "matmul"
-        _prepare_prologue(sch, blocks, cfg)
+        prepare_prologue(sch, blocks, cfg)
         main = blocks.main
         writeback = sch.cache_write(main, 0, "global")
-        _inline_epilogue(sch, blocks, cfg)
+        inline_epilogue(sch, blocks, cfg)
         n_spatial = info.kinds.count("S")
         loops = sch.get_loops(main)
         spatial, reduction = loops[:n_spatial], loops[n_spatial:]
@@ -378,13 +298,13 @@ class CPUReduction(_CPURule):
         else:
             outer = spatial
         par = sch.fuse(*outer) if len(outer) > 1 else outer[0]
-        features = _finish_tile(
+        features = finish_tile(
             sch, main, writeback, par, reduction[0], vector_loop, unroll, work, cfg
         )
         return algorithm, cfg.name, features
 
 
-class CPUInjective(_CPURule):
+class CPUInjective(CPURule):
     """Kernels without reductions: inline producers, fuse, parallel chunks."""
 
     def schedule(self, sch: s_tir.Schedule, target: Target) -> tuple[str, str] | str:
@@ -404,5 +324,5 @@ class CPUInjective(_CPURule):
                 remaining.append(block)
         remaining.extend(blocks.prologue[-1:])
         for block in remaining:
-            _schedule_injective(sch, block, cfg)
+            schedule_injective(sch, block, cfg)
         return "injective", cfg.name

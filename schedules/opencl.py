@@ -38,6 +38,7 @@ scheduled by :class:`~codl_tvm.schedules.winograd.OpenCLWinograd`.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from tvm import s_tir
 from tvm.s_tir.schedule import LoopRV, SBlockRV
@@ -50,66 +51,20 @@ from .analysis import (
     is_trivial_copy,
     match_conv2d,
     match_pool2d,
-    reverse_inline_epilogue,
 )
-from .common import ConfiguredRule
-from .config import OpenCLConfig, opencl_config
+from .config import OpenCLConfig
+from .opencl_common import (
+    OpenCLRule,
+    bind_spatial,
+    fit_threads,
+    inline_epilogue,
+    inline_prologue,
+    local_limit,
+    opencl_vector_width,
+    read_index,
+)
 
 __all__ = ["OpenCLConv2D", "OpenCLPool2D"]
-
-
-def _bind_spatial(sch: s_tir.Schedule, block: SBlockRV, threads: int) -> None:
-    """Map a spatial block onto a 1-D grid of ``threads``-wide workgroups."""
-    loops = sch.get_loops(block)
-    fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
-    total = int(sch.get(fused).extent)
-    bx, tx = sch.split(fused, [None, max(1, min(threads, total))])
-    sch.bind(bx, "blockIdx.x")
-    sch.bind(tx, "threadIdx.x")
-
-
-def _inline_prologue(sch: s_tir.Schedule, blocks: FuncBlocks, threads: int) -> None:
-    for block in blocks.prologue:
-        try:
-            sch.compute_inline(block)
-        except s_tir.ScheduleError:
-            _bind_spatial(sch, block, threads)
-
-
-def _inline_epilogue(sch: s_tir.Schedule, blocks: FuncBlocks, threads: int) -> None:
-    for block in reverse_inline_epilogue(sch, blocks):
-        _bind_spatial(sch, block, threads)
-
-
-def _finish_register_tile(
-    sch: s_tir.Schedule,
-    main: SBlockRV,
-    writeback: SBlockRV,
-    thread_loop: LoopRV,
-    outer: LoopRV,
-    inner: LoopRV,
-    reduction_loop: LoopRV,
-    vectorize: bool,
-) -> None:
-    """Write a work-item's register tile back under its thread loop: the ``outer`` tile loop
-    unrolled, the ``inner`` one vectorised (write-back and zero-init too) or unrolled."""
-    sch.reverse_compute_at(writeback, thread_loop, preserve_unit_loops=True)
-    sch.unroll(outer)
-    if vectorize:
-        sch.vectorize(inner)
-        sch.vectorize(sch.get_loops(writeback)[-1])
-    else:
-        sch.unroll(inner)
-    init = sch.decompose_reduction(main, reduction_loop)
-    if vectorize:
-        sch.vectorize(sch.get_loops(init)[-1])
-
-
-def _read_index(sch: s_tir.Schedule, block: SBlockRV, buffer) -> int:
-    for i, region in enumerate(sch.get(block).reads):
-        if region.source.same_as(buffer):
-            return i
-    raise s_tir.ScheduleError(f"block does not read {buffer}")
 
 
 def _data_buffer(sch: s_tir.Schedule, conv: SBlockRV):
@@ -131,26 +86,6 @@ def _weight_buffer(sch: s_tir.Schedule, conv: SBlockRV, _data):
         if len(idx) == 4 and all(i.same_as(v) for i, v in zip(idx, (f, c, ky, kx))):
             return load.source
     raise s_tir.ScheduleError("conv block has no OIHW weight operand")
-
-
-class _OpenCLRule(ConfiguredRule):
-    target_kind = "opencl"
-
-    def default_config(self, target: Target) -> OpenCLConfig:
-        return opencl_config(target)
-
-
-def _opencl_vector_width(extent: int, lanes: int) -> int:
-    """Widest OpenCL vector type (16, 8, 4, 3 or 2 lanes, at most ``lanes``) dividing extent."""
-    for width in (16, 8, 4, 3, 2):
-        if width <= lanes and extent % width == 0:
-            return width
-    return 1
-
-
-def _fit(threads: int, reg: int, extent: int) -> int:
-    """Shrink a thread count so threads * reg does not overshoot extent by more than one tile."""
-    return max(1, min(threads, math.ceil(extent / max(1, reg))))
 
 
 def conv_thread_tile(
@@ -178,9 +113,9 @@ def conv_thread_tile(
             reg_oc = max(1, reg_oc // 2)
         else:
             reg_ow = max(1, reg_ow // 2)
-    t_oc = _fit(threads[0], reg_oc, oc)
-    t_ow = _fit(threads[2], reg_ow, ow)
-    t_oh = _fit(threads[1], 1, oh)
+    t_oc = fit_threads(threads[0], reg_oc, oc)
+    t_ow = fit_threads(threads[2], reg_ow, ow)
+    t_oh = fit_threads(threads[1], 1, oh)
     while t_oc * t_ow * t_oh > max_workgroup_size:
         if t_oc >= t_oh and t_oc > 1:
             t_oc = max(1, t_oc // 2)
@@ -194,7 +129,7 @@ def conv_thread_tile(
 _STAGE_TOO_BIG = "local-memory stage larger than the device allows"
 
 
-class OpenCLConv2D(_OpenCLRule):
+class OpenCLConv2D(OpenCLRule):
     """Direct NCHW conv2d with workgroup and register tiling (any shape, groups, dilation)."""
 
     _global_only = False
@@ -220,35 +155,17 @@ class OpenCLConv2D(_OpenCLRule):
         info = match_conv2d(sch, blocks)
         if isinstance(info, str):
             return f"not a conv2d: {info}"
-        reg_oc = min(cfg.conv_reg_oc, info.out_channels)
-        reg_ow = min(cfg.conv_reg_ow, info.out_width)
-        vector = cfg.conv_vector_lanes > 1
-        oc_vector = False
-        if vector:
-            reg_ow = _opencl_vector_width(info.out_width, cfg.conv_vector_lanes)
-            oc_lanes = _opencl_vector_width(info.out_channels, cfg.conv_vector_lanes)
-            if reg_ow < 4 and oc_lanes >= 4:
-                # an odd row (13, 7, 27): vectorise over output channels instead, a row of
-                # up to 16 columns unrolled; weights are gathered once per tap for the row
-                oc_vector = True
-                reg_oc = oc_lanes
-                reg_ow = max(w for w in range(1, 17) if info.out_width % w == 0)
-        outputs = info.batch * info.out_channels * info.out_height * info.out_width
-        split_k = 1 if vector else _split_k(cfg, info, reg_oc, reg_ow)
-        rows = cfg.conv_threads_oh_pointwise if info.pointwise else 0
-        reg_oc, reg_ow, t_oc, t_oh, t_ow = conv_thread_tile(
-            (info.out_channels, info.out_height, info.out_width),
-            outputs * split_k,
-            (reg_oc, reg_ow),
-            (cfg.conv_threads_oc, rows or cfg.conv_threads_oh, cfg.conv_threads_ow),
-            cfg.min_work_items,
-            cfg.max_workgroup_size,
-            shrink_registers=not vector,
-        )
+        tile = _conv_tile(cfg, info)
         chunk = 0
         if not self._global_only:
             chunk = self._local_chunk(
-                cfg, target, info, t_oc * reg_oc, t_oh, t_ow * reg_ow, split_k
+                cfg,
+                target,
+                info,
+                tile.t_oc * tile.reg_oc,
+                tile.t_oh,
+                tile.t_ow * tile.reg_ow,
+                tile.split_k,
             )
         conv = blocks.main
         data_buffer = _data_buffer(sch, conv)
@@ -258,102 +175,68 @@ class OpenCLConv2D(_OpenCLRule):
         )
         if chunk:
             # the pad block is inlined into the local-memory copy below, not into the conv
-            _inline_prologue(sch, blocks.without(padder), cfg.pool_threads)
-        elif vector and padder is not None and not is_trivial_copy(sch, padder):
+            inline_prologue(sch, blocks.without(padder), cfg.pool_threads)
+        elif tile.vector and padder is not None and not is_trivial_copy(sch, padder):
             # a bounds check inside the vector loop would scalarise it: pad in its own kernel
-            _inline_prologue(sch, blocks.without(padder), cfg.pool_threads)
-            _bind_spatial(sch, padder, cfg.pool_threads)
+            inline_prologue(sch, blocks.without(padder), cfg.pool_threads)
+            bind_spatial(sch, padder, cfg.pool_threads)
         else:
-            _inline_prologue(sch, blocks, cfg.pool_threads)
+            inline_prologue(sch, blocks, cfg.pool_threads)
         total = conv
-        if split_k > 1:
+        if tile.split_k > 1:
             # partial sums of each input-channel slice (the block scheduled below), then a
             # kernel that adds the slices with the epilogue fused
             n, f, y, x, c, ky, kx = sch.get_loops(conv)
-            slices, c = sch.split(c, [split_k, None])
+            slices, c = sch.split(c, [tile.split_k, None])
             conv = sch.rfactor(slices, 0)
             n, f, y, x, slices, c, ky, kx = sch.get_loops(conv)
             sch.reorder(slices, n, f, y, x)
             _schedule_slice_sum(sch, total, blocks, cfg.pool_threads)
         else:
             n, f, y, x, c, ky, kx = sch.get_loops(conv)
-        bf, tf, rf = sch.split(f, [None, t_oc, reg_oc])
-        by, ty = sch.split(y, [None, t_oh])
-        bx, tx, rx = sch.split(x, [None, t_ow, reg_ow])
-        bz = sch.fuse(slices, n, bf) if split_k > 1 else sch.fuse(n, bf)
+        bf, tf, rf = sch.split(f, [None, tile.t_oc, tile.reg_oc])
+        by, ty = sch.split(y, [None, tile.t_oh])
+        bx, tx, rx = sch.split(x, [None, tile.t_ow, tile.reg_ow])
+        bz = sch.fuse(slices, n, bf) if tile.split_k > 1 else sch.fuse(n, bf)
         sch.bind(bz, "blockIdx.z")
         sch.bind(by, "blockIdx.y")
         sch.bind(bx, "blockIdx.x")
-        threads = t_oc * t_oh * t_ow
+        threads = tile.t_oc * tile.t_oh * tile.t_ow
+        first_reduction = c
         if chunk:
             co, ci = sch.split(c, [None, chunk])
             sch.reorder(bz, by, bx, tf, ty, tx, co, ci, ky, kx, rf, rx)
-            t = sch.fuse(tf, ty, tx)
-            sch.bind(t, "threadIdx.x")
-            staged = 0
-            for buf in (data_buffer, weight_buffer):
-                index = _read_index(sch, conv, buf)
-                shared = sch.cache_read(conv, index, "shared")
-                sch.compute_at(shared, co, preserve_unit_loops=True)
-                inner = sch.get_loops(shared)[5:]
-                # elements copied per step: the loops compute_at left under the stage point
-                elements = 1
-                for loop in inner:
-                    elements *= int(sch.get(loop).extent)
-                staged += elements * info.dtype_bits // 8
-                fused = sch.fuse(*inner) if len(inner) > 1 else inner[0]
-                _, tx_copy = sch.split(fused, [None, threads])
-                sch.bind(tx_copy, "threadIdx.x")
-                if buf.same_as(data_buffer) and padder is not None:
-                    sch.compute_inline(padder)
-            first_reduction = co
-        elif oc_vector:
+        elif tile.oc_vector:
             sch.reorder(bz, by, bx, tf, ty, tx, c, ky, kx, rx, rf)
-            t = sch.fuse(tf, ty, tx)
-            sch.bind(t, "threadIdx.x")
-            first_reduction = c
         else:
             sch.reorder(bz, by, bx, tf, ty, tx, c, ky, kx, rf, rx)
-            t = sch.fuse(tf, ty, tx)
-            sch.bind(t, "threadIdx.x")
-            first_reduction = c
+        t = sch.fuse(tf, ty, tx)
+        sch.bind(t, "threadIdx.x")
         if chunk:
-            limit = _local_limit(cfg, target)
+            buffers = (data_buffer, weight_buffer)
+            staged = _stage_local(sch, conv, co, buffers, threads, padder, info.dtype_bits)
+            first_reduction = co
+            limit = local_limit(cfg, target)
             if staged > limit:
                 return f"{_STAGE_TOO_BIG}: {staged} > {limit} bytes"
         writeback = sch.cache_write(conv, 0, "local")
-        if oc_vector:
+        if tile.oc_vector:
             # channels innermost in the private accumulators: one vector per column
             sch.transform_layout(conv, ("write", 0), lambda n, f, y, x: (n, y, x, f))
-        if split_k == 1:
-            _inline_epilogue(sch, blocks, cfg.pool_threads)
-        sch.reverse_compute_at(writeback, t, preserve_unit_loops=True)
-        if oc_vector:
-            sch.unroll(rx)
-            sch.vectorize(rf)
-        elif vector and reg_ow > 1:
-            sch.unroll(rf)
-            sch.vectorize(rx)
-            sch.vectorize(sch.get_loops(writeback)[-1])
-        else:
-            sch.unroll(rf)
-            sch.unroll(rx)
-        if info.kernel_w <= 7:
-            sch.unroll(kx)
-        init = sch.decompose_reduction(conv, first_reduction)
-        if (vector and reg_ow > 1) or oc_vector:
-            sch.vectorize(sch.get_loops(init)[-1])
+        if tile.split_k == 1:
+            inline_epilogue(sch, blocks, cfg.pool_threads)
+        _finish_conv_tile(sch, conv, writeback, t, (rf, rx, kx), first_reduction, tile, info)
         groups = (
             info.batch
-            * split_k
-            * math.ceil(info.out_channels / (t_oc * reg_oc))
-            * math.ceil(info.out_height / t_oh)
-            * math.ceil(info.out_width / (t_ow * reg_ow))
+            * tile.split_k
+            * math.ceil(info.out_channels / (tile.t_oc * tile.reg_oc))
+            * math.ceil(info.out_height / tile.t_oh)
+            * math.ceil(info.out_width / (tile.t_ow * tile.reg_ow))
         )
         # the conv's own launch (a padding kernel, if any, has its own shape)
         features = {"codl.workgroup_size": threads, "codl.workgroup_count": groups}
-        if split_k > 1:
-            features["codl.split_k"] = split_k
+        if tile.split_k > 1:
+            features["codl.split_k"] = tile.split_k
         return "direct", cfg.name, features
 
     @staticmethod
@@ -368,7 +251,7 @@ class OpenCLConv2D(_OpenCLRule):
             # TVM 0.27 does not compact a strided conv's stage to its tile: the NVIDIA compiler
             # refused a 697 KB stage of a stride-2 224x224 conv that the loops said was 3 KB.
             return 0
-        limit = _local_limit(cfg, target)
+        limit = local_limit(cfg, target)
         rows = (tile_oh - 1) * info.stride_h + (info.kernel_h - 1) * info.dilation_h + 1
         cols = (tile_ow - 1) * info.stride_w + (info.kernel_w - 1) * info.dilation_w + 1
         nbytes = info.dtype_bits // 8
@@ -383,6 +266,114 @@ class OpenCLConv2D(_OpenCLRule):
         if info.groups != 1 or chunk < 1:
             return 0  # grouped convs read a different input channel per output channel
         return chunk
+
+
+@dataclass(frozen=True)
+class _ConvTile:
+    """The direct conv's tiles: registers per work-item, work-items per workgroup, split-K
+    slices, and whether work-items are vectors over columns or over output channels."""
+
+    reg_oc: int
+    reg_ow: int
+    t_oc: int
+    t_oh: int
+    t_ow: int
+    split_k: int
+    vector: bool
+    oc_vector: bool
+
+
+def _conv_tile(cfg: OpenCLConfig, info) -> _ConvTile:
+    """The register, thread and split-K tiles of a direct conv under ``cfg``."""
+    reg_oc = min(cfg.conv_reg_oc, info.out_channels)
+    reg_ow = min(cfg.conv_reg_ow, info.out_width)
+    vector = cfg.conv_vector_lanes > 1
+    oc_vector = False
+    if vector:
+        reg_ow = opencl_vector_width(info.out_width, cfg.conv_vector_lanes)
+        oc_lanes = opencl_vector_width(info.out_channels, cfg.conv_vector_lanes)
+        if reg_ow < 4 and oc_lanes >= 4:
+            # an odd row (13, 7, 27): vectorise over output channels instead, a row of
+            # up to 16 columns unrolled; weights are gathered once per tap for the row
+            oc_vector = True
+            reg_oc = oc_lanes
+            reg_ow = max(w for w in range(1, 17) if info.out_width % w == 0)
+    outputs = info.batch * info.out_channels * info.out_height * info.out_width
+    split_k = 1 if vector else _split_k(cfg, info, reg_oc, reg_ow)
+    rows = cfg.conv_threads_oh_pointwise if info.pointwise else 0
+    reg_oc, reg_ow, t_oc, t_oh, t_ow = conv_thread_tile(
+        (info.out_channels, info.out_height, info.out_width),
+        outputs * split_k,
+        (reg_oc, reg_ow),
+        (cfg.conv_threads_oc, rows or cfg.conv_threads_oh, cfg.conv_threads_ow),
+        cfg.min_work_items,
+        cfg.max_workgroup_size,
+        shrink_registers=not vector,
+    )
+    return _ConvTile(reg_oc, reg_ow, t_oc, t_oh, t_ow, split_k, vector, oc_vector)
+
+
+def _stage_local(
+    sch: s_tir.Schedule,
+    conv: SBlockRV,
+    step: LoopRV,
+    buffers: tuple,
+    threads: int,
+    padder: SBlockRV | None,
+    dtype_bits: int,
+) -> int:
+    """Stage the conv's input rows and weights in local memory at each ``step`` of its
+    channel chunks, copied cooperatively by the workgroup's ``threads`` (the pad block inlined
+    into the input's copy); returns the bytes staged per step."""
+    data_buffer = buffers[0]
+    staged = 0
+    for buf in buffers:
+        index = read_index(sch, conv, buf)
+        shared = sch.cache_read(conv, index, "shared")
+        sch.compute_at(shared, step, preserve_unit_loops=True)
+        inner = sch.get_loops(shared)[5:]
+        # elements copied per step: the loops compute_at left under the stage point
+        elements = 1
+        for loop in inner:
+            elements *= int(sch.get(loop).extent)
+        staged += elements * dtype_bits // 8
+        fused = sch.fuse(*inner) if len(inner) > 1 else inner[0]
+        _, tx_copy = sch.split(fused, [None, threads])
+        sch.bind(tx_copy, "threadIdx.x")
+        if buf.same_as(data_buffer) and padder is not None:
+            sch.compute_inline(padder)
+    return staged
+
+
+def _finish_conv_tile(
+    sch: s_tir.Schedule,
+    conv: SBlockRV,
+    writeback: SBlockRV,
+    thread_loop: LoopRV,
+    tile_loops: tuple[LoopRV, LoopRV, LoopRV],
+    first_reduction: LoopRV,
+    tile: _ConvTile,
+    info,
+) -> None:
+    """Write the register tile back under the thread loop; unroll or vectorise the tile loops
+    ``(rf, rx, kx)`` and split the zero-init off at ``first_reduction``."""
+    rf, rx, kx = tile_loops
+    sch.reverse_compute_at(writeback, thread_loop, preserve_unit_loops=True)
+    if tile.oc_vector:
+        sch.unroll(rx)
+        sch.vectorize(rf)
+    elif tile.vector and tile.reg_ow > 1:
+        sch.unroll(rf)
+        sch.vectorize(rx)
+        sch.vectorize(sch.get_loops(writeback)[-1])
+    else:
+        sch.unroll(rf)
+        sch.unroll(rx)
+    if info.kernel_w <= 7:
+        sch.unroll(kx)
+    init = sch.decompose_reduction(conv, first_reduction)
+    if (tile.vector and tile.reg_ow > 1) or tile.oc_vector:
+        sch.vectorize(sch.get_loops(init)[-1])
 
 
 def _split_k(cfg: OpenCLConfig, info, reg_oc: int, reg_ow: int) -> int:
@@ -415,7 +406,7 @@ def _schedule_slice_sum(sch: s_tir.Schedule, total: SBlockRV, blocks: FuncBlocks
     """The split-K sum: one work-item per output adds the slices in a register, then writes
     it through the fused epilogue."""
     writeback = sch.cache_write(total, 0, "local")
-    _inline_epilogue(sch, FuncBlocks([], total, blocks.epilogue), threads)
+    inline_epilogue(sch, FuncBlocks([], total, blocks.epilogue), threads)
     *spatial, slices = sch.get_loops(total)
     fused = sch.fuse(*spatial)
     extent = int(sch.get(fused).extent)
@@ -426,16 +417,7 @@ def _schedule_slice_sum(sch: s_tir.Schedule, total: SBlockRV, blocks: FuncBlocks
     sch.decompose_reduction(total, slices)
 
 
-def _local_limit(cfg, target: Target) -> int:
-    """Local memory one workgroup may use: the target's and the config's limits (the smaller),
-    16 KiB (OpenCL's guaranteed minimum) when neither says."""
-    limit = int(target.attrs.get("max_shared_memory_per_block", 0) or 0)
-    if cfg.local_memory_bytes:
-        limit = min(limit, cfg.local_memory_bytes) if limit else cfg.local_memory_bytes
-    return limit or 16384
-
-
-class OpenCLPool2D(_OpenCLRule):
+class OpenCLPool2D(OpenCLRule):
     """NCHW window pooling (max, or the sum of an average pool with its divide fused)."""
 
     def schedule(self, sch: s_tir.Schedule, target: Target) -> tuple[str, str] | str:
@@ -446,7 +428,7 @@ class OpenCLPool2D(_OpenCLRule):
         info = match_pool2d(sch, blocks)
         if isinstance(info, str):
             return f"not a pool2d: {info}"
-        _inline_prologue(sch, blocks, cfg.pool_threads)
+        inline_prologue(sch, blocks, cfg.pool_threads)
         pool = blocks.main
         n, ch, y, x, ky, _ = sch.get_loops(pool)
         fused = sch.fuse(n, ch, y, x)
@@ -455,7 +437,7 @@ class OpenCLPool2D(_OpenCLRule):
         sch.bind(bx, "blockIdx.x")
         sch.bind(tx, "threadIdx.x")
         writeback = sch.cache_write(pool, 0, "local")
-        _inline_epilogue(sch, blocks, cfg.pool_threads)
+        inline_epilogue(sch, blocks, cfg.pool_threads)
         sch.reverse_compute_at(writeback, tx, preserve_unit_loops=True)
         sch.decompose_reduction(pool, ky)
         return "pool", cfg.name

@@ -31,13 +31,13 @@ from tvm.ir.expr import TensorLoad
 from tvm.target import Target
 
 from .analysis import buffer_loads, classify_blocks, match_reduction, strip_cast
-from .opencl import (
-    _finish_register_tile,
-    _inline_epilogue,
-    _inline_prologue,
-    _local_limit,
-    _opencl_vector_width,
-    _OpenCLRule,
+from .opencl_common import (
+    OpenCLRule,
+    finish_register_tile,
+    inline_epilogue,
+    inline_prologue,
+    local_limit,
+    opencl_vector_width,
 )
 
 __all__ = ["DenseInfo", "OpenCLDense", "match_dense"]
@@ -121,7 +121,7 @@ def _pow2_at_most(value: int) -> int:
     return 1 << (max(1, value).bit_length() - 1)
 
 
-class OpenCLDense(_OpenCLRule):
+class OpenCLDense(OpenCLRule):
     """Dense / matmul with a 2-D weight: tiled GEMM, or GEMV with a split reduction."""
 
     def schedule(self, sch: s_tir.Schedule, target: Target):
@@ -136,7 +136,7 @@ class OpenCLDense(_OpenCLRule):
         info = match_dense(sch, blocks.main)
         if isinstance(info, str):
             return f"not a dense: {info}"
-        _inline_prologue(sch, blocks, cfg.pool_threads)
+        inline_prologue(sch, blocks, cfg.pool_threads)
         main = blocks.main
         loops = sch.get_loops(main)
         m = sch.fuse(*loops[:-2]) if len(loops) > 3 else loops[0]
@@ -149,7 +149,7 @@ class OpenCLDense(_OpenCLRule):
         main = blocks.main
         vector = cfg.dense_vector_lanes > 1
         if vector:
-            reg_n = _opencl_vector_width(info.n, min(cfg.dense_vector_lanes, cfg.dense_reg_n))
+            reg_n = opencl_vector_width(info.n, min(cfg.dense_vector_lanes, cfg.dense_reg_n))
         else:
             reg_n = min(cfg.dense_reg_n, info.n)
         reg_m = min(cfg.dense_reg_m, info.rows)
@@ -173,7 +173,7 @@ class OpenCLDense(_OpenCLRule):
         if cfg.dense_use_local_memory:
             nbytes = info.dtype_bits // 8
             staged = (t_m * reg_m + t_n * reg_n) * chunk * nbytes
-            if staged <= _local_limit(cfg, target):
+            if staged <= local_limit(cfg, target):
                 for index in self._operand_reads(sch, main):
                     shared = sch.cache_read(main, index, "shared")
                     sch.compute_at(shared, ko, preserve_unit_loops=True)
@@ -182,8 +182,8 @@ class OpenCLDense(_OpenCLRule):
                     _, tx = sch.split(fused, [None, threads])
                     sch.bind(tx, "threadIdx.x")
         writeback = sch.cache_write(main, 0, "local")
-        _inline_epilogue(sch, blocks, cfg.pool_threads)
-        _finish_register_tile(sch, main, writeback, t, rm, rn, ko, bool(vector and reg_n > 1))
+        inline_epilogue(sch, blocks, cfg.pool_threads)
+        finish_register_tile(sch, main, writeback, t, rm, rn, ko, bool(vector and reg_n > 1))
         groups = math.ceil(info.rows / (t_m * reg_m)) * math.ceil(info.n / (t_n * reg_n))
         return "gemm", cfg.name, {"codl.workgroup_size": threads, "codl.workgroup_count": groups}
 
@@ -207,7 +207,7 @@ class OpenCLDense(_OpenCLRule):
             sch.reorder(tk, ko)
             sch.bind(tk, "threadIdx.x")
         writeback = sch.cache_write(main, 0, "local")
-        _inline_epilogue(sch, blocks, cfg.pool_threads)
+        inline_epilogue(sch, blocks, cfg.pool_threads)
         sch.reverse_compute_at(writeback, tn, preserve_unit_loops=True)
         if t_k == 1:
             sch.decompose_reduction(main, k)

@@ -28,13 +28,13 @@ padded: the weight's last block is zero, the register tiles compute whole blocks
 ``slice`` stage, which becomes the write-back, keeps the real channels.
 
 Selection (:func:`packed_reason`): CPUs whose config enables it (``CPUConfig.conv_packed``;
-builds for the CPU alone on the presets of :data:`~codl_tvm.schedules.config.PACKED_CPU_ALONE`,
+builds for the CPU alone on the presets of :data:`~codl_tvm.schedules.presets.PACKED_CPU_ALONE`,
 and co-executed CPU parts when the cost model has packed data),
 one group, a constant weight, at least one vector of output channels, at least
 ``packed_min_in_channels`` input channels, and for 1x1 stride-1 convs at most
 ``packed_max_gemm_pixels`` output pixels and at least ``packed_min_gemm_channels`` input
-channels. The channel thresholds followed SqueezeNet's regression on the device machine (0.87x
-packed, on its small-channel convs); they are not tuned there.
+channels. The channel thresholds followed SqueezeNet's regression on a skylake-avx512 Xeon
+(0.87x packed, on its small-channel convs); they are not tuned.
 The conv is rewritten before legalization by
 :class:`codl_tvm.passes.winograd.Conv2DWinograd` (which chooses every conv's algorithm) and
 scheduled by :class:`CPUPackedConv2D`; kernels record ``codl.algorithm = "packed"``.
@@ -55,8 +55,8 @@ from tvm.target import Target
 
 from .analysis import Conv2DInfo, FuncBlocks, iteration_kinds, stage_of
 from .config import CPUConfig
-from .cpu import _CPURule, _prepare_prologue
-from .cpu import _inline_epilogue as _cpu_inline_epilogue
+from .cpu_common import CPURule, prepare_prologue
+from .cpu_common import inline_epilogue as cpu_inline_epilogue
 
 __all__ = [
     "MIN_CHUNK_TASKS",
@@ -420,7 +420,7 @@ def match_packed(sch: s_tir.Schedule) -> PackedInfo | str:
     )
 
 
-class CPUPackedConv2D(_CPURule):
+class CPUPackedConv2D(CPURule):
     """Channel-packed conv on CPUs (see the module docstring); declines anything else."""
 
     def schedule(self, sch: s_tir.Schedule, target: Target):
@@ -428,7 +428,7 @@ class CPUPackedConv2D(_CPURule):
         info = match_packed(sch)
         if isinstance(info, str):
             return info
-        _prepare_prologue(sch, FuncBlocks(info.prologue, None, []), cfg)
+        prepare_prologue(sch, FuncBlocks(info.prologue, None, []), cfg)
         conv = info.conv
         nbytes = info.dtype_bits // 8
         lanes = info.lanes
@@ -454,7 +454,7 @@ class CPUPackedConv2D(_CPURule):
             sch.transform_layout(conv, ("write", 0), lambda n, k, y, x: (n, y * ow + x, k))
         else:
             sch.transform_layout(conv, ("write", 0), lambda n, k, y, x: (n, y, x, k))
-        _cpu_inline_epilogue(sch, FuncBlocks([], writeback, info.epilogue), cfg)
+        cpu_inline_epilogue(sch, FuncBlocks([], writeback, info.epilogue), cfg)
         if info.pointwise:
             sch.transform_block_layout(
                 conv, lambda n, k, y, x, c, ky, kx: (n, k, y * ow + x, c, ky, kx)

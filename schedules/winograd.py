@@ -59,23 +59,26 @@ from tvm import s_tir, te, tirx
 from tvm.s_tir.dlight.analysis import get_root_block
 from tvm.s_tir.schedule import SBlockRV
 from tvm.target import Target
+# TVM's Cook-Toom construction: its public winograd_transform_matrices returns TE constants of
+# one dtype, and the weight transform here needs the float64 matrices as numpy arrays
 from tvm.topi.nn.winograd_util import _cook_toom_convolution, _interpolation_points
 
 from .analysis import Conv2DInfo, FuncBlocks, iteration_kinds, stage_of
 from .common import choose_row_width
 from .config import CPUConfig, OpenCLConfig
-from .cpu import _CPURule, _finish_tile, _prepare_prologue, conv2d_algorithm
-from .cpu import _inline_epilogue as _cpu_inline_epilogue
-from .opencl import (
-    _bind_spatial,
-    _finish_register_tile,
-    _fit,
-    _local_limit,
-    _opencl_vector_width,
-    _OpenCLRule,
-    _read_index,
+from .cpu import conv2d_algorithm
+from .cpu_common import CPURule, finish_tile, loop_extent, prepare_prologue
+from .cpu_common import inline_epilogue as cpu_inline_epilogue
+from .opencl_common import (
+    OpenCLRule,
+    bind_spatial,
+    finish_register_tile,
+    fit_threads,
+    local_limit,
+    opencl_vector_width,
+    read_index,
 )
-from .opencl import _inline_epilogue as _gpu_inline_epilogue
+from .opencl_common import inline_epilogue as gpu_inline_epilogue
 
 __all__ = [
     "WINOGRAD_STAGE",
@@ -413,13 +416,9 @@ def match_winograd(sch: s_tir.Schedule) -> WinogradInfo | str:
     )
 
 
-def _extent(sch: s_tir.Schedule, loop) -> int:
-    return int(sch.get(loop).extent)
-
-
 def _unroll(sch: s_tir.Schedule, loops) -> None:
     for loop in loops:
-        if _extent(sch, loop) > 1:
+        if loop_extent(sch, loop) > 1:
             sch.unroll(loop)
 
 
@@ -427,7 +426,7 @@ def _unroll(sch: s_tir.Schedule, loops) -> None:
 # CPU
 
 
-class CPUWinograd(_CPURule):
+class CPUWinograd(CPURule):
     """Winograd conv on CPUs (see the module docstring); declines anything else."""
 
     def schedule(self, sch: s_tir.Schedule, target: Target):
@@ -435,7 +434,7 @@ class CPUWinograd(_CPURule):
         info = match_winograd(sch)
         if isinstance(info, str):
             return info
-        _prepare_prologue(sch, FuncBlocks(info.prologue, None, []), cfg)
+        prepare_prologue(sch, FuncBlocks(info.prologue, None, []), cfg)
         lanes = cfg.lanes(info.dtype_bits)
         self._input(sch, info, cfg, lanes)
         features = self._gemm(sch, info, cfg, lanes)
@@ -457,10 +456,10 @@ class CPUWinograd(_CPURule):
         sch.compute_at(info.tile_block, par, preserve_unit_loops=True)
         tile_loops = sch.get_loops(info.tile_block)[1:]
         work = info.tiles * info.in_channels * info.alpha**4
-        _finish_tile(sch, block, writeback, par, i, ci, [e, u, i, j], work, cfg)
+        finish_tile(sch, block, writeback, par, i, ci, [e, u, i, j], work, cfg)
         # the gathered tile: (p, i, j, c) under the parallel loop, channels vectorised
         _unroll(sch, tile_loops[:-1])
-        if width > 1 and _extent(sch, tile_loops[-1]) > 1:
+        if width > 1 and loop_extent(sch, tile_loops[-1]) > 1:
             sch.vectorize(tile_loops[-1])
 
     @staticmethod
@@ -482,7 +481,7 @@ class CPUWinograd(_CPURule):
         sch.reorder(batch, ko, po, c, pi, ki)
         par = sch.fuse(batch, ko, po)
         work = info.alpha**2 * info.tiles * info.out_channels * info.in_channels
-        return _finish_tile(sch, block, writeback, par, c, ki, [pi], work, cfg)
+        return finish_tile(sch, block, writeback, par, c, ki, [pi], work, cfg)
 
     @staticmethod
     def _inverse(sch, info: WinogradInfo, cfg: CPUConfig, lanes: int) -> None:
@@ -492,7 +491,7 @@ class CPUWinograd(_CPURule):
         writeback = sch.cache_write(block, 0, "global")
         # accumulators [y, x, k]: the vectorised channels are contiguous in the register tile
         sch.transform_layout(block, ("write", 0), lambda n, k, y, x: (n, y, x, k))
-        _cpu_inline_epilogue(sch, FuncBlocks([], block, info.epilogue), cfg)
+        cpu_inline_epilogue(sch, FuncBlocks([], block, info.epilogue), cfg)
         n, k, y, x, i, j = sch.get_loops(block)
         ty, yi = sch.split(y, [None, m])
         tx, xi = sch.split(x, [None, m])
@@ -501,14 +500,14 @@ class CPUWinograd(_CPURule):
         par = sch.fuse(n, ty, tx, ko)
         sch.reverse_compute_at(writeback, par, preserve_unit_loops=True)
         work = info.tiles * m * m * info.out_channels * info.alpha**2
-        if work >= cfg.min_parallel_work and _extent(sch, par) > 1:
+        if work >= cfg.min_parallel_work and loop_extent(sch, par) > 1:
             sch.parallel(par)
         _unroll(sch, [i, j, yi, xi])
-        if _extent(sch, ki) > 1:
+        if loop_extent(sch, ki) > 1:
             sch.vectorize(ki)
         init = sch.decompose_reduction(block, i)
         init_loops = sch.get_loops(init)
-        if _extent(sch, init_loops[-1]) > 1 and width > 1:
+        if loop_extent(sch, init_loops[-1]) > 1 and width > 1:
             sch.vectorize(init_loops[-1])
 
 
@@ -516,7 +515,7 @@ class CPUWinograd(_CPURule):
 # OpenCL
 
 
-class OpenCLWinograd(_OpenCLRule):
+class OpenCLWinograd(OpenCLRule):
     """Winograd conv on OpenCL devices (see the module docstring); declines anything else."""
 
     def schedule(self, sch: s_tir.Schedule, target: Target):
@@ -528,7 +527,7 @@ class OpenCLWinograd(_OpenCLRule):
             try:
                 sch.compute_inline(block)
             except s_tir.ScheduleError:
-                _bind_spatial(sch, block, cfg.pool_threads)
+                bind_spatial(sch, block, cfg.pool_threads)
         # V as [e, v, c, p]: work-items along tiles write it contiguously, and the GEMM reads
         # a run of tiles per channel (the intermediate buffer's layout is the schedule's choice)
         sch.transform_layout(info.input, ("write", 0), lambda e, u, p, c: (e, u, c, p))
@@ -563,10 +562,10 @@ class OpenCLWinograd(_OpenCLRule):
         k_, p_ = info.out_channels, info.tiles
         vector = cfg.conv_vector_lanes > 1
         if vector:
-            reg_k = max(1, _opencl_vector_width(k_, cfg.conv_vector_lanes))
+            reg_k = max(1, opencl_vector_width(k_, cfg.conv_vector_lanes))
             t_k = 1
             reg_p = 1
-            t_p = _fit(max(cfg.conv_threads_oh, 1) * 4, 1, p_)
+            t_p = fit_threads(max(cfg.conv_threads_oh, 1) * 4, 1, p_)
         else:
             reg_k = min(cfg.conv_reg_oc, k_)
             reg_p = min(cfg.conv_reg_ow, p_)
@@ -576,8 +575,8 @@ class OpenCLWinograd(_OpenCLRule):
                     reg_k = max(1, reg_k // 2)
                 else:
                     reg_p = max(1, reg_p // 2)
-            t_k = _fit(cfg.conv_threads_oc, reg_k, k_)
-            t_p = _fit(cfg.conv_threads_ow * cfg.conv_threads_oh, reg_p, p_)
+            t_k = fit_threads(cfg.conv_threads_oc, reg_k, k_)
+            t_p = fit_threads(cfg.conv_threads_ow * cfg.conv_threads_oh, reg_p, p_)
         while t_k * t_p > cfg.max_workgroup_size:
             if t_p >= t_k and t_p > 1:
                 t_p = max(1, t_p // 2)
@@ -608,14 +607,14 @@ class OpenCLWinograd(_OpenCLRule):
             out = sch.get(block).writes[0].source
             operands = [r.source for r in sch.get(block).reads if not r.source.same_as(out)]
             for operand in operands:
-                index = _read_index(sch, block, operand)
+                index = read_index(sch, block, operand)
                 shared = sch.cache_read(block, index, "shared")
                 sch.compute_at(shared, first, preserve_unit_loops=True)
                 inner = sch.get_loops(shared)[5:]
                 fused = sch.fuse(*inner) if len(inner) > 1 else inner[0]
                 _, tx_copy = sch.split(fused, [None, t_k * t_p])
                 sch.bind(tx_copy, "threadIdx.x")
-        _finish_register_tile(sch, block, writeback, t, rp, rk, first, bool(vector and reg_k > 1))
+        finish_register_tile(sch, block, writeback, t, rp, rk, first, bool(vector and reg_k > 1))
         groups = info.alpha**2 * math.ceil(p_ / (t_p * reg_p)) * math.ceil(k_ / (t_k * reg_k))
         return {"codl.workgroup_size": t_k * t_p, "codl.workgroup_count": groups}
 
@@ -624,13 +623,13 @@ class OpenCLWinograd(_OpenCLRule):
         block = info.inverse
         m = info.tile
         writeback = sch.cache_write(block, 0, "local")
-        _gpu_inline_epilogue(sch, FuncBlocks([], block, info.epilogue), cfg.pool_threads)
+        gpu_inline_epilogue(sch, FuncBlocks([], block, info.epilogue), cfg.pool_threads)
         n, k, y, x, i, j = sch.get_loops(block)
         ty, yi = sch.split(y, [None, m])
         tx, xi = sch.split(x, [None, m])
         sch.reorder(n, ty, tx, k, i, j, yi, xi)
         fused = sch.fuse(n, ty, tx, k)
-        threads = max(1, min(cfg.pool_threads, _extent(sch, fused)))
+        threads = max(1, min(cfg.pool_threads, loop_extent(sch, fused)))
         bx, t = sch.split(fused, [None, threads])
         sch.bind(bx, "blockIdx.x")
         sch.bind(t, "threadIdx.x")
@@ -645,7 +644,7 @@ def _gemm_chunk(cfg: OpenCLConfig, target: Target, info: WinogradInfo, rows: int
     The largest chunk of at most ``conv_ic_chunk`` that divides the input channels and whose
     ``rows x chunk`` tiles of V plus ``chunk x cols`` weights fit the local memory limit.
     """
-    limit = _local_limit(cfg, target)
+    limit = local_limit(cfg, target)
     nbytes = info.dtype_bits // 8
     for chunk in range(min(cfg.conv_ic_chunk, info.in_channels), 0, -1):
         if info.in_channels % chunk == 0 and chunk * (rows + cols) * nbytes <= limit:

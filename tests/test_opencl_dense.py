@@ -30,9 +30,9 @@ from .test_schedules_cpu import prim_funcs
 from .test_schedules_opencl import (
     DEVICE_TARGETS,
     OPENCL,
-    _legalize,
-    _run_opencl,
+    legalize,
     opencl_source,
+    run_opencl,
     schedule,
 )
 
@@ -135,14 +135,14 @@ def test_dense_rule_comes_before_dlight_and_declines_other_ops():
     assert names.index("OpenCLDense") < names.index("RecordedRule")
     from .test_schedules_cpu import conv_module
 
-    conv = _legalize(conv_module((1, 4, 8, 8), (4, 4, 3, 3), 1, 1, 1, 1, False))
+    conv = legalize(conv_module((1, 4, 8, 8), (4, 4, 3, 3), 1, 1, 1, 1, False))
     (conv_func,) = prim_funcs(conv).values()
     assert explain(conv_func, OPENCL)["OpenCLDense"].startswith("not a dense")
-    assert explain(_dense_func(_legalize(dense_module(2, 8, 8))), OPENCL)["OpenCLDense"] is None
+    assert explain(_dense_func(legalize(dense_module(2, 8, 8))), OPENCL)["OpenCLDense"] is None
 
 
 def test_match_dense_reads_layout_and_batch():
-    func = _dense_func(_legalize(dense_module(5, 24, 10, transposed=False, batch=3)))
+    func = _dense_func(legalize(dense_module(5, 24, 10, transposed=False, batch=3)))
     sch = s_tir.Schedule(func)
     main = next(
         b
@@ -201,7 +201,7 @@ def test_dense_on_opencl_matches_numpy(opencl, device, shape):
     a = rng.standard_normal((m, k)).astype("float32")
     w = rng.standard_normal((n, k) if transposed else (k, n)).astype("float32")
     b = rng.standard_normal(n).astype("float32")
-    out = _run_opencl(mod, target, [a, w, b])
+    out = run_opencl(mod, target, [a, w, b])
     ref = dense_ref(a, w, b, transposed)
     np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4 * max(1.0, np.abs(ref).max()))
 
@@ -217,7 +217,7 @@ def test_dense_epilogues_and_batch_axis(opencl, epilogue):
     a = rng.standard_normal((3, 4, 40)).astype("float32")
     w = rng.standard_normal((40, 24)).astype("float32")
     b = rng.standard_normal(24).astype("float32")
-    out = _run_opencl(mod, target, [a, w, b])
+    out = run_opencl(mod, target, [a, w, b])
     np.testing.assert_allclose(out, dense_ref(a, w, b, False, bias, relu), rtol=1e-4, atol=1e-4)
 
 
@@ -313,7 +313,7 @@ def test_alexnet_builds_for_opencl_and_matches_onnxruntime(opencl):
 
 
 def test_dense_rule_declines_with_reason_off_opencl():
-    func = _dense_func(_legalize(dense_module(2, 8, 8)))
+    func = _dense_func(legalize(dense_module(2, 8, 8)))
     rule = OpenCLDense()
     assert rule.apply(func, tvm.target.Target({"kind": "llvm"}), False) is None
     assert "target kind" in rule.explain(func, tvm.target.Target({"kind": "llvm"}))

@@ -41,18 +41,18 @@ from .test_schedules_cpu import (
     LLVM,
     NEON_TARGET,
     RUN_TARGETS,
-    _host_has_avx512,
     conv2d_ref,
+    host_has_avx512,
     loop_kinds,
     prim_funcs,
 )
 from .test_winograd import (
     AVX2_TARGET,
     POCL_TARGET,
-    _built_algorithms,
-    _calls,
     assert_close,
+    built_algorithms,
     needs_avx2,
+    relax_calls,
     scheduled,
 )
 
@@ -235,7 +235,7 @@ def test_pass_rewrites_and_records_decisions():
     p = Conv2DWinograd(LLVM, cpu=packed_cfg())
     out = p(mod)
     assert p.decisions == {"conv": "packed"}
-    ops = {str(c.op.name) for c in _calls(out["main"]) if isinstance(c.op, tvm.ir.Op)}
+    ops = {str(c.op.name) for c in relax_calls(out["main"]) if isinstance(c.op, tvm.ir.Op)}
     assert "relax.nn.conv2d" not in ops
     # a constant of the packed layout replaced the OIHW weight
     consts = []
@@ -566,7 +566,7 @@ def test_co_executed_cpu_parts_get_packed_convs(opencl, dim, ratio, tmp_path, mo
     with packed_enabled("all"):
         got = codl_tvm.compile(mod, plan, gpu=POCL_TARGET, cpu=AVX2_TARGET)([x])[0]
     monkeypatch.delenv("CODL_TVM_DUMP_IR")
-    built = _built_algorithms(tmp_path)
+    built = built_algorithms(tmp_path)
     assert ("packed", "avx2") in built and ("direct", "pocl") in built, built
     assert_close(got, reference(x, w, b, 1, 1, 1))
 
@@ -586,7 +586,7 @@ def test_cpu_alone_builds_use_packed_convs_on_avx512(tmp_path, monkeypatch, caps
     monkeypatch.setenv("CODL_TVM_DUMP_IR", str(tmp_path / "ir"))
     assert main([*args, "-o", str(tmp_path / "dumped"), "--no-reference"]) == 0
     monkeypatch.delenv("CODL_TVM_DUMP_IR")
-    built = _built_algorithms(tmp_path / "ir")
+    built = built_algorithms(tmp_path / "ir")
     assert (("packed", "avx512") in built) is (flag is None), built
     assert ("direct", "avx512") in built  # the 3-channel stem stays direct
     out = tmp_path / "cpu"
@@ -594,7 +594,7 @@ def test_cpu_alone_builds_use_packed_convs_on_avx512(tmp_path, monkeypatch, caps
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["packed"] is (flag is None)
     assert manifest["packed_cpu_alone"] is (flag is None)
-    if _host_has_avx512():
+    if host_has_avx512():
         capsys.readouterr()
         assert main(["run", str(out), "--number", "1", "--repeat", "1"]) == 0
         assert "-> OK" in capsys.readouterr().out
@@ -602,7 +602,7 @@ def test_cpu_alone_builds_use_packed_convs_on_avx512(tmp_path, monkeypatch, caps
 
 def test_cpu_alone_settings_apply_only_inside_their_block():
     from codl_tvm.schedules import cpu_alone_settings, cpu_overrides
-    from codl_tvm.schedules.config import CPU_ALONE_SETTINGS
+    from codl_tvm.schedules.presets import CPU_ALONE_SETTINGS
 
     plain = cpu_config(AVX512_TARGET)
     assert plain.packed_chunk_bytes == 0 and plain.packed_max_gemm_pixels == 400
@@ -680,13 +680,13 @@ def test_cpu_alone_artifact_packs_large_pointwise_convs(tmp_path, monkeypatch):
     args = ["compile", str(model), "--preset", "emulated-soc", "--no-reference"]
     monkeypatch.setenv("CODL_TVM_DUMP_IR", str(tmp_path / "cpu-ir"))
     assert main([*args, "--device", "cpu", "-o", str(tmp_path / "cpu")]) == 0
-    assert _built_algorithms(tmp_path / "cpu-ir") == [("packed", "avx512")]
+    assert built_algorithms(tmp_path / "cpu-ir") == [("packed", "avx512")]
     scheduled = next((tmp_path / "cpu-ir").glob("*-schedule.py")).read_text()
     assert '"codl.packed_chunk_tiles"' in scheduled
     monkeypatch.setenv("CODL_TVM_DUMP_IR", str(tmp_path / "co-ir"))
     co = ["--device", "coexec", "--packed", "--dim", "H", "--ratio", "0.5"]
     assert main([*args, *co, "-o", str(tmp_path / "co")]) == 0
-    built = _built_algorithms(tmp_path / "co-ir")
+    built = built_algorithms(tmp_path / "co-ir")
     assert [a for a in built if a[1] == "avx512" and a[0] != "injective"] == [("gemm", "avx512")]
 
 
@@ -798,7 +798,7 @@ def test_cpu_alone_kernel_dataset_makes_coexec_builds_use_them(opencl, tmp_path,
         manifest = json.loads((out / "manifest.json").read_text())
         assert manifest.get("coexec_cpu_alone_kernels", False) is want, manifest.get("plan")
         assert manifest["device"] == "coexec", manifest["plan"]
-        if _host_has_avx512():
+        if host_has_avx512():
             capsys.readouterr()
             assert main(["run", str(out), "--number", "1", "--repeat", "1"]) == 0
             assert "-> OK" in capsys.readouterr().out
@@ -861,7 +861,7 @@ def test_coexec_cpu_parts_use_packed_when_the_cost_model_covers_it(
     dumped = ["--cost-model", str(path), "-o", str(tmp_path / "d"), "--no-reference"]
     assert main([*args, *dumped]) == 0
     monkeypatch.delenv("CODL_TVM_DUMP_IR")
-    assert ("packed", "avx512") in _built_algorithms(tmp_path / "ir")
+    assert ("packed", "avx512") in built_algorithms(tmp_path / "ir")
     from codl_tvm.artifact import default_cost_model_for
 
     # the shipped emulated-soc model has packed data (profiled on the device machine); the H100
@@ -877,7 +877,7 @@ def test_coexec_cpu_parts_use_packed_when_the_cost_model_covers_it(
         assert manifest.get("coexec_cpu_algorithms") == want, manifest.get("plan")
         # without packed data the artifact says that the CPU alone is predicted too slow
         assert manifest.get("cpu_alone_unmodelled") == (None if want else ["packed"])
-        if manifest["device"] == "coexec" and _host_has_avx512():
+        if manifest["device"] == "coexec" and host_has_avx512():
             capsys.readouterr()
             assert main(["run", str(out), "--number", "1", "--repeat", "1"]) == 0
             assert "-> OK" in capsys.readouterr().out
@@ -887,7 +887,7 @@ def test_profiled_packed_part_takes_the_packed_weight_as_input(tmp_path):
     """A profiled algorithm part reads its weight as an input in the transformed layout (no
     weight baked into the library), below the thresholds it stays direct."""
     from codl_tvm.cost_model.features import OpParams, Partition
-    from codl_tvm.profiling.parts import compile_part
+    from codl_tvm.profiling.part_build import compile_part
 
     conv = OpParams("conv2d", 7, 7, 64, 45, kernel=3, stride=1, padding=(1, 1, 1, 1))
     small = OpParams("conv2d", 7, 7, 16, 32, kernel=3, stride=1, padding=(1, 1, 1, 1))
@@ -897,7 +897,7 @@ def test_profiled_packed_part_takes_the_packed_weight_as_input(tmp_path):
     assert part.impl == "packed" and part.inputs == ((1, 64, 7, 7), (3, 64, 3, 3, 16))
     assert direct.impl == "direct" and direct.inputs[1] == (32, 16, 3, 3)
     # the selection a campaign filters on before building agrees with the builds
-    from codl_tvm.profiling.parts import part_rewrite
+    from codl_tvm.cost_model.part_ir import part_rewrite
 
     with packed_enabled("all"):
         cfg = cpu_config(AVX512_TARGET)
@@ -920,7 +920,7 @@ def _whole_model(name: str, **overrides) -> list[str]:
     proto = build_model(name, seed=5) if name in ZOO_MODELS else light_model(name, seed=3)
     model = load_onnx(proto)
     feeds = random_inputs(model, seed=7)
-    target = AVX512_TARGET if _host_has_avx512() else LLVM
+    target = AVX512_TARGET if host_has_avx512() else LLVM
     cfg = dataclasses.replace(cpu_config(target), conv_packed=True, winograd=True, **overrides)
     algos = algorithms(scheduled(model.mod, target, cpu=cfg))
     assert "packed" in algos, sorted(set(algos))
@@ -956,7 +956,7 @@ def test_squeezenet_with_packed_stem_and_rounded_classifier_matches_onnxruntime(
     from codl_tvm.frontend.models import light_model
 
     algos = _whole_model("squeezenet", packed_min_in_channels=3, packed_round_blocks=True)
-    target = AVX512_TARGET if _host_has_avx512() else LLVM
+    target = AVX512_TARGET if host_has_avx512() else LLVM
     cfg = dataclasses.replace(cpu_config(target), conv_packed=True, winograd=True)
     before = algorithms(scheduled(load_onnx(light_model("squeezenet", seed=3)).mod, target, cfg))
     # the stem and the 16-channel 3x3 conv (one kernel, called twice) join the packed kernels
@@ -977,13 +977,13 @@ def test_coexec_cpu_alone_kernels_switch(opencl, tmp_path, capsys, monkeypatch):
         monkeypatch.setenv("CODL_TVM_DUMP_IR", str(ir))
         assert main([*args, *flag, *cache, "-o", str(ir / "a"), "--no-reference"]) == 0
         monkeypatch.delenv("CODL_TVM_DUMP_IR")
-        built[bool(flag)] = set(_built_algorithms(ir))
+        built[bool(flag)] = set(built_algorithms(ir))
         # the same library from the build cache, with the reference outputs to check against
         assert main([*args, *flag, *cache, "-o", str(out)]) == 0
         manifest = json.loads((out / "manifest.json").read_text())
         assert manifest["device"] == "coexec"
         assert manifest.get("coexec_cpu_alone_kernels", False) is bool(flag)
-        if _host_has_avx512():
+        if host_has_avx512():
             capsys.readouterr()
             assert main(["run", str(out), "--number", "1", "--repeat", "1"]) == 0
             assert "-> OK" in capsys.readouterr().out

@@ -40,7 +40,7 @@ AVX512_TARGET = Target({"kind": "llvm", "mcpu": "skylake-avx512"})
 NEON_TARGET = Target({"kind": "llvm", "mtriple": "aarch64-linux-android", "mattr": ["+neon"]})
 
 
-def _host_has_avx512() -> bool:
+def host_has_avx512() -> bool:
     try:
         flags = Path("/proc/cpuinfo").read_text()
     except OSError:
@@ -48,7 +48,7 @@ def _host_has_avx512() -> bool:
     return " avx512f" in flags and " avx512bw" in flags
 
 
-RUN_TARGETS = [LLVM, *([AVX512_TARGET] if _host_has_avx512() else [])]
+RUN_TARGETS = [LLVM, *([AVX512_TARGET] if host_has_avx512() else [])]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -253,7 +253,7 @@ def test_conv2d_hypothesis(params):
 @settings(max_examples=15, deadline=None)
 @given(params=conv_params())
 def test_conv2d_hypothesis_avx512(params):
-    if not _host_has_avx512():
+    if not host_has_avx512():
         pytest.skip("host has no AVX-512")
     check_conv(*params, AVX512_TARGET)
 
@@ -462,6 +462,35 @@ def test_cpu_overrides():
     with pytest.raises(ValueError, match=r"\['bogus'\] not CPUConfig fields"):
         with cpu_overrides(bogus=1):
             pass
+
+
+def test_schedule_settings_travel_as_one_object():
+    """Rules get the build's settings when they are made, not from the context of ``apply``."""
+    from codl_tvm.schedules import (
+        ScheduleSettings,
+        current_settings,
+        packed_enabled,
+        schedule_rules,
+    )
+
+    packed = ScheduleSettings(packed=frozenset({"avx512"}), cpu_overrides=(("conv_oc_tile", 8),))
+    assert cpu_config(AVX512_TARGET, packed).conv_packed
+    assert cpu_config(AVX512_TARGET, packed).conv_oc_tile == 8
+    assert not cpu_config(NEON_TARGET, packed).conv_packed
+    assert not cpu_config(AVX512_TARGET).conv_packed  # the default settings
+    rules = schedule_rules(AVX512_TARGET, settings=packed)
+    assert all(rule.settings is packed for rule in rules)
+    plain = CPUConv2D()
+    with packed_enabled("all") as inside:
+        assert current_settings() is inside
+        assert inside.packed == {"sse", "avx2", "avx512", "neon"}
+        assert not plain.default_config(AVX512_TARGET).conv_packed  # made outside the block
+        assert CPUConv2D().default_config(AVX512_TARGET).conv_packed
+    assert current_settings() == ScheduleSettings()
+    with pytest.raises(ValueError, match="unknown presets"):
+        ScheduleSettings(packed=frozenset({"avx1024"}))
+    with pytest.raises(ValueError, match="not CPUConfig fields"):
+        ScheduleSettings(cpu_overrides=(("bogus", 1),))
 
 
 def test_config_changes_schedule():

@@ -46,7 +46,7 @@ DEVICE_TARGETS = {
 }
 
 
-def _legalize(mod):
+def legalize(mod):
     return tvm.transform.Sequential(
         [
             relax.transform.LegalizeOps(),
@@ -58,7 +58,7 @@ def _legalize(mod):
 
 
 def schedule(mod, target):
-    mod = _legalize(mod)
+    mod = legalize(mod)
     with target:
         return apply_schedules(target)(mod)
 
@@ -185,12 +185,12 @@ def test_pool_and_dense_get_recorded_schedules():
 
 
 def test_opencl_rules_decline_with_reason():
-    pool = _legalize(pool_module((1, 4, 8, 8), "max", (2, 2), (2, 2), (0, 0, 0, 0)))
+    pool = legalize(pool_module((1, 4, 8, 8), "max", (2, 2), (2, 2), (0, 0, 0, 0)))
     (pool_func,) = prim_funcs(pool).values()
     reasons = explain(pool_func, OPENCL)
     assert reasons["OpenCLConv2D"].startswith("not a conv2d")
     assert reasons["OpenCLPool2D"] is None
-    conv = _legalize(conv_module((1, 4, 8, 8), (4, 4, 3, 3), 1, 1, 1, 1, False))
+    conv = legalize(conv_module((1, 4, 8, 8), (4, 4, 3, 3), 1, 1, 1, 1, False))
     (conv_func,) = prim_funcs(conv).values()
     assert OpenCLConv2D().apply(conv_func, Target({"kind": "llvm"}), False) is None
     assert OpenCLPool2D().explain(conv_func, OPENCL).startswith("not a pool2d")
@@ -198,7 +198,7 @@ def test_opencl_rules_decline_with_reason():
 
 def test_cpu_functions_in_an_opencl_build_get_cpu_rules():
     """A PrimFunc whose own target is llvm (CPU part of a co-executed op) gets a CPU schedule."""
-    conv = _legalize(conv_module((1, 4, 8, 8), (4, 4, 3, 3), 1, 1, 1, 1, False))
+    conv = legalize(conv_module((1, 4, 8, 8), (4, 4, 3, 3), 1, 1, 1, 1, False))
     gv = next(g for g, f in conv.functions_items() if isinstance(f, tirx.PrimFunc))
     conv[gv] = conv[gv].with_attr("target", Target({"kind": "llvm"}))
     with OPENCL:
@@ -215,7 +215,7 @@ def test_cpu_functions_in_an_opencl_build_get_cpu_rules():
 # numerics on the local OpenCL device
 
 
-def _run_opencl(mod, target, inputs):
+def run_opencl(mod, target, inputs):
     from codl_tvm.build import runner
 
     built = runner.build(mod, "opencl", target=target)
@@ -252,7 +252,7 @@ def test_conv_on_opencl_matches_numpy(opencl, case, device):
     w = rng.standard_normal(wshape).astype("float32")
     b = rng.standard_normal((1, wshape[0], 1, 1)).astype("float32")
     ref = np.maximum(conv2d_ref(x, w, (stride,) * 2, pad, (dil,) * 2, groups) + b, 0)
-    out = _run_opencl(mod, target, [x, w, b])
+    out = run_opencl(mod, target, [x, w, b])
     np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4 * max(1.0, np.abs(ref).max()))
 
 
@@ -268,7 +268,7 @@ def test_pool_on_opencl_matches_numpy(opencl, case):
     kind, shape, window, stride, padding = case
     mod = schedule(pool_module(shape, kind, window, stride, padding), OPENCL)
     x = np.random.default_rng(8).standard_normal(shape).astype("float32")
-    out = _run_opencl(mod, OPENCL, [x])
+    out = run_opencl(mod, OPENCL, [x])
     np.testing.assert_allclose(
         out, pool_ref(x, kind, window, stride, padding), rtol=1e-5, atol=1e-5
     )
@@ -280,7 +280,7 @@ def test_dense_on_opencl_matches_numpy(opencl):
     rng = np.random.default_rng(9)
     a = rng.standard_normal((2, 96)).astype("float32")
     b = rng.standard_normal((96, 50)).astype("float32")
-    out = _run_opencl(mod, OPENCL, [a, b])
+    out = run_opencl(mod, OPENCL, [a, b])
     np.testing.assert_allclose(out, np.maximum(a.astype(np.float64) @ b, 0), rtol=1e-4, atol=1e-4)
 
 
@@ -317,7 +317,7 @@ def _split_cfg(**kw):
 )
 def test_split_k_choice(xshape, wshape, cfg, split):
     groups = xshape[1] // wshape[1]
-    mod = _legalize(conv_module(xshape, wshape, 1, 1, 1, groups, True))
+    mod = legalize(conv_module(xshape, wshape, 1, 1, 1, groups, True))
     with DEVICE_TARGETS["nvidia"]:
         mod = apply_schedules(DEVICE_TARGETS["nvidia"], opencl=cfg)(mod)
     (func,) = prim_funcs(mod).values()
@@ -362,7 +362,7 @@ def test_split_k_conv_matches_numpy(opencl, xshape, wshape, pad, stride, cfg):
         mod, "opencl", target=target, relax_pipeline=single_device_pipeline(target, opencl=cfg)
     )
     with target:
-        (func,) = prim_funcs(apply_schedules(target, opencl=cfg)(_legalize(mod))).values()
+        (func,) = prim_funcs(apply_schedules(target, opencl=cfg)(legalize(mod))).values()
     assert int(func.attrs["codl.split_k"]) > 1
     out = built([x, w, b])[0]
     np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4 * max(1.0, np.abs(ref).max()))

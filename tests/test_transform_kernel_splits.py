@@ -1,5 +1,6 @@
-"""codl.RecordKernelSplits at IR level (CPU only): the pass leaves the module structurally
-unchanged and records every kernel call of ``main`` in order with its split and processor.
+"""codl.RecordKernelSplits at IR level (CPU only): the pass leaves every function structurally
+unchanged and records every kernel call of ``main`` in order with its split and processor, as
+the module's ``codl_kernel_splits`` attribute.
 
 The Before module is ``main`` as InsertCoexecSync leaves it (kernel calls still ``call_tir`` /
 ``call_tir_inplace``), hand-written with tiny kernels: one split ``conv2d_0`` whose GPU part
@@ -11,7 +12,13 @@ from __future__ import annotations
 import json
 
 import tvm
-from codl_tvm.passes.kernel_splits import RecordKernelSplits, kernel_splits
+from codl_tvm.passes.kernel_splits import (
+    KERNEL_SPLITS_ATTR,
+    RecordKernelSplits,
+    kernel_splits,
+    recorded_kernel_splits,
+    with_kernel_splits,
+)
 from tvm.script import ir as I
 from tvm.script import relax as R
 from tvm.script import tirx as T
@@ -95,10 +102,11 @@ EXPECTED_RECORD = {
 
 
 def test_record_kernel_splits():
-    sink = {"stale": True}
-    after = RecordKernelSplits(sink)(Before)
-    tvm.ir.assert_structural_equal(after, Before)
-    assert sink == EXPECTED_RECORD  # cleared first
+    stale = with_kernel_splits(Before, {"stale": True})
+    after = RecordKernelSplits()(stale)
+    tvm.ir.assert_structural_equal(after.without_attr(KERNEL_SPLITS_ATTR), Before)
+    assert recorded_kernel_splits(after) == EXPECTED_RECORD  # replaces the earlier record
+    assert recorded_kernel_splits(Before) is None
     assert kernel_splits(Before) == EXPECTED_RECORD
 
 

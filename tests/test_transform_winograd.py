@@ -15,7 +15,7 @@ import dataclasses
 import numpy as np
 import tvm
 from codl_tvm.passes.winograd import Conv2DWinograd
-from codl_tvm.schedules.config import SSE
+from codl_tvm.schedules.presets import SSE
 from codl_tvm.schedules.winograd import transform_weight, winograd_conv2d
 from tvm import relax
 from tvm.script import ir as I

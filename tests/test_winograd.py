@@ -33,8 +33,8 @@ from codl_tvm.schedules import (
     winograd_enabled,
     winograd_reason,
 )
-from codl_tvm.schedules.config import AVX512 as AVX512_PRESET
-from codl_tvm.schedules.config import NVIDIA as NVIDIA_PRESET
+from codl_tvm.schedules.presets import AVX512 as AVX512_PRESET
+from codl_tvm.schedules.presets import NVIDIA as NVIDIA_PRESET
 from codl_tvm.schedules.winograd import winograd_matrices
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -216,7 +216,7 @@ def test_pass_rewrites_qualifying_convs_only():
     p = Conv2DWinograd(LLVM, cpu=cpu_cfg(2))
     out = p(mod)
     assert p.decisions == {"conv": "winograd"}
-    ops = {str(c.op.name) for c in _calls(out["main"]) if isinstance(c.op, tvm.ir.Op)}
+    ops = {str(c.op.name) for c in relax_calls(out["main"]) if isinstance(c.op, tvm.ir.Op)}
     assert "relax.nn.conv2d" not in ops and "relax.call_tir" in ops
     for kwargs, why in [
         (dict(ksize=5), "5x5"),
@@ -227,7 +227,7 @@ def test_pass_rewrites_qualifying_convs_only():
         p = Conv2DWinograd(LLVM, cpu=cpu_cfg(2))
         out = p(mod)
         assert why in p.decisions["conv"]
-        assert "relax.nn.conv2d" in {str(c.op.name) for c in _calls(out["main"])}
+        assert "relax.nn.conv2d" in {str(c.op.name) for c in relax_calls(out["main"])}
     # a weight that is not a constant is left alone (no compile-time transform possible)
     bb = relax.BlockBuilder()
     x = relax.Var("x", relax.TensorType((1, 32, 8, 8), "float32"))
@@ -245,7 +245,8 @@ def test_pass_rewrites_qualifying_convs_only():
         Conv2DWinograd(POCL_TARGET, POCL_TARGET)
 
 
-def _calls(func):
+def relax_calls(func):
+    """Every Relax call in ``func``, in post order."""
     found = []
     relax.analysis.post_order_visit(
         func.body, lambda e: found.append(e) if isinstance(e, relax.Call) else None
@@ -307,9 +308,9 @@ def test_opencl_rule_applies_and_compiles(device):
 
 
 def test_presets_default_to_direct_until_measured():
-    """Winograd is opt-in: no preset enables it before the device machine has measured it
+    """Winograd is opt-in: no preset enables it before it was measured
     faster (the shipped cost models were trained on direct kernels)."""
-    from codl_tvm.schedules import config as c
+    from codl_tvm.schedules import presets as c
 
     for cfg in (c.SSE, c.AVX2, c.AVX512, c.NEON, c.POCL, c.NVIDIA, c.ADRENO, c.MALI):
         assert cfg.winograd is False, cfg.name
@@ -331,7 +332,7 @@ def test_presets_default_to_direct_until_measured():
 def test_presets_build_winograd_when_enabled():
     """AVX-512 and NEON presets with ``winograd=True`` select Winograd for a qualifying conv
     with their own tile; both compile (NEON is cross-compiled for aarch64, nothing runs)."""
-    from codl_tvm.schedules import config as c
+    from codl_tvm.schedules import presets as c
 
     from .test_schedules_cpu import AVX512_TARGET, NEON_TARGET
 
@@ -453,7 +454,7 @@ def _coexec_decisions(mod, plan, gpu, cpu):
     return p.decisions
 
 
-def _built_algorithms(dump_dir) -> list[tuple[str, str]]:
+def built_algorithms(dump_dir) -> list[tuple[str, str]]:
     """(algorithm, config) of every scheduled kernel, from the pipeline's IR dump."""
     import re
 
@@ -483,7 +484,7 @@ def test_coexec_parts_use_winograd(opencl, dim, ratio, tmp_path, monkeypatch):
     got = codl_tvm.compile(mod, plan, gpu=POCL_TARGET, cpu=AVX2_TARGET)([x])[0]
     monkeypatch.delenv("CODL_TVM_DUMP_IR")
     # the build's kernels: one Winograd conv per processor, each with its processor's preset
-    built = _built_algorithms(tmp_path)
+    built = built_algorithms(tmp_path)
     assert ("winograd", "pocl") in built and ("winograd", "avx2") in built, built
     # against the unpartitioned direct conv and against numpy
     direct = runner.build(mod, "cpu")([x])[0]

@@ -34,7 +34,11 @@ from tvm.relax.backend import gpu_generic
 from codl_tvm.passes import PartitionOperators
 from codl_tvm.passes.fold_bn import FoldBatchNorm
 from codl_tvm.passes.fused_targets import RecordFusedTargets, RestoreTargets
-from codl_tvm.passes.kernel_splits import RecordKernelSplits
+from codl_tvm.passes.kernel_splits import (
+    KERNEL_SPLITS_ATTR,
+    RecordKernelSplits,
+    recorded_kernel_splits,
+)
 from codl_tvm.passes.lrn import LRNWindowSum
 from codl_tvm.passes.merge import MergePartsInPlace
 from codl_tvm.passes.nan_semantics import PropagateNaN
@@ -47,6 +51,7 @@ from codl_tvm.passes.sync import InsertCoexecSync
 from codl_tvm.passes.variadic import PairwiseVariadic
 from codl_tvm.passes.winograd import Conv2DWinograd
 from codl_tvm.schedules import apply_schedules
+from codl_tvm.schedules.settings import ScheduleSettings, current_settings
 
 __all__ = [
     "DUMP_IR_ENV",
@@ -81,13 +86,15 @@ def algorithm_passes(
     cpu_target: tvm.target.Target | None = None,
     cpu=None,
     opencl=None,
+    settings: ScheduleSettings | None = None,
 ) -> list[tvm.transform.Pass]:
     """Choose each operator's algorithm before legalization (Winograd for qualifying convs).
 
     ``cpu_target`` is the CPU of a co-executed build (its parts use its config); ``cpu`` and
-    ``opencl`` (:class:`~codl_tvm.schedules.CPUConfig` / ``OpenCLConfig``) replace the presets.
+    ``opencl`` (:class:`~codl_tvm.schedules.CPUConfig` / ``OpenCLConfig``) replace the presets;
+    ``settings`` are the build's schedule switches (None: those in effect).
     """
-    return [Conv2DWinograd(target, cpu_target, cpu=cpu, opencl=opencl)]
+    return [Conv2DWinograd(target, cpu_target, cpu=cpu, opencl=opencl, settings=settings)]
 
 
 def legalize_passes(
@@ -120,14 +127,20 @@ def legalize_passes(
     ]
 
 
-def schedule_passes(target: tvm.target.Target, cpu=None, opencl=None) -> list[tvm.transform.Pass]:
+def schedule_passes(
+    target: tvm.target.Target,
+    cpu=None,
+    opencl=None,
+    settings: ScheduleSettings | None = None,
+) -> list[tvm.transform.Pass]:
     """Schedule every PrimFunc with codl-tvm's rules (and dlight's GPU rules after them).
 
     The rules read each PrimFunc's own ``target`` attribute, so the CPU kernels of a
     co-executed build get the CPU rules and the OpenCL kernels the OpenCL ones; ``cpu`` and
-    ``opencl`` configs replace the presets.
+    ``opencl`` configs replace the presets; ``settings`` are the build's schedule switches
+    (None: those in effect).
     """
-    return [apply_schedules(target, cpu, opencl)]
+    return [apply_schedules(target, cpu, opencl, settings)]
 
 
 def dataflow_lower_passes(target: tvm.target.Target) -> list[tvm.transform.Pass]:
@@ -145,15 +158,16 @@ def coexec_dataflow_lower_passes(
     TVM 0.27's ``RewriteDataflowReshape`` turns a reshape kernel whose output VDevice differs
     from its input's (or is unset, e.g. a fused inference-mode dropout) into a view bound to a
     new var and leaves the old one undefined, so reshapes stay (small) copy kernels on their
-    processor.
+    processor. ``kernel_splits`` not None: record the kernel splits as the module's
+    ``codl_kernel_splits`` attribute (:class:`~codl_tvm.passes.kernel_splits.RecordKernelSplits`).
     """
     return [
         relax.transform.ToNonDataflow(),
         relax.transform.RemovePurityChecking(),
         InsertCoexecSync(),
-        *([RecordKernelSplits(kernel_splits)] if kernel_splits is not None else []),
+        *([RecordKernelSplits()] if kernel_splits is not None else []),
         # after the record: it reads each call's split from its own copy
-        ShareIdenticalKernels(kernel_splits),
+        ShareIdenticalKernels(),
         relax.transform.CallTIRRewrite(),
     ]
 
@@ -206,12 +220,13 @@ def single_device_pipeline(
 
     @tvm.transform.module_pass(opt_level=0, name="codl.SingleDevicePipeline")
     def _pipeline(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        settings = current_settings()  # read once: both phases get the same switches
         with target:
             phases = [
                 ("inference", inference_passes()),
-                ("algorithm", algorithm_passes(target, cpu=cpu, opencl=opencl)),
+                ("algorithm", algorithm_passes(target, cpu=cpu, opencl=opencl, settings=settings)),
                 ("legalize", legalize_passes(target)),
-                ("schedule", schedule_passes(target, cpu, opencl)),
+                ("schedule", schedule_passes(target, cpu, opencl, settings)),
                 ("dataflow-lower", dataflow_lower_passes(target)),
                 ("finalize", finalize_passes(target)),
             ]
@@ -254,6 +269,7 @@ def coexec_pipeline(
 
     @tvm.transform.module_pass(opt_level=0, name="codl.CoexecPipeline")
     def _pipeline(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        settings = current_settings()  # read once: both phases get the same switches
         with gpu_target:
             place = PlaceParts(gpu_target, cpu_target, plan.home)
             phases = [
@@ -266,15 +282,22 @@ def coexec_pipeline(
                         *([OrderSplits(plan.order)] if plan.order else []),
                     ],
                 ),
-                ("algorithm", algorithm_passes(gpu_target, cpu_target, cpu, opencl)),
+                ("algorithm", algorithm_passes(gpu_target, cpu_target, cpu, opencl, settings)),
                 ("legalize-place-fuse", legalize_passes(gpu_target, place)),
-                ("schedule", schedule_passes(gpu_target, cpu, opencl)),
+                ("schedule", schedule_passes(gpu_target, cpu, opencl, settings)),
                 ("merge", [MergePartsInPlace()]),
                 ("dataflow-lower", coexec_dataflow_lower_passes(gpu_target, kernel_splits)),
                 ("finalize", finalize_passes(gpu_target)),
             ]
             if weights is not None:
                 phases.append(("weights", weights_passes(weights, "opencl")))
-            return _run_phases(mod, phases, _dump_dir(dump_ir))
+            mod = _run_phases(mod, phases, _dump_dir(dump_ir))
+        if kernel_splits is not None:
+            # the record is the module's attribute; the caller's dictionary gets it, since
+            # tvm.compile returns the executable, not the module
+            kernel_splits.clear()
+            kernel_splits.update(recorded_kernel_splits(mod) or {})
+            mod = mod.without_attr(KERNEL_SPLITS_ATTR)
+        return mod
 
     return _pipeline
