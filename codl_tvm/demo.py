@@ -12,30 +12,35 @@ device and the CPU:
 
 Both are checked against the unpartitioned model on the host CPU and timed side by side (one
 sentence says why they differ on this machine), and one co-executed inference is traced into a
-timeline picture with a GPU lane and a CPU lane.
+timeline picture with a GPU lane and a CPU lane. The planner's predictions are those of its
+cost model, for the hardware the model was fitted on (the shipped ones: an emulated SoC, or an
+H100 with a 16-core Xeon), and the summary says so beside what was measured here.
 
 :func:`run_demo` does the work and returns a :class:`DemoResult`; the CLI prints
-:meth:`DemoResult.lines`. Progress goes to ``log`` one short line per step (the first run
-compiles the OpenCL runtime plugin and the kernels); the builds' own messages go to
-``build.log`` in the output directory.
+:meth:`DemoResult.lines`. Progress goes to this module's logger at INFO, one short line per
+step (the first run compiles the OpenCL runtime plugin and the kernels); the builds' own
+messages go to ``build.log`` in the output directory (their warnings to the console too).
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
+import pkgutil
 import platform
 import shutil
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+import codl_tvm
 from codl_tvm import runtime
-from codl_tvm.artifact import Artifact, compile_artifact, load_artifact
 from codl_tvm.build.runner import max_abs_difference
 from codl_tvm.core.errors import ArtifactError, BuildError, FeatureError, PlanError
 from codl_tvm.core.plan import (
@@ -48,9 +53,12 @@ from codl_tvm.core.plan import (
 )
 from codl_tvm.frontend.importer import load_onnx
 from codl_tvm.frontend.models import bundled_model_path
+from codl_tvm.objectives.latency import compile_artifact
+from codl_tvm.options import CompileOptions
 from codl_tvm.passes.partition_analysis import OperatorAnalysis
 from codl_tvm.planner.split.part_shapes import chain_parts, op_params
 from codl_tvm.profiling.trace import Trace, trace_inference
+from codl_tvm.runtime.artifact import Artifact, load_artifact
 
 __all__ = [
     "DEMO_ENTRIES",
@@ -58,11 +66,15 @@ __all__ = [
     "DemoOptions",
     "DemoResult",
     "OperatorPlacement",
+    "cost_model_hardware",
     "fixed_split_plan",
+    "halo_span",
     "operator_placement",
     "placement_lines",
     "run_demo",
 ]
+
+logger = logging.getLogger(__name__)
 
 #: What the demo writes into its output directory (nothing else is ever replaced there).
 DEMO_ENTRIES = ("planned", "coexec", "timeline.png", "timeline.json", "build.log")
@@ -140,7 +152,8 @@ class DemoResult:
     #: whether the OpenCL device is the host CPU's own cores (a CPU OpenCL runtime)
     opencl_on_host_cpu: bool
     cost_model: str
-    #: the planner's predictions: ``predicted_ms``, ``cpu_only_ms``, ``gpu_only_ms``
+    #: the planner's predictions: ``predicted_ms``, ``cpu_only_ms``, ``gpu_only_ms``, for the
+    #: hardware the cost model describes (:attr:`cost_model_hardware`), not this machine
     predicted: dict
     #: why the planned build runs on one processor; None when the planner co-executes
     fallback: str | None
@@ -153,6 +166,8 @@ class DemoResult:
     chrome_trace: Path
     why: str
     output: Path
+    #: the hardware the cost model was fitted on, in words ("an emulated SoC: ...")
+    cost_model_hardware: str = "the hardware its data was measured on"
 
     @property
     def ok(self) -> bool:
@@ -164,8 +179,10 @@ class DemoResult:
         name = self.model.name
         p = self.predicted
         out = [
-            f"planner ({self.cost_model}): CPU alone {p['cpu_only_ms']:.3f} ms, GPU alone "
-            f"{p['gpu_only_ms']:.3f} ms, best plan {p['predicted_ms']:.3f} ms (predicted)",
+            f"planner's predictions ({self.cost_model}), for {self.cost_model_hardware}, "
+            "not this machine:",
+            f"  CPU alone {p['cpu_only_ms']:.3f} ms, GPU alone {p['gpu_only_ms']:.3f} ms, "
+            f"best plan {p['predicted_ms']:.3f} ms",
         ]
         if self.fallback is not None:
             out.append(f"{name} runs on the {self.planned.device} alone: {self.fallback}")
@@ -182,7 +199,7 @@ class DemoResult:
         )
         ratio = self.coexec.latency_ms / self.planned.latency_ms
         out.append(
-            f"{'latency, median':24s}  {f'{self.planned.latency_ms:.3f} ms':{width}s}  "
+            f"{'latency here, median':24s}  {f'{self.planned.latency_ms:.3f} ms':{width}s}  "
             f"{self.coexec.latency_ms:.3f} ms ({ratio:.2f}x)"
         )
         out.append(f"why: {self.why}")
@@ -288,7 +305,25 @@ def placement_lines(placement: list[OperatorPlacement]) -> list[str]:
         ]
         chain = p.split if p.split != p.op else ""
         rows.append(f"  {p.op:14s} {shape:11s} {cells[0]:14s} {cells[1]:14s} {chain}".rstrip())
+    halo = [(p, span) for p in placement if (span := halo_span(p)) is not None]
+    if halo:
+        p, (lo, hi) = halo[0]
+        rows += [
+            f"  GPU and CPU parts overlap inside chains (e.g. {p.op}: {unit[p.dim]} {lo}:{hi} "
+            "on both): the halo,",
+            "  rows the chain's next operators read, computed by both processors instead of "
+            "exchanged",
+        ]
     return rows
+
+
+def halo_span(p: OperatorPlacement) -> tuple[int, int] | None:
+    """The part of ``p``'s output that both processors compute (the halo of an operator
+    early in an H chain), or None."""
+    if p.gpu is None or p.cpu is None:
+        return None
+    lo, hi = max(p.gpu[0], p.cpu[0]), min(p.gpu[1], p.cpu[1])
+    return (lo, hi) if lo < hi else None
 
 
 def fixed_split_plan(mod, dim: str, ratio: float, chain: bool = True) -> PartitionPlan:
@@ -459,15 +494,16 @@ def _time_alternating(runners: dict[str, Callable[[], None]], rounds: int, runs:
     return {k: statistics.median(v) for k, v in samples.items()}
 
 
-def run_demo(options: DemoOptions, log: Callable[[str], None] = print) -> DemoResult:
+def run_demo(options: DemoOptions) -> DemoResult:
     """Plan, build, check, time and trace the demo's two builds (see the module docstring).
+
+    Progress goes to this module's logger at INFO, one line per step; the builds' messages to
+    ``build.log`` in the output directory.
 
     Parameters
     ----------
     options
         What to build and where.
-    log
-        Where the one-line progress messages go.
 
     Returns
     -------
@@ -498,7 +534,7 @@ def run_demo(options: DemoOptions, log: Callable[[str], None] = print) -> DemoRe
     created = options.output is None or not Path(options.output).exists()
     out = _prepare_output(options)
     try:
-        return _run(options, out, model_path, model, plan, log)
+        return _run(options, out, model_path, model, plan)
     except BaseException:
         if created:
             # a directory of our own: a failed run leaves nothing behind
@@ -512,9 +548,9 @@ def _run(
     model_path: Path,
     model,
     plan: PartitionPlan,
-    log: Callable[[str], None],
 ) -> DemoResult:
     """:func:`run_demo` once its inputs are checked and its directory is ready."""
+    log = logger.info
     log("[1/5] loading the OpenCL runtime (the first run compiles its plugin, about 30 s)")
     try:
         runtime.load()
@@ -527,35 +563,21 @@ def _run(
     dev = info.devices[0]
     opencl = f"{info.platform} / {dev.name} ({dev.compute_units} CUs, SVM {info.svm_mode})"
     log(f"      OpenCL: {opencl}")
-    build_log = (out / "build.log").open("w")
-
-    def to_file(message: str) -> None:
-        build_log.write(message + "\n")
-        build_log.flush()
-
-    try:
+    with _build_messages_to(out / "build.log"):
         cost = Path(options.cost_model).name if options.cost_model else "the shipped cost model"
         log(f"[2/5] planning {model_path.name} with {cost} and building the planned version")
         compile_artifact(
             model_path,
             out / "planned",
-            cost_model=options.cost_model,
-            seed=options.seed,
-            force=options.force,
-            log=to_file,
+            CompileOptions(cost_model=options.cost_model, seed=options.seed, force=options.force),
         )
         split = _split_text(plan)
         log(f"[3/5] building a co-executed version: {split}")
         compile_artifact(
             model_path,
             out / "coexec",
-            plan=plan,
-            seed=options.seed,
-            force=options.force,
-            log=to_file,
+            CompileOptions(plan=plan, seed=options.seed, force=options.force),
         )
-    finally:
-        build_log.close()
     planned_art, coexec_art = load_artifact(out / "planned"), load_artifact(out / "coexec")
     log(
         "[4/5] checking both against the unpartitioned model and timing them "
@@ -598,6 +620,7 @@ def _run(
         opencl=opencl,
         opencl_on_host_cpu=on_host,
         cost_model=Path(cm_file).name if cm_file else "cost model",
+        cost_model_hardware=cost_model_hardware(cm_file),
         predicted={k: summary.get(k, float("nan")) for k in _PREDICTED},
         fallback=record.get("fallback"),
         planned=outcomes["planned"],
@@ -619,6 +642,59 @@ def _run(
 
 
 _PREDICTED = ("predicted_ms", "cpu_only_ms", "gpu_only_ms")
+
+# The hardware each shipped cost model was fitted on (codl_tvm.cost_model.defaults), by the
+# start of its file name; any other model describes whatever its data was measured on.
+_FITTED_ON = {
+    "emulated-soc": "an emulated SoC (8 Xeon cores as the GPU through PoCL, 8 as the CPU)",
+    "device-h100": "an H100 with a 16-core Xeon",
+}
+
+
+def cost_model_hardware(file_name: str | None) -> str:
+    """The hardware a cost model's predictions describe, in words, from its file name."""
+    stem = Path(file_name).stem if file_name else ""
+    for prefix, hardware in _FITTED_ON.items():
+        if stem.startswith(prefix):
+            return hardware
+    return "the hardware its data was measured on"
+
+
+class _BuildLog(logging.FileHandler):
+    """The builds' messages into ``build.log``; their warnings reach the console as well."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        super().emit(record)
+        if record.levelno >= logging.WARNING:
+            logging.getLogger("codl_tvm").handle(record)
+
+
+@contextlib.contextmanager
+def _build_messages_to(path: Path) -> Iterator[None]:
+    """Inside the block, the messages of every codl_tvm package but the demo go to ``path``
+    instead of the console (the demo's summary stays on one screen)."""
+    handler = _BuildLog(path, mode="w")
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    names = [
+        f"codl_tvm.{m.name}"
+        for m in pkgutil.iter_modules(codl_tvm.__path__)
+        if m.name not in ("demo", "cli")
+    ]
+    saved = []
+    for name in names:
+        log = logging.getLogger(name)
+        saved.append((log, log.propagate, log.level))
+        log.addHandler(handler)
+        log.propagate = False
+        log.setLevel(min(log.getEffectiveLevel(), logging.INFO))
+    try:
+        yield
+    finally:
+        for log, propagate, level in saved:
+            log.removeHandler(handler)
+            log.propagate = propagate
+            log.setLevel(level)
+        handler.close()
 
 
 def _typical_trace(art: Artifact, inputs: list[np.ndarray], n: int = 3) -> Trace:

@@ -137,6 +137,6 @@ def test_views_at_unaligned_offsets_and_cpu_views_in_buffer_mode(opencl, tmp_pat
 
 
 def test_info_says_buffer_mode(opencl, tmp_path):
-    out = _run_in_buffer_mode("", tmp_path, "-m", "codl_tvm.cli", "info")
+    out = _run_in_buffer_mode("", tmp_path, "-m", "codl_tvm.cli", "info", "--json")
     assert out["svm_mode"] == "buffer"
     assert out["memory"] == "buffer (host-mapped, no SVM)"

@@ -4,6 +4,7 @@ fixed split that matches the unpartitioned model, and a timeline with both lanes
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import subprocess
 import sys
@@ -19,9 +20,13 @@ from codl_tvm.core.errors import ArtifactError, CodlError, PlanError
 from codl_tvm.core.plan import ChainPlan, PartitionPlan
 from codl_tvm.demo import (
     DemoOptions,
+    OperatorPlacement,
+    cost_model_hardware,
     fixed_split_plan,
+    halo_span,
     host_cpu_name,
     opencl_on_host_cpu,
+    placement_lines,
     run_demo,
 )
 from codl_tvm.frontend.importer import load_onnx, random_inputs
@@ -105,7 +110,7 @@ def test_failed_demo_leaves_no_directory(opencl, tmp_path):
     bad = tmp_path / "cm.json"
     bad.write_text("{not json")
     with pytest.raises(CodlError, match=r"cm\.json: corrupt cost model file"):
-        run_demo(DemoOptions(output=tmp_path / "out", cost_model=bad), log=lambda _: None)
+        run_demo(DemoOptions(output=tmp_path / "out", cost_model=bad))
     assert not (tmp_path / "out").exists()
 
 
@@ -136,12 +141,31 @@ def test_timeline_png_colours_splits(tmp_path):
     assert data.startswith(PNG_MAGIC) and len(data) > 5_000
 
 
+class _Lines(logging.Handler):
+    """The messages logged, in order."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
 @pytest.fixture(scope="module")
 def demo(opencl, tmp_path_factory):
-    lines: list[str] = []
+    progress = _Lines()
+    log = logging.getLogger("codl_tvm.demo")
+    log.addHandler(progress)
+    level = log.level
+    log.setLevel(logging.INFO)
     out = tmp_path_factory.mktemp("demo") / "out"
-    result = run_demo(DemoOptions(output=out, rounds=1, runs_per_round=1), log=lines.append)
-    return result, lines
+    try:
+        result = run_demo(DemoOptions(output=out, rounds=1, runs_per_round=1))
+    finally:
+        log.removeHandler(progress)
+        log.setLevel(level)
+    return result, progress.lines
 
 
 def test_demo_keeps_the_planners_fallback(demo):
@@ -212,3 +236,35 @@ def test_cli_demo_fits_one_screen(opencl, tmp_path):
     assert trace.is_file() and trace.with_suffix(".png").read_bytes().startswith(PNG_MAGIC)
     assert str(trace.with_suffix(".png")) in out
     assert len(out.splitlines()) <= 40, out
+
+
+def test_predictions_are_labelled_with_the_hardware_they_describe(demo):
+    """The planner's numbers are the cost model's, for the hardware it was fitted on; the
+    latencies beside them are this machine's."""
+    result, _ = demo
+    lines = result.lines()
+    assert lines[0].startswith("planner's predictions (emulated-soc")
+    assert "for an emulated SoC" in lines[0] and lines[0].endswith("not this machine:")
+    assert any(line.startswith("latency here, median") for line in lines)
+    assert cost_model_hardware("device-h100.json") == "an H100 with a 16-core Xeon"
+    assert cost_model_hardware("mine.json") == "the hardware its data was measured on"
+
+
+def test_overlapping_rows_are_explained_as_the_halo(demo):
+    result, _ = demo
+    halos = [(p.op, halo_span(p)) for p in result.placement if halo_span(p) is not None]
+    assert halos, "an H chain computes halo rows on both processors"
+    op, (lo, hi) = halos[0]
+    text = "\n".join(result.lines())
+    assert f"(e.g. {op}: rows {lo}:{hi} on both): the halo," in text
+
+
+def test_the_halo_note_only_where_parts_overlap():
+    def row(gpu, cpu):
+        return OperatorPlacement("conv2d_0", (8, 32, 32), "conv2d_0..conv2d_1", "H", gpu, cpu)
+
+    assert halo_span(row((0, 18), (14, 32))) == (14, 18)
+    assert halo_span(row((0, 16), (16, 32))) is None
+    assert len(placement_lines([row((0, 16), (16, 32))])) == 2  # header and the row
+    lines = placement_lines([row((0, 18), (14, 32))])
+    assert "(e.g. conv2d_0: rows 14:18 on both): the halo," in lines[2]

@@ -106,11 +106,12 @@ for row in built.placements[:3]:
 # Each GPU kernel comes from OpenCL event timestamps, each CPU kernel and synchronisation wait
 # from host timestamps, on one time base. Open the JSON in chrome://tracing or Perfetto.
 from codl_tvm.profiling.trace import trace_inference  # noqa: E402
-from codl_tvm.runtime import coexec as sync  # noqa: E402
+from codl_tvm.runtime import sync  # noqa: E402
 
 print("sync mechanism:", sync.sync_mode())
 trace = trace_inference(built, [x])
-out_dir = Path(tempfile.mkdtemp())
+out_dir = Path(tempfile.mkdtemp(prefix="codl-quickstart-"))
 trace.save_chrome(out_dir / "trace.json")
 trace.save_png(out_dir / "trace.png")
 print(trace.summary())
+print("trace:", out_dir / "trace.json", "and its timeline", out_dir / "trace.png")

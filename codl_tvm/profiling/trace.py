@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import textwrap
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -185,7 +186,9 @@ class Trace:
             f"CPU busy {s['cpu_busy_us'] / 1e3:.2f} ms, overlap {s['overlap_us'] / 1e3:.2f} ms, "
             f"waits {s['sync_wait_us'] / 1e3:.2f} ms"
         )
-        ax.set_title(f"{title}\n{summary}" if title else summary, fontsize=10)
+        # a long title (model, split, device) wraps instead of running off the figure's sides
+        head = "\n".join(textwrap.wrap(title, 110)) if title else ""
+        ax.set_title(f"{head}\n{summary}" if head else summary, fontsize=10)
         if splits:
             handles = [Patch(color=color[n], label=n) for n in splits]
             handles.append(Patch(color=_UNSPLIT_COLOR, label="outside the plan"))
@@ -198,7 +201,8 @@ class Trace:
                 frameon=False,
             )
         fig.tight_layout()
-        fig.savefig(str(path), dpi=100)
+        # "tight": the saved picture grows to hold the title and the legend whole
+        fig.savefig(str(path), dpi=100, bbox_inches="tight", pad_inches=0.15)
 
 
 # Split colours: matplotlib's tab10 without its red and grey, which mean waits and unsplit work.

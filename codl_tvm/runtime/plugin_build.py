@@ -3,7 +3,7 @@
 The plugin is compiled on first use with tvm_ffi's C++ build helpers (g++ and ninja from PyPI)
 against the headers of the installed TVM wheel, and cached by tvm_ffi under a hash of its sources
 and flags, so later processes only ``dlopen`` it. ``CODL_TVM_PLUGIN_LIB`` names a prebuilt library
-instead (used where no compiler exists, e.g. the device machine or a phone).
+instead (used where no compiler exists, e.g. a board or a phone).
 
 :func:`cross_build_plugin` builds the same sources for another machine (``codl-tvm
 build-runtime --target linux-arm64|android-arm64``): aarch64 Linux with Debian's cross g++ (or
@@ -20,18 +20,20 @@ import glob
 import hashlib
 import importlib.util
 import json
+import logging
 import os
 import platform
 import shutil
 import struct
 import subprocess
 import tempfile
-import warnings
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
 from codl_tvm.core.errors import ToolchainError
+
+logger = logging.getLogger(__name__)
 
 _SRC_DIR = Path(__file__).parent / "src"
 _SOURCES = ("workspace.cc", "opencl_plugin.cc", "coexec_sync.cc")
@@ -125,10 +127,11 @@ def register_pip_opencl_drivers(cache_root: Path) -> None:
         # The ICD files are small and rewritten on every start: any writable folder serves,
         # and an unusable cache root must not stop the OpenCL runtime from loading.
         fallback = Path(tempfile.gettempdir()) / f"codl-tvm-{os.getuid()}" / "icd"
-        warnings.warn(
-            f"codl-tvm: cannot write the OpenCL driver list under {icd_dir} ({exc.strerror}); "
-            f"using {fallback}",
-            stacklevel=2,
+        logger.warning(
+            "cannot write the OpenCL driver list under %s (%s); using %s",
+            icd_dir,
+            exc.strerror,
+            fallback,
         )
         icd_dir = fallback
         icd_dir.mkdir(parents=True, exist_ok=True)
