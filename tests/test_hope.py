@@ -367,7 +367,8 @@ def sharing_model():
 
 
 def test_graph_of_an_inception_module(inception_mod, sharing_model):
-    from codl_tvm.planner.split.search import PlannerConfig, _Planner
+    from codl_tvm.planner.split.codl import SplitPlanner
+    from codl_tvm.planner.split.config import PlannerConfig
 
     g = build_graph(inception_mod, sharing_model)
     names = [n.name for n in g.nodes]
@@ -401,7 +402,7 @@ def test_graph_of_an_inception_module(inception_mod, sharing_model):
     share = sum(sharing_model.predict_sharing(k, nbytes) for k in ("transform", "map", "presync"))
     assert all(e.nbytes == nbytes and e.transfer_ms == pytest.approx(share) for e in g.edges)
     # node latencies are the planner's whole-operator predictions
-    planner = _Planner(inception_mod, sharing_model, PlannerConfig(), "codl")
+    planner = SplitPlanner(inception_mod, sharing_model, PlannerConfig(), "codl")
     for op in planner.ops:
         node = g.nodes[g.index(op.name)]
         assert (node.cpu_ms, node.gpu_ms) == (op.cpu_ms, op.gpu_ms)

@@ -29,7 +29,7 @@ from codl_tvm.planner import (
     plan_all,
     plan_model,
 )
-from codl_tvm.planner.split.search import _Op, _Predictor
+from codl_tvm.planner.split.predict import OpEstimate, Predictor
 
 BALANCED = SyntheticDevice()
 HIGH_SHARING = SyntheticDevice(share_ms_per_mb=2.0, presync_ms=0.05)
@@ -128,11 +128,11 @@ def test_two_op_chain_eq1_at_other_ratio():
 
 
 def test_single_op_chain_matches_predict_coexec(model, high_sharing):
-    pred = _Predictor(high_sharing, PlannerConfig())
+    pred = Predictor(high_sharing, PlannerConfig())
     for info in partitionable_ops(model.mod):
         params = op_params(info)
         impl = {"conv2d": "direct", "dense": "matmul", "pool": "pool"}[params.op]
-        op = _Op(info, params, impl={"cpu": impl, "gpu": impl})
+        op = OpEstimate(info, params, impl={"cpu": impl, "gpu": impl})
         for dim in info.dims:
             for ratio in (0.3, 0.5, 0.8):
                 chain = pred.chain([op], dim.value, ratio)
@@ -287,13 +287,13 @@ def test_chain_min_gain_turns_down_small_chain_gains(model, high_sharing):
 
 @pytest.mark.parametrize("delta", [0.3, 0.5])
 def test_chain_rho_stays_within_delta_of_the_head(model, high_sharing, delta):
-    from codl_tvm.planner.split.search import _Planner
+    from codl_tvm.planner.split.codl import SplitPlanner
 
     config = PlannerConfig(chain_delta=delta, chain_min_gain=0.0)
     plan, report = plan_model(model.mod, high_sharing, config=config)
     assert plan.chains
     assert [d.ratio for d in report.chains()] == [c.ratio for c in plan.chains]
-    planner = _Planner(model.mod, high_sharing, config, "codl")
+    planner = SplitPlanner(model.mod, high_sharing, config, "codl")
     for c in plan.chains:
         head = next(o for o in planner.ops if o.name == c.ops[0])
         _, split = planner.decide(head)

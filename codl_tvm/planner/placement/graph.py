@@ -41,12 +41,13 @@ from dataclasses import dataclass, field
 from codl_tvm.core.errors import PlannerError
 from codl_tvm.core.plan import partitionable_bindings, static_shape
 from codl_tvm.cost_model.base import CostModel
-from codl_tvm.planner.split.search import PlannerConfig, _Planner
+from codl_tvm.planner.split.codl import SplitPlanner
+from codl_tvm.planner.split.config import PlannerConfig
 
 __all__ = ["PROCESSORS", "SPLIT", "CoexecCosts", "DagEdge", "DagNode", "OpGraph", "build_graph"]
 
 PROCESSORS: tuple[str, str] = ("cpu", "gpu")
-#: The key of a cost model's ``meta`` that records its device's :class:`CoexecCosts`.
+#: The key of a cost model's ``meta`` that records its hardware's :class:`CoexecCosts`.
 META_KEY = "coexec_costs"
 #: The placement of a node split across both processors (CoDL's split, Eq. 2).
 SPLIT = "both"
@@ -160,7 +161,7 @@ class CoexecCosts:
 
     @classmethod
     def of(cls, cost_model: CostModel) -> CoexecCosts:
-        """The costs a cost model's file records for its device (``meta["coexec_costs"]``,
+        """The costs a cost model's file records for its hardware (``meta["coexec_costs"]``,
         written by scripts/fit_coexec_costs.py), else none."""
         record = getattr(cost_model, "meta", {}).get(META_KEY)
         if record is None:
@@ -359,8 +360,6 @@ class OpGraph:
 # ---------------------------------------------------------------------------------------------
 # From a Relax module.
 
-_SHARING_KINDS = ("transform", "map", "presync")
-
 
 def _nbytes(var) -> int:
     shape = static_shape(var)
@@ -368,7 +367,7 @@ def _nbytes(var) -> int:
     dtype = getattr(ty, "dtype", None)
     if shape is None or dtype is None:
         return 0
-    import tvm  # deferred: the planner is imported where TVM is runtime-only (artifacts)
+    import tvm  # deferred: TVM, which `import codl_tvm.planner` does not load
 
     n = 1
     for v in shape:
@@ -384,6 +383,138 @@ def _kind(value) -> str:
     if isinstance(op, tvm.ir.Op):
         return op.name.rsplit(".", 1)[-1]
     return type(value).__name__.lower()
+
+
+@dataclass
+class _Nodes:
+    """The nodes of a graph under construction, in binding order (each a dict of
+    :class:`DagNode`'s fields), with where every bound variable is computed."""
+
+    nodes: list[dict] = field(default_factory=list)
+    node_of: dict = field(default_factory=dict)  # relax.Var -> position of its node
+    unpredicted: dict[str, int] = field(default_factory=dict)  # kind -> kernels not predicted
+
+    def count_unpredicted(self, value) -> None:
+        from tvm import relax  # deferred: see _nbytes
+
+        if isinstance(value, relax.Call):
+            self.unpredicted[_kind(value)] = self.unpredicted.get(_kind(value), 0) + 1
+
+
+def _collect_nodes(folded, planner: SplitPlanner, config: PlannerConfig, splits: bool) -> _Nodes:
+    """One node per partitionable operator and per other kernel with several producers or
+    none; a kernel with one producer joins its producer's node (HOPE's super-op)."""
+    from tvm import relax  # deferred: see _nbytes
+
+    by_op = {o.name: o for o in planner.ops}
+    infos = {b.var: info for info, b in partitionable_bindings(folded)}
+    out = _Nodes()
+    params = set(folded["main"].params)
+    for b in (b for block in folded["main"].body.blocks for b in block.bindings):
+        used = [v for v in relax.analysis.free_vars(b.value) if isinstance(v, relax.Var)]
+        producers = {out.node_of[v] for v in used if v in out.node_of}
+        info = infos.get(b.var)
+        if info is None and len(producers) == 1:
+            # HOPE's super-op: PlaceParts runs a kernel with one producer where that one ran
+            (out.node_of[b.var],) = producers
+            out.nodes[out.node_of[b.var]]["members"].append(b.var.name)
+            out.count_unpredicted(b.value)
+            continue
+        if info is None and not producers and not any(v in params for v in used):
+            continue  # constants only: FoldConstant folds it before placement
+        if info is not None:
+            op = by_op[info.name]
+            free = op.params is not None
+            node = {
+                "name": info.name,
+                "kind": info.kind,
+                "op": info.name if free else None,
+                "follows": not free,
+                "note": "" if free else op.problem,
+                "cpu": op.cpu_ms if free else 0.0,
+                "gpu": op.gpu_ms if free else 0.0,
+                "split": planner.best_split(op, config.dims) if free and splits else None,
+            }
+        else:
+            out.count_unpredicted(b.value)
+            node = {"name": b.var.name, "kind": _kind(b.value), "op": None, "follows": True}
+            node.update(note="", cpu=0.0, gpu=0.0, split=None)
+        node["members"] = [b.var.name]
+        out.node_of[b.var] = len(out.nodes)
+        out.nodes.append(node)
+    return out
+
+
+def _edges(folded, found: _Nodes, names: Sequence[str], planner: SplitPlanner) -> list[DagEdge]:
+    """One edge per pair of nodes where one reads the other's variables (its members' reads
+    included), its transfer the predicted sharing of those tensors."""
+    from tvm import relax  # deferred: see _nbytes
+
+    # node -> {producer node -> the producer's variables it reads}
+    reads: list[dict[int, set]] = [{} for _ in found.nodes]
+    for b in (b for block in folded["main"].body.blocks for b in block.bindings):
+        here = found.node_of.get(b.var)
+        if here is None:
+            continue
+        for v in relax.analysis.free_vars(b.value):
+            src = found.node_of.get(v)
+            if src is not None and src != here:
+                reads[here].setdefault(src, set()).add(v)
+    edges = []
+    for dst, srcs in enumerate(reads):
+        for src, tensors in sorted(srcs.items()):
+            nbytes = sum(_nbytes(v) for v in tensors)
+            edges.append(DagEdge(names[src], names[dst], planner.pred.sharing_ms(nbytes), nbytes))
+    return edges
+
+
+def _unique_names(nodes: Sequence[dict]) -> list[str]:
+    names: list[str] = []
+    seen: set[str] = set()
+    for n in nodes:
+        name = n["name"]
+        while name in seen:  # Relax variable names need not be unique
+            name += "_"
+        seen.add(name)
+        names.append(name)
+    return names
+
+
+def _dag_node(name: str, n: dict) -> DagNode:
+    split = n["split"]
+    return DagNode(
+        name,
+        float(n["cpu"]),
+        float(n["gpu"]),
+        n["follows"],
+        n["op"],
+        n["kind"],
+        tuple(n["members"]),
+        n["note"],
+        *((None, None, None) if split is None else (split.total_ms, split.dim, split.ratio)),
+    )
+
+
+def _graph_notes(
+    nodes: Sequence[DagNode], unpredicted: Mapping[str, int], cost_model: CostModel
+) -> list[str]:
+    notes = []
+    if unpredicted:
+        # named, so that an operator the cost model has never seen (DepthToSpace) is visible
+        kinds = ", ".join(f"{k} x{c}" for k, c in sorted(unpredicted.items()))
+        notes.append(
+            f"{sum(unpredicted.values())} kernel(s) outside the cost model ({kinds}) add no "
+            "predicted latency; each runs with its producer or on the home processor"
+        )
+    for n in nodes:
+        if n.op is None and n.kind in ("conv2d", "max_pool2d", "avg_pool2d", "matmul"):
+            notes.append(f"{n.name} ({n.kind}) is not placed by the plan: {n.note}")
+    if cost_model.sharing is None:
+        notes.append(
+            f"the {cost_model.kind} cost model has no data-sharing measurements: transfers "
+            "between the processors are taken as free"
+        )
+    return notes
 
 
 def build_graph(
@@ -402,10 +533,10 @@ def build_graph(
         runs first; operator names are those of the imported module).
     cost_model
         A fitted :class:`~codl_tvm.cost_model.CostModel`, already calibrated if the planner
-        calibrates (:func:`codl_tvm.planner.split.search.calibrated_model`).
+        calibrates (:func:`codl_tvm.planner.split.predict.calibrated_model`).
     config
-        The :class:`~codl_tvm.planner.split.search.PlannerConfig` whose implementation choices and
-        dtype the predictions use (None: the defaults).
+        The :class:`~codl_tvm.planner.split.config.PlannerConfig` whose implementation choices
+        and dtype the predictions use (None: the defaults).
     home
         Where follow nodes go when their producers do not decide; None: the processor predicted
         faster for the sum of the free nodes (as the CoDL planner picks it).
@@ -418,10 +549,8 @@ def build_graph(
     OpGraph
         Nodes in ``main``'s binding order.
     """
-    # deferred: reading IR needs TVM's compiler, and the planner package is imported where TVM
-    # is runtime-only (artifacts on a device)
-    from tvm import relax
-
+    # deferred: the build's passes need TVM's compiler, which `import codl_tvm.planner` does
+    # not load
     from codl_tvm.build.pipeline import inference_passes
 
     if not isinstance(cost_model, CostModel):
@@ -430,112 +559,15 @@ def build_graph(
     folded = mod
     for p in inference_passes():
         folded = p(folded)
-    planner = _Planner(folded, cost_model, config, "hope")
-    by_op = {o.name: o for o in planner.ops}
-    infos = {b.var: info for info, b in partitionable_bindings(folded)}
-
-    def share_ms(nbytes: int) -> float:
-        return sum(cost_model.predict_sharing(k, nbytes) for k in _SHARING_KINDS)
-
-    nodes: list[dict] = []  # the nodes under construction, in binding order
-    node_of: dict = {}  # relax.Var -> position of the node that computes it
-    params = set(folded["main"].params)
-    bindings = [b for block in folded["main"].body.blocks for b in block.bindings]
-    unpredicted: dict[str, int] = {}  # operator kind -> kernels the cost model does not predict
-    for b in bindings:
-        used = [v for v in relax.analysis.free_vars(b.value) if isinstance(v, relax.Var)]
-        producers = {node_of[v] for v in used if v in node_of}
-        info = infos.get(b.var)
-        if info is None and len(producers) == 1:
-            # HOPE's super-op: PlaceParts runs a kernel with one producer where that one ran
-            (node_of[b.var],) = producers
-            nodes[node_of[b.var]]["members"].append(b.var.name)
-            if isinstance(b.value, relax.Call):
-                unpredicted[_kind(b.value)] = unpredicted.get(_kind(b.value), 0) + 1
-            continue
-        if info is None and not producers and not any(v in params for v in used):
-            continue  # constants only: FoldConstant folds it before placement
-        if info is not None:
-            op = by_op[info.name]
-            free = op.params is not None
-            node = {
-                "name": info.name,
-                "kind": info.kind,
-                "op": info.name if free else None,
-                "follows": not free,
-                "note": "" if free else op.problem,
-                "cpu": op.cpu_ms if free else 0.0,
-                "gpu": op.gpu_ms if free else 0.0,
-                "split": planner.best_split(op, config.dims) if free and splits else None,
-            }
-        else:
-            if isinstance(b.value, relax.Call):
-                unpredicted[_kind(b.value)] = unpredicted.get(_kind(b.value), 0) + 1
-            node = {"name": b.var.name, "kind": _kind(b.value), "op": None, "follows": True}
-            node.update(note="", cpu=0.0, gpu=0.0, split=None)
-        node["members"] = [b.var.name]
-        node_of[b.var] = len(nodes)
-        nodes.append(node)
-    # node -> {producer node -> the producer's variables it reads}, members' reads included
-    reads: list[dict[int, set]] = [{} for _ in nodes]
-    for b in bindings:
-        here = node_of.get(b.var)
-        if here is None:
-            continue
-        for v in relax.analysis.free_vars(b.value):
-            src = node_of.get(v)
-            if src is not None and src != here:
-                reads[here].setdefault(src, set()).add(v)
-    names: list[str] = []
-    seen: set[str] = set()
-    for n in nodes:
-        name = n["name"]
-        while name in seen:  # Relax variable names need not be unique
-            name += "_"
-        seen.add(name)
-        names.append(name)
-    graph_nodes = tuple(
-        DagNode(
-            names[i],
-            float(n["cpu"]),
-            float(n["gpu"]),
-            n["follows"],
-            n["op"],
-            n["kind"],
-            tuple(n["members"]),
-            n["note"],
-            *(
-                (None, None, None)
-                if n["split"] is None
-                else (n["split"].total_ms, n["split"].dim, n["split"].ratio)
-            ),
-        )
-        for i, n in enumerate(nodes)
-    )
-    edges = []
-    for dst, srcs in enumerate(reads):
-        for src, tensors in sorted(srcs.items()):
-            nbytes = sum(_nbytes(v) for v in tensors)
-            edges.append(DagEdge(names[src], names[dst], share_ms(nbytes), nbytes))
-    free = [n for n in graph_nodes if not n.follows]
+    planner = SplitPlanner(folded, cost_model, config, "hope")
+    found = _collect_nodes(folded, planner, config, splits)
+    names = _unique_names(found.nodes)
+    nodes = tuple(_dag_node(names[i], n) for i, n in enumerate(found.nodes))
+    edges = _edges(folded, found, names, planner)
     if home is None:
+        free = [n for n in nodes if not n.follows]
         cpu = sum(n.cpu_ms for n in free)
         gpu = sum(n.gpu_ms for n in free)
         home = "cpu" if cpu < gpu else "gpu"
-    notes = []
-    if unpredicted:
-        # named, so that an operator the cost model has never seen (DepthToSpace) is visible
-        kinds = ", ".join(f"{k} x{c}" for k, c in sorted(unpredicted.items()))
-        notes.append(
-            f"{sum(unpredicted.values())} kernel(s) outside the cost model ({kinds}) add no "
-            "predicted latency; each runs with its producer or on the home processor"
-        )
-    for n in graph_nodes:
-        if n.op is None and n.kind in ("conv2d", "max_pool2d", "avg_pool2d", "matmul"):
-            notes.append(f"{n.name} ({n.kind}) is not placed by the plan: {n.note}")
-    if cost_model.sharing is None:
-        notes.append(
-            f"the {cost_model.kind} cost model has no data-sharing measurements: transfers "
-            "between the processors are taken as free"
-        )
-    return OpGraph(graph_nodes, tuple(edges), home, tuple(notes))
+    notes = _graph_notes(nodes, found.unpredicted, cost_model)
+    return OpGraph(nodes, tuple(edges), home, tuple(notes))

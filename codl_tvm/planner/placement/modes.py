@@ -7,8 +7,7 @@
 
 The plan states the placement the way the partitioning passes already build it: every operator
 the graph places gets an :class:`~codl_tvm.core.plan.OpPartition` with ratio 1 (whole on the GPU)
-or 0
-(whole on the CPU), and ``home`` is the graph's; ``codl.PlaceParts`` puts the kernels between
+or 0 (whole on the CPU), and ``home`` is the graph's; ``codl.PlaceParts`` puts the kernels between
 them (bias adds, activations: with their producer; concats and residual adds: where all their
 producers ran, else ``home``) exactly as the graph's super-ops and follow nodes assume.
 
@@ -17,29 +16,27 @@ Modes
 ``hope``: the exact placement and order (:func:`~codl_tvm.planner.placement.hope.solve_exact`);
 ``hope_greedy``: HOPE's GS with its refinements
 (:func:`~codl_tvm.planner.placement.hope.greedy_schedule`); ``starpu``: StarPU-like earliest finish;
-``mosaic``: MOSAIC-like
-slices; ``codl_hope``: the exact placement where each operator may also be split between the
-processors (its best CoDL split, Eq. 2, as a third choice), so one plan mixes branches placed
-whole and split operators; CoDL's chains enter as one node each (the chain split, or its
-operators whole) and CoDL's own plan is the exact solve's start, so ``codl_hope`` is never
-predicted slower than CoDL's placement in the graph's timing model. :func:`make_plan` runs
-any mode, these or the CoDL planner's (:func:`~codl_tvm.planner.split.search.plan_model`).
+``mosaic``: MOSAIC-like slices; ``codl_hope``: the exact placement where each operator may also be
+split between the processors (its best CoDL split, Eq. 2, as a third choice), so one plan mixes
+branches placed whole and split operators; CoDL's chains enter as one node each (the chain split, or
+its operators whole) and CoDL's own plan is the exact solve's start, so ``codl_hope`` is never
+predicted slower than CoDL's placement in the graph's timing model. :func:`make_plan` runs any mode,
+these or the CoDL planner's (:func:`~codl_tvm.planner.split.search.plan_model`).
 
 ``auto`` (:func:`plan_auto`) plans with each of :data:`AUTO_CANDIDATES` (``codl``, ``hope``,
 ``hope_greedy``, ``codl_hope``) and keeps the plan of the lowest predicted latency, ``codl`` on a
 tie; its report is the chosen plan's, with every candidate's prediction
 (:attr:`~codl_tvm.planner.report.PlanReport.candidates`) and the reason in its notes. It is not
 the default: ``codl``'s fall-back margin (``policy.MIN_PREDICTED_SPEEDUP``) was calibrated on
-measured ``codl`` builds only, and the placement plans' measured latencies on the device are
-still to be benchmarked.
+measured ``codl`` builds only, and the placement plans' measured latencies on the emulated SoC
+are still to be benchmarked.
 
 Every mode minimises the makespan with what a co-executed build pays beyond the cost model's
-per-operator predictions (:attr:`PlacementConfig.costs`, by default those the cost model
-records for its device: slower operators on each processor, a sync per edge across
-processors), and a schedule no faster
-than the faster processor alone (its plain prediction: such a plan is built for that processor
-alone) becomes that processor alone, so no placement mode predicts a plan slower than the best
-single processor.
+per-operator predictions (:attr:`PlacementConfig.costs`, by default those the cost model records for
+the hardware it was fitted on: slower operators on each processor, a sync per edge across
+processors), and a schedule no faster than the faster processor alone (its plain prediction: such a
+plan is built for that processor alone) becomes that processor alone, so no placement mode predicts
+a plan slower than the best single processor.
 
 The plan's ``order`` is the schedule's :func:`dispatch_order`: the build issues the operators in
 it (:class:`~codl_tvm.passes.order.OrderSplits`), so a GPU branch is enqueued before the host
@@ -51,20 +48,25 @@ latency follows the schedule only as far as the predictions hold.
 from __future__ import annotations
 
 import dataclasses
-import heapq
-import itertools
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from codl_tvm.core.errors import PlannerError
 from codl_tvm.core.plan import (
     ChainPlan,
+    OpInfo,
     OpPartition,
     PartitionPlan,
     model_fingerprint,
     partitionable_ops,
 )
 from codl_tvm.cost_model.base import CostModel
+from codl_tvm.planner.placement.exact import (
+    DEFAULT_MAX_NODES,
+    DEFAULT_TIME_LIMIT_S,
+    solve_exact,
+)
 from codl_tvm.planner.placement.graph import (
     PROCESSORS,
     SPLIT,
@@ -73,26 +75,22 @@ from codl_tvm.planner.placement.graph import (
     OpGraph,
     build_graph,
 )
-from codl_tvm.planner.placement.hope import (
+from codl_tvm.planner.placement.heuristics import (
     DEFAULT_GREEDY_K,
-    DEFAULT_MAX_NODES,
-    DEFAULT_TIME_LIMIT_S,
-    Schedule,
-    check_schedule,
     greedy_schedule,
     mosaic_schedule,
-    simulate,
-    solve_exact,
     starpu_schedule,
 )
-from codl_tvm.planner.report import Decision, PlanReport, PlanSummary
-from codl_tvm.planner.split.search import (
-    MODES,
-    PlannerConfig,
-    calibrated_model,
-    ideal_latency,
-    plan_model,
+from codl_tvm.planner.placement.schedule import (
+    Schedule,
+    check_schedule,
+    dispatch_order,
+    simulate,
 )
+from codl_tvm.planner.report import Decision, PlanReport, PlanSummary
+from codl_tvm.planner.split.config import MODES, PlannerConfig, ideal_latency
+from codl_tvm.planner.split.predict import calibrated_model
+from codl_tvm.planner.split.search import plan_model
 
 __all__ = [
     "ALL_MODES",
@@ -136,12 +134,10 @@ class PlacementConfig:
     costs
         What a co-executed build adds to the cost model's predictions
         (:class:`~codl_tvm.planner.placement.graph.CoexecCosts`), in the makespan every mode
-        minimises;
-        the single-processor latencies a plan is compared with keep the plain predictions.
-        None: the costs the cost model's file records for its device
-        (:meth:`~codl_tvm.planner.placement.graph.CoexecCosts.of`; the shipped ``emulated-soc-k12``
-        model
-        carries them), else none; ``CoexecCosts()``: none.
+        minimises; the single-processor latencies a plan is compared with keep the plain
+        predictions. None: the costs the cost model's file records for the hardware it was
+        fitted on (:meth:`~codl_tvm.planner.placement.graph.CoexecCosts.of`; the shipped
+        ``emulated-soc-k12`` model carries them), else none; ``CoexecCosts()``: none.
     """
 
     greedy_k: int = DEFAULT_GREEDY_K
@@ -187,60 +183,6 @@ def schedule_graph(
         raise PlannerError(f"unknown placement mode {mode!r} (known: {', '.join(PLACEMENT_MODES)})")
     check_schedule(graph, s)
     return s
-
-
-def dispatch_order(graph: OpGraph, schedule: Schedule) -> tuple[str, ...]:
-    """The order in which the host should issue the placed operators so ``schedule`` runs.
-
-    The VM runs ``main`` in program order: a GPU kernel is only enqueued (it runs when the GPU
-    is free), a CPU kernel runs on the host thread until it finishes. So a GPU node is issued as
-    soon as the CPU nodes it waits for have finished (its *enqueue time*: the latest finish of
-    its CPU producers and the enqueue times of its GPU producers), a CPU node at its start.
-    Nodes are issued by that time, GPU first on ties, in a topological order that keeps the
-    GPU's queue in the schedule's order (GPU and split nodes by start); a GPU node that starts
-    while a CPU node runs is thus issued before it. Returns the plan operator names
-    (:attr:`~codl_tvm.planner.placement.graph.DagNode.op`) in that order, for
-    :class:`~codl_tvm.passes.order.OrderSplits`.
-    """
-    check_schedule(graph, schedule)
-    n = len(graph)
-    key = [0.0] * n
-    for i in range(n):  # graph order is topological
-        if schedule.processor[i] != "gpu":  # the host runs a split's CPU part itself
-            key[i] = schedule.start_ms[i]
-        else:
-            key[i] = max(
-                (
-                    key[j] if schedule.processor[j] == "gpu" else schedule.finish_ms[j]
-                    for j in graph.preds(i)
-                ),
-                default=0.0,
-            )
-    # The GPU runs its queue in order: the GPU lane's nodes (whole on the GPU or split) are
-    # issued in the schedule's order on it, each after the one before, else a node enqueued
-    # early would hold up the GPU work the schedule runs first.
-    succs = [list(graph.succs(i)) for i in range(n)]
-    waiting = [len(graph.preds(i)) for i in range(n)]
-    lane = sorted(
-        (i for i in range(n) if schedule.processor[i] != "cpu"),
-        key=lambda i: (schedule.start_ms[i], i),
-    )
-    for a, b in itertools.pairwise(lane):
-        key[b] = max(key[b], key[a])
-        succs[a].append(b)
-        waiting[b] += 1
-    heap = [(key[i], schedule.processor[i] != "gpu", i) for i in range(n) if not waiting[i]]
-    heapq.heapify(heap)
-    order: list[str] = []
-    while heap:
-        _, _, i = heapq.heappop(heap)
-        if graph.nodes[i].op is not None:
-            order.append(graph.nodes[i].op)
-        for j in succs[i]:
-            waiting[j] -= 1
-            if not waiting[j]:
-                heapq.heappush(heap, (key[j], schedule.processor[j] != "gpu", j))
-    return tuple(order)
 
 
 def _with_codl_chains(
@@ -348,8 +290,7 @@ def schedule_placement(
 
     The mode minimises the makespan of the graph with :attr:`PlacementConfig.costs` applied
     (:meth:`~codl_tvm.planner.placement.graph.OpGraph.with_costs`); a schedule whose makespan is
-    not below
-    the faster processor alone (its plain prediction: a plan keeping every operator on one
+    not below the faster processor alone (its plain prediction: a plan keeping every operator on one
     processor is built for that processor alone) is replaced by that processor alone.
     """
     if not isinstance(cost_model, CostModel):
@@ -415,6 +356,160 @@ def schedule_placement(
     )
 
 
+def _chain_rows(
+    mode: str, scheduled: PlacementSchedule, infos: dict[str, OpInfo], config: PlannerConfig
+) -> tuple[list[OpPartition], list[ChainPlan], list[Decision]]:
+    """The plan entries and report rows of CoDL's chains in a ``codl_hope`` schedule: a chain
+    run split stays a chain; one run whole becomes its operators, each whole there."""
+    graph, schedule = scheduled.graph, scheduled.schedule
+    entries: list[OpPartition] = []
+    chain_entries: list[ChainPlan] = []
+    rows: list[Decision] = []
+    for name, chain in scheduled.chains.items():
+        i = graph.index(name)
+        node = graph.nodes[i]
+        p = schedule.processor[i]
+        span = f"from {schedule.start_ms[i]:.3f} to {schedule.finish_ms[i]:.3f} ms"
+        if p == SPLIT:
+            chain_entries.append(chain)
+            rows.append(
+                Decision(
+                    chain.ops,
+                    chain.dim.value,
+                    chain.ratio,
+                    node.cpu_ms,
+                    node.gpu_ms,
+                    node.split_ms,
+                    None,
+                    None,
+                    min(node.cpu_ms, node.gpu_ms) - node.split_ms,
+                    f"{mode}: CoDL chain {chain.dim.value}@{chain.ratio:g} on both {span} "
+                    f"({node.split_ms:.3f} ms with sharing at entry and exit; whole CPU "
+                    f"{node.cpu_ms:.3f}, GPU {node.gpu_ms:.3f} ms)",
+                )
+            )
+            continue
+        for op in chain.ops:
+            dim = _entry_dim(infos[op], config)
+            entries.append(OpPartition(op, dim, 1.0 if p == "gpu" else 0.0))
+            rows.append(
+                Decision(
+                    (op,),
+                    dim,
+                    1.0 if p == "gpu" else 0.0,
+                    None,
+                    None,
+                    None,
+                    None,
+                    None,
+                    0.0,
+                    f"{mode}: CoDL's chain {name} whole on {p.upper()} {span} ({node.cpu_ms:.3f} "
+                    f"ms on the CPU, {node.gpu_ms:.3f} on the GPU for the chain)",
+                )
+            )
+    return entries, chain_entries, rows
+
+
+def _entry_dim(info: OpInfo, config: PlannerConfig) -> str:
+    """The dimension a whole operator's plan entry names: the first of ``config.dims`` it
+    allows, else its first."""
+    dims = [d.value for d in info.dims]
+    return next((d for d in config.dims if d in dims), dims[0])
+
+
+def _op_row(
+    mode: str, scheduled: PlacementSchedule, info: OpInfo, config: PlannerConfig
+) -> tuple[OpPartition | None, Decision]:
+    """The plan entry (None: left out) and report row of one operator outside the chains."""
+    graph, schedule = scheduled.graph, scheduled.schedule
+    i = graph.index(info.name)
+    node = graph.nodes[i]
+    if node.op is None:
+        return None, Decision(
+            (info.name,),
+            None,
+            None,
+            None,
+            None,
+            None,
+            reason=f"{node.note}; left out of the plan, runs unsplit where its inputs were "
+            "computed",
+        )
+    p = schedule.processor[i]
+    span = f"from {schedule.start_ms[i]:.3f} to {schedule.finish_ms[i]:.3f} ms"
+    if p == SPLIT:
+        return OpPartition(info.name, node.split_dim, node.split_ratio), Decision(
+            (info.name,),
+            node.split_dim,
+            node.split_ratio,
+            node.cpu_ms,
+            node.gpu_ms,
+            node.split_ms,
+            node.split_ms,
+            None,
+            min(node.cpu_ms, node.gpu_ms) - node.split_ms,
+            f"{mode}: split {node.split_dim}@{node.split_ratio:g} on both {span} "
+            f"({node.split_ms:.3f} ms with sharing; whole CPU {node.cpu_ms:.3f}, GPU "
+            f"{node.gpu_ms:.3f} ms)",
+        )
+    dim = _entry_dim(info, config)
+    other = "cpu" if p == "gpu" else "gpu"
+    return OpPartition(info.name, dim, 1.0 if p == "gpu" else 0.0), Decision(
+        (info.name,),
+        dim,
+        1.0 if p == "gpu" else 0.0,
+        node.cpu_ms,
+        node.gpu_ms,
+        node.latency_ms(p),
+        None,
+        None,
+        node.latency_ms(other) - node.latency_ms(p),
+        f"{mode}: whole on {p.upper()} {span} ({node.latency_ms(p):.3f} ms; "
+        f"{other.upper()} {node.latency_ms(other):.3f} ms)",
+    )
+
+
+def _placement_summary(
+    scheduled: PlacementSchedule,
+    n_ops: int,
+    entries: Sequence[OpPartition],
+    chain_entries: Sequence[ChainPlan],
+) -> PlanSummary:
+    cpu = scheduled.single_ms["cpu"]
+    gpu = scheduled.single_ms["gpu"]
+    return PlanSummary(
+        predicted_ms=scheduled.schedule.makespan_ms,
+        cpu_only_ms=cpu,
+        gpu_only_ms=gpu,
+        ideal_ms=ideal_latency(cpu, gpu),
+        n_ops=n_ops,
+        n_split_h=sum(0.0 < e.ratio < 1.0 and e.dim.value == "H" for e in entries),
+        n_split_oc=sum(0.0 < e.ratio < 1.0 and e.dim.value == "OC" for e in entries),
+        n_whole_cpu=sum(e.ratio == 0.0 for e in entries),
+        n_whole_gpu=sum(e.ratio == 1.0 for e in entries),
+        chain_lengths=tuple(len(c.ops) for c in chain_entries),
+        n_unmodelled=n_ops - len(entries) - sum(len(c.ops) for c in chain_entries),
+        home=scheduled.graph.home,
+    )
+
+
+def _status_note(graph: OpGraph, schedule: Schedule) -> str:
+    """The report's first note: the method, its status and each processor's busy time."""
+    busy = {
+        p: sum(
+            schedule.finish_ms[i] - schedule.start_ms[i]
+            for i in range(len(graph))
+            if schedule.processor[i] in (p, SPLIT)
+        )
+        for p in ("cpu", "gpu")
+    }
+    return (
+        f"{_status(schedule)}: makespan {schedule.makespan_ms:.3f} ms over {len(graph)} graph "
+        f"nodes (CPU busy {busy['cpu']:.3f} ms, GPU busy {busy['gpu']:.3f} ms, transfers "
+        "included in the makespan)"
+    )
+
+
 def plan_placement(
     mod,
     cost_model: CostModel,
@@ -452,118 +547,18 @@ def plan_placement(
     """
     scheduled = schedule_placement(mod, cost_model, mode, config, model_name, placement)
     graph, schedule, chains = scheduled.graph, scheduled.schedule, scheduled.chains
-    notes = list(scheduled.notes)
-    caught = scheduled.warnings
     config = config or PlannerConfig()
     infos = partitionable_ops(mod)
     by_name = {info.name: info for info in infos}
-    rows: list[Decision] = []
-    entries: list[OpPartition] = []
-    chain_entries: list[ChainPlan] = []
-    chain_of = {op: name for name, chain in chains.items() for op in chain.ops}
-    for name, chain in chains.items():
-        i = graph.index(name)
-        node = graph.nodes[i]
-        p = schedule.processor[i]
-        span = f"from {schedule.start_ms[i]:.3f} to {schedule.finish_ms[i]:.3f} ms"
-        if p == SPLIT:
-            chain_entries.append(chain)
-            rows.append(
-                Decision(
-                    chain.ops,
-                    chain.dim.value,
-                    chain.ratio,
-                    node.cpu_ms,
-                    node.gpu_ms,
-                    node.split_ms,
-                    None,
-                    None,
-                    min(node.cpu_ms, node.gpu_ms) - node.split_ms,
-                    f"{mode}: CoDL chain {chain.dim.value}@{chain.ratio:g} on both {span} "
-                    f"({node.split_ms:.3f} ms with sharing at entry and exit; whole CPU "
-                    f"{node.cpu_ms:.3f}, GPU {node.gpu_ms:.3f} ms)",
-                )
-            )
-            continue
-        for op in chain.ops:
-            dims = [d.value for d in by_name[op].dims]
-            dim = next((d for d in config.dims if d in dims), dims[0])
-            entries.append(OpPartition(op, dim, 1.0 if p == "gpu" else 0.0))
-            rows.append(
-                Decision(
-                    (op,),
-                    dim,
-                    1.0 if p == "gpu" else 0.0,
-                    None,
-                    None,
-                    None,
-                    None,
-                    None,
-                    0.0,
-                    f"{mode}: CoDL's chain {name} whole on {p.upper()} {span} ({node.cpu_ms:.3f} "
-                    f"ms on the CPU, {node.gpu_ms:.3f} on the GPU for the chain)",
-                )
-            )
+    entries, chain_entries, rows = _chain_rows(mode, scheduled, by_name, config)
+    chain_of = {op for chain in chains.values() for op in chain.ops}
     for info in infos:
         if info.name in chain_of:
             continue
-        i = graph.index(info.name)
-        if graph.nodes[i].op is None:
-            rows.append(
-                Decision(
-                    (info.name,),
-                    None,
-                    None,
-                    None,
-                    None,
-                    None,
-                    reason=f"{graph.nodes[i].note}; left out of the plan, runs unsplit where "
-                    "its inputs were computed",
-                )
-            )
-            continue
-        node = graph.nodes[i]
-        p = schedule.processor[i]
-        span = f"from {schedule.start_ms[i]:.3f} to {schedule.finish_ms[i]:.3f} ms"
-        if p == SPLIT:
-            entries.append(OpPartition(info.name, node.split_dim, node.split_ratio))
-            best = min(node.cpu_ms, node.gpu_ms)
-            rows.append(
-                Decision(
-                    (info.name,),
-                    node.split_dim,
-                    node.split_ratio,
-                    node.cpu_ms,
-                    node.gpu_ms,
-                    node.split_ms,
-                    node.split_ms,
-                    None,
-                    best - node.split_ms,
-                    f"{mode}: split {node.split_dim}@{node.split_ratio:g} on both {span} "
-                    f"({node.split_ms:.3f} ms with sharing; whole CPU {node.cpu_ms:.3f}, GPU "
-                    f"{node.gpu_ms:.3f} ms)",
-                )
-            )
-            continue
-        dims = [d.value for d in info.dims]
-        dim = next((d for d in config.dims if d in dims), dims[0])
-        entries.append(OpPartition(info.name, dim, 1.0 if p == "gpu" else 0.0))
-        other = "cpu" if p == "gpu" else "gpu"
-        rows.append(
-            Decision(
-                (info.name,),
-                dim,
-                1.0 if p == "gpu" else 0.0,
-                node.cpu_ms,
-                node.gpu_ms,
-                node.latency_ms(p),
-                None,
-                None,
-                node.latency_ms(other) - node.latency_ms(p),
-                f"{mode}: whole on {p.upper()} {span} ({node.latency_ms(p):.3f} ms; "
-                f"{other.upper()} {node.latency_ms(other):.3f} ms)",
-            )
-        )
+        entry, row = _op_row(mode, scheduled, info, config)
+        if entry is not None:
+            entries.append(entry)
+        rows.append(row)
     # a chain placed whole is issued as its operators, in chain order
     whole = {PartitionPlan.entry_name(c): c.ops for c in chains.values() if c not in chain_entries}
     order = tuple(
@@ -577,43 +572,13 @@ def plan_placement(
         order=order,
     )
     plan.validate(mod)
-    cpu = scheduled.single_ms["cpu"]
-    gpu = scheduled.single_ms["gpu"]
-    summary = PlanSummary(
-        predicted_ms=schedule.makespan_ms,
-        cpu_only_ms=cpu,
-        gpu_only_ms=gpu,
-        ideal_ms=ideal_latency(cpu, gpu),
-        n_ops=len(infos),
-        n_split_h=sum(0.0 < e.ratio < 1.0 and e.dim.value == "H" for e in entries),
-        n_split_oc=sum(0.0 < e.ratio < 1.0 and e.dim.value == "OC" for e in entries),
-        n_whole_cpu=sum(e.ratio == 0.0 for e in entries),
-        n_whole_gpu=sum(e.ratio == 1.0 for e in entries),
-        chain_lengths=tuple(len(c.ops) for c in chain_entries),
-        n_unmodelled=len(infos) - len(entries) - sum(len(c.ops) for c in chain_entries),
-        home=graph.home,
-    )
-    busy = {
-        p: sum(
-            schedule.finish_ms[i] - schedule.start_ms[i]
-            for i in range(len(graph))
-            if schedule.processor[i] in (p, SPLIT)
-        )
-        for p in ("cpu", "gpu")
-    }
-    notes.insert(
-        0,
-        f"{_status(schedule)}: makespan {schedule.makespan_ms:.3f} ms over {len(graph)} graph "
-        f"nodes (CPU busy {busy['cpu']:.3f} ms, GPU busy {busy['gpu']:.3f} ms, transfers "
-        "included in the makespan)",
-    )
-    notes.extend(graph.notes)
-    notes.extend(dict.fromkeys(caught))
+    notes = [_status_note(graph, schedule), *scheduled.notes, *graph.notes]
+    notes.extend(dict.fromkeys(scheduled.warnings))
     report = PlanReport(
         mode=mode,
         cost_model=cost_model.kind,
         decisions=tuple(rows),
-        summary=summary,
+        summary=_placement_summary(scheduled, len(infos), entries, chain_entries),
         notes=tuple(notes),
         model=model_name,
     )

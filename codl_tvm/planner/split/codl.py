@@ -1,0 +1,430 @@
+"""CoDL's split planner (sections 4.1 and 4.2): per-operator splits and operator chains.
+
+Owns :class:`SplitPlanner`, which decides for every partitionable operator of a module whether it
+runs whole (on which processor) or split (on which dimension, at which GPU share), grows
+operator chains (CoDL Algorithm 1) and assembles the :class:`~codl_tvm.core.plan.PartitionPlan`
+with one :class:`~codl_tvm.planner.report.Decision` per operator or chain. The baselines that
+force a processor (``cpu_only``, ``gpu_only``) or take their splits from another model's choice
+(``ulayer_like``) are modes of its :meth:`SplitPlanner.run`; HOPE's operator graph
+(:mod:`codl_tvm.planner.placement.graph`) reuses its predictions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from codl_tvm.core.plan import (
+    ChainPlan,
+    OpInfo,
+    OpPartition,
+    PartitionDim,
+    PartitionPlan,
+    PlanError,
+    model_fingerprint,
+    partitionable_ops,
+)
+from codl_tvm.cost_model.base import CostModel, shared_nbytes
+from codl_tvm.cost_model.features import FeatureError, Partition
+from codl_tvm.planner.report import Decision
+from codl_tvm.planner.split.config import PlannerConfig
+from codl_tvm.planner.split.part_shapes import op_params
+from codl_tvm.planner.split.predict import (
+    OpEstimate,
+    Predictor,
+    SplitEstimate,
+    covered_impls,
+    expected_impl,
+)
+
+__all__ = ["SplitPlanner"]
+
+
+class _Chainable:
+    """Whether operators can form a chain, by the partitioning pass's own analysis."""
+
+    def __init__(self, mod):
+        # deferred: needs TVM's compiler
+        from codl_tvm.passes.partition_analysis import OperatorAnalysis
+
+        self._analysis = OperatorAnalysis(mod)
+        self._cache: dict[tuple, bool] = {}
+
+    def __call__(self, names: tuple[str, ...], dim: str) -> bool:
+        key = (names, dim)
+        if key not in self._cache:
+            try:
+                self._analysis.chain(ChainPlan(names, dim, 0.5))
+                self._cache[key] = True
+            except PlanError:
+                self._cache[key] = False
+        return self._cache[key]
+
+
+def _entry_dim(op: OpEstimate, config: PlannerConfig) -> str:
+    dims = [d.value for d in op.info.dims]
+    for d in config.dims:
+        if d in dims:
+            return d
+    return dims[0]
+
+
+def _whole(op: OpEstimate, prefer: str | None = None) -> tuple[str, float]:
+    proc = prefer or ("gpu" if op.gpu_ms <= op.cpu_ms else "cpu")
+    return proc, (op.gpu_ms if proc == "gpu" else op.cpu_ms)
+
+
+def _parts(s: SplitEstimate) -> dict[str, float]:
+    """A split's predicted parts, as :class:`Decision` records them."""
+    return {"cpu_part_ms": s.cpu_ms, "gpu_part_ms": s.gpu_ms, "sharing_ms": s.sharing_ms}
+
+
+def _op_decision(
+    op: OpEstimate,
+    dim: str,
+    ratio: float,
+    coexec_ms: float,
+    split_ms: float | None,
+    gain_ms: float,
+    reason: str,
+    parts: SplitEstimate | None = None,
+) -> Decision:
+    """The decision of one operator (not a chain): its whole-processor predictions beside the
+    chosen partition's, and the split's predicted parts when ``parts`` is given."""
+    return Decision(
+        (op.name,),
+        dim,
+        ratio,
+        op.cpu_ms,
+        op.gpu_ms,
+        coexec_ms,
+        split_ms,
+        None,
+        gain_ms,
+        reason,
+        **(_parts(parts) if parts is not None else {}),
+    )
+
+
+def _fmt_split(s: SplitEstimate) -> str:
+    return (
+        f"{s.dim}@{s.ratio:g} {s.total_ms:.3f} ms (cpu part {s.cpu_ms:.3f}, gpu part "
+        f"{s.gpu_ms:.3f}, sharing {s.sharing_ms:.3f})"
+    )
+
+
+class SplitPlanner:
+    """CoDL's split planner over one module and one (calibrated) cost model.
+
+    Parameters
+    ----------
+    mod
+        The Relax module (its partitionable operators are planned; the IR is never rewritten).
+    model
+        The cost model the predictions come from.
+    config
+        Search space and thresholds.
+    mode
+        The planner mode, named in the report's reasons.
+
+    Attributes
+    ----------
+    ops
+        One :class:`~codl_tvm.planner.split.predict.OpEstimate` per partitionable operator.
+    uncovered
+        ``(processor, impl the build uses, impl predicted instead) -> operators``.
+    chain_notes
+        The chains the ``chain_min_gain`` margin turned down.
+    """
+
+    def __init__(self, mod, model: CostModel, config: PlannerConfig, mode: str):
+        self.mod = mod
+        self.config = config
+        self.mode = mode
+        self.pred = Predictor(model, config)
+        # (processor, impl the build uses, impl predicted instead) -> operators
+        self.uncovered: dict[tuple[str, str, str], list[str]] = {}
+        self.infos = partitionable_ops(mod)
+        self.ops = [self._prepare(i) for i in self.infos]
+        self.chain_notes: list[str] = []  # chains the chain_min_gain margin turned down
+
+    def _prepare(self, info: OpInfo) -> OpEstimate:
+        if not info.dims:
+            return OpEstimate(info, None, f"not partitionable: {info.reason}")
+        try:
+            params = op_params(info)
+        except FeatureError as exc:
+            return OpEstimate(info, None, f"not modelled: {exc}")
+        op = OpEstimate(info, params)
+        overrides = {(k, p): i for k, p, i in self.config.impls}
+        for proc in ("cpu", "gpu"):
+            if (params.op, proc) in overrides:
+                op.impl[proc] = overrides[(params.op, proc)]
+                continue
+            covered = covered_impls(self.pred.model, params.op, proc)
+            schedule_config = self.config.cpu if proc == "cpu" else self.config.gpu
+            impl = expected_impl(params, proc, schedule_config)
+            if covered and impl not in covered:
+                # The model never saw the kernel the schedules pick: the closest it has.
+                closest = "direct" if "direct" in covered else covered[0]
+                if impl in ("winograd", "packed"):
+                    self.uncovered.setdefault((proc, impl, closest), []).append(info.name)
+                impl = closest
+            op.impl[proc] = impl
+        op.cpu_ms = self.pred.whole(op, "cpu")
+        op.gpu_ms = self.pred.whole(op, "gpu")
+        return op
+
+    # -- single operators ----------------------------------------------------------------------
+    def best_split(self, op: OpEstimate, dims: Sequence[str]) -> SplitEstimate | None:
+        """The fastest predicted split of ``op`` along ``dims`` over the config's ratios (None
+        where no split gives both processors work)."""
+        best = None
+        allowed = {d.value for d in op.info.dims}
+        self.pred.prefetch_splits(
+            op, [(d, r) for d in dims if d in allowed for r in self.config.split_ratios]
+        )
+        for dim in dims:
+            if dim not in allowed:
+                continue
+            for ratio in self.config.split_ratios:
+                s = self.pred.split(op, dim, ratio)
+                if s is not None and (best is None or s.total_ms < best.total_ms):
+                    best = s
+        return best
+
+    def switch_ms(self, op: OpEstimate, dim: str) -> float:
+        """Sharing costs of moving a whole operator's input and output between processors."""
+        nbytes = shared_nbytes(op.params, Partition(dim, 0.0), self.config.dtype_bytes)
+        return self.pred.sharing_ms(nbytes)
+
+    def decide(
+        self, op: OpEstimate, home: str | None = None
+    ) -> tuple[Decision, SplitEstimate | None]:
+        """``op``'s decision (whole on the faster processor, or its best split where that
+        gains more than ``min_gain_ms``) and its best split; with ``home``, a whole operator
+        placed away from it pays the switch's sharing costs (``config.switch_costs``)."""
+        dim0 = _entry_dim(op, self.config)
+        proc, whole_ms = _whole(op)
+        switch = ""
+        if home is not None and self.config.switch_costs:
+            away = "cpu" if home == "gpu" else "gpu"
+            moved = self.switch_ms(op, dim0)
+            cost = {home: _whole(op, home)[1], away: _whole(op, away)[1] + moved}
+            proc = min(cost, key=cost.get)
+            whole_ms = cost[proc]
+            if proc == away:
+                switch = f", {moved:.3f} ms of it moving data from/to the {home.upper()}"
+            elif _whole(op)[0] == away:
+                switch = (
+                    f"; the {away.upper()} alone is faster but not by the "
+                    f"{moved:.3f} ms of moving data from/to the {home.upper()}"
+                )
+        split = self.best_split(op, self.config.dims)
+        ratio = 1.0 if proc == "gpu" else 0.0
+        if split is not None and split.total_ms < whole_ms - self.config.min_gain_ms:
+            gain = whole_ms - split.total_ms
+            reason = (
+                f"split {_fmt_split(split)} beats whole on {proc.upper()} "
+                f"({whole_ms:.3f} ms{switch}) by {gain:.3f} ms"
+            )
+            d = _op_decision(
+                op, split.dim, split.ratio, split.total_ms, split.total_ms, gain, reason, split
+            )
+        else:
+            if split is None:
+                why = f"no split along {list(self.config.dims)} gives both processors work"
+            else:
+                why = f"best split {_fmt_split(split)} does not gain"
+            reason = f"whole on {proc.upper()} ({whole_ms:.3f} ms{switch}): {why}"
+            split_ms = None if split is None else split.total_ms
+            d = _op_decision(op, dim0, ratio, whole_ms, split_ms, 0.0, reason)
+        return d, split
+
+    # -- chains --------------------------------------------------------------------------------
+    def chains(
+        self, ops: list[OpEstimate], singles: dict[str, tuple[Decision, SplitEstimate | None]]
+    ) -> list[tuple[list[OpEstimate], SplitEstimate, float]]:
+        """CoDL Algorithm 1 over ``ops`` in order, seeded by each head's decision in
+        ``singles``: the chains kept, each with its predicted latency and gain."""
+        chainable = _Chainable(self.mod)
+        cfg = self.config
+        found = []
+        i = 0
+        while i < len(ops):
+            head = ops[i]
+            head_dec, head_split = singles[head.name]
+            seed = (
+                (head_dec.dim, head_dec.ratio)
+                if head_dec.split_ms is not None and head_dec.gain_ms > 0
+                else (None if head_split is None else (head_split.dim, head_split.ratio))
+            )
+            if seed is None:
+                i += 1
+                continue
+            dim, rho0 = seed
+            rhos = [r for r in cfg.split_ratios if abs(r - rho0) <= cfg.chain_delta + 1e-9]
+            best = None  # (end index, split, gain)
+            for j in range(i + 1, min(len(ops), i + cfg.max_chain_len)):
+                cand = ops[i : j + 1]
+                if ops[j].info.index != ops[j - 1].info.index + 1:
+                    break  # an unmodelled operator sits in between
+                if not all(PartitionDim(dim) in o.info.dims for o in cand):
+                    break
+                if not chainable(tuple(o.name for o in cand), dim):
+                    break
+                nochain = sum(singles[o.name][0].coexec_ms for o in cand)
+                top = None
+                for r in rhos:
+                    s = self.pred.chain(cand, dim, r)
+                    if s is not None and (top is None or s.total_ms < top.total_ms):
+                        top = s
+                if top is None:
+                    break
+                gain = nochain - top.total_ms
+                if best is not None and gain <= best[2]:
+                    break  # Algorithm 1: stop growing when the gain stops improving
+                best = (j, top, gain, nochain)
+            if best is None or best[2] <= cfg.min_gain_ms:
+                i += 1
+            elif best[2] <= cfg.chain_min_gain * best[3]:
+                self.chain_notes.append(
+                    f"chain {ops[i].name}..{ops[best[0]].name} ({best[0] - i + 1} ops, "
+                    f"{best[1].dim}@{best[1].ratio:g}) predicted to gain {best[2]:.3f} ms "
+                    f"({best[2] / best[3]:.1%}), not more than chain_min_gain "
+                    f"{cfg.chain_min_gain:.0%} of {best[3]:.3f} ms: planned one by one"
+                )
+                i += 1
+            else:
+                found.append((ops[i : best[0] + 1], best[1], best[2]))
+                i = best[0] + 1
+        return found
+
+    # -- the plan ------------------------------------------------------------------------------
+    def run(
+        self, forced: str | None = None, chooser: SplitPlanner | None = None
+    ) -> tuple[PartitionPlan, list[Decision]]:
+        """The plan and one decision per operator or chain.
+
+        Parameters
+        ----------
+        forced
+            ``"cpu"`` or ``"gpu"``: every operator whole there (the single-processor baselines).
+        chooser
+            Another planner whose splits (OC only) this one predicts (the uLayer-like
+            baseline: the chooser holds the FLOPs model).
+        """
+        modelled = [o for o in self.ops if o.params is not None]
+        # Kernels outside the plan whose inputs do not decide run on the processor predicted
+        # faster for the whole model (CoDL's GPU when it is the faster one).
+        home = forced or (
+            "cpu" if sum(o.cpu_ms for o in modelled) < sum(o.gpu_ms for o in modelled) else "gpu"
+        )
+        singles: dict[str, tuple[Decision, SplitEstimate | None]] = {}
+        for op in modelled:
+            if forced in ("cpu", "gpu"):
+                ms = op.gpu_ms if forced == "gpu" else op.cpu_ms
+                d = _op_decision(
+                    op,
+                    _entry_dim(op, self.config),
+                    1.0 if forced == "gpu" else 0.0,
+                    ms,
+                    None,
+                    0.0,
+                    f"baseline {self.mode}: whole on {forced.upper()} ({ms:.3f} ms)",
+                )
+                singles[op.name] = (d, None)
+            elif chooser is not None:
+                singles[op.name] = (self._decide_by(op, chooser), None)
+            else:
+                singles[op.name] = self.decide(op, home)
+        chains = self.chains(modelled, singles) if self.config.chains and not forced else []
+        in_chain = {o.name: (ops, s, g) for ops, s, g in chains for o in ops}
+        rows: list[Decision] = []
+        plan_ops: list[OpPartition] = []
+        plan_chains: list[ChainPlan] = []
+        for op in self.ops:
+            if op.params is None:
+                rows.append(
+                    Decision(
+                        (op.name,),
+                        None,
+                        None,
+                        None,
+                        None,
+                        None,
+                        reason=op.problem + "; left out of the plan, runs unsplit",
+                    )
+                )
+                continue
+            if op.name in in_chain:
+                ops, s, gain = in_chain[op.name]
+                if ops[0].name != op.name:
+                    continue
+                names = tuple(o.name for o in ops)
+                nochain = sum(singles[n][0].coexec_ms for n in names)
+                reason = (
+                    f"chain {s.dim}@{s.ratio:g}: {s.total_ms:.3f} ms (cpu parts {s.cpu_ms:.3f}, "
+                    f"gpu parts {s.gpu_ms:.3f}, sharing at entry/exit {s.sharing_ms:.3f}) vs "
+                    f"{nochain:.3f} ms planned one by one: gains {gain:.3f} ms"
+                )
+                rows.append(
+                    Decision(
+                        names,
+                        s.dim,
+                        s.ratio,
+                        sum(o.cpu_ms for o in ops),
+                        sum(o.gpu_ms for o in ops),
+                        s.total_ms,
+                        None,
+                        nochain,
+                        gain,
+                        reason,
+                        **_parts(s),
+                    )
+                )
+                plan_chains.append(ChainPlan(names, s.dim, s.ratio))
+                continue
+            d = singles[op.name][0]
+            rows.append(d)
+            plan_ops.append(OpPartition(op.name, d.dim, d.ratio))
+        # Blocks outside the cost model (InstanceNorm split on channels) take the share that
+        # balances the two processors over the whole model, not their conv's split ratio.
+        cpu = sum(o.cpu_ms for o in modelled)
+        gpu = sum(o.gpu_ms for o in modelled)
+        plan = PartitionPlan(
+            tuple(plan_ops),
+            tuple(plan_chains),
+            model_fingerprint(self.mod, self.infos),
+            home=home,
+            block_ratio=round(cpu / (cpu + gpu), 2) if cpu + gpu > 0 else None,
+        )
+        return plan, rows
+
+    def _decide_by(self, op: OpEstimate, chooser: SplitPlanner) -> Decision:
+        """uLayer-like: the chooser's (FLOPs) model picks an OC split; this model predicts it."""
+        ch = next(o for o in chooser.ops if o.name == op.name)
+        split = chooser.best_split(ch, ("OC",))
+        if split is None:
+            proc, _ = _whole(ch)
+            _, ms = _whole(op, proc)
+            return _op_decision(
+                op,
+                _entry_dim(op, self.config),
+                1.0 if proc == "gpu" else 0.0,
+                ms,
+                None,
+                0.0,
+                f"uLayer-like: no OC split possible; whole on {proc.upper()} by the FLOPs model",
+            )
+        mine = self.pred.split(op, split.dim, split.ratio)
+        return _op_decision(
+            op,
+            split.dim,
+            split.ratio,
+            mine.total_ms,
+            mine.total_ms,
+            min(op.cpu_ms, op.gpu_ms) - mine.total_ms,
+            f"uLayer-like: OC@{split.ratio:g} chosen by the FLOPs model "
+            f"({split.total_ms:.3f} ms there); this cost model predicts {_fmt_split(mine)}",
+            mine,
+        )

@@ -1,0 +1,290 @@
+"""The CoDL split planner's predictions: one cost model's latencies for one module's operators.
+
+Owns the per-operator estimates (:class:`OpEstimate`: the operator, its parameters, the
+implementation each processor's build uses and its whole-operator latencies), a split's or a
+chain's predicted latency (:class:`SplitEstimate`, CoDL Eq. 2), the cached
+:class:`Predictor` over a cost model, the implementation choice the schedules make
+(:func:`expected_impl`, :func:`covered_impls`) and the calibration every planner mode applies
+(:func:`calibrated_model`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from codl_tvm.core.errors import PlannerError
+from codl_tvm.core.plan import OpInfo, PartitionDim
+from codl_tvm.cost_model.base import CostModel
+from codl_tvm.cost_model.features import OpParams, Partition, PartShape, op_features, part_shape
+from codl_tvm.planner.split.config import PlannerConfig
+from codl_tvm.planner.split.part_shapes import chain_parts
+
+__all__ = [
+    "SPLIT_SHARING_KINDS",
+    "OpEstimate",
+    "Predictor",
+    "SplitEstimate",
+    "calibrated_model",
+    "covered_impls",
+    "expected_impl",
+    "flops_model",
+]
+
+# The data-sharing costs a split pays at its boundaries (the cost model's unmap and postsync
+# are part of these measurements' other kinds on the shipped models).
+SPLIT_SHARING_KINDS = ("transform", "map", "presync")
+
+
+@dataclass
+class OpEstimate:
+    """One operator as the planner sees it: ``params`` None (with ``problem`` saying why) when
+    the cost model cannot predict it; ``impl`` the implementation predicted per processor and
+    ``cpu_ms``/``gpu_ms`` the whole operator's predicted latency on each."""
+
+    info: OpInfo
+    params: OpParams | None
+    problem: str = ""
+    impl: dict[str, str] = field(default_factory=dict)
+    cpu_ms: float = 0.0
+    gpu_ms: float = 0.0
+
+    @property
+    def name(self) -> str:
+        return self.info.name
+
+
+@dataclass(frozen=True)
+class SplitEstimate:
+    """A split's (or a chain's) predicted latency: ``total_ms`` is the sharing plus the slower
+    processor's parts (CoDL Eq. 2)."""
+
+    dim: str
+    ratio: float
+    total_ms: float
+    cpu_ms: float
+    gpu_ms: float
+    sharing_ms: float
+
+
+def covered_impls(model: CostModel, op: str, proc: str) -> list[str]:
+    """The implementations ``model`` has data for on operator kind ``op`` and processor
+    ``proc`` (its per-implementation groups or boosters), sorted."""
+    keys = getattr(model, "groups", None) or getattr(model, "boosters", None) or {}
+    return sorted({k[2] for k in keys if isinstance(k, tuple) and k[:2] == (op, proc)})
+
+
+def expected_impl(params: OpParams, processor: str, config=None) -> str:
+    """The implementation codl-tvm's schedule rules give an operator on a processor.
+
+    The same choice the built kernels record (``codl_tvm.cost_model.dispatch``): a conv that
+    :func:`codl_tvm.schedules.winograd_reason` accepts under the processor's ``config`` (a
+    :class:`~codl_tvm.schedules.CPUConfig` or ``OpenCLConfig``; None: no Winograd) is
+    ``winograd`` (the build rewrites it when its weight is a constant, as in imported models);
+    a CPU conv that :func:`codl_tvm.schedules.packed_reason` accepts is ``packed`` (on in no
+    preset by default; the shipped cost models have no such group);
+    otherwise on the CPU a depthwise conv gets the depthwise rule, a 1x1 stride-1 conv the GEMM
+    rule, others the direct rule; OpenCL convs are direct; dense is a matmul, or a reduction
+    (GEMV) on the GPU below ``dense_gemm_min_m`` rows (the cost-model groups of the OpenCL dense
+    rule's ``gemm`` / ``gemv``); pooling is pooling. The planner predicts that kernel, never a
+    faster-looking one the build would not produce. The choice is made for the whole operator;
+    a co-execution part whose own shape falls below the config's thresholds (e.g. an OC part
+    with fewer than ``winograd_min_channels`` channels) is built with the direct rule.
+    """
+    if params.op == "pool":
+        return "pool"
+    if params.op == "dense":
+        # OpenCLDense records gemv / gemm; the cost model groups them as reduction / matmul
+        # (codl_tvm.cost_model.features.IMPL_GROUPS)
+        from codl_tvm.schedules.presets import OPENCL_GENERIC
+
+        min_m = 2  # dlight: GEMV / Reduction for one row
+        if getattr(config, "dense", False):
+            min_m = getattr(config, "dense_gemm_min_m", None) or OPENCL_GENERIC.dense_gemm_min_m
+        return "reduction" if processor == "gpu" and params.h < min_m else "matmul"
+    if config is not None and params.op == "conv2d":
+        # deferred: the schedules need TVM's compiler; the planner (through artifacts) is
+        # imported where TVM is runtime-only
+        from codl_tvm.schedules.packed import packed_reason
+        from codl_tvm.schedules.winograd import conv2d_shape_info, winograd_reason
+
+        try:
+            info = conv2d_shape_info(
+                (1, params.ic, params.h, params.w),
+                (params.oc, params.ic // max(1, params.groups), params.kernel, params.kernel),
+                (params.stride, params.stride),
+                params.padding,
+                (params.dilation, params.dilation),
+                params.groups,
+            )
+        except ValueError:
+            info = None
+        if info is not None and winograd_reason(info, config) is None:
+            return "winograd"
+        if info is not None and processor == "cpu" and packed_reason(info, config) is None:
+            return "packed"
+    if processor == "gpu":
+        return "direct"
+    if params.groups > 1 and params.groups == params.ic == params.oc:
+        return "depthwise"
+    if params.kernel == 1 and params.stride == 1 and params.groups == 1:
+        return "gemm"
+    return "direct"
+
+
+class Predictor:
+    """Cached predictions of one cost model for the operators of one module."""
+
+    def __init__(self, model: CostModel, config: PlannerConfig):
+        self.model = model
+        self.config = config
+        self._parts: dict[tuple, float] = {}
+        self._splits: dict[tuple, SplitEstimate | None] = {}
+        self._chains: dict[tuple, SplitEstimate | None] = {}
+
+    def part_ms(self, op: OpEstimate, proc: str, partition: Partition, shape: PartShape) -> float:
+        if shape.empty:
+            return 0.0
+        key = (op.name, proc, op.impl[proc], partition, shape)
+        hit = self._parts.get(key)
+        if hit is None:
+            feats = op_features(op.params, proc, op.impl[proc], partition, part=shape, name=op.name)
+            hit = self._parts[key] = self.model.predict(feats)
+        return hit
+
+    def whole(self, op: OpEstimate, proc: str) -> float:
+        part = Partition("none", 1.0 if proc == "gpu" else 0.0)
+        return self.part_ms(op, proc, part, part_shape(op.params, part, proc))
+
+    def sharing_ms(self, nbytes: int) -> float:
+        return sum(self.model.predict_sharing(k, nbytes) for k in SPLIT_SHARING_KINDS)
+
+    def split(self, op: OpEstimate, dim: str, ratio: float) -> SplitEstimate | None:
+        """Eq. 2 of one operator split alone (None when one processor gets nothing)."""
+        key = (op.name, dim, ratio)
+        if key not in self._splits:
+            self.prefetch_splits(op, [(dim, ratio)])
+        return self._splits[key]
+
+    def prefetch_splits(self, op: OpEstimate, candidates: Sequence[tuple[str, float]]) -> None:
+        """Predict every ``(dim, ratio)`` split of ``op`` not cached yet, in one model call."""
+        todo = []
+        for dim, ratio in candidates:
+            if (op.name, dim, ratio) in self._splits:
+                continue
+            partition = Partition(dim, ratio)
+            if any(part_shape(op.params, partition, p).empty for p in ("cpu", "gpu")):
+                self._splits[(op.name, dim, ratio)] = None
+            else:
+                todo.append(partition)
+        if not todo:
+            return
+        lats = self.model.predict_coexec_many(
+            op.params,
+            todo,
+            op.impl,
+            chained=False,
+            name=op.name,
+            dtype_bytes=self.config.dtype_bytes,
+        )
+        for partition, lat in zip(todo, lats, strict=True):
+            share = lat.transform_ms + lat.map_ms + lat.presync_ms
+            self._splits[(op.name, partition.dim, partition.ratio)] = SplitEstimate(
+                partition.dim, partition.ratio, lat.total_ms, lat.cpu_ms, lat.gpu_ms, share
+            )
+
+    def prefetch_parts(
+        self, requests: Sequence[tuple[OpEstimate, str, Partition, PartShape]]
+    ) -> None:
+        """Predict the ``(op, processor, partition, part shape)`` parts not cached yet, in one
+        model call (a chain candidate's parts on both processors)."""
+        keys, feats = [], []
+        for op, proc, partition, shape in requests:
+            key = (op.name, proc, op.impl[proc], partition, shape)
+            if shape.empty or key in self._parts or key in keys:
+                continue
+            keys.append(key)
+            feats.append(
+                op_features(op.params, proc, op.impl[proc], partition, part=shape, name=op.name)
+            )
+        if feats:
+            for key, ms in zip(keys, self.model.predict_many(feats), strict=True):
+                self._parts[key] = float(ms)
+
+    def chain(self, ops: Sequence[OpEstimate], dim: str, ratio: float) -> SplitEstimate | None:
+        """A chain's latency (None when a cut is empty or reads only padding)."""
+        key = (tuple(o.name for o in ops), dim, ratio)
+        if key in self._chains:
+            return self._chains[key]
+        result = None
+        try:
+            parts = chain_parts(
+                [o.info for o in ops], [o.params for o in ops], PartitionDim(dim), ratio
+            )
+        except ValueError:
+            parts = None
+        if parts is not None and parts.gpu is not None and parts.cpu is not None:
+            partition = Partition(dim, ratio)
+            self.prefetch_parts(
+                [
+                    (o, proc, partition, shape)
+                    for proc, shapes in (("cpu", parts.cpu), ("gpu", parts.gpu))
+                    for o, shape in zip(ops, shapes, strict=True)
+                ]
+            )
+            sums = {}
+            for proc, shapes in (("cpu", parts.cpu), ("gpu", parts.gpu)):
+                sums[proc] = sum(
+                    self.part_ms(o, proc, partition, s) for o, s in zip(ops, shapes, strict=True)
+                )
+            first, last = parts.cpu[0], parts.cpu[-1]
+            nbytes = self.config.dtype_bytes * (
+                first.in_h * first.in_w * first.ic + last.out_h * last.out_w * last.oc
+            )
+            share = self.sharing_ms(nbytes)
+            total = share + max(sums["cpu"], sums["gpu"])
+            result = SplitEstimate(dim, ratio, total, sums["cpu"], sums["gpu"], share)
+        self._chains[key] = result
+        return result
+
+
+def flops_model(model: CostModel) -> CostModel:
+    """``model``'s FLOPs-linear model (itself, or its embedded fallback): what the uLayer-like
+    baseline chooses its splits with.
+
+    Raises
+    ------
+    PlannerError
+        ``model`` is not FLOPs-linear and embeds no FLOPs fallback.
+    """
+    if model.kind == "flops":
+        return model
+    if model.fallback is not None and model.fallback.kind == "flops":
+        return model.fallback
+    raise PlannerError(
+        f"ulayer_like needs a FLOPs-linear model: the {model.kind} cost model has no embedded "
+        "FLOPs fallback (fit it with CostModel.fit, which adds one)"
+    )
+
+
+def calibrated_model(cost_model: CostModel, config: PlannerConfig) -> tuple[CostModel, list[str]]:
+    """``cost_model`` with ``config``'s processor scales and weight-streaming floors applied,
+    and the report notes that say so (shared by every planner mode)."""
+    notes: list[str] = []
+    if tuple(config.processor_scale) != (1.0, 1.0):
+        cpu_scale, gpu_scale = config.processor_scale
+        try:
+            cost_model = cost_model.scaled(cpu=cpu_scale, gpu=gpu_scale)
+        except ValueError as exc:
+            raise PlannerError(f"PlannerConfig.processor_scale: {exc}") from None
+        notes.append(
+            f"predictions calibrated: CPU x{cpu_scale:.3g}, GPU x{gpu_scale:.3g} (measured / "
+            "predicted latency of the model on each processor alone)"
+        )
+    if config.weight_gbps is not None:  # checked by PlannerConfig
+        cost_model = cost_model.streaming(*config.weight_gbps)
+        notes.append(
+            f"parts predicted no faster than their weights stream: CPU "
+            f"{config.weight_gbps[0]:g} GB/s, GPU {config.weight_gbps[1]:g} GB/s"
+        )
+    return cost_model, notes
