@@ -2,9 +2,9 @@
 program creation overlapped with the first run.
 
 Each run that must see a process's first program creation happens in a fresh process
-(``python -m codl_tvm.profiling.cold_start``): the plugin keeps the binary folders it was offered
-and its
-counters for the life of a process. No test times anything.
+(``python -m codl_tvm.profiling.cold_start``, the measured process of ``codl-tvm cold-start``):
+the plugin keeps the binary folders it was offered and its counters for the life of a process.
+No test times anything.
 """
 
 from __future__ import annotations
@@ -24,8 +24,13 @@ from codl_tvm import runtime
 from codl_tvm.artifact import compile_artifact, load_artifact
 from codl_tvm.cli import main
 from codl_tvm.frontend.models import bundled_model_path
-from codl_tvm.objectives.cold import cold_candidates
-from codl_tvm.options import CompileOptions
+from codl_tvm.objectives.cold import (
+    CANDIDATE_LABELS,
+    ColdOptions,
+    cold_candidates,
+    describe_candidate,
+)
+from codl_tvm.options import CompileOptions, OptionsError
 from codl_tvm.profiling.cold_start import (
     NOT_COLD,
     PHASES,
@@ -290,6 +295,53 @@ def test_first_run_with_tvm_runtime_library_alone_equals_onnxruntime(cpu_artifac
     _check_against_onnxruntime(cpu_artifact, res["outputs"])
 
 
+def test_measured_process_imports_only_the_standard_library_before_its_first_mark():
+    """Importing the measured process's module (and its package) loads no TVM and no NumPy:
+    their import is the library_load phase, which starts at the first mark."""
+    code = (
+        "import sys\n"
+        "import codl_tvm.profiling.cold_start\n"
+        "heavy = sorted({m.split('.')[0] for m in sys.modules} & {'tvm', 'tvm_ffi', 'numpy'})\n"
+        "ours = sorted(m for m in sys.modules if m.startswith('codl_tvm'))\n"
+        "print(heavy, ours)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert proc.stdout.split() == [
+        "[]",
+        "['codl_tvm',",
+        "'codl_tvm.profiling',",
+        "'codl_tvm.profiling.cold_start']",
+    ]
+
+
+def test_cli_cold_start_reports_each_phase_and_equals_onnxruntime(cpu_artifact, tmp_path, capsys):
+    """``codl-tvm cold-start ARTIFACT`` measures a fresh process: every phase in time order, and
+    the first run's outputs (``--save``) equal onnxruntime's."""
+    save = tmp_path / "first.npz"
+    assert (
+        main(["cold-start", str(cpu_artifact), "--json", "--warm", "1", "--save", str(save)]) == 0
+    )
+    report = json.loads(capsys.readouterr().out)
+    assert set(report["phases_ms"]) == set(PHASES) and report["runtime_only"] is True
+    marks = report["marks_ns"]
+    assert list(report["phases_ms"]) == sorted(PHASES, key=marks.__getitem__)
+    assert all(ms >= 0 for ms in report["phases_ms"].values()) and len(report["warm_ms"]) == 1
+    assert report["max_abs_err"] is not None and report["max_abs_err"] < 1e-4
+    with np.load(save) as data:
+        outputs = [data[k] for k in sorted(data.files, key=lambda k: int(k[4:]))]
+    _check_against_onnxruntime(cpu_artifact, outputs)
+    assert main(["cold-start", str(cpu_artifact), "--pool", "lazy", "--no-evict"]) == 0
+    text = capsys.readouterr().out
+    assert all(f"  {name} " in text for name in PHASES) and "cold inference: " in text
+    # not an artifact, a file that exists: one line each, before any process starts
+    assert main(["cold-start", str(tmp_path)]) == 2
+    assert "not a codl-tvm artifact directory" in capsys.readouterr().err
+    assert main(["cold-start", str(cpu_artifact), "--save", str(save)]) == 2
+    assert "file exists; pass --force" in capsys.readouterr().err
+
+
 def test_thread_pool_started_beside_the_library_load_equals_lazy(cpu_artifact, tmp_path):
     """TVM's thread pool starts while the library loads (no thread is created in the first
     run), and the outputs equal those of a pool started by the first run."""
@@ -410,6 +462,34 @@ def test_cold_candidates_follow_the_preset():
     }
 
 
+def test_every_candidate_label_is_described():
+    for preset in ("opencl", "host"):
+        for winograd in (True, False):
+            for label in cold_candidates(CompileOptions(preset=preset, winograd=winograd)):
+                assert label in CANDIDATE_LABELS
+    assert describe_candidate("cpu:direct:embedded") == (
+        "the CPU alone with direct convolutions (no Winograd), weights embedded in the library"
+    )
+    assert describe_candidate("coexec:beside") == (
+        "the co-executed plan on the GPU and the CPU, weights beside the library"
+    )
+    assert describe_candidate("opencl") == "the GPU alone"
+
+
+def test_cold_options_name_their_fields(tmp_path, capsys):
+    assert ColdOptions().rounds == 3 and ColdOptions().compile == CompileOptions()
+    with pytest.raises(OptionsError, match=r"^rounds must be >= 1 .*got 0$"):
+        ColdOptions(rounds=0)
+    with pytest.raises(OptionsError, match=r"^weights must be one of embedded, beside"):
+        ColdOptions(weights="nowhere")
+    # the command line names its flag instead, before anything is built
+    out = tmp_path / "out"
+    assert main(["compile", "--objective", "cold", "--verify", "-1", "-o", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("codl-tvm: error: --verify must be ") and "\n" not in err
+    assert not out.exists()
+
+
 def test_objective_cold_refuses_a_cross_preset(tmp_path, capsys):
     out = tmp_path / "out"
     code = main(["compile", "--objective", "cold", "--preset", "android-arm64", "-o", str(out)])
@@ -426,6 +506,11 @@ def test_objective_cold_keeps_the_fastest_measured_build(tmp_path, capsys):
     assert main(["compile", "--objective", "cold", "--verify", "1", "-o", str(out)]) == 0
     art = load_artifact(out)
     record = art.manifest["cold"]
+    # every label is said in words where it is printed, and in the record
+    text = capsys.readouterr().out
+    for label in record["median_ms"]:
+        assert f"cold start of {label} ({describe_candidate(label)}): " in text
+        assert record["labels"][label] == describe_candidate(label)
     # every candidate with its weights beside, and the fastest one's embedded placement
     assert set(record["median_ms"]) - set(cold_candidates(CompileOptions())) == {
         next(k for k in record["median_ms"] if k.endswith(":embedded"))

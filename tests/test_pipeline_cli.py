@@ -1,11 +1,16 @@
 """``codl-tvm compile --objective throughput`` and ``codl-tvm run PIPELINE/ [--stream N]``: the
-artifact's outputs against onnxruntime, the stream report, and bad input refused with one line
-before any frame runs."""
+artifact's outputs against onnxruntime, its manifest and reference (which ``run`` checks), the
+stream report, and bad input refused with one line before any frame runs."""
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
+import os
+import platform
+import shutil
+import stat
 
 import numpy as np
 import onnx
@@ -14,6 +19,8 @@ import pytest
 
 from codl_tvm.cli import main
 from codl_tvm.core.errors import ModelError
+from codl_tvm.objectives.throughput import ThroughputOptions
+from codl_tvm.options import OptionsError
 from codl_tvm.runtime.staged_artifact import load_pipeline
 from tests.test_transform_stages import _residual_cnn
 
@@ -159,3 +166,82 @@ def test_bad_input_one_line_before_any_frame(compiled, tmp_path, capsys):
     assert "--mode apply to --objective latency, not throughput" in _error(capsys)
     assert main(["run", str(model), "--stream", "3"]) == 2
     assert "--stream runs a pipeline artifact" in _error(capsys)
+
+
+def test_manifest_reference_and_mode_like_any_directory(compiled):
+    model, out = compiled
+    manifest = json.loads((out / "pipeline.json").read_text())
+    assert manifest["format"] == "codl-tvm-pipeline" and manifest["version"] == 1
+    assert manifest["codl_tvm_version"] and manifest["tvm_version"]
+    assert manifest["model"]["sha256"] == hashlib.sha256(model.read_bytes()).hexdigest()
+    assert [t["name"] for t in manifest["model"]["inputs"]] == ["x"]
+    assert manifest["reference"] == {"file": "reference.npz", "seed": 0, "target": "host"}
+    assert set(manifest["files"]) == {"reference.npz", *(s["library"] for s in manifest["stages"])}
+    # the reference is the unpartitioned model's outputs on the stored inputs
+    inputs, (expected,) = load_pipeline(out, available=[0, 1]).reference()
+    np.testing.assert_allclose(expected, _ort(model, inputs["x"]), rtol=1e-4, atol=1e-4)
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o777 & ~umask
+
+
+def test_run_checks_the_reference(compiled, tmp_path, capsys):
+    _, out = compiled
+    for extra in ([], ["--stream", "3"]):
+        assert main(["run", str(out), "--repeat", "1", "--number", "1", *extra]) == 0
+        text = capsys.readouterr().out
+        assert "max abs difference against the reference" in text and "-> OK" in text
+    # a reference the pipeline does not compute: exit status 1, MISMATCH
+    bad = tmp_path / "bad"
+    shutil.copytree(out, bad)
+    with np.load(bad / "reference.npz") as data:
+        arrays = {k: data[k] + (1.0 if k.startswith("output:") else 0.0) for k in data.files}
+    np.savez(bad / "reference.npz", **arrays)
+    manifest = json.loads((bad / "pipeline.json").read_text())
+    manifest["files"]["reference.npz"] = hashlib.sha256(
+        (bad / "reference.npz").read_bytes()
+    ).hexdigest()
+    (bad / "pipeline.json").write_text(json.dumps(manifest))
+    assert main(["run", str(bad), "--repeat", "1", "--number", "1"]) == 1
+    assert "-> MISMATCH" in capsys.readouterr().out
+
+
+def test_options_name_their_fields():
+    for kwargs, message in (
+        ({"groups": " "}, "groups is empty"),
+        ({"isa": {"big": "avx9000"}}, "isa: group 'big': unknown instruction set 'avx9000'"),
+        ({"stage_rounds": -1}, "stage_rounds must be >= 0, got -1"),
+        ({"stage_rounds": 2, "pipe_model": "m.json"}, "stage_rounds times the stages here"),
+        ({"verify_frames": 1}, "verify_frames must be 0 .* or >= 2"),
+        ({"verify_rounds": 0}, "verify_rounds must be >= 1, got 0"),
+        ({"balance": "best"}, "balance must be one of"),
+    ):
+        with pytest.raises(OptionsError, match=message):
+            ThroughputOptions(**{"groups": "big:0", **kwargs})
+
+
+def test_bad_groups_and_instruction_sets_one_line(tmp_path, capsys):
+    argv = ["compile", "-o", str(tmp_path / "x"), "--objective", "throughput"]
+    for flags, message in (
+        (["--groups", "big:0,,"], "empty item"),
+        (["--groups", "big:0", "--isa", "little"], "expected GROUP=ISA, got 'little'"),
+        (["--groups", "big:0", "--isa", "small=host"], "instruction sets given for unknown"),
+        (["--groups", "big:0", "--isa", "big=avx9000"], "--isa: group 'big': unknown instruction"),
+    ):
+        assert main([*argv, *flags]) == 2
+        assert message in _error(capsys)
+    assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.skipif(
+    platform.machine().lower() not in ("x86_64", "amd64"), reason="little is x86-64-v2 on x86-64"
+)
+def test_little_group_instruction_set_is_said(tmp_path, capsys):
+    # said before the model is read (this one does not exist): one line, and how to change it
+    argv = ["compile", str(tmp_path / "none.onnx"), "-o", str(tmp_path / "x")]
+    assert main([*argv, "--objective", "throughput", "--groups", "little:0"]) == 2
+    said = [line for line in capsys.readouterr().out.splitlines() if "'little'" in line]
+    assert said == [
+        "group 'little' is built for x86-64-v2 (SSE4.2, no AVX), as the little cores of an "
+        "emulated big.LITTLE SoC; give it instruction set 'host' to build it for this CPU"
+    ]

@@ -79,7 +79,7 @@ def test_little_isa_without_fma_emits_avx2_and_no_fma():
     # (LLVM's "-fma"), which sets its per-core gap to the AVX-512 big cluster
     from tvm import s_tir, te
 
-    from codl_tvm.objectives.stage_build import group_target
+    from codl_tvm.build.stage_targets import group_target
 
     def asm(isa: str) -> str:
         a = te.placeholder((32, 32), name="A")

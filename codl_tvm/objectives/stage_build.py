@@ -1,146 +1,104 @@
-"""Pipelined builds: a model cut into stages, each built for its processor group, run as a stream.
+"""Pipelined builds: a model cut into stages, each built for its processor group, as one artifact.
 
 A pipeline artifact (``codl-tvm compile MODEL --objective throughput``; its files are described
-in :mod:`codl_tvm.runtime.staged_artifact`) holds one library per stage of a
-:class:`~codl_tvm.planner.stages.search.PipelinePlan`.
+in :mod:`codl_tvm.runtime.staged_artifact`, which loads and runs it without TVM's compiler) holds
+one library per stage of a :class:`~codl_tvm.planner.stages.table.PipelinePlan`, a manifest and
+a reference.
 
-- :func:`group_target`: a processor group's TVM target. A CPU group is built for an instruction
-  set (:data:`ISAS`: ``host``, this machine's CPU with every feature it has, e.g. AVX-512;
-  ``x86-64-v2``, SSE4.2 without AVX: the "little" cluster of an emulated big.LITTLE machine);
-  a GPU group is the OpenCL device with the host CPU as host.
 - :func:`build_pipeline`: cut ``main`` at the plan's layer boundaries
-  (:class:`codl_tvm.passes.stages.CutStages`), build each stage with codl-tvm's single-device
-  pipeline for its group, write the artifact (into a staging directory, swapped in when
-  complete: a failed build never loses an earlier directory).
-- :mod:`codl_tvm.runtime.staged_artifact` loads and runs the artifact (no compiler needed there).
+  (:func:`codl_tvm.passes.stages.cut_stages`), build each stage for its group
+  (:func:`codl_tvm.build.stage_targets.group_target`, ``compile_library``), write the manifest
+  and the reference into a staging directory swapped in when complete: a failed build never
+  loses an earlier directory (:func:`install_pipeline`).
+- :func:`compute_reference`: seeded inputs and the unpartitioned model's outputs on the host
+  CPU, which ``codl-tvm run PIPELINE/`` checks the pipeline's outputs against.
 - :func:`layer_shapes`: the layers' GEMM shapes for
-:class:`~codl_tvm.planner.stages.layer_model.PipeModel`
+  :class:`~codl_tvm.planner.stages.layer_model.PipeModel`
   (:mod:`codl_tvm.profiling.layers` measures their latencies on every group).
 """
 
 from __future__ import annotations
 
 import json
-import platform
+import os
+import secrets
 import shutil
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import tvm
-from tvm import relax
 
-from codl_tvm import runtime
-from codl_tvm.build.pipeline import single_device_pipeline
-from codl_tvm.build.targets import host_cpu_spec
+from codl_tvm.build.runner import build
+from codl_tvm.build.stage_targets import (
+    compile_library,
+    group_target,
+    layer_bindings,
+    resolve_isas,
+    stage_module,
+)
 from codl_tvm.core.errors import ArtifactError, PlannerError
-from codl_tvm.frontend.importer import OnnxModel, TensorSpec
+from codl_tvm.core.groups import ProcessorGroup
+from codl_tvm.frontend.importer import OnnxModel, random_inputs
 from codl_tvm.passes.rewrite import op_name
 from codl_tvm.passes.stages import MAJOR_OPS, cut_stages, layer_starts, stage_name
 from codl_tvm.planner.stages.layer_model import LayerShape
-from codl_tvm.planner.stages.search import (
-    PipelinePlan,
-    ProcessorGroup,
-)
+from codl_tvm.planner.stages.table import PipelinePlan
+from codl_tvm.runtime.artifact import REFERENCE
 from codl_tvm.runtime.staged_artifact import (
     PIPELINE_FORMAT,
     PIPELINE_MANIFEST,
     PIPELINE_VERSION,
-    _sha256,
+    file_sha256,
     is_pipeline,
 )
 
 __all__ = [
-    "ISAS",
+    "Reference",
     "build_pipeline",
     "check_pipeline_out",
-    "compile_library",
-    "default_isa",
-    "group_target",
+    "compute_reference",
     "install_pipeline",
     "layer_shapes",
-    "resolve_isas",
-    "stage_module",
 ]
 
 
-def _host_isa() -> dict[str, Any]:
-    return host_cpu_spec()
+@dataclass(frozen=True)
+class Reference:
+    """What ``codl-tvm run PIPELINE/`` checks a pipeline against: seeded inputs and the
+    unpartitioned model's outputs for them on the host CPU.
+
+    Attributes
+    ----------
+    seed
+        The seed of :func:`~codl_tvm.frontend.importer.random_inputs`.
+    inputs
+        The inputs by name.
+    outputs
+        The outputs in graph order.
+    """
+
+    seed: int
+    inputs: Mapping[str, np.ndarray]
+    outputs: Sequence[np.ndarray]
 
 
-def _x86_64_v2() -> dict[str, Any]:
-    # SSE4.2/POPCNT, no AVX: 4-wide float vectors against AVX-512's 16
-    return {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "x86-64-v2"}
-
-
-def _x86_64_v3() -> dict[str, Any]:
-    # AVX2 and FMA: 8-wide float vectors
-    return {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "x86-64-v3"}
-
-
-def _x86_64_v3_nofma() -> dict[str, Any]:
-    # AVX2 without FMA (LLVM's "-fma" feature): 8-wide vectors, a multiply and an add apiece
-    return {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "x86-64-v3", "mattr": ["-fma"]}
-
-
-def _x86_64() -> dict[str, Any]:
-    # the x86-64 baseline: SSE2 only
-    return {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "x86-64"}
-
-
-#: Instruction-set presets of CPU groups: name -> the LLVM target spec (JSON-dict form).
-ISAS: dict[str, Callable[[], dict[str, Any]]] = {
-    "host": _host_isa,
-    "x86-64-v3": _x86_64_v3,
-    "x86-64-v3-nofma": _x86_64_v3_nofma,
-    "x86-64-v2": _x86_64_v2,
-    "x86-64": _x86_64,
-}
-
-
-def default_isa(group: ProcessorGroup) -> str:
-    """The instruction set a group is built for by default: ``x86-64-v2`` for a group named
-    ``little`` on an x86-64 host (the emulated little cluster), else ``host``."""
-    arch = platform.machine().lower()
-    if group.name == "little" and arch in ("x86_64", "amd64"):
-        return "x86-64-v2"
-    return "host"
-
-
-def group_target(group: ProcessorGroup, isa: str | None = None) -> tvm.target.Target:
-    """The TVM target a stage on ``group`` is built for.
+def compute_reference(model: OnnxModel, seed: int) -> Reference:
+    """The unpartitioned model built for the host CPU, run on inputs seeded with ``seed``.
 
     Raises
     ------
-    PlannerError
-        An unknown instruction-set preset.
+    BuildError
+        The model failed to build for the host CPU.
     """
-    if group.kind == "gpu":
-        return tvm.target.Target({"kind": "opencl"}, host=host_cpu_spec())
-    isa = isa or default_isa(group)
-    if isa not in ISAS:
-        raise PlannerError(
-            f"group {group.name!r}: unknown instruction set {isa!r} (choose from {', '.join(ISAS)})"
-        )
-    return tvm.target.Target(ISAS[isa]())
-
-
-def resolve_isas(groups: Sequence[ProcessorGroup], isa: Mapping[str, str] | None) -> dict[str, str]:
-    isa = dict(isa or {})
-    unknown = set(isa) - {g.name for g in groups}
-    if unknown:
-        raise PlannerError(f"instruction sets given for unknown groups {sorted(unknown)}")
-    out = {}
-    for g in groups:
-        out[g.name] = "opencl" if g.kind == "gpu" else isa.get(g.name, default_isa(g))
-        if g.kind == "cpu" and out[g.name] not in ISAS:
-            raise PlannerError(
-                f"group {g.name!r}: unknown instruction set {out[g.name]!r} (choose from "
-                f"{', '.join(ISAS)})"
-            )
-    return out
+    values = random_inputs(model, seed)
+    outs = build(model.mod, "cpu", model=str(model.path))([values[s.name] for s in model.inputs])
+    return Reference(seed, values, outs)
 
 
 def layer_shapes(mod: tvm.IRModule) -> list[LayerShape]:
@@ -151,27 +109,17 @@ def layer_shapes(mod: tvm.IRModule) -> list[LayerShape]:
     ``M`` = columns. A layer without a major operator (elementwise ops before the first one) is
     an ``other`` layer of its output's size.
     """
-    func = mod["main"]
-    bindings = func.body.blocks[0].bindings
-    starts = layer_starts(func)
-    bounds = [*starts[1:], len(bindings)]
     out = []
-    for i, start in enumerate(starts):
-        # the layer's major operator (the first layer may start with other bindings)
-        b = next(
-            (b for b in bindings[start : bounds[i]] if op_name(b.value) in MAJOR_OPS),
-            bindings[start],
-        )
+    for i, b in enumerate(layer_bindings(mod["main"])):
         name = op_name(b.value)
         shape = [int(d) for d in b.var.ty.shape] if hasattr(b.var.ty, "shape") else [1]
         if name in MAJOR_OPS and name.startswith("relax.nn.conv"):
             w = [int(d) for d in b.value.args[1].ty.shape]
+            depthwise = w[1] == 1 and shape[1] > 1 and w[0] == shape[1]
             out.append(
                 LayerShape(
                     f"{i}:{b.var.name}",
-                    "depthwise_conv2d"
-                    if w[1] == 1 and shape[1] > 1 and w[0] == shape[1]
-                    else "conv2d",
+                    "depthwise_conv2d" if depthwise else "conv2d",
                     max(1, shape[2] * shape[3]),
                     max(1, w[1] * w[2] * w[3]),
                     max(1, shape[1]),
@@ -191,31 +139,6 @@ def layer_shapes(mod: tvm.IRModule) -> list[LayerShape]:
         else:
             out.append(LayerShape(f"{i}:{b.var.name}", "other", max(1, int(np.prod(shape))), 1, 1))
     return out
-
-
-def compile_library(mod: tvm.IRModule, target: tvm.target.Target, path: Path, what: str) -> None:
-    kind = "opencl" if target.kind.name == "opencl" else "cpu"
-    if kind == "opencl":
-        runtime.load()
-    with runtime.build_errors(what, kind):
-        ex = tvm.compile(mod, target=target, relax_pipeline=single_device_pipeline(target))
-        ex.export_library(str(path))
-
-
-def stage_module(staged: tvm.IRModule, names: Sequence[str], main: str | None = None):
-    """The Relax functions ``names`` of ``staged`` (``main`` renamed to ``main``) with the TIR
-    functions they call (the ONNX frontend emits some ops, e.g. Clip, as ``call_tir``)."""
-    funcs = {
-        gv: f
-        for gv, f in staged.functions.items()
-        if isinstance(f, tvm.tirx.PrimFunc) or gv.name_hint in (*names, main)
-    }
-    if main is not None:
-        gv = staged.get_global_var(main)
-        funcs[tvm.ir.GlobalVar("main")] = funcs.pop(gv).with_attr("global_symbol", "main")
-    mod = tvm.IRModule(funcs)
-    entries = ["main"] if main is not None else list(names)
-    return relax.transform.DeadCodeElimination(entries)(mod)
 
 
 def check_pipeline_out(out: Path, force: bool) -> None:
@@ -241,6 +164,7 @@ def install_pipeline(built: Path, out: Path) -> None:
     if not out.exists():
         built.rename(out)
         return
+    os.chmod(built, out.stat().st_mode & 0o7777)
     aside = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
     out.rename(aside / "old")
     try:
@@ -261,6 +185,7 @@ def build_pipeline(
     isa: Mapping[str, str] | None = None,
     force: bool = False,
     extra: Mapping[str, Any] | None = None,
+    reference: Reference | None = None,
 ) -> Path:
     """Build ``model`` as ``plan``'s stages and write the pipeline artifact ``out``.
 
@@ -273,12 +198,15 @@ def build_pipeline(
     groups
         The processor groups the plan names.
     out
-        The artifact directory; an existing one is replaced only with ``force`` and only when
-        it is a pipeline artifact.
+        The artifact directory (created with the user's umask, as any directory); an existing
+        one is replaced only with ``force`` and only when it is a pipeline artifact.
     isa
-        Instruction set per CPU group name (default: :func:`default_isa`).
+        Instruction set per CPU group name (default:
+        :func:`~codl_tvm.build.stage_targets.default_isa`).
     extra
         More fields for the manifest (e.g. how the latencies were obtained).
+    reference
+        Written as ``reference.npz`` (:func:`compute_reference`); None writes none.
 
     Raises
     ------
@@ -291,64 +219,27 @@ def build_pipeline(
     """
     out = Path(out)
     check_pipeline_out(out, force)
-    by_name = {g.name: g for g in groups}
     isas = resolve_isas(groups, isa)
-    starts = layer_starts(model.mod["main"])
-    if not plan.stages or plan.stages[-1].stop_layer != len(starts):
-        raise PlannerError(
-            f"the plan covers {plan.stages[-1].stop_layer if plan.stages else 0} layers; "
-            f"{model.path} has {len(starts)}"
-        )
-    for s in plan.stages:
-        if s.group not in by_name:
-            raise PlannerError(f"the plan names group {s.group!r}, not among {sorted(by_name)}")
-    cuts = [starts[s.first_layer] for s in plan.stages[1:]]
-    staged = cut_stages(model.mod, cuts)
+    starts = _check_plan(model, plan, groups)
     out.parent.mkdir(parents=True, exist_ok=True)
-    stage_dir = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    # mkdir, not mkdtemp (mode 0700): the artifact gets the user's umask, as any directory
+    stage_dir = out.parent / f".{out.name}.codl-new-{os.getpid()}-{secrets.token_hex(4)}"
+    stage_dir.mkdir()
     try:
-        stages = []
-        files = {}
-        for k, s in enumerate(plan.stages):
-            group = by_name[s.group]
-            lib = f"{stage_name(k)}.so"
-            compile_library(
-                stage_module(staged, [], stage_name(k)),
-                group_target(group, isas[s.group] if group.kind == "cpu" else None),
-                stage_dir / lib,
-                f"{model.path} ({stage_name(k)} on {s.group})",
+        stages = _build_stages(model, plan, groups, isas, starts, stage_dir)
+        manifest = _manifest(model, plan, groups, isas, stages)
+        if reference is not None:
+            np.savez(
+                stage_dir / REFERENCE,
+                **{f"input:{k}": v for k, v in reference.inputs.items()},
+                **{f"output:{s.name}": o for s, o in zip(model.outputs, reference.outputs)},
             )
-            files[lib] = _sha256(stage_dir / lib)
-            stages.append(
-                {
-                    "library": lib,
-                    "group": s.group,
-                    "kind": group.kind,
-                    "isa": isas[s.group],
-                    "cores": list(s.cores),
-                    "core_count": s.core_count,
-                    "layers": [s.first_layer, s.stop_layer],
-                    "predicted_ms": s.latency_ms,
-                }
-            )
-        manifest = {
-            "format": PIPELINE_FORMAT,
-            "version": PIPELINE_VERSION,
-            "model": {
-                "file": str(model.path),
-                "inputs": [_spec(t) for t in model.inputs],
-                "outputs": [_spec(t) for t in model.outputs],
-            },
-            "groups": [
-                {"name": g.name, "kind": g.kind, "cores": list(g.cores), "isa": isas[g.name]}
-                for g in groups
-            ],
-            "plan": plan.to_json() | {"describe": plan.describe()},
-            "stages": stages,
-            "files": files,
-            **dict(extra or {}),
+            manifest["reference"] = {"file": REFERENCE, "seed": reference.seed, "target": "host"}
+        manifest["files"] = {
+            p.name: file_sha256(p) for p in sorted(stage_dir.iterdir()) if p.is_file()
         }
-        (stage_dir / PIPELINE_MANIFEST).write_text(json.dumps(manifest, indent=2))
+        manifest.update(extra or {})
+        (stage_dir / PIPELINE_MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
         install_pipeline(stage_dir, out)
     except BaseException:
         shutil.rmtree(stage_dir, ignore_errors=True)
@@ -356,5 +247,93 @@ def build_pipeline(
     return out
 
 
-def _spec(t: TensorSpec) -> dict:
-    return {"name": t.name, "shape": list(t.shape), "dtype": t.dtype}
+def _check_plan(
+    model: OnnxModel, plan: PipelinePlan, groups: Sequence[ProcessorGroup]
+) -> list[int]:
+    """``main``'s layer starts, after checking that ``plan`` covers them on ``groups``."""
+    names = {g.name for g in groups}
+    starts = layer_starts(model.mod["main"])
+    if not plan.stages or plan.stages[-1].stop_layer != len(starts):
+        raise PlannerError(
+            f"the plan covers {plan.stages[-1].stop_layer if plan.stages else 0} layers; "
+            f"{model.path} has {len(starts)}"
+        )
+    for s in plan.stages:
+        if s.group not in names:
+            raise PlannerError(f"the plan names group {s.group!r}, not among {sorted(names)}")
+    return starts
+
+
+def _build_stages(
+    model: OnnxModel,
+    plan: PipelinePlan,
+    groups: Sequence[ProcessorGroup],
+    isas: Mapping[str, str],
+    starts: Sequence[int],
+    stage_dir: Path,
+) -> list[dict[str, Any]]:
+    """Build every stage's library into ``stage_dir``; the manifest's ``stages`` records."""
+    by_name = {g.name: g for g in groups}
+    staged = cut_stages(model.mod, [starts[s.first_layer] for s in plan.stages[1:]])
+    stages = []
+    for k, s in enumerate(plan.stages):
+        group = by_name[s.group]
+        lib = f"{stage_name(k)}.so"
+        compile_library(
+            stage_module(staged, [], stage_name(k)),
+            group_target(group, isas[s.group] if group.kind == "cpu" else None),
+            stage_dir / lib,
+            f"{model.path} ({stage_name(k)} on {s.group})",
+        )
+        stages.append(
+            {
+                "library": lib,
+                "group": s.group,
+                "kind": group.kind,
+                "isa": isas[s.group],
+                "cores": list(s.cores),
+                "core_count": s.core_count,
+                "layers": [s.first_layer, s.stop_layer],
+                "predicted_ms": s.latency_ms,
+            }
+        )
+    return stages
+
+
+def _manifest(
+    model: OnnxModel,
+    plan: PipelinePlan,
+    groups: Sequence[ProcessorGroup],
+    isas: Mapping[str, str],
+    stages: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """The manifest's fields but ``files``, ``reference`` and the caller's extras."""
+    model_file = Path(model.path)
+    on_disk = model_file.is_file()  # not for a model imported from memory ("<memory>")
+    return {
+        "format": PIPELINE_FORMAT,
+        "version": PIPELINE_VERSION,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "codl_tvm_version": _version("codl-tvm"),
+        "tvm_version": tvm.__version__,
+        "model": {
+            # resolved: the manifest is read from other directories
+            "file": str(model_file.resolve()) if on_disk else str(model.path),
+            "sha256": file_sha256(model_file) if on_disk else None,
+            "inputs": [t.to_dict() for t in model.inputs],
+            "outputs": [t.to_dict() for t in model.outputs],
+        },
+        "groups": [
+            {"name": g.name, "kind": g.kind, "cores": list(g.cores), "isa": isas[g.name]}
+            for g in groups
+        ],
+        "plan": plan.to_json() | {"describe": plan.describe()},
+        "stages": stages,
+    }
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return None

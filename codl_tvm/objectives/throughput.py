@@ -1,25 +1,28 @@
 """The throughput objective: compile a model into a pipeline of stages on processor groups.
 
 ``codl-tvm compile MODEL --objective throughput --groups big:0-7,little:8-11,gpu`` calls
-:func:`compile_throughput` with one :class:`ThroughputOptions`:
+:func:`compile_throughput` with one :class:`ThroughputOptions`, in phases:
 
-1. the processor groups are read and checked against this machine's cores
-   (:func:`~codl_tvm.planner.stages.search.parse_groups`) before anything is measured or built;
-2. the time matrix (ms of every layer on every (group, core count)) is measured on this machine
-   (:func:`~codl_tvm.profiling.layers.profile_layers`), or predicted by a fitted Pipe-it model
-   (:class:`~codl_tvm.planner.stages.layer_model.PipeModel`, ``--pipe-model FILE``);
-3. the stream executor's hand-off cost per stage is measured on this machine
+1. **resolve**: the processor groups are read and checked against this machine's cores
+   (:func:`~codl_tvm.core.groups.parse_groups`) and each CPU group's instruction set chosen
+   (:func:`~codl_tvm.build.stage_targets.resolve_isas`; a group named ``little`` is built for
+   ``x86-64-v2`` on x86-64 unless ``isa`` says otherwise, which is logged) before anything is
+   measured or built;
+2. **plan**: the time matrix (ms of every layer on every (group, core count)) is measured on this
+   machine (:func:`~codl_tvm.profiling.layers.measure_layers`), or predicted by a fitted Pipe-it
+   model (:class:`~codl_tvm.planner.stages.layer_model.PipeModel`, ``pipe_model``); the stream
+   executor's hand-off cost per stage is measured here
    (:func:`~codl_tvm.profiling.layers.measure_handoff`), and Pipe-it's search
    (:func:`~codl_tvm.planner.stages.search.search_pipeline`) picks the stages with it counted;
    with ``stage_rounds`` (opt-in) the chosen stages are then timed running together and the
    search repeated on those measurements
    (:func:`~codl_tvm.planner.stages.refine.refine_with_stages`): a stage of many layers runs
-   slower than the sum of its layers timed one by one, but on the device the plans it kept
+   slower than the sum of its layers timed one by one, but on an emulated SoC the plans it kept
    streamed slower than the plans on the loaded matrix (docs/benchmarks.md);
-4. the stages are built, each for its group, into one pipeline artifact
-   (:func:`~codl_tvm.objectives.stage_build.build_pipeline`), which records the stages, the groups
-   and
-   the latencies the search used.
+3. **build**: the stages are built, each for its group, into one pipeline artifact
+   (:func:`~codl_tvm.objectives.stage_build.build_pipeline`) with the latencies the search used
+   and, unless ``reference`` is off, the unpartitioned model's outputs on seeded inputs, which
+   ``codl-tvm run OUT/`` checks the pipeline against.
 
 With ``verify_frames`` (``--verify N``) the table is not trusted to rank plans (streams measured
 0.3-0.9 of the rates tables promise, and not in the tables' order): the layers are timed both
@@ -31,36 +34,35 @@ with the highest median steady rate is kept (:func:`verify_throughput`).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from codl_tvm.build.stage_targets import ISA_NOTES, ISAS, resolve_isas
 from codl_tvm.core.errors import PlannerError
+from codl_tvm.core.groups import ProcessorGroup, parse_groups
 from codl_tvm.frontend.importer import OnnxModel, load_onnx, random_inputs
 from codl_tvm.objectives.stage_build import (
+    Reference,
     build_pipeline,
     check_pipeline_out,
+    compute_reference,
     install_pipeline,
     layer_shapes,
 )
+from codl_tvm.options import OptionsError
 from codl_tvm.passes.stages import layer_starts
 from codl_tvm.planner.stages.layer_model import PipeModel
 from codl_tvm.planner.stages.refine import refine_with_stages
-from codl_tvm.planner.stages.search import (
-    HandOff,
-    LatencyTable,
-    PipelinePlan,
-    PipelineStage,
-    ProcessorGroup,
-    parse_groups,
-    search_pipeline,
-)
+from codl_tvm.planner.stages.search import BALANCERS, search_pipeline
+from codl_tvm.planner.stages.table import HandOff, LatencyTable, PipelinePlan, PipelineStage
 from codl_tvm.profiling.layers import (
     build_layer_libraries,
     measure_handoff,
@@ -78,6 +80,8 @@ __all__ = [
     "stream_rate",
     "verify_throughput",
 ]
+
+logger = logging.getLogger(__name__)
 
 
 def parse_isa(spec: str | None) -> dict[str, str]:
@@ -101,16 +105,17 @@ def parse_isa(spec: str | None) -> dict[str, str]:
 
 @dataclass(frozen=True)
 class ThroughputOptions:
-    """How :func:`compile_throughput` plans and builds a pipeline.
+    """How :func:`compile_throughput` plans and builds a pipeline (checked when made).
 
     Attributes
     ----------
     groups
         Processor groups, ``"big:0-7,little:8-11,gpu"`` (see
-        :func:`~codl_tvm.planner.stages.search.parse_groups`).
+        :func:`~codl_tvm.core.groups.parse_groups`).
     isa
-        Instruction set per CPU group (default: ``x86-64-v2`` for ``little`` on x86-64, else the
-        host's).
+        Instruction set per CPU group, a name of
+        :data:`~codl_tvm.build.stage_targets.ISAS` (default: ``x86-64-v2`` for a group named
+        ``little`` on x86-64, the little cores of an emulated big.LITTLE SoC; else ``host``).
     pipe_model
         A fitted Pipe-it model (JSON) to predict layer latencies with, instead of measuring.
     balance
@@ -128,18 +133,27 @@ class ThroughputOptions:
     stage_rounds
         On a measured matrix, the most pipelines whose stages are timed running together
         before the search's choice (:func:`~codl_tvm.planner.stages.refine.refine_with_stages`);
-        0 (the default) plans on the sums of the layers' latencies, as Pipe-it: on the
-        device the refined plans streamed 0.84x the loaded matrix's on average.
+        0 (the default) plans on the sums of the layers' latencies, as Pipe-it: on an emulated
+        SoC the refined plans streamed 0.84x the loaded matrix's on average.
     force
         Replace an existing pipeline artifact.
     verify_frames
-        0: build the plan searched on the one table. Else frames each candidate streams per
-        round (:func:`verify_throughput`; ``under_load`` is then moot: both tables are
-        measured).
+        0: build the plan searched on the one table. Else (at least 2) frames each candidate
+        streams per round (:func:`verify_throughput`; ``under_load`` is then moot: both
+        tables are measured).
     verify_rounds
         Rounds of streaming every candidate once, in rotated order (the median rate counts).
     seed
-        Seed of the random frames streamed with ``verify_frames``.
+        Seed of the reference inputs and of the random frames streamed with ``verify_frames``.
+    reference
+        Store seeded inputs and the unpartitioned model's outputs on the host CPU in the
+        artifact (``reference.npz``), which ``codl-tvm run OUT/`` checks the pipeline against
+        (one more build of the model).
+
+    Raises
+    ------
+    OptionsError
+        A field out of range or fields that contradict each other (the message names them).
     """
 
     groups: str
@@ -155,11 +169,53 @@ class ThroughputOptions:
     verify_frames: int = 0
     verify_rounds: int = 3
     seed: int = 0
+    reference: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.groups or not self.groups.strip():
+            raise OptionsError(
+                "groups is empty: give at least one, e.g. 'big:0-3,gpu'", ("groups",)
+            )
+        for name, isa in dict(self.isa).items():
+            if isa not in ISAS:
+                raise OptionsError(
+                    f"isa: group {name!r}: unknown instruction set {isa!r} (choose from "
+                    f"{', '.join(ISAS)})",
+                    ("isa",),
+                )
+        if self.balance not in BALANCERS:
+            raise OptionsError(
+                f"balance must be one of {', '.join(BALANCERS)}, got {self.balance!r}", ("balance",)
+            )
+        if self.number < 1 or self.repeat < 1:
+            raise OptionsError(
+                f"number and repeat must be >= 1, got {self.number}, {self.repeat}",
+                ("number", "repeat"),
+            )
+        if self.stage_rounds < 0:
+            raise OptionsError(
+                f"stage_rounds must be >= 0, got {self.stage_rounds}", ("stage_rounds",)
+            )
+        if self.stage_rounds and self.pipe_model:
+            raise OptionsError(
+                "stage_rounds times the stages here; pipe_model predicts the layers: give one",
+                ("stage_rounds", "pipe_model"),
+            )
+        if self.verify_frames == 1 or self.verify_frames < 0:
+            raise OptionsError(
+                f"verify_frames must be 0 (no verification) or >= 2 (the steady rate is timed "
+                f"between the first output and the last), got {self.verify_frames}",
+                ("verify_frames",),
+            )
+        if self.verify_rounds < 1:
+            raise OptionsError(
+                f"verify_rounds must be >= 1, got {self.verify_rounds}", ("verify_rounds",)
+            )
 
 
 @dataclass(frozen=True)
 class Candidate:
-    """A plan ``--verify`` builds and streams.
+    """A plan ``verify_frames`` builds and streams.
 
     Attributes
     ----------
@@ -179,77 +235,75 @@ class Candidate:
 
 
 def compile_throughput(
-    model_path: str | Path,
-    out: str | Path,
-    options: ThroughputOptions,
-    log: Callable[[str], None] | None = None,
+    model_path: str | Path, out: str | Path, options: ThroughputOptions
 ) -> PipelinePlan:
     """Plan and build ``model_path`` as a pipeline artifact in ``out``; return the plan.
 
     With ``options.verify_frames`` the candidates of :func:`verify_throughput` are built and
-    streamed here and the fastest is kept; ``log`` gets one line per candidate and the kept one.
+    streamed here and the fastest is kept (one log line per candidate and the kept one).
 
     Raises
     ------
     PlannerError
-        Groups naming cores this machine does not have, unknown instruction sets, or a Pipe-it
-        model that lacks a group or layer type; ``verify_frames`` or ``verify_rounds`` out of
-        range.
+        Groups naming cores this machine does not have, instruction sets for unknown groups,
+        or a Pipe-it model that lacks a group or layer type.
     ArtifactError
-        ``out`` exists (without ``force``, or is not a pipeline artifact), checked before
-        anything is measured.
+        ``out`` exists (without ``options.force``, or is not a pipeline artifact), checked
+        before anything is measured.
     ModelError, BuildError
         As :func:`~codl_tvm.frontend.importer.load_onnx` and
         :func:`~codl_tvm.objectives.stage_build.build_pipeline`.
     """
     out = Path(out)
     check_pipeline_out(out, options.force)
-    verifying = options.verify_frames != 0
-    if verifying:
-        _check_verify(options)
-    if options.stage_rounds < 0:
-        raise PlannerError(f"stage rounds must be >= 0, got {options.stage_rounds}")
-    groups = parse_groups(options.groups)
+    groups = _resolve_groups(options)
     model = load_onnx(model_path)
     handoff = measure_handoff() if options.handoff else HandOff()
+    verifying = options.verify_frames != 0
     planned = _plans(model, groups, options, handoff, both=verifying)
-    tables = {name: (table, source) for name, (_, table, source) in planned.items()}
-    plans = {name: plan for name, (plan, _, _) in planned.items()}
+    reference = None
+    if options.reference:
+        logger.info("computing the reference outputs (unpartitioned model, host CPU)")
+        reference = compute_reference(model, options.seed)
+    found = [
+        Candidate(name, plan, _latencies(t, s, handoff)) for name, (plan, t, s) in planned.items()
+    ]
     if not verifying:
-        ((table, source),), (plan,) = tables.values(), plans.values()
+        (kept,) = found
         build_pipeline(
             model,
-            plan,
+            kept.plan,
             groups,
             out,
             isa=options.isa,
             force=options.force,
-            extra={"latencies": _latencies(table, source, handoff)},
+            extra={"latencies": kept.latencies},
+            reference=reference,
         )
-        return plan
+        return kept.plan
     # the one-stage candidate on the table of layers timed with nothing else running, as a
     # lone stage runs (a Pipe-it model predicts one table only)
-    table, source = tables.get("alone", next(iter(tables.values())))
-    found = [Candidate(name, plans[name], _latencies(*tables[name], handoff)) for name in tables]
-    found.append(
-        Candidate(
-            "one-stage",
-            one_stage_plan(model, table, groups, handoff),
-            _latencies(table, source, handoff),
-        )
-    )
-    kept = verify_throughput(model, groups, out, _unique(found), options, log or (lambda _: None))
-    return kept.plan
+    _, table, source = planned.get("alone", next(iter(planned.values())))
+    one = one_stage_plan(model, table, groups, handoff)
+    found.append(Candidate("one-stage", one, _latencies(table, source, handoff)))
+    return verify_throughput(model, groups, out, _unique(found), options, reference).plan
 
 
-def _check_verify(options: ThroughputOptions) -> None:
-    if options.verify_frames < 2:
-        raise PlannerError(
-            f"--verify streams N frames per candidate and needs N >= 2 (the steady rate is "
-            f"timed between the first output and the last), got {options.verify_frames}"
-        )
-    if options.verify_rounds < 1:
-        raise PlannerError(f"verify rounds must be >= 1, got {options.verify_rounds}")
+def _resolve_groups(options: ThroughputOptions) -> tuple[ProcessorGroup, ...]:
+    """The groups, checked against this machine, with every CPU group's instruction set
+    checked; a default other than this CPU's (a group named ``little``) is logged."""
+    groups = parse_groups(options.groups)
+    isas = resolve_isas(groups, options.isa)
+    for g in groups:
+        if g.kind == "cpu" and g.name not in options.isa and isas[g.name] != "host":
+            logger.info(
+                "group %r is built for %s (%s), as the little cores of an emulated big.LITTLE "
+                "SoC; give it instruction set 'host' to build it for this CPU",
+                g.name,
+                isas[g.name],
+                ISA_NOTES.get(isas[g.name], "another instruction set"),
+            )
+    return groups
 
 
 def _plans(
@@ -371,7 +425,7 @@ def verify_throughput(
     out: str | Path,
     candidates: Sequence[Candidate],
     options: ThroughputOptions,
-    log: Callable[[str], None],
+    reference: Reference | None = None,
 ) -> Candidate:
     """Build every candidate beside ``out``, stream them here, keep the fastest as ``out``.
 
@@ -381,15 +435,19 @@ def verify_throughput(
     round so that drift favours none. The candidate with the highest median steady rate is
     moved to ``out`` (an existing ``out`` is replaced only with ``options.force``, after the
     kept one is complete) with every candidate's plan, predicted and measured rates in its
-    manifest's ``verify``; the others are removed.
+    manifest's ``verify`` and ``reference`` as its reference; the others are removed.
 
     Raises
     ------
+    PlannerError
+        ``options.verify_frames`` is 0 (nothing to stream).
     ArtifactError
         ``out`` exists (without ``force``, or is not a pipeline artifact).
     BuildError
         A candidate failed to build (nothing is left behind).
     """
+    if options.verify_frames == 0:
+        raise PlannerError("verify_frames is 0: give the frames each candidate streams")
     out = Path(out)
     check_pipeline_out(out, options.force)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -399,41 +457,65 @@ def verify_throughput(
         for k, c in enumerate(candidates):
             path = work / f"candidate{k}"
             build_pipeline(
-                model, c.plan, groups, path, isa=options.isa, extra={"latencies": c.latencies}
+                model,
+                c.plan,
+                groups,
+                path,
+                isa=options.isa,
+                extra={"latencies": c.latencies},
+                reference=reference,
             )
             paths.append(path)
         frames = _frames(model, options.verify_frames, options.seed)
         samples = _stream_rounds(paths, frames, options.verify_rounds)
         rates = [float(np.median(v)) for v in samples]
         best = int(np.argmax(rates))
-        record = {
-            "frames": options.verify_frames,
-            "rounds": options.verify_rounds,
-            "on": "this machine",
-            "candidates": [
-                {
-                    "name": c.name,
-                    "describe": c.plan.describe(),
-                    "predicted_fps": c.plan.throughput_fps,
-                    "measured_fps": rates[k],
-                    "samples_fps": samples[k],
-                }
-                for k, c in enumerate(candidates)
-            ],
-            "kept": candidates[best].name,
-        }
         for k, c in enumerate(candidates):
-            log(
-                f"verify: {c.name}: {c.plan.describe()} predicted {c.plan.throughput_fps:.1f}, "
-                f"streamed {rates[k]:.1f} frames/s (median of {options.verify_rounds} rounds of "
-                f"{options.verify_frames} frames)"
+            logger.info(
+                "verify: %s: %s predicted %.1f, streamed %.1f frames/s (median of %d rounds of "
+                "%d frames)",
+                c.name,
+                c.plan.describe(),
+                c.plan.throughput_fps,
+                rates[k],
+                options.verify_rounds,
+                options.verify_frames,
             )
-        log(f"verify: keeping {candidates[best].name}: {candidates[best].plan.describe()}")
+        logger.info(
+            "verify: keeping %s: %s", candidates[best].name, candidates[best].plan.describe()
+        )
+        record = _verify_record(candidates, rates, samples, best, options)
         _add_to_manifest(paths[best], {"verify": record})
         install_pipeline(paths[best], out)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return candidates[best]
+
+
+def _verify_record(
+    candidates: Sequence[Candidate],
+    rates: Sequence[float],
+    samples: Sequence[Sequence[float]],
+    best: int,
+    options: ThroughputOptions,
+) -> dict[str, Any]:
+    """The manifest's ``verify``: every candidate's plan, predicted and streamed rates."""
+    return {
+        "frames": options.verify_frames,
+        "rounds": options.verify_rounds,
+        "on": "this machine",
+        "candidates": [
+            {
+                "name": c.name,
+                "describe": c.plan.describe(),
+                "predicted_fps": c.plan.throughput_fps,
+                "measured_fps": rates[k],
+                "samples_fps": list(samples[k]),
+            }
+            for k, c in enumerate(candidates)
+        ],
+        "kept": candidates[best].name,
+    }
 
 
 def _frames(model: OnnxModel, count: int, seed: int) -> list[list[np.ndarray]]:
@@ -470,5 +552,5 @@ def _add_to_manifest(path: Path, fields: Mapping[str, Any]) -> None:
     manifest = json.loads(mpath.read_text())
     manifest.update(fields)
     tmp = mpath.with_suffix(".tmp")
-    tmp.write_text(json.dumps(manifest, indent=2))
+    tmp.write_text(json.dumps(manifest, indent=2) + "\n")
     os.replace(tmp, mpath)

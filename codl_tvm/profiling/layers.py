@@ -5,10 +5,10 @@ after it). :func:`build_layer_libraries` builds ``main`` cut at every layer (one
 layer) for the host and for each processor group's target; :func:`measure_layers` times each
 layer on 1..n cores of each CPU group (a thread pinned to the group's first ``c`` cores with
 its own ``c``-worker TVM pool) and on the GPU, and returns the
-:class:`~codl_tvm.planner.stages.search.LatencyTable` the stage search takes;
+:class:`~codl_tvm.planner.stages.table.LatencyTable` the stage search takes;
 :func:`profile_layers` does both. Pipe-it times each layer alone; ``under_load=True`` times it
 while every other core of the groups runs the model's layers, as the other stages of a stream
-keep them busy: stages share the socket's caches and memory bandwidth, and a device run found
+keep them busy: stages share the socket's caches and memory bandwidth, and an emulated SoC found
 them 1.0-2.3x slower streaming than alone (docs/benchmarks.md), which a table of layers alone
 does not show the search. Building and timing are apart so that a benchmark builds
 many models in parallel and times them one at a time. :func:`layer_records` turns a table into
@@ -19,7 +19,7 @@ other's weights and stages share the caches (what
 :func:`~codl_tvm.planner.stages.refine.refine_with_stages` plans on).
 
 :func:`measure_handoff` measures what the stream executor (:mod:`codl_tvm.runtime.stream`) costs a
-stage per frame beyond its layers, the :class:`~codl_tvm.planner.stages.search.HandOff` the
+stage per frame beyond its layers, the :class:`~codl_tvm.planner.stages.table.HandOff` the
 search counts: the time matrix times layers alone.
 """
 
@@ -39,26 +39,20 @@ import tvm
 from tvm.runtime.vm import VirtualMachine
 
 from codl_tvm import runtime
-from codl_tvm.core.errors import PlannerError
-from codl_tvm.frontend.importer import OnnxModel
-from codl_tvm.objectives.stage_build import (
+from codl_tvm.build.stage_targets import (
     compile_library,
     group_target,
-    layer_shapes,
+    layer_names,
     resolve_isas,
     stage_module,
 )
+from codl_tvm.core.errors import PlannerError
+from codl_tvm.core.groups import ProcessorGroup, check_groups
+from codl_tvm.frontend.importer import OnnxModel
 from codl_tvm.passes.stages import cut_stages, layer_starts, stage_name
 from codl_tvm.planner.stages.layer_model import LayerShape, PipeRecord
-from codl_tvm.planner.stages.search import (
-    HandOff,
-    LatencyTable,
-    PipelinePlan,
-    PipelineStage,
-    ProcessorGroup,
-    check_groups,
-)
-from codl_tvm.runtime.staged_artifact import _device, pin_thread_pool
+from codl_tvm.planner.stages.table import HandOff, LatencyTable, PipelinePlan, PipelineStage
+from codl_tvm.runtime.staged_artifact import group_device, pin_thread_pool
 from codl_tvm.runtime.stream import run_stream
 
 __all__ = [
@@ -239,7 +233,7 @@ def _loads_beside(
     for h in groups:
         rest = [c for c in h.cores if c not in cores]
         if rest:
-            loads.append((libraries[h.name], _device(h.kind), rest))
+            loads.append((libraries[h.name], group_device(h.kind), rest))
     return loads
 
 
@@ -287,7 +281,7 @@ def stage_timer(
                 pin_thread_pool(stage.cores)
                 run = _run_layers(
                     libraries[group.name],
-                    _device(group.kind),
+                    group_device(group.kind),
                     layer_inputs[stage.first_layer : stage.stop_layer],
                     stage.first_layer,
                 )
@@ -405,7 +399,7 @@ def measure_layers(
         runtime.load()
     table: dict[tuple[str, int], np.ndarray] = {}
     for g in groups:
-        dev = _device(g.kind)
+        dev = group_device(g.kind)
 
         def measure(lib: Path = libraries[g.name], dev: Any = dev) -> np.ndarray:
             gvm = VirtualMachine(tvm.runtime.load_module(str(lib)), dev)
@@ -427,7 +421,7 @@ def measure_layers(
             loads = _loads_beside(groups, libraries, cores) if under_load else []
             with _busy(loads, layer_inputs):
                 table[(g.name, c)] = _time_in_thread(measure, cores)
-    return LatencyTable(table, [s.name for s in layer_shapes(model.mod)])
+    return LatencyTable(table, layer_names(model.mod))
 
 
 def profile_layers(

@@ -2,16 +2,20 @@
 
 A pipeline artifact (written by :func:`codl_tvm.objectives.stage_build.build_pipeline`, ``codl-tvm
 compile MODEL --objective throughput``) is a directory with one library per stage
-(``stage_K.so``) and ``pipeline.json``: the model's inputs and outputs, the processor groups,
-the plan and every stage's group, cores, instruction set and layers, with each file's SHA-256.
+(``stage_K.so``), ``pipeline.json`` (the manifest: format and version, the codl-tvm and TVM
+versions that built it, the model's file, SHA-256, inputs and outputs, the processor groups, the
+plan and every stage's group, cores, instruction set and layers, with each file's SHA-256) and,
+unless compiled without it, ``reference.npz``: seeded inputs and the unpartitioned model's
+outputs on the host CPU, which ``codl-tvm run PIPELINE/`` compares the pipeline's outputs with
+(:meth:`Pipeline.reference`).
 
 Nothing here needs TVM's compiler (a runtime-only TVM runs pipeline artifacts).
 :func:`load_pipeline` checks the artifact and its groups' cores against this machine before
 anything runs; :class:`Pipeline` runs the stages one after another in the caller's thread
 (``pipeline(inputs)``, single inferences) or as a stream (:meth:`Pipeline.stream`, on
 :func:`codl_tvm.runtime.stream.run_stream`): one thread per stage, pinned to its stage's cores,
-with TVM's
-CPU thread pool (a per-thread pool) configured in that thread with one worker per core.
+with TVM's CPU thread pool (a per-thread pool) configured in that thread with one worker per
+core (:func:`pin_thread_pool`).
 """
 
 from __future__ import annotations
@@ -31,18 +35,20 @@ import tvm
 from tvm.runtime.vm import VirtualMachine
 
 from codl_tvm import runtime
-from codl_tvm.build.runner import Latency, _flatten
 from codl_tvm.core.errors import ArtifactError, ModelError
-from codl_tvm.frontend.importer import TensorSpec
-from codl_tvm.planner.stages.search import ProcessorGroup, check_groups
-from codl_tvm.runtime.artifact import read_manifest
+from codl_tvm.core.groups import ProcessorGroup, check_groups
+from codl_tvm.core.tensors import TensorSpec
+from codl_tvm.runtime.artifact import REFERENCE, read_manifest
 from codl_tvm.runtime.stream import Stream, StreamStage, run_stream
+from codl_tvm.runtime.vm import Latency, flatten_outputs
 
 __all__ = [
     "PIPELINE_FORMAT",
     "PIPELINE_MANIFEST",
     "PIPELINE_VERSION",
     "Pipeline",
+    "file_sha256",
+    "group_device",
     "is_pipeline",
     "load_pipeline",
     "pin_thread_pool",
@@ -84,12 +90,19 @@ def pin_thread_pool(cores: Sequence[int]) -> None:
                 os.environ["TVM_NUM_THREADS"] = before
 
 
-def _device(kind: str):
+def group_device(kind: str) -> tvm.runtime.Device:
+    """The TVM device a processor group of ``kind`` (``"cpu"``, ``"gpu"``) runs on: the first
+    OpenCL device for a GPU group, the host CPU for a CPU group."""
     return tvm.opencl(0) if kind == "gpu" else tvm.cpu(0)
 
 
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+def file_sha256(path: Path) -> str:
+    """The SHA-256 of the file at ``path`` (hex), read in blocks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def is_pipeline(path: str | Path) -> bool:
@@ -137,6 +150,18 @@ class Pipeline:
         """The stages on one line: ``big4[0:35] - little2[35:44] - gpu1[44:54]``."""
         return self.manifest["plan"]["describe"]
 
+    def reference(self) -> tuple[dict[str, np.ndarray], list[np.ndarray]] | None:
+        """``(inputs, outputs)`` stored at compile time (seeded inputs, the unpartitioned
+        model's outputs on the host CPU, in graph order), or None for an artifact compiled
+        without them."""
+        ref = self.path / REFERENCE
+        if not ref.is_file():
+            return None
+        with np.load(ref, allow_pickle=False) as data:
+            inputs = {k[6:]: data[k] for k in data.files if k.startswith("input:")}
+            outs = {k[7:]: data[k] for k in data.files if k.startswith("output:")}
+        return inputs, [outs[s.name] for s in self.outputs]
+
     def _stage_fn(self, k: int) -> Callable[[Any], Any]:
         stage = self._stages[k]
         last = k == len(self._stages) - 1
@@ -160,7 +185,7 @@ class Pipeline:
             ]
             result = fn(*placed)
             if last:
-                return _flatten(result)
+                return flatten_outputs(result)
             return list(result)
 
         return run
@@ -297,13 +322,13 @@ def load_pipeline(path: str | Path, available: Iterable[int] | None = None) -> P
         f = path / name
         if not f.is_file():
             raise ArtifactError(f"{path}: {name} is missing")
-        if _sha256(f) != digest:
+        if file_sha256(f) != digest:
             raise ArtifactError(f"{path}: {name} does not match its SHA-256 in {PIPELINE_MANIFEST}")
     stages = []
     for k, s in enumerate(manifest["stages"]):
         if s["kind"] == "gpu":
             runtime.load()
-        dev = _device(s["kind"])
+        dev = group_device(s["kind"])
         lib = tvm.runtime.load_module(str(path / s["library"]))
         stages.append(
             _LoadedStage(k, s["group"], s["kind"], tuple(s["cores"]), VirtualMachine(lib, dev), dev)
