@@ -74,8 +74,14 @@ def test_verify_keeps_a_candidate_records_all_and_equals_onnxruntime(verified):
     assert [p.name for p in out.parent.iterdir()] == ["art"]
     x = np.random.default_rng(3).standard_normal((1, 3, 8, 8)).astype("float32")
     sess = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
-    got = load_pipeline(out, available=[0, 1])({"x": x})
+    pipe = load_pipeline(out, available=[0, 1])
+    got = pipe({"x": x})
     np.testing.assert_allclose(got[0], sess.run(None, {"x": x})[0], rtol=1e-4, atol=1e-4)
+    # the kept candidate carries the reference, computed once for all of them
+    assert manifest["reference"]["file"] == "reference.npz" and "reference.npz" in manifest["files"]
+    inputs, (expected,) = pipe.reference()
+    np.testing.assert_allclose(expected, sess.run(None, inputs)[0], rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(pipe(inputs)[0], expected, rtol=1e-4, atol=1e-4)
 
 
 def test_existing_output_untouched_and_bad_verify_refused(model_path, tmp_path, capsys):
