@@ -67,8 +67,9 @@ def conv_model(hw: int, c_in: int, c_out: int, k: int):
 def cmd_compile(args: argparse.Namespace) -> None:
     import shutil
 
+    from bench_util import coexec_targets
+
     import codl_tvm
-    from codl_tvm.bench import coexec_targets
     from codl_tvm.core.plan import uniform_plan
     from codl_tvm.frontend.importer import load_onnx
     from codl_tvm.runtime.plugin_build import build_plugin
@@ -149,8 +150,7 @@ def _sync_costs(dev_id: int = 0) -> dict:
 
 def cmd_run(args: argparse.Namespace) -> None:
     import tvm
-
-    from codl_tvm.bench import envelope, open_opencl, run_coexec_library, write_json
+    from bench_util import envelope, open_opencl, run_coexec_library, write_json
 
     info, result = open_opencl(args.platform, args.tvm_cpus)
     result["svm_mode"] = info.svm_mode
@@ -219,9 +219,9 @@ def cmd_trace(args: argparse.Namespace) -> None:
     """Timeline of one co-executed conv (Chrome trace JSON + PNG) to see the overlap."""
 
     from codl_tvm import runtime
-    from codl_tvm.bench import pin_tvm_threads
     from codl_tvm.build.coexec import CoexecModule
     from codl_tvm.profiling.trace import trace_inference
+    from codl_tvm.runtime.threads import pin_tvm_threads
 
     runtime.load(platform=args.platform)
     if args.tvm_cpus:

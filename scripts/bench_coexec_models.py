@@ -19,8 +19,9 @@ PLANS = (("H", 0.0), ("H", 1.0), ("H", 0.3), ("H", 0.5), ("OC", 0.3), ("OC", 0.5
 
 
 def cmd_compile(args: argparse.Namespace) -> None:
+    from bench_util import coexec_targets
+
     import codl_tvm
-    from codl_tvm.bench import coexec_targets
     from codl_tvm.core.plan import uniform_plan
     from codl_tvm.frontend.importer import load_onnx
     from codl_tvm.frontend.models import bundled_model_path, light_model
@@ -50,8 +51,7 @@ def cmd_run(args: argparse.Namespace) -> None:
     import os
 
     import tvm
-
-    from codl_tvm.bench import envelope, open_opencl, run_coexec_library, write_json
+    from bench_util import envelope, open_opencl, run_coexec_library, write_json
 
     _, results = open_opencl(args.platform, args.tvm_cpus)
     results["models"] = {}

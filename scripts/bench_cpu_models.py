@@ -188,9 +188,8 @@ def cmd_run(args: argparse.Namespace) -> None:
     cpus = _pin_tvm(args.threads)
     import onnxruntime as ort
     import tvm
+    from bench_util import envelope, write_json
     from tvm.runtime.vm import VirtualMachine
-
-    from codl_tvm.bench import envelope, write_json
 
     root = Path(args.dir)
     manifest = _manifest(root)
@@ -283,9 +282,8 @@ def cmd_layers(args: argparse.Namespace) -> None:
     import onnxruntime as ort
     import tvm
     import tvm_ffi
+    from bench_util import envelope, write_json
     from tvm.runtime.vm import VirtualMachine
-
-    from codl_tvm.bench import envelope, write_json
 
     root = Path(args.dir)
     manifest = _manifest(root)

@@ -165,6 +165,7 @@ def compile_all(args: argparse.Namespace) -> None:
     import shutil
 
     import tvm
+    from bench_util import git_commit, write_json
     from codl_tvm.schedules import (
         apply_schedules,
         cpu_alone_settings,
@@ -177,7 +178,6 @@ def compile_all(args: argparse.Namespace) -> None:
     )
     from tvm.target import Target
 
-    from codl_tvm.bench import git_commit, write_json
     from codl_tvm.build.pipeline import algorithm_passes, legalize_passes, single_device_pipeline
 
     out = Path(args.compile_dir)
@@ -448,9 +448,8 @@ def run_all(args: argparse.Namespace) -> None:
         os.environ.setdefault("CODL_TVM_PLUGIN_LIB", str(plugin))
 
     import tvm
+    from bench_util import envelope, write_json
     from tvm.runtime.vm import VirtualMachine
-
-    from codl_tvm.bench import envelope, write_json
 
     devices = {"cpu": tvm.cpu(0)}
     opencl_info = None

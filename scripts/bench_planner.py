@@ -168,13 +168,12 @@ class _Job(NamedTuple):
 
 
 def _compile_job(job: _Job) -> tuple[str, str, str | None]:
-    from codl_tvm.artifact import compile_artifact
+    from codl_tvm.objectives.latency import compile_artifact
+    from codl_tvm.options import CompileOptions
 
     flags = _tag_mode(job.tag, strict=False)
     try:
-        compile_artifact(
-            job.path,
-            job.target,
+        options = CompileOptions(
             device=job.device,
             mode=job.mode or "codl",
             cost_model=job.cost_model,
@@ -184,13 +183,13 @@ def _compile_job(job: _Job) -> tuple[str, str, str | None]:
             verify_modes=job.verify_modes,
             refine=job.refine,
             build_cache=job.cache,
-            log=lambda s: None,
             coexec_cpu_alone=True if flags.alone else None,  # else: as the cost model says
             split_channel_blocks=not flags.wholenorm,
             weight_gbps=job.weight_gbps if flags.streaming else None,
             split_row_blocks=flags.rowlrn,
             processor_scale=job.processor_scale,
         )
+        compile_artifact(job.path, job.target, options)
     except Exception as exc:  # one failing build must not lose the others
         return job.name, job.tag, f"{type(exc).__name__}: {exc}"
     return job.name, job.tag, None
@@ -288,7 +287,7 @@ def cmd_compile(args: argparse.Namespace) -> None:
         for j in jobs:
             record(_compile_job(j))
     if timed and args.tvm_cpus:
-        from codl_tvm.bench import pin_tvm_threads
+        from codl_tvm.runtime.threads import pin_tvm_threads
 
         pin_tvm_threads(args.tvm_cpus)  # --verify times the builds as `run` would
     for j in timed:
@@ -387,18 +386,14 @@ OK_TOLERANCE = 1e-3
 
 def cmd_run(args: argparse.Namespace) -> None:
     import tvm  # noqa: F401  (runtime-only TVM is enough)
+    from bench_util import envelope, write_json
 
     from codl_tvm import runtime
     from codl_tvm.artifact import load_artifact
-    from codl_tvm.bench import (
-        concurrent_bound,
-        envelope,
-        paired_ratios,
-        pin_tvm_threads,
-        write_json,
-    )
     from codl_tvm.build.runner import max_abs_difference
     from codl_tvm.profiling.bound import gap_breakdown, ideal_bound_ms
+    from codl_tvm.profiling.stats import concurrent_bound, paired_ratios
+    from codl_tvm.runtime.threads import pin_tvm_threads
 
     root = Path(args.dir)
     index = json.loads((root / "index.json").read_text())
@@ -614,8 +609,8 @@ def cmd_run(args: argparse.Namespace) -> None:
 
 
 def _refine_job(job: tuple) -> tuple[str, str, str | None]:
-    from codl_tvm.artifact import compile_refined
     from codl_tvm.core.plan import PartitionPlan
+    from codl_tvm.objectives.refine import compile_refined
 
     name, tag, src, target, model, plan_json, record = job
     try:
@@ -626,7 +621,6 @@ def _refine_job(job: tuple) -> tuple[str, str, str | None]:
             target,
             model_path=model,
             force=True,
-            log=lambda _m: None,
         )
     except Exception as exc:  # reported per build; the others go on
         return name, tag, f"{type(exc).__name__}: {exc}"
@@ -639,15 +633,17 @@ def cmd_refine(args: argparse.Namespace) -> None:
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
     from codl_tvm import runtime
-    from codl_tvm.artifact import ArtifactError, load_artifact, refined_plan
+    from codl_tvm.core.errors import ArtifactError
+    from codl_tvm.objectives.refine import refined_plan
     from codl_tvm.planner.split.refine import moves
+    from codl_tvm.runtime.artifact import load_artifact
 
     root = Path(args.dir)
     index = json.loads((root / "index.json").read_text())
     wanted = args.models.split(",") if args.models else list(index["models"])
     runtime.load(platform=args.platform or None)
     if args.tvm_cpus:
-        from codl_tvm.bench import pin_tvm_threads
+        from codl_tvm.runtime.threads import pin_tvm_threads
 
         pin_tvm_threads(args.tvm_cpus)
     models_dir = root / "models"
@@ -659,9 +655,7 @@ def cmd_refine(args: argparse.Namespace) -> None:
             print(f"== {name} {args.tag}: skipped ({args.source} is not co-executed)", flush=True)
             continue
         try:
-            plan, record = refined_plan(
-                root / rel, traces=args.traces, step=args.step, log=lambda _m: None
-            )
+            plan, record = refined_plan(root / rel, traces=args.traces, step=args.step)
         except ArtifactError as exc:
             print(f"== {name} {args.tag}: {exc}", flush=True)
             continue
@@ -686,7 +680,9 @@ def cmd_refine(args: argparse.Namespace) -> None:
 
 def cmd_compare(args: argparse.Namespace) -> None:
     """Build A against build B, round by round, pooled over run JSONs (A/B of a default)."""
-    from codl_tvm.bench import envelope, paired_ab, write_json
+    from bench_util import envelope, write_json
+
+    from codl_tvm.profiling.stats import paired_ab
 
     paths = [p for p in args.results.split(",") if p]
     if len(set(paths)) != len(paths):
@@ -848,7 +844,7 @@ def balance_rows(runs: list[dict], tag: str = "codl") -> list[dict]:
 
 def cmd_balance(args: argparse.Namespace) -> None:
     """Gain against the CPU/GPU balance over runs at several k (CoDL's when-does-it-pay)."""
-    from codl_tvm.bench import envelope, write_json
+    from bench_util import envelope, write_json
 
     runs = [json.loads(Path(p).read_text()) for p in args.results.split(",")]
     rows = balance_rows(runs, args.tag)

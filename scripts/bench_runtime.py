@@ -95,7 +95,7 @@ def cmd_run(args: argparse.Namespace) -> None:
     from tvm.runtime.vm import VirtualMachine
 
     from codl_tvm import runtime
-    from codl_tvm.bench import time_host_us
+    from codl_tvm.profiling.stats import time_host_us
 
     runtime.load(platform=args.platform)
     info = runtime.info()
@@ -154,7 +154,7 @@ def _pyopencl_launch(platform_name: str) -> dict | None:
         import pyopencl as cl
     except ImportError:
         return None
-    from codl_tvm.bench import time_host_us
+    from codl_tvm.profiling.stats import time_host_us
 
     plats = [p for p in cl.get_platforms() if p.name == platform_name]
     if not plats:
@@ -212,7 +212,7 @@ def cmd_coldstart(args: argparse.Namespace) -> None:
 
 
 def cmd_all(args: argparse.Namespace) -> None:
-    from codl_tvm.bench import envelope, write_json
+    from bench_util import envelope, write_json
 
     results = {}
     script = str(Path(__file__).resolve())

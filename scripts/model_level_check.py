@@ -51,7 +51,7 @@ def margin_table(plans: list[tuple[float, float]]) -> dict[str, dict]:
 
 
 def aggregate(paths: list[str], out: str) -> None:
-    from codl_tvm.bench import envelope, write_json
+    from bench_util import envelope, write_json
 
     plans, rows = [], []
     for path in paths:
@@ -100,8 +100,9 @@ def main(argv: list[str] | None = None) -> None:
     if not (args.results and args.cost_model):
         p.error("give --results and --cost-model, or --aggregate")
 
+    from bench_util import envelope, write_json
+
     from codl_tvm.artifact import planning_context
-    from codl_tvm.bench import envelope, write_json
     from codl_tvm.cost_model.base import load_model
     from codl_tvm.frontend.importer import load_onnx
     from codl_tvm.frontend.models import benchmark_model

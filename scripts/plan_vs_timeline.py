@@ -171,7 +171,8 @@ def _plan_rows(
 
 
 def main(argv: list[str] | None = None) -> int:
-    from codl_tvm.bench import envelope, write_json
+    from bench_util import envelope, write_json
+
     from codl_tvm.planner.split.refine import split_times
     from codl_tvm.profiling.trace import Trace
 

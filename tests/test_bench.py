@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from codl_tvm.artifact import compile_artifact, load_artifact
-from codl_tvm.bench import concurrent_bound, overlapped, paired_ab, paired_ratios
 from codl_tvm.cli import bundled_model_path
+from codl_tvm.profiling.stats import concurrent_bound, overlapped, paired_ab, paired_ratios
 
 
 def test_overlapped_keeps_runs_inside_the_common_window():
@@ -281,12 +281,16 @@ def test_coexec_benchmark_helpers_build_and_run_a_split_conv(tmp_path, opencl):
     from onnx import TensorProto, helper, numpy_helper
 
     import codl_tvm
-    from codl_tvm.bench import coexec_targets, open_opencl, run_coexec_library
     from codl_tvm.build.runner import build
     from codl_tvm.build.targets import host_cpu
     from codl_tvm.core.plan import uniform_plan
     from codl_tvm.frontend.importer import load_onnx
+    from tests.scripts_util import script_module
 
+    with script_module("bench_util") as bench_util:
+        coexec_targets = bench_util.coexec_targets
+        open_opencl = bench_util.open_opencl
+        run_coexec_library = bench_util.run_coexec_library
     rng = np.random.default_rng(0)
     w = numpy_helper.from_array(rng.standard_normal((8, 4, 3, 3)).astype(np.float32), "w")
     graph = helper.make_graph(
