@@ -95,7 +95,8 @@ def expected_impl(params: OpParams, processor: str, config=None) -> str:
         return "pool"
     if params.op == "dense":
         # OpenCLDense records gemv / gemm; the cost model groups them as reduction / matmul
-        # (codl_tvm.cost_model.features.IMPL_GROUPS)
+        # (codl_tvm.cost_model.features.IMPL_GROUPS). Deferred: the schedules package needs
+        # TVM's compiler, which `import codl_tvm.planner` does not load.
         from codl_tvm.schedules.presets import OPENCL_GENERIC
 
         min_m = 2  # dlight: GEMV / Reduction for one row
@@ -103,8 +104,8 @@ def expected_impl(params: OpParams, processor: str, config=None) -> str:
             min_m = getattr(config, "dense_gemm_min_m", None) or OPENCL_GENERIC.dense_gemm_min_m
         return "reduction" if processor == "gpu" and params.h < min_m else "matmul"
     if config is not None and params.op == "conv2d":
-        # deferred: the schedules need TVM's compiler; the planner (through artifacts) is
-        # imported where TVM is runtime-only
+        # deferred: the schedules need TVM's compiler, which `import codl_tvm.planner` does
+        # not load (tests/test_hope.py imports the planner on a runtime-only TVM)
         from codl_tvm.schedules.packed import packed_reason
         from codl_tvm.schedules.winograd import conv2d_shape_info, winograd_reason
 

@@ -94,23 +94,14 @@ from collections.abc import Iterable, Sequence
 
 from codl_tvm.core.errors import PlannerError
 from codl_tvm.core.groups import GROUP_KINDS, ProcessorGroup, check_groups, parse_groups
+from codl_tvm.planner.stages import heuristics
 from codl_tvm.planner.stages.exact import (
     dp_work,
     exact_cuts,
     exhaustive_pipeline,
     optimal_pipeline,
 )
-from codl_tvm.planner.stages.heuristics import (
-    Balancer,
-    SearchMemo,
-    alternating_starts,
-    coarse_restarts,
-    coarsened,
-    local_search,
-    merge_stage,
-    start_orders,
-    work_flow,
-)
+from codl_tvm.planner.stages.heuristics import Balancer, SearchMemo
 from codl_tvm.planner.stages.table import (
     HandOff,
     LatencyTable,
@@ -226,7 +217,7 @@ def search_pipeline(
     exact_stages = exact_stages and balance == "exact"
     if balance not in BALANCERS:
         raise PlannerError(f"unknown balance {balance!r} (choose from {', '.join(BALANCERS)})")
-    balancer = exact_cuts if balance == "exact" else work_flow
+    balancer = exact_cuts if balance == "exact" else heuristics.work_flow
     memo = SearchMemo()
     ranked = _merged_pipelines(costs, groups, max_starts, balancer, memo)
     best = ranked[0]  # check_groups refuses an empty list: there is one start at least
@@ -258,8 +249,8 @@ def _merged_pipelines(
     gpus = [g for g in groups if g.kind == "gpu"]
     mergeable = {g.name for g in cpus}
     found: dict[tuple[StageConfig, ...], _Found] = {}
-    starts = [(start, True) for start in start_orders(cpus, gpus, max_starts)]
-    starts += [(start, False) for start in alternating_starts(cpus)]
+    starts = [(start, True) for start in heuristics.start_orders(cpus, gpus, max_starts)]
+    starts += [(start, False) for start in heuristics.alternating_starts(cpus)]
     for start, every_slot in starts:
         # every placement of the GPU stages among the CPU stages (or after them)
         slots_of = range(len(start) + 1) if every_slot else (len(start),)
@@ -267,7 +258,7 @@ def _merged_pipelines(
             configs = list(start)
             for gpu, slot in sorted(zip(gpus, slots, strict=True), key=lambda gs: -gs[1]):
                 configs.insert(slot, StageConfig(gpu.name, 1))
-            configs, cuts = merge_stage(costs, configs, mergeable, balancer, memo)
+            configs, cuts = heuristics.merge_stage(costs, configs, mergeable, balancer, memo)
             found.setdefault(tuple(configs), (costs.bottleneck(configs, cuts), configs, cuts))
     return sorted(found.values(), key=lambda f: f[0])
 
@@ -287,7 +278,7 @@ def _locally_improved(
     best = ranked[0]
     ends: dict[tuple[StageConfig, ...], _Found] = {}
     for _, start_configs, _ in ranked[:local_starts]:  # [:None]: every one
-        configs, cuts = local_search(costs, groups, start_configs, balancer, memo)
+        configs, cuts = heuristics.local_search(costs, groups, start_configs, balancer, memo)
         bottleneck = costs.bottleneck(configs, cuts)
         ends.setdefault(tuple(configs), (bottleneck, configs, cuts))
         if bottleneck < best[0]:
@@ -297,11 +288,11 @@ def _locally_improved(
     mergeable = {g.name for g in groups if g.kind == "cpu"}
     coarse_seen: set[tuple[StageConfig, ...]] = set()
     for _, end_configs, _ in sorted(ends.values(), key=lambda e: e[0]):
-        blocks = tuple(coarsened(end_configs, mergeable))
+        blocks = tuple(heuristics.coarsened(end_configs, mergeable))
         if blocks in coarse_seen:
             continue
         coarse_seen.add(blocks)
-        configs, cuts = coarse_restarts(costs, groups, end_configs, balancer, memo)
+        configs, cuts = heuristics.coarse_restarts(costs, groups, end_configs, balancer, memo)
         bottleneck = costs.bottleneck(configs, cuts)
         if bottleneck < best[0]:
             best = (bottleneck, configs, cuts)
