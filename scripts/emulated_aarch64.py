@@ -11,11 +11,12 @@
    the root's ``dist-packages``; TVM's compiler library is removed (runtime-only, faster import);
 3. ``bin/python-aarch64``: a wrapper running the root's Python with ``qemu-aarch64-static -L``.
 
-``serve`` (prepares first when needed) starts ``codl_tvm/rpc/client.py serve`` (TVM's RPC server
-that reports its versions) under that Python, registered with a tracker on 127.0.0.1, and waits
-until the tracker lists it. TVM's server re-executes ``sys.executable`` for its workers; the
-wrapper is passed as that executable because without binfmt an aarch64 binary cannot be exec'ed.
-``stop`` ends a server this script started. Each step is skipped when already done.
+``serve`` (prepares first when needed) starts ``codl-tvm serve`` (``codl_tvm/cli/serve.py`` run
+as a script beside a minimal ``codl_tvm``: TVM's RPC server that reports its versions) under
+that Python, registered with a tracker on 127.0.0.1, and waits until the tracker lists it.
+TVM's server re-executes ``sys.executable`` for its workers; the wrapper is passed as that
+executable because without binfmt an aarch64 binary cannot be exec'ed. ``stop`` ends a server
+this script started. Each step is skipped when already done.
 
 ``--opencl`` adds an OpenCL device: Debian's arm64 PoCL (``pocl-opencl-icd``, its CPU
 ``pthread`` device, which offers fine-grained SVM) and g++-12 (for building the plugin on the
@@ -288,19 +289,22 @@ def write_wrapper(root: Path, py: Path) -> Path:
 
 
 def install_server_script(root: Path) -> Path:
-    """Copy the RPC server script into the sysroot with the minimal package it imports
-    (``codl_tvm/__init__.py``, ``errors.py`` and ``runtime/`` beside it, so that running the
-    script finds ``codl_tvm.core.errors`` next to itself); returns the script's path."""
+    """Copy ``codl-tvm serve`` into the sysroot with the minimal package it imports: the script
+    (``codl_tvm/cli/serve.py``, run as ``serve.py``) beside a ``codl_tvm`` of ``core/``,
+    ``runtime/`` (with the plugin's sources, for a server that builds the plugin on the device)
+    and ``rpc/{client,server}.py``, which import nothing else of codl-tvm; returns the script's
+    path."""
     codl = root / CODL_DIR
-    (codl / "codl_tvm" / "runtime").mkdir(parents=True, exist_ok=True)
-    # the runtime package (pure Python; the plugin is built separately) for --opencl serving
-    for name in ("__init__.py", "errors.py", "runtime/__init__.py", "runtime/_build.py"):
-        shutil.copy(REPO / "codl_tvm" / name, codl / "codl_tvm" / name)
-    # the plugin's sources, for a server that builds it on the device (CXX=g++-12)
-    shutil.rmtree(codl / "codl_tvm" / "runtime" / "src", ignore_errors=True)
-    shutil.copytree(REPO / "codl_tvm" / "runtime" / "src", codl / "codl_tvm" / "runtime" / "src")
-    script = codl / "rpc_utils.py"
-    shutil.copy(REPO / "codl_tvm" / "rpc_utils.py", script)
+    src, dst = REPO / "codl_tvm", codl / "codl_tvm"
+    shutil.rmtree(dst, ignore_errors=True)  # keep in step with the checkout, nothing stale
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    for package in ("core", "runtime"):
+        shutil.copytree(src / package, dst / package, ignore=ignore)
+    (dst / "rpc").mkdir(parents=True)
+    for name in ("__init__.py", "rpc/__init__.py", "rpc/client.py", "rpc/server.py"):
+        shutil.copy(src / name, dst / name)
+    script = codl / "serve.py"
+    shutil.copy(src / "cli" / "serve.py", script)
     return script
 
 
@@ -545,7 +549,6 @@ def serve(
     cmd = [
         *prefix,
         script_arg,
-        "serve",
         "--tracker",
         tracker,
         "--key",

@@ -1,7 +1,7 @@
 """Profiling over a device farm: several real TVM RPC servers on 127.0.0.1 under one tracker key.
 
 The fixtures start ``python -m tvm.exec.rpc_tracker`` and codl-tvm's RPC servers with the OpenCL
-plugin (``python -m codl_tvm.rpc.client serve --opencl``) on free ports.
+plugin (``codl-tvm serve --opencl``, as ``python -m codl_tvm.cli serve``) on free ports.
 """
 
 from __future__ import annotations
@@ -9,19 +9,19 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 
 import pytest
 
+from codl_tvm.core.errors import ProfileError
 from codl_tvm.cost_model.dataset import load_dataset
 from codl_tvm.cost_model.features import OpParams, part_shape
-from codl_tvm.profiling.farm import profile_farm
-from codl_tvm.profiling.parts import TimingConfig
+from codl_tvm.profiling.farm import FarmOptions, profile_farm
 from codl_tvm.profiling.profile import job_key, make_jobs
+from codl_tvm.profiling.timing import TimingConfig
 from codl_tvm.rpc import client as rpc_utils
-from tests.rpc_support import free_port, tracker_command
+from tests.rpc_support import free_port, logged_lines, server_command, tracker_command
 
 pytestmark = [pytest.mark.rpc, pytest.mark.opencl]
 
@@ -80,13 +80,7 @@ def _start_servers(procs, tracker: str, key: str, n: int) -> list[tuple[subproce
     out = []
     for _ in range(n):
         port = free_port()
-        proc = procs.start(
-            [
-                *(sys.executable, "-m", "codl_tvm.rpc.client", "serve", "--tracker", tracker),
-                *("--key", key, "--port", str(port), "--port-end", str(port + 1), "--silent"),
-                "--opencl",
-            ]
-        )
+        proc = procs.start(server_command(tracker, key, port, "--opencl"))
         out.append((proc, port))
     rpc_utils.wait_for_devices(tracker, key, n, timeout_s=90)
     return out
@@ -119,36 +113,33 @@ def _check_dataset(path, jobs, device_names=None):
 
 def test_farm_profiles_each_job_once_over_two_devices(procs, tracker, jobs, tmp_path, opencl):
     _start_servers(procs, tracker, "farm2", 2)
-    lines: list[str] = []
     out = tmp_path / "farm.jsonl"
-    counts = profile_farm(
-        jobs, out, tracker, "farm2", timing=TIMING, sharing_sizes=(4096,), log=lines.append
-    )
+    with logged_lines() as lines:
+        options = FarmOptions(tracker, "farm2", timing=TIMING, sharing_sizes=(4096,))
+        counts = profile_farm(jobs, out, options)
     assert counts["devices"] == 2, lines
     assert counts["measured"] == len(jobs) and counts["skipped"] == 0 and counts["retried"] == 0
     data = _check_dataset(out, jobs)
     assert len(data.records) - len(data.op_records) == counts["sharing"] >= 1
     # resuming measures nothing again
     rpc_utils.wait_for_devices(tracker, "farm2", 2, timeout_s=30)
-    again = profile_farm(jobs, out, tracker, "farm2", timing=TIMING, sharing_sizes=(), log=None)
+    again = profile_farm(jobs, out, FarmOptions(tracker, "farm2", timing=TIMING, sharing_sizes=()))
     assert again["measured"] == 0 and again["skipped"] == len(jobs)
     _check_dataset(out, jobs)
 
 
 def test_killed_server_jobs_are_retried_elsewhere(procs, tracker, jobs, tmp_path, opencl):
     (victim, vport), _ = _start_servers(procs, tracker, "farmkill", 2)
-    lines: list[str] = []
 
-    def log(line: str) -> None:
-        lines.append(line)
+    def kill_after_compiling(line: str) -> None:
         if line.startswith("compiled "):  # devices connected, nothing measured yet: kill one
             threading.Thread(target=_Processes.kill, args=(victim,), daemon=True).start()
             time.sleep(0.5)
 
     out = tmp_path / "kill.jsonl"
-    counts = profile_farm(
-        jobs, out, tracker, "farmkill", timing=TIMING, sharing_sizes=(), retries=2, log=log
-    )
+    options = FarmOptions(tracker, "farmkill", timing=TIMING, sharing_sizes=(), retries=2)
+    with logged_lines(kill_after_compiling) as lines:
+        counts = profile_farm(jobs, out, options)
     assert victim.poll() is not None
     assert counts["measured"] == len(jobs)
     assert counts["retried"] >= 1
@@ -160,11 +151,15 @@ def test_killed_server_jobs_are_retried_elsewhere(procs, tracker, jobs, tmp_path
 
 def test_farm_errors(tracker, jobs, tmp_path):
     with pytest.raises(rpc_utils.NoFreeDevice, match="no device registered under key 'nokey'"):
-        profile_farm(jobs, tmp_path / "x.jsonl", tracker, "nokey", request_timeout_s=1, log=None)
+        profile_farm(jobs, tmp_path / "x.jsonl", FarmOptions(tracker, "nokey", request_timeout_s=1))
     with pytest.raises(rpc_utils.TrackerUnreachable):
-        profile_farm(
-            jobs, tmp_path / "x.jsonl", f"127.0.0.1:{free_port()}", "k", request_timeout_s=1
-        )
+        unreachable = FarmOptions(f"127.0.0.1:{free_port()}", "k", request_timeout_s=1)
+        profile_farm(jobs, tmp_path / "x.jsonl", unreachable)
+    # options no run can use are refused when they are made, naming the field
+    with pytest.raises(ProfileError, match="`retries` must be at least 0"):
+        FarmOptions(tracker, "k", retries=-1)
+    with pytest.raises(ProfileError, match="`tracker`: tracker address 'localhost'"):
+        FarmOptions("localhost", "k")
 
 
 def test_cli_profile_farm(procs, tracker, tmp_path, capsys, opencl):

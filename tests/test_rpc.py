@@ -1,8 +1,9 @@
 """Deployment through a real TVM RPC tracker and servers on 127.0.0.1.
 
 The fixtures start ``python -m tvm.exec.rpc_tracker`` and codl-tvm's RPC server
-(``python -m codl_tvm.rpc.client serve``, TVM's server plus a version report) as separate
-processes on free ports; every test compares remote outputs with the host build and onnxruntime.
+(``python -m codl_tvm.cli serve``, that is ``codl-tvm serve``: TVM's server plus a version
+report) as separate processes on free ports; every test compares remote outputs with the host
+build and onnxruntime.
 The emulated aarch64 test (``slow``) prepares or reuses the qemu-user device of
 ``scripts/emulated_aarch64.py``.
 """
@@ -22,8 +23,10 @@ import numpy as np
 import pytest
 
 from codl_tvm.frontend.importer import load_onnx, random_inputs
+from codl_tvm.objectives import deploy
+from codl_tvm.objectives.deploy import DeployOptions
 from codl_tvm.rpc import client as rpc_utils
-from codl_tvm.rpc import deploy
+from codl_tvm.rpc.farm import DeviceFarm
 from tests.rpc_support import free_port, tracker_command
 
 pytestmark = pytest.mark.rpc
@@ -125,7 +128,7 @@ def _start_server(procs: _Processes, tracker: str, key: str, extra=()) -> subpro
         [
             sys.executable,
             "-m",
-            "codl_tvm.rpc.client",
+            "codl_tvm.cli",
             "serve",
             "--tracker",
             tracker,
@@ -173,7 +176,7 @@ def test_deploy_cpu_matches_host_and_onnxruntime(tracker, cpu_server, cnn):
     path, model = cnn
     inputs = random_inputs(model, seed=3)
     result = deploy.deploy(
-        model, tracker, cpu_server, target="host", inputs=inputs, number=1, repeat=2, log=None
+        model, DeployOptions(tracker, cpu_server, target="host", number=1, repeat=2), inputs
     )
     assert result.device.startswith("x86@127.0.0.1:")
     assert result.preset == "host"
@@ -260,7 +263,7 @@ def test_unreachable_tracker_fails_fast(cnn):
     with pytest.raises(rpc_utils.TrackerUnreachable, match=f"127.0.0.1:{port} within 1 s"):
         rpc_utils.request_remote(f"127.0.0.1:{port}", "x86", timeout_s=1)
     with pytest.raises(rpc_utils.TrackerUnreachable):
-        deploy.deploy(cnn[1], f"127.0.0.1:{port}", "x86", request_timeout_s=1, log=None)
+        deploy.deploy(cnn[1], DeployOptions(f"127.0.0.1:{port}", "x86", request_timeout_s=1))
     assert time.monotonic() - t0 < 15
 
 
@@ -373,7 +376,7 @@ def test_farm_spreads_jobs_with_retry_and_timeout(procs, tracker, cnn, cnn_libra
         time.sleep(4)
         return None
 
-    with rpc_utils.DeviceFarm(tracker, "farm", request_timeout_s=10) as farm:
+    with DeviceFarm(tracker, "farm", request_timeout_s=10) as farm:
         assert len(farm.devices) == 2
         assert len({d.name for d in farm.devices}) == 2
         results = farm.run([job(x) for x in inputs] + [flaky], job_timeout_s=30, retries=1)
@@ -395,15 +398,16 @@ def test_deploy_opencl_through_server_with_plugin(procs, tracker, cnn, opencl):
         inputs = random_inputs(model, seed=seed)
         result = deploy.deploy(
             model,
-            tracker,
-            "ocl",
-            target="pocl",
-            device="opencl",
-            inputs=inputs,
-            number=1,
-            repeat=1,
-            request_timeout_s=30,
-            log=None,
+            DeployOptions(
+                tracker,
+                "ocl",
+                target="pocl",
+                device="opencl",
+                number=1,
+                repeat=1,
+                request_timeout_s=30,
+            ),
+            inputs,
         )
         assert result.remote_versions["opencl"] == "1"
         assert result.matches, result.max_abs_error
@@ -454,14 +458,10 @@ def test_emulated_aarch64_deploy(procs, tracker, cnn):
         for target in (None, "android-arm64"):  # None: chosen from the remote's report
             result = deploy.deploy(
                 model,
-                tracker,
-                "aarch64-emu",
-                target=target,
-                inputs=inputs,
-                number=1,
-                repeat=1,
-                request_timeout_s=60,
-                log=None,
+                DeployOptions(
+                    tracker, "aarch64-emu", target=target, number=1, repeat=1, request_timeout_s=60
+                ),
+                inputs,
             )
             assert result.preset == (target or "linux-arm64")
             assert result.remote_versions["machine"] == "aarch64"
@@ -522,7 +522,7 @@ def test_emulated_device_with_other_tvm_is_refused_before_upload(procs, tracker,
     try:
         with pytest.raises(rpc_utils.VersionMismatch, match=f"tvm {OTHER_TVM} there"):
             deploy.deploy(
-                cnn[1], tracker, "aarch64-old", request_timeout_s=60, work_dir=work, log=None
+                cnn[1], DeployOptions(tracker, "aarch64-old", request_timeout_s=60, work_dir=work)
             )
         assert not work.exists()  # refused before compiling, let alone uploading
     finally:
@@ -551,17 +551,18 @@ def test_deploy_coexec_matches_unpartitioned_host(tracker, opencl_server, cnn, d
     inputs = random_inputs(model, seed=3)
     result = deploy.deploy(
         model,
-        tracker,
-        opencl_server,
-        target="pocl",
-        device="coexec",
-        dim=dim,
-        ratio=0.5,
-        inputs=inputs,
-        number=1,
-        repeat=1,
-        request_timeout_s=30,
-        log=None,
+        DeployOptions(
+            tracker,
+            opencl_server,
+            target="pocl",
+            device="coexec",
+            dim=dim,
+            ratio=0.5,
+            number=1,
+            repeat=1,
+            request_timeout_s=30,
+        ),
+        inputs,
     )
     assert result.remote_versions["opencl"] == "1"
     assert result.library.name == "model_pocl_coexec.so"
@@ -615,9 +616,9 @@ def test_coexec_needs_a_plan_and_plan_needs_coexec(cnn):
     """Missing or misplaced plan arguments fail before any network use."""
     _, model = cnn
     with pytest.raises(deploy.DeployError, match="needs a partition plan"):
-        deploy.deploy(model, "127.0.0.1:1", "k", device="coexec", log=None)
-    with pytest.raises(deploy.DeployError, match="apply to --device coexec only"):
-        deploy.deploy(model, "127.0.0.1:1", "k", device="cpu", dim="OC", ratio=0.5, log=None)
+        deploy.deploy(model, DeployOptions("127.0.0.1:1", "k", device="coexec"))
+    with pytest.raises(deploy.DeployError, match="apply to `device` coexec only"):
+        deploy.deploy(model, DeployOptions("127.0.0.1:1", "k", device="cpu", dim="OC", ratio=0.5))
 
 
 @pytest.mark.opencl
@@ -651,8 +652,8 @@ def test_compile_verify_through_rpc(tracker, opencl_server, tmp_path, capsys):
     rpc_utils.wait_for_devices(tracker, opencl_server, 1, timeout_s=30)
     # A tracker without --verify, or half of tracker/key, is refused before any build.
     for bad, why in (
-        (dict(verify=0, tracker=tracker, key=opencl_server), "only used to --verify"),
-        (dict(verify=2, tracker=tracker), "both the RPC tracker"),
+        (dict(verify=0, tracker=tracker, key=opencl_server), "tracker needs verify > 0"),
+        (dict(verify=2, tracker=tracker), "tracker and key go together"),
     ):
         with pytest.raises(ArtifactError, match=why):
             compile_artifact(bundled_model_path(), tmp_path / "bad", log=lambda s: None, **bad)

@@ -25,10 +25,11 @@ import pytest
 from codl_tvm.core.errors import DeployError, RemoteFailure, VersionMismatch
 from codl_tvm.core.plan import ChainPlan, OpPartition, PartitionPlan
 from codl_tvm.frontend.importer import load_onnx, random_inputs
+from codl_tvm.objectives import deploy
+from codl_tvm.objectives.deploy import DeployOptions
 from codl_tvm.rpc import client as rpc_utils
-from codl_tvm.rpc import deploy
 from codl_tvm.runtime import plugin_build as _build
-from tests.rpc_support import free_port, tracker_command
+from tests.rpc_support import free_port, logged_lines, tracker_command
 
 pytestmark = [pytest.mark.rpc, pytest.mark.slow]
 
@@ -155,20 +156,25 @@ def _onnxruntime(path: Path, inputs: dict) -> list[np.ndarray]:
 
 
 def _deploy(tracker: str, key: str, model, inputs, lines: list[str], **kw):
-    return deploy.deploy(
-        model[1],
+    """Deploy ``model`` co-executed to ``key``; what the library logs goes to ``lines``."""
+    options = DeployOptions(
         tracker,
         key,
-        target="linux-arm64-pocl",
-        device="coexec",
-        plan=PLAN,
-        inputs=inputs,
-        number=1,
-        repeat=1,
-        request_timeout_s=120,
-        log=lines.append,
-        **kw,
+        **{
+            "target": "linux-arm64-pocl",
+            "device": "coexec",
+            "plan": PLAN,
+            "number": 1,
+            "repeat": 1,
+            "request_timeout_s": 120,
+            **kw,
+        },
     )
+    with logged_lines() as logged:
+        try:
+            return deploy.deploy(model[1], options, inputs)
+        finally:
+            lines.extend(logged)
 
 
 def _assert_matches_onnxruntime(result, model, inputs) -> None:
@@ -323,16 +329,17 @@ def test_profile_farm_fit_and_plan_auto(tracker, servers, model, tmp_path, capsy
     inputs = random_inputs(model[1], seed=4)
     result = deploy.deploy(
         model[1],
-        tracker,
-        key,
-        device="coexec",
-        plan="auto",
-        cost_model=fitted,
-        inputs=inputs,
-        number=1,
-        repeat=1,
-        request_timeout_s=120,
-        log=None,
+        DeployOptions(
+            tracker,
+            key,
+            device="coexec",
+            plan="auto",
+            cost_model=fitted,
+            number=1,
+            repeat=1,
+            request_timeout_s=120,
+        ),
+        inputs,
     )
     assert result.preset == "linux-arm64-pocl"  # chosen from the remote's report
     _assert_matches_onnxruntime(result, model, inputs)
@@ -353,8 +360,10 @@ def test_remote_dying_mid_run_is_one_error_naming_it(tracker, servers, model, tm
     # a plan of its own: its kernels are compiled on the device, which takes a while under qemu
     plan = PartitionPlan(ops=(OpPartition("conv2d_0", "OC", 0.37),))
     with pytest.raises(RemoteFailure, match=rf"remote device {key}@127\.0\.0\.1:\d+ failed"):
-        deploy.deploy(
-            model[1], tracker, key, target="linux-arm64-pocl", device="coexec", plan=plan,
-            number=1, repeat=1, request_timeout_s=120, log=_kill, work_dir=tmp_path / "w",
+        options = DeployOptions(
+            tracker, key, target="linux-arm64-pocl", device="coexec", plan=plan, number=1,
+            repeat=1, request_timeout_s=120, work_dir=tmp_path / "w",
         )  # fmt: skip
+        with logged_lines(_kill):
+            deploy.deploy(model[1], options)
     assert (tmp_path / "w").is_dir()  # the host's files are kept

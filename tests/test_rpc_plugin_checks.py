@@ -16,18 +16,20 @@ import pytest
 from codl_tvm import runtime
 from codl_tvm.frontend.importer import load_onnx, random_inputs
 from codl_tvm.frontend.models import bundled_model_path
+from codl_tvm.objectives import deploy
+from codl_tvm.objectives.deploy import DeployOptions
 from codl_tvm.rpc import client as rpc_utils
-from codl_tvm.rpc import deploy
-from codl_tvm.runtime import plugin_build as _build
-from tests.rpc_support import free_port, tracker_command
+from codl_tvm.rpc import plugin as rpc_plugin
+from codl_tvm.runtime import plugin_build
+from tests.rpc_support import free_port, logged_lines, server_command, tracker_command
 
 
 def test_plugin_mismatches_names_each_difference():
     remote = {"machine": "aarch64", "tvm": "0.27.0", "tvm_ffi": "0.1.15"}
     same = {"machine": "aarch64", "tvm": "0.27.0", "tvm_ffi": "0.1.15", "sources_sha256": "ab"}
-    assert rpc_utils.plugin_mismatches(same, remote, "ab") == []
+    assert rpc_plugin.plugin_mismatches(same, remote, "ab") == []
     wrong = {**same, "machine": "x86_64", "tvm": "0.26.0", "sources_sha256": "cd" * 8}
-    problems = rpc_utils.plugin_mismatches(wrong, {**remote, "machine": "arm64"}, "ab" * 8)
+    problems = rpc_plugin.plugin_mismatches(wrong, {**remote, "machine": "arm64"}, "ab" * 8)
     assert problems == [
         "it is built for x86_64, the device is aarch64",
         "it is built for tvm 0.26.0, the device runs 0.27.0",
@@ -37,7 +39,7 @@ def test_plugin_mismatches_names_each_difference():
 
 def test_remote_plugin_reads_the_servers_report():
     info = {"machine": "aarch64", "plugin_machine": "aarch64", "plugin_tvm": "0.27.0"}
-    assert rpc_utils.remote_plugin(info) == {"machine": "aarch64", "tvm": "0.27.0"}
+    assert rpc_plugin.remote_plugin(info) == {"machine": "aarch64", "tvm": "0.27.0"}
 
 
 @pytest.mark.rpc
@@ -56,22 +58,7 @@ def test_coexec_on_a_device_without_svm_runs_on_host_mapped_buffers(opencl, tmp_
         sport = free_port()
         procs.append(
             subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "codl_tvm.rpc.client",
-                    "serve",
-                    "--tracker",
-                    tracker,
-                    "--key",
-                    "nosvm",
-                    "--port",
-                    str(sport),
-                    "--port-end",
-                    str(sport + 1),
-                    "--silent",
-                    "--opencl",
-                ],
+                server_command(tracker, "nosvm", sport, "--opencl"),
                 start_new_session=True,
                 env={**os.environ, "CODL_OPENCL_SVM": "buffer"},
             )
@@ -79,21 +66,19 @@ def test_coexec_on_a_device_without_svm_runs_on_host_mapped_buffers(opencl, tmp_
         rpc_utils.wait_for_devices(tracker, "nosvm", 1, timeout_s=90)
         model = load_onnx(bundled_model_path())
         inputs = random_inputs(model, seed=1)
-        lines: list[str] = []
-        result = deploy.deploy(
-            model,
+        options = DeployOptions(
             tracker,
             "nosvm",
             target="pocl",
             device="coexec",
             dim="OC",
             ratio=0.5,
-            inputs=inputs,
             number=1,
             repeat=1,
             request_timeout_s=60,
-            log=lines.append,
         )
+        with logged_lines() as lines:
+            result = deploy.deploy(model, options, inputs)
         assert result.remote_versions["svm"] == "buffer"
         assert any("buffer (host-mapped, no SVM)" in ln for ln in lines), lines
         want = ort.InferenceSession(str(bundled_model_path())).run(None, inputs)
@@ -111,7 +96,7 @@ def test_stock_server_with_preloaded_plugin_coexecutes(opencl, tmp_path):
     """TVM's own server loading the plugin as a library (``--load-library``), which cannot
     report versions: deploy warns and co-executes through the plugin it finds."""
     plugin = runtime.load()
-    loader = _build.pyopencl_icd_loader()  # the ICD loader the runtime uses here
+    loader = plugin_build.pyopencl_icd_loader()  # the ICD loader the runtime uses here
     env = dict(os.environ)
     if loader:  # the stock server does not set it up: point the plugin and the loader at it
         env["CODL_OPENCL_LIBRARY"] = loader
@@ -133,11 +118,12 @@ def test_stock_server_with_preloaded_plugin_coexecutes(opencl, tmp_path):
         )  # fmt: skip
         rpc_utils.wait_for_devices(tracker, "stock", 1, timeout_s=90)
         model = load_onnx(bundled_model_path())
-        lines: list[str] = []
-        result = deploy.deploy(
-            model, tracker, "stock", target="pocl", device="coexec", dim="H", ratio=0.5,
-            number=1, repeat=1, request_timeout_s=60, log=lines.append,
+        options = DeployOptions(
+            tracker, "stock", target="pocl", device="coexec", dim="H", ratio=0.5, number=1,
+            repeat=1, request_timeout_s=60,
         )  # fmt: skip
+        with logged_lines() as lines:
+            result = deploy.deploy(model, options)
         assert result.matches, result.max_abs_error
         assert result.remote_versions is None
         assert any("cannot report its TVM and plugin versions" in ln for ln in lines), lines

@@ -33,7 +33,7 @@ device.
 # On a Linux board (or an x86 machine), codl-tvm's server is TVM's RPC server plus a function
 # reporting its TVM version and machine, so the client can check them before uploading::
 #
-#   python -m codl_tvm.rpc.client serve --tracker WORKSTATION:9190 --key rk3588 --host 0.0.0.0
+#   codl-tvm serve --tracker WORKSTATION:9190 --key rk3588 --host 0.0.0.0
 #
 # Add ``--opencl`` to load codl-tvm's OpenCL runtime plugin into the server (TVM's PyPI wheel has
 # no OpenCL runtime of its own). On an Android phone, TVM's Android RPC app registers with the
@@ -45,6 +45,7 @@ device.
 # cross-built for aarch64 (``codl-tvm build-runtime --target linux-arm64``).
 
 import json
+import logging
 import os
 import signal
 import socket
@@ -58,10 +59,15 @@ from codl_tvm.build import targets
 from codl_tvm.core.plan import ChainPlan, OpPartition, PartitionPlan
 from codl_tvm.frontend.importer import load_onnx, random_inputs
 from codl_tvm.frontend.models import bundled_model_path
+from codl_tvm.objectives import deploy
+from codl_tvm.objectives.deploy import DeployOptions
 from codl_tvm.rpc import client as rpc_utils
-from codl_tvm.rpc import deploy
+from codl_tvm.rpc.farm import DeviceFarm
 
 local_demo = True
+# codl-tvm logs its progress (connecting, checking versions, compiling, uploading) through
+# ``logging``; show it here as plain lines
+logging.basicConfig(level=logging.INFO, format="%(message)s")
 
 
 def free_port() -> int:
@@ -100,8 +106,8 @@ if local_demo:
             [
                 sys.executable,
                 "-m",
-                "codl_tvm.rpc.client",
-                "serve",
+                "codl_tvm.cli",
+                "serve",  # codl-tvm serve
                 "--tracker",
                 tracker,
                 "--key",
@@ -139,10 +145,11 @@ for preset in targets.PRESETS.values():
 # %%
 # Deploy and compare
 # ------------------
-# :func:`codl_tvm.rpc.deploy.deploy` requests a device (failing after ``request_timeout_s`` if the
-# tracker does not answer or no device is free), checks the remote TVM version, compiles,
-# uploads, runs, and compares with a build for this machine's CPU. The command line does the
-# same::
+# :func:`codl_tvm.objectives.deploy.deploy`, its settings in one
+# :class:`~codl_tvm.objectives.deploy.DeployOptions`, requests a device (failing after
+# ``request_timeout_s`` if the tracker does not answer or no device is free), checks the remote
+# TVM version, compiles, uploads, runs, and compares with a build for this machine's CPU. The
+# command line does the same::
 #
 #   codl-tvm deploy model.onnx --tracker HOST:PORT --key KEY --target android-arm64
 #
@@ -151,7 +158,9 @@ for preset in targets.PRESETS.values():
 model = load_onnx(bundled_model_path())
 inputs = random_inputs(model, seed=0)
 result = deploy.deploy(
-    model, tracker, key, target=target, inputs=inputs, number=3, repeat=3, request_timeout_s=30
+    model,
+    DeployOptions(tracker, key, target=target, number=3, repeat=3, request_timeout_s=30),
+    inputs,
 )
 print(f"ran on {result.device} ({result.preset}); remote reports {result.remote_versions}")
 print(f"max abs difference against the host: {result.max_abs_error:.3g}, matches: {result.matches}")
@@ -163,10 +172,9 @@ print(f"remote latency: median {result.run.median_ms:.3f} ms over {result.run.re
 # ``device="coexec"`` builds the model so that every partitionable operator runs partly on the
 # device's OpenCL GPU and partly on its CPU (here a uniform plan: half of the output channels on
 # each; ``plan=`` takes a :class:`~codl_tvm.core.plan.PartitionPlan` or its JSON file). The plugin
-# is
-# not inside the uploaded library: the RPC server loaded it at start-up (``serve --opencl``), and
-# every model uploaded later uses it. The outputs are compared with the host's unpartitioned
-# build::
+# is not inside the uploaded library: the RPC server loaded it at start-up (``codl-tvm serve
+# --opencl``), and every model uploaded later uses it. The outputs are compared with the host's
+# unpartitioned build::
 #
 #   codl-tvm deploy model.onnx --tracker HOST:PORT --key KEY --device coexec --dim OC --ratio 0.5
 
@@ -174,16 +182,18 @@ if (result.remote_versions or {}).get("opencl") == "1":
     rpc_utils.wait_for_devices(tracker, key, count=1, timeout_s=30)
     coexec = deploy.deploy(
         model,
-        tracker,
-        key,
-        target="pocl" if local_demo else os.environ.get("CODL_TVM_GPU_TARGET"),
-        device="coexec",
-        dim="OC",
-        ratio=0.5,
-        inputs=inputs,
-        number=3,
-        repeat=3,
-        request_timeout_s=30,
+        DeployOptions(
+            tracker,
+            key,
+            target="pocl" if local_demo else os.environ.get("CODL_TVM_GPU_TARGET"),
+            device="coexec",
+            dim="OC",
+            ratio=0.5,
+            number=3,
+            repeat=3,
+            request_timeout_s=30,
+        ),
+        inputs,
     )
     print(f"co-executed on {coexec.device}: max abs difference {coexec.max_abs_error:.3g}")
     print(f"co-executed latency: median {coexec.run.median_ms:.3f} ms")
@@ -197,14 +207,14 @@ else:
 # %%
 # Co-execution on an aarch64 device
 # ---------------------------------
-# The same call reaches an aarch64 board or phone: name its key in ``CODL_TVM_AARCH64_KEY``
-# (its server runs ``serve --opencl``, see the README's "Phones and boards"). Without one, the
-# emulated aarch64 OpenCL device is used where its root is prepared (``sudo python
-# scripts/emulated_aarch64.py prepare --opencl``, cached in ``~/.cache``). A server that has no
-# plugin gets one uploaded: cross-built for the device and checked (machine, TVM version,
-# sources) before anything is sent. The plan mixes an H split, an OC split and one chain; the
-# target preset follows what the device reports (``linux-arm64-pocl`` for the emulated one).
-# Latencies measured under qemu are labelled as emulated: they say nothing about hardware.
+# The same call reaches an aarch64 board or phone: name its key in ``CODL_TVM_AARCH64_KEY`` (its
+# server runs ``codl-tvm serve --opencl``, see docs/boards.md). Without one, the emulated aarch64
+# OpenCL device is used where its root is prepared (``sudo python scripts/emulated_aarch64.py
+# prepare --opencl``, cached in ``~/.cache``). A server that has no plugin gets one uploaded:
+# cross-built for the device and checked (machine, TVM version, sources) before anything is sent.
+# The plan mixes an H split, an OC split and one chain; the target preset follows what the device
+# reports (``linux-arm64-pocl`` for the emulated one). Latencies measured under qemu are labelled as
+# emulated: they say nothing about hardware.
 
 repo = Path(__file__).resolve().parent.parent
 emulator = repo / "scripts" / "emulated_aarch64.py"
@@ -228,10 +238,11 @@ if aarch64_key:
         ops=(OpPartition("conv2d_0", "H", 0.5), OpPartition("conv2d_1", "OC", 0.5)),
         chains=(ChainPlan(("conv2d_4", "conv2d_5"), "H", 0.5),),
     )
-    arm = deploy.deploy(
-        model, tracker, aarch64_key, device="coexec", plan=plan, inputs=inputs, number=1,
-        repeat=1, request_timeout_s=120,
+    arm_options = DeployOptions(
+        tracker, aarch64_key, device="coexec", plan=plan, number=1, repeat=1,
+        request_timeout_s=120,
     )  # fmt: skip
+    arm = deploy.deploy(model, arm_options, inputs)
     where = arm.remote_versions or {}
     label = f" [emulated: {where['emulated']}]" if "emulated" in where else ""
     print(f"co-executed on {arm.device} ({arm.preset}, {where.get('opencl_device')})")
@@ -247,7 +258,7 @@ else:
 # %%
 # A device farm
 # -------------
-# :class:`codl_tvm.rpc.client.DeviceFarm` takes every free device of a key and runs jobs on them in
+# :class:`codl_tvm.rpc.farm.DeviceFarm` takes every free device of a key and runs jobs on them in
 # parallel threads, with a per-job timeout and retries (a job whose device fails is retried on
 # another, and the failed device leaves the farm). A job receives a connected
 # :class:`~codl_tvm.rpc.client.RemoteDevice`. The profiler measures operators this way::
@@ -263,7 +274,7 @@ def make_job(x):
 
 
 rpc_utils.wait_for_devices(tracker, key, count=1, timeout_s=30)
-with rpc_utils.DeviceFarm(tracker, key, request_timeout_s=30) as farm:
+with DeviceFarm(tracker, key, request_timeout_s=30) as farm:
     print("farm devices:", [d.name for d in farm.devices])
     jobs = farm.run([make_job(x) for x in batches], job_timeout_s=120, retries=1)
 for job in jobs:

@@ -34,6 +34,8 @@ COMMANDS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("codl_tvm.cli.profile", ("profile",)),
     ("codl_tvm.cli.cost_model", ("cost-model",)),
     ("codl_tvm.cli.deploy", ("deploy",)),
+    ("codl_tvm.cli.serve", ("serve",)),
+    ("codl_tvm.cli.cold_start", ("cold-start",)),
     ("codl_tvm.cli.build_runtime", ("build-runtime",)),
 )
 

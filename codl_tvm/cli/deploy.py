@@ -1,12 +1,15 @@
 """``codl-tvm deploy MODEL.onnx --tracker HOST:PORT --key KEY [--target PRESET] [--device D]``.
 
 Compiles the model for a device behind a TVM RPC tracker, runs it there and compares it with
-the host (:func:`codl_tvm.rpc.deploy.deploy`).
+the host (:func:`codl_tvm.objectives.deploy.deploy`). The flags become one
+:class:`~codl_tvm.objectives.deploy.DeployOptions`; its errors name the option's fields, which
+this command shows as its flags (:data:`FLAGS`).
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 
 from codl_tvm.build.targets import PRESETS
 from codl_tvm.cli.common import (
@@ -16,11 +19,59 @@ from codl_tvm.cli.common import (
     load_npz,
     save_outputs,
 )
-from codl_tvm.core.errors import CliError
+from codl_tvm.core.errors import CliError, DeployError
 from codl_tvm.frontend.importer import load_onnx
-from codl_tvm.rpc.deploy import DEVICES, deploy
+from codl_tvm.objectives.deploy import DEVICES, DeployOptions, deploy
 
-__all__ = ["cmd_deploy", "register"]
+__all__ = ["FLAGS", "cmd_deploy", "register"]
+
+#: The flag of each :class:`DeployOptions` field (the fields named in its error messages).
+FLAGS = {
+    "tracker": "--tracker",
+    "key": "--key",
+    "target": "--target",
+    "device": "--device",
+    "plan": "--plan",
+    "dim": "--dim",
+    "ratio": "--ratio",
+    "cost_model": "--cost-model",
+    "number": "--number",
+    "repeat": "--repeat",
+    "seed": "--seed",
+    "request_timeout_s": "--timeout",
+    "session_timeout_s": "--session-timeout",
+    "atol": "--atol",
+    "rtol": "--rtol",
+    "plugin": "--plugin",
+    "ndk": "--ndk",
+}
+
+
+def as_flags(message: str) -> str:
+    """``message`` with every backquoted :class:`DeployOptions` field shown as its flag."""
+    return re.sub(r"`(\w+)`", lambda m: FLAGS.get(m.group(1), m.group(0)), message)
+
+
+def _options(args: argparse.Namespace) -> DeployOptions:
+    return DeployOptions(
+        args.tracker,
+        args.key,
+        target=args.target,
+        device=args.device,
+        plan=args.plan,
+        dim=args.dim,
+        ratio=args.ratio,
+        cost_model=args.cost_model,
+        number=args.number,
+        repeat=args.repeat,
+        seed=args.seed,
+        request_timeout_s=args.timeout,
+        session_timeout_s=args.session_timeout,
+        atol=args.atol,
+        rtol=args.rtol,
+        plugin=args.plugin,
+        ndk=args.ndk,
+    )
 
 
 def cmd_deploy(args: argparse.Namespace) -> int:
@@ -34,30 +85,14 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     if not args.tracker or not args.key:
         raise CliError("deploy: --tracker HOST:PORT and --key KEY are required")
     check_output_file(args.save_outputs, args.force)
-    model = load_onnx(args.model)
-    inputs = load_npz(args.inputs) if args.inputs else None
-    with building(args.model, args.device):
-        result = deploy(
-            model,
-            args.tracker,
-            args.key,
-            target=args.target,
-            device=args.device,
-            inputs=inputs,
-            plan=args.plan,
-            dim=args.dim,
-            ratio=args.ratio,
-            number=args.number,
-            repeat=args.repeat,
-            seed=args.seed,
-            request_timeout_s=args.timeout,
-            session_timeout_s=args.session_timeout,
-            atol=args.atol,
-            rtol=args.rtol,
-            plugin=args.plugin,
-            ndk=args.ndk,
-            cost_model=args.cost_model,
-        )
+    try:
+        options = _options(args)
+        model = load_onnx(args.model)
+        inputs = load_npz(args.inputs) if args.inputs else None
+        with building(args.model, args.device):
+            result = deploy(model, options, inputs)
+    except DeployError as exc:
+        raise DeployError(as_flags(str(exc))) from None
     for spec, arr in zip(model.outputs, result.outputs):
         print(f"output {spec.name}: shape {tuple(arr.shape)} dtype {arr.dtype}")
     if result.run.median_ms is not None:

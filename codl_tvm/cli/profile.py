@@ -35,7 +35,7 @@ import contextlib
 from codl_tvm.bench import pin_tvm_threads
 from codl_tvm.core.errors import CliError, ProfileError
 from codl_tvm.cost_model.features import DIMS
-from codl_tvm.profiling.farm import profile_farm
+from codl_tvm.profiling.farm import FarmOptions, profile_farm
 from codl_tvm.profiling.parts import LocalSession, RPCSession, TimingConfig, algorithm_switches
 from codl_tvm.profiling.profile import (
     compile_jobs,
@@ -162,24 +162,39 @@ def _profile(args: argparse.Namespace) -> int:
             remote.close()
 
 
+#: The flag of each FarmOptions field that ``--farm`` sets.
+_FARM_FLAGS = {
+    "tracker": "--rpc",
+    "key": "--rpc-key",
+    "sharing_sizes": "--sharing-sizes",
+    "job_timeout_s": "--job-timeout",
+    "retries": "--retries",
+    "request_timeout_s": "--rpc-timeout",
+}
+
+
 def _profile_farm(args, jobs, timing, sharing, meta) -> int:
     """``--farm``: spread the jobs over every free device of ``--rpc-key``."""
     if not args.rpc or not args.rpc_key:
         raise CliError("--farm needs --rpc HOST:PORT and --rpc-key KEY")
-    counts = profile_farm(
-        jobs,
-        args.output,
-        args.rpc,
-        args.rpc_key,
-        work_dir=args.work_dir,
-        timing=timing,
-        sharing_sizes=sharing,
-        meta=meta,
-        job_timeout_s=args.job_timeout,
-        retries=args.retries,
-        request_timeout_s=args.rpc_timeout,
-        preset=args.preset,
-    )
+    try:
+        options = FarmOptions(
+            args.rpc,
+            args.rpc_key,
+            timing=timing,
+            sharing_sizes=tuple(sharing),
+            preset=args.preset,
+            job_timeout_s=args.job_timeout,
+            retries=args.retries,
+            request_timeout_s=args.rpc_timeout,
+            work_dir=args.work_dir,
+        )
+    except ProfileError as exc:  # it names FarmOptions' fields: show them as the flags
+        text = str(exc)
+        for name, flag in _FARM_FLAGS.items():
+            text = text.replace(f"`{name}`", flag)
+        raise ProfileError(text) from None
+    counts = profile_farm(jobs, args.output, options, meta)
     _report(counts, args.output)
     return 0
 

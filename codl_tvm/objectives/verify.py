@@ -109,9 +109,9 @@ def time_here(libs: dict[str, Path], inputs, rounds: int) -> dict[str, list[floa
 def time_remote(libs: dict[str, Path], inputs, rounds: int, tracker: str, key: str):
     """Each build uploaded to one device of ``key`` and timed there (``rounds`` repeats of 2
     runs; the builds one after the other in one session)."""
-    # deferred: codl_tvm.rpc.deploy imports TVM's compiler, and this module is imported where TVM is
-    # runtime-only (artifacts on a device)
-    from codl_tvm.rpc.deploy import run_remote
+    # deferred: codl_tvm.objectives.deploy imports TVM's compiler, and this module is imported
+    # where TVM is runtime-only (artifacts on a device)
+    from codl_tvm.objectives.deploy import run_remote
 
     try:
         remote = request_remote(tracker, key)
@@ -122,7 +122,7 @@ def time_remote(libs: dict[str, Path], inputs, rounds: int, tracker: str, key: s
         if (info or {}).get("opencl") != "1":
             raise ArtifactError(
                 f"--verify: remote device {remote.name} has no usable OpenCL runtime (start its "
-                "server with `python -m codl_tvm.rpc.client serve --opencl`)"
+                "server with `codl-tvm serve --opencl`)"
             )
         samples = {}
         for name, path in libs.items():

@@ -5,11 +5,13 @@ The first inference after a process starts is what a one-shot app feels (NNV12, 
 ``POSIX_FADV_DONTNEED``, no root needed; dirty pages are flushed first) so the next read comes
 from storage; :func:`resident_fraction` says how much of a file is cached (``mincore``).
 
-``python -m codl_tvm.profiling.cold_start ARTIFACT`` is the measured process of
-``scripts/bench_cold.py``:
-it imports only the standard library before its first mark, then times each step of the first
-inference on the system-wide monotonic clock (so the parent's time before it started the
-process joins the same time line) and prints one JSON line:
+``codl-tvm cold-start ARTIFACT`` (:func:`run_cold_start`; also ``scripts/bench_cold.py`` and the
+``cold`` objective) evicts the artifact's files and starts the measured process,
+``python -m codl_tvm.profiling.cold_start ARTIFACT`` (:func:`main`). That process imports only
+the standard library before its first mark (this module and the package ``codl_tvm.profiling``
+import nothing else; TVM comes with :mod:`codl_tvm.profiling.cold_steps`, imported after the
+mark), then times each step of the first inference on the system-wide monotonic clock (so the
+parent's time before it started the process joins the same time line) and prints one JSON line:
 
 ``library_load``
     importing TVM and codl-tvm and loading the OpenCL runtime plugin; the artifact's files
@@ -41,13 +43,14 @@ Phases follow their marks in time order. With each phase come the process's coun
 (``getrusage``: minor and major page faults, blocks read, context switches; and the threads
 alive at its end): what a phase did, not how long it took.
 
-Run with ``TVM_USE_RUNTIME_LIB=1`` (:func:`cold_start_ms` and ``scripts/bench_cold.py`` set
+Run with ``TVM_USE_RUNTIME_LIB=1`` (:func:`run_cold_start` and ``scripts/bench_cold.py`` set
 it), ``import tvm`` loads ``libtvm_runtime`` alone, not the compiler library, which is all a
 run needs; the JSON's ``runtime_only`` says which was loaded.
 """
 
 from __future__ import annotations
 
+import argparse
 import ctypes
 import ctypes.util
 import json
@@ -62,10 +65,14 @@ import threading
 import time
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 __all__ = [
+    "MODES",
     "PHASES",
+    "Marks",
     "artifact_files",
+    "check_modes",
     "cold_ms",
     "cold_start_ms",
     "evict",
@@ -73,6 +80,7 @@ __all__ = [
     "measure",
     "prefetch",
     "resident_fraction",
+    "run_cold_start",
 ]
 
 PHASES = (
@@ -88,6 +96,13 @@ PROGRAM_MODES = ("lazy", "sequential", "overlap")
 WEIGHT_MODES = ("overlap", "sequential")
 CONTEXT_MODES = ("overlap", "sequential")
 POOL_MODES = ("overlap", "lazy")
+#: The choices of each mode of :func:`measure`.
+MODES = {
+    "programs": PROGRAM_MODES,
+    "weights": WEIGHT_MODES,
+    "context": CONTEXT_MODES,
+    "pool": POOL_MODES,
+}
 #: Phases that are not cold inference: the interpreter, the framework's libraries, the input.
 NOT_COLD = ("process_start", "library_load", "input_read")
 #: ``getrusage`` fields reported per phase, under shorter names.
@@ -197,41 +212,71 @@ def cold_ms(phases_ms: dict[str, float]) -> float:
     return sum(v for k, v in phases_ms.items() if k not in NOT_COLD)
 
 
+def run_cold_start(
+    artifact: str | os.PathLike,
+    modes: dict[str, str] | None = None,
+    warm: int = 0,
+    save: str | os.PathLike | None = None,
+    evict_files: bool = True,
+    scratch: str | os.PathLike | None = None,
+) -> dict[str, Any]:
+    """One measured cold start of ``artifact`` in a fresh process (:func:`main`); returns its
+    report (:func:`measure`).
+
+    The artifact's files are evicted from the page cache first (``evict_files``). With
+    ``scratch``, the process gets empty program caches (codl-tvm's, PoCL's and NVIDIA's) in a
+    new folder under it, removed afterwards; without, it uses the caches of this environment.
+    TVM's runtime library alone is loaded (``TVM_USE_RUNTIME_LIB=1``, unless the environment
+    says otherwise). ``modes`` maps ``programs``, ``weights``, ``context`` and ``pool`` to
+    their modes (:func:`measure`; default: each ``overlap``).
+
+    Raises
+    ------
+    ValueError
+        A mode that is not one of its choices.
+    RuntimeError
+        The process failed; the message ends with its last line of stderr.
+    """
+    modes = check_modes(**(modes or {}))
+    env = dict(os.environ)
+    env.setdefault("TVM_USE_RUNTIME_LIB", "1")
+    caches = None
+    if scratch is not None:
+        Path(scratch).mkdir(parents=True, exist_ok=True)
+        caches = Path(tempfile.mkdtemp(prefix="caches-", dir=scratch))
+        env.update(
+            CODL_TVM_CACHE_DIR=str(caches / "codl"),
+            POCL_CACHE_DIR=str(caches / "pocl"),
+            CUDA_CACHE_PATH=str(caches / "cuda"),
+        )
+    cmd = [sys.executable, "-m", "codl_tvm.profiling.cold_start", str(artifact)]
+    for name, mode in modes.items():
+        cmd += [f"--{name}", mode]
+    cmd += ["--warm", str(warm)] + (["--save", str(save)] if save is not None else [])
+    try:
+        if evict_files:
+            evict(artifact_files(artifact))
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+    finally:
+        if caches is not None:
+            shutil.rmtree(caches, ignore_errors=True)
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
+        raise RuntimeError(f"{artifact}: cold start failed: {last}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def cold_start_ms(artifact: str | os.PathLike, scratch: str | os.PathLike) -> float:
     """One cold start of ``artifact`` (:func:`cold_ms`, in ms) in a fresh process, with the
-    artifact's files evicted from the page cache and empty program caches (codl-tvm's, PoCL's
-    and NVIDIA's, in a new folder under ``scratch``, removed afterwards); TVM's runtime
-    library alone is loaded (``TVM_USE_RUNTIME_LIB=1``, unless the environment says otherwise).
+    artifact's files evicted from the page cache and empty program caches in a new folder
+    under ``scratch`` (:func:`run_cold_start`).
 
     Raises
     ------
     RuntimeError
         The process failed; the message ends with its last line of stderr.
     """
-    Path(scratch).mkdir(parents=True, exist_ok=True)
-    caches = Path(tempfile.mkdtemp(prefix="caches-", dir=scratch))
-    env = {
-        **os.environ,
-        "CODL_TVM_CACHE_DIR": str(caches / "codl"),
-        "POCL_CACHE_DIR": str(caches / "pocl"),
-        "CUDA_CACHE_PATH": str(caches / "cuda"),
-    }
-    env.setdefault("TVM_USE_RUNTIME_LIB", "1")
-    try:
-        evict(artifact_files(artifact))
-        proc = subprocess.run(
-            [sys.executable, "-m", "codl_tvm.profiling.cold_start", str(artifact)],
-            env=env,
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-    finally:
-        shutil.rmtree(caches, ignore_errors=True)
-    if proc.returncode != 0:
-        last = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
-        raise RuntimeError(f"{artifact}: cold start failed: {last}")
-    return cold_ms(json.loads(proc.stdout.strip().splitlines()[-1])["phases_ms"])
+    return cold_ms(run_cold_start(artifact, scratch=scratch)["phases_ms"])
 
 
 def _counters() -> dict[str, int]:
@@ -242,6 +287,33 @@ def _counters() -> dict[str, int]:
     except OSError:  # no procfs (not Linux)
         out["threads"] = threading.active_count()
     return out
+
+
+class Marks:
+    """The time (monotonic ns) and the process's counters at the end of each phase; ``main``
+    is the first mark. Call with a phase's name to mark it."""
+
+    def __init__(self) -> None:
+        self.ns = {"main": time.monotonic_ns()}
+        self.counters = {"main": _counters()}
+
+    def __call__(self, name: str) -> None:
+        self.ns[name] = time.monotonic_ns()
+        self.counters[name] = _counters()
+
+    def phases(self) -> tuple[dict[str, float], dict[str, dict[str, int]]]:
+        """Each phase's time (ms) since the mark before it, in time order, with the counters
+        over it (``threads``: alive at its end)."""
+        phases, counters = {}, {}
+        prev = "main"
+        for name in sorted(PHASES, key=self.ns.__getitem__):
+            phases[name] = (self.ns[name] - self.ns[prev]) / 1e6
+            counters[name] = {
+                k: v - self.counters[prev][k] if k != "threads" else v
+                for k, v in self.counters[name].items()
+            }
+            prev = name
+        return phases, counters
 
 
 class _Background(threading.Thread):
@@ -265,6 +337,26 @@ class _Background(threading.Thread):
         return self._value
 
 
+def check_modes(
+    programs: str = "overlap",
+    weights: str = "overlap",
+    context: str = "overlap",
+    pool: str = "overlap",
+) -> dict[str, str]:
+    """The modes of a measurement (:func:`measure`), checked.
+
+    Raises
+    ------
+    ValueError
+        A mode that is not one of its choices (the message names the parameter).
+    """
+    modes = {"programs": programs, "weights": weights, "context": context, "pool": pool}
+    for name, mode in modes.items():
+        if mode not in MODES[name]:
+            raise ValueError(f"{name} must be one of {MODES[name]}, not {mode!r}")
+    return modes
+
+
 def measure(
     artifact: str | os.PathLike,
     programs: str = "overlap",
@@ -285,159 +377,57 @@ def measure(
     library loads (``overlap``) or before it (``sequential``). ``pool``: start TVM's CPU thread
     pool while the library loads (``overlap``; builds that run CPU kernels) or at the first
     run's first parallel kernel (``lazy``, as TVM does).
+
+    Meaningful once per process, in a process that has not imported TVM yet (:func:`main`).
     """
-    marks = {"main": time.monotonic_ns()}
-    counters = {"main": _counters()}
-    if programs not in PROGRAM_MODES:
-        raise ValueError(f"programs must be one of {PROGRAM_MODES}, not {programs!r}")
-    if weights not in WEIGHT_MODES:
-        raise ValueError(f"weights must be one of {WEIGHT_MODES}, not {weights!r}")
-    if context not in CONTEXT_MODES:
-        raise ValueError(f"context must be one of {CONTEXT_MODES}, not {context!r}")
-    if pool not in POOL_MODES:
-        raise ValueError(f"pool must be one of {POOL_MODES}, not {pool!r}")
-
-    def mark(name: str) -> None:
-        marks[name] = time.monotonic_ns()
-        counters[name] = _counters()
-
+    marks = Marks()
+    modes = check_modes(programs, weights, context, pool)
     # the artifact's reads start now, beside the imports (library, weights, binaries first)
     files = sorted(artifact_files(artifact), key=lambda f: f.suffix not in (".so", ".bin"))
     fetch = _Background(lambda: prefetch(files), "codl-prefetch")
-    # deferred: importing TVM is the library-load phase this function measures
-    import numpy as np
-    import tvm
-    from tvm.runtime.vm import VirtualMachine
+    # deferred: importing TVM (through cold_steps) is the library-load phase measured here
+    from codl_tvm.profiling.cold_steps import first_inference
 
-    from codl_tvm import runtime
-    from codl_tvm.artifact import load_artifact
-    from codl_tvm.build.runner import _flatten, max_abs_difference
-    from codl_tvm.runtime import program_binaries
-    from codl_tvm.runtime.artifact import LIBRARY, start_weights
-
-    art = load_artifact(artifact, verify=False)
-    names = art.manifest["vm_devices"]
-    opencl = "opencl" in names
-    if opencl:
-        runtime.load()
-    fetched = fetch.result()  # long done: the advice only starts the reads
-    mark("library_load")
-    ref = art.reference()
-    if ref is not None:
-        ordered = [np.asarray(ref[0][s.name], order="C") for s in art.model.inputs]
-    else:  # no reference stored: any input times the same
-        ordered = [np.ones(s.shape, s.dtype) for s in art.model.inputs]
-    mark("input_read")
-    # the context on a thread while this one loads the library (runtime.start_context)
-    ctx = runtime.start_context() if opencl and context == "overlap" else None
-    if opencl and ctx is None:
-        runtime.info()  # creates the context and queues
-    if ctx is None:
-        mark("opencl_context")
-    library = str(Path(artifact) / LIBRARY)
-    if pool == "overlap" and art.manifest["device"] in ("cpu", "coexec"):
-        # TVM's thread pool belongs to the thread that first launches a parallel kernel (this
-        # one, which runs the VM): start it here while a spare thread loads the library,
-        # instead of inside the first run
-        load = _Background(lambda: tvm.runtime.load_module(library), "codl-load")
-        tvm.runtime.num_threads()
-        lib = load.result()
-    else:
-        lib = tvm.runtime.load_module(library)
-    devices = [tvm.opencl(0) if n == "opencl" else tvm.cpu(0) for n in names]
-    loader = start_weights(art.path, art.manifest, devices[0])  # kept while the VM runs
-    if loader is not None and weights == "sequential":
-        loader.join()
-    mark("weight_read")
-    if ctx is not None:
-        ctx.join()
-        runtime.info()  # raises what the thread met, if anything
-        mark("opencl_context")
-    state = None
-    stats0 = runtime.cache_stats() if opencl else {}
-    if opencl:
-        os.environ["CODL_OPENCL_OVERLAP"] = "1" if programs == "overlap" else "0"
-        state = program_binaries.prepare(art.path, art.manifest, lib)
-        if programs == "sequential":
-            for mod in program_binaries.opencl_modules(lib):
-                runtime.build_programs(mod, 0, 1, wait=True)
-    mark("program_creation")
-    vm = VirtualMachine(lib, devices)
-    mark("weight_transform")
-    args = [tvm.runtime.tensor(x, devices[0]) for x in ordered]
-    outs = _flatten(vm["main"](*args))
-    mark("first_run")
-    warm_ms = []
-    for _ in range(warm):
-        t0 = time.monotonic_ns()
-        _flatten(vm["main"](*args))
-        warm_ms.append((time.monotonic_ns() - t0) / 1e6)
-    stats = runtime.cache_stats() if opencl else {}
-    if save is not None:
-        np.savez(save, *outs)
-    phases, phase_counters = {}, {}
-    prev = "main"
-    for name in sorted(PHASES, key=marks.__getitem__):
-        phases[name] = (marks[name] - marks[prev]) / 1e6
-        phase_counters[name] = {
-            k: v - counters[prev][k] if k != "threads" else v for k, v in counters[name].items()
-        }
-        prev = name
+    report = first_inference(artifact, marks, fetch.result, modes, warm, save)
+    phases, counters = marks.phases()
     return {
         "artifact": str(artifact),
-        "device": art.manifest["device"],
+        "device": report.pop("device"),
         "programs": programs,
         "context": context,
         "pool": pool,
-        "runtime_only": bool(getattr(tvm.base, "_RUNTIME_ONLY", False)),
-        "prefetched_bytes": fetched,
-        "weights": (art.manifest.get("weights") or {}).get("placement", "embedded"),
+        "runtime_only": report.pop("runtime_only"),
+        "prefetched_bytes": report.pop("prefetched_bytes"),
+        "weights": report.pop("weights"),
         "weights_mode": weights,
-        "weights_error": None if loader is None or loader.error is None else str(loader.error),
-        "marks_ns": marks,
+        "weights_error": report.pop("weights_error"),
+        "marks_ns": marks.ns,
         "phases_ms": phases,
-        "counters": phase_counters,
-        "program_ms": (stats.get("build_ns", 0) - stats0.get("build_ns", 0)) / 1e6,
-        "cache_stats": stats,
-        "load": state,
-        "warm_ms": warm_ms,
-        "max_abs_err": None if ref is None else max_abs_difference(outs, ref[1]),
+        "counters": counters,
+        **report,
     }
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m codl_tvm.profiling.cold_start ARTIFACT``: one measured cold start, as one JSON
-    line."""
-    import argparse  # deferred: this process's first mark comes before it
-
-    p = argparse.ArgumentParser(prog="python -m codl_tvm.profiling.cold_start")
+    """The measured process (``python -m codl_tvm.profiling.cold_start ARTIFACT``, started by
+    :func:`run_cold_start` and ``codl-tvm cold-start``): one cold start, as one JSON line on
+    stdout."""
+    p = argparse.ArgumentParser(
+        prog="python -m codl_tvm.profiling.cold_start",
+        description="The measured process of `codl-tvm cold-start` (use that command instead).",
+    )
     p.add_argument("artifact")
     p.add_argument("--programs", choices=PROGRAM_MODES, default="overlap")
     p.add_argument("--warm", type=int, default=0, help="warm runs after the first")
     p.add_argument("--save", help="write the first run's outputs to this .npz")
-    p.add_argument(
-        "--weights",
-        choices=WEIGHT_MODES,
-        default="overlap",
-        help="weights beside the library: load them during the first run or before it",
-    )
-    p.add_argument(
-        "--context",
-        choices=CONTEXT_MODES,
-        default="overlap",
-        help="create the OpenCL context while the library loads, or before it",
-    )
-    p.add_argument(
-        "--pool",
-        choices=POOL_MODES,
-        default="overlap",
-        help="start TVM's thread pool while the library loads, or in the first run",
-    )
+    p.add_argument("--weights", choices=WEIGHT_MODES, default="overlap")
+    p.add_argument("--context", choices=CONTEXT_MODES, default="overlap")
+    p.add_argument("--pool", choices=POOL_MODES, default="overlap")
     args = p.parse_args(argv)
     res = measure(
         args.artifact, args.programs, args.warm, args.save, args.weights, args.context, args.pool
     )
-    print(json.dumps(res))
+    sys.stdout.write(json.dumps(res) + "\n")
     return 0
 
 

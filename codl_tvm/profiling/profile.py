@@ -15,6 +15,7 @@ key is the operator, partition, processor and device description), so a killed r
 from __future__ import annotations
 
 import json
+import logging
 import sys
 import tempfile
 import warnings
@@ -25,36 +26,34 @@ from pathlib import Path
 import numpy as np
 
 from codl_tvm.build.targets import get_preset
+from codl_tvm.core.errors import ProfileError
 from codl_tvm.core.plan import partitionable_ops
 from codl_tvm.cost_model.dataset import DatasetWriter, OpRecord, load_dataset
 from codl_tvm.cost_model.features import FeatureError, OpParams, Partition, part_shape
+from codl_tvm.cost_model.part_ir import algorithm_switches, target_str
 from codl_tvm.cost_model.sampling import CODL_SPACE, POW2_SPACE, sample_conv2d, sample_dense
-from codl_tvm.profiling.parts import (
-    LEGACY_TIMING,
-    CompiledPart,
-    LocalSession,
-    ProfileError,
-    TimingConfig,
-    _target_str,
-    algorithm_switches,
-    compile_part,
-    device_description,
-    measure_op,
-    measure_sharing,
-)
+from codl_tvm.profiling.part_build import CompiledPart, compile_part
+from codl_tvm.profiling.sessions import LocalSession, device_description
+from codl_tvm.profiling.sharing import measure_sharing
+from codl_tvm.profiling.timing import LEGACY_TIMING, TimingConfig, measure_op
 
 __all__ = [
     "MANIFEST",
     "ProfileJob",
     "Progress",
+    "append_sharing",
     "compile_jobs",
     "job_key",
+    "job_label",
     "make_jobs",
     "model_ops",
+    "open_dataset",
     "profile",
     "run_compiled",
     "sampled_ops",
 ]
+
+logger = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
 MANIFEST_FORMAT = "codl-tvm-profile-manifest"
@@ -235,11 +234,21 @@ _ONE_SETTING = (
 )
 
 
-def _open(output, meta, timing: TimingConfig):
+def open_dataset(
+    output: str | Path, meta: dict | None, timing: TimingConfig
+) -> tuple[DatasetWriter, set[str]]:
+    """A writer appending to the dataset ``output`` (created with ``meta`` and the timing
+    protocol if new), and the job keys (:func:`job_key`) already measured in it.
+
+    Raises
+    ------
+    ProfileError
+        The dataset was profiled with other algorithm switches, weight flushing or timing.
+    """
     # The protocol is part of the dataset: medians taken another way are not mixed into it.
     meta = {**(meta or {}), "timing": timing.to_meta()}
-    writer = DatasetWriter(output, meta=meta)  # drops a partial last line first
-    writer._file.flush()  # the header of a new file, so it can be read back
+    # drops a partial last line first; a new file's header is written and flushed at once
+    writer = DatasetWriter(output, meta=meta)
     data = load_dataset(output)
     # A dataset holds one algorithm setting and one way of timing: a resumed job is skipped by
     # its shape alone.
@@ -256,7 +265,11 @@ def _open(output, meta, timing: TimingConfig):
     return writer, done
 
 
-def _sharing(session, writer: DatasetWriter, device: dict, sizes, progress) -> int:
+def append_sharing(
+    session, writer: DatasetWriter, device: dict, sizes: Sequence[int], progress: Progress | None
+) -> int:
+    """Measure the data-sharing costs of ``sizes`` bytes on ``session`` and append the records
+    not yet in ``writer``; returns how many were appended."""
     if not sizes:
         return 0
     added = 0
@@ -290,7 +303,7 @@ def profile(
     """
     session = session or LocalSession()
     device = device_description(session, gpu_target, cpu_target)
-    writer, done = _open(output, meta, timing)
+    writer, done = open_dataset(output, meta, timing)
     todo = [j for j in jobs if job_key(j.params, j.partition, j.processor, device) not in done]
     bar = Progress(len(todo) + (1 if sharing_sizes else 0)) if progress else None
     measured = 0
@@ -304,12 +317,13 @@ def profile(
             writer.append(measure_op(session, compiled, directory, device, timing))
             measured += 1
             if bar is not None:
-                bar.step(_label(job))
-        n_sharing = _sharing(session, writer, device, sharing_sizes, bar)
+                bar.step(job_label(job))
+        n_sharing = append_sharing(session, writer, device, sharing_sizes, bar)
     return {"measured": measured, "skipped": len(jobs) - len(todo), "sharing": n_sharing}
 
 
-def _label(job: ProfileJob) -> str:
+def job_label(job: ProfileJob) -> str:
+    """One line naming ``job``'s operator, shape, partition and processor (for logs)."""
     p = job.params
     return (
         f"{job.name or p.op} {p.h}x{p.w} {p.ic}->{p.oc} F{p.kernel} S{p.stride} "
@@ -382,7 +396,7 @@ def compile_jobs(
             have.add(ident)
             _write_manifest(path, entries, gpu_target, cpu_target)
         if bar is not None:
-            bar.step(_label(job))
+            bar.step(job_label(job))
     _write_manifest(path, entries, gpu_target, cpu_target)
     return path
 
@@ -392,8 +406,8 @@ def _write_manifest(path: Path, entries, gpu_target, cpu_target) -> None:
         "format": MANIFEST_FORMAT,
         "version": 1,
         "algorithms": algorithm_switches(),
-        "gpu_target": _target_str("gpu", gpu_target),
-        "cpu_target": _target_str("cpu", cpu_target),
+        "gpu_target": target_str("gpu", gpu_target),
+        "cpu_target": target_str("cpu", cpu_target),
         "parts": entries,
     }
     tmp = path.with_name(path.name + ".tmp")
@@ -436,14 +450,14 @@ def run_compiled(
     meta.pop("algorithms", None)  # the directory's switches, not the caller's
     if obj.get("algorithms"):
         meta["algorithms"] = obj["algorithms"]
-    writer, done = _open(output, meta, timing)
+    writer, done = open_dataset(output, meta, timing)
     parts = [CompiledPart.from_json(e) for e in entries]
     todo = [c for c in parts if job_key(c.params, c.partition, c.processor, device) not in done]
     bar = Progress(len(todo) + (1 if sharing_sizes else 0), "run") if progress else None
     failed = 0
     with writer:
         for c in todo:
-            label = _label(ProfileJob(c.params, c.partition, c.processor, c.name))
+            label = job_label(ProfileJob(c.params, c.partition, c.processor, c.name))
             try:
                 writer.append(measure_op(session, c, directory, device, timing))
             except (ProfileError, RuntimeError) as exc:
@@ -454,10 +468,10 @@ def run_compiled(
                 failed += 1
                 lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
                 why = next((ln for ln in reversed(lines) if "error" in ln.lower()), lines[-1])
-                print(f"\nskipped {label}: {why[:300]}", file=sys.stderr)
+                logger.warning("skipped %s: %s", label, why[:300])
             if bar is not None:
                 bar.step(label)
-        n_sharing = _sharing(session, writer, device, sharing_sizes, bar)
+        n_sharing = append_sharing(session, writer, device, sharing_sizes, bar)
     return {
         "measured": len(todo) - failed,
         "failed": failed,

@@ -57,8 +57,9 @@ class LocalSession:
 
 
 class RPCSession:
-    """Runs libraries on a TVM RPC server (``tvm.rpc.connect`` or ``rpc_utils.request_remote``'s
-    ``.session``); the server must have loaded the codl-tvm runtime plugin for OpenCL."""
+    """Runs libraries on a TVM RPC server (``tvm.rpc.connect``, or the ``.session`` of
+    ``codl_tvm.rpc.client.request_remote``); the server must have loaded the codl-tvm runtime
+    plugin for OpenCL."""
 
     remote = True
 
