@@ -5,21 +5,21 @@ after it). :func:`build_layer_libraries` builds ``main`` cut at every layer (one
 layer) for the host and for each processor group's target; :func:`measure_layers` times each
 layer on 1..n cores of each CPU group (a thread pinned to the group's first ``c`` cores with
 its own ``c``-worker TVM pool) and on the GPU, and returns the
-:class:`~codl_tvm.planner.stages.table.LatencyTable` the stage search takes;
+:class:`~codl_tvm.core.stage_plan.LatencyTable` the stage search takes;
 :func:`profile_layers` does both. Pipe-it times each layer alone; ``under_load=True`` times it
 while every other core of the groups runs the model's layers, as the other stages of a stream
 keep them busy: stages share the socket's caches and memory bandwidth, and an emulated SoC found
 them 1.0-2.3x slower streaming than alone (docs/benchmarks.md), which a table of layers alone
 does not show the search. Building and timing are apart so that a benchmark builds
 many models in parallel and times them one at a time. :func:`layer_records` turns a table into
-:class:`~codl_tvm.planner.stages.layer_model.PipeRecord` to fit Pipe-it's model (Eq. 5/8) on.
+:class:`~codl_tvm.core.stage_plan.PipeRecord` to fit Pipe-it's model (Eq. 5/8) on.
 
 :func:`stage_timer` times a plan's stages running together, where a stage's layers evict each
 other's weights and stages share the caches (what
 :func:`~codl_tvm.planner.stages.refine.refine_with_stages` plans on).
 
 :func:`measure_handoff` measures what the stream executor (:mod:`codl_tvm.runtime.stream`) costs a
-stage per frame beyond its layers, the :class:`~codl_tvm.planner.stages.table.HandOff` the
+stage per frame beyond its layers, the :class:`~codl_tvm.core.stage_plan.HandOff` the
 search counts: the time matrix times layers alone.
 """
 
@@ -48,10 +48,16 @@ from codl_tvm.build.stage_targets import (
 )
 from codl_tvm.core.errors import PlannerError
 from codl_tvm.core.groups import ProcessorGroup, check_groups
+from codl_tvm.core.stage_plan import (
+    HandOff,
+    LatencyTable,
+    LayerShape,
+    PipelinePlan,
+    PipelineStage,
+    PipeRecord,
+)
 from codl_tvm.frontend.importer import OnnxModel
 from codl_tvm.passes.stages import cut_stages, layer_starts, stage_name
-from codl_tvm.planner.stages.layer_model import LayerShape, PipeRecord
-from codl_tvm.planner.stages.table import HandOff, LatencyTable, PipelinePlan, PipelineStage
 from codl_tvm.runtime.staged_artifact import group_device, pin_thread_pool
 from codl_tvm.runtime.stream import run_stream
 

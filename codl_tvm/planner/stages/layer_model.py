@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import math
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -55,6 +54,7 @@ from pathlib import Path
 import numpy as np
 
 from codl_tvm.core.errors import DatasetError, ModelFileError, PlannerError
+from codl_tvm.core.stage_plan import LayerShape, PipeRecord
 
 __all__ = [
     "EQ5_TERMS",
@@ -81,74 +81,6 @@ FIT_LOSSES = ("relative", "absolute")
 # A linear model can predict <= 0 ms for a tiny layer; the search divides by stage latencies, so
 # predictions are floored at this value (1 ns) instead.
 MIN_LATENCY_MS = 1e-6
-
-
-@dataclass(frozen=True)
-class LayerShape:
-    """The GEMM shape of one major layer (Pipe-it Eq. 4).
-
-    Parameters
-    ----------
-    name
-        The layer's name (for messages and tables).
-    layer_type
-        The layer type its coefficients are fitted for (``"conv2d"``, ``"depthwise_conv2d"``,
-        ``"dense"``, ...); each type has its own Eq. 5 and Eq. 8 coefficients.
-    out_pixels
-        ``N``: output height times width (1 for a fully-connected layer).
-    filter_size
-        ``K``: filter height times width times input depth (input features for a dense layer).
-    out_maps
-        ``M``: output feature maps (neurons for a dense layer).
-    """
-
-    name: str
-    layer_type: str
-    out_pixels: int
-    filter_size: int
-    out_maps: int
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.layer_type, str) or not self.layer_type:
-            raise DatasetError(f"layer {self.name!r}: layer_type must be a non-empty string")
-        for field in ("out_pixels", "filter_size", "out_maps"):
-            value = getattr(self, field)
-            if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
-                raise DatasetError(
-                    f"layer {self.name!r}: {field} must be a positive integer, got {value!r}"
-                )
-
-
-@dataclass(frozen=True)
-class PipeRecord:
-    """One measured latency: a layer on ``cores`` cores of processor group ``group``.
-
-    Parameters
-    ----------
-    layer
-        The layer's shape.
-    group
-        The processor group's name (``"big"``, ``"little"``, ``"gpu"``).
-    cores
-        How many of the group's cores ran the layer (1 for an accelerator).
-    latency_ms
-        The measured latency in milliseconds (finite, > 0).
-    """
-
-    layer: LayerShape
-    group: str
-    cores: int
-    latency_ms: float
-
-    def __post_init__(self) -> None:
-        where = f"record of layer {self.layer.name!r} on {self.group!r}"
-        if isinstance(self.cores, bool) or not isinstance(self.cores, int | np.integer):
-            raise DatasetError(f"{where}: cores must be an integer, got {self.cores!r}")
-        if self.cores < 1:
-            raise DatasetError(f"{where}: cores must be >= 1, got {self.cores}")
-        lat = self.latency_ms
-        if not isinstance(lat, int | float | np.floating) or not math.isfinite(lat) or lat <= 0:
-            raise DatasetError(f"{where} x{self.cores}: latency_ms must be > 0, got {lat!r}")
 
 
 def eq5_features(
