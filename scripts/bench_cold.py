@@ -60,7 +60,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from codl_tvm.bench import envelope, write_json
+from bench_util import envelope, write_json
+
 from codl_tvm.profiling.cold_start import PHASES, artifact_files, evict
 from codl_tvm.profiling.cold_start import cold_ms as _cold_ms
 
