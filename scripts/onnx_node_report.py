@@ -1,6 +1,6 @@
 """Run ONNX's backend node tests through codl-tvm and tabulate the results.
 
-Runs every selected case (:data:`codl_tvm.frontend.node_tests.SELECTED_OPS`) through the import,
+Runs every selected case (:data:`codl_tvm.build.node_tests.SELECTED_OPS`) through the import,
 the CPU build, the OpenCL build and the co-executed builds (H and OC), attributes each failure to
 TVM or to codl-tvm (plain TVM's build of the same case), and appends one JSON line per case to
 ``--out`` (a run that stops resumes where it was). ``summary`` prints the counts as the docs
@@ -19,7 +19,7 @@ import sys
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from codl_tvm.frontend.node_tests import (
+from codl_tvm.build.node_tests import (
     NOT_APPLICABLE,
     PASS,
     PATHS,

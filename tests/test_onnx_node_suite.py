@@ -1,4 +1,4 @@
-"""ONNX's backend node tests as a peer suite (codl_tvm.frontend.node_tests,
+"""ONNX's backend node tests as a peer suite (codl_tvm.build.node_tests,
 docs/onnx-node-tests.md).
 
 Each case runs through codl-tvm's import, CPU build, OpenCL build, co-executed builds (every
@@ -24,7 +24,7 @@ import functools
 
 import pytest
 
-from codl_tvm.frontend.node_tests import (
+from codl_tvm.build.node_tests import (
     NOT_APPLICABLE,
     PASS,
     PATHS,

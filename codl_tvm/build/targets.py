@@ -231,13 +231,13 @@ PRESETS: dict[str, TargetPreset] = {
         ),
         TargetPreset(
             "device-h100",
-            "the device machine's discrete pair: NVIDIA H100 (OpenCL) + 16 AVX-512 Xeon cores",
+            "a discrete pair: an NVIDIA H100 (OpenCL) + 16 AVX-512 Xeon cores",
             cpu={"kind": "llvm", "mcpu": "skylake-avx512"},
             gpu={"kind": "opencl", "device": "nvidia"},
         ),
         TargetPreset(
             "emulated-soc",
-            "the device machine's emulated SoC: PoCL on some Xeon cores as the GPU, TVM's "
+            "an emulated SoC on a Xeon: PoCL on some of its cores as the GPU, TVM's "
             "AVX-512 CPU kernels on the others",
             cpu={"kind": "llvm", "mcpu": "skylake-avx512"},
             gpu=_pocl_gpu(),

@@ -198,7 +198,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     """Add ``cost-model fit``, ``eval`` and ``decisions`` to the ``codl-tvm`` subcommands."""
     p = sub.add_parser("cost-model", help="fit and evaluate latency cost models")
     group = p.add_subparsers(dest="cost_model_command", required=True)
+    _register_fit(group)
+    _register_eval(group)
+    _register_decisions(group)
 
+
+def _add_kernel_info(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--kernel-info",
+        metavar="NVINFO.json",
+        help="registers, spills and occupancy of each GPU kernel measured on an NVIDIA GPU "
+        "(scripts/nv_kernel_info.py measure): the wave-tir-nv recipe's input",
+    )
+
+
+def _register_fit(group: argparse._SubParsersAction) -> None:
     f = group.add_parser("fit", help="fit a cost model on a latency dataset")
     f.add_argument(
         "data", nargs="+", help="datasets (.jsonl) written by `codl-tvm profile`, fitted together"
@@ -251,14 +265,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="leave the records of this group out (e.g. dense:gpu:reduction, measured with a "
         "kernel that has changed since); repeatable",
     )
-    f.add_argument(
-        "--kernel-info",
-        metavar="NVINFO.json",
-        help="registers, spills and occupancy of each GPU kernel measured on the device "
-        "(scripts/nv_kernel_info.py measure): the wave-tir-nv recipe's input",
-    )
+    _add_kernel_info(f)
     f.set_defaults(func=cmd_fit)
 
+
+def _register_eval(group: argparse._SubParsersAction) -> None:
     e = group.add_parser("eval", help="accuracy of a cost model on a dataset's held-out part")
     e.add_argument("model", help="model file (.json)")
     e.add_argument("data", nargs="+", help="datasets (.jsonl), evaluated together")
@@ -275,14 +286,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="skip leave-one-model-out (it refits the model once per benchmark model named in "
         "the records)",
     )
-    e.add_argument(
-        "--kernel-info",
-        metavar="NVINFO.json",
-        help="registers, spills and occupancy of each GPU kernel measured on the device "
-        "(scripts/nv_kernel_info.py measure): the wave-tir-nv recipe's input",
-    )
+    _add_kernel_info(e)
     e.set_defaults(func=cmd_eval)
 
+
+def _register_decisions(group: argparse._SubParsersAction) -> None:
     d = group.add_parser(
         "decisions",
         help="the splits a cost model picks for the benchmark models' operators, against the "
@@ -308,10 +316,5 @@ def register(sub: argparse._SubParsersAction) -> None:
         "model's splits",
     )
     d.add_argument("--json", action="store_true", help="print the report as JSON")
-    d.add_argument(
-        "--kernel-info",
-        metavar="NVINFO.json",
-        help="registers, spills and occupancy of each GPU kernel measured on the device "
-        "(scripts/nv_kernel_info.py measure): the wave-tir-nv recipe's input",
-    )
+    _add_kernel_info(d)
     d.set_defaults(func=cmd_decisions)

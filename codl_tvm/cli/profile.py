@@ -32,11 +32,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 
-from codl_tvm.bench import pin_tvm_threads
 from codl_tvm.core.errors import CliError, ProfileError
 from codl_tvm.cost_model.features import DIMS
+from codl_tvm.cost_model.part_ir import algorithm_switches
 from codl_tvm.profiling.farm import FarmOptions, profile_farm
-from codl_tvm.profiling.parts import LocalSession, RPCSession, TimingConfig, algorithm_switches
 from codl_tvm.profiling.profile import (
     compile_jobs,
     make_jobs,
@@ -45,7 +44,10 @@ from codl_tvm.profiling.profile import (
     run_compiled,
     sampled_ops,
 )
+from codl_tvm.profiling.sessions import LocalSession, RPCSession
+from codl_tvm.profiling.timing import TimingConfig
 from codl_tvm.rpc.client import request_remote
+from codl_tvm.runtime.threads import pin_tvm_threads
 
 __all__ = ["cmd_profile", "register"]
 

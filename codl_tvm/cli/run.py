@@ -16,7 +16,6 @@ from pathlib import Path
 import numpy as np
 
 from codl_tvm import runtime
-from codl_tvm.artifact import load_artifact
 from codl_tvm.build.coexec import compile_coexec
 from codl_tvm.build.runner import build, max_abs_difference
 from codl_tvm.cli.common import (
@@ -33,9 +32,10 @@ from codl_tvm.core.errors import CliError, CodlError
 from codl_tvm.frontend.importer import check_inputs, load_onnx
 from codl_tvm.frontend.models import bundled_model_path
 from codl_tvm.runtime import sync
+from codl_tvm.runtime.artifact import load_artifact
 from codl_tvm.runtime.staged_artifact import is_pipeline, load_pipeline
 
-__all__ = ["cmd_info", "cmd_run", "register"]
+__all__ = ["cmd_info", "cmd_run", "info_lines", "register"]
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -120,7 +120,7 @@ def _run_artifact(args: argparse.Namespace) -> int:
         expected = ref[1]
     else:
         inputs = load_inputs(args.inputs, model, args.seed)
-        expected = None
+        expected = _host_reference(args, model.path, inputs) if args.check else None
     if "opencl" in art.manifest["vm_devices"]:
         opencl_banner()
     plan = art.manifest.get("plan") or {}
@@ -137,19 +137,26 @@ def _run_artifact(args: argparse.Namespace) -> int:
     print(f"artifact: {args.model} (model {model.path})")
     print(f"device: {art.device}{how}")
     print_outputs_and_latency(model, outputs, lat, args.number)
-    status = 0
-    if expected is not None:
-        err = max_abs_difference(outputs, expected)
-        scale = max(1.0, *(float(np.max(np.abs(r[np.isfinite(r)]), initial=0)) for r in expected))
-        ok = err <= 1e-4 * scale
-        print(
-            f"max abs difference against the reference (unpartitioned, host CPU): {err:.3g} "
-            f"-> {'OK' if ok else 'MISMATCH'}"
-        )
-        status = 0 if ok else 1
+    status = 0 if expected is None else _check_reference(outputs, expected)
     if args.save_outputs:
         save_outputs(args.save_outputs, model, outputs, args.force)
     return status
+
+
+def _host_reference(args: argparse.Namespace, model_path, inputs) -> list[np.ndarray]:
+    """``run ARTIFACT --inputs X --check``: the outputs of the unpartitioned model, built for
+    this machine's CPU from the artifact's ONNX file, on the user's inputs (the reference the
+    artifact stores holds its own inputs only)."""
+    if not Path(model_path).is_file():
+        raise CliError(
+            f"{args.model}: --check with --inputs builds the unpartitioned model from "
+            f"{model_path}, which is not here; without --inputs, run checks the artifact's "
+            "stored reference inputs"
+        )
+    model = load_onnx(model_path)
+    with building(model.path, "cpu"):
+        built = build(model.mod, "cpu", model=str(model.path))
+        return built(inputs)
 
 
 def _run_pipeline(args: argparse.Namespace) -> int:
@@ -161,7 +168,13 @@ def _run_pipeline(args: argparse.Namespace) -> int:
         raise CliError(f"--queue-size must be >= 1, got {args.queue_size}")
     pipe = load_pipeline(args.model)
     model = pipe.model
-    inputs = load_inputs(args.inputs, model, args.seed)
+    ref = pipe.reference()
+    if args.inputs is None and ref is not None:  # the stored inputs, checked against its outputs
+        inputs = check_inputs(model, ref[0], f"{args.model}/reference.npz")
+        expected = ref[1]
+    else:
+        inputs = load_inputs(args.inputs, model, args.seed)
+        expected = _host_reference(args, model.path, inputs) if args.check else None
     if any(s["kind"] == "gpu" for s in pipe.manifest["stages"]):
         opencl_banner()
     print(f"artifact: {args.model} (model {model.path})")
@@ -194,22 +207,73 @@ def _run_pipeline(args: argparse.Namespace) -> int:
         for name, busy in zip(st.stage_names, st.stage_busy_s):
             share = busy / st.wall_s if st.wall_s > 0 else 0.0
             print(f"  {name}: busy {busy * 1e3 / st.frames:.3f} ms/frame ({share:.0%} of the time)")
+    status = 0 if expected is None else _check_reference(outputs, expected)
     if args.save_outputs:
         save_outputs(args.save_outputs, model, outputs, args.force)
-    return 0
+    return status
+
+
+def _check_reference(outputs, expected) -> int:
+    """Print how far ``outputs`` are from the stored reference; 1 where they differ."""
+    err = max_abs_difference(outputs, expected)
+    scale = max(1.0, *(float(np.max(np.abs(r[np.isfinite(r)]), initial=0)) for r in expected))
+    ok = err <= 1e-4 * scale
+    print(
+        f"max abs difference against the reference (unpartitioned, host CPU): {err:.3g} "
+        f"-> {'OK' if ok else 'MISMATCH'}"
+    )
+    return 0 if ok else 1
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    """Print the OpenCL platform, devices, memory mode and skipped platforms as JSON."""
+    """Describe the OpenCL platform, devices, memory mode and the platforms not used (as text,
+    or as JSON with ``--json``)."""
     try:
         runtime.load()
         info = runtime.info()
     except Exception as exc:  # the plugin reports an unusable platform as a TVM error
         raise CliError(f"OpenCL is not usable here: {one_line(str(exc))}") from None
-    # "memory" says in words how tensors are shared, e.g. "buffer (host-mapped, no SVM)"
-    described = {**asdict(info), "memory": runtime.describe_svm_mode(info.svm_mode)}
-    print(json.dumps(described, indent=2))
+    if args.json:
+        # "memory" says in words how tensors are shared, e.g. "buffer (host-mapped, no SVM)"
+        described = {**asdict(info), "memory": runtime.describe_svm_mode(info.svm_mode)}
+        print(json.dumps(described, indent=2))
+        return 0
+    print("\n".join(info_lines(info)))
     return 0
+
+
+def info_lines(info: runtime.OpenCLInfo) -> list[str]:
+    """``codl-tvm info``'s text: the platform in use, its devices, how tensors are shared with
+    the CPU, and every platform not used with the reason."""
+    lines = [
+        f"platform: {info.platform} ({info.platform_vendor}; {info.platform_version})",
+        f"memory:   {runtime.describe_svm_mode(info.svm_mode)}"
+        + (", SVM atomics" if info.svm_atomics else ""),
+    ]
+    for d in info.devices:
+        svm = [k for k, on in (("fine", d.svm_fine_grain), ("coarse", d.svm_coarse_grain)) if on]
+        clock = f", {d.max_clock_mhz} MHz" if d.max_clock_mhz else ""
+        lines += [
+            f"device {d.index}: {d.name} ({d.vendor})",
+            f"  {d.compute_units} compute units{clock}, {_bytes(d.global_mem_bytes)} global and "
+            f"{_bytes(d.local_mem_bytes)} local memory, work groups up to "
+            f"{d.max_work_group_size}",
+            f"  {d.opencl_c_version.strip()}, driver {d.driver_version}; SVM: "
+            f"{'/'.join(svm) or 'none'}; fp16: {'yes' if d.fp16 else 'no'}",
+        ]
+    if info.skipped_platforms:
+        lines.append("platforms not used (CODL_OPENCL_PLATFORM picks another):")
+        lines += [f"  {s['platform']}: {s['reason']}" for s in info.skipped_platforms]
+    else:
+        lines.append("platforms not used: none")
+    return lines
+
+
+def _bytes(n: int) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -230,7 +294,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dim", choices=("H", "OC"), help="split every operator along this dim")
     p.add_argument("--ratio", type=float, help="GPU share of every split operator, in [0, 1]")
     add_run_arguments(p, ".npz to write outputs to, keyed by output names")
-    p.add_argument("--check", action="store_true", help="compare with the CPU build")
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="compare the outputs with the unpartitioned model built for this CPU (an "
+        "artifact is always checked against its stored reference unless --inputs is given)",
+    )
     p.add_argument(
         "--stream",
         type=int,
@@ -243,4 +312,5 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.set_defaults(func=cmd_run)
     p = sub.add_parser("info", help="describe the OpenCL platform and devices in use")
+    p.add_argument("--json", action="store_true", help="print the description as JSON")
     p.set_defaults(func=cmd_info)

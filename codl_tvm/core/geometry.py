@@ -195,7 +195,7 @@ class ChannelMap:
 
 #: Output features of a matmul's parts are whole multiples of this many (when the extent allows):
 #: the CPU matmul vectorises along them, and a part whose width has no vector-sized divisor
-#: got a scalar loop (the device machine: a 4096x4096 layer's 2458-feature CPU part took
+#: got a scalar loop (on a 16-core Xeon: a 4096x4096 layer's 2458-feature CPU part took
 #: 9.2 ms, the whole layer 1.1 ms). 16 is an AVX-512 register of fp32 and a multiple of every
 #: narrower one.
 MATMUL_OC_ALIGN = 16

@@ -2,5 +2,5 @@
 
 ``importer`` loads ONNX into a Relax ``IRModule`` with input/output metadata; ``rewrites``
 repairs operators TVM imports wrongly; ``models`` and ``zoo`` are the bundled and benchmark
-models; ``node_tests`` runs ONNX's backend node tests through the build paths.
+models.
 """

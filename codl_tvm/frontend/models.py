@@ -53,7 +53,8 @@ def with_random_weights(model, seed: int = 0, tiled: bool = False):
     ``a[out] * b[in] * c[tap]`` with normal ``a`` and random signs ``b``, ``c`` (He-scaled,
     so activations keep their scale as with dense random weights: no overflow, no denormals),
     which libraries embedding the weights compress ~100x in any packed layout (benchmark
-    artifacts travel to the device machine in a few MB; latency does not depend on values).
+    artifacts travel to the benchmarked board or server in a few MB; latency does not depend
+    on values).
     """
     rng = np.random.default_rng(seed)
     out = onnx.ModelProto()
@@ -173,8 +174,8 @@ def compressible_weights(model, seed: int = 0):
 def benchmark_model(name: str):
     """Model ``name`` as the benchmarks build it: a light model (:data:`LIGHT_MODELS`) with
     tiled weights, or a zoo model (:mod:`codl_tvm.frontend.zoo`) with :func:`compressible_weights`.
-    Weights are seeded and compress well (artifacts travel to the device machine); latency does
-    not depend on their values."""
+    Weights are seeded and compress well (artifacts travel to the machine that runs them); latency
+    does not depend on their values."""
     if name in LIGHT_MODELS:
         return light_model(name, tiled=True)
     return compressible_weights(build_model(name))

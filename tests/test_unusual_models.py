@@ -1,4 +1,4 @@
-"""The session's new paths on models outside the benchmark set: ``compile --weights beside``
+"""Models unlike the benchmark set through ``compile --weights beside``
 (constants shared between operators, used as indices, int64/bool/float16 constants, weights
 computed by nodes, 0-d and large constants, NaN/inf in weights, converter-style input names),
 the placement planner modes on odd graphs, and buffer mode on an odd shape. Every numeric check
@@ -503,7 +503,7 @@ import onnxruntime as ort
 import codl_tvm
 from codl_tvm import runtime
 from codl_tvm.frontend.importer import load_onnx, random_inputs
-from tests.test_new_paths_robustness import ODD_PLAN, odd_rows_model
+from tests.test_unusual_models import ODD_PLAN, odd_rows_model
 
 proto = odd_rows_model()
 model = load_onnx(proto)
