@@ -170,7 +170,7 @@ def test_run_coexec_with_an_automatic_plan(opencl, tmp_path, capsys):
 def test_info_describes_the_device_in_use(opencl, capsys):
     import json
 
-    assert main(["info"]) == 0
+    assert main(["info", "--json"]) == 0
     shown = json.loads(capsys.readouterr().out)
     assert shown["platform"] == opencl.platform
     assert shown["svm_mode"] == opencl.svm_mode
