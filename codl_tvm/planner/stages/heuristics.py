@@ -242,7 +242,7 @@ def local_search(
         # the bottleneck, then the next two slowest stages (rounded to 1e-9 ms, so rounding
         # never counts as progress): a move that keeps the bottleneck but unloads the stages
         # next to it is progress too. On measured tables the bottleneck alone left plateaus
-        # (the first run's SqueezeNet, 0.92 of the optimum: splitting the little cluster
+        # (a measured SqueezeNet table, 0.92 of the optimum: splitting the little cluster
         # around a big stage takes two moves, the first of which lowers only the second
         # slowest stage); every key is strictly lower than the last, so the search ends.
         key = tuple(seq)

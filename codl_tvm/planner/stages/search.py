@@ -73,7 +73,7 @@ blocks than the optimum's is several moves from it); and, where it is cheap,
 :func:`optimal_pipeline` replaces the result when its bottleneck is lower.
 
 :func:`exhaustive_pipeline` enumerates every pipeline of up to ``max_stages`` stages (any order
-of groups, any core counts, every cut): the check the issue measures the heuristic against.
+of groups, any core counts, every cut): the check the heuristic is measured against.
 :func:`optimal_pipeline` finds the optimum over any number of stages by dynamic programming over
 (layers placed, cores of each group used). On tables measured on a 16-core Xeon (five CNNs, 8 big +
 4 little cores and a GPU; three CNNs on 8 big + 7 x86-64-v2 little cores and a GPU; the same
