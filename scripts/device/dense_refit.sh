@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# PoCL's dense kernel changed (codl's GEMM path for batch 1, schedules/config.py POCL): measure
+# PoCL's dense kernel changed (codl's GEMM path for batch 1, schedules/presets.py POCL): measure
 # the GPU dense parts again at split k (SOC_K, default 12), refit the k-alone cost model without
 # the old GPU dense records (dlight's GEMV, impl "reduction"), then refine.sh with it.
 #   here:  python scripts/profile_campaign.py --preset emulated-soc --threads 4 --models \
