@@ -54,6 +54,7 @@ __all__ = [
     "load",
     "log_dir",
     "opencl_module_from_source",
+    "plugin_function",
     "record_kernels",
     "start_context",
     "svm_map",
@@ -123,7 +124,9 @@ def default_cache_dir() -> Path:
     return Path(root) if root else Path.home() / ".cache" / "codl-tvm"
 
 
-def _global(name: str):
+def plugin_function(name: str):
+    """The global function ``name`` that the OpenCL runtime plugin (or TVM) registers; call
+    :func:`load` first for the plugin's own (``codl.opencl.*``, ``codl.coexec.*``)."""
     import tvm_ffi  # deferred: importing codl_tvm.runtime loads no TVM library (see load)
 
     return tvm_ffi.get_global_func(name)
@@ -161,7 +164,7 @@ def load(
             path = os.environ.get("CODL_TVM_PLUGIN_LIB") or _build.build_plugin()
             _build.load_library(path)
             if icd:
-                _global("codl.opencl.set_library_path")(icd)
+                plugin_function("codl.opencl.set_library_path")(icd)
             _loaded_path = path
         first = not _configured[0]
         _configured[0] = True
@@ -182,7 +185,7 @@ def load(
             program_cache_dir = ""
         else:
             program_cache_dir = default_cache_dir() / "opencl-programs"
-    _global("codl.opencl.configure")(platform, device, svm, str(program_cache_dir))
+    plugin_function("codl.opencl.configure")(platform, device, svm, str(program_cache_dir))
     return _loaded_path
 
 
@@ -199,7 +202,7 @@ def is_available() -> bool:
 def info() -> OpenCLInfo:
     """Describe the platform, devices and SVM mode in use (initialises OpenCL)."""
     load()
-    raw = json.loads(_global("codl.opencl.info")())
+    raw = json.loads(plugin_function("codl.opencl.info")())
     devices = tuple(DeviceInfo(**d) for d in raw.pop("devices"))
     skipped = tuple(raw.pop("skipped_platforms"))
     return OpenCLInfo(devices=devices, skipped_platforms=skipped, **raw)
@@ -232,7 +235,7 @@ def cache_stats() -> dict[str, int]:
     ahead-of-time binaries' loads, fallbacks, corrupt and rejected files and exports; and
     ``build_ns``, the time spent creating programs (summed over threads)."""
     load()
-    return json.loads(_global("codl.opencl.cache_stats")())
+    return json.loads(plugin_function("codl.opencl.cache_stats")())
 
 
 def buffer_stats() -> dict[str, int]:
@@ -240,7 +243,7 @@ def buffer_stats() -> dict[str, int]:
     ``sub_buffers`` (byte-offset views given to kernels as sub-buffers) and ``staged_views``
     (views at offsets the device cannot align a sub-buffer to, run on a temporary copy)."""
     load()
-    return json.loads(_global("codl.opencl.buffer_stats")())
+    return json.loads(plugin_function("codl.opencl.buffer_stats")())
 
 
 def describe_svm_mode(mode: str) -> str:
@@ -260,7 +263,7 @@ def add_program_binary_dir(path: str | os.PathLike) -> None:
     built as before (counted in :func:`cache_stats` as ``aot_fallbacks``, ``aot_corrupt``,
     ``aot_rejected``)."""
     load()
-    _global("codl.opencl.add_binary_dir")(str(path))
+    plugin_function("codl.opencl.add_binary_dir")(str(path))
 
 
 @contextlib.contextmanager
@@ -269,11 +272,11 @@ def exporting_program_binaries(path: str | os.PathLike) -> Iterator[None]:
     ``path``, named by its cache key and with its hash (what :func:`add_program_binary_dir`
     reads)."""
     load()
-    _global("codl.opencl.set_binary_export_dir")(str(path))
+    plugin_function("codl.opencl.set_binary_export_dir")(str(path))
     try:
         yield
     finally:
-        _global("codl.opencl.set_binary_export_dir")("")
+        plugin_function("codl.opencl.set_binary_export_dir")("")
 
 
 def build_programs(module, device: int = 0, threads: int = 1, wait: bool = True) -> None:
@@ -282,7 +285,7 @@ def build_programs(module, device: int = 0, threads: int = 1, wait: bool = True)
     are created while the caller goes on, and each kernel's first launch waits for its own
     program only (one lock per kernel)."""
     load()
-    _global("codl.opencl.build_programs")(module, device, threads, wait)
+    plugin_function("codl.opencl.build_programs")(module, device, threads, wait)
 
 
 def workspace_stats() -> dict[str, int]:
@@ -290,13 +293,13 @@ def workspace_stats() -> dict[str, int]:
     sums): ``workspace_allocs`` made, ``workspace_reuses`` served from the pool, and
     ``workspace_bytes`` the pool holds."""
     load()
-    return json.loads(_global("codl.opencl.workspace_stats")())
+    return json.loads(plugin_function("codl.opencl.workspace_stats")())
 
 
 def host_clock_ns() -> int:
     """Host ``CLOCK_MONOTONIC_RAW`` in ns, the time base PoCL's event timestamps use."""
     load()
-    return int(_global("codl.opencl.host_clock_ns")())
+    return int(plugin_function("codl.opencl.host_clock_ns")())
 
 
 def cpu_view(tensor):
@@ -307,20 +310,20 @@ def cpu_view(tensor):
     mode (no SVM) the view is over the buffer's host mapping, valid until the next GPU command.
     """
     load()
-    return _global("codl.opencl.cpu_view")(tensor)
+    return plugin_function("codl.opencl.cpu_view")(tensor)
 
 
 def svm_map(tensor, write: bool = True) -> None:
     """Map a coarse-grained SVM tensor or a buffer (buffer mode) for host access (a no-op for
     fine-grained SVM)."""
     load()
-    _global("codl.opencl.svm_map")(tensor, write)
+    plugin_function("codl.opencl.svm_map")(tensor, write)
 
 
 def svm_unmap(tensor) -> None:
     """Unmap a tensor mapped with :func:`svm_map` before the GPU uses it again."""
     load()
-    _global("codl.opencl.svm_unmap")(tensor)
+    plugin_function("codl.opencl.svm_unmap")(tensor)
 
 
 @contextlib.contextmanager
@@ -331,11 +334,11 @@ def record_kernels() -> Iterator[list[KernelEvent]]:
     """
     load()
     events: list[KernelEvent] = []
-    _global("codl.opencl.record_start")()
+    plugin_function("codl.opencl.record_start")()
     try:
         yield events
     finally:
-        raw = json.loads(_global("codl.opencl.record_stop")())
+        raw = json.loads(plugin_function("codl.opencl.record_stop")())
         events.extend(KernelEvent(**r) for r in raw)
 
 
@@ -384,7 +387,7 @@ def opencl_module_from_source(
         blob += struct.pack("<Q", len(tags)) + b"".join(_pack_str(t) for t in tags)
         blob += struct.pack("<Q", 0)
     blob += _pack_str(source)
-    return _global("ffi.Module.load_from_bytes.opencl")(blob)
+    return plugin_function("ffi.Module.load_from_bytes.opencl")(blob)
 
 
 # The plugin's message for a kernel that does not compile (opencl_plugin.cc, BuildProgram).

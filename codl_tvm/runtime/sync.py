@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 
-from codl_tvm.runtime import _global, load
+from codl_tvm.runtime import load, plugin_function
 
 __all__ = [
     "calibration",
@@ -39,25 +39,25 @@ def set_sync_mode(mode: str) -> None:
     if mode not in MODES:
         raise ValueError(f"sync mode must be one of {MODES}, not {mode!r}")
     load()
-    _global("codl.coexec.set_sync_mode")(mode)
+    plugin_function("codl.coexec.set_sync_mode")(mode)
 
 
 def sync_mode(device_id: int = 0) -> str:
     """The mechanism used on ``opencl(device_id)`` (resolving "auto" by measurement)."""
     load()
-    return str(_global("codl.coexec.sync_mode")(device_id))
+    return str(plugin_function("codl.coexec.sync_mode")(device_id))
 
 
 def calibration(device_id: int = 0) -> dict[str, float]:
     """The measurements behind an "auto" choice (``flag_us``, ``event_us``), if one was made."""
     load()
-    return json.loads(_global("codl.coexec.calibration")(device_id))
+    return json.loads(plugin_function("codl.coexec.calibration")(device_id))
 
 
 def flag_supported() -> bool:
     """Whether SVM flags can be used (fine-grained SVM with atomics)."""
     load()
-    return bool(_global("codl.coexec.flag_supported")())
+    return bool(plugin_function("codl.coexec.flag_supported")())
 
 
 def set_timeout_ms(ms: float) -> None:
@@ -65,36 +65,36 @@ def set_timeout_ms(ms: float) -> None:
     if ms <= 0:
         raise ValueError(f"timeout must be positive, not {ms}")
     load()
-    _global("codl.coexec.set_timeout_ms")(float(ms))
+    plugin_function("codl.coexec.set_timeout_ms")(float(ms))
 
 
 def gpu_mark(device_id: int = 0) -> int:
     """Mark everything enqueued so far on ``opencl(device_id)``; returns a handle for cpu_wait."""
     load()
-    return int(_global("codl.coexec.gpu_mark")(device_id))
+    return int(plugin_function("codl.coexec.gpu_mark")(device_id))
 
 
 def cpu_wait(handle: int) -> None:
     """Block until the work before mark ``handle`` is done (raises after the timeout)."""
-    _global("codl.coexec.cpu_wait")(handle)
+    plugin_function("codl.coexec.cpu_wait")(handle)
 
 
 def cpu_view(tensor):
     """A CPU tensor over an OpenCL tensor's SVM bytes (CPU tensors are returned as they are)."""
     load()
-    return _global("codl.coexec.cpu_view")(tensor)
+    return plugin_function("codl.coexec.cpu_view")(tensor)
 
 
 def measure_sync_us(mode: str, device_id: int = 0, repeat: int = 200) -> float:
     """Median cost in microseconds of one mark + wait with ``mode`` after the queue drained."""
     load()
-    return float(_global("codl.coexec.measure_us")(device_id, mode, repeat))
+    return float(plugin_function("codl.coexec.measure_us")(device_id, mode, repeat))
 
 
 def _block_queue(device_id: int = 0) -> int:
     """Stall the device queue behind a user event (for tests of the timeout path)."""
-    return int(_global("codl.coexec.block_queue")(device_id))
+    return int(plugin_function("codl.coexec.block_queue")(device_id))
 
 
 def _unblock_queue(handle: int) -> None:
-    _global("codl.coexec.unblock_queue")(handle)
+    plugin_function("codl.coexec.unblock_queue")(handle)
