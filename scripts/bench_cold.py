@@ -90,8 +90,9 @@ def _compile_beside(root: str, rel: str) -> str:
     """Compile ``root/rel`` again as ``root/rel-beside`` with its weights beside the library:
     the same model, device, preset, planner mode and cost model (or its given plan) and block
     settings as its manifest records, so the two differ in weight placement only."""
-    from codl_tvm.artifact import compile_artifact
     from codl_tvm.core.plan import PartitionPlan
+    from codl_tvm.objectives.latency import compile_artifact
+    from codl_tvm.options import CompileOptions
 
     src, dst = Path(root) / rel, Path(root) / f"{rel}{BESIDE_SUFFIX}"
     if (dst / "manifest.json").exists():
@@ -111,14 +112,8 @@ def _compile_beside(root: str, rel: str) -> str:
         if m.get("coexec_cpu_alone_kernels"):
             kwargs["coexec_cpu_alone"] = True
     try:
-        compile_artifact(
-            m["model"]["file"],
-            dst,
-            weights="beside",
-            build_cache=Path(root) / "build_cache",
-            log=lambda s: None,
-            **kwargs,
-        )
+        options = CompileOptions(weights="beside", build_cache=Path(root) / "build_cache", **kwargs)
+        compile_artifact(m["model"]["file"], dst, options)
     except Exception as exc:  # one line per failed build; the others go on
         return f"{dst}: failed: {exc}"
     built = json.loads((dst / "manifest.json").read_text())["device"]
@@ -197,8 +192,7 @@ def _add_binaries(manifest_path: Path, platform: str) -> str:
     """Add this machine's OpenCL device's program binaries to one artifact (on PoCL, taken
     after one run of it)."""
     from codl_tvm import runtime
-    from codl_tvm.artifact import load_artifact
-    from codl_tvm.runtime.artifact import LIBRARY
+    from codl_tvm.runtime.artifact import LIBRARY, load_artifact
     from codl_tvm.runtime.program_binaries import embed, embed_after_warm_up, is_pocl
 
     if platform:
@@ -206,22 +200,22 @@ def _add_binaries(manifest_path: Path, platform: str) -> str:
     art = load_artifact(manifest_path.parent, verify=False, check_cpu=False)
     if "opencl" not in art.manifest["vm_devices"]:
         return f"{art.path}: no OpenCL kernels"
-    lines: list[str] = []
     prior = art.manifest.get("program_binaries")
     if is_pocl(runtime.info()):
         # PoCL compiles each kernel's work-group function at its first launch: binaries taken
         # after one run carry them (program_binaries.embed_after_warm_up)
         try:
-            record = embed_after_warm_up(art.path, art.path / LIBRARY, lines.append, prior)
+            record = embed_after_warm_up(art.path, art.path / LIBRARY, prior)
         except Exception as exc:  # one line per failed artifact; the others go on
             return f"{art.path}: failed: {exc}"
     else:
-        record = embed(art.path / LIBRARY, art.path, lines.append, prior)
+        record = embed(art.path / LIBRARY, art.path, prior)
     manifest = {**art.manifest, "program_binaries": record}
     tmp = manifest_path.with_suffix(f".{os.getpid()}.tmp")
     tmp.write_text(json.dumps(manifest, indent=2) + "\n")
     os.replace(tmp, manifest_path)
-    return f"{art.path}: {' '.join(lines)}"
+    kernels = sum(d.get("kernels", 0) for d in (record or {}).get("devices", []))
+    return f"{art.path}: {kernels} program binaries"
 
 
 def cmd_binaries(args: argparse.Namespace) -> None:

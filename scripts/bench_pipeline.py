@@ -161,20 +161,19 @@ def _build_job(job: dict) -> tuple[str, str, str | None, float]:
             )
             build_pipeline(model, plan, groups, job["out"], isa=isa, force=True)
         elif job["kind"] == "codl":
-            from codl_tvm.artifact import compile_artifact
+            from codl_tvm.objectives.latency import compile_artifact
+            from codl_tvm.options import CompileOptions
 
-            compile_artifact(
-                job["model_path"],
-                job["out"],
+            options = CompileOptions(
                 device="coexec",
                 mode="codl",
                 cost_model=job["cost_model"],
                 preset="emulated-soc",
                 reference=False,
-                log=lambda s: None,
                 processor_scale=tuple(job["processor_scale"]),
                 force=True,
             )
+            compile_artifact(job["model_path"], job["out"], options)
     except Exception as exc:  # one failing build must not lose the others
         return job["name"], job["tag"], f"{type(exc).__name__}: {exc}", time.perf_counter() - t0
     return job["name"], job["tag"], None, time.perf_counter() - t0
@@ -822,8 +821,9 @@ def main(argv: list[str] | None = None) -> None:
         _replan(Path(args.replan), Path(args.out), args.handoff_ms)
         return
 
+    from codl_tvm.build.stage_targets import resolve_isas
     from codl_tvm.frontend.importer import load_onnx
-    from codl_tvm.objectives.stage_build import layer_shapes, resolve_isas
+    from codl_tvm.objectives.stage_build import layer_shapes
     from codl_tvm.objectives.throughput import parse_isa
     from codl_tvm.planner.stages.search import recost_plan
     from codl_tvm.profiling.layers import (

@@ -8,14 +8,15 @@ the unpartitioned model's outputs on the host CPU.
 from __future__ import annotations
 
 import json
+import logging
 
 import numpy as np
 import pytest
 from codl_tvm.schedules import cpu_config
 
-from codl_tvm.artifact import ArtifactError, compile_artifact, load_artifact
 from codl_tvm.build.targets import get_preset
 from codl_tvm.cli import bundled_model_path, main
+from codl_tvm.core.errors import ArtifactError
 from codl_tvm.core.plan import PartitionPlan
 from codl_tvm.cost_model import Partition
 from codl_tvm.cost_model.base import CostModelFallbackWarning, ModelFileError, load_model
@@ -23,6 +24,10 @@ from codl_tvm.cost_model.dataset import OpRecord
 from codl_tvm.cost_model.features import OpParams, op_features
 from codl_tvm.cost_model.measured import MeasuredModel
 from codl_tvm.cost_model.synthetic import SyntheticDevice, synthetic_cost_model
+from codl_tvm.frontend.importer import load_onnx
+from codl_tvm.objectives.latency import compile_artifact
+from codl_tvm.options import CompileOptions
+from codl_tvm.runtime.artifact import Manifest, load_artifact
 
 pytestmark = pytest.mark.opencl
 
@@ -44,7 +49,7 @@ def cpu_heavy_model(tmp_path_factory):
 @pytest.fixture(scope="module")
 def artifact(tmp_path_factory, balanced_model, opencl):
     out = tmp_path_factory.mktemp("art") / "small_cnn"
-    compile_artifact(bundled_model_path(), out, cost_model=balanced_model, log=lambda s: None)
+    compile_artifact(bundled_model_path(), out, CompileOptions(cost_model=balanced_model))
     return out
 
 
@@ -62,6 +67,19 @@ def test_artifact_contents_and_plan(artifact):
     assert set(manifest["files"]) >= {"model.so", "plan.json", "reference.npz", "placement.json"}
     placement = json.loads((artifact / "placement.json").read_text())
     assert any(len(row["parts"]) == 2 for row in placement)  # something really is split
+
+
+def test_manifest_reads_back_as_written(artifact):
+    """The typed Manifest writes exactly the JSON it read (the on-disk format is the contract),
+    and its fields are what the JSON says."""
+    text = (artifact / "manifest.json").read_text()
+    manifest = Manifest.from_json(text)
+    assert manifest.to_json() == text
+    assert manifest.device == "coexec" and manifest.plan["mode"] == "codl"
+    assert manifest.model.inputs == list(load_onnx(bundled_model_path()).inputs)
+    assert dict(manifest) == json.loads(text)
+    art = load_artifact(artifact)
+    assert art.manifest["plan"] == json.loads(text)["plan"]  # indexable as the JSON mapping
 
 
 def test_artifact_runs_and_matches_reference(artifact):
@@ -112,7 +130,7 @@ def test_compile_never_overwrites_user_files(tmp_path, balanced_model, opencl):
     out.mkdir()
     (out / "notes.txt").write_text("keep me")
     with pytest.raises(ArtifactError, match="holds no codl-tvm artifact"):
-        compile_artifact(bundled_model_path(), out, cost_model=balanced_model, log=lambda s: None)
+        compile_artifact(bundled_model_path(), out, CompileOptions(cost_model=balanced_model))
     assert (out / "notes.txt").read_text() == "keep me"
     assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
 
@@ -145,7 +163,7 @@ def test_compile_bad_inputs_give_clear_errors(tmp_path, capsys):
 
 def test_plan_favouring_cpu_builds_cpu_alone(tmp_path, cpu_heavy_model, opencl):
     out = tmp_path / "cpu"
-    compile_artifact(bundled_model_path(), out, cost_model=cpu_heavy_model, log=lambda s: None)
+    compile_artifact(bundled_model_path(), out, CompileOptions(cost_model=cpu_heavy_model))
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["device"] == "cpu" and manifest["vm_devices"] == ["cpu"]
     assert "CPU" in manifest["plan"]["fallback"]
@@ -374,20 +392,18 @@ def test_calibrated_plans_follow_the_measured_single_processor_latencies(balance
     of the model on it alone; a CPU measured 3x slower than predicted re-plans towards the GPU
     (a candidate unless a plan timed already is the same); factors within 1.1x of each other
     re-plan nothing."""
-    from codl_tvm.artifact import _calibrated_plans, planning_context
     from codl_tvm.frontend.importer import load_onnx
     from codl_tvm.planner import plan_model
+    from codl_tvm.planner.policy import calibrated_plans, planning_context
 
     model = load_onnx(bundled_model_path())
     cm = load_model(balanced_model)
     plan, report = plan_model(model.mod, cm, mode="codl")
     s = report.summary
-    manifest = {"plan": {"cost_model": {"file": str(balanced_model)}}}
     with planning_context("opencl", balanced_model) as config:
         ms = {"cpu": 3 * s.cpu_only_ms, "opencl": s.gpu_only_ms}
         seen = {plan.to_json()}
-        found = _calibrated_plans(model, "codl", report, ms, seen, manifest, print, config)
-    cal = manifest["plan"]["calibration"]
+        found, cal = calibrated_plans(model.mod, balanced_model, "codl", report, ms, seen, config)
     assert cal["cpu_scale"] == pytest.approx(3.0) and cal["gpu_scale"] == pytest.approx(1.0)
     assert set(found) == {"coexec:codl:calibrated"} and cal["candidates"] == ["codl"]
     cand, rep = found["coexec:codl:calibrated"]
@@ -397,10 +413,10 @@ def test_calibrated_plans_follow_the_measured_single_processor_latencies(balance
     assert cand.to_json() in seen  # later candidates are compared with it
     with planning_context("opencl", balanced_model) as config:
         ms = {"cpu": 2 * s.cpu_only_ms, "opencl": 2.05 * s.gpu_only_ms}
-        assert not _calibrated_plans(
-            model, "codl", report, ms, {plan.to_json()}, manifest, print, config
+        found, cal = calibrated_plans(
+            model.mod, balanced_model, "codl", report, ms, {plan.to_json()}, config
         )
-    assert manifest["plan"]["calibration"]["candidates"] == []
+    assert not found and cal["candidates"] == []
 
 
 def test_calibration_multiplies_the_configured_processor_scale(balanced_model):
@@ -409,30 +425,29 @@ def test_calibration_multiplies_the_configured_processor_scale(balanced_model):
     CPU measured 3x slower than that prediction re-plans with CPU x6, not x3."""
     import dataclasses
 
-    from codl_tvm.artifact import _calibrated_plans, planning_context
     from codl_tvm.frontend.importer import load_onnx
     from codl_tvm.planner import plan_model
+    from codl_tvm.planner.policy import calibrated_plans, planning_context
 
     model = load_onnx(bundled_model_path())
     cm = load_model(balanced_model)
-    manifest = {"plan": {"cost_model": {"file": str(balanced_model)}}}
     with planning_context("opencl", balanced_model) as config:
         config = dataclasses.replace(config, processor_scale=(2.0, 1.0))
         _, report = plan_model(model.mod, cm, mode="codl", config=config)
         s = report.summary
         ms = {"cpu": 3 * s.cpu_only_ms, "opencl": s.gpu_only_ms}
-        found = _calibrated_plans(model, "codl", report, ms, set(), manifest, print, config)
-    assert manifest["plan"]["calibration"]["cpu_scale"] == pytest.approx(3.0)
+        found, cal = calibrated_plans(model.mod, balanced_model, "codl", report, ms, set(), config)
+    assert cal["cpu_scale"] == pytest.approx(3.0)
     _, rep = found["coexec:codl:calibrated"]
     assert any("calibrated: CPU x6" in n for n in rep.notes), rep.notes
 
 
 def test_compile_rejects_bad_processor_scale(tmp_path):
-    from codl_tvm.artifact import ArtifactError, compile_artifact
-
     for bad in ((0.0, 1.0), (1.0, float("nan")), (1.0,)):
         with pytest.raises(ArtifactError, match="processor_scale"):
-            compile_artifact(bundled_model_path(), tmp_path / "out", processor_scale=bad)
+            compile_artifact(
+                bundled_model_path(), tmp_path / "out", CompileOptions(processor_scale=bad)
+            )
     assert not (tmp_path / "out").exists()
 
 
@@ -461,7 +476,7 @@ def test_compile_verify_calibrates(tmp_path, cpu_heavy_model, opencl):
         np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4)
 
 
-def test_build_cache_reuses_only_matching_libraries(tmp_path, balanced_model, opencl):
+def test_build_cache_reuses_only_matching_libraries(tmp_path, balanced_model, opencl, caplog):
     """``build_cache``: a later compile of the same model, plan and targets copies the library
     instead of building it (``--verify`` then only builds what no earlier compile built); a
     different plan is built anew; artifacts from the cache still match the reference."""
@@ -472,10 +487,11 @@ def test_build_cache_reuses_only_matching_libraries(tmp_path, balanced_model, op
     model = bundled_model_path()
 
     def compile_logged(name, **kw):
-        lines: list[str] = []
+        caplog.clear()
         kw.setdefault("cost_model", balanced_model)
-        compile_artifact(model, tmp_path / name, build_cache=cache, log=lines.append, **kw)
-        return "\n".join(lines)
+        with caplog.at_level(logging.INFO, logger="codl_tvm"):
+            compile_artifact(model, tmp_path / name, CompileOptions(build_cache=cache, **kw))
+        return caplog.text
 
     first = compile_logged("coexec", reference=False)
     assert "reusing" not in first and len(list(cache.glob("*.so"))) == 1
@@ -502,29 +518,26 @@ def test_build_cache_reuses_only_matching_libraries(tmp_path, balanced_model, op
 def test_compile_verify_bad_values(tmp_path, balanced_model, capsys):
     with pytest.raises(ArtifactError, match="'h_onyl' not among the planner modes"):
         compile_artifact(
-            bundled_model_path(), tmp_path / "m", verify=1, verify_modes=["h_onyl"], log=print
+            bundled_model_path(), tmp_path / "m", CompileOptions(verify=1, verify_modes=["h_onyl"])
         )
-    with pytest.raises(ArtifactError, match="give --verify N too"):
-        compile_artifact(bundled_model_path(), tmp_path / "m", verify_modes=["h_only"])
+    with pytest.raises(ArtifactError, match="verify_modes needs verify > 0"):
+        compile_artifact(
+            bundled_model_path(), tmp_path / "m", CompileOptions(verify_modes=["h_only"])
+        )
     with pytest.raises(ArtifactError, match="cannot be combined with a given plan"):
         compile_artifact(
             bundled_model_path(),
             tmp_path / "m",
-            plan=PartitionPlan(ops=()),
-            verify=1,
-            verify_modes=["h_only"],
+            CompileOptions(plan=PartitionPlan(ops=()), verify=1, verify_modes=["h_only"]),
         )
     assert not (tmp_path / "m").exists()
     with pytest.raises(ArtifactError, match="verify must be a number of rounds >= 0, got -1"):
-        compile_artifact(bundled_model_path(), tmp_path / "a", verify=-1, log=lambda s: None)
+        compile_artifact(bundled_model_path(), tmp_path / "a", CompileOptions(verify=-1))
     with pytest.raises(ArtifactError, match="cross-compiles for aarch64"):
         compile_artifact(
             bundled_model_path(),
             tmp_path / "b",
-            preset="android-arm64",
-            cost_model=balanced_model,
-            verify=2,
-            log=lambda s: None,
+            CompileOptions(preset="android-arm64", cost_model=balanced_model, verify=2),
         )
     assert not (tmp_path / "b" / "manifest.json").exists()
 
@@ -534,8 +547,9 @@ def test_planning_context_matches_what_compile_plans_with():
     the preset's schedule configs, with the algorithms the cost model covers switched on."""
     from codl_tvm.schedules import cpu_config
 
-    from codl_tvm.artifact import default_cost_model_for, planning_context
     from codl_tvm.build.targets import get_preset
+    from codl_tvm.objectives.latency import default_cost_model_for
+    from codl_tvm.planner.policy import planning_context
 
     cpu_target = get_preset("emulated-soc").target("cpu")
     assert not cpu_config(cpu_target).conv_packed
@@ -556,7 +570,7 @@ def test_fallback_margin_is_the_best_on_the_measured_plans(tmp_path):
     import sys
     from pathlib import Path
 
-    from codl_tvm.artifact import MIN_PREDICTED_SPEEDUP
+    from codl_tvm.planner.policy import MIN_PREDICTED_SPEEDUP
 
     root = Path(__file__).resolve().parent.parent
     files = [

@@ -9,6 +9,7 @@ reference outputs.
 from __future__ import annotations
 
 import json
+import logging
 import re
 import shutil
 
@@ -19,12 +20,10 @@ import tvm
 from codl_tvm.schedules import cpu_config
 from onnx import TensorProto, helper
 
-from codl_tvm.artifact import ArtifactError, compile_artifact, load_artifact
 from codl_tvm.build.runner import default_target
 from codl_tvm.build.targets import (
     _ISA_FEATURE,
     _cpu_features,
-    _cpuinfo_features,
     cpu_record,
     get_preset,
     host_cpu,
@@ -32,6 +31,11 @@ from codl_tvm.build.targets import (
     missing_cpu_features,
 )
 from codl_tvm.cli import bundled_model_path, main
+from codl_tvm.core.errors import ArtifactError
+from codl_tvm.objectives.latency import compile_artifact
+from codl_tvm.options import CompileOptions
+from codl_tvm.runtime.artifact import Manifest, load_artifact
+from codl_tvm.runtime.cpu_features import cpuinfo_features
 
 
 def _quiet(_line: str) -> None:
@@ -50,8 +54,19 @@ def _outputs_match_reference(path) -> None:
 def cpu_artifact(tmp_path_factory):
     """The bundled CNN built for this machine's CPU (preset ``host``)."""
     out = tmp_path_factory.mktemp("art") / "cnn"
-    compile_artifact(bundled_model_path(), out, device="cpu", preset="host", log=_quiet)
+    compile_artifact(bundled_model_path(), out, CompileOptions(device="cpu", preset="host"))
     return out
+
+
+def test_cpu_manifest_reads_back_as_written(cpu_artifact):
+    """A build for the CPU alone writes no co-execution fields; its manifest reads back
+    unchanged."""
+    text = (cpu_artifact / "manifest.json").read_text()
+    manifest = Manifest.from_json(text)
+    assert manifest.to_json() == text
+    raw = json.loads(text)
+    assert "kernel_splits" not in raw and "program_binaries" not in raw and "plan" not in raw
+    assert manifest.targets == raw["targets"] and list(raw["targets"]) == ["cpu"]
 
 
 # -- the host CPU -----------------------------------------------------------------------------
@@ -122,7 +137,7 @@ def test_cpuinfo_agrees_with_llvm():
         text = open("/proc/cpuinfo").read()
     except OSError:
         pytest.skip("no /proc/cpuinfo")
-    present, known = _cpuinfo_features(text)
+    present, known = cpuinfo_features(text)
     llvm = host_cpu().features
     required = cpu_record(get_preset("host").target("cpu"))["features"]
     disagree = [f for f in required if f in known and (f in present) != (f in llvm)]
@@ -234,7 +249,7 @@ def test_failed_compile_leaves_nothing(bad_inputs, case, tmp_path):
     out = tmp_path / "new" / "deeper" / "art"
     before = sorted(p.name for p in tmp_path.iterdir())
     with pytest.raises(Exception, match=re.escape(named)) as info:
-        compile_artifact(model, out, log=_quiet, **kw)
+        compile_artifact(model, out, CompileOptions(**kw))
     assert "CodlError" in [c.__name__ for c in type(info.value).__mro__]
     assert not (tmp_path / "new").exists()  # nor the parents it created
     assert sorted(p.name for p in tmp_path.iterdir()) == before
@@ -242,7 +257,7 @@ def test_failed_compile_leaves_nothing(bad_inputs, case, tmp_path):
     mine = tmp_path / "mine"
     mine.mkdir()
     with pytest.raises(Exception, match=re.escape(named)):
-        compile_artifact(model, mine, log=_quiet, **kw)
+        compile_artifact(model, mine, CompileOptions(**kw))
     assert mine.is_dir() and not any(mine.iterdir())
 
 
@@ -255,7 +270,7 @@ def test_failed_force_compile_keeps_the_old_artifact(bad_inputs, case, cpu_artif
     shutil.copytree(cpu_artifact, out)
     files = {p.name: p.read_bytes() for p in out.iterdir()}
     with pytest.raises(Exception, match=re.escape(named)):
-        compile_artifact(model, out, force=True, log=_quiet, **kw)
+        compile_artifact(model, out, CompileOptions(force=True, **kw))
     assert {p.name: p.read_bytes() for p in out.iterdir()} == files
     assert sorted(p.name for p in tmp_path.iterdir()) == ["art", "inputs"]  # no staging left
     _outputs_match_reference(out)
@@ -283,15 +298,11 @@ def test_force_compile_replaces_the_artifact(cpu_artifact, tmp_path):
     out = tmp_path / "art"
     shutil.copytree(cpu_artifact, out)
     with pytest.raises(ArtifactError, match="pass --force"):
-        compile_artifact(bundled_model_path(), out, device="cpu", preset="host", log=_quiet)
+        compile_artifact(bundled_model_path(), out, CompileOptions(device="cpu", preset="host"))
     compile_artifact(
         bundled_model_path(),
         out,
-        device="cpu",
-        preset="host",
-        reference=False,
-        force=True,
-        log=_quiet,
+        CompileOptions(device="cpu", preset="host", reference=False, force=True),
     )
     assert sorted(p.name for p in out.iterdir()) == ["manifest.json", "model.so"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["art"]
@@ -300,7 +311,7 @@ def test_force_compile_replaces_the_artifact(cpu_artifact, tmp_path):
     link = tmp_path / "link"
     link.symlink_to(out)
     compile_artifact(
-        bundled_model_path(), link, device="cpu", preset="host", force=True, log=_quiet
+        bundled_model_path(), link, CompileOptions(device="cpu", preset="host", force=True)
     )
     assert link.is_symlink() and load_artifact(out).reference() is not None
     assert sorted(p.name for p in tmp_path.iterdir()) == ["art", "link"]
@@ -309,15 +320,15 @@ def test_force_compile_replaces_the_artifact(cpu_artifact, tmp_path):
 # -- small: the manifest's model path and the log's wording ----------------------------------
 
 
-def test_manifest_model_path_is_absolute_and_log_names_the_processor(tmp_path, monkeypatch):
+def test_manifest_model_path_is_absolute_and_log_names_the_processor(tmp_path, monkeypatch, caplog):
     """The manifest is read from other directories (``refine`` finds the model through it):
     a relative model path is stored resolved. The log names the processor, then the preset."""
     shutil.copyfile(bundled_model_path(), tmp_path / "cnn.onnx")
     monkeypatch.chdir(tmp_path)
-    lines: list[str] = []
-    compile_artifact("cnn.onnx", "out", device="cpu", preset="host", log=lines.append)
+    with caplog.at_level(logging.INFO, logger="codl_tvm"):
+        compile_artifact("cnn.onnx", "out", CompileOptions(device="cpu", preset="host"))
     manifest = json.loads((tmp_path / "out" / "manifest.json").read_text())
     assert manifest["model"]["file"] == str((tmp_path / "cnn.onnx").resolve())
-    assert "building for the CPU alone (preset host)" in lines
+    assert "building for the CPU alone (preset host)" in caplog.messages
     monkeypatch.chdir(tmp_path.parent)
     assert load_artifact(tmp_path / "out").model.path == str(tmp_path / "cnn.onnx")

@@ -15,6 +15,7 @@ from codl_tvm.build.targets import get_preset
 from codl_tvm.core.plan import uniform_plan
 from codl_tvm.frontend.importer import load_onnx
 from codl_tvm.frontend.models import bundled_model_path
+from codl_tvm.runtime.artifact import Manifest, ModelRecord
 
 
 def _spec(**fields) -> BuildSpec:
@@ -59,14 +60,14 @@ def test_library_specs_keep_only_the_settings_a_build_uses(tmp_path):
     """A build for one processor ignores the co-executed build's settings (blocks, CPU-part
     algorithms), and the CPU-alone kernels only concern the CPU build without a plan."""
     model = load_onnx(bundled_model_path())
-    manifest = {
-        "model": {"sha256": "1" * 64},
-        "winograd": False,
-        "winograd_cpu_alone": True,
-        "packed": False,
-        "packed_cpu_alone": True,
-    }
-    libs = Libraries(tmp_path, None, model, manifest, get_preset("opencl"), print)
+    manifest = Manifest(
+        model=ModelRecord(str(model.path), "1" * 64, list(model.inputs), list(model.outputs)),
+        winograd=False,
+        winograd_cpu_alone=True,
+        packed=False,
+        packed_cpu_alone=True,
+    )
+    libs = Libraries(tmp_path, None, model, manifest, get_preset("opencl"))
     cpu, gpu = libs.spec("cpu", None), libs.spec("opencl", None)
     assert cpu.cpu_alone_winograd and cpu.cpu_alone_packed
     assert not gpu.cpu_alone_winograd and not gpu.cpu_alone_packed

@@ -188,21 +188,33 @@ def test_compile_block_splits_default_to_measured_settings():
     assert args.split_row_blocks is True
 
 
-def test_compile_options_are_compile_artifacts_keywords():
-    """CompileOptions carries every keyword of compile_artifact (but ``log``) with its default,
-    so the two cannot drift apart."""
+def test_compile_flags_set_every_compile_option():
+    """Every CompileOptions field but processor_scale is set from a compile flag
+    (COMPILE_FLAGS names it, for the errors that name the field), so the two cannot drift
+    apart; the flags' defaults are the fields' defaults."""
+    import argparse
     import dataclasses
-    import inspect
 
-    from codl_tvm.artifact import compile_artifact
+    from codl_tvm.cli import build_parser
+    from codl_tvm.cli.compile import COMPILE_FLAGS, _compile_options
     from codl_tvm.options import CompileOptions
 
-    params = {
-        name: p.default
-        for name, p in inspect.signature(compile_artifact).parameters.items()
-        if p.kind is inspect.Parameter.KEYWORD_ONLY and name != "log"
+    fields = {f.name for f in dataclasses.fields(CompileOptions)}
+    assert set(COMPILE_FLAGS) == fields - {"processor_scale"}
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    flags = set(sub.choices["compile"]._option_string_actions)
+    assert {f.removeprefix("--no-") for f in COMPILE_FLAGS.values()} <= {
+        f.removeprefix("--no-") for f in flags
     }
-    fields = {f.name: f.default for f in dataclasses.fields(CompileOptions)}
-    assert fields.keys() == params.keys()
-    for name, default in params.items():
-        assert fields[name] == (tuple(default) if isinstance(default, list) else default), name
+    args = parser.parse_args(["compile", "m.onnx", "-o", "out"])
+    assert _compile_options(args, None) == CompileOptions()
+
+
+def test_compile_option_errors_name_the_flags(tmp_path, capsys):
+    """The options' errors name their fields; ``compile`` shows the flags that set them."""
+    code, _, err = _run(capsys, "compile", "-o", str(tmp_path / "a"), "--refine", "1")
+    assert code == 2 and "--refine needs --verify > 0" in err and "Traceback" not in err
+    code, _, err = _run(capsys, "compile", "-o", str(tmp_path / "b"), "--tracker", "127.0.0.1:9190")
+    assert code == 2 and "--tracker and --key go together" in err
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()

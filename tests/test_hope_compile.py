@@ -476,14 +476,13 @@ def test_verify_adopting_an_auto_candidate_records_the_mode_it_chose(
 ):
     """``--verify-modes auto`` (or a calibrated re-plan of ``--mode auto``) whose build is the
     fastest: the manifest names the mode auto chose and its candidates, not ``auto``."""
-    from codl_tvm.frontend.importer import OnnxModel
-    from codl_tvm.objectives.latency import _adopt_plan
+    from codl_tvm.objectives.latency import adopt_plan_record
+    from codl_tvm.runtime.artifact import write_plan_files
 
     plan, report = make_plan(branches_mod, costly_splits_model, "auto", placement=PLAIN)
-    model = OnnxModel("inception_like.onnx", branches_mod, (), ())
-    manifest = {"plan": {"source": "planner", "mode": "codl"}}
-    _adopt_plan(tmp_path, model, plan, report, "auto", manifest)
-    record = manifest["plan"]
+    record = {"source": "planner", "mode": "codl"}
+    adopt_plan_record(record, report, "auto")
+    write_plan_files(tmp_path, plan, report)
     assert record["mode"] == "hope" and record["planned_mode"] == "codl"
     assert record["auto"]["candidates_ms"] == pytest.approx(report.candidates)
     assert json.loads((tmp_path / "plan_report.json").read_text())["auto"]["chosen"] == "hope"

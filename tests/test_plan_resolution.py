@@ -14,13 +14,15 @@ import json
 import numpy as np
 import pytest
 
-from codl_tvm.artifact import compile_artifact, load_artifact
 from codl_tvm.cli import main
 from codl_tvm.core.errors import PlannerError
 from codl_tvm.cost_model.synthetic import SyntheticDevice, synthetic_cost_model
 from codl_tvm.frontend.importer import load_onnx
 from codl_tvm.frontend.models import bundled_model_path
+from codl_tvm.objectives.latency import compile_artifact
+from codl_tvm.options import CompileOptions
 from codl_tvm.planner.policy import MIN_PREDICTED_SPEEDUP, resolve_plan
+from codl_tvm.runtime.artifact import load_artifact
 
 pytestmark = pytest.mark.opencl
 
@@ -48,7 +50,7 @@ def test_run_plan_auto_runs_where_compile_builds(marginal_model, tmp_path, capsy
     """``compile`` builds the GPU alone; ``run --plan auto`` with the same cost model runs the
     GPU alone too (it co-executed before), and both match the unpartitioned model."""
     out = tmp_path / "art"
-    compile_artifact(bundled_model_path(), out, cost_model=marginal_model, log=lambda s: None)
+    compile_artifact(bundled_model_path(), out, CompileOptions(cost_model=marginal_model))
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["device"] == "opencl"
     saved = tmp_path / "run.npz"

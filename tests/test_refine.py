@@ -335,9 +335,9 @@ def test_verify_times_a_refined_candidate(opencl, tmp_path, capsys):
     for g, w in zip(got, want):
         np.testing.assert_allclose(g, w, rtol=0, atol=1e-4 * max(1.0, float(np.abs(w).max())))
     # refinement needs --verify to judge it, and timelines taken here
-    with pytest.raises(ArtifactError, match="give --verify N too"):
+    with pytest.raises(ArtifactError, match="refine needs verify > 0"):
         compile_artifact(bundled_model_path(), tmp_path / "x", refine=1, log=lambda _m: None)
-    with pytest.raises(ArtifactError, match="cannot be combined with --tracker"):
+    with pytest.raises(ArtifactError, match="cannot be combined with tracker"):
         compile_artifact(
             bundled_model_path(),
             tmp_path / "x",
@@ -348,7 +348,7 @@ def test_verify_times_a_refined_candidate(opencl, tmp_path, capsys):
             log=lambda _m: None,
         )
     assert main(["compile", str(bundled_model_path()), "-o", str(tmp_path / "y"), "--refine", "1"])
-    assert "give --verify N too" in capsys.readouterr().err
+    assert "--refine needs --verify > 0" in capsys.readouterr().err
     assert (
         main(
             [
@@ -366,4 +366,4 @@ def test_verify_times_a_refined_candidate(opencl, tmp_path, capsys):
         )
         == 2
     )
-    assert "refine_traces must be a whole number >= 1" in capsys.readouterr().err
+    assert "--refine-traces must be a whole number >= 1" in capsys.readouterr().err

@@ -12,15 +12,18 @@ import sys
 import numpy as np
 import pytest
 
-from codl_tvm.artifact import ArtifactError, compile_artifact, load_artifact
 from codl_tvm.cli import bundled_model_path
+from codl_tvm.core.errors import ArtifactError
 from codl_tvm.core.plan import PartitionPlan
 from codl_tvm.cost_model import FlopsModel, OpParams, OpRecord, Partition, op_features, part_shape
 from codl_tvm.cost_model.base import load_model
 from codl_tvm.cost_model.defaults import default_model_path
 from codl_tvm.cost_model.features import weight_bytes
 from codl_tvm.frontend.importer import load_onnx
+from codl_tvm.objectives.latency import compile_artifact
+from codl_tvm.options import CompileOptions
 from codl_tvm.planner import PlannerConfig, PlannerError, plan_model
+from codl_tvm.runtime.artifact import load_artifact
 
 CONV = OpParams("conv2d", 32, 32, 64, 128, kernel=3, padding=(1, 1, 1, 1))
 DENSE = OpParams("dense", 1, 1, 4096, 1000)
@@ -139,7 +142,7 @@ def test_plan_cli_takes_weight_rates(tmp_path):
 
 def test_compile_plans_with_weight_rates(opencl, tmp_path):
     out = tmp_path / "art"
-    compile_artifact(bundled_model_path(), out, weight_gbps=SLOW, log=lambda _m: None)
+    compile_artifact(bundled_model_path(), out, CompileOptions(weight_gbps=SLOW))
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["device"] == "coexec"
     assert manifest["plan"]["weight_gbps"] == list(SLOW)
@@ -154,4 +157,4 @@ def test_compile_plans_with_weight_rates(opencl, tmp_path):
         np.testing.assert_allclose(g, w, rtol=0, atol=1e-4 * max(1.0, float(np.abs(w).max())))
     for bad in ((1.0,), (1.0, 0.0), ("1", 2.0), 3.0):
         with pytest.raises(ArtifactError, match="weight_gbps must be two positive rates"):
-            compile_artifact(bundled_model_path(), tmp_path / "x", weight_gbps=bad)
+            compile_artifact(bundled_model_path(), tmp_path / "x", CompileOptions(weight_gbps=bad))

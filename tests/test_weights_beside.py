@@ -7,6 +7,7 @@ altered weights file gives one clear error naming the file and the weight. Nothi
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -16,16 +17,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from codl_tvm.artifact import compile_artifact, load_artifact
 from codl_tvm.cli import main
 from codl_tvm.core.errors import ArtifactError
 from codl_tvm.core.plan import uniform_plan
 from codl_tvm.frontend.importer import load_onnx
 from codl_tvm.frontend.models import bundled_model_path
+from codl_tvm.objectives.latency import compile_artifact
+from codl_tvm.options import CompileOptions
+from codl_tvm.runtime.artifact import load_artifact
 from codl_tvm.runtime.weights import WEIGHTS
 from tests.scripts_util import script_module
-
-QUIET = {"log": lambda s: None}
 
 
 def _onnxruntime(inputs: dict) -> list[np.ndarray]:
@@ -35,7 +36,7 @@ def _onnxruntime(inputs: dict) -> list[np.ndarray]:
 
 
 def _compile(out: Path, weights: str, **kwargs) -> Path:
-    return compile_artifact(bundled_model_path(), out, weights=weights, **kwargs, **QUIET)
+    return compile_artifact(bundled_model_path(), out, CompileOptions(weights=weights, **kwargs))
 
 
 def _run(path: Path) -> tuple[dict, list[np.ndarray]]:
@@ -144,19 +145,13 @@ def test_unknown_placement_is_refused(tmp_path, capsys):
     assert "--weights apply to --objective latency" in capsys.readouterr().err
 
 
-def test_build_cache_keeps_the_weights_with_the_library(tmp_path):
+def test_build_cache_keeps_the_weights_with_the_library(tmp_path, caplog):
     cache = tmp_path / "cache"
-    lines: list[str] = []
     first = _compile(tmp_path / "a", "beside", device="cpu", build_cache=cache)
-    second = compile_artifact(
-        bundled_model_path(),
-        tmp_path / "b",
-        device="cpu",
-        weights="beside",
-        build_cache=cache,
-        log=lines.append,
-    )
-    assert any("reusing the cpu library from the build cache" in line for line in lines)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="codl_tvm"):
+        second = _compile(tmp_path / "b", "beside", device="cpu", build_cache=cache)
+    assert any("reusing the cpu library from the build cache" in m for m in caplog.messages)
     assert (first / WEIGHTS).read_bytes() == (second / WEIGHTS).read_bytes()
     assert load_artifact(second).manifest["weights"] == load_artifact(first).manifest["weights"]
     _, outs = _run(second)

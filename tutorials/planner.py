@@ -32,13 +32,15 @@ from pathlib import Path
 import numpy as np
 
 import codl_tvm
-from codl_tvm.artifact import compile_artifact, load_artifact
 from codl_tvm.core.plan import PartitionPlan, partitionable_ops, uniform_plan
 from codl_tvm.cost_model import load_model
 from codl_tvm.cost_model.defaults import default_model_path
 from codl_tvm.frontend.importer import load_onnx, random_inputs
 from codl_tvm.frontend.models import bundled_model_path
+from codl_tvm.objectives.latency import compile_artifact
+from codl_tvm.options import CompileOptions
 from codl_tvm.planner import PlannerConfig, comparison_table, plan_all, plan_model
+from codl_tvm.runtime.artifact import load_artifact
 
 cost_model = load_model(default_model_path("emulated-soc"))
 print(cost_model.kind, cost_model.meta.get("dataset"))
@@ -132,9 +134,9 @@ for name, p in single.items():
 # A cost model cannot see everything co-execution costs on a real device (contention for
 # memory bandwidth, synchronisation waits, the kernels outside the plan), and gains of 10-20%
 # are within its error. ``codl-tvm compile MODEL.onnx -o OUT/ --verify 3`` (or
-# ``compile_artifact(..., verify=3)``) builds the plan co-executed *and* for each processor
-# alone, times the three on this machine round-robin and keeps the fastest, so the artifact is
-# never slower than one processor. The timings are in the artifact's manifest.
+# ``compile_artifact(model, out, CompileOptions(verify=3))``) builds the plan co-executed *and*
+# for each processor alone, times the three on this machine round-robin and keeps the fastest,
+# so the artifact is never slower than one processor. The timings are in the artifact's manifest.
 #
 # The same timing calibrates the cost model: the model run on each processor alone is compared
 # with its predicted latency, and where the two processors missed by different factors (the
@@ -142,7 +144,8 @@ for name, p in single.items():
 # processor's predictions scaled by its factor and timed as one more candidate,
 # ``coexec:codl:calibrated``.
 out = Path(tempfile.mkdtemp()) / "small_cnn"
-compile_artifact(bundled_model_path(), out, cost_model=default_model_path("emulated-soc"), verify=2)
+options = CompileOptions(cost_model=default_model_path("emulated-soc"), verify=2)
+compile_artifact(bundled_model_path(), out, options)
 manifest = json.loads((out / "manifest.json").read_text())
 verify = manifest["verify"]
 print({k: f"{v:.2f} ms" for k, v in verify["median_ms"].items()}, "-> kept", verify["chosen"])
@@ -158,15 +161,16 @@ assert all(np.max(np.abs(g - e)) < 1e-4 for g, e in zip(got, expected))
 # %%
 # A candidate measured inside the model: ``--refine``
 # ---------------------------------------------------
-# ``--refine 1`` (``refine=1``) adds a candidate measured inside the model: the fastest
-# co-executed build of the first timing is traced, each split's time on each processor is read
-# off the timelines (every kernel carries the split it computes), and every split moves to the
-# GPU share that balances them, as ``codl-tvm refine`` does. The result is built as
+# ``--refine 1`` (``CompileOptions(refine=1)``) adds a candidate measured inside the model: the
+# fastest co-executed build of the first timing is traced, each split's time on each processor
+# is read off the timelines (every kernel carries the split it computes), and every split moves
+# to the GPU share that balances them, as ``codl-tvm refine`` does. The result is built as
 # ``coexec:refined`` and timed with the others, so it is kept only if it is the fastest. Here
 # the start is a plan that splits every operator on H with 10% for the GPU.
 lopsided = uniform_plan(model.mod, "H", 0.1)
 out = Path(tempfile.mkdtemp()) / "small_cnn_refined"
-compile_artifact(bundled_model_path(), out, plan=lopsided, verify=1, refine=1, refine_traces=2)
+options = CompileOptions(plan=lopsided, verify=1, refine=1, refine_traces=2)
+compile_artifact(bundled_model_path(), out, options)
 manifest = json.loads((out / "manifest.json").read_text())
 for name, record in manifest["plan"]["refine"]["candidates"].items():
     moved = [

@@ -16,6 +16,7 @@ import dataclasses
 import hashlib
 import importlib.util
 import json
+import logging
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,15 +25,33 @@ from typing import Any
 
 import tvm
 
-from codl_tvm.runtime.artifact import _PROCESSOR, _replace_file
-from codl_tvm.runtime.weights import write_weights
-from codl_tvm.core.plan import PartitionPlan
 from codl_tvm.build.targets import TargetPreset, export_library
+from codl_tvm.core.plan import PartitionPlan
+from codl_tvm.runtime.artifact import PROCESSOR_NAMES, Manifest, replace_file
+from codl_tvm.runtime.weights import write_weights
 
-__all__ = ["BuildSpec", "Libraries", "code_digest", "source_files"]
+__all__ = ["BuildSpec", "Libraries", "code_digest", "source_files", "switch_on"]
+
+logger = logging.getLogger(__name__)
 
 
 _CODE_DIGEST: str | None = None
+
+
+def switch_on(
+    stack: contextlib.ExitStack, algos: tuple[str, ...] | list[str], preset_obj: TargetPreset
+) -> None:
+    """Switch ``algos`` (``"winograd"``, ``"packed"``) on for the preset's CPU, on top of any
+    switch already on, until ``stack`` closes."""
+    # deferred: the schedules need TVM's compiler (see _build_coexec)
+    from codl_tvm.schedules import cpu_config, packed_enabled, winograd_enabled
+    from codl_tvm.schedules.settings import packed_presets, winograd_presets
+
+    name = cpu_config(preset_obj.target("cpu")).name
+    if "winograd" in algos:
+        stack.enter_context(winograd_enabled(winograd_presets() | {name}))
+    if "packed" in algos:
+        stack.enter_context(packed_enabled(packed_presets() | {name}))
 
 
 def source_files() -> list[tuple[str, Path]]:
@@ -130,17 +149,16 @@ class Libraries:
         work: Path,
         cache: Path | None,
         model,
-        manifest: dict,
+        manifest: Manifest,
         preset_obj: TargetPreset,
-        log: Callable[[str], None],
     ) -> None:
-        self.work, self.cache, self.preset, self.log = work, cache, preset_obj, log
+        self.work, self.cache, self.preset = work, cache, preset_obj
         self.model = model
-        self._model = manifest["model"]["sha256"]
-        self._winograd = manifest["winograd"]
-        self._cpu_alone_winograd = manifest["winograd_cpu_alone"]
-        self._packed = manifest["packed"]
-        self._cpu_alone_packed = manifest["packed_cpu_alone"]
+        self._model = manifest.model.sha256
+        self._winograd = manifest.winograd
+        self._cpu_alone_winograd = manifest.winograd_cpu_alone
+        self._packed = manifest.packed
+        self._cpu_alone_packed = manifest.packed_cpu_alone
         self.coexec_cpu_algorithms: tuple[str, ...] = ()
         self.coexec_cpu_alone = False
         self.channel_blocks = True
@@ -204,7 +222,7 @@ class Libraries:
             and cached.is_file()
             and (not beside or (cached_w.is_file() and record_w.is_file()))
         ):
-            self.log(f"reusing the {name} library from the build cache ({cached.name})")
+            logger.info("reusing the %s library from the build cache (%s)", name, cached.name)
             shutil.copyfile(cached, path)
             if sidecar.is_file():
                 self.kernel_splits[name] = json.loads(sidecar.read_text())
@@ -221,14 +239,14 @@ class Libraries:
             found = self._pending_weights
             self.weights[name] = write_weights(wpath, found.get("arrays") or [], found.get("key"))
         if cached is not None:
-            _replace_file(cached, lambda tmp: shutil.copyfile(path, tmp))
+            replace_file(cached, lambda tmp: shutil.copyfile(path, tmp))
             if name in self.kernel_splits:
                 text = json.dumps(self.kernel_splits[name])
-                _replace_file(sidecar, lambda tmp: tmp.write_text(text))
+                replace_file(sidecar, lambda tmp: tmp.write_text(text))
             if beside:
-                _replace_file(cached_w, lambda tmp: shutil.copyfile(wpath, tmp))
+                replace_file(cached_w, lambda tmp: shutil.copyfile(wpath, tmp))
                 text = json.dumps(self.weights[name])
-                _replace_file(record_w, lambda tmp: tmp.write_text(text))
+                replace_file(record_w, lambda tmp: tmp.write_text(text))
         return path
 
     def name_of(self, path: Path) -> str:
@@ -258,12 +276,13 @@ class Libraries:
         # deferred here and in _build_single: building needs TVM's compiler, and this package is
         # imported where TVM is runtime-only (artifacts on a device)
         from codl_tvm.build.pipeline import coexec_pipeline
-        from codl_tvm.planner.policy import switch_on
         from codl_tvm.schedules import cpu_alone_settings
 
         plan = PartitionPlan.from_json(spec.plan)
         gpu, cpu = self.preset.target("gpu"), self.preset.target("cpu")
-        self.log(f"building {Path(self.model.path).name} for co-execution (preset {spec.preset})")
+        logger.info(
+            "building %s for co-execution (preset %s)", Path(self.model.path).name, spec.preset
+        )
         self._pending_splits = {}
         with contextlib.ExitStack() as stack:
             # the switches the compile entered for planning, from the spec: what the key says
@@ -288,12 +307,8 @@ class Libraries:
         # deferred: needs TVM's compiler (see _build_coexec)
         from codl_tvm.build.pipeline import single_device_pipeline
         from codl_tvm.schedules import cpu_alone_settings, packed_enabled, winograd_enabled
-        from codl_tvm.schedules.config import (
-            PACKED_CPU_ALONE,
-            WINOGRAD_CPU_ALONE,
-            packed_presets,
-            winograd_presets,
-        )
+        from codl_tvm.schedules.presets import PACKED_CPU_ALONE, WINOGRAD_CPU_ALONE
+        from codl_tvm.schedules.settings import packed_presets, winograd_presets
 
         device = spec.device
         target = self.preset.target("cpu" if device == "cpu" else "gpu")
@@ -303,7 +318,7 @@ class Libraries:
             presets |= set(WINOGRAD_CPU_ALONE)
         if spec.cpu_alone_packed:
             packed |= set(PACKED_CPU_ALONE)
-        self.log(f"building for the {_PROCESSOR[device]} alone (preset {spec.preset})")
+        logger.info("building for the %s alone (preset %s)", PROCESSOR_NAMES[device], spec.preset)
         with (
             winograd_enabled(presets),
             packed_enabled(packed),

@@ -19,8 +19,9 @@ import tvm
 from tvm.runtime.vm import VirtualMachine
 
 from codl_tvm import runtime
-from codl_tvm.build.runner import _flatten, remove_with, time_vm
+from codl_tvm.build.runner import remove_with
 from codl_tvm.build.targets import host_cpu_spec
+from codl_tvm.runtime.vm import flatten_outputs, time_vm
 
 __all__ = ["CoexecModule", "compile_coexec", "placement_report"]
 
@@ -77,7 +78,7 @@ class CoexecModule:
         """Run once on numpy inputs; return numpy outputs."""
         # asarray keeps a 0-d input 0-d (ascontiguousarray returns at least 1-d)
         args = [tvm.runtime.tensor(np.asarray(x, order="C"), tvm.opencl(0)) for x in inputs]
-        return _flatten(self.vm["main"](*args))
+        return flatten_outputs(self.vm["main"](*args))
 
     def time(self, inputs: Sequence[np.ndarray], number: int = 5, repeat: int = 3):
         """Latency with ``time_evaluator`` on the OpenCL device's event timer."""
@@ -92,8 +93,8 @@ def placement_report(
     processor."""
     # deferred here and in compile_coexec: the passes and the pipeline need TVM's compiler, and
     # this module runs co-executed libraries where TVM is runtime-only (`codl-tvm run`)
-    from codl_tvm.passes import PartitionOperators, collect_parts
     from codl_tvm.build.pipeline import inference_passes
+    from codl_tvm.passes import PartitionOperators, collect_parts
 
     # partition what the build partitions: the module after the inference simplifications
     simplified = tvm.transform.Sequential(inference_passes())(mod)

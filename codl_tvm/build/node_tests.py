@@ -48,12 +48,13 @@ from tvm.relax.frontend.onnx import from_onnx
 from codl_tvm import runtime
 from codl_tvm.build.coexec import compile_coexec
 from codl_tvm.build.pipeline import single_device_pipeline
-from codl_tvm.build.runner import _flatten, build, default_target
+from codl_tvm.build.runner import build, default_target
 from codl_tvm.core.errors import CodlError
 from codl_tvm.core.plan import uniform_plan
 from codl_tvm.frontend.importer import check_inputs, load_onnx
 from codl_tvm.passes.stream_weights import StreamWeights
 from codl_tvm.runtime import weights
+from codl_tvm.runtime.vm import flatten_outputs
 
 __all__ = [
     "CONSTANT_OPERAND_OPS",
@@ -324,7 +325,7 @@ def _run_beside(mod, inputs: list[np.ndarray], name: str) -> list[np.ndarray]:
             record = weights.write_weights(Path(tmp) / weights.WEIGHTS, sink["arrays"], sink["key"])
             loader = weights.start(tmp, record, dev)
         vm = relax.VirtualMachine(ex, dev)
-        got = _flatten(vm["main"](*[tvm.runtime.tensor(x, dev) for x in inputs]))
+        got = flatten_outputs(vm["main"](*[tvm.runtime.tensor(x, dev) for x in inputs]))
         if loader is not None:
             loader.join()  # its file goes with the directory
         return got
@@ -387,7 +388,7 @@ def plain_tvm_status(case: NodeCase, device: str = "cpu") -> PathResult:
         vm = relax.VirtualMachine(lib, dev)
         # plain TVM gets the inputs as they are (0-d arrays stay 0-d)
         args = [tvm.runtime.tensor(np.asarray(x), dev) for x in case.inputs]
-        got = _flatten(vm["main"](*args))
+        got = flatten_outputs(vm["main"](*args))
     except Exception as exc:
         return _error_result(exc)
     why = compare_outputs(got, case.expected, case.rtol, case.atol)

@@ -20,12 +20,14 @@ from tvm.runtime.vm import VirtualMachine
 
 from codl_tvm import runtime
 from codl_tvm.build.targets import host_cpu_spec
+from codl_tvm.runtime.vm import Latency, flatten_outputs, time_vm
 
 __all__ = [
     "BuiltModel",
     "Latency",
     "build",
     "default_target",
+    "flatten_outputs",
     "max_abs_difference",
     "remove_with",
     "time_vm",
@@ -45,29 +47,6 @@ def default_target(device: str):
 
 
 @dataclass
-class Latency:
-    """Latency statistics of repeated runs, in milliseconds."""
-
-    median_ms: float
-    mean_ms: float
-    min_ms: float
-    max_ms: float
-    repeats: int
-
-    @classmethod
-    def of(cls, samples_ms: Sequence[float]) -> Latency:
-        """The statistics of ``samples_ms`` (one per repeat)."""
-        ms = np.asarray(samples_ms, dtype=float)
-        return cls(
-            median_ms=float(np.median(ms)),
-            mean_ms=float(np.mean(ms)),
-            min_ms=float(np.min(ms)),
-            max_ms=float(np.max(ms)),
-            repeats=len(ms),
-        )
-
-
-@dataclass
 class BuiltModel:
     """A model compiled for one device and loaded into a Relax VM."""
 
@@ -80,30 +59,11 @@ class BuiltModel:
         """Run once; return every output as a numpy array."""
         args = [tvm.runtime.tensor(x, self.tvm_device) for x in inputs]
         out = self.vm["main"](*args)
-        return _flatten(out)
+        return flatten_outputs(out)
 
     def time(self, inputs: Sequence[np.ndarray], number: int = 5, repeat: int = 3) -> Latency:
         """Time ``main`` with TVM's ``time_evaluator`` (device timer; warm-up run first)."""
         return time_vm(self.vm, self.tvm_device, inputs, number, repeat)
-
-
-def time_vm(vm, dev, inputs: Sequence[np.ndarray], number: int = 5, repeat: int = 3) -> Latency:
-    """Latency of ``vm["main"]`` on ``inputs`` placed on ``dev``, with ``time_evaluator`` on
-    ``dev``'s timer after one warm-up run (shared by every built-model wrapper)."""
-    # asarray keeps a 0-d input 0-d (ascontiguousarray returns at least 1-d)
-    args = [tvm.runtime.tensor(np.asarray(x, order="C"), dev) for x in inputs]
-    vm["main"](*args)
-    res = vm.time_evaluator("main", dev, number=number, repeat=repeat)(*args)
-    return Latency.of([r * 1e3 for r in res.results])
-
-
-def _flatten(out) -> list[np.ndarray]:
-    if hasattr(out, "numpy"):
-        return [out.numpy()]
-    result = []
-    for item in out:
-        result.extend(_flatten(item))
-    return result
 
 
 def max_abs_difference(outputs, expected) -> float:

@@ -39,6 +39,14 @@ import tvm
 from tvm.support import cc, ndk
 
 from codl_tvm.core.errors import PresetError, ToolchainError
+from codl_tvm.runtime.cpu_features import (  # re-exported: their home before runtime
+    HostCPU,
+    arch_name,
+    host_cpu,
+    host_isa_features,
+    llvm_helper,
+    missing_cpu_features,
+)
 
 __all__ = [
     "PRESETS",
@@ -358,58 +366,11 @@ def export_library(executable, path: str | Path, preset: str | TargetPreset) -> 
 # The CPU of the machine running codl-tvm, and what a CPU target's code needs.
 
 
-@dataclass(frozen=True)
-class HostCPU:
-    """The CPU of the machine running codl-tvm, as LLVM sees it.
-
-    Attributes
-    ----------
-    name
-        LLVM's name for it (``"znver4"``, ``"skylake-avx512"``); ``"generic"`` when LLVM does not
-        know the model (a new CPU, or a hypervisor hiding it).
-    features
-        The features LLVM detected as present (LLVM's names: ``"avx2"``, ``"avx512f"``).
-    absent
-        The features LLVM detected as absent.
-    """
-
-    name: str
-    features: frozenset[str]
-    absent: frozenset[str]
-
-
-def _llvm(name: str):
-    """An LLVM helper of TVM's compiler library, or None (runtime-only TVM has none)."""
-    return tvm.get_global_func(name, allow_missing=True)
-
-
-@functools.cache
-def host_cpu() -> HostCPU:
-    """The CPU of this machine (LLVM's host detection, as ``clang -march=native``).
-
-    Raises
-    ------
-    ToolchainError
-        TVM runs without its compiler (no LLVM to ask).
-    """
-    get_name = _llvm("tvm.codegen.llvm.GetHostCPUName") or _llvm("target.llvm_get_system_cpu")
-    get_features = _llvm("tvm.codegen.llvm.GetHostCPUFeatures")
-    if get_name is None or get_features is None:
-        raise ToolchainError(
-            "detecting this machine's CPU needs TVM's LLVM compiler library (TVM runs "
-            "runtime-only here)"
-        )
-    found = {str(k): bool(v) for k, v in dict(get_features()).items()}
-    return HostCPU(
-        name=str(get_name() or "generic"),
-        features=frozenset(k for k, v in found.items() if v),
-        absent=frozenset(k for k, v in found.items() if not v),
-    )
-
-
 def _cpu_features(spec: dict[str, Any]) -> frozenset[str]:
     """The features LLVM enables for an ``llvm`` target spec (its CPU model and ``mattr``)."""
-    return frozenset(str(f) for f in _llvm("target.llvm_get_cpu_features")(tvm.target.Target(spec)))
+    return frozenset(
+        str(f) for f in llvm_helper("target.llvm_get_cpu_features")(tvm.target.Target(spec))
+    )
 
 
 def host_cpu_spec() -> dict[str, Any]:
@@ -452,12 +413,6 @@ _ISA_FEATURE = {
     ),
 }
 
-_ARCH_ALIASES = {"amd64": "x86_64", "x86-64": "x86_64", "arm64": "aarch64"}
-
-
-def _arch(name: str) -> str:
-    return _ARCH_ALIASES.get(name.lower(), name.lower())
-
 
 def cpu_record(target) -> dict[str, Any]:
     """What a CPU target's code needs, for an artifact's manifest.
@@ -475,98 +430,8 @@ def cpu_record(target) -> dict[str, Any]:
     """
     spec = dict(target.export())
     triple = str(spec.get("mtriple") or "")
-    arch = _arch(triple.split("-", 1)[0]) if triple else _arch(platform.machine())
+    arch = arch_name(triple.split("-", 1)[0]) if triple else arch_name(platform.machine())
     enabled = _cpu_features({k: spec[k] for k in ("kind", "mtriple", "mcpu", "mattr") if k in spec})
     pattern = _ISA_FEATURE.get(arch)
     isa = sorted(f for f in enabled if pattern is None or pattern.match(f))
     return {"name": str(spec.get("mcpu") or "generic"), "arch": arch, "features": isa}
-
-
-# /proc/cpuinfo flag -> LLVM feature, where the names differ (runtime-only TVM has no LLVM).
-_CPUINFO_TO_LLVM = {
-    "pni": "sse3",
-    "sse4_1": "sse4.1",
-    "sse4_2": "sse4.2",
-    "pclmulqdq": "pclmul",
-    "bmi1": "bmi",
-    "abm": "lzcnt",
-    "sha_ni": "sha",
-    "lahf_lm": "sahf",
-    "3dnowprefetch": "prfchw",
-    "avx_vnni": "avxvnni",
-    "amx_bf16": "amx-bf16",
-    "amx_tile": "amx-tile",
-    "amx_int8": "amx-int8",
-    "asimd": "neon",
-    "fp": "fp-armv8",
-    "asimddp": "dotprod",
-    "fphp": "fullfp16",
-    "asimdfhm": "fp16fml",
-    "atomics": "lse",
-    "crc32": "crc",
-    "asimdrdm": "rdm",
-    "lrcpc": "rcpc",
-    "jscvt": "jsconv",
-    "fcma": "complxnum",
-}
-
-
-def _cpuinfo_features(text: str) -> tuple[frozenset[str], frozenset[str]]:
-    """``(present, known)`` ISA features (LLVM names) from ``/proc/cpuinfo``'s text: the flags
-    of the first CPU, and every feature the file can tell about (flags it names when present)."""
-    flags: list[str] = []
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() in ("flags", "Features"):
-            flags = value.split()
-            break
-    present = set()
-    for flag in flags:
-        name = _CPUINFO_TO_LLVM.get(flag, flag)
-        if name.startswith("avx512_"):
-            name = "avx512" + name[len("avx512_") :]
-        present.add(name)
-    known = present | set(_CPUINFO_TO_LLVM.values())
-    known |= {"sse", "sse2", "ssse3", "avx", "avx2", "fma", "f16c", "movbe", "popcnt", "aes"}
-    known |= {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl", "avx512vnni"}
-    known |= {"avx512bf16", "avx512fp16", "avx512vbmi", "avx512vbmi2", "avx512ifma"}
-    known |= {"gfni", "vaes", "vpclmulqdq", "adx", "cx16", "cmov", "sve", "sve2", "i8mm", "bf16"}
-    return frozenset(present), frozenset(known)
-
-
-def host_isa_features() -> tuple[frozenset[str], frozenset[str]] | None:
-    """``(present, known)``: this machine's CPU features (LLVM names) and every feature the
-    detection can tell about (a feature outside ``known`` is neither confirmed nor denied).
-
-    LLVM's host detection where TVM's compiler is here, else ``/proc/cpuinfo`` (runtime-only
-    TVM on a device); None where neither is available.
-    """
-    try:
-        cpu = host_cpu()
-    except ToolchainError:
-        try:
-            return _cpuinfo_features(Path("/proc/cpuinfo").read_text())
-        except OSError:
-            return None
-    return cpu.features, cpu.features | cpu.absent
-
-
-def missing_cpu_features(record: dict[str, Any]) -> tuple[str | None, list[str]]:
-    """What keeps this machine from running code made for ``record`` (:func:`cpu_record`).
-
-    Returns
-    -------
-    (str | None, list[str])
-        This machine's architecture when it differs from ``record["arch"]`` (else None), and the
-        required features this machine's CPU lacks (empty when it can run the code, or when the
-        features cannot be detected here). A different CPU model with the features is fine.
-    """
-    here = _arch(platform.machine())
-    if _arch(str(record.get("arch") or here)) != here:
-        return here, []
-    found = host_isa_features()
-    if found is None:
-        return None, []
-    present, known = found
-    need = [str(f) for f in record.get("features") or ()]
-    return None, [f for f in need if f in known and f not in present]

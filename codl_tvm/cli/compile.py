@@ -1,26 +1,30 @@
 """``codl-tvm compile`` and ``codl-tvm refine``.
 
 ``codl-tvm compile MODEL.onnx -o OUT/`` plans, builds and writes a deployable artifact
-(:func:`codl_tvm.options.compile_model`, its flags gathered in one
-:class:`~codl_tvm.options.CompileOptions`); ``codl-tvm refine ARTIFACT -o OUT/`` rebalances a
-co-executed artifact's splits from timelines measured on this machine
-(:func:`codl_tvm.artifact.refine_artifact`).
+(:func:`codl_tvm.objectives.latency.compile_artifact`, its flags gathered in one
+:class:`~codl_tvm.options.CompileOptions`, whose errors name its fields: they are shown here as
+the flags that set them); ``codl-tvm refine ARTIFACT -o OUT/`` rebalances a co-executed
+artifact's splits from timelines measured on this machine
+(:func:`codl_tvm.objectives.refine.refine_artifact`).
 """
 
 from __future__ import annotations
 
 import argparse
+import re
+from collections.abc import Mapping
 
-from codl_tvm.artifact import refine_artifact
 from codl_tvm.build.targets import preset_names
 from codl_tvm.cli.common import building
 from codl_tvm.cli.plan import WEIGHT_GBPS_HELP, plan_from_args, weight_gbps
-from codl_tvm.core.errors import CliError
+from codl_tvm.core.errors import CliError, CodlError
 from codl_tvm.frontend.importer import load_onnx
 from codl_tvm.frontend.models import bundled_model_path
-from codl_tvm.objectives.cold import compile_cold
+from codl_tvm.objectives.cold import ColdOptions, compile_cold
+from codl_tvm.objectives.latency import compile_artifact
+from codl_tvm.objectives.refine import refine_artifact
 from codl_tvm.objectives.throughput import ThroughputOptions, compile_throughput, parse_isa
-from codl_tvm.options import CompileOptions, compile_model
+from codl_tvm.options import CompileOptions, OptionsError
 from codl_tvm.runtime.weights import PLACEMENTS
 
 __all__ = ["cmd_compile", "cmd_refine", "register"]
@@ -53,7 +57,50 @@ def cmd_compile(args: argparse.Namespace) -> int:
         if args.device != "coexec":
             raise CliError("--plan/--dim/--ratio apply to --device coexec only")
         plan = plan_from_args(args, load_onnx(model_path)).plan
-    options = CompileOptions(
+    try:
+        options = _compile_options(args, plan)
+        with building(model_path, args.device):
+            if args.objective == "cold":  # the lowest measured cold start, --verify N rounds
+                compile_cold(model_path, args.output, _cold_options(args, options))
+            else:
+                compile_artifact(model_path, args.output, options)
+    except OptionsError as exc:
+        raise _in_flags(exc, COMPILE_FLAGS) from None
+    print(f"run it with: codl-tvm run {args.output}")
+    return 0
+
+
+#: The flag that sets each :class:`~codl_tvm.options.CompileOptions` field, for its messages.
+COMPILE_FLAGS = {
+    "device": "--device",
+    "mode": "--mode",
+    "cost_model": "--cost-model",
+    "plan": "--plan",
+    "preset": "--preset",
+    "reference": "--no-reference",
+    "seed": "--seed",
+    "force": "--force",
+    "winograd": "--winograd",
+    "packed": "--packed",
+    "verify": "--verify",
+    "verify_modes": "--verify-modes",
+    "tracker": "--tracker",
+    "key": "--key",
+    "build_cache": "--build-cache",
+    "coexec_cpu_alone": "--coexec-cpu-alone-kernels",
+    "verify_calibrate": "--verify-calibrate",
+    "split_channel_blocks": "--split-channel-blocks",
+    "split_row_blocks": "--split-row-blocks",
+    "refine": "--refine",
+    "refine_traces": "--refine-traces",
+    "weight_gbps": "--weight-gbps",
+    "weights": "--weights",
+}
+
+
+def _compile_options(args: argparse.Namespace, plan) -> CompileOptions:
+    """The :class:`~codl_tvm.options.CompileOptions` of ``compile``'s flags."""
+    return CompileOptions(
         device=args.device,
         mode=args.mode,
         cost_model=args.cost_model,
@@ -78,15 +125,6 @@ def cmd_compile(args: argparse.Namespace) -> int:
         weight_gbps=args.weight_gbps,
         weights=args.weights or "embedded",
     )
-    with building(model_path, args.device):
-        if args.objective == "cold":  # the lowest measured cold start, --verify N rounds
-            compile_cold(
-                model_path, args.output, options, rounds=args.verify or 3, weights=args.weights
-            )
-        else:
-            compile_model(model_path, args.output, options)
-    print(f"run it with: codl-tvm run {args.output}")
-    return 0
 
 
 def _compile_throughput(args: argparse.Namespace, model_path: str) -> int:
@@ -115,27 +153,59 @@ def _compile_throughput(args: argparse.Namespace, model_path: str) -> int:
             f"--verify N streams N frames through each candidate pipeline; N must be >= 2, "
             f"got {args.verify}"
         )
-    if args.stage_rounds is not None and args.pipe_model:
-        raise CliError("--stage-rounds times the stages here; --pipe-model predicts the layers")
-    if args.stage_rounds is not None and args.stage_rounds < 0:
-        raise CliError(f"--stage-rounds must be >= 0, got {args.stage_rounds}")
     if args.verify and args.layer_timing:
         raise CliError("--verify times the layers both under load and alone: drop --layer-timing")
-    options = ThroughputOptions(
-        groups=args.groups,
-        isa=parse_isa(args.isa),
-        pipe_model=args.pipe_model,
-        under_load=args.layer_timing != "alone",
-        **({} if args.stage_rounds is None else {"stage_rounds": args.stage_rounds}),
-        force=args.force,
-        verify_frames=args.verify or 0,
-        seed=args.seed,
-    )
+    try:
+        options = ThroughputOptions(
+            groups=args.groups,
+            isa=parse_isa(args.isa),
+            pipe_model=args.pipe_model,
+            under_load=args.layer_timing != "alone",
+            **({} if args.stage_rounds is None else {"stage_rounds": args.stage_rounds}),
+            force=args.force,
+            verify_frames=args.verify or 0,
+            seed=args.seed,
+            reference=not args.no_reference,
+        )
+    except CodlError as exc:
+        raise _in_flags(exc, _THROUGHPUT_FLAGS) from None
     with building(model_path, "pipeline"):
-        plan = compile_throughput(model_path, args.output, options, log=print)
+        plan = compile_throughput(model_path, args.output, options)
     print(f"pipeline: {plan.describe()} (predicted {plan.throughput_fps:.1f} frames/s)")
     print(f"run it with: codl-tvm run {args.output} --stream 100")
     return 0
+
+
+#: The flags that set :class:`ThroughputOptions`' and :class:`ColdOptions`' fields, for their
+#: messages (which name the fields).
+_THROUGHPUT_FLAGS = {
+    "groups": "--groups",
+    "isa": "--isa",
+    "pipe_model": "--pipe-model",
+    "stage_rounds": "--stage-rounds",
+    "verify_frames": "--verify",
+    "seed": "--seed",
+}
+_COLD_FLAGS = {"rounds": "--verify", "weights": "--weights"}
+
+
+def _in_flags(exc: CodlError, flags: Mapping[str, str]) -> CliError:
+    """``exc`` as a command-line error: the option fields it names (an
+    :class:`~codl_tvm.options.OptionsError`'s ``fields``) as the flags that set them."""
+    text = str(exc)
+    for name in getattr(exc, "fields", ()):
+        if name in flags:
+            text = re.sub(rf"(?<![\w-]){name}(?![\w-])", flags[name], text)
+    return CliError(text)
+
+
+def _cold_options(args: argparse.Namespace, options: CompileOptions) -> ColdOptions:
+    """``compile --objective cold``'s options: ``--verify N`` cold starts per candidate
+    (default 3), ``--weights`` fixing the placement."""
+    try:
+        return ColdOptions(options, rounds=args.verify or 3, weights=args.weights)
+    except CodlError as exc:
+        raise _in_flags(exc, _COLD_FLAGS) from None
 
 
 def cmd_refine(args: argparse.Namespace) -> int:
@@ -164,12 +234,40 @@ def cmd_refine(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     """Add ``compile`` and ``refine`` to the ``codl-tvm`` subcommands."""
+    _add_compile(sub)
+    _add_refine(sub)
+
+
+def _add_compile(sub: argparse._SubParsersAction) -> None:
+    """``codl-tvm compile``'s parser, its flags by concern."""
     p = sub.add_parser(
         "compile", help="plan and build an ONNX model into a deployable artifact directory"
     )
     p.add_argument("model", nargs="?", help="ONNX model (default: the bundled CNN)")
     p.add_argument("-o", "--output", required=True, help="artifact directory to create")
     p.add_argument("--device", choices=("coexec", "cpu", "opencl"), default="coexec")
+    _objective_flags(p)
+    _planning_flags(p)
+    _kernel_flags(p)
+    _verify_flags(p)
+    p.add_argument(
+        "--build-cache",
+        metavar="DIR",
+        help="reuse libraries built by earlier compiles of the same model, plan, targets and "
+        "code from DIR, and store new ones there (e.g. compile each mode, then --verify)",
+    )
+    p.add_argument(
+        "--no-reference",
+        action="store_true",
+        help="skip storing the host CPU reference outputs (saves a second build)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of the reference inputs")
+    p.add_argument("--force", action="store_true", help="replace an earlier artifact in -o")
+    p.set_defaults(func=cmd_compile)
+
+
+def _objective_flags(p: argparse.ArgumentParser) -> None:
+    """``--objective`` and the throughput objective's flags."""
     p.add_argument(
         "--objective",
         choices=OBJECTIVES,
@@ -211,6 +309,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         "and search again on those times, up to N pipelines (default 0: plan on the sums of "
         "the layers' times, as Pipe-it)",
     )
+
+
+def _planning_flags(p: argparse.ArgumentParser) -> None:
+    """How the plan is made: planner mode, cost model, a given or uniform plan, the preset."""
     p.add_argument(
         "--mode",
         default="codl",
@@ -231,6 +333,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         choices=preset_names(),
         help="target preset (default: opencl, this machine's OpenCL device and CPU)",
     )
+
+
+def _kernel_flags(p: argparse.ArgumentParser) -> None:
+    """The kernels built, where the weights go, and the co-executed build's blocks."""
     p.add_argument(
         "--winograd",
         action=argparse.BooleanOptionalAction,
@@ -284,6 +390,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         "running it whole on one processor while the other waits (default: off; AlexNet at "
         "k = 12 measured 1.04-1.07x slower split)",
     )
+
+
+def _verify_flags(p: argparse.ArgumentParser) -> None:
+    """``--verify`` and the candidates it times: calibration, refinement, modes, RPC."""
     p.add_argument(
         "--verify",
         type=int,
@@ -332,20 +442,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="with --verify: time the builds on a device behind this TVM RPC tracker",
     )
     p.add_argument("--key", help="with --tracker: the device key")
-    p.add_argument(
-        "--build-cache",
-        metavar="DIR",
-        help="reuse libraries built by earlier compiles of the same model, plan, targets and "
-        "code from DIR, and store new ones there (e.g. compile each mode, then --verify)",
-    )
-    p.add_argument(
-        "--no-reference",
-        action="store_true",
-        help="skip storing the host CPU reference outputs (saves a second build)",
-    )
-    p.add_argument("--seed", type=int, default=0, help="seed of the reference inputs")
-    p.add_argument("--force", action="store_true", help="replace an earlier artifact in -o")
-    p.set_defaults(func=cmd_compile)
+
+
+def _add_refine(sub: argparse._SubParsersAction) -> None:
+    """``codl-tvm refine``'s parser."""
     p = sub.add_parser(
         "refine",
         help="time a co-executed artifact's splits inside the model on this machine and "

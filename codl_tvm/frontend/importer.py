@@ -8,18 +8,10 @@ from pathlib import Path
 import numpy as np
 
 from codl_tvm.core.errors import ModelError
+from codl_tvm.core.tensors import TensorSpec  # re-exported: its home before core
 from codl_tvm.frontend.rewrites import rewrite_for_import
 
 __all__ = ["ModelError", "OnnxModel", "TensorSpec", "load_onnx", "random_inputs"]
-
-
-@dataclass(frozen=True)
-class TensorSpec:
-    """Name, static shape and dtype of a graph input or output."""
-
-    name: str
-    shape: tuple[int, ...]
-    dtype: str
 
 
 @dataclass(frozen=True)

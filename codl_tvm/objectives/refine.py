@@ -4,8 +4,7 @@ this machine, and build the result with the settings of the artifact it refines.
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -14,10 +13,13 @@ from codl_tvm.core.plan import PartitionPlan
 from codl_tvm.frontend.importer import random_inputs
 from codl_tvm.objectives.latency import compile_artifact
 from codl_tvm.objectives.verify import refine_from_timelines
+from codl_tvm.options import CompileOptions
 from codl_tvm.planner.split.refine import RefineError
-from codl_tvm.runtime.artifact import MANIFEST, _replace_file, _sha256, load_artifact
+from codl_tvm.runtime.artifact import MANIFEST, Manifest, file_sha256, load_artifact
 
 __all__ = ["compile_refined", "refine_artifact", "refined_plan"]
+
+logger = logging.getLogger(__name__)
 
 
 def refine_artifact(
@@ -28,7 +30,6 @@ def refine_artifact(
     model_path: str | Path | None = None,
     step: float = 1.0,
     force: bool = False,
-    log: Callable[[str], None] = print,
 ) -> Path:
     """Time a co-executed artifact's splits inside the model and rebuild it balanced.
 
@@ -55,10 +56,8 @@ def refine_artifact(
     """
     if Path(out_dir).resolve() == Path(artifact_dir).resolve():
         raise ArtifactError(f"{out_dir}: the refined artifact needs a directory of its own")
-    plan, record = refined_plan(artifact_dir, traces=traces, step=step, log=log)
-    return compile_refined(
-        artifact_dir, plan, record, out_dir, model_path=model_path, force=force, log=log
-    )
+    plan, record = refined_plan(artifact_dir, traces=traces, step=step)
+    return compile_refined(artifact_dir, plan, record, out_dir, model_path=model_path, force=force)
 
 
 def refined_plan(
@@ -66,7 +65,6 @@ def refined_plan(
     *,
     traces: int = 5,
     step: float = 1.0,
-    log: Callable[[str], None] = print,
 ) -> tuple[Any, dict]:
     """Run a co-executed artifact on this machine, take ``traces`` timelines
     (:func:`codl_tvm.profiling.trace.trace_inference`), measure each split's time on each processor
@@ -97,7 +95,7 @@ def refined_plan(
     ref = art.reference()
     values = ref[0] if ref is not None else random_inputs(art.model, 0)
     inputs = [values[s.name] for s in art.model.inputs]
-    log(f"tracing {src} ({traces} inferences)")
+    logger.info("tracing %s (%d inferences)", src, traces)
     plan = PartitionPlan.load(src / "plan.json")
     try:
         refined, record = refine_from_timelines(art, splits, inputs, plan, traces, step)
@@ -111,9 +109,12 @@ def refined_plan(
                 if row.get("cpu_ms") is not None
                 else ""
             )
-            log(
-                f"  {row['split']}: GPU share {row['built_share']:.2f} -> "
-                f"{row['new_ratio']:.2f}{measured}"
+            logger.info(
+                "  %s: GPU share %.2f -> %.2f%s",
+                row["split"],
+                row["built_share"],
+                row["new_ratio"],
+                measured,
             )
     return refined, {"from": str(src), **record}
 
@@ -126,7 +127,6 @@ def compile_refined(
     *,
     model_path: str | Path | None = None,
     force: bool = False,
-    log: Callable[[str], None] = print,
 ) -> Path:
     """Build ``plan`` (from :func:`refined_plan`) with the settings of the artifact it refines
     (preset, CPU kernels, channel blocks, reference seed) into ``out_dir``; ``record`` goes to
@@ -134,33 +134,30 @@ def compile_refined(
     to it is gone (its SHA-256 must match)."""
     src = Path(artifact_dir)
     m = load_artifact(src, verify=False, check_cpu=False).manifest
-    model = Path(model_path) if model_path is not None else Path(m["model"]["file"])
+    model = Path(model_path) if model_path is not None else Path(m.model.file)
     if not model.is_file():
-        raise ArtifactError(f"{model}: the artifact's model file is gone; give its path (--model)")
-    if _sha256(model) != m["model"]["sha256"]:
+        raise ArtifactError(
+            f"{model}: the artifact's model file is gone; give its path (model_path)"
+        )
+    if file_sha256(model) != m.model.sha256:
         raise ArtifactError(f"{model}: not the model {src} was built from (SHA-256 differs)")
-    reference = m.get("reference")
-    out = compile_artifact(
-        model,
-        out_dir,
+    options = CompileOptions(
         device="coexec",
         plan=plan,
-        preset=m.get("preset"),
-        reference=reference is not None,
-        seed=(reference or {}).get("seed", 0),
+        preset=m.preset,
+        reference=m.reference is not None,
+        seed=(m.reference or {}).get("seed", 0),
         force=force,
-        winograd=True if m.get("winograd") else None,
-        packed=True if m.get("packed") else None,
-        log=log,
-        coexec_cpu_alone=bool(m.get("coexec_cpu_alone_kernels", False)),
-        split_channel_blocks=bool(m.get("split_channel_blocks", True)),
-        # artifacts from before row blocks existed were built without them
-        split_row_blocks=bool(m.get("split_row_blocks", False)),
+        winograd=True if m.winograd else None,
+        packed=True if m.packed else None,
+        coexec_cpu_alone=bool(m.coexec_cpu_alone_kernels),
+        # artifacts from before channel or row blocks existed were built with / without them
+        split_channel_blocks=True if m.split_channel_blocks is None else m.split_channel_blocks,
+        split_row_blocks=bool(m.split_row_blocks),
     )
-    manifest_path = out / MANIFEST
-    new = json.loads(manifest_path.read_text())
-    new["plan"]["source"] = "refined"
-    new["plan"]["refined"] = record
-    text = json.dumps(new, indent=2) + "\n"
-    _replace_file(manifest_path, lambda tmp: tmp.write_text(text))
+    out = compile_artifact(model, out_dir, options)
+    new = Manifest.from_json((out / MANIFEST).read_text())
+    new.plan["source"] = "refined"
+    new.plan["refined"] = record
+    new.write(out)
     return out

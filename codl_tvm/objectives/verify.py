@@ -1,5 +1,6 @@
-"""``compile --verify``: time the candidate builds against each processor alone and keep the
-fastest, with candidates made from that timing (plans refined from timelines of the fastest
+"""``compile --verify`` (:attr:`~codl_tvm.options.CompileOptions.verify`): time the candidate
+builds against each processor alone and keep the fastest, with candidates made from that timing
+(plans re-made with calibrated predictions, plans refined from timelines of the fastest
 co-executed build).
 
 The cost model cannot see everything co-execution costs (contention, synchronisation, kernels
@@ -9,6 +10,8 @@ single processor. Timing runs here, or on a device through a TVM RPC tracker.
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -17,17 +20,30 @@ import tvm
 from tvm.runtime.vm import VirtualMachine
 
 from codl_tvm import runtime
-from codl_tvm.build.runner import time_vm
+from codl_tvm.build.cache import Libraries
 from codl_tvm.core.errors import ArtifactError
 from codl_tvm.frontend.importer import random_inputs
 from codl_tvm.planner.split.refine import RefineError, moves, refine_plan, split_times
 from codl_tvm.profiling.trace import trace_inference
 from codl_tvm.rpc.client import RPCError, check_remote_versions, request_remote
+from codl_tvm.runtime.artifact import PROCESSOR_NAMES, Manifest
+from codl_tvm.runtime.vm import time_vm
 
 __all__ = ["refine_from_timelines", "refined_candidates", "time_here", "time_remote", "verify"]
 
+logger = logging.getLogger(__name__)
 
-def verify(model, candidates, libraries, rounds: int, seed, manifest, remote, log, more=None):
+
+def verify(
+    model,
+    candidates: dict[str, Path],
+    libraries: Libraries,
+    rounds: int,
+    seed: int,
+    manifest: Manifest,
+    remote: tuple[str, str] | None,
+    more: Callable[[dict[str, float]], dict[str, Path]] | None = None,
+) -> Path:
     """Time the co-executed builds (``candidates``: ``"coexec"`` and ``"coexec:<mode>"`` to
     their exported libraries) against each processor alone (here, or on ``remote``, a
     ``(tracker, key)`` pair); return the library of the fastest and record the measurements
@@ -55,15 +71,15 @@ def verify(model, candidates, libraries, rounds: int, seed, manifest, remote, lo
     extra = more(ms) if more is not None else {}
     if extra:
         first = {"median_ms": ms, "samples_ms": samples}
-        log(
-            "verify: first timing "
-            + ", ".join(f"{k} {v:.3f} ms" for k, v in ms.items())
-            + f"; timing again with {', '.join(extra)}"
+        logger.info(
+            "verify: first timing %s; timing again with %s",
+            ", ".join(f"{k} {v:.3f} ms" for k, v in ms.items()),
+            ", ".join(extra),
         )
         libs.update(extra)
         samples, where, ms = measure()
     chosen = min(ms, key=ms.get)
-    manifest["verify"] = {
+    manifest.verify = {
         "rounds": rounds,
         "on": where,
         "median_ms": ms,
@@ -71,22 +87,25 @@ def verify(model, candidates, libraries, rounds: int, seed, manifest, remote, lo
         "chosen": chosen,
     }
     if first is not None:
-        manifest["verify"]["first_timing"] = first
-    log(
-        f"verify on {where}: "
-        + ", ".join(f"{k} {v:.3f} ms" for k, v in ms.items())
-        + f" (median of {rounds} rounds): keeping {chosen}"
+        manifest.verify["first_timing"] = first
+    logger.info(
+        "verify on %s: %s (median of %d rounds): keeping %s",
+        where,
+        ", ".join(f"{k} {v:.3f} ms" for k, v in ms.items()),
+        rounds,
+        chosen,
     )
     if chosen in ("cpu", "opencl"):
         best_coexec = min(v for k, v in ms.items() if k.startswith("coexec"))
-        manifest["device"] = chosen
-        manifest["vm_devices"] = [chosen]
-        manifest["plan"]["fallback"] = (
+        manifest.device = chosen
+        manifest.vm_devices = [chosen]
+        # "(--verify)": the manifest's words, which earlier artifacts have too
+        manifest.plan["fallback"] = (
             f"measured {best_coexec:.3f} ms co-executed vs {ms[chosen]:.3f} ms on the "
-            f"{'CPU' if chosen == 'cpu' else 'GPU'} alone (--verify)"
+            f"{PROCESSOR_NAMES[chosen]} alone (--verify)"
         )
         target = libraries.preset.target("cpu" if chosen == "cpu" else "gpu")
-        manifest["targets"] = {chosen: str(target)}
+        manifest.targets = {chosen: str(target)}
     return libs[chosen]
 
 
@@ -116,12 +135,12 @@ def time_remote(libs: dict[str, Path], inputs, rounds: int, tracker: str, key: s
     try:
         remote = request_remote(tracker, key)
     except RPCError as exc:
-        raise ArtifactError(f"--verify: {exc}") from None
+        raise ArtifactError(f"verify: {exc}") from None
     try:
         info = check_remote_versions(remote)
         if (info or {}).get("opencl") != "1":
             raise ArtifactError(
-                f"--verify: remote device {remote.name} has no usable OpenCL runtime (start its "
+                f"verify: remote device {remote.name} has no usable OpenCL runtime (start its "
                 "server with `codl-tvm serve --opencl`)"
             )
         samples = {}
@@ -134,7 +153,7 @@ def time_remote(libs: dict[str, Path], inputs, rounds: int, tracker: str, key: s
             where += f" [EMULATED ({info['emulated']}): not hardware latencies]"
         return samples, where
     except RPCError as exc:
-        raise ArtifactError(f"--verify: {exc}") from None
+        raise ArtifactError(f"verify: {exc}") from None
     finally:
         remote.close()
 
@@ -158,7 +177,7 @@ def refine_from_timelines(traced, splits: dict, inputs, plan, traces: int, step:
 
 
 def refined_candidates(
-    model, source, plan, library, libraries, refine, seed, seen, refined, log, mode
+    model, source, plan, library, libraries, refine, seed, seen, refined, mode
 ) -> dict:
     """``refine = (rounds, traces)`` rounds of refinement for ``--verify``: timelines of the
     co-executed build ``source`` (its ``library``, built with ``plan``), each split balanced
@@ -173,7 +192,7 @@ def refined_candidates(
     for r in range(1, rounds + 1):
         splits = libraries.kernel_splits.get(source)
         if not splits:
-            log(f"verify: {source} has no kernel record; nothing to refine")
+            logger.info("verify: %s has no kernel record; nothing to refine", source)
             break
         vm = VirtualMachine(tvm.runtime.load_module(str(library)), [tvm.opencl(0), tvm.cpu(0)])
         try:
@@ -181,17 +200,20 @@ def refined_candidates(
                 SimpleNamespace(vm=vm), splits, inputs, plan, traces
             )
         except RefineError as exc:
-            log(f"verify: {source} cannot be refined: {exc}")
+            logger.info("verify: %s cannot be refined: %s", source, exc)
             break
         text = new.to_json()
         if text in seen:
-            log(f"verify: refining {source} gives no new plan; no more rounds")
+            logger.info("verify: refining %s gives no new plan; no more rounds", source)
             break
         seen.add(text)
         name = "coexec:refined" if r == 1 else f"coexec:refined{r}"
-        log(
-            f"verify: {name} from {traces} timelines of {source}: "
-            + ", ".join(moves(record["splits"]))
+        logger.info(
+            "verify: %s from %d timelines of %s: %s",
+            name,
+            traces,
+            source,
+            ", ".join(moves(record["splits"])),
         )
         library = libraries.coexec(name, new)
         refined[name] = (new, {"from": source, "mode": mode, **record})

@@ -15,12 +15,14 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import logging
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from codl_tvm.build.cache import switch_on  # re-exported: its home before build
 from codl_tvm.build.targets import TargetPreset, get_preset
 from codl_tvm.core.errors import PlannerError
 from codl_tvm.core.plan import PartitionPlan, uniform_plan
@@ -28,20 +30,17 @@ from codl_tvm.cost_model.base import ModelFileError, load_model
 from codl_tvm.cost_model.defaults import NoDefaultModelError, default_model_path
 from codl_tvm.planner.placement.modes import ALL_MODES, make_plan
 from codl_tvm.planner.report import PlanReport
-from codl_tvm.planner.split.search import PlannerConfig, _covered_impls
+from codl_tvm.planner.split.config import PlannerConfig
+from codl_tvm.planner.split.predict import covered_impls
 from codl_tvm.schedules import (
     cpu_alone_settings,
     cpu_config,
     opencl_config,
-    packed_enabled,
-    winograd_enabled,
 )
-from codl_tvm.schedules.config import (
+from codl_tvm.schedules.presets import (
     CPU_ALONE_SETTINGS,
     PACKED_CPU_ALONE,
     WINOGRAD_CPU_ALONE,
-    packed_presets,
-    winograd_presets,
 )
 
 __all__ = [
@@ -67,6 +66,8 @@ __all__ = [
 MIN_PREDICTED_SPEEDUP = 1.08
 
 DEFAULT_PRESET = "opencl"  # this machine's OpenCL device and CPU
+
+logger = logging.getLogger(__name__)
 
 
 def single_processor(plan, report: PlanReport | None, mode: str) -> tuple[str, str] | None:
@@ -188,14 +189,14 @@ def resolve_plan(
         The cost model cannot be read, or no shipped model describes the preset.
     """
     if plan is not None and (dim is not None or ratio is not None):
-        raise PlannerError("give either a plan or --dim/--ratio, not both")
+        raise PlannerError("give either plan or dim/ratio, not both")
     if plan is not None or dim is not None or ratio is not None:
         if plan is None:
             plan, source = uniform_plan(mod, dim or "H", 0.5 if ratio is None else ratio), "uniform"
         else:
             if not isinstance(plan, PartitionPlan):
                 if not Path(plan).is_file():
-                    raise PlannerError(f"--plan {plan}: no such file")
+                    raise PlannerError(f"plan {plan}: no such file")
                 plan = PartitionPlan.load(plan)
             source = "given"
         plan.validate(mod)
@@ -264,7 +265,7 @@ def coexec_cpu_algorithms(
     kernels the build makes. An explicit ``winograd``/``packed`` (True or False) decides alone."""
     try:
         path = Path(cost_model) if cost_model else default_model_path(preset_obj.name)
-        covered = _covered_impls(load_model(path), "conv2d", "cpu")
+        covered = covered_impls(load_model(path), "conv2d", "cpu")
     except (ModelFileError, NoDefaultModelError):
         return ()  # planning reports the problem
     alone = cpu_alone_algorithms(preset_obj, winograd is None, packed is None)
@@ -285,15 +286,6 @@ def cost_model_cpu_alone(cost_model: str | Path | None, preset: str | None) -> b
         return isinstance(meta, dict) and bool(meta.get("cpu_alone_settings"))
     except (OSError, ValueError, AttributeError, NoDefaultModelError):
         return False
-
-
-def switch_on(stack: contextlib.ExitStack, algos, preset_obj: TargetPreset) -> None:
-    """Switch ``algos`` on for the preset's CPU (on top of any switch already on)."""
-    name = cpu_config(preset_obj.target("cpu")).name
-    if "winograd" in algos:
-        stack.enter_context(winograd_enabled(winograd_presets() | {name}))
-    if "packed" in algos:
-        stack.enter_context(packed_enabled(packed_presets() | {name}))
 
 
 def planner_config(preset_obj: TargetPreset) -> PlannerConfig:
@@ -338,7 +330,6 @@ def candidate_plans(
     modes,
     config: PlannerConfig | None = None,
     model_name: str | None = None,
-    log=print,
 ) -> dict[str, tuple[PartitionPlan, PlanReport]]:
     """The plans of ``modes`` that differ from ``plan`` and from each other and co-execute
     (single-processor plans are the CPU and GPU builds timed anyway): ``{"coexec:<mode>":
@@ -353,7 +344,9 @@ def candidate_plans(
         text = cand.to_json()
         alone = not cand.entries() or single_processor(cand, None, m) is not None
         if text in seen or alone:
-            log(f"verify: the {m} plan adds no candidate (same plan, or one processor alone)")
+            logger.info(
+                "verify: the %s plan adds no candidate (same plan, or one processor alone)", m
+            )
             continue
         seen.add(text)
         found[f"coexec:{m}"] = (cand, report)
@@ -375,7 +368,6 @@ def calibrated_plans(
     seen: set[str],
     config: PlannerConfig | None = None,
     model_name: str | None = None,
-    log=print,
 ) -> tuple[dict[str, tuple[PartitionPlan, PlanReport]], dict | None]:
     """The plan of ``mode`` re-made with each processor's predictions scaled by ``measured /
     predicted`` of the model on it alone (``measured_ms["cpu"]``, ``measured_ms["opencl"]``
@@ -397,9 +389,12 @@ def calibrated_plans(
     record: dict[str, Any] = {"cpu_scale": cpu_scale, "gpu_scale": gpu_scale, "candidates": []}
     shift = max(cpu_scale / gpu_scale, gpu_scale / cpu_scale)
     if shift < CALIBRATION_MIN_SHIFT:
-        log(
-            f"verify: measured/predicted CPU x{cpu_scale:.2f}, GPU x{gpu_scale:.2f}: within "
-            f"{CALIBRATION_MIN_SHIFT}x of each other, no calibrated re-plan"
+        logger.info(
+            "verify: measured/predicted CPU x%.2f, GPU x%.2f: within %sx of each other, no "
+            "calibrated re-plan",
+            cpu_scale,
+            gpu_scale,
+            CALIBRATION_MIN_SHIFT,
         )
         return {}, record
     config = config or PlannerConfig()
@@ -416,9 +411,12 @@ def calibrated_plans(
         seen.add(text)
         found[f"coexec:{mode}:calibrated"] = (cand, rep)
         record["candidates"].append(mode)
-    log(
-        f"verify: measured/predicted CPU x{cpu_scale:.2f}, GPU x{gpu_scale:.2f}; calibrated "
-        f"re-plans add {len(found)} candidate(s)"
-        + (f" ({', '.join(record['candidates'])})" if found else "")
+    logger.info(
+        "verify: measured/predicted CPU x%.2f, GPU x%.2f; calibrated re-plans add %d "
+        "candidate(s)%s",
+        cpu_scale,
+        gpu_scale,
+        len(found),
+        f" ({', '.join(record['candidates'])})" if found else "",
     )
     return found, record

@@ -1,17 +1,20 @@
-"""The artifact directory: its files, writing it safely, and loading it to run.
+"""The artifact directory: its files, its manifest, writing it safely, and loading it to run.
 
-Nothing here needs TVM's compiler: a runtime-only TVM (a phone, a board, the device machine)
-loads and runs artifacts with this module alone.
+Nothing here needs TVM's compiler: a runtime-only TVM (a phone, a board) loads and runs
+artifacts with this module alone.
 
-``compile_artifact`` writes an artifact into a staging directory beside the target
-(:func:`_staged`) and swaps it in only when it is complete, so it never overwrites a directory
-it did not write, and a failed compile leaves the earlier artifact (or nothing) behind.
+The manifest is a typed :class:`Manifest` (``manifest.json`` on disk, read back with
+:meth:`Manifest.from_json`). ``compile_artifact`` writes an artifact into a staging directory
+beside the target (:func:`staged_directory`) and swaps it in only when it is complete, so it
+never overwrites a directory it did not write, and a failed compile leaves the earlier artifact
+(or nothing) behind.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
@@ -19,7 +22,7 @@ import secrets
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
 from types import SimpleNamespace
@@ -30,24 +33,36 @@ import tvm
 from tvm.runtime.vm import VirtualMachine
 
 from codl_tvm import runtime
-from codl_tvm.build.runner import _flatten, time_vm
-from codl_tvm.build.targets import missing_cpu_features
 from codl_tvm.core.errors import ArtifactError
-from codl_tvm.frontend.importer import TensorSpec
+from codl_tvm.core.tensors import TensorSpec
 from codl_tvm.runtime import program_binaries
+from codl_tvm.runtime.cpu_features import missing_cpu_features
 from codl_tvm.runtime.program_binaries import BINARIES
+from codl_tvm.runtime.vm import flatten_outputs, time_vm
 from codl_tvm.runtime.weights import WEIGHTS
 from codl_tvm.runtime.weights import start as weights_start
 
 __all__ = [
+    "ARTIFACT_FILES",
     "ARTIFACT_FORMAT",
     "ARTIFACT_VERSION",
+    "DEVICES",
     "LIBRARY",
     "MANIFEST",
+    "PROCESSOR_NAMES",
     "REFERENCE",
     "Artifact",
+    "Manifest",
+    "ModelRecord",
+    "file_sha256",
     "is_artifact",
     "load_artifact",
+    "package_version",
+    "read_manifest",
+    "replace_file",
+    "staged_directory",
+    "start_weights",
+    "write_plan_files",
 ]
 
 ARTIFACT_FORMAT = "codl-tvm-artifact"
@@ -56,8 +71,10 @@ MANIFEST = "manifest.json"
 LIBRARY = "model.so"
 REFERENCE = "reference.npz"
 DEVICES = ("coexec", "cpu", "opencl")
-_PROCESSOR = {"cpu": "CPU", "opencl": "GPU"}  # for log lines
-_OWN_FILES = (
+#: What messages call each processor.
+PROCESSOR_NAMES = {"cpu": "CPU", "opencl": "GPU"}
+#: The files an artifact directory may hold: a directory with others is not replaced.
+ARTIFACT_FILES = (
     MANIFEST,
     LIBRARY,
     REFERENCE,
@@ -70,7 +87,8 @@ _OWN_FILES = (
 )
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
+    """The SHA-256 of the file at ``path`` (hex), read in blocks."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
@@ -101,7 +119,7 @@ def _check_out(out: Path, force: bool) -> None:
             )
         if not force:
             raise ArtifactError(f"{out}: holds an artifact already; pass --force to replace it")
-        foreign = sorted(p.name for p in out.iterdir() if p.name not in _OWN_FILES)
+        foreign = sorted(p.name for p in out.iterdir() if p.name not in ARTIFACT_FILES)
         if foreign:
             raise ArtifactError(
                 f"{out}: holds files codl-tvm did not write ({', '.join(foreign[:5])}); "
@@ -110,7 +128,7 @@ def _check_out(out: Path, force: bool) -> None:
 
 
 @contextlib.contextmanager
-def _staged(out: Path, force: bool) -> Iterator[Path]:
+def staged_directory(out: Path, force: bool) -> Iterator[Path]:
     """A new directory beside ``out`` to write the artifact into; on success it replaces
     ``out``, on any failure it is removed and ``out`` is as it was.
 
@@ -154,7 +172,7 @@ def _staged(out: Path, force: bool) -> Iterator[Path]:
         raise
 
 
-def _write_plan(out: Path, plan, report) -> None:
+def write_plan_files(out: Path, plan, report) -> None:
     """The artifact's plan files: ``plan.json``, and the planner's report when there is one."""
     (out / "plan.json").write_text(plan.to_json() + "\n")
     if report is not None:
@@ -162,7 +180,7 @@ def _write_plan(out: Path, plan, report) -> None:
         (out / "plan_report.txt").write_text(report.table() + "\n")
 
 
-def _replace_file(dst: Path, fill: Callable[[Path], Any]) -> None:
+def replace_file(dst: Path, fill: Callable[[Path], Any]) -> None:
     """Write ``dst`` through a temporary file then rename: parallel compiles sharing a build
     cache never see half a file."""
     tmp = dst.with_suffix(f".{os.getpid()}.tmp")
@@ -170,15 +188,220 @@ def _replace_file(dst: Path, fill: Callable[[Path], Any]) -> None:
     os.replace(tmp, dst)
 
 
-def _version(dist: str) -> str | None:
+def package_version(dist: str) -> str | None:
+    """The installed version of the distribution ``dist``, or None."""
     try:
         return metadata.version(dist)
     except metadata.PackageNotFoundError:
         return None
 
 
-def _spec(s) -> dict:
-    return {"name": s.name, "shape": list(s.shape), "dtype": s.dtype}
+# ---------------------------------------------------------------------------------------------
+# The manifest.
+
+
+@dataclass
+class ModelRecord:
+    """The model an artifact was built from (``manifest["model"]``).
+
+    Attributes
+    ----------
+    file
+        The ONNX file's absolute path at compile time.
+    sha256
+        Its SHA-256.
+    inputs, outputs
+        The graph's inputs and outputs.
+    """
+
+    file: str
+    sha256: str | None
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "file": self.file,
+            "sha256": self.sha256,
+            "inputs": [s.to_dict() for s in self.inputs],
+            "outputs": [s.to_dict() for s in self.outputs],
+        }
+
+    @classmethod
+    def from_dict(cls, record: Mapping[str, Any]) -> ModelRecord:
+        return cls(
+            file=record["file"],
+            sha256=record.get("sha256"),
+            inputs=[TensorSpec.from_dict(s) for s in record.get("inputs", ())],
+            outputs=[TensorSpec.from_dict(s) for s in record.get("outputs", ())],
+        )
+
+
+# Written whatever their value; every other field only when it is not None.
+_ALWAYS_WRITTEN = (
+    "format",
+    "version",
+    "created",
+    "codl_tvm_version",
+    "tvm_version",
+    "model",
+    "device",
+    "vm_devices",
+    "preset",
+    "winograd",
+    "winograd_cpu_alone",
+    "packed",
+    "packed_cpu_alone",
+    "files",
+)
+
+
+@dataclass(eq=False)
+class Manifest(Mapping[str, Any]):
+    """An artifact's ``manifest.json``: what it holds, how it was built, and how to run it.
+
+    Read-only callers may index it as the JSON mapping it is written as
+    (``manifest["plan"]["mode"]``); the compile fills its fields. :meth:`to_json` writes the
+    same JSON as every earlier codl-tvm of this format version; keys this class does not know
+    (added by a later step, e.g. ``compile --objective cold``'s ``"cold"``) are kept in
+    :attr:`extra`.
+
+    Attributes
+    ----------
+    format, version
+        :data:`ARTIFACT_FORMAT` and :data:`ARTIFACT_VERSION`.
+    created
+        When it was compiled (UTC, ISO 8601).
+    codl_tvm_version, tvm_version
+        The versions that compiled it.
+    model
+        The model it was built from.
+    device
+        ``"coexec"``, ``"cpu"`` or ``"opencl"``: what the library runs on.
+    vm_devices
+        The Relax VM's devices, in order.
+    preset
+        The target preset.
+    winograd, packed
+        Whether Winograd / channel-packed convs were switched on for every preset.
+    winograd_cpu_alone, packed_cpu_alone
+        Whether a build for the CPU alone gets the preset's CPU-alone Winograd / packed convs.
+    cpu
+        The instruction set the library's CPU code needs
+        (:func:`codl_tvm.build.targets.cpu_record`).
+    coexec_cpu_alone_kernels
+        True where co-executed CPU functions got the kernels of the build for the CPU alone.
+    coexec_cpu_algorithms
+        The algorithms switched on for co-executed CPU parts (co-executed compiles).
+    cpu_alone_unmodelled
+        The CPU-alone kernels the cost model has no data for.
+    plan
+        How the plan was made: ``source`` (``planner``, ``given``, ``refined``), the planner
+        mode, cost model and prediction summary, and what ``verify`` and ``refine`` did.
+    split_channel_blocks, split_row_blocks
+        A co-executed compile's block settings.
+    kernel_splits
+        A co-executed build's kernel calls and the split each computes (written for every
+        co-executed compile, null where it recorded none).
+    targets
+        The TVM target of each processor the library runs on.
+    verify
+        The timings ``verify`` measured and the build it chose.
+    weights
+        Where the weights are stored (``placement``; the weights file's record when beside).
+    program_binaries
+        The OpenCL program binaries shipped (written for every library with OpenCL code, null
+        where none were).
+    reference
+        The stored reference inputs and outputs.
+    files
+        The SHA-256 of every file of the directory.
+    extra
+        Keys this class does not know, as read.
+    """
+
+    format: str = ARTIFACT_FORMAT
+    version: int = ARTIFACT_VERSION
+    created: str | None = None
+    codl_tvm_version: str | None = None
+    tvm_version: str | None = None
+    model: ModelRecord | None = None
+    device: str = "coexec"
+    vm_devices: list[str] = field(default_factory=list)
+    preset: str | None = None
+    winograd: bool = False
+    winograd_cpu_alone: bool = False
+    packed: bool = False
+    packed_cpu_alone: bool = False
+    cpu: dict[str, Any] | None = None
+    coexec_cpu_alone_kernels: bool | None = None
+    coexec_cpu_algorithms: list[str] | None = None
+    cpu_alone_unmodelled: list[str] | None = None
+    plan: dict[str, Any] | None = None
+    split_channel_blocks: bool | None = None
+    split_row_blocks: bool | None = None
+    kernel_splits: dict[str, Any] | None = None
+    targets: dict[str, str] | None = None
+    verify: dict[str, Any] | None = None
+    weights: dict[str, Any] | None = None
+    program_binaries: dict[str, Any] | None = None
+    reference: dict[str, Any] | None = None
+    files: dict[str, str] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def _written(self, name: str, value: Any) -> bool:
+        if name in _ALWAYS_WRITTEN or value is not None:
+            return True
+        if name == "kernel_splits":  # set with the block settings by every co-executed compile
+            return self.split_channel_blocks is not None
+        if name == "program_binaries":
+            return "opencl" in self.vm_devices
+        return False
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON mapping ``manifest.json`` holds."""
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name == "extra" or not self._written(f.name, value):
+                continue
+            out[f.name] = value.to_dict() if isinstance(value, ModelRecord) else value
+        out.update(self.extra)
+        return out
+
+    def to_json(self) -> str:
+        """``manifest.json``'s text."""
+        return json.dumps(self.to_dict(), indent=2) + "\n"
+
+    @classmethod
+    def from_dict(cls, record: Mapping[str, Any]) -> Manifest:
+        """The manifest of a JSON mapping (:meth:`to_dict`)."""
+        names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
+        known = {k: v for k, v in record.items() if k in names}
+        if isinstance(known.get("model"), Mapping):
+            known["model"] = ModelRecord.from_dict(known["model"])
+        extra = {k: v for k, v in record.items() if k not in names}
+        return cls(**known, extra=extra)
+
+    @classmethod
+    def from_json(cls, text: str) -> Manifest:
+        """The manifest of ``manifest.json``'s text."""
+        return cls.from_dict(json.loads(text))
+
+    def write(self, directory: Path) -> None:
+        """Write ``manifest.json`` into ``directory`` (through a temporary file)."""
+        text = self.to_json()
+        replace_file(Path(directory) / MANIFEST, lambda tmp: tmp.write_text(text))
+
+    # Read-only mapping over the JSON form, for callers that index the manifest as a dict.
+    def __getitem__(self, key: str) -> Any:
+        return self.to_dict()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.to_dict())
+
+    def __len__(self) -> int:
+        return len(self.to_dict())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -194,11 +417,11 @@ class Artifact:
     path
         The artifact directory.
     manifest
-        Its parsed ``manifest.json``.
+        Its ``manifest.json`` (:class:`Manifest`; also indexable as the JSON mapping).
     """
 
     path: Path
-    manifest: dict
+    manifest: Manifest
     _vm: Any = None
     _devices: Any = None
     programs: Any = None  # what the load did with OpenCL programs (program_binaries.prepare)
@@ -206,24 +429,18 @@ class Artifact:
 
     @property
     def device(self) -> str:
-        return self.manifest["device"]
+        return self.manifest.device
 
     @property
     def model(self) -> SimpleNamespace:
         """Input/output specs in the shape :mod:`codl_tvm.frontend.importer`'s helpers expect."""
-        m = self.manifest["model"]
-
-        def specs(items):
-            return [TensorSpec(s["name"], tuple(s["shape"]), s["dtype"]) for s in items]
-
-        return SimpleNamespace(
-            path=m["file"], inputs=specs(m["inputs"]), outputs=specs(m["outputs"])
-        )
+        m = self.manifest.model
+        return SimpleNamespace(path=m.file, inputs=list(m.inputs), outputs=list(m.outputs))
 
     def _load(self):
         if self._vm is not None:
             return
-        names = self.manifest["vm_devices"]
+        names = self.manifest.vm_devices
         if "opencl" in names:
             runtime.load()
         self._devices = [tvm.opencl(0) if n == "opencl" else tvm.cpu(0) for n in names]
@@ -232,7 +449,7 @@ class Artifact:
         try:
             with concurrent.futures.ThreadPoolExecutor(1, "codl-load") as spare:
                 loading = spare.submit(tvm.runtime.load_module, str(self.path / LIBRARY))
-                if self.manifest["device"] in ("cpu", "coexec"):
+                if self.manifest.device in ("cpu", "coexec"):
                     # TVM's CPU thread pool belongs to the thread that first launches a
                     # parallel kernel (this one, which runs the VM): start it while the spare
                     # thread loads the library, not inside the first run
@@ -250,7 +467,7 @@ class Artifact:
     def kernel_splits(self) -> dict | None:
         """A co-executed build's kernel calls in execution order, each with the split it
         computes (:func:`codl_tvm.passes.kernel_splits.kernel_splits`); None for other builds."""
-        return self.manifest.get("kernel_splits")
+        return self.manifest.kernel_splits
 
     @property
     def vm(self):
@@ -273,7 +490,7 @@ class Artifact:
         self._load()
         args = [tvm.runtime.tensor(np.asarray(x, order="C"), self._devices[0]) for x in inputs]
         with self._weight_errors():
-            return _flatten(self._vm["main"](*args))
+            return flatten_outputs(self._vm["main"](*args))
 
     @contextlib.contextmanager
     def _weight_errors(self) -> Iterator[None]:
@@ -375,9 +592,9 @@ def load_artifact(path: str | Path, verify: bool = True, check_cpu: bool = True)
             f = path / name
             if not f.is_file():
                 raise ArtifactError(f"{path}: {name} is missing")
-            if _sha256(f) != digest:
+            if file_sha256(f) != digest:
                 raise ArtifactError(f"{path}: {name} does not match its SHA-256 in {MANIFEST}")
-    return Artifact(path=path, manifest=dict(manifest))
+    return Artifact(path=path, manifest=Manifest.from_dict(manifest))
 
 
 def _check_cpu(path: Path, record: Mapping) -> None:

@@ -11,7 +11,7 @@ Safety lives in the plugin (``opencl_plugin.cc``): each file is named by the pro
 (source, device name, vendor, version, driver version, options), so another device or driver
 never finds a binary and compiles from source; each file carries a hash of its payload, so a
 truncated or altered binary is rebuilt from source; a binary the driver rejects falls back to
-source too. Each such case prints a note and counts in :func:`codl_tvm.runtime.cache_stats`.
+source too. Each such case logs a note and counts in :func:`codl_tvm.runtime.cache_stats`.
 
 PoCL compiles a kernel's work-group function for each local size (and grid shape) at its first
 launch, not when the program is built, and the binary it gives (``clGetProgramInfo``) carries
@@ -30,12 +30,13 @@ creates programs at each kernel's first launch instead of on threads at load;
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
 import tempfile
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +62,8 @@ __all__ = [
 
 BINARIES = "program_binaries"
 INDEX = "device.json"
+
+logger = logging.getLogger(__name__)
 _KEY_FIELDS = ("name", "vendor", "version", "driver_version")
 
 
@@ -95,9 +98,7 @@ def build_threads() -> int:
     return max(1, min(8, os.cpu_count() or 1))
 
 
-def embed(
-    library: Path, out: Path, log: Callable[[str], None], record: Mapping | None = None
-) -> dict[str, Any] | None:
+def embed(library: Path, out: Path, record: Mapping | None = None) -> dict[str, Any] | None:
     """Create every OpenCL kernel's program of ``library`` on this machine's OpenCL device and
     store the binaries in ``out/program_binaries``, beside those of the devices in ``record``
     (an earlier return value: binaries of several devices share the folder, their names
@@ -135,13 +136,18 @@ def embed(
     if not devices:
         if not before:
             folder.rmdir()
-        log(f"note: '{device.name}' gives no program binaries; the artifact ships source only")
+        logger.info(
+            "note: '%s' gives no program binaries; the artifact ships source only", device.name
+        )
         return None
     record = {"dir": BINARIES, "devices": devices}
     (folder / INDEX).write_text(json.dumps(record, indent=2) + "\n")
-    log(
-        f"stored {len(files)} OpenCL program binaries for '{device.name}' (driver "
-        f"{device.driver_version}): the first run there skips the OpenCL compiler"
+    logger.info(
+        "stored %d OpenCL program binaries for '%s' (driver %s): the first run there skips the "
+        "OpenCL compiler",
+        len(files),
+        device.name,
+        device.driver_version,
     )
     return record
 
@@ -153,7 +159,7 @@ def is_pocl(info: runtime.OpenCLInfo) -> bool:
 
 
 def embed_after_warm_up(
-    path: Path, library: Path, log: Callable[[str], None], record: Mapping | None = None
+    path: Path, library: Path, record: Mapping | None = None
 ) -> dict[str, Any] | None:
     """:func:`embed` of ``library`` for the complete artifact ``path``, the binaries taken
     after one run of it (its reference inputs, else zeros), so that on PoCL they carry the
@@ -189,7 +195,7 @@ def embed_after_warm_up(
         out = ""
         for step, args in calls.items():
             code = (
-                "from codl_tvm.artifact import load_artifact; "
+                "from codl_tvm.runtime.artifact import load_artifact; "
                 f"from codl_tvm.runtime.program_binaries import {step}; {step}({args})"
             )
             # an empty program cache per step: a program created from a binary (as the first
@@ -206,8 +212,8 @@ def embed_after_warm_up(
             out = proc.stdout
     lines = out.strip().splitlines()
     result = json.loads(lines[-1]) if lines else None
-    for line in lines[:-1]:
-        log(line)
+    for line in lines[:-1]:  # the child's log lines (:func:`_embed_json`)
+        logger.info("%s", line)
     if result:
         here = device_key(info.devices[0])
         for entry in result["devices"]:
@@ -230,16 +236,35 @@ def _warm_up_run(art) -> None:
 
 
 def _embed_json(library: str, path: str, record_json: str) -> None:
-    """:func:`embed` of ``library`` into the artifact ``path``, its log then its record (JSON)
-    on stdout (the second step of :func:`embed_after_warm_up`)."""
+    """:func:`embed` of ``library`` into the artifact ``path``, its log lines then its record
+    (JSON) on stdout (the second step of :func:`embed_after_warm_up`, in a child process)."""
     lines: list[str] = []
-    record = embed(Path(library), Path(path), lines.append, json.loads(record_json) or None)
-    print("\n".join([*lines, json.dumps(record)]), flush=True)
+    collect = _LineCollector(lines)
+    logger.addHandler(collect)
+    level = logger.level
+    logger.setLevel(logging.INFO)  # a fresh process logs warnings only
+    try:
+        record = embed(Path(library), Path(path), json.loads(record_json) or None)
+    finally:
+        logger.setLevel(level)
+        logger.removeHandler(collect)
+    # the child's stdout is the protocol with its parent, which logs the lines
+    sys.stdout.write("\n".join([*lines, json.dumps(record)]) + "\n")
+    sys.stdout.flush()
 
 
-def embed_for_preset(
-    preset, library: Path, out: Path, log: Callable[[str], None]
-) -> dict[str, Any] | None:
+class _LineCollector(logging.Handler):
+    """A logging handler that appends each record's message to a list."""
+
+    def __init__(self, lines: list[str]) -> None:
+        super().__init__(logging.INFO)
+        self.lines = lines
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def embed_for_preset(preset, library: Path, out: Path) -> dict[str, Any] | None:
     """:func:`embed` where this machine's OpenCL device is the ``preset``'s GPU: never for a
     cross-compiling preset, and where the preset names a device (``"device": "nvidia"``), only
     when this machine's platform or device carries that name; a note says why not."""
@@ -250,13 +275,16 @@ def embed_for_preset(
     device = info.devices[0]
     here = " ".join((info.platform, info.platform_vendor, device.name, device.vendor)).lower()
     if tag and tag not in here:
-        log(
-            f"note: preset {preset.name!r} targets a {tag} OpenCL device, this machine's is "
-            f"'{device.name}' ({info.platform}): no program binaries stored (the first run "
-            "there compiles the kernels)"
+        logger.info(
+            "note: preset %r targets a %s OpenCL device, this machine's is '%s' (%s): no "
+            "program binaries stored (the first run there compiles the kernels)",
+            preset.name,
+            tag,
+            device.name,
+            info.platform,
         )
         return None
-    return embed(library, out, log)
+    return embed(library, out)
 
 
 def device_key_of(entry: Mapping) -> dict[str, str]:

@@ -183,7 +183,7 @@ def _get(key: str, i: int):
     if loader is None:
         raise ArtifactError(
             f"weights {key} are not loaded: a library built with --weights beside runs through "
-            "codl_tvm.artifact.load_artifact, which starts its loader"
+            "codl_tvm.runtime.artifact.load_artifact, which starts its loader"
         )
     return loader.get(int(i))
 
