@@ -18,7 +18,7 @@ mapping is
 
 :func:`rename_params` applies it to a Relax function's parameters. Only the build sees the new
 names: codl-tvm binds inputs by position and keeps the original names in
-:class:`~codl_tvm.frontend.importer.TensorSpec`, the npz files and the artifact's manifest.
+:class:`~codl_tvm.core.tensors.TensorSpec`, the npz files and the artifact's manifest.
 """
 
 from __future__ import annotations

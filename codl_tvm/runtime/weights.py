@@ -182,7 +182,7 @@ def _get(key: str, i: int):
     loader = _LOADERS.get(key)
     if loader is None:
         raise ArtifactError(
-            f"weights {key} are not loaded: a library built with --weights beside runs through "
+            f"weights {key} are not loaded: a library with its weights beside it runs through "
             "codl_tvm.runtime.artifact.load_artifact, which starts its loader"
         )
     return loader.get(int(i))
