@@ -260,7 +260,7 @@ def test_artifact_load_creates_the_context_beside_the_library_and_equals_onnxrun
         "from codl_tvm.artifact import load_artifact\n"
         "runtime.load()\n"
         "runtime.start_context().join()\n"
-        "assert runtime._global('codl.opencl.initialized')()\n"
+        "assert runtime.plugin_function('codl.opencl.initialized')()\n"
         "art = load_artifact(sys.argv[1])\n"
         "inputs, _ = art.reference()\n"
         "np.savez(sys.argv[2], *art([inputs[s.name] for s in art.model.inputs]))\n"
@@ -422,7 +422,7 @@ def test_binaries_of_several_devices_share_the_folder(gpu_artifact, tmp_path):
     shutil.copytree(gpu_artifact, art)
     other = {"name": "Other GPU", "vendor": "V", "version": "OpenCL 3.0", "driver_version": "9"}
     earlier = {"dir": BINARIES, "devices": [{**other, "kernels": 1, "nbytes": 1}]}
-    record = embed(art / "model.so", art, lambda s: None, earlier)
+    record = embed(art / "model.so", art, earlier)
     here = device_key(runtime.info().devices[0])
     assert [device_key_of(d) for d in record["devices"]] == [other, here]
     assert json.loads((art / BINARIES / INDEX).read_text()) == record
@@ -661,7 +661,7 @@ def test_compile_on_pocl_keeps_the_build_binaries_when_the_warm_up_fails(tmp_pat
     art = tmp_path / "art"
     code = (
         "import sys\n"
-        "from codl_tvm.artifact import program_binaries\n"
+        "from codl_tvm.runtime import program_binaries\n"
         "from codl_tvm.core.errors import ArtifactError\n"
         "def fail(path, *args, **kwargs):\n"
         "    raise ArtifactError(f'{path}: the warm-up for PoCL program binaries failed')\n"
