@@ -59,6 +59,7 @@ from tvm import s_tir, te, tirx
 from tvm.s_tir.dlight.analysis import get_root_block
 from tvm.s_tir.schedule import SBlockRV
 from tvm.target import Target
+
 # TVM's Cook-Toom construction: its public winograd_transform_matrices returns TE constants of
 # one dtype, and the weight transform here needs the float64 matrices as numpy arrays
 from tvm.topi.nn.winograd_util import _cook_toom_convolution, _interpolation_points
