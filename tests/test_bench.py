@@ -10,9 +10,11 @@ import time
 import numpy as np
 import pytest
 
-from codl_tvm.artifact import compile_artifact, load_artifact
 from codl_tvm.cli import bundled_model_path
+from codl_tvm.objectives.latency import compile_artifact
+from codl_tvm.options import CompileOptions
 from codl_tvm.profiling.stats import concurrent_bound, overlapped, paired_ab, paired_ratios
+from codl_tvm.runtime.artifact import load_artifact
 
 
 def test_overlapped_keeps_runs_inside_the_common_window():
@@ -71,7 +73,7 @@ def test_concurrent_bound_runs_real_builds(tmp_path, opencl):
     model = bundled_model_path()
     arts = {}
     for device in ("cpu", "opencl"):
-        out = compile_artifact(model, tmp_path / device, device=device, log=lambda s: None)
+        out = compile_artifact(model, tmp_path / device, CompileOptions(device=device))
         arts[device] = load_artifact(out)
     inputs, expected = arts["cpu"].reference()
     feed = [inputs[s.name] for s in arts["cpu"].model.inputs]

@@ -13,7 +13,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from codl_tvm.artifact import load_artifact
 from codl_tvm.build.runner import build
 from codl_tvm.cli import main
 from codl_tvm.core.errors import ArtifactError, CodlError, PlanError
@@ -32,6 +31,7 @@ from codl_tvm.demo import (
 from codl_tvm.frontend.importer import load_onnx, random_inputs
 from codl_tvm.frontend.models import bundled_model_path
 from codl_tvm.profiling.trace import Trace, TraceEvent
+from codl_tvm.runtime.artifact import load_artifact
 
 # The shipped cost model predicts the bundled CNN at 0.28 ms on the CPU alone against 1.32 ms
 # on the GPU alone and every split slower: the planner keeps it on the CPU, on every machine

@@ -61,8 +61,8 @@ def _conv_model(path: Path) -> Path:
 
 
 def test_every_project_error_is_a_codl_error_and_keeps_its_builtin_base():
-    from codl_tvm.artifact import ArtifactError
     from codl_tvm.build.targets import ToolchainError, get_preset
+    from codl_tvm.core.errors import ArtifactError
     from codl_tvm.core.plan import PlanError
     from codl_tvm.cost_model.base import ModelFileError
     from codl_tvm.frontend.importer import ModelError

@@ -11,11 +11,11 @@ import shutil
 import numpy as np
 import pytest
 
-from codl_tvm.artifact import load_artifact
 from codl_tvm.build.runner import build, max_abs_difference
 from codl_tvm.cli import main
 from codl_tvm.frontend.importer import load_onnx, random_inputs
 from codl_tvm.frontend.models import bundled_model_path
+from codl_tvm.runtime.artifact import load_artifact
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,6 @@ import pytest
 import tvm
 from onnx import TensorProto, helper, numpy_helper
 
-from codl_tvm.artifact import compile_artifact, load_artifact
 from codl_tvm.build.coexec import compile_coexec
 from codl_tvm.build.runner import max_abs_difference
 from codl_tvm.cli import main
@@ -23,14 +22,16 @@ from codl_tvm.core.plan import ChainPlan, OpPartition, PartitionPlan, uniform_pl
 from codl_tvm.cost_model import CostModel
 from codl_tvm.cost_model.synthetic import SyntheticDevice, synthetic_cost_model
 from codl_tvm.frontend.importer import load_onnx, random_inputs
+from codl_tvm.objectives.latency import compile_artifact
+from codl_tvm.options import CompileOptions
 from codl_tvm.planner.placement.graph import CoexecCosts
 from codl_tvm.planner.placement.modes import PlacementConfig, make_plan
 from codl_tvm.planner.policy import resolve_plan
 from codl_tvm.runtime import weights
+from codl_tvm.runtime.artifact import load_artifact
 from codl_tvm.runtime.weights import WEIGHTS
 from tests.test_buffer_mode import _run_in_buffer_mode
 
-QUIET = {"log": lambda s: None}
 RNG = np.random.default_rng(0)
 
 
@@ -196,15 +197,8 @@ def _check_beside(model: onnx.ModelProto, tmp: Path, device: str, **kwargs) -> d
     feeds = _inputs(model)
     outs = {}
     for placement in ("beside", "embedded"):
-        out = compile_artifact(
-            path,
-            tmp / placement,
-            device=device,
-            weights=placement,
-            reference=False,
-            **kwargs,
-            **QUIET,
-        )
+        options = CompileOptions(device=device, weights=placement, reference=False, **kwargs)
+        out = compile_artifact(path, tmp / placement, options)
         art = load_artifact(out)
         outs[placement] = art([feeds[s.name] for s in art.model.inputs])
         if placement == "beside":
@@ -514,11 +508,12 @@ got = codl_tvm.compile(model.mod, ODD_PLAN)([feeds[s.name] for s in model.inputs
 import os, onnx
 from pathlib import Path
 tmp = Path(os.environ["CODL_TVM_CACHE_DIR"])  # the test's tmp_path
-from codl_tvm.artifact import compile_artifact, load_artifact
+from codl_tvm.objectives.latency import compile_artifact
+from codl_tvm.options import CompileOptions
+from codl_tvm.runtime.artifact import load_artifact
 onnx.save(proto, tmp / "odd.onnx")
-art = load_artifact(compile_artifact(
-    tmp / "odd.onnx", tmp / "art", device="coexec", plan=ODD_PLAN,
-    weights="beside", reference=False, log=lambda s: None))
+options = CompileOptions(device="coexec", plan=ODD_PLAN, weights="beside", reference=False)
+art = load_artifact(compile_artifact(tmp / "odd.onnx", tmp / "art", options))
 got += art([feeds[s.name] for s in art.model.inputs])
 errs = [float(np.max(np.abs(g - w))) for g, w in zip(got, want + want)]
 print(json.dumps({"svm": runtime.svm_mode(), "stats": runtime.buffer_stats(), "errs": errs,

@@ -321,20 +321,17 @@ def test_make_zoo_models_script(tmp_path, capsys):
 def test_artifact_instance_norm_split_on_channels_or_kept_whole(tmp_path, opencl):
     """``compile`` splits FST's InstanceNorms on channels after each split conv (placement.json
     shows them) unless ``--no-split-channel-blocks``; both builds compute the reference."""
-    from codl_tvm.artifact import compile_artifact, load_artifact
+    from codl_tvm.objectives.latency import compile_artifact
+    from codl_tvm.options import CompileOptions
+    from codl_tvm.runtime.artifact import load_artifact
 
     path = tmp_path / "fst.onnx"
     onnx.save(build_model("fst", input_hw=(16, 16), seed=3), str(path))
     model = load_onnx(build_model("fst", input_hw=(16, 16), seed=3))
     plan = uniform_plan(model.mod, "H", 0.4)
     for split in (True, False):
-        out = compile_artifact(
-            path,
-            tmp_path / f"art_{split}",
-            plan=plan,
-            split_channel_blocks=split,
-            log=lambda s: None,
-        )
+        options = CompileOptions(plan=plan, split_channel_blocks=split)
+        out = compile_artifact(path, tmp_path / f"art_{split}", options)
         art = load_artifact(out)
         assert art.manifest["split_channel_blocks"] is split
         placement = json.loads((out / "placement.json").read_text())

@@ -18,7 +18,7 @@ differ are written out here.
 
 IR dumps: pass ``dump_ir=DIR`` to a pipeline to write the IR after every phase
 (``DIR/NN-phase.py``). ``CODL_TVM_DUMP_IR=DIR`` in the environment is an alias, read when the
-pipeline runs, for builds made through the CLI or :mod:`codl_tvm.artifact` whose callers do not
+pipeline runs, for builds made through the CLI or :mod:`codl_tvm.objectives` whose callers do not
 pass the argument; an explicit ``dump_ir`` wins.
 """
 

@@ -111,7 +111,7 @@ def cmd_fit(args: argparse.Namespace) -> int:
     model = fit_model(args.kind, train, **options)
     if data.meta.get("cpu_alone_settings"):
         # Its Winograd/packed CPU kernels are those of builds for the CPU alone: co-executed
-        # builds planned with it use them (codl_tvm.artifact).
+        # builds planned with it use them (codl_tvm.objectives.latency).
         model.meta["cpu_alone_settings"] = True
     model.meta.update(
         {
