@@ -144,23 +144,30 @@ def test_main_says_interrupted_in_one_line_and_exits_130(command, monkeypatch, c
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
+RUN_COEXEC = ["run", "--device", "coexec", "--dim", "H", "--ratio", "0.5", "--repeat", "1"]
+
+
 @pytest.mark.opencl
-@pytest.mark.parametrize("delay_s", [0.0, 1.0, 3.0])
-def test_ctrl_c_while_building_prints_one_line(delay_s, tmp_path, opencl):
-    """``codl-tvm run --device coexec`` interrupted while it imports, plans and builds (a fresh
-    cache, so nothing is reused): one line, exit 130, no traceback."""
+@pytest.mark.parametrize(
+    "argv, delay_s",
+    [(RUN_COEXEC, 0.0), (RUN_COEXEC, 1.0), (RUN_COEXEC, 3.0), (["compile", "-o", "out"], 1.0)],
+)
+def test_ctrl_c_while_building_prints_one_line(argv, delay_s, tmp_path, opencl):
+    """``codl-tvm run --device coexec`` and ``codl-tvm compile`` interrupted while they plan
+    and build (a fresh cache, so nothing is reused), a moment after their first line: one
+    line, exit 130, no traceback."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "CODL_TVM_CACHE_DIR": str(tmp_path)}
-    argv = ["run", "--device", "coexec", "--dim", "H", "--ratio", "0.5", "--repeat", "1"]
     proc = subprocess.Popen(
         [sys.executable, "-m", "codl_tvm.cli", *argv],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         env=env,
+        cwd=tmp_path,
     )
     try:
-        line = proc.stdout.readline()  # "OpenCL: ...", printed just before the build starts
-        assert line.startswith("OpenCL:"), line + proc.stderr.read()
+        line = proc.stdout.readline()  # run: "OpenCL: ...", printed just before the build
+        assert line.strip(), proc.stderr.read()
         time.sleep(delay_s)
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=300)
@@ -172,3 +179,4 @@ def test_ctrl_c_while_building_prints_one_line(delay_s, tmp_path, opencl):
     # TVM's C++ may warn about what the interrupt left unfinished ("BlockBuilder destroyed
     # with remaining blocks!"): its own log lines, nothing of ours
     assert all(re.match(r"\[\d\d:\d\d:\d\d\] \S+: Warning: ", ln) for ln in lines[:-1]), err
+    assert not (tmp_path / "out").exists()  # an interrupted compile leaves no directory
