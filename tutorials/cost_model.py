@@ -10,8 +10,9 @@ model with dispatch features (the fine-grained SVM paper), and reads their accur
 scatter plot.
 
 It runs on the local OpenCL device (a CPU OpenCL runtime from PyPI) on a tiny sample, so the
-accuracy printed here says little; the same commands on the device machine produce the datasets
-behind the README's figures::
+accuracy printed here says little; the same commands on an emulated SoC (8 Xeon cores as the
+GPU through PoCL, 8 as the CPU) and on an H100 with a 16-core Xeon produce the datasets behind
+the README's figures::
 
     codl-tvm profile --sample 300 --ratios 0,0.25,0.5,0.75,1 -o data.jsonl
     codl-tvm cost-model fit data.jsonl -o codl.json --kind codl

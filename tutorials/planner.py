@@ -12,7 +12,7 @@ refined from timelines as one more candidate).
 
 .. note::
 
-   The cost model is the one codl-tvm ships for the device machine's **emulated SoC** (PoCL on
+   The cost model is the one codl-tvm ships for an **emulated SoC** (PoCL on
    8 Xeon cores as the GPU, TVM's CPU kernels on 8 others; fitted on measurements from
    ``codl-tvm profile``, see the README), so predicted times describe that device pair, not the
    machine running this tutorial. For your device, profile it and fit a model with
