@@ -75,6 +75,18 @@ class CompileOptions:
         (:mod:`codl_tvm.schedules.packed`), co-executed CPU parts included. False: never.
         None (default): only builds for the CPU alone, on the CPU presets of
         ``PACKED_CPU_ALONE`` (co-executed parts keep the kernels the cost model was fitted on).
+    measure
+        Decide on measured whole-model latencies (``device="coexec"`` with a planned plan):
+        build the plan co-executed and the model for each processor alone, time the three on
+        the target (this machine, or the device behind ``tracker``) for
+        :data:`~codl_tvm.objectives.measure.MEASURE_ROUNDS` rounds and keep the fastest, so the
+        artifact is never slower than the best single processor the run could see, whatever the
+        cost model predicted (it may describe another machine, or operators it never saw).
+        Where the target cannot be reached (a preset that cross-compiles, no OpenCL device, a
+        CPU without the preset's instruction set), the compile says so and the choice stays
+        the cost model's, recorded as unchecked (``manifest["plan"]["unchecked"]``). False:
+        never measure (cross-compiling without a device). ``verify`` > 0 measures as asked
+        instead.
     verify
         Rounds of timing (``device="coexec"``): build the plan co-executed and the model for
         each processor alone, time the builds on this machine round-robin and keep the
@@ -157,6 +169,7 @@ class CompileOptions:
     force: bool = False
     winograd: bool | None = None
     packed: bool | None = None
+    measure: bool = True
     verify: int = 0
     verify_modes: tuple[str, ...] = ()
     tracker: str | None = None
@@ -229,11 +242,14 @@ class CompileOptions:
                 ("tracker", "key"),
             )
         needs_verify = (
-            ("tracker", "only verify times builds on the tracker's device"),
+            ("tracker", "only measuring times builds on the tracker's device"),
             ("refine", "refined plans are candidates for verify to time"),
             ("verify_modes", "their plans are candidates for verify to time"),
         )
         for name, why in needs_verify:
+            # the default measurement times on the tracker's device too
+            if name == "tracker" and self.measure:
+                continue
             if getattr(self, name) and not self.verify:
                 raise OptionsError(f"{name} needs verify > 0 ({why})", (name, "verify"))
         if self.refine and self.tracker is not None:

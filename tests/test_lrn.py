@@ -210,19 +210,19 @@ def test_row_blocks_only_follow_h_splits():
     assert _split_names(model.mod, both, **rows) == ["conv2d_0", "conv2d_0+rows", "conv2d_1"]
 
 
-def test_a_plan_adopted_by_verify_reports_the_builds_row_blocks(tmp_path):
-    """``--verify`` rewrites placement.json for the plan it adopts: with the build's
-    ``split_row_blocks`` (the library has the ``+rows`` split), not the default."""
-    import json
-
-    from codl_tvm.artifact import _adopt_plan
+def test_a_plan_adopted_by_verify_reports_the_builds_row_blocks():
+    """The placement a compile writes for a plan (also the one ``verify`` adopts) splits row
+    blocks as the build does: the ``+rows`` split with ``split_row_blocks``, not otherwise;
+    the adopted plan's record names the mode measured fastest."""
+    from codl_tvm.build.coexec import placement_report
     from codl_tvm.core.plan import OpPartition, PartitionPlan
+    from codl_tvm.objectives.latency import adopt_plan_record
 
     _, model = _lrn_net(seed=6)
     plan = PartitionPlan(ops=(OpPartition("conv2d_0", "H", 0.5),))
     for rows, want in ((True, [["conv2d_0"], ["conv2d_0+rows"]]), (False, [["conv2d_0"]])):
-        manifest = {"plan": {"mode": "codl"}, "split_row_blocks": rows}
-        _adopt_plan(tmp_path, model, plan, None, "h_only", manifest)
-        placement = json.loads((tmp_path / "placement.json").read_text())
+        placement = placement_report(model.mod, plan, True, rows)
         assert [p["ops"] for p in placement] == want
-        assert manifest["plan"]["mode"] == "h_only" and manifest["plan"]["chosen_by_verify"]
+    record = {"mode": "codl"}
+    adopt_plan_record(record, None, "h_only")
+    assert record["mode"] == "h_only" and record["chosen_by_verify"]

@@ -792,6 +792,7 @@ def test_cpu_alone_kernel_dataset_makes_coexec_builds_use_them(opencl, tmp_path,
     synthetic.meta["cpu_alone_settings"] = True
     synthetic.save(fitted)
     args = ["compile", "--preset", "emulated-soc", "--no-winograd", "--cost-model", str(fitted)]
+    args.append("--no-measure")  # the planned co-executed build, whatever this machine times
     for flag, want in (((), True), (("--no-coexec-cpu-alone-kernels",), False)):
         out = tmp_path / f"a{len(flag)}"
         assert main([*args, *flag, "-o", str(out)]) == 0
@@ -855,7 +856,7 @@ def test_coexec_cpu_parts_use_packed_when_the_cost_model_covers_it(
 
     path = tmp_path / "packed-model.json"
     _model_with_packed().save(path)
-    args = ["compile", "--preset", "emulated-soc", "--no-winograd"]
+    args = ["compile", "--preset", "emulated-soc", "--no-winograd", "--no-measure"]
     # the bundled CNN's plan puts an OC part of 45 channels (padded to 3 vectors) on the CPU
     monkeypatch.setenv("CODL_TVM_DUMP_IR", str(tmp_path / "ir"))
     dumped = ["--cost-model", str(path), "-o", str(tmp_path / "d"), "--no-reference"]

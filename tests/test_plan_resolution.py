@@ -50,7 +50,9 @@ def test_run_plan_auto_runs_where_compile_builds(marginal_model, tmp_path, capsy
     """``compile`` builds the GPU alone; ``run --plan auto`` with the same cost model runs the
     GPU alone too (it co-executed before), and both match the unpartitioned model."""
     out = tmp_path / "art"
-    compile_artifact(bundled_model_path(), out, CompileOptions(cost_model=marginal_model))
+    # unmeasured: the prediction's choice, which run --plan auto shares
+    options = CompileOptions(cost_model=marginal_model, measure=False)
+    compile_artifact(bundled_model_path(), out, options)
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["device"] == "opencl"
     saved = tmp_path / "run.npz"

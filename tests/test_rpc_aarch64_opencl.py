@@ -300,7 +300,7 @@ def test_compile_verify_on_emulated_device(tracker, servers, model, tmp_path, ca
     )  # fmt: skip
     text = capsys.readouterr().out
     assert rc == 0, text
-    assert f"verify on {key}@127.0.0.1" in text and "[EMULATED" in text
+    assert f"measured on {key}@127.0.0.1" in text and "[EMULATED" in text
     manifest = json.loads((out / "manifest.json").read_text())
     assert set(manifest["verify"]["median_ms"]) >= {"cpu", "opencl"}
 

@@ -82,6 +82,7 @@ COMPILE_FLAGS = {
     "force": "--force",
     "winograd": "--winograd",
     "packed": "--packed",
+    "measure": "--no-measure",
     "verify": "--verify",
     "verify_modes": "--verify-modes",
     "tracker": "--tracker",
@@ -111,6 +112,7 @@ def _compile_options(args: argparse.Namespace, plan) -> CompileOptions:
         force=args.force,
         winograd=args.winograd,
         packed=args.packed,
+        measure=not args.no_measure,
         verify=args.verify or 0,
         verify_modes=tuple(m for m in (args.verify_modes or "").split(",") if m),
         tracker=args.tracker,
@@ -394,6 +396,15 @@ def _kernel_flags(p: argparse.ArgumentParser) -> None:
 
 def _verify_flags(p: argparse.ArgumentParser) -> None:
     """``--verify`` and the candidates it times: calibration, refinement, modes, RPC."""
+    p.add_argument(
+        "--no-measure",
+        action="store_true",
+        help="do not time the builds: by default a co-executed compile also builds the model "
+        "for each processor alone, times the three on this machine (or on --tracker's device) "
+        "and keeps the fastest, so the artifact is never slower than one processor; with "
+        "--no-measure (cross-compiling without a device) the cost model's choice stands, "
+        "unchecked",
+    )
     p.add_argument(
         "--verify",
         type=int,

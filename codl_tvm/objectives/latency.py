@@ -45,6 +45,7 @@ from codl_tvm.core.errors import (
 from codl_tvm.core.plan import PartitionPlan
 from codl_tvm.cost_model.defaults import default_model_path
 from codl_tvm.frontend.importer import OnnxModel, load_onnx, random_inputs
+from codl_tvm.objectives.measure import cost_model_mismatch, measurement
 from codl_tvm.objectives.verify import refined_candidates
 from codl_tvm.objectives.verify import verify as verify_builds
 from codl_tvm.options import CompileOptions, OptionsError
@@ -166,6 +167,10 @@ class _Compile:
     plan: PartitionPlan | None = None
     report: PlanReport | None = None
     planner_config: PlannerConfig | None = None
+    # rounds of timing: options.verify, else MEASURE_ROUNDS where measured by default
+    rounds: int = 0
+    # why a compile that would measure could not (None: measured, or not asked to)
+    unchecked: str | None = None
     # verify's candidates: name -> library, name -> (plan, report), plans timed, refined ones
     candidates: dict[str, Path] = field(default_factory=dict)
     plans: dict[str, tuple] = field(default_factory=dict)
@@ -213,8 +218,11 @@ class _Compile:
         libraries = Libraries(work, options.build_cache, model, manifest, preset)
         # verify times embedded builds (as every earlier compile cached them); the chosen one
         # is built again with its weights beside in finalize
-        libraries.weights_placement = "embedded" if options.verify else options.weights
-        return cls(options, model, out, preset, manifest, libraries, work, options.device)
+        rounds, unchecked = measurement(options, preset)
+        libraries.weights_placement = "embedded" if rounds else options.weights
+        job = cls(options, model, out, preset, manifest, libraries, work, options.device)
+        job.rounds, job.unchecked = rounds, unchecked
+        return job
 
     def close(self) -> None:
         self.switches.close()
@@ -319,12 +327,16 @@ class _Compile:
             if choice.source != "planner"
             else _planner_record(choice, self.planner_config)
         )
+        if choice.source == "planner":
+            self._check_cost_model_device(Path(choice.cost_model))
         if self.report is not None:
             logger.info("%s", self.report.table())
         write_plan_files(self.out, choice.plan, choice.report)
         if choice.device == "coexec":
             return
-        if o.verify:
+        if self.unchecked is not None:
+            manifest.plan["unchecked"] = self.unchecked
+        if self.rounds:
             # The measurement decides (the prediction may pick the wrong processor too).
             manifest.plan["predicted_fallback"] = choice.reason
             return
@@ -337,6 +349,13 @@ class _Compile:
             PROCESSOR_NAMES[choice.device],
         )
 
+    def _check_cost_model_device(self, path: Path) -> None:
+        """Say so when the cost model describes another device than this compile's
+        (``manifest.plan["cost_model"]["device_mismatch"]``)."""
+        why = cost_model_mismatch(path, self.preset, self.options, bool(self.rounds))
+        if why is not None:
+            self.manifest.plan["cost_model"]["device_mismatch"] = why
+
     # -- phase 2: the build --------------------------------------------------------------------
 
     def build_coexec(self) -> Path:
@@ -346,6 +365,10 @@ class _Compile:
         if self.device != "coexec":
             return self.build()
         o, manifest, libraries = self.options, self.manifest, self.libraries
+        if self.rounds and not o.verify and _splits_nothing(self.plan):
+            # the co-executed build of such a plan is one processor's work with extra
+            # synchronisation: only the two processors alone are worth timing
+            return verify_builds(self.model, {}, libraries, self.rounds, o.seed, manifest, o.remote)
         manifest.split_channel_blocks = bool(o.split_channel_blocks)
         manifest.split_row_blocks = bool(o.split_row_blocks)
         libraries.channel_blocks = bool(o.split_channel_blocks)
@@ -358,7 +381,7 @@ class _Compile:
             "gpu": str(self.preset.target("gpu")),
             "cpu": str(self.preset.target("cpu")),
         }
-        return self.verify(built) if o.verify else built
+        return self.verify(built) if self.rounds else built
 
     def build(self) -> Path:
         """The model built for the one processor of :attr:`device`."""
@@ -410,7 +433,7 @@ class _Compile:
             self.model,
             self.candidates,
             self.libraries,
-            o.verify,
+            self.rounds,
             o.seed,
             manifest,
             o.remote,
@@ -437,7 +460,9 @@ class _Compile:
 
         o, manifest = self.options, self.manifest
         found = {}
-        if self.report is not None and o.verify_calibrate:
+        # calibration and refinement are what an explicit verify asks for; the default
+        # measurement times the three builds only
+        if self.report is not None and o.verify_calibrate and o.verify:
             found, record = calibrated_plans(
                 self.model.mod,
                 manifest.plan["cost_model"]["file"],
@@ -571,6 +596,12 @@ class _Compile:
         except ArtifactError as exc:
             logger.info("note: %s; the program binaries are kept as built", exc)
         manifest.write(out)
+
+
+def _splits_nothing(plan: PartitionPlan) -> bool:
+    """Whether ``plan`` keeps every operator whole on one processor (or holds none)."""
+    ratios = {e.ratio for e in plan.entries()}
+    return ratios <= {0.0} or ratios == {1.0}
 
 
 def adopt_plan_record(record: dict[str, Any], report: PlanReport | None, mode: str) -> None:

@@ -89,24 +89,36 @@ def verify(
     if first is not None:
         manifest.verify["first_timing"] = first
     logger.info(
-        "verify on %s: %s (median of %d rounds): keeping %s",
+        "measured on %s (median of %d rounds): %s; keeping %s",
         where,
-        ", ".join(f"{k} {v:.3f} ms" for k, v in ms.items()),
         rounds,
-        chosen,
+        ", ".join(f"{_described(k)} {v:.3f} ms" for k, v in ms.items()),
+        _described(chosen),
     )
     if chosen in ("cpu", "opencl"):
-        best_coexec = min(v for k, v in ms.items() if k.startswith("coexec"))
         manifest.device = chosen
         manifest.vm_devices = [chosen]
+        coexec = [v for k, v in ms.items() if k.startswith("coexec")]
         # "(--verify)": the manifest's words, which earlier artifacts have too
         manifest.plan["fallback"] = (
-            f"measured {best_coexec:.3f} ms co-executed vs {ms[chosen]:.3f} ms on the "
+            f"measured {min(coexec):.3f} ms co-executed vs {ms[chosen]:.3f} ms on the "
             f"{PROCESSOR_NAMES[chosen]} alone (--verify)"
+            if coexec
+            else f"measured {ms[chosen]:.3f} ms on the {PROCESSOR_NAMES[chosen]} alone, faster "
+            "than the other processor alone (the plan splits nothing)"
         )
         target = libraries.preset.target("cpu" if chosen == "cpu" else "gpu")
         manifest.targets = {chosen: str(target)}
     return libs[chosen]
+
+
+def _described(build: str) -> str:
+    """A timed build in words: ``cpu`` -> "the CPU alone", ``coexec:h_only`` -> "co-executed
+    (h_only plan)"."""
+    if build in PROCESSOR_NAMES:
+        return f"the {PROCESSOR_NAMES[build]} alone"
+    _, _, plan = build.partition(":")
+    return "co-executed" + (f" ({plan} plan)" if plan else "")
 
 
 def time_here(libs: dict[str, Path], inputs, rounds: int) -> dict[str, list[float]]:
