@@ -470,7 +470,10 @@ def _run(
     log(f"      OpenCL: {opencl}")
     with _build_messages_to(out / "build.log"):
         cost = Path(options.cost_model).name if options.cost_model else "the shipped cost model"
-        log(f"[2/5] planning {model_path.name} with {cost} and building the planned version")
+        log(
+            f"[2/5] planning {model_path.name} with {cost}, building the planned version and "
+            "timing it against each processor alone"
+        )
         compile_artifact(
             model_path,
             out / "planned",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import shutil
 import subprocess
 import sys
@@ -36,8 +37,11 @@ from codl_tvm.runtime.artifact import load_artifact
 # The shipped cost model predicts the bundled CNN at 0.28 ms on the CPU alone against 1.32 ms
 # on the GPU alone and every split slower: the planner keeps it on the CPU, on every machine
 # (the prediction reads the model and the cost-model file only).
-FALLBACK = (
-    "codl_small_cnn.onnx runs on the cpu alone: the plan keeps every operator whole on the CPU"
+# The shipped cost model keeps the bundled CNN whole on the CPU; compile then times the two
+# processors alone and keeps the faster one (this machine's OpenCL device is a CPU runtime).
+FALLBACK = re.compile(
+    r"codl_small_cnn\.onnx runs on the (cpu|opencl) alone: measured [0-9.]+ ms on the (CPU|GPU) "
+    r"alone, faster than the other processor alone \(the plan splits nothing\)"
 )
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -170,9 +174,9 @@ def demo(opencl, tmp_path_factory):
 
 def test_demo_keeps_the_planners_fallback(demo):
     result, progress = demo
-    assert result.planned.device == "cpu" and result.planned.ok
-    assert result.fallback == "the plan keeps every operator whole on the CPU"
-    assert FALLBACK in result.lines()
+    assert result.planned.device in ("cpu", "opencl") and result.planned.ok
+    assert result.fallback.startswith("measured") and "the plan splits nothing" in result.fallback
+    assert any(FALLBACK.fullmatch(line) for line in result.lines())
     # one short line before each long step
     assert [line[:5] for line in progress if line.startswith("[")] == [
         f"[{i}/5]" for i in range(1, 6)
@@ -231,7 +235,7 @@ def test_cli_demo_fits_one_screen(opencl, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr + proc.stdout
     out = proc.stdout
-    assert FALLBACK in out
+    assert FALLBACK.search(out), out
     assert out.count("-> OK") == 2 and "MISMATCH" not in out
     assert trace.is_file() and trace.with_suffix(".png").read_bytes().startswith(PNG_MAGIC)
     assert str(trace.with_suffix(".png")) in out
