@@ -129,14 +129,16 @@ for name, p in single.items():
     print(f"{name:<8}: {built.time([x], number=3, repeat=1).median_ms:.2f} ms")
 
 # %%
-# Let the device decide: ``--verify``
-# -----------------------------------
+# Let the device decide: measuring, and ``--verify``
+# --------------------------------------------------
 # A cost model cannot see everything co-execution costs on a real device (contention for
 # memory bandwidth, synchronisation waits, the kernels outside the plan), and gains of 10-20%
-# are within its error. ``codl-tvm compile MODEL.onnx -o OUT/ --verify 3`` (or
-# ``compile_artifact(model, out, CompileOptions(verify=3))``) builds the plan co-executed *and*
-# for each processor alone, times the three on this machine round-robin and keeps the fastest,
-# so the artifact is never slower than one processor. The timings are in the artifact's manifest.
+# are within its error. So ``codl-tvm compile MODEL.onnx -o OUT/`` builds the plan co-executed
+# *and* for each processor alone, times the three on this machine (or on a board through
+# ``--tracker``) round-robin and keeps the fastest: the artifact is never slower than one
+# processor. ``--no-measure`` skips this (cross-compiling without a device), and the manifest
+# then says the choice is unchecked. ``--verify N`` (``CompileOptions(verify=N)``) times N
+# rounds and adds candidates, as below. The timings are in the artifact's manifest.
 #
 # The same timing calibrates the cost model: the model run on each processor alone is compared
 # with its predicted latency, and where the two processors missed by different factors (the
