@@ -24,7 +24,7 @@ GPU's held-out parts 34% -> 50% within +-10%, on models never seen 23% -> 35% (d
 Its ``"tir"`` feature set adds counts read from each built GPU part's kernel
 (:data:`KERNEL_FEATURE_NAMES`, read by the model's ``kernel_reader``): on the H100 GPU 50% -> 54%
 and 32% -> 37% over three seeds, not shipped because one split decision got worse; ``"tir-nv"``
-adds what NVIDIA's compiler says of the kernel (:data:`NV_FEATURE_NAMES`, measured on the device):
+adds what NVIDIA's compiler says of the kernel (:data:`NV_FEATURE_NAMES`, measured on an H100):
 54% and 40%, within seed noise of ``"tir"`` on the random split, not shipped.
 Boosters are stored inside the model's JSON file as xgboost's own JSON model (``save_raw("json")``),
 so a reloaded model predicts bit-identically. xgboost is imported only inside the functions that use
@@ -129,7 +129,7 @@ KERNEL_FEATURE_NAMES: tuple[str, ...] = (
 )
 
 #: What NVIDIA's OpenCL compiler says of a GPU part's kernel (``ptxas`` through
-#: ``-cl-nv-verbose`` and ``clGetKernelWorkGroupInfo``, measured on the device by
+#: ``-cl-nv-verbose`` and ``clGetKernelWorkGroupInfo``, measured on the NVIDIA GPU by
 #: ``scripts/nv_kernel_info.py``; ``kernel_counts.nv_features``), after the kernel counts in the
 #: ``"tir-nv"`` feature set. Over the part's kernels: the largest unless said otherwise.
 NV_FEATURE_NAMES: tuple[str, ...] = (

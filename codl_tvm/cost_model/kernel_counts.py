@@ -23,7 +23,7 @@ kernel is not the one measured.
 What the counts cannot show is what NVIDIA's compiler makes of the kernel (registers, spills,
 the occupancy they leave): kernels with identical dispatch and nearly identical code still run up
 to 1.7x apart on the H100. :func:`kernel_key` names each distinct kernel, :func:`kernel_source`
-gives its OpenCL C for ``scripts/nv_kernel_info.py`` to compile on the device, and
+gives its OpenCL C for ``scripts/nv_kernel_info.py`` to compile on the NVIDIA GPU, and
 :func:`nv_kernel_reader` joins what that measured (the ``"tir-nv"`` feature set):
 :func:`nv_features`, with the occupancy of :func:`occupancy`.
 """
