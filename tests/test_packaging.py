@@ -26,13 +26,15 @@ def wheel_names(tmp_path_factory) -> set[str]:
     build = tmp_path_factory.mktemp("build")
     # A copy without build/ or *.egg-info: setuptools would reuse files a previous build left.
     src = build / "src"
-    shutil.copytree(
-        ROOT,
-        src,
-        ignore=shutil.ignore_patterns(
-            ".git", "build", "*.egg-info", "__pycache__", ".whl", ".device", "out", "results"
-        ),
-    )
+    anywhere = shutil.ignore_patterns(".git", "*.egg-info", "__pycache__")
+    # build outputs and local data at the top only: codl_tvm/build/ is a package
+    top = {"build", ".whl", ".device", "out", "results", ".models", ".venv"}
+
+    def ignore(folder: str, names: list[str]) -> set[str]:
+        skipped = set(anywhere(folder, names))
+        return skipped | (top & set(names) if Path(folder) == ROOT else set())
+
+    shutil.copytree(ROOT, src, ignore=ignore)
     proc = subprocess.run(
         [
             sys.executable,

@@ -416,9 +416,26 @@ def _cli(argv):
     return args.func(args)
 
 
-def test_cli_requires_a_cost_model():
-    with pytest.raises(CodlError, match=r"--cost-model M\.json is required"):
-        _cli(["plan", str(bundled_model_path())])
+def test_cli_plans_with_the_shipped_model_compile_uses(model, capsys, tmp_path):
+    """Without ``--cost-model``, ``plan`` uses the shipped model of its preset (``opencl``, as
+    ``compile`` does) and makes compile's plan; a shipped model's name works as a file."""
+    from codl_tvm.cost_model.defaults import default_model_path, shipped_model_path
+    from codl_tvm.planner.policy import resolve_plan
+
+    assert _cli(["plan", str(bundled_model_path())]) == 0
+    assert f"cost model: {default_model_path('opencl').name}" in capsys.readouterr().out
+    want = resolve_plan(model.mod, mode="codl", model_name=bundled_model_path().name)
+    for i, argv in enumerate(([], ["--cost-model", want.cost_model.stem], ["--preset", "opencl"])):
+        out = tmp_path / f"plan{i}.json"
+        assert _cli(["plan", str(bundled_model_path()), *argv, "-o", str(out)]) == 0
+        assert PartitionPlan.load(out) == want.plan, argv
+    h100 = shipped_model_path("device-h100")
+    named, filed = tmp_path / "named.json", tmp_path / "filed.json"
+    _cli(["plan", str(bundled_model_path()), "--cost-model", "device-h100", "-o", str(named)])
+    _cli(["plan", str(bundled_model_path()), "--cost-model", str(h100), "-o", str(filed)])
+    assert PartitionPlan.load(named) == PartitionPlan.load(filed)
+    with pytest.raises(CodlError, match="not a shipped model"):
+        _cli(["plan", str(bundled_model_path()), "--cost-model", "phone-x"])
 
 
 def test_cli_writes_plan_and_report(tmp_path, high_sharing, model, capsys):
@@ -429,10 +446,15 @@ def test_cli_writes_plan_and_report(tmp_path, high_sharing, model, capsys):
     assert _cli([*argv, "--report", str(rep)]) == 0
     printed = capsys.readouterr().out
     assert "conv2d_0" in printed and "T*" in printed
-    expected, _ = plan_model(model.mod, high_sharing, model_name=str(bundled_model_path()))
+    from codl_tvm.planner.policy import planning_context
+
+    with planning_context("opencl", cm) as config:  # compile's default preset
+        expected, _ = plan_model(
+            model.mod, high_sharing, config=config, model_name=str(bundled_model_path())
+        )
     assert PartitionPlan.load(out) == expected
     assert json.loads(rep.read_text())["summary"]["predicted_ms"] > 0
-    with pytest.raises(CodlError, match="no such cost model file"):
+    with pytest.raises(CodlError, match="no such file"):
         _cli(["plan", str(bundled_model_path()), "--cost-model", str(tmp_path / "none.json")])
 
 

@@ -1,10 +1,10 @@
-"""``codl-tvm plan MODEL.onnx --cost-model M.json [--mode MODE] [-o PLAN.json] [--report R.json]``,
-and the ``--plan/--dim/--ratio`` flags that ``run`` and ``compile`` share.
+"""``codl-tvm plan MODEL.onnx [--cost-model M] [--preset P] [--mode MODE] [-o PLAN.json]
+[--report R.json]``, and the ``--plan/--dim/--ratio`` flags that ``run`` and ``compile`` share.
 
-``plan`` prints the plan report table. A cost model is required: the cost-model package has no
-unfitted default (a ``CodlModel`` predicts only after ``fit``, its presets fix the blocking but
-not the coefficients), so there is nothing honest to plan with before a model is fitted on
-measurements (``codl-tvm cost-model fit``).
+``plan`` prints the plan report table: the decisions ``compile`` would build for the same preset
+(default ``opencl``, this machine's OpenCL device and CPU) and cost model (default: the shipped
+model for that preset; ``--cost-model`` takes a file or a shipped model's name). The cost model's
+predictions describe the device it was fitted on; ``compile`` measures them where it can.
 """
 
 from __future__ import annotations
@@ -16,18 +16,13 @@ from codl_tvm.build.targets import PRESETS
 from codl_tvm.core.errors import CliError
 from codl_tvm.core.plan import PlanError
 from codl_tvm.cost_model.base import load_model
+from codl_tvm.cost_model.defaults import cost_model_path
 from codl_tvm.frontend.importer import OnnxModel, load_onnx
 from codl_tvm.planner.placement.modes import ALL_MODES, PlacementConfig, make_plan
-from codl_tvm.planner.policy import PlanChoice, planning_context, resolve_plan
+from codl_tvm.planner.policy import DEFAULT_PRESET, PlanChoice, planning_context, resolve_plan
 from codl_tvm.planner.split.search import PlannerConfig
 
 __all__ = ["WEIGHT_GBPS_HELP", "cmd_plan", "plan_from_args", "register", "weight_gbps"]
-
-_NO_MODEL = (
-    "plan: --cost-model M.json is required: the cost-model package has no unfitted default "
-    "model (CodlModel presets fix the blocking, not the coefficients). Fit one on measured "
-    "latencies with `codl-tvm cost-model fit DATA.jsonl -o M.json`"
-)
 
 
 def weight_gbps(text: str) -> tuple[float, float]:
@@ -69,8 +64,6 @@ def plan_from_args(args: argparse.Namespace, model: OnnxModel) -> PlanChoice:
     if (args.plan == "auto" or args.plan) and (args.dim or args.ratio is not None):
         raise CliError("give either --plan or --dim/--ratio, not both")
     if args.plan == "auto":
-        if args.cost_model and not Path(args.cost_model).is_file():
-            raise CliError(f"--cost-model {args.cost_model}: no such file")
         choice = resolve_plan(
             model.mod,
             mode=getattr(args, "mode", "codl"),
@@ -95,8 +88,6 @@ def plan_from_args(args: argparse.Namespace, model: OnnxModel) -> PlanChoice:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     """Plan a model with a cost model and print (and write) the plan and its report."""
-    if not args.cost_model:
-        raise CliError(_NO_MODEL)
     if not Path(args.model).is_file():
         raise CliError(f"plan: {args.model}: no such model file")
     if args.preset and args.preset not in PRESETS:
@@ -111,20 +102,19 @@ def cmd_plan(args: argparse.Namespace) -> int:
         "chain_min_gain": args.chain_min_gain,
         "weight_gbps": args.weight_gbps,
     }
-    cost_model = load_model(args.cost_model)
+    # the preset and cost model compile uses by default, so that both make the same plan
+    preset = args.preset or DEFAULT_PRESET
+    path = cost_model_path(args.cost_model, preset)
+    cost_model = load_model(path)
     model = load_onnx(args.model)
     placement = PlacementConfig(greedy_k=args.greedy_k, time_limit_s=args.time_limit_s)
-    if args.preset:
-        # the kernels `compile --preset P` builds (Winograd, packed, CPU-alone settings)
-        with planning_context(args.preset, args.cost_model, **settings) as config:
-            plan, report = make_plan(
-                model.mod, cost_model, args.mode, config, str(args.model), placement
-            )
-    else:
-        config = PlannerConfig(**settings)
+    # the kernels `compile --preset P` builds (Winograd, packed, CPU-alone settings)
+    with planning_context(preset, path, **settings) as config:
         plan, report = make_plan(
             model.mod, cost_model, args.mode, config, str(args.model), placement
         )
+    if args.cost_model is None or str(args.cost_model) != str(path):
+        print(f"cost model: {path.name} (for preset {preset})")
     print(report.table())
     if args.output:
         plan.save(args.output)
@@ -141,7 +131,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         "plan", help="plan the CPU+GPU co-execution of an ONNX model with a cost model"
     )
     p.add_argument("model", help="ONNX model with static shapes")
-    p.add_argument("--cost-model", help="fitted cost model file (.json); required")
+    p.add_argument(
+        "--cost-model",
+        help="fitted cost model: a .json file or a shipped model's name (default: the shipped "
+        "model for --preset, as compile uses)",
+    )
     p.add_argument(
         "--mode",
         choices=ALL_MODES,

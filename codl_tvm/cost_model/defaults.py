@@ -8,7 +8,14 @@ tree beside the models (``codl_tvm/data/cost_models/datasets/``; each model's
 - ``emulated-soc``: PoCL's CPU OpenCL device on 8 Xeon cores as the GPU, TVM's AVX-512 kernels on
   8 other cores: the stand-in for a phone SoC, and the default for every CPU OpenCL device
   (PoCL, Intel's CPU runtime) since it is the closest measured pair;
-- ``device-h100``: NVIDIA H100 through NVIDIA's OpenCL + 16 Xeon cores.
+- ``device-h100``: NVIDIA H100 through NVIDIA's OpenCL + 16 Xeon cores;
+- ``emulated-soc-k12`` and ``emulated-soc-k12-alone``: the emulated SoC with PoCL on 12 cores
+  and TVM's kernels on 4 (the GPU-weak point of the benchmark report), the second fitted with
+  the CPU-alone kernels' dataset too.
+
+Each records the device it was fitted on (``meta["device"]``,
+:mod:`codl_tvm.cost_model.fitted_device`). ``--cost-model`` takes a file or one of these names
+(:func:`cost_model_path`).
 """
 
 from __future__ import annotations
@@ -17,11 +24,17 @@ from importlib import resources
 from pathlib import Path
 
 from codl_tvm import runtime
-from codl_tvm.core.errors import NoDefaultModelError
+from codl_tvm.core.errors import ModelFileError, NoDefaultModelError
 
-__all__ = ["SHIPPED", "NoDefaultModelError", "default_model_path", "shipped_model_path"]
+__all__ = [
+    "SHIPPED",
+    "NoDefaultModelError",
+    "cost_model_path",
+    "default_model_path",
+    "shipped_model_path",
+]
 
-SHIPPED = ("emulated-soc", "device-h100")
+SHIPPED = ("emulated-soc", "device-h100", "emulated-soc-k12", "emulated-soc-k12-alone")
 # Presets whose device pair one shipped model describes.
 _BY_PRESET = {"emulated-soc": "emulated-soc", "pocl": "emulated-soc", "device-h100": "device-h100"}
 
@@ -34,6 +47,30 @@ def shipped_model_path(name: str) -> Path:
     if not path.is_file():
         raise NoDefaultModelError(f"the shipped cost model {path} is missing from the package")
     return path
+
+
+def cost_model_path(value: str | Path | None, preset: str | None = None) -> Path:
+    """The cost-model file ``value`` names: a file, a shipped model's name (:data:`SHIPPED`),
+    or None for the shipped model of ``preset`` (:func:`default_model_path`), as ``plan`` and
+    ``compile`` both read ``--cost-model``.
+
+    Raises
+    ------
+    ModelFileError
+        ``value`` is neither a file nor a shipped model's name.
+    NoDefaultModelError
+        ``value`` is None and no shipped model describes ``preset``.
+    """
+    if value is None or str(value) == "":
+        return default_model_path(preset)
+    path = Path(value)
+    if path.is_file():
+        return path
+    if str(value) in SHIPPED:
+        return shipped_model_path(str(value))
+    raise ModelFileError(
+        f"cost model {value}: no such file, and not a shipped model ({', '.join(SHIPPED)})"
+    )
 
 
 def default_model_path(preset: str | None = None) -> Path:

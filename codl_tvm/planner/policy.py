@@ -27,7 +27,7 @@ from codl_tvm.build.targets import TargetPreset, get_preset
 from codl_tvm.core.errors import PlannerError
 from codl_tvm.core.plan import PartitionPlan, uniform_plan
 from codl_tvm.cost_model.base import ModelFileError, load_model
-from codl_tvm.cost_model.defaults import NoDefaultModelError, default_model_path
+from codl_tvm.cost_model.defaults import NoDefaultModelError, cost_model_path
 from codl_tvm.planner.placement.modes import ALL_MODES, make_plan
 from codl_tvm.planner.report import PlanReport
 from codl_tvm.planner.split.config import PlannerConfig
@@ -205,7 +205,7 @@ def resolve_plan(
     if mode not in ALL_MODES:
         raise PlannerError(f"planner mode {mode!r} is not one of {tuple(ALL_MODES)}")
     preset_name = preset or DEFAULT_PRESET
-    path = Path(cost_model) if cost_model else default_model_path(preset)
+    path = cost_model_path(cost_model, preset)
     cm = load_model(path)
     t0 = time.perf_counter()
     with (
@@ -264,7 +264,7 @@ def coexec_cpu_algorithms(
     CPU conv data (``codl-tvm profile --winograd/--packed``), so the planner predicts the
     kernels the build makes. An explicit ``winograd``/``packed`` (True or False) decides alone."""
     try:
-        path = Path(cost_model) if cost_model else default_model_path(preset_obj.name)
+        path = cost_model_path(cost_model, preset_obj.name)
         covered = covered_impls(load_model(path), "conv2d", "cpu")
     except (ModelFileError, NoDefaultModelError):
         return ()  # planning reports the problem
@@ -281,7 +281,7 @@ def cost_model_cpu_alone(cost_model: str | Path | None, preset: str | None) -> b
     if cpu_config(preset_obj.target("cpu")).name not in CPU_ALONE_SETTINGS:
         return False
     try:
-        path = Path(cost_model) if cost_model else default_model_path(preset_obj.name)
+        path = cost_model_path(cost_model, preset_obj.name)
         meta = json.loads(path.read_text()).get("meta") or {}  # the header only: no boosters
         return isinstance(meta, dict) and bool(meta.get("cpu_alone_settings"))
     except (OSError, ValueError, AttributeError, NoDefaultModelError):
