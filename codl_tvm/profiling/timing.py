@@ -4,14 +4,14 @@
 Latency is the median of ``time_evaluator`` samples after a warm-up run (on OpenCL through the
 runtime plugin's marker-event timer); each sample runs the part enough times to last
 ``TimingConfig.min_repeat_ms`` (:func:`runs_per_sample`), and the record keeps the fastest and
-slowest sample beside the median. :func:`pin_tvm_threads` pins TVM's CPU thread pool for
-measurements on an emulated SoC. Only TVM's runtime is needed: this runs on boards and phones.
+slowest sample beside the median (:func:`codl_tvm.runtime.threads.pin_tvm_threads` pins TVM's
+CPU thread pool for measurements on an emulated SoC). Only TVM's runtime is needed: this runs on
+boards and phones.
 """
 
 from __future__ import annotations
 
 import math
-import os
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +31,6 @@ __all__ = [
     "PartTiming",
     "TimingConfig",
     "measure_op",
-    "pin_tvm_threads",
     "runs_per_sample",
     "time_samples",
 ]
@@ -201,40 +200,3 @@ def measure_op(
         t.min_ms,
         t.max_ms,
     )
-
-
-def pin_tvm_threads(cores: str, pin_main_thread: bool = True) -> list[int]:
-    """Pin TVM's CPU thread pool to cores ``"LO-HI"`` (one worker per core).
-
-    The emulated SoC of the benchmarks: TVM's CPU kernels on their own cores, PoCL's workers on
-    the others (``POCL_AFFINITY=1``, ``POCL_CPU_MAX_CU_COUNT``).
-
-    Parameters
-    ----------
-    cores : str
-        ``"LO-HI"``, both among this machine's cores, ``LO <= HI``.
-    pin_main_thread : bool
-        Also restrict this process's main thread to those cores.
-
-    Returns
-    -------
-    list[int]
-        The cores, in order.
-
-    Raises
-    ------
-    ValueError
-        If ``cores`` is not such a range.
-    """
-    lo_hi = cores.split("-")
-    n = os.cpu_count() or 1
-    if not (len(lo_hi) == 2 and all(v.isdigit() for v in lo_hi)) or not (
-        int(lo_hi[0]) <= int(lo_hi[1]) < n
-    ):
-        raise ValueError(f"{cores!r}: expected LO-HI, cores of this machine (0-{n - 1})")
-    lo, hi = (int(v) for v in lo_hi)
-    cpus = list(range(lo, hi + 1))
-    tvm.get_global_func("runtime.config_threadpool")(-2, len(cpus), [str(c) for c in cpus])
-    if pin_main_thread:
-        os.sched_setaffinity(0, set(cpus))
-    return cpus
