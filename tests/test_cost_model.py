@@ -47,6 +47,7 @@ from codl_tvm.cost_model.evaluate import (
     evaluate,
     split_records,
 )
+from codl_tvm.cost_model.fitted_device import merge_devices, record_devices
 from codl_tvm.cost_model.linalg import nnls
 
 DEVICE = {"gpu": "synthetic gpu", "cpu": "synthetic cpu"}
@@ -872,6 +873,9 @@ def test_cli_fit_eval_json_and_plot(tmp_path, capsys):
     )
     model = load_model(model_path)
     assert model.meta["holdout"] == 0.3
+    # the device of the dataset's records, for compiles to compare with theirs
+    assert model.meta["device"] == {"gpu": DEVICE["gpu"]}
+    assert model.meta["device"] == merge_devices(record_devices(recs))
     capsys.readouterr()
     png = tmp_path / "scatter.png"
     assert (

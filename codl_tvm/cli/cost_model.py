@@ -42,6 +42,7 @@ from codl_tvm.cost_model.evaluate import (
     split_records,
     training_split,
 )
+from codl_tvm.cost_model.fitted_device import merge_devices, record_devices
 from codl_tvm.cost_model.gbdt import GbdtConfig, GbdtModel
 
 __all__ = ["cmd_decisions", "cmd_eval", "cmd_fit", "register"]
@@ -122,6 +123,8 @@ def cmd_fit(args: argparse.Namespace) -> int:
             "n_test": sum(isinstance(r, OpRecord) for r in test),
             "drop_inconsistent": drop,
             "n_dropped_inconsistent": len(dropped),
+            # what it describes: a compile for another device says so
+            "device": merge_devices(record_devices(data.records)),
         }
     )
     if args.drop:

@@ -16,10 +16,26 @@ from typing import Any
 
 from codl_tvm import runtime
 
-__all__ = ["describe_device", "device_mismatch", "fitted_device", "local_device", "merge_devices"]
+__all__ = [
+    "describe_device",
+    "device_mismatch",
+    "fitted_device",
+    "local_device",
+    "merge_devices",
+    "record_devices",
+]
 
 # What identifies a device pair; the targets JSON and the "remote" flag describe the session.
 _KEYS = ("gpu", "platform", "compute_units", "svm_mode", "cpu_threads")
+
+
+def record_devices(records: Iterable[Any]) -> list[dict[str, Any]]:
+    """The distinct devices of dataset records (each record's ``device``), in order."""
+    seen: dict[tuple, dict[str, Any]] = {}
+    for r in records:
+        device = {k: r.device[k] for k in _KEYS if k in (r.device or {})}
+        seen.setdefault(tuple(sorted(device.items())), device)
+    return [d for d in seen.values() if d]
 
 
 def merge_devices(devices: Iterable[Mapping[str, Any]]) -> dict[str, Any] | None:
