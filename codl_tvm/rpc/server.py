@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import shutil
+from pathlib import Path
 
 import tvm
 import tvm.rpc
@@ -144,6 +145,17 @@ def _register_versions(opencl: bool = False, plugin_dir: str | None = None) -> N
         return json.dumps(info)
 
 
+def _let_workers_import_this_package() -> None:
+    """TVM's server runs each session in a fresh Python process (``tvm.exec.popen_worker``)
+    that unpickles the init callback by module name, so it must find ``codl_tvm`` where this
+    process found it: on a board it is often a copied folder beside ``serve.py``, not an
+    installed package."""
+    root = str(Path(__file__).resolve().parents[2])
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if root not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join([root, *paths])
+
+
 def start_server(
     tracker: str,
     key: str,
@@ -171,6 +183,7 @@ def start_server(
     """
     url, tport = parse_address(tracker)
     init = functools.partial(_register_versions, opencl, plugin_dir)
+    _let_workers_import_this_package()
     return tvm.rpc.Server(
         host,
         port,
