@@ -365,7 +365,11 @@ class _Compile:
         if self.device != "coexec":
             return self.build()
         o, manifest, libraries = self.options, self.manifest, self.libraries
-        if self.rounds and not o.verify and _splits_nothing(self.plan):
+        # deferred: needs TVM's compiler (see the module docstring)
+        from codl_tvm.planner.policy import single_processor
+
+        # without a report, single_processor names only plans that split nothing
+        if self.rounds and not o.verify and single_processor(self.plan, None, o.mode):
             # the co-executed build of such a plan is one processor's work with extra
             # synchronisation: only the two processors alone are worth timing
             return verify_builds(self.model, {}, libraries, self.rounds, o.seed, manifest, o.remote)
@@ -596,12 +600,6 @@ class _Compile:
         except ArtifactError as exc:
             logger.info("note: %s; the program binaries are kept as built", exc)
         manifest.write(out)
-
-
-def _splits_nothing(plan: PartitionPlan) -> bool:
-    """Whether ``plan`` keeps every operator whole on one processor (or holds none)."""
-    ratios = {e.ratio for e in plan.entries()}
-    return ratios <= {0.0} or ratios == {1.0}
 
 
 def adopt_plan_record(record: dict[str, Any], report: PlanReport | None, mode: str) -> None:

@@ -49,12 +49,11 @@ from codl_tvm.passes.rewrite import op_name
 from codl_tvm.passes.stages import MAJOR_OPS, cut_stages, layer_starts, stage_name
 from codl_tvm.planner.stages.layer_model import LayerShape
 from codl_tvm.planner.stages.table import PipelinePlan
-from codl_tvm.runtime.artifact import REFERENCE
+from codl_tvm.runtime.artifact import REFERENCE, file_sha256
 from codl_tvm.runtime.staged_artifact import (
     PIPELINE_FORMAT,
     PIPELINE_MANIFEST,
     PIPELINE_VERSION,
-    file_sha256,
     is_pipeline,
 )
 

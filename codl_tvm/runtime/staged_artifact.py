@@ -20,7 +20,6 @@ core (:func:`pin_thread_pool`).
 
 from __future__ import annotations
 
-import hashlib
 import os
 import threading
 import time
@@ -38,7 +37,7 @@ from codl_tvm import runtime
 from codl_tvm.core.errors import ArtifactError, ModelError
 from codl_tvm.core.groups import ProcessorGroup, check_groups
 from codl_tvm.core.tensors import TensorSpec
-from codl_tvm.runtime.artifact import REFERENCE, read_manifest
+from codl_tvm.runtime.artifact import REFERENCE, file_sha256, read_manifest
 from codl_tvm.runtime.stream import Stream, StreamStage, run_stream
 from codl_tvm.runtime.vm import Latency, flatten_outputs
 
@@ -47,7 +46,6 @@ __all__ = [
     "PIPELINE_MANIFEST",
     "PIPELINE_VERSION",
     "Pipeline",
-    "file_sha256",
     "group_device",
     "is_pipeline",
     "load_pipeline",
@@ -94,15 +92,6 @@ def group_device(kind: str) -> tvm.runtime.Device:
     """The TVM device a processor group of ``kind`` (``"cpu"``, ``"gpu"``) runs on: the first
     OpenCL device for a GPU group, the host CPU for a CPU group."""
     return tvm.opencl(0) if kind == "gpu" else tvm.cpu(0)
-
-
-def file_sha256(path: Path) -> str:
-    """The SHA-256 of the file at ``path`` (hex), read in blocks."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def is_pipeline(path: str | Path) -> bool:
