@@ -108,13 +108,15 @@ def _tag_mode(tag: str, strict: bool = True) -> _TagFlags:
     return _TagFlags(rest, **flags)
 
 
-def _model_file(name: str, tmp: Path) -> Path:
+def _model_file(name: str, tmp: Path, model_dir: Path | None = None) -> Path:
     import onnx
 
     from codl_tvm.frontend.models import benchmark_model, bundled_model_path
 
     if name == "codl_small_cnn":
         return bundled_model_path()
+    if model_dir is not None and (model_dir / f"{name}.onnx").is_file():
+        return model_dir / f"{name}.onnx"  # e.g. the unseen models (export_unseen_models.py)
     path = tmp / f"{name}.onnx"
     if not path.exists():
         onnx.save(benchmark_model(name), str(path))
@@ -136,8 +138,10 @@ def _planning_alone_s(name: str, manifest: dict, preset: str, repeat: int) -> fl
     cm = (plan.get("cost_model") or {}).get("file")
     if plan.get("source") != "planner" or not cm or repeat < 1:
         return None
+    recorded = Path((manifest.get("model") or {}).get("path", ""))
     with tempfile.TemporaryDirectory() as tmp:
-        model = load_onnx(_model_file(name, Path(tmp)))
+        # the compiled file where it is still there (a model outside the ten), else the ten's
+        model = load_onnx(recorded if recorded.is_file() else _model_file(name, Path(tmp)))
     cost_model = load_model(cm)
     times = []
     with planning_context(preset, cm) as config:
@@ -165,13 +169,20 @@ class _Job(NamedTuple):
     refine: int
     weight_gbps: tuple[float, float] | None
     processor_scale: tuple[float, float] = (1.0, 1.0)
+    # the tag `default`: `codl-tvm compile` as a user runs it, which times its candidates here
+    measure: bool = False
 
 
-def _compile_job(job: _Job) -> tuple[str, str, str | None]:
+#: The tag of the build a default ``codl-tvm compile`` makes (``compile --default``).
+DEFAULT_TAG = "default"
+
+
+def _compile_job(job: _Job) -> tuple[str, str, str | None, float]:
     from codl_tvm.objectives.latency import compile_artifact
     from codl_tvm.options import CompileOptions
 
     flags = _tag_mode(job.tag, strict=False)
+    t0 = time.perf_counter()
     try:
         options = CompileOptions(
             device=job.device,
@@ -181,6 +192,8 @@ def _compile_job(job: _Job) -> tuple[str, str, str | None]:
             reference=(job.tag == "cpu"),
             verify=job.verify,
             verify_modes=job.verify_modes,
+            # a baseline is one build as planned; only `default` measures, as a user's compile
+            measure=job.measure,
             refine=job.refine,
             build_cache=job.cache,
             coexec_cpu_alone=True if flags.alone else None,  # else: as the cost model says
@@ -191,8 +204,8 @@ def _compile_job(job: _Job) -> tuple[str, str, str | None]:
         )
         compile_artifact(job.path, job.target, options)
     except Exception as exc:  # one failing build must not lose the others
-        return job.name, job.tag, f"{type(exc).__name__}: {exc}"
-    return job.name, job.tag, None
+        return job.name, job.tag, f"{type(exc).__name__}: {exc}", time.perf_counter() - t0
+    return job.name, job.tag, None, time.perf_counter() - t0
 
 
 def _scale_pair(text: str) -> tuple[float, float]:
@@ -221,8 +234,10 @@ def cmd_compile(args: argparse.Namespace) -> None:
     if any(_tag_mode(m).streaming for m in args.modes.split(",") if m) and not args.weight_gbps:
         sys.exit(f"bench_planner compile: a mode ending {STREAMING_SUFFIX} needs --weight-gbps")
     jobs = []
+    cache = Path(args.build_cache) if args.build_cache else out / "build_cache"
+    model_dir = Path(args.model_dir) if args.model_dir else None
     for name in args.models.split(","):
-        path = _model_file(name, models_dir)
+        path = _model_file(name, models_dir, model_dir)
         todo = [("cpu", "cpu", None, None, 0), ("gpu", "opencl", None, None, 0)]
         todo += [
             (m, "coexec", _tag_mode(m).mode, args.cost_model, 0) for m in args.modes.split(",") if m
@@ -247,7 +262,7 @@ def cmd_compile(args: argparse.Namespace) -> None:
                         args.preset,
                         verify,
                         modes if verify else (),
-                        out / "build_cache",
+                        cache,
                         args.verify_refine if verify else 0,
                         args.weight_gbps,
                         args.processor_scale,
@@ -255,14 +270,39 @@ def cmd_compile(args: argparse.Namespace) -> None:
                 )
             else:
                 index["models"].setdefault(name, {})[tag] = f"{name}/{tag}"
+        target = out / name / DEFAULT_TAG
+        if args.default and not (target / "manifest.json").exists():
+            # what a user's `codl-tvm compile` keeps: it plans like `codl`, times the plan and
+            # each processor alone here and keeps the fastest (timed one at a time, below)
+            jobs.append(
+                _Job(
+                    name,
+                    DEFAULT_TAG,
+                    path,
+                    target,
+                    "coexec",
+                    "codl",
+                    args.cost_model,
+                    args.preset,
+                    0,
+                    (),
+                    cache,
+                    0,
+                    None,
+                    args.processor_scale,
+                    measure=True,
+                )
+            )
     failed: dict[str, str] = {}
     index.setdefault("failed", {})
+    index.setdefault("compile_s", {})
 
-    def record(result: tuple[str, str, str | None]) -> None:
+    def record(result: tuple[str, str, str | None, float]) -> None:
         # The index is written after every build: a run stopped by a timeout keeps the builds
         # it finished.
-        name, tag, err = result
-        print(f"== {name} {tag}: {err or 'ok'}", flush=True)
+        name, tag, err, seconds = result
+        index["compile_s"][f"{name}/{tag}"] = round(seconds, 2)
+        print(f"== {name} {tag}: {err or 'ok'} ({seconds:.1f} s)", flush=True)
         if err:
             failed[f"{name}/{tag}"] = err
         else:
@@ -272,8 +312,8 @@ def cmd_compile(args: argparse.Namespace) -> None:
 
     # --verify builds time themselves: one at a time, after the parallel builds, whose
     # libraries (each mode's plan, each processor alone) they take from the build cache.
-    timed = [j for j in jobs if j.verify]
-    jobs = [j for j in jobs if not j.verify]
+    timed = [j for j in jobs if j.verify or j.measure]
+    jobs = [j for j in jobs if not (j.verify or j.measure)]
     if args.jobs > 1:
         import multiprocessing as mp
         from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -296,7 +336,7 @@ def cmd_compile(args: argparse.Namespace) -> None:
     # The ONNX files and cached libraries are not needed to run (artifacts are self-contained).
     shutil.rmtree(models_dir, ignore_errors=True)
     if not args.keep_build_cache:
-        shutil.rmtree(out / "build_cache", ignore_errors=True)
+        shutil.rmtree(cache, ignore_errors=True)
 
 
 def _stats(manifest: dict, art_dir: Path) -> dict:
@@ -934,6 +974,14 @@ def main(argv: list[str] | None = None) -> None:
         "from timelines taken here)",
     )
     c.add_argument("--tvm-cpus", default="", help="TVM's cores for --verify's timing, e.g. 8-15")
+    c.add_argument(
+        "--default",
+        action="store_true",
+        help=f"also build tag {DEFAULT_TAG!r}: a default `codl-tvm compile` (plans, times the "
+        "plan and each processor alone here, keeps the fastest; timed one at a time)",
+    )
+    c.add_argument("--model-dir", help="ONNX files NAME.onnx for models outside the ten")
+    c.add_argument("--build-cache", help="the build cache (default OUT/build_cache)")
     from codl_tvm.cli.plan import weight_gbps
 
     c.add_argument(

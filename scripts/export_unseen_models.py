@@ -106,7 +106,11 @@ def export(name: str, out_dir: Path) -> dict:
             output_names=["output"],
         )
     sha = hashlib.sha256(path.read_bytes()).hexdigest()
+    import torchvision  # deferred: a benchmark-time tool
+
     return {
+        # the graph depends on the exporter: say which made it
+        "exported_with": {"torch": torch.__version__, "torchvision": torchvision.__version__},
         "name": name,
         "source": f"{source}.{ctor}",
         "input": [1, *chw],
