@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -322,3 +323,40 @@ def test_coexec_benchmark_helpers_build_and_run_a_split_conv(tmp_path, opencl):
     out, ms = run_coexec_library(built.library, [tvm.runtime.tensor(x, dev)], dev, 1, 1)
     np.testing.assert_allclose(out, build(model.mod, "cpu")([x])[0], rtol=1e-4, atol=1e-4)
     assert isinstance(ms, float)
+
+
+def test_never_slower_report_pairs_the_default_with_the_faster_processor(tmp_path, capsys):
+    from tests.scripts_util import script_module
+
+    run = _run_json(
+        tmp_path / "run.json",
+        {
+            # kept the CPU alone, which is the faster processor: ties it
+            "mobilenet_v2": {"cpu": [2.0, 2.0, 2.0], "gpu": [5.0, 5.0, 5.0], "default": [2.0] * 3},
+            # a known model whose default build lost to the GPU alone in every round
+            "vgg19": {"cpu": [9.0, 9.0, 9.0], "gpu": [4.0, 4.0, 4.0], "default": [5.0, 5.0, 4.8]},
+        },
+    )
+    data = json.loads(Path(run).read_text())
+    data["results"]["models"]["mobilenet_v2"]["rows"]["default"]["verify"] = {"chosen": "cpu"}
+    data["results"]["models"]["vgg19"]["rows"]["default"]["verify"] = {"chosen": "coexec"}
+    Path(run).write_text(json.dumps(data))
+    out = tmp_path / "ns.json"
+    with script_module("bench_never_slower") as ns:
+        ns.main(["report", "--runs", run, "--labels", "k14", "--out", str(out)])
+    got = json.loads(out.read_text())["results"]
+    rows = {r["model"]: r for r in got["rows"]}
+    mob, vgg = rows["mobilenet_v2"], rows["vgg19"]
+    assert (mob["unseen"], mob["kept"], mob["best_single"], mob["meets_floor"]) == (
+        True,
+        "cpu",
+        "cpu",
+        True,
+    )
+    assert (vgg["unseen"], vgg["kept"], vgg["best_single"]) == (False, "coexec", "gpu")
+    # the GPU alone over the default build, round by round: 0.8, 0.8, 0.833
+    assert vgg["speedup_vs_best_single"]["median_ratio"] == pytest.approx(0.8)
+    assert vgg["speedup_vs_best_single"]["rounds_a_faster"] == 3
+    assert not vgg["meets_floor"] and not vgg["kept_is_fastest_in_evaluation"]
+    assert got["summary"]["known"] == {"models": 1, "meets_floor": 0, "worst": pytest.approx(0.8)}
+    assert "vgg19" in capsys.readouterr().out
