@@ -9,8 +9,10 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from codl_tvm.schedules import cpu_config, winograd_enabled
+from codl_tvm.schedules.presets import PACKED_CPU_ALONE, WINOGRAD_CPU_ALONE
 
-from codl_tvm.build.cache import BuildSpec, Libraries, code_digest, source_files
+from codl_tvm.build.cache import BuildSpec, Libraries, code_digest, source_files, spec_settings
 from codl_tvm.build.targets import get_preset
 from codl_tvm.core.plan import uniform_plan
 from codl_tvm.frontend.importer import load_onnx
@@ -84,3 +86,23 @@ def test_library_specs_keep_only_the_settings_a_build_uses(tmp_path):
     assert after.key() != before.key()
     assert libs.spec("cpu", None) == cpu and libs.spec("opencl", None) == gpu
     assert after.cpu_target == str(get_preset("opencl").target("cpu"))
+
+
+def test_a_build_reads_its_switches_from_its_spec():
+    """The switches a library is built under come from its spec, not from the blocks the
+    compile entered: a worker process (outside those blocks) builds the same library."""
+    preset = get_preset("opencl")
+    plain = _spec(device="opencl", plan=None)
+    with winograd_enabled("all"):  # the compile's switch: not the plain spec's
+        assert spec_settings(plain, preset).winograd == frozenset()
+    alone = _spec(device="cpu", plan=None, cpu_alone_winograd=True, cpu_alone_packed=True)
+    settings = spec_settings(alone, preset)
+    assert settings.winograd == frozenset(WINOGRAD_CPU_ALONE) and settings.cpu_alone
+    assert settings.packed == frozenset(PACKED_CPU_ALONE)
+    assert (
+        spec_settings(_spec(winograd=True), preset).winograd
+        == spec_settings(_spec(device="cpu", winograd=True), preset).winograd
+    )
+    coexec = _spec(coexec_cpu_algorithms=("packed",), coexec_cpu_alone=True)
+    settings = spec_settings(coexec, preset)
+    assert settings.packed == {cpu_config(preset.target("cpu")).name} and settings.cpu_alone

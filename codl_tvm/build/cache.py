@@ -6,7 +6,10 @@ every build setting. The cache's key is the spec's digest, and the builds of
 drift from what was built (a hand-kept list of key fields could miss a new setting and hand
 out a stale library).
 
-Building needs TVM's compiler (imported when a build starts).
+Every build is :func:`build_library` of a spec, its schedule switches taken from the spec
+(:func:`spec_settings`), so a worker process (:mod:`codl_tvm.build.parallel`) builds the same
+library as the compile's own process would. Building needs TVM's compiler (imported when a
+build starts).
 """
 
 from __future__ import annotations
@@ -18,19 +21,29 @@ import importlib.util
 import json
 import logging
 import shutil
-from collections.abc import Callable
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import tvm
 
+from codl_tvm.build.parallel import BackgroundBuilds, BuildJob, default_workers
 from codl_tvm.build.targets import TargetPreset, export_library
+from codl_tvm.core.errors import BuildError
 from codl_tvm.core.plan import PartitionPlan
 from codl_tvm.runtime.artifact import PROCESSOR_NAMES, Manifest, replace_file
 from codl_tvm.runtime.weights import write_weights
 
-__all__ = ["BuildSpec", "Libraries", "code_digest", "source_files", "switch_on"]
+__all__ = [
+    "BuildSpec",
+    "Libraries",
+    "build_library",
+    "code_digest",
+    "source_files",
+    "spec_settings",
+    "switch_on",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -136,13 +149,101 @@ class BuildSpec:
         return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
+def spec_settings(spec: BuildSpec, preset_obj: TargetPreset):
+    """The schedule switches (a :class:`~codl_tvm.schedules.ScheduleSettings`) the build of
+    ``spec`` runs under, from the spec alone: a build in a worker process, where the compile's
+    switches are not on, and one in the compile's process build the same library, the one the
+    key names.
+
+    Winograd / packed convs for every preset (``spec.winograd``, ``spec.packed``), the preset
+    CPU's CPU-alone kernels (a build for the CPU alone), and a co-executed build's CPU-part
+    algorithms and CPU-alone settings."""
+    # deferred: the schedules need TVM's compiler (see Libraries._build)
+    from codl_tvm.schedules import ScheduleSettings, cpu_config
+    from codl_tvm.schedules.presets import PACKED_CPU_ALONE, WINOGRAD_CPU_ALONE
+
+    winograd: set[str] = set()
+    packed: set[str] = set()
+    if spec.cpu_alone_winograd:
+        winograd |= set(WINOGRAD_CPU_ALONE)
+    if spec.cpu_alone_packed:
+        packed |= set(PACKED_CPU_ALONE)
+    if spec.coexec_cpu_algorithms:
+        name = cpu_config(preset_obj.target("cpu")).name
+        if "winograd" in spec.coexec_cpu_algorithms:
+            winograd.add(name)
+        if "packed" in spec.coexec_cpu_algorithms:
+            packed.add(name)
+    return ScheduleSettings(
+        winograd="all" if spec.winograd else frozenset(winograd),
+        packed="all" if spec.packed else frozenset(packed),
+        # a build for the CPU alone gets the CPU-alone settings with its packed convs
+        cpu_alone=spec.cpu_alone_packed if spec.device == "cpu" else spec.coexec_cpu_alone,
+    )
+
+
+def build_library(
+    path: Path, spec: BuildSpec, mod: tvm.IRModule, preset_obj: TargetPreset
+) -> tuple[dict | None, dict | None]:
+    """Build ``mod`` as ``spec`` describes and export it to ``path`` (its weights, when
+    ``spec.weights`` is ``"beside"``, to ``<path>.weights``).
+
+    Every setting comes from ``spec`` and ``preset_obj`` (:func:`spec_settings`), so a worker
+    process rebuilds from them alone (:mod:`codl_tvm.build.parallel`).
+
+    Returns
+    -------
+    tuple
+        A co-executed build's kernel splits (else None) and, weights beside, the weights
+        file's record (else None).
+    """
+    # deferred: building needs TVM's compiler, and this package is imported where TVM is
+    # runtime-only (artifacts on a device)
+    from codl_tvm.build.pipeline import coexec_pipeline, single_device_pipeline
+    from codl_tvm.schedules import use_settings
+
+    splits: dict | None = {} if spec.device == "coexec" else None
+    weights: dict | None = {} if spec.weights == "beside" else None
+    if spec.device == "coexec":
+        gpu, cpu = preset_obj.target("gpu"), preset_obj.target("cpu")
+        logger.info("building %s for co-execution (preset %s)", Path(path).stem, spec.preset)
+        pipeline = coexec_pipeline(
+            PartitionPlan.from_json(spec.plan),
+            gpu,
+            cpu,
+            channel_blocks=spec.channel_blocks,
+            row_blocks=spec.row_blocks,
+            kernel_splits=splits,
+            weights=weights,
+        )
+        target = gpu
+    else:
+        target = preset_obj.target("cpu" if spec.device == "cpu" else "gpu")
+        logger.info(
+            "building for the %s alone (preset %s)", PROCESSOR_NAMES[spec.device], spec.preset
+        )
+        pipeline = single_device_pipeline(target, weights=weights)
+    with use_settings(spec_settings(spec, preset_obj)):
+        executable = tvm.compile(mod, target=target, relax_pipeline=pipeline)
+    export_library(executable, path, preset_obj)
+    record = None
+    if weights is not None:
+        record = write_weights(
+            Path(path).with_suffix(".weights"), weights.get("arrays") or [], weights.get("key")
+        )
+    return splits, record
+
+
 class Libraries:
     """The exported libraries of one compile, in its work directory, reused from and stored in
-    a build cache where one is given (keyed by :class:`BuildSpec`).
+    a build cache where one is given (keyed by :class:`BuildSpec`), or built in worker
+    processes started early (:meth:`start_single`).
 
     The settings that differ between the builds of one compile are attributes set by the
     compile (:attr:`coexec_cpu_algorithms`, :attr:`coexec_cpu_alone`, :attr:`channel_blocks`,
-    :attr:`row_blocks`); :meth:`spec` turns them into the spec of one library."""
+    :attr:`row_blocks`); :meth:`spec` turns them into the spec of one library. :attr:`builds`
+    records how each library came (``{"source": "cache" | "worker" | "here", "s": seconds}``).
+    """
 
     def __init__(
         self,
@@ -170,8 +271,9 @@ class Libraries:
         # library name -> the spec it was built from, and (weights beside) its weights record
         self.specs: dict[str, BuildSpec] = {}
         self.weights: dict[str, dict] = {}
-        self._pending_weights: dict | None = None
-        self._pending_splits: dict | None = None
+        # library name -> how it came and how long that took
+        self.builds: dict[str, dict[str, Any]] = {}
+        self._background: BackgroundBuilds | None = None
         if cache is not None:
             cache.mkdir(parents=True, exist_ok=True)
 
@@ -202,57 +304,137 @@ class Libraries:
         """The build-cache key of the library of ``device`` (with ``plan``)."""
         return self.spec(device, plan).key()
 
-    def get(self, name: str, spec: BuildSpec, build: Callable[[BuildSpec], Any]) -> Path:
-        """The library ``name`` described by ``spec``, from the cache or ``build(spec)``.
+    def _path(self, name: str) -> Path:
+        return self.work / f"{name.replace(':', '_')}.so"
+
+    def _cached(self, spec: BuildSpec) -> Path | None:
+        """The cache's library of ``spec`` with every file beside it, or None."""
+        if self.cache is None:
+            return None
+        cached = self.cache / f"{spec.key()}.so"
+        files = [cached]
+        if spec.weights == "beside":
+            files += [cached.with_suffix(".weights"), cached.with_suffix(".weights.json")]
+        return cached if all(f.is_file() for f in files) else None
+
+    def start_single(self, devices: tuple[str, ...] = ("cpu", "opencl"), workers=None) -> None:
+        """Start the builds for each of ``devices`` alone in worker processes
+        (:class:`~codl_tvm.build.parallel.BackgroundBuilds`), while the compile plans and
+        builds its co-executed library; :meth:`single` then takes each finished library.
+
+        Libraries the build cache holds are not built. ``workers`` (default
+        :func:`~codl_tvm.build.parallel.default_workers`) of 0 starts nothing: the builds then
+        run in this process when :meth:`single` asks for them."""
+        specs = {d: self.spec(d, None) for d in devices}
+        jobs = [
+            BuildJob(d, spec, self._path(d))
+            for d, spec in specs.items()
+            if self._cached(spec) is None
+        ]
+        workers = default_workers(len(jobs)) if workers is None else min(workers, len(jobs))
+        if not jobs or workers <= 0:
+            return
+        self._background = BackgroundBuilds(
+            Path(self.model.path), self._model, self.preset, jobs, build_library, workers
+        )
+
+    def close(self) -> None:
+        """Stop the worker processes still building (a compile that ends early)."""
+        if self._background is not None:
+            self._background.close()
+            self._background = None
+
+    def get(self, name: str, spec: BuildSpec) -> Path:
+        """The library ``name`` described by ``spec``: from the cache, from a worker started
+        by :meth:`start_single`, or built here (:func:`build_library`).
 
         The kernel splits a co-executed build records are kept beside it (in the cache too,
         ``<key>.splits.json``) and in :attr:`kernel_splits` under ``name``. A library with its
         weights beside it (``spec.weights``) has them in ``<library>.weights`` (the cache's
-        ``<key>.weights`` and ``<key>.weights.json``) and their record in :attr:`weights`."""
-        path = self.work / f"{name.replace(':', '_')}.so"
+        ``<key>.weights`` and ``<key>.weights.json``) and their record in :attr:`weights`.
+
+        Raises
+        ------
+        BuildError
+            The build failed (in a worker or here); the message is the build's error.
+        """
+        path = self._path(name)
         self.specs[name] = spec
-        cached = None if self.cache is None else self.cache / f"{spec.key()}.so"
-        sidecar = None if cached is None else cached.with_suffix(".splits.json")
+        start = time.perf_counter()
+        cached = self._cached(spec)
         beside = spec.weights == "beside"
-        wpath = path.with_suffix(".weights")
-        cached_w = None if cached is None else cached.with_suffix(".weights")
-        record_w = None if cached is None else cached.with_suffix(".weights.json")
-        if (
-            cached is not None
-            and cached.is_file()
-            and (not beside or (cached_w.is_file() and record_w.is_file()))
-        ):
+        if cached is not None:
             logger.info("reusing the %s library from the build cache (%s)", name, cached.name)
             shutil.copyfile(cached, path)
+            sidecar = cached.with_suffix(".splits.json")
             if sidecar.is_file():
                 self.kernel_splits[name] = json.loads(sidecar.read_text())
             if beside:
-                shutil.copyfile(cached_w, wpath)
-                self.weights[name] = json.loads(record_w.read_text())
+                shutil.copyfile(cached.with_suffix(".weights"), path.with_suffix(".weights"))
+                self.weights[name] = json.loads(cached.with_suffix(".weights.json").read_text())
+            self.builds[name] = {"source": "cache", "s": round(time.perf_counter() - start, 3)}
             return path
-        self._pending_splits = None
-        self._pending_weights = {} if beside else None
-        export_library(build(spec), path, self.preset)
-        if self._pending_splits:
-            self.kernel_splits[name] = self._pending_splits
+        splits, record, source = self._built_elsewhere(name, spec)
+        if source is None:
+            try:
+                splits, record = build_library(path, spec, self.model.mod, self.preset)
+            except Exception as exc:  # a kernel that does not build: the caller decides
+                self.builds[name] = {"source": "here", "s": round(time.perf_counter() - start, 3)}
+                raise BuildError(f"{type(exc).__name__}: {exc}") from exc
+            source = "here"
+            self.builds[name] = {"source": source, "s": round(time.perf_counter() - start, 3)}
+        if splits:
+            self.kernel_splits[name] = splits
         if beside:
-            found = self._pending_weights
-            self.weights[name] = write_weights(wpath, found.get("arrays") or [], found.get("key"))
-        if cached is not None:
-            replace_file(cached, lambda tmp: shutil.copyfile(path, tmp))
-            if name in self.kernel_splits:
-                text = json.dumps(self.kernel_splits[name])
-                replace_file(sidecar, lambda tmp: tmp.write_text(text))
-            if beside:
-                replace_file(cached_w, lambda tmp: shutil.copyfile(wpath, tmp))
-                text = json.dumps(self.weights[name])
-                replace_file(record_w, lambda tmp: tmp.write_text(text))
+            self.weights[name] = record
+        self._store(spec, path, name)
         return path
+
+    def _built_elsewhere(self, name: str, spec: BuildSpec) -> tuple[Any, Any, str | None]:
+        """Library ``name`` from a background worker: ``(splits, weights record, "worker")``,
+        or ``(None, None, None)`` where no worker built it (then build it here)."""
+        bg = self._background
+        if bg is None or name not in bg or bg.jobs[name].spec != spec:
+            return None, None, None
+        start = time.perf_counter()
+        result = bg.result(name)
+        if result is None:  # its worker could not start
+            return None, None, None
+        waited = time.perf_counter() - start
+        self.builds[name] = {
+            "source": "worker",
+            "s": round(result.seconds, 3),
+            "waited_s": round(waited, 3),
+        }
+        if result.error is not None:
+            raise BuildError(result.error)
+        logger.info(
+            "the %s library was built in a worker process (%.1f s; waited %.1f s for it)",
+            name,
+            result.seconds,
+            waited,
+        )
+        return result.splits, result.weights, "worker"
+
+    def _store(self, spec: BuildSpec, path: Path, name: str) -> None:
+        """Put the library ``name`` just built (and its files) in the build cache."""
+        if self.cache is None:
+            return
+        cached = self.cache / f"{spec.key()}.so"
+        replace_file(cached, lambda tmp: shutil.copyfile(path, tmp))
+        if name in self.kernel_splits:
+            text = json.dumps(self.kernel_splits[name])
+            replace_file(cached.with_suffix(".splits.json"), lambda tmp: tmp.write_text(text))
+        if spec.weights == "beside":
+            wpath = path.with_suffix(".weights")
+            replace_file(cached.with_suffix(".weights"), lambda tmp: shutil.copyfile(wpath, tmp))
+            text = json.dumps(self.weights[name])
+            replace_file(cached.with_suffix(".weights.json"), lambda tmp: tmp.write_text(text))
 
     def name_of(self, path: Path) -> str:
         """The name of the library at ``path`` (one this compile built or reused)."""
         for name in self.specs:
-            if self.work / f"{name.replace(':', '_')}.so" == Path(path):
+            if self._path(name) == Path(path):
                 return name
         raise KeyError(path)
 
@@ -260,72 +442,13 @@ class Libraries:
         """Library ``name`` (built by this compile) again with its weights stored ``weights``
         (library ``<name>:weights-<weights>``)."""
         spec = dataclasses.replace(self.specs[name], weights=weights)
-        build = self._build_coexec if spec.device == "coexec" else self._build_single
-        return self.get(f"{name}:weights-{weights}", spec, build)
+        return self.get(f"{name}:weights-{weights}", spec)
 
     def coexec(self, name: str, plan: PartitionPlan) -> Path:
         """The co-executed build of ``plan`` (library ``name``: ``"coexec"``,
         ``"coexec:<mode>"``, ...)."""
-        return self.get(name, self.spec("coexec", plan), self._build_coexec)
+        return self.get(name, self.spec("coexec", plan))
 
     def single(self, device: str) -> Path:
         """The model built for one processor (``cpu`` or ``opencl``)."""
-        return self.get(device, self.spec(device, None), self._build_single)
-
-    def _build_coexec(self, spec: BuildSpec):
-        # deferred here and in _build_single: building needs TVM's compiler, and this package is
-        # imported where TVM is runtime-only (artifacts on a device)
-        from codl_tvm.build.pipeline import coexec_pipeline
-        from codl_tvm.schedules import cpu_alone_settings
-
-        plan = PartitionPlan.from_json(spec.plan)
-        gpu, cpu = self.preset.target("gpu"), self.preset.target("cpu")
-        logger.info(
-            "building %s for co-execution (preset %s)", Path(self.model.path).name, spec.preset
-        )
-        self._pending_splits = {}
-        with contextlib.ExitStack() as stack:
-            # the switches the compile entered for planning, from the spec: what the key says
-            switch_on(stack, spec.coexec_cpu_algorithms, self.preset)
-            if spec.coexec_cpu_alone:
-                stack.enter_context(cpu_alone_settings(True))
-            return tvm.compile(
-                self.model.mod,
-                target=gpu,
-                relax_pipeline=coexec_pipeline(
-                    plan,
-                    gpu,
-                    cpu,
-                    channel_blocks=spec.channel_blocks,
-                    row_blocks=spec.row_blocks,
-                    kernel_splits=self._pending_splits,
-                    weights=self._pending_weights,
-                ),
-            )
-
-    def _build_single(self, spec: BuildSpec):
-        # deferred: needs TVM's compiler (see _build_coexec)
-        from codl_tvm.build.pipeline import single_device_pipeline
-        from codl_tvm.schedules import cpu_alone_settings, packed_enabled, winograd_enabled
-        from codl_tvm.schedules.presets import PACKED_CPU_ALONE, WINOGRAD_CPU_ALONE
-        from codl_tvm.schedules.settings import packed_presets, winograd_presets
-
-        device = spec.device
-        target = self.preset.target("cpu" if device == "cpu" else "gpu")
-        presets = set(winograd_presets())
-        packed = set(packed_presets())
-        if spec.cpu_alone_winograd:
-            presets |= set(WINOGRAD_CPU_ALONE)
-        if spec.cpu_alone_packed:
-            packed |= set(PACKED_CPU_ALONE)
-        logger.info("building for the %s alone (preset %s)", PROCESSOR_NAMES[device], spec.preset)
-        with (
-            winograd_enabled(presets),
-            packed_enabled(packed),
-            cpu_alone_settings(spec.cpu_alone_packed),
-        ):
-            return tvm.compile(
-                self.model.mod,
-                target=target,
-                relax_pipeline=single_device_pipeline(target, weights=self._pending_weights),
-            )
+        return self.get(device, self.spec(device, None))

@@ -4,7 +4,8 @@ artifact directory.
 One compile is four phases over one :class:`_Compile` (its options, model, libraries and the
 typed :class:`~codl_tvm.runtime.artifact.Manifest` it fills): resolve the plan (the planning
 policy, :func:`codl_tvm.planner.policy.resolve_plan`, shared with ``run --plan auto``), build
-(:class:`~codl_tvm.build.cache.Libraries`, keyed by a :class:`~codl_tvm.build.cache.BuildSpec`),
+(:class:`~codl_tvm.build.cache.Libraries`, keyed by a :class:`~codl_tvm.build.cache.BuildSpec`;
+a compile that measures builds each processor alone in worker processes while it plans),
 verify (time the candidates, :mod:`codl_tvm.objectives.verify`) and finalize (weights, program
 binaries, reference outputs, manifest). The directory is written through
 :mod:`codl_tvm.runtime.artifact`, which swaps it in only when complete.
@@ -46,7 +47,7 @@ from codl_tvm.core.plan import PartitionPlan
 from codl_tvm.cost_model.defaults import default_model_path
 from codl_tvm.frontend.importer import OnnxModel, load_onnx, random_inputs
 from codl_tvm.objectives.measure import cost_model_mismatch, measurement
-from codl_tvm.objectives.verify import refined_candidates
+from codl_tvm.objectives.verify import build_candidate, refined_candidates
 from codl_tvm.objectives.verify import verify as verify_builds
 from codl_tvm.options import CompileOptions, OptionsError
 from codl_tvm.planner import PlannerConfig, PlanReport
@@ -115,15 +116,22 @@ def compile_artifact(
     model_path, out = Path(model_path), Path(out_dir)
     if not model_path.is_file():
         raise ArtifactError(f"{model_path}: no such model file")
+    start = time.perf_counter()
     with staged_directory(out, options.force) as stage, _algorithms_for_every_preset(options):
         job = _Compile.start(model_path, stage, options)
         try:
+            job.start_candidate_builds()
             built = job.build() if job.device != "coexec" else job.build_coexec()
             job.finalize(built)
         finally:
             job.close()
         job.write_manifest()
-    logger.info("wrote %s/ (%s)", out, ", ".join(sorted(p.name for p in out.iterdir())))
+    logger.info(
+        "wrote %s/ (%s) in %.1f s",
+        out,
+        ", ".join(sorted(p.name for p in out.iterdir())),
+        time.perf_counter() - start,
+    )
     return out
 
 
@@ -176,6 +184,8 @@ class _Compile:
     plans: dict[str, tuple] = field(default_factory=dict)
     seen: set[str] = field(default_factory=set)
     refined: dict[str, tuple] = field(default_factory=dict)
+    # candidates that failed to build or run: name -> reason (manifest.verify["dropped"])
+    dropped: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def start(cls, model_path: Path, out: Path, options: CompileOptions) -> _Compile:
@@ -224,7 +234,16 @@ class _Compile:
         job.rounds, job.unchecked = rounds, unchecked
         return job
 
+    def start_candidate_builds(self) -> None:
+        """A co-executed compile that measures times each processor alone: start those builds
+        in worker processes now (they need no plan), beside planning and the co-executed
+        build (:meth:`~codl_tvm.build.cache.Libraries.start_single`)."""
+        if self.rounds and self.device == "coexec" and self.preset.has_gpu:
+            self.libraries.start_single(("cpu", "opencl"))
+
     def close(self) -> None:
+        """Stop the build workers still running and remove the work directory."""
+        self.libraries.close()
         self.switches.close()
         shutil.rmtree(self.work, ignore_errors=True)
 
@@ -378,7 +397,13 @@ class _Compile:
         libraries.channel_blocks = bool(o.split_channel_blocks)
         libraries.row_blocks = bool(o.split_row_blocks)
         runtime.load()
-        built = libraries.coexec("coexec", self.plan)
+        if self.rounds:
+            # measured: a co-executed build that fails is dropped, the processors alone decide
+            built = build_candidate(
+                "coexec", lambda: libraries.coexec("coexec", self.plan), self.dropped, libraries
+            )
+        else:
+            built = libraries.coexec("coexec", self.plan)
         manifest.kernel_splits = libraries.kernel_splits.get("coexec")
         self._write_placement(self.plan)
         manifest.targets = {
@@ -407,14 +432,15 @@ class _Compile:
 
     # -- phase 3: verify -----------------------------------------------------------------------
 
-    def verify(self, built: Path) -> Path:
+    def verify(self, built: Path | None) -> Path:
         """Time the co-executed candidates against each processor alone
-        (:func:`codl_tvm.objectives.verify.verify`) and make the fastest the artifact's."""
+        (:func:`codl_tvm.objectives.verify.verify`) and make the fastest the artifact's;
+        ``built`` is the primary plan's build (None: it failed, and was dropped)."""
         # deferred: needs TVM's compiler (see the module docstring)
         from codl_tvm.planner.policy import candidate_plans
 
         o, manifest = self.options, self.manifest
-        self.candidates = {"coexec": built}
+        self.candidates = {"coexec": built} if built is not None else {}
         if o.verify_modes and self.report is not None:
             cost_model = manifest.plan["cost_model"]["file"]
             self.plans = candidate_plans(
@@ -431,7 +457,9 @@ class _Compile:
                 *(k.split(":", 1)[1] for k in self.plans),
             ]
             for name, (cand, _) in self.plans.items():
-                self.candidates[name] = self.libraries.coexec(name, cand)
+                path = self._build_candidate(name, cand)
+                if path is not None:
+                    self.candidates[name] = path
         self.seen = {self.plan.to_json(), *(c.to_json() for c, _ in self.plans.values())}
         built = verify_builds(
             self.model,
@@ -442,6 +470,7 @@ class _Compile:
             manifest,
             o.remote,
             self._more_candidates,
+            self.dropped,
         )
         chosen = manifest.verify["chosen"]
         manifest.kernel_splits = self.libraries.kernel_splits.get(chosen)
@@ -480,9 +509,11 @@ class _Compile:
             if record is not None:
                 manifest.plan["calibration"] = record
         self.plans.update(found)
-        libs = {name: self.libraries.coexec(name, c) for name, (c, _) in found.items()}
-        if o.refine:
-            source = min((k for k in ms if k.startswith("coexec")), key=ms.get)
+        libs = {name: self._build_candidate(name, c) for name, (c, _) in found.items()}
+        libs = {name: path for name, path in libs.items() if path is not None}
+        coexec = [k for k in ms if k.startswith("coexec")]
+        if o.refine and coexec:  # refinement starts from a co-executed build that ran
+            source = min(coexec, key=ms.get)
             mode = source.split(":")[1] if source in self.plans else manifest.plan.get("mode")
             libs.update(
                 refined_candidates(
@@ -496,6 +527,7 @@ class _Compile:
                     self.seen,
                     self.refined,
                     mode,
+                    self.dropped,
                 )
             )
             manifest.plan["refine"] = {
@@ -504,6 +536,12 @@ class _Compile:
                 "candidates": {name: rec for name, (_, rec) in self.refined.items()},
             }
         return libs
+
+    def _build_candidate(self, name: str, plan: PartitionPlan) -> Path | None:
+        """The co-executed build ``name`` of ``plan``; None where it fails (dropped, said in
+        one line: :func:`~codl_tvm.objectives.verify.build_candidate`)."""
+        libraries = self.libraries
+        return build_candidate(name, lambda: libraries.coexec(name, plan), self.dropped, libraries)
 
     def _adopt_plan(self, plan: PartitionPlan, report: PlanReport | None, mode: str) -> None:
         """Make the plan that verify measured fastest the artifact's plan (its files and

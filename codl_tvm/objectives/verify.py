@@ -10,7 +10,9 @@ single processor. Timing runs here, or on a device through a TVM RPC tracker.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import re
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
@@ -21,7 +23,8 @@ from tvm.runtime.vm import VirtualMachine
 
 from codl_tvm import runtime
 from codl_tvm.build.cache import Libraries
-from codl_tvm.core.errors import ArtifactError
+from codl_tvm.build.targets import TargetPreset, cpu_record
+from codl_tvm.core.errors import ArtifactError, RemoteFailure
 from codl_tvm.frontend.importer import random_inputs
 from codl_tvm.planner.split.refine import RefineError, moves, refine_plan, split_times
 from codl_tvm.profiling.trace import trace_inference
@@ -29,7 +32,18 @@ from codl_tvm.rpc.client import RPCError, check_remote_versions, request_remote
 from codl_tvm.runtime.artifact import PROCESSOR_NAMES, Manifest
 from codl_tvm.runtime.vm import time_vm
 
-__all__ = ["refine_from_timelines", "refined_candidates", "time_here", "time_remote", "verify"]
+__all__ = [
+    "build_candidate",
+    "candidate_words",
+    "drop",
+    "error_summary",
+    "operator_named",
+    "refine_from_timelines",
+    "refined_candidates",
+    "time_here",
+    "time_remote",
+    "verify",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +57,7 @@ def verify(
     manifest: Manifest,
     remote: tuple[str, str] | None,
     more: Callable[[dict[str, float]], dict[str, Path]] | None = None,
+    dropped: dict[str, str] | None = None,
 ) -> Path:
     """Time the co-executed builds (``candidates``: ``"coexec"`` and ``"coexec:<mode>"`` to
     their exported libraries) against each processor alone (here, or on ``remote``, a
@@ -52,18 +67,44 @@ def verify(
     ``more``, given the medians of that first timing, returns more candidate libraries (plans
     re-made with the cost model calibrated to the measured single-processor latencies, plans
     refined from timelines of the fastest co-executed build); if it returns any, every build is
-    timed again with them and the second timing decides."""
+    timed again with them and the second timing decides.
+
+    A candidate that does not build or run is dropped with one warning (:func:`drop`) and
+    recorded in ``manifest.verify["dropped"]`` with those the caller dropped already
+    (``dropped``: name -> reason); the others decide. How each library came (built here, in a
+    worker, from the cache) and how long that took is ``manifest.verify["builds"]``.
+
+    Raises
+    ------
+    ArtifactError
+        Every candidate was dropped.
+    """
+    dropped = {} if dropped is None else dropped
     libs = dict(candidates)
     for device in ("cpu", "opencl"):
-        libs[device] = libraries.single(device)
+        path = build_candidate(device, lambda d=device: libraries.single(d), dropped, libraries)
+        if path is not None:
+            libs[device] = path
     values = random_inputs(model, seed)
     inputs = [values[s.name] for s in model.inputs]
 
     def measure():
-        if remote is None:
-            samples, where = time_here(libs, inputs, rounds), "this machine"
+        failed: dict[str, Exception] = {}
+        if not libs:
+            samples, where = {}, "this machine" if remote is None else f"RPC key {remote[1]}"
+        elif remote is None:
+            samples, where = time_here(libs, inputs, rounds, failed), "this machine"
         else:
-            samples, where = time_remote(libs, inputs, rounds, *remote)
+            samples, where = time_remote(libs, inputs, rounds, *remote, failed=failed)
+        for name, exc in failed.items():
+            drop(dropped, name, "run", exc, libraries.preset, where)
+            libs.pop(name)
+        if not samples:
+            raise ArtifactError(
+                "verify: every candidate build failed ("
+                + "; ".join(f"{k}: {v}" for k, v in dropped.items())
+                + ")"
+            )
         return samples, where, {name: float(np.median(v)) for name, v in samples.items()}
 
     samples, where, ms = measure()
@@ -85,6 +126,8 @@ def verify(
         "median_ms": ms,
         "samples_ms": samples,
         "chosen": chosen,
+        "dropped": dict(dropped),
+        "builds": {k: libraries.builds[k] for k in (*libs, *dropped) if k in libraries.builds},
     }
     if first is not None:
         manifest.verify["first_timing"] = first
@@ -99,17 +142,125 @@ def verify(
         manifest.device = chosen
         manifest.vm_devices = [chosen]
         coexec = [v for k, v in ms.items() if k.startswith("coexec")]
+        failed = [k for k in dropped if k.startswith("coexec")]
         # "(--verify)": the manifest's words, which earlier artifacts have too
-        manifest.plan["fallback"] = (
-            f"measured {min(coexec):.3f} ms co-executed vs {ms[chosen]:.3f} ms on the "
-            f"{PROCESSOR_NAMES[chosen]} alone (--verify)"
-            if coexec
-            else f"measured {ms[chosen]:.3f} ms on the {PROCESSOR_NAMES[chosen]} alone, faster "
-            "than the other processor alone (the plan splits nothing)"
-        )
+        if coexec:
+            why = (
+                f"measured {min(coexec):.3f} ms co-executed vs {ms[chosen]:.3f} ms on the "
+                f"{PROCESSOR_NAMES[chosen]} alone (--verify)"
+            )
+        elif failed:
+            why = (
+                f"the co-executed build{'s' if len(failed) > 1 else ''} failed "
+                f"({', '.join(failed)}: see verify.dropped); measured {ms[chosen]:.3f} ms on "
+                f"the {PROCESSOR_NAMES[chosen]} alone"
+            )
+        else:
+            why = (
+                f"measured {ms[chosen]:.3f} ms on the {PROCESSOR_NAMES[chosen]} alone, faster "
+                "than the other processor alone (the plan splits nothing)"
+            )
+        manifest.plan["fallback"] = why
         target = libraries.preset.target("cpu" if chosen == "cpu" else "gpu")
         manifest.targets = {chosen: str(target)}
     return libs[chosen]
+
+
+def build_candidate(
+    name: str, build: Callable[[], Path], dropped: dict[str, str], libraries: Libraries
+) -> Path | None:
+    """``build()``, the library of candidate ``name``; None where it fails: the candidate is
+    then dropped (:func:`drop`) and the others decide."""
+    try:
+        return build()
+    except Exception as exc:  # a kernel that does not build for its device, and any other
+        logger.debug("the %s build failed", name, exc_info=True)
+        drop(dropped, name, "build", exc, libraries.preset)
+        return None
+
+
+def drop(
+    dropped: dict[str, str],
+    name: str,
+    stage: str,
+    exc: BaseException,
+    preset: TargetPreset,
+    where: str | None = None,
+) -> None:
+    """Record candidate ``name`` as dropped (``dropped[name]``: the reason) and say so in one
+    warning line naming the candidate, its processors and the operator the error names.
+
+    ``stage`` is ``"build"`` or ``"run"``; ``where`` the machine that ran it (None: a build,
+    or this machine)."""
+    message = str(exc)
+    operator = operator_named(message)
+    reason = (
+        f"its {'build' if stage == 'build' else 'run'} failed"
+        + (f" in operator {operator}" if operator else "")
+        + f": {error_summary(message) or type(exc).__name__}"
+    )
+    dropped[name] = reason
+    logger.warning(
+        "verify: dropping %s: %s", candidate_words(name, preset, where), reason.replace("\n", " ")
+    )
+
+
+#: Where an error message names the function (the operator) that failed, first match wins:
+#: TVMScript of a PrimFunc (``def fused_conv2d_add(...)``), a named PrimFunc, function or
+#: kernel, a global (``@fused_conv2d``), a fused operator's name.
+_OPERATOR_PATTERNS = (
+    re.compile(r"\bdef\s+([A-Za-z_]\w*)\s*\("),
+    re.compile(r"(?:PrimFunc|[Ff]unction|[Kk]ernel)\s+[`'\"]?@?([A-Za-z_]\w*_\w*)"),
+    re.compile(r"@([A-Za-z_]\w*)\b(?![.\w])"),
+    re.compile(r"\b(fused_\w+)"),
+)
+
+
+def operator_named(message: str) -> str | None:
+    """The operator (a PrimFunc or kernel name) a TVM error message names, else None."""
+    for pattern in _OPERATOR_PATTERNS:
+        found = pattern.search(message)
+        if found:
+            return found.group(1)
+    return None
+
+
+def error_summary(message: str, limit: int = 200) -> str:
+    """One line of an error message: its first line that says something (TVM's messages start
+    with a traceback or the IR only in some builds), at most ``limit`` characters."""
+    lines = [ln.strip() for ln in message.splitlines() if ln.strip()]
+    if lines and lines[0].startswith("Traceback"):
+        lines = lines[-1:]
+    text = lines[0] if lines else ""
+    if text.endswith(":") and len(lines) > 1:
+        # a header ("Compilation error:"): the first line below it that names an error
+        text += " " + next((ln for ln in lines[1:] if "error" in ln.lower()), lines[1])
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def candidate_words(name: str, preset: TargetPreset, where: str | None = None) -> str:
+    """A candidate and the processors it runs on, in words: "the GPU alone (OpenCL: <device>)",
+    "the CPU alone (LLVM: <cpu>)", "co-executed (h_only plan) (OpenCL: <device> + CPU)"."""
+    device = name.split(":", 1)[0]
+    cpu = cpu_record(preset.target("cpu"))
+    cpu_words = f"LLVM: {cpu['name']}, {cpu['arch']}"
+    if device == "cpu":
+        return f"the CPU alone ({cpu_words})"
+    gpu_words = f"OpenCL: {_gpu_name(preset, where)}"
+    if device == "opencl":
+        return f"the GPU alone ({gpu_words})"
+    return f"{_described(name)} ({gpu_words} + CPU {cpu_words})"
+
+
+def _gpu_name(preset: TargetPreset, where: str | None) -> str:
+    """The OpenCL device a candidate ran on (``where``: the remote), or the one this machine
+    has for a preset built for it, else the preset's GPU kind."""
+    if where is not None and where != "this machine":
+        return where
+    if not preset.is_cross and runtime.is_available():
+        with contextlib.suppress(Exception):  # only words for a message
+            return runtime.info().devices[0].name
+    return str((preset.gpu or {}).get("device") or f"preset {preset.name}")
 
 
 def _described(build: str) -> str:
@@ -121,25 +272,51 @@ def _described(build: str) -> str:
     return "co-executed" + (f" ({plan} plan)" if plan else "")
 
 
-def time_here(libs: dict[str, Path], inputs, rounds: int) -> dict[str, list[float]]:
-    """Median of 2 runs per round, the builds round-robin, so drift does not favour one."""
+def time_here(
+    libs: dict[str, Path], inputs, rounds: int, failed: dict[str, Exception] | None = None
+) -> dict[str, list[float]]:
+    """Median of 2 runs per round, the builds round-robin, so drift does not favour one.
+
+    With ``failed``, a build that does not load or run is left out from then on and its error
+    recorded there (``failed[name]``); without, the error is raised."""
     runtime.load()
     vms = {}
     for name, path in libs.items():
         devices = {"coexec": [tvm.opencl(0), tvm.cpu(0)], "cpu": [tvm.cpu(0)]}.get(
             name.split(":", 1)[0], [tvm.opencl(0)]
         )
-        vms[name] = (VirtualMachine(tvm.runtime.load_module(str(path)), devices), devices[0])
+        try:
+            vms[name] = (VirtualMachine(tvm.runtime.load_module(str(path)), devices), devices[0])
+        except Exception as exc:
+            if failed is None:
+                raise
+            failed[name] = exc
     samples: dict[str, list[float]] = {name: [] for name in vms}
     for _ in range(rounds):
-        for name, (vm, dev) in vms.items():
-            samples[name].append(time_vm(vm, dev, inputs, number=2, repeat=1).median_ms)
+        for name, (vm, dev) in list(vms.items()):
+            try:
+                samples[name].append(time_vm(vm, dev, inputs, number=2, repeat=1).median_ms)
+            except Exception as exc:
+                if failed is None:
+                    raise
+                failed[name] = exc
+                del vms[name], samples[name]
     return samples
 
 
-def time_remote(libs: dict[str, Path], inputs, rounds: int, tracker: str, key: str):
+def time_remote(
+    libs: dict[str, Path],
+    inputs,
+    rounds: int,
+    tracker: str,
+    key: str,
+    failed: dict[str, Exception] | None = None,
+):
     """Each build uploaded to one device of ``key`` and timed there (``rounds`` repeats of 2
-    runs; the builds one after the other in one session)."""
+    runs; the builds one after the other in one session).
+
+    With ``failed``, a build the device fails to load or run is left out and its error recorded
+    there (``failed[name]``); without, it raises :class:`ArtifactError`."""
     # deferred: codl_tvm.objectives.deploy imports TVM's compiler, and this module is imported
     # where TVM is runtime-only (artifacts on a device)
     from codl_tvm.objectives.deploy import run_remote
@@ -158,7 +335,13 @@ def time_remote(libs: dict[str, Path], inputs, rounds: int, tracker: str, key: s
         samples = {}
         for name, path in libs.items():
             device = name.split(":", 1)[0]
-            run = run_remote(remote, path, inputs, device, number=2, repeat=rounds)
+            try:
+                run = run_remote(remote, path, inputs, device, number=2, repeat=rounds)
+            except RemoteFailure as exc:  # this build failed there: the others may not
+                if failed is None:
+                    raise
+                failed[name] = exc
+                continue
             samples[name] = [run.median_ms]
         where = f"{remote.name} (RPC {tracker}, key {key})"
         if (info or {}).get("emulated"):  # e.g. qemu: the choice below follows no real latency
@@ -189,14 +372,17 @@ def refine_from_timelines(traced, splits: dict, inputs, plan, traces: int, step:
 
 
 def refined_candidates(
-    model, source, plan, library, libraries, refine, seed, seen, refined, mode
+    model, source, plan, library, libraries, refine, seed, seen, refined, mode, dropped=None
 ) -> dict:
     """``refine = (rounds, traces)`` rounds of refinement for ``--verify``: timelines of the
     co-executed build ``source`` (its ``library``, built with ``plan``), each split balanced
     from them (:func:`codl_tvm.planner.split.refine.refine_plan`), the result built as
     ``coexec:refined`` (then ``coexec:refined2`` from that, ...). Returns ``{name: library}``
     and records ``refined[name] = (plan, record)``; stops early when a round changes nothing
-    or cannot be refined. ``mode``: the planner mode the refined plans descend from."""
+    or cannot be refined. ``mode``: the planner mode the refined plans descend from. A refined
+    plan that does not build is dropped (:func:`drop`, recorded in ``dropped``) and ends the
+    rounds."""
+    dropped = {} if dropped is None else dropped
     rounds, traces = refine
     values = random_inputs(model, seed)
     inputs = [values[s.name] for s in model.inputs]
@@ -227,7 +413,9 @@ def refined_candidates(
             source,
             ", ".join(moves(record["splits"])),
         )
-        library = libraries.coexec(name, new)
+        library = build_candidate(name, lambda: libraries.coexec(name, new), dropped, libraries)
+        if library is None:
+            break
         refined[name] = (new, {"from": source, "mode": mode, **record})
         found[name] = library
         source, plan = name, new
