@@ -14,7 +14,7 @@ set -u
 cd /tmp/code
 r=/tmp/res b=/tmp/b cm=codl_tvm/data/cost_models
 known=${NS_KNOWN:-vgg19,vgg16,yolov2,fst,retinaface,posenet,inception_v1,resnet50,squeezenet,bvlc_alexnet}
-unseen=${NS_UNSEEN:-mobilenet_v2,shufflenet_v2,densenet121,resnext50,efficientnet_b0,mnasnet,regnet_x_400mf,lraspp_mobilenet_v3,ghostnet,mobilenet_v2_wide,resnet18_narrow}
+unseen=${NS_UNSEEN:-mobilenet_v2,shufflenet_v2,densenet121,regnet_x_400mf,efficientnet_b0,lraspp_mobilenet_v3,mobilenet_v2_wide,resnet18_narrow}
 rounds=${NS_ROUNDS:-5}
 all=$known,$unseen
 [ "$known" = none ] && all=$unseen

@@ -9,7 +9,7 @@ pkill -f "bash /tmp/code/(soc|h100|all|soc_algos|soc_k|soc_alone|soc_ab_h100|ksw
 pkill -f "scripts/bench_" || true
 rm -rf /tmp/res /tmp/b /tmp/code
 mkdir -p /tmp/res /tmp/code
-cat /tmp/tvmc.part.aa .device/tvmc2/tvmc.part.ab | xz -d -T4 > /tmp/site/tvm/lib/libtvm_compiler.so
+cat /tmp/tvmc.part.aa .device/tvmc2/tvmc.part.a[b-z] | xz -d -T4 > /tmp/site/tvm/lib/libtvm_compiler.so
 cp -r codl_tvm scripts /tmp/code/
 # Plain copies of the shipped datasets: the pipelines read them by these names and append to them.
 gunzip -kf /tmp/code/codl_tvm/data/cost_models/datasets/*.jsonl.gz
