@@ -1,4 +1,4 @@
-"""``codl-tvm cost-model fit``, ``eval`` and ``decisions``.
+"""``codl-tvm cost-model fit``, ``eval``, ``decisions`` and ``lomo``.
 
 ::
 
@@ -9,7 +9,9 @@
     codl-tvm cost-model eval MODEL.json DATA.jsonl [--json] [--plot OUT.png] [--all] [--no-lomo]
         [--kernel-info NVINFO.json]
     codl-tvm cost-model decisions MODEL.json ORACLE.json DATA.jsonl [--lomo] [--tolerance 0.05]
-        [--json] [--kernel-info NVINFO.json]
+        [--split-margin lomo|none] [--json] [--kernel-info NVINFO.json]
+    codl-tvm cost-model lomo MODEL.json [DATA.jsonl ...] [--write] [--json]
+        [--kernel-info NVINFO.json]
 
 ``wave-tir-nv`` joins what NVIDIA's compiler measured of each kernel (``--kernel-info``, the JSON
 of ``scripts/nv_kernel_info.py measure``); its model files need the same file to score recorded
@@ -19,12 +21,20 @@ parts.
 (:mod:`codl_tvm.cost_model.assessment`: random split and leave-one-model-out, per processor,
 implementation and latency band, CoDL's model and FLOPs beside, the repeatability ceiling).
 The metrics and the fitting live in :mod:`codl_tvm.cost_model.evaluate`.
+
+``lomo`` computes the model's leave-one-model-out error and the ranges of its data
+(:mod:`codl_tvm.cost_model.uncertainty`) on its datasets (default: ``meta["dataset"]``, with its
+``meta["dropped_groups"]`` left out as ``fit`` did) and with ``--write`` stores them in the
+model file's ``meta`` (``lomo_error``, ``data_ranges``), nothing else of the file changed: the
+planner's split margin and the plan report's expected errors read them.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+from pathlib import Path
 
 from codl_tvm.core.errors import CliError
 from codl_tvm.cost_model.assessment import assess, format_assessment
@@ -44,8 +54,9 @@ from codl_tvm.cost_model.evaluate import (
 )
 from codl_tvm.cost_model.fitted_device import merge_devices, record_devices
 from codl_tvm.cost_model.gbdt import GbdtConfig, GbdtModel
+from codl_tvm.cost_model.uncertainty import DataRanges, LomoError, compute_lomo_error
 
-__all__ = ["cmd_decisions", "cmd_eval", "cmd_fit", "register"]
+__all__ = ["cmd_decisions", "cmd_eval", "cmd_fit", "cmd_lomo", "register"]
 
 
 def _names(paths) -> str:
@@ -189,7 +200,9 @@ def cmd_decisions(args: argparse.Namespace) -> int:
             "(`codl-tvm cost-model fit DATA --kind measured --holdout 0`)"
         )
     data = load_datasets(args.data)
-    report = decide(model, oracle, data.records, args.tolerance, args.lomo)
+    report = decide(
+        model, oracle, data.records, args.tolerance, args.lomo, args.split_margin == "lomo"
+    )
     if args.json:
         print(json.dumps(report.to_json(), indent=2))
     else:
@@ -197,13 +210,89 @@ def cmd_decisions(args: argparse.Namespace) -> int:
     return 0
 
 
+def _format_lomo(error: LomoError) -> str:
+    qs = [f"p{round(100 * q)}" for q in error.quantiles]
+    lines = [
+        f"leave-one-model-out relative error |predicted/measured - 1| ({len(error.models)} "
+        f"folds: {', '.join(error.models)})",
+        f"  {'slice':<34} {'role':<6} {'n':>5} " + " ".join(f"{q:>6}" for q in qs),
+    ]
+    rows = [*error.processors.items(), *error.by_kind.items()]
+    for name, roles in rows:
+        for role, st in roles.items():
+            cells = " ".join(f"{100 * st.quantiles[q]:5.1f}%" for q in qs)
+            lines.append(f"  {name:<34} {role:<6} {st.n:5d} {cells}")
+    return "\n".join(lines)
+
+
+def cmd_lomo(args: argparse.Namespace) -> int:
+    """Compute a cost model's leave-one-model-out error and data ranges; with ``--write``,
+    store them in its file's ``meta``."""
+    model = _load(args.model, args.kernel_info)
+    if model.kind == "measured":
+        raise CliError(f"{args.model} is a lookup table of measurements; it cannot be refitted")
+    paths = args.data or model.meta.get("dataset")
+    if not paths:
+        raise CliError(f"{args.model} names no dataset (meta.dataset): give DATA")
+    paths = [paths] if isinstance(paths, str) else list(paths)
+    data = load_datasets(paths)
+    records = data.records
+    if not args.data and model.meta.get("dropped_groups"):
+        records, _ = drop_groups(records, model.meta["dropped_groups"])
+    try:
+        error = compute_lomo_error(model, records)
+    except ValueError as exc:
+        raise CliError(f"{_names(paths)}: {exc}") from None
+    ranges = DataRanges.of(records)
+    if args.json:
+        print(json.dumps({"lomo_error": error.to_json(), "data_ranges": ranges.to_json()}))
+    else:
+        print(_format_lomo(error))
+    if args.write:
+        # Only the meta changes: the file is rewritten from its own JSON, not re-serialised
+        # from the loaded model, so the fitted trees stay byte for byte.
+        path = Path(args.model)
+        obj = json.loads(path.read_text(encoding="utf-8"))
+        obj["meta"]["lomo_error"] = error.to_json()
+        obj["meta"]["data_ranges"] = ranges.to_json()
+        tmp = path.with_name(path.name + ".tmp")
+        text = json.dumps(obj, separators=(",", ":"), allow_nan=False)
+        tmp.write_text(text + "\n", encoding="utf-8")
+        os.replace(tmp, path)
+        if not args.json:
+            print(f"wrote meta.lomo_error and meta.data_ranges to {path}")
+    return 0
+
+
 def register(sub: argparse._SubParsersAction) -> None:
-    """Add ``cost-model fit``, ``eval`` and ``decisions`` to the ``codl-tvm`` subcommands."""
+    """Add ``cost-model fit``, ``eval``, ``decisions`` and ``lomo`` to the ``codl-tvm``
+    subcommands."""
     p = sub.add_parser("cost-model", help="fit and evaluate latency cost models")
     group = p.add_subparsers(dest="cost_model_command", required=True)
     _register_fit(group)
     _register_eval(group)
     _register_decisions(group)
+    _register_lomo(group)
+
+
+def _register_lomo(group: argparse._SubParsersAction) -> None:
+    m = group.add_parser(
+        "lomo",
+        help="a cost model's leave-one-model-out error and data ranges (--write: into its meta, "
+        "where the planner's split margin reads them)",
+    )
+    m.add_argument("model", help="model file (.json)")
+    m.add_argument(
+        "data",
+        nargs="*",
+        help="datasets (.jsonl) it was fitted on (default: the model's meta.dataset)",
+    )
+    m.add_argument(
+        "--write", action="store_true", help="store them in the model file's meta (only)"
+    )
+    m.add_argument("--json", action="store_true", help="print them as JSON")
+    _add_kernel_info(m)
+    m.set_defaults(func=cmd_lomo)
 
 
 def _add_kernel_info(p: argparse.ArgumentParser) -> None:
@@ -317,6 +406,14 @@ def _register_decisions(group: argparse._SubParsersAction) -> None:
         action="store_true",
         help="refit the model's recipe without each benchmark model before it picks that "
         "model's splits",
+    )
+    d.add_argument(
+        "--split-margin",
+        choices=("lomo", "none"),
+        default="lomo",
+        help="lomo (default): the model picks a split only where its predicted gain exceeds "
+        "the leave-one-model-out error, as the planner does (the picks without it are "
+        "reported beside); none: the least predicted latency",
     )
     d.add_argument("--json", action="store_true", help="print the report as JSON")
     _add_kernel_info(d)

@@ -15,6 +15,16 @@ operators outside the plan left out: this scores the per-operator choice only).
 With ``lomo`` the model's recipe is refitted without each benchmark model's records before it
 picks that model's splits (the model never saw the operators it decides), as for the
 leave-one-model-out accuracy.
+
+With ``margin`` the model picks as the planner does (:func:`~codl_tvm.cost_model.uncertainty.\
+split_margin`): its best split only where the predicted gain over its best whole placement
+exceeds the expected error, the ``quantiles[0]`` of the leave-one-model-out error
+(``quantiles[1]`` for an operator outside the data, :class:`~codl_tvm.cost_model.uncertainty.\
+DataRanges`). Under ``lomo`` the error for a benchmark model's decisions is read from the other
+folds only (each fold's held-out parts predicted by its refitted recipe), so no decision is held
+to a margin that measured its own operators; otherwise from the model's
+``meta["lomo_error"]`` (computed here where absent). CoDL's model and the FLOPs line pick
+without a margin.
 """
 
 from __future__ import annotations
@@ -32,8 +42,17 @@ from codl_tvm.cost_model.assessment import REFERENCES, model_of, refit_like
 from codl_tvm.cost_model.base import CostModel
 from codl_tvm.cost_model.dataset import DatasetError, OpRecord
 from codl_tvm.cost_model.evaluate import training_split
-from codl_tvm.cost_model.features import PROCESSORS, OpParams, Partition
+from codl_tvm.cost_model.features import PROCESSORS, OpParams, Partition, op_features
 from codl_tvm.cost_model.flops import FlopsModel
+from codl_tvm.cost_model.uncertainty import (
+    QUANTILES,
+    DataRanges,
+    LomoError,
+    compute_lomo_error,
+    relative_errors,
+    split_margin,
+    uncertainty_of,
+)
 
 __all__ = ["DecisionReport", "OpDecision", "decide", "format_decisions"]
 
@@ -64,8 +83,11 @@ class DecisionReport:
     ops: list[OpDecision]
     skipped: list[str]
     lomo: bool
-    #: The same decisions taken by CoDL's model and by the FLOPs line.
+    #: The same decisions taken by CoDL's model and by the FLOPs line (and, with ``margin``,
+    #: by the model without the margin: ``no_margin``).
     references: dict[str, list[OpDecision]] = field(default_factory=dict)
+    #: Whether the model's picks were held to the split margin.
+    margin: bool = False
 
     def _within(self, ops: list[OpDecision]) -> float:
         if not ops:
@@ -104,6 +126,7 @@ class DecisionReport:
         return {
             "tolerance": self.tolerance,
             "lomo": self.lomo,
+            "margin": self.margin,
             "ops": len(self.ops),
             "within": self.within,
             "models": self.per_model(),
@@ -153,14 +176,75 @@ def _coexec_ms(model: CostModel, params: OpParams, parts: list[Partition], impl)
         return np.array([c.total_ms for c in model.predict_coexec_many(params, parts, impl)])
 
 
+def _fold_lomo(
+    pickers: dict[str, dict[str, CostModel]],
+    by_op: dict[tuple[str, str], list[OpRecord]],
+    quantiles: Sequence[float],
+) -> dict[str, LomoError]:
+    """Per benchmark model, the leave-one-model-out error of the other folds: each fold's
+    held-out parts predicted by its own refitted recipe."""
+    errors: dict[str, tuple[list[OpRecord], np.ndarray]] = {}
+    for bench in pickers:
+        held = [r for (b, _), recs in by_op.items() if b == bench for r in recs]
+        errors[bench] = (held, relative_errors(pickers[bench]["model"], held))
+    out = {}
+    for bench in pickers:
+        others = [b for b in errors if b != bench]
+        recs = [r for b in others for r in errors[b][0]]
+        errs = np.concatenate([errors[b][1] for b in others]) if others else np.zeros(0)
+        out[bench] = LomoError.summarise(recs, errs, others, quantiles)
+    return out
+
+
+def _margin_pick(
+    model: CostModel,
+    lomo: LomoError,
+    ranges: DataRanges,
+    params: OpParams,
+    impl: dict[str, str],
+    parts: list[Partition],
+    predicted: np.ndarray,
+    quantiles: tuple[float, float],
+) -> int:
+    """The planner's rule: the best whole placement unless the best split beats it by more
+    than :func:`split_margin`."""
+    wholes = [i for i, p in enumerate(parts) if p.dim == "none"]
+    splits = [i for i, p in enumerate(parts) if p.dim != "none"]
+    whole = min(wholes, key=lambda i: predicted[i])
+    if not splits:
+        return whole
+    split = min(splits, key=lambda i: predicted[i])
+    if predicted[split] >= predicted[whole]:
+        return whole
+    proc = "gpu" if parts[whole].ratio >= 1.0 else "cpu"
+    novel = bool(ranges.novelty(params)) or not all(
+        model.covers(op_features(params, p, impl[p])) for p in PROCESSORS
+    )
+    m = split_margin(
+        lomo,
+        params,
+        impl,
+        proc,
+        float(predicted[whole]),
+        float(predicted[split]),
+        quantiles[1] if novel else quantiles[0],
+    )
+    if math.isfinite(m.margin_ms) and predicted[whole] - predicted[split] <= m.margin_ms:
+        return whole
+    return split
+
+
 def decide(
     model: CostModel,
     oracle: CostModel,
     records: Sequence,
     tolerance: float = 0.05,
     lomo: bool = False,
+    margin: bool = False,
+    quantiles: tuple[float, float] = (QUANTILES[0], QUANTILES[1]),
 ) -> DecisionReport:
-    """Score the splits ``model`` picks against ``oracle``'s measurements (module docstring)."""
+    """Score the splits ``model`` picks against ``oracle``'s measurements (module docstring).
+    With ``margin`` the picks without it are kept too, as the reference ``no_margin``."""
     if not 0.0 <= tolerance < 1.0:
         raise ValueError(f"tolerance must be in [0, 1), got {tolerance!r}")
     records = list(records)
@@ -182,17 +266,30 @@ def decide(
     }
     benches = sorted({m for m, _ in by_op})
     pickers: dict[str, dict[str, CostModel]] = {}
+    ranges: dict[str, DataRanges] = {}
     if lomo:
         drop = float(model.meta.get("drop_inconsistent", 3.0))
         for name in benches:
             rest = [r for r in records if not (isinstance(r, OpRecord) and model_of(r) == name)]
             rest, _, _ = training_split(rest, 0.0, 0, drop)
             pickers[name] = {k: fit(rest) for k, fit in fitters.items()}
+            ranges[name] = DataRanges.of(rest)
     else:
         whole = {"model": model, **{k: fitters[k](records) for k in REFERENCES}}
         pickers = {name: whole for name in benches}
+        ranges = dict.fromkeys(benches, DataRanges.of(records))
+    errors: dict[str, LomoError] = {}
+    margin = margin and model.kind != "measured"  # a table's picks are measured, as planned
+    if margin:
+        if lomo:
+            errors = _fold_lomo(pickers, by_op, quantiles)
+        else:
+            stored, _ = uncertainty_of(model)
+            errors = dict.fromkeys(benches, stored or compute_lomo_error(model, records))
     ops: list[OpDecision] = []
     refs: dict[str, list[OpDecision]] = {k: [] for k in REFERENCES}
+    if margin:
+        refs["no_margin"] = []
     skipped: list[str] = []
     for (bench, name), recs in sorted(by_op.items()):
         params = recs[0].params
@@ -209,9 +306,24 @@ def decide(
         parts = [p for p, good in zip(parts, ok) if good]
         measured = measured[ok]
         best = int(np.argmin(measured))
-        for who, out in (("model", ops), *refs.items()):
-            pick = int(np.argmin(_coexec_ms(pickers[bench][who], params, parts, impl)))
-            out.append(
+        picks = {}
+        for who in ("model", *REFERENCES):
+            predicted = _coexec_ms(pickers[bench][who], params, parts, impl)
+            picks[who] = int(np.argmin(predicted))
+            if who == "model" and margin:
+                picks["no_margin"] = picks[who]
+                picks[who] = _margin_pick(
+                    pickers[bench][who],
+                    errors[bench],
+                    ranges[bench],
+                    params,
+                    impl,
+                    parts,
+                    predicted,
+                    quantiles,
+                )
+        for who, pick in picks.items():
+            (ops if who == "model" else refs[who]).append(
                 OpDecision(
                     bench,
                     name,
@@ -222,10 +334,10 @@ def decide(
                     len(parts),
                 )
             )
-    return DecisionReport(tolerance, ops, skipped, lomo, refs)
+    return DecisionReport(tolerance, ops, skipped, lomo, refs, margin)
 
 
-_NAMES = {"codl": "CoDL's model", "flops": "FLOPs line"}
+_NAMES = {"codl": "CoDL's model", "flops": "FLOPs line", "no_margin": "without the margin"}
 
 
 def _quiet_fit(model: CostModel, records: list) -> CostModel:
@@ -244,6 +356,8 @@ def format_decisions(report: DecisionReport, worst: int = 10) -> str:
     """The decisions as text: the summary, per benchmark model, the worst picks."""
     tol = f"{100 * report.tolerance:g}%"
     how = " (each model's splits picked by the recipe refitted without it)" if report.lomo else ""
+    if report.margin:
+        how += " (splits held to the LOMO-error margin)"
     lines = [
         f"split decisions{how}: {len(report.ops)} operators, {100 * report.within:.1f}% of picks "
         f"measure within {tol} of the measured best"

@@ -45,6 +45,21 @@ class Decision:
         (summed over a chain's operators) and of the data sharing; ``None`` for an operator run
         whole. Timelines of the build give the same parts measured inside the model
         (``scripts/plan_vs_timeline.py``).
+    provenance
+        ``"measured"`` where every part the decision runs was looked up in a table of
+        measurements (:class:`~codl_tvm.cost_model.measured.MeasuredModel`), ``"predicted"``
+        otherwise; ``"unmodelled"`` for an operator left out of the plan.
+    expected_error
+        For a predicted decision, the relative error its prediction should be expected to
+        have: the cost model's stored leave-one-model-out error of the parts it runs (the
+        ``PlannerConfig.margin_quantiles`` quantile; a chain: its worst operator's). ``None``
+        where the model stores none, or for a measured decision.
+    novel
+        Why the operator(s) lie outside the cost model's data (operator class, kernel, shape
+        outside the fitted ranges); empty inside it.
+    margin_ms
+        The gain the operator's best split had to predict to be chosen
+        (``PlannerConfig.split_margin``); ``None`` where no margin applied.
     """
 
     ops: tuple[str, ...]
@@ -60,6 +75,18 @@ class Decision:
     cpu_part_ms: float | None = None
     gpu_part_ms: float | None = None
     sharing_ms: float | None = None
+    provenance: str = "predicted"
+    expected_error: float | None = None
+    novel: tuple[str, ...] = ()
+    margin_ms: float | None = None
+
+    @property
+    def source(self) -> str:
+        """The provenance in a few characters: ``measured``, ``pred +-18%`` (``*`` for novel)."""
+        if self.provenance != "predicted":
+            return "measured" if self.provenance == "measured" else "-"
+        err = "" if self.expected_error is None else f" +-{100 * self.expected_error:.0f}%"
+        return f"pred{err}{'*' if self.novel else ''}"
 
     @property
     def is_chain(self) -> bool:
@@ -68,6 +95,7 @@ class Decision:
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["ops"] = list(self.ops)
+        out["novel"] = list(self.novel)
         return out
 
 
@@ -147,7 +175,17 @@ class PlanReport:
 
     def table(self) -> str:
         """The decisions as a fixed-width text table, then the summary."""
-        head = ("ops", "dim", "ratio", "cpu ms", "gpu ms", "co-ex ms", "no-chain", "gain ms")
+        head = (
+            "ops",
+            "dim",
+            "ratio",
+            "cpu ms",
+            "gpu ms",
+            "co-ex ms",
+            "no-chain",
+            "gain ms",
+            "source",
+        )
         rows = []
         for d in self.decisions:
             ops = d.ops[0] if len(d.ops) == 1 else f"{d.ops[0]}..{d.ops[-1]} ({len(d.ops)})"
@@ -161,6 +199,7 @@ class PlanReport:
                     _ms(d.coexec_ms),
                     _ms(d.nochain_ms),
                     f"{d.gain_ms:.3f}",
+                    d.source,
                 )
             )
         widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
@@ -169,7 +208,8 @@ class PlanReport:
             cells = "  ".join(
                 c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))
             )
-            lines.append(f"{cells}  {d.reason}")
+            novel = f" [novel: {'; '.join(d.novel)}]" if d.novel else ""
+            lines.append(f"{cells}  {d.reason}{novel}")
         s = self.summary
         lines.append("")
         lines.append(
@@ -191,6 +231,14 @@ class PlanReport:
         lines.append(
             "kernels outside the plan (batch norms, softmax, adds, ...) run where their inputs "
             f"were computed, else on the {s.home.upper()} (home: the faster single processor)"
+        )
+        measured = sum(d.provenance == "measured" for d in self.decisions)
+        predicted = sum(d.provenance == "predicted" for d in self.decisions)
+        novel = sum(bool(d.novel) for d in self.decisions)
+        lines.append(
+            f"source: {measured} decision(s) measured, {predicted} "
+            f"predicted ({novel} of operators outside the cost model's data, marked *; +-: the "
+            "expected error, the cost model's leave-one-model-out error of the parts run)"
         )
         lines.extend(f"note: {n}" for n in self.notes)
         return "\n".join(lines)

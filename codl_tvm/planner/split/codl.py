@@ -12,6 +12,7 @@ force a processor (``cpu_only``, ``gpu_only``) or take their splits from another
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from codl_tvm.core.plan import (
     ChainPlan,
@@ -27,6 +28,7 @@ from codl_tvm.cost_model.base import CostModel, shared_nbytes
 from codl_tvm.cost_model.features import FeatureError, Partition
 from codl_tvm.planner.report import Decision
 from codl_tvm.planner.split.config import PlannerConfig
+from codl_tvm.planner.split.margin import Uncertainty
 from codl_tvm.planner.split.part_shapes import op_params
 from codl_tvm.planner.split.predict import (
     OpEstimate,
@@ -134,6 +136,8 @@ class SplitPlanner:
         ``(processor, impl the build uses, impl predicted instead) -> operators``.
     chain_notes
         The chains the ``chain_min_gain`` margin turned down.
+    uncertainty
+        The cost model's stored error, behind the split margin and each decision's provenance.
     """
 
     def __init__(self, mod, model: CostModel, config: PlannerConfig, mode: str):
@@ -141,6 +145,7 @@ class SplitPlanner:
         self.config = config
         self.mode = mode
         self.pred = Predictor(model, config)
+        self.uncertainty = Uncertainty(model, config)
         # (processor, impl the build uses, impl predicted instead) -> operators
         self.uncovered: dict[tuple[str, str, str], list[str]] = {}
         self.infos = partitionable_ops(mod)
@@ -166,10 +171,12 @@ class SplitPlanner:
             if covered and impl not in covered:
                 # The model never saw the kernel the schedules pick: the closest it has.
                 closest = "direct" if "direct" in covered else covered[0]
+                op.novel.append(f"no {impl} {proc.upper()} data (predicted as {closest})")
                 if impl in ("winograd", "packed"):
                     self.uncovered.setdefault((proc, impl, closest), []).append(info.name)
                 impl = closest
             op.impl[proc] = impl
+        op.novel.extend(self.uncertainty.novelty(op))
         op.cpu_ms = self.pred.whole(op, "cpu")
         op.gpu_ms = self.pred.whole(op, "gpu")
         return op
@@ -221,11 +228,15 @@ class SplitPlanner:
                 )
         split = self.best_split(op, self.config.dims)
         ratio = 1.0 if proc == "gpu" else 0.0
-        if split is not None and split.total_ms < whole_ms - self.config.min_gain_ms:
-            gain = whole_ms - split.total_ms
+        gains = split is not None and split.total_ms < whole_ms - self.config.min_gain_ms
+        margin = self.uncertainty.margin(op, proc, whole_ms, split) if gains else None
+        gain = 0.0 if split is None else whole_ms - split.total_ms
+        margin_ms = None if margin is None else margin.margin_ms
+        if gains and (margin is None or gain > margin.margin_ms):
+            cleared = "" if margin is None else f", clearing the {margin.describe()}"
             reason = (
                 f"split {_fmt_split(split)} beats whole on {proc.upper()} "
-                f"({whole_ms:.3f} ms{switch}) by {gain:.3f} ms"
+                f"({whole_ms:.3f} ms{switch}) by {gain:.3f} ms{cleared}"
             )
             d = _op_decision(
                 op, split.dim, split.ratio, split.total_ms, split.total_ms, gain, reason, split
@@ -233,11 +244,18 @@ class SplitPlanner:
         else:
             if split is None:
                 why = f"no split along {list(self.config.dims)} gives both processors work"
+            elif margin is not None and gains:
+                why = (
+                    f"best split {_fmt_split(split)}: predicted gain {gain:.3f} ms < "
+                    f"{margin.describe()}"
+                )
+                self.uncertainty.held_whole.append((op.name, gain, margin.margin_ms))
             else:
                 why = f"best split {_fmt_split(split)} does not gain"
             reason = f"whole on {proc.upper()} ({whole_ms:.3f} ms{switch}): {why}"
             split_ms = None if split is None else split.total_ms
             d = _op_decision(op, dim0, ratio, whole_ms, split_ms, 0.0, reason)
+        d = replace(d, margin_ms=margin_ms)
         return d, split
 
     # -- chains --------------------------------------------------------------------------------
@@ -284,7 +302,19 @@ class SplitPlanner:
                 if best is not None and gain <= best[2]:
                     break  # Algorithm 1: stop growing when the gain stops improving
                 best = (j, top, gain, nochain)
+            margin = (
+                None
+                if best is None
+                else self.uncertainty.chain_margin(ops[i : best[0] + 1], best[3])
+            )
             if best is None or best[2] <= cfg.min_gain_ms:
+                i += 1
+            elif margin is not None and best[2] <= margin.margin_ms:
+                self.chain_notes.append(
+                    f"chain {ops[i].name}..{ops[best[0]].name} ({best[0] - i + 1} ops, "
+                    f"{best[1].dim}@{best[1].ratio:g}) predicted to gain {best[2]:.3f} ms < "
+                    f"{margin.describe()}: planned one by one"
+                )
                 i += 1
             elif best[2] <= cfg.chain_min_gain * best[3]:
                 self.chain_notes.append(
@@ -353,6 +383,7 @@ class SplitPlanner:
                         None,
                         None,
                         reason=op.problem + "; left out of the plan, runs unsplit",
+                        provenance="unmodelled",
                     )
                 )
                 continue
@@ -380,11 +411,13 @@ class SplitPlanner:
                         gain,
                         reason,
                         **_parts(s),
+                        **self.uncertainty.provenance(list(ops), s.dim, s.ratio),
                     )
                 )
                 plan_chains.append(ChainPlan(names, s.dim, s.ratio))
                 continue
             d = singles[op.name][0]
+            d = replace(d, **self.uncertainty.provenance([op], d.dim, d.ratio))
             rows.append(d)
             plan_ops.append(OpPartition(op.name, d.dim, d.ratio))
         # Blocks outside the cost model (InstanceNorm split on channels) take the share that

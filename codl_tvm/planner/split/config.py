@@ -15,7 +15,7 @@ from typing import Any
 from codl_tvm.core.errors import PlannerError
 from codl_tvm.core.plan import PartitionDim
 
-__all__ = ["DEFAULT_RATIOS", "MODES", "PlannerConfig", "ideal_latency"]
+__all__ = ["DEFAULT_RATIOS", "MODES", "SPLIT_MARGINS", "PlannerConfig", "ideal_latency"]
 
 DEFAULT_RATIOS: tuple[float, ...] = tuple(i / 10 for i in range(11))
 MODES: tuple[str, ...] = (
@@ -27,6 +27,9 @@ MODES: tuple[str, ...] = (
     "cpu_only",
     "gpu_only",
 )
+#: ``PlannerConfig.split_margin``: ``lomo`` holds splits to the cost model's stored
+#: leave-one-model-out error, ``none`` chooses them as CoDL does.
+SPLIT_MARGINS: tuple[str, ...] = ("lomo", "none")
 
 
 @dataclass(frozen=True)
@@ -89,6 +92,19 @@ class PlannerConfig:
         (:func:`expected_impl`: Winograd, packed convs) where the cost model has data for it,
         and names in the report's notes the operators it could not. None: the direct and GEMM
         kernels of the presets.
+    split_margin
+        ``"lomo"``: an operator is split only where the split's predicted gain over its best
+        whole placement exceeds the expected error of the comparison, read from the cost
+        model's ``meta["lomo_error"]`` (:func:`~codl_tvm.cost_model.uncertainty.split_margin`:
+        the larger of the whole prediction's and the split's leave-one-model-out error times
+        its predicted latency); otherwise it runs whole, the report saying so. A model without
+        stored errors splits without a margin, with a note. ``"none"``: CoDL's rule (any gain
+        above ``min_gain_ms``).
+    margin_quantiles
+        ``(inside, novel)``: the quantile of the leave-one-model-out error taken as the margin
+        for an operator inside the cost model's data and for a novel one (a class, kernel or
+        shape outside it, :meth:`~codl_tvm.cost_model.uncertainty.DataRanges.novelty`); both
+        must be among the quantiles the model stores (0.8 and 0.9).
     """
 
     ratios: tuple[float, ...] = DEFAULT_RATIOS
@@ -105,6 +121,8 @@ class PlannerConfig:
     weight_gbps: tuple[float, float] | None = None
     cpu: Any = None
     gpu: Any = None
+    split_margin: str = "lomo"
+    margin_quantiles: tuple[float, float] = (0.8, 0.9)
 
     def __post_init__(self) -> None:
         ratios = tuple(sorted({float(r) for r in self.ratios}))
@@ -133,6 +151,17 @@ class PlannerConfig:
                     f"planner: weight_gbps must be two positive rates in GB/s (cpu, gpu), got {w!r}"
                 )
             object.__setattr__(self, "weight_gbps", (float(rates[0]), float(rates[1])))
+        if self.split_margin not in SPLIT_MARGINS:
+            raise PlannerError(
+                f"planner: split_margin must be one of {SPLIT_MARGINS}, got {self.split_margin!r}"
+            )
+        q = tuple(self.margin_quantiles)
+        if len(q) != 2 or not all(isinstance(x, (int, float)) and 0.0 < x < 1.0 for x in q):
+            raise PlannerError(
+                "planner: margin_quantiles must be two quantiles in (0, 1) (inside the data, "
+                f"novel), got {self.margin_quantiles!r}"
+            )
+        object.__setattr__(self, "margin_quantiles", (float(q[0]), float(q[1])))
         for triple in self.impls:
             if len(triple) != 3 or triple[1] not in ("cpu", "gpu"):
                 raise PlannerError(

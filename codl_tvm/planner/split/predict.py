@@ -39,8 +39,10 @@ SPLIT_SHARING_KINDS = ("transform", "map", "presync")
 @dataclass
 class OpEstimate:
     """One operator as the planner sees it: ``params`` None (with ``problem`` saying why) when
-    the cost model cannot predict it; ``impl`` the implementation predicted per processor and
-    ``cpu_ms``/``gpu_ms`` the whole operator's predicted latency on each."""
+    the cost model cannot predict it; ``impl`` the implementation predicted per processor,
+    ``cpu_ms``/``gpu_ms`` the whole operator's predicted latency on each and ``novel`` why it
+    lies outside the cost model's data (:meth:`~codl_tvm.planner.split.margin.Uncertainty.\
+novelty`; empty inside)."""
 
     info: OpInfo
     params: OpParams | None
@@ -48,6 +50,7 @@ class OpEstimate:
     impl: dict[str, str] = field(default_factory=dict)
     cpu_ms: float = 0.0
     gpu_ms: float = 0.0
+    novel: list[str] = field(default_factory=list)
 
     @property
     def name(self) -> str:

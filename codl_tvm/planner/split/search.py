@@ -150,6 +150,15 @@ def plan_model(
             chooser = SplitPlanner(mod, flops_model(cost_model), config, mode)
         plan, rows = planner.run(forced, chooser)
     plan.validate(mod)
+    notes.extend(planner.uncertainty.notes)
+    held = planner.uncertainty.held_whole
+    if held:
+        notes.append(
+            f"the split margin (PlannerConfig.split_margin='lomo': a split must gain more than "
+            f"the cost model's leave-one-model-out error) kept {len(held)} operator(s) whole: "
+            + ", ".join(f"{n} (gain {g:.3f} < {m:.3f} ms)" for n, g, m in held[:4])
+            + (", ..." if len(held) > 4 else "")
+        )
     notes.extend(planner.chain_notes)
     for (proc, impl, closest), names in planner.uncovered.items():
         notes.append(
