@@ -56,7 +56,8 @@ def test_a_huge_margin_keeps_every_operator_whole_and_says_why(model, balanced):
     plain, _ = plan_model(model.mod, balanced, "codl_no_chain")
     assert len(_splits(plain)) >= 5  # the balanced pair splits every dense conv
     unsure = with_error(balanced, 5.0)  # predictions off by up to 500%
-    plan, report = plan_model(model.mod, unsure, "codl_no_chain")
+    every = PlannerConfig(split_margin="lomo")  # every operator held, novel or not
+    plan, report = plan_model(model.mod, unsure, "codl_no_chain", every)
     assert _splits(plan) == []
     held = [d for d in report.decisions if d.ops[0] in _splits(plain)]
     for d in held:
@@ -73,12 +74,25 @@ def test_a_huge_margin_keeps_every_operator_whole_and_says_why(model, balanced):
 
 def test_a_small_margin_is_cleared_and_chains_are_held_too(model, balanced):
     plain, _ = plan_model(model.mod, balanced)
-    plan, report = plan_model(model.mod, with_error(balanced, 0.01))
+    every = PlannerConfig(split_margin="lomo")
+    plan, report = plan_model(model.mod, with_error(balanced, 0.01), config=every)
     assert plan.to_json() == plain.to_json()
     assert any("clearing the margin" in d.reason for d in report.decisions)
     # a margin no chain clears plans the chains' operators one by one
-    _, huge = plan_model(model.mod, with_error(balanced, 5.0))
+    _, huge = plan_model(model.mod, with_error(balanced, 5.0), config=every)
     assert not huge.chains()
+
+
+def test_by_default_only_novel_operators_are_held_to_the_margin(model, balanced):
+    plain, _ = plan_model(model.mod, balanced, "codl_no_chain")
+    # the bundled model's shapes partly outside the synthetic data: those operators are novel
+    data = DataRanges.of(synthetic_records(SyntheticDevice()))
+    plan, report = plan_model(model.mod, with_error(balanced, 5.0, data), "codl_no_chain")
+    novel = {d.ops[0] for d in report.decisions if d.novel}
+    inside = {d.ops[0] for d in report.decisions if not d.novel}
+    assert novel & set(_splits(plain)) and inside & set(_splits(plain))
+    # the novel ones run whole, the others split as CoDL's rule splits them
+    assert set(_splits(plan)) == set(_splits(plain)) & inside
 
 
 def test_provenance_predicted_with_expected_error(model, balanced, tmp_path):
@@ -137,4 +151,4 @@ def test_config_checks_the_margin_settings():
         PlannerConfig(split_margin="always")
     with pytest.raises(PlannerError, match="margin_quantiles"):
         PlannerConfig(margin_quantiles=(0.8,))
-    assert PlannerConfig().split_margin == "lomo"
+    assert PlannerConfig().split_margin == "novel"

@@ -9,7 +9,7 @@
     codl-tvm cost-model eval MODEL.json DATA.jsonl [--json] [--plot OUT.png] [--all] [--no-lomo]
         [--kernel-info NVINFO.json]
     codl-tvm cost-model decisions MODEL.json ORACLE.json DATA.jsonl [--lomo] [--tolerance 0.05]
-        [--split-margin lomo|none] [--json] [--kernel-info NVINFO.json]
+        [--split-margin novel|lomo|none] [--json] [--kernel-info NVINFO.json]
     codl-tvm cost-model lomo MODEL.json [DATA.jsonl ...] [--write] [--json]
         [--kernel-info NVINFO.json]
 
@@ -55,6 +55,8 @@ from codl_tvm.cost_model.evaluate import (
 from codl_tvm.cost_model.fitted_device import merge_devices, record_devices
 from codl_tvm.cost_model.gbdt import GbdtConfig, GbdtModel
 from codl_tvm.cost_model.uncertainty import DataRanges, LomoError, compute_lomo_error
+from codl_tvm.planner import PlannerConfig
+from codl_tvm.planner.split.config import SPLIT_MARGINS
 
 __all__ = ["cmd_decisions", "cmd_eval", "cmd_fit", "cmd_lomo", "register"]
 
@@ -200,9 +202,7 @@ def cmd_decisions(args: argparse.Namespace) -> int:
             "(`codl-tvm cost-model fit DATA --kind measured --holdout 0`)"
         )
     data = load_datasets(args.data)
-    report = decide(
-        model, oracle, data.records, args.tolerance, args.lomo, args.split_margin == "lomo"
-    )
+    report = decide(model, oracle, data.records, args.tolerance, args.lomo, args.split_margin)
     if args.json:
         print(json.dumps(report.to_json(), indent=2))
     else:
@@ -409,11 +409,11 @@ def _register_decisions(group: argparse._SubParsersAction) -> None:
     )
     d.add_argument(
         "--split-margin",
-        choices=("lomo", "none"),
-        default="lomo",
-        help="lomo (default): the model picks a split only where its predicted gain exceeds "
-        "the leave-one-model-out error, as the planner does (the picks without it are "
-        "reported beside); none: the least predicted latency",
+        choices=SPLIT_MARGINS,
+        default=PlannerConfig().split_margin,
+        help="novel (default, as the planner): a novel operator's split is picked only where "
+        "its predicted gain exceeds the leave-one-model-out error; lomo: every split; none: "
+        "the least predicted latency (the picks without a margin are reported beside)",
     )
     d.add_argument("--json", action="store_true", help="print the report as JSON")
     _add_kernel_info(d)

@@ -88,6 +88,8 @@ class DecisionReport:
     references: dict[str, list[OpDecision]] = field(default_factory=dict)
     #: Whether the model's picks were held to the split margin.
     margin: bool = False
+    #: Which picks (``PlannerConfig.split_margin``): ``novel``, ``lomo`` or ``none``.
+    margin_mode: str = "none"
 
     def _within(self, ops: list[OpDecision]) -> float:
         if not ops:
@@ -127,6 +129,7 @@ class DecisionReport:
             "tolerance": self.tolerance,
             "lomo": self.lomo,
             "margin": self.margin,
+            "margin_mode": self.margin_mode,
             "ops": len(self.ops),
             "within": self.within,
             "models": self.per_model(),
@@ -205,9 +208,11 @@ def _margin_pick(
     parts: list[Partition],
     predicted: np.ndarray,
     quantiles: tuple[float, float],
+    novel_only: bool = False,
 ) -> int:
     """The planner's rule: the best whole placement unless the best split beats it by more
-    than :func:`split_margin`."""
+    than :func:`split_margin` (with ``novel_only``, as ``split_margin="novel"``: held to it only
+    where the operator lies outside the model's data)."""
     wholes = [i for i, p in enumerate(parts) if p.dim == "none"]
     splits = [i for i, p in enumerate(parts) if p.dim != "none"]
     whole = min(wholes, key=lambda i: predicted[i])
@@ -220,6 +225,8 @@ def _margin_pick(
     novel = bool(ranges.novelty(params)) or not all(
         model.covers(op_features(params, p, impl[p])) for p in PROCESSORS
     )
+    if novel_only and not novel:
+        return split
     m = split_margin(
         lomo,
         params,
@@ -240,11 +247,14 @@ def decide(
     records: Sequence,
     tolerance: float = 0.05,
     lomo: bool = False,
-    margin: bool = False,
+    margin: bool | str = False,
     quantiles: tuple[float, float] = (QUANTILES[0], QUANTILES[1]),
 ) -> DecisionReport:
     """Score the splits ``model`` picks against ``oracle``'s measurements (module docstring).
-    With ``margin`` the picks without it are kept too, as the reference ``no_margin``."""
+    ``margin``: the planner's ``split_margin`` rule (``"novel"``, ``"lomo"``; True is
+    ``"lomo"``, False or ``"none"`` none); the picks without it are kept too, as the reference
+    ``no_margin``."""
+    mode = {True: "lomo", False: "none"}.get(margin, margin) if isinstance(margin, bool) else margin
     if not 0.0 <= tolerance < 1.0:
         raise ValueError(f"tolerance must be in [0, 1), got {tolerance!r}")
     records = list(records)
@@ -279,7 +289,8 @@ def decide(
         pickers = {name: whole for name in benches}
         ranges = dict.fromkeys(benches, DataRanges.of(records))
     errors: dict[str, LomoError] = {}
-    margin = margin and model.kind != "measured"  # a table's picks are measured, as planned
+    # a table's picks are measured, as planned
+    margin = mode in ("lomo", "novel") and model.kind != "measured"
     if margin:
         if lomo:
             errors = _fold_lomo(pickers, by_op, quantiles)
@@ -321,6 +332,7 @@ def decide(
                     parts,
                     predicted,
                     quantiles,
+                    novel_only=mode == "novel",
                 )
         for who, pick in picks.items():
             (ops if who == "model" else refs[who]).append(
@@ -334,7 +346,7 @@ def decide(
                     len(parts),
                 )
             )
-    return DecisionReport(tolerance, ops, skipped, lomo, refs, margin)
+    return DecisionReport(tolerance, ops, skipped, lomo, refs, margin, mode if margin else "none")
 
 
 _NAMES = {"codl": "CoDL's model", "flops": "FLOPs line", "no_margin": "without the margin"}
@@ -357,7 +369,8 @@ def format_decisions(report: DecisionReport, worst: int = 10) -> str:
     tol = f"{100 * report.tolerance:g}%"
     how = " (each model's splits picked by the recipe refitted without it)" if report.lomo else ""
     if report.margin:
-        how += " (splits held to the LOMO-error margin)"
+        held = "novel operators' splits" if report.margin_mode == "novel" else "splits"
+        how += f" ({held} held to the LOMO-error margin)"
     lines = [
         f"split decisions{how}: {len(report.ops)} operators, {100 * report.within:.1f}% of picks "
         f"measure within {tol} of the measured best"

@@ -27,9 +27,10 @@ MODES: tuple[str, ...] = (
     "cpu_only",
     "gpu_only",
 )
-#: ``PlannerConfig.split_margin``: ``lomo`` holds splits to the cost model's stored
-#: leave-one-model-out error, ``none`` chooses them as CoDL does.
-SPLIT_MARGINS: tuple[str, ...] = ("lomo", "none")
+#: ``PlannerConfig.split_margin``: ``novel`` holds the splits of operators outside the cost
+#: model's data to its stored leave-one-model-out error, ``lomo`` every split, ``none`` chooses
+#: them as CoDL does.
+SPLIT_MARGINS: tuple[str, ...] = ("novel", "lomo", "none")
 
 
 @dataclass(frozen=True)
@@ -95,11 +96,16 @@ class PlannerConfig:
     split_margin
         ``"lomo"``: an operator is split only where the split's predicted gain over its best
         whole placement exceeds the expected error of the comparison, read from the cost
-        model's ``meta["lomo_error"]`` (:func:`~codl_tvm.cost_model.uncertainty.split_margin`:
-        the larger of the whole prediction's and the split's leave-one-model-out error times
-        its predicted latency); otherwise it runs whole, the report saying so. A model without
-        stored errors splits without a margin, with a note. ``"none"``: CoDL's rule (any gain
-        above ``min_gain_ms``).
+        model's ``meta["lomo_error"]``
+        (:func:`~codl_tvm.cost_model.uncertainty.split_margin`: the larger of the whole
+        prediction's and the split's leave-one-model-out error times its predicted latency);
+        otherwise it runs whole, the report saying so. ``"novel"`` (default): that margin for
+        the operators outside the cost model's data only (a class, kernel or shape it was not
+        fitted on); the others split by CoDL's rule. Held to every operator, the margin scored
+        worse on the benchmark models' measured splits (docs/benchmarks.md): inside the data
+        the predictions rank splits better than their error suggests. A model without stored
+        errors splits without a margin, with a note. ``"none"``: CoDL's rule (any gain above
+        ``min_gain_ms``).
     margin_quantiles
         ``(inside, novel)``: the quantile of the leave-one-model-out error taken as the margin
         for an operator inside the cost model's data and for a novel one (a class, kernel or
@@ -121,7 +127,7 @@ class PlannerConfig:
     weight_gbps: tuple[float, float] | None = None
     cpu: Any = None
     gpu: Any = None
-    split_margin: str = "lomo"
+    split_margin: str = "novel"
     margin_quantiles: tuple[float, float] = (0.8, 0.9)
 
     def __post_init__(self) -> None:

@@ -5,8 +5,9 @@ A cost model that stores its leave-one-model-out error and the reach of its data
 how far off a prediction for an unseen model's operator may be. :class:`Uncertainty` turns that
 into
 
-- the **margin** a split must clear (``PlannerConfig.split_margin``): the split is chosen over
-  the best whole placement only where its predicted gain exceeds
+- the **margin** a split must clear (``PlannerConfig.split_margin``; by default only for an
+  operator outside the model's data): the split is chosen over the best whole placement only
+  where its predicted gain exceeds
   :func:`~codl_tvm.cost_model.uncertainty.split_margin`, read at ``margin_quantiles[0]`` for an
   operator inside the data and ``margin_quantiles[1]`` for a novel one;
 - each decision's **provenance**: ``measured`` where a lookup table of measurements
@@ -57,7 +58,7 @@ class Uncertainty:
             raise PlannerError(f"the {model.kind} cost model: {exc}") from None
         self.notes: list[str] = []
         self.held_whole: list[tuple[str, float, float]] = []
-        if config.split_margin == "lomo" and self.lomo is None and not self.measured:
+        if config.split_margin != "none" and self.lomo is None and not self.measured:
             self.notes.append(
                 f"the {model.kind} cost model stores no leave-one-model-out error "
                 "(meta.lomo_error; `codl-tvm cost-model lomo MODEL DATA --write`): splits are "
@@ -67,7 +68,12 @@ class Uncertainty:
     @property
     def active(self) -> bool:
         """Whether splits are held to a margin in this run."""
-        return self.config.split_margin == "lomo" and self.lomo is not None and not self.measured
+        return self.config.split_margin != "none" and self.lomo is not None and not self.measured
+
+    def _held(self, ops: list[OpEstimate]) -> bool:
+        """Whether ``ops`` are held to the margin: every operator (``lomo``), or where one lies
+        outside the model's data (``novel``)."""
+        return self.active and (self.config.split_margin == "lomo" or any(op.novel for op in ops))
 
     def novelty(self, op: OpEstimate) -> list[str]:
         """Why ``op`` lies outside the cost model's data: its class or shape
@@ -88,8 +94,9 @@ class Uncertainty:
         self, op: OpEstimate, whole_processor: str, whole_ms: float, split: SplitEstimate
     ) -> Margin | None:
         """The margin ``split`` must clear against ``op`` whole on ``whole_processor``, None
-        where none applies (margin off, no stored error, or none for this kernel)."""
-        if not self.active:
+        where none applies (margin off, an operator inside the data under ``novel``, no stored
+        error, or none for this kernel)."""
+        if not self._held([op]):
             return None
         m = split_margin(
             self.lomo,
@@ -106,7 +113,7 @@ class Uncertainty:
         """The margin a chain must clear against its operators planned one by one: the largest
         ``split`` error of its operators' parts times the one-by-one latency (a chain's parts
         are split parts, with their halos); None where none applies."""
-        if not self.active:
+        if not self._held(ops):
             return None
         worst = None
         for op in ops:

@@ -154,8 +154,9 @@ def plan_model(
     held = planner.uncertainty.held_whole
     if held:
         notes.append(
-            f"the split margin (PlannerConfig.split_margin='lomo': a split must gain more than "
-            f"the cost model's leave-one-model-out error) kept {len(held)} operator(s) whole: "
+            f"the split margin (PlannerConfig.split_margin={planner.config.split_margin!r}: a "
+            "split must gain more than the cost model's leave-one-model-out error) kept "
+            f"{len(held)} operator(s) whole: "
             + ", ".join(f"{n} (gain {g:.3f} < {m:.3f} ms)" for n, g, m in held[:4])
             + (", ..." if len(held) > 4 else "")
         )
