@@ -184,6 +184,7 @@ class CompileOptions:
     weight_gbps: tuple[float, float] | None = None
     processor_scale: tuple[float, float] = (1.0, 1.0)
     weights: str = "embedded"
+    split_margin: str = "novel"
 
     def __post_init__(self) -> None:
         self._check_values()
@@ -196,6 +197,10 @@ class CompileOptions:
         """Each field on its own."""
         if self.device not in DEVICES:
             raise OptionsError(f"device {self.device!r} is not one of {DEVICES}", ("device",))
+        try:  # the planner's own check, before anything is built
+            PlannerConfig(split_margin=self.split_margin)
+        except PlannerError as exc:
+            raise OptionsError(str(exc).removeprefix("planner: "), ("split_margin",)) from None
         if self.weight_gbps is not None:
             try:  # the planner's own check, before anything is built
                 self._set("weight_gbps", PlannerConfig(weight_gbps=self.weight_gbps).weight_gbps)

@@ -16,7 +16,13 @@ from collections.abc import Mapping
 
 from codl_tvm.build.targets import preset_names
 from codl_tvm.cli.common import building
-from codl_tvm.cli.plan import WEIGHT_GBPS_HELP, plan_from_args, weight_gbps
+from codl_tvm.cli.plan import (
+    SPLIT_MARGIN_HELP,
+    SPLIT_MARGINS,
+    WEIGHT_GBPS_HELP,
+    plan_from_args,
+    weight_gbps,
+)
 from codl_tvm.core.errors import CliError, CodlError
 from codl_tvm.frontend.importer import load_onnx
 from codl_tvm.frontend.models import bundled_model_path
@@ -96,6 +102,7 @@ COMPILE_FLAGS = {
     "refine_traces": "--refine-traces",
     "weight_gbps": "--weight-gbps",
     "weights": "--weights",
+    "split_margin": "--split-margin",
 }
 
 
@@ -126,6 +133,7 @@ def _compile_options(args: argparse.Namespace, plan) -> CompileOptions:
         refine_traces=args.refine_traces,
         weight_gbps=args.weight_gbps,
         weights=args.weights or "embedded",
+        split_margin=args.split_margin,
     )
 
 
@@ -368,6 +376,7 @@ def _kernel_flags(p: argparse.ArgumentParser) -> None:
         "the kernels the build makes",
     )
     p.add_argument("--weight-gbps", type=weight_gbps, metavar="CPU,GPU", help=WEIGHT_GBPS_HELP)
+    p.add_argument("--split-margin", choices=SPLIT_MARGINS, default="novel", help=SPLIT_MARGIN_HELP)
     p.add_argument(
         "--weights",
         choices=PLACEMENTS,

@@ -20,9 +20,24 @@ from codl_tvm.cost_model.defaults import cost_model_path
 from codl_tvm.frontend.importer import OnnxModel, load_onnx
 from codl_tvm.planner.placement.modes import ALL_MODES, PlacementConfig, make_plan
 from codl_tvm.planner.policy import DEFAULT_PRESET, PlanChoice, planning_context, resolve_plan
+from codl_tvm.planner.split.config import SPLIT_MARGINS
 from codl_tvm.planner.split.search import PlannerConfig
 
-__all__ = ["WEIGHT_GBPS_HELP", "cmd_plan", "plan_from_args", "register", "weight_gbps"]
+__all__ = [
+    "SPLIT_MARGINS",
+    "SPLIT_MARGIN_HELP",
+    "WEIGHT_GBPS_HELP",
+    "cmd_plan",
+    "plan_from_args",
+    "register",
+    "weight_gbps",
+]
+
+SPLIT_MARGIN_HELP = (
+    "which splits must predict a gain above the cost model's leave-one-model-out error: novel "
+    "(default: operators outside the cost model's data), lomo (every operator), none (CoDL's "
+    "rule)"
+)
 
 
 def weight_gbps(text: str) -> tuple[float, float]:
@@ -101,6 +116,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         "min_gain_ms": args.min_gain_ms,
         "chain_min_gain": args.chain_min_gain,
         "weight_gbps": args.weight_gbps,
+        "split_margin": args.split_margin,
     }
     # the preset and cost model compile uses by default, so that both make the same plan
     preset = args.preset or DEFAULT_PRESET
@@ -167,6 +183,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "one (default %(default)s; 0: CoDL's Algorithm 1 as published)",
     )
     p.add_argument("--weight-gbps", type=weight_gbps, metavar="CPU,GPU", help=WEIGHT_GBPS_HELP)
+    p.add_argument("--split-margin", choices=SPLIT_MARGINS, default="novel", help=SPLIT_MARGIN_HELP)
     p.add_argument(
         "--greedy-k",
         type=int,

@@ -325,6 +325,7 @@ class _Compile:
             planner_config(self.preset),
             weight_gbps=o.weight_gbps,
             processor_scale=o.processor_scale,
+            split_margin=o.split_margin,
         )
         try:
             choice = resolve_plan(
@@ -675,6 +676,7 @@ def _planner_record(choice, config: PlannerConfig) -> dict[str, Any]:
         record["weight_gbps"] = list(config.weight_gbps)
     if tuple(config.processor_scale) != (1.0, 1.0):
         record["processor_scale"] = list(config.processor_scale)
+    record["split_margin"] = config.split_margin
     return record
 
 
