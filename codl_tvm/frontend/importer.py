@@ -10,6 +10,7 @@ import numpy as np
 from codl_tvm.core.errors import ModelError
 from codl_tvm.core.tensors import TensorSpec  # re-exported: its home before core
 from codl_tvm.frontend.rewrites import rewrite_for_import
+from codl_tvm.frontend.static_shapes import fold_shape_computations
 
 __all__ = ["ModelError", "OnnxModel", "TensorSpec", "load_onnx", "random_inputs"]
 
@@ -117,6 +118,8 @@ def load_onnx(model: str | Path | object) -> OnnxModel:
     inputs = tuple(_spec(i, path, "input") for i in graph.input if i.name not in init_names)
     outputs = tuple(o.name for o in graph.output)
     proto = rewrite_for_import(proto, path)  # operators TVM's importer reads wrongly
+    # shape arithmetic TVM's importer leaves to run time would give tensors of unknown shape
+    proto = fold_shape_computations(proto)
     try:
         from tvm.relax.frontend.onnx import from_onnx  # deferred: needs TVM's compiler
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 from codl_tvm.core.errors import ModelError
+from codl_tvm.frontend.static_shapes import static_shapes
 
 __all__ = ["rewrite_for_import"]
 
@@ -81,7 +82,7 @@ def _resize_checker(model):
         if not scales or sizes or scales not in inits:
             return ""
         if shapes is None:
-            shapes = _static_shapes(model)
+            shapes = static_shapes(model)
         shape = shapes.get(node.input[0])
         values = numpy_helper.to_array(inits[scales]).astype(np.float64)
         if shape is None or len(values) != len(shape):
@@ -105,26 +106,6 @@ def _subgraph_nodes(graph):
             for sub in [attr.g] if attr.HasField("g") else list(attr.graphs):
                 yield from sub.node
                 yield from _subgraph_nodes(sub)
-
-
-def _static_shapes(model) -> dict[str, tuple[int, ...]]:
-    """Static shapes of the graph's tensors, from the graph itself and ONNX shape inference."""
-    import onnx  # deferred like frontend.load_onnx's import
-
-    try:
-        inferred = onnx.shape_inference.infer_shapes(model)
-    except Exception:  # inference rejects some valid models; the graph's own shapes remain
-        inferred = model
-    graph = inferred.graph
-    shapes = {t.name: tuple(int(d) for d in t.dims) for t in graph.initializer}
-    for info in [*graph.input, *graph.value_info, *graph.output]:
-        ttype = info.type.tensor_type
-        if not ttype.HasField("shape"):
-            continue
-        dims = ttype.shape.dim
-        if all(d.HasField("dim_value") and d.dim_value > 0 for d in dims):
-            shapes[info.name] = tuple(int(d.dim_value) for d in dims)
-    return shapes
 
 
 def rewrite_for_import(model, path: str):
@@ -169,7 +150,7 @@ def rewrite_for_import(model, path: str):
             raise ModelError(f"{where(node)}: unknown mode; ONNX defines DCR and CRD")
     out = onnx.ModelProto()
     out.CopyFrom(model)
-    shapes = _static_shapes(out)
+    shapes = static_shapes(out)
     taken = {t.name for t in out.graph.initializer}
     taken.update(o for n in out.graph.node for o in n.output)
     taken.update(i.name for i in out.graph.input)
