@@ -32,6 +32,7 @@ from codl_tvm.build.parallel import BackgroundBuilds, BuildJob, default_workers
 from codl_tvm.build.targets import TargetPreset, export_library
 from codl_tvm.core.errors import BuildError
 from codl_tvm.core.plan import PartitionPlan
+from codl_tvm.runtime import build_error
 from codl_tvm.runtime.artifact import PROCESSOR_NAMES, Manifest, replace_file
 from codl_tvm.runtime.weights import write_weights
 
@@ -46,6 +47,9 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+#: A build's device in the words of its error: the processor it was built for.
+_BUILT_FOR = {"cpu": "the CPU alone", "opencl": "the GPU alone", "coexec": "co-execution"}
 
 
 _CODE_DIGEST: str | None = None
@@ -380,7 +384,7 @@ class Libraries:
                 splits, record = build_library(path, spec, self.model.mod, self.preset)
             except Exception as exc:  # a kernel that does not build: the caller decides
                 self.builds[name] = {"source": "here", "s": round(time.perf_counter() - start, 3)}
-                raise BuildError(f"{type(exc).__name__}: {exc}") from exc
+                raise build_error(exc, str(self.model.path), _BUILT_FOR[spec.device]) from exc
             source = "here"
             self.builds[name] = {"source": source, "s": round(time.perf_counter() - start, 3)}
         if splits:
@@ -407,7 +411,9 @@ class Libraries:
             "waited_s": round(waited, 3),
         }
         if result.error is not None:
-            raise BuildError(result.error)
+            raise BuildError(
+                f"{self.model.path}: building for {_BUILT_FOR[spec.device]} failed: {result.error}"
+            )
         logger.info(
             "the %s library was built in a worker process (%.1f s; waited %.1f s for it)",
             name,
