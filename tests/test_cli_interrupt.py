@@ -144,6 +144,33 @@ def test_main_says_interrupted_in_one_line_and_exits_130(command, monkeypatch, c
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
+def test_an_interrupt_inside_a_finalizer_is_counted_not_printed(monkeypatch):
+    """A Ctrl-C that lands in a ``__del__`` (xgboost's Booster is freed while a compile plans)
+    cannot propagate: it is counted and not handed to ``sys.unraisablehook`` (which prints
+    Python's "Exception ignored" traceback); other errors in finalizers still are."""
+    from codl_tvm.core.interrupts import sigint_count, watching_sigint
+
+    class Interrupted:
+        def __del__(self):
+            signal.raise_signal(signal.SIGINT)
+
+    class Failing:
+        def __del__(self):
+            raise ValueError("a finalizer's own error")
+
+    seen = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda u: seen.append(u.exc_type))
+    with watching_sigint():
+        before = sigint_count()
+        Interrupted()  # freed at once: the interrupt is raised inside __del__
+        assert sigint_count() == before + 1
+        Failing()
+    assert seen == [ValueError]
+    assert sys.unraisablehook is not None and signal.getsignal(signal.SIGINT) is (
+        signal.default_int_handler
+    )
+
+
 RUN_COEXEC = ["run", "--device", "coexec", "--dim", "H", "--ratio", "0.5", "--repeat", "1"]
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 
@@ -24,6 +25,18 @@ _received = [0]  # SIGINTs seen by the handler of watching_sigint, since the pro
 def _count_and_interrupt(signum: int, frame) -> None:
     _received[0] += 1
     signal.default_int_handler(signum, frame)  # raises KeyboardInterrupt, as without us
+
+
+def _quiet_about_interrupts(hook):
+    """``hook`` (a ``sys.unraisablehook``) but silent for a ``KeyboardInterrupt``: a Ctrl-C
+    landing in a finalizer (xgboost's ``Booster.__del__``) cannot propagate, and Python would
+    print its traceback; the handler counted it, and the block's owner acts on the count."""
+
+    def quiet(unraisable) -> None:
+        if not isinstance(unraisable.exc_value, KeyboardInterrupt):
+            hook(unraisable)
+
+    return quiet
 
 
 def sigint_count() -> int:
@@ -38,7 +51,8 @@ def watching_sigint() -> Iterator[None]:
 
     Only Python's default handler is replaced, and only on the main thread (the only one that
     may set handlers): a handler the application installed stays in charge, and nested blocks
-    share the outer one's.
+    share the outer one's. A Ctrl-C raised inside a finalizer, where it cannot propagate, is
+    counted without Python's "Exception ignored" traceback.
     """
     if (
         threading.current_thread() is not threading.main_thread()
@@ -47,10 +61,13 @@ def watching_sigint() -> Iterator[None]:
         yield
         return
     signal.signal(signal.SIGINT, _count_and_interrupt)
+    hook = sys.unraisablehook
+    sys.unraisablehook = _quiet_about_interrupts(hook)
     try:
         yield
     finally:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+        sys.unraisablehook = hook
 
 
 def is_interrupt(exc: BaseException, since: int | None = None) -> bool:
