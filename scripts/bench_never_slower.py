@@ -38,21 +38,12 @@ from pathlib import Path
 import numpy as np
 from bench_util import envelope, write_json
 
+from codl_tvm.frontend.models import LIGHT_MODELS
+from codl_tvm.frontend.zoo import ZOO_MODELS
 from codl_tvm.profiling.stats import paired_ab
 
 #: The ten benchmark models: the shipped cost models were fitted on their operators.
-KNOWN = (
-    "vgg19",
-    "vgg16",
-    "yolov2",
-    "fst",
-    "retinaface",
-    "posenet",
-    "inception_v1",
-    "resnet50",
-    "squeezenet",
-    "bvlc_alexnet",
-)
+KNOWN = (*LIGHT_MODELS, *ZOO_MODELS)
 #: The issue's bar: no model's median below this ratio to the best single processor.
 FLOOR = 0.95
 

@@ -49,7 +49,10 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 #: A build's device in the words of its error: the processor it was built for.
-_BUILT_FOR = {"cpu": "the CPU alone", "opencl": "the GPU alone", "coexec": "co-execution"}
+_BUILT_FOR = {
+    **{device: f"the {name} alone" for device, name in PROCESSOR_NAMES.items()},
+    "coexec": "co-execution",
+}
 
 
 _CODE_DIGEST: str | None = None
