@@ -4,11 +4,11 @@
 # machine, keeps the fastest) against each processor alone, in evaluation rounds apart from the
 # compile's own, on models outside the ten the cost models were fitted on (exported here from
 # torchvision's and timm's definitions with seeded random weights: scripts/export_unseen_models.py)
-# and on the ten. Platforms: the emulated SoC at k = 14 (the ten and the unseen models) and
-# k = 12 (the unseen models), planned with the shipped k = 12 cost model (at k = 14 scaled by
-# core counts, as the balance sweep does), and the H100 (NVIDIA OpenCL + 16 threads; the unseen
-# models). Phases in order of importance, each ending in a flag; the last is the compile time
-# of a default compile against `--no-measure` (one compile at a time, no build cache).
+# and on the ten, each on three platforms: the emulated SoC at k = 14 and k = 12, planned with
+# the shipped k = 12 cost model (at k = 14 scaled by core counts, as the balance sweep does), and
+# the H100 (NVIDIA OpenCL + 16 threads). `NS_UNSEEN=none` or `NS_KNOWN=none` skips that set.
+# Each platform's end is a flag; the last phase is the compile time of a default compile against
+# `--no-measure` (one compile at a time, no build cache).
 set -u
 . /tmp/code/env.sh
 cd /tmp/code
@@ -22,8 +22,19 @@ k12=(--preset emulated-soc --modes codl --cost-model $cm/emulated-soc-k12.json
 k14=("${k12[@]}" --processor-scale 2,0.857143)
 h100=(--preset device-h100 --modes codl --cost-model $cm/device-h100.json
       --model-dir /tmp/unseen --keep-build-cache)
-python3 scripts/export_unseen_models.py -o /tmp/unseen --only ${unseen//,/ } > $r/export.log 2>&1
-cp /tmp/unseen/models.json $r/unseen_models.json
+# Models exported here: the unseen ones, and those of the compile-time phase outside the ten.
+exported=$(python3 - "$unseen" "${NS_COMPILE_MODELS:-squeezenet,mobilenet_v2}" <<'PY'
+import sys
+from codl_tvm.frontend.models import LIGHT_MODELS
+from codl_tvm.frontend.zoo import ZOO_MODELS
+names = [n for arg in sys.argv[1:] for n in arg.split(",") if n and n != "none"]
+print(" ".join(dict.fromkeys(n for n in names if n not in (*LIGHT_MODELS, *ZOO_MODELS))))
+PY
+)
+if [ -n "$exported" ]; then
+  python3 scripts/export_unseen_models.py -o /tmp/unseen --only $exported > $r/export.log 2>&1
+  cp /tmp/unseen/models.json $r/unseen_models.json
+fi
 touch $r/EXPORTED
 soc() {  # k, compile args name, models, run JSON: the default compiles, then evaluation rounds
   local k=$1 models=$3 out=$4; local -n args=$2
@@ -36,47 +47,52 @@ soc() {  # k, compile args name, models, run JSON: the default compiles, then ev
       --out $r/$out >> $r/k${k}_run.log 2>&1
   done
 }
+gpu() {  # models, run JSON: the H100's default compiles, then evaluation rounds
+  local models=$1 out=$2
+  (
+    export TVM_NUM_THREADS=16 CODL_OPENCL_PLATFORM=nvidia
+    python3 scripts/bench_planner.py compile --default --models "$models" "${h100[@]}" \
+      --out $b/h100 >> $r/h100_default.log 2>&1
+    for m in ${models//,/ }; do
+      python3 scripts/bench_planner.py run --dir $b/h100 --models "$m" --platform nvidia \
+        --rounds "$rounds" --number 5 --plan-repeat 0 --concurrent-s 0 --append \
+        --out $r/$out >> $r/h100_run.log 2>&1
+    done
+  )
+}
 warm() {  # directory, platform, compute units (PoCL)
   CODL_OPENCL_PLATFORM=$2 POCL_CPU_MAX_CU_COUNT=$3 POCL_AFFINITY=0 python3 \
     scripts/bench_planner.py warm --dir $1 --platform $2 --jobs 15 >> $r/warm.log 2>&1
 }
-# 1. The unseen models: builds for the SoC (CPU, PoCL, codl at k = 14) beside the H100's, then
-# codl at k = 12 (its CPU and GPU builds copied: they do not depend on k).
-CODL_OPENCL_PLATFORM=portable python3 scripts/bench_planner.py compile --jobs 10 --models "$unseen" \
-  "${k14[@]}" --out $b/k14 > $r/k14_compile.log 2>&1 &
-CODL_OPENCL_PLATFORM=nvidia python3 scripts/bench_planner.py compile --jobs 6 --models "$unseen" \
-  "${h100[@]}" --out $b/h100 > $r/h100_compile.log 2>&1 &
-wait
-for m in ${unseen//,/ }; do
-  mkdir -p $b/k12/$m && cp -r $b/k14/$m/cpu $b/k14/$m/gpu $b/k12/$m/ 2>/dev/null
-done
-python3 scripts/bench_planner.py compile --jobs 15 --models "$unseen" "${k12[@]}" --out $b/k12 \
-  > $r/k12_compile.log 2>&1
-touch $r/BUILT
-warm $b/k14 portable 14; warm $b/k12 portable 12; warm $b/h100 nvidia 1
-touch $r/WARM
-soc 14 k14 "$unseen" never_slower_k14.json
-touch $r/K14_DONE
-(
-  export TVM_NUM_THREADS=16 CODL_OPENCL_PLATFORM=nvidia
-  python3 scripts/bench_planner.py compile --default --models "$unseen" "${h100[@]}" --out $b/h100 \
-    > $r/h100_default.log 2>&1
-  for m in ${unseen//,/ }; do
-    python3 scripts/bench_planner.py run --dir $b/h100 --models "$m" --platform nvidia \
-      --rounds "$rounds" --number 5 --plan-repeat 0 --concurrent-s 0 --append \
-      --out $r/never_slower_h100.json >> $r/h100_run.log 2>&1
+build() {  # models: the SoC's builds (CPU, PoCL, codl at k = 14) beside the H100's, then codl
+  # at k = 12 (its CPU and GPU builds copied: they do not depend on k)
+  local models=$1
+  CODL_OPENCL_PLATFORM=portable python3 scripts/bench_planner.py compile --jobs 10 \
+    --models "$models" "${k14[@]}" --out $b/k14 >> $r/k14_compile.log 2>&1 &
+  CODL_OPENCL_PLATFORM=nvidia python3 scripts/bench_planner.py compile --jobs 6 \
+    --models "$models" "${h100[@]}" --out $b/h100 >> $r/h100_compile.log 2>&1 &
+  wait
+  for m in ${models//,/ }; do
+    mkdir -p $b/k12/$m && cp -r $b/k14/$m/cpu $b/k14/$m/gpu $b/k12/$m/ 2>/dev/null
   done
-)
-touch $r/H100_DONE
-soc 12 k12 "$unseen" never_slower_k12.json
-touch $r/K12_DONE
-# 2. The ten at k = 14 (their own builds now: timing above ran on a quiet machine).
-if [ "$known" != none ]; then
-  CODL_OPENCL_PLATFORM=portable python3 scripts/bench_planner.py compile --jobs 15 --models "$known" \
-    "${k14[@]}" --out $b/k14 > $r/k14_known_compile.log 2>&1
-  warm $b/k14 portable 14
-  soc 14 k14 "$known" never_slower_k14_known.json
-fi
+  python3 scripts/bench_planner.py compile --jobs 15 --models "$models" "${k12[@]}" \
+    --out $b/k12 >> $r/k12_compile.log 2>&1
+  warm $b/k14 portable 14; warm $b/k12 portable 12; warm $b/h100 nvidia 1
+}
+platforms() {  # models, suffix of the run JSONs and flags: k = 14, the H100, k = 12
+  local models=$1 sfx=$2
+  build "$models"
+  touch $r/BUILT$sfx
+  soc 14 k14 "$models" never_slower_k14$sfx.json
+  touch $r/K14_DONE$sfx
+  gpu "$models" never_slower_h100$sfx.json
+  touch $r/H100_DONE$sfx
+  soc 12 k12 "$models" never_slower_k12$sfx.json
+  touch $r/K12_DONE$sfx
+}
+# 1. The unseen models; 2. the ten (their own builds, after the unseen ones' timing).
+if [ "$unseen" != none ]; then platforms "$unseen" ""; fi
+if [ "$known" != none ]; then platforms "$known" _known; fi
 touch $r/KNOWN_DONE
 # 3. A default compile's time against --no-measure (one compile at a time, no build cache).
 export POCL_CPU_MAX_CU_COUNT=12 POCL_AFFINITY=1 TVM_NUM_THREADS=4 CODL_OPENCL_PLATFORM=portable
