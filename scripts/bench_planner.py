@@ -230,7 +230,9 @@ def cmd_compile(args: argparse.Namespace) -> None:
         "models": {},
     }
     if (out / "index.json").exists():  # a later call adds models or modes
-        index["models"] = json.loads((out / "index.json").read_text())["models"]
+        earlier = json.loads((out / "index.json").read_text())
+        index["models"] = earlier["models"]
+        index["onnx"] = earlier.get("onnx", {})
     if any(_tag_mode(m).streaming for m in args.modes.split(",") if m) and not args.weight_gbps:
         sys.exit(f"bench_planner compile: a mode ending {STREAMING_SUFFIX} needs --weight-gbps")
     jobs = []
@@ -238,6 +240,9 @@ def cmd_compile(args: argparse.Namespace) -> None:
     model_dir = Path(args.model_dir) if args.model_dir else None
     for name in args.models.split(","):
         path = _model_file(name, models_dir, model_dir)
+        if model_dir is not None and path.parent == model_dir:
+            # kept by its owner (the ten's files are removed below and made again by `run`)
+            index.setdefault("onnx", {})[name] = str(path.resolve())
         todo = [("cpu", "cpu", None, None, 0), ("gpu", "opencl", None, None, 0)]
         todo += [
             (m, "coexec", _tag_mode(m).mode, args.cost_model, 0) for m in args.modes.split(",") if m
@@ -422,6 +427,61 @@ def cmd_warm(args: argparse.Namespace) -> None:
 
 
 OK_TOLERANCE = 1e-3
+#: The row of onnxruntime on TVM's cores (``run --onnxruntime``): what a user runs instead.
+ORT_TAG = "onnxruntime"
+#: Seconds of quiet before each onnxruntime sample: both runtimes' thread pools spin after a
+#: run, and onnxruntime timed right after TVM measured 2-3x slower than alone
+#: (scripts/bench_cpu_models.py).
+ORT_SWITCH_S = 0.2
+
+
+def _onnxruntime(index: dict, name: str, ref_inputs: dict, ref_outputs: list, threads: int):
+    """onnxruntime's CPU session of ``name`` on the calling thread's cores with ``threads``
+    intra-op threads (TVM's CPU stand-in's): a function timing ``number`` runs (median ms,
+    after a pause and a warm-up run) and the row, checked against the CPU build's reference."""
+    import tempfile
+
+    import onnxruntime as ort
+
+    from codl_tvm.build.runner import max_abs_difference
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    with tempfile.TemporaryDirectory() as tmp:
+        path = index.get("onnx", {}).get(name)
+        if path is None or not Path(path).is_file():
+            if path is not None:
+                sys.exit(f"bench_planner run: the ONNX file of {name} is gone ({path})")
+            path = _model_file(name, Path(tmp))  # seeded: the model the builds were made of
+        # the pool's threads start here and inherit this thread's cores (pin_tvm_threads)
+        sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+    names = [i.name for i in sess.get_inputs()]
+    feeds = (
+        {n: ref_inputs[n] for n in names}
+        if set(names) <= set(ref_inputs)
+        else dict(zip(names, ref_inputs.values()))
+    )
+    err = max_abs_difference(sess.run(None, feeds), ref_outputs)
+
+    def run(number: int) -> float:
+        time.sleep(ORT_SWITCH_S)
+        sess.run(None, feeds)  # warm-up after the switch
+        ms = []
+        for _ in range(number):
+            t0 = time.perf_counter()
+            sess.run(None, feeds)
+            ms.append((time.perf_counter() - t0) * 1e3)
+        return float(np.median(ms))
+
+    scale = max(1.0, *(float(np.max(np.abs(r[np.isfinite(r)]), initial=0.0)) for r in ref_outputs))
+    row = {
+        "max_abs_err": err,
+        "ok": err <= OK_TOLERANCE * scale,
+        "device": "onnxruntime",
+        "threads": threads,
+    }
+    return run, row
 
 
 def cmd_run(args: argparse.Namespace) -> None:
@@ -442,8 +502,7 @@ def cmd_run(args: argparse.Namespace) -> None:
     from codl_tvm.runtime import sync
 
     sync.set_sync_mode(args.sync_mode)
-    if args.tvm_cpus:
-        pin_tvm_threads(args.tvm_cpus)
+    cpus = pin_tvm_threads(args.tvm_cpus) if args.tvm_cpus else list(range(os.cpu_count() or 1))
     results = {
         "platform": info.platform,
         "device": info.devices[0].name,
@@ -489,9 +548,14 @@ def cmd_run(args: argparse.Namespace) -> None:
                 "ok": err <= OK_TOLERANCE * scale,
                 **_stats(art.manifest, root / rel),
             }
+        ort_run = None
+        if args.onnxruntime:
+            ort_run, rows[ORT_TAG] = _onnxruntime(index, name, ref_inputs, ref_outputs, len(cpus))
         # Round-robin: every variant is timed once per round, so drift (clocks, other load)
         # spreads over all of them instead of favouring whichever ran first.
         samples: dict[str, list[float]] = {tag: [] for tag in arts}
+        if ort_run is not None:
+            samples[ORT_TAG] = []
         # T*c (each processor's whole model while the other runs its own whole model in a
         # loop: the same kernels and memory traffic a co-execution makes, so the bound two
         # independent inferences reach together) is measured in every round, beside the builds
@@ -501,6 +565,8 @@ def cmd_run(args: argparse.Namespace) -> None:
             for tag, art in arts.items():
                 lat = art.time(inputs[tag], number=args.number, repeat=1)
                 samples[tag].append(lat.median_ms)
+            if ort_run is not None:
+                samples[ORT_TAG].append(ort_run(args.number))
             if args.concurrent_s > 0:
                 contended.append(
                     concurrent_bound(
@@ -518,7 +584,7 @@ def cmd_run(args: argparse.Namespace) -> None:
             )
             print(
                 f"{name:14s} {tag:14s} {rows[tag]['median_ms']:10.3f} ms  "
-                f"err {rows[tag]['max_abs_err']:.1e}  {arts[tag].manifest['device']}",
+                f"err {rows[tag]['max_abs_err']:.1e}  {rows[tag]['device']}",
                 flush=True,
             )
         t_star_c = float(np.median([c.t_star_ms for c in contended])) if contended else None
@@ -1015,6 +1081,12 @@ def main(argv: list[str] | None = None) -> None:
     r.add_argument("--number", type=int, default=5, help="runs averaged per sample")
     r.add_argument("--rounds", type=int, default=5, help="round-robin samples per variant")
     r.add_argument("--trace-dir")
+    r.add_argument(
+        "--onnxruntime",
+        action="store_true",
+        help="time onnxruntime's CPU session of each model on TVM's cores (--tvm-cpus) with "
+        "as many threads, in the same rounds",
+    )
     r.add_argument(
         "--trace-also",
         default="",

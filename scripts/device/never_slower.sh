@@ -8,7 +8,8 @@
 # the shipped k = 12 cost model (at k = 14 scaled by core counts, as the balance sweep does), and
 # the H100 (NVIDIA OpenCL + 16 threads). `NS_UNSEEN=none` or `NS_KNOWN=none` skips that set.
 # Each platform's end is a flag; the last phase is the compile time of a default compile against
-# `--no-measure` (one compile at a time, no build cache).
+# `--no-measure` (one compile at a time, no build cache). onnxruntime on the CPU stand-in's
+# cores is timed beside each model (`run --onnxruntime`).
 set -u
 . /tmp/code/env.sh
 cd /tmp/code
@@ -43,7 +44,7 @@ soc() {  # k, compile args name, models, run JSON: the default compiles, then ev
     --out $b/k$k --tvm-cpus $k-15 >> $r/k${k}_default.log 2>&1
   for m in ${models//,/ }; do
     python3 scripts/bench_planner.py run --dir $b/k$k --models "$m" --platform portable \
-      --tvm-cpus $k-15 --rounds "$rounds" --number 2 --plan-repeat 0 --concurrent-s 0 --append \
+      --tvm-cpus $k-15 --rounds "$rounds" --number 2 --plan-repeat 0 --concurrent-s 0 --append --onnxruntime \
       --out $r/$out >> $r/k${k}_run.log 2>&1
   done
 }
@@ -55,7 +56,7 @@ gpu() {  # models, run JSON: the H100's default compiles, then evaluation rounds
       --out $b/h100 >> $r/h100_default.log 2>&1
     for m in ${models//,/ }; do
       python3 scripts/bench_planner.py run --dir $b/h100 --models "$m" --platform nvidia \
-        --rounds "$rounds" --number 5 --plan-repeat 0 --concurrent-s 0 --append \
+        --rounds "$rounds" --number 5 --plan-repeat 0 --concurrent-s 0 --append --onnxruntime \
         --out $r/$out >> $r/h100_run.log 2>&1
     done
   )
