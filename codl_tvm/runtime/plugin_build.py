@@ -36,7 +36,7 @@ from codl_tvm.core.errors import ToolchainError
 logger = logging.getLogger(__name__)
 
 _SRC_DIR = Path(__file__).parent / "src"
-_SOURCES = ("workspace.cc", "opencl_plugin.cc", "coexec_sync.cc")
+_SOURCES = ("workspace.cc", "images.cc", "opencl_plugin.cc", "coexec_sync.cc")
 
 
 def plugin_sources() -> list[Path]:

@@ -35,6 +35,9 @@ using cl_program_build_info = cl_uint;
 using cl_profiling_info = cl_uint;
 using cl_event_info = cl_uint;
 using cl_kernel_work_group_info = cl_uint;
+using cl_mem_object_type = cl_uint;
+using cl_channel_order = cl_uint;
+using cl_channel_type = cl_uint;
 
 using cl_platform_id = struct _cl_platform_id*;
 using cl_device_id = struct _cl_device_id*;
@@ -46,6 +49,7 @@ using cl_kernel = struct _cl_kernel*;
 using cl_event = struct _cl_event*;
 
 constexpr cl_int CL_SUCCESS = 0;
+constexpr cl_int CL_IMAGE_FORMAT_NOT_SUPPORTED = -10;
 constexpr cl_int CL_BUILD_PROGRAM_FAILURE = -11;
 constexpr cl_int CL_PLATFORM_NOT_FOUND_KHR = -1001;
 constexpr cl_bool CL_FALSE = 0;
@@ -71,12 +75,20 @@ constexpr cl_device_info CL_DEVICE_VERSION = 0x102F;
 constexpr cl_device_info CL_DEVICE_EXTENSIONS = 0x1030;
 constexpr cl_device_info CL_DEVICE_OPENCL_C_VERSION = 0x103D;
 constexpr cl_device_info CL_DEVICE_SVM_CAPABILITIES = 0x1053;
+constexpr cl_device_info CL_DEVICE_IMAGE2D_MAX_WIDTH = 0x1011;
+constexpr cl_device_info CL_DEVICE_IMAGE2D_MAX_HEIGHT = 0x1012;
+constexpr cl_device_info CL_DEVICE_IMAGE_SUPPORT = 0x1016;
+constexpr cl_device_info CL_DEVICE_IMAGE_MAX_BUFFER_SIZE = 0x1040;
+constexpr cl_device_info CL_DEVICE_IMAGE_MAX_ARRAY_SIZE = 0x1041;
+constexpr cl_device_info CL_DEVICE_IMAGE_PITCH_ALIGNMENT = 0x104A;       // in pixels
+constexpr cl_device_info CL_DEVICE_IMAGE_BASE_ADDRESS_ALIGNMENT = 0x104B;  // in pixels
 
 constexpr cl_device_svm_capabilities CL_DEVICE_SVM_COARSE_GRAIN_BUFFER = 1 << 0;
 constexpr cl_device_svm_capabilities CL_DEVICE_SVM_FINE_GRAIN_BUFFER = 1 << 1;
 constexpr cl_device_svm_capabilities CL_DEVICE_SVM_ATOMICS = 1 << 3;
 
 constexpr cl_mem_flags CL_MEM_READ_WRITE = 1 << 0;
+constexpr cl_mem_flags CL_MEM_USE_HOST_PTR = 1 << 3;
 constexpr cl_mem_flags CL_MEM_ALLOC_HOST_PTR = 1 << 4;
 constexpr cl_svm_mem_flags CL_MEM_SVM_FINE_GRAIN_BUFFER = 1 << 10;
 constexpr cl_svm_mem_flags CL_MEM_SVM_ATOMICS = 1 << 11;
@@ -88,6 +100,31 @@ constexpr cl_buffer_create_type CL_BUFFER_CREATE_TYPE_REGION = 0x1220;
 struct cl_buffer_region {
   size_t origin;
   size_t size;
+};
+
+constexpr cl_channel_order CL_RGBA = 0x10B5;
+constexpr cl_channel_type CL_HALF_FLOAT = 0x10DD;
+constexpr cl_channel_type CL_FLOAT = 0x10DE;
+constexpr cl_mem_object_type CL_MEM_OBJECT_IMAGE2D = 0x10F1;
+constexpr cl_mem_object_type CL_MEM_OBJECT_IMAGE2D_ARRAY = 0x10F3;
+/*! \brief An image's channel order and channel type (clCreateImage). */
+struct cl_image_format {
+  cl_channel_order image_channel_order;
+  cl_channel_type image_channel_data_type;
+};
+/*! \brief An image's type, size and pitches (OpenCL 1.2 and later); `buffer` backs an image
+ * created from a buffer (cl_khr_image2d_from_buffer), else null. */
+struct cl_image_desc {
+  cl_mem_object_type image_type;
+  size_t image_width;
+  size_t image_height;
+  size_t image_depth;
+  size_t image_array_size;
+  size_t image_row_pitch;
+  size_t image_slice_pitch;
+  cl_uint num_mip_levels;
+  cl_uint num_samples;
+  cl_mem buffer;
 };
 
 constexpr cl_command_queue_properties CL_QUEUE_PROFILING_ENABLE = 1 << 1;

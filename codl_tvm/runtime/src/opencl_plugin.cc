@@ -10,6 +10,9 @@
  *    "cl": function-info map and source with `// Function: name` delimiters), with each kernel
  *    compiled once per context and program binaries cached on disk;
  *  - `runtime.timer.opencl`: an event-based timer so `time_evaluator` works on tvm.opencl();
+ *  - tensors of TVM's texture memory scopes as OpenCL images (images.cc, which also registers
+ *    `DeviceAllocator.opencl` for the Relax VM's texture-scope storages and views): allocated
+ *    here, passed to kernels as image arguments, copied with the image commands;
  *  - `codl.opencl.*`: configuration, device info, cache statistics, kernel-event recording, CPU
  *    views of device tensors and map/unmap.
  */
@@ -39,6 +42,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "images.h"
 #include "workspace.h"
 
 namespace codl {
@@ -163,9 +167,23 @@ class OpenCLSVMDeviceAPI final : public DeviceAPI {
     return ptr;
   }
 
+  // Tensors of a texture memory scope are images; every other scope is the flat allocation.
+  void* AllocDataSpace(Device dev, int ndim, const int64_t* shape, DLDataType dtype,
+                       ffi::Optional<ffi::String> mem_scope) final {
+    if (mem_scope.has_value() && IsTextureScope(std::string(*mem_scope))) {
+      return AllocImage(dev.device_id, shape, ndim, dtype, std::string(*mem_scope));
+    }
+    return DeviceAPI::AllocDataSpace(dev, ndim, shape, dtype, mem_scope);
+  }
+
   void FreeDataSpace(Device dev, void* ptr) final {
     Workspace* w = Workspace::Global();
     if (ptr == nullptr || !w->initialized()) return;
+    if (ImageDescriptor* image = FindImage(ptr)) {
+      w->UnmapAll();
+      FreeImage(image);
+      return;
+    }
     const Api& api = GetApi();
     w->UnmapAll();
     w->UnregisterAlloc(ptr);
@@ -284,6 +302,20 @@ class OpenCLSVMDeviceAPI final : public DeviceAPI {
   uint64_t pool_reuses_ = 0;
 
  public:
+
+  void CopyDataFromTo(DLTensor* from, DLTensor* to, TVMStreamHandle stream) final {
+    ImageDescriptor* from_image =
+        from->device.device_type == kDLOpenCL ? FindImage(from->data) : nullptr;
+    ImageDescriptor* to_image = to->device.device_type == kDLOpenCL ? FindImage(to->data) : nullptr;
+    if (from_image == nullptr && to_image == nullptr) {
+      DeviceAPI::CopyDataFromTo(from, to, stream);
+      return;
+    }
+    int dev_id = (from_image ? from_image : to_image)->device_id;
+    cl_command_queue q =
+        stream ? static_cast<cl_command_queue>(stream) : Workspace::Global()->Queue(dev_id);
+    CopyWithImages(from, from_image, to, to_image, q);
+  }
 
   bool SupportsDevicePointerArithmeticsOnHost() final {
     Workspace* w = Workspace::Global();
@@ -955,17 +987,29 @@ void KernelFunction::Launch(ffi::PackedArgs args) {
     cl_uint idx = static_cast<cl_uint>(i);
     if (t.code == kDLOpaqueHandle) {
       void* ptr = nullptr;
+      void* data = nullptr;  // the tensor's data pointer (an image descriptor for textures)
       size_t byte_offset = 0, extent = 0;
       bool is_view = false;
       if (auto dl = args[i].try_cast<DLTensor*>()) {
         // Called from Python with tensors rather than from host code with data pointers.
         DLTensor* t = dl.value();
+        data = t->data;
         ptr = svm ? static_cast<char*>(t->data) + t->byte_offset : t->data;
         is_view = !svm && t->byte_offset != 0;
         byte_offset = t->byte_offset;
         extent = ViewExtentBytes(t);
       } else {
         ptr = args[i].cast<void*>();
+        data = ptr;
+      }
+      if (ImageDescriptor* image = FindImage(data)) {
+        // a texture-scope tensor: the kernel's image2d_array_t parameter gets the image
+        err = api.clSetKernelArg(kernel, idx, sizeof(cl_mem), &image->image);
+        if (err != CL_SUCCESS) {
+          ThrowCLError("clSetKernelArg", err, info_.name + " argument " + std::to_string(i) +
+                                                  " (an image)");
+        }
+        continue;
       }
       if (svm) {
         err = api.clSetKernelArgSVMPointer(kernel, idx, ptr);
@@ -1133,6 +1177,11 @@ void CheckOpenCLTensor(const ffi::Tensor& t, const char* what) {
                               << static_cast<int>(t.GetDLTensorPtr()->device.device_type);
   }
   Workspace::Global()->EnsureInit();
+  if (ImageDescriptor* image = FindImage(t.GetDLTensorPtr()->data)) {
+    // an image's pixels have no host address (a driver may tile them): copy them instead
+    TVM_FFI_THROW(ValueError) << what << " expects a buffer tensor; this one is a "
+                              << image->scope << " image (copy it to a 'global' tensor)";
+  }
 }
 
 ffi::Tensor CpuView(ffi::Tensor t) {

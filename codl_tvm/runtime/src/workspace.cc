@@ -70,6 +70,8 @@ const char* ErrorName(cl_int code) {
     case -6: return "CL_OUT_OF_HOST_MEMORY";
     case -7: return "CL_PROFILING_INFO_NOT_AVAILABLE";
     case -8: return "CL_MEM_COPY_OVERLAP";
+    case -9: return "CL_IMAGE_FORMAT_MISMATCH";
+    case -10: return "CL_IMAGE_FORMAT_NOT_SUPPORTED";
     case -11: return "CL_BUILD_PROGRAM_FAILURE";
     case -12: return "CL_MAP_FAILURE";
     case -13: return "CL_MISALIGNED_SUB_BUFFER_OFFSET";
@@ -80,7 +82,10 @@ const char* ErrorName(cl_int code) {
     case -34: return "CL_INVALID_CONTEXT";
     case -35: return "CL_INVALID_QUEUE_PROPERTIES";
     case -36: return "CL_INVALID_COMMAND_QUEUE";
+    case -37: return "CL_INVALID_HOST_PTR";
     case -38: return "CL_INVALID_MEM_OBJECT";
+    case -39: return "CL_INVALID_IMAGE_FORMAT_DESCRIPTOR";
+    case -40: return "CL_INVALID_IMAGE_SIZE";
     case -42: return "CL_INVALID_BINARY";
     case -43: return "CL_INVALID_BUILD_OPTIONS";
     case -44: return "CL_INVALID_PROGRAM";
@@ -102,6 +107,7 @@ const char* ErrorName(cl_int code) {
     case -61: return "CL_INVALID_BUFFER_SIZE";
     case -63: return "CL_INVALID_GLOBAL_WORK_SIZE";
     case -64: return "CL_INVALID_PROPERTY";
+    case -65: return "CL_INVALID_IMAGE_DESCRIPTOR";
     case -1001: return "CL_PLATFORM_NOT_FOUND_KHR";
     case -9999: return "entry point missing from the OpenCL library";
     default: return "unknown OpenCL error";
@@ -180,6 +186,56 @@ T DeviceValue(cl_device_id d, cl_device_info what) {
   T v{};
   CODL_CL_CALL(clGetDeviceInfo, d, what, sizeof(T), &v, nullptr);
   return v;
+}
+
+/*!
+ * \brief Query a device's image support. Never throws: a device whose driver rejects a query
+ * (OpenCL 1.x has no pitch alignment) keeps the field's default, and images stay usable or not
+ * as CL_DEVICE_IMAGE_SUPPORT says.
+ */
+ImageCaps QueryImageCaps(cl_context ctx, cl_device_id id, const std::string& extensions) {
+  const Api& api = GetApi();
+  ImageCaps c;
+  cl_bool support = CL_FALSE;
+  if (api.clGetDeviceInfo(id, CL_DEVICE_IMAGE_SUPPORT, sizeof(support), &support, nullptr) !=
+          CL_SUCCESS ||
+      support == CL_FALSE || api.clCreateImage == nullptr) {
+    return c;
+  }
+  c.supported = true;
+  api.clGetDeviceInfo(id, CL_DEVICE_IMAGE2D_MAX_WIDTH, sizeof(size_t), &c.max_width, nullptr);
+  api.clGetDeviceInfo(id, CL_DEVICE_IMAGE2D_MAX_HEIGHT, sizeof(size_t), &c.max_height, nullptr);
+  api.clGetDeviceInfo(id, CL_DEVICE_IMAGE_MAX_ARRAY_SIZE, sizeof(size_t), &c.max_array_size,
+                      nullptr);
+  cl_uint v = 0;
+  if (api.clGetDeviceInfo(id, CL_DEVICE_IMAGE_PITCH_ALIGNMENT, sizeof(v), &v, nullptr) ==
+          CL_SUCCESS &&
+      v > 0) {
+    c.pitch_align_pixels = v;
+  }
+  v = 0;
+  if (api.clGetDeviceInfo(id, CL_DEVICE_IMAGE_BASE_ADDRESS_ALIGNMENT, sizeof(v), &v, nullptr) ==
+          CL_SUCCESS &&
+      v > 0) {
+    c.base_align_pixels = v;
+  }
+  c.from_buffer = extensions.find("cl_khr_image2d_from_buffer") != std::string::npos;
+  cl_uint n = 0;
+  if (api.clGetSupportedImageFormats != nullptr &&
+      api.clGetSupportedImageFormats(ctx, CL_MEM_READ_WRITE, CL_MEM_OBJECT_IMAGE2D_ARRAY, 0,
+                                     nullptr, &n) == CL_SUCCESS &&
+      n > 0) {
+    std::vector<cl_image_format> formats(n);
+    if (api.clGetSupportedImageFormats(ctx, CL_MEM_READ_WRITE, CL_MEM_OBJECT_IMAGE2D_ARRAY, n,
+                                       formats.data(), nullptr) == CL_SUCCESS) {
+      for (const auto& f : formats) {
+        if (f.image_channel_order != CL_RGBA) continue;
+        c.rgba_float |= f.image_channel_data_type == CL_FLOAT;
+        c.rgba_half |= f.image_channel_data_type == CL_HALF_FLOAT;
+      }
+    }
+  }
+  return c;
 }
 
 /*! \brief Build a trivial kernel on the platform's first device; "" on success, else why not. */
@@ -442,6 +498,8 @@ void Workspace::InitLocked() {
       e.queue = api.clCreateCommandQueue(context_, e.id, CL_QUEUE_PROFILING_ENABLE, &qerr);
     }
     if (qerr != CL_SUCCESS) ThrowCLError("clCreateCommandQueue", qerr, e.name);
+    // image formats are a property of the context and device: queried once it exists
+    e.images = QueryImageCaps(context_, e.id, e.extensions);
   }
 }
 

@@ -29,6 +29,22 @@ enum class SvmMode : int {
 
 const char* SvmModeName(SvmMode mode);
 
+/*!
+ * \brief A device's OpenCL image (texture) support, queried once at initialisation; callers
+ * choose buffers where `supported` is false or a tensor exceeds the limits.
+ */
+struct ImageCaps {
+  bool supported{false};        // CL_DEVICE_IMAGE_SUPPORT
+  size_t max_width{0};          // CL_DEVICE_IMAGE2D_MAX_WIDTH, pixels
+  size_t max_height{0};         // CL_DEVICE_IMAGE2D_MAX_HEIGHT, rows
+  size_t max_array_size{0};     // CL_DEVICE_IMAGE_MAX_ARRAY_SIZE, layers
+  size_t pitch_align_pixels{1};  // CL_DEVICE_IMAGE_PITCH_ALIGNMENT (1 where not reported)
+  size_t base_align_pixels{1};   // CL_DEVICE_IMAGE_BASE_ADDRESS_ALIGNMENT (1 where not reported)
+  bool from_buffer{false};      // cl_khr_image2d_from_buffer: an image can alias a buffer
+  bool rgba_float{false};       // CL_RGBA / CL_FLOAT image2d arrays
+  bool rgba_half{false};        // CL_RGBA / CL_HALF_FLOAT image2d arrays
+};
+
 /*! \brief One OpenCL device of the selected platform. */
 struct DeviceEntry {
   cl::cl_device_id id{nullptr};
@@ -41,6 +57,7 @@ struct DeviceEntry {
   size_t max_work_item_sizes[3]{0, 0, 0};
   uint64_t svm_caps{0};
   size_t base_addr_align_bytes{0};  // CL_DEVICE_MEM_BASE_ADDR_ALIGN: sub-buffer origins
+  ImageCaps images;
   cl::cl_command_queue queue{nullptr};
 };
 
