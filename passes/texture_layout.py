@@ -1,0 +1,304 @@
+"""Compute GPU operators in the texture layout: NCHW4c activations, OIHW4o weights.
+
+CoDL keeps GPU tensors in OpenCL images (the "GPU-friendly type", 3.5x faster convs on
+Adreno). TVM reaches images through 5-D tensors whose innermost axis is 4 (one RGBA pixel):
+its Adreno backend gives them ``global.texture*`` scopes (``AnnotateCustomMemoryScope``) and
+its Adreno conv legalization computes ``NCHW4c`` data with ``OIHW4o`` weights. TVM's own way
+there, ``ConvertLayout``, segfaults in the pinned apache-tvm-ffi for every packed layout, so
+this pass writes the packed graph itself. Before (``main`` after ``FoldConstant``)::
+
+    y = R.nn.conv2d(x, W, padding=[1, 1, 1, 1])      # x (1, 32, 56, 56), W (32, 32, 3, 3)
+    z = R.add(y, B)                                  # B (1, 32, 1, 1)
+    r = R.nn.relu(z)
+    o = R.mean(r, axis=[2, 3])                       # not covered: reads NCHW
+
+after::
+
+    x4 = R.layout_transform(x, lambda n, c, h, w: (n, c // 4, h, w, c % 4))
+    y4 = R.nn.conv2d(x4, W4, padding=[1, 1, 1, 1], data_layout="NCHW4c",
+                     kernel_layout="OIHW4o", out_layout="NCHW4c")   # W4 (8, 32, 3, 3, 4)
+    z4 = R.add(y4, B4)                               # B4 (8, 1, 1, 4)
+    r4 = R.nn.relu(z4)
+    r = R.layout_transform(r4, lambda n, c, h, w, i: (n, c * 4 + i, h, w))
+    o = R.mean(r, axis=[2, 3])
+
+``W4`` and ``B4`` are constants arranged here, at build time (CoDL pre-arranges weights once
+per plan): no weight is transformed at run time. A per-channel constant becomes 4-D
+``(C/4, 1, 1, 4)``, which broadcasts like the 5-D one but which TVM's scope annotation keeps in
+a buffer (it puts every small 5-D tensor in a ``texture-weight`` image, and the VM uploads
+constants into buffers only). Packed values flow from op to op; a value is unpacked (one
+``layout_transform`` binding its old variable) only where something else reads it, so a chain
+of covered operators stays in the texture layout and converts at its ends only.
+
+Covered: 2-D convs with constant OIHW weights (``groups == 1``, channels multiples of 4,
+NCHW in and out), the elementwise unary ops of :data:`UNARY_OPS`, and the binary ops of
+:data:`BINARY_OPS` between two packed tensors of one shape or with a per-channel
+``(1, C, 1, 1)`` / ``(C, 1, 1)`` or scalar constant. Elementwise ops are packed only behind a
+packed producer (never at a chain's start). Pools are not covered yet: TVM 0.27's Adreno
+``Pool2D`` schedule keeps one register for a pixel's four channels (every output channel
+gets the window maximum of channel ``4k + 3``); they stay NCHW behind an unpack until a
+schedule of ours replaces it. Static
+shapes only. Run after ``FoldConstant`` (the frontend's bias ``reshape`` must already be a
+constant) and before any legalization; the result is what TVM's Adreno pipeline expects after
+its ``ConvertLayout``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from codl_tvm.core.plan import static_shape
+
+from .rewrite import op_name, rewrite_functions
+
+__all__ = [
+    "BINARY_OPS",
+    "PACK",
+    "UNARY_OPS",
+    "ToTextureLayout",
+    "pack_bias",
+    "pack_nchw",
+    "pack_oihw",
+    "to_texture_layout",
+]
+
+#: Channels per pixel of an OpenCL RGBA image.
+PACK = 4
+
+#: Elementwise ops of one tensor computed on packed tensors as they are.
+UNARY_OPS = frozenset(
+    {
+        "relax.nn.relu",
+        "relax.sigmoid",
+        "relax.tanh",
+        "relax.exp",
+        "relax.negative",
+        "relax.abs",
+        "relax.sqrt",
+        "relax.clip",
+        "relax.nn.silu",
+    }
+)
+
+#: Elementwise ops of two tensors (broadcasting a per-channel or scalar constant).
+BINARY_OPS = frozenset(
+    {
+        "relax.add",
+        "relax.subtract",
+        "relax.multiply",
+        "relax.divide",
+        "relax.maximum",
+        "relax.minimum",
+    }
+)
+
+_FLOATS = frozenset({"float32", "float16"})
+
+
+def pack_nchw(x: np.ndarray) -> np.ndarray:
+    """``x`` (N, C, H, W) as NCHW4c (N, C/4, H, W, 4): channel ``4k + i`` at ``[:, k, ..., i]``."""
+    n, c, h, w = x.shape
+    return np.ascontiguousarray(x.reshape(n, c // PACK, PACK, h, w).transpose(0, 1, 3, 4, 2))
+
+
+def pack_oihw(w: np.ndarray) -> np.ndarray:
+    """Conv weights (O, I, KH, KW) as OIHW4o (O/4, I, KH, KW, 4), TVM's Adreno kernel layout."""
+    o, i, kh, kw = w.shape
+    return np.ascontiguousarray(w.reshape(o // PACK, PACK, i, kh, kw).transpose(0, 2, 3, 4, 1))
+
+
+def pack_bias(b: np.ndarray) -> np.ndarray:
+    """A per-channel constant of ``C`` values as (C/4, 1, 1, 4) (see the module docstring)."""
+    flat = b.reshape(-1)
+    return np.ascontiguousarray(flat.reshape(flat.size // PACK, 1, 1, PACK))
+
+
+def _nchw_to_packed(n, c, h, w):
+    return (n, c // PACK, h, w, c % PACK)
+
+
+def _packed_to_nchw(n, c, h, w, i):
+    return (n, c * PACK + i, h, w)
+
+
+def _tensor_ok(expr: relax.Expr) -> bool:
+    shape = static_shape(expr)
+    return (
+        shape is not None
+        and len(shape) == 4
+        and shape[1] % PACK == 0
+        and str(expr.ty.dtype) in _FLOATS
+    )
+
+
+def _conv_ok(call: relax.Call) -> bool:
+    a = call.attrs
+    w = call.args[1]
+    return (
+        isinstance(w, tvm.ir.Constant)
+        and _tensor_ok(call.args[0])
+        and static_shape(w) is not None
+        and static_shape(w)[0] % PACK == 0
+        and int(a.groups) == 1
+        and (str(a.data_layout), str(a.kernel_layout)) == ("NCHW", "OIHW")
+        and str(a.out_layout) == "NCHW"
+    )
+
+
+def _channel_constant(expr: relax.Expr, channels: int) -> np.ndarray | None:
+    """The values of a per-channel constant broadcast over NCHW, else None."""
+    if not isinstance(expr, tvm.ir.Constant):
+        return None
+    shape = static_shape(expr)
+    if shape in ((1, channels, 1, 1), (channels, 1, 1)):
+        return expr.value.numpy()
+    return None
+
+
+class _Packer:
+    """Rewrites one dataflow block: ``packed`` maps an original variable to its packed value."""
+
+    def __init__(self, uses: dict[relax.Var, list[relax.Expr]], outside: set[relax.Var]):
+        self.uses = uses
+        self.outside = outside
+        self.packed: dict[relax.Var, relax.Var] = {}
+        self.bindings: list[relax.Binding] = []
+        self.changed = 0
+
+    def bind(self, value: relax.Expr, hint: str, dataflow: bool) -> relax.Var:
+        value = relax.BlockBuilder().normalize(value)
+        var = (relax.DataflowVar if dataflow else relax.Var)(hint, value.ty)
+        self.bindings.append(relax.VarBinding(var, value))
+        return var
+
+    def operand(self, expr: relax.Expr, dataflow: bool) -> relax.Expr:
+        """``expr`` packed: its packed value, or a new layout_transform of it."""
+        if isinstance(expr, relax.Var) and expr in self.packed:
+            return self.packed[expr]
+        name = expr.name if isinstance(expr, relax.Var) else "x"
+        return self.bind(relax.op.layout_transform(expr, _nchw_to_packed), f"{name}_4c", dataflow)
+
+    def packed_value(self, call: relax.Call, dataflow: bool) -> relax.Expr | None:
+        """The packed version of ``call``, or None where it stays NCHW."""
+        name = op_name(call)
+        args = list(call.args)
+        in_packed = [isinstance(a, relax.Var) and a in self.packed for a in args]
+        if name == "relax.nn.conv2d" and _conv_ok(call):
+            a = call.attrs
+            w4 = relax.const(pack_oihw(args[1].value.numpy()))
+            x4 = self.operand(args[0], dataflow)
+            return relax.op.nn.conv2d(
+                x4,
+                w4,
+                strides=a.strides,
+                padding=a.padding,
+                dilation=a.dilation,
+                groups=1,
+                data_layout="NCHW4c",
+                kernel_layout="OIHW4o",
+                out_layout="NCHW4c",
+                out_dtype=a.out_dtype,
+            )
+        if name in UNARY_OPS and in_packed[0]:
+            return relax.Call(call.op, [self.packed[args[0]], *args[1:]], call.attrs)
+        if name in BINARY_OPS and any(in_packed[:2]):
+            return self._binary(call, in_packed)
+        return None
+
+    def _binary(self, call: relax.Call, in_packed: list[bool]) -> relax.Expr | None:
+        lhs, rhs = call.args[0], call.args[1]
+        if all(in_packed[:2]):
+            if static_shape(lhs) != static_shape(rhs):
+                return None
+            return relax.Call(call.op, [self.packed[lhs], self.packed[rhs]], call.attrs)
+        tensor, other = (lhs, rhs) if in_packed[0] else (rhs, lhs)
+        channels = static_shape(tensor)[1]
+        if isinstance(other, tvm.ir.Constant) and static_shape(other) == ():
+            new_other = other
+        else:
+            values = _channel_constant(other, channels)
+            if values is None:
+                return None
+            new_other = relax.const(pack_bias(values))
+        args = (
+            [self.packed[tensor], new_other] if in_packed[0] else [new_other, self.packed[tensor]]
+        )
+        return relax.Call(call.op, args, call.attrs)
+
+    def needs_nchw(self, var: relax.Var, covered: set[relax.Expr]) -> bool:
+        """Whether anything but a packed consumer reads ``var``."""
+        return var in self.outside or any(u not in covered for u in self.uses.get(var, ()))
+
+    def run(self, block: relax.BindingBlock) -> relax.BindingBlock:
+        dataflow = isinstance(block, relax.DataflowBlock)
+        pending: list[tuple[relax.Var, relax.Var]] = []
+        covered: set[relax.Expr] = set()
+        for binding in block.bindings:
+            value = binding.value if isinstance(binding, relax.VarBinding) else None
+            new = self.packed_value(value, dataflow) if isinstance(value, relax.Call) else None
+            if new is None:
+                self.bindings.append(binding)
+                continue
+            covered.add(value)
+            self.changed += 1
+            var4 = self.bind(new, f"{binding.var.name}_4c", dataflow)
+            self.packed[binding.var] = var4
+            pending.append((binding.var, var4))
+        # unpack in a second sweep: whether a value is read as NCHW is known once every
+        # consumer of it has been seen; the unpack is placed right after the packed binding
+        if not pending:
+            return block
+        unpack = {
+            var4: var
+            for var, var4 in pending
+            if self.needs_nchw(var, covered) or not isinstance(var, relax.DataflowVar)
+        }
+        out: list[relax.Binding] = []
+        for b in self.bindings:
+            out.append(b)
+            var = unpack.get(b.var)
+            if var is not None:
+                value = relax.BlockBuilder().normalize(
+                    relax.op.layout_transform(b.var, _packed_to_nchw)
+                )
+                out.append(relax.VarBinding(var, value))
+        kind = relax.DataflowBlock if dataflow else relax.BindingBlock
+        return kind(out)
+
+
+def _uses(func: relax.Function) -> tuple[dict[relax.Var, list[relax.Expr]], set[relax.Var]]:
+    """Each variable's consuming values, and the variables read by the function's result."""
+    uses: dict[relax.Var, list[relax.Expr]] = {}
+    for block in func.body.blocks:
+        for binding in block.bindings:
+            if isinstance(binding, relax.VarBinding):
+                for var in relax.analysis.free_vars(binding.value):
+                    uses.setdefault(var, []).append(binding.value)
+    return uses, set(relax.analysis.free_vars(func.body.body))
+
+
+def to_texture_layout(func: relax.Function) -> tuple[relax.Function, int]:
+    """``func`` with its covered operators computing in NCHW4c, and how many were rewritten."""
+    if not isinstance(func.body, relax.SeqExpr):
+        return func, 0
+    uses, outside = _uses(func)
+    blocks, changed = [], 0
+    for block in func.body.blocks:
+        packer = _Packer(uses, outside)
+        blocks.append(packer.run(block))
+        changed += packer.changed
+    if not changed:
+        return func, 0
+    body = relax.BlockBuilder().normalize(relax.SeqExpr(blocks, func.body.body))
+    return relax.Function(func.params, body, func.ret_ty, func.is_pure, func.attrs), changed
+
+
+@tvm.transform.module_pass(opt_level=0, name="codl.ToTextureLayout")
+class ToTextureLayout:
+    """Rewrite covered GPU operators of every Relax function to the texture layout (NCHW4c
+    data, OIHW4o weights pre-arranged as constants), converting only at chain ends."""
+
+    def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext):
+        return rewrite_functions(mod, to_texture_layout)

@@ -1,0 +1,333 @@
+"""The texture build path: GPU operators computing in NCHW4c images (CoDL's hybrid data type).
+
+The layout pass structurally; the NCHW <-> image conversion kernels and a conv model from ONNX
+numerically, on a real OpenCL device (PoCL from pip) through pyopencl with TVM's generated
+kernels (``tests/texture_opencl.py``; the runtime plugin does not create images yet); the
+memory planner's texture sizes; the TIR pipeline's registration.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import tvm
+from codl_tvm.passes.texture_layout import (
+    ToTextureLayout,
+    pack_bias,
+    pack_nchw,
+    pack_oihw,
+)
+from onnx import TensorProto, helper
+from tvm import relax
+from tvm.relax.frontend.onnx import from_onnx
+from tvm.script import relax as R
+from tvm.tirx import compilation_pipeline
+
+from codl_tvm.build import texture
+
+from .texture_opencl import TextureRunner, image_dims
+
+GPU = tvm.target.Target({"kind": "opencl"}, host={"kind": "llvm"})
+KERNEL_FILE = Path(__file__).parent / "data" / "texture_conv2d_bias_relu.cl"
+UPDATE_ENV = "CODL_TVM_UPDATE_TEXTURE_KERNEL"
+
+
+# --- the layout pass ---------------------------------------------------------------------------
+
+
+def verify(before: tvm.IRModule, expected: tvm.IRModule) -> None:
+    after = ToTextureLayout()(before)
+    relax.analysis.well_formed(after)  # raises if not
+    tvm.ir.assert_structural_equal(after, expected)
+
+
+def _bound(mod: tvm.IRModule, params: dict[str, np.ndarray]) -> tvm.IRModule:
+    return relax.transform.BindParams("main", params)(mod)
+
+
+def test_conv_bias_relu_chain_computes_packed():
+    @tvm.script.ir_module
+    class Before:
+        @R.function
+        def main(
+            x: R.Tensor((1, 8, 6, 6), "float32"),
+            w: R.Tensor((8, 8, 3, 3), "float32"),
+            b: R.Tensor((1, 8, 1, 1), "float32"),
+            w2: R.Tensor((4, 8, 1, 1), "float32"),
+        ) -> R.Tensor((1, 4), "float32"):
+            with R.dataflow():
+                y = R.nn.conv2d(x, w, padding=[1, 1, 1, 1])
+                z = R.add(y, b)
+                r = R.nn.relu(z)
+                q = R.nn.conv2d(r, w2)
+                o = R.mean(q, axis=[2, 3])
+                R.output(o)
+            return o
+
+    @tvm.script.ir_module
+    class Expected:
+        @R.function
+        def main(
+            x: R.Tensor((1, 8, 6, 6), "float32"),
+            w: R.Tensor((2, 8, 3, 3, 4), "float32"),
+            b: R.Tensor((2, 1, 1, 4), "float32"),
+            w2: R.Tensor((1, 8, 1, 1, 4), "float32"),
+        ) -> R.Tensor((1, 4), "float32"):
+            with R.dataflow():
+                x4 = R.layout_transform(x, index_map=lambda n, c, h, w: (n, c // 4, h, w, c % 4))
+                y4 = R.nn.conv2d(
+                    x4,
+                    w,
+                    padding=[1, 1, 1, 1],
+                    data_layout="NCHW4c",
+                    kernel_layout="OIHW4o",
+                    out_layout="NCHW4c",
+                )
+                z4 = R.add(y4, b)
+                r4 = R.nn.relu(z4)
+                # r feeds only the next conv: no unpack between the two convs
+                q4 = R.nn.conv2d(
+                    r4, w2, data_layout="NCHW4c", kernel_layout="OIHW4o", out_layout="NCHW4c"
+                )
+                # the chain's end: back to NCHW for the op the layout does not cover
+                q = R.layout_transform(q4, index_map=lambda n, c, h, w, i: (n, c * 4 + i, h, w))
+                o = R.mean(q, axis=[2, 3])
+                R.output(o)
+            return o
+
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((8, 8, 3, 3)).astype("float32")
+    b = rng.standard_normal((1, 8, 1, 1)).astype("float32")
+    w2 = rng.standard_normal((4, 8, 1, 1)).astype("float32")
+    before = _bound(Before, {"w": w, "b": b, "w2": w2})
+    expected = _bound(Expected, {"w": pack_oihw(w), "b": pack_bias(b), "w2": pack_oihw(w2)})
+    verify(before, expected)
+
+
+def test_uncovered_conv_is_left_alone():
+    @tvm.script.ir_module
+    class Before:
+        @R.function
+        def main(
+            x: R.Tensor((1, 3, 8, 8), "float32"), w: R.Tensor((8, 3, 3, 3), "float32")
+        ) -> R.Tensor((1, 8, 6, 6), "float32"):
+            with R.dataflow():
+                # 3 input channels do not fill RGBA pixels
+                y = R.nn.conv2d(x, w)
+                R.output(y)
+            return y
+
+    before = _bound(Before, {"w": np.ones((8, 3, 3, 3), "float32")})
+    verify(before, before)
+
+
+def test_weight_packing_is_tvms_oihw4o():
+    w = np.arange(8 * 2 * 1 * 1, dtype="float32").reshape(8, 2, 1, 1)
+    packed = pack_oihw(w)
+    assert packed.shape == (2, 2, 1, 1, 4)
+    for o in range(8):
+        np.testing.assert_array_equal(packed[o // 4, :, :, :, o % 4], w[o])
+
+
+# --- conversion kernels and a model, on OpenCL -------------------------------------------------
+
+
+def _conv_module(shape: tuple[int, int, int, int], seed: int = 0):
+    """y = relu(conv(x) + b); z = conv(y); out = mean(y, axis=1) + mean(z, axis=1): y is read
+    by a conv (an image) and by a reduction that reads NCHW (an image-to-buffer conversion)."""
+    rng = np.random.default_rng(seed)
+    c = shape[1]
+    weight = (rng.standard_normal((c, c, 3, 3)) / c).astype("float32")
+    bias = rng.standard_normal((1, c, 1, 1)).astype("float32")
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType(shape, "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.nn.conv2d(x, relax.const(weight), padding=[1, 1, 1, 1]))
+            y = bb.emit(relax.op.nn.relu(relax.op.add(y, relax.const(bias))))
+            z = bb.emit(relax.op.nn.conv2d(y, relax.const(weight), padding=[1, 1, 1, 1]))
+            m = bb.emit(relax.op.mean(y, axis=[1], keepdims=True))
+            out = bb.emit_output(relax.op.add(m, relax.op.mean(z, axis=[1], keepdims=True)))
+        bb.emit_func_output(out)
+    return bb.get(), weight, bias
+
+
+def _np_conv(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """A padded 3x3 conv in float64."""
+    h, wd = x.shape[2:]
+    xp = np.pad(x.astype("float64"), ((0, 0), (0, 0), (1, 1), (1, 1)))
+    out = np.zeros((x.shape[0], w.shape[0], h, wd))
+    for kh in range(3):
+        for kw in range(3):
+            patch = xp[:, :, kh : kh + h, kw : kw + wd]
+            out += np.einsum("nchw,oc->nohw", patch, w[:, :, kh, kw])
+    return out
+
+
+def _binding(runner: TextureRunner, producer: str):
+    """The variable and PrimFunc of ``main``'s call of a PrimFunc named ``producer*``."""
+    for block in runner.scheduled["main"].body.blocks:
+        for b in block.bindings:
+            value = b.value
+            if isinstance(value, relax.Call) and value.op.name == "relax.call_tir":
+                gv = value.args[0]
+                if gv.name_hint.startswith(producer):
+                    yield b.var, runner.scheduled[gv]
+
+
+@pytest.mark.opencl
+@pytest.mark.parametrize(
+    "shape, scope",
+    [((1, 8, 10, 10), "global.texture-weight"), ((1, 8, 96, 96), "global.texture-nhwc")],
+)
+def test_conversion_kernels_match_numpy(shape, scope):
+    mod, weight, bias = _conv_module(shape)
+    runner = TextureRunner(mod, GPU)
+    x = np.random.default_rng(1).standard_normal(shape).astype("float32")
+    runner.run(x)
+
+    # NCHW -> image: the first conversion kernel writes x's pixels into an image
+    (packed_var, to_image), *_ = _binding(runner, "te_layout_transform")
+    assert to_image.params[-1].scope() == scope
+    got = runner.read(runner.env[packed_var])
+    np.testing.assert_array_equal(got, pack_nchw(x))
+
+    # image -> NCHW: y lives in an image (a conv reads it); the reduction reads NCHW y, which
+    # TVM's scope annotation gets by a copy of the image into a buffer (a VM to_device)
+    copies = [
+        b
+        for block in runner.scheduled["main"].body.blocks
+        for b in block.bindings
+        if isinstance(b.value, relax.Call) and b.value.op.name == "relax.to_vdevice"
+    ]
+    assert len(copies) == 1 and "texture" in str(copies[0].value.args[0].ty.vdevice.memory_scope)
+    y = np.maximum(_np_conv(x, weight) + bias, 0)
+    got = runner.read(runner.env[copies[0].var])
+    np.testing.assert_allclose(got, pack_nchw(y), rtol=1e-4, atol=1e-4)
+    m = y.mean(axis=1, keepdims=True) + _np_conv(y, weight).mean(axis=1, keepdims=True)
+    np.testing.assert_allclose(
+        runner.read(runner.env[runner.scheduled["main"].body.body]), m, rtol=1e-4, atol=1e-4
+    )
+
+
+def _onnx_conv_relu(seed: int = 0) -> tuple[onnx.ModelProto, tuple[int, ...]]:
+    rng = np.random.default_rng(seed)
+    shape = (1, 16, 28, 28)
+    w1 = (rng.standard_normal((16, 16, 3, 3)) / 12).astype("float32")
+    b1 = rng.standard_normal(16).astype("float32")
+    w2 = (rng.standard_normal((8, 16, 3, 3)) / 12).astype("float32")
+    b2 = rng.standard_normal(8).astype("float32")
+    inits = [
+        helper.make_tensor(name, TensorProto.FLOAT, v.shape, v.ravel())
+        for name, v in (("w1", w1), ("b1", b1), ("w2", w2), ("b2", b2))
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["r1"]),
+        helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1], strides=[2, 2]),
+        helper.make_node("Relu", ["c2"], ["y"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "conv_relu",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, (1, 8, 14, 14))],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model, shape
+
+
+@pytest.mark.opencl
+def test_onnx_conv_relu_matches_onnxruntime():
+    ort = pytest.importorskip("onnxruntime")
+    model, shape = _onnx_conv_relu()
+    x = np.random.default_rng(2).standard_normal(shape).astype("float32")
+    expected = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})[0]
+
+    runner = TextureRunner(from_onnx(model), GPU)
+    got = runner.run(x)
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
+
+    # both convs compute on images: each conv kernel reads its input from a texture scope,
+    # and the first writes its output (the second conv's input) into one
+    convs = [f for _, f in _binding(runner, "fused_conv2d_NCHWc_OIHWo")]
+    assert len(convs) == 2
+    assert all("texture" in f.params[0].scope() for f in convs)
+    assert "texture" in convs[0].params[-1].scope()
+    assert "write_imagef" in runner.source and "READ_IMAGEF" in runner.source
+
+
+@pytest.mark.opencl
+def test_recorded_conv_kernel_source_is_current():
+    """The generated kernels of a conv + bias + relu in images, kept for the docs; regenerate
+    with CODL_TVM_UPDATE_TEXTURE_KERNEL=1 when a change of the build path changes them."""
+    model, _ = _onnx_conv_relu()
+    build = texture.build_texture_gpu(from_onnx(model), GPU)
+    source = build.kernel_source()
+    if os.environ.get(UPDATE_ENV) == "1":
+        KERNEL_FILE.write_text(source)
+    assert KERNEL_FILE.read_text() == source, f"kernels changed: rerun with {UPDATE_ENV}=1"
+
+
+# --- build plumbing ----------------------------------------------------------------------------
+
+
+def _storage_sizes(mod: tvm.IRModule) -> list[tuple[int, str, tuple[int, ...]]]:
+    """(storage bytes, scope, shape) of every tensor ``main`` allocates from its own storage."""
+    sizes: dict[relax.Var, int] = {}
+    scopes = [str(v.memory_scope) for v in mod.global_infos["vdevice"]]
+    found = []
+    for block in mod["main"].body.blocks:
+        for b in block.bindings:
+            value = b.value
+            if not isinstance(value, relax.Call) or not isinstance(value.op, tvm.ir.Op):
+                continue
+            if value.op.name == "relax.vm.alloc_storage":
+                sizes[b.var] = int(value.args[0].values[0])
+            elif value.op.name == "relax.vm.alloc_tensor":
+                shape = tuple(int(v) for v in value.args[2].values)
+                scope = scopes[int(value.args[4].value)]
+                found.append((sizes[value.args[0]], scope, shape))
+    return found
+
+
+def test_texture_storage_is_sized_by_the_image():
+    model, _ = _onnx_conv_relu()
+    texture.install_texture_size_fix()
+    target = texture.texture_target(GPU)
+    lowered = texture.texture_pipeline(target)(from_onnx(model))
+    images = [
+        (size, scope, shape) for size, scope, shape in _storage_sizes(lowered) if "texture" in scope
+    ]
+    assert images, "no tensor was placed in an image"
+    for size, scope, shape in images:
+        width, height, depth = image_dims(shape, scope)
+        row_pitch = -(-width * 16 // 64) * 64  # RGBA float32 pixels, rows aligned to 64 bytes
+        assert size == row_pitch * height * depth, (size, scope, shape)
+
+
+def test_registration_is_idempotent():
+    first = texture.register_texture_tir_pipeline()
+    again = texture.register_texture_tir_pipeline()
+    assert first == again == texture.TEXTURE_TIR_PIPELINE
+    assert compilation_pipeline.PIPELINE_MAP[first] is texture.texture_tir_pipeline
+    device, host, device_final = compilation_pipeline.get_tir_pipeline(first)
+    assert isinstance(device, tvm.transform.Pass) and callable(host) and callable(device_final)
+    texture.install_texture_size_fix()
+    texture.install_texture_size_fix()
+    assert tvm.get_global_func("DeviceGetMemSize.opencl") is not None
+
+
+def test_texture_target_adds_keys_once():
+    target = texture.texture_target(texture.texture_target(GPU))
+    assert list(target.keys).count("texture") == 1 and "adreno" in target.keys
+    assert target.host is not None and target.host.kind.name == "llvm"
+    with pytest.raises(ValueError, match="gpu"):
+        texture.texture_target(tvm.target.Target({"kind": "llvm"}))
