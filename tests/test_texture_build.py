@@ -24,6 +24,7 @@ from codl_tvm.passes.texture_layout import (
 from onnx import TensorProto, helper
 from tvm import relax
 from tvm.relax.frontend.onnx import from_onnx
+from tvm.runtime.vm import VirtualMachine
 from tvm.script import relax as R
 from tvm.tirx import compilation_pipeline
 
@@ -265,6 +266,25 @@ def test_onnx_conv_relu_matches_onnxruntime():
 
 
 @pytest.mark.opencl
+def test_onnx_conv_relu_runs_in_the_runtime_plugin(opencl, tmp_path):
+    """The same model through codl-tvm's OpenCL runtime and TVM's stock Relax VM: texture
+    tensors are images the plugin allocates and passes to the kernels."""
+    ort = pytest.importorskip("onnxruntime")
+    model, shape = _onnx_conv_relu()
+    x = np.random.default_rng(3).standard_normal(shape).astype("float32")
+    expected = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})[0]
+
+    build = texture.build_texture_gpu(from_onnx(model), GPU)
+    assert any("texture" in scope for scope in build.scopes)
+    build.executable.export_library(str(tmp_path / "model.so"))
+    lib = tvm.runtime.load_module(str(tmp_path / "model.so"))
+    dev = tvm.opencl(0)
+    vm = VirtualMachine(lib, build.vm_devices(dev))
+    got = vm["main"](tvm.runtime.tensor(x, dev)).numpy()
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.opencl
 def test_recorded_conv_kernel_source_is_current():
     """The generated kernels of a conv + bias + relu in images, kept for the docs; regenerate
     with CODL_TVM_UPDATE_TEXTURE_KERNEL=1 when a change of the build path changes them."""
@@ -299,18 +319,39 @@ def _storage_sizes(mod: tvm.IRModule) -> list[tuple[int, str, tuple[int, ...]]]:
 
 
 def test_texture_storage_is_sized_by_the_image():
+    """TVM's planned storages (``image_storages=False``): a texture tensor's storage holds its
+    image's rows, not four times as much."""
     model, _ = _onnx_conv_relu()
     texture.install_texture_size_fix()
     target = texture.texture_target(GPU)
-    lowered = texture.texture_pipeline(target)(from_onnx(model))
-    images = [
-        (size, scope, shape) for size, scope, shape in _storage_sizes(lowered) if "texture" in scope
-    ]
+    lowered = texture.texture_pipeline(target, image_storages=False)(from_onnx(model))
+    images = [s for s in _storage_sizes(lowered) if "texture" in s[1]]
     assert images, "no tensor was placed in an image"
     for size, scope, shape in images:
         width, height, depth = image_dims(shape, scope)
         row_pitch = -(-width * 16 // 64) * 64  # RGBA float32 pixels, rows aligned to 64 bytes
         assert size == row_pitch * height * depth, (size, scope, shape)
+
+
+def test_texture_tensors_get_image_storages_of_their_shape():
+    model, _ = _onnx_conv_relu()
+    target = texture.texture_target(GPU)
+    lowered = texture.texture_pipeline(target)(from_onnx(model))
+    scopes = [str(v.memory_scope) for v in lowered.global_infos["vdevice"]]
+    storages, tensors = {}, []
+    for block in lowered["main"].body.blocks:
+        for b in block.bindings:
+            name = getattr(getattr(b.value, "op", None), "name", None)
+            if name == "relax.vm.alloc_storage":
+                storages[b.var] = b.value
+            elif name == "relax.vm.alloc_tensor":
+                tensors.append(b.value)
+    images = [t for t in tensors if "texture" in scopes[int(t.args[4].value)]]
+    assert len(images) == 2  # the converted input and the first conv's output
+    for t in images:
+        storage = storages[t.args[0]]
+        assert [int(v) for v in storage.args[0].values] == [int(v) for v in t.args[2].values]
+        assert storage.args[3].value == scopes[int(t.args[4].value)]
 
 
 def test_registration_is_idempotent():

@@ -20,6 +20,10 @@ with the pinned wheel's bugs worked around):
    conversion kernel writes channel ``4k + 3`` into all four lanes), then dlight's Adreno conv
    and fallback rules (not its ``Pool2D``, which is wrong the same way) and its GPU rules.
 4. **dataflow-lower**, **finalize**: TVM's ``gpu_generic`` phases.
+5. **storage**: :class:`~codl_tvm.passes.texture_storage.ImageStorages` gives every texture
+   tensor an image storage of its own shape (TVM plans flat ``global`` storages for Adreno
+   targets, whose image views need ``cl_khr_image2d_from_buffer`` for image arrays, which PoCL
+   refuses).
 
 TIR: :func:`register_texture_tir_pipeline` registers :data:`TEXTURE_TIR_PIPELINE` (TVM's
 ``tir_pipeline="adreno"`` is a single pass where ``tvm.compile`` expects a (device, host,
@@ -58,6 +62,7 @@ from tvm.s_tir.backend.adreno import transform as adreno_tir_transform
 from tvm.tirx import compilation_pipeline
 
 from codl_tvm.passes.texture_layout import ToTextureLayout
+from codl_tvm.passes.texture_storage import ImageStorages
 from codl_tvm.schedules.opencl_texture import TextureLayoutTransform
 
 __all__ = [
@@ -219,12 +224,17 @@ def schedule_passes() -> list[tvm.transform.Pass]:
 
 
 def texture_pipeline(
-    target: tvm.target.Target, dump_ir: str | Path | None = None
+    target: tvm.target.Target,
+    dump_ir: str | Path | None = None,
+    image_storages: bool = True,
 ) -> tvm.transform.Pass:
     """The Relax pipeline of a texture build (phases in the module docstring).
 
     ``target`` must carry the texture keys (:func:`texture_target`). ``dump_ir``: a folder
-    that receives the IR after every phase (``NN-phase.py``).
+    that receives the IR after every phase (``NN-phase.py``). ``image_storages``: give each
+    texture tensor an image storage of its own (:class:`~codl_tvm.passes.texture_storage.
+    ImageStorages`); False keeps TVM's planned buffer storages, whose image views need a driver
+    that creates image arrays on buffers.
     """
 
     @tvm.transform.module_pass(opt_level=0, name="codl.TexturePipeline")
@@ -236,6 +246,7 @@ def texture_pipeline(
                 ("schedule", schedule_passes()),
                 ("dataflow-lower", list(gpu_generic.dataflow_lower_passes(target))),
                 ("finalize", list(gpu_generic.finalize_passes(target))),
+                ("storage", [ImageStorages()] if image_storages else []),
             ]
             for i, (name, passes) in enumerate(phases):
                 mod = tvm.transform.Sequential(passes)(mod)
@@ -271,7 +282,10 @@ def _opencl_modules(mod) -> list:
 
 
 def build_texture_gpu(
-    mod: tvm.IRModule, target: tvm.target.Target, dump_ir: str | Path | None = None
+    mod: tvm.IRModule,
+    target: tvm.target.Target,
+    dump_ir: str | Path | None = None,
+    image_storages: bool = True,
 ) -> TextureBuild:
     """Compile ``mod`` for ``target``'s GPU with its covered operators in the texture layout.
 
@@ -283,6 +297,10 @@ def build_texture_gpu(
         An OpenCL target with an LLVM host; the texture keys are added (:func:`texture_target`).
     dump_ir : str | Path | None
         A folder receiving the IR after every phase.
+    image_storages : bool
+        Each texture tensor on an image storage of its own (True: runs on any driver with
+        images), or on TVM's planned buffer storages (False: less memory, needs images on
+        buffers for ``image2d_array_t``).
 
     Returns
     -------
@@ -292,7 +310,7 @@ def build_texture_gpu(
     target = texture_target(target)
     install_texture_size_fix()
     pipeline = register_texture_tir_pipeline()
-    lowered = texture_pipeline(target, dump_ir)(mod)
+    lowered = texture_pipeline(target, dump_ir, image_storages)(mod)
     scopes = tuple(str(v.memory_scope) for v in lowered.global_infos.get("vdevice", ()))
     executable = tvm.compile(lowered, target=target, relax_pipeline=None, tir_pipeline=pipeline)
     return TextureBuild(executable, scopes)
