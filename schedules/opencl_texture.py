@@ -1,27 +1,34 @@
-"""Conversion kernels between NCHW buffers and NCHW4c OpenCL images (texture scopes).
+"""Schedules of kernels that compute on OpenCL images (TVM's ``global.texture*`` scopes).
 
-TVM 0.27's own rule for these kernels (``s_tir.dlight.adreno.LayoutTransform``) caches the NCHW
-input in registers and then stores one scalar per ``write_imagef``; a texture store always
-writes a whole RGBA pixel, so each pixel ends up holding channel ``4k + 3`` in all four lanes.
-:class:`TextureLayoutTransform` schedules the conversions so that every image access is one
-whole pixel: towards an image, the four channels of a pixel are the innermost, vectorised loop
-(four strided loads, one ``write_imagef``); from an image, the output's channel loop is split
-into pixel and lane and the lane is vectorised (one ``read_imagef``, four strided stores).
+Both rules gate on OpenCL targets whose keys hold ``texture`` and go before dlight's Adreno
+rules (:func:`codl_tvm.build.texture.schedule_passes`).
 
-It handles the ``te_layout_transform`` PrimFuncs that ``codl.ToTextureLayout``'s
-``layout_transform`` bindings legalize to, once TVM's Adreno passes have put a texture scope on
-one side (``SpecializePrimFuncBasedOnCallSite``). Put it before dlight's Adreno rules. It gates on
-OpenCL targets whose keys hold ``texture``.
+:class:`TextureLayoutTransform` schedules the conversions between NCHW buffers and NCHW4c
+images that ``codl.ToTextureLayout``'s ``layout_transform`` bindings legalize to: one pixel per
+work-item, its four channels gathered into registers and written with one ``write_imagef``
+(towards an image), or read with one ``read_imagef`` and scattered (from one). In TVM 0.27 every
+image store came out as four scalar stores of whole pixels (each pixel ending up with channel
+``4k + 3`` in all lanes); the cause is in TIR lowering and is fixed there
+(:func:`codl_tvm.build.texture.texture_store_type_fix`), after which dlight's own
+``LayoutTransform`` is correct too. This rule is the simpler kernel (no register tile of four
+pixels to transpose) and states why it declines.
+
+:class:`TextureConv2d` is dlight's Adreno conv tiling with the zero padding inlined into the
+conv's register cache of input pixels, so the conv reads its input image itself; dlight's rule
+keeps the padding a kernel of its own that copies the image into a padded global buffer,
+which the conv then reads (one extra kernel and buffer, and no texture reads in the conv).
 """
 
 from __future__ import annotations
 
 from tvm import s_tir, tirx
+from tvm.s_tir.dlight import adreno as dl_adreno
+from tvm.s_tir.dlight.adreno import utils as dl_adreno_utils
 from tvm.target import Target
 
 from .common import CodlRule
 
-__all__ = ["TextureLayoutTransform", "is_texture_scope"]
+__all__ = ["TextureConv2d", "TextureLayoutTransform", "is_texture_scope"]
 
 #: Channels of one RGBA pixel.
 _LANES = 4
@@ -105,3 +112,39 @@ def _is_layout_transform(func: tirx.PrimFunc) -> bool:
     except (s_tir.ScheduleError, ValueError):
         return False
     return [sch.get(b).name_hint for b in sch.get_child_blocks(root)] == ["te_layout_transform"]
+
+
+class TextureConv2d(CodlRule):
+    """TVM's Adreno conv schedule reading its input image directly.
+
+    dlight's ``adreno.Conv2d`` keeps the zero padding a block of its own, which becomes a kernel
+    copying the input image into a padded global buffer that the conv then reads: the conv
+    never touches the image. This rule inlines the padding (a bounds test around each image
+    read) and then applies the same tiling (``adreno.Conv2d.schedule_conv2d``), so the conv's
+    register cache loads whole pixels from the image.
+    """
+
+    target_kind = "opencl"
+
+    def is_target_available(self, target: Target) -> bool:
+        return super().is_target_available(target) and "texture" in target.keys
+
+    def schedule(self, sch: s_tir.Schedule, target: Target) -> tuple[str, str] | str:
+        blocks = sch.get_child_blocks(sch.get_sblock("root"))
+        names = [sch.get(b).name_hint for b in blocks]
+        convs = [b for b, n in zip(blocks, names) if n.startswith("conv2d_NCHWc")]
+        if len(convs) != 1:
+            return "not one NCHWc conv block"
+        # the data is the PrimFunc's first parameter (TVM's conv2d_NCHWc_OIHWo legalization)
+        if not is_texture_scope(sch.mod["main"].params[0].scope()):
+            return "the conv's input is not an image"
+        pads = [b for b, n in zip(blocks, names) if n == "conv2d_data_pad"]
+        rest = [b for b in blocks if b != convs[0] and b not in pads]
+        dl_adreno.Conv2d.schedule_conv2d(sch, convs[0])
+        # after the tiling: the pad goes into the conv's register cache of input pixels, which
+        # then reads the image (inlined before, the padding's bounds make reorder fail)
+        for pad in pads:
+            sch.compute_inline(pad)
+        rest = dl_adreno_utils.schedule_inline_blocks(sch, rest)
+        dl_adreno_utils.schedule_default(sch, rest)
+        return "direct", "texture"

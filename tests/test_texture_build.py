@@ -30,7 +30,7 @@ from tvm.tirx import compilation_pipeline
 
 from codl_tvm.build import texture
 
-from .texture_opencl import TextureRunner, image_dims
+from .texture_opencl import TextureRunner, image_dims, launches
 
 GPU = tvm.target.Target({"kind": "opencl"}, host={"kind": "llvm"})
 KERNEL_FILE = Path(__file__).parent / "data" / "texture_conv2d_bias_relu.cl"
@@ -169,15 +169,15 @@ def _np_conv(x: np.ndarray, w: np.ndarray) -> np.ndarray:
     return out
 
 
-def _binding(runner: TextureRunner, producer: str):
-    """The variable and PrimFunc of ``main``'s call of a PrimFunc named ``producer*``."""
+def _calls(runner: TextureRunner, prefix: str):
+    """(variable, PrimFunc name, PrimFunc) of ``main``'s calls of PrimFuncs named ``prefix*``."""
     for block in runner.scheduled["main"].body.blocks:
         for b in block.bindings:
             value = b.value
             if isinstance(value, relax.Call) and value.op.name == "relax.call_tir":
                 gv = value.args[0]
-                if gv.name_hint.startswith(producer):
-                    yield b.var, runner.scheduled[gv]
+                if gv.name_hint.startswith(prefix):
+                    yield b.var, gv.name_hint, runner.scheduled[gv]
 
 
 @pytest.mark.opencl
@@ -192,7 +192,7 @@ def test_conversion_kernels_match_numpy(shape, scope):
     runner.run(x)
 
     # NCHW -> image: the first conversion kernel writes x's pixels into an image
-    (packed_var, to_image), *_ = _binding(runner, "te_layout_transform")
+    (packed_var, _, to_image), *_ = _calls(runner, "te_layout_transform")
     assert to_image.params[-1].scope() == scope
     got = runner.read(runner.env[packed_var])
     np.testing.assert_array_equal(got, pack_nchw(x))
@@ -258,10 +258,12 @@ def test_onnx_conv_relu_matches_onnxruntime():
 
     # both convs compute on images: each conv kernel reads its input from a texture scope,
     # and the first writes its output (the second conv's input) into one
-    convs = [f for _, f in _binding(runner, "fused_conv2d_NCHWc_OIHWo")]
+    convs = list(_calls(runner, "fused_conv2d_NCHWc_OIHWo"))
     assert len(convs) == 2
-    assert all("texture" in f.params[0].scope() for f in convs)
-    assert "texture" in convs[0].params[-1].scope()
+    assert all("texture" in f.params[0].scope() for _, _, f in convs)
+    assert "texture" in convs[0][2].params[-1].scope()
+    # one kernel per conv: the padding is read from the image, not copied to a buffer first
+    assert [len(launches(runner.tir[name], runner.kernels)) for _, name, _ in convs] == [1, 1]
     assert "write_imagef" in runner.source and "READ_IMAGEF" in runner.source
 
 

@@ -62,7 +62,7 @@ def pocl_context() -> cl.Context:
     raise RuntimeError("no OpenCL device with image support")
 
 
-def _launches(host: tirx.PrimFunc, kernels: dict[str, tirx.PrimFunc]) -> list[Launch]:
+def launches(host: tirx.PrimFunc, kernels: dict[str, tirx.PrimFunc]) -> list[Launch]:
     found: list[Launch] = []
 
     def visit(call):
@@ -197,7 +197,7 @@ class TextureRunner:
         for buf, (shape, dtype, scope) in buffers.items():
             if buf not in named:  # intermediates the kernels exchange (a padded input)
                 named[buf] = self.tensor(shape, dtype, scope)
-        for launch in _launches(self.tir[name], self.kernels):
+        for launch in launches(self.tir[name], self.kernels):
             kernel = cl.Kernel(self.program, launch.kernel)
             kernel(
                 self.queue,

@@ -16,9 +16,11 @@ with the pinned wheel's bugs worked around):
    (texture scopes on the VDevices of 5-D tensors whose consumers read images), the remaining
    legalization and the Adreno conv (``conv2d_NCHWc_OIHWo``), fusion, ``FoldVDeviceScopeChange``
    and ``SpecializePrimFuncBasedOnCallSite`` (PrimFunc buffers take their call site's scope).
-3. **schedule**: :class:`~codl_tvm.schedules.opencl_texture.TextureLayoutTransform` (TVM's
-   conversion kernel writes channel ``4k + 3`` into all four lanes), then dlight's Adreno conv
-   and fallback rules (not its ``Pool2D``, which is wrong the same way) and its GPU rules.
+3. **schedule**: codl-tvm's :class:`~codl_tvm.schedules.opencl_texture.TextureLayoutTransform`
+   (whole-pixel conversion kernels) and :class:`~codl_tvm.schedules.opencl_texture.
+   TextureConv2d` (dlight's Adreno conv tiling reading the input image itself instead of a
+   padded copy in a buffer), then dlight's Adreno conv and fallback rules (not its ``Pool2D``,
+   which gives a pixel's four channels one register) and its GPU rules.
 4. **dataflow-lower**, **finalize**: TVM's ``gpu_generic`` phases.
 5. **storage**: :class:`~codl_tvm.passes.texture_storage.ImageStorages` gives every texture
    tensor an image storage of its own shape (TVM plans flat ``global`` storages for Adreno
@@ -63,7 +65,7 @@ from tvm.tirx import compilation_pipeline
 
 from codl_tvm.passes.texture_layout import ToTextureLayout
 from codl_tvm.passes.texture_storage import ImageStorages
-from codl_tvm.schedules.opencl_texture import TextureLayoutTransform
+from codl_tvm.schedules.opencl_texture import TextureConv2d, TextureLayoutTransform
 
 __all__ = [
     "TEXTURE_TIR_PIPELINE",
@@ -218,7 +220,9 @@ def schedule_passes() -> list[tvm.transform.Pass]:
     # no dl.adreno.Pool2D: it gives a pixel's four channels one register (wrong results);
     # ToTextureLayout leaves pools in NCHW until a pool schedule of ours replaces it
     return [
-        dl.ApplyDefaultSchedule(TextureLayoutTransform(), dl.adreno.Conv2d(), dl.adreno.Fallback()),
+        dl.ApplyDefaultSchedule(
+            TextureLayoutTransform(), TextureConv2d(), dl.adreno.Conv2d(), dl.adreno.Fallback()
+        ),
         dl.ApplyDefaultSchedule(dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback()),
     ]
 

@@ -9,37 +9,12 @@
 #endif
 #endif
 
-__kernel void fused_conv2d_NCHWc_OIHWo1_opencl_add1_relu1_kernel(__global float4* restrict conv2d_data_pad_ptr, __read_only image2d_array_t lv3_4c_ptr);
-__kernel void fused_conv2d_NCHWc_OIHWo1_opencl_add1_relu1_kernel_1(__global float* restrict compute_intermediate_ptr, __global float4* restrict conv2d_data_pad_ptr, __global float* restrict param_0_ptr, __global float* restrict param_1_ptr);
-__kernel void fused_conv2d_NCHWc_OIHWo_opencl_add_relu_kernel(__global float4* restrict conv2d_data_pad_ptr, __read_only image2d_array_t x_4c_ptr);
-__kernel void fused_conv2d_NCHWc_OIHWo_opencl_add_relu_kernel_1(__write_only image2d_array_t compute_intermediate_ptr, __global float4* restrict conv2d_data_pad_ptr, __global float* restrict param_0_ptr, __global float* restrict param_1_ptr);
+__kernel void fused_conv2d_NCHWc_OIHWo1_opencl_add1_relu1_kernel(__global float* restrict compute_intermediate_ptr, __read_only image2d_array_t lv3_4c_ptr, __global float* restrict param_0_ptr, __global float* restrict param_1_ptr);
+__kernel void fused_conv2d_NCHWc_OIHWo_opencl_add_relu_kernel(__write_only image2d_array_t compute_intermediate_ptr, __global float* restrict param_0_ptr, __global float* restrict param_1_ptr, __read_only image2d_array_t x_4c_ptr);
 __kernel void te_layout_transform_kernel(__write_only image2d_array_t te_layout_transform_ptr, __global float* restrict x_ptr);
 __kernel void te_layout_transform1_kernel(__global float* restrict gv_4c_ptr, __global float* restrict te_layout_transform_ptr);
-__kernel void fused_conv2d_NCHWc_OIHWo1_opencl_add1_relu1_kernel(__global float4* restrict conv2d_data_pad_ptr, __read_only image2d_array_t lv3_4c_ptr) {
+__kernel void fused_conv2d_NCHWc_OIHWo1_opencl_add1_relu1_kernel(__global float* restrict compute_intermediate_ptr, __read_only image2d_array_t lv3_4c_ptr, __global float* restrict param_0_ptr, __global float* restrict param_1_ptr) {
   const sampler_t image_sampler = CLK_NORMALIZED_COORDS_FALSE | CLK_ADDRESS_CLAMP | CLK_FILTER_NEAREST;
-  if ((((convert_int(get_group_id(0))) * 16) + ((convert_int(get_local_id(0))) >> 4)) < 225) {
-    int cse_v2 = (((convert_int(get_group_id(0))) * 256) + (convert_int(get_local_id(0))));
-    int cse_v4 = ((((convert_int(get_group_id(0))) * 128) + ((convert_int(get_local_id(0))) >> 1)) % 450);
-    int cse_v5 = ((((convert_int(get_group_id(0))) * 256) + (convert_int(get_local_id(0)))) % 30);
-    float4 condval;
-    if (((bool)(((bool)(((bool)(15 <= ((((convert_int(get_group_id(0))) * 128) + ((convert_int(get_local_id(0))) >> 1)) % 450))) && ((bool)(((((convert_int(get_group_id(0))) * 256) + (convert_int(get_local_id(0)))) % 900) < 870)))) && ((bool)(1 <= ((((convert_int(get_group_id(0))) * 256) + (convert_int(get_local_id(0)))) % 30))))) && ((bool)(((((convert_int(get_group_id(0))) * 256) + (convert_int(get_local_id(0)))) % 30) < 29))) {
-      float4 v_ = as_float4(READ_IMAGEF(lv3_4c_ptr, image_sampler, ((int4)(((((((((convert_int(get_group_id(0))) * 64) + ((convert_int(get_local_id(0))) >> 2)) / 225) * 784) + ((((((convert_int(get_group_id(0))) * 128) + ((convert_int(get_local_id(0))) >> 1)) % 450) / 15) * 28)) + ((((convert_int(get_group_id(0))) * 256) + (convert_int(get_local_id(0)))) % 30)) - 29), 0, 0, 0))));
-      condval = v_;
-    } else {
-      condval = ((float4)(0.000000e+00f, 0.000000e+00f, 0.000000e+00f, 0.000000e+00f));
-    }
-    conv2d_data_pad_ptr[(((convert_int(get_group_id(0))) * 256) + (convert_int(get_local_id(0))))] = condval;
-  }
-}
-
-// Function: fused_conv2d_NCHWc_OIHWo1_opencl_add1_relu1_kernel_1
-__kernel void fused_conv2d_NCHWc_OIHWo1_opencl_add1_relu1_kernel(__global float4* restrict conv2d_data_pad_ptr, __read_only image2d_array_t lv3_4c_ptr);
-__kernel void fused_conv2d_NCHWc_OIHWo1_opencl_add1_relu1_kernel_1(__global float* restrict compute_intermediate_ptr, __global float4* restrict conv2d_data_pad_ptr, __global float* restrict param_0_ptr, __global float* restrict param_1_ptr);
-__kernel void fused_conv2d_NCHWc_OIHWo_opencl_add_relu_kernel(__global float4* restrict conv2d_data_pad_ptr, __read_only image2d_array_t x_4c_ptr);
-__kernel void fused_conv2d_NCHWc_OIHWo_opencl_add_relu_kernel_1(__write_only image2d_array_t compute_intermediate_ptr, __global float4* restrict conv2d_data_pad_ptr, __global float* restrict param_0_ptr, __global float* restrict param_1_ptr);
-__kernel void te_layout_transform_kernel(__write_only image2d_array_t te_layout_transform_ptr, __global float* restrict x_ptr);
-__kernel void te_layout_transform1_kernel(__global float* restrict gv_4c_ptr, __global float* restrict te_layout_transform_ptr);
-__kernel void fused_conv2d_NCHWc_OIHWo1_opencl_add1_relu1_kernel_1(__global float* restrict compute_intermediate_ptr, __global float4* restrict conv2d_data_pad_ptr, __global float* restrict param_0_ptr, __global float* restrict param_1_ptr) {
   float conv2d_NCHWc_OIHWo_intermediate_local_ptr[32];
   float conv2d_data_pad_local_ptr[4];
   if (((bool)((convert_int(get_local_id(1))) < 14)) && ((bool)((convert_int(get_local_id(0))) < 14))) {
@@ -48,20 +23,31 @@ __kernel void fused_conv2d_NCHWc_OIHWo1_opencl_add1_relu1_kernel_1(__global floa
   if (((bool)((convert_int(get_local_id(1))) < 14)) && ((bool)((convert_int(get_local_id(0))) < 14))) {
     vstore4(((float4)(0.000000e+00f, 0.000000e+00f, 0.000000e+00f, 0.000000e+00f)), 0, conv2d_NCHWc_OIHWo_intermediate_local_ptr + 4);
   }
+  int cse_v2 = ((convert_int(get_local_id(1))) * 56);
   for (int ic_0 = 0; ic_0 < 4; ++ic_0) {
     for (int kh = 0; kh < 3; ++kh) {
       for (int kw = 0; kw < 3; ++kw) {
         if (((bool)(((kh >> 1) + (convert_int(get_local_id(1)))) < 15)) && ((bool)(((kw >> 1) + (convert_int(get_local_id(0)))) < 15))) {
-          vstore4(conv2d_data_pad_ptr[(((((ic_0 * 900) + ((convert_int(get_local_id(1))) * 60)) + (kh * 30)) + ((convert_int(get_local_id(0))) * 2)) + kw)], 0, conv2d_data_pad_local_ptr + 0);
+          int cse_v1 = ((convert_int(get_local_id(0))) * 2);
+          int cse_v4 = (((convert_int(get_local_id(1))) * 2) + kh);
+          int cse_v5 = (((convert_int(get_local_id(0))) * 2) + kw);
+          float4 condval;
+          if (((bool)(((bool)(((bool)(1 <= (((convert_int(get_local_id(1))) * 2) + kh))) && ((bool)((((convert_int(get_local_id(1))) * 2) + kh) < 29)))) && ((bool)(1 <= (((convert_int(get_local_id(0))) * 2) + kw))))) && ((bool)((((convert_int(get_local_id(0))) * 2) + kw) < 29))) {
+            float4 v_ = as_float4(READ_IMAGEF(lv3_4c_ptr, image_sampler, ((int4)(((((((ic_0 * 784) + ((convert_int(get_local_id(1))) * 56)) + (kh * 28)) + ((convert_int(get_local_id(0))) * 2)) + kw) - 29), 0, 0, 0))));
+            condval = v_;
+          } else {
+            condval = ((float4)(0.000000e+00f, 0.000000e+00f, 0.000000e+00f, 0.000000e+00f));
+          }
+          vstore4(condval, 0, conv2d_data_pad_local_ptr + 0);
         }
         for (int ic_1 = 0; ic_1 < 4; ++ic_1) {
           for (int i4 = 0; i4 < 4; ++i4) {
-            int cse_v6 = (((((ic_0 * 144) + (ic_1 * 36)) + (kh * 12)) + (kw * 4)) + i4);
+            int cse_v7 = (((((ic_0 * 144) + (ic_1 * 36)) + (kh * 12)) + (kw * 4)) + i4);
             if (((bool)((convert_int(get_local_id(1))) < 14)) && ((bool)((convert_int(get_local_id(0))) < 14))) {
               conv2d_NCHWc_OIHWo_intermediate_local_ptr[i4] = (conv2d_NCHWc_OIHWo_intermediate_local_ptr[i4] + (conv2d_data_pad_local_ptr[ic_1] * param_0_ptr[(((((ic_0 * 144) + (ic_1 * 36)) + (kh * 12)) + (kw * 4)) + i4)]));
             }
             if (((bool)((convert_int(get_local_id(1))) < 14)) && ((bool)((convert_int(get_local_id(0))) < 14))) {
-              int cse_v1 = (i4 + 4);
+              int cse_v3 = (i4 + 4);
               conv2d_NCHWc_OIHWo_intermediate_local_ptr[(i4 + 4)] = (conv2d_NCHWc_OIHWo_intermediate_local_ptr[(i4 + 4)] + (conv2d_data_pad_local_ptr[ic_1] * param_0_ptr[((((((ic_0 * 144) + (ic_1 * 36)) + (kh * 12)) + (kw * 4)) + i4) + 576)]));
             }
           }
@@ -69,7 +55,7 @@ __kernel void fused_conv2d_NCHWc_OIHWo1_opencl_add1_relu1_kernel_1(__global floa
       }
     }
   }
-  int cse_v3 = (((convert_int(get_local_id(1))) * 56) + ((convert_int(get_local_id(0))) * 4));
+  int cse_v6 = (((convert_int(get_local_id(1))) * 56) + ((convert_int(get_local_id(0))) * 4));
   if (((bool)((convert_int(get_local_id(1))) < 14)) && ((bool)((convert_int(get_local_id(0))) < 14))) {
     vstore4(max((vload4(0, conv2d_NCHWc_OIHWo_intermediate_local_ptr + 0) + vload4(0, param_1_ptr + 0)), ((float4)(0.000000e+00f, 0.000000e+00f, 0.000000e+00f, 0.000000e+00f))), 0, compute_intermediate_ptr + (((convert_int(get_local_id(1))) * 56) + ((convert_int(get_local_id(0))) * 4)));
   }
@@ -89,42 +75,16 @@ __kernel void fused_conv2d_NCHWc_OIHWo1_opencl_add1_relu1_kernel_1(__global floa
 #endif
 #endif
 
-__kernel void fused_conv2d_NCHWc_OIHWo1_opencl_add1_relu1_kernel(__global float4* restrict conv2d_data_pad_ptr, __read_only image2d_array_t lv3_4c_ptr);
-__kernel void fused_conv2d_NCHWc_OIHWo1_opencl_add1_relu1_kernel_1(__global float* restrict compute_intermediate_ptr, __global float4* restrict conv2d_data_pad_ptr, __global float* restrict param_0_ptr, __global float* restrict param_1_ptr);
-__kernel void fused_conv2d_NCHWc_OIHWo_opencl_add_relu_kernel(__global float4* restrict conv2d_data_pad_ptr, __read_only image2d_array_t x_4c_ptr);
-__kernel void fused_conv2d_NCHWc_OIHWo_opencl_add_relu_kernel_1(__write_only image2d_array_t compute_intermediate_ptr, __global float4* restrict conv2d_data_pad_ptr, __global float* restrict param_0_ptr, __global float* restrict param_1_ptr);
+__kernel void fused_conv2d_NCHWc_OIHWo1_opencl_add1_relu1_kernel(__global float* restrict compute_intermediate_ptr, __read_only image2d_array_t lv3_4c_ptr, __global float* restrict param_0_ptr, __global float* restrict param_1_ptr);
+__kernel void fused_conv2d_NCHWc_OIHWo_opencl_add_relu_kernel(__write_only image2d_array_t compute_intermediate_ptr, __global float* restrict param_0_ptr, __global float* restrict param_1_ptr, __read_only image2d_array_t x_4c_ptr);
 __kernel void te_layout_transform_kernel(__write_only image2d_array_t te_layout_transform_ptr, __global float* restrict x_ptr);
 __kernel void te_layout_transform1_kernel(__global float* restrict gv_4c_ptr, __global float* restrict te_layout_transform_ptr);
-__kernel void fused_conv2d_NCHWc_OIHWo_opencl_add_relu_kernel(__global float4* restrict conv2d_data_pad_ptr, __read_only image2d_array_t x_4c_ptr) {
-  const sampler_t image_sampler = CLK_NORMALIZED_COORDS_FALSE | CLK_ADDRESS_CLAMP | CLK_FILTER_NEAREST;
-  if ((((convert_int(get_group_id(0))) * 16) + ((convert_int(get_local_id(0))) >> 4)) < 225) {
-    int cse_v5 = (((convert_int(get_group_id(0))) * 256) + (convert_int(get_local_id(0))));
-    int cse_v8 = ((((convert_int(get_group_id(0))) * 128) + ((convert_int(get_local_id(0))) >> 1)) % 450);
-    int cse_v9 = ((((convert_int(get_group_id(0))) * 256) + (convert_int(get_local_id(0)))) % 30);
-    float4 condval;
-    if (((bool)(((bool)(((bool)(15 <= ((((convert_int(get_group_id(0))) * 128) + ((convert_int(get_local_id(0))) >> 1)) % 450))) && ((bool)(((((convert_int(get_group_id(0))) * 256) + (convert_int(get_local_id(0)))) % 900) < 870)))) && ((bool)(1 <= ((((convert_int(get_group_id(0))) * 256) + (convert_int(get_local_id(0)))) % 30))))) && ((bool)(((((convert_int(get_group_id(0))) * 256) + (convert_int(get_local_id(0)))) % 30) < 29))) {
-      float4 v_ = as_float4(READ_IMAGEF(x_4c_ptr, image_sampler, ((int4)(((((((((convert_int(get_group_id(0))) * 64) + ((convert_int(get_local_id(0))) >> 2)) / 225) * 784) + ((((((convert_int(get_group_id(0))) * 128) + ((convert_int(get_local_id(0))) >> 1)) % 450) / 15) * 28)) + ((((convert_int(get_group_id(0))) * 256) + (convert_int(get_local_id(0)))) % 30)) - 29), 0, 0, 0))));
-      condval = v_;
-    } else {
-      condval = ((float4)(0.000000e+00f, 0.000000e+00f, 0.000000e+00f, 0.000000e+00f));
-    }
-    conv2d_data_pad_ptr[(((convert_int(get_group_id(0))) * 256) + (convert_int(get_local_id(0))))] = condval;
-  }
-}
-
-// Function: fused_conv2d_NCHWc_OIHWo_opencl_add_relu_kernel_1
-__kernel void fused_conv2d_NCHWc_OIHWo1_opencl_add1_relu1_kernel(__global float4* restrict conv2d_data_pad_ptr, __read_only image2d_array_t lv3_4c_ptr);
-__kernel void fused_conv2d_NCHWc_OIHWo1_opencl_add1_relu1_kernel_1(__global float* restrict compute_intermediate_ptr, __global float4* restrict conv2d_data_pad_ptr, __global float* restrict param_0_ptr, __global float* restrict param_1_ptr);
-__kernel void fused_conv2d_NCHWc_OIHWo_opencl_add_relu_kernel(__global float4* restrict conv2d_data_pad_ptr, __read_only image2d_array_t x_4c_ptr);
-__kernel void fused_conv2d_NCHWc_OIHWo_opencl_add_relu_kernel_1(__write_only image2d_array_t compute_intermediate_ptr, __global float4* restrict conv2d_data_pad_ptr, __global float* restrict param_0_ptr, __global float* restrict param_1_ptr);
-__kernel void te_layout_transform_kernel(__write_only image2d_array_t te_layout_transform_ptr, __global float* restrict x_ptr);
-__kernel void te_layout_transform1_kernel(__global float* restrict gv_4c_ptr, __global float* restrict te_layout_transform_ptr);
-__kernel void fused_conv2d_NCHWc_OIHWo_opencl_add_relu_kernel_1(__write_only image2d_array_t compute_intermediate_ptr, __global float4* restrict conv2d_data_pad_ptr, __global float* restrict param_0_ptr, __global float* restrict param_1_ptr) {
+__kernel void fused_conv2d_NCHWc_OIHWo_opencl_add_relu_kernel(__write_only image2d_array_t compute_intermediate_ptr, __global float* restrict param_0_ptr, __global float* restrict param_1_ptr, __read_only image2d_array_t x_4c_ptr) {
   const sampler_t image_sampler = CLK_NORMALIZED_COORDS_FALSE | CLK_ADDRESS_CLAMP | CLK_FILTER_NEAREST;
   float conv2d_NCHWc_OIHWo_intermediate_local_ptr[32];
   float conv2d_data_pad_local_ptr[4];
-  int cse_v6 = (((convert_int(get_group_id(1))) * 4) + ((convert_int(get_local_id(1))) >> 2));
-  int cse_v7 = (((convert_int(get_group_id(0))) * 4) + ((convert_int(get_local_id(0))) >> 2));
+  int cse_v7 = (((convert_int(get_group_id(1))) * 4) + ((convert_int(get_local_id(1))) >> 2));
+  int cse_v8 = (((convert_int(get_group_id(0))) * 4) + ((convert_int(get_local_id(0))) >> 2));
   if (((bool)((((convert_int(get_group_id(1))) * 4) + ((convert_int(get_local_id(1))) >> 2)) < 7)) && ((bool)((((convert_int(get_group_id(0))) * 4) + ((convert_int(get_local_id(0))) >> 2)) < 7))) {
     vstore4(((float4)(0.000000e+00f, 0.000000e+00f, 0.000000e+00f, 0.000000e+00f)), 0, conv2d_NCHWc_OIHWo_intermediate_local_ptr + 0);
   }
@@ -138,28 +98,39 @@ __kernel void fused_conv2d_NCHWc_OIHWo_opencl_add_relu_kernel_1(__write_only ima
     vstore4(((float4)(0.000000e+00f, 0.000000e+00f, 0.000000e+00f, 0.000000e+00f)), 0, conv2d_NCHWc_OIHWo_intermediate_local_ptr + 12);
   }
   int cse_v1 = ((convert_int(get_group_id(0))) * 16);
+  int cse_v2 = ((convert_int(get_group_id(1))) * 448);
+  int cse_v3 = ((convert_int(get_local_id(1))) * 28);
   for (int ic_0 = 0; ic_0 < 4; ++ic_0) {
     for (int kh = 0; kh < 3; ++kh) {
       for (int kw = 0; kw < 3; ++kw) {
         if (((bool)((((convert_int(get_group_id(1))) * 8) + (((convert_int(get_local_id(1))) + kh) >> 1)) < 15)) && ((bool)((((convert_int(get_group_id(0))) * 8) + (((convert_int(get_local_id(0))) + kw) >> 1)) < 15))) {
-          vstore4(conv2d_data_pad_ptr[(((((((ic_0 * 900) + ((convert_int(get_group_id(1))) * 480)) + ((convert_int(get_local_id(1))) * 30)) + (kh * 30)) + ((convert_int(get_group_id(0))) * 16)) + (convert_int(get_local_id(0)))) + kw)], 0, conv2d_data_pad_local_ptr + 0);
+          int cse_v9 = ((((convert_int(get_group_id(1))) * 16) + (convert_int(get_local_id(1)))) + kh);
+          int cse_v10 = ((((convert_int(get_group_id(0))) * 16) + (convert_int(get_local_id(0)))) + kw);
+          float4 condval;
+          if (((bool)(((bool)(((bool)(1 <= ((((convert_int(get_group_id(1))) * 16) + (convert_int(get_local_id(1)))) + kh))) && ((bool)(((((convert_int(get_group_id(1))) * 16) + (convert_int(get_local_id(1)))) + kh) < 29)))) && ((bool)(1 <= ((((convert_int(get_group_id(0))) * 16) + (convert_int(get_local_id(0)))) + kw))))) && ((bool)(((((convert_int(get_group_id(0))) * 16) + (convert_int(get_local_id(0)))) + kw) < 29))) {
+            float4 v_ = as_float4(READ_IMAGEF(x_4c_ptr, image_sampler, ((int4)(((((((((ic_0 * 784) + ((convert_int(get_group_id(1))) * 448)) + (kh * 28)) + ((convert_int(get_local_id(1))) * 28)) + ((convert_int(get_group_id(0))) * 16)) + (convert_int(get_local_id(0)))) + kw) - 29), 0, 0, 0))));
+            condval = v_;
+          } else {
+            condval = ((float4)(0.000000e+00f, 0.000000e+00f, 0.000000e+00f, 0.000000e+00f));
+          }
+          vstore4(condval, 0, conv2d_data_pad_local_ptr + 0);
         }
         for (int ic_1 = 0; ic_1 < 4; ++ic_1) {
           for (int i4 = 0; i4 < 4; ++i4) {
-            int cse_v11 = (((((ic_0 * 144) + (ic_1 * 36)) + (kh * 12)) + (kw * 4)) + i4);
+            int cse_v12 = (((((ic_0 * 144) + (ic_1 * 36)) + (kh * 12)) + (kw * 4)) + i4);
             if (((bool)((((convert_int(get_group_id(1))) * 4) + ((convert_int(get_local_id(1))) >> 2)) < 7)) && ((bool)((((convert_int(get_group_id(0))) * 4) + ((convert_int(get_local_id(0))) >> 2)) < 7))) {
               conv2d_NCHWc_OIHWo_intermediate_local_ptr[i4] = (conv2d_NCHWc_OIHWo_intermediate_local_ptr[i4] + (conv2d_data_pad_local_ptr[ic_1] * param_0_ptr[(((((ic_0 * 144) + (ic_1 * 36)) + (kh * 12)) + (kw * 4)) + i4)]));
             }
             if (((bool)((((convert_int(get_group_id(1))) * 4) + ((convert_int(get_local_id(1))) >> 2)) < 7)) && ((bool)((((convert_int(get_group_id(0))) * 4) + ((convert_int(get_local_id(0))) >> 2)) < 7))) {
-              int cse_v2 = (i4 + 4);
+              int cse_v4 = (i4 + 4);
               conv2d_NCHWc_OIHWo_intermediate_local_ptr[(i4 + 4)] = (conv2d_NCHWc_OIHWo_intermediate_local_ptr[(i4 + 4)] + (conv2d_data_pad_local_ptr[ic_1] * param_0_ptr[((((((ic_0 * 144) + (ic_1 * 36)) + (kh * 12)) + (kw * 4)) + i4) + 576)]));
             }
             if (((bool)((((convert_int(get_group_id(1))) * 4) + ((convert_int(get_local_id(1))) >> 2)) < 7)) && ((bool)((((convert_int(get_group_id(0))) * 4) + ((convert_int(get_local_id(0))) >> 2)) < 7))) {
-              int cse_v3 = (i4 + 8);
+              int cse_v5 = (i4 + 8);
               conv2d_NCHWc_OIHWo_intermediate_local_ptr[(i4 + 8)] = (conv2d_NCHWc_OIHWo_intermediate_local_ptr[(i4 + 8)] + (conv2d_data_pad_local_ptr[ic_1] * param_0_ptr[((((((ic_0 * 144) + (ic_1 * 36)) + (kh * 12)) + (kw * 4)) + i4) + 1152)]));
             }
             if (((bool)((((convert_int(get_group_id(1))) * 4) + ((convert_int(get_local_id(1))) >> 2)) < 7)) && ((bool)((((convert_int(get_group_id(0))) * 4) + ((convert_int(get_local_id(0))) >> 2)) < 7))) {
-              int cse_v4 = (i4 + 12);
+              int cse_v6 = (i4 + 12);
               conv2d_NCHWc_OIHWo_intermediate_local_ptr[(i4 + 12)] = (conv2d_NCHWc_OIHWo_intermediate_local_ptr[(i4 + 12)] + (conv2d_data_pad_local_ptr[ic_1] * param_0_ptr[((((((ic_0 * 144) + (ic_1 * 36)) + (kh * 12)) + (kw * 4)) + i4) + 1728)]));
             }
           }
@@ -167,30 +138,28 @@ __kernel void fused_conv2d_NCHWc_OIHWo_opencl_add_relu_kernel_1(__write_only ima
       }
     }
   }
-  int cse_v10 = (((((convert_int(get_group_id(1))) * 448) + ((convert_int(get_local_id(1))) * 28)) + ((convert_int(get_group_id(0))) * 16)) + (convert_int(get_local_id(0))));
+  int cse_v11 = (((((convert_int(get_group_id(1))) * 448) + ((convert_int(get_local_id(1))) * 28)) + ((convert_int(get_group_id(0))) * 16)) + (convert_int(get_local_id(0))));
   if (((bool)((((convert_int(get_group_id(1))) * 4) + ((convert_int(get_local_id(1))) >> 2)) < 7)) && ((bool)((((convert_int(get_group_id(0))) * 4) + ((convert_int(get_local_id(0))) >> 2)) < 7))) {
-    float4 v_ = max((vload4(0, conv2d_NCHWc_OIHWo_intermediate_local_ptr + 0) + vload4(0, param_1_ptr + 0)), ((float4)(0.000000e+00f, 0.000000e+00f, 0.000000e+00f, 0.000000e+00f)));
-    write_imagef(compute_intermediate_ptr, (int4)((((((convert_int(get_group_id(1))) * 448) + ((convert_int(get_local_id(1))) * 28)) + ((convert_int(get_group_id(0))) * 16)) + (convert_int(get_local_id(0)))), 0, 0, 0), as_float4(v_));
+    float4 v__1 = max((vload4(0, conv2d_NCHWc_OIHWo_intermediate_local_ptr + 0) + vload4(0, param_1_ptr + 0)), ((float4)(0.000000e+00f, 0.000000e+00f, 0.000000e+00f, 0.000000e+00f)));
+    write_imagef(compute_intermediate_ptr, (int4)((((((convert_int(get_group_id(1))) * 448) + ((convert_int(get_local_id(1))) * 28)) + ((convert_int(get_group_id(0))) * 16)) + (convert_int(get_local_id(0)))), 0, 0, 0), as_float4(v__1));
   }
   if (((bool)((((convert_int(get_group_id(1))) * 4) + ((convert_int(get_local_id(1))) >> 2)) < 7)) && ((bool)((((convert_int(get_group_id(0))) * 4) + ((convert_int(get_local_id(0))) >> 2)) < 7))) {
-    float4 v__1 = max((vload4(0, conv2d_NCHWc_OIHWo_intermediate_local_ptr + 4) + vload4(0, param_1_ptr + 4)), ((float4)(0.000000e+00f, 0.000000e+00f, 0.000000e+00f, 0.000000e+00f)));
-    write_imagef(compute_intermediate_ptr, (int4)(((((((convert_int(get_group_id(1))) * 448) + ((convert_int(get_local_id(1))) * 28)) + ((convert_int(get_group_id(0))) * 16)) + (convert_int(get_local_id(0)))) + 784), 0, 0, 0), as_float4(v__1));
+    float4 v__2 = max((vload4(0, conv2d_NCHWc_OIHWo_intermediate_local_ptr + 4) + vload4(0, param_1_ptr + 4)), ((float4)(0.000000e+00f, 0.000000e+00f, 0.000000e+00f, 0.000000e+00f)));
+    write_imagef(compute_intermediate_ptr, (int4)(((((((convert_int(get_group_id(1))) * 448) + ((convert_int(get_local_id(1))) * 28)) + ((convert_int(get_group_id(0))) * 16)) + (convert_int(get_local_id(0)))) + 784), 0, 0, 0), as_float4(v__2));
   }
   if (((bool)((((convert_int(get_group_id(1))) * 4) + ((convert_int(get_local_id(1))) >> 2)) < 7)) && ((bool)((((convert_int(get_group_id(0))) * 4) + ((convert_int(get_local_id(0))) >> 2)) < 7))) {
-    float4 v__2 = max((vload4(0, conv2d_NCHWc_OIHWo_intermediate_local_ptr + 8) + vload4(0, param_1_ptr + 8)), ((float4)(0.000000e+00f, 0.000000e+00f, 0.000000e+00f, 0.000000e+00f)));
-    write_imagef(compute_intermediate_ptr, (int4)(((((((convert_int(get_group_id(1))) * 448) + ((convert_int(get_local_id(1))) * 28)) + ((convert_int(get_group_id(0))) * 16)) + (convert_int(get_local_id(0)))) + 1568), 0, 0, 0), as_float4(v__2));
+    float4 v__3 = max((vload4(0, conv2d_NCHWc_OIHWo_intermediate_local_ptr + 8) + vload4(0, param_1_ptr + 8)), ((float4)(0.000000e+00f, 0.000000e+00f, 0.000000e+00f, 0.000000e+00f)));
+    write_imagef(compute_intermediate_ptr, (int4)(((((((convert_int(get_group_id(1))) * 448) + ((convert_int(get_local_id(1))) * 28)) + ((convert_int(get_group_id(0))) * 16)) + (convert_int(get_local_id(0)))) + 1568), 0, 0, 0), as_float4(v__3));
   }
   if (((bool)((((convert_int(get_group_id(1))) * 4) + ((convert_int(get_local_id(1))) >> 2)) < 7)) && ((bool)((((convert_int(get_group_id(0))) * 4) + ((convert_int(get_local_id(0))) >> 2)) < 7))) {
-    float4 v__3 = max((vload4(0, conv2d_NCHWc_OIHWo_intermediate_local_ptr + 12) + vload4(0, param_1_ptr + 12)), ((float4)(0.000000e+00f, 0.000000e+00f, 0.000000e+00f, 0.000000e+00f)));
-    write_imagef(compute_intermediate_ptr, (int4)(((((((convert_int(get_group_id(1))) * 448) + ((convert_int(get_local_id(1))) * 28)) + ((convert_int(get_group_id(0))) * 16)) + (convert_int(get_local_id(0)))) + 2352), 0, 0, 0), as_float4(v__3));
+    float4 v__4 = max((vload4(0, conv2d_NCHWc_OIHWo_intermediate_local_ptr + 12) + vload4(0, param_1_ptr + 12)), ((float4)(0.000000e+00f, 0.000000e+00f, 0.000000e+00f, 0.000000e+00f)));
+    write_imagef(compute_intermediate_ptr, (int4)(((((((convert_int(get_group_id(1))) * 448) + ((convert_int(get_local_id(1))) * 28)) + ((convert_int(get_group_id(0))) * 16)) + (convert_int(get_local_id(0)))) + 2352), 0, 0, 0), as_float4(v__4));
   }
 }
 
 // Function: te_layout_transform_kernel
-__kernel void fused_conv2d_NCHWc_OIHWo1_opencl_add1_relu1_kernel(__global float4* restrict conv2d_data_pad_ptr, __read_only image2d_array_t lv3_4c_ptr);
-__kernel void fused_conv2d_NCHWc_OIHWo1_opencl_add1_relu1_kernel_1(__global float* restrict compute_intermediate_ptr, __global float4* restrict conv2d_data_pad_ptr, __global float* restrict param_0_ptr, __global float* restrict param_1_ptr);
-__kernel void fused_conv2d_NCHWc_OIHWo_opencl_add_relu_kernel(__global float4* restrict conv2d_data_pad_ptr, __read_only image2d_array_t x_4c_ptr);
-__kernel void fused_conv2d_NCHWc_OIHWo_opencl_add_relu_kernel_1(__write_only image2d_array_t compute_intermediate_ptr, __global float4* restrict conv2d_data_pad_ptr, __global float* restrict param_0_ptr, __global float* restrict param_1_ptr);
+__kernel void fused_conv2d_NCHWc_OIHWo1_opencl_add1_relu1_kernel(__global float* restrict compute_intermediate_ptr, __read_only image2d_array_t lv3_4c_ptr, __global float* restrict param_0_ptr, __global float* restrict param_1_ptr);
+__kernel void fused_conv2d_NCHWc_OIHWo_opencl_add_relu_kernel(__write_only image2d_array_t compute_intermediate_ptr, __global float* restrict param_0_ptr, __global float* restrict param_1_ptr, __read_only image2d_array_t x_4c_ptr);
 __kernel void te_layout_transform_kernel(__write_only image2d_array_t te_layout_transform_ptr, __global float* restrict x_ptr);
 __kernel void te_layout_transform1_kernel(__global float* restrict gv_4c_ptr, __global float* restrict te_layout_transform_ptr);
 __kernel void te_layout_transform_kernel(__write_only image2d_array_t te_layout_transform_ptr, __global float* restrict x_ptr) {
@@ -210,10 +179,8 @@ __kernel void te_layout_transform_kernel(__write_only image2d_array_t te_layout_
 }
 
 // Function: te_layout_transform1_kernel
-__kernel void fused_conv2d_NCHWc_OIHWo1_opencl_add1_relu1_kernel(__global float4* restrict conv2d_data_pad_ptr, __read_only image2d_array_t lv3_4c_ptr);
-__kernel void fused_conv2d_NCHWc_OIHWo1_opencl_add1_relu1_kernel_1(__global float* restrict compute_intermediate_ptr, __global float4* restrict conv2d_data_pad_ptr, __global float* restrict param_0_ptr, __global float* restrict param_1_ptr);
-__kernel void fused_conv2d_NCHWc_OIHWo_opencl_add_relu_kernel(__global float4* restrict conv2d_data_pad_ptr, __read_only image2d_array_t x_4c_ptr);
-__kernel void fused_conv2d_NCHWc_OIHWo_opencl_add_relu_kernel_1(__write_only image2d_array_t compute_intermediate_ptr, __global float4* restrict conv2d_data_pad_ptr, __global float* restrict param_0_ptr, __global float* restrict param_1_ptr);
+__kernel void fused_conv2d_NCHWc_OIHWo1_opencl_add1_relu1_kernel(__global float* restrict compute_intermediate_ptr, __read_only image2d_array_t lv3_4c_ptr, __global float* restrict param_0_ptr, __global float* restrict param_1_ptr);
+__kernel void fused_conv2d_NCHWc_OIHWo_opencl_add_relu_kernel(__write_only image2d_array_t compute_intermediate_ptr, __global float* restrict param_0_ptr, __global float* restrict param_1_ptr, __read_only image2d_array_t x_4c_ptr);
 __kernel void te_layout_transform_kernel(__write_only image2d_array_t te_layout_transform_ptr, __global float* restrict x_ptr);
 __kernel void te_layout_transform1_kernel(__global float* restrict gv_4c_ptr, __global float* restrict te_layout_transform_ptr);
 __kernel void te_layout_transform1_kernel(__global float* restrict gv_4c_ptr, __global float* restrict te_layout_transform_ptr) {
