@@ -23,6 +23,8 @@ pytestmark = pytest.mark.opencl
 
 REPO = Path(__file__).resolve().parent.parent
 PLATFORMS = ("pocl", "intel")
+# the platforms again in buffer mode (devices without SVM: images on cl_mem buffers, not SVM)
+MODES = (*((p, "") for p in PLATFORMS), *((p, "buffer") for p in PLATFORMS))
 _SKIP = 3  # exit status of a child whose platform is not installed
 
 # (scope, shape): each scope, with layers, rows and pixels of different sizes
@@ -69,16 +71,19 @@ def _texture_dims(shape: tuple[int, ...], scope: str) -> tuple[int, int, int]:
     return width, height, depth
 
 
-def _run(platform: str, code: str, tmp_path: Path) -> dict:
+def _run(platform: str, code: str, tmp_path: Path, svm: str = "") -> dict:
     env = {
         **os.environ,
         "CODL_OPENCL_PLATFORM": platform,
+        "CODL_OPENCL_SVM": svm,
         "CODL_TVM_CACHE_DIR": str(tmp_path),
         "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
     }
-    script = PRELUDE + f"CASES = {CASES!r}\n" + textwrap.dedent(code)
+    # a file, not -c: TVMScript's parser reads the source of what it decorates
+    script = tmp_path / "check_images.py"
+    script.write_text(PRELUDE + f"CASES = {CASES!r}\n" + textwrap.dedent(code))
     proc = subprocess.run(
-        [sys.executable, "-c", script, platform],
+        [sys.executable, str(script), platform],
         env=env,
         capture_output=True,
         text=True,
@@ -99,7 +104,7 @@ COPIES = """
 import pyopencl as cl
 
 rng = np.random.default_rng(0)
-out = {"caps": caps.__dict__, "infos": [], "refused_before": caps.from_buffer_refused}
+out = {"caps": caps.__dict__, "infos": [], "svm": runtime.svm_mode()}
 # the device's limits and extensions as pyopencl reports them
 for p in cl.get_platforms():
     if p.name == PLATFORM:
@@ -167,18 +172,19 @@ for i in range(200):
     t = images.empty((16, 32, 4), "float32", dev, image2d_array=bool(i % 2))
     del t
 out["checks"] = checks
-out["refused_after"] = images.image_caps(dev).from_buffer_refused
 print(json.dumps(out))
 """
 
 
-@pytest.fixture(scope="module", params=PLATFORMS)
+@pytest.fixture(scope="module", params=MODES, ids=lambda m: "-".join(filter(None, m)))
 def copies(request, tmp_path_factory) -> dict:
-    tmp = tmp_path_factory.mktemp(f"images-{request.param}")
-    return _run(request.param, COPIES, tmp)
+    platform, svm = request.param
+    tmp = tmp_path_factory.mktemp(f"images-{platform}")
+    return _run(platform, COPIES, tmp, svm)
 
 
-def test_image_caps_match_what_opencl_reports(copies):
+def test_image_caps_match_what_opencl_reports(copies, request):
+    assert (copies["svm"] == "buffer") == request.node.callspec.id.endswith("buffer")
     caps, cl = copies["caps"], copies["cl"]
     for key, value in cl.items():
         assert caps[key] == value, key
@@ -285,9 +291,9 @@ print(json.dumps(out))
 """
 
 
-@pytest.mark.parametrize("platform", PLATFORMS)
-def test_kernels_read_and_write_images(platform, tmp_path):
-    out = _run(platform, KERNELS, tmp_path)
+@pytest.mark.parametrize(("platform", "svm"), MODES)
+def test_kernels_read_and_write_images(platform, svm, tmp_path):
+    out = _run(platform, KERNELS, tmp_path, svm)
     assert _failed(out["checks"]) == []
     assert out["image2d"]["image_type"] == "image2d"
     assert out["image2d"]["from_buffer"] == out["caps"]["image2d_from_buffer"]
@@ -446,3 +452,109 @@ def test_bad_images_raise_one_clear_error(platform, tmp_path):
     assert "global.texture image (copy it to a 'global' tensor)" in errors["cpu view"]
     for key, msg in errors.items():
         assert msg is not None and "\n" not in msg.strip(), key
+
+
+VM = """
+from tvm import relax
+from tvm.script import ir as I
+from tvm.script import relax as R
+
+SRC = '''
+__kernel void affine(__read_only image2d_array_t src, __write_only image2d_array_t dst,
+                     float a) {
+  int4 p = (int4)(get_global_id(0), get_global_id(1), get_global_id(2), 0);
+  write_imagef(dst, p, read_imagef(src, p) * a + (float4)(1.0f, 2.0f, 3.0f, 4.0f));
+}
+'''
+xyz = ["threadIdx.x", "threadIdx.y", "threadIdx.z"]
+mod = runtime.opencl_module_from_source(SRC, {"affine": (["handle", "handle", "float32"], xyz)})
+seen = []
+T4 = R.Tensor((2, 3, 5, 4), "float32")
+
+
+@tvm.register_global_func("test.images.affine")
+def affine(x, y):
+    seen.append(images.image_info(y).__dict__)
+    info = images.image_info(x)
+    mod["affine"](x, y, 2.0, info.width, info.height, info.depth)
+
+
+# The VM's storage in a texture scope (DeviceAllocator.opencl: an image) and a tensor of the
+# same scope on it (Allocator::CreateView: the storage's image), as TVM's memory planner emits
+@I.ir_module
+class Texture:
+    @R.function(pure=False)
+    def main(x: R.Tensor((2, 3, 5, 4), "float32")):
+        s = R.vm.alloc_storage(
+            R.shape([2, 3, 5, 4]), R.prim_value(0), R.dtype("float32"), "global.texture"
+        )
+        y = R.call_packed(
+            "vm.builtin.alloc_tensor", s, R.prim_value(0), R.shape([2, 3, 5, 4]),
+            R.dtype("float32"), R.str("global.texture"), sinfo_args=T4,
+        )
+        _ = R.call_packed("test.images.affine", x, y, sinfo_args=R.Tuple())
+        return y
+
+
+# a texture view of a buffer storage (a 'global' tensor on a texture storage never asks the
+# allocator: TVM's StorageObj::AllocTensorScoped hands out the storage's data pointer)
+@I.ir_module
+class Mixed:
+    @R.function(pure=False)
+    def image_of_buffer():
+        s = R.vm.alloc_storage(R.shape([4096]), R.prim_value(0), R.dtype("float32"), "global")
+        y = R.call_packed(
+            "vm.builtin.alloc_tensor", s, R.prim_value(0), R.shape([2, 3, 5, 4]),
+            R.dtype("float32"), R.str("global.texture"), sinfo_args=T4,
+        )
+        return y
+
+
+out = {"caps": caps.__dict__}
+x = np.random.default_rng(3).standard_normal((2, 3, 5, 4)).astype("float32")
+a = tvm.runtime.empty(x.shape, "float32", dev, mem_scope="global.texture")
+a.copyfrom(x)
+
+
+def vm_of(mod):
+    ex = tvm.compile(mod, target="llvm", relax_pipeline="zero")
+    return relax.VirtualMachine(ex, [dev, tvm.cpu()])
+
+
+
+vm = vm_of(Texture)
+for _ in range(2):  # a second run reuses nothing it should not
+    y = vm["main"](a)
+    checks[f"vm texture view {len(seen)}"] = images.is_image(y) and bool(
+        np.array_equal(y.numpy(), x * np.float32(2) + np.array([1, 2, 3, 4], np.float32))
+    )
+out["view"] = seen[0]
+vm = vm_of(Mixed)
+out["errors"] = {}
+for name in ("image_of_buffer",):
+    try:
+        vm[name]()
+        out["errors"][name] = None
+    except ValueError as exc:
+        out["errors"][name] = str(exc).strip().splitlines()[-1]
+out["checks"] = checks
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("platform", PLATFORMS)
+def test_relax_vm_texture_storage_and_views(platform, tmp_path):
+    """The Relax VM's texture-scope storages and tensors go through ``DeviceAllocator.opencl``:
+    the storage is an image, a tensor of the same scope on it shares that image, and views the
+    device cannot make say why in one line."""
+    out = _run(platform, VM, tmp_path)
+    assert _failed(out["checks"]) == [] and len(out["checks"]) == 2
+    assert out["view"]["view"] and out["view"]["image_type"] == "image2d_array"
+    assert (out["view"]["width"], out["view"]["height"], out["view"]["depth"]) == (5, 3, 2)
+    why = (
+        "refuses image2d arrays on buffers"
+        if out["caps"]["image2d_from_buffer"]
+        else "lacks cl_khr_image2d_from_buffer"
+    )
+    msg = out["errors"]["image_of_buffer"]
+    assert msg is not None and why in msg and "global.texture view" in msg, msg

@@ -58,6 +58,13 @@ std::string DeviceLabel(int dev_id) {
          "'";
 }
 
+/*! \brief Why images on device `dev_id` cannot alias buffers, for error messages. */
+std::string NoImageOnBuffer(int dev_id) {
+  return DeviceLabel(dev_id) + (Workspace::Global()->Device(dev_id).images.from_buffer
+                                    ? " refuses image2d arrays on buffers"
+                                    : " lacks cl_khr_image2d_from_buffer");
+}
+
 /*!
  * \brief Check that device `dev_id` can hold an image of `ts` pixels of `dtype` for a tensor of
  * `shape`; throws one ValueError naming the device, the limit and the shape.
@@ -350,16 +357,24 @@ ImageDescriptor* ImageView(int dev_id, void* storage, const int64_t* shape, int 
       TVM_FFI_THROW(ValueError) << what << " (image " << ts.width << " x " << ts.height << " x "
                                 << ts.depth << ") on an image storage of " << s->shape.width
                                 << " x " << s->shape.height << " x " << s->shape.depth
-                                << " needs cl_khr_image2d_from_buffer, which "
-                                << DeviceLabel(dev_id) << " lacks";
+                                << " needs that storage's image on a buffer; "
+                                << NoImageOnBuffer(dev_id);
     }
   } else {
     if (!c.from_buffer) {
-      TVM_FFI_THROW(ValueError) << what << " on a buffer storage needs "
-                                << "cl_khr_image2d_from_buffer, which " << DeviceLabel(dev_id)
-                                << " lacks (allocate the storage in the texture scope)";
+      TVM_FFI_THROW(ValueError) << what << " on a buffer storage needs an image on a buffer; "
+                                << NoImageOnBuffer(dev_id)
+                                << " (allocate the storage in the texture scope)";
     }
-    desc = ImageOnBuffer(dev_id, ts, dtype, scope, storage, AsBuffer(storage, what), what);
+    try {
+      desc = ImageOnBuffer(dev_id, ts, dtype, scope, storage, AsBuffer(storage, what), what);
+    } catch (const ffi::Error& e) {
+      if (e.kind() == "ValueError") throw;
+      // the driver announces cl_khr_image2d_from_buffer but refuses an image2d array on it
+      TVM_FFI_THROW(ValueError) << what << " on a buffer storage: " << NoImageOnBuffer(dev_id)
+                                << " (" << e.message() << "); allocate the storage in the "
+                                << "texture scope";
+    }
   }
   desc->scope = scope;
   desc->is_view = true;
@@ -673,9 +688,8 @@ class CodlAllocator final : public AllocatorABI {
       if (storage->backing_data == nullptr) {
         TVM_FFI_THROW(ValueError)
             << "a '" << (mem_scope.empty() ? "global" : mem_scope) << "' view of a "
-            << storage->scope << " storage needs an image on a buffer "
-            << "(cl_khr_image2d_from_buffer), which " << DeviceLabel(buffer.device.device_id)
-            << " lacks";
+            << storage->scope << " storage needs its image on a buffer; "
+            << NoImageOnBuffer(buffer.device.device_id);
       }
       return storage->backing_data;
     }
@@ -806,12 +820,8 @@ TVM_FFI_STATIC_INIT_BLOCK() {
            [](ffi::Tensor t) {
              ImageDescriptor* d = ImageOf(t, "codl.opencl.image_buffer_view");
              if (d->backing_data == nullptr) {
-               TVM_FFI_THROW(ValueError)
-                   << "this " << d->scope << " image is not on a buffer ("
-                   << DeviceLabel(d->device_id)
-                   << (Workspace::Global()->Device(d->device_id).images.from_buffer
-                           ? " refuses image2d arrays on buffers)"
-                           : " lacks cl_khr_image2d_from_buffer)");
+               TVM_FFI_THROW(ValueError) << "this " << d->scope << " image is not on a buffer ("
+                                         << NoImageOnBuffer(d->device_id) << ")";
              }
              // rows padded to the row pitch: [layers, rows, pitch in pixels, 4]
              int64_t shape[4] = {static_cast<int64_t>(d->shape.depth),
