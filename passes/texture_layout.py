@@ -10,7 +10,8 @@ this pass writes the packed graph itself. Before (``main`` after ``FoldConstant`
     y = R.nn.conv2d(x, W, padding=[1, 1, 1, 1])      # x (1, 32, 56, 56), W (32, 32, 3, 3)
     z = R.add(y, B)                                  # B (1, 32, 1, 1)
     r = R.nn.relu(z)
-    o = R.mean(r, axis=[2, 3])                       # not covered: reads NCHW
+    p = R.nn.max_pool2d(r, pool_size=[2, 2], strides=[2, 2])
+    o = R.mean(p, axis=[2, 3])                       # not covered: reads NCHW
 
 after::
 
@@ -19,8 +20,10 @@ after::
                      kernel_layout="OIHW4o", out_layout="NCHW4c")   # W4 (8, 32, 3, 3, 4)
     z4 = R.add(y4, B4)                               # B4 (8, 1, 1, 4)
     r4 = R.nn.relu(z4)
-    r = R.layout_transform(r4, lambda n, c, h, w, i: (n, c * 4 + i, h, w))
-    o = R.mean(r, axis=[2, 3])
+    p4 = R.nn.max_pool2d(r4, pool_size=[2, 2], strides=[2, 2], layout="NCHW4c",
+                         out_layout="NCHW4c")
+    p = R.layout_transform(p4, lambda n, c, h, w, i: (n, c * 4 + i, h, w))
+    o = R.mean(p, axis=[2, 3])
 
 ``W4`` and ``B4`` are constants arranged here, at build time (CoDL pre-arranges weights once
 per plan): no weight is transformed at run time. A per-channel constant becomes 4-D
@@ -31,13 +34,10 @@ constants into buffers only). Packed values flow from op to op; a value is unpac
 of covered operators stays in the texture layout and converts at its ends only.
 
 Covered: 2-D convs with constant OIHW weights (``groups == 1``, channels multiples of 4,
-NCHW in and out), the elementwise unary ops of :data:`UNARY_OPS`, and the binary ops of
-:data:`BINARY_OPS` between two packed tensors of one shape or with a per-channel
-``(1, C, 1, 1)`` / ``(C, 1, 1)`` or scalar constant. Elementwise ops are packed only behind a
-packed producer (never at a chain's start). Pools are not covered yet: TVM 0.27's Adreno
-``Pool2D`` schedule keeps one register for a pixel's four channels (every output channel
-gets the window maximum of channel ``4k + 3``); they stay NCHW behind an unpack until a
-schedule of ours replaces it. Static
+NCHW in and out), max and average 2-D pools (:data:`POOL_OPS`), the elementwise unary ops of
+:data:`UNARY_OPS`, and the binary ops of :data:`BINARY_OPS` between two packed tensors of one
+shape or with a per-channel ``(1, C, 1, 1)`` / ``(C, 1, 1)`` or scalar constant. Pools and
+elementwise ops are packed only behind a packed producer (never at a chain's start). Static
 shapes only. Run after ``FoldConstant`` (the frontend's bias ``reshape`` must already be a
 constant) and before any legalization; the result is what TVM's Adreno pipeline expects after
 its ``ConvertLayout``.
@@ -56,6 +56,7 @@ from .rewrite import op_name, rewrite_functions
 __all__ = [
     "BINARY_OPS",
     "PACK",
+    "POOL_OPS",
     "UNARY_OPS",
     "ToTextureLayout",
     "pack_bias",
@@ -81,6 +82,9 @@ UNARY_OPS = frozenset(
         "relax.nn.silu",
     }
 )
+
+#: 2-D pools computed on packed tensors (NCHW4c layout attributes).
+POOL_OPS = frozenset({"relax.nn.max_pool2d", "relax.nn.avg_pool2d"})
 
 #: Elementwise ops of two tensors (broadcasting a per-channel or scalar constant).
 BINARY_OPS = frozenset(
@@ -201,11 +205,29 @@ class _Packer:
                 out_layout="NCHW4c",
                 out_dtype=a.out_dtype,
             )
+        if name in POOL_OPS and in_packed[0] and str(call.attrs.layout) == "NCHW":
+            return self._pool(call)
         if name in UNARY_OPS and in_packed[0]:
             return relax.Call(call.op, [self.packed[args[0]], *args[1:]], call.attrs)
         if name in BINARY_OPS and any(in_packed[:2]):
             return self._binary(call, in_packed)
         return None
+
+    def _pool(self, call: relax.Call) -> relax.Expr:
+        a = call.attrs
+        common = {
+            "pool_size": a.pool_size,
+            "strides": a.strides,
+            "padding": a.padding,
+            "dilation": a.dilation,
+            "ceil_mode": bool(a.ceil_mode),
+            "layout": "NCHW4c",
+            "out_layout": "NCHW4c",
+        }
+        data = self.packed[call.args[0]]
+        if op_name(call) == "relax.nn.max_pool2d":
+            return relax.op.nn.max_pool2d(data, **common)
+        return relax.op.nn.avg_pool2d(data, count_include_pad=bool(a.count_include_pad), **common)
 
     def _binary(self, call: relax.Call, in_packed: list[bool]) -> relax.Expr | None:
         lhs, rhs = call.args[0], call.args[1]

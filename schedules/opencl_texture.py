@@ -28,7 +28,7 @@ from tvm.target import Target
 
 from .common import CodlRule
 
-__all__ = ["TextureConv2d", "TextureLayoutTransform", "is_texture_scope"]
+__all__ = ["TextureConv2d", "TextureLayoutTransform", "TexturePool2D", "is_texture_scope"]
 
 #: Channels of one RGBA pixel.
 _LANES = 4
@@ -148,3 +148,66 @@ class TextureConv2d(CodlRule):
         rest = dl_adreno_utils.schedule_inline_blocks(sch, rest)
         dl_adreno_utils.schedule_default(sch, rest)
         return "direct", "texture"
+
+
+_POOL_BLOCKS = ("pool_max", "pool_sum")
+
+
+class TexturePool2D(CodlRule):
+    """Max and average 2-D pools over NCHW4c images: one output pixel per work-item.
+
+    A pixel's four channels stay the innermost loop, inside the window loops, so the window
+    reads whole pixels (the padding inlined as a bounds test) and the result, held in four
+    registers, is written as one pixel. dlight's Adreno ``Pool2D`` caches the result in one
+    register for all four lanes, so every channel gets channel ``4k + 3``'s value.
+    """
+
+    target_kind = "opencl"
+
+    def is_target_available(self, target: Target) -> bool:
+        return super().is_target_available(target) and "texture" in target.keys
+
+    def schedule(self, sch: s_tir.Schedule, target: Target) -> tuple[str, str] | str:
+        blocks = sch.get_child_blocks(sch.get_sblock("root"))
+        names = [sch.get(b).name_hint for b in blocks]
+        pools = [i for i, n in enumerate(names) if n in _POOL_BLOCKS]
+        if len(pools) != 1:
+            return "not one pool reduction"
+        red = blocks[pools[0]]
+        kinds = "".join(
+            "S" if iv.iter_type == tirx.IterVar.DataPar else "R" for iv in sch.get(red).iter_vars
+        )
+        loops = sch.get_loops(red)
+        if kinds != "SSSSSRR" or int(sch.get(loops[4]).extent) != _LANES:
+            return f"iterators {kinds}, not NCHW4c pooling (SSSSS over a 4-lane pixel, RR)"
+        if not any(is_texture_scope(p.scope()) for p in sch.mod["main"].params):
+            return "no image among the parameters"
+        for b in blocks[: pools[0]]:
+            sch.compute_inline(b)  # the padding: a bounds test around each read
+        epilogue = blocks[pools[0] + 1 :]
+        n, c, h, w, lane, r0, r1 = loops
+        sch.reorder(n, c, h, w, r0, r1, lane)
+        bx, tx = sch.split(sch.fuse(n, c, h, w), [None, _threads(target)])
+        sch.bind(bx, "blockIdx.x")
+        sch.bind(tx, "threadIdx.x")
+        if epilogue:
+            sch.set_scope(red, 0, "local")  # the window sum lives in registers
+            for b in epilogue[:-1]:
+                sch.compute_inline(b)
+            last = epilogue[-1]
+        else:
+            last = sch.cache_write(red, 0, "local")
+        sch.reverse_compute_at(last, tx)
+        sch.vectorize(sch.get_loops(last)[-1])
+        init = sch.decompose_reduction(red, r0)
+        sch.vectorize(sch.get_loops(init)[-1])
+        # each window pixel is read whole into registers (one read_imagef, the padding's bounds
+        # test around it); the update itself cannot be vectorised inside the window loops
+        reads = sch.get(red).reads
+        image = [i for i, r in enumerate(reads) if is_texture_scope(r.source.scope())]
+        if image:
+            pixel = sch.cache_read(red, image[0], "local")
+            sch.compute_at(pixel, r1)
+            sch.vectorize(sch.get_loops(pixel)[-1])
+        sch.unroll(sch.get_loops(red)[-1])
+        return "pool", "texture"

@@ -109,6 +109,50 @@ def test_conv_bias_relu_chain_computes_packed():
     verify(before, expected)
 
 
+def test_pools_behind_a_packed_value_compute_packed():
+    @tvm.script.ir_module
+    class Before:
+        @R.function
+        def main(
+            x: R.Tensor((1, 4, 8, 8), "float32"), w: R.Tensor((4, 4, 1, 1), "float32")
+        ) -> R.Tensor((1, 4, 5, 5), "float32"):
+            with R.dataflow():
+                y = R.nn.conv2d(x, w)
+                p = R.nn.max_pool2d(y, pool_size=[3, 3], strides=[2, 2], padding=[1, 1, 1, 1])
+                q = R.nn.avg_pool2d(p, pool_size=[2, 2], padding=[1, 1, 1, 1])
+                R.output(q)
+            return q
+
+    @tvm.script.ir_module
+    class Expected:
+        @R.function
+        def main(
+            x: R.Tensor((1, 4, 8, 8), "float32"), w: R.Tensor((1, 4, 1, 1, 4), "float32")
+        ) -> R.Tensor((1, 4, 5, 5), "float32"):
+            with R.dataflow():
+                x4 = R.layout_transform(x, index_map=lambda n, c, h, w: (n, c // 4, h, w, c % 4))
+                y4 = R.nn.conv2d(
+                    x4, w, data_layout="NCHW4c", kernel_layout="OIHW4o", out_layout="NCHW4c"
+                )
+                p4 = R.nn.max_pool2d(
+                    y4,
+                    pool_size=[3, 3],
+                    strides=[2, 2],
+                    padding=[1, 1, 1, 1],
+                    layout="NCHW4c",
+                    out_layout="NCHW4c",
+                )
+                q4 = R.nn.avg_pool2d(
+                    p4, pool_size=[2, 2], padding=[1, 1, 1, 1], layout="NCHW4c", out_layout="NCHW4c"
+                )
+                q = R.layout_transform(q4, index_map=lambda n, c, h, w, i: (n, c * 4 + i, h, w))
+                R.output(q)
+            return q
+
+    w = np.random.default_rng(0).standard_normal((4, 4, 1, 1)).astype("float32")
+    verify(_bound(Before, {"w": w}), _bound(Expected, {"w": pack_oihw(w)}))
+
+
 def test_uncovered_conv_is_left_alone():
     @tvm.script.ir_module
     class Before:
@@ -265,6 +309,60 @@ def test_onnx_conv_relu_matches_onnxruntime():
     # one kernel per conv: the padding is read from the image, not copied to a buffer first
     assert [len(launches(runner.tir[name], runner.kernels)) for _, name, _ in convs] == [1, 1]
     assert "write_imagef" in runner.source and "READ_IMAGEF" in runner.source
+
+
+def _onnx_residual_pools(seed: int = 0) -> tuple[onnx.ModelProto, tuple[int, ...]]:
+    """conv-relu, conv, residual add, relu, max pool 3x3/2, average pool 2x2 (pad 1)."""
+    rng = np.random.default_rng(seed)
+    shape = (1, 8, 20, 20)
+    inits = [
+        helper.make_tensor(name, TensorProto.FLOAT, v.shape, v.ravel())
+        for name, v in (
+            ("w1", (rng.standard_normal((8, 8, 3, 3)) / 8).astype("float32")),
+            ("b1", rng.standard_normal(8).astype("float32")),
+            ("w2", (rng.standard_normal((8, 8, 3, 3)) / 8).astype("float32")),
+        )
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["a"]),
+        helper.make_node("Conv", ["a", "w2"], ["c2"], pads=[1, 1, 1, 1]),
+        helper.make_node("Add", ["a", "c2"], ["s"]),
+        helper.make_node("Relu", ["s"], ["r"]),
+        helper.make_node(
+            "MaxPool", ["r"], ["m"], kernel_shape=[3, 3], strides=[2, 2], pads=[1] * 4
+        ),
+        helper.make_node("AveragePool", ["m"], ["y"], kernel_shape=[2, 2], pads=[1] * 4),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "residual_pools",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, (1, 8, 11, 11))],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model, shape
+
+
+@pytest.mark.opencl
+def test_onnx_residual_and_pools_match_onnxruntime():
+    """A residual add of two image tensors (fused into the second conv) and both pools
+    computing on images."""
+    ort = pytest.importorskip("onnxruntime")
+    model, shape = _onnx_residual_pools()
+    x = np.random.default_rng(4).standard_normal(shape).astype("float32")
+    expected = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})[0]
+
+    runner = TextureRunner(from_onnx(model), GPU)
+    np.testing.assert_allclose(runner.run(x), expected, rtol=1e-4, atol=1e-4)
+    pools = list(_calls(runner, "max_pool2d")) + list(_calls(runner, "fused_avg_pool2d"))
+    pools += list(_calls(runner, "avg_pool2d"))
+    assert len(pools) == 2
+    assert all("texture" in f.params[0].scope() for _, _, f in pools)
+    assert all(f.attrs["codl.algorithm"] == "pool" for _, _, f in pools)
 
 
 @pytest.mark.opencl

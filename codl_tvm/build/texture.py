@@ -19,8 +19,9 @@ with the pinned wheel's bugs worked around):
 3. **schedule**: codl-tvm's :class:`~codl_tvm.schedules.opencl_texture.TextureLayoutTransform`
    (whole-pixel conversion kernels) and :class:`~codl_tvm.schedules.opencl_texture.
    TextureConv2d` (dlight's Adreno conv tiling reading the input image itself instead of a
-   padded copy in a buffer), then dlight's Adreno conv and fallback rules (not its ``Pool2D``,
-   which gives a pixel's four channels one register) and its GPU rules.
+   padded copy in a buffer) and :class:`~codl_tvm.schedules.opencl_texture.TexturePool2D`
+   (dlight's Adreno ``Pool2D`` gives a pixel's four channels one register), then dlight's
+   Adreno conv and fallback rules and its GPU rules.
 4. **dataflow-lower**, **finalize**: TVM's ``gpu_generic`` phases.
 5. **storage**: :class:`~codl_tvm.passes.texture_storage.ImageStorages` gives every texture
    tensor an image storage of its own shape (TVM plans flat ``global`` storages for Adreno
@@ -65,7 +66,11 @@ from tvm.tirx import compilation_pipeline
 
 from codl_tvm.passes.texture_layout import ToTextureLayout
 from codl_tvm.passes.texture_storage import ImageStorages
-from codl_tvm.schedules.opencl_texture import TextureConv2d, TextureLayoutTransform
+from codl_tvm.schedules.opencl_texture import (
+    TextureConv2d,
+    TextureLayoutTransform,
+    TexturePool2D,
+)
 
 __all__ = [
     "TEXTURE_TIR_PIPELINE",
@@ -89,7 +94,12 @@ TEXTURE_TIR_PIPELINE = "codl_texture"
 
 #: Ops TVM's Adreno pipeline keeps unlegalized until memory scopes are annotated (the scope
 #: annotation reads their layout attributes).
-_SCOPE_OPS = ["relax.nn.conv2d", "relax.nn.max_pool2d", "relax.nn.adaptive_avg_pool2d"]
+_SCOPE_OPS = [
+    "relax.nn.conv2d",
+    "relax.nn.max_pool2d",
+    "relax.nn.avg_pool2d",
+    "relax.nn.adaptive_avg_pool2d",
+]
 
 _TEXTURE_KEYS = ("adreno", "texture")
 # the planner's hook for texture sizes, and where the original is kept once replaced
@@ -217,11 +227,14 @@ def scope_passes(target: tvm.target.Target) -> list[tvm.transform.Pass]:
 
 def schedule_passes() -> list[tvm.transform.Pass]:
     """Schedule every kernel: whole-pixel conversions first, then dlight's Adreno rules."""
-    # no dl.adreno.Pool2D: it gives a pixel's four channels one register (wrong results);
-    # ToTextureLayout leaves pools in NCHW until a pool schedule of ours replaces it
+    # not dl.adreno.Pool2D: it gives a pixel's four channels one register (wrong results)
     return [
         dl.ApplyDefaultSchedule(
-            TextureLayoutTransform(), TextureConv2d(), dl.adreno.Conv2d(), dl.adreno.Fallback()
+            TextureLayoutTransform(),
+            TextureConv2d(),
+            TexturePool2D(),
+            dl.adreno.Conv2d(),
+            dl.adreno.Fallback(),
         ),
         dl.ApplyDefaultSchedule(dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback()),
     ]
