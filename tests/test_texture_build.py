@@ -366,11 +366,12 @@ def test_onnx_residual_and_pools_match_onnxruntime():
 
 
 @pytest.mark.opencl
-def test_onnx_conv_relu_runs_in_the_runtime_plugin(opencl, tmp_path):
-    """The same model through codl-tvm's OpenCL runtime and TVM's stock Relax VM: texture
-    tensors are images the plugin allocates and passes to the kernels."""
+@pytest.mark.parametrize("make_model", [_onnx_conv_relu, _onnx_residual_pools])
+def test_onnx_models_run_in_the_runtime_plugin(opencl, tmp_path, make_model):
+    """The models through codl-tvm's OpenCL runtime and TVM's stock Relax VM: texture tensors
+    are images the plugin allocates and passes to the kernels."""
     ort = pytest.importorskip("onnxruntime")
-    model, shape = _onnx_conv_relu()
+    model, shape = make_model()
     x = np.random.default_rng(3).standard_normal(shape).astype("float32")
     expected = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})[0]
 

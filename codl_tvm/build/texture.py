@@ -41,10 +41,11 @@ in bytes (``DeviceGetMemSize.opencl``) by the element size again, 4x too large f
 storage only backs the image, so this wastes memory without changing results;
 :func:`install_texture_size_fix` (called by :func:`build_texture_gpu`) corrects it.
 
-Running: the executable's ``global_infos["vdevice"]`` (rewritten by
-``AnnotateCustomMemoryScope``) lists one VDevice per memory scope, and the VM indexes its
-device list with them: create it with :func:`TextureBuild.vm_devices`. Running needs an OpenCL
-runtime that creates images for texture-scoped tensors and passes them to kernels.
+Running: export the executable and load it with codl-tvm's OpenCL runtime
+(:mod:`codl_tvm.runtime`, whose allocator makes texture-scoped storages images and passes them
+to kernels as image arguments). ``AnnotateCustomMemoryScope`` rewrites
+``global_infos["vdevice"]`` to one VDevice per memory scope, and the VM indexes its device list
+with them: create it with :meth:`TextureBuild.vm_devices`.
 """
 
 from __future__ import annotations
