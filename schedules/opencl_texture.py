@@ -39,9 +39,14 @@ def is_texture_scope(scope: str) -> bool:
     return "texture" in scope
 
 
-def _threads(target: Target) -> int:
+def _threads(target: Target, extent: int) -> int:
+    """Work-items per workgroup over ``extent`` pixels: the largest divisor of ``extent`` within
+    the target's limit. An exact split needs no bounds test, which the register caches' copy
+    blocks would not get (TVM's ``reverse_compute_at`` drops the split's predicate, and the
+    last workgroup would write past the tensor)."""
     limit = target.attrs.get("max_threads_per_block") or target.attrs.get("max_num_threads")
-    return int(limit or 64)
+    limit = int(limit or 64)
+    return max(d for d in range(1, min(limit, extent) + 1) if extent % d == 0)
 
 
 class TextureLayoutTransform(CodlRule):
@@ -81,17 +86,16 @@ class TextureLayoutTransform(CodlRule):
             outer, lane = loops[:-1], loops[-1]
         else:
             return f"loops {extents} are neither NCHW to an image nor NCHW4c from one"
-        bx, tx = sch.split(sch.fuse(*outer), [None, _threads(target)])
+        fused = sch.fuse(*outer)
+        bx, tx = sch.split(fused, [None, _threads(target, int(sch.get(fused).extent))])
         sch.bind(bx, "blockIdx.x")
         sch.bind(tx, "threadIdx.x")
-        # the pixel's four channels pass through registers, contiguous there, so the image
-        # access is one vector of 4 (TVM scalarises a texture access whose lanes are strided)
         if image is dst:
+            # the pixel's four channels are gathered in registers, contiguous there, and stored
+            # as one vector of 4 (one write_imagef)
             cache = sch.cache_read(blk, 0, "local")
             sch.compute_at(cache, tx)
-        else:
-            cache = sch.cache_write(blk, 0, "local")
-            sch.reverse_compute_at(cache, tx)
+        # from an image the vectorised lane loop is one read_imagef and four strided stores
         sch.vectorize(sch.get_loops(blk)[-1])
         return "layout_transform", "texture"
 
@@ -187,7 +191,8 @@ class TexturePool2D(CodlRule):
         epilogue = blocks[pools[0] + 1 :]
         n, c, h, w, lane, r0, r1 = loops
         sch.reorder(n, c, h, w, r0, r1, lane)
-        bx, tx = sch.split(sch.fuse(n, c, h, w), [None, _threads(target)])
+        fused = sch.fuse(n, c, h, w)
+        bx, tx = sch.split(fused, [None, _threads(target, int(sch.get(fused).extent))])
         sch.bind(bx, "blockIdx.x")
         sch.bind(tx, "threadIdx.x")
         if epilogue:

@@ -21,11 +21,13 @@ from codl_tvm.passes.texture_layout import (
     pack_nchw,
     pack_oihw,
 )
+from codl_tvm.schedules.opencl_texture import TextureLayoutTransform
 from onnx import TensorProto, helper
 from tvm import relax
 from tvm.relax.frontend.onnx import from_onnx
 from tvm.runtime.vm import VirtualMachine
 from tvm.script import relax as R
+from tvm.script import tirx as T
 from tvm.tirx import compilation_pipeline
 
 from codl_tvm.build import texture
@@ -231,7 +233,7 @@ def _calls(runner: TextureRunner, prefix: str):
 )
 def test_conversion_kernels_match_numpy(shape, scope):
     mod, weight, bias = _conv_module(shape)
-    runner = TextureRunner(mod, GPU)
+    runner = TextureRunner.for_model(mod, GPU)
     x = np.random.default_rng(1).standard_normal(shape).astype("float32")
     runner.run(x)
 
@@ -257,6 +259,72 @@ def test_conversion_kernels_match_numpy(shape, scope):
     np.testing.assert_allclose(
         runner.read(runner.env[runner.scheduled["main"].body.body]), m, rtol=1e-4, atol=1e-4
     )
+
+
+def _pack_func(shape: tuple[int, int, int, int], scope: str) -> tvm.tirx.PrimFunc:
+    """NCHW -> NCHW4c image, looping over the input as topi's layout_transform does."""
+    n, c, h, w = shape
+
+    @T.prim_func(private=True, s_tir=True)
+    def pack(
+        x: T.Buffer((n, c, h, w), "float32"),
+        y: T.Buffer((n, c // 4, h, w, 4), "float32", scope=scope),
+    ):
+        for i0, i1, i2, i3 in T.grid(n, c, h, w):
+            with T.sblock("te_layout_transform"):
+                v0, v1, v2, v3 = T.axis.remap("SSSS", [i0, i1, i2, i3])
+                y[v0, v1 // 4, v2, v3, v1 % 4] = x[v0, v1, v2, v3]
+
+    return pack
+
+
+def _unpack_func(shape: tuple[int, int, int, int], scope: str) -> tvm.tirx.PrimFunc:
+    """NCHW4c image -> NCHW."""
+    n, c, h, w = shape
+
+    @T.prim_func(private=True, s_tir=True)
+    def unpack(
+        y: T.Buffer((n, c // 4, h, w, 4), "float32", scope=scope),
+        x: T.Buffer((n, c, h, w), "float32"),
+    ):
+        for i0, i1, i2, i3, i4 in T.grid(n, c // 4, h, w, 4):
+            with T.sblock("te_layout_transform"):
+                v0, v1, v2, v3, v4 = T.axis.remap("SSSSS", [i0, i1, i2, i3, i4])
+                x[v0, v1 * 4 + v4, v2, v3] = y[v0, v1, v2, v3, v4]
+
+    return unpack
+
+
+@pytest.mark.opencl
+@pytest.mark.parametrize(
+    "shape, scope",
+    [
+        ((1, 12, 7, 9), "global.texture-weight"),  # 189 pixels: a workgroup of 189
+        ((2, 8, 5, 6), "global.texture"),
+        ((1, 8, 96, 96), "global.texture-nhwc"),
+    ],
+)
+def test_conversion_kernels_both_ways_match_numpy(shape, scope):
+    """codl-tvm's conversion kernels, scheduled by TextureLayoutTransform, round-trip through
+    an image of each texture scope, each half checked against numpy's packing."""
+    target = texture.texture_target(GPU)
+    rule = TextureLayoutTransform()
+    funcs = {}
+    for name, make in (("pack", _pack_func), ("unpack", _unpack_func)):
+        with target:
+            sch = rule.apply(make(shape, scope), target, False)
+        assert sch is not None, rule.explain(make(shape, scope), target)
+        funcs[name] = sch.mod["main"]
+    runner = TextureRunner.for_primfuncs(funcs, GPU)
+    x = np.random.default_rng(5).standard_normal(shape).astype("float32")
+    packed_shape = (shape[0], shape[1] // 4, shape[2], shape[3], 4)
+    src = runner.tensor(shape, "float32", "global", x)
+    image = runner.tensor(packed_shape, "float32", scope)
+    back = runner.tensor(shape, "float32", "global")
+    runner.call("pack", [src, image])
+    np.testing.assert_array_equal(runner.read(image), pack_nchw(x))
+    runner.call("unpack", [image, back])
+    np.testing.assert_array_equal(runner.read(back), x)
 
 
 def _onnx_conv_relu(seed: int = 0) -> tuple[onnx.ModelProto, tuple[int, ...]]:
@@ -296,7 +364,7 @@ def test_onnx_conv_relu_matches_onnxruntime():
     x = np.random.default_rng(2).standard_normal(shape).astype("float32")
     expected = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})[0]
 
-    runner = TextureRunner(from_onnx(model), GPU)
+    runner = TextureRunner.for_model(from_onnx(model), GPU)
     got = runner.run(x)
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
 
@@ -356,7 +424,7 @@ def test_onnx_residual_and_pools_match_onnxruntime():
     x = np.random.default_rng(4).standard_normal(shape).astype("float32")
     expected = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})[0]
 
-    runner = TextureRunner(from_onnx(model), GPU)
+    runner = TextureRunner.for_model(from_onnx(model), GPU)
     np.testing.assert_allclose(runner.run(x), expected, rtol=1e-4, atol=1e-4)
     pools = list(_calls(runner, "max_pool2d")) + list(_calls(runner, "fused_avg_pool2d"))
     pools += list(_calls(runner, "avg_pool2d"))

@@ -101,46 +101,58 @@ def _buffers(func: tirx.PrimFunc) -> dict[str, tuple[tuple[int, ...], str, str]]
 
 
 class TextureRunner:
-    """Builds ``mod`` with the texture pipeline and runs ``main`` on an OpenCL device."""
+    """Runs scheduled PrimFuncs (and a texture build's ``main``) on an OpenCL device.
 
-    def __init__(self, mod: tvm.IRModule, target: tvm.target.Target):
-        self.target = texture.texture_target(target)
-        texture.install_texture_size_fix()
-        with self.target:
-            scheduled = mod
-            for passes in (
-                texture.layout_passes(),
-                texture.scope_passes(self.target),
-                texture.schedule_passes(),
-            ):
-                scheduled = tvm.transform.Sequential(passes)(scheduled)
+    ``scheduled`` holds the PrimFuncs as scheduled (buffer scopes, launch names) and, for
+    :meth:`run`, ``main``; ``prims`` the same PrimFuncs ready for TVM's TIR build (global
+    symbols attached).
+    """
+
+    def __init__(self, scheduled: tvm.IRModule, prims: tvm.IRModule, target: tvm.target.Target):
+        self.target = target
         self.scheduled = scheduled
-        lowered = texture.texture_pipeline(self.target)(mod)
-        prims = {gv: f for gv, f in lowered.functions.items() if isinstance(f, tirx.PrimFunc)}
-        tir = tirx.transform.BindTarget(self.target.with_host(self.target.host))(
-            tvm.IRModule(prims)
-        )
-        with self.target:
+        tir = tirx.transform.BindTarget(target.with_host(target.host))(prims)
+        with target:
             self.tir = texture.texture_tir_pipeline()[0](tir)
         self.kernels = {
             gv.name_hint: f
             for gv, f in self.tir.functions.items()
             if f.attrs is not None and "tirx.kernel_launch_params" in f.attrs
         }
-        self.ctx = pocl_context()
-        self.queue = cl.CommandQueue(self.ctx)
-        build = texture.TextureBuild(
-            tvm.compile(
-                lowered,
-                target=self.target,
-                relax_pipeline=None,
-                tir_pipeline=texture.register_texture_tir_pipeline(),
-            ),
-            (),
+        built = tvm.compile(
+            prims, target=target, tir_pipeline=texture.register_texture_tir_pipeline()
         )
         # the per-kernel sources repeat the header and prototypes, which C allows
-        self.source = build.kernel_source()
+        self.source = texture.TextureBuild(built, ()).kernel_source()
+        self.ctx = pocl_context()
+        self.queue = cl.CommandQueue(self.ctx)
         self.program = cl.Program(self.ctx, self.source).build()
+
+    @classmethod
+    def for_model(cls, mod: tvm.IRModule, target: tvm.target.Target) -> TextureRunner:
+        """``mod`` built with the texture pipeline; :meth:`run` runs its ``main``."""
+        target = texture.texture_target(target)
+        texture.install_texture_size_fix()
+        with target:
+            scheduled = mod
+            for passes in (
+                texture.layout_passes(),
+                texture.scope_passes(target),
+                texture.schedule_passes(),
+            ):
+                scheduled = tvm.transform.Sequential(passes)(scheduled)
+        lowered = texture.texture_pipeline(target)(mod)
+        prims = {gv: f for gv, f in lowered.functions.items() if isinstance(f, tirx.PrimFunc)}
+        return cls(scheduled, tvm.IRModule(prims), target)
+
+    @classmethod
+    def for_primfuncs(
+        cls, funcs: dict[str, tirx.PrimFunc], target: tvm.target.Target
+    ) -> TextureRunner:
+        """Scheduled PrimFuncs by name; :meth:`call` launches them."""
+        target = texture.texture_target(target)
+        prims = {name: f.with_attr("global_symbol", name) for name, f in funcs.items()}
+        return cls(tvm.IRModule(funcs), tvm.IRModule(prims), target)
 
     def tensor(self, shape, dtype: str, scope: str, value: np.ndarray | None = None) -> Tensor:
         mf = cl.mem_flags

@@ -165,17 +165,14 @@ __kernel void te_layout_transform1_kernel(__global float* restrict gv_4c_ptr, __
 __kernel void te_layout_transform_kernel(__write_only image2d_array_t te_layout_transform_ptr, __global float* restrict x_ptr) {
   const sampler_t image_sampler = CLK_NORMALIZED_COORDS_FALSE | CLK_ADDRESS_CLAMP | CLK_FILTER_NEAREST;
   float x_local_ptr[4];
-  int cse_v1 = (((convert_int(get_group_id(0))) * 4) + ((convert_int(get_local_id(0))) >> 6));
-  int cse_v2 = (((convert_int(get_group_id(0))) * 256) + (convert_int(get_local_id(0))));
+  int cse_v1 = ((convert_int(get_local_id(0))) % 28);
+  int cse_v2 = ((((convert_int(get_group_id(0))) * 2) + ((convert_int(get_local_id(0))) / 112)) / 7);
+  int cse_v3 = (((((convert_int(get_group_id(0))) * 8) + ((convert_int(get_local_id(0))) / 28)) % 28) * 28);
   for (int ax0 = 0; ax0 < 4; ++ax0) {
-    if ((((convert_int(get_group_id(0))) * 4) + ((convert_int(get_local_id(0))) >> 6)) < 49) {
-      x_local_ptr[ax0] = x_ptr[(((((((convert_int(get_group_id(0))) * 16) + ((convert_int(get_local_id(0))) >> 4)) / 49) * 3136) + (ax0 * 784)) + ((((convert_int(get_group_id(0))) * 256) + (convert_int(get_local_id(0)))) % 784))];
-    }
+    x_local_ptr[ax0] = x_ptr[((((((((convert_int(get_group_id(0))) * 2) + ((convert_int(get_local_id(0))) / 112)) / 7) * 3136) + (ax0 * 784)) + (((((convert_int(get_group_id(0))) * 8) + ((convert_int(get_local_id(0))) / 28)) % 28) * 28)) + ((convert_int(get_local_id(0))) % 28))];
   }
-  if ((((convert_int(get_group_id(0))) * 4) + ((convert_int(get_local_id(0))) >> 6)) < 49) {
-    float4 v_ = vload4(0, x_local_ptr + 0);
-    write_imagef(te_layout_transform_ptr, (int4)((((convert_int(get_group_id(0))) * 256) + (convert_int(get_local_id(0)))), 0, 0, 0), as_float4(v_));
-  }
+  float4 v_ = vload4(0, x_local_ptr + 0);
+  write_imagef(te_layout_transform_ptr, (int4)((((((((convert_int(get_group_id(0))) * 2) + ((convert_int(get_local_id(0))) / 112)) / 7) * 784) + (((((convert_int(get_group_id(0))) * 8) + ((convert_int(get_local_id(0))) / 28)) % 28) * 28)) + ((convert_int(get_local_id(0))) % 28)), 0, 0, 0), as_float4(v_));
 }
 
 // Function: te_layout_transform1_kernel
