@@ -33,10 +33,12 @@ constants into buffers only). Packed values flow from op to op; a value is unpac
 ``layout_transform`` binding its old variable) only where something else reads it, so a chain
 of covered operators stays in the texture layout and converts at its ends only.
 
-Covered: 2-D convs with constant OIHW weights (``groups == 1``, channels multiples of 4,
-NCHW in and out), max and average 2-D pools (:data:`POOL_OPS`), the elementwise unary ops of
-:data:`UNARY_OPS`, and the binary ops of :data:`BINARY_OPS` between two packed tensors of one
-shape or with a per-channel ``(1, C, 1, 1)`` / ``(C, 1, 1)`` or scalar constant. Pools and
+Covered: 2-D convs with constant OIHW weights (``groups == 1``, output channels a multiple
+of 4, NCHW in and out; input channels short of a whole pixel, as an RGB image's, are padded
+with zero channels in the packed input and the weights), max and average 2-D pools
+(:data:`POOL_OPS`), the elementwise unary ops of :data:`UNARY_OPS`, and the binary ops of
+:data:`BINARY_OPS` between two packed tensors of one shape or with a per-channel
+``(1, C, 1, 1)`` / ``(C, 1, 1)`` or scalar constant. Pools and
 elementwise ops are packed only behind a packed producer (never at a chain's start). Static
 shapes only. Run after ``FoldConstant`` (the frontend's bias ``reshape`` must already be a
 constant) and before any legalization; the result is what TVM's Adreno pipeline expects after
@@ -108,8 +110,12 @@ def pack_nchw(x: np.ndarray) -> np.ndarray:
 
 
 def pack_oihw(w: np.ndarray) -> np.ndarray:
-    """Conv weights (O, I, KH, KW) as OIHW4o (O/4, I, KH, KW, 4), TVM's Adreno kernel layout."""
+    """Conv weights (O, I, KH, KW) as OIHW4o (O/4, I', KH, KW, 4), TVM's Adreno kernel layout;
+    ``I'`` is ``I`` rounded up to whole pixels, the added input channels zero (they meet the
+    zero channels that pad the packed input)."""
     o, i, kh, kw = w.shape
+    w = np.pad(w, ((0, 0), (0, -i % PACK), (0, 0), (0, 0)))
+    i = w.shape[1]
     return np.ascontiguousarray(w.reshape(o // PACK, PACK, i, kh, kw).transpose(0, 2, 3, 4, 1))
 
 
@@ -129,12 +135,7 @@ def _packed_to_nchw(n, c, h, w, i):
 
 def _tensor_ok(expr: relax.Expr) -> bool:
     shape = static_shape(expr)
-    return (
-        shape is not None
-        and len(shape) == 4
-        and shape[1] % PACK == 0
-        and str(expr.ty.dtype) in _FLOATS
-    )
+    return shape is not None and len(shape) == 4 and str(expr.ty.dtype) in _FLOATS
 
 
 def _conv_ok(call: relax.Call) -> bool:
@@ -182,7 +183,10 @@ class _Packer:
         if isinstance(expr, relax.Var) and expr in self.packed:
             return self.packed[expr]
         name = expr.name if isinstance(expr, relax.Var) else "x"
-        return self.bind(relax.op.layout_transform(expr, _nchw_to_packed), f"{name}_4c", dataflow)
+        # channels short of a whole pixel (an RGB input) are padded with zeros
+        pad = None if static_shape(expr)[1] % PACK == 0 else 0.0
+        value = relax.op.layout_transform(expr, _nchw_to_packed, pad_value=pad)
+        return self.bind(value, f"{name}_4c", dataflow)
 
     def packed_value(self, call: relax.Call, dataflow: bool) -> relax.Expr | None:
         """The packed version of ``call``, or None where it stays NCHW."""

@@ -6,7 +6,8 @@ rules (:func:`codl_tvm.build.texture.schedule_passes`).
 :class:`TextureLayoutTransform` schedules the conversions between NCHW buffers and NCHW4c
 images that ``codl.ToTextureLayout``'s ``layout_transform`` bindings legalize to: one pixel per
 work-item, its four channels gathered into registers and written with one ``write_imagef``
-(towards an image), or read with one ``read_imagef`` and scattered (from one). In TVM 0.27 every
+(towards an image; a pixel of an input with fewer channels gets zero lanes), or read with one
+``read_imagef`` and scattered (from one). In TVM 0.27 every
 image store came out as four scalar stores of whole pixels (each pixel ending up with channel
 ``4k + 3`` in all lanes); the cause is in TIR lowering and is fixed there
 (:func:`codl_tvm.build.texture.texture_store_type_fix`), after which dlight's own
@@ -74,15 +75,17 @@ class TextureLayoutTransform(CodlRule):
             return "neither side is in a texture scope"
         if len(image.shape) != 5 or int(image.shape[-1]) != _LANES:
             return "the image side is not NCHW4c (innermost axis one RGBA pixel)"
-        # topi's layout_transform loops over its input: NCHW (to an image) or NCHW4c (from one)
+        # topi's layout_transform loops over its input: NCHW (to an image) or NCHW4c (from one);
+        # with padding (channels short of a pixel) over its NCHW4c output
         loops = sch.get_loops(blk)
         extents = [int(sch.get(lp).extent) for lp in loops]
-        if len(loops) == 4 and extents[1] % _LANES == 0 and image is dst:
+        gather = len(loops) == 4 and extents[1] % _LANES == 0 and image is dst
+        if gather:
             n, c, h, w = loops
             pixel, lane = sch.split(c, [None, _LANES])
             sch.reorder(n, pixel, h, w, lane)
             outer = [n, pixel, h, w]
-        elif len(loops) == 5 and extents[-1] == _LANES and image is src:
+        elif len(loops) == 5 and extents[-1] == _LANES:
             outer, lane = loops[:-1], loops[-1]
         else:
             return f"loops {extents} are neither NCHW to an image nor NCHW4c from one"
@@ -90,12 +93,22 @@ class TextureLayoutTransform(CodlRule):
         bx, tx = sch.split(fused, [None, _threads(target, int(sch.get(fused).extent))])
         sch.bind(bx, "blockIdx.x")
         sch.bind(tx, "threadIdx.x")
-        if image is dst:
+        if gather:
             # the pixel's four channels are gathered in registers, contiguous there, and stored
             # as one vector of 4 (one write_imagef)
             cache = sch.cache_read(blk, 0, "local")
             sch.compute_at(cache, tx)
-        # from an image the vectorised lane loop is one read_imagef and four strided stores
+        elif image is dst:
+            # a padded pixel: its lanes (zero where the channel is padding) are computed into
+            # registers one by one, then written as one vector (TVM cannot vectorise the
+            # channel test into an image store)
+            cache = sch.cache_write(blk, 0, "local")
+            sch.reverse_compute_at(cache, tx)
+            sch.vectorize(sch.get_loops(cache)[-1])
+            sch.unroll(sch.get_loops(blk)[-1])
+            return "layout_transform", "texture"
+        # to an image: one write_imagef of the gathered pixel; from one: one read_imagef and
+        # four strided stores
         sch.vectorize(sch.get_loops(blk)[-1])
         return "layout_transform", "texture"
 
@@ -115,7 +128,8 @@ def _is_layout_transform(func: tirx.PrimFunc) -> bool:
         root = sch.get_sblock("root")
     except (s_tir.ScheduleError, ValueError):
         return False
-    return [sch.get(b).name_hint for b in sch.get_child_blocks(root)] == ["te_layout_transform"]
+    names = [sch.get(b).name_hint for b in sch.get_child_blocks(root)]
+    return names in (["te_layout_transform"], ["te_layout_transform_with_pad"])
 
 
 class TextureConv2d(CodlRule):

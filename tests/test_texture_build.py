@@ -155,7 +155,7 @@ def test_pools_behind_a_packed_value_compute_packed():
     verify(_bound(Before, {"w": w}), _bound(Expected, {"w": pack_oihw(w)}))
 
 
-def test_uncovered_conv_is_left_alone():
+def test_rgb_conv_pads_its_input_pixels():
     @tvm.script.ir_module
     class Before:
         @R.function
@@ -163,19 +163,57 @@ def test_uncovered_conv_is_left_alone():
             x: R.Tensor((1, 3, 8, 8), "float32"), w: R.Tensor((8, 3, 3, 3), "float32")
         ) -> R.Tensor((1, 8, 6, 6), "float32"):
             with R.dataflow():
-                # 3 input channels do not fill RGBA pixels
                 y = R.nn.conv2d(x, w)
                 R.output(y)
             return y
 
-    before = _bound(Before, {"w": np.ones((8, 3, 3, 3), "float32")})
+    @tvm.script.ir_module
+    class Expected:
+        @R.function
+        def main(
+            x: R.Tensor((1, 3, 8, 8), "float32"), w: R.Tensor((2, 4, 3, 3, 4), "float32")
+        ) -> R.Tensor((1, 8, 6, 6), "float32"):
+            with R.dataflow():
+                # 3 channels fill one pixel with a zero fourth channel (and a zero weight)
+                x4 = R.layout_transform(
+                    x,
+                    index_map=lambda n, c, h, w: (n, c // 4, h, w, c % 4),
+                    pad_value=R.prim_value(T.float32(0)),
+                )
+                y4 = R.nn.conv2d(
+                    x4, w, data_layout="NCHW4c", kernel_layout="OIHW4o", out_layout="NCHW4c"
+                )
+                y = R.layout_transform(y4, index_map=lambda n, c, h, w, i: (n, c * 4 + i, h, w))
+                R.output(y)
+            return y
+
+    w = np.random.default_rng(0).standard_normal((8, 3, 3, 3)).astype("float32")
+    packed = pack_oihw(w)
+    assert packed.shape == (2, 4, 3, 3, 4) and not packed[:, 3].any()
+    verify(_bound(Before, {"w": w}), _bound(Expected, {"w": packed}))
+
+
+def test_uncovered_conv_is_left_alone():
+    @tvm.script.ir_module
+    class Before:
+        @R.function
+        def main(
+            x: R.Tensor((1, 8, 8, 8), "float32"), w: R.Tensor((8, 4, 3, 3), "float32")
+        ) -> R.Tensor((1, 8, 6, 6), "float32"):
+            with R.dataflow():
+                # grouped: TVM's Adreno conv computes dense convs only
+                y = R.nn.conv2d(x, w, groups=2)
+                R.output(y)
+            return y
+
+    before = _bound(Before, {"w": np.ones((8, 4, 3, 3), "float32")})
     verify(before, before)
 
 
 def test_weight_packing_is_tvms_oihw4o():
-    w = np.arange(8 * 2 * 1 * 1, dtype="float32").reshape(8, 2, 1, 1)
+    w = np.arange(8 * 4 * 1 * 1, dtype="float32").reshape(8, 4, 1, 1)
     packed = pack_oihw(w)
-    assert packed.shape == (2, 2, 1, 1, 4)
+    assert packed.shape == (2, 4, 1, 1, 4)
     for o in range(8):
         np.testing.assert_array_equal(packed[o // 4, :, :, :, o % 4], w[o])
 
@@ -380,13 +418,14 @@ def test_onnx_conv_relu_matches_onnxruntime():
 
 
 def _onnx_residual_pools(seed: int = 0) -> tuple[onnx.ModelProto, tuple[int, ...]]:
-    """conv-relu, conv, residual add, relu, max pool 3x3/2, average pool 2x2 (pad 1)."""
+    """An RGB input, conv-relu, conv, residual add, relu, max pool 3x3/2, average pool 2x2
+    (pad 1)."""
     rng = np.random.default_rng(seed)
-    shape = (1, 8, 20, 20)
+    shape = (1, 3, 20, 20)
     inits = [
         helper.make_tensor(name, TensorProto.FLOAT, v.shape, v.ravel())
         for name, v in (
-            ("w1", (rng.standard_normal((8, 8, 3, 3)) / 8).astype("float32")),
+            ("w1", (rng.standard_normal((8, 3, 3, 3)) / 3).astype("float32")),
             ("b1", rng.standard_normal(8).astype("float32")),
             ("w2", (rng.standard_normal((8, 8, 3, 3)) / 8).astype("float32")),
         )
