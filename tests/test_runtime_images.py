@@ -2,10 +2,12 @@
 
 The plugin chooses its OpenCL platform once per process, so each platform (PoCL, which lacks
 ``cl_khr_image2d_from_buffer``, and Intel's CPU runtime, which has it; both from pip) runs the
-checks in a fresh interpreter (``CODL_OPENCL_PLATFORM``) that prints its results as JSON.
-Pixels are compared with numpy exactly; the image sizes with TVM's flattening rule
-(``texture.h``: ``DefaultTextureLayoutSeparator``, ``ApplyTexture2DFlattening``), written out
-here on its own.
+checks in a fresh interpreter (``CODL_OPENCL_PLATFORM``, and ``CODL_OPENCL_SVM=buffer`` for
+devices without SVM) that prints its results as JSON. Pixels are compared with numpy exactly;
+the image sizes with TVM's flattening rule (``texture.h``: ``DefaultTextureLayoutSeparator``,
+``ApplyTexture2DFlattening``), written out here on its own. Kernels: hand-written OpenCL C with
+image arguments, and a TIR function with texture-scoped buffers built by TVM's Adreno texture
+path. The Relax VM's texture storages reach the plugin's ``DeviceAllocator.opencl``.
 """
 
 from __future__ import annotations
