@@ -6,7 +6,7 @@
 # torchvision's and timm's definitions with seeded random weights: scripts/export_unseen_models.py)
 # and on the ten, each on three platforms: the emulated SoC at k = 14 and k = 12, planned with
 # the shipped k = 12 cost model (at k = 14 scaled by core counts, as the balance sweep does), and
-# the H100 (NVIDIA OpenCL + 16 threads). `NS_UNSEEN=none` or `NS_KNOWN=none` skips that set.
+# the H100 (NVIDIA OpenCL + 16 threads). `NS_UNSEEN=none` or `NS_KNOWN=none` skips that set, `NS_PLATFORMS` platforms.
 # Each platform's end is a flag; after the last set's H100 comes the compile time of a default compile against
 # `--no-measure` (one compile at a time, no build cache). onnxruntime on the CPU stand-in's
 # cores is timed beside each model (`run --onnxruntime`).
@@ -17,6 +17,7 @@ r=/tmp/res b=/tmp/b cm=codl_tvm/data/cost_models
 known=${NS_KNOWN:-vgg19,vgg16,yolov2,fst,retinaface,posenet,inception_v1,resnet50,squeezenet,bvlc_alexnet}
 unseen=${NS_UNSEEN:-mobilenet_v2,shufflenet_v2,densenet121,regnet_x_400mf,efficientnet_b0,lraspp_mobilenet_v3,mobilenet_v2_wide,resnet18_narrow}
 rounds=${NS_ROUNDS:-5}
+plat=",${NS_PLATFORMS:-k14,h100,k12},"  # which of the three, e.g. k14,h100 on a short lease
 k12=(--preset emulated-soc --modes codl --cost-model $cm/emulated-soc-k12.json
      --model-dir /tmp/unseen --build-cache $b/cache_soc --keep-build-cache)
 # k = 14: TVM's CPU x 4/2, PoCL x 12/14 (compile_artifact's processor_scale)
@@ -73,12 +74,15 @@ build() {  # models: the SoC's builds (CPU, PoCL, codl at k = 14) beside the H10
   CODL_OPENCL_PLATFORM=nvidia python3 scripts/bench_planner.py compile --jobs 6 \
     --models "$models" "${h100[@]}" --out $b/h100 >> $r/h100_compile.log 2>&1 &
   wait
-  for m in ${models//,/ }; do
-    mkdir -p $b/k12/$m && cp -r $b/k14/$m/cpu $b/k14/$m/gpu $b/k12/$m/ 2>/dev/null
-  done
-  python3 scripts/bench_planner.py compile --jobs 15 --models "$models" "${k12[@]}" \
-    --out $b/k12 >> $r/k12_compile.log 2>&1
-  warm $b/k14 portable 14; warm $b/k12 portable 12; warm $b/h100 nvidia 1
+  if [[ $plat == *,k12,* ]]; then
+    for m in ${models//,/ }; do
+      mkdir -p $b/k12/$m && cp -r $b/k14/$m/cpu $b/k14/$m/gpu $b/k12/$m/ 2>/dev/null
+    done
+    python3 scripts/bench_planner.py compile --jobs 15 --models "$models" "${k12[@]}" \
+      --out $b/k12 >> $r/k12_compile.log 2>&1
+    warm $b/k12 portable 12
+  fi
+  warm $b/k14 portable 14; warm $b/h100 nvidia 1
 }
 compile_time() {  # a default compile's time against --no-measure (one compile at a time, no
   # build cache), once
@@ -96,13 +100,13 @@ platforms() {  # models, suffix of the run JSONs and flags: k = 14, the H100, k 
   local models=$1 sfx=$2
   build "$models"
   touch $r/BUILT$sfx
-  soc 14 k14 "$models" never_slower_k14$sfx.json
+  [[ $plat == *,k14,* ]] && soc 14 k14 "$models" never_slower_k14$sfx.json
   touch $r/K14_DONE$sfx
-  gpu "$models" never_slower_h100$sfx.json
+  [[ $plat == *,h100,* ]] && gpu "$models" never_slower_h100$sfx.json
   touch $r/H100_DONE$sfx
   # a short phase, before the longer k = 12 one a lease may not reach
   if [ -n "$sfx" ] || [ "$known" = none ]; then compile_time; fi
-  soc 12 k12 "$models" never_slower_k12$sfx.json
+  [[ $plat == *,k12,* ]] && soc 12 k12 "$models" never_slower_k12$sfx.json
   touch $r/K12_DONE$sfx
 }
 # 1. The unseen models; 2. the ten (their own builds, after the unseen ones' timing).
