@@ -18,7 +18,14 @@ from codl_tvm.planner import ALL_MODES, PlannerConfig
 from codl_tvm.runtime.artifact import DEVICES
 from codl_tvm.runtime.weights import PLACEMENTS
 
-__all__ = ["CompileOptions", "OptionsError"]
+__all__ = ["GPU_DATA_TYPES", "GPU_DTYPES", "CompileOptions", "OptionsError"]
+
+#: Where a GPU-alone build keeps its tensors: buffers, OpenCL images, or images where the device
+#: can hold them.
+GPU_DATA_TYPES = ("buffer", "image", "auto")
+
+#: The GPU tensors' type of a GPU-alone build.
+GPU_DTYPES = ("float32", "float16")
 
 
 class OptionsError(ArtifactError):
@@ -157,6 +164,18 @@ class CompileOptions:
         ones are in ``weights.bin`` beside it, read on a thread while the first inference
         runs, each awaited before its first use (:mod:`codl_tvm.runtime.weights`). ``verify``
         times embedded builds; the chosen one is built again with its weights beside.
+    gpu_data_type
+        A build for the GPU alone (``device="opencl"``): its tensors in buffers (``"buffer"``,
+        the default) or, for the operators the texture layout covers (convs, pools, elementwise
+        ops), in OpenCL images (``"image"``, :func:`codl_tvm.build.texture.build_texture_gpu`,
+        CoDL's GPU data type); a device without images, or whose images cannot hold the model's
+        tensors, is an error (:class:`~codl_tvm.core.errors.DeviceSupportError`). ``"auto"``:
+        images where the device can, else buffers (said in the log and the manifest).
+        Co-executed builds use buffers for now.
+    gpu_dtype
+        A build for the GPU alone: ``"float32"`` (default) or ``"float16"`` GPU tensors (TVM's
+        mixed precision, convs accumulating in half; inputs and outputs stay float32). Needs
+        ``cl_khr_fp16`` on a device of this machine.
     """
 
     device: str = "coexec"
@@ -185,6 +204,8 @@ class CompileOptions:
     processor_scale: tuple[float, float] = (1.0, 1.0)
     weights: str = "embedded"
     split_margin: str = "novel"
+    gpu_data_type: str = "buffer"
+    gpu_dtype: str = "float32"
 
     def __post_init__(self) -> None:
         self._check_values()
@@ -222,6 +243,11 @@ class CompileOptions:
             raise OptionsError(
                 f"weights {self.weights!r} is not one of {', '.join(PLACEMENTS)}", ("weights",)
             )
+        for name, allowed in (("gpu_data_type", GPU_DATA_TYPES), ("gpu_dtype", GPU_DTYPES)):
+            if getattr(self, name) not in allowed:
+                raise OptionsError(
+                    f"{name} {getattr(self, name)!r} is not one of {', '.join(allowed)}", (name,)
+                )
         for name, least in (("verify", 0), ("refine", 0), ("refine_traces", 1)):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < least:
@@ -272,6 +298,12 @@ class CompileOptions:
                 f"coexec_cpu_alone applies to device 'coexec', not {self.device!r} (builds for "
                 "the CPU alone use those kernels already)",
                 ("coexec_cpu_alone", "device"),
+            )
+        gpu = self.gpu_data_type != "buffer" or self.gpu_dtype != "float32"
+        if gpu and self.device == "cpu":
+            raise OptionsError(
+                "gpu_data_type and gpu_dtype describe GPU builds; device is 'cpu'",
+                ("gpu_data_type", "gpu_dtype", "device"),
             )
         if self.verify_modes and self.plan is not None:
             raise OptionsError(

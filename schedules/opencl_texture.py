@@ -7,7 +7,9 @@ rules (:func:`codl_tvm.build.texture.schedule_passes`).
 images that ``codl.ToTextureLayout``'s ``layout_transform`` bindings legalize to: one pixel per
 work-item, its four channels gathered into registers and written with one ``write_imagef``
 (towards an image; a pixel of an input with fewer channels gets zero lanes), or read with one
-``read_imagef`` and scattered (from one). In TVM 0.27 every
+``read_imagef`` and scattered (from one), and the copies between two texture scopes
+(:mod:`codl_tvm.passes.texture_scope_copy`): one ``read_imagef`` and one ``write_imagef`` per
+pixel. In TVM 0.27 every
 image store came out as four scalar stores of whole pixels (each pixel ending up with channel
 ``4k + 3`` in all lanes); the cause is in TIR lowering and is fixed there
 (:func:`codl_tvm.build.texture.texture_store_type_fix`), after which dlight's own
@@ -29,7 +31,18 @@ from tvm.target import Target
 
 from .common import CodlRule
 
-__all__ = ["TextureConv2d", "TextureLayoutTransform", "TexturePool2D", "is_texture_scope"]
+__all__ = [
+    "COPY_BLOCK",
+    "TextureConv2d",
+    "TextureLayoutTransform",
+    "TexturePool2D",
+    "is_texture_scope",
+]
+
+#: The block of a copy kernel between two texture scopes
+#: (:mod:`codl_tvm.passes.texture_scope_copy` makes them, :class:`TextureLayoutTransform`
+#: schedules them).
+COPY_BLOCK = "texture_copy"
 
 #: Channels of one RGBA pixel.
 _LANES = 4
@@ -60,6 +73,13 @@ class TextureLayoutTransform(CodlRule):
 
     def schedule(self, sch: s_tir.Schedule, target: Target) -> tuple[str, str] | str:
         root = sch.get_sblock("root")
+        # elementwise producers fused into the conversion (a float16 model's cast of its
+        # input) are computed in the conversion's registers
+        for producer in sch.get_child_blocks(root)[:-1]:
+            try:
+                sch.compute_inline(producer)
+            except s_tir.ScheduleError:
+                return f"block {sch.get(producer).name_hint} cannot be inlined into the conversion"
         blocks = sch.get_child_blocks(root)
         if len(blocks) != 1:
             return f"{len(blocks)} blocks, a layout transform has one"
@@ -93,11 +113,13 @@ class TextureLayoutTransform(CodlRule):
         bx, tx = sch.split(fused, [None, _threads(target, int(sch.get(fused).extent))])
         sch.bind(bx, "blockIdx.x")
         sch.bind(tx, "threadIdx.x")
-        if gather:
-            # the pixel's four channels are gathered in registers, contiguous there, and stored
-            # as one vector of 4 (one write_imagef)
+        if gather or (is_texture_scope(src.scope()) and is_texture_scope(dst.scope())):
+            # the pixel's four channels are gathered in registers (from an image: one
+            # read_imagef), contiguous there, and stored as one vector of 4 (one write_imagef)
             cache = sch.cache_read(blk, 0, "local")
             sch.compute_at(cache, tx)
+            if not gather:
+                sch.vectorize(sch.get_loops(cache)[-1])
         elif image is dst:
             # a padded pixel: its lanes (zero where the channel is padding) are computed into
             # registers one by one, then written as one vector (TVM cannot vectorise the
@@ -116,7 +138,7 @@ class TextureLayoutTransform(CodlRule):
         # only layout transforms: this rule must not take the elementwise kernels dlight's
         # Adreno Fallback schedules, which read and write images as well
         if not isinstance(func, tirx.PrimFunc) or not _is_layout_transform(func):
-            self._last_reason = "not a te_layout_transform PrimFunc"
+            self._last_reason = "not a te_layout_transform or texture_copy PrimFunc"
             return None
         return super().apply(func, target, tunable)
 
@@ -129,7 +151,12 @@ def _is_layout_transform(func: tirx.PrimFunc) -> bool:
     except (s_tir.ScheduleError, ValueError):
         return False
     names = [sch.get(b).name_hint for b in sch.get_child_blocks(root)]
-    return names in (["te_layout_transform"], ["te_layout_transform_with_pad"])
+    # the conversion last, after elementwise producers fused into it (schedule inlines them)
+    return bool(names) and names[-1] in (
+        "te_layout_transform",
+        "te_layout_transform_with_pad",
+        COPY_BLOCK,
+    )
 
 
 class TextureConv2d(CodlRule):

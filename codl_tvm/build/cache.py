@@ -34,6 +34,7 @@ from codl_tvm.core.errors import BuildError
 from codl_tvm.core.plan import PartitionPlan
 from codl_tvm.runtime import build_error
 from codl_tvm.runtime.artifact import PROCESSOR_NAMES, Manifest, replace_file
+from codl_tvm.runtime.images import image_caps
 from codl_tvm.runtime.weights import write_weights
 
 __all__ = [
@@ -41,6 +42,7 @@ __all__ = [
     "Libraries",
     "build_library",
     "code_digest",
+    "gpu_data_type_for",
     "source_files",
     "spec_settings",
     "switch_on",
@@ -128,6 +130,14 @@ class BuildSpec:
     weights
         ``"embedded"`` (constants in the library) or ``"beside"`` (large constants fetched from
         a weights file beside it, :mod:`codl_tvm.runtime.weights`).
+    gpu_data_type
+        A build for the GPU alone: its tensors in buffers (``"buffer"``) or, where covered, in
+        OpenCL images (``"image"``, :func:`codl_tvm.build.texture.build_texture_gpu`); decided
+        before the
+        spec is made (:meth:`Libraries.spec`), never ``"auto"`` here.
+    gpu_dtype
+        A build for the GPU alone: ``"float32"`` or ``"float16"`` GPU tensors (inputs and
+        outputs stay float32).
     code, tvm_version
         codl-tvm's sources (:func:`code_digest`) and TVM's version.
     """
@@ -147,6 +157,8 @@ class BuildSpec:
     channel_blocks: bool = False
     row_blocks: bool = False
     weights: str = "embedded"
+    gpu_data_type: str = "buffer"
+    gpu_dtype: str = "float32"
     code: str = field(default_factory=code_digest)
     tvm_version: str = field(default_factory=_tvm_version)
 
@@ -207,10 +219,18 @@ def build_library(
     # deferred: building needs TVM's compiler, and this package is imported where TVM is
     # runtime-only (artifacts on a device)
     from codl_tvm.build.pipeline import coexec_pipeline, single_device_pipeline
+    from codl_tvm.build.texture import inference_passes
     from codl_tvm.schedules import use_settings
 
     splits: dict | None = {} if spec.device == "coexec" else None
     weights: dict | None = {} if spec.weights == "beside" else None
+    if spec.device == "opencl" and spec.gpu_data_type == "image":
+        _build_texture(path, spec, mod, preset_obj, weights)
+        return splits, _weights_record(path, weights)
+    if spec.device == "opencl" and spec.gpu_dtype == "float16":
+        # half on the GPU: TVM's mixed precision ahead of the single-device pipeline, whose
+        # inference passes see the cast graph (texture builds do this in their own pipeline)
+        mod = tvm.transform.Sequential(inference_passes("float16"))(mod)
     if spec.device == "coexec":
         gpu, cpu = preset_obj.target("gpu"), preset_obj.target("cpu")
         logger.info("building %s for co-execution (preset %s)", Path(path).stem, spec.preset)
@@ -233,12 +253,57 @@ def build_library(
     with use_settings(spec_settings(spec, preset_obj)):
         executable = tvm.compile(mod, target=target, relax_pipeline=pipeline)
     export_library(executable, path, preset_obj)
-    record = None
-    if weights is not None:
-        record = write_weights(
-            Path(path).with_suffix(".weights"), weights.get("arrays") or [], weights.get("key")
-        )
-    return splits, record
+    return splits, _weights_record(path, weights)
+
+
+def _weights_record(path: Path, weights: dict | None) -> dict | None:
+    """Write the weights a build put beside its library (``weights``, None: embedded) and
+    return their record."""
+    if weights is None:
+        return None
+    return write_weights(
+        Path(path).with_suffix(".weights"), weights.get("arrays") or [], weights.get("key")
+    )
+
+
+def _build_texture(
+    path: Path, spec: BuildSpec, mod: tvm.IRModule, preset_obj: TargetPreset, weights
+) -> None:
+    """The GPU-alone build of ``spec`` with its covered operators on images, exported to
+    ``path``; within this machine's device's image limits unless the preset cross-compiles."""
+    from codl_tvm.build import texture  # deferred, as in build_library
+
+    caps = None if preset_obj.is_cross else image_caps()
+    logger.info("building for the GPU alone on images, %s (preset %s)", spec.gpu_dtype, spec.preset)
+    built = texture.build_texture_gpu(
+        mod, preset_obj.target("gpu"), caps=caps, dtype=spec.gpu_dtype, weights=weights
+    )
+    export_library(built.executable, path, preset_obj)
+
+
+def gpu_data_type_for(
+    mod: tvm.IRModule, preset_obj: TargetPreset, data_type: str, dtype: str
+) -> tuple[str, str]:
+    """The GPU data type (``"image"`` or ``"buffer"``) a GPU-alone build of ``mod`` gets when
+    ``data_type`` (``"buffer"``, ``"image"``, ``"auto"``) and ``dtype`` are asked, and why
+    ``auto`` chose buffers (else ``""``).
+
+    A preset of this machine is checked against its OpenCL device
+    (:func:`codl_tvm.build.texture.check_device`): images and their limits, ``cl_khr_fp16``. A
+    cross-compiling preset is built as asked (its device cannot be asked here).
+
+    Raises
+    ------
+    DeviceSupportError
+        The device cannot do what was asked (``"image"`` or float16).
+    """
+    from codl_tvm.build.texture import check_device  # deferred, as in build_library
+
+    if data_type == "buffer" and dtype == "float32":
+        return "buffer", ""  # nothing to ask the device
+    if preset_obj.is_cross:
+        return ("buffer" if data_type == "buffer" else "image"), ""
+    return check_device(mod, image_caps(), data_type, dtype)
 
 
 class Libraries:
@@ -273,6 +338,12 @@ class Libraries:
         self.row_blocks = False
         # where the libraries built from here on store their weights
         self.weights_placement = "embedded"
+        # the GPU-alone build's tensors (set_gpu_data)
+        self.gpu_data: dict[str, str] = {
+            "asked": "buffer",
+            "data_type": "buffer",
+            "dtype": "float32",
+        }
         # library name -> its kernel calls and their splits (co-executed builds)
         self.kernel_splits: dict[str, dict] = {}
         # library name -> the spec it was built from, and (weights beside) its weights record
@@ -305,7 +376,45 @@ class Libraries:
             channel_blocks=coexec and self.channel_blocks,
             row_blocks=coexec and self.row_blocks,
             weights=self.weights_placement,
+            gpu_data_type=self.gpu_data["data_type"] if device == "opencl" else "buffer",
+            gpu_dtype=self.gpu_data["dtype"] if device == "opencl" else "float32",
         )
+
+    def set_gpu_data(self, data_type: str, dtype: str, device: str) -> dict[str, str] | None:
+        """Give the GPU-alone build of a compile for ``device`` ``data_type`` tensors
+        (``"buffer"``, ``"image"``, ``"auto"``, decided here for the preset's device:
+        :func:`gpu_data_type_for`) of ``dtype``; return the record (:attr:`gpu_data`:
+        ``asked``, ``data_type``, ``dtype`` and, where ``auto`` chose buffers, ``why``), or
+        None where ``device`` is not ``"opencl"`` (co-executed builds keep float32 buffers for
+        now, which a note says where other settings were asked).
+
+        Raises
+        ------
+        DeviceSupportError
+            The device cannot do what was asked.
+        """
+        if device != "opencl":
+            if (data_type, dtype) != ("buffer", "float32"):
+                logger.info(
+                    "note: gpu_data_type and gpu_dtype apply to builds for the GPU alone "
+                    "(device 'opencl') for now; the %s build keeps float32 buffers",
+                    device,
+                )
+            return None
+        built, why = gpu_data_type_for(self.model.mod, self.preset, data_type, dtype)
+        self.gpu_data = {"asked": data_type, "data_type": built, "dtype": dtype}
+        if why:
+            self.gpu_data["why"] = why
+            logger.info("GPU tensors in buffers: %s", why)
+        return self.gpu_data
+
+    def gpu_vm_devices(self) -> list[str]:
+        """The VM's devices of the GPU-alone build: an image build allocates from one VM device
+        slot per memory scope (:data:`codl_tvm.build.texture.VM_DEVICE_SLOTS`), each the OpenCL
+        device."""
+        from codl_tvm.build.texture import VM_DEVICE_SLOTS  # deferred, as in build_library
+
+        return ["opencl"] * (VM_DEVICE_SLOTS if self.gpu_data["data_type"] == "image" else 1)
 
     def key(self, device: str, plan: PartitionPlan | None) -> str:
         """The build-cache key of the library of ``device`` (with ``plan``)."""

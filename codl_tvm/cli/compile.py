@@ -23,14 +23,14 @@ from codl_tvm.cli.plan import (
     plan_from_args,
     weight_gbps,
 )
-from codl_tvm.core.errors import CliError, CodlError
+from codl_tvm.core.errors import CliError, CodlError, DeviceSupportError
 from codl_tvm.frontend.importer import load_onnx
 from codl_tvm.frontend.models import bundled_model_path
 from codl_tvm.objectives.cold import ColdOptions, compile_cold
 from codl_tvm.objectives.latency import compile_artifact
 from codl_tvm.objectives.refine import refine_artifact
 from codl_tvm.objectives.throughput import ThroughputOptions, compile_throughput, parse_isa
-from codl_tvm.options import CompileOptions, OptionsError
+from codl_tvm.options import GPU_DATA_TYPES, GPU_DTYPES, CompileOptions, OptionsError
 from codl_tvm.runtime.weights import PLACEMENTS
 
 __all__ = ["cmd_compile", "cmd_refine", "register"]
@@ -70,7 +70,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
                 compile_cold(model_path, args.output, _cold_options(args, options))
             else:
                 compile_artifact(model_path, args.output, options)
-    except OptionsError as exc:
+    except (OptionsError, DeviceSupportError) as exc:
         raise _in_flags(exc, COMPILE_FLAGS) from None
     print(f"run it with: codl-tvm run {args.output}")
     return 0
@@ -103,6 +103,8 @@ COMPILE_FLAGS = {
     "weight_gbps": "--weight-gbps",
     "weights": "--weights",
     "split_margin": "--split-margin",
+    "gpu_data_type": "--gpu-data-type",
+    "gpu_dtype": "--gpu-dtype",
 }
 
 
@@ -134,6 +136,8 @@ def _compile_options(args: argparse.Namespace, plan) -> CompileOptions:
         weight_gbps=args.weight_gbps,
         weights=args.weights or "embedded",
         split_margin=args.split_margin,
+        gpu_data_type=args.gpu_data_type,
+        gpu_dtype=args.gpu_dtype,
     )
 
 
@@ -151,6 +155,8 @@ def _compile_throughput(args: argparse.Namespace, model_path: str) -> int:
             ("--device", args.device != "coexec"),
             ("--mode", args.mode != "codl"),
             ("--weights", args.weights is not None),
+            ("--gpu-data-type", args.gpu_data_type != "buffer"),
+            ("--gpu-dtype", args.gpu_dtype != "float32"),
         )
         if on
     ]
@@ -385,6 +391,22 @@ def _kernel_flags(p: argparse.ArgumentParser) -> None:
         "before the first operator runs) or beside it in weights.bin (read on a thread while "
         "the first inference runs, each awaited before its first use). Default: embedded; "
         "with --objective cold, the placement with the lower measured cold start",
+    )
+    p.add_argument(
+        "--gpu-data-type",
+        choices=GPU_DATA_TYPES,
+        default="buffer",
+        help="--device opencl: keep GPU tensors in buffers (default) or, for convs, pools and "
+        "elementwise ops, in OpenCL images (CoDL's GPU data type; a device without images or "
+        "too small for the model's tensors is an error); auto: images where the device can "
+        "hold them, else buffers. Co-executed builds use buffers for now",
+    )
+    p.add_argument(
+        "--gpu-dtype",
+        choices=GPU_DTYPES,
+        default="float32",
+        help="--device opencl: GPU tensors in float32 (default) or float16 (convs accumulate "
+        "in half; inputs and outputs stay float32; needs cl_khr_fp16)",
     )
     p.add_argument(
         "--split-channel-blocks",

@@ -20,6 +20,7 @@ __all__ = [
     "CodlError",
     "DatasetError",
     "DeployError",
+    "DeviceSupportError",
     "FeatureError",
     "ModelError",
     "ModelFileError",
@@ -101,6 +102,22 @@ class ToolchainError(CodlError, RuntimeError):
 class BuildError(CodlError, RuntimeError):
     """TVM could not build a model for a device (an OpenCL kernel that does not compile, a pass
     that fails); the message names the model, the operator or kernel and the device."""
+
+
+class DeviceSupportError(CodlError, ValueError):
+    """The device lacks what a build was asked for: OpenCL images, images as large as the
+    model's tensors, or ``cl_khr_fp16``. The message names the device and the missing
+    extension or limit.
+
+    Attributes
+    ----------
+    fields
+        The options fields that asked for it (a command line names its flags instead).
+    """
+
+    def __init__(self, message: str, fields: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.fields = fields
 
 
 class DeployError(CodlError, RuntimeError):

@@ -230,6 +230,9 @@ class _Compile:
         # is built again with its weights beside in finalize
         rounds, unchecked = measurement(options, preset)
         libraries.weights_placement = "embedded" if rounds else options.weights
+        gpu = libraries.set_gpu_data(options.gpu_data_type, options.gpu_dtype, options.device)
+        if gpu is not None:  # a build for the GPU alone: images, half (checked on the device)
+            manifest.extra["gpu"], manifest.vm_devices = gpu, libraries.gpu_vm_devices()
         job = cls(options, model, out, preset, manifest, libraries, work, options.device)
         job.rounds, job.unchecked = rounds, unchecked
         return job

@@ -1,4 +1,4 @@
-// Function: fused_conv2d_NCHWc_OIHWo1_opencl_add1_relu1_kernel
+// Function: fused_conv2d_NCHWc_OIHWo1_add1_relu1_kernel
 #ifdef __OPENCL_VERSION__
 #if __OPENCL_VERSION__ == CL_VERSION_2_0 || __OPENCL_VERSION__ == CL_VERSION_3_0 
 #define READ_IMAGEH(image, sampler, coord) read_imageh(image, sampler, coord)
@@ -9,11 +9,11 @@
 #endif
 #endif
 
-__kernel void fused_conv2d_NCHWc_OIHWo1_opencl_add1_relu1_kernel(__global float* restrict compute_intermediate_ptr, __read_only image2d_array_t lv3_4c_ptr, __global float* restrict param_0_ptr, __global float* restrict param_1_ptr);
-__kernel void fused_conv2d_NCHWc_OIHWo_opencl_add_relu_kernel(__write_only image2d_array_t compute_intermediate_ptr, __global float* restrict param_0_ptr, __global float* restrict param_1_ptr, __read_only image2d_array_t x_4c_ptr);
+__kernel void fused_conv2d_NCHWc_OIHWo1_add1_relu1_kernel(__global float* restrict compute_intermediate_ptr, __read_only image2d_array_t lv3_4c_ptr, __global float* restrict param_0_ptr, __global float* restrict param_1_ptr);
+__kernel void fused_conv2d_NCHWc_OIHWo_add_relu_kernel(__write_only image2d_array_t compute_intermediate_ptr, __global float* restrict param_0_ptr, __global float* restrict param_1_ptr, __read_only image2d_array_t x_4c_ptr);
 __kernel void te_layout_transform_kernel(__write_only image2d_array_t te_layout_transform_ptr, __global float* restrict x_ptr);
 __kernel void te_layout_transform1_kernel(__global float* restrict gv_4c_ptr, __global float* restrict te_layout_transform_ptr);
-__kernel void fused_conv2d_NCHWc_OIHWo1_opencl_add1_relu1_kernel(__global float* restrict compute_intermediate_ptr, __read_only image2d_array_t lv3_4c_ptr, __global float* restrict param_0_ptr, __global float* restrict param_1_ptr) {
+__kernel void fused_conv2d_NCHWc_OIHWo1_add1_relu1_kernel(__global float* restrict compute_intermediate_ptr, __read_only image2d_array_t lv3_4c_ptr, __global float* restrict param_0_ptr, __global float* restrict param_1_ptr) {
   const sampler_t image_sampler = CLK_NORMALIZED_COORDS_FALSE | CLK_ADDRESS_CLAMP | CLK_FILTER_NEAREST;
   float conv2d_NCHWc_OIHWo_intermediate_local_ptr[32];
   float conv2d_data_pad_local_ptr[4];
@@ -64,7 +64,7 @@ __kernel void fused_conv2d_NCHWc_OIHWo1_opencl_add1_relu1_kernel(__global float*
   }
 }
 
-// Function: fused_conv2d_NCHWc_OIHWo_opencl_add_relu_kernel
+// Function: fused_conv2d_NCHWc_OIHWo_add_relu_kernel
 #ifdef __OPENCL_VERSION__
 #if __OPENCL_VERSION__ == CL_VERSION_2_0 || __OPENCL_VERSION__ == CL_VERSION_3_0 
 #define READ_IMAGEH(image, sampler, coord) read_imageh(image, sampler, coord)
@@ -75,11 +75,11 @@ __kernel void fused_conv2d_NCHWc_OIHWo1_opencl_add1_relu1_kernel(__global float*
 #endif
 #endif
 
-__kernel void fused_conv2d_NCHWc_OIHWo1_opencl_add1_relu1_kernel(__global float* restrict compute_intermediate_ptr, __read_only image2d_array_t lv3_4c_ptr, __global float* restrict param_0_ptr, __global float* restrict param_1_ptr);
-__kernel void fused_conv2d_NCHWc_OIHWo_opencl_add_relu_kernel(__write_only image2d_array_t compute_intermediate_ptr, __global float* restrict param_0_ptr, __global float* restrict param_1_ptr, __read_only image2d_array_t x_4c_ptr);
+__kernel void fused_conv2d_NCHWc_OIHWo1_add1_relu1_kernel(__global float* restrict compute_intermediate_ptr, __read_only image2d_array_t lv3_4c_ptr, __global float* restrict param_0_ptr, __global float* restrict param_1_ptr);
+__kernel void fused_conv2d_NCHWc_OIHWo_add_relu_kernel(__write_only image2d_array_t compute_intermediate_ptr, __global float* restrict param_0_ptr, __global float* restrict param_1_ptr, __read_only image2d_array_t x_4c_ptr);
 __kernel void te_layout_transform_kernel(__write_only image2d_array_t te_layout_transform_ptr, __global float* restrict x_ptr);
 __kernel void te_layout_transform1_kernel(__global float* restrict gv_4c_ptr, __global float* restrict te_layout_transform_ptr);
-__kernel void fused_conv2d_NCHWc_OIHWo_opencl_add_relu_kernel(__write_only image2d_array_t compute_intermediate_ptr, __global float* restrict param_0_ptr, __global float* restrict param_1_ptr, __read_only image2d_array_t x_4c_ptr) {
+__kernel void fused_conv2d_NCHWc_OIHWo_add_relu_kernel(__write_only image2d_array_t compute_intermediate_ptr, __global float* restrict param_0_ptr, __global float* restrict param_1_ptr, __read_only image2d_array_t x_4c_ptr) {
   const sampler_t image_sampler = CLK_NORMALIZED_COORDS_FALSE | CLK_ADDRESS_CLAMP | CLK_FILTER_NEAREST;
   float conv2d_NCHWc_OIHWo_intermediate_local_ptr[32];
   float conv2d_data_pad_local_ptr[4];
@@ -158,8 +158,8 @@ __kernel void fused_conv2d_NCHWc_OIHWo_opencl_add_relu_kernel(__write_only image
 }
 
 // Function: te_layout_transform_kernel
-__kernel void fused_conv2d_NCHWc_OIHWo1_opencl_add1_relu1_kernel(__global float* restrict compute_intermediate_ptr, __read_only image2d_array_t lv3_4c_ptr, __global float* restrict param_0_ptr, __global float* restrict param_1_ptr);
-__kernel void fused_conv2d_NCHWc_OIHWo_opencl_add_relu_kernel(__write_only image2d_array_t compute_intermediate_ptr, __global float* restrict param_0_ptr, __global float* restrict param_1_ptr, __read_only image2d_array_t x_4c_ptr);
+__kernel void fused_conv2d_NCHWc_OIHWo1_add1_relu1_kernel(__global float* restrict compute_intermediate_ptr, __read_only image2d_array_t lv3_4c_ptr, __global float* restrict param_0_ptr, __global float* restrict param_1_ptr);
+__kernel void fused_conv2d_NCHWc_OIHWo_add_relu_kernel(__write_only image2d_array_t compute_intermediate_ptr, __global float* restrict param_0_ptr, __global float* restrict param_1_ptr, __read_only image2d_array_t x_4c_ptr);
 __kernel void te_layout_transform_kernel(__write_only image2d_array_t te_layout_transform_ptr, __global float* restrict x_ptr);
 __kernel void te_layout_transform1_kernel(__global float* restrict gv_4c_ptr, __global float* restrict te_layout_transform_ptr);
 __kernel void te_layout_transform_kernel(__write_only image2d_array_t te_layout_transform_ptr, __global float* restrict x_ptr) {
@@ -176,8 +176,8 @@ __kernel void te_layout_transform_kernel(__write_only image2d_array_t te_layout_
 }
 
 // Function: te_layout_transform1_kernel
-__kernel void fused_conv2d_NCHWc_OIHWo1_opencl_add1_relu1_kernel(__global float* restrict compute_intermediate_ptr, __read_only image2d_array_t lv3_4c_ptr, __global float* restrict param_0_ptr, __global float* restrict param_1_ptr);
-__kernel void fused_conv2d_NCHWc_OIHWo_opencl_add_relu_kernel(__write_only image2d_array_t compute_intermediate_ptr, __global float* restrict param_0_ptr, __global float* restrict param_1_ptr, __read_only image2d_array_t x_4c_ptr);
+__kernel void fused_conv2d_NCHWc_OIHWo1_add1_relu1_kernel(__global float* restrict compute_intermediate_ptr, __read_only image2d_array_t lv3_4c_ptr, __global float* restrict param_0_ptr, __global float* restrict param_1_ptr);
+__kernel void fused_conv2d_NCHWc_OIHWo_add_relu_kernel(__write_only image2d_array_t compute_intermediate_ptr, __global float* restrict param_0_ptr, __global float* restrict param_1_ptr, __read_only image2d_array_t x_4c_ptr);
 __kernel void te_layout_transform_kernel(__write_only image2d_array_t te_layout_transform_ptr, __global float* restrict x_ptr);
 __kernel void te_layout_transform1_kernel(__global float* restrict gv_4c_ptr, __global float* restrict te_layout_transform_ptr);
 __kernel void te_layout_transform1_kernel(__global float* restrict gv_4c_ptr, __global float* restrict te_layout_transform_ptr) {

@@ -1,0 +1,291 @@
+"""``codl-tvm compile --device opencl --gpu-data-type image|auto --gpu-dtype float16``: whole
+models on the GPU alone with their tensors in OpenCL images (CoDL's GPU data type), checked
+against onnxruntime; the device checks behind them (images, image limits, ``cl_khr_fp16``) as
+one line and exit status 2; the options and flags."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from codl_tvm.build import texture
+from codl_tvm.cli import main
+from codl_tvm.core.errors import DeviceSupportError
+from codl_tvm.frontend.importer import load_onnx
+from codl_tvm.options import CompileOptions, OptionsError
+from codl_tvm.runtime.artifact import load_artifact
+from codl_tvm.runtime.images import ImageCaps, image_caps
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _conv_pool_model(path: Path, h: int = 20, w: int = 20, seed: int = 0) -> Path:
+    """RGB input, conv-relu, conv, residual add, relu, max pool 2x2: every operator covered by
+    the texture layout."""
+    rng = np.random.default_rng(seed)
+    inits = [
+        helper.make_tensor(name, TensorProto.FLOAT, v.shape, v.ravel())
+        for name, v in (
+            ("w1", (rng.standard_normal((8, 3, 3, 3)) / 3).astype("float32")),
+            ("b1", rng.standard_normal(8).astype("float32")),
+            ("w2", (rng.standard_normal((8, 8, 3, 3)) / 8).astype("float32")),
+        )
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["a"]),
+        helper.make_node("Conv", ["a", "w2"], ["c2"], pads=[1, 1, 1, 1]),
+        helper.make_node("Add", ["a", "c2"], ["s"]),
+        helper.make_node("Relu", ["s"], ["r"]),
+        helper.make_node("MaxPool", ["r"], ["y"], kernel_shape=[1, 2], strides=[1, 2]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "conv_pool",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, (1, 3, h, w))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, (1, 8, h, w // 2))],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    onnx.save(model, path)
+    return path
+
+
+def _compile(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(["compile", *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _against_onnxruntime(artifact: Path, model: Path, seed: int = 3) -> float:
+    """Max abs difference of the artifact's output from onnxruntime's, over the output's
+    scale."""
+    ort = pytest.importorskip("onnxruntime")
+    x = np.random.default_rng(seed).standard_normal(load_onnx(model).inputs[0].shape)
+    x = x.astype("float32")
+    expected = ort.InferenceSession(str(model)).run(None, {"x": x})[0]
+    got = load_artifact(artifact)([x])[0]
+    assert got.shape == expected.shape and got.dtype == np.float32
+    return float(np.abs(got - expected).max() / np.abs(expected).max())
+
+
+@pytest.mark.opencl
+def test_compile_on_images_matches_onnxruntime(opencl, tmp_path, capsys):
+    model = _conv_pool_model(tmp_path / "m.onnx")
+    out = tmp_path / "art"
+    code, _, err = _compile(
+        capsys, str(model), "-o", str(out), "--device", "opencl", "--gpu-data-type", "image"
+    )
+    assert code == 0, err
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["gpu"] == {"asked": "image", "data_type": "image", "dtype": "float32"}
+    # one VM slot per memory scope, each the OpenCL device
+    assert manifest["vm_devices"] == ["opencl"] * texture.VM_DEVICE_SLOTS
+    # the library's kernels write images (TVM's texture codegen)
+    assert b"write_imagef" in (out / "model.so").read_bytes()
+    assert _against_onnxruntime(out, model) <= 1e-4
+    # run --check: the stored host-CPU reference
+    assert main(["run", str(out), "--check", "--repeat", "1", "--number", "1"]) == 0
+    assert "-> OK" in capsys.readouterr().out
+
+
+@pytest.mark.opencl
+def test_buffers_stay_the_default(opencl, tmp_path, capsys):
+    model = _conv_pool_model(tmp_path / "m.onnx")
+    out = tmp_path / "art"
+    code, _, err = _compile(capsys, str(model), "-o", str(out), "--device", "opencl")
+    assert code == 0, err
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["gpu"]["data_type"] == "buffer" and manifest["vm_devices"] == ["opencl"]
+    assert b"write_imagef" not in (out / "model.so").read_bytes()
+    assert _against_onnxruntime(out, model) <= 1e-4
+
+
+def _wide(caps: ImageCaps) -> int:
+    """A row width no image of the device holds, even as ``H * W`` pixels with ``H = 1``."""
+    return caps.image2d_max_width + 4
+
+
+@pytest.mark.opencl
+def test_image_beyond_the_device_limits_is_one_line(opencl, tmp_path, capsys):
+    caps = image_caps()
+    model = _conv_pool_model(tmp_path / "wide.onnx", h=1, w=_wide(caps))
+    out = tmp_path / "art"
+    code, stdout, err = _compile(
+        capsys, str(model), "-o", str(out), "--device", "opencl", "--gpu-data-type", "image"
+    )
+    assert code == 2 and stdout == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("codl-tvm: error: ")
+    assert f"'{caps.device}'" in lines[0] and "CL_DEVICE_IMAGE2D_MAX_WIDTH" in lines[0]
+    assert str(caps.image2d_max_width) in lines[0] and "--gpu-data-type" in lines[0]
+    assert not out.exists()
+
+
+@pytest.mark.opencl
+def test_auto_builds_buffers_where_images_do_not_fit(opencl, tmp_path, capsys):
+    caps = image_caps()
+    model = _conv_pool_model(tmp_path / "wide.onnx", h=1, w=_wide(caps))
+    out = tmp_path / "art"
+    code, _, err = _compile(
+        capsys, str(model), "-o", str(out), "--device", "opencl", "--gpu-data-type", "auto"
+    )
+    assert code == 0, err
+    gpu = json.loads((out / "manifest.json").read_text())["gpu"]
+    assert gpu["asked"] == "auto" and gpu["data_type"] == "buffer"
+    assert "CL_DEVICE_IMAGE2D_MAX_WIDTH" in gpu["why"]
+    assert b"write_imagef" not in (out / "model.so").read_bytes()
+    assert _against_onnxruntime(out, model) <= 1e-4
+
+
+@pytest.mark.opencl
+def test_auto_takes_images_where_they_fit(opencl, tmp_path, capsys):
+    model = _conv_pool_model(tmp_path / "m.onnx")
+    out = tmp_path / "art"
+    code, _, err = _compile(
+        capsys, str(model), "-o", str(out), "--device", "opencl", "--gpu-data-type", "auto"
+    )
+    assert code == 0, err
+    gpu = json.loads((out / "manifest.json").read_text())["gpu"]
+    assert gpu == {"asked": "auto", "data_type": "image", "dtype": "float32"}
+    assert _against_onnxruntime(out, model) <= 1e-4
+
+
+def _platform_caps(platform: str) -> dict | None:
+    """The image caps of ``platform``'s first device (a child process: a process uses one
+    platform), or None where it is not installed."""
+    code = (
+        "import json; from codl_tvm.runtime import images; "
+        "print(json.dumps(images.image_caps().__dict__))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**os.environ, "CODL_OPENCL_PLATFORM": platform},
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=REPO,
+    )
+    return json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 else None
+
+
+@pytest.mark.opencl
+def test_float16_on_a_device_without_cl_khr_fp16_is_one_line(opencl, tmp_path):
+    """PoCL from pip has no cl_khr_fp16 (Intel's CPU runtime has it)."""
+    caps = _platform_caps("pocl")
+    if caps is None:
+        pytest.skip("PoCL is not installed")
+    if caps["fp16"]:
+        pytest.skip(f"PoCL's device '{caps['device']}' has cl_khr_fp16 here")
+    model = _conv_pool_model(tmp_path / "m.onnx")
+    out = tmp_path / "art"
+    argv = ["compile", str(model), "-o", str(out), "--device", "opencl", "--gpu-dtype", "float16"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "codl_tvm.cli", *argv],
+        env={**os.environ, "CODL_OPENCL_PLATFORM": "pocl"},
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=REPO,
+    )
+    assert proc.returncode == 2 and proc.stdout == ""
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert f"'{caps['device']}'" in lines[0] and "lacks cl_khr_fp16" in lines[0]
+    assert "--gpu-dtype" in lines[0]
+    assert not out.exists()
+
+
+def test_gpu_options_name_their_flags(tmp_path, capsys):
+    code, _, err = _compile(
+        capsys, "-o", str(tmp_path / "a"), "--device", "cpu", "--gpu-data-type", "image"
+    )
+    assert code == 2 and "--gpu-data-type and --gpu-dtype describe GPU builds" in err
+    with pytest.raises(OptionsError, match="gpu_dtype 'float64' is not one of"):
+        CompileOptions(gpu_dtype="float64")
+    with pytest.raises(OptionsError, match="gpu_data_type 'texture' is not one of"):
+        CompileOptions(gpu_data_type="texture")
+    assert not (tmp_path / "a").exists()
+
+
+# --- the device checks, on the imported model ------------------------------------------------
+
+
+def _caps(**changes) -> ImageCaps:
+    """A device like PoCL's CPU device as pip installs it (images of 16384 x 16384 x 2048)."""
+    base = ImageCaps(
+        device="test-device",
+        image_support=True,
+        image2d_max_width=16384,
+        image2d_max_height=16384,
+        image_max_array_size=2048,
+        pitch_alignment_pixels=1,
+        base_address_alignment_pixels=1,
+        image2d_from_buffer=False,
+        rgba_float=True,
+        rgba_half=True,
+        fp16=False,
+        from_buffer_refused=0,
+        from_buffer_refused_why="",
+    )
+    return dataclasses.replace(base, **changes)
+
+
+def test_device_checks(tmp_path):
+    """No device here lacks images, so what a driver without them reports
+    (``CL_DEVICE_IMAGE_SUPPORT`` false) is given as the device's caps."""
+    mod = load_onnx(_conv_pool_model(tmp_path / "m.onnx", h=16, w=64)).mod
+    assert texture.check_device(mod, _caps(), "image", "float32") == ("image", "")
+    assert texture.check_device(mod, _caps(), "buffer", "float32") == ("buffer", "")
+
+    no_images = _caps(image_support=False)
+    with pytest.raises(DeviceSupportError, match="'test-device' has no image support") as err:
+        texture.check_device(mod, no_images, "image", "float32")
+    assert err.value.fields == ("gpu_data_type",)
+    built, why = texture.check_device(mod, no_images, "auto", "float32")
+    assert built == "buffer" and "CL_DEVICE_IMAGE_SUPPORT" in why
+
+    # the first conv's output, (1, 8, 16, 64) as NCHW4c: 64 pixels a row in global.texture,
+    # 1024 in texture-nhwc, 2048 in texture-weight; 63 pixels hold none of them
+    narrow = _caps(image2d_max_width=63)
+    with pytest.raises(DeviceSupportError, match="CL_DEVICE_IMAGE2D_MAX_WIDTH = 63"):
+        texture.check_device(mod, narrow, "image", "float32")
+    assert texture.check_device(mod, _caps(image2d_max_width=64), "image", "float32")[0] == "image"
+    # 16 rows of 64 pixels (global.texture) or 2 rows of 1024 (texture-nhwc): rows are no limit
+    # where another layout fits
+    assert texture.check_device(mod, _caps(image2d_max_height=2), "image", "float32")[0] == "image"
+
+    with pytest.raises(DeviceSupportError, match="'test-device' lacks cl_khr_fp16") as err:
+        texture.check_device(mod, _caps(fp16=False), "buffer", "float16")
+    assert err.value.fields == ("gpu_dtype",)
+    no_half_images = _caps(fp16=True, rgba_half=False)
+    assert "CL_HALF_FLOAT" in texture.check_device(mod, no_half_images, "auto", "float16")[1]
+
+
+def test_image_extents_follow_the_scopes():
+    shape = (1, 8, 16, 64, 4)  # N, C/4, H, W, pixel
+    assert texture.image_extents(shape, "global.texture") == (64, 16, 8)
+    assert texture.image_extents(shape, "global.texture-nhwc") == (1024, 8, 1)
+    assert texture.image_extents(shape, "global.texture-weight") == (8192, 1, 1)
+
+
+def test_packed_tensors_are_the_convs_and_pools(tmp_path):
+    mod = load_onnx(_conv_pool_model(tmp_path / "m.onnx", h=16, w=64)).mod
+    found = dict((shape, op) for op, shape in texture.packed_tensors(mod))
+    # the RGB input padded to a pixel, the convs' outputs, the pool's output
+    assert found == {
+        (1, 1, 16, 64, 4): "conv2d",
+        (1, 2, 16, 64, 4): "conv2d",
+        (1, 2, 16, 32, 4): "max_pool2d",
+    }
