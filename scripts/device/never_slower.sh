@@ -41,9 +41,9 @@ touch $r/EXPORTED
 soc() {  # k, compile args name, models, run JSON: the default compiles, then evaluation rounds
   local k=$1 models=$3 out=$4; local -n args=$2
   export POCL_CPU_MAX_CU_COUNT=$k POCL_AFFINITY=1 TVM_NUM_THREADS=$((16 - k)) CODL_OPENCL_PLATFORM=portable
-  python3 scripts/bench_planner.py compile --default --models "$models" "${args[@]}" \
-    --out $b/k$k --tvm-cpus $k-15 >> $r/k${k}_default.log 2>&1
-  for m in ${models//,/ }; do
+  for m in ${models//,/ }; do  # model by model: a lease cut short keeps whole models
+    python3 scripts/bench_planner.py compile --default --models "$m" "${args[@]}" \
+      --out $b/k$k --tvm-cpus $k-15 >> $r/k${k}_default.log 2>&1
     python3 scripts/bench_planner.py run --dir $b/k$k --models "$m" --platform portable \
       --tvm-cpus $k-15 --rounds "$rounds" --number 2 --plan-repeat 0 --concurrent-s 0 --append --onnxruntime \
       --out $r/$out >> $r/k${k}_run.log 2>&1
@@ -69,10 +69,13 @@ warm() {  # directory, platform, compute units (PoCL)
 build() {  # models: the SoC's builds (CPU, PoCL, codl at k = 14) beside the H100's, then codl
   # at k = 12 (its CPU and GPU builds copied: they do not depend on k)
   local models=$1
-  CODL_OPENCL_PLATFORM=portable python3 scripts/bench_planner.py compile --jobs 10 \
+  local jobs=15; [[ $plat == *,h100,* ]] && jobs=10
+  CODL_OPENCL_PLATFORM=portable python3 scripts/bench_planner.py compile --jobs $jobs \
     --models "$models" "${k14[@]}" --out $b/k14 >> $r/k14_compile.log 2>&1 &
-  CODL_OPENCL_PLATFORM=nvidia python3 scripts/bench_planner.py compile --jobs 6 \
-    --models "$models" "${h100[@]}" --out $b/h100 >> $r/h100_compile.log 2>&1 &
+  if [[ $plat == *,h100,* ]]; then
+    CODL_OPENCL_PLATFORM=nvidia python3 scripts/bench_planner.py compile --jobs 6 \
+      --models "$models" "${h100[@]}" --out $b/h100 >> $r/h100_compile.log 2>&1 &
+  fi
   wait
   if [[ $plat == *,k12,* ]]; then
     for m in ${models//,/ }; do
@@ -82,7 +85,8 @@ build() {  # models: the SoC's builds (CPU, PoCL, codl at k = 14) beside the H10
       --out $b/k12 >> $r/k12_compile.log 2>&1
     warm $b/k12 portable 12
   fi
-  warm $b/k14 portable 14; warm $b/h100 nvidia 1
+  warm $b/k14 portable 14
+  [[ $plat == *,h100,* ]] && warm $b/h100 nvidia 1
 }
 compile_time() {  # a default compile's time against --no-measure (one compile at a time, no
   # build cache), once
@@ -109,6 +113,8 @@ platforms() {  # models, suffix of the run JSONs and flags: k = 14, the H100, k 
   [[ $plat == *,k12,* ]] && soc 12 k12 "$models" never_slower_k12$sfx.json
   touch $r/K12_DONE$sfx
 }
+# A short lease measures the compile time first (NS_COMPILE_FIRST=1).
+if [ "${NS_COMPILE_FIRST:-0}" = 1 ]; then compile_time; fi
 # 1. The unseen models; 2. the ten (their own builds, after the unseen ones' timing).
 if [ "$unseen" != none ]; then platforms "$unseen" ""; fi
 if [ "$known" != none ]; then platforms "$known" _known; fi
