@@ -50,8 +50,17 @@ def copy_prim_func(shape: tuple[int, ...], dtype: str) -> tvm.tirx.PrimFunc:
 
 
 def _scope_copies(mod: tvm.IRModule) -> tvm.IRModule:
+    bb = relax.BlockBuilder(mod)
     funcs: dict[tuple, tvm.ir.GlobalVar] = {}
-    updates: dict[tvm.ir.GlobalVar, relax.Function] = {}
+
+    def copy_kernel(shape: tuple[int, ...], dtype: str) -> tvm.ir.GlobalVar:
+        """The GlobalVar of the copy kernel of ``shape`` and ``dtype`` (added once, typed)."""
+        if (shape, dtype) not in funcs:
+            name = f"{COPY_BLOCK}{len(funcs) or ''}"
+            prim = copy_prim_func(shape, dtype).with_attr("global_symbol", name)
+            funcs[shape, dtype] = bb.add_func(prim, name)
+        return funcs[shape, dtype]
+
     for gv, func in mod.functions_items():
         if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
             continue
@@ -64,31 +73,19 @@ def _scope_copies(mod: tvm.IRModule) -> tvm.IRModule:
                 if src is None or not (_is_texture(src.ty) and _is_texture(b.var.ty)):
                     bindings.append(b)
                     continue
-                same = str(src.ty.vdevice.memory_scope) == str(b.var.ty.vdevice.memory_scope)
-                if same:
+                if str(src.ty.vdevice.memory_scope) == str(b.var.ty.vdevice.memory_scope):
                     bindings.append(b)
                     continue
                 shape = tuple(int(s) for s in src.ty.shape.values)
-                key = (shape, str(src.ty.dtype))
-                if key not in funcs:
-                    funcs[key] = tvm.ir.GlobalVar(f"{COPY_BLOCK}{len(funcs) or ''}")
-                call = relax.call_tir(funcs[key], [src], out_ty=b.var.ty)
-                bindings.append(relax.VarBinding(b.var, call))
+                kernel = copy_kernel(shape, str(src.ty.dtype))
+                bindings.append(relax.VarBinding(b.var, relax.call_tir(kernel, [src], b.var.ty)))
                 changed += 1
-            kind = type(block)
-            blocks.append(kind(bindings))
+            blocks.append(type(block)(bindings))
         if changed:
             body = relax.BlockBuilder().normalize(relax.SeqExpr(blocks, func.body.body))
-            updates[gv] = relax.Function(func.params, body, func.ret_ty, func.is_pure, func.attrs)
-    if not updates:
-        return mod
-    mod = mod.clone()
-    for gv, func in updates.items():
-        mod.update_func(gv, func)
-    for (shape, dtype), gv in funcs.items():
-        prim = copy_prim_func(shape, dtype).with_attr("global_symbol", gv.name_hint)
-        mod[gv] = prim
-    return mod
+            new = relax.Function(func.params, body, func.ret_ty, func.is_pure, func.attrs)
+            bb.update_func(gv, new)
+    return bb.get() if funcs else mod
 
 
 @tvm.transform.module_pass(opt_level=0, name="codl.TextureScopeCopies")
