@@ -44,6 +44,9 @@ def _is_texture(ty) -> bool:
 
 def copy_prim_func(shape: tuple[int, ...], dtype: str) -> tvm.tirx.PrimFunc:
     """An identity kernel of a tensor of ``shape`` and ``dtype`` (block :data:`COPY_BLOCK`)."""
+    # int64 extents, as legalized kernels have: SpecializePrimFuncBasedOnCallSite matches the
+    # buffer shapes against the call site's and refuses int32 constants
+    shape = [tvm.tirx.IntImm("int64", int(s)) for s in shape]
     src = te.placeholder(shape, dtype, name="src")
     dst = te.compute(shape, lambda *i: src(*i), name=COPY_BLOCK)
     return te.create_prim_func([src, dst]).with_attr("global_symbol", COPY_BLOCK)

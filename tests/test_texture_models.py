@@ -1,0 +1,130 @@
+"""The ten benchmark models built for the GPU alone on OpenCL images
+(:func:`codl_tvm.build.texture.build_texture_gpu`), run through codl-tvm's OpenCL runtime,
+against onnxruntime on the same seeded input, in float32 and in float16.
+
+Each model's logits are compared (a final Softmax is left out: a saturated softmax hides any
+error in the layers before it), relative to their largest magnitude as the other model tests
+do. The light models (onnx's, 224 x 224) of :data:`FAST` run in the normal suite, the rest
+with ``--runslow``.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import onnx
+import pytest
+import tvm
+from tvm.runtime.vm import VirtualMachine
+
+from codl_tvm.build import texture
+from codl_tvm.frontend.importer import load_onnx, random_inputs
+from codl_tvm.frontend.models import LIGHT_MODELS, light_model
+from codl_tvm.frontend.zoo import ZOO_MODELS, build_model
+from codl_tvm.runtime.images import image_caps
+
+logger = logging.getLogger(__name__)
+
+GPU = tvm.target.Target({"kind": "opencl"}, host={"kind": "llvm"})
+FAST = ("squeezenet", "bvlc_alexnet")
+SLOW = tuple(m for m in (*LIGHT_MODELS, *ZOO_MODELS) if m not in FAST)
+#: float32: different summation orders only (as tests/test_light_models.py).
+RTOL = 1e-4
+#: float16 (10-bit mantissa, convs accumulating in half): the error over the logits' scale.
+RTOL_FP16 = 3e-2
+
+
+def _logits(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """``proto`` without a final Softmax: its input becomes the graph's output."""
+    graph = proto.graph
+    last = graph.node[-1]
+    if last.op_type != "Softmax" or last.output[0] != graph.output[0].name:
+        return proto
+    out = onnx.ModelProto()
+    out.CopyFrom(proto)
+    del out.graph.node[-1]
+    del out.graph.output[:]
+    out.graph.output.extend([onnx.helper.make_empty_tensor_value_info(last.input[0])])
+    return out
+
+
+def _model(name: str) -> onnx.ModelProto:
+    proto = light_model(name, seed=3) if name in LIGHT_MODELS else build_model(name)
+    return _logits(proto)
+
+
+def check_model(name: str, dtype: str, tmp_path) -> dict:
+    """Build ``name`` on images, run it, and return its kernels and its error against
+    onnxruntime (``max_abs``, ``scale``, ``error``: max abs over scale)."""
+    ort = pytest.importorskip("onnxruntime")
+    caps = image_caps()
+    if dtype == "float16" and not caps.fp16:
+        pytest.skip(f"OpenCL device '{caps.device}' lacks cl_khr_fp16")
+    proto = _model(name)
+    model = load_onnx(proto)
+    build = texture.build_texture_gpu(model.mod, GPU, caps=caps, dtype=dtype)
+    build.executable.export_library(str(tmp_path / "model.so"))
+    lib = tvm.runtime.load_module(str(tmp_path / "model.so"))
+    dev = tvm.opencl(0)
+    feeds = random_inputs(model, seed=7)
+    out = VirtualMachine(lib, build.vm_devices(dev))["main"](
+        *[tvm.runtime.tensor(feeds[s.name], dev) for s in model.inputs]
+    )
+    got = (out if hasattr(out, "numpy") else out[0]).numpy()
+    sess = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    expected = sess.run(None, feeds)[0]
+    assert got.shape == expected.shape and got.dtype == np.float32
+    max_abs = float(np.abs(got.astype("float64") - expected).max())
+    scale = float(np.abs(expected).max())
+    result = {
+        "kernels": len(build.kernels),
+        "image_kernels": build.image_kernels,
+        "max_abs": max_abs,
+        "scale": scale,
+        "error": max_abs / scale,
+    }
+    logger.info("%s %s on images: %s", name, dtype, result)
+    return result
+
+
+def _check(name: str, dtype: str, tmp_path) -> None:
+    result = check_model(name, dtype, tmp_path)
+    assert result["image_kernels"] > 0, "no kernel reads or writes an image"
+    tol = RTOL if dtype == "float32" else RTOL_FP16
+    assert result["max_abs"] <= tol * result["scale"] + 1e-6, result
+
+
+@pytest.mark.opencl
+@pytest.mark.parametrize("name", FAST)
+def test_model_on_images(opencl, name, tmp_path):
+    _check(name, "float32", tmp_path)
+
+
+@pytest.mark.opencl
+@pytest.mark.parametrize("name", FAST)
+def test_model_on_half_images(opencl, name, tmp_path):
+    _check(name, "float16", tmp_path)
+
+
+@pytest.mark.opencl
+@pytest.mark.slow
+@pytest.mark.parametrize("name", SLOW)
+def test_model_on_images_slow(opencl, name, tmp_path):
+    _check(name, "float32", tmp_path)
+
+
+@pytest.mark.opencl
+@pytest.mark.slow
+@pytest.mark.parametrize("name", SLOW)
+def test_model_on_half_images_slow(opencl, name, tmp_path):
+    _check(name, "float16", tmp_path)
+
+
+def test_logits_leave_out_a_final_softmax():
+    proto = light_model("squeezenet", seed=3)
+    assert proto.graph.node[-1].op_type == "Softmax"
+    cut = _logits(proto)
+    assert cut.graph.node[-1].op_type != "Softmax"
+    assert cut.graph.output[0].name == proto.graph.node[-1].input[0]
+    assert _logits(cut) is cut
