@@ -38,8 +38,10 @@ of 4, NCHW in and out; input channels short of a whole pixel, as an RGB image's,
 with zero channels in the packed input and the weights), max and average 2-D pools
 (:data:`POOL_OPS`), the elementwise unary ops of :data:`UNARY_OPS`, and the binary ops of
 :data:`BINARY_OPS` between two packed tensors of one shape or with a per-channel
-``(1, C, 1, 1)`` / ``(C, 1, 1)`` or scalar constant. Pools and
-elementwise ops are packed only behind a packed producer (never at a chain's start). Static
+``(1, C, 1, 1)`` / ``(C, 1, 1)`` or scalar constant, and concats along channels whose every
+input has whole pixels of channels (``C % 4 == 0``: SqueezeNet's and Inception's branches
+join without a conversion). Pools, elementwise ops and concats are packed only behind a packed
+producer (never at a chain's start). Static
 shapes only. Run after ``FoldConstant`` (the frontend's bias ``reshape`` must already be a
 constant) and before any legalization; the result is what TVM's Adreno pipeline expects after
 its ``ConvertLayout``.
@@ -169,6 +171,9 @@ class _Packer:
         self.uses = uses
         self.outside = outside
         self.packed: dict[relax.Var, relax.Var] = {}
+        # NCHW values converted for packed consumers (not packed producers: a pool reading one
+        # still stays NCHW)
+        self.converted: dict[relax.Var, relax.Var] = {}
         self.bindings: list[relax.Binding] = []
         self.changed = 0
 
@@ -182,11 +187,16 @@ class _Packer:
         """``expr`` packed: its packed value, or a new layout_transform of it."""
         if isinstance(expr, relax.Var) and expr in self.packed:
             return self.packed[expr]
+        if isinstance(expr, relax.Var) and expr in self.converted:
+            return self.converted[expr]  # one conversion for all its packed consumers
         name = expr.name if isinstance(expr, relax.Var) else "x"
         # channels short of a whole pixel (an RGB input) are padded with zeros
         pad = None if static_shape(expr)[1] % PACK == 0 else 0.0
         value = relax.op.layout_transform(expr, _nchw_to_packed, pad_value=pad)
-        return self.bind(value, f"{name}_4c", dataflow)
+        var = self.bind(value, f"{name}_4c", dataflow)
+        if isinstance(expr, relax.Var):
+            self.converted[expr] = var
+        return var
 
     def packed_value(self, call: relax.Call, dataflow: bool) -> relax.Expr | None:
         """The packed version of ``call``, or None where it stays NCHW."""
@@ -215,7 +225,22 @@ class _Packer:
             return relax.Call(call.op, [self.packed[args[0]], *args[1:]], call.attrs)
         if name in BINARY_OPS and any(in_packed[:2]):
             return self._binary(call, in_packed)
+        if name == "relax.concat":
+            return self._concat(call, dataflow)
         return None
+
+    def _concat(self, call: relax.Call, dataflow: bool) -> relax.Expr | None:
+        """A concat along channels of tensors whose channels fill whole pixels, behind at
+        least one packed producer: the packed tensors concatenated along ``C/4``."""
+        parts = call.args[0]
+        if not isinstance(parts, relax.Tuple) or call.attrs.axis is None:
+            return None
+        shapes = [static_shape(p) for p in parts.fields]
+        if any(s is None or len(s) != 4 for s in shapes) or int(call.attrs.axis) not in (1, -3):
+            return None
+        if any(s[1] % PACK for s in shapes) or not any(p in self.packed for p in parts.fields):
+            return None
+        return relax.op.concat([self.operand(p, dataflow) for p in parts.fields], axis=1)
 
     def _pool(self, call: relax.Call) -> relax.Expr:
         a = call.attrs

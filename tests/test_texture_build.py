@@ -580,3 +580,51 @@ def test_texture_target_adds_keys_once():
     assert target.host is not None and target.host.kind.name == "llvm"
     with pytest.raises(ValueError, match="gpu"):
         texture.texture_target(tvm.target.Target({"kind": "llvm"}))
+
+
+def test_concat_of_whole_pixels_computes_packed():
+    @tvm.script.ir_module
+    class Before:
+        @R.function
+        def main(
+            x: R.Tensor((1, 4, 6, 6), "float32"),
+            w1: R.Tensor((8, 4, 1, 1), "float32"),
+            w2: R.Tensor((4, 4, 1, 1), "float32"),
+        ) -> R.Tensor((1, 14, 6, 6), "float32"):
+            with R.dataflow():
+                a = R.nn.conv2d(x, w1)
+                b = R.nn.conv2d(x, w2)
+                c = R.concat((a, b), axis=1)
+                # x has 4 channels but no packed producer; 2 channels are half a pixel
+                d = R.concat((c, R.zeros((1, 2, 6, 6), "float32")), axis=1)
+                R.output(d)
+            return d
+
+    @tvm.script.ir_module
+    class Expected:
+        @R.function
+        def main(
+            x: R.Tensor((1, 4, 6, 6), "float32"),
+            w1: R.Tensor((2, 4, 1, 1, 4), "float32"),
+            w2: R.Tensor((1, 4, 1, 1, 4), "float32"),
+        ) -> R.Tensor((1, 14, 6, 6), "float32"):
+            with R.dataflow():
+                x4 = R.layout_transform(x, index_map=lambda n, c, h, w: (n, c // 4, h, w, c % 4))
+                a4 = R.nn.conv2d(
+                    x4, w1, data_layout="NCHW4c", kernel_layout="OIHW4o", out_layout="NCHW4c"
+                )
+                b4 = R.nn.conv2d(
+                    x4, w2, data_layout="NCHW4c", kernel_layout="OIHW4o", out_layout="NCHW4c"
+                )
+                # the two branches join along C/4: no conversion between them
+                c4 = R.concat((a4, b4), axis=1)
+                c = R.layout_transform(c4, index_map=lambda n, c, h, w, i: (n, c * 4 + i, h, w))
+                d = R.concat((c, R.zeros((1, 2, 6, 6), "float32")), axis=1)
+                R.output(d)
+            return d
+
+    rng = np.random.default_rng(0)
+    w1 = rng.standard_normal((8, 4, 1, 1)).astype("float32")
+    w2 = rng.standard_normal((4, 4, 1, 1)).astype("float32")
+    before = _bound(Before, {"w1": w1, "w2": w2})
+    verify(before, _bound(Expected, {"w1": pack_oihw(w1), "w2": pack_oihw(w2)}))

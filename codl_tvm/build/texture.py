@@ -24,8 +24,9 @@ with the pinned wheel's bugs worked around):
    max/min of a NaN follow TIR, not ONNX), fusion, ``FoldVDeviceScopeChange``,
    :class:`~codl_tvm.passes.texture_scope_copy.TextureScopeCopies` (a tensor a kernel writes in
    one texture scope and the next reads in another is copied by a kernel: no image copy
-   changes an image's extents) and ``SpecializePrimFuncBasedOnCallSite`` (PrimFunc buffers take
-   their call site's scope).
+   changes an image's extents), :class:`~codl_tvm.passes.texture_call_sites.OwnScopedKernels`
+   (a PrimFunc shared by call sites of different scopes gets a copy per scope signature) and
+   ``SpecializePrimFuncBasedOnCallSite`` (PrimFunc buffers take their call site's scope).
 3. **schedule**: codl-tvm's :class:`~codl_tvm.schedules.opencl_texture.TextureLayoutTransform`
    (whole-pixel conversion kernels) and :class:`~codl_tvm.schedules.opencl_texture.
    TextureConv2d` (dlight's Adreno conv tiling reading the input image itself instead of a
@@ -93,6 +94,7 @@ from codl_tvm.passes.lrn import LRNWindowSum
 from codl_tvm.passes.param_names import SanitizeParamNames
 from codl_tvm.passes.rewrite import op_name
 from codl_tvm.passes.stream_weights import StreamWeights
+from codl_tvm.passes.texture_call_sites import OwnScopedKernels
 from codl_tvm.passes.texture_layout import PACK, POOL_OPS, ToTextureLayout
 from codl_tvm.passes.texture_scope_copy import TextureScopeCopies
 from codl_tvm.passes.texture_storage import ImageStorages
@@ -463,6 +465,7 @@ def scope_passes(target: tvm.target.Target) -> list[tvm.transform.Pass]:
         adreno_relax.FoldVDeviceScopeChange(),
         relax.transform.DeadCodeElimination(),
         TextureScopeCopies(),
+        OwnScopedKernels(),
         relax.transform.SpecializePrimFuncBasedOnCallSite(),
         relax.transform.Normalize(),
     ]
