@@ -289,3 +289,44 @@ def test_packed_tensors_are_the_convs_and_pools(tmp_path):
         (1, 2, 16, 64, 4): "conv2d",
         (1, 2, 16, 32, 4): "max_pool2d",
     }
+
+
+@pytest.mark.opencl
+@pytest.mark.parametrize("data_type", ["image", "buffer"])
+def test_half_precision_on_the_gpu(opencl, tmp_path, capsys, data_type):
+    """GPU tensors in float16 (images or buffers), inputs and outputs float32: within half
+    precision's error of onnxruntime, and not float32's (the kernels compute in half)."""
+    caps = image_caps()
+    if not caps.fp16:
+        pytest.skip(f"OpenCL device '{caps.device}' lacks cl_khr_fp16")
+    model = _conv_pool_model(tmp_path / "m.onnx")
+    out = tmp_path / "art"
+    code, _, err = _compile(
+        capsys,
+        *(str(model), "-o", str(out), "--device", "opencl"),
+        *("--gpu-data-type", data_type, "--gpu-dtype", "float16"),
+    )
+    assert code == 0, err
+    gpu = json.loads((out / "manifest.json").read_text())["gpu"]
+    assert gpu == {"asked": data_type, "data_type": data_type, "dtype": "float16"}
+    library = (out / "model.so").read_bytes()
+    assert b"half" in library
+    assert (b"write_imageh" in library) == (data_type == "image")
+    error = _against_onnxruntime(out, model)
+    assert 1e-5 < error <= 1e-2
+
+
+@pytest.mark.opencl
+def test_images_with_weights_beside(opencl, tmp_path, capsys):
+    model = _conv_pool_model(tmp_path / "m.onnx")
+    out = tmp_path / "art"
+    code, _, err = _compile(
+        capsys,
+        *(str(model), "-o", str(out), "--device", "opencl", "--gpu-data-type", "image"),
+        *("--weights", "beside"),
+    )
+    assert code == 0, err
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["weights"]["placement"] == "beside" and (out / "weights.bin").is_file()
+    assert manifest["gpu"]["data_type"] == "image"
+    assert _against_onnxruntime(out, model) <= 1e-4
