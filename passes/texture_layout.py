@@ -84,6 +84,7 @@ UNARY_OPS = frozenset(
         "relax.sqrt",
         "relax.clip",
         "relax.nn.silu",
+        "relax.nn.leakyrelu",
     }
 )
 

@@ -29,8 +29,8 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def _conv_pool_model(path: Path, h: int = 20, w: int = 20, seed: int = 0) -> Path:
-    """RGB input, conv-relu, conv, residual add, relu, max pool 2x2: every operator covered by
-    the texture layout."""
+    """RGB input, conv-leaky relu, conv, residual add, relu, max pool 1x2: every operator
+    covered by the texture layout."""
     rng = np.random.default_rng(seed)
     inits = [
         helper.make_tensor(name, TensorProto.FLOAT, v.shape, v.ravel())
@@ -42,7 +42,7 @@ def _conv_pool_model(path: Path, h: int = 20, w: int = 20, seed: int = 0) -> Pat
     ]
     nodes = [
         helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
-        helper.make_node("Relu", ["c1"], ["a"]),
+        helper.make_node("LeakyRelu", ["c1"], ["a"], alpha=0.1),
         helper.make_node("Conv", ["a", "w2"], ["c2"], pads=[1, 1, 1, 1]),
         helper.make_node("Add", ["a", "c2"], ["s"]),
         helper.make_node("Relu", ["s"], ["r"]),
