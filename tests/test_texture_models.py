@@ -74,6 +74,12 @@ def check_model(name: str, dtype: str, tmp_path) -> dict:
     got = (out if hasattr(out, "numpy") else out[0]).numpy()
     sess = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
     expected = sess.run(None, feeds)[0]
+    half_max = float(np.finfo(np.float16).max)
+    if dtype == "float16" and np.abs(expected).max() > half_max:
+        # ResNet-50's seeded weights (no batch norm in onnx's light model) grow its logits to
+        # ~2e5: half precision overflows, whatever the build
+        assert not np.isfinite(got).all() or np.abs(got).max() > half_max / 2
+        pytest.skip(f"{name}'s logits reach {np.abs(expected).max():.3g}, beyond float16's range")
     assert got.shape == expected.shape and got.dtype == np.float32
     max_abs = float(np.abs(got.astype("float64") - expected).max())
     scale = float(np.abs(expected).max())
