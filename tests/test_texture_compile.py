@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -18,11 +19,13 @@ import pytest
 from onnx import TensorProto, helper
 
 from codl_tvm.build import texture
+from codl_tvm.build.cache import Libraries
+from codl_tvm.build.targets import get_preset
 from codl_tvm.cli import main
 from codl_tvm.core.errors import DeviceSupportError
 from codl_tvm.frontend.importer import load_onnx
 from codl_tvm.options import CompileOptions, OptionsError
-from codl_tvm.runtime.artifact import load_artifact
+from codl_tvm.runtime.artifact import Manifest, ModelRecord, file_sha256, load_artifact
 from codl_tvm.runtime.images import ImageCaps, image_caps
 
 REPO = Path(__file__).resolve().parent.parent
@@ -330,3 +333,27 @@ def test_images_with_weights_beside(opencl, tmp_path, capsys):
     assert manifest["weights"]["placement"] == "beside" and (out / "weights.bin").is_file()
     assert manifest["gpu"]["data_type"] == "image"
     assert _against_onnxruntime(out, model) <= 1e-4
+
+
+@pytest.mark.opencl
+def test_the_build_spec_carries_the_gpu_data(opencl, tmp_path, caplog):
+    """Only the GPU-alone library's spec (and so its cache key) carries images and half;
+    co-executed compiles keep float32 buffers and say so."""
+    path = _conv_pool_model(tmp_path / "m.onnx")
+    model = load_onnx(path)
+    manifest = Manifest(model=ModelRecord(str(path), file_sha256(path), [], []))
+    libraries = Libraries(tmp_path, None, model, manifest, get_preset("opencl"))
+    buffers = libraries.spec("opencl", None)
+    assert (buffers.gpu_data_type, buffers.gpu_dtype) == ("buffer", "float32")
+
+    with caplog.at_level(logging.INFO, logger="codl_tvm.build.cache"):
+        assert libraries.set_gpu_data("image", "float16", "coexec") is None
+    assert "the coexec build keeps float32 buffers" in caplog.text
+    assert libraries.spec("opencl", None) == buffers
+
+    record = libraries.set_gpu_data("image", "float32", "opencl")
+    assert record == {"asked": "image", "data_type": "image", "dtype": "float32"}
+    images = libraries.spec("opencl", None)
+    assert images.gpu_data_type == "image" and images.key() != buffers.key()
+    assert libraries.spec("cpu", None).gpu_data_type == "buffer"
+    assert libraries.gpu_vm_devices() == ["opencl"] * texture.VM_DEVICE_SLOTS
