@@ -80,6 +80,7 @@ def test_default_compile_builds_each_processor_alone_in_a_worker(
     assert builds["cpu"]["source"] == builds["opencl"]["source"] == "worker"
     assert builds["coexec"]["source"] == "here"
     assert all(b["s"] > 0 for b in builds.values())
+    assert measured["measure_s"] > 0  # the timing's own seconds, beside the builds'
     assert "building cpu, opencl in 1 worker process beside the compile" in caplog.text
     assert "the opencl library was built in a worker process" in caplog.text
     assert "wrote" in caplog.text and " s" in caplog.text

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
+import time
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
@@ -107,6 +108,7 @@ def verify(
             )
         return samples, where, {name: float(np.median(v)) for name, v in samples.items()}
 
+    start = time.perf_counter()
     samples, where, ms = measure()
     first = None
     extra = more(ms) if more is not None else {}
@@ -128,6 +130,8 @@ def verify(
         "chosen": chosen,
         "dropped": dict(dropped),
         "builds": {k: libraries.builds[k] for k in (*libs, *dropped) if k in libraries.builds},
+        # loading, the first runs (which create the OpenCL programs) and the rounds
+        "measure_s": round(time.perf_counter() - start, 3),
     }
     if first is not None:
         manifest.verify["first_timing"] = first
