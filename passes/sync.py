@@ -32,6 +32,9 @@ GPU kernels are enqueued asynchronously; CPU kernels run on the host thread in p
   other region of the same tensor.
 - Aliases are followed: region views, ``join`` and ``cpu_view`` results share their source's
   pending GPU writes.
+
+:class:`~codl_tvm.passes.issue_ahead.IssueGpuAhead` runs next: it moves GPU kernels (with their
+marks) earlier and places the flushes again; the waits stay where this pass put them.
 """
 
 from __future__ import annotations
@@ -42,14 +45,17 @@ from tvm import relax
 from .kernel_calls import CALL_TIR_INPLACE, dtype_expr, is_kernel_call, kernel_processor
 from .merge import site_id
 
-__all__ = ["InsertCoexecSync"]
+__all__ = ["ALIASING_CALLS", "InsertCoexecSync", "packed_name"]
 
-_ALIASING = ("codl.coexec.region_view", "codl.coexec.join", "codl.coexec.cpu_view")
+#: Packed calls whose result aliases their (first tensor) argument.
+ALIASING_CALLS = ("codl.coexec.region_view", "codl.coexec.join", "codl.coexec.cpu_view")
 CPU_DEVICE_INDEX = 1
 GPU_DEVICE_INDEX = 0
 
 
-def _packed_name(value) -> str | None:
+def packed_name(value) -> str | None:
+    """The global symbol of a packed call (``R.call_packed`` / an ``ExternFunc`` call), else
+    None."""
     if isinstance(value, relax.Call) and isinstance(value.op, relax.ExternFunc):
         return str(value.op.global_symbol)
     if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op):
@@ -110,12 +116,12 @@ class InsertCoexecSync:
         cpu_private: set = set()  # CPU outputs read only by CPU kernels
         for i, b in enumerate(bindings):
             value = b.value
-            name = _packed_name(value)
+            name = packed_name(value)
             if isinstance(value, relax.TupleGetItem) and isinstance(value.tuple_value, relax.Var):
                 # ``bn[0]`` of a tuple kernel (batch_norm, dropout) is written with the tuple.
                 root[b.var] = root_of(value.tuple_value)
                 continue
-            if name in _ALIASING:
+            if name in ALIASING_CALLS:
                 src = value.args[1] if isinstance(value.op, tvm.ir.Op) else value.args[0]
                 if isinstance(src, relax.Var):
                     root[b.var] = root_of(src)

@@ -124,6 +124,8 @@ def compile_coexec(
     name: str = "coexec",
     row_blocks: bool = False,
     model: str = "Relax module",
+    issue_ahead: bool = True,
+    gates: bool | None = False,
 ) -> CoexecModule:
     """Build ``mod`` so that ``plan``'s operators co-execute on the GPU and the CPU.
 
@@ -144,6 +146,10 @@ def compile_coexec(
         (:class:`~codl_tvm.passes.PartitionOperators`); off by default.
     model
         What error messages call the model (e.g. its file).
+    issue_ahead, gates
+        Enqueue each GPU kernel as early as its inputs allow, and with ``gates`` also ahead of
+        the CPU kernels producing them (None: where this machine's device can hold GPU work
+        for the CPU; off by default); see :func:`codl_tvm.build.pipeline.coexec_pipeline`.
 
     Raises
     ------
@@ -160,7 +166,15 @@ def compile_coexec(
     plan.validate(mod)
     runtime.load()
     splits: dict = {}
-    pipeline = coexec_pipeline(plan, gpu, cpu, kernel_splits=splits, row_blocks=row_blocks)
+    pipeline = coexec_pipeline(
+        plan,
+        gpu,
+        cpu,
+        kernel_splits=splits,
+        row_blocks=row_blocks,
+        issue_ahead=issue_ahead,
+        gates=gates,
+    )
     with runtime.build_errors(model, "coexec"):
         ex = tvm.compile(mod, target=gpu, relax_pipeline=pipeline)
     work = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="codl-coexec-"))

@@ -34,6 +34,7 @@ from tvm.relax.backend import gpu_generic
 from codl_tvm.passes import PartitionOperators
 from codl_tvm.passes.fold_bn import FoldBatchNorm
 from codl_tvm.passes.fused_targets import RecordFusedTargets, RestoreTargets
+from codl_tvm.passes.issue_ahead import GPU_INPUTS_ATTR, IssueGpuAhead, gpu_inputs
 from codl_tvm.passes.kernel_splits import (
     KERNEL_SPLITS_ATTR,
     RecordKernelSplits,
@@ -50,6 +51,8 @@ from codl_tvm.passes.stream_weights import StreamWeights
 from codl_tvm.passes.sync import InsertCoexecSync
 from codl_tvm.passes.variadic import PairwiseVariadic
 from codl_tvm.passes.winograd import Conv2DWinograd
+from codl_tvm.runtime import is_available as opencl_available
+from codl_tvm.runtime.sync import gates_supported
 from codl_tvm.schedules import apply_schedules
 from codl_tvm.schedules.settings import ScheduleSettings, current_settings
 
@@ -60,6 +63,7 @@ __all__ = [
     "coexec_pipeline",
     "dataflow_lower_passes",
     "finalize_passes",
+    "gpu_gates_available",
     "inference_passes",
     "legalize_passes",
     "schedule_passes",
@@ -148,12 +152,28 @@ def dataflow_lower_passes(target: tvm.target.Target) -> list[tvm.transform.Pass]
     return list(gpu_generic.dataflow_lower_passes(target))
 
 
+def gpu_gates_available() -> bool:
+    """Whether this machine's OpenCL device can hold GPU work for the CPU on the device
+    (:func:`codl_tvm.runtime.sync.gates_supported`); False where no device can be used.
+
+    The default of a co-executed build's ``gates``: a build for this machine issues GPU kernels
+    ahead of the CPU kernels they read where the device allows it. A library built here and run
+    on a device that cannot is refused there by its first gate, with a message naming the switch.
+    """
+    return opencl_available() and gates_supported()
+
+
 def coexec_dataflow_lower_passes(
-    target: tvm.target.Target, kernel_splits: dict | None = None
+    target: tvm.target.Target,
+    kernel_splits: dict | None = None,
+    issue_ahead: bool = True,
+    gates: bool = False,
 ) -> list[tvm.transform.Pass]:
     """Leave dataflow form in a co-executed build: TVM's phase without
-    ``RewriteDataflowReshape``, with the co-execution sync, the kernel record and kernel sharing
-    before ``CallTIRRewrite``.
+    ``RewriteDataflowReshape``, with the co-execution sync, the GPU issue order
+    (:class:`~codl_tvm.passes.issue_ahead.IssueGpuAhead` unless ``issue_ahead`` is False;
+    ``gates``: also ahead of the CPU kernels producing their inputs), the kernel record and
+    kernel sharing before ``CallTIRRewrite``.
 
     TVM 0.27's ``RewriteDataflowReshape`` turns a reshape kernel whose output VDevice differs
     from its input's (or is unset, e.g. a fused inference-mode dropout) into a view bound to a
@@ -165,6 +185,9 @@ def coexec_dataflow_lower_passes(
         relax.transform.ToNonDataflow(),
         relax.transform.RemovePurityChecking(),
         InsertCoexecSync(),
+        # after the sync (it orders marks and views), before the record (execution order);
+        # without issue_ahead it still records each GPU kernel's CPU producers for timelines
+        IssueGpuAhead(gates, reorder=issue_ahead),
         *([RecordKernelSplits()] if kernel_splits is not None else []),
         # after the record: it reads each call's split from its own copy
         ShareIdenticalKernels(),
@@ -249,6 +272,8 @@ def coexec_pipeline(
     row_blocks: bool = False,
     dump_ir: str | Path | None = None,
     weights: dict | None = None,
+    issue_ahead: bool = True,
+    gates: bool | None = False,
 ) -> tvm.transform.Pass:
     """The Relax pipeline that co-executes ``plan``'s operators on the GPU and the CPU.
 
@@ -265,7 +290,18 @@ def coexec_pipeline(
     ``dump_ir``: a folder that receives the IR after every phase (see the module docstring).
     ``weights``: a dictionary that receives the weights to store beside the library
     (:func:`weights_passes`).
+    ``issue_ahead``: enqueue each GPU kernel as early as its inputs allow
+    (:class:`~codl_tvm.passes.issue_ahead.IssueGpuAhead`); False keeps the host order.
+    ``gates``: also ahead of the CPU kernels producing its inputs, held on the device until
+    they signal; None: where :func:`gpu_gates_available`, and never with ``weights`` (the weight
+    loader's uploads are blocking commands on the queue, which would wait behind a gate). Off by
+    default: a gate saves only the host's enqueue latency after a CPU kernel, unmeasured on the
+    benchmark devices so far, and serial timelines (``trace_inference(serial=True)``) of gated
+    builds show GPU kernels released by a signal up to ~15 us before it (the GPU clock's
+    alignment to the host's, estimated from launches).
     """
+    if gates is None:
+        gates = issue_ahead and weights is None and gpu_gates_available()
 
     @tvm.transform.module_pass(opt_level=0, name="codl.CoexecPipeline")
     def _pipeline(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
@@ -286,7 +322,12 @@ def coexec_pipeline(
                 ("legalize-place-fuse", legalize_passes(gpu_target, place)),
                 ("schedule", schedule_passes(gpu_target, cpu, opencl, settings)),
                 ("merge", [MergePartsInPlace()]),
-                ("dataflow-lower", coexec_dataflow_lower_passes(gpu_target, kernel_splits)),
+                (
+                    "dataflow-lower",
+                    coexec_dataflow_lower_passes(
+                        gpu_target, kernel_splits, issue_ahead, bool(gates)
+                    ),
+                ),
                 ("finalize", finalize_passes(gpu_target)),
             ]
             if weights is not None:
@@ -297,7 +338,10 @@ def coexec_pipeline(
             # tvm.compile returns the executable, not the module
             kernel_splits.clear()
             kernel_splits.update(recorded_kernel_splits(mod) or {})
+            # which CPU kernel calls each GPU kernel call waits for (host-caused GPU idle)
+            kernel_splits["gpu_inputs"] = {str(k): v for k, v in gpu_inputs(mod).items()}
             mod = mod.without_attr(KERNEL_SPLITS_ATTR)
+        mod = mod.without_attr(GPU_INPUTS_ATTR)
         return mod
 
     return _pipeline

@@ -12,13 +12,19 @@ shows. Over the two lanes (GPU kernels, CPU kernels) of one inference of span ``
 
     L = 1/2 * sum over lanes (busy + idle)                               (exact)
     busy = alone + contention      (each kernel's time in the run vs. its time alone)
-    idle = sync waits + host gaps + dependency idle + head + tail
+    idle = sync waits + host gaps + dependency idle + host issue + head + tail
 
 so ``L - T*c`` = the halved idle terms + the halved contention + ``work``, where
 ``work = 1/2 * (alone_cpu + alone_gpu) - T*c`` is what the plan's kernels cost alone beyond the
 ideal division (halo rows computed twice, split kernels less efficient than whole ones, a split
 away from the balance point). Every term is in milliseconds of the inference's latency, so the
 terms add up to the gap exactly.
+
+``host issue`` is the GPU lane idle while its next kernel's inputs were ready but the host had not
+yet enqueued it (busy running CPU kernels or waiting): from the later of the previous GPU
+kernel's end and the next kernel's ``ready_us`` (the end of the last CPU kernel it reads) to its
+``queued_us``. It is what issuing the GPU ahead (:class:`~codl_tvm.passes.issue_ahead.
+IssueGpuAhead`) removes; traces without enqueue times count none.
 """
 
 from __future__ import annotations
@@ -57,6 +63,7 @@ class LaneTime:
     dependency_idle_ms: float
     head_ms: float
     tail_ms: float
+    host_issue_ms: float = 0.0
 
     @property
     def contention_ms(self) -> float | None:
@@ -69,6 +76,7 @@ class LaneTime:
             self.sync_wait_ms
             + self.host_gap_ms
             + self.dependency_idle_ms
+            + self.host_issue_ms
             + self.head_ms
             + self.tail_ms
         )
@@ -120,8 +128,22 @@ class GapBreakdown:
         }
 
 
-_IDLE_FIELDS = ("sync_wait_ms", "host_gap_ms", "dependency_idle_ms", "head_ms", "tail_ms")
-_IDLE_TERMS = ("sync_waits", "host_gaps", "dependency_idle", "imbalance_head", "imbalance_tail")
+_IDLE_FIELDS = (
+    "sync_wait_ms",
+    "host_gap_ms",
+    "dependency_idle_ms",
+    "host_issue_ms",
+    "head_ms",
+    "tail_ms",
+)
+_IDLE_TERMS = (
+    "sync_waits",
+    "host_gaps",
+    "dependency_idle",
+    "host_issue",
+    "imbalance_head",
+    "imbalance_tail",
+)
 
 
 def gap_breakdown(
@@ -146,6 +168,8 @@ def gap_breakdown(
     host_gap_us
         Idle time between two kernels of a lane up to this is the host's (VM dispatch, views
         of shared tensors, launches); longer idle waits for the other processor's data.
+        The GPU lane's idle before a kernel whose inputs were ready but that the host had not
+        enqueued is counted apart first (``host_issue``, see the module docstring).
 
     Raises
     ------
@@ -188,10 +212,17 @@ def _lane_time(
     merged = _merge([(e.start_us, e.end_us) for e in events])
     busy = sum(b - a for a, b in merged)
     wait_spans = _merge([(e.start_us, e.end_us) for e in waits])
-    sync = host = dependency = 0.0
+    # the kernel starting each busy interval (its enqueue and ready times)
+    first = {}
+    for e in events:
+        first.setdefault(e.start_us, e)
+    sync = host = dependency = issue = 0.0
     for (_, end), (start, _) in itertools.pairwise(merged):
         idle = start - end
-        waited = _covered(end, start, wait_spans)
+        late = _not_issued(first.get(start), end)
+        issue += late
+        idle -= late
+        waited = min(idle, _covered(end, start - late, wait_spans))
         sync += waited
         rest = idle - waited
         if rest <= host_gap_us:
@@ -206,7 +237,18 @@ def _lane_time(
         dependency_idle_ms=dependency / 1e3,
         head_ms=(merged[0][0] - t0) / 1e3,
         tail_ms=(t1 - merged[-1][1]) / 1e3,
+        host_issue_ms=issue / 1e3,
     )
+
+
+def _not_issued(event: TraceEvent | None, idle_from: float) -> float:
+    """Of a lane's idle time from ``idle_from`` to ``event``'s start, the part where the kernel's
+    inputs were ready (``ready_us``, else once the lane was idle) but it was not yet enqueued
+    (``queued_us``); 0 without an enqueue time."""
+    if event is None or event.queued_us is None:
+        return 0.0
+    ready = idle_from if event.ready_us is None else max(idle_from, event.ready_us)
+    return max(0.0, min(event.queued_us, event.start_us) - ready)
 
 
 def _alone_us(trace: Trace, alone: Trace) -> dict[str, float]:

@@ -25,6 +25,7 @@ import numpy as np
 import tvm
 
 from codl_tvm import runtime
+from codl_tvm.runtime import sync
 
 __all__ = ["Trace", "TraceEvent", "trace_inference"]
 
@@ -40,6 +41,11 @@ class TraceEvent:
     start_us: float
     end_us: float
     split: str | None = None
+    #: GPU kernels: when the host enqueued it (the device's "queued" timestamp).
+    queued_us: float | None = None
+    #: GPU kernels: when its inputs were ready: the end of the last CPU kernel call it must
+    #: follow (the build's ``kernel_splits["gpu_inputs"]``), None where none or unknown.
+    ready_us: float | None = None
 
     @property
     def dur_us(self) -> float:
@@ -112,8 +118,13 @@ class Trace:
                 "ts": e.start_us,
                 "dur": max(e.dur_us, 0.001),
             }
-            if e.split is not None:
-                event["args"] = {"split": e.split}
+            args = {
+                k: v
+                for k, v in (("split", e.split), ("queued", e.queued_us), ("ready", e.ready_us))
+                if v is not None
+            }
+            if args:
+                event["args"] = args
             events.append(event)
         return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": self.summary()}
 
@@ -133,6 +144,8 @@ class Trace:
                     e["ts"],
                     e["ts"] + e["dur"],
                     (e.get("args") or {}).get("split"),
+                    (e.get("args") or {}).get("queued"),
+                    (e.get("args") or {}).get("ready"),
                 )
                 for e in data["traceEvents"]
                 if e.get("ph") == "X"
@@ -267,7 +280,8 @@ def trace_inference(
 
     def instrument(func, symbol, before_run, ret, *call_args):
         if serial:
-            dev.sync()
+            # the queue as far as it can run (dev.sync() would wait behind a pending gate)
+            sync.drain()
         now = clock()
         if before_run:
             pending.append((str(symbol), now))
@@ -314,12 +328,12 @@ def trace_inference(
                 offsets.append(launches[host_name][m][0] - k.queued_ns)
         kernel_call.append(call)
     offset = min(offsets) if offsets else 0
+    ready_of_call = _ready_ns(calls, kernel_splits)
     events = []
     for k, call in zip(kernels, kernel_call):
         split = split_of_call.get(call) if call is not None else None
-        events.append(
-            TraceEvent("GPU", k.name, (k.start_ns + offset) / 1e3, (k.end_ns + offset) / 1e3, split)
-        )
+        ready = ready_of_call.get(call) if call is not None else None
+        events.append(_gpu_event(k, offset, split, ready))
     gpu_host_names = {_host_function(n, launch_starts) for n in gpu_hosts}
     for i, (name, start, end) in enumerate(calls):
         if name in gpu_host_names:
@@ -333,10 +347,58 @@ def trace_inference(
     t0 = min(e.start_us for e in events)
     return Trace(
         sorted(
-            (TraceEvent(e.lane, e.name, e.start_us - t0, e.end_us - t0, e.split) for e in events),
+            (
+                TraceEvent(
+                    e.lane,
+                    e.name,
+                    e.start_us - t0,
+                    e.end_us - t0,
+                    e.split,
+                    None if e.queued_us is None else e.queued_us - t0,
+                    None if e.ready_us is None else e.ready_us - t0,
+                )
+                for e in events
+            ),
             key=lambda e: e.start_us,
         )
     )
+
+
+def _gpu_event(k, offset: int, split: str | None, ready_ns: int | None) -> TraceEvent:
+    """A recorded GPU kernel on the host clock (``offset``), with its enqueue and ready times."""
+    return TraceEvent(
+        "GPU",
+        k.name,
+        (k.start_ns + offset) / 1e3,
+        (k.end_ns + offset) / 1e3,
+        split,
+        (k.queued_ns + offset) / 1e3,
+        None if ready_ns is None else ready_ns / 1e3,
+    )
+
+
+def _ready_ns(calls, kernel_splits: dict | None) -> dict[int, int]:
+    """Call index of a GPU kernel -> host time its inputs were ready: the end of the last CPU
+    kernel call it must follow (``kernel_splits["gpu_inputs"]``, listed by the build's kernel
+    call indices, paired with the VM's calls in order as :func:`_match_splits` pairs them).
+    Empty when the record is missing or the calls do not match it."""
+    if not kernel_splits or not kernel_splits.get("gpu_inputs"):
+        return {}
+    expected = kernel_splits.get("calls") or []
+    vm_call: dict[int, int] = {}  # build's call index -> VM call index
+    j = 0
+    for i, (name, _, _) in enumerate(calls):
+        if j < len(expected) and name == expected[j][0]:
+            vm_call[j] = i
+            j += 1
+    if j != len(expected):
+        return {}
+    out = {}
+    for gpu, cpus in kernel_splits["gpu_inputs"].items():
+        ends = [calls[vm_call[c]][2] for c in cpus if c in vm_call]
+        if ends and int(gpu) in vm_call:
+            out[vm_call[int(gpu)]] = max(ends)
+    return out
 
 
 def _match_splits(calls, kernel_splits: dict | None) -> dict[int, str]:

@@ -11,6 +11,13 @@ device (``auto``: measured on first use) and visible through :func:`sync_mode`:
 
 Polling backs off (pause, yield, short sleeps) and every wait times out with an error
 (:func:`set_timeout_ms`, default 10 s) instead of hanging.
+
+The other direction is carried on the device: :func:`gpu_gate` enqueues a barrier on a user
+event, so the GPU work enqueued after it waits on the device, not on the host, until
+:func:`cpu_signal` completes the event (after the CPU kernel producing its input). This lets
+:class:`~codl_tvm.passes.issue_ahead.IssueGpuAhead` issue GPU kernels before the CPU kernels they
+read. :func:`gates_supported` says whether a device can (user events, barriers with a wait
+list, fine-grained SVM, a sync mode that waits for a mark); checked once per device.
 """
 
 from __future__ import annotations
@@ -21,9 +28,14 @@ from codl_tvm.runtime import load, plugin_function
 
 __all__ = [
     "calibration",
+    "cpu_signal",
     "cpu_view",
     "cpu_wait",
+    "drain",
     "flag_supported",
+    "gates_supported",
+    "gates_unsupported_reason",
+    "gpu_gate",
     "gpu_mark",
     "measure_sync_us",
     "set_sync_mode",
@@ -77,6 +89,45 @@ def gpu_mark(device_id: int = 0) -> int:
 def cpu_wait(handle: int) -> None:
     """Block until the work before mark ``handle`` is done (raises after the timeout)."""
     plugin_function("codl.coexec.cpu_wait")(handle)
+
+
+def gates_supported(device_id: int = 0) -> bool:
+    """Whether GPU work on ``opencl(device_id)`` can wait on the device for a CPU signal.
+
+    Checked once per device and sync mode (a user event and a barrier are tried on the
+    device); when it cannot, the runtime says why once on stderr
+    (:func:`gates_unsupported_reason`).
+    """
+    load()
+    return bool(plugin_function("codl.coexec.gates_supported")(device_id))
+
+
+def gates_unsupported_reason(device_id: int = 0) -> str:
+    """Why :func:`gates_supported` is False on ``opencl(device_id)``; empty when it is True."""
+    load()
+    return str(plugin_function("codl.coexec.gates_unsupported_reason")(device_id))
+
+
+def gpu_gate(device_id: int = 0) -> int:
+    """Hold the GPU work enqueued from now on until :func:`cpu_signal` of the returned handle.
+
+    Raises a RuntimeError where :func:`gates_supported` is False.
+    """
+    load()
+    return int(plugin_function("codl.coexec.gpu_gate")(device_id))
+
+
+def cpu_signal(handle: int) -> None:
+    """Release the GPU work held by gate ``handle`` (each gate is signalled once)."""
+    plugin_function("codl.coexec.cpu_signal")(handle)
+
+
+def drain(device_id: int = 0) -> None:
+    """Wait until ``opencl(device_id)`` has run all the GPU work it can: all of it, or with a gate
+    pending all that was enqueued before the oldest pending gate (a full ``clFinish`` would
+    wait for a signal only this thread can give)."""
+    load()
+    plugin_function("codl.coexec.drain")(device_id)
 
 
 def cpu_view(tensor):

@@ -12,6 +12,12 @@
  *  - "finish": clFinish, exact only when nothing else is queued (the fallback).
  * Spinning backs off (pause, then sched_yield, then short sleeps) so it never starves the
  * driver's threads, and every wait has a timeout that raises instead of hanging.
+ *
+ * The other direction (the GPU waits for the CPU) is carried on the device: `gpu_gate` enqueues
+ * a barrier whose wait list is a user event, so the GPU kernels enqueued after it (the queue is
+ * in order) wait on the device while the host goes on; `cpu_signal` completes the event once
+ * the CPU kernel that produces their input has run. `codl.IssueGpuAhead` issues GPU kernels
+ * ahead of the CPU kernels they depend on this way; `gates_supported` says whether a device can.
  */
 #include <sched.h>
 #include <time.h>
@@ -21,7 +27,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <sstream>
 #include <string>
@@ -196,6 +204,77 @@ class CoexecSync {
     }
   }
 
+  /*!
+   * \brief Whether GPU work can wait on the device for the CPU (gate/signal) on `dev_id`, and
+   * if not why (`why` is empty when it can). Checked once per device and sync mode.
+   *
+   * Needs user events and barriers with a wait list (OpenCL 1.2) that hold back later
+   * commands of the in-order queue, tried on the device; fine-grained SVM (with coarse SVM or
+   * buffers the host maps a tensor by a blocking command on the same queue, which would wait
+   * behind a gate the host has not yet signalled); one device (frees elsewhere drain every
+   * queue); and a sync mode that waits for a mark, not for the whole queue (clFinish would
+   * wait for gated work).
+   */
+  bool GatesSupported(int dev_id, std::string* why) {
+    SyncMode mode = ModeFor(dev_id);  // resolve "auto" now: calibration drains the queue
+    std::lock_guard<std::mutex> lock(mu_);
+    auto key = std::make_pair(dev_id, static_cast<int>(mode));
+    auto it = gate_support_.find(key);
+    if (it == gate_support_.end()) {
+      std::string reason = CheckGates(dev_id, mode);
+      it = gate_support_.emplace(key, reason).first;
+      if (!reason.empty()) {
+        // Said once per device and mode: builds then issue GPU work in host order.
+        fprintf(stderr,
+                "codl-tvm: note: opencl(%d) cannot hold GPU work for the CPU on the device "
+                "(%s); GPU kernels are issued in host order\n",
+                dev_id, reason.c_str());
+      }
+    }
+    if (why != nullptr) *why = it->second;
+    return it->second.empty();
+  }
+
+  /*!
+   * \brief Enqueue a barrier that holds later GPU work until `Signal` completes `ev`; `*before`
+   * receives a marker of the work enqueued before the gate (what `Drain` waits for).
+   */
+  cl_event Gate(int dev_id, cl_event* before) {
+    std::string why;
+    if (!GatesSupported(dev_id, &why)) {
+      TVM_FFI_THROW(RuntimeError)
+          << "codl.coexec.gpu_gate: opencl(" << dev_id << ") cannot hold GPU work for the CPU ("
+          << why << "); build with the GPU issued in host order (IssueGpuAhead(gates=False))";
+    }
+    Workspace* w = Workspace::Global();
+    const Api& api = GetApi();
+    cl_int err = CL_SUCCESS;
+    cl_event ev = api.clCreateUserEvent(w->context(), &err);
+    if (err != CL_SUCCESS) ThrowCLError("clCreateUserEvent", err, "co-execution gate");
+    cl_command_queue q = w->Queue(dev_id);
+    err = api.clEnqueueMarkerWithWaitList(q, 0, nullptr, before);
+    if (err == CL_SUCCESS) err = api.clEnqueueBarrierWithWaitList(q, 1, &ev, nullptr);
+    if (err != CL_SUCCESS) {
+      api.clSetUserEventStatus(ev, CL_COMPLETE);
+      api.clReleaseEvent(ev);
+      ThrowCLError("clEnqueueBarrierWithWaitList", err, "co-execution gate");
+    }
+    // Submit what is queued before the gate: the GPU runs it while the host goes on.
+    CODL_CL_CALL(clFlush, q);
+    return ev;
+  }
+
+  /*! \brief Complete a gate's user event: the GPU work behind it may start. */
+  void Signal(int dev_id, cl_event ev) {
+    const Api& api = GetApi();
+    cl_int err = api.clSetUserEventStatus(ev, CL_COMPLETE);
+    api.clReleaseEvent(ev);
+    if (err != CL_SUCCESS) ThrowCLError("clSetUserEventStatus", err, "co-execution signal");
+    // The work behind the gate was submitted before; a flush makes sure a driver that keeps
+    // commands on the host until flushed hands it over now.
+    CODL_CL_CALL(clFlush, Workspace::Global()->Queue(dev_id));
+  }
+
   /*! \brief Block the device queue behind a user event (tests of the timeout path). */
   int64_t BlockQueue(int dev_id) {
     Workspace* w = Workspace::Global();
@@ -242,6 +321,56 @@ class CoexecSync {
     return flag_us <= event_us ? SyncMode::kFlag : SyncMode::kEvent;
   }
 
+  /*! \brief Why gates cannot be used on `dev_id` with `mode`, or "" (see GatesSupported). */
+  std::string CheckGates(int dev_id, SyncMode mode) {
+    Workspace* w = Workspace::Global();
+    w->EnsureInit();
+    const Api& api = GetApi();
+    if (api.clCreateUserEvent == nullptr || api.clSetUserEventStatus == nullptr ||
+        api.clEnqueueBarrierWithWaitList == nullptr) {
+      return "the OpenCL library lacks user events or barriers with a wait list";
+    }
+    if (w->svm_mode() != SvmMode::kFineGrain) {
+      return std::string("host access to tensors is mapped on the queue in '") +
+             SvmModeName(w->svm_mode()) + "' mode";
+    }
+    if (w->num_devices() != 1) return "frees drain every queue with several devices";
+    if (mode == SyncMode::kFinish) return "sync mode 'finish' waits for the whole queue";
+    // Try it: a marker behind a gate must not complete before the user event does.
+    cl_int err = CL_SUCCESS;
+    cl_event ev = api.clCreateUserEvent(w->context(), &err);
+    if (err != CL_SUCCESS) return "clCreateUserEvent failed with error " + std::to_string(err);
+    cl_command_queue q = w->Queue(dev_id);
+    err = api.clEnqueueBarrierWithWaitList(q, 1, &ev, nullptr);
+    if (err != CL_SUCCESS) {
+      api.clSetUserEventStatus(ev, CL_COMPLETE);
+      api.clReleaseEvent(ev);
+      return "clEnqueueBarrierWithWaitList failed with error " + std::to_string(err);
+    }
+    cl_event after = nullptr;
+    err = api.clEnqueueMarkerWithWaitList(q, 0, nullptr, &after);
+    api.clFlush(q);
+    std::string reason;
+    cl_int status = CL_COMPLETE;
+    if (err == CL_SUCCESS) {
+      timespec ts{0, 2000000};  // 2 ms: time for a driver that ignores the gate to run past it
+      nanosleep(&ts, nullptr);
+      api.clGetEventInfo(after, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof(status), &status,
+                         nullptr);
+      if (status == CL_COMPLETE) reason = "a command behind a barrier on a user event ran early";
+    } else {
+      reason = "clEnqueueMarkerWithWaitList failed with error " + std::to_string(err);
+    }
+    err = api.clSetUserEventStatus(ev, CL_COMPLETE);
+    if (err != CL_SUCCESS && reason.empty()) {
+      reason = "clSetUserEventStatus failed with error " + std::to_string(err);
+    }
+    api.clReleaseEvent(ev);
+    CODL_CL_CALL(clFinish, q);  // the probe leaves the queue as it found it
+    if (after != nullptr) api.clReleaseEvent(after);
+    return reason;
+  }
+
   void EnsureFlags(int dev_id) {
     std::lock_guard<std::mutex> lock(kernel_mu_);
     Workspace* w = Workspace::Global();
@@ -280,6 +409,7 @@ class CoexecSync {
   std::mutex mu_, kernel_mu_;
   SyncMode requested_{SyncMode::kAuto};
   std::unordered_map<int, SyncMode> resolved_;
+  std::map<std::pair<int, int>, std::string> gate_support_;  // (device, mode) -> why not
   void* flags_{nullptr};
   std::vector<cl_kernel> flag_kernels_;
   std::atomic<uint32_t> next_slot_{0}, next_value_{0};
@@ -300,6 +430,69 @@ int64_t GpuMark(int dev_id) {
   int64_t h = g_next_mark++;
   g_marks[h] = m;
   return h;
+}
+
+// Gates are handed to Relax as int64 handles too; a handle is consumed by its signal.
+struct Gate {
+  int dev_id{0};
+  cl_event event{nullptr};
+  cl_event before{nullptr};  // marker of the GPU work enqueued before the gate
+};
+std::mutex g_gates_mu;
+std::map<int64_t, Gate> g_gates;  // ordered: the oldest pending gate first
+int64_t g_next_gate = 1;
+
+int64_t GpuGate(int dev_id) {
+  cl_event before = nullptr;
+  cl_event ev = CoexecSync::Global()->Gate(dev_id, &before);
+  std::lock_guard<std::mutex> lock(g_gates_mu);
+  int64_t h = g_next_gate++;
+  g_gates[h] = Gate{dev_id, ev, before};
+  return h;
+}
+
+/*!
+ * \brief Wait until the device has run all the GPU work it can: everything, or with a gate
+ * pending everything before the oldest pending gate (clFinish would wait for the CPU's signal
+ * on this very thread). For timelines that run each kernel alone.
+ */
+void Drain(int dev_id) {
+  Workspace* w = Workspace::Global();
+  w->EnsureInit();
+  cl_event before = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(g_gates_mu);
+    for (auto& [h, g] : g_gates) {
+      if (g.dev_id == dev_id) {
+        before = g.before;
+        GetApi().clRetainEvent(before);
+        break;
+      }
+    }
+  }
+  if (before == nullptr) {
+    CODL_CL_CALL(clFinish, w->Queue(dev_id));
+    return;
+  }
+  CODL_CL_CALL(clFlush, w->Queue(dev_id));
+  cl_int err = GetApi().clWaitForEvents(1, &before);
+  GetApi().clReleaseEvent(before);
+  if (err != CL_SUCCESS) ThrowCLError("clWaitForEvents", err, "co-execution drain");
+}
+
+void CpuSignal(int64_t handle) {
+  Gate g;
+  {
+    std::lock_guard<std::mutex> lock(g_gates_mu);
+    auto it = g_gates.find(handle);
+    if (it == g_gates.end()) {
+      TVM_FFI_THROW(ValueError) << "unknown or already-signalled co-execution gate " << handle;
+    }
+    g = it->second;
+    g_gates.erase(it);
+  }
+  if (g.before != nullptr) GetApi().clReleaseEvent(g.before);
+  CoexecSync::Global()->Signal(g.dev_id, g.event);
 }
 
 /*!
@@ -432,9 +625,18 @@ ffi::Tensor CpuCopy(int64_t site, ffi::Tensor t) {
   ffi::Tensor copy = ffi::Tensor::FromNDAlloc(DeviceAlloc{},
                                               ffi::ShapeView(shape.data(), shape.size()),
                                               d->dtype, DLDevice{kDLCPU, 0});
-  DLTensor src = *d;
-  DLTensor dst = *copy.GetDLTensorPtr();
-  tvm::runtime::DeviceAPI::Get(d->device)->CopyDataFromTo(&src, &dst, nullptr);
+  Workspace* w = Workspace::Global();
+  if (w->svm_mode() == SvmMode::kFineGrain && ffi::IsContiguous(*d)) {
+    // Fine-grained SVM is host-coherent: copy on the host, not by a blocking command on the
+    // queue, which would wait behind GPU work held by a gate (codl.coexec.gpu_gate) whose
+    // signal comes after this CPU kernel. Constants are uploaded before the VM runs.
+    std::memcpy(copy.GetDLTensorPtr()->data, static_cast<const char*>(d->data) + d->byte_offset,
+                ffi::GetDataSize(*d));
+  } else {
+    DLTensor src = *d;
+    DLTensor dst = *copy.GetDLTensorPtr();
+    tvm::runtime::DeviceAPI::Get(d->device)->CopyDataFromTo(&src, &dst, nullptr);
+  }
   std::lock_guard<std::mutex> lock(g_sites_mu);
   g_sites[key] = copy;
   return copy;
@@ -486,6 +688,17 @@ TVM_FFI_STATIC_INIT_BLOCK() {
                   << it->second.second << "}";
              }
              return ffi::String(os.str());
+           })
+      .def("codl.coexec.gpu_gate", GpuGate)
+      .def("codl.coexec.cpu_signal", CpuSignal)
+      .def("codl.coexec.drain", Drain)
+      .def("codl.coexec.gates_supported",
+           [](int dev_id) { return CoexecSync::Global()->GatesSupported(dev_id, nullptr); })
+      .def("codl.coexec.gates_unsupported_reason",
+           [](int dev_id) {
+             std::string why;
+             CoexecSync::Global()->GatesSupported(dev_id, &why);
+             return ffi::String(why);
            })
       .def("codl.coexec.block_queue", [](int dev_id) { return CoexecSync::Global()->BlockQueue(dev_id); })
       .def("codl.coexec.unblock_queue",
