@@ -31,8 +31,20 @@ FAST = ("squeezenet", "bvlc_alexnet")
 SLOW = tuple(m for m in (*LIGHT_MODELS, *ZOO_MODELS) if m not in FAST)
 #: float32: different summation orders only (as tests/test_light_models.py).
 RTOL = 1e-4
-#: float16 (10-bit mantissa, convs accumulating in half): the error over the logits' scale.
-RTOL_FP16 = 3e-2
+#: float16 (10-bit mantissa, convs accumulating in half): the error over the logits' scale;
+#: measured 1e-3 (SqueezeNet, Inception) to 3.6e-2 (YOLOv2, 23 convs deep).
+RTOL_FP16 = 5e-2
+#: Models whose half-precision error is larger, and why.
+RTOL_FP16_MODEL = {
+    # InstanceNorm's mean and variance over up to 256 x 256 pixels are computed in half
+    # (TVM's ToMixedPrecision lets them follow their input): 7.3e-2
+    "fst": 1e-1,
+}
+#: Models the half-precision build does not take yet, and why.
+NO_FP16 = {
+    "posenet": "TVM's ToMixedPrecision rejects the call_tir kernels TVM's ONNX importer makes "
+    "of Clip with min/max inputs (MobileNet's ReLU6)",
+}
 
 
 def _logits(proto: onnx.ModelProto) -> onnx.ModelProto:
@@ -97,7 +109,7 @@ def check_model(name: str, dtype: str, tmp_path) -> dict:
 def _check(name: str, dtype: str, tmp_path) -> None:
     result = check_model(name, dtype, tmp_path)
     assert result["image_kernels"] > 0, "no kernel reads or writes an image"
-    tol = RTOL if dtype == "float32" else RTOL_FP16
+    tol = RTOL if dtype == "float32" else RTOL_FP16_MODEL.get(name, RTOL_FP16)
     assert result["max_abs"] <= tol * result["scale"] + 1e-6, result
 
 
@@ -122,7 +134,15 @@ def test_model_on_images_slow(opencl, name, tmp_path):
 
 @pytest.mark.opencl
 @pytest.mark.slow
-@pytest.mark.parametrize("name", SLOW)
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(m, marks=pytest.mark.xfail(strict=True, reason=NO_FP16[m]))
+        if m in NO_FP16
+        else m
+        for m in SLOW
+    ],
+)
 def test_model_on_half_images_slow(opencl, name, tmp_path):
     _check(name, "float16", tmp_path)
 
