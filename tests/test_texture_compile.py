@@ -317,6 +317,10 @@ def test_half_precision_on_the_gpu(opencl, tmp_path, capsys, data_type):
     assert (b"write_imageh" in library) == (data_type == "image")
     error = _against_onnxruntime(out, model)
     assert 1e-5 < error <= 1e-2
+    # `run` checks the stored float32 reference with half precision's tolerance
+    assert main(["run", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "GPU in float16: tolerance 0.05 of the scale) -> OK" in printed
 
 
 @pytest.mark.opencl
