@@ -17,9 +17,10 @@ The VM enqueues a GPU kernel when it reaches it, and it reaches it only after ev
 before it has run on the host: a GPU kernel placed after a CPU kernel it does not need waits for
 it all the same. This pass moves each GPU kernel (with its mark) up to the earliest point its
 inputs allow, keeping the GPU kernels in their order (one in-order queue) and the CPU kernels,
-waits and views in theirs; ``codl.coexec.region_view`` / ``codl.coexec.alloc`` bindings it needs
-move with it. A CPU kernel that writes what a GPU kernel reads or writes (or reads what it writes)
-stays before it.
+waits and views in theirs, and never between a CPU kernel and the views made for it (with coarse
+SVM or buffers a view is a mapping the next GPU command ends); ``codl.coexec.region_view`` /
+``codl.coexec.alloc`` bindings it needs move with it. A CPU kernel that writes what a GPU kernel
+reads or writes (or reads what it writes) stays before it.
 
 With ``gates=True`` a GPU kernel may also move above the CPU kernel that produces its input: a
 ``codl.coexec.gpu_gate`` before it holds it (and every later GPU kernel) on the device and a
@@ -78,6 +79,14 @@ GPU_INPUTS_ATTR = "codl_gpu_inputs"
 _MOVABLE = ("codl.coexec.alloc", "codl.coexec.region_view")
 # Host bindings that never block on the GPU queue behind a gate (with fine-grained SVM, which
 # the runtime's gate requires): they may run between a gate and its signal.
+# What the sync pass puts before a CPU kernel (its waits, views, weight copies, buffers).
+_CPU_PREP = (
+    *_MOVABLE,
+    "codl.coexec.cpu_view",
+    "codl.coexec.cpu_copy",
+    "codl.coexec.cpu_wait",
+    "codl.coexec.gpu_flush",
+)
 _GATE_SAFE = (
     *_MOVABLE,
     "codl.coexec.cpu_view",
@@ -231,30 +240,33 @@ def issue_order(
 
     producer_vars = _producers(info, bindings)
 
-    def conflicts(unit: _Unit) -> list[int]:
-        """Skeleton positions of the CPU kernels before ``unit`` that it must follow."""
-        return [index[c] for c in producer_vars[unit.kernel.var]]
+    inside = _inside_views(info, bindings, index)
+    home = _home_positions(info, bindings, index)
 
-    def gate_safe(lo: int, hi: int) -> bool:
-        for b in skeleton[lo : hi + 1]:
-            kind = info.kind[b.var]
-            if kind not in ("cpu", *_GATE_SAFE):
-                return False
-        return True
+    def place(unit: _Unit, lo: int, substitute: bool):
+        """``earliest`` at a position outside every CPU kernel's views, never after the unit's
+        own place before (which is outside them: the views are contiguous there)."""
+        while True:
+            pos, subst, pulls = earliest(unit, lo, substitute)
+            if pos not in inside:
+                return pos, subst, pulls
+            lo = inside[pos] + 1
+            if lo >= home[unit.kernel.var]:
+                return earliest(unit, home[unit.kernel.var], False)
 
     prev = entry
     gated_upto = -1  # the latest producer a gate already in the queue waits for
     signals: dict[int, relax.Var] = {}
     for unit in units:
-        deps = conflicts(unit)
+        deps = [index[c] for c in producer_vars[unit.kernel.var]]  # CPU kernels to follow
         after = max([prev, *(k + 1 for k in deps)])
-        pos, subst, pulls = earliest(unit, after, False)
+        pos, subst, pulls = place(unit, after, False)
         if gates:
-            pos_g, subst_g, pulls_g = earliest(unit, prev, True)
+            pos_g, subst_g, pulls_g = place(unit, prev, True)
             producers = [k for k in deps if k >= pos_g]
             if pos_g < pos and producers:
                 producer = max(producers)
-                if producer <= gated_upto or gate_safe(pos_g, producer):
+                if producer <= gated_upto or _gate_safe(skeleton, info, pos_g, producer):
                     pos, subst, pulls = pos_g, subst_g, pulls_g
                     if producer > gated_upto:
                         unit.gate = relax.Var("gate", tvm.ir.PrimType("int64"))
@@ -311,6 +323,40 @@ def _emit(skeleton, units, info, pulled_at, signals, orig) -> list[tuple]:
             steps.append(("signal", signals[k]))
     emit_units(len(skeleton))
     return steps
+
+
+def _gate_safe(skeleton: list, info: _Analysis, lo: int, hi: int) -> bool:
+    """Whether only bindings that never block on the queue lie between a gate and its signal."""
+    return all(info.kind[b.var] in ("cpu", *_GATE_SAFE) for b in skeleton[lo : hi + 1])
+
+
+def _home_positions(info: _Analysis, bindings: Sequence[relax.Binding], index: dict) -> dict:
+    """GPU kernel var -> its skeleton position in the order before."""
+    home: dict = {}
+    seen = 0
+    for b in bindings:
+        if b.var in index:
+            seen = index[b.var] + 1
+        elif info.kind[b.var] == "gpu":
+            home[b.var] = seen
+    return home
+
+
+def _inside_views(info: _Analysis, bindings: Sequence[relax.Binding], index: dict) -> dict:
+    """Skeleton position -> that of the CPU kernel whose views (waits, weight copies, buffers)
+    it follows: no GPU kernel goes there, since with coarse SVM or buffers a view is a mapping
+    that the next GPU command ends. Runs are taken in the order before (the sync pass's)."""
+    inside: dict[int, int] = {}
+    for i, b in enumerate(bindings):
+        if info.kind[b.var] != "cpu":
+            continue
+        start = i
+        while start > 0 and info.kind[bindings[start - 1].var] in _CPU_PREP:
+            start -= 1
+        run = [index[x.var] for x in bindings[start : i + 1] if x.var in index]
+        for k in run[1:]:  # before the run's first binding is fine
+            inside[k] = index[b.var]
+    return inside
 
 
 def _producers(info: _Analysis, bindings: Sequence[relax.Binding]) -> dict:
