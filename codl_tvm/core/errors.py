@@ -22,6 +22,7 @@ __all__ = [
     "DeployError",
     "DeviceSupportError",
     "FeatureError",
+    "ImageError",
     "ModelError",
     "ModelFileError",
     "NoDefaultModelError",
@@ -102,6 +103,11 @@ class ToolchainError(CodlError, RuntimeError):
 class BuildError(CodlError, RuntimeError):
     """TVM could not build a model for a device (an OpenCL kernel that does not compile, a pass
     that fails); the message names the model, the operator or kernel and the device."""
+
+
+class ImageError(CodlError, ValueError):
+    """An image cannot be allocated or used: the device has no images, the tensor exceeds the
+    device's image limits, or the scope, shape, dtype or region does not fit an image."""
 
 
 class DeviceSupportError(CodlError, ValueError):

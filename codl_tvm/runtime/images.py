@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from codl_tvm.core.errors import CodlError
+from codl_tvm.core.errors import ImageError
 from codl_tvm.runtime import load, plugin_function
 
 __all__ = [
@@ -43,11 +43,6 @@ __all__ = [
 
 #: TVM's texture memory scopes that the runtime stores as images.
 TEXTURE_SCOPES = ("global.texture", "global.texture-nhwc", "global.texture-weight")
-
-
-class ImageError(CodlError, ValueError):
-    """An image cannot be allocated or used: the device has no images, the tensor exceeds the
-    device's image limits, or the scope, shape, dtype or region does not fit an image."""
 
 
 @dataclass(frozen=True)
