@@ -141,6 +141,10 @@ class CompileOptions:
         channel pads and slices and elementwise ops) is split along rows at that split's
         ratio. False (the default) keeps such blocks whole on one processor: AlexNet at
         k = 12 measured 1.04-1.07x slower split (see docs/benchmarks.md).
+    issue_ahead
+        With ``device="coexec"``: each GPU kernel is enqueued as early as its inputs allow
+        (:class:`codl_tvm.passes.issue_ahead.IssueGpuAhead`), not when the VM reaches it
+        between CPU kernels. False keeps ``main``'s order (the A/B of the GPU issue order).
     refine
         With ``verify`` (on this machine): after the first timing, take ``refine_traces``
         timelines of the fastest co-executed build, balance each split from them
@@ -198,6 +202,7 @@ class CompileOptions:
     verify_calibrate: bool = True
     split_channel_blocks: bool = True
     split_row_blocks: bool = False
+    issue_ahead: bool = True
     refine: int = 0
     refine_traces: int = 5
     weight_gbps: tuple[float, float] | None = None

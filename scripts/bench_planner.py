@@ -62,6 +62,9 @@ STREAMING_SUFFIX = "_streaming"
 #: after an H split is split along rows; off by default since an A/B measured it slower, which
 #: tagged the whole LRN ``codl_wholelrn`` while the split was the default).
 ROWLRN_SUFFIX = "_rowlrn"
+#: ... and ending so (``codl_hostorder``): that mode with ``compile --no-issue-ahead`` (GPU
+#: kernels enqueued in ``main``'s order, when the host reaches them): the A/B of the issue order.
+HOSTORDER_SUFFIX = "_hostorder"
 
 
 class _TagFlags(NamedTuple):
@@ -70,6 +73,7 @@ class _TagFlags(NamedTuple):
     wholenorm: bool = False
     streaming: bool = False
     rowlrn: bool = False
+    hostorder: bool = False
 
 
 _SUFFIXES = {
@@ -77,6 +81,7 @@ _SUFFIXES = {
     WHOLENORM_SUFFIX: "wholenorm",
     STREAMING_SUFFIX: "streaming",
     ROWLRN_SUFFIX: "rowlrn",
+    HOSTORDER_SUFFIX: "hostorder",
 }
 
 
@@ -200,6 +205,7 @@ def _compile_job(job: _Job) -> tuple[str, str, str | None, float]:
             split_channel_blocks=not flags.wholenorm,
             weight_gbps=job.weight_gbps if flags.streaming else None,
             split_row_blocks=flags.rowlrn,
+            issue_ahead=not flags.hostorder,
             processor_scale=job.processor_scale,
         )
         compile_artifact(job.path, job.target, options)

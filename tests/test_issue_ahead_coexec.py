@@ -4,9 +4,13 @@ the GPU issued ahead without gates and with gates, against onnxruntime and each 
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
+import onnx
 import pytest
 
+from codl_tvm.artifact import compile_artifact, load_artifact
 from codl_tvm.build.coexec import compile_coexec
 from codl_tvm.cli import bundled_model_path
 from codl_tvm.core.plan import (
@@ -17,6 +21,7 @@ from codl_tvm.core.plan import (
     uniform_plan,
 )
 from codl_tvm.frontend.importer import load_onnx, random_inputs
+from codl_tvm.options import CompileOptions
 from codl_tvm.runtime import sync
 
 from .test_hope import inception_like
@@ -119,3 +124,30 @@ def test_timeline_carries_enqueue_and_ready_times(opencl, branches):
         b = gap_breakdown(trace, bound_ms=0.5 * trace.span_us() / 1e3)
         assert b.terms["host_issue"] >= 0.0
         assert sum(v for v in b.terms.values() if v is not None) == pytest.approx(b.gap_ms)
+
+
+def test_the_compile_option_sets_the_issue_order(opencl, tmp_path):
+    """``CompileOptions.issue_ahead`` (``compile --no-issue-ahead``) reaches the build: the
+    host order keeps more CPU calls ahead of the GPU's, and both equal onnxruntime."""
+    proto = inception_like(c=16, hw=32)
+    path = tmp_path / "m.onnx"
+    onnx.save(proto, path)
+    model = load_onnx(path)
+    infos = partitionable_ops(model.mod)
+    plan = PartitionPlan(
+        tuple(OpPartition(i.name, "H", RATIOS[i.name]) for i in infos),
+        (),
+        model_fingerprint(model.mod, infos),
+        home="gpu",
+    )
+    feeds = random_inputs(model, seed=3)
+    (want,) = onnxruntime_outputs(proto, feeds)
+    before = {}
+    for ahead in (True, False):
+        out = tmp_path / f"art_{ahead}"
+        compile_artifact(path, out, CompileOptions(plan=plan, issue_ahead=ahead))
+        art = load_artifact(out)
+        assert_close(art([feeds[model.inputs[0].name]])[0], want)
+        splits = SimpleNamespace(kernel_splits=art.manifest["kernel_splits"])
+        before[ahead] = _cpu_calls_before_gpu_calls(splits)
+    assert before[False] > before[True], before

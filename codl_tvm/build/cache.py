@@ -127,6 +127,8 @@ class BuildSpec:
         they get the CPU-alone settings.
     channel_blocks, row_blocks
         A co-executed build's channel and row blocks.
+    issue_ahead
+        A co-executed build's GPU kernels enqueued as early as their inputs allow.
     weights
         ``"embedded"`` (constants in the library) or ``"beside"`` (large constants fetched from
         a weights file beside it, :mod:`codl_tvm.runtime.weights`).
@@ -156,6 +158,7 @@ class BuildSpec:
     coexec_cpu_alone: bool = False
     channel_blocks: bool = False
     row_blocks: bool = False
+    issue_ahead: bool = True
     weights: str = "embedded"
     gpu_data_type: str = "buffer"
     gpu_dtype: str = "float32"
@@ -240,6 +243,7 @@ def build_library(
             cpu,
             channel_blocks=spec.channel_blocks,
             row_blocks=spec.row_blocks,
+            issue_ahead=spec.issue_ahead,
             kernel_splits=splits,
             weights=weights,
         )
@@ -336,6 +340,7 @@ class Libraries:
         self.coexec_cpu_alone = False
         self.channel_blocks = True
         self.row_blocks = False
+        self.issue_ahead = True
         # where the libraries built from here on store their weights
         self.weights_placement = "embedded"
         # the GPU-alone build's tensors (set_gpu_data)
@@ -375,6 +380,7 @@ class Libraries:
             coexec_cpu_alone=coexec and self.coexec_cpu_alone,
             channel_blocks=coexec and self.channel_blocks,
             row_blocks=coexec and self.row_blocks,
+            issue_ahead=not coexec or self.issue_ahead,
             weights=self.weights_placement,
             gpu_data_type=self.gpu_data["data_type"] if device == "opencl" else "buffer",
             gpu_dtype=self.gpu_data["dtype"] if device == "opencl" else "float32",

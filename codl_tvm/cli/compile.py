@@ -98,6 +98,7 @@ COMPILE_FLAGS = {
     "verify_calibrate": "--verify-calibrate",
     "split_channel_blocks": "--split-channel-blocks",
     "split_row_blocks": "--split-row-blocks",
+    "issue_ahead": "--issue-ahead",
     "refine": "--refine",
     "refine_traces": "--refine-traces",
     "weight_gbps": "--weight-gbps",
@@ -130,6 +131,7 @@ def _compile_options(args: argparse.Namespace, plan) -> CompileOptions:
         coexec_cpu_alone=args.coexec_cpu_alone_kernels,
         split_channel_blocks=args.split_channel_blocks,
         split_row_blocks=args.split_row_blocks,
+        issue_ahead=args.issue_ahead,
         verify_calibrate=args.verify_calibrate,
         refine=args.refine,
         refine_traces=args.refine_traces,
@@ -424,6 +426,13 @@ def _kernel_flags(p: argparse.ArgumentParser) -> None:
         "ops) that reads an H split's output along rows at that split's ratio, instead of "
         "running it whole on one processor while the other waits (default: off; AlexNet at "
         "k = 12 measured 1.04-1.07x slower split)",
+    )
+    p.add_argument(
+        "--issue-ahead",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="co-executed builds: enqueue each GPU kernel as early as its inputs allow instead "
+        "of when the host reaches it between CPU kernels (default: on)",
     )
 
 

@@ -400,6 +400,7 @@ class _Compile:
         manifest.split_row_blocks = bool(o.split_row_blocks)
         libraries.channel_blocks = bool(o.split_channel_blocks)
         libraries.row_blocks = bool(o.split_row_blocks)
+        libraries.issue_ahead = bool(o.issue_ahead)
         runtime.load()
         if self.rounds:
             # measured: a co-executed build that fails is dropped, the processors alone decide
