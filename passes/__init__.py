@@ -29,6 +29,18 @@
 - :class:`~codl_tvm.passes.stream_weights.StreamWeights` (``stream_weights.py``): last, with
   ``--weights beside``, turns large constants into fetches of weights loaded beside the library
   while the model runs.
+- :class:`~codl_tvm.passes.issue_ahead.IssueGpuAhead` (``issue_ahead.py``): right after the
+  co-execution sync, enqueues each GPU kernel as early as its inputs allow (optionally held by
+  on-device gates the CPU signals).
+- The texture build of the GPU alone (CoDL's hybrid data type, :mod:`codl_tvm.build.texture`):
+  :class:`~codl_tvm.passes.texture_layout.ToTextureLayout` (``texture_layout.py``: operators on
+  NCHW4c images, weights packed at build time),
+  :class:`~codl_tvm.passes.texture_scope_copy.TextureScopeCopies` (``texture_scope_copy.py``:
+  copies between image layouts as kernels),
+  :class:`~codl_tvm.passes.texture_call_sites.OwnScopedKernels` (``texture_call_sites.py``: a
+  kernel copy per combination of memory scopes) and
+  :class:`~codl_tvm.passes.texture_storage.ImageStorages` (``texture_storage.py``: each image
+  tensor its own image-shaped storage).
 """
 
 from codl_tvm.core.geometry import (
