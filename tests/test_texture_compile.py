@@ -24,6 +24,7 @@ from codl_tvm.build.targets import get_preset
 from codl_tvm.cli import main
 from codl_tvm.core.errors import DeviceSupportError
 from codl_tvm.frontend.importer import load_onnx
+from codl_tvm.objectives.measure import MEASURE_ROUNDS, gpu_data_measurement
 from codl_tvm.options import CompileOptions, OptionsError
 from codl_tvm.runtime.artifact import Manifest, ModelRecord, file_sha256, load_artifact
 from codl_tvm.runtime.images import ImageCaps, image_caps
@@ -137,7 +138,7 @@ def test_image_beyond_the_device_limits_is_one_line(opencl, tmp_path, capsys):
 
 
 @pytest.mark.opencl
-def test_auto_builds_buffers_where_images_do_not_fit(opencl, tmp_path, capsys):
+def test_auto_builds_buffers_where_images_do_not_fit(opencl, tmp_path, capsys, caplog):
     caps = image_caps()
     model = _conv_pool_model(tmp_path / "wide.onnx", h=1, w=_wide(caps))
     out = tmp_path / "art"
@@ -148,20 +149,37 @@ def test_auto_builds_buffers_where_images_do_not_fit(opencl, tmp_path, capsys):
     gpu = json.loads((out / "manifest.json").read_text())["gpu"]
     assert gpu["asked"] == "auto" and gpu["data_type"] == "buffer"
     assert "CL_DEVICE_IMAGE2D_MAX_WIDTH" in gpu["why"]
+    # measured (this machine runs the preset), but only the buffers: no image build to time
+    assert list(gpu["measured_ms"]) == ["buffer"] and gpu["measured_on"] == "this machine"
+    assert "unchecked" not in gpu
+    kept = [m for m in caplog.messages if "GPU data type measured on this machine" in m]
+    assert len(kept) == 1 and "keeping buffers" in kept[0]
+    assert "images not timed" in kept[0] and "CL_DEVICE_IMAGE2D_MAX_WIDTH" in kept[0]
     assert b"write_imagef" not in (out / "model.so").read_bytes()
     assert _against_onnxruntime(out, model) <= 1e-4
 
 
 @pytest.mark.opencl
-def test_auto_takes_images_where_they_fit(opencl, tmp_path, capsys):
+def test_auto_takes_images_where_they_fit_without_measuring(opencl, tmp_path, capsys, caplog):
+    """``--no-measure``: the capability rule, recorded as unchecked, nothing timed."""
     model = _conv_pool_model(tmp_path / "m.onnx")
     out = tmp_path / "art"
     code, _, err = _compile(
-        capsys, str(model), "-o", str(out), "--device", "opencl", "--gpu-data-type", "auto"
+        capsys,
+        *(str(model), "-o", str(out), "--device", "opencl", "--gpu-data-type", "auto"),
+        "--no-measure",
     )
     assert code == 0, err
-    gpu = json.loads((out / "manifest.json").read_text())["gpu"]
-    assert gpu == {"asked": "auto", "data_type": "image", "dtype": "float32"}
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["gpu"] == {
+        "asked": "auto",
+        "data_type": "image",
+        "dtype": "float32",
+        "unchecked": "not measured: measuring was switched off",
+    }
+    assert "(unchecked)" in caplog.text and "GPU data type measured" not in caplog.text
+    assert manifest["vm_devices"] == ["opencl"] * texture.VM_DEVICE_SLOTS
+    assert b"write_imagef" in (out / "model.so").read_bytes()
     assert _against_onnxruntime(out, model) <= 1e-4
 
 
@@ -361,3 +379,127 @@ def test_the_build_spec_carries_the_gpu_data(opencl, tmp_path, caplog):
     assert images.gpu_data_type == "image" and images.key() != buffers.key()
     assert libraries.spec("cpu", None).gpu_data_type == "buffer"
     assert libraries.gpu_vm_devices() == ["opencl"] * texture.VM_DEVICE_SLOTS
+
+
+# --- gpu_data_type auto: the data type chosen by measuring ------------------------------------
+
+
+@pytest.mark.opencl
+def test_measured_auto_keeps_the_faster_data_type(opencl, tmp_path, capsys, caplog):
+    """Both builds timed on this machine; the artifact is the one with the lower median
+    (which one is faster here says nothing about a phone: only the record's consistency is
+    checked)."""
+    model = _conv_pool_model(tmp_path / "m.onnx")
+    out = tmp_path / "art"
+    code, _, err = _compile(
+        capsys, str(model), "-o", str(out), "--device", "opencl", "--gpu-data-type", "auto"
+    )
+    assert code == 0, err
+    manifest = json.loads((out / "manifest.json").read_text())
+    gpu = manifest["gpu"]
+    ms = gpu["measured_ms"]
+    assert set(ms) == {"buffer", "image"} and all(v > 0 for v in ms.values())
+    assert gpu["data_type"] == min(ms, key=ms.get)
+    assert gpu["asked"] == "auto" and gpu["dtype"] == "float32"
+    assert gpu["measured_on"] == "this machine" and gpu["rounds"] == MEASURE_ROUNDS
+    assert all(len(gpu["samples_ms"][t]) == MEASURE_ROUNDS for t in ms)
+    assert ms == {t: float(np.median(v)) for t, v in gpu["samples_ms"].items()}
+    assert "unchecked" not in gpu and "why" not in gpu and "dropped" not in gpu
+    # the kept library is the kept type's: image kernels and one VM slot per scope, or neither
+    images = gpu["data_type"] == "image"
+    assert (b"write_imagef" in (out / "model.so").read_bytes()) == images
+    assert manifest["vm_devices"] == ["opencl"] * (texture.VM_DEVICE_SLOTS if images else 1)
+    # one line says what was compared and what was kept
+    kept = [m for m in caplog.messages if "GPU data type measured on this machine" in m]
+    assert len(kept) == 1, caplog.messages
+    assert f"buffers {ms['buffer']:.3f} ms" in kept[0] and f"images {ms['image']:.3f} ms" in kept[0]
+    assert kept[0].endswith(f"keeping {gpu['data_type']}s")
+    assert _against_onnxruntime(out, model) <= 1e-4
+    assert main(["run", str(out), "--check", "--repeat", "1", "--number", "1"]) == 0
+    assert "-> OK" in capsys.readouterr().out
+
+
+@pytest.mark.opencl
+def test_measured_auto_with_weights_beside(opencl, tmp_path, capsys):
+    """The candidates are timed with embedded weights; the kept one is built again with its
+    weights beside (as for co-execution)."""
+    model = _conv_pool_model(tmp_path / "m.onnx")
+    out = tmp_path / "art"
+    code, _, err = _compile(
+        capsys,
+        *(str(model), "-o", str(out), "--device", "opencl", "--gpu-data-type", "auto"),
+        *("--weights", "beside"),
+    )
+    assert code == 0, err
+    manifest = json.loads((out / "manifest.json").read_text())
+    gpu = manifest["gpu"]
+    assert gpu["data_type"] == min(gpu["measured_ms"], key=gpu["measured_ms"].get)
+    assert manifest["weights"]["placement"] == "beside" and (out / "weights.bin").is_file()
+    images = gpu["data_type"] == "image"
+    assert (b"write_imagef" in (out / "model.so").read_bytes()) == images
+    assert _against_onnxruntime(out, model) <= 1e-4
+
+
+def test_auto_measures_where_the_target_is_reachable():
+    """The rule of the co-executed compile's default measurement."""
+    auto = CompileOptions(device="opencl", gpu_data_type="auto")
+    assert gpu_data_measurement(dataclasses.replace(auto, verify=5), get_preset("host")) == (
+        5,
+        None,
+    )
+    rounds, why = gpu_data_measurement(auto, get_preset("android-adreno"))
+    assert rounds == 0 and why.startswith("not measured: preset 'android-adreno' cross-compiles")
+    # a device behind a tracker: its image builds cannot be timed through RPC yet
+    remote = dataclasses.replace(auto, tracker="127.0.0.1:9190", key="adreno")
+    rounds, why = gpu_data_measurement(remote, get_preset("android-adreno"))
+    assert rounds == 0 and "cannot be timed through RPC" in why
+    assert gpu_data_measurement(auto, get_preset("host")) == (MEASURE_ROUNDS, None)
+    off = dataclasses.replace(auto, measure=False)
+    assert gpu_data_measurement(off, get_preset("android-adreno")) == (
+        0,
+        "not measured: measuring was switched off",
+    )
+    # buffers asked, or a co-executed compile: nothing to choose
+    assert gpu_data_measurement(CompileOptions(device="opencl"), get_preset("host")) == (0, None)
+    coexec = CompileOptions(device="coexec", gpu_data_type="auto")
+    assert gpu_data_measurement(coexec, get_preset("host")) == (0, None)
+
+
+@pytest.mark.opencl
+def test_auto_candidates_differ_in_the_data_type_only(opencl, tmp_path):
+    path = _conv_pool_model(tmp_path / "m.onnx")
+    model = load_onnx(path)
+    manifest = Manifest(model=ModelRecord(str(path), file_sha256(path), [], []))
+    libraries = Libraries(tmp_path, None, model, manifest, get_preset("opencl"))
+    libraries.set_gpu_data("auto", "float32", "opencl")
+    specs = libraries.gpu_data_candidates()
+    assert list(specs) == ["buffer", "image"]
+    assert specs["buffer"] == dataclasses.replace(specs["image"], gpu_data_type="buffer")
+    libraries.keep_gpu_data("buffer")
+    assert libraries.spec("opencl", None) == specs["buffer"]
+    assert libraries.gpu_vm_devices() == ["opencl"]
+    assert libraries.gpu_vm_devices("image") == ["opencl"] * texture.VM_DEVICE_SLOTS
+    # buffers decided: images are no candidate any more
+    assert list(libraries.gpu_data_candidates()) == ["buffer"]
+    with pytest.raises(ValueError, match="'image' is not a candidate"):
+        libraries.keep_gpu_data("image")
+
+
+@pytest.mark.opencl
+def test_auto_in_a_coexecuted_compile_keeps_buffers(opencl, tmp_path, capsys, caplog):
+    """Co-executed compiles keep buffers with a note, also where the plan falls back to the
+    GPU alone: nothing is measured for the data type, nothing recorded."""
+    model = _conv_pool_model(tmp_path / "m.onnx")
+    out = tmp_path / "art"
+    code, _, err = _compile(
+        capsys,
+        *(str(model), "-o", str(out), "--mode", "gpu_only", "--no-measure"),
+        *("--gpu-data-type", "auto"),
+    )
+    assert code == 0, err
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["device"] == "opencl" and "gpu" not in manifest
+    assert "the coexec build keeps float32 buffers" in caplog.text
+    assert "GPU data type measured" not in caplog.text
+    assert b"write_imagef" not in (out / "model.so").read_bytes()
+    assert _against_onnxruntime(out, model) <= 1e-4

@@ -394,6 +394,10 @@ class Libraries:
         None where ``device`` is not ``"opencl"`` (co-executed builds keep float32 buffers for
         now, which a note says where other settings were asked).
 
+        ``auto`` decides by capability here (images wherever the device can hold them); a
+        compile that can reach the device then times :meth:`gpu_data_candidates` and keeps
+        the faster (:meth:`keep_gpu_data`).
+
         Raises
         ------
         DeviceSupportError
@@ -414,13 +418,29 @@ class Libraries:
             logger.info("GPU tensors in buffers: %s", why)
         return self.gpu_data
 
-    def gpu_vm_devices(self) -> list[str]:
-        """The VM's devices of the GPU-alone build: an image build allocates from one VM device
-        slot per memory scope (:data:`codl_tvm.build.texture.VM_DEVICE_SLOTS`), each the OpenCL
-        device."""
+    def gpu_data_candidates(self) -> dict[str, BuildSpec]:
+        """The GPU-alone builds ``gpu_data_type="auto"`` chooses between by measuring, by data
+        type: buffers always, images where :meth:`set_gpu_data` found that the device can hold
+        them (it then decided ``"image"``); each the spec of :meth:`spec` but for its type."""
+        spec = self.spec("opencl", None)
+        types = ("buffer", "image") if self.gpu_data["data_type"] == "image" else ("buffer",)
+        return {t: dataclasses.replace(spec, gpu_data_type=t) for t in types}
+
+    def keep_gpu_data(self, data_type: str) -> None:
+        """Make ``data_type`` (one of :meth:`gpu_data_candidates`, measured the faster) the
+        GPU-alone build's from here on (its spec, :attr:`gpu_data`, :meth:`gpu_vm_devices`)."""
+        if data_type not in self.gpu_data_candidates():
+            raise ValueError(f"data_type {data_type!r} is not a candidate of this compile")
+        self.gpu_data["data_type"] = data_type
+
+    def gpu_vm_devices(self, data_type: str | None = None) -> list[str]:
+        """The VM's devices of the GPU-alone build of ``data_type`` (default: the decided one,
+        :attr:`gpu_data`): an image build allocates from one VM device slot per memory scope
+        (:data:`codl_tvm.build.texture.VM_DEVICE_SLOTS`), each the OpenCL device."""
         from codl_tvm.build.texture import VM_DEVICE_SLOTS  # deferred, as in build_library
 
-        return ["opencl"] * (VM_DEVICE_SLOTS if self.gpu_data["data_type"] == "image" else 1)
+        data_type = data_type or self.gpu_data["data_type"]
+        return ["opencl"] * (VM_DEVICE_SLOTS if data_type == "image" else 1)
 
     def key(self, device: str, plan: PartitionPlan | None) -> str:
         """The build-cache key of the library of ``device`` (with ``plan``)."""

@@ -47,7 +47,7 @@ from codl_tvm.core.plan import PartitionPlan
 from codl_tvm.cost_model.defaults import default_model_path
 from codl_tvm.frontend.importer import OnnxModel, load_onnx, random_inputs
 from codl_tvm.objectives.measure import cost_model_mismatch, measurement
-from codl_tvm.objectives.verify import build_candidate, refined_candidates
+from codl_tvm.objectives.verify import build_candidate, gpu_data_auto, refined_candidates
 from codl_tvm.objectives.verify import verify as verify_builds
 from codl_tvm.options import CompileOptions, OptionsError
 from codl_tvm.planner import PlannerConfig, PlanReport
@@ -418,13 +418,15 @@ class _Compile:
         return self.verify(built) if self.rounds else built
 
     def build(self) -> Path:
-        """The model built for the one processor of :attr:`device`."""
+        """The model built for the one processor of :attr:`device` (``auto`` GPU data: measured)."""
         target = self.preset.target("cpu" if self.device == "cpu" else "gpu")
         if target is None:
             raise OptionsError(
                 f"preset {self.preset.name!r} has no GPU; use device 'cpu'", ("device",)
             )
         self.manifest.targets = {self.device: str(target)}
+        if self.device == "opencl" and self.options.gpu_data_type == "auto":
+            return gpu_data_auto(self.model, self.libraries, self.options, self.manifest)
         return self.libraries.single(self.device)
 
     def _write_placement(self, plan: PartitionPlan) -> None:

@@ -20,7 +20,13 @@ from codl_tvm.cost_model.fitted_device import device_mismatch, fitted_device, lo
 from codl_tvm.options import CompileOptions
 from codl_tvm.runtime.cpu_features import missing_cpu_features
 
-__all__ = ["MEASURE_ROUNDS", "cost_model_mismatch", "measurement", "unreachable"]
+__all__ = [
+    "MEASURE_ROUNDS",
+    "cost_model_mismatch",
+    "gpu_data_measurement",
+    "measurement",
+    "unreachable",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +60,39 @@ def measurement(options: CompileOptions, preset: TargetPreset) -> tuple[int, str
     logger.warning(
         "cannot measure the builds: %s; co-execution is chosen by the cost model's predictions "
         "alone (unchecked)",
+        why,
+    )
+    return 0, why
+
+
+def gpu_data_measurement(options: CompileOptions, preset: TargetPreset) -> tuple[int, str | None]:
+    """Rounds of timing that choose the GPU-alone build's data type, and why it could not
+    measure where it would have.
+
+    A compile for the GPU alone (``device="opencl"``) that asks ``gpu_data_type="auto"``
+    times its buffer and image builds on this machine where it runs the preset
+    (:func:`unreachable`, the rule of :func:`measurement`): ``verify``'s rounds, else
+    :data:`MEASURE_ROUNDS`. Otherwise (``measure`` off, the target out of reach) the device's
+    capability decides, unchecked. So does a device behind ``tracker``: the remote runner
+    gives a VM one OpenCL device, and an image build's VM needs one per memory scope, so its
+    images could not be timed there and buffers would always win.
+    """
+    if options.device != "opencl" or options.gpu_data_type != "auto":
+        return 0, None
+    if not options.measure and not options.verify:
+        why = "not measured: measuring was switched off"
+    elif options.remote is not None:
+        why = (
+            "not measured: image builds cannot be timed through RPC yet (the remote VM gets "
+            "one OpenCL device; an image build needs one per memory scope)"
+        )
+    else:
+        reason = unreachable(preset)
+        if reason is None:
+            return options.verify or MEASURE_ROUNDS, None
+        why = f"not measured: {reason}"
+    logger.warning(
+        "%s; gpu_data_type 'auto' takes images wherever the device can hold them (unchecked)",
         why,
     )
     return 0, why

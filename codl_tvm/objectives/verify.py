@@ -26,7 +26,9 @@ from codl_tvm import runtime
 from codl_tvm.build.cache import Libraries
 from codl_tvm.build.targets import TargetPreset, cpu_record
 from codl_tvm.core.errors import ArtifactError, RemoteFailure
-from codl_tvm.frontend.importer import random_inputs
+from codl_tvm.frontend.importer import OnnxModel, random_inputs
+from codl_tvm.objectives.measure import gpu_data_measurement
+from codl_tvm.options import CompileOptions
 from codl_tvm.planner.split.refine import RefineError, moves, refine_plan, split_times
 from codl_tvm.profiling.trace import trace_inference
 from codl_tvm.rpc.client import RPCError, check_remote_versions, request_remote
@@ -38,6 +40,7 @@ __all__ = [
     "candidate_words",
     "drop",
     "error_summary",
+    "gpu_data_auto",
     "operator_named",
     "refine_from_timelines",
     "refined_candidates",
@@ -170,6 +173,82 @@ def verify(
     return libs[chosen]
 
 
+def gpu_data_auto(
+    model: OnnxModel, libraries: Libraries, options: CompileOptions, manifest: Manifest
+) -> Path:
+    """The GPU-alone library of a compile that asks ``gpu_data_type="auto"``: where the target
+    is reachable (:func:`~codl_tvm.objectives.measure.gpu_data_measurement`), the model built
+    with buffers and, where the device can hold them, images, timed round-robin on this
+    machine as :func:`verify` times (:func:`time_here`) and the lower median kept; elsewhere
+    the device's capability decides (:meth:`~codl_tvm.build.cache.Libraries.set_gpu_data`),
+    recorded as unchecked.
+
+    ``manifest.extra["gpu"]`` gets the measured medians (``measured_ms``, by data type), their
+    samples, where and how many rounds, or ``unchecked``; ``manifest.vm_devices`` the kept
+    build's. The candidates are timed with their weights embedded (finalize builds the kept
+    one again with its weights beside where asked). An image build that fails to build or
+    run is dropped (``gpu["dropped"]``, one warning): buffers decide; the buffer build's
+    failure raises, as a build for the GPU alone would.
+    """
+    rounds, unchecked = gpu_data_measurement(options, libraries.preset)
+    if not rounds:
+        # a co-executed compile that fell back to the GPU has no record (and nothing to choose)
+        if unchecked is not None:
+            manifest.extra["gpu"]["unchecked"] = unchecked
+        return libraries.single("opencl")
+    gpu = manifest.extra["gpu"]
+    names = {t: f"opencl:{t}" for t in libraries.gpu_data_candidates()}
+    libs: dict[str, Path] = {}
+    dropped: dict[str, str] = {}
+    placement, libraries.weights_placement = libraries.weights_placement, "embedded"
+    try:
+        for data_type, spec in libraries.gpu_data_candidates().items():
+            try:
+                libs[names[data_type]] = libraries.get(names[data_type], spec)
+            except Exception as exc:  # a kernel that does not build on images: buffers can
+                if data_type == "buffer":
+                    raise
+                dropped[data_type] = f"its build failed: {error_summary(str(exc))}"
+    finally:
+        libraries.weights_placement = placement
+    values = random_inputs(model, options.seed)
+    inputs = [values[s.name] for s in model.inputs]
+    failed: dict[str, Exception] = {}
+    devices = {n: libraries.gpu_vm_devices(t) for t, n in names.items()}
+    samples, where = time_here(libs, inputs, rounds, failed, devices), "this machine"
+    for data_type, name in names.items():
+        if name not in failed:
+            continue
+        reason = error_summary(str(failed[name])) or type(failed[name]).__name__
+        if data_type == "buffer":
+            raise ArtifactError(
+                f"{model.path}: the build for the GPU alone on buffers failed to run on "
+                f"{where}: {reason}"
+            )
+        dropped[data_type] = f"its run failed: {reason}"
+    for data_type, reason in dropped.items():
+        logger.warning("gpu_data_type auto: dropping the %s build: %s", data_type, reason)
+    samples_ms = {t: samples[n] for t, n in names.items() if n in samples}
+    ms = {t: float(np.median(v)) for t, v in samples_ms.items()}
+    kept = min(ms, key=ms.get)
+    libraries.keep_gpu_data(kept)
+    gpu.update(data_type=kept, measured_ms=ms, samples_ms=samples_ms, measured_on=where)
+    gpu["rounds"] = rounds
+    if dropped:
+        gpu["dropped"] = dropped
+    manifest.vm_devices = libraries.gpu_vm_devices()
+    # verify's line for co-execution, in the same words
+    logger.info(
+        "GPU data type measured on %s (median of %d rounds): %s; keeping %ss%s",
+        where,
+        rounds,
+        ", ".join(f"{t}s {v:.3f} ms" for t, v in ms.items()),
+        kept,
+        "" if "image" in names else f" (images not timed: {gpu.get('why')})",
+    )
+    return libs[names[kept]]
+
+
 def build_candidate(
     name: str, build: Callable[[], Path], dropped: dict[str, str], libraries: Libraries
 ) -> Path | None:
@@ -277,18 +356,27 @@ def _described(build: str) -> str:
 
 
 def time_here(
-    libs: dict[str, Path], inputs, rounds: int, failed: dict[str, Exception] | None = None
+    libs: dict[str, Path],
+    inputs,
+    rounds: int,
+    failed: dict[str, Exception] | None = None,
+    vm_devices: dict[str, list[str]] | None = None,
 ) -> dict[str, list[float]]:
     """Median of 2 runs per round, the builds round-robin, so drift does not favour one.
 
     With ``failed``, a build that does not load or run is left out from then on and its error
-    recorded there (``failed[name]``); without, the error is raised."""
+    recorded there (``failed[name]``); without, the error is raised. Each build's VM gets the
+    devices its name's processor set needs (``coexec``: OpenCL and CPU), or those
+    ``vm_devices[name]`` names (``"opencl"``, ``"cpu"``: an image build's VM needs one device
+    per memory scope, :meth:`~codl_tvm.build.cache.Libraries.gpu_vm_devices`)."""
     runtime.load()
     vms = {}
     for name, path in libs.items():
         devices = {"coexec": [tvm.opencl(0), tvm.cpu(0)], "cpu": [tvm.cpu(0)]}.get(
             name.split(":", 1)[0], [tvm.opencl(0)]
         )
+        if vm_devices is not None and name in vm_devices:
+            devices = [tvm.device(d, 0) for d in vm_devices[name]]
         try:
             vms[name] = (VirtualMachine(tvm.runtime.load_module(str(path)), devices), devices[0])
         except Exception as exc:
