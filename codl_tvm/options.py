@@ -174,8 +174,12 @@ class CompileOptions:
         ops), in OpenCL images (``"image"``, :func:`codl_tvm.build.texture.build_texture_gpu`,
         CoDL's GPU data type); a device without images, or whose images cannot hold the model's
         tensors, is an error (:class:`~codl_tvm.core.errors.DeviceSupportError`). ``"auto"``:
-        images where the device can, else buffers (said in the log and the manifest).
-        Co-executed builds use buffers for now.
+        where this machine runs the preset, the buffer build and (where the device can hold
+        them) the image build are timed (``MEASURE_ROUNDS`` rounds, or ``verify``'s) and the
+        faster kept (``manifest["gpu"]["measured_ms"]``); with ``measure=False``, a preset that
+        cross-compiles, or ``tracker`` (image builds are not timed through RPC yet), images
+        where the device can hold them, else buffers, recorded as ``unchecked``. Co-executed
+        builds use buffers for now.
     gpu_dtype
         A build for the GPU alone: ``"float32"`` (default) or ``"float16"`` GPU tensors (TVM's
         mixed precision, convs accumulating in half; inputs and outputs stay float32). Needs
