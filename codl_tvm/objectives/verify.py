@@ -33,6 +33,7 @@ from codl_tvm.planner.split.refine import RefineError, moves, refine_plan, split
 from codl_tvm.profiling.trace import trace_inference
 from codl_tvm.rpc.client import RPCError, check_remote_versions, request_remote
 from codl_tvm.runtime.artifact import PROCESSOR_NAMES, Manifest
+from codl_tvm.runtime.program_binaries import build_threads, opencl_modules
 from codl_tvm.runtime.vm import time_vm
 
 __all__ = [
@@ -378,7 +379,13 @@ def time_here(
         if vm_devices is not None and name in vm_devices:
             devices = [tvm.device(d, 0) for d in vm_devices[name]]
         try:
-            vms[name] = (VirtualMachine(tvm.runtime.load_module(str(path)), devices), devices[0])
+            lib = tvm.runtime.load_module(str(path))
+            # every candidate's OpenCL programs are created on threads from here on, all at
+            # once, instead of one kernel at a time at its first launch (PoCL compiles each
+            # with LLVM: a default compile's whole first round otherwise)
+            for mod in opencl_modules(lib):
+                runtime.build_programs(mod, 0, build_threads(), wait=False)
+            vms[name] = (VirtualMachine(lib, devices), devices[0])
         except Exception as exc:
             if failed is None:
                 raise
