@@ -18,12 +18,16 @@ known=${NS_KNOWN:-vgg19,vgg16,yolov2,fst,retinaface,posenet,inception_v1,resnet5
 unseen=${NS_UNSEEN:-mobilenet_v2,shufflenet_v2,densenet121,regnet_x_400mf,efficientnet_b0,lraspp_mobilenet_v3,mobilenet_v2_wide,resnet18_narrow}
 rounds=${NS_ROUNDS:-5}
 plat=",${NS_PLATFORMS:-k14,h100,k12},"  # which of the three, e.g. k14,h100 on a short lease
-k12=(--preset emulated-soc --modes codl --cost-model $cm/emulated-soc-k12.json
+k12=(--preset emulated-soc --modes "${NS_MODES:-codl}" --cost-model $cm/emulated-soc-k12.json
      --model-dir /tmp/unseen --build-cache $b/cache_soc --keep-build-cache)
 # k = 14: TVM's CPU x 4/2, PoCL x 12/14 (compile_artifact's processor_scale)
 k14=("${k12[@]}" --processor-scale 2,0.857143)
-h100=(--preset device-h100 --modes codl --cost-model $cm/device-h100.json
+h100=(--preset device-h100 --modes "${NS_MODES:-codl}" --cost-model $cm/device-h100.json
       --model-dir /tmp/unseen --keep-build-cache)
+# NS_TRACE=TAGS: timelines of codl and these co-executed modes (e.g. codl_hostorder, with
+# NS_MODES=codl,codl_hostorder: the issue order's A/B), with their gap breakdowns.
+trace=()
+if [ -n "${NS_TRACE:-}" ]; then trace=(--trace-dir $r/traces --trace-also "$NS_TRACE"); fi
 # Models exported here: the unseen ones, and those of the compile-time phase outside the ten.
 exported=$(python3 - "$unseen" "${NS_COMPILE_MODELS:-squeezenet,mobilenet_v2}" <<'PY'
 import sys
@@ -46,7 +50,7 @@ soc() {  # k, compile args name, models, run JSON: the default compiles, then ev
       --out $b/k$k --tvm-cpus $k-15 >> $r/k${k}_default.log 2>&1
     python3 scripts/bench_planner.py run --dir $b/k$k --models "$m" --platform portable \
       --tvm-cpus $k-15 --rounds "$rounds" --number 2 --plan-repeat 0 --concurrent-s 0 --append --onnxruntime \
-      --out $r/$out >> $r/k${k}_run.log 2>&1
+      "${trace[@]}" --out $r/$out >> $r/k${k}_run.log 2>&1
   done
 }
 gpu() {  # models, run JSON: the H100's default compiles, then evaluation rounds
@@ -58,7 +62,7 @@ gpu() {  # models, run JSON: the H100's default compiles, then evaluation rounds
     for m in ${models//,/ }; do
       python3 scripts/bench_planner.py run --dir $b/h100 --models "$m" --platform nvidia \
         --rounds "$rounds" --number 5 --plan-repeat 0 --concurrent-s 0 --append --onnxruntime \
-        --out $r/$out >> $r/h100_run.log 2>&1
+        "${trace[@]}" --out $r/$out >> $r/h100_run.log 2>&1
     done
   )
 }
