@@ -2,7 +2,8 @@
 
 ``codl-tvm run [MODEL.onnx] --device {cpu,opencl,coexec}`` imports an ONNX model (the bundled
 CNN by default), builds it for the device, runs it and prints output shapes and latency;
-``codl-tvm run ARTIFACT/`` runs a compiled artifact (TVM's runtime alone is enough).
+``codl-tvm run ARTIFACT/`` runs a compiled artifact (TVM's runtime alone is enough);
+``--tracker HOST:PORT --key KEY`` runs it on a device behind a TVM RPC tracker instead.
 ``codl-tvm info`` describes the OpenCL platform and devices in use.
 """
 
@@ -34,6 +35,7 @@ from codl_tvm.frontend.models import bundled_model_path
 from codl_tvm.runtime import sync
 from codl_tvm.runtime.artifact import load_artifact
 from codl_tvm.runtime.staged_artifact import is_pipeline, load_pipeline
+from codl_tvm.runtime.vm import Latency
 
 __all__ = ["cmd_info", "cmd_run", "info_lines", "register"]
 
@@ -43,6 +45,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     check_output_file(args.save_outputs, args.force)
     if args.model and Path(args.model).is_dir():
         return _run_artifact(args)
+    if args.tracker or args.key:
+        raise CliError(
+            "--tracker runs a compiled artifact (codl-tvm compile) on a remote device; "
+            "`codl-tvm deploy` runs an ONNX model there"
+        )
     if args.stream is not None:
         raise CliError(
             "--stream runs a pipeline artifact (codl-tvm compile --objective throughput)"
@@ -106,13 +113,18 @@ def _run_artifact(args: argparse.Namespace) -> int:
             "time (recompile with `codl-tvm compile` to change them)"
         )
     if is_pipeline(args.model):
+        if args.tracker:
+            raise CliError(f"{args.model}: --tracker runs single-library artifacts, not pipelines")
         return _run_pipeline(args)
     if args.stream is not None:
         raise CliError(
             f"{args.model}: --stream runs a pipeline artifact (codl-tvm compile --objective "
             "throughput); this one runs single inferences"
         )
-    art = load_artifact(args.model)
+    if bool(args.tracker) != bool(args.key):
+        raise CliError("--tracker HOST:PORT and --key KEY go together")
+    # through a tracker the remote's CPU runs the library (run_artifact checks its machine)
+    art = load_artifact(args.model, check_cpu=not args.tracker)
     model = art.model
     ref = art.reference()
     if args.inputs is None and ref is not None:
@@ -121,19 +133,25 @@ def _run_artifact(args: argparse.Namespace) -> int:
     else:
         inputs = load_inputs(args.inputs, model, args.seed)
         expected = _host_reference(args, model.path, inputs) if args.check else None
-    if "opencl" in art.manifest["vm_devices"]:
-        opencl_banner()
     plan = art.manifest.get("plan") or {}
     how = (
         f", plan: {plan['mode']} ({plan['cost_model']['kind']} cost model)"
         if plan.get("mode")
         else ""
     )
-    try:
-        outputs = art(inputs)
-        lat = art.time(inputs, number=args.number, repeat=args.repeat)
-    except Exception as exc:  # a library built for another machine fails to load or run
-        raise CliError(f"{args.model}: running the artifact failed: {one_line(str(exc))}") from None
+    if args.tracker:
+        outputs, lat = _run_through_tracker(args, inputs)
+        how += f", through RPC tracker {args.tracker} (key {args.key})"
+    else:
+        if "opencl" in art.manifest["vm_devices"]:
+            opencl_banner()
+        try:
+            outputs = art(inputs)
+            lat = art.time(inputs, number=args.number, repeat=args.repeat)
+        except Exception as exc:  # a library built for another machine fails to load or run
+            raise CliError(
+                f"{args.model}: running the artifact failed: {one_line(str(exc))}"
+            ) from None
     print(f"artifact: {args.model} (model {model.path})")
     print(f"device: {art.device}{how}")
     print_outputs_and_latency(model, outputs, lat, args.number)
@@ -142,6 +160,20 @@ def _run_artifact(args: argparse.Namespace) -> int:
     if args.save_outputs:
         save_outputs(args.save_outputs, model, outputs, args.force)
     return status
+
+
+def _run_through_tracker(args: argparse.Namespace, inputs) -> tuple[list[np.ndarray], Latency]:
+    """``run ARTIFACT --tracker H:P --key K``: the artifact run and timed on a device of the
+    key (:func:`codl_tvm.objectives.deploy.run_artifact`)."""
+    # deferred: codl_tvm.objectives.deploy imports TVM's compiler, which a runtime-only TVM
+    # lacks, and this module must import there to run artifacts
+    from codl_tvm.objectives.deploy import run_artifact
+
+    run = run_artifact(
+        args.model, args.tracker, args.key, inputs, args.number, max(1, args.repeat),
+        request_timeout_s=args.timeout,
+    )  # fmt: skip
+    return run.outputs, Latency.of(run.samples_ms)
 
 
 def _host_reference(args: argparse.Namespace, model_path, inputs) -> list[np.ndarray]:
@@ -323,6 +355,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--queue-size", type=int, default=2, help="with --stream: frames waiting per stage"
+    )
+    p.add_argument(
+        "--tracker",
+        metavar="HOST:PORT",
+        help="run the artifact on a device behind this TVM RPC tracker (its server started "
+        "with `codl-tvm serve --opencl` for OpenCL artifacts); --check compares as here",
+    )
+    p.add_argument("--key", help="with --tracker: the device key")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=10.0,
+        help="with --tracker: seconds to wait for the tracker and a free device",
     )
     p.set_defaults(func=cmd_run)
     p = sub.add_parser("info", help="describe the OpenCL platform and devices in use")

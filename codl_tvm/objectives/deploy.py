@@ -25,6 +25,12 @@ and runs it in the Relax VM over the remote's ``[opencl(0), cpu(0)]``; the plan 
 ``plan`` (a plan or plan JSON), ``dim`` and ``ratio`` (the GPU share of every partitionable
 operator) or ``plan="auto"`` (the planner with the preset's cost model, or ``cost_model``).
 
+:func:`run_artifact` runs a compiled artifact (``codl-tvm run ARTIFACT --tracker HOST:PORT
+--key KEY``) on such a device: the VM gets the remote's devices as the manifest lists them, so a
+build whose GPU tensors are images gets the OpenCL device once per VM slot (one per memory
+scope; :mod:`codl_tvm.rpc.remote_vm`), and the server's plugin makes those slots' storages
+images.
+
 A server started with ``--opencl`` but without a plugin reports it missing;
 :func:`codl_tvm.rpc.plugin.ensure_remote_opencl` then uploads one after checking that it fits.
 
@@ -38,14 +44,12 @@ import logging
 import platform
 import shutil
 import tempfile
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import tvm
-from tvm.runtime.vm import VirtualMachine
 
 from codl_tvm import runtime
 from codl_tvm.build.pipeline import coexec_pipeline, single_device_pipeline
@@ -57,7 +61,8 @@ from codl_tvm.frontend.importer import OnnxModel, check_inputs, load_onnx, rando
 from codl_tvm.planner.policy import resolve_plan as plan_with_planner
 from codl_tvm.rpc.client import RemoteDevice, check_remote_versions, parse_address, request_remote
 from codl_tvm.rpc.plugin import ensure_remote_opencl
-from codl_tvm.runtime.vm import flatten_outputs
+from codl_tvm.rpc.remote_vm import RemoteVM, vm_devices_for
+from codl_tvm.runtime.artifact import LIBRARY, load_artifact
 
 __all__ = [
     "DEVICES",
@@ -69,6 +74,7 @@ __all__ = [
     "compile_for",
     "deploy",
     "resolve_plan",
+    "run_artifact",
     "run_remote",
     "select_preset",
 ]
@@ -184,13 +190,15 @@ def _check_plan_fields(plan, dim: str | None, ratio: float | None) -> None:
 
 @dataclass(frozen=True)
 class RemoteRun:
-    """Outputs of one remote run and the remote latency statistics (ms)."""
+    """Outputs of one remote run and the remote latency statistics (ms): one sample per
+    timing repeat (``samples_ms``), each the mean of its runs."""
 
     outputs: list[np.ndarray]
     median_ms: float | None
     min_ms: float | None
     max_ms: float | None
     repeats: int
+    samples_ms: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -358,49 +366,86 @@ def run_remote(
     device: str = "cpu",
     number: int = 5,
     repeat: int = 3,
+    vm_devices: Sequence[str] | None = None,
 ) -> RemoteRun:
     """Upload ``library``, run ``main`` once on the remote device, then time it.
 
-    ``repeat=0`` skips timing. Any failure of the remote raises
+    The VM gets the remote's devices that ``vm_devices`` names, one per VM slot, as an
+    artifact's manifest lists them (:class:`~codl_tvm.rpc.remote_vm.RemoteVM`; a build whose
+    GPU tensors are images: the OpenCL device once per slot); by default those of a buffer
+    build for ``device``. ``repeat=0`` skips timing. Any failure of the remote raises
     :class:`codl_tvm.core.errors.RemoteFailure` naming the device and the stage.
     """
-    library = Path(library)
-    sess = remote.session
-    # A fresh remote name per upload: overwriting a library the server has loaded crashes it.
-    name = f"{library.stem}-{uuid.uuid4().hex[:12]}{library.suffix}"
-    remote.call("uploading the model", lambda: sess.upload(str(library), name))
-    rlib = remote.call("loading the model", lambda: sess.load_module(name))
-    dev = sess.cl(0) if device in ("opencl", "coexec") else sess.cpu(0)
-    # A co-executed model runs over both processors: OpenCL first (inputs live there), CPU second.
-    vm_devs = [dev, sess.cpu(0)] if device == "coexec" else dev
-    vm = remote.call("creating the VM", lambda: VirtualMachine(rlib, vm_devs))
-    args = remote.call(
-        "copying inputs",
-        lambda: [tvm.runtime.tensor(np.asarray(x, order="C"), dev) for x in inputs],
-    )
-    if device == "coexec":
-        # Over RPC the VM receives its arguments as borrowed DLTensor* handles, which the
-        # plugin's typed builtins (codl.coexec.cpu_view takes an ffi.Tensor) reject; set_input
-        # copies them into VM-owned tensors on the server first.
-        def _run():
-            vm.set_input("main", *args)
-            vm.invoke_stateful("main")
-            return vm.get_outputs("main")
-
-        out = remote.call("running main", _run)
-    else:
-        out = remote.call("running main", lambda: vm["main"](*args))
-    outputs = remote.call("copying outputs back", lambda: flatten_outputs(out))
+    loaded = RemoteVM(remote, library, vm_devices or vm_devices_for(device))
+    loaded.set_inputs(inputs)
+    outputs = loaded.run()
     if repeat <= 0:
         return RemoteRun(outputs, None, None, None, 0)
+    ms = loaded.time(number, repeat)
+    return RemoteRun(
+        outputs, float(np.median(ms)), float(np.min(ms)), float(np.max(ms)), len(ms), tuple(ms)
+    )
 
-    def _time():
-        vm.set_input("main", *args)
-        return vm.time_evaluator("invoke_stateful", dev, number=number, repeat=repeat)("main")
 
-    res = remote.call("timing main", _time)
-    ms = [r * 1e3 for r in res.results]
-    return RemoteRun(outputs, float(np.median(ms)), float(np.min(ms)), float(np.max(ms)), len(ms))
+def run_artifact(
+    path: str | Path,
+    tracker: str,
+    key: str,
+    inputs: Sequence[np.ndarray],
+    number: int = 5,
+    repeat: int = 3,
+    request_timeout_s: float = 10.0,
+    plugin: str | Path | None = None,
+) -> RemoteRun:
+    """Run the artifact at ``path`` (``codl-tvm compile``) on a device of ``key`` behind
+    ``tracker``: its library uploaded and run in a VM over the remote's devices as the manifest
+    lists them (``vm_devices``: an image build's OpenCL device once per VM slot).
+
+    The remote's TVM version is checked first, its OpenCL plugin where the artifact runs on
+    OpenCL (:func:`codl_tvm.rpc.plugin.ensure_remote_opencl`, uploading ``plugin`` or one
+    built for the artifact's preset to a server that has none), and its machine against the
+    one the artifact's CPU code was built for.
+
+    Raises
+    ------
+    codl_tvm.core.errors.ArtifactError
+        Not an artifact, or a file altered.
+    DeployError
+        The artifact's weights are stored beside its library (loaded by codl-tvm's runtime on
+        the device itself), or the remote is another machine or has no usable OpenCL.
+    codl_tvm.core.errors.RPCError
+        TrackerUnreachable, NoFreeDevice, VersionMismatch, RemoteFailure.
+    """
+    # the remote's CPU runs the library, not this machine's
+    art = load_artifact(path, check_cpu=False)
+    manifest = art.manifest
+    if (manifest.weights or {}).get("placement") == "beside":
+        raise DeployError(
+            f"{art.path}: its weights are stored beside the library (weights.bin), which "
+            "codl-tvm's runtime loads on the device itself; run it there, or compile it with "
+            "embedded weights to run it through the tracker"
+        )
+    remote = request_remote(tracker, key, timeout_s=request_timeout_s)
+    try:
+        logger.info("connected to %s", remote.name)
+        info = check_remote_versions(remote)
+        machine = (info or {}).get("machine", "").replace("arm64", "aarch64")
+        arch = (manifest.cpu or {}).get("arch")
+        if machine and arch and machine != arch:
+            raise DeployError(
+                f"{art.path} is built for {arch} CPUs, remote device {remote.name} is a "
+                f"{machine} machine"
+            )
+        if "opencl" in manifest.vm_devices:
+            preset = get_preset(manifest.preset or "opencl")
+            ensure_remote_opencl(remote, info, preset, plugin, device=manifest.device)
+        logger.info("running %s on %s (VM devices %s)", art.path, remote.name, manifest.vm_devices)
+        return run_remote(
+            remote, art.path / LIBRARY, inputs, manifest.device, number, repeat,
+            vm_devices=manifest.vm_devices,
+        )  # fmt: skip
+    finally:
+        remote.close()
 
 
 def compare_outputs(

@@ -70,22 +70,18 @@ def gpu_data_measurement(options: CompileOptions, preset: TargetPreset) -> tuple
     measure where it would have.
 
     A compile for the GPU alone (``device="opencl"``) that asks ``gpu_data_type="auto"``
-    times its buffer and image builds on this machine where it runs the preset
-    (:func:`unreachable`, the rule of :func:`measurement`): ``verify``'s rounds, else
-    :data:`MEASURE_ROUNDS`. Otherwise (``measure`` off, the target out of reach) the device's
-    capability decides, unchecked. So does a device behind ``tracker``: the remote runner
-    gives a VM one OpenCL device, and an image build's VM needs one per memory scope, so its
-    images could not be timed there and buffers would always win.
+    times its buffer and image builds where the target is reachable, as :func:`measurement`
+    says: on the device behind ``tracker`` (whose VM gets the OpenCL device once per VM slot
+    of an image build), or on this machine where it runs the preset (:func:`unreachable`);
+    ``verify``'s rounds, else :data:`MEASURE_ROUNDS`. Otherwise (``measure`` off, the target
+    out of reach) the device's capability decides, unchecked.
     """
     if options.device != "opencl" or options.gpu_data_type != "auto":
         return 0, None
     if not options.measure and not options.verify:
         why = "not measured: measuring was switched off"
     elif options.remote is not None:
-        why = (
-            "not measured: image builds cannot be timed through RPC yet (the remote VM gets "
-            "one OpenCL device; an image build needs one per memory scope)"
-        )
+        return options.verify or MEASURE_ROUNDS, None
     else:
         reason = unreachable(preset)
         if reason is None:

@@ -32,6 +32,7 @@ from codl_tvm.options import CompileOptions
 from codl_tvm.planner.split.refine import RefineError, moves, refine_plan, split_times
 from codl_tvm.profiling.trace import trace_inference
 from codl_tvm.rpc.client import RPCError, check_remote_versions, request_remote
+from codl_tvm.rpc.remote_vm import RemoteVM, vm_devices_for
 from codl_tvm.runtime.artifact import PROCESSOR_NAMES, Manifest
 from codl_tvm.runtime.program_binaries import build_threads, opencl_modules
 from codl_tvm.runtime.vm import time_vm
@@ -180,7 +181,9 @@ def gpu_data_auto(
     """The GPU-alone library of a compile that asks ``gpu_data_type="auto"``: where the target
     is reachable (:func:`~codl_tvm.objectives.measure.gpu_data_measurement`), the model built
     with buffers and, where the device can hold them, images, timed round-robin on this
-    machine as :func:`verify` times (:func:`time_here`) and the lower median kept; elsewhere
+    machine or on the device behind ``options.tracker`` as :func:`verify` times
+    (:func:`time_here`, :func:`time_remote`; an image build's VM gets the OpenCL device once
+    per VM slot) and the lower median kept; elsewhere
     the device's capability decides (:meth:`~codl_tvm.build.cache.Libraries.set_gpu_data`),
     recorded as unchecked.
 
@@ -216,7 +219,10 @@ def gpu_data_auto(
     inputs = [values[s.name] for s in model.inputs]
     failed: dict[str, Exception] = {}
     devices = {n: libraries.gpu_vm_devices(t) for t, n in names.items()}
-    samples, where = time_here(libs, inputs, rounds, failed, devices), "this machine"
+    if options.remote is None:
+        samples, where = time_here(libs, inputs, rounds, failed, devices), "this machine"
+    else:
+        samples, where = time_remote(libs, inputs, rounds, *options.remote, failed, devices)
     for data_type, name in names.items():
         if name not in failed:
             continue
@@ -410,16 +416,17 @@ def time_remote(
     tracker: str,
     key: str,
     failed: dict[str, Exception] | None = None,
+    vm_devices: dict[str, list[str]] | None = None,
 ):
-    """Each build uploaded to one device of ``key`` and timed there (``rounds`` repeats of 2
-    runs; the builds one after the other in one session).
+    """Each build uploaded to one device of ``key`` and timed there as :func:`time_here` times
+    here: all loaded in one session and run once, then ``rounds`` rounds, the builds
+    round-robin, each round one sample (the mean of 2 runs).
 
-    With ``failed``, a build the device fails to load or run is left out and its error recorded
-    there (``failed[name]``); without, it raises :class:`ArtifactError`."""
-    # deferred: codl_tvm.objectives.deploy imports TVM's compiler, and this module is imported
-    # where TVM is runtime-only (artifacts on a device)
-    from codl_tvm.objectives.deploy import run_remote
-
+    Each build's VM gets the remote's devices of its name's processor set, or those
+    ``vm_devices[name]`` names (an image build's: the OpenCL device once per VM slot,
+    :class:`~codl_tvm.rpc.remote_vm.RemoteVM`). With ``failed``, a build the device fails to
+    load or run is left out from then on and its error recorded there (``failed[name]``);
+    without, it raises :class:`ArtifactError`."""
     try:
         remote = request_remote(tracker, key)
     except RPCError as exc:
@@ -431,17 +438,28 @@ def time_remote(
                 f"verify: remote device {remote.name} has no usable OpenCL runtime (start its "
                 "server with `codl-tvm serve --opencl`)"
             )
-        samples = {}
+        vms: dict[str, RemoteVM] = {}
         for name, path in libs.items():
-            device = name.split(":", 1)[0]
+            devices = (vm_devices or {}).get(name) or vm_devices_for(name.split(":", 1)[0])
             try:
-                run = run_remote(remote, path, inputs, device, number=2, repeat=rounds)
+                vm = RemoteVM(remote, path, devices)
+                vm.set_inputs(inputs)
+                vm.run()  # the first run creates the OpenCL programs
+                vms[name] = vm
             except RemoteFailure as exc:  # this build failed there: the others may not
                 if failed is None:
                     raise
                 failed[name] = exc
-                continue
-            samples[name] = [run.median_ms]
+        samples: dict[str, list[float]] = {name: [] for name in vms}
+        for _ in range(rounds):
+            for name, vm in list(vms.items()):
+                try:
+                    samples[name] += vm.time(number=2, repeat=1)
+                except RemoteFailure as exc:
+                    if failed is None:
+                        raise
+                    failed[name] = exc
+                    del vms[name], samples[name]
         where = f"{remote.name} (RPC {tracker}, key {key})"
         if (info or {}).get("emulated"):  # e.g. qemu: the choice below follows no real latency
             where += f" [EMULATED ({info['emulated']}): not hardware latencies]"
@@ -449,6 +467,7 @@ def time_remote(
     except RPCError as exc:
         raise ArtifactError(f"verify: {exc}") from None
     finally:
+        vms = {}  # the remote VMs go before the session
         remote.close()
 
 

@@ -1,0 +1,212 @@
+"""Builds whose GPU tensors are OpenCL images, run and measured through a real TVM RPC tracker.
+
+A tracker and codl-tvm's RPC server with its OpenCL plugin (``codl-tvm serve --opencl``, real
+PoCL) run on 127.0.0.1 as separate processes. An image build's VM there gets the remote OpenCL
+device once per VM slot, as its manifest lists it: ``run ARTIFACT --tracker`` checks its outputs
+against the stored reference, and ``compile --gpu-data-type auto --tracker`` times buffers
+against images on the remote device and keeps the faster. Nothing here asserts which is faster.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from codl_tvm.build.texture import VM_DEVICE_SLOTS
+from codl_tvm.cli import main
+from codl_tvm.core.errors import RemoteFailure
+from codl_tvm.frontend.importer import load_onnx
+from codl_tvm.objectives import deploy
+from codl_tvm.objectives.measure import MEASURE_ROUNDS
+from codl_tvm.rpc import client as rpc_utils
+from codl_tvm.runtime.artifact import LIBRARY, load_artifact
+from codl_tvm.runtime.images import image_caps
+from tests.rpc_support import free_port, logged_lines, server_command, tracker_command
+
+pytestmark = [pytest.mark.rpc, pytest.mark.opencl]
+
+KEY = "images"
+
+
+def _conv_pool_model(path: Path, h: int = 12, w: int = 12) -> Path:
+    """RGB input, conv + leaky relu, conv, residual add, relu, max pool 1x2: every operator
+    on images in a texture build."""
+    rng = np.random.default_rng(0)
+    inits = [
+        helper.make_tensor(name, TensorProto.FLOAT, v.shape, v.ravel())
+        for name, v in (
+            ("w1", (rng.standard_normal((8, 3, 3, 3)) / 3).astype("float32")),
+            ("b1", rng.standard_normal(8).astype("float32")),
+            ("w2", (rng.standard_normal((8, 8, 3, 3)) / 8).astype("float32")),
+        )
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+        helper.make_node("LeakyRelu", ["c1"], ["a"], alpha=0.1),
+        helper.make_node("Conv", ["a", "w2"], ["c2"], pads=[1, 1, 1, 1]),
+        helper.make_node("Add", ["a", "c2"], ["s"]),
+        helper.make_node("Relu", ["s"], ["r"]),
+        helper.make_node("MaxPool", ["r"], ["y"], kernel_shape=[1, 2], strides=[1, 2]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "conv_pool",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, (1, 3, h, w))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, (1, 8, h, w // 2))],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    onnx.save(model, path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def tracker():
+    """TVM's tracker and one codl-tvm server with the OpenCL plugin under :data:`KEY`."""
+    port = free_port()
+    addr = f"127.0.0.1:{port}"
+    procs = [subprocess.Popen(tracker_command(port), start_new_session=True)]
+    try:
+        procs.append(
+            subprocess.Popen(
+                server_command(addr, KEY, free_port(), "--opencl"), start_new_session=True
+            )
+        )
+        rpc_utils.wait_for_devices(addr, KEY, 1, timeout_s=90)
+        yield addr
+    finally:
+        for proc in reversed(procs):
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+
+
+def _compile(capsys, *argv: str) -> tuple[int, str]:
+    code = main(["compile", *argv])
+    return code, capsys.readouterr().err
+
+
+def _run_through(tracker: str, capsys, artifact: Path) -> str:
+    """``codl-tvm run ARTIFACT --tracker --key --check``: its output, asserting it passed."""
+    argv = ["run", str(artifact), "--tracker", tracker, "--key", KEY, "--check"]
+    code = main([*argv, "--timeout", "60", "--repeat", "1", "--number", "1"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    rpc_utils.wait_for_devices(tracker, KEY, 1, timeout_s=30)
+    return out
+
+
+def test_image_build_runs_through_the_tracker(opencl, tracker, tmp_path, capsys):
+    """The remote VM gets the OpenCL device once per VM slot (one per memory scope): its
+    outputs equal the stored reference (the host CPU's unpartitioned build)."""
+    model = _conv_pool_model(tmp_path / "m.onnx")
+    out = tmp_path / "art"
+    code, err = _compile(
+        capsys, str(model), "-o", str(out), "--device", "opencl", "--gpu-data-type", "image"
+    )
+    assert code == 0, err
+    assert load_artifact(out).manifest.vm_devices == ["opencl"] * VM_DEVICE_SLOTS
+    assert b"write_imagef" in (out / LIBRARY).read_bytes()
+
+    text = _run_through(tracker, capsys, out)
+    assert f"through RPC tracker {tracker} (key {KEY})" in text
+    assert "against the reference (unpartitioned, host CPU)" in text and "-> OK" in text
+
+    # the library function behind it, on other inputs, against the host CPU build
+    x = np.random.default_rng(5).standard_normal((1, 3, 12, 12)).astype("float32")
+    run = deploy.run_artifact(out, tracker, KEY, [x], number=1, repeat=2, request_timeout_s=60)
+    rpc_utils.wait_for_devices(tracker, KEY, 1, timeout_s=30)
+    from codl_tvm.build.runner import build
+
+    want = build(load_onnx(model).mod, "cpu")([x])
+    np.testing.assert_allclose(run.outputs[0], want[0], rtol=1e-4, atol=1e-4)
+    assert run.repeats == 2 and len(run.samples_ms) == 2 and run.median_ms > 0
+
+
+def test_image_build_needs_its_vm_slots(opencl, tracker, tmp_path, capsys):
+    """Given one OpenCL device for its four slots (the remote runner before), the image build
+    fails there with an error naming the device; the server serves on."""
+    model = _conv_pool_model(tmp_path / "m.onnx")
+    out = tmp_path / "art"
+    code, err = _compile(
+        capsys, str(model), "-o", str(out), "--device", "opencl", "--gpu-data-type", "image"
+    )
+    assert code == 0, err
+    x = np.zeros((1, 3, 12, 12), "float32")
+    remote = rpc_utils.request_remote(tracker, KEY, timeout_s=60)
+    try:
+        with pytest.raises(RemoteFailure, match=f"{remote.name} failed while running main"):
+            deploy.run_remote(remote, out / LIBRARY, [x], "opencl", repeat=0)
+    finally:
+        remote.close()
+    rpc_utils.wait_for_devices(tracker, KEY, 1, timeout_s=30)
+    _run_through(tracker, capsys, out)
+
+
+def test_auto_measures_buffers_and_images_through_the_tracker(opencl, tracker, tmp_path, capsys):
+    """``compile --gpu-data-type auto --tracker --key``: both builds timed on the remote
+    device (not ``unchecked``), the record as a local measurement writes it, the kept library
+    the faster's; the artifact then runs there and matches its reference."""
+    model = _conv_pool_model(tmp_path / "m.onnx")
+    out = tmp_path / "art"
+    with logged_lines() as lines:
+        code, err = _compile(
+            capsys,
+            *(str(model), "-o", str(out), "--device", "opencl", "--gpu-data-type", "auto"),
+            *("--tracker", tracker, "--key", KEY),
+        )
+    assert code == 0, err
+    manifest = json.loads((out / "manifest.json").read_text())
+    gpu = manifest["gpu"]
+    ms = gpu["measured_ms"]
+    assert set(ms) == {"buffer", "image"} and all(v > 0 for v in ms.values())
+    assert gpu["data_type"] == min(ms, key=ms.get)
+    assert f"(RPC {tracker}, key {KEY})" in gpu["measured_on"]
+    assert gpu["measured_on"].startswith(f"{KEY}@127.0.0.1:")
+    assert gpu["rounds"] == MEASURE_ROUNDS
+    assert all(len(gpu["samples_ms"][t]) == MEASURE_ROUNDS for t in ms)
+    assert ms == {t: float(np.median(v)) for t, v in gpu["samples_ms"].items()}
+    assert "unchecked" not in gpu and "dropped" not in gpu and "why" not in gpu
+    images = gpu["data_type"] == "image"
+    assert (b"write_imagef" in (out / LIBRARY).read_bytes()) == images
+    assert manifest["vm_devices"] == ["opencl"] * (VM_DEVICE_SLOTS if images else 1)
+    kept = [ln for ln in lines if ln.startswith("GPU data type measured on")]
+    assert len(kept) == 1 and f"key {KEY})" in kept[0], lines
+    assert kept[0].endswith(f"keeping {gpu['data_type']}s")
+    rpc_utils.wait_for_devices(tracker, KEY, 1, timeout_s=30)
+    assert "-> OK" in _run_through(tracker, capsys, out)
+
+
+def test_images_the_device_cannot_hold_through_the_tracker(opencl, tracker, tmp_path, capsys):
+    """A model whose tensors no image of the device holds: ``image`` is one line and exit 2,
+    ``auto`` measures the buffer build alone on the remote device and says why, as locally."""
+    caps = image_caps()
+    model = _conv_pool_model(tmp_path / "wide.onnx", h=1, w=caps.image2d_max_width + 4)
+    base = [str(model), "--device", "opencl", "--tracker", tracker, "--key", KEY]
+    code, err = _compile(capsys, *base, "-o", str(tmp_path / "img"), "--gpu-data-type", "image")
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("codl-tvm: error: ")
+    assert "CL_DEVICE_IMAGE2D_MAX_WIDTH" in lines[0] and "--gpu-data-type" in lines[0]
+    assert not (tmp_path / "img").exists()
+
+    out = tmp_path / "auto"
+    with logged_lines() as logged:
+        code, err = _compile(capsys, *base, "-o", str(out), "--gpu-data-type", "auto")
+    assert code == 0, err
+    manifest = json.loads((out / "manifest.json").read_text())
+    gpu = manifest["gpu"]
+    assert gpu["data_type"] == "buffer" and "CL_DEVICE_IMAGE2D_MAX_WIDTH" in gpu["why"]
+    assert list(gpu["measured_ms"]) == ["buffer"] and f"key {KEY})" in gpu["measured_on"]
+    assert "unchecked" not in gpu and manifest["vm_devices"] == ["opencl"]
+    kept = [ln for ln in logged if ln.startswith("GPU data type measured on")]
+    assert len(kept) == 1 and "images not timed" in kept[0], logged
+    rpc_utils.wait_for_devices(tracker, KEY, 1, timeout_s=30)
