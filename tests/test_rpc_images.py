@@ -1,7 +1,8 @@
 """Builds whose GPU tensors are OpenCL images, run and measured through a real TVM RPC tracker.
 
-A tracker and codl-tvm's RPC server with its OpenCL plugin (``codl-tvm serve --opencl``, real
-PoCL) run on 127.0.0.1 as separate processes. An image build's VM there gets the remote OpenCL
+A tracker and codl-tvm's RPC server with its OpenCL plugin (``codl-tvm serve --opencl``, on
+the machine's real OpenCL driver: PoCL or Intel's CPU runtime from PyPI) run on 127.0.0.1 as
+separate processes. An image build's VM there gets the remote OpenCL
 device once per VM slot, as its manifest lists it: ``run ARTIFACT --tracker`` checks its outputs
 against the stored reference, and ``compile --gpu-data-type auto --tracker`` times buffers
 against images on the remote device and keeps the faster. Nothing here asserts which is faster.
@@ -9,10 +10,12 @@ against images on the remote device and keeps the faster. Nothing here asserts w
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +30,7 @@ from codl_tvm.frontend.importer import load_onnx
 from codl_tvm.objectives import deploy
 from codl_tvm.objectives.measure import MEASURE_ROUNDS
 from codl_tvm.rpc import client as rpc_utils
+from codl_tvm.rpc.remote_vm import remote_image_caps
 from codl_tvm.runtime.artifact import LIBRARY, load_artifact
 from codl_tvm.runtime.images import image_caps
 from tests.rpc_support import free_port, logged_lines, server_command, tracker_command
@@ -70,24 +74,37 @@ def _conv_pool_model(path: Path, h: int = 12, w: int = 12) -> Path:
     return path
 
 
+def _stop(proc: subprocess.Popen) -> None:
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=10)
+
+
+@contextlib.contextmanager
+def _server(tracker: str, key: str, env: dict[str, str] | None = None) -> Iterator[str]:
+    """A codl-tvm server with the OpenCL plugin (``serve --opencl``) under ``key``."""
+    proc = subprocess.Popen(
+        server_command(tracker, key, free_port(), "--opencl"),
+        start_new_session=True,
+        env={**os.environ, **(env or {})},
+    )
+    try:
+        rpc_utils.wait_for_devices(tracker, key, 1, timeout_s=90)
+        yield key
+    finally:
+        _stop(proc)
+
+
 @pytest.fixture(scope="module")
 def tracker():
     """TVM's tracker and one codl-tvm server with the OpenCL plugin under :data:`KEY`."""
     port = free_port()
     addr = f"127.0.0.1:{port}"
-    procs = [subprocess.Popen(tracker_command(port), start_new_session=True)]
+    proc = subprocess.Popen(tracker_command(port), start_new_session=True)
     try:
-        procs.append(
-            subprocess.Popen(
-                server_command(addr, KEY, free_port(), "--opencl"), start_new_session=True
-            )
-        )
-        rpc_utils.wait_for_devices(addr, KEY, 1, timeout_s=90)
-        yield addr
+        with _server(addr, KEY):
+            yield addr
     finally:
-        for proc in reversed(procs):
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
+        _stop(proc)
 
 
 def _compile(capsys, *argv: str) -> tuple[int, str]:
@@ -210,3 +227,32 @@ def test_images_the_device_cannot_hold_through_the_tracker(opencl, tracker, tmp_
     kept = [ln for ln in logged if ln.startswith("GPU data type measured on")]
     assert len(kept) == 1 and "images not timed" in kept[0], logged
     rpc_utils.wait_for_devices(tracker, KEY, 1, timeout_s=30)
+
+
+def test_auto_reads_the_remote_devices_support(opencl, tracker, tmp_path, capsys):
+    """Through a tracker the remote device's own support decides, not this machine's: a
+    server on PoCL (no ``cl_khr_fp16``) behind a compile whose device here has it (Intel's
+    CPU runtime) refuses float16 in one line naming the remote device."""
+    if not image_caps().fp16:
+        pytest.skip("this machine's OpenCL device lacks cl_khr_fp16: float16 fails here first")
+    with _server(tracker, "pocl-images", {"CODL_OPENCL_PLATFORM": "pocl"}) as key:
+        remote = rpc_utils.request_remote(tracker, key, timeout_s=60)
+        try:
+            caps = remote_image_caps(remote)
+        finally:
+            remote.close()
+        assert caps is not None and caps.image_support
+        if caps.fp16:
+            pytest.skip(f"the remote device '{caps.device}' has cl_khr_fp16 here")
+        rpc_utils.wait_for_devices(tracker, key, 1, timeout_s=30)
+        model = _conv_pool_model(tmp_path / "m.onnx")
+        out = tmp_path / "half"
+        code, err = _compile(
+            capsys,
+            *(str(model), "-o", str(out), "--device", "opencl", "--gpu-data-type", "auto"),
+            *("--gpu-dtype", "float16", "--tracker", tracker, "--key", key),
+        )
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("codl-tvm: error: "), err
+    assert f"'{caps.device}' lacks cl_khr_fp16" in lines[0] and "--gpu-dtype" in lines[0]
+    assert not out.exists()

@@ -32,7 +32,7 @@ from codl_tvm.options import CompileOptions
 from codl_tvm.planner.split.refine import RefineError, moves, refine_plan, split_times
 from codl_tvm.profiling.trace import trace_inference
 from codl_tvm.rpc.client import RPCError, check_remote_versions, request_remote
-from codl_tvm.rpc.remote_vm import RemoteVM, vm_devices_for
+from codl_tvm.rpc.remote_vm import RemoteVM, remote_image_caps, vm_devices_for
 from codl_tvm.runtime.artifact import PROCESSOR_NAMES, Manifest
 from codl_tvm.runtime.program_binaries import build_threads, opencl_modules
 from codl_tvm.runtime.vm import time_vm
@@ -46,6 +46,7 @@ __all__ = [
     "operator_named",
     "refine_from_timelines",
     "refined_candidates",
+    "remote_gpu_data",
     "time_here",
     "time_remote",
     "verify",
@@ -183,9 +184,10 @@ def gpu_data_auto(
     with buffers and, where the device can hold them, images, timed round-robin on this
     machine or on the device behind ``options.tracker`` as :func:`verify` times
     (:func:`time_here`, :func:`time_remote`; an image build's VM gets the OpenCL device once
-    per VM slot) and the lower median kept; elsewhere
-    the device's capability decides (:meth:`~codl_tvm.build.cache.Libraries.set_gpu_data`),
-    recorded as unchecked.
+    per VM slot) and the lower median kept; elsewhere the device's capability decides
+    (:meth:`~codl_tvm.build.cache.Libraries.set_gpu_data`), recorded as unchecked. Through a
+    tracker the remote device's own image support may rule images out first
+    (:func:`remote_gpu_data`).
 
     ``manifest.extra["gpu"]`` gets the measured medians (``measured_ms``, by data type), their
     samples, where and how many rounds, or ``unchecked``; ``manifest.vm_devices`` the kept
@@ -201,6 +203,8 @@ def gpu_data_auto(
             manifest.extra["gpu"]["unchecked"] = unchecked
         return libraries.single("opencl")
     gpu = manifest.extra["gpu"]
+    if options.remote is not None:
+        remote_gpu_data(model, libraries, *options.remote)
     names = {t: f"opencl:{t}" for t in libraries.gpu_data_candidates()}
     libs: dict[str, Path] = {}
     dropped: dict[str, str] = {}
@@ -254,6 +258,49 @@ def gpu_data_auto(
         "" if "image" in names else f" (images not timed: {gpu.get('why')})",
     )
     return libs[names[kept]]
+
+
+def remote_gpu_data(model: OnnxModel, libraries: Libraries, tracker: str, key: str) -> None:
+    """Check the image candidate of ``gpu_data_type="auto"`` against the image support of a
+    device of ``key`` behind ``tracker``, the device that times it
+    (:func:`~codl_tvm.rpc.remote_vm.remote_image_caps`): where the model's tensors cannot be
+    its images, buffers are kept (``libraries.gpu_data["why"]`` names the remote device and the
+    limit, as this machine's device's check does; :func:`~codl_tvm.build.texture.check_device`).
+
+    The capability rule of :meth:`~codl_tvm.build.cache.Libraries.set_gpu_data` read this
+    machine's device (or none, for a preset that cross-compiles); the remote device can only
+    rule images out. A server that cannot report its image support leaves the rule as it was.
+
+    Raises
+    ------
+    ArtifactError
+        The tracker or the device cannot be reached.
+    codl_tvm.core.errors.DeviceSupportError
+        ``gpu_dtype`` is float16 and the remote device lacks ``cl_khr_fp16``.
+    """
+    # deferred: codl_tvm.build.texture imports TVM's Adreno backend (as build.cache defers it)
+    from codl_tvm.build.texture import check_device
+
+    if "image" not in libraries.gpu_data_candidates():
+        return
+    try:
+        remote = request_remote(tracker, key)
+    except RPCError as exc:
+        raise ArtifactError(f"verify: {exc}") from None
+    try:
+        caps = remote_image_caps(remote)
+    except RPCError as exc:
+        raise ArtifactError(f"verify: {exc}") from None
+    finally:
+        remote.close()
+    if caps is None:
+        logger.info("%s does not report its image support: images stay a candidate", remote.name)
+        return
+    data_type, why = check_device(model.mod, caps, "auto", libraries.gpu_data["dtype"])
+    if data_type == "buffer":
+        libraries.keep_gpu_data("buffer")
+        libraries.gpu_data["why"] = why
+        logger.info("GPU tensors in buffers on %s: %s", remote.name, why)
 
 
 def build_candidate(
@@ -379,7 +426,10 @@ def time_here(
     runtime.load()
     vms = {}
     for name, path in libs.items():
-        devices = {"coexec": [tvm.opencl(0), tvm.cpu(0)], "cpu": [tvm.cpu(0)]}.get(
+        # coexec: an image build's texture scopes take the slots after the CPU's (a buffer
+        # build leaves them unused)
+        coexec = [tvm.opencl(0), tvm.cpu(0), tvm.opencl(0), tvm.opencl(0)]
+        devices = {"coexec": coexec, "cpu": [tvm.cpu(0)]}.get(
             name.split(":", 1)[0], [tvm.opencl(0)]
         )
         if vm_devices is not None and name in vm_devices:
@@ -510,7 +560,9 @@ def refined_candidates(
         if not splits:
             logger.info("verify: %s has no kernel record; nothing to refine", source)
             break
-        vm = VirtualMachine(tvm.runtime.load_module(str(library)), [tvm.opencl(0), tvm.cpu(0)])
+        # the slots after the CPU's: an image build's texture scopes (see time_here)
+        devices = [tvm.opencl(0), tvm.cpu(0), tvm.opencl(0), tvm.opencl(0)]
+        vm = VirtualMachine(tvm.runtime.load_module(str(library)), devices)
         try:
             new, record = refine_from_timelines(
                 SimpleNamespace(vm=vm), splits, inputs, plan, traces

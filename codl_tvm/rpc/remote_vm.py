@@ -9,13 +9,16 @@ VDevice per memory scope (:meth:`codl_tvm.build.texture.TextureBuild.vm_devices`
 allocation's slot gives its tensor's view that scope, which codl-tvm's OpenCL plugin on the
 server (``codl-tvm serve --opencl``) turns into an image.
 
-This module imports only TVM's runtime, :mod:`codl_tvm.runtime.vm` and
-:mod:`codl_tvm.rpc.client`, so that commands that run artifacts import it where TVM is
-runtime-only.
+:func:`remote_image_caps` reads the remote OpenCL device's image support, which decides
+whether a model's tensors can be images there.
+
+This module imports only TVM's runtime, :mod:`codl_tvm.runtime` and :mod:`codl_tvm.rpc.client`,
+so that commands that run artifacts import it where TVM is runtime-only.
 """
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
@@ -25,12 +28,37 @@ import tvm
 from tvm.runtime.vm import VirtualMachine
 
 from codl_tvm.rpc.client import RemoteDevice
+from codl_tvm.runtime.images import ImageCaps
 from codl_tvm.runtime.vm import flatten_outputs
 
-__all__ = ["VM_DEVICE_NAMES", "RemoteVM", "vm_devices_for"]
+__all__ = ["IMAGE_CAPS_FUNC", "VM_DEVICE_NAMES", "RemoteVM", "remote_image_caps", "vm_devices_for"]
 
 #: The names a VM slot may have.
 VM_DEVICE_NAMES = ("opencl", "cpu")
+#: The plugin's function reporting an OpenCL device's image support (as JSON).
+IMAGE_CAPS_FUNC = "codl.opencl.image_caps"
+
+
+def remote_image_caps(remote: RemoteDevice) -> ImageCaps | None:
+    """The image support of the remote's OpenCL device, as codl-tvm's plugin there reports it
+    (:func:`codl_tvm.runtime.images.image_caps`); None where the server has no such function
+    (no plugin, or one from before it).
+
+    Raises
+    ------
+    codl_tvm.core.errors.RemoteFailure
+        The remote failed to answer (e.g. its OpenCL has no usable device).
+    """
+
+    def _ask() -> str | None:
+        try:
+            func = remote.session.get_function(IMAGE_CAPS_FUNC)
+        except AttributeError:  # TVM's answer for a function the server does not have
+            return None
+        return None if func is None else str(func(0))
+
+    text = remote.call("reading its image support", _ask)
+    return None if text is None else ImageCaps(**json.loads(text))
 
 
 def vm_devices_for(device: str) -> list[str]:
