@@ -5,7 +5,8 @@ the machine's real OpenCL driver: PoCL or Intel's CPU runtime from PyPI) run on 
 separate processes. An image build's VM there gets the remote OpenCL
 device once per VM slot, as its manifest lists it: ``run ARTIFACT --tracker`` checks its outputs
 against the stored reference, and ``compile --gpu-data-type auto --tracker`` times buffers
-against images on the remote device and keeps the faster. Nothing here asserts which is faster.
+against images on the remote device and keeps the faster, after the remote device's own
+support (images, ``cl_khr_fp16``) is checked. Nothing here asserts which is faster.
 """
 
 from __future__ import annotations
