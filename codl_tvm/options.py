@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from codl_tvm.build.targets import get_preset
 from codl_tvm.core.errors import ArtifactError, PlannerError
 from codl_tvm.core.plan import PartitionPlan
 from codl_tvm.planner import ALL_MODES, PlannerConfig
@@ -184,6 +185,13 @@ class CompileOptions:
         A build for the GPU alone: ``"float32"`` (default) or ``"float16"`` GPU tensors (TVM's
         mixed precision, convs accumulating in half; inputs and outputs stay float32). Needs
         ``cl_khr_fp16`` on a device of this machine.
+    tune_budget_s
+        Seconds to spend measuring, on this machine, the operators the cost model flags as
+        outside its data (``device="coexec"``, planned): whole on each processor and split at a
+        few GPU shares, the most expensive first (:func:`codl_tvm.objectives.tune.tune_operators`);
+        the planner then plans them on the measurements. Resumable: the measurements are kept
+        in ``tune/`` of ``build_cache`` (else of the user's cache directory) and a later compile
+        measures only what is missing. None: no tuning.
     """
 
     device: str = "coexec"
@@ -215,6 +223,7 @@ class CompileOptions:
     split_margin: str = "novel"
     gpu_data_type: str = "buffer"
     gpu_dtype: str = "float32"
+    tune_budget_s: float | None = None
 
     def __post_init__(self) -> None:
         self._check_values()
@@ -272,6 +281,13 @@ class CompileOptions:
             )
         if self.build_cache is not None:
             self._set("build_cache", Path(self.build_cache))
+        t = self.tune_budget_s
+        if t is not None and not (
+            isinstance(t, (int, float)) and not isinstance(t, bool) and 0 < t < math.inf
+        ):
+            raise OptionsError(
+                f"tune_budget_s must be a time budget in seconds > 0, got {t!r}", ("tune_budget_s",)
+            )
 
     def _check_verify(self) -> None:
         """The fields that only mean something together."""
@@ -314,11 +330,29 @@ class CompileOptions:
                 "gpu_data_type and gpu_dtype describe GPU builds; device is 'cpu'",
                 ("gpu_data_type", "gpu_dtype", "device"),
             )
+        if self.tune_budget_s is not None:
+            self._check_tune()
         if self.verify_modes and self.plan is not None:
             raise OptionsError(
                 "verify_modes plans with the cost model; it cannot be combined with a given plan",
                 ("verify_modes", "plan"),
             )
+
+    def _check_tune(self) -> None:
+        """``tune_budget_s`` times operator parts on this machine for the planner."""
+        preset = get_preset(self.preset or "opencl")
+        for name, bad, why in (
+            ("preset", preset.is_cross, f"preset {preset.name!r} cross-compiles"),
+            ("device", self.device != "coexec", f"device is {self.device!r}, not 'coexec'"),
+            ("plan", self.plan is not None, "a plan is given, the planner does not run"),
+            ("measure", not self.measure, "measuring is switched off (measure=False)"),
+            ("tracker", self.tracker is not None, "the target is the tracker's device"),
+        ):
+            if bad:
+                raise OptionsError(
+                    f"tune_budget_s times the planner's operators on this machine, but {why}",
+                    ("tune_budget_s", name),
+                )
 
     @property
     def remote(self) -> tuple[str, str] | None:

@@ -19,6 +19,7 @@ from codl_tvm.cli.common import building
 from codl_tvm.cli.plan import (
     SPLIT_MARGIN_HELP,
     SPLIT_MARGINS,
+    TUNE_HELP,
     WEIGHT_GBPS_HELP,
     plan_from_args,
     weight_gbps,
@@ -56,6 +57,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
             "--groups/--isa/--pipe-model/--layer-timing/--stage-rounds apply to --objective "
             "throughput only"
         )
+    if args.tune is not None and args.no_measure:
+        raise CliError("--tune times operator parts on this machine; drop --no-measure")
     plan = None
     if args.plan == "auto":  # the default: plan with the cost model
         args.plan = None
@@ -106,6 +109,7 @@ COMPILE_FLAGS = {
     "split_margin": "--split-margin",
     "gpu_data_type": "--gpu-data-type",
     "gpu_dtype": "--gpu-dtype",
+    "tune_budget_s": "--tune",
 }
 
 
@@ -140,6 +144,7 @@ def _compile_options(args: argparse.Namespace, plan) -> CompileOptions:
         split_margin=args.split_margin,
         gpu_data_type=args.gpu_data_type,
         gpu_dtype=args.gpu_dtype,
+        tune_budget_s=args.tune,
     )
 
 
@@ -159,6 +164,7 @@ def _compile_throughput(args: argparse.Namespace, model_path: str) -> int:
             ("--weights", args.weights is not None),
             ("--gpu-data-type", args.gpu_data_type != "buffer"),
             ("--gpu-dtype", args.gpu_dtype != "float32"),
+            ("--tune", args.tune is not None),
         )
         if on
     ]
@@ -353,6 +359,7 @@ def _planning_flags(p: argparse.ArgumentParser) -> None:
         choices=preset_names(),
         help="target preset (default: opencl, this machine's OpenCL device and CPU)",
     )
+    p.add_argument("--tune", type=float, metavar="SECONDS", help=TUNE_HELP)
 
 
 def _kernel_flags(p: argparse.ArgumentParser) -> None:

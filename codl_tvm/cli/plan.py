@@ -10,14 +10,16 @@ predictions describe the device it was fitted on; ``compile`` measures them wher
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 
-from codl_tvm.build.targets import PRESETS
+from codl_tvm.build.targets import PRESETS, get_preset
 from codl_tvm.core.errors import CliError
 from codl_tvm.core.plan import PlanError
 from codl_tvm.cost_model.base import load_model
 from codl_tvm.cost_model.defaults import cost_model_path
 from codl_tvm.frontend.importer import OnnxModel, load_onnx
+from codl_tvm.objectives.tune import tune_cache_dir, tune_operators, tune_unreachable
 from codl_tvm.planner.placement.modes import ALL_MODES, PlacementConfig, make_plan
 from codl_tvm.planner.policy import DEFAULT_PRESET, PlanChoice, planning_context, resolve_plan
 from codl_tvm.planner.split.config import SPLIT_MARGINS
@@ -26,12 +28,20 @@ from codl_tvm.planner.split.search import PlannerConfig
 __all__ = [
     "SPLIT_MARGINS",
     "SPLIT_MARGIN_HELP",
+    "TUNE_HELP",
     "WEIGHT_GBPS_HELP",
     "cmd_plan",
     "plan_from_args",
     "register",
     "weight_gbps",
 ]
+
+TUNE_HELP = (
+    "measure the operators outside the cost model's data on this machine (whole on each "
+    "processor and at a few GPU shares, the most expensive first) for up to SECONDS, and plan "
+    "them on the measurements; resumable: measurements are cached (in --build-cache, else the "
+    "user's cache directory) and a rerun measures only what is missing"
+)
 
 SPLIT_MARGIN_HELP = (
     "which splits must predict a gain above the cost model's leave-one-model-out error: novel "
@@ -120,12 +130,18 @@ def cmd_plan(args: argparse.Namespace) -> int:
     }
     # the preset and cost model compile uses by default, so that both make the same plan
     preset = args.preset or DEFAULT_PRESET
+    _check_tune(args.tune, preset)
     path = cost_model_path(args.cost_model, preset)
     cost_model = load_model(path)
     model = load_onnx(args.model)
     placement = PlacementConfig(greedy_k=args.greedy_k, time_limit_s=args.time_limit_s)
     # the kernels `compile --preset P` builds (Winograd, packed, CPU-alone settings)
     with planning_context(preset, path, **settings) as config:
+        if args.tune is not None:  # measured inside the context: the parts get its kernels
+            tuned = tune_operators(
+                model.mod, cost_model, config, args.tune, tune_cache_dir(), preset
+            )
+            config = dataclasses.replace(config, tuned_parts=tuned.table)
         plan, report = make_plan(
             model.mod, cost_model, args.mode, config, str(args.model), placement
         )
@@ -139,6 +155,17 @@ def cmd_plan(args: argparse.Namespace) -> int:
         report.save(args.report)
         print(f"wrote report {args.report}")
     return 0
+
+
+def _check_tune(budget_s: float | None, preset: str) -> None:
+    """``--tune SECONDS``: a positive budget, and a preset whose parts run on this machine."""
+    if budget_s is None:
+        return
+    if not 0 < budget_s < float("inf"):
+        raise CliError(f"--tune must be a time budget in seconds > 0, got {budget_s:g}")
+    why = tune_unreachable(get_preset(preset))
+    if why is not None:
+        raise CliError(f"--tune times operator parts on this machine, but {why}")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -165,6 +192,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="predict the kernels `codl-tvm compile --preset P` builds (Winograd, packed convs, "
         "the CPU-alone kernels of a model profiled with them); default: direct/GEMM kernels",
     )
+    p.add_argument("--tune", type=float, metavar="SECONDS", help=TUNE_HELP)
     p.add_argument("-o", "--output", help="write the plan (JSON) here")
     p.add_argument("--report", help="write the plan report (JSON) here")
     p.add_argument(

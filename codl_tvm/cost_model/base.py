@@ -33,7 +33,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import import_module
 from pathlib import Path
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
@@ -51,6 +51,9 @@ from codl_tvm.cost_model.features import (
     weight_floor_ms,
 )
 from codl_tvm.cost_model.linalg import nnls
+
+if TYPE_CHECKING:
+    from codl_tvm.cost_model.measured import MeasuredModel
 
 __all__ = [
     "MODEL_FORMAT",
@@ -241,6 +244,9 @@ class CostModel(ABC):
         self.processor_scale: dict[str, float] = {}
         #: Weight-streaming rate of each processor inside a model, GB/s (:meth:`streaming`).
         self.weight_gbps: dict[str, float] = {}
+        #: Operators measured on the target, predicted by their measurements
+        #: (:meth:`with_measurements`).
+        self.measured_parts: MeasuredModel | None = None
 
     # -- fitting -------------------------------------------------------------------------------
     def fit(self, records: Iterable) -> CostModel:
@@ -275,6 +281,21 @@ class CostModel(ABC):
 
     def predict_many(self, features: Sequence[OpFeatures]) -> np.ndarray:
         features = list(features)
+        table = self.measured_parts
+        if table is None:
+            return self._predict_modelled(features)
+        out = np.empty(len(features))
+        mask = [table.holds_operator(f.params) for f in features]
+        held = [i for i, ok in enumerate(mask) if ok]
+        rest = [i for i, ok in enumerate(mask) if not ok]
+        if held:
+            out[held] = [table.measured_ms(features[i]) for i in held]
+        if rest:
+            out[rest] = self._predict_modelled([features[i] for i in rest])
+        return out
+
+    def _predict_modelled(self, features: list[OpFeatures]) -> np.ndarray:
+        """:meth:`predict_many` by the model itself (its fallback, scales and floors)."""
         out = np.empty(len(features))
         mask = [self.covers(f) for f in features]
         covered = [i for i, ok in enumerate(mask) if ok]
@@ -331,6 +352,18 @@ class CostModel(ABC):
         copy and a planning-time setting, as :meth:`scaled`."""
         model = copy.copy(self)
         model.weight_gbps = _per_processor("streaming", "rate (GB/s)", cpu_gbps, gpu_gbps)
+        return model
+
+    def with_measurements(self, table: MeasuredModel) -> CostModel:
+        """This model with the operators ``table`` holds whole on both processors
+        (:meth:`~codl_tvm.cost_model.measured.MeasuredModel.holds_operator`: operators measured
+        on the target, ``compile --tune``) predicted by their measurements alone, unscaled and
+        unfloored; a part of them not measured (another share, a chain's part with its halo)
+        is predicted infinitely slow, so the planner chooses only among what was measured.
+        Sharing costs stay the model's. A shallow copy and a planning-time setting, as
+        :meth:`scaled`."""
+        model = copy.copy(self)
+        model.measured_parts = table
         return model
 
     def predict_sharing(self, kind: str, nbytes: float) -> float:

@@ -11,6 +11,10 @@ per-operator upper bound CoDL's oracle stands for.
 
 Repeated measurements of one key keep their median. The file stores the table, so a planner
 run with ``--cost-model oracle.json`` is reproducible.
+
+A table also stands in for another model on the operators it holds whole on both processors
+(:meth:`MeasuredModel.holds_operator`, :meth:`~codl_tvm.cost_model.base.CostModel.\
+with_measurements`): the operators ``compile --tune`` measured on the target.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from codl_tvm.cost_model.features import (
     PROCESSORS,
     OpFeatures,
     OpParams,
+    Partition,
     PartShape,
     part_shape,
 )
@@ -67,6 +72,19 @@ class MeasuredModel(CostModel):
 
     def covers(self, features: OpFeatures) -> bool:
         return _key(features.processor, features.params, features.part) in self.table
+
+    def holds_operator(self, params: OpParams) -> bool:
+        """Whether the table holds the operator ``params`` whole on every processor (an
+        operator measured as such, not a part of another one sampled)."""
+        return all(
+            _key(p, params, part_shape(params, Partition("none", 1.0 if p == "gpu" else 0.0), p))
+            in self.table
+            for p in PROCESSORS
+        )
+
+    def measured_ms(self, features: OpFeatures) -> float:
+        """The part's measured latency; infinity where it was not measured."""
+        return self.table.get(_key(features.processor, features.params, features.part), np.inf)
 
     def predict_many(self, features: Sequence[OpFeatures]) -> np.ndarray:
         features = list(features)

@@ -47,6 +47,7 @@ from codl_tvm.core.plan import PartitionPlan
 from codl_tvm.cost_model.defaults import default_model_path
 from codl_tvm.frontend.importer import OnnxModel, load_onnx, random_inputs
 from codl_tvm.objectives.measure import cost_model_mismatch, measurement
+from codl_tvm.objectives.tune import tuned_config
 from codl_tvm.objectives.verify import build_candidate, gpu_data_auto, refined_candidates
 from codl_tvm.objectives.verify import verify as verify_builds
 from codl_tvm.options import CompileOptions, OptionsError
@@ -120,7 +121,6 @@ def compile_artifact(
     with staged_directory(out, options.force) as stage, _algorithms_for_every_preset(options):
         job = _Compile.start(model_path, stage, options)
         try:
-            job.start_candidate_builds()
             built = job.build() if job.device != "coexec" else job.build_coexec()
             job.finalize(built)
         finally:
@@ -330,6 +330,8 @@ class _Compile:
             processor_scale=o.processor_scale,
             split_margin=o.split_margin,
         )
+        self.planner_config = tuned_config(self.model.mod, self.planner_config, o, self.preset)
+        self.start_candidate_builds()  # after tuning, whose timings they would disturb
         try:
             choice = resolve_plan(
                 self.model.mod,
@@ -411,10 +413,7 @@ class _Compile:
             built = libraries.coexec("coexec", self.plan)
         manifest.kernel_splits = libraries.kernel_splits.get("coexec")
         self._write_placement(self.plan)
-        manifest.targets = {
-            "gpu": str(self.preset.target("gpu")),
-            "cpu": str(self.preset.target("cpu")),
-        }
+        manifest.targets = {p: str(self.preset.target(p)) for p in ("gpu", "cpu")}
         return self.verify(built) if self.rounds else built
 
     def build(self) -> Path:

@@ -14,6 +14,7 @@ from typing import Any
 
 from codl_tvm.core.errors import PlannerError
 from codl_tvm.core.plan import PartitionDim
+from codl_tvm.cost_model.measured import MeasuredModel
 
 __all__ = ["DEFAULT_RATIOS", "MODES", "SPLIT_MARGINS", "PlannerConfig", "ideal_latency"]
 
@@ -111,6 +112,13 @@ class PlannerConfig:
         for an operator inside the cost model's data and for a novel one (a class, kernel or
         shape outside it, :meth:`~codl_tvm.cost_model.uncertainty.DataRanges.novelty`); both
         must be among the quantiles the model stores (0.8 and 0.9).
+    tuned_parts
+        Parts of operators measured on the target (``compile --tune``,
+        :func:`codl_tvm.objectives.tune.tune_operators`): each operator the table holds whole
+        on both processors is planned on its measurements alone
+        (:meth:`~codl_tvm.cost_model.CostModel.with_measurements`: whole, or split at a
+        measured share, never in a chain), with no margin, its decision ``measured``. None:
+        every operator predicted.
     """
 
     ratios: tuple[float, ...] = DEFAULT_RATIOS
@@ -129,6 +137,7 @@ class PlannerConfig:
     gpu: Any = None
     split_margin: str = "novel"
     margin_quantiles: tuple[float, float] = (0.8, 0.9)
+    tuned_parts: MeasuredModel | None = None
 
     def __post_init__(self) -> None:
         ratios = tuple(sorted({float(r) for r in self.ratios}))

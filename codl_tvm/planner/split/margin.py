@@ -11,8 +11,10 @@ into
   :func:`~codl_tvm.cost_model.uncertainty.split_margin`, read at ``margin_quantiles[0]`` for an
   operator inside the data and ``margin_quantiles[1]`` for a novel one;
 - each decision's **provenance**: ``measured`` where a lookup table of measurements
-  (:class:`~codl_tvm.cost_model.measured.MeasuredModel`) holds every part it runs, otherwise
-  ``predicted`` with the expected relative error of its prediction and the reasons it is novel.
+  (:class:`~codl_tvm.cost_model.measured.MeasuredModel`) holds every part it runs, or where
+  the operator was tuned on the target (``PlannerConfig.tuned_parts``: planned on its
+  measurements alone, held to no margin), otherwise ``predicted`` with the expected relative
+  error of its prediction and the reasons it is novel.
 """
 
 from __future__ import annotations
@@ -70,10 +72,18 @@ class Uncertainty:
         """Whether splits are held to a margin in this run."""
         return self.config.split_margin != "none" and self.lomo is not None and not self.measured
 
+    def tuned(self, op: OpEstimate) -> bool:
+        """Whether ``op`` was measured on the target (``PlannerConfig.tuned_parts``): its
+        predictions are its measurements."""
+        table = self.model.measured_parts
+        return table is not None and table.holds_operator(op.params)
+
     def _held(self, ops: list[OpEstimate]) -> bool:
         """Whether ``ops`` are held to the margin: every operator (``lomo``), or where one lies
-        outside the model's data (``novel``)."""
-        return self.active and (self.config.split_margin == "lomo" or any(op.novel for op in ops))
+        outside the model's data (``novel``); never a tuned one (measured, not predicted)."""
+        if not self.active or any(self.tuned(op) for op in ops):
+            return False
+        return self.config.split_margin == "lomo" or any(op.novel for op in ops)
 
     def novelty(self, op: OpEstimate) -> list[str]:
         """Why ``op`` lies outside the cost model's data: its class or shape
@@ -147,6 +157,9 @@ class Uncertainty:
         ``novel``) for ``ops`` (one operator, or a chain's) at ``(dim, ratio)``. A chain's
         expected error is its worst operator's."""
         novel = tuple(dict.fromkeys(n for op in ops for n in op.novel))
+        if len(ops) == 1 and self.tuned(ops[0]):
+            # the reasons it was tuned stay on record
+            return {"provenance": "measured", "expected_error": None, "novel": novel}
         if self.measured:
             if len(ops) == 1 and self._in_table(ops[0], dim, ratio):
                 return {"provenance": "measured", "expected_error": None, "novel": ()}

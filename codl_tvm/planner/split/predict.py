@@ -273,7 +273,8 @@ def flops_model(model: CostModel) -> CostModel:
 
 def calibrated_model(cost_model: CostModel, config: PlannerConfig) -> tuple[CostModel, list[str]]:
     """``cost_model`` with ``config``'s processor scales and weight-streaming floors applied,
-    and the report notes that say so (shared by every planner mode)."""
+    its tuned operators' measurements in place of predictions (``config.tuned_parts``), and the
+    report notes that say so (shared by every planner mode)."""
     notes: list[str] = []
     if tuple(config.processor_scale) != (1.0, 1.0):
         cpu_scale, gpu_scale = config.processor_scale
@@ -290,5 +291,12 @@ def calibrated_model(cost_model: CostModel, config: PlannerConfig) -> tuple[Cost
         notes.append(
             f"parts predicted no faster than their weights stream: CPU "
             f"{config.weight_gbps[0]:g} GB/s, GPU {config.weight_gbps[1]:g} GB/s"
+        )
+    if config.tuned_parts is not None:
+        # after the calibrations: a measurement on the target needs none
+        cost_model = cost_model.with_measurements(config.tuned_parts)
+        notes.append(
+            "operators tuned on this device (compile --tune) are planned on their measured "
+            "parts: whole, or split at a measured share, never in a chain"
         )
     return cost_model, notes
