@@ -257,3 +257,23 @@ def test_auto_reads_the_remote_devices_support(opencl, tracker, tmp_path, capsys
     assert code == 2 and len(lines) == 1 and lines[0].startswith("codl-tvm: error: "), err
     assert f"'{caps.device}' lacks cl_khr_fp16" in lines[0] and "--gpu-dtype" in lines[0]
     assert not out.exists()
+
+
+def test_run_through_the_tracker_refuses_in_one_line(opencl, tracker, tmp_path, capsys):
+    """What ``run ARTIFACT --tracker`` cannot do is one line and exit 2, before any upload:
+    weights stored beside the library (read by codl-tvm's runtime on the device), a key no
+    server registered."""
+    model = _conv_pool_model(tmp_path / "m.onnx")
+    base = [str(model), "--device", "opencl", "--gpu-data-type", "image"]
+    for name, weights in (("beside", "beside"), ("embedded", "embedded")):
+        code, err = _compile(capsys, *base, "-o", str(tmp_path / name), "--weights", weights)
+        assert code == 0, err
+    for name, key, why in (
+        ("beside", KEY, "weights are stored beside the library"),
+        ("embedded", "nosuch", "no device registered under key 'nosuch'"),
+    ):
+        argv = ["run", str(tmp_path / name), "--tracker", tracker, "--key", key, "--timeout", "1"]
+        assert main(argv) == 2
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("codl-tvm: error: ") and why in lines[0]
+    rpc_utils.wait_for_devices(tracker, KEY, 1, timeout_s=30)
