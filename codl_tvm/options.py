@@ -175,11 +175,12 @@ class CompileOptions:
         ops), in OpenCL images (``"image"``, :func:`codl_tvm.build.texture.build_texture_gpu`,
         CoDL's GPU data type); a device without images, or whose images cannot hold the model's
         tensors, is an error (:class:`~codl_tvm.core.errors.DeviceSupportError`). ``"auto"``:
-        where this machine runs the preset, the buffer build and (where the device can hold
-        them) the image build are timed (``MEASURE_ROUNDS`` rounds, or ``verify``'s) and the
-        faster kept (``manifest["gpu"]["measured_ms"]``); with ``measure=False``, a preset that
-        cross-compiles, or ``tracker`` (image builds are not timed through RPC yet), images
-        where the device can hold them, else buffers, recorded as ``unchecked``. Co-executed
+        where this machine runs the preset, or on the device behind ``tracker``, the buffer
+        build and (where the device can hold them) the image build are timed
+        (``MEASURE_ROUNDS`` rounds, or ``verify``'s) and the faster kept
+        (``manifest["gpu"]["measured_ms"]``); with ``measure=False`` or a preset that
+        cross-compiles without ``tracker``, images where the device can hold them, else
+        buffers, recorded as ``unchecked``. Co-executed
         builds use buffers for now.
     gpu_dtype
         A build for the GPU alone: ``"float32"`` (default) or ``"float16"`` GPU tensors (TVM's

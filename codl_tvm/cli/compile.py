@@ -408,9 +408,9 @@ def _kernel_flags(p: argparse.ArgumentParser) -> None:
         help="--device opencl: keep GPU tensors in buffers (default) or, for convs, pools and "
         "elementwise ops, in OpenCL images (CoDL's GPU data type; a device without images or "
         "too small for the model's tensors is an error); auto: build both (images where the "
-        "device can hold them), time them on this machine and keep the faster; with "
-        "--no-measure, a preset that cross-compiles or --tracker (images are not timed "
-        "through RPC yet), images where the device can hold them, else buffers (recorded as "
+        "device can hold them), time them on this machine (or on --tracker's device) and "
+        "keep the faster; with --no-measure or a preset that cross-compiles without "
+        "--tracker, images where the device can hold them, else buffers (recorded as "
         "unchecked). Co-executed builds use buffers for now",
     )
     p.add_argument(
