@@ -49,6 +49,9 @@ its ``ConvertLayout``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
 import numpy as np
 import tvm
 from tvm import relax
@@ -62,11 +65,14 @@ __all__ = [
     "PACK",
     "POOL_OPS",
     "UNARY_OPS",
+    "PackedFunction",
     "ToTextureLayout",
     "pack_bias",
+    "pack_function",
     "pack_nchw",
     "pack_oihw",
     "to_texture_layout",
+    "unpacked_reason",
 ]
 
 #: Channels per pixel of an OpenCL RGBA image.
@@ -170,10 +176,22 @@ def _channel_constant(expr: relax.Expr, channels: int) -> np.ndarray | None:
 class _Packer:
     """Rewrites one dataflow block: ``packed`` maps an original variable to its packed value."""
 
-    def __init__(self, uses: dict[relax.Var, list[relax.Expr]], outside: set[relax.Var]):
+    def __init__(
+        self,
+        uses: dict[relax.Var, list[relax.Expr]],
+        outside: set[relax.Var],
+        packable: Callable[[relax.Var], bool] | None = None,
+        convert_operands: bool = False,
+    ):
         self.uses = uses
         self.outside = outside
+        self.packable = packable
+        self.convert_operands = convert_operands
         self.packed: dict[relax.Var, relax.Var] = {}
+        # every variable this packer binds -> the original binding it was made for (a packed
+        # value's own, a conversion's first packed consumer's)
+        self.owner: dict[relax.Var, relax.Var] = {}
+        self._current: relax.Var | None = None
         # NCHW values converted for packed consumers (not packed producers: a pool reading one
         # still stays NCHW)
         self.converted: dict[relax.Var, relax.Var] = {}
@@ -184,6 +202,8 @@ class _Packer:
         value = relax.BlockBuilder().normalize(value)
         var = (relax.DataflowVar if dataflow else relax.Var)(hint, value.ty)
         self.bindings.append(relax.VarBinding(var, value))
+        if self._current is not None:
+            self.owner[var] = self._current
         return var
 
     def operand(self, expr: relax.Expr, dataflow: bool) -> relax.Expr:
@@ -227,7 +247,7 @@ class _Packer:
         if name in UNARY_OPS and in_packed[0]:
             return relax.Call(call.op, [self.packed[args[0]], *args[1:]], call.attrs)
         if name in BINARY_OPS and any(in_packed[:2]):
-            return self._binary(call, in_packed)
+            return self._binary(call, in_packed, dataflow)
         if name == "relax.concat":
             return self._concat(call, dataflow)
         return None
@@ -261,7 +281,7 @@ class _Packer:
             return relax.op.nn.max_pool2d(data, **common)
         return relax.op.nn.avg_pool2d(data, count_include_pad=bool(a.count_include_pad), **common)
 
-    def _binary(self, call: relax.Call, in_packed: list[bool]) -> relax.Expr | None:
+    def _binary(self, call: relax.Call, in_packed: list[bool], dataflow: bool) -> relax.Expr | None:
         lhs, rhs = call.args[0], call.args[1]
         if all(in_packed[:2]):
             if static_shape(lhs) != static_shape(rhs):
@@ -269,6 +289,20 @@ class _Packer:
             return relax.Call(call.op, [self.packed[lhs], self.packed[rhs]], call.attrs)
         tensor, other = (lhs, rhs) if in_packed[0] else (rhs, lhs)
         channels = static_shape(tensor)[1]
+        if (
+            self.convert_operands
+            and isinstance(other, relax.Var)
+            and static_shape(other) == static_shape(tensor)
+            and channels % PACK == 0
+            and str(other.ty.dtype) == str(tensor.ty.dtype)
+        ):
+            converted = self.operand(other, dataflow)
+            args = (
+                [self.packed[tensor], converted]
+                if in_packed[0]
+                else [converted, self.packed[tensor]]
+            )
+            return relax.Call(call.op, args, call.attrs)
         if isinstance(other, tvm.ir.Constant) and static_shape(other) == ():
             new_other = other
         else:
@@ -291,6 +325,9 @@ class _Packer:
         covered: set[relax.Expr] = set()
         for binding in block.bindings:
             value = binding.value if isinstance(binding, relax.VarBinding) else None
+            if self.packable is not None and not self.packable(binding.var):
+                value = None
+            self._current = binding.var
             new = self.packed_value(value, dataflow) if isinstance(value, relax.Call) else None
             if new is None:
                 self.bindings.append(binding)
@@ -300,6 +337,7 @@ class _Packer:
             var4 = self.bind(new, f"{binding.var.name}_4c", dataflow)
             self.packed[binding.var] = var4
             pending.append((binding.var, var4))
+        self._current = None
         # unpack in a second sweep: whether a value is read as NCHW is known once every
         # consumer of it has been seen; the unpack is placed right after the packed binding
         if not pending:
@@ -333,20 +371,83 @@ def _uses(func: relax.Function) -> tuple[dict[relax.Var, list[relax.Expr]], set[
     return uses, set(relax.analysis.free_vars(func.body.body))
 
 
-def to_texture_layout(func: relax.Function) -> tuple[relax.Function, int]:
-    """``func`` with its covered operators computing in NCHW4c, and how many were rewritten."""
+@dataclass(frozen=True)
+class PackedFunction:
+    """The result of :func:`pack_function`.
+
+    Attributes
+    ----------
+    func
+        The function with its covered operators in NCHW4c.
+    changed
+        How many operators were rewritten.
+    owners
+        Every variable name the rewrite bound anew -> the name of the original binding it was
+        made for (a packed value's own; a conversion's first packed consumer's).
+    """
+
+    func: relax.Function
+    changed: int
+    owners: dict[str, str] = field(default_factory=dict)
+
+
+def pack_function(
+    func: relax.Function,
+    packable: Callable[[relax.Var], bool] | None = None,
+    convert_operands: bool = False,
+) -> PackedFunction:
+    """``func`` with its covered operators computing in NCHW4c (see the module docstring).
+
+    ``packable``: only bindings whose variable it accepts are rewritten (None: all), e.g. the
+    GPU parts of a co-executed build. ``convert_operands``: a binary op between a packed tensor
+    and an NCHW variable of the same shape (a residual add reading a slice) converts the
+    variable instead of unpacking the packed one; off in GPU-alone builds, where the NCHW
+    operand comes from an operator left in buffers anyway.
+    """
     if not isinstance(func.body, relax.SeqExpr):
-        return func, 0
+        return PackedFunction(func, 0)
     uses, outside = _uses(func)
-    blocks, changed = [], 0
+    blocks, changed, owners = [], 0, {}
     for block in func.body.blocks:
-        packer = _Packer(uses, outside)
+        packer = _Packer(uses, outside, packable, convert_operands)
         blocks.append(packer.run(block))
         changed += packer.changed
+        owners.update({new.name: old.name for new, old in packer.owner.items()})
     if not changed:
-        return func, 0
+        return PackedFunction(func, 0)
     body = relax.BlockBuilder().normalize(relax.SeqExpr(blocks, func.body.body))
-    return relax.Function(func.params, body, func.ret_ty, func.is_pure, func.attrs), changed
+    new_func = relax.Function(func.params, body, func.ret_ty, func.is_pure, func.attrs)
+    return PackedFunction(new_func, changed, owners)
+
+
+def to_texture_layout(func: relax.Function) -> tuple[relax.Function, int]:
+    """``func`` with its covered operators computing in NCHW4c, and how many were rewritten."""
+    packed = pack_function(func)
+    return packed.func, packed.changed
+
+
+def unpacked_reason(call: relax.Expr) -> str:
+    """Why the texture layout leaves ``call`` (an operator of a GPU part) in NCHW buffers."""
+    name = op_name(call)
+    if name is None:
+        return "not an operator call"
+    short = name.rpartition(".")[2]
+    if name == "relax.nn.conv2d":
+        a = call.attrs
+        w = call.args[1]
+        shape = static_shape(w)
+        if not isinstance(w, tvm.ir.Constant) or shape is None:
+            return "conv2d: its weights are not a build-time constant"
+        if int(a.groups) != 1:
+            return f"conv2d: grouped or depthwise (groups={int(a.groups)})"
+        if shape[0] % PACK:
+            return f"conv2d: {shape[0]} output channels, not a multiple of {PACK}"
+        if not _tensor_ok(call.args[0]):
+            return "conv2d: input not a static 4-D float tensor"
+        return "conv2d: layouts other than NCHW/OIHW"
+    if name in POOL_OPS or name in UNARY_OPS or name in BINARY_OPS or name == "relax.concat":
+        return f"{short}: packed only behind a packed producer (with whole pixels of channels)"
+    return f"{short}: not covered by the texture layout"
 
 
 @tvm.transform.module_pass(opt_level=0, name="codl.ToTextureLayout")

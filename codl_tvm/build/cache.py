@@ -133,10 +133,11 @@ class BuildSpec:
         ``"embedded"`` (constants in the library) or ``"beside"`` (large constants fetched from
         a weights file beside it, :mod:`codl_tvm.runtime.weights`).
     gpu_data_type
-        A build for the GPU alone: its tensors in buffers (``"buffer"``) or, where covered, in
-        OpenCL images (``"image"``, :func:`codl_tvm.build.texture.build_texture_gpu`); decided
-        before the
-        spec is made (:meth:`Libraries.spec`), never ``"auto"`` here.
+        A build for the GPU alone or a co-executed build (its GPU parts): its GPU tensors in
+        buffers (``"buffer"``) or, where covered, in OpenCL images (``"image"``,
+        :func:`codl_tvm.build.texture.build_texture_gpu`,
+        :mod:`codl_tvm.build.texture_coexec`); decided before the spec is made
+        (:meth:`Libraries.spec`), never ``"auto"`` here.
     gpu_dtype
         A build for the GPU alone: ``"float32"`` or ``"float16"`` GPU tensors (inputs and
         outputs stay float32).
@@ -234,6 +235,9 @@ def build_library(
         # half on the GPU: TVM's mixed precision ahead of the single-device pipeline, whose
         # inference passes see the cast graph (texture builds do this in their own pipeline)
         mod = tvm.transform.Sequential(inference_passes("float16"))(mod)
+    if spec.device == "coexec" and spec.gpu_data_type == "image":
+        _build_coexec_images(path, spec, mod, preset_obj, splits, weights)
+        return splits, _weights_record(path, weights)
     if spec.device == "coexec":
         gpu, cpu = preset_obj.target("gpu"), preset_obj.target("cpu")
         logger.info("building %s for co-execution (preset %s)", Path(path).stem, spec.preset)
@@ -283,6 +287,33 @@ def _build_texture(
         mod, preset_obj.target("gpu"), caps=caps, dtype=spec.gpu_dtype, weights=weights
     )
     export_library(built.executable, path, preset_obj)
+
+
+def _build_coexec_images(
+    path: Path, spec: BuildSpec, mod: tvm.IRModule, preset_obj: TargetPreset, splits, weights
+) -> None:
+    """The co-executed build of ``spec`` with its GPU parts on images, exported to ``path``;
+    ``splits`` receives the kernel record and ``gpu_parts`` (each GPU part's data type)."""
+    from codl_tvm.build.texture_coexec import compile_coexec_images  # deferred (build_library)
+    from codl_tvm.schedules import use_settings
+
+    caps = None if preset_obj.is_cross else image_caps()
+    logger.info("building %s for co-execution, GPU parts on images", Path(path).stem)
+    with use_settings(spec_settings(spec, preset_obj)):
+        executable, record = compile_coexec_images(
+            mod,
+            PartitionPlan.from_json(spec.plan),
+            preset_obj.target("gpu"),
+            preset_obj.target("cpu"),
+            caps,
+            channel_blocks=spec.channel_blocks,
+            row_blocks=spec.row_blocks,
+            issue_ahead=spec.issue_ahead,
+            kernel_splits=splits,
+            weights=weights,
+        )
+    splits["gpu_parts"] = record["gpu_parts"]
+    export_library(executable, path, preset_obj)
 
 
 def gpu_data_type_for(
@@ -349,6 +380,8 @@ class Libraries:
             "data_type": "buffer",
             "dtype": "float32",
         }
+        # the builds gpu_data describes: "opencl" (the GPU alone) or "coexec" (the GPU parts)
+        self.gpu_data_device = "opencl"
         # library name -> its kernel calls and their splits (co-executed builds)
         self.kernel_splits: dict[str, dict] = {}
         # library name -> the spec it was built from, and (weights beside) its weights record
@@ -382,8 +415,10 @@ class Libraries:
             row_blocks=coexec and self.row_blocks,
             issue_ahead=not coexec or self.issue_ahead,
             weights=self.weights_placement,
-            gpu_data_type=self.gpu_data["data_type"] if device == "opencl" else "buffer",
-            gpu_dtype=self.gpu_data["dtype"] if device == "opencl" else "float32",
+            gpu_data_type=(
+                self.gpu_data["data_type"] if device == self.gpu_data_device else "buffer"
+            ),
+            gpu_dtype=self.gpu_data["dtype"] if device == self.gpu_data_device else "float32",
         )
 
     def set_gpu_data(self, data_type: str, dtype: str, device: str) -> dict[str, str] | None:
@@ -391,8 +426,11 @@ class Libraries:
         (``"buffer"``, ``"image"``, ``"auto"``, decided here for the preset's device:
         :func:`gpu_data_type_for`) of ``dtype``; return the record (:attr:`gpu_data`:
         ``asked``, ``data_type``, ``dtype`` and, where ``auto`` chose buffers, ``why``), or
-        None where ``device`` is not ``"opencl"`` (co-executed builds keep float32 buffers for
-        now, which a note says where other settings were asked).
+        None where ``device`` is ``"cpu"`` (a note says so where other settings were asked).
+        For ``"coexec"`` the record describes the GPU parts of the co-executed builds (images
+        where ``"image"`` is asked; float16 and ``auto`` keep buffers, with the reason:
+        :func:`~codl_tvm.build.texture_coexec.coexec_gpu_data_type`); the builds for one
+        processor keep float32 buffers.
 
         ``auto`` decides by capability here (images wherever the device can hold them); a
         compile that can reach the device then times :meth:`gpu_data_candidates` and keeps
@@ -403,6 +441,17 @@ class Libraries:
         DeviceSupportError
             The device cannot do what was asked.
         """
+        if device == "coexec" and (data_type, dtype) != ("buffer", "float32"):
+            from codl_tvm.build.texture_coexec import coexec_gpu_data_type  # deferred
+
+            caps = None if self.preset.is_cross else image_caps()
+            built, why = coexec_gpu_data_type(self.model.mod, caps, data_type, dtype)
+            self.gpu_data = {"asked": data_type, "data_type": built, "dtype": "float32"}
+            self.gpu_data_device = "coexec"
+            if why:
+                self.gpu_data["why"] = why
+                logger.info("note: %s", why)
+            return self.gpu_data
         if device != "opencl":
             if (data_type, dtype) != ("buffer", "float32"):
                 logger.info(
@@ -438,8 +487,11 @@ class Libraries:
         :attr:`gpu_data`): an image build allocates from one VM device slot per memory scope
         (:data:`codl_tvm.build.texture.VM_DEVICE_SLOTS`), each the OpenCL device."""
         from codl_tvm.build.texture import VM_DEVICE_SLOTS  # deferred, as in build_library
+        from codl_tvm.build.texture_coexec import VM_DEVICES
 
         data_type = data_type or self.gpu_data["data_type"]
+        if self.gpu_data_device == "coexec":  # the co-executed build's: its images after
+            return list(VM_DEVICES) if data_type == "image" else ["opencl", "cpu"]
         return ["opencl"] * (VM_DEVICE_SLOTS if data_type == "image" else 1)
 
     def key(self, device: str, plan: PartitionPlan | None) -> str:

@@ -56,22 +56,28 @@ class CoexecModule:
     kernel_splits
         The kernel calls in execution order with the split each computes
         (:func:`codl_tvm.passes.kernel_splits.kernel_splits`; read by
-        :func:`codl_tvm.profiling.trace.trace_inference`).
+        :func:`codl_tvm.profiling.trace.trace_inference`). An image build adds
+        ``gpu_parts``: each split's GPU part data type (``"image"`` or ``"buffer"`` and why).
+    vm_devices
+        The VM's devices by name: ``["opencl", "cpu"]``, and one ``"opencl"`` per texture scope
+        of an image build.
     """
 
     library: Path
     plan: object
     placements: list[dict] = field(default_factory=list)
     kernel_splits: dict | None = None
+    vm_devices: tuple[str, ...] = ("opencl", "cpu")
     _vm: object = None
 
     @property
     def vm(self):
-        """The Relax VM over ``[opencl(0), cpu(0)]`` (created on first use)."""
+        """The Relax VM over :attr:`vm_devices` (created on first use)."""
         if self._vm is None:
             runtime.load()
             lib = tvm.runtime.load_module(str(self.library))
-            self._vm = VirtualMachine(lib, [tvm.opencl(0), tvm.cpu(0)])
+            devices = [tvm.opencl(0) if d == "opencl" else tvm.cpu(0) for d in self.vm_devices]
+            self._vm = VirtualMachine(lib, devices)
         return self._vm
 
     def __call__(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
@@ -126,6 +132,7 @@ def compile_coexec(
     model: str = "Relax module",
     issue_ahead: bool = True,
     gates: bool | None = False,
+    gpu_data_type: str = "buffer",
 ) -> CoexecModule:
     """Build ``mod`` so that ``plan``'s operators co-execute on the GPU and the CPU.
 
@@ -155,6 +162,8 @@ def compile_coexec(
     ------
     PlanError
         ``plan`` does not fit ``mod``.
+    DeviceSupportError
+        ``gpu_data_type`` is ``"image"`` and this machine's device has no usable images.
     BuildError
         TVM could not build or export the co-executed model; the message names ``model`` and
         the first line of the cause (the original exception is its ``__cause__``).
@@ -162,21 +171,49 @@ def compile_coexec(
     # deferred: needs TVM's compiler (see placement_report)
     from codl_tvm.build.pipeline import coexec_pipeline
 
+    if gpu_data_type not in ("buffer", "image"):
+        raise ValueError(f"gpu_data_type: 'buffer' or 'image', got {gpu_data_type!r}")
     gpu, cpu = _targets(gpu, cpu)
     plan.validate(mod)
     runtime.load()
     splits: dict = {}
-    pipeline = coexec_pipeline(
-        plan,
-        gpu,
-        cpu,
-        kernel_splits=splits,
-        row_blocks=row_blocks,
-        issue_ahead=issue_ahead,
-        gates=gates,
-    )
-    with runtime.build_errors(model, "coexec"):
-        ex = tvm.compile(mod, target=gpu, relax_pipeline=pipeline)
+    vm_devices: tuple[str, ...] = ("opencl", "cpu")
+    if gpu_data_type == "image":
+        # deferred: needs TVM's compiler (see placement_report)
+        from codl_tvm.build.texture_coexec import (
+            VM_DEVICES,
+            coexec_gpu_data_type,
+            compile_coexec_images,
+        )
+        from codl_tvm.runtime.images import image_caps
+
+        caps = image_caps()
+        coexec_gpu_data_type(mod, caps, "image", "float32")  # a device without images: raise
+        with runtime.build_errors(model, "coexec"):
+            ex, record = compile_coexec_images(
+                mod,
+                plan,
+                gpu,
+                cpu,
+                caps,
+                kernel_splits=splits,
+                row_blocks=row_blocks,
+                issue_ahead=issue_ahead,
+            )
+        splits["gpu_parts"] = record["gpu_parts"]
+        vm_devices = VM_DEVICES
+    else:
+        pipeline = coexec_pipeline(
+            plan,
+            gpu,
+            cpu,
+            kernel_splits=splits,
+            row_blocks=row_blocks,
+            issue_ahead=issue_ahead,
+            gates=gates,
+        )
+        with runtime.build_errors(model, "coexec"):
+            ex = tvm.compile(mod, target=gpu, relax_pipeline=pipeline)
     work = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="codl-coexec-"))
     work.mkdir(parents=True, exist_ok=True)
     lib = work / f"{name}.so"
@@ -185,7 +222,9 @@ def compile_coexec(
     (work / f"{name}.plan.json").write_text(plan.to_json())
     report = placement_report(mod, plan, row_blocks=row_blocks)
     (work / f"{name}.placement.json").write_text(json.dumps(report, indent=2))
-    built = CoexecModule(library=lib, plan=plan, placements=report, kernel_splits=splits)
+    built = CoexecModule(
+        library=lib, plan=plan, placements=report, kernel_splits=splits, vm_devices=vm_devices
+    )
     if not work_dir:
         remove_with(built, work)
     return built

@@ -97,6 +97,7 @@ from codl_tvm.passes.stream_weights import StreamWeights
 from codl_tvm.passes.texture_call_sites import OwnScopedKernels
 from codl_tvm.passes.texture_layout import PACK, POOL_OPS, ToTextureLayout
 from codl_tvm.passes.texture_scope_copy import TextureScopeCopies
+from codl_tvm.passes.texture_scopes import TEXTURE_SCOPE_AXIS, image_extents
 from codl_tvm.passes.texture_storage import ImageStorages
 from codl_tvm.passes.variadic import PairwiseVariadic
 from codl_tvm.runtime.images import ImageCaps
@@ -120,6 +121,7 @@ __all__ = [
     "inference_passes",
     "install_texture_size_fix",
     "layout_passes",
+    "legalize_conv2d",
     "own_constants",
     "packed_tensors",
     "register_texture_tir_pipeline",
@@ -176,27 +178,6 @@ def texture_target(gpu: tvm.target.Target, caps: ImageCaps | None = None) -> tvm
 
 #: The most VDevices a texture build declares: ``global`` and the three texture scopes.
 VM_DEVICE_SLOTS = 4
-
-#: The axis where each texture scope's image rows start in an NCHW4c tensor (TVM's separator:
-#: axes before it, but the first, are layers; from it to the pixel axis, pixels of a row).
-TEXTURE_SCOPE_AXIS = {"global.texture": 3, "global.texture-weight": 1, "global.texture-nhwc": 2}
-
-
-def image_extents(shape: tuple[int, ...], scope: str) -> tuple[int, int, int]:
-    """``(width, height, layers)`` of the image holding an NCHW4c tensor of ``shape`` in
-    ``scope`` (as the runtime plugin allocates it: axes before the row axis are layers, the row
-    axis rows, the axes after it pixels)."""
-    axis = TEXTURE_SCOPE_AXIS[scope]
-    width = height = depth = 1
-    for i, extent in enumerate(shape[:-1]):
-        if i < axis - 1:
-            depth *= int(extent)
-        elif i < axis:
-            height *= int(extent)
-        else:
-            width *= int(extent)
-    return width, height, depth
-
 
 #: Data types of GPU tensors a build can ask for.
 DTYPES = ("float32", "float16")
@@ -423,9 +404,9 @@ def layout_passes() -> list[tvm.transform.Pass]:
     return [relax.transform.FoldConstant(), ToTextureLayout()]
 
 
-def _legalize_conv2d(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
+def legalize_conv2d(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
     """TVM's Adreno legalization for NCHW4c convs, its default one for convs left NCHW (a
-    grouped or depthwise conv)."""
+    grouped or depthwise conv); a ``LegalizeOps`` customization for ``relax.nn.conv2d``."""
     a = call.attrs
     if str(a.data_layout) != "NCHW4c":
         return tvm.ir.Op.get("relax.nn.conv2d").get_attr("FLegalize")(bb, call)
@@ -456,7 +437,7 @@ def scope_passes(target: tvm.target.Target) -> list[tvm.transform.Pass]:
         adreno_relax.AnnotateCustomMemoryScope(target),
         # not codl.PropagateNaN: its NaN test in ReLU epilogues keeps TVM from vectorising the
         # image store of a conv's pixel (a scalar reinterpreted as float4: no OpenCL C)
-        relax.transform.LegalizeOps({"relax.nn.conv2d": _legalize_conv2d}),
+        relax.transform.LegalizeOps({"relax.nn.conv2d": legalize_conv2d}),
         relax.transform.AnnotateTIROpPattern(),
         relax.transform.FoldConstant(),
         relax.transform.FuseOps(),

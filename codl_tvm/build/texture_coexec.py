@@ -1,0 +1,374 @@
+"""Co-executed builds whose GPU parts compute on OpenCL images (CoDL's hybrid data type).
+
+The GPU part of every split (and a split's only part where the plan gives the GPU all of it)
+computes in the texture layout: NCHW4c tensors in OpenCL images, OIHW4o weights arranged per
+processor at build time; the CPU parts and every operator outside the plan keep NCHW buffers.
+Conversions sit at the GPU parts' ends (CoDL Fig. 8): a conversion kernel packs the shared
+tensor (or the slice of it a part reads) into an image where the part starts, and another
+unpacks the part's result into its region of the shared output buffer, which the CPU part
+writes beside it (:class:`~codl_tvm.passes.merge.MergePartsInPlace` makes that kernel write the
+region directly). So the CPU never reads an image and the shared tensors stay buffers; a GPU
+chain's part stays in images from its first operator to its last.
+
+:func:`coexec_texture_pipeline` is :func:`codl_tvm.build.pipeline.coexec_pipeline` with these
+phases changed or added (the others are the same functions):
+
+- **texture-layout** (after **partition**): ``FoldConstant``, then
+  :class:`~codl_tvm.passes.texture_parts.PackGpuParts` (the GPU parts' covered operators to
+  NCHW4c; ``main``'s ``codl_texture_parts`` says which parts did and why others did not).
+- **legalize-place-fuse**: convs in NCHW4c legalize with TVM's Adreno conv
+  (:func:`~codl_tvm.build.texture.legalize_conv2d`), and ``PropagateNaN`` leaves packed kernels
+  alone (its NaN test keeps TVM from vectorising image stores), so NaN through max and min on
+  the GPU's images follows TIR, as in GPU-alone image builds.
+- **scope** (new): :class:`~codl_tvm.passes.texture_scopes.GpuImageScopes` (packed GPU
+  tensors in images, within the device's limits),
+  :class:`~codl_tvm.passes.texture_call_sites.OwnScopedKernels`,
+  ``SpecializePrimFuncBasedOnCallSite``.
+- **schedule**: kernels reading or writing images first, with codl-tvm's texture rules and
+  dlight's Adreno ones under the texture target (:func:`schedule_images`), then the co-executed
+  build's rules for the rest.
+- **storage** (after **finalize**): :class:`~codl_tvm.passes.texture_storage.ImageStorages`.
+
+Build with ``tvm.compile(mod, target=gpu, relax_pipeline=pipeline,
+tir_pipeline=texture.register_texture_tir_pipeline())`` (TVM's ``TextureFlatten`` and the image
+store fix; the rest of TVM's TIR pipeline, which CPU kernels get unchanged) and run with one VM
+device per VDevice: ``[opencl, cpu]`` and one ``opencl`` per texture scope
+(:func:`vm_device_names`). The VM's device order puts the GPU's buffers at 0 and the CPU at 1,
+as the co-execution sync expects.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import tvm
+from tvm import relax, tirx
+from tvm.s_tir import dlight as dl
+
+from codl_tvm.build import pipeline as coexec
+from codl_tvm.build import texture
+from codl_tvm.passes import PartitionOperators
+from codl_tvm.passes.fused_targets import RecordFusedTargets, RestoreTargets
+from codl_tvm.passes.issue_ahead import GPU_INPUTS_ATTR, gpu_inputs
+from codl_tvm.passes.kernel_splits import KERNEL_SPLITS_ATTR, recorded_kernel_splits
+from codl_tvm.passes.merge import MergePartsInPlace
+from codl_tvm.passes.nan_semantics import PropagateNaN
+from codl_tvm.passes.order import OrderSplits
+from codl_tvm.passes.place import PlaceParts
+from codl_tvm.passes.texture_call_sites import OwnScopedKernels
+from codl_tvm.passes.texture_layout import PACK
+from codl_tvm.passes.texture_parts import TEXTURE_PARTS_ATTR, PackGpuParts, texture_parts
+from codl_tvm.passes.texture_scopes import IMAGE_TENSORS_ATTR, GpuImageScopes, image_tensors
+from codl_tvm.passes.texture_storage import ImageStorages
+from codl_tvm.runtime.images import ImageCaps
+from codl_tvm.schedules.opencl_texture import (
+    TextureConv2d,
+    TextureLayoutTransform,
+    TexturePool2D,
+    is_texture_scope,
+)
+from codl_tvm.schedules.settings import current_settings
+
+__all__ = [
+    "VM_DEVICES",
+    "coexec_gpu_data_type",
+    "coexec_texture_pipeline",
+    "compile_coexec_images",
+    "image_record",
+    "legalize_place_fuse_passes",
+    "schedule_images",
+    "scope_passes",
+    "vm_device_names",
+]
+
+
+#: The VM's devices of a co-executed image build: the GPU's buffers, the CPU, and one slot per
+#: texture scope :class:`~codl_tvm.passes.texture_scopes.GpuImageScopes` may use (a VM given
+#: more slots than its module declares leaves the rest unused).
+VM_DEVICES = ("opencl", "cpu", "opencl", "opencl")
+
+logger = logging.getLogger(__name__)
+
+
+def coexec_gpu_data_type(
+    mod: tvm.IRModule, caps: ImageCaps | None, data_type: str, dtype: str
+) -> tuple[str, str]:
+    """The data type of a co-executed build's GPU parts when ``data_type`` and ``dtype`` are
+    asked, and why it is buffers where something else was asked (else ``""``).
+
+    ``"image"`` is checked against the device ``caps`` describes
+    (:func:`~codl_tvm.build.texture.check_device`; None: a cross-compiling preset, built as
+    asked). ``"auto"`` keeps buffers: it chooses by measuring, which only GPU-alone builds do
+    so far. ``"float16"`` GPU parts are not built yet: they stay float32 (the reason says so).
+
+    Raises
+    ------
+    DeviceSupportError
+        ``"image"`` on a device without usable images (one line naming the device and limit).
+    """
+    notes = []
+    if dtype != "float32":
+        notes.append(
+            f"gpu_dtype {dtype!r} applies to builds for the GPU alone; co-executed GPU parts "
+            "compute in float32"
+        )
+    if data_type == "auto":
+        notes.append(
+            "gpu_data_type 'auto' measures builds for the GPU alone only; co-executed GPU "
+            "parts take images when 'image' is asked"
+        )
+        return "buffer", "; ".join(notes)
+    if data_type == "image" and caps is not None:
+        texture.check_device(mod, caps, "image", "float32")
+    return data_type, "; ".join(notes)
+
+
+def _packed_kernel(func: tirx.PrimFunc) -> bool:
+    """Whether a kernel reads or writes an NCHW4c tensor (a 5-D buffer of 4-wide pixels)."""
+    # buffer parameters carry their shape and scope; scalar parameters have neither
+    for param in func.params:
+        shape = getattr(param, "shape", None) if hasattr(param, "scope") else None
+        if shape is not None and len(shape) == 5 and int(shape[-1]) == PACK:
+            return True
+    return False
+
+
+@tvm.transform.module_pass(opt_level=0, name="codl.PropagateNaNOnBuffers")
+def _propagate_nan_on_buffers(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+    """``PropagateNaN`` on every kernel but the packed ones (see the module docstring)."""
+    buffers = {
+        gv: f
+        for gv, f in mod.functions_items()
+        if isinstance(f, tirx.PrimFunc) and not _packed_kernel(f)
+    }
+    if not buffers:
+        return mod
+    done = PropagateNaN()(tvm.IRModule(buffers))
+    out = mod.clone()
+    for gv, func in done.functions_items():
+        out.update_func(out.get_global_var(gv.name_hint), func)
+    return out
+
+
+def legalize_place_fuse_passes(
+    target: tvm.target.Target, place: tvm.transform.Pass
+) -> list[tvm.transform.Pass]:
+    """:func:`codl_tvm.build.pipeline.legalize_passes` of a co-executed build, with NCHW4c convs
+    legalized by TVM's Adreno conv and NaN propagation on buffer kernels only."""
+    return [
+        relax.transform.LegalizeOps({"relax.nn.conv2d": texture.legalize_conv2d}),
+        _propagate_nan_on_buffers,
+        # the rest as legalize_passes orders it: placement before fusion, the fences removed
+        # right after it, the kernels' targets carried through FuseTIR
+        relax.transform.AnnotateTIROpPattern(),
+        relax.transform.FoldConstant(),
+        place,
+        relax.transform.FuseOps(),
+        relax.transform.CanonicalizeBindings(),
+        RecordFusedTargets(),
+        relax.transform.FuseTIR(),
+        RestoreTargets(),
+    ]
+
+
+def scope_passes(gpu_target: tvm.target.Target, caps: ImageCaps | None) -> list[tvm.transform.Pass]:
+    """Packed GPU tensors in images, and each kernel's buffers in its call site's scopes."""
+    limits = (
+        None
+        if caps is None
+        else (caps.image2d_max_width, caps.image2d_max_height, caps.image_max_array_size)
+    )
+    return [
+        GpuImageScopes(gpu_target, limits),
+        OwnScopedKernels(),
+        relax.transform.SpecializePrimFuncBasedOnCallSite(),
+        relax.transform.Normalize(),
+    ]
+
+
+def _image_kernel(func) -> bool:
+    if not isinstance(func, tirx.PrimFunc):
+        return False
+    return any(is_texture_scope(p.scope()) for p in func.params if hasattr(p, "scope"))
+
+
+def schedule_images(texture_target: tvm.target.Target) -> tvm.transform.Pass:
+    """Schedule the kernels that read or write images with codl-tvm's texture rules and
+    dlight's Adreno and GPU rules, under ``texture_target`` (the GPU's target with the texture
+    keys those rules gate on); each kernel keeps its own target for code generation."""
+
+    rules = [
+        dl.ApplyDefaultSchedule(
+            TextureLayoutTransform(),
+            TextureConv2d(),
+            TexturePool2D(),
+            dl.adreno.Conv2d(),
+            dl.adreno.Fallback(),
+        ),
+        dl.ApplyDefaultSchedule(dl.gpu.Reduction(), dl.gpu.GeneralReduction(), dl.gpu.Fallback()),
+    ]
+
+    @tvm.transform.module_pass(opt_level=0, name="codl.ScheduleImageKernels")
+    def _schedule(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        images = {gv: f for gv, f in mod.functions_items() if _image_kernel(f)}
+        if not images:
+            return mod
+        targets = {gv.name_hint: f.attrs["target"] for gv, f in images.items()}
+        sub = tvm.IRModule({gv: f.with_attr("target", texture_target) for gv, f in images.items()})
+        with texture_target:
+            done = tvm.transform.Sequential(rules)(sub)
+        out = mod.clone()
+        for gv, func in done.functions_items():
+            out.update_func(
+                out.get_global_var(gv.name_hint), func.with_attr("target", targets[gv.name_hint])
+            )
+        return out
+
+    return _schedule
+
+
+def image_record(mod: tvm.IRModule) -> list[dict]:
+    """Each split's GPU part and its data type, from a module after the scope phase: the
+    :func:`~codl_tvm.passes.texture_parts.texture_parts` record, with a part whose packed
+    tensors all stayed in buffers (:func:`~codl_tvm.passes.texture_scopes.image_tensors`)
+    turned to ``"buffer"`` and the reason."""
+    rows = texture_parts(mod) or []
+    tensors = image_tensors(mod) or {"images": {}, "buffers": {}}
+    for row in rows:
+        if row["data_type"] != "image":
+            continue
+        row["images"] = tensors["images"].get(row["split"], 0)
+        kept = tensors["buffers"].get(row["split"], [])
+        if not row["images"]:
+            row["data_type"] = "buffer"
+            row["why"] = kept[0] if kept else "no packed tensor of its own (fused away)"
+    return rows
+
+
+def vm_device_names(mod: tvm.IRModule) -> list[str]:
+    """The VM's device names (``"opencl"``, ``"cpu"``), one per VDevice of the lowered module."""
+    vdevices = mod.global_infos.get("vdevice", ()) if mod.global_infos else ()
+    return ["cpu" if v.target.kind.name == "llvm" else "opencl" for v in vdevices]
+
+
+def coexec_texture_pipeline(
+    plan,
+    gpu_target: tvm.target.Target,
+    cpu_target: tvm.target.Target,
+    caps: ImageCaps | None = None,
+    channel_blocks: bool = True,
+    kernel_splits: dict | None = None,
+    row_blocks: bool = False,
+    dump_ir: str | Path | None = None,
+    weights: dict | None = None,
+    issue_ahead: bool = True,
+    record: dict | None = None,
+) -> tvm.transform.Pass:
+    """The co-execution pipeline with the GPU parts on images (phases in the module docstring).
+
+    The arguments are :func:`~codl_tvm.build.pipeline.coexec_pipeline`'s (no gates: a gate's
+    barrier is untested with image kernels; no fixed CPU/OpenCL configs: each target's
+    presets), and ``caps``, the device's image limits (None:
+    TVM's defaults), and ``record``, a dictionary receiving ``"gpu_parts"`` (each split's GPU
+    part data type, :func:`image_record`) and ``"vm_devices"`` (:func:`vm_device_names`).
+    """
+    tex_target = texture.texture_target(gpu_target, caps)
+
+    @tvm.transform.module_pass(opt_level=0, name="codl.CoexecTexturePipeline")
+    def _pipeline(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        settings = current_settings()
+        texture.install_texture_size_fix()
+        with gpu_target:
+            place = PlaceParts(gpu_target, cpu_target, plan.home)
+            partition = [PartitionOperators(plan, channel_blocks, row_blocks)]
+            if plan.order:
+                partition.append(OrderSplits(plan.order))
+            phases = [
+                ("inference", coexec.inference_passes()),
+                ("partition", partition),
+                ("texture-layout", [relax.transform.FoldConstant(), PackGpuParts()]),
+                (
+                    "algorithm",
+                    coexec.algorithm_passes(gpu_target, cpu_target, settings=settings),
+                ),
+                ("legalize-place-fuse", legalize_place_fuse_passes(gpu_target, place)),
+                ("scope", scope_passes(gpu_target, caps)),
+                (
+                    "schedule",
+                    [
+                        schedule_images(tex_target),
+                        *coexec.schedule_passes(gpu_target, settings=settings),
+                    ],
+                ),
+                ("merge", [MergePartsInPlace()]),
+                (
+                    "dataflow-lower",
+                    coexec.coexec_dataflow_lower_passes(
+                        gpu_target, kernel_splits, issue_ahead, False
+                    ),
+                ),
+                ("finalize", coexec.finalize_passes(gpu_target)),
+                ("storage", [ImageStorages()]),
+            ]
+            if weights is not None:
+                phases.append(("weights", coexec.weights_passes(weights, "opencl")))
+            mod = _run(mod, phases, dump_ir, record)
+        if kernel_splits is not None:
+            kernel_splits.clear()
+            kernel_splits.update(recorded_kernel_splits(mod) or {})
+            kernel_splits["gpu_inputs"] = {str(k): v for k, v in gpu_inputs(mod).items()}
+            mod = mod.without_attr(KERNEL_SPLITS_ATTR)
+        if record is not None:
+            record["vm_devices"] = vm_device_names(mod)
+        return mod.without_attr(GPU_INPUTS_ATTR)
+
+    return _pipeline
+
+
+def _run(mod, phases, dump_ir, record) -> tvm.IRModule:
+    """The phases in order, the GPU parts' record taken after the scope phase and its
+    attributes dropped."""
+    for i, (name, passes) in enumerate(phases):
+        mod = tvm.transform.Sequential(passes)(mod)
+        if name == "scope":
+            if record is not None:
+                record["gpu_parts"] = image_record(mod)
+            main = mod.get_global_var("main")
+            mod = mod.clone()
+            mod.update_func(
+                main, mod[main].without_attr(TEXTURE_PARTS_ATTR).without_attr(IMAGE_TENSORS_ATTR)
+            )
+        if dump_ir is not None:
+            Path(dump_ir).mkdir(parents=True, exist_ok=True)
+            (Path(dump_ir) / f"{i:02d}-{name}.py").write_text(mod.script(show_meta=False))
+    return mod
+
+
+def compile_coexec_images(
+    mod: tvm.IRModule,
+    plan,
+    gpu_target: tvm.target.Target,
+    cpu_target: tvm.target.Target,
+    caps: ImageCaps | None = None,
+    **options,
+) -> tuple[tvm.runtime.Executable, dict]:
+    """Build ``mod`` co-executing ``plan`` with the GPU parts on images.
+
+    ``options`` are :func:`coexec_texture_pipeline`'s other keyword arguments. Returns the
+    executable and the record (``gpu_parts``, ``vm_devices``; see :func:`coexec_texture_pipeline`).
+    """
+    record: dict = {}
+    pipeline = coexec_texture_pipeline(
+        plan, gpu_target, cpu_target, caps=caps, record=record, **options
+    )
+    tir = texture.register_texture_tir_pipeline()
+    executable = tvm.compile(mod, target=gpu_target, relax_pipeline=pipeline, tir_pipeline=tir)
+    images = [r["split"] for r in record["gpu_parts"] if r["data_type"] == "image"]
+    logger.info(
+        "co-executed build: the GPU parts of %d of %d splits compute on images%s",
+        len(images),
+        len(record["gpu_parts"]),
+        "" if len(images) == len(record["gpu_parts"]) else "; the record says why not the others",
+    )
+    return executable, record

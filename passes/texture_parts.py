@@ -1,0 +1,179 @@
+"""codl.PackGpuParts: the GPU parts of a co-executed model compute in the texture layout.
+
+CoDL's hybrid data type: the GPU computes on images, the CPU on buffers. This pass rewrites the
+operators of every GPU part that :class:`~codl_tvm.passes.texture_layout.ToTextureLayout`
+covers to NCHW4c (weights of each GPU part packed to OIHW4o at build time: the partition pass
+already gave each processor its own slice), and leaves the CPU parts and every operator outside
+the plan as they are. Conversions sit at a GPU part's ends: its input (the shared NCHW tensor,
+or the slice of it the part reads) is packed by the part's first packed operator, and its output
+is unpacked for the merge, so the region the GPU part writes into the shared tensor is written
+by a conversion kernel (``MergePartsInPlace`` then points it at the region) and the CPU reads
+plain buffers as before. A chain's GPU part stays packed from its first operator to its last.
+
+Preconditions: runs after :class:`~codl_tvm.passes.partition.PartitionOperators` and
+``FoldConstant`` (a GPU part's bias must be a constant), before any legalization. Before (the
+GPU part of an OC split of a conv, the bias add and ReLU its followers)::
+
+    codl0_gpu_0_conv2d = R.nn.conv2d(x, W0)                      # W0 (8, 3, 3, 3)
+    codl0_gpu_1_add = R.add(codl0_gpu_0_conv2d, B0)              # B0 (1, 8, 1, 1)
+    codl0_gpu_2_relu = R.nn.relu(codl0_gpu_1_add)
+    codl0_cpu_0_conv2d = R.nn.conv2d(x, W1)                      # the CPU part: unchanged
+    ...
+    codl0_out = R.concat((codl0_gpu_2_relu, codl0_cpu_2_relu), axis=1)
+
+after::
+
+    x_4c = R.layout_transform(x, lambda n, c, h, w: (n, c // 4, h, w, c % 4), pad_value=0.0)
+    codl0_gpu_0_conv2d_4c = R.nn.conv2d(x_4c, W0_4o, data_layout="NCHW4c",
+                                        kernel_layout="OIHW4o", out_layout="NCHW4c")
+    codl0_gpu_1_add_4c = R.add(codl0_gpu_0_conv2d_4c, B0_4)      # B0_4 (2, 1, 1, 4)
+    codl0_gpu_2_relu_4c = R.nn.relu(codl0_gpu_1_add_4c)
+    codl0_gpu_2_relu = R.layout_transform(codl0_gpu_2_relu_4c,
+                                          lambda n, c, h, w, i: (n, c * 4 + i, h, w))
+    ...
+
+``main``'s ``codl_parts`` record lists the new bindings in their part (so
+:class:`~codl_tvm.passes.place.PlaceParts` puts the conversions on the GPU), and ``main``
+gets a ``codl_texture_parts`` attribute (:data:`TEXTURE_PARTS_ATTR`, JSON): for every split, its
+GPU part's data type (``"image"`` where at least one of its operators is packed, else
+``"buffer"``), how many of its operators are packed, and why the others are not
+(:func:`~codl_tvm.passes.texture_layout.unpacked_reason`). Whether a packed tensor then lives
+in an image is decided after placement (:class:`~codl_tvm.passes.texture_scopes.
+GpuImageScopes`).
+"""
+
+from __future__ import annotations
+
+import json
+
+import tvm
+from tvm import relax
+
+from .parts import PARTS_ATTR
+from .rewrite import op_name
+from .texture_layout import pack_function, unpacked_reason
+
+__all__ = ["TEXTURE_PARTS_ATTR", "PackGpuParts", "pack_gpu_parts", "texture_parts"]
+
+#: ``main``'s attribute recording each split's GPU part data type (JSON).
+TEXTURE_PARTS_ATTR = "codl_texture_parts"
+
+
+def _bound_values(func: relax.Function) -> dict[str, relax.Expr]:
+    return {
+        b.var.name: b.value
+        for block in func.body.blocks
+        for b in block.bindings
+        if isinstance(b, relax.VarBinding)
+    }
+
+
+def pack_gpu_parts(func: relax.Function) -> tuple[relax.Function, int]:
+    """``func`` (a partitioned ``main``) with its GPU parts' covered operators in NCHW4c, its
+    part record updated and its :data:`TEXTURE_PARTS_ATTR` written; and how many operators were
+    rewritten."""
+    attrs = func.attrs
+    if attrs is None or PARTS_ATTR not in attrs:
+        return func, 0
+    records = json.loads(str(attrs[PARTS_ATTR]))
+    gpu_names = {
+        name
+        for rec in records
+        for part in rec["parts"]
+        if part["processor"] == "gpu"
+        for name in part["bindings"]
+    }
+    before = _bound_values(func)
+    packed = pack_function(func, lambda var: var.name in gpu_names, convert_operands=True)
+    new = packed.func
+    order = [b.var.name for block in new.body.blocks for b in block.bindings if b.var is not None]
+    bound = set(order)
+    # a packed value whose NCHW variable is gone (read only by packed operators) replaces it
+    replaced = {
+        old: name for name, old in packed.owners.items() if old not in bound and name == f"{old}_4c"
+    }
+    summary = []
+    for rec in records:
+        for part in rec["parts"]:
+            names = set(part["bindings"])
+            part["bindings"] = [
+                n
+                for n in order
+                if (n in names or packed.owners.get(n) in names)
+                # a conversion shared with an earlier part stays in that part
+                and not any(n in p["bindings"] for p in _earlier(records, rec, part))
+            ]
+        for key in ("input", "output"):
+            if rec.get(key) in replaced:
+                rec[key] = replaced[rec[key]]
+        summary.append(_gpu_part_summary(rec, before, packed.owners))
+    new = new.with_attr(PARTS_ATTR, json.dumps(records))
+    new = new.with_attr(TEXTURE_PARTS_ATTR, json.dumps(summary))
+    return new, max(packed.changed, 1)
+
+
+def _earlier(records: list[dict], rec: dict, part: dict) -> list[dict]:
+    """The parts recorded before ``part`` (of ``rec``)."""
+    out = []
+    for r in records:
+        for p in r["parts"]:
+            if p is part:
+                return out
+            out.append(p)
+    return out
+
+
+def _gpu_part_summary(rec: dict, before: dict[str, relax.Expr], owners: dict[str, str]) -> dict:
+    """The record of one split's GPU part: data type, packed operators, reasons."""
+    gpu = [p for p in rec["parts"] if p["processor"] == "gpu"]
+    row: dict = {"split": rec["name"], "dim": rec["dim"]}
+    if not gpu:
+        row.update(data_type="none", why="no GPU part (ratio 0)")
+        return row
+    packed_from = set(owners.values())
+    ops, packed_ops, reasons = 0, 0, []
+    for name, value in before.items():
+        if name not in _original_names(gpu[0], owners) or op_name(value) is None:
+            continue
+        if op_name(value) in ("relax.strided_slice", "relax.concat"):
+            continue  # the part's input slice and weight slices: data movement, not operators
+        ops += 1
+        if name in packed_from and f"{name}_4c" in owners:
+            packed_ops += 1
+        else:
+            reasons.append(unpacked_reason(value))
+    row["data_type"] = "image" if packed_ops else "buffer"
+    row["packed_ops"] = f"{packed_ops}/{ops}"
+    if reasons:
+        # the first: later operators of a part mostly follow it (an op behind a conv left in
+        # buffers is not packed because of that conv)
+        row["why"] = reasons[0]
+    return row
+
+
+def _original_names(part: dict, owners: dict[str, str]) -> set[str]:
+    """The names the part bound before packing."""
+    return {owners.get(n, n) for n in part["bindings"]}
+
+
+def texture_parts(mod: tvm.IRModule) -> list[dict] | None:
+    """``main``'s :data:`TEXTURE_PARTS_ATTR` record, or None where it has none."""
+    attrs = mod["main"].attrs
+    if attrs is None or TEXTURE_PARTS_ATTR not in attrs:
+        return None
+    return json.loads(str(attrs[TEXTURE_PARTS_ATTR]))
+
+
+@tvm.transform.module_pass(opt_level=0, name="codl.PackGpuParts")
+class PackGpuParts:
+    """Rewrite the covered operators of every GPU part of ``main`` to the texture layout (see
+    the module docstring)."""
+
+    def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext):
+        main = mod.get_global_var("main")
+        func, changed = pack_gpu_parts(mod[main])
+        if not changed:
+            return mod
+        mod = mod.clone()
+        mod.update_func(main, func)
+        return mod
