@@ -490,7 +490,11 @@ def time_remote(
             )
         vms: dict[str, RemoteVM] = {}
         for name, path in libs.items():
-            devices = (vm_devices or {}).get(name) or vm_devices_for(name.split(":", 1)[0])
+            processors = name.split(":", 1)[0]
+            # coexec: as time_here gives it, the OpenCL device again for an image build's
+            # texture scopes after the CPU's slot (a buffer build leaves them unused)
+            default = ["opencl", "cpu", "opencl", "opencl"] if processors == "coexec" else None
+            devices = (vm_devices or {}).get(name) or default or vm_devices_for(processors)
             try:
                 vm = RemoteVM(remote, path, devices)
                 vm.set_inputs(inputs)
