@@ -15,6 +15,7 @@ import copy
 import json
 import math
 import re
+from dataclasses import replace
 
 import pytest
 
@@ -155,10 +156,22 @@ def test_measured_costs_decide_a_tuned_operator(model, cost_model):
     _, report = plan_model(model.mod, cost_model, "codl_no_chain", config)
     d = _decision(report, first.name)
     assert 0.0 < d.ratio < 1.0 and d.ratio in {j.partition.ratio for j in first.jobs}
-    assert d.provenance == "measured" and d.margin_ms is None and "split" in d.reason
-    # a tuned operator never chains: its chain parts (with halos) were not measured
-    _, chained = plan_model(model.mod, cost_model, "codl", config)
-    assert all(first.name not in d.ops for d in chained.decisions if d.is_chain)
+    assert d.provenance == "measured" and d.margin_ms is None and d.reason.startswith("split")
+
+
+def test_a_tuned_operator_leaves_its_chain(model, cost_model):
+    """A chain's parts (with their halos) were never measured: a tuned operator is planned on
+    its own measured parts, outside any chain."""
+    every = PlannerConfig(split_margin="none", chain_min_gain=0.0)  # chains wherever they gain
+    _, before = plan_model(model.mod, cost_model, "codl", every)
+    chained = {n for d in before.decisions if d.is_chain for n in d.ops}
+    found = tune_candidates(model.mod, cost_model, every)
+    cand = next(c for c in found if c.name in chained)
+    table = _table(_fake_records(cand, 100.0, 100.0, 0.01))
+    _, after = plan_model(model.mod, cost_model, "codl", replace(every, tuned_parts=table))
+    assert all(cand.name not in d.ops for d in after.decisions if d.is_chain)
+    d = _decision(after, cand.name)
+    assert d.provenance == "measured" and d.reason.startswith("split")
 
 
 # -- measuring here (the local OpenCL device) --------------------------------------------------

@@ -27,6 +27,7 @@ import hashlib
 import json
 import logging
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -122,7 +123,10 @@ def tune_candidates(
     """The operators of ``mod`` that ``cost_model`` (calibrated by ``config``) flags as outside
     its data, that the profiler can build, the most expensive first."""
     model, _ = calibrated_model(cost_model, dataclasses.replace(config, tuned_parts=None))
-    planner = SplitPlanner(mod, model, config, "tune")
+    with warnings.catch_warnings():
+        # the cost model's fallbacks: the planning that follows reports them in its notes
+        warnings.simplefilter("ignore")
+        planner = SplitPlanner(mod, model, config, "tune")
     shares = _shares(config, ratios)
     found = []
     for op in planner.ops:
@@ -203,99 +207,115 @@ def tune_operators(
     if not candidates:
         logger.info("tune: no operator outside the cost model's data, nothing to measure")
         return TuneResult(path)
-    targets = {"gpu_target": preset.target("gpu"), "cpu_target": preset.target("cpu")}
-    session = LocalSession()
-    device = device_description(session, **targets)
-    done = _measured_keys(path)
-    switches = algorithm_switches()
-    meta = {"command": "codl-tvm tune", **({"algorithms": switches} if switches else {})}
-    deadline = time.monotonic() + budget_s
-    tuned, cached, left, failed, measured = [], [], [], {}, 0
+    run = _Run.start(path, preset, timing, budget_s)
     logger.info(
         "tune: %d operator(s) outside the cost model's data, measured here within %g s (%s)",
         len(candidates),
         budget_s,
-        path,
+        run.path,
     )
+    earlier = set(run.done)
+    tuned, cached, left, failed, measured = [], [], [], {}, 0
     for i, cand in enumerate(candidates, 1):
-        todo = [j for j in cand.jobs if _key(j, device) not in done]
         where = f"tune [{i}/{len(candidates)}] {cand.name} (predicted {cand.predicted_ms:.3f} ms)"
+        todo = [j for j in cand.jobs if run.key(j) not in run.done]
         if not todo:
             tuned.append(cand.name)
-            cached.append(cand.name)
+            if all(run.key(j) in earlier for j in cand.jobs):
+                cached.append(cand.name)
             logger.info("%s: measured before, %d parts", where, len(cand.jobs))
             continue
-        start, count = time.monotonic(), 0
-        for job in todo:
-            if time.monotonic() >= deadline:
-                break
-            try:
-                profile(
-                    [job],
-                    path,
-                    session,
-                    timing=timing,
-                    sharing_sizes=(),
-                    meta=meta,
-                    progress=False,
-                    **targets,
-                )
-            except (ProfileError, RuntimeError) as exc:
-                failed[cand.name] = _one_line(exc)
-                logger.warning("%s: not tuned, a part failed: %s", where, failed[cand.name])
-                break
-            done.add(_key(job, device))
-            count += 1
+        start = time.monotonic()
+        count, error = run.measure(todo)
         measured += count
-        if count == len(todo) and cand.name not in failed:
-            tuned.append(cand.name)
-            logger.info(
-                "%s: %d parts measured in %.1f s (%s)",
-                where,
-                count,
-                time.monotonic() - start,
-                cand.novel[0],
-            )
-        else:
+        if error is not None:
+            failed[cand.name] = error
             left.append(cand.name)
-            if cand.name not in failed:
-                logger.info(
-                    "%s: %d of %d parts measured, the budget is spent", where, count, len(todo)
-                )
+            logger.warning("%s: not tuned, a part failed: %s", where, error)
+        elif count < len(todo):
+            left.append(cand.name)
+            logger.info("%s: %d of %d parts measured, the budget is spent", where, count, len(todo))
+        else:
+            tuned.append(cand.name)
+            elapsed = time.monotonic() - start
+            logger.info(
+                "%s: %d parts measured in %.1f s (%s)", where, count, elapsed, cand.novel[0]
+            )
     if left:
         logger.info(
             "tune: %d operator(s) stay predicted (%s); a later run resumes from %s",
             len(left),
             ", ".join(left),
-            path,
+            run.path,
         )
-    table = _table(path, device, [c.params for c in candidates if c.name in tuned])
-    return TuneResult(path, tuple(tuned), tuple(cached), tuple(left), failed, measured, table)
+    table = run.table([c.params for c in candidates if c.name in tuned])
+    return TuneResult(run.path, tuple(tuned), tuple(cached), tuple(left), failed, measured, table)
 
 
-def _key(job: ProfileJob, device: dict) -> str:
-    return job_key(job.params, job.partition, job.processor, device)
+@dataclass
+class _Run:
+    """One tuning run's measuring state: the cache, the session and the device it describes,
+    the targets the parts are built for, the deadline and the job keys measured so far."""
 
+    path: Path
+    session: LocalSession
+    device: dict
+    targets: dict
+    timing: TimingConfig
+    deadline: float
+    done: set[str]
 
-def _measured_keys(path: Path) -> set[str]:
-    """The job keys of the parts measured in the dataset at ``path`` (none if it is new)."""
-    if not path.exists():
-        return set()
-    return {
-        job_key(r.params, r.partition, r.processor, dict(r.device))
-        for r in load_dataset(path).op_records
-    }
+    @classmethod
+    def start(cls, path: Path, preset: TargetPreset, timing: TimingConfig, budget_s: float) -> _Run:
+        targets = {"gpu_target": preset.target("gpu"), "cpu_target": preset.target("cpu")}
+        session = LocalSession()
+        device = device_description(session, **targets)
+        done = set()
+        if path.exists():
+            done = {
+                job_key(r.params, r.partition, r.processor, dict(r.device))
+                for r in load_dataset(path).op_records
+            }
+        return cls(path, session, device, targets, timing, time.monotonic() + budget_s, done)
 
+    def key(self, job: ProfileJob) -> str:
+        return job_key(job.params, job.partition, job.processor, self.device)
 
-def _table(path: Path, device: dict, params: list[OpParams]) -> MeasuredModel | None:
-    """The measurements of the operators ``params`` on ``device``, as a lookup table."""
-    if not params or not path.exists():
-        return None
-    wanted = set(params)
-    records = [
-        r for r in load_dataset(path).op_records if r.params in wanted and dict(r.device) == device
-    ]
-    return MeasuredModel().fit(records) if records else None
+    def measure(self, jobs: list[ProfileJob]) -> tuple[int, str | None]:
+        """Measure ``jobs`` in order into the cache until the deadline: how many were measured
+        and, where one could not be built or timed, why (the rest then not tried)."""
+        switches = algorithm_switches()
+        meta = {"command": "codl-tvm tune", **({"algorithms": switches} if switches else {})}
+        for count, job in enumerate(jobs):
+            if time.monotonic() >= self.deadline:
+                return count, None
+            try:
+                profile(
+                    [job],
+                    self.path,
+                    self.session,
+                    timing=self.timing,
+                    sharing_sizes=(),
+                    meta=meta,
+                    progress=False,
+                    **self.targets,
+                )
+            except (ProfileError, RuntimeError) as exc:
+                return count, _one_line(exc)
+            self.done.add(self.key(job))
+        return len(jobs), None
+
+    def table(self, params: list[OpParams]) -> MeasuredModel | None:
+        """The measurements of the operators ``params`` on this device, as a lookup table."""
+        if not params or not self.path.exists():
+            return None
+        wanted = set(params)
+        records = [
+            r
+            for r in load_dataset(self.path).op_records
+            if r.params in wanted and dict(r.device) == self.device
+        ]
+        return MeasuredModel().fit(records) if records else None
 
 
 def _one_line(exc: BaseException) -> str:
