@@ -278,6 +278,7 @@ def test_plan_tune_follows_a_fed_cache(
         (["--tune", "5", "--dim", "H"], "a --plan is given"),
         (["--tune", "5", "--tracker", "h:1", "--key", "k"], "the --tracker's device"),
         (["--tune", "5", "--objective", "throughput", "--groups", "gpu"], "--tune apply to"),
+        (["--tune", "5", "--objective", "cold"], "--tune applies to --objective latency"),
     ],
 )
 def test_compile_tune_bad_input_is_one_line(extra, says, tmp_path, capsys):

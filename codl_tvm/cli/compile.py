@@ -59,6 +59,8 @@ def cmd_compile(args: argparse.Namespace) -> int:
         )
     if args.tune is not None and args.no_measure:
         raise CliError("--tune times operator parts on this machine; drop --no-measure")
+    if args.tune is not None and args.objective == "cold":
+        raise CliError("--tune applies to --objective latency, not cold")
     plan = None
     if args.plan == "auto":  # the default: plan with the cost model
         args.plan = None

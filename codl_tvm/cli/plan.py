@@ -39,8 +39,9 @@ __all__ = [
 TUNE_HELP = (
     "measure the operators outside the cost model's data on this machine (whole on each "
     "processor and at a few GPU shares, the most expensive first) for up to SECONDS, and plan "
-    "them on the measurements; resumable: measurements are cached (in --build-cache, else the "
-    "user's cache directory) and a rerun measures only what is missing"
+    "them on the measurements (the report says measured); resumable: the measurements are "
+    "cached (compile: in --build-cache DIR/tune; else $CODL_TVM_CACHE_DIR or "
+    "~/.cache/codl-tvm, in tune/) and a rerun measures only what is missing"
 )
 
 SPLIT_MARGIN_HELP = (
