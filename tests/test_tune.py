@@ -206,6 +206,21 @@ def test_tune_writes_its_cache_and_a_rerun_measures_nothing_new(tuned, model, co
 
 
 @pytest.mark.opencl
+def test_a_run_killed_mid_write_resumes(tuned, model, cost_model, tmp_path):
+    """A line cut short by a killed run is dropped (with a warning); what was measured before it
+    stays measured."""
+    _, config, first = tuned
+    copy_dir = tmp_path / "cache"
+    copy_dir.mkdir()
+    kept = first.cache.read_bytes()
+    (copy_dir / first.cache.name).write_bytes(kept + b'{"type": "op", "device": "d0", "op')
+    with pytest.warns(UserWarning, match="incomplete last line"):
+        again = tune_operators(model.mod, cost_model, config, 600, copy_dir, PRESET, ratios=(0.5,))
+    assert again.parts_measured == 0 and again.tuned == first.tuned
+    assert (copy_dir / first.cache.name).read_bytes() == kept
+
+
+@pytest.mark.opencl
 def test_plan_report_marks_tuned_operators_measured(tuned, model, cost_model):
     _, config, result = tuned
     plan_config = PlannerConfig(cpu=config.cpu, gpu=config.gpu, tuned_parts=result.table)

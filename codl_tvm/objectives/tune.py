@@ -44,7 +44,7 @@ from codl_tvm.options import CompileOptions, OptionsError
 from codl_tvm.planner.split.codl import SplitPlanner
 from codl_tvm.planner.split.config import PlannerConfig
 from codl_tvm.planner.split.predict import calibrated_model
-from codl_tvm.profiling.profile import ProfileJob, job_key, make_jobs, profile
+from codl_tvm.profiling.profile import ProfileJob, job_key, make_jobs, open_dataset, profile
 from codl_tvm.profiling.sessions import LocalSession, device_description
 from codl_tvm.profiling.timing import TimingConfig
 from codl_tvm.runtime import default_cache_dir
@@ -254,10 +254,12 @@ def tune_operators(
 
 @dataclass
 class _Run:
-    """One tuning run's measuring state: the cache, the session and the device it describes,
-    the targets the parts are built for, the deadline and the job keys measured so far."""
+    """One tuning run's measuring state: the cache and its header, the session and the device
+    it describes, the targets the parts are built for, the deadline and the job keys measured
+    so far."""
 
     path: Path
+    meta: dict
     session: LocalSession
     device: dict
     targets: dict
@@ -267,16 +269,16 @@ class _Run:
 
     @classmethod
     def start(cls, path: Path, preset: TargetPreset, timing: TimingConfig, budget_s: float) -> _Run:
+        switches = algorithm_switches()
+        meta = {"command": "codl-tvm tune", **({"algorithms": switches} if switches else {})}
+        # the profiler's own resume: the keys measured, a line cut by a killed run dropped
+        writer, done = open_dataset(path, meta, timing)
+        writer.close()
         targets = {"gpu_target": preset.target("gpu"), "cpu_target": preset.target("cpu")}
         session = LocalSession()
         device = device_description(session, **targets)
-        done = set()
-        if path.exists():
-            done = {
-                job_key(r.params, r.partition, r.processor, dict(r.device))
-                for r in load_dataset(path).op_records
-            }
-        return cls(path, session, device, targets, timing, time.monotonic() + budget_s, done)
+        deadline = time.monotonic() + budget_s
+        return cls(path, meta, session, device, targets, timing, deadline, done)
 
     def key(self, job: ProfileJob) -> str:
         return job_key(job.params, job.partition, job.processor, self.device)
@@ -284,8 +286,6 @@ class _Run:
     def measure(self, jobs: list[ProfileJob]) -> tuple[int, str | None]:
         """Measure ``jobs`` in order into the cache until the deadline: how many were measured
         and, where one could not be built or timed, why (the rest then not tried)."""
-        switches = algorithm_switches()
-        meta = {"command": "codl-tvm tune", **({"algorithms": switches} if switches else {})}
         for count, job in enumerate(jobs):
             if time.monotonic() >= self.deadline:
                 return count, None
@@ -296,7 +296,7 @@ class _Run:
                     self.session,
                     timing=self.timing,
                     sharing_sizes=(),
-                    meta=meta,
+                    meta=self.meta,
                     progress=False,
                     **self.targets,
                 )
