@@ -1,0 +1,191 @@
+"""Co-executed builds whose GPU parts compute on OpenCL images, against onnxruntime.
+
+The bundled small CNN under OC, H and a mixed plan (an H chain, a whole-GPU operator, a GPU
+part of 10 channels, the CPU as home), three benchmark models' logits (SqueezeNet and
+ResNet-50 split on channels, AlexNet on rows; ``--runslow``), and ``codl-tvm compile --device coexec --gpu-data-type
+image`` end to end: the manifest's record of which GPU parts ran on images, ``run --check``,
+and what cannot be done (``auto``, ``float16``) falling back with its reason. Each split's
+record comes from the build (:func:`codl_tvm.build.texture_coexec.image_record`).
+
+Tolerance: float32 with different summation orders, ``1e-4`` of the output's scale (a wrong
+row or channel is off by ``O(1)``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from codl_tvm.build.coexec import compile_coexec
+from codl_tvm.build.texture_coexec import VM_DEVICES
+from codl_tvm.cli import bundled_model_path, main
+from codl_tvm.core.plan import (
+    ChainPlan,
+    OpPartition,
+    PartitionPlan,
+    model_fingerprint,
+    uniform_plan,
+)
+from codl_tvm.frontend.importer import load_onnx, random_inputs
+from codl_tvm.frontend.models import light_model
+
+pytestmark = pytest.mark.opencl
+
+RTOL = 1e-4
+
+
+def _error(built, proto: onnx.ModelProto, model) -> float:
+    """Max abs difference from onnxruntime over the output's scale."""
+    ort = pytest.importorskip("onnxruntime")
+    x = random_inputs(model, seed=1)
+    want = ort.InferenceSession(proto.SerializeToString()).run(None, x)[0]
+    got = built([x[s.name] for s in model.inputs])[0]
+    assert got.shape == want.shape
+    return float(np.abs(got - want).max() / max(1.0, np.abs(want).max()))
+
+
+def _small():
+    proto = onnx.load(bundled_model_path())
+    return proto, load_onnx(proto)
+
+
+def _mixed_plan(mod) -> PartitionPlan:
+    """Every case the GPU parts meet in the small CNN: a whole-GPU operator (ratio 1), a GPU
+    part of 10 channels (no whole pixels), H chains through a pool and a depthwise conv, and
+    the CPU as the home of the operators outside the plan."""
+    return PartitionPlan(
+        ops=(
+            OpPartition("conv2d_0", "OC", 1.0),
+            OpPartition("conv2d_1", "OC", 0.3),
+            OpPartition("conv2d_6", "OC", 0.25),
+        ),
+        chains=(
+            ChainPlan(("conv2d_2", "max_pool2d_3"), "H", 0.6),
+            ChainPlan(("conv2d_4", "conv2d_5"), "H", 0.4),
+        ),
+        model_fingerprint=model_fingerprint(mod),
+        home="cpu",
+    )
+
+
+@pytest.mark.parametrize("dim", ["OC", "H"])
+def test_small_cnn_uniform_plan_matches_onnxruntime(opencl, dim):
+    proto, model = _small()
+    built = compile_coexec(model.mod, uniform_plan(model.mod, dim, 0.5), gpu_data_type="image")
+    assert built.vm_devices == VM_DEVICES
+    assert _error(built, proto, model) <= RTOL
+    parts = {r["split"]: r for r in built.kernel_splits["gpu_parts"]}
+    # dense convs' GPU parts on images; the depthwise conv's and the pools at a part's start
+    # (packed only behind a packed producer) in buffers, each with its reason
+    assert parts["conv2d_0"]["data_type"] == "image" and parts["conv2d_0"]["images"] >= 1
+    assert parts["conv2d_4"]["data_type"] == "buffer"
+    assert parts["conv2d_4"]["why"].startswith("conv2d: grouped or depthwise")
+    if dim == "OC":  # the dense layer splits on its output features only
+        assert parts["matmul_8"]["why"] == "matmul: not covered by the texture layout"
+
+
+def test_small_cnn_mixed_plan_matches_onnxruntime(opencl):
+    proto, model = _small()
+    built = compile_coexec(model.mod, _mixed_plan(model.mod), gpu_data_type="image")
+    assert _error(built, proto, model) <= RTOL
+    parts = {r["split"]: r for r in built.kernel_splits["gpu_parts"]}
+    assert {k: r["data_type"] for k, r in parts.items()} == {
+        "conv2d_0": "image",
+        "conv2d_1": "buffer",
+        "conv2d_2..max_pool2d_3": "image",
+        "conv2d_4..conv2d_5": "image",
+        "conv2d_6": "image",
+    }
+    assert parts["conv2d_1"]["why"] == "conv2d: 10 output channels, not a multiple of 4"
+    # the chain's GPU part: conv, bias, ReLU, residual add, ReLU and the pool all packed
+    assert parts["conv2d_2..max_pool2d_3"]["packed_ops"] == "5/5"
+    # the depthwise conv stays in buffers, the pointwise conv after it computes on images
+    assert parts["conv2d_4..conv2d_5"]["packed_ops"] == "3/6"
+
+
+def _logits(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """``proto`` without a final Softmax (a saturated softmax hides errors before it), as
+    ``tests/test_texture_models.py`` compares."""
+    last = proto.graph.node[-1]
+    if last.op_type != "Softmax" or last.output[0] != proto.graph.output[0].name:
+        return proto
+    out = onnx.ModelProto()
+    out.CopyFrom(proto)
+    del out.graph.node[-1]
+    del out.graph.output[:]
+    out.graph.output.extend([onnx.helper.make_empty_tensor_value_info(last.input[0])])
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("name", "dim"), [("squeezenet", "OC"), ("bvlc_alexnet", "H"), ("resnet50", "OC")]
+)
+def test_benchmark_models_match_onnxruntime(opencl, name, dim):
+    proto = _logits(light_model(name, seed=3))
+    model = load_onnx(proto)
+    built = compile_coexec(model.mod, uniform_plan(model.mod, dim, 0.5), gpu_data_type="image")
+    assert _error(built, proto, model) <= RTOL
+    rows = built.kernel_splits["gpu_parts"]
+    assert any(r["data_type"] == "image" for r in rows)
+    # every part left in buffers says why
+    assert all(r.get("why") for r in rows if r["data_type"] == "buffer")
+
+
+# --- the command ---------------------------------------------------------------------------------
+
+
+def _compile(capsys, tmp_path: Path, *flags: str) -> tuple[int, str, dict | None]:
+    _, model = _small()
+    plan = tmp_path / "plan.json"
+    plan.write_text(uniform_plan(model.mod, "OC", 0.5).to_json())
+    out = tmp_path / "art"
+    argv = ["compile", str(bundled_model_path()), "-o", str(out), "--device", "coexec"]
+    code = main([*argv, "--plan", str(plan), "--no-measure", *flags])
+    err = capsys.readouterr().err
+    manifest = out / "manifest.json"
+    return code, err, json.loads(manifest.read_text()) if manifest.exists() else None
+
+
+def test_compile_coexec_on_images(opencl, tmp_path, capsys):
+    code, err, manifest = _compile(capsys, tmp_path, "--gpu-data-type", "image")
+    assert code == 0, err
+    assert manifest["gpu"] == {"asked": "image", "data_type": "image", "dtype": "float32"}
+    assert manifest["vm_devices"] == list(VM_DEVICES)
+    rows = manifest["kernel_splits"]["gpu_parts"]
+    assert [r["split"] for r in rows][:2] == ["conv2d_0", "conv2d_1"]
+    assert rows[0]["data_type"] == "image"
+    assert b"write_imagef" in (tmp_path / "art" / "model.so").read_bytes()
+    # run --check: the artifact's VM gets its devices from the manifest
+    assert main(["run", str(tmp_path / "art"), "--check", "--repeat", "1", "--number", "1"]) == 0
+    assert "-> OK" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("flags", "why"),
+    [
+        (("--gpu-data-type", "auto"), "gpu_data_type 'auto' measures builds for the GPU alone"),
+        (
+            ("--gpu-data-type", "image", "--gpu-dtype", "float16"),
+            "gpu_dtype 'float16' applies to builds for the GPU alone",
+        ),
+    ],
+)
+def test_what_coexec_cannot_do_falls_back_with_its_reason(
+    opencl, tmp_path, capsys, caplog, flags, why
+):
+    caplog.set_level(logging.INFO, logger="codl_tvm")
+    code, err, manifest = _compile(capsys, tmp_path, *flags)
+    assert code == 0, err
+    gpu = manifest["gpu"]
+    assert gpu["dtype"] == "float32" and why in gpu["why"]
+    # auto keeps buffers; image in float16 keeps images in float32
+    assert gpu["data_type"] == ("buffer" if "auto" in flags else "image")
+    notes = [r.getMessage() for r in caplog.records if why in r.getMessage()]
+    assert len(notes) == 1 and "\n" not in notes[0]  # the note, one line
+    assert ("gpu_parts" in (manifest["kernel_splits"] or {})) == (gpu["data_type"] == "image")
