@@ -296,7 +296,7 @@ def calibrated_model(cost_model: CostModel, config: PlannerConfig) -> tuple[Cost
         # after the calibrations: a measurement on the target needs none
         cost_model = cost_model.with_measurements(config.tuned_parts)
         notes.append(
-            "operators tuned on this device (compile --tune) are planned on their measured "
+            "operators tuned on this device (--tune) are planned on their measured "
             "parts: whole, or split at a measured share, never in a chain"
         )
     return cost_model, notes
