@@ -96,13 +96,8 @@ def pack_gpu_parts(func: relax.Function) -> tuple[relax.Function, int]:
     for rec in records:
         for part in rec["parts"]:
             names = set(part["bindings"])
-            part["bindings"] = [
-                n
-                for n in order
-                if (n in names or packed.owners.get(n) in names)
-                # a conversion shared with an earlier part stays in that part
-                and not any(n in p["bindings"] for p in _earlier(records, rec, part))
-            ]
+            # a conversion several parts read belongs to its first reader's part only
+            part["bindings"] = [n for n in order if n in names or packed.owners.get(n) in names]
         for key in ("input", "output"):
             if rec.get(key) in replaced:
                 rec[key] = replaced[rec[key]]
@@ -110,17 +105,6 @@ def pack_gpu_parts(func: relax.Function) -> tuple[relax.Function, int]:
     new = new.with_attr(PARTS_ATTR, json.dumps(records))
     new = new.with_attr(TEXTURE_PARTS_ATTR, json.dumps(summary))
     return new, max(packed.changed, 1)
-
-
-def _earlier(records: list[dict], rec: dict, part: dict) -> list[dict]:
-    """The parts recorded before ``part`` (of ``rec``)."""
-    out = []
-    for r in records:
-        for p in r["parts"]:
-            if p is part:
-                return out
-            out.append(p)
-    return out
 
 
 def _gpu_part_summary(rec: dict, before: dict[str, relax.Expr], owners: dict[str, str]) -> dict:
@@ -131,9 +115,10 @@ def _gpu_part_summary(rec: dict, before: dict[str, relax.Expr], owners: dict[str
         row.update(data_type="none", why="no GPU part (ratio 0)")
         return row
     packed_from = set(owners.values())
+    mine = {owners.get(n, n) for n in gpu[0]["bindings"]}  # the names it bound before packing
     ops, packed_ops, reasons = 0, 0, []
     for name, value in before.items():
-        if name not in _original_names(gpu[0], owners) or op_name(value) is None:
+        if name not in mine or op_name(value) is None:
             continue
         if op_name(value) in ("relax.strided_slice", "relax.concat"):
             continue  # the part's input slice and weight slices: data movement, not operators
@@ -149,11 +134,6 @@ def _gpu_part_summary(rec: dict, before: dict[str, relax.Expr], owners: dict[str
         # buffers is not packed because of that conv)
         row["why"] = reasons[0]
     return row
-
-
-def _original_names(part: dict, owners: dict[str, str]) -> set[str]:
-    """The names the part bound before packing."""
-    return {owners.get(n, n) for n in part["bindings"]}
 
 
 def texture_parts(mod: tvm.IRModule) -> list[dict] | None:

@@ -359,8 +359,9 @@ def test_images_with_weights_beside(opencl, tmp_path, capsys):
 
 @pytest.mark.opencl
 def test_the_build_spec_carries_the_gpu_data(opencl, tmp_path, caplog):
-    """Only the GPU-alone library's spec (and so its cache key) carries images and half;
-    co-executed compiles keep float32 buffers and say so."""
+    """The GPU-alone library's spec (and so its cache key) carries images and half; a
+    co-executed compile's GPU parts take images in float32 (half noted), its GPU-alone
+    library keeping buffers."""
     path = _conv_pool_model(tmp_path / "m.onnx")
     model = load_onnx(path)
     manifest = Manifest(model=ModelRecord(str(path), file_sha256(path), [], []))
@@ -369,9 +370,12 @@ def test_the_build_spec_carries_the_gpu_data(opencl, tmp_path, caplog):
     assert (buffers.gpu_data_type, buffers.gpu_dtype) == ("buffer", "float32")
 
     with caplog.at_level(logging.INFO, logger="codl_tvm.build.cache"):
-        assert libraries.set_gpu_data("image", "float16", "coexec") is None
-    assert "the coexec build keeps float32 buffers" in caplog.text
+        coexec = libraries.set_gpu_data("image", "float16", "coexec")
+    assert (coexec["data_type"], coexec["dtype"]) == ("image", "float32")
+    assert "co-executed GPU parts compute in float32" in caplog.text
+    assert libraries.spec("coexec", None).gpu_data_type == "image"
     assert libraries.spec("opencl", None) == buffers
+    assert libraries.gpu_vm_devices() == ["opencl", "cpu", "opencl", "opencl"]
 
     record = libraries.set_gpu_data("image", "float32", "opencl")
     assert record == {"asked": "image", "data_type": "image", "dtype": "float32"}
@@ -487,8 +491,8 @@ def test_auto_candidates_differ_in_the_data_type_only(opencl, tmp_path):
 
 @pytest.mark.opencl
 def test_auto_in_a_coexecuted_compile_keeps_buffers(opencl, tmp_path, capsys, caplog):
-    """Co-executed compiles keep buffers with a note, also where the plan falls back to the
-    GPU alone: nothing is measured for the data type, nothing recorded."""
+    """Co-executed compiles keep buffers for auto with a note and the reason recorded, also
+    where the plan falls back to the GPU alone: nothing is measured for the data type."""
     model = _conv_pool_model(tmp_path / "m.onnx")
     out = tmp_path / "art"
     code, _, err = _compile(
@@ -498,8 +502,9 @@ def test_auto_in_a_coexecuted_compile_keeps_buffers(opencl, tmp_path, capsys, ca
     )
     assert code == 0, err
     manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["device"] == "opencl" and "gpu" not in manifest
-    assert "the coexec build keeps float32 buffers" in caplog.text
+    assert manifest["device"] == "opencl" and manifest["gpu"]["data_type"] == "buffer"
+    assert "'auto' measures builds for the GPU alone only" in manifest["gpu"]["why"]
+    assert "'auto' measures builds for the GPU alone only" in caplog.text
     assert "GPU data type measured" not in caplog.text
     assert b"write_imagef" not in (out / "model.so").read_bytes()
     assert _against_onnxruntime(out, model) <= 1e-4

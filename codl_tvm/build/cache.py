@@ -462,6 +462,7 @@ class Libraries:
             return None
         built, why = gpu_data_type_for(self.model.mod, self.preset, data_type, dtype)
         self.gpu_data = {"asked": data_type, "data_type": built, "dtype": dtype}
+        self.gpu_data_device = "opencl"
         if why:
             self.gpu_data["why"] = why
             logger.info("GPU tensors in buffers: %s", why)

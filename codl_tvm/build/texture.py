@@ -5,7 +5,8 @@ boundaries. This module builds the GPU side: ``build_texture_gpu(mod, target)`` 
 Relax module whose covered operators (convs with their bias and activation, pools, elementwise
 ops) compute on NCHW4c tensors in ``global.texture*`` scopes with OIHW4o weights arranged at
 build time. ``codl-tvm compile --device opencl --gpu-data-type image`` builds whole models with
-it (:func:`codl_tvm.build.cache.build_library`); co-executed builds do not use it yet.
+it (:func:`codl_tvm.build.cache.build_library`); co-executed builds reuse its phases for their
+GPU parts (:mod:`codl_tvm.build.texture_coexec`).
 
 The Relax pipeline, as phases (TVM's Adreno backend, ``tvm/relax/backend/adreno/pipeline.py``,
 with the pinned wheel's bugs worked around):

@@ -413,7 +413,9 @@ def _kernel_flags(p: argparse.ArgumentParser) -> None:
         "device can hold them), time them on this machine (or on --tracker's device) and "
         "keep the faster; with --no-measure or a preset that cross-compiles without "
         "--tracker, images where the device can hold them, else buffers (recorded as "
-        "unchecked). Co-executed builds use buffers for now",
+        "unchecked). --device coexec: image puts the GPU parts of split operators on images "
+        "where covered (the CPU parts keep buffers; the manifest's kernel_splits.gpu_parts "
+        "says which and why); auto keeps buffers there",
     )
     p.add_argument(
         "--gpu-dtype",
