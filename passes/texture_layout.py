@@ -182,10 +182,12 @@ class _Packer:
         outside: set[relax.Var],
         packable: Callable[[relax.Var], bool] | None = None,
         convert_operands: bool = False,
+        behind_packed: Callable[[relax.Var], bool] | None = None,
     ):
         self.uses = uses
         self.outside = outside
         self.packable = packable
+        self.behind_packed = behind_packed
         self.convert_operands = convert_operands
         self.packed: dict[relax.Var, relax.Var] = {}
         # every variable this packer binds -> the original binding it was made for (a packed
@@ -315,6 +317,17 @@ class _Packer:
         )
         return relax.Call(call.op, args, call.attrs)
 
+    def _all_packed(self, value) -> bool:
+        """Whether every variable ``value`` reads (a call's arguments, a tuple's fields) is
+        packed: an operator that reads only packed values needs no conversion."""
+        if not isinstance(value, relax.Call):
+            return False
+        args = []
+        for a in value.args:
+            args.extend(a.fields if isinstance(a, relax.Tuple) else [a])
+        tensors = [a for a in args if isinstance(a, relax.Var)]
+        return bool(tensors) and all(a in self.packed for a in tensors)
+
     def needs_nchw(self, var: relax.Var, covered: set[relax.Expr]) -> bool:
         """Whether anything but a packed consumer reads ``var``."""
         return var in self.outside or any(u not in covered for u in self.uses.get(var, ()))
@@ -326,7 +339,9 @@ class _Packer:
         for binding in block.bindings:
             value = binding.value if isinstance(binding, relax.VarBinding) else None
             if self.packable is not None and not self.packable(binding.var):
-                value = None
+                follows = self.behind_packed is not None and self.behind_packed(binding.var)
+                if not (follows and self._all_packed(value)):
+                    value = None
             self._current = binding.var
             new = self.packed_value(value, dataflow) if isinstance(value, relax.Call) else None
             if new is None:
@@ -395,6 +410,7 @@ def pack_function(
     func: relax.Function,
     packable: Callable[[relax.Var], bool] | None = None,
     convert_operands: bool = False,
+    behind_packed: Callable[[relax.Var], bool] | None = None,
 ) -> PackedFunction:
     """``func`` with its covered operators computing in NCHW4c (see the module docstring).
 
@@ -402,14 +418,18 @@ def pack_function(
     GPU parts of a co-executed build. ``convert_operands``: a binary op between a packed tensor
     and an NCHW variable of the same shape (a residual add reading a slice) converts the
     variable instead of unpacking the packed one; off in GPU-alone builds, where the NCHW
-    operand comes from an operator left in buffers anyway.
+    operand comes from an operator left in buffers anyway. ``behind_packed``: bindings
+    ``packable`` refuses that are rewritten all the same where every variable they read is
+    packed (in a co-executed build: operators outside the plan that read only GPU parts'
+    packed results, which the placement then puts on the GPU, as it does every kernel whose
+    inputs all come from it).
     """
     if not isinstance(func.body, relax.SeqExpr):
         return PackedFunction(func, 0)
     uses, outside = _uses(func)
     blocks, changed, owners = [], 0, {}
     for block in func.body.blocks:
-        packer = _Packer(uses, outside, packable, convert_operands)
+        packer = _Packer(uses, outside, packable, convert_operands, behind_packed)
         blocks.append(packer.run(block))
         changed += packer.changed
         owners.update({new.name: old.name for new, old in packer.owner.items()})

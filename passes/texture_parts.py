@@ -32,12 +32,17 @@ after::
                                           lambda n, c, h, w, i: (n, c * 4 + i, h, w))
     ...
 
+An operator outside the plan that reads only packed values (a concat or a residual add of
+two whole-GPU operators' results) is packed too: the placement puts a kernel whose inputs all
+come from the GPU on the GPU, so it computes on images without a conversion.
+
 ``main``'s ``codl_parts`` record lists the new bindings in their part (so
 :class:`~codl_tvm.passes.place.PlaceParts` puts the conversions on the GPU), and ``main``
 gets a ``codl_texture_parts`` attribute (:data:`TEXTURE_PARTS_ATTR`, JSON): for every split, its
 GPU part's data type (``"image"`` where at least one of its operators is packed, else
 ``"buffer"``), how many of its operators are packed, and why the others are not
-(:func:`~codl_tvm.passes.texture_layout.unpacked_reason`). Whether a packed tensor then lives
+(:func:`~codl_tvm.passes.texture_layout.unpacked_reason`), and a row :data:`OUTSIDE` counting the
+operators outside the plan packed. Whether a packed tensor then lives
 in an image is decided after placement (:class:`~codl_tvm.passes.texture_scopes.
 GpuImageScopes`).
 """
@@ -53,10 +58,13 @@ from .parts import PARTS_ATTR
 from .rewrite import op_name
 from .texture_layout import pack_function, unpacked_reason
 
-__all__ = ["TEXTURE_PARTS_ATTR", "PackGpuParts", "pack_gpu_parts", "texture_parts"]
+__all__ = ["OUTSIDE", "TEXTURE_PARTS_ATTR", "PackGpuParts", "pack_gpu_parts", "texture_parts"]
 
 #: ``main``'s attribute recording each split's GPU part data type (JSON).
 TEXTURE_PARTS_ATTR = "codl_texture_parts"
+
+#: The record's row of the operators outside the plan packed behind GPU parts.
+OUTSIDE = "(outside the plan)"
 
 
 def _bound_values(func: relax.Function) -> dict[str, relax.Expr]:
@@ -83,8 +91,14 @@ def pack_gpu_parts(func: relax.Function) -> tuple[relax.Function, int]:
         if part["processor"] == "gpu"
         for name in part["bindings"]
     }
+    in_parts = {name for rec in records for part in rec["parts"] for name in part["bindings"]}
     before = _bound_values(func)
-    packed = pack_function(func, lambda var: var.name in gpu_names, convert_operands=True)
+    packed = pack_function(
+        func,
+        lambda var: var.name in gpu_names,
+        convert_operands=True,
+        behind_packed=lambda var: var.name not in in_parts,
+    )
     new = packed.func
     order = [b.var.name for block in new.body.blocks for b in block.bindings if b.var is not None]
     bound = set(order)
@@ -102,6 +116,11 @@ def pack_gpu_parts(func: relax.Function) -> tuple[relax.Function, int]:
             if rec.get(key) in replaced:
                 rec[key] = replaced[rec[key]]
         summary.append(_gpu_part_summary(rec, before, packed.owners))
+    outside = [n for n in before if n not in in_parts and packed.owners.get(f"{n}_4c") == n]
+    if outside:
+        summary.append(
+            {"split": OUTSIDE, "dim": None, "data_type": "image", "packed_ops": str(len(outside))}
+        )
     new = new.with_attr(PARTS_ATTR, json.dumps(records))
     new = new.with_attr(TEXTURE_PARTS_ATTR, json.dumps(summary))
     return new, max(packed.changed, 1)
@@ -114,7 +133,6 @@ def _gpu_part_summary(rec: dict, before: dict[str, relax.Expr], owners: dict[str
     if not gpu:
         row.update(data_type="none", why="no GPU part (ratio 0)")
         return row
-    packed_from = set(owners.values())
     mine = {owners.get(n, n) for n in gpu[0]["bindings"]}  # the names it bound before packing
     ops, packed_ops, reasons = 0, 0, []
     for name, value in before.items():
@@ -123,7 +141,7 @@ def _gpu_part_summary(rec: dict, before: dict[str, relax.Expr], owners: dict[str
         if op_name(value) in ("relax.strided_slice", "relax.concat"):
             continue  # the part's input slice and weight slices: data movement, not operators
         ops += 1
-        if name in packed_from and f"{name}_4c" in owners:
+        if owners.get(f"{name}_4c") == name:  # its own packed value (not a conversion of it)
             packed_ops += 1
         else:
             reasons.append(unpacked_reason(value))

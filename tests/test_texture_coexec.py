@@ -16,7 +16,12 @@ import pytest
 import tvm
 from codl_tvm.passes.parts import PARTS_ATTR, collect_parts
 from codl_tvm.passes.texture_layout import pack_bias, pack_oihw
-from codl_tvm.passes.texture_parts import TEXTURE_PARTS_ATTR, PackGpuParts, texture_parts
+from codl_tvm.passes.texture_parts import (
+    OUTSIDE,
+    TEXTURE_PARTS_ATTR,
+    PackGpuParts,
+    texture_parts,
+)
 from codl_tvm.passes.texture_scopes import GpuImageScopes, image_tensors
 from onnx import TensorProto, helper, numpy_helper
 from tvm import relax
@@ -460,7 +465,7 @@ def test_pipeline_puts_only_gpu_kernels_on_images(dim):
     record: dict = {}
     pipeline = texture_coexec.coexec_texture_pipeline(plan, GPU, CPU, record=record)
     lowered = pipeline(model.mod)  # Relax lowered, its kernels scheduled TIR
-    image_kernels = {}
+    image_kernels, nan_checked = {}, {}
     for gv, func in lowered.functions_items():
         if not isinstance(func, tvm.tirx.PrimFunc):
             continue
@@ -470,9 +475,13 @@ def test_pipeline_puts_only_gpu_kernels_on_images(dim):
         assert not on_images or func.attrs["target"].kind.name == "opencl", gv.name_hint
         if on_images:
             image_kernels[gv.name_hint] = str(func.attrs.get("codl.config", ""))
+        if "relu" in gv.name_hint:
+            nan_checked[on_images] = "T.isnan" in func.script()
     # the GPU part: pack, conv (with its bias and ReLU) on images by the texture rule, unpack
     assert len(image_kernels) == 3, image_kernels
     assert "texture" in image_kernels.values()
+    # ReLU propagates NaN in the CPU part's kernel, not in the GPU part's image kernel
+    assert nan_checked == {True: False, False: True}
     assert record["gpu_parts"] == [
         {"split": "conv2d_0", "dim": dim, "data_type": "image", "packed_ops": "3/3", "images": 2}
     ]
@@ -507,3 +516,89 @@ def test_images_through_a_tracker_are_refused_in_one_line():
     with pytest.raises(OptionsError, match="cannot be combined with tracker") as err:
         CompileOptions(device="coexec", gpu_data_type="image", tracker="h:9190", key="k")
     assert "\n" not in str(err.value)
+
+
+def test_operator_outside_the_plan_behind_packed_parts_computes_packed():
+    @I.ir_module
+    class Before:
+        @R.function
+        def main(
+            x: R.Tensor((1, 4, 6, 6), "float32"),
+            w0: R.Tensor((4, 4, 1, 1), "float32"),
+            w1: R.Tensor((4, 4, 1, 1), "float32"),
+        ) -> R.Tensor((1, 4, 6, 6), "float32"):
+            with R.dataflow():
+                codl0_gpu_0_conv2d = R.nn.conv2d(x, w0)  # whole on the GPU (ratio 1)
+                codl1_gpu_0_conv2d = R.nn.conv2d(x, w1)  # whole on the GPU (ratio 1)
+                s = R.add(codl0_gpu_0_conv2d, codl1_gpu_0_conv2d)  # outside the plan
+                R.output(s)
+            return s
+
+    @I.ir_module
+    class Expected:
+        @R.function
+        def main(
+            x: R.Tensor((1, 4, 6, 6), "float32"),
+            w0: R.Tensor((1, 4, 1, 1, 4), "float32"),
+            w1: R.Tensor((1, 4, 1, 1, 4), "float32"),
+        ) -> R.Tensor((1, 4, 6, 6), "float32"):
+            with R.dataflow():
+                x_4c = R.layout_transform(x, index_map=lambda n, c, h, w: (n, c // 4, h, w, c % 4))
+                codl0_gpu_0_conv2d_4c = R.nn.conv2d(
+                    x_4c, w0, data_layout="NCHW4c", kernel_layout="OIHW4o", out_layout="NCHW4c"
+                )
+                # one conversion of x for both parts
+                codl1_gpu_0_conv2d_4c = R.nn.conv2d(
+                    x_4c, w1, data_layout="NCHW4c", kernel_layout="OIHW4o", out_layout="NCHW4c"
+                )
+                # reads only packed values: packed too, no conversion between the parts and it
+                s_4c = R.add(codl0_gpu_0_conv2d_4c, codl1_gpu_0_conv2d_4c)
+                s = R.layout_transform(s_4c, index_map=lambda n, c, h, w, i: (n, c * 4 + i, h, w))
+                R.output(s)
+            return s
+
+    def record(first: list[str], second: list[str], outputs: tuple[str, str]) -> str:
+        return json.dumps(
+            [
+                {
+                    "name": f"conv2d_{i}",
+                    "ops": [f"conv2d_{i}"],
+                    "dim": "OC",
+                    "axis": 1,
+                    "ratio": 1.0,
+                    "input": "x",
+                    "output": out,
+                    "parts": [
+                        {
+                            "processor": "gpu",
+                            "region": [0, 4],
+                            "input_region": [0, 4],
+                            "bindings": names,
+                        }
+                    ],
+                }
+                for i, (names, out) in enumerate(((first, outputs[0]), (second, outputs[1])))
+            ]
+        )
+
+    rng = np.random.default_rng(3)
+    w0, w1 = (rng.standard_normal((4, 4, 1, 1)).astype("float32") for _ in range(2))
+    names = ("codl0_gpu_0_conv2d", "codl1_gpu_0_conv2d")
+    before = _with_attrs(
+        _bound(Before, {"w0": w0, "w1": w1}),
+        **{PARTS_ATTR: record([names[0]], [names[1]], names)},
+    )
+    packed = tuple(f"{n}_4c" for n in names)  # the NCHW results are gone: only packed reads
+    summary = [
+        {"split": f"conv2d_{i}", "dim": "OC", "data_type": "image", "packed_ops": "1/1"}
+        for i in range(2)
+    ]
+    summary.append({"split": OUTSIDE, "dim": None, "data_type": "image", "packed_ops": "1"})
+    expected = _with_attrs(
+        _bound(Expected, {"w0": pack_oihw(w0), "w1": pack_oihw(w1)}),
+        **{
+            PARTS_ATTR: record(["x_4c", packed[0]], [packed[1]], packed),
+            TEXTURE_PARTS_ATTR: json.dumps(summary),
+        },
+    )
+    verify_pack(before, expected)

@@ -2,10 +2,11 @@
 
 The bundled small CNN under OC, H and a mixed plan (an H chain, a whole-GPU operator, a GPU
 part of 10 channels, the CPU as home), three benchmark models' logits (SqueezeNet and
-ResNet-50 split on channels, AlexNet on rows; ``--runslow``), and ``codl-tvm compile --device coexec --gpu-data-type
-image`` end to end: the manifest's record of which GPU parts ran on images, ``run --check``,
-and what cannot be done (``auto``, ``float16``) falling back with its reason. Each split's
-record comes from the build (:func:`codl_tvm.build.texture_coexec.image_record`).
+ResNet-50 split on channels, AlexNet on rows, SqueezeNet whole on the GPU; ``--runslow``),
+and ``codl-tvm compile --device coexec --gpu-data-type image`` end to end: the manifest's
+record of which GPU parts ran on images, ``run --check``, and what cannot be done (``auto``,
+``float16``) falling back with its reason. Each split's record comes from the build
+(:func:`codl_tvm.build.texture_coexec.image_record`).
 
 Tolerance: float32 with different summation orders, ``1e-4`` of the output's scale (a wrong
 row or channel is off by ``O(1)``).
@@ -20,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from codl_tvm.passes.texture_parts import OUTSIDE
 
 from codl_tvm.build.coexec import compile_coexec
 from codl_tvm.build.texture_coexec import VM_DEVICES
@@ -124,17 +126,29 @@ def _logits(proto: onnx.ModelProto) -> onnx.ModelProto:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("name", "dim"), [("squeezenet", "OC"), ("bvlc_alexnet", "H"), ("resnet50", "OC")]
+    ("name", "dim", "ratio"),
+    [
+        ("squeezenet", "OC", 0.5),
+        ("bvlc_alexnet", "H", 0.5),
+        ("resnet50", "OC", 0.5),
+        # every operator whole on the GPU: the fire modules' concats, outside the plan, join
+        # packed results on images
+        ("squeezenet", "OC", 1.0),
+    ],
 )
-def test_benchmark_models_match_onnxruntime(opencl, name, dim):
+def test_benchmark_models_match_onnxruntime(opencl, name, dim, ratio):
     proto = _logits(light_model(name, seed=3))
     model = load_onnx(proto)
-    built = compile_coexec(model.mod, uniform_plan(model.mod, dim, 0.5), gpu_data_type="image")
+    plan = uniform_plan(model.mod, dim, ratio)
+    built = compile_coexec(model.mod, plan, gpu_data_type="image")
     assert _error(built, proto, model) <= RTOL
     rows = built.kernel_splits["gpu_parts"]
     assert any(r["data_type"] == "image" for r in rows)
     # every part left in buffers says why
     assert all(r.get("why") for r in rows if r["data_type"] == "buffer")
+    if ratio == 1.0:
+        outside = {r["split"]: r for r in rows}[OUTSIDE]
+        assert outside["images"] > 0
 
 
 # --- the command ---------------------------------------------------------------------------------

@@ -58,7 +58,12 @@ from codl_tvm.passes.order import OrderSplits
 from codl_tvm.passes.place import PlaceParts
 from codl_tvm.passes.texture_call_sites import OwnScopedKernels
 from codl_tvm.passes.texture_layout import PACK
-from codl_tvm.passes.texture_parts import TEXTURE_PARTS_ATTR, PackGpuParts, texture_parts
+from codl_tvm.passes.texture_parts import (
+    OUTSIDE,
+    TEXTURE_PARTS_ATTR,
+    PackGpuParts,
+    texture_parts,
+)
 from codl_tvm.passes.texture_scopes import IMAGE_TENSORS_ATTR, GpuImageScopes, image_tensors
 from codl_tvm.passes.texture_storage import ImageStorages
 from codl_tvm.runtime.images import ImageCaps
@@ -238,8 +243,10 @@ def image_record(mod: tvm.IRModule) -> list[dict]:
     for row in rows:
         if row["data_type"] != "image":
             continue
-        row["images"] = tensors["images"].get(row["split"], 0)
-        kept = tensors["buffers"].get(row["split"], [])
+        # kernels outside every split carry no split name
+        split = "" if row["split"] == OUTSIDE else row["split"]
+        row["images"] = tensors["images"].get(split, 0)
+        kept = tensors["buffers"].get(split, [])
         if not row["images"]:
             row["data_type"] = "buffer"
             row["why"] = kept[0] if kept else "no packed tensor of its own (fused away)"
