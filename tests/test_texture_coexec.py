@@ -489,7 +489,6 @@ def test_pipeline_puts_only_gpu_kernels_on_images(dim):
 
 
 def test_images_on_a_device_without_them_is_one_error():
-    model = _conv_model()
     caps = ImageCaps(
         device="test-device",
         image_support=False,
@@ -506,9 +505,9 @@ def test_images_on_a_device_without_them_is_one_error():
         from_buffer_refused_why="",
     )
     with pytest.raises(DeviceSupportError, match="'test-device' has no image support"):
-        texture_coexec.coexec_gpu_data_type(model.mod, caps, "image", "float32")
+        texture_coexec.coexec_gpu_data_type(caps, "image", "float32")
     # auto and half precision fall back with the reason
-    built, why = texture_coexec.coexec_gpu_data_type(model.mod, caps, "auto", "float16")
+    built, why = texture_coexec.coexec_gpu_data_type(caps, "auto", "float16")
     assert built == "buffer" and "'auto'" in why and "float16" in why
 
 

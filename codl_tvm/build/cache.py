@@ -445,7 +445,7 @@ class Libraries:
             from codl_tvm.build.texture_coexec import coexec_gpu_data_type  # deferred
 
             caps = None if self.preset.is_cross else image_caps()
-            built, why = coexec_gpu_data_type(self.model.mod, caps, data_type, dtype)
+            built, why = coexec_gpu_data_type(caps, data_type, dtype)
             self.gpu_data = {"asked": data_type, "data_type": built, "dtype": "float32"}
             self.gpu_data_device = "coexec"
             if why:

@@ -188,7 +188,7 @@ def compile_coexec(
         from codl_tvm.runtime.images import image_caps
 
         caps = image_caps()
-        coexec_gpu_data_type(mod, caps, "image", "float32")  # a device without images: raise
+        coexec_gpu_data_type(caps, "image", "float32")  # a device without images: raise
         with runtime.build_errors(model, "coexec"):
             ex, record = compile_coexec_images(
                 mod,

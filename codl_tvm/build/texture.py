@@ -123,6 +123,7 @@ __all__ = [
     "install_texture_size_fix",
     "layout_passes",
     "legalize_conv2d",
+    "missing_image_support",
     "own_constants",
     "packed_tensors",
     "register_texture_tir_pipeline",
@@ -225,6 +226,18 @@ def packed_tensors(mod: tvm.IRModule) -> list[tuple[str, tuple[int, ...]]]:
     return [(op, shape) for shape, op in found.items()]
 
 
+def missing_image_support(caps: ImageCaps, dtype: str = "float32") -> str:
+    """Why the device ``caps`` describes has no images a build could use (no image support,
+    no RGBA image2d arrays of ``dtype``), or ``""``; whatever the model."""
+    dev = caps.device
+    if not caps.image_support:
+        return f"OpenCL device '{dev}' has no image support (CL_DEVICE_IMAGE_SUPPORT is false)"
+    if not caps.supports(dtype):
+        kind = "CL_HALF_FLOAT" if dtype == "float16" else "CL_FLOAT"
+        return f"OpenCL device '{dev}' has no RGBA {kind} image2d arrays"
+    return ""
+
+
 def image_support(mod: tvm.IRModule, caps: ImageCaps, dtype: str = "float32") -> ImageSupport:
     """Whether every packed tensor of ``mod``'s convs and pools fits an image of the device
     ``caps`` describes, in one of TVM's texture scopes (:func:`image_extents`).
@@ -234,13 +247,9 @@ def image_support(mod: tvm.IRModule, caps: ImageCaps, dtype: str = "float32") ->
     ``CL_DEVICE_IMAGE2D_MAX_WIDTH``).
     """
     dev = caps.device
-    if not caps.image_support:
-        return ImageSupport(
-            dev, f"OpenCL device '{dev}' has no image support (CL_DEVICE_IMAGE_SUPPORT is false)"
-        )
-    if not caps.supports(dtype):
-        kind = "CL_HALF_FLOAT" if dtype == "float16" else "CL_FLOAT"
-        return ImageSupport(dev, f"OpenCL device '{dev}' has no RGBA {kind} image2d arrays")
+    missing = missing_image_support(caps, dtype)
+    if missing:
+        return ImageSupport(dev, missing)
     limits = (caps.image2d_max_width, caps.image2d_max_height, caps.image_max_array_size)
     for op, shape in packed_tensors(mod):
         fits = [

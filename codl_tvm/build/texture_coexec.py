@@ -48,6 +48,7 @@ from tvm.s_tir import dlight as dl
 
 from codl_tvm.build import pipeline as coexec
 from codl_tvm.build import texture
+from codl_tvm.core.errors import DeviceSupportError
 from codl_tvm.passes import PartitionOperators
 from codl_tvm.passes.fused_targets import RecordFusedTargets, RestoreTargets
 from codl_tvm.passes.issue_ahead import GPU_INPUTS_ATTR, gpu_inputs
@@ -96,16 +97,15 @@ VM_DEVICES = ("opencl", "cpu", "opencl", "opencl")
 logger = logging.getLogger(__name__)
 
 
-def coexec_gpu_data_type(
-    mod: tvm.IRModule, caps: ImageCaps | None, data_type: str, dtype: str
-) -> tuple[str, str]:
+def coexec_gpu_data_type(caps: ImageCaps | None, data_type: str, dtype: str) -> tuple[str, str]:
     """The data type of a co-executed build's GPU parts when ``data_type`` and ``dtype`` are
     asked, and why it is buffers where something else was asked (else ``""``).
 
-    ``"image"`` is checked against the device ``caps`` describes
-    (:func:`~codl_tvm.build.texture.check_device`; None: a cross-compiling preset, built as
-    asked). ``"auto"`` keeps buffers: it chooses by measuring, which only GPU-alone builds do
-    so far. ``"float16"`` GPU parts are not built yet: they stay float32 (the reason says so).
+    ``"image"`` needs a device with RGBA float images (``caps``; None: a cross-compiling
+    preset, built as asked); a tensor beyond its image limits stays a buffer, with the reason
+    (:class:`~codl_tvm.passes.texture_scopes.GpuImageScopes`), where a GPU-alone build raises.
+    ``"auto"`` keeps buffers: it chooses by measuring, which only GPU-alone builds do so far.
+    ``"float16"`` GPU parts are not built yet: they stay float32 (the reason says so).
 
     Raises
     ------
@@ -124,8 +124,11 @@ def coexec_gpu_data_type(
             "parts take images when 'image' is asked"
         )
         return "buffer", "; ".join(notes)
-    if data_type == "image" and caps is not None:
-        texture.check_device(mod, caps, "image", "float32")
+    missing = "" if caps is None else texture.missing_image_support(caps, "float32")
+    if data_type == "image" and missing:
+        raise DeviceSupportError(
+            f"{missing}; gpu_data_type 'image' needs images (use 'buffer')", ("gpu_data_type",)
+        )
     return data_type, "; ".join(notes)
 
 
