@@ -18,8 +18,9 @@ and after this pass ``lv``'s type is ``R.Tensor((1, 2, 64, 64, 4), "float32",
 vdevice="opencl:1:global.texture")`` (the second OpenCL VDevice, the third of the list).
 Kept in buffers: a packed tensor the CPU, a fence, a tuple or ``main``'s result reads (only
 GPU kernels read images), and one whose image would
-exceed the device's limits (``limits``: ``(max width, max height, max layers)``; the other
-texture scope, ``global.texture-nhwc``, is tried first). Weights stay buffers (the VM uploads
+exceed the device's limits in both layouts (``limits``: ``(max width, max height, max
+layers)``; ``global.texture`` is tried first, then ``global.texture-nhwc``: rows of ``H * W``
+pixels, ``C/4`` rows, ``N`` layers). Weights stay buffers (the VM uploads
 constants into buffers).
 
 ``main`` gets ``codl_image_tensors`` (:data:`IMAGE_TENSORS_ATTR`): per split (the
@@ -38,6 +39,7 @@ from tvm import relax
 
 from .fused_targets import SPLIT_ATTR
 from .rewrite import op_name
+from .texture_layout import PACK
 
 __all__ = [
     "IMAGE_TENSORS_ATTR",
@@ -47,14 +49,14 @@ __all__ = [
     "image_tensors",
 ]
 
-#: ``main``'s attribute naming the tensors given images and those kept in buffers (JSON).
+#: ``main``'s attribute counting, per split, the tensors given images and why others are not
+#: (JSON).
 IMAGE_TENSORS_ATTR = "codl_image_tensors"
 
 #: The axis where each texture scope's image rows start in an NCHW4c tensor (TVM's separator:
 #: axes before it, but the first, are layers; from it to the pixel axis, pixels of a row).
 TEXTURE_SCOPE_AXIS = {"global.texture": 3, "global.texture-weight": 1, "global.texture-nhwc": 2}
 
-_PACK = 4
 _FLOATS = ("float32", "float16")
 
 
@@ -80,7 +82,7 @@ def _packed_shape(ty) -> tuple[int, ...] | None:
     values = getattr(ty.shape, "values", None)
     if values is None or len(values) != 5:
         return None
-    if not all(isinstance(v, tvm.tirx.IntImm) for v in values) or int(values[-1]) != _PACK:
+    if not all(isinstance(v, tvm.tirx.IntImm) for v in values) or int(values[-1]) != PACK:
         return None
     return tuple(int(v) for v in values)
 
