@@ -5,7 +5,8 @@ part of 10 channels, the CPU as home), three benchmark models' logits (SqueezeNe
 ResNet-50 split on channels, AlexNet on rows, SqueezeNet whole on the GPU; ``--runslow``),
 and ``codl-tvm compile --device coexec --gpu-data-type image`` end to end: the manifest's
 record of which GPU parts ran on images, ``run --check``, and what cannot be done (``auto``,
-``float16``) falling back with its reason. Each split's record comes from the build
+``float16``) falling back with its reason; coarse-grained SVM and buffer mode (forced, in a
+process of their own). Each split's record comes from the build
 (:func:`codl_tvm.build.texture_coexec.image_record`).
 
 Tolerance: float32 with different summation orders, ``1e-4`` of the output's scale (a wrong
@@ -16,6 +17,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -37,6 +41,8 @@ from codl_tvm.frontend.importer import load_onnx, random_inputs
 from codl_tvm.frontend.models import light_model
 
 pytestmark = pytest.mark.opencl
+
+REPO = Path(__file__).resolve().parent.parent
 
 RTOL = 1e-4
 
@@ -203,3 +209,44 @@ def test_what_coexec_cannot_do_falls_back_with_its_reason(
     notes = [r.getMessage() for r in caplog.records if why in r.getMessage()]
     assert len(notes) == 1 and "\n" not in notes[0]  # the note, one line
     assert ("gpu_parts" in (manifest["kernel_splits"] or {})) == (gpu["data_type"] == "image")
+
+
+# --- devices without fine-grained SVM ----------------------------------------------------------
+
+_OTHER_MEMORY = """
+import json, sys
+import numpy as np
+import onnx
+import onnxruntime as ort
+from codl_tvm import runtime
+from codl_tvm.build.coexec import compile_coexec
+from codl_tvm.cli import bundled_model_path
+from codl_tvm.frontend.importer import load_onnx, random_inputs
+from tests.test_texture_coexec_models import _mixed_plan
+
+proto = onnx.load(bundled_model_path())
+model = load_onnx(proto)
+x = random_inputs(model, seed=1)
+want = ort.InferenceSession(proto.SerializeToString()).run(None, x)[0]
+built = compile_coexec(model.mod, _mixed_plan(model.mod), gpu_data_type="image")
+got = built([x[s.name] for s in model.inputs])[0]
+err = float(np.abs(got - want).max() / max(1.0, np.abs(want).max()))
+print(json.dumps({"svm": runtime.svm_mode(), "err": err}))
+"""
+
+
+@pytest.mark.parametrize("svm", ["coarse", "buffer"])
+def test_images_beside_coarse_svm_and_buffers(opencl, tmp_path, svm):
+    """NVIDIA's coarse-grained SVM and drivers without SVM (forced here: the mode is chosen
+    once per process): the CPU's views are mappings, the GPU parts' images unaffected."""
+    env = {
+        **os.environ,
+        "CODL_OPENCL_SVM": svm,
+        "CODL_TVM_CACHE_DIR": str(tmp_path),
+        "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+    }
+    cmd = [sys.executable, "-c", _OTHER_MEMORY]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["svm"] == svm and result["err"] <= RTOL
