@@ -41,6 +41,11 @@
   kernel copy per combination of memory scopes) and
   :class:`~codl_tvm.passes.texture_storage.ImageStorages` (``texture_storage.py``: each image
   tensor its own image-shaped storage).
+- Co-executed builds with GPU parts on images (:mod:`codl_tvm.build.texture_coexec`):
+  :class:`~codl_tvm.passes.texture_parts.PackGpuParts` (``texture_parts.py``: the GPU parts in
+  NCHW4c, conversions at their ends, the CPU parts untouched) and
+  :class:`~codl_tvm.passes.texture_scopes.GpuImageScopes` (``texture_scopes.py``: packed tensors
+  only GPU kernels read in images).
 """
 
 from codl_tvm.core.geometry import (
