@@ -182,8 +182,7 @@ class CompileOptions:
         cross-compiles without ``tracker``, images where the device can hold them, else
         buffers, recorded as ``unchecked``. A co-executed build (``device="coexec"``) with
         ``"image"`` computes its GPU parts on images where covered, the CPU parts on buffers
-        (:mod:`codl_tvm.build.texture_coexec`; not with ``tracker`` yet); ``"auto"`` keeps
-        buffers there.
+        (:mod:`codl_tvm.build.texture_coexec`); ``"auto"`` keeps buffers there.
     gpu_dtype
         A build for the GPU alone: ``"float32"`` (default) or ``"float16"`` GPU tensors (TVM's
         mixed precision, convs accumulating in half; inputs and outputs stay float32). Needs
@@ -326,13 +325,6 @@ class CompileOptions:
                 f"coexec_cpu_alone applies to device 'coexec', not {self.device!r} (builds for "
                 "the CPU alone use those kernels already)",
                 ("coexec_cpu_alone", "device"),
-            )
-        if self.device == "coexec" and self.gpu_data_type == "image" and self.tracker:
-            # the remote VM gets [opencl, cpu]; the GPU parts' images need slots after them
-            raise OptionsError(
-                "gpu_data_type 'image' with device 'coexec' runs on this machine's device only "
-                "for now; it cannot be combined with tracker (use 'buffer')",
-                ("gpu_data_type", "tracker"),
             )
         gpu = self.gpu_data_type != "buffer" or self.gpu_dtype != "float32"
         if gpu and self.device == "cpu":

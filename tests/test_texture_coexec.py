@@ -33,7 +33,6 @@ from codl_tvm.build import texture_coexec
 from codl_tvm.core.errors import DeviceSupportError
 from codl_tvm.core.plan import OpPartition, PartitionPlan, model_fingerprint
 from codl_tvm.frontend.importer import load_onnx
-from codl_tvm.options import CompileOptions, OptionsError
 from codl_tvm.runtime.images import ImageCaps
 
 GPU = tvm.target.Target({"kind": "opencl"}, host={"kind": "llvm"})
@@ -509,12 +508,6 @@ def test_images_on_a_device_without_them_is_one_error():
     # auto and half precision fall back with the reason
     built, why = texture_coexec.coexec_gpu_data_type(caps, "auto", "float16")
     assert built == "buffer" and "'auto'" in why and "float16" in why
-
-
-def test_images_through_a_tracker_are_refused_in_one_line():
-    with pytest.raises(OptionsError, match="cannot be combined with tracker") as err:
-        CompileOptions(device="coexec", gpu_data_type="image", tracker="h:9190", key="k")
-    assert "\n" not in str(err.value)
 
 
 def test_operator_outside_the_plan_behind_packed_parts_computes_packed():

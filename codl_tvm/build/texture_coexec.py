@@ -181,12 +181,16 @@ def legalize_place_fuse_passes(
 
 
 def scope_passes(gpu_target: tvm.target.Target, caps: ImageCaps | None) -> list[tvm.transform.Pass]:
-    """Packed GPU tensors in images, and each kernel's buffers in its call site's scopes."""
-    limits = (
-        None
-        if caps is None
-        else (caps.image2d_max_width, caps.image2d_max_height, caps.image_max_array_size)
-    )
+    """Packed GPU tensors in images, and each kernel's buffers in its call site's scopes.
+
+    The images stay within the device's limits (``caps``), or without it (a device this
+    machine cannot ask) within the target's (``texture_spatial_limit``,
+    ``texture_depth_limit``: TVM's 16384 and 2048 by default), as GPU-alone builds do."""
+    if caps is not None:
+        limits = (caps.image2d_max_width, caps.image2d_max_height, caps.image_max_array_size)
+    else:
+        spatial = int(gpu_target.attrs["texture_spatial_limit"])
+        limits = (spatial, spatial, int(gpu_target.attrs["texture_depth_limit"]))
     return [
         GpuImageScopes(gpu_target, limits),
         OwnScopedKernels(),
