@@ -3,12 +3,12 @@
 CoDL's hybrid data type: the GPU computes on images, the CPU on buffers. This pass rewrites the
 operators of every GPU part that :class:`~codl_tvm.passes.texture_layout.ToTextureLayout`
 covers to NCHW4c (weights of each GPU part packed to OIHW4o at build time: the partition pass
-already gave each processor its own slice), and leaves the CPU parts and every operator outside
-the plan as they are. Conversions sit at a GPU part's ends: its input (the shared NCHW tensor,
-or the slice of it the part reads) is packed by the part's first packed operator, and its output
-is unpacked for the merge, so the region the GPU part writes into the shared tensor is written
-by a conversion kernel (``MergePartsInPlace`` then points it at the region) and the CPU reads
-plain buffers as before. A chain's GPU part stays packed from its first operator to its last.
+already gave each processor its own slice), and leaves the CPU parts as they are. Conversions
+sit at a GPU part's ends: its input (the shared NCHW tensor, or the slice of it the part reads)
+is packed by the part's first packed operator, and its output is unpacked for the merge, so the
+region the GPU part writes into the shared tensor is written by a conversion kernel
+(``MergePartsInPlace`` then points it at the region) and the CPU reads plain buffers as before.
+A chain's GPU part stays packed from its first operator to its last.
 
 Preconditions: runs after :class:`~codl_tvm.passes.partition.PartitionOperators` and
 ``FoldConstant`` (a GPU part's bias must be a constant), before any legalization. Before (the
@@ -41,10 +41,10 @@ come from the GPU on the GPU, so it computes on images without a conversion.
 gets a ``codl_texture_parts`` attribute (:data:`TEXTURE_PARTS_ATTR`, JSON): for every split, its
 GPU part's data type (``"image"`` where at least one of its operators is packed, else
 ``"buffer"``), how many of its operators are packed, and why the others are not
-(:func:`~codl_tvm.passes.texture_layout.unpacked_reason`), and a row :data:`OUTSIDE` counting the
-operators outside the plan packed. Whether a packed tensor then lives
-in an image is decided after placement (:class:`~codl_tvm.passes.texture_scopes.
-GpuImageScopes`).
+(:func:`~codl_tvm.passes.texture_layout.unpacked_reason`, the first one); a row
+:data:`OUTSIDE` counts the operators outside the plan that were packed. Whether a packed
+tensor then lives in an image is decided after placement
+(:class:`~codl_tvm.passes.texture_scopes.GpuImageScopes`).
 """
 
 from __future__ import annotations
