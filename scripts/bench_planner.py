@@ -65,6 +65,9 @@ ROWLRN_SUFFIX = "_rowlrn"
 #: ... and ending so (``codl_hostorder``): that mode with ``compile --no-issue-ahead`` (GPU
 #: kernels enqueued in ``main``'s order, when the host reaches them): the A/B of the issue order.
 HOSTORDER_SUFFIX = "_hostorder"
+#: ... and ending so (``codl_image``): that mode with ``compile --gpu-data-type image`` (the GPU
+#: parts on OpenCL images, the CPU parts on buffers): the A/B of the GPU's data type.
+IMAGE_SUFFIX = "_image"
 #: GPU-alone variants (``compile --gpu-variants``): tag ``gpu_VARIANT`` built with ``compile
 #: --device opencl`` and these ``--gpu-data-type``, ``--gpu-dtype``, beside the buffers' ``gpu``.
 GPU_VARIANTS = {
@@ -83,6 +86,7 @@ class _TagFlags(NamedTuple):
     streaming: bool = False
     rowlrn: bool = False
     hostorder: bool = False
+    image: bool = False
 
 
 _SUFFIXES = {
@@ -91,6 +95,7 @@ _SUFFIXES = {
     STREAMING_SUFFIX: "streaming",
     ROWLRN_SUFFIX: "rowlrn",
     HOSTORDER_SUFFIX: "hostorder",
+    IMAGE_SUFFIX: "image",
 }
 
 
@@ -219,7 +224,7 @@ def _compile_job(job: _Job) -> tuple[str, str, str | None, float]:
             split_row_blocks=flags.rowlrn,
             issue_ahead=not flags.hostorder,
             processor_scale=job.processor_scale,
-            gpu_data_type=job.gpu_data_type,
+            gpu_data_type="image" if flags.image else job.gpu_data_type,
             gpu_dtype=job.gpu_dtype,
         )
         compile_artifact(job.path, job.target, options)

@@ -2,14 +2,15 @@
 # The GPU's data type on the H100 (NVIDIA OpenCL): each model on the GPU alone with buffers
 # (`gpu`), images (`gpu_image`), half-precision buffers (`gpu_fp16`), images in half precision
 # (`gpu_image_fp16`) and what `--gpu-data-type auto` keeps after timing buffers against images
-# here (`gpu_auto`), timed round-robin beside the CPU alone on 16 threads (bench_planner.py).
+# here (`gpu_auto`), and codl's plan co-executed with the GPU parts on buffers (`codl`) and on
+# images (`codl_image`), timed round-robin beside the CPU alone on 16 threads (bench_planner.py).
 set -u
 . /tmp/code/env.sh
 cd /tmp/code
 models=${IMG_MODELS:-inception_v1,squeezenet,posenet,retinaface,fst,bvlc_alexnet,vgg16,yolov2,resnet50,vgg19}
 b=/tmp/b/images_h100 r=/tmp/res
 export TVM_NUM_THREADS=16 CODL_OPENCL_PLATFORM=nvidia
-common=(--preset device-h100 --models "$models" --modes "" --out $b
+common=(--preset device-h100 --models "$models" --modes "${IMG_MODES:-codl,codl_image}" --out $b
         --cost-model codl_tvm/data/cost_models/device-h100.json
         --gpu-variants "${IMG_VARIANTS:-image,fp16,image_fp16,auto}")
 python3 scripts/bench_planner.py compile --jobs 15 "${common[@]}" > $r/images_compile.log 2>&1
