@@ -62,12 +62,16 @@ from .rewrite import op_name, rewrite_functions
 
 __all__ = [
     "BINARY_OPS",
+    "FULL_COVERAGE",
+    "MEAN_OP",
     "PACK",
     "POOL_OPS",
     "UNARY_OPS",
+    "Coverage",
     "PackedFunction",
     "ToTextureLayout",
     "pack_bias",
+    "pack_depthwise",
     "pack_function",
     "pack_nchw",
     "pack_oihw",
@@ -111,6 +115,9 @@ BINARY_OPS = frozenset(
     }
 )
 
+#: A mean over H and W (ONNX's GlobalAveragePool) computed on packed tensors.
+MEAN_OP = "relax.mean"
+
 _FLOATS = frozenset({"float32", "float16"})
 
 
@@ -128,6 +135,14 @@ def pack_oihw(w: np.ndarray) -> np.ndarray:
     w = np.pad(w, ((0, 0), (0, -i % PACK), (0, 0), (0, 0)))
     i = w.shape[1]
     return np.ascontiguousarray(w.reshape(o // PACK, PACK, i, kh, kw).transpose(0, 2, 3, 4, 1))
+
+
+def pack_depthwise(w: np.ndarray) -> np.ndarray:
+    """Depthwise conv weights (C, 1, KH, KW) as (C/4, 1, KH, KW, 4): OIHW4o with one input
+    channel per group, so output pixel ``k`` of the packed conv reads input pixel ``k``
+    (TVM's old Adreno depthwise kernel layout)."""
+    c, m, kh, kw = w.shape
+    return np.ascontiguousarray(w.reshape(c // PACK, PACK, m, kh, kw).transpose(0, 2, 3, 4, 1))
 
 
 def pack_bias(b: np.ndarray) -> np.ndarray:
@@ -163,6 +178,35 @@ def _conv_ok(call: relax.Call) -> bool:
     )
 
 
+def _depthwise_ok(call: relax.Call) -> bool:
+    """A depthwise conv of multiplier 1 over whole pixels: ``groups`` equal to the input and
+    output channels, a multiple of 4 (a padded pixel would carry its zero channels into the
+    output and every consumer; depthwise convs of mobile CNNs have whole pixels)."""
+    a = call.attrs
+    w = call.args[1]
+    shape = static_shape(w)
+    data = static_shape(call.args[0])
+    return (
+        isinstance(w, tvm.ir.Constant)
+        and _tensor_ok(call.args[0])
+        and shape is not None
+        and shape[1] == 1
+        and shape[0] == data[1] == int(a.groups)
+        and shape[0] % PACK == 0
+        and (str(a.data_layout), str(a.kernel_layout)) == ("NCHW", "OIHW")
+        and str(a.out_layout) == "NCHW"
+    )
+
+
+def _spatial_mean(call: relax.Call) -> bool:
+    """A mean over exactly H and W of a 4-D tensor keeping its dims (ONNX's
+    GlobalAveragePool); without them the result is no longer NCHW."""
+    axis = call.attrs.axis
+    if axis is None or not call.attrs.keepdims or len(static_shape(call.args[0]) or ()) != 4:
+        return False
+    return sorted(int(a) % 4 for a in axis) == [2, 3]
+
+
 def _channel_constant(expr: relax.Expr, channels: int) -> np.ndarray | None:
     """The values of a per-channel constant broadcast over NCHW, else None."""
     if not isinstance(expr, tvm.ir.Constant):
@@ -171,6 +215,29 @@ def _channel_constant(expr: relax.Expr, channels: int) -> np.ndarray | None:
     if shape in ((1, channels, 1, 1), (channels, 1, 1)):
         return expr.value.numpy()
     return None
+
+
+@dataclass(frozen=True)
+class Coverage:
+    """Operators packed beyond dense convs, pools, elementwise ops and concats.
+
+    Attributes
+    ----------
+    depthwise
+        Depthwise convs of multiplier 1 over whole pixels (weights pre-packed by
+        :func:`pack_depthwise`), packed like dense convs, also at a chain's start.
+    means
+        Means over H and W keeping their dims behind a packed producer (ONNX's
+        GlobalAveragePool), computed as an NCHW4c adaptive average pool to ``(N, C/4, 1, 1,
+        4)``.
+    """
+
+    depthwise: bool = False
+    means: bool = False
+
+
+#: The coverage of GPU-alone texture builds (:class:`ToTextureLayout`).
+FULL_COVERAGE = Coverage(depthwise=True, means=True)
 
 
 class _Packer:
@@ -183,8 +250,10 @@ class _Packer:
         packable: Callable[[relax.Var], bool] | None = None,
         convert_operands: bool = False,
         behind_packed: Callable[[relax.Var], bool] | None = None,
+        coverage: Coverage | None = None,
     ):
         self.uses = uses
+        self.coverage = coverage or Coverage()
         self.outside = outside
         self.packable = packable
         self.behind_packed = behind_packed
@@ -228,6 +297,8 @@ class _Packer:
         name = op_name(call)
         args = list(call.args)
         in_packed = [isinstance(a, relax.Var) and a in self.packed for a in args]
+        if name == "relax.nn.conv2d" and self.coverage.depthwise and _depthwise_ok(call):
+            return self._depthwise(call, dataflow)
         if name == "relax.nn.conv2d" and _conv_ok(call):
             a = call.attrs
             w4 = relax.const(pack_oihw(args[1].value.numpy()))
@@ -246,6 +317,12 @@ class _Packer:
             )
         if name in POOL_OPS and in_packed[0] and str(call.attrs.layout) == "NCHW":
             return self._pool(call)
+        if name == MEAN_OP and self.coverage.means and in_packed[0] and _spatial_mean(call):
+            # as TVM's Adreno backend: an adaptive pool, which its scope annotation (unlike
+            # a reduction) lets read an image; (N, C/4, H, W, 4) -> (N, C/4, 1, 1, 4)
+            return relax.op.nn.adaptive_avg_pool2d(
+                self.packed[args[0]], output_size=[1, 1], layout="NCHW4c", out_layout="NCHW4c"
+            )
         if name in UNARY_OPS and in_packed[0]:
             return relax.Call(call.op, [self.packed[args[0]], *args[1:]], call.attrs)
         if name in BINARY_OPS and any(in_packed[:2]):
@@ -266,6 +343,22 @@ class _Packer:
         if any(s[1] % PACK for s in shapes) or not any(p in self.packed for p in parts.fields):
             return None
         return relax.op.concat([self.operand(p, dataflow) for p in parts.fields], axis=1)
+
+    def _depthwise(self, call: relax.Call, dataflow: bool) -> relax.Expr:
+        """The depthwise conv on NCHW4c: each output pixel from the same input pixel."""
+        a = call.attrs
+        return relax.op.nn.conv2d(
+            self.operand(call.args[0], dataflow),
+            relax.const(pack_depthwise(call.args[1].value.numpy())),
+            strides=a.strides,
+            padding=a.padding,
+            dilation=a.dilation,
+            groups=int(a.groups),
+            data_layout="NCHW4c",
+            kernel_layout="OIHW4o",
+            out_layout="NCHW4c",
+            out_dtype=a.out_dtype,
+        )
 
     def _pool(self, call: relax.Call) -> relax.Expr:
         a = call.attrs
@@ -411,6 +504,7 @@ def pack_function(
     packable: Callable[[relax.Var], bool] | None = None,
     convert_operands: bool = False,
     behind_packed: Callable[[relax.Var], bool] | None = None,
+    coverage: Coverage | None = None,
 ) -> PackedFunction:
     """``func`` with its covered operators computing in NCHW4c (see the module docstring).
 
@@ -422,14 +516,15 @@ def pack_function(
     ``packable`` refuses that are rewritten all the same where every variable they read is
     packed (in a co-executed build: operators outside the plan that read only GPU parts'
     packed results, which the placement then puts on the GPU, as it does every kernel whose
-    inputs all come from it).
+    inputs all come from it). ``coverage``: depthwise convs and spatial means too (None: not;
+    :class:`ToTextureLayout` packs them, co-executed GPU parts do not yet).
     """
     if not isinstance(func.body, relax.SeqExpr):
         return PackedFunction(func, 0)
     uses, outside = _uses(func)
     blocks, changed, owners = [], 0, {}
     for block in func.body.blocks:
-        packer = _Packer(uses, outside, packable, convert_operands, behind_packed)
+        packer = _Packer(uses, outside, packable, convert_operands, behind_packed, coverage)
         blocks.append(packer.run(block))
         changed += packer.changed
         owners.update({new.name: old.name for new, old in packer.owner.items()})
@@ -442,7 +537,7 @@ def pack_function(
 
 def to_texture_layout(func: relax.Function) -> tuple[relax.Function, int]:
     """``func`` with its covered operators computing in NCHW4c, and how many were rewritten."""
-    packed = pack_function(func)
+    packed = pack_function(func, coverage=FULL_COVERAGE)
     return packed.func, packed.changed
 
 

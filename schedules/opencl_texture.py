@@ -33,16 +33,22 @@ from .common import CodlRule
 
 __all__ = [
     "COPY_BLOCK",
+    "DEPTHWISE_BLOCK",
     "TextureConv2d",
     "TextureLayoutTransform",
     "TexturePool2D",
     "is_texture_scope",
+    "schedule_window",
 ]
 
 #: The block of a copy kernel between two texture scopes
 #: (:mod:`codl_tvm.passes.texture_scope_copy` makes them, :class:`TextureLayoutTransform`
 #: schedules them).
 COPY_BLOCK = "texture_copy"
+
+#: The block of a depthwise conv over NCHW4c (:func:`codl_tvm.build.texture.
+#: depthwise_conv2d_nchw4c` names it; :class:`TextureConv2d` schedules it).
+DEPTHWISE_BLOCK = "depthwise_conv2d_NCHW4c"
 
 #: Channels of one RGBA pixel.
 _LANES = 4
@@ -177,6 +183,13 @@ class TextureConv2d(CodlRule):
     def schedule(self, sch: s_tir.Schedule, target: Target) -> tuple[str, str] | str:
         blocks = sch.get_child_blocks(sch.get_sblock("root"))
         names = [sch.get(b).name_hint for b in blocks]
+        depthwise = [i for i, n in enumerate(names) if n == DEPTHWISE_BLOCK]
+        if len(depthwise) == 1 and is_texture_scope(sch.mod["main"].params[0].scope()):
+            # one output pixel per work-item over its KHxKW window, as TVM's old Adreno
+            # depthwise schedule (topi/adreno/depthwise_conv2d_nchw.py): the padding inlined
+            # into the image reads, the four lanes one vector
+            why = schedule_window(sch, blocks, depthwise[0], target)
+            return why or ("depthwise", "texture")
         convs = [b for b, n in zip(blocks, names) if n.startswith("conv2d_NCHWc")]
         if len(convs) != 1:
             return "not one NCHWc conv block"
@@ -195,16 +208,21 @@ class TextureConv2d(CodlRule):
         return "direct", "texture"
 
 
-_POOL_BLOCKS = ("pool_max", "pool_sum")
+#: The reduction blocks of 2-D pools and adaptive average pools (topi's).
+_POOL_BLOCKS = ("pool_max", "pool_sum", "adaptive_pool_sum")
 
 
 class TexturePool2D(CodlRule):
-    """Max and average 2-D pools over NCHW4c images: one output pixel per work-item.
+    """Max, average and adaptive average 2-D pools (a global average pool) on NCHW4c images:
+    one output pixel per work-item.
 
     A pixel's four channels stay the innermost loop, inside the window loops, so the window
     reads whole pixels (the padding inlined as a bounds test) and the result, held in four
     registers, is written as one pixel. dlight's Adreno ``Pool2D`` caches the result in one
-    register for all four lanes, so every channel gets channel ``4k + 3``'s value.
+    register for all four lanes, so every channel gets channel ``4k + 3``'s value. A global
+    pool is one window over the whole image: ``C/4`` work-items each reading ``H*W`` pixels
+    (dlight's Adreno ``Pool2D`` also gives each output pixel one work-item; a mobile CNN's last
+    feature map is 7x7).
     """
 
     target_kind = "opencl"
@@ -218,42 +236,59 @@ class TexturePool2D(CodlRule):
         pools = [i for i, n in enumerate(names) if n in _POOL_BLOCKS]
         if len(pools) != 1:
             return "not one pool reduction"
-        red = blocks[pools[0]]
-        kinds = "".join(
-            "S" if iv.iter_type == tirx.IterVar.DataPar else "R" for iv in sch.get(red).iter_vars
-        )
-        loops = sch.get_loops(red)
-        if kinds != "SSSSSRR" or int(sch.get(loops[4]).extent) != _LANES:
-            return f"iterators {kinds}, not NCHW4c pooling (SSSSS over a 4-lane pixel, RR)"
         if not any(is_texture_scope(p.scope()) for p in sch.mod["main"].params):
             return "no image among the parameters"
-        for b in blocks[: pools[0]]:
-            sch.compute_inline(b)  # the padding: a bounds test around each read
-        epilogue = blocks[pools[0] + 1 :]
-        n, c, h, w, lane, r0, r1 = loops
-        sch.reorder(n, c, h, w, r0, r1, lane)
-        fused = sch.fuse(n, c, h, w)
-        bx, tx = sch.split(fused, [None, _threads(target, int(sch.get(fused).extent))])
-        sch.bind(bx, "blockIdx.x")
-        sch.bind(tx, "threadIdx.x")
-        if epilogue:
-            sch.set_scope(red, 0, "local")  # the window sum lives in registers
-            for b in epilogue[:-1]:
-                sch.compute_inline(b)
-            last = epilogue[-1]
-        else:
-            last = sch.cache_write(red, 0, "local")
-        sch.reverse_compute_at(last, tx)
-        sch.vectorize(sch.get_loops(last)[-1])
-        init = sch.decompose_reduction(red, r0)
-        sch.vectorize(sch.get_loops(init)[-1])
-        # each window pixel is read whole into registers (one read_imagef, the padding's bounds
-        # test around it); the update itself cannot be vectorised inside the window loops
-        reads = sch.get(red).reads
-        image = [i for i, r in enumerate(reads) if is_texture_scope(r.source.scope())]
-        if image:
-            pixel = sch.cache_read(red, image[0], "local")
+        why = schedule_window(sch, blocks, pools[0], target)
+        return why or ("pool", "texture")
+
+
+def schedule_window(sch: s_tir.Schedule, blocks: list, index: int, target: Target) -> str | None:
+    """One output pixel per work-item for a reduction over a window of NCHW4c pixels (a pool,
+    a global average pool, a depthwise conv); None when scheduled, else why not.
+
+    ``blocks[index]`` is the reduction: data-parallel iterators ending with the 4-lane pixel,
+    then two window iterators. The blocks before it (the padding) are inlined as a bounds test
+    around each read; those after it (a division, a bias, an activation) are computed in the
+    work-item's registers, and the pixel is written once. Every image the window reads is read
+    as whole pixels into registers, as is a buffer operand with the lane innermost (a depthwise
+    conv's packed weights: one vector load per tap).
+    """
+    red = blocks[index]
+    kinds = "".join(
+        "S" if iv.iter_type == tirx.IterVar.DataPar else "R" for iv in sch.get(red).iter_vars
+    )
+    loops = sch.get_loops(red)
+    if kinds != "SSSSSRR" or int(sch.get(loops[4]).extent) != _LANES:
+        return f"iterators {kinds}, not a window over NCHW4c pixels (SSSSS over a 4-lane pixel, RR)"
+    for b in blocks[:index]:
+        sch.compute_inline(b)  # the padding: a bounds test around each read
+    epilogue = blocks[index + 1 :]
+    *pixel_loops, lane, r0, r1 = loops
+    sch.reorder(*pixel_loops, r0, r1, lane)
+    fused = sch.fuse(*pixel_loops)
+    # the pixel count split exactly (see _threads): no work-item past the tensor
+    bx, tx = sch.split(fused, [None, _threads(target, int(sch.get(fused).extent))])
+    sch.bind(bx, "blockIdx.x")
+    sch.bind(tx, "threadIdx.x")
+    if epilogue:
+        sch.set_scope(red, 0, "local")  # the window sum lives in registers
+        for b in epilogue[:-1]:
+            sch.compute_inline(b)
+        last = epilogue[-1]
+    else:
+        last = sch.cache_write(red, 0, "local")
+    sch.reverse_compute_at(last, tx)
+    sch.vectorize(sch.get_loops(last)[-1])
+    init = sch.decompose_reduction(red, r0)
+    sch.vectorize(sch.get_loops(init)[-1])
+    # each window pixel is read whole into registers (one read_imagef, the padding's bounds
+    # test around it); the update itself cannot be vectorised inside the window loops
+    written = {w.source for w in sch.get(red).writes}  # the accumulator, in registers
+    for i, region in enumerate(sch.get(red).reads):
+        buf = region.source
+        if buf not in written and len(buf.shape) == 5 and int(buf.shape[-1]) == _LANES:
+            pixel = sch.cache_read(red, i, "local")
             sch.compute_at(pixel, r1)
             sch.vectorize(sch.get_loops(pixel)[-1])
-        sch.unroll(sch.get_loops(red)[-1])
-        return "pool", "texture"
+    sch.unroll(sch.get_loops(red)[-1])
+    return None

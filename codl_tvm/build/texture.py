@@ -103,6 +103,7 @@ from codl_tvm.passes.texture_storage import ImageStorages
 from codl_tvm.passes.variadic import PairwiseVariadic
 from codl_tvm.runtime.images import ImageCaps
 from codl_tvm.schedules.opencl_texture import (
+    DEPTHWISE_BLOCK,
     TextureConv2d,
     TextureLayoutTransform,
     TexturePool2D,
@@ -117,6 +118,7 @@ __all__ = [
     "TextureBuild",
     "build_texture_gpu",
     "check_device",
+    "depthwise_conv2d_nchw4c",
     "image_extents",
     "image_support",
     "inference_passes",
@@ -414,12 +416,47 @@ def layout_passes() -> list[tvm.transform.Pass]:
     return [relax.transform.FoldConstant(), ToTextureLayout()]
 
 
+def depthwise_conv2d_nchw4c(data, kernel, strides, padding, dilation, out_dtype: str):
+    """A depthwise conv over NCHW4c ``data`` with (C/4, 1, KH, KW, 4) ``kernel`` (topi's
+    generic ``depthwise_conv2d_NCHWc`` is unimplemented): each lane of an output pixel sums
+    its own channel's window, so a pixel's four channels are one vector throughout."""
+    _, _, kh, kw, _ = (int(d) for d in kernel.shape)
+    (sh, sw), (dh, dw) = (int(s) for s in strides), (int(d) for d in dilation)
+    top, left, bottom, right = (int(p) for p in padding)
+    n, blocks, h, w, lanes = data.shape
+    oh = (h + top + bottom - (kh - 1) * dh - 1) // sh + 1
+    ow = (w + left + right - (kw - 1) * dw - 1) // sw + 1
+    pad = topi.nn.pad(data, [0, 0, top, left, 0], [0, 0, bottom, right, 0], name="dw_data_pad")
+    ry, rx = tvm.te.reduce_axis((0, kh), "ry"), tvm.te.reduce_axis((0, kw), "rx")
+    return tvm.te.compute(
+        (n, blocks, oh, ow, lanes),
+        lambda b, c, y, x, i: tvm.te.sum(
+            pad[b, c, y * sh + ry * dh, x * sw + rx * dw, i].astype(out_dtype)
+            * kernel[c, 0, ry, rx, i].astype(out_dtype),
+            axis=[ry, rx],
+        ),
+        name=DEPTHWISE_BLOCK,
+    )
+
+
 def legalize_conv2d(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
-    """TVM's Adreno legalization for NCHW4c convs, its default one for convs left NCHW (a
-    grouped or depthwise conv); a ``LegalizeOps`` customization for ``relax.nn.conv2d``."""
+    """TVM's Adreno legalization for dense NCHW4c convs, :func:`depthwise_conv2d_nchw4c` for
+    depthwise ones, TVM's default one for convs left NCHW (grouped convs); a ``LegalizeOps``
+    customization for ``relax.nn.conv2d``."""
     a = call.attrs
     if str(a.data_layout) != "NCHW4c":
         return tvm.ir.Op.get("relax.nn.conv2d").get_attr("FLegalize")(bb, call)
+    if int(a.groups) != 1:  # codl.ToTextureLayout packs depthwise convs only
+        return bb.call_te(
+            depthwise_conv2d_nchw4c,
+            call.args[0],
+            call.args[1],
+            a.strides,
+            a.padding,
+            a.dilation,
+            str(call.ty.dtype),
+            primfunc_name_hint="depthwise_conv2d_NCHW4c",
+        )
     # TVM's legalization (legalize_ops/adreno) leaves out out_dtype: float32 whatever the
     # conv's type, which a float16 model's fusion then refuses; the call's type is the conv's
     return bb.call_te(
