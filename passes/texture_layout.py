@@ -11,7 +11,7 @@ this pass writes the packed graph itself. Before (``main`` after ``FoldConstant`
     z = R.add(y, B)                                  # B (1, 32, 1, 1)
     r = R.nn.relu(z)
     p = R.nn.max_pool2d(r, pool_size=[2, 2], strides=[2, 2])
-    o = R.mean(p, axis=[2, 3])                       # not covered: reads NCHW
+    o = R.nn.softmax(p, axis=1)                      # not covered: reads NCHW
 
 after::
 
@@ -23,7 +23,7 @@ after::
     p4 = R.nn.max_pool2d(r4, pool_size=[2, 2], strides=[2, 2], layout="NCHW4c",
                          out_layout="NCHW4c")
     p = R.layout_transform(p4, lambda n, c, h, w, i: (n, c * 4 + i, h, w))
-    o = R.mean(p, axis=[2, 3])
+    o = R.nn.softmax(p, axis=1)
 
 ``W4`` and ``B4`` are constants arranged here, at build time (CoDL pre-arranges weights once
 per plan): no weight is transformed at run time. A per-channel constant becomes 4-D
@@ -41,10 +41,17 @@ with zero channels in the packed input and the weights), max and average 2-D poo
 ``(1, C, 1, 1)`` / ``(C, 1, 1)`` or scalar constant, and concats along channels whose every
 input has whole pixels of channels (``C % 4 == 0``: SqueezeNet's and Inception's branches
 join without a conversion). Pools, elementwise ops and concats are packed only behind a packed
-producer (never at a chain's start). Static
-shapes only. Run after ``FoldConstant`` (the frontend's bias ``reshape`` must already be a
-constant) and before any legalization; the result is what TVM's Adreno pipeline expects after
-its ``ConvertLayout``.
+producer (never at a chain's start). With :data:`FULL_COVERAGE` (:class:`ToTextureLayout`;
+co-executed GPU parts do not ask for it yet) also depthwise convs (``groups`` equal to the
+input and output channels, a multiple of 4; weights :func:`pack_depthwise`'s
+``(C/4, 1, KH, KW, 4)``), packed like dense convs, and means over H and W keeping their dims
+(ONNX's GlobalAveragePool) behind a packed producer, as an NCHW4c
+``adaptive_avg_pool2d`` to ``(N, C/4, 1, 1, 4)``: TVM's scope annotation lets a pool, not a
+reduction, read an image. Grouped convs that are not depthwise, depthwise convs over channels
+short of whole pixels (the zero channels would reach the output) or with a channel multiplier,
+and means that drop H and W stay NCHW. Static shapes only. Run after ``FoldConstant`` (the
+frontend's bias ``reshape`` must already be a constant) and before any legalization; the result
+is what TVM's Adreno pipeline expects after its ``ConvertLayout``.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Schedules of kernels that compute on OpenCL images (TVM's ``global.texture*`` scopes).
 
-Both rules gate on OpenCL targets whose keys hold ``texture`` and go before dlight's Adreno
+The rules gate on OpenCL targets whose keys hold ``texture`` and go before dlight's Adreno
 rules (:func:`codl_tvm.build.texture.schedule_passes`).
 
 :class:`TextureLayoutTransform` schedules the conversions between NCHW buffers and NCHW4c
@@ -20,6 +20,13 @@ pixels to transpose) and states why it declines.
 conv's register cache of input pixels, so the conv reads its input image itself; dlight's rule
 keeps the padding a kernel of its own that copies the image into a padded global buffer,
 which the conv then reads (one extra kernel and buffer, and no texture reads in the conv).
+It also takes depthwise convs over NCHW4c (:data:`DEPTHWISE_BLOCK`), which TVM 0.27's dlight
+has no rule for: one output pixel per work-item over its window (:func:`schedule_window`),
+the padding inlined into the image reads and each tap's weights one vector load, as the
+Adreno depthwise schedule of TVM's former TOPI did.
+
+:class:`TexturePool2D` schedules max, average and adaptive average pools (a global average
+pool) the same way: one output pixel per work-item, its four lanes one vector.
 """
 
 from __future__ import annotations

@@ -31,8 +31,9 @@ with the pinned wheel's bugs worked around):
 3. **schedule**: codl-tvm's :class:`~codl_tvm.schedules.opencl_texture.TextureLayoutTransform`
    (whole-pixel conversion kernels) and :class:`~codl_tvm.schedules.opencl_texture.
    TextureConv2d` (dlight's Adreno conv tiling reading the input image itself instead of a
-   padded copy in a buffer) and :class:`~codl_tvm.schedules.opencl_texture.TexturePool2D`
-   (dlight's Adreno ``Pool2D`` gives a pixel's four channels one register), then dlight's
+   padded copy in a buffer; depthwise convs too, legalized by :func:`depthwise_conv2d_nchw4c`)
+   and :class:`~codl_tvm.schedules.opencl_texture.TexturePool2D` (dlight's Adreno ``Pool2D``
+   gives a pixel's four channels one register; global average pools too), then dlight's
    Adreno conv and fallback rules and its GPU rules.
 4. **dataflow-lower**, **finalize**: TVM's ``gpu_generic`` phases.
 5. **storage**: :class:`~codl_tvm.passes.texture_storage.ImageStorages` gives every texture
