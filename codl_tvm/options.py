@@ -182,7 +182,11 @@ class CompileOptions:
         cross-compiles without ``tracker``, images where the device can hold them, else
         buffers, recorded as ``unchecked``. A co-executed build (``device="coexec"``) with
         ``"image"`` computes its GPU parts on images where covered, the CPU parts on buffers
-        (:mod:`codl_tvm.build.texture_coexec`); ``"auto"`` keeps buffers there.
+        (:mod:`codl_tvm.build.texture_coexec`); ``"auto"`` there, where the compile measures,
+        builds the plan both ways and times them beside each processor alone
+        (:mod:`codl_tvm.objectives.gpu_data`), else images where the device has them
+        (``unchecked``). With images possible, the planner cuts OC splits at whole RGBA
+        pixels where that costs little (``PlannerConfig.gpu_channels``).
     gpu_dtype
         A build for the GPU alone: ``"float32"`` (default) or ``"float16"`` GPU tensors (TVM's
         mixed precision, convs accumulating in half; inputs and outputs stay float32). Needs

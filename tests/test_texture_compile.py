@@ -463,10 +463,19 @@ def test_auto_measures_where_the_target_is_reachable():
         0,
         "not measured: measuring was switched off",
     )
-    # buffers asked, or a co-executed compile: nothing to choose
+    # buffers asked: nothing to choose
     assert gpu_data_measurement(CompileOptions(device="opencl"), get_preset("host")) == (0, None)
+    # a co-executed compile measures as verify does: a given plan only with verify
     coexec = CompileOptions(device="coexec", gpu_data_type="auto")
-    assert gpu_data_measurement(coexec, get_preset("host")) == (0, None)
+    assert gpu_data_measurement(coexec, get_preset("host")) == (MEASURE_ROUNDS, None)
+    given = dataclasses.replace(coexec, plan="plan.json")
+    assert gpu_data_measurement(given, get_preset("host"))[1] == (
+        "not measured: the plan was given (verify measures it)"
+    )
+    assert gpu_data_measurement(dataclasses.replace(given, verify=2), get_preset("host")) == (
+        2,
+        None,
+    )
 
 
 @pytest.mark.opencl
@@ -491,8 +500,9 @@ def test_auto_candidates_differ_in_the_data_type_only(opencl, tmp_path):
 
 @pytest.mark.opencl
 def test_auto_in_a_coexecuted_compile_keeps_buffers(opencl, tmp_path, capsys, caplog):
-    """Co-executed compiles keep buffers for auto with a note and the reason recorded, also
-    where the plan falls back to the GPU alone: nothing is measured for the data type."""
+    """A co-executed compile whose plan falls back to the GPU alone keeps buffers there (its
+    record says so, and that nothing was measured): auto measures the co-executed plan's
+    types (tests/test_texture_coexec_auto.py), and the GPU alone's only with --device opencl."""
     model = _conv_pool_model(tmp_path / "m.onnx")
     out = tmp_path / "art"
     code, _, err = _compile(
@@ -503,8 +513,8 @@ def test_auto_in_a_coexecuted_compile_keeps_buffers(opencl, tmp_path, capsys, ca
     assert code == 0, err
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["device"] == "opencl" and manifest["gpu"]["data_type"] == "buffer"
-    assert "'auto' measures builds for the GPU alone only" in manifest["gpu"]["why"]
-    assert "'auto' measures builds for the GPU alone only" in caplog.text
+    assert "the artifact runs on the GPU alone, built with buffers" in manifest["gpu"]["why"]
+    assert manifest["gpu"]["unchecked"] == "not measured: measuring was switched off"
     assert "GPU data type measured" not in caplog.text
     assert b"write_imagef" not in (out / "model.so").read_bytes()
     assert _against_onnxruntime(out, model) <= 1e-4

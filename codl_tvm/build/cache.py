@@ -382,6 +382,9 @@ class Libraries:
         }
         # the builds gpu_data describes: "opencl" (the GPU alone) or "coexec" (the GPU parts)
         self.gpu_data_device = "opencl"
+        # a co-executed compile's measured auto: the primary plan is also built with its GPU
+        # parts on images (image_variant), the other co-executed builds keep buffers
+        self.measure_images = False
         # library name -> its kernel calls and their splits (co-executed builds)
         self.kernel_splits: dict[str, dict] = {}
         # library name -> the spec it was built from, and (weights beside) its weights record
@@ -389,7 +392,7 @@ class Libraries:
         self.weights: dict[str, dict] = {}
         # library name -> how it came and how long that took
         self.builds: dict[str, dict[str, Any]] = {}
-        self._background: BackgroundBuilds | None = None
+        self._background: list[BackgroundBuilds] = []
         if cache is not None:
             cache.mkdir(parents=True, exist_ok=True)
 
@@ -428,9 +431,9 @@ class Libraries:
         ``asked``, ``data_type``, ``dtype`` and, where ``auto`` chose buffers, ``why``), or
         None where ``device`` is ``"cpu"`` (a note says so where other settings were asked).
         For ``"coexec"`` the record describes the GPU parts of the co-executed builds (images
-        where ``"image"`` is asked; float16 and ``auto`` keep buffers, with the reason:
-        :func:`~codl_tvm.build.texture_coexec.coexec_gpu_data_type`); the builds for one
-        processor keep float32 buffers.
+        where ``"image"`` is asked, and for ``auto`` where the device has images; float16 keeps
+        float32, with the reason: :func:`~codl_tvm.build.texture_coexec.coexec_gpu_data_type`);
+        the builds for one processor keep float32 buffers.
 
         ``auto`` decides by capability here (images wherever the device can hold them); a
         compile that can reach the device then times :meth:`gpu_data_candidates` and keeps
@@ -483,6 +486,27 @@ class Libraries:
             raise ValueError(f"data_type {data_type!r} is not a candidate of this compile")
         self.gpu_data["data_type"] = data_type
 
+    def image_variant_spec(self, name: str) -> BuildSpec:
+        """The spec of co-executed library ``name`` (built by this compile) with its GPU parts
+        on images: what a measured ``auto`` times beside it (:attr:`measure_images`)."""
+        return dataclasses.replace(self.specs[name], gpu_data_type="image")
+
+    def start_image_variant(self, plan: PartitionPlan, workers=None) -> None:
+        """Where :attr:`measure_images` is on, start the build of ``plan`` with its GPU parts on
+        images (library ``"coexec:image"``) in a worker process, beside the buffer build of
+        the same plan in this one; :meth:`image_variant` then takes it. Cached: nothing
+        started. ``workers`` of 0 (default: one where the machine has a core to spare,
+        :func:`~codl_tvm.build.parallel.default_workers`) builds it here when asked."""
+        if not self.measure_images:
+            return
+        spec = dataclasses.replace(self.spec("coexec", plan), gpu_data_type="image")
+        self._start({"coexec:image": spec}, workers)
+
+    def image_variant(self, name: str = "coexec") -> Path:
+        """Library ``<name>:image``: co-executed library ``name`` of this compile with its GPU
+        parts on images (:meth:`image_variant_spec`)."""
+        return self.get(f"{name}:image", self.image_variant_spec(name))
+
     def gpu_vm_devices(self, data_type: str | None = None) -> list[str]:
         """The VM's devices of the GPU-alone build of ``data_type`` (default: the decided one,
         :attr:`gpu_data`): an image build allocates from one VM device slot per memory scope
@@ -520,24 +544,29 @@ class Libraries:
         Libraries the build cache holds are not built. ``workers`` (default
         :func:`~codl_tvm.build.parallel.default_workers`) of 0 starts nothing: the builds then
         run in this process when :meth:`single` asks for them."""
-        specs = {d: self.spec(d, None) for d in devices}
+        self._start({d: self.spec(d, None) for d in devices}, workers)
+
+    def _start(self, specs: dict[str, BuildSpec], workers) -> None:
+        """Start the builds of ``specs`` (name -> spec) the cache lacks in worker processes."""
         jobs = [
-            BuildJob(d, spec, self._path(d))
-            for d, spec in specs.items()
+            BuildJob(name, spec, self._path(name))
+            for name, spec in specs.items()
             if self._cached(spec) is None
         ]
         workers = default_workers(len(jobs)) if workers is None else min(workers, len(jobs))
         if not jobs or workers <= 0:
             return
-        self._background = BackgroundBuilds(
-            Path(self.model.path), self._model, self.preset, jobs, build_library, workers
+        self._background.append(
+            BackgroundBuilds(
+                Path(self.model.path), self._model, self.preset, jobs, build_library, workers
+            )
         )
 
     def close(self) -> None:
         """Stop the worker processes still building (a compile that ends early)."""
-        if self._background is not None:
-            self._background.close()
-            self._background = None
+        for background in self._background:
+            background.close()
+        self._background = []
 
     def get(self, name: str, spec: BuildSpec) -> Path:
         """The library ``name`` described by ``spec``: from the cache, from a worker started
@@ -588,8 +617,8 @@ class Libraries:
     def _built_elsewhere(self, name: str, spec: BuildSpec) -> tuple[Any, Any, str | None]:
         """Library ``name`` from a background worker: ``(splits, weights record, "worker")``,
         or ``(None, None, None)`` where no worker built it (then build it here)."""
-        bg = self._background
-        if bg is None or name not in bg or bg.jobs[name].spec != spec:
+        bg = next((b for b in self._background if name in b), None)
+        if bg is None or bg.jobs[name].spec != spec:
             return None, None, None
         start = time.perf_counter()
         result = bg.result(name)

@@ -104,8 +104,10 @@ def coexec_gpu_data_type(caps: ImageCaps | None, data_type: str, dtype: str) -> 
     ``"image"`` needs a device with RGBA float images (``caps``; None: a cross-compiling
     preset, built as asked); a tensor beyond its image limits stays a buffer, with the reason
     (:class:`~codl_tvm.passes.texture_scopes.GpuImageScopes`), where a GPU-alone build raises.
-    ``"auto"`` keeps buffers: it chooses by measuring, which only GPU-alone builds do so far.
-    ``"float16"`` GPU parts are not built yet: they stay float32 (the reason says so).
+    ``"auto"`` decides by capability here (images where the device has them, else buffers and
+    why); a compile that measures then times both
+    (:func:`codl_tvm.objectives.gpu_data.prepare_coexec_gpu_data`). ``"float16"`` GPU parts
+    are not built yet: they stay float32 (the reason says so).
 
     Raises
     ------
@@ -118,18 +120,15 @@ def coexec_gpu_data_type(caps: ImageCaps | None, data_type: str, dtype: str) -> 
             f"gpu_dtype {dtype!r} applies to builds for the GPU alone; co-executed GPU parts "
             "compute in float32"
         )
-    if data_type == "auto":
-        notes.append(
-            "gpu_data_type 'auto' measures builds for the GPU alone only; co-executed GPU "
-            "parts take images when 'image' is asked"
-        )
-        return "buffer", "; ".join(notes)
     missing = "" if caps is None else texture.missing_image_support(caps, "float32")
+    if data_type == "auto" and missing:
+        # auto never fails on a device without images: buffers, and why
+        return "buffer", "; ".join([*notes, f"{missing}: the GPU parts keep buffers"])
     if data_type == "image" and missing:
         raise DeviceSupportError(
             f"{missing}; gpu_data_type 'image' needs images (use 'buffer')", ("gpu_data_type",)
         )
-    return data_type, "; ".join(notes)
+    return ("image" if data_type == "auto" else data_type), "; ".join(notes)
 
 
 def _packed_kernel(func: tirx.PrimFunc) -> bool:

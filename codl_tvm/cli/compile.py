@@ -415,7 +415,8 @@ def _kernel_flags(p: argparse.ArgumentParser) -> None:
         "--tracker, images where the device can hold them, else buffers (recorded as "
         "unchecked). --device coexec: image puts the GPU parts of split operators on images "
         "where covered (the CPU parts keep buffers; the manifest's kernel_splits.gpu_parts "
-        "says which and why); auto keeps buffers there",
+        "says which and why; OC cuts give the GPU whole 4-channel pixels where that costs "
+        "little); auto builds the plan both ways and times them beside each processor alone",
     )
     p.add_argument(
         "--gpu-dtype",

@@ -46,6 +46,7 @@ from codl_tvm.core.errors import (
 from codl_tvm.core.plan import PartitionPlan
 from codl_tvm.cost_model.defaults import default_model_path
 from codl_tvm.frontend.importer import OnnxModel, load_onnx, random_inputs
+from codl_tvm.objectives.gpu_data import kept_gpu_data, planner_channels, prepare_coexec_gpu_data
 from codl_tvm.objectives.measure import cost_model_mismatch, measurement
 from codl_tvm.objectives.tune import tuned_config
 from codl_tvm.objectives.verify import build_candidate, gpu_data_auto, refined_candidates
@@ -216,9 +217,9 @@ class _Compile:
             device=options.device,
             vm_devices=list(_VM_DEVICES[options.device]),
             preset=preset.name,
-            winograd=_winograd_on(),
+            winograd=_switched_on()[0],
             winograd_cpu_alone=options.winograd is None and cpu_alone_winograd(preset),
-            packed=_packed_on(),
+            packed=_switched_on()[1],
             packed_cpu_alone=options.packed is None and cpu_alone_packed(preset),
             # the instruction set the library's CPU code needs (also the OpenCL build's host
             # code): load_artifact refuses a machine without it instead of an illegal instruction
@@ -231,6 +232,7 @@ class _Compile:
         rounds, unchecked = measurement(options, preset)
         libraries.weights_placement = "embedded" if rounds else options.weights
         gpu = libraries.set_gpu_data(options.gpu_data_type, options.gpu_dtype, options.device)
+        prepare_coexec_gpu_data(options, libraries)  # auto: images timed, or unchecked
         if gpu is not None:  # a build for the GPU alone: images, half (checked on the device)
             manifest.extra["gpu"], manifest.vm_devices = gpu, libraries.gpu_vm_devices()
         job = cls(options, model, out, preset, manifest, libraries, work, options.device)
@@ -329,6 +331,7 @@ class _Compile:
             weight_gbps=o.weight_gbps,
             processor_scale=o.processor_scale,
             split_margin=o.split_margin,
+            gpu_channels=planner_channels(self.libraries),
         )
         self.planner_config = tuned_config(self.model.mod, self.planner_config, o, self.preset)
         self.start_candidate_builds()  # after tuning, whose timings they would disturb
@@ -406,6 +409,7 @@ class _Compile:
         runtime.load()
         if self.rounds:
             # measured: a co-executed build that fails is dropped, the processors alone decide
+            libraries.start_image_variant(self.plan)  # auto: its image build in a worker
             built = build_candidate(
                 "coexec", lambda: libraries.coexec("coexec", self.plan), self.dropped, libraries
             )
@@ -566,6 +570,7 @@ class _Compile:
         """Move the chosen library in, with its weights, program binaries and the reference
         outputs."""
         o, manifest, out = self.options, self.manifest, self.out
+        kept_gpu_data(manifest, self.libraries, built)
         if o.weights == "beside":
             built = self._weights_beside(built)
         else:
@@ -682,18 +687,14 @@ def _planner_record(choice, config: PlannerConfig) -> dict[str, Any]:
     if tuple(config.processor_scale) != (1.0, 1.0):
         record["processor_scale"] = list(config.processor_scale)
     record["split_margin"] = config.split_margin
+    if config.gpu_channels > 1:  # OC cuts rounded to whole image pixels for the GPU
+        record["gpu_channels"] = config.gpu_channels
     return record
 
 
-def _packed_on() -> bool:
+def _switched_on() -> tuple[bool, bool]:
+    """Whether Winograd and packed convs are switched on for some preset."""
     # deferred: needs TVM's compiler (see the module docstring)
-    from codl_tvm.schedules.settings import packed_presets
+    from codl_tvm.schedules.settings import packed_presets, winograd_presets
 
-    return bool(packed_presets())
-
-
-def _winograd_on() -> bool:
-    # deferred: needs TVM's compiler (see the module docstring)
-    from codl_tvm.schedules.settings import winograd_presets
-
-    return bool(winograd_presets())
+    return bool(winograd_presets()), bool(packed_presets())

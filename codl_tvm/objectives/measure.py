@@ -66,20 +66,24 @@ def measurement(options: CompileOptions, preset: TargetPreset) -> tuple[int, str
 
 
 def gpu_data_measurement(options: CompileOptions, preset: TargetPreset) -> tuple[int, str | None]:
-    """Rounds of timing that choose the GPU-alone build's data type, and why it could not
-    measure where it would have.
+    """Rounds of timing that choose the GPU's data type, and why it could not measure where it
+    would have.
 
-    A compile for the GPU alone (``device="opencl"``) that asks ``gpu_data_type="auto"``
-    times its buffer and image builds where the target is reachable, as :func:`measurement`
-    says: on the device behind ``tracker`` (whose VM gets the OpenCL device once per VM slot
-    of an image build), or on this machine where it runs the preset (:func:`unreachable`);
-    ``verify``'s rounds, else :data:`MEASURE_ROUNDS`. Otherwise (``measure`` off, the target
-    out of reach) the device's capability decides, unchecked.
+    A compile that asks ``gpu_data_type="auto"``, for the GPU alone (``device="opencl"``: its
+    buffer and image builds) or co-executed (``"coexec"``: the plan with its GPU parts in
+    buffers and on images, beside :func:`measurement`'s candidates), times them where the
+    target is reachable, as :func:`measurement` says: on the device behind ``tracker`` (whose
+    VM gets the OpenCL device once per VM slot of an image build), or on this machine where it
+    runs the preset (:func:`unreachable`); ``verify``'s rounds, else :data:`MEASURE_ROUNDS`. A
+    co-executed compile with a given plan measures only with ``verify``. Otherwise (``measure``
+    off, the target out of reach) the device's capability decides, unchecked.
     """
-    if options.device != "opencl" or options.gpu_data_type != "auto":
+    if options.device not in ("opencl", "coexec") or options.gpu_data_type != "auto":
         return 0, None
     if not options.measure and not options.verify:
         why = "not measured: measuring was switched off"
+    elif options.device == "coexec" and options.plan is not None and not options.verify:
+        why = "not measured: the plan was given (verify measures it)"
     elif options.remote is not None:
         return options.verify or MEASURE_ROUNDS, None
     else:

@@ -27,6 +27,7 @@ from codl_tvm.build.cache import Libraries
 from codl_tvm.build.targets import TargetPreset, cpu_record
 from codl_tvm.core.errors import ArtifactError, RemoteFailure
 from codl_tvm.frontend.importer import OnnxModel, random_inputs
+from codl_tvm.objectives.gpu_data import IMAGE_CANDIDATE, record_coexec_gpu_data
 from codl_tvm.objectives.measure import gpu_data_measurement
 from codl_tvm.options import CompileOptions
 from codl_tvm.planner.split.refine import RefineError, moves, refine_plan, split_times
@@ -43,6 +44,7 @@ __all__ = [
     "drop",
     "error_summary",
     "gpu_data_auto",
+    "image_candidate",
     "operator_named",
     "refine_from_timelines",
     "refined_candidates",
@@ -76,6 +78,9 @@ def verify(
     refined from timelines of the fastest co-executed build); if it returns any, every build is
     timed again with them and the second timing decides.
 
+    A measured ``auto``'s image build joins ``candidates`` (:func:`image_candidate`); the
+    ``gpu`` record gets its timing (:mod:`codl_tvm.objectives.gpu_data`).
+
     A candidate that does not build or run is dropped with one warning (:func:`drop`) and
     recorded in ``manifest.verify["dropped"]`` with those the caller dropped already
     (``dropped``: name -> reason); the others decide. How each library came (built here, in a
@@ -87,11 +92,7 @@ def verify(
         Every candidate was dropped.
     """
     dropped = {} if dropped is None else dropped
-    libs = dict(candidates)
-    for device in ("cpu", "opencl"):
-        path = build_candidate(device, lambda d=device: libraries.single(d), dropped, libraries)
-        if path is not None:
-            libs[device] = path
+    libs = _with_more_builds(candidates, libraries, dropped)
     values = random_inputs(model, seed)
     inputs = [values[s.name] for s in model.inputs]
 
@@ -128,6 +129,7 @@ def verify(
         libs.update(extra)
         samples, where, ms = measure()
     chosen = min(ms, key=ms.get)
+    record_coexec_gpu_data(manifest, libraries, samples, where, rounds, chosen, dropped)
     manifest.verify = {
         "rounds": rounds,
         "on": where,
@@ -176,6 +178,21 @@ def verify(
     return libs[chosen]
 
 
+def _with_more_builds(
+    candidates: dict[str, Path], libraries: Libraries, dropped: dict[str, str]
+) -> dict[str, Path]:
+    """``candidates`` with the image build of a measured ``auto`` added (to ``candidates``
+    too, :func:`image_candidate`), and every build that verify times: those and each processor
+    alone (a build that fails is dropped, :func:`build_candidate`)."""
+    candidates.update(image_candidate(libraries, dropped))
+    libs = dict(candidates)
+    for device in ("cpu", "opencl"):
+        path = build_candidate(device, lambda d=device: libraries.single(d), dropped, libraries)
+        if path is not None:
+            libs[device] = path
+    return libs
+
+
 def gpu_data_auto(
     model: OnnxModel, libraries: Libraries, options: CompileOptions, manifest: Manifest
 ) -> Path:
@@ -196,6 +213,8 @@ def gpu_data_auto(
     run is dropped (``gpu["dropped"]``, one warning): buffers decide; the buffer build's
     failure raises, as a build for the GPU alone would.
     """
+    if options.device != "opencl":  # a co-executed compile's fallback: its own record
+        return libraries.single("opencl")
     rounds, unchecked = gpu_data_measurement(options, libraries.preset)
     if not rounds:
         # a co-executed compile that fell back to the GPU has no record (and nothing to choose)
@@ -258,6 +277,18 @@ def gpu_data_auto(
         "" if "image" in names else f" (images not timed: {gpu.get('why')})",
     )
     return libs[names[kept]]
+
+
+def image_candidate(libraries: Libraries, dropped: dict[str, str]) -> dict[str, Path]:
+    """The primary plan's build with its GPU parts on images, ``{"coexec:image": library}``,
+    where a measured ``auto`` times it beside the buffer build ``"coexec"``
+    (:attr:`~codl_tvm.build.cache.Libraries.measure_images`,
+    :mod:`codl_tvm.objectives.gpu_data`); empty otherwise, or where it fails to build (then
+    dropped, :func:`drop`: the buffer build decides)."""
+    if not libraries.measure_images or "coexec" not in libraries.specs:
+        return {}
+    path = build_candidate(IMAGE_CANDIDATE, libraries.image_variant, dropped, libraries)
+    return {} if path is None else {IMAGE_CANDIDATE: path}
 
 
 def remote_gpu_data(model: OnnxModel, libraries: Libraries, tracker: str, key: str) -> None:
@@ -405,6 +436,8 @@ def _described(build: str) -> str:
     (h_only plan)"."""
     if build in PROCESSOR_NAMES:
         return f"the {PROCESSOR_NAMES[build]} alone"
+    if build == IMAGE_CANDIDATE:
+        return "co-executed, GPU parts on images"
     _, _, plan = build.partition(":")
     return "co-executed" + (f" ({plan} plan)" if plan else "")
 

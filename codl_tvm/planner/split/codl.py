@@ -25,11 +25,12 @@ from codl_tvm.core.plan import (
     partitionable_ops,
 )
 from codl_tvm.cost_model.base import CostModel, shared_nbytes
-from codl_tvm.cost_model.features import FeatureError, Partition
+from codl_tvm.cost_model.features import FeatureError, Partition, part_shape
 from codl_tvm.planner.report import Decision
 from codl_tvm.planner.split.config import PlannerConfig
 from codl_tvm.planner.split.margin import Uncertainty
-from codl_tvm.planner.split.part_shapes import op_params
+from codl_tvm.planner.split.part_shapes import chain_parts, op_params
+from codl_tvm.planner.split.pixels import rounded_ratio
 from codl_tvm.planner.split.predict import (
     OpEstimate,
     Predictor,
@@ -107,6 +108,12 @@ def _op_decision(
     )
 
 
+def _dense_conv(op: OpEstimate) -> bool:
+    """A convolution that is neither grouped nor depthwise: the GPU parts that compute on
+    images (:class:`~codl_tvm.passes.texture_parts.PackGpuParts`)."""
+    return op.params is not None and op.params.op == "conv2d" and op.params.groups == 1
+
+
 def _fmt_split(s: SplitEstimate) -> str:
     return (
         f"{s.dim}@{s.ratio:g} {s.total_ms:.3f} ms (cpu part {s.cpu_ms:.3f}, gpu part "
@@ -151,6 +158,10 @@ class SplitPlanner:
         self.infos = partitionable_ops(mod)
         self.ops = [self._prepare(i) for i in self.infos]
         self.chain_notes: list[str] = []  # chains the chain_min_gain margin turned down
+        # OC splits moved to whole image pixels for the GPU (gpu_channels), and those left
+        # on the grid's cut because the rounded one was predicted too slow
+        self.rounded: dict[str, str] = {}
+        self.unrounded: dict[str, str] = {}
 
     def _prepare(self, info: OpInfo) -> OpEstimate:
         if not info.dims:
@@ -197,7 +208,69 @@ class SplitPlanner:
                 s = self.pred.split(op, dim, ratio)
                 if s is not None and (best is None or s.total_ms < best.total_ms):
                     best = s
-        return best
+        if best is None or best.dim != "OC" or not _dense_conv(op):
+            return best
+
+        def cut_of(r: float) -> int:
+            return part_shape(op.params, Partition("OC", r), "gpu").oc
+
+        return self._rounded(
+            op.name,
+            best,
+            op.params.oc,
+            cut_of,
+            lambda ratios: [self.pred.split(op, "OC", r) for r in ratios],
+            self.config.split_ratios,
+        )
+
+    def _rounded(self, name, best, extent, cut_of, predict, grid) -> SplitEstimate:
+        """``best`` (an OC split of ``extent`` channels), or the best split at the shares
+        ``grid`` rounded to whole image pixels (``config.gpu_channels`` channels,
+        :func:`~codl_tvm.planner.split.pixels.rounded_ratio`; ``cut_of``: share -> the GPU's
+        channels) where that is predicted within ``config.gpu_channels_slack`` of it;
+        ``predict(ratios)`` gives the splits of ``ratios``. Recorded in :attr:`rounded` /
+        :attr:`unrounded` under ``name``."""
+        multiple = self.config.gpu_channels
+        if multiple <= 1 or cut_of(best.ratio) % multiple == 0:
+            return best
+        ratios = sorted(
+            {r for g in grid if (r := rounded_ratio(g, extent, cut_of, multiple)) is not None}
+        )
+        rounded = min(
+            (s for s in predict(ratios) if s is not None),
+            key=lambda s: s.total_ms,
+            default=None,
+        )
+        was = f"{name} OC@{best.ratio:g} ({cut_of(best.ratio)} of {extent} GPU channels)"
+        self.rounded.pop(name, None)
+        self.unrounded.pop(name, None)
+        if rounded is None:
+            self.unrounded[name] = f"{was}: no cut of whole pixels gives both processors work"
+            return best
+        if rounded.total_ms > best.total_ms * (1.0 + self.config.gpu_channels_slack):
+            self.unrounded[name] = (
+                f"{was}: whole pixels predicted {rounded.total_ms:.3f} ms against "
+                f"{best.total_ms:.3f} ms"
+            )
+            return best
+        self.rounded[name] = f"{was} -> OC@{rounded.ratio:g} ({cut_of(rounded.ratio)})"
+        return rounded
+
+    def pixel_notes(self, plan: PartitionPlan) -> list[str]:
+        """The report's notes on the OC splits of ``plan`` rounded to whole image pixels for
+        the GPU (``config.gpu_channels``), and on those left on the grid's cut."""
+        oc = PartitionDim.OC
+        names = {o.op for o in plan.ops if o.dim == oc and 0.0 < o.ratio < 1.0}
+        names |= {f"chain {c.ops[0]}..{c.ops[-1]}" for c in plan.chains if c.dim == oc}
+        notes = []
+        for found, words in ((self.rounded, "rounded to"), (self.unrounded, "not rounded to")):
+            texts = [t for n, t in found.items() if n in names]
+            if texts:
+                notes.append(
+                    f"{len(texts)} OC split(s) {words} whole image pixels for the GPU "
+                    f"(multiples of {self.config.gpu_channels} channels): " + "; ".join(texts)
+                )
+        return notes
 
     def switch_ms(self, op: OpEstimate, dim: str) -> float:
         """Sharing costs of moving a whole operator's input and output between processors."""
@@ -298,6 +371,8 @@ class SplitPlanner:
                         top = s
                 if top is None:
                     break
+                if dim == "OC" and any(_dense_conv(o) for o in cand):
+                    top = self._rounded_chain(cand, top, rhos)
                 gain = nochain - top.total_ms
                 if best is not None and gain <= best[2]:
                     break  # Algorithm 1: stop growing when the gain stops improving
@@ -328,6 +403,27 @@ class SplitPlanner:
                 found.append((ops[i : best[0] + 1], best[1], best[2]))
                 i = best[0] + 1
         return found
+
+    def _rounded_chain(
+        self, cand: list[OpEstimate], top: SplitEstimate, rhos: Sequence[float]
+    ) -> SplitEstimate:
+        """An OC chain's best split ``top`` over the shares ``rhos``, rounded to whole image
+        pixels as :meth:`_rounded` rounds an operator's."""
+        infos, params = [o.info for o in cand], [o.params for o in cand]
+
+        def cut_of(r: float) -> int:
+            return chain_parts(infos, params, PartitionDim.OC, r).cut
+
+        extent = chain_parts(infos, params, PartitionDim.OC, top.ratio).extent
+        name = f"chain {cand[0].name}..{cand[-1].name}"
+        return self._rounded(
+            name,
+            top,
+            extent,
+            cut_of,
+            lambda ratios: [self.pred.chain(cand, "OC", r) for r in ratios],
+            rhos,
+        )
 
     # -- the plan ------------------------------------------------------------------------------
     def run(

@@ -119,6 +119,16 @@ class PlannerConfig:
         (:meth:`~codl_tvm.cost_model.CostModel.with_measurements`: whole, or split at a
         measured share, never in a chain), with no margin, its decision ``measured``. None:
         every operator predicted.
+    gpu_channels
+        OC cuts of dense convolutions (and OC chains holding one) give the GPU a multiple of
+        this many channels where that costs little: 4 when the GPU's data type is images
+        (``compile --gpu-data-type image|auto``), whose parts compute on images only with
+        whole RGBA pixels (:class:`~codl_tvm.passes.texture_parts.PackGpuParts`). Each grid
+        share is also tried rounded to the nearest such cut, and the best rounded split is
+        taken where it is predicted within ``gpu_channels_slack`` of the best split. 1: off.
+    gpu_channels_slack
+        How much slower (a fraction of its predicted latency) a rounded split may be predicted
+        than the best split and still be taken.
     """
 
     ratios: tuple[float, ...] = DEFAULT_RATIOS
@@ -138,6 +148,8 @@ class PlannerConfig:
     split_margin: str = "novel"
     margin_quantiles: tuple[float, float] = (0.8, 0.9)
     tuned_parts: MeasuredModel | None = None
+    gpu_channels: int = 1
+    gpu_channels_slack: float = 0.05
 
     def __post_init__(self) -> None:
         ratios = tuple(sorted({float(r) for r in self.ratios}))
@@ -177,6 +189,14 @@ class PlannerConfig:
                 f"novel), got {self.margin_quantiles!r}"
             )
         object.__setattr__(self, "margin_quantiles", (float(q[0]), float(q[1])))
+        if int(self.gpu_channels) != self.gpu_channels or self.gpu_channels < 1:
+            raise PlannerError(
+                f"planner: gpu_channels must be a whole number >= 1, got {self.gpu_channels!r}"
+            )
+        if not 0.0 <= self.gpu_channels_slack < 1.0:
+            raise PlannerError(
+                f"planner: gpu_channels_slack must be in [0, 1), got {self.gpu_channels_slack!r}"
+            )
         for triple in self.impls:
             if len(triple) != 3 or triple[1] not in ("cpu", "gpu"):
                 raise PlannerError(

@@ -161,6 +161,7 @@ def plan_model(
             + (", ..." if len(held) > 4 else "")
         )
     notes.extend(planner.chain_notes)
+    notes.extend(planner.pixel_notes(plan))
     for (proc, impl, closest), names in planner.uncovered.items():
         notes.append(
             f"the {proc.upper()} build uses {impl} kernels for {len(names)} operator(s) "
