@@ -49,9 +49,10 @@ input and output channels, a multiple of 4; weights :func:`pack_depthwise`'s
 ``adaptive_avg_pool2d`` to ``(N, C/4, 1, 1, 4)``: TVM's scope annotation lets a pool, not a
 reduction, read an image. Grouped convs that are not depthwise, depthwise convs over channels
 short of whole pixels (the zero channels would reach the output) or with a channel multiplier,
-and means that drop H and W stay NCHW. Static shapes only. Run after ``FoldConstant`` (the
-frontend's bias ``reshape`` must already be a constant) and before any legalization; the result
-is what TVM's Adreno pipeline expects after its ``ConvertLayout``.
+and means that drop H and W stay NCHW. It also lets a binary op of two packed tensors
+broadcast over H and W (a squeeze-and-excitation block's scale). Static shapes only. Run after
+``FoldConstant`` (the frontend's bias ``reshape`` must already be a constant) and before any
+legalization; the result is what TVM's Adreno pipeline expects after its ``ConvertLayout``.
 """
 
 from __future__ import annotations
@@ -214,6 +215,11 @@ def _spatial_mean(call: relax.Call) -> bool:
     return sorted(int(a) % 4 for a in axis) == [2, 3]
 
 
+def _pixel_broadcast(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
+    """Whether NCHW shapes ``a`` and ``b`` agree on N and C and broadcast over H and W."""
+    return a[:2] == b[:2] and all(x == y or 1 in (x, y) for x, y in zip(a[2:], b[2:]))
+
+
 def _channel_constant(expr: relax.Expr, channels: int) -> np.ndarray | None:
     """The values of a per-channel constant broadcast over NCHW, else None."""
     if not isinstance(expr, tvm.ir.Constant):
@@ -237,14 +243,19 @@ class Coverage:
         Means over H and W keeping their dims behind a packed producer (ONNX's
         GlobalAveragePool), computed as an NCHW4c adaptive average pool to ``(N, C/4, 1, 1,
         4)``.
+    broadcast
+        Binary ops between two packed tensors of one N and C whose H and W broadcast (a
+        squeeze-and-excitation block's ``(N, C, 1, 1)`` scale times its feature map): the
+        packed shapes broadcast the same way, pixel by pixel.
     """
 
     depthwise: bool = False
     means: bool = False
+    broadcast: bool = False
 
 
 #: The coverage of GPU-alone texture builds (:class:`ToTextureLayout`).
-FULL_COVERAGE = Coverage(depthwise=True, means=True)
+FULL_COVERAGE = Coverage(depthwise=True, means=True, broadcast=True)
 
 
 class _Packer:
@@ -386,7 +397,10 @@ class _Packer:
     def _binary(self, call: relax.Call, in_packed: list[bool], dataflow: bool) -> relax.Expr | None:
         lhs, rhs = call.args[0], call.args[1]
         if all(in_packed[:2]):
-            if static_shape(lhs) != static_shape(rhs):
+            shapes = static_shape(lhs), static_shape(rhs)
+            if shapes[0] != shapes[1] and not (
+                self.coverage.broadcast and _pixel_broadcast(*shapes)
+            ):
                 return None
             return relax.Call(call.op, [self.packed[lhs], self.packed[rhs]], call.attrs)
         tensor, other = (lhs, rhs) if in_packed[0] else (rhs, lhs)

@@ -212,6 +212,14 @@ class TextureConv2d(CodlRule):
             sch.compute_inline(pad)
         rest = dl_adreno_utils.schedule_inline_blocks(sch, rest)
         dl_adreno_utils.schedule_default(sch, rest)
+        # dlight leaves out of ``rest`` a block it failed to inline into its producer: an
+        # epilogue broadcasting the conv's output to a larger shape (a squeeze-and-excitation
+        # scale of 1x1 pixels times its feature map). It gets a loop nest of its own, which
+        # becomes a kernel of its own reading the conv's result from global memory.
+        for block in sch.get_child_blocks(sch.get_sblock("root")):
+            loops = sch.get_loops(block)
+            if loops and sch.get(loops[0]).thread_binding is None:
+                dl_adreno_utils.schedule_default(sch, [block])
         return "direct", "texture"
 
 

@@ -161,6 +161,58 @@ def test_global_pool_read_as_nchw_is_unpacked_once():
     verify(_bound(Before, {"wd": wd}), _bound(Expected, {"wd": pack_depthwise(wd)}))
 
 
+def test_squeeze_excitation_scale_broadcasts_packed():
+    """The scale of a squeeze-and-excitation block, ``(1, C, 1, 1)``, multiplies the packed
+    feature map as it is: no conversion of the feature map around the multiply."""
+
+    @tvm.script.ir_module
+    class Before:
+        @R.function
+        def main(
+            x: R.Tensor((1, 8, 6, 6), "float32"),
+            w1: R.Tensor((8, 8, 1, 1), "float32"),
+            ws: R.Tensor((8, 8, 1, 1), "float32"),
+        ) -> R.Tensor((1, 8, 6, 6), "float32"):
+            with R.dataflow():
+                y = R.nn.conv2d(x, w1)
+                g = R.mean(y, axis=[2, 3], keepdims=True)
+                s = R.nn.conv2d(g, ws)
+                a = R.sigmoid(s)
+                m = R.multiply(y, a)
+                R.output(m)
+            return m
+
+    @tvm.script.ir_module
+    class Expected:
+        @R.function
+        def main(
+            x: R.Tensor((1, 8, 6, 6), "float32"),
+            w1: R.Tensor((2, 8, 1, 1, 4), "float32"),
+            ws: R.Tensor((2, 8, 1, 1, 4), "float32"),
+        ) -> R.Tensor((1, 8, 6, 6), "float32"):
+            with R.dataflow():
+                x4 = R.layout_transform(x, index_map=lambda n, c, h, w: (n, c // 4, h, w, c % 4))
+                y4 = R.nn.conv2d(
+                    x4, w1, data_layout="NCHW4c", kernel_layout="OIHW4o", out_layout="NCHW4c"
+                )
+                g4 = R.nn.adaptive_avg_pool2d(
+                    y4, output_size=[1, 1], layout="NCHW4c", out_layout="NCHW4c"
+                )
+                s4 = R.nn.conv2d(
+                    g4, ws, data_layout="NCHW4c", kernel_layout="OIHW4o", out_layout="NCHW4c"
+                )
+                a4 = R.sigmoid(s4)
+                # (1, 2, 6, 6, 4) * (1, 2, 1, 1, 4): each pixel times its channels' scale
+                m4 = R.multiply(y4, a4)
+                m = R.layout_transform(m4, index_map=lambda n, c, h, w, i: (n, c * 4 + i, h, w))
+                R.output(m)
+            return m
+
+    w1, ws = _weights((8, 8, 1, 1), (8, 8, 1, 1))
+    before = _bound(Before, {"w1": w1, "ws": ws})
+    verify(before, _bound(Expected, {"w1": pack_oihw(w1), "ws": pack_oihw(ws)}))
+
+
 def test_what_stays_nchw():
     """A grouped conv that is not depthwise, a depthwise conv over channels short of whole
     pixels or with a channel multiplier, and a mean that drops H and W or reads NCHW."""
@@ -232,9 +284,11 @@ def test_depthwise_weight_packing():
 # --- a MobileNet-like block on OpenCL images ---------------------------------------------------
 
 
-def _mobile_block(path: Path, stride: int, seed: int = 0) -> Path:
+def _mobile_block(path: Path, stride: int, seed: int = 0, excite: bool = False) -> Path:
     """Pointwise conv-relu 16 -> 32, depthwise 3x3 conv-relu (stride ``stride``, pad 1),
-    global average pool, pointwise conv 32 -> 8: MobileNet's block and head."""
+    global average pool, pointwise conv 32 -> 8: MobileNet's block and head. ``excite``:
+    the pointwise conv and a sigmoid make a squeeze-and-excitation scale of the depthwise
+    conv's output (EfficientNet's block), pooled again for the output."""
     rng = np.random.default_rng(seed)
     values = {
         "w1": (rng.standard_normal((32, 16, 1, 1)) / 4).astype("float32"),
@@ -244,9 +298,6 @@ def _mobile_block(path: Path, stride: int, seed: int = 0) -> Path:
         "w2": (rng.standard_normal((8, 32, 1, 1)) / 6).astype("float32"),
         "b2": rng.standard_normal(8).astype("float32"),
     }
-    inits = [
-        helper.make_tensor(k, TensorProto.FLOAT, v.shape, v.ravel()) for k, v in values.items()
-    ]
     nodes = [
         helper.make_node("Conv", ["x", "w1", "b1"], ["c1"]),
         helper.make_node("Relu", ["c1"], ["r1"]),
@@ -257,11 +308,25 @@ def _mobile_block(path: Path, stride: int, seed: int = 0) -> Path:
         helper.make_node("GlobalAveragePool", ["r2"], ["g"]),
         helper.make_node("Conv", ["g", "w2", "b2"], ["y"]),
     ]
+    if excite:
+        values["we"] = (rng.standard_normal((32, 8, 1, 1)) / 3).astype("float32")
+        nodes[-1].output[0] = "q"
+        nodes += [
+            helper.make_node("Relu", ["q"], ["qr"]),
+            helper.make_node("Conv", ["qr", "we"], ["e"]),
+            helper.make_node("Sigmoid", ["e"], ["es"]),
+            helper.make_node("Mul", ["r2", "es"], ["scaled"]),
+            helper.make_node("GlobalAveragePool", ["scaled"], ["y"]),
+        ]
+    inits = [
+        helper.make_tensor(k, TensorProto.FLOAT, v.shape, v.ravel()) for k, v in values.items()
+    ]
+    out_channels = 32 if excite else 8
     graph = helper.make_graph(
         nodes,
         "mobile_block",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, (1, 16, 14, 14))],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, (1, 8, 1, 1))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, (1, out_channels, 1, 1))],
         inits,
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
@@ -325,3 +390,22 @@ def test_mobile_block_runs_as_image_kernels(opencl, tmp_path, caplog, dtype, rto
     got = vm["main"](tvm.runtime.tensor(x, dev)).numpy()
     expected = _onnxruntime(model, x)
     assert np.abs(got - expected).max() <= rtol * np.abs(expected).max()
+
+
+@pytest.mark.opencl
+def test_squeeze_excitation_block_runs_as_image_kernels(opencl, tmp_path):
+    """EfficientNet's block: the excitation's scale multiplies the depthwise conv's image,
+    with no conversion between; every kernel but the final unpacking is an image kernel."""
+    model = _mobile_block(tmp_path / "m.onnx", stride=1, excite=True)
+    build = texture.build_texture_gpu(from_onnx(onnx.load(model)), GPU)
+    kernels = dict(build.kernels)
+    assert [k for k, image in kernels.items() if not image] == ["te_layout_transform1"]
+    assert sum(1 for k in kernels if k.startswith("te_layout_transform")) == 2
+    x = np.random.default_rng(6).standard_normal((1, 16, 14, 14)).astype("float32")
+    dev = tvm.opencl(0)
+    build.executable.export_library(str(tmp_path / "model.so"))
+    lib = tvm.runtime.load_module(str(tmp_path / "model.so"))
+    vm = tvm.runtime.vm.VirtualMachine(lib, build.vm_devices(dev))
+    got = vm["main"](tvm.runtime.tensor(x, dev)).numpy()
+    expected = _onnxruntime(model, x)
+    assert np.abs(got - expected).max() <= 1e-4 * np.abs(expected).max()
