@@ -537,8 +537,8 @@ def pack_function(
     ``packable`` refuses that are rewritten all the same where every variable they read is
     packed (in a co-executed build: operators outside the plan that read only GPU parts'
     packed results, which the placement then puts on the GPU, as it does every kernel whose
-    inputs all come from it). ``coverage``: depthwise convs and spatial means too (None: not;
-    :class:`ToTextureLayout` packs them, co-executed GPU parts do not yet).
+    inputs all come from it). ``coverage``: what else is packed (:class:`Coverage`; None:
+    none of it; :class:`ToTextureLayout` asks for all of it, co-executed GPU parts not yet).
     """
     if not isinstance(func.body, relax.SeqExpr):
         return PackedFunction(func, 0)
