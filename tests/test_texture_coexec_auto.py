@@ -23,10 +23,13 @@ from codl_tvm.build.coexec import compile_coexec
 from codl_tvm.build.texture_coexec import VM_DEVICES
 from codl_tvm.cli import bundled_model_path, main
 from codl_tvm.core.geometry import split_point
-from codl_tvm.core.plan import PartitionDim, partitionable_ops, uniform_plan
+from codl_tvm.core.plan import PartitionDim, PartitionPlan, partitionable_ops, uniform_plan
 from codl_tvm.cost_model import load_model
 from codl_tvm.cost_model.defaults import default_model_path
 from codl_tvm.frontend.importer import load_onnx, random_inputs
+from codl_tvm.objectives.latency import compile_artifact
+from codl_tvm.objectives.measure import MEASURE_ROUNDS
+from codl_tvm.options import CompileOptions
 from codl_tvm.planner import PlannerConfig, plan_model
 from codl_tvm.planner.split.pixels import rounded_ratio
 from codl_tvm.runtime.artifact import load_artifact
@@ -210,3 +213,52 @@ def test_oc_cuts_give_the_gpu_whole_pixels(opencl):
     x = random_inputs(model, seed=1)
     got = built([x[s.name] for s in model.inputs])[0]
     assert _error(got, _onnxruntime(proto, x)) <= RTOL
+
+
+@pytest.mark.opencl
+def test_compile_with_images_plans_whole_pixels(opencl, tmp_path):
+    """``compile`` sets the planner's ``gpu_channels`` where the GPU parts take images: the
+    manifest records it, the written plan's OC cuts give the GPU multiples of 4 channels, and
+    the artifact matches onnxruntime."""
+    proto = _convs()
+    path = tmp_path / "convs.onnx"
+    onnx.save(proto, path)
+    options = CompileOptions(
+        device="coexec",
+        mode="oc_only",
+        processor_scale=(1.0, 0.5),
+        gpu_data_type="image",
+        measure=False,
+    )
+    out = compile_artifact(path, tmp_path / "art", options)
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["plan"]["gpu_channels"] == 4
+    model = load_onnx(proto)
+    plan = PartitionPlan.from_json((out / "plan.json").read_text())
+    cuts = _gpu_channels(plan, model.mod)
+    assert manifest["device"] == "coexec" and cuts, "the plan splits nothing: no cut to check"
+    assert all(c % 4 == 0 for c in cuts.values()), cuts
+    x = random_inputs(model, seed=2)
+    got = load_artifact(out)([x[s.name] for s in model.inputs])[0]
+    assert _error(got, _onnxruntime(proto, x)) <= RTOL
+
+
+@pytest.mark.opencl
+def test_default_compile_measures_auto(opencl, tmp_path, capsys):
+    """A default compile (planned, measured): the plan's two builds are timed where it
+    co-executes, else the record says the plan was not timed; either way the kept library
+    is the record's and matches onnxruntime."""
+    out = tmp_path / "art"
+    argv = ["compile", str(bundled_model_path()), "-o", str(out), "--device", "coexec"]
+    code = main([*argv, "--gpu-data-type", "auto"])
+    assert code == 0, capsys.readouterr().err
+    manifest = json.loads((out / "manifest.json").read_text())
+    gpu = manifest["gpu"]
+    assert "unchecked" not in gpu
+    if "measured_ms" in gpu:
+        assert set(gpu["measured_ms"]) == {"buffer", "image"} and gpu["rounds"] == MEASURE_ROUNDS
+    else:
+        assert "the co-executed plan was not timed" in gpu["why"]
+    images = gpu["data_type"] == "image"
+    assert (b"write_imagef" in (out / "model.so").read_bytes()) == images
+    _check_against_onnxruntime(out)

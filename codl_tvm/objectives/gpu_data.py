@@ -73,7 +73,7 @@ def record_coexec_gpu_data(
     builds (``measured_ms``, ``samples_ms``, ``measured_on``, ``rounds``; ``dropped`` for an
     image build that failed), the kept build's data type and its VM's devices, and say in one
     line what was compared and kept. Nothing for a compile that is not co-executed ``auto``;
-    a plan not timed co-executed (it splits nothing) leaves the record as it was."""
+    where the plan was not timed co-executed (it splits nothing), ``why`` says so."""
     gpu = libraries.gpu_data
     if libraries.gpu_data_device != "coexec" or gpu.get("asked") != "auto":
         return
@@ -82,6 +82,8 @@ def record_coexec_gpu_data(
     if IMAGE_CANDIDATE in dropped:
         gpu["dropped"] = {"image": dropped[IMAGE_CANDIDATE]}
     if not samples_ms:
+        note = "the co-executed plan was not timed (it splits nothing, or its builds failed)"
+        gpu["why"] = f"{gpu['why']}; {note}" if gpu.get("why") else note
         return
     ms = {t: float(np.median(v)) for t, v in samples_ms.items()}
     gpu.update(measured_ms=ms, samples_ms=samples_ms, measured_on=where)

@@ -371,7 +371,7 @@ class SplitPlanner:
                         top = s
                 if top is None:
                     break
-                if dim == "OC" and any(_dense_conv(o) for o in cand):
+                if dim == "OC" and cfg.gpu_channels > 1 and any(_dense_conv(o) for o in cand):
                     top = self._rounded_chain(cand, top, rhos)
                 gain = nochain - top.total_ms
                 if best is not None and gain <= best[2]:
