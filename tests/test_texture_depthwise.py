@@ -34,6 +34,8 @@ from codl_tvm.cli import main
 from codl_tvm.runtime.artifact import load_artifact
 from codl_tvm.runtime.images import image_caps
 
+from .texture_opencl import TextureRunner, launches
+
 GPU = tvm.target.Target({"kind": "opencl"}, host={"kind": "llvm"})
 
 
@@ -409,3 +411,29 @@ def test_squeeze_excitation_block_runs_as_image_kernels(opencl, tmp_path):
     got = vm["main"](tvm.runtime.tensor(x, dev)).numpy()
     expected = _onnxruntime(model, x)
     assert np.abs(got - expected).max() <= 1e-4 * np.abs(expected).max()
+
+
+@pytest.mark.opencl
+def test_depthwise_and_pool_kernels_read_images_with_codl_schedules(tmp_path):
+    """Through TVM's generated kernels on pyopencl: the depthwise conv and the global pool
+    are scheduled by codl-tvm's texture rules, read their input from an image, and the
+    depthwise conv is one kernel launch (its padding read from the image, not copied)."""
+    model = _mobile_block(tmp_path / "m.onnx", stride=1)
+    runner = TextureRunner.for_model(from_onnx(onnx.load(model)), GPU)
+    x = np.random.default_rng(8).standard_normal((1, 16, 14, 14)).astype("float32")
+    expected = _onnxruntime(model, x)
+    assert np.abs(runner.run(x) - expected).max() <= 1e-4 * np.abs(expected).max()
+    kernels = {}
+    for block in runner.scheduled["main"].body.blocks:
+        for b in block.bindings:
+            if isinstance(b.value, relax.Call) and b.value.op.name == "relax.call_tir":
+                gv = b.value.args[0]
+                kernels[gv.name_hint] = runner.scheduled[gv]
+    depthwise = [n for n in kernels if "depthwise_conv2d_NCHW4c" in n]
+    pools = [n for n in kernels if "adaptive_avg_pool2d" in n]
+    assert len(depthwise) == 1 and len(pools) == 1
+    for name, algorithm in ((depthwise[0], "depthwise"), (pools[0], "pool")):
+        func = kernels[name]
+        assert func.attrs["codl.algorithm"] == algorithm
+        assert "texture" in func.params[0].scope()
+    assert len(launches(runner.tir[depthwise[0]], runner.kernels)) == 1
