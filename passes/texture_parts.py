@@ -2,8 +2,11 @@
 
 CoDL's hybrid data type: the GPU computes on images, the CPU on buffers. This pass rewrites the
 operators of every GPU part that :class:`~codl_tvm.passes.texture_layout.ToTextureLayout`
-covers to NCHW4c (weights of each GPU part packed to OIHW4o at build time: the partition pass
-already gave each processor its own slice), and leaves the CPU parts as they are. Conversions
+covers to NCHW4c, with its coverage (:data:`~codl_tvm.passes.texture_layout.FULL_COVERAGE`:
+depthwise convs of whole pixels, global average pools, broadcasts over H and W too; weights of
+each GPU part packed at build time: the partition pass already gave each processor its own
+slice, a depthwise conv's OC part its own channels and groups), and leaves the CPU parts as
+they are. Conversions
 sit at a GPU part's ends: its input (the shared NCHW tensor, or the slice of it the part reads)
 is packed by the part's first packed operator, and its output is unpacked for the merge, so the
 region the GPU part writes into the shared tensor is written by a conversion kernel
@@ -56,7 +59,7 @@ from tvm import relax
 
 from .parts import PARTS_ATTR
 from .rewrite import op_name
-from .texture_layout import pack_function, unpacked_reason
+from .texture_layout import FULL_COVERAGE, pack_function, unpacked_reason
 
 __all__ = ["OUTSIDE", "TEXTURE_PARTS_ATTR", "PackGpuParts", "pack_gpu_parts", "texture_parts"]
 
@@ -98,6 +101,7 @@ def pack_gpu_parts(func: relax.Function) -> tuple[relax.Function, int]:
         lambda var: var.name in gpu_names,
         convert_operands=True,
         behind_packed=lambda var: var.name not in in_parts,
+        coverage=FULL_COVERAGE,
     )
     new = packed.func
     order = [b.var.name for block in new.body.blocks for b in block.bindings if b.var is not None]

@@ -1,10 +1,11 @@
 """The passes of co-executed builds whose GPU parts compute on images, structurally.
 
-``codl.PackGpuParts`` (the GPU part of a split in NCHW4c, the CPU part untouched, the part
-record updated), ``codl.GpuImageScopes`` (packed tensors only GPU kernels read get a texture
-VDevice), and the phases of :func:`codl_tvm.build.texture_coexec.coexec_texture_pipeline`
-that differ from the buffer build's (the scope and schedule phases on a partitioned conv). No
-device is needed; numerics are in ``tests/test_texture_coexec_models.py``.
+``codl.PackGpuParts`` (the GPU part of a split in NCHW4c, a depthwise conv's too, the CPU part
+untouched, the part record updated), ``codl.GpuImageScopes`` (packed tensors only GPU kernels
+read get a texture VDevice), and the phases of
+:func:`codl_tvm.build.texture_coexec.coexec_texture_pipeline` that differ from the buffer
+build's (the scope and schedule phases on a partitioned conv). No device is needed; numerics
+are in ``tests/test_texture_coexec_models.py``.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import numpy as np
 import pytest
 import tvm
 from codl_tvm.passes.parts import PARTS_ATTR, collect_parts
-from codl_tvm.passes.texture_layout import pack_bias, pack_oihw
+from codl_tvm.passes.texture_layout import pack_bias, pack_depthwise, pack_oihw
 from codl_tvm.passes.texture_parts import (
     OUTSIDE,
     TEXTURE_PARTS_ATTR,
@@ -250,6 +251,122 @@ def test_residual_operand_of_a_gpu_part_is_converted():
     expected = _with_attrs(
         _bound(Expected, {"w0": pack_oihw(w0)}),
         **{PARTS_ATTR: json.dumps(record), TEXTURE_PARTS_ATTR: json.dumps(summary)},
+    )
+    verify_pack(before, expected)
+
+
+def _depthwise_record(gpu: list[str], cpu: list[str]) -> str:
+    """The part record of an OC split of a depthwise ``conv2d_0`` over 16 channels, each part
+    reading its own channels of ``x``."""
+    parts = [
+        {"processor": p, "region": r, "input_region": r, "bindings": names}
+        for p, r, names in (("gpu", [0, 8], gpu), ("cpu", [8, 16], cpu))
+    ]
+    return json.dumps(
+        [
+            {
+                "name": "conv2d_0",
+                "ops": ["conv2d_0"],
+                "dim": "OC",
+                "axis": 1,
+                "ratio": 0.5,
+                "input": "x",
+                "output": "codl0_out",
+                "parts": parts,
+                "foldable": [],
+            }
+        ]
+    )
+
+
+def test_depthwise_gpu_part_computes_packed():
+    """Co-executed GPU parts have the GPU-alone builds' coverage: a depthwise conv's GPU part
+    (an OC split gives each part its channels of the input and as many groups) is packed,
+    its weights pre-packed per pixel (``pack_depthwise``)."""
+
+    @I.ir_module
+    class Before:
+        @R.function
+        def main(
+            x: R.Tensor((1, 16, 6, 6), "float32"),
+            w0: R.Tensor((8, 1, 3, 3), "float32"),
+            b0: R.Tensor((1, 8, 1, 1), "float32"),
+            w1: R.Tensor((8, 1, 3, 3), "float32"),
+            b1: R.Tensor((1, 8, 1, 1), "float32"),
+        ) -> R.Tensor((1, 16, 6, 6), "float32"):
+            with R.dataflow():
+                codl0_gpu_in = R.strided_slice(x, axes=[1], begin=[0], end=[8])
+                codl0_gpu_0_conv2d = R.nn.conv2d(codl0_gpu_in, w0, padding=[1, 1, 1, 1], groups=8)
+                codl0_gpu_1_add = R.add(codl0_gpu_0_conv2d, b0)
+                codl0_cpu_in = R.strided_slice(x, axes=[1], begin=[8], end=[16])
+                codl0_cpu_0_conv2d = R.nn.conv2d(codl0_cpu_in, w1, padding=[1, 1, 1, 1], groups=8)
+                codl0_cpu_1_add = R.add(codl0_cpu_0_conv2d, b1)
+                codl0_out = R.concat((codl0_gpu_1_add, codl0_cpu_1_add), axis=1)
+                R.output(codl0_out)
+            return codl0_out
+
+    @I.ir_module
+    class Expected:
+        @R.function
+        def main(
+            x: R.Tensor((1, 16, 6, 6), "float32"),
+            w0: R.Tensor((2, 1, 3, 3, 4), "float32"),
+            b0: R.Tensor((2, 1, 1, 4), "float32"),
+            w1: R.Tensor((8, 1, 3, 3), "float32"),
+            b1: R.Tensor((1, 8, 1, 1), "float32"),
+        ) -> R.Tensor((1, 16, 6, 6), "float32"):
+            with R.dataflow():
+                codl0_gpu_in = R.strided_slice(x, axes=[1], begin=[0], end=[8])
+                # the part's channels packed (one fused slice-and-pack kernel)
+                codl0_gpu_in_4c = R.layout_transform(
+                    codl0_gpu_in, index_map=lambda n, c, h, w: (n, c // 4, h, w, c % 4)
+                )
+                # output pixel k reads input pixel k only
+                codl0_gpu_0_conv2d_4c = R.nn.conv2d(
+                    codl0_gpu_in_4c,
+                    w0,
+                    padding=[1, 1, 1, 1],
+                    groups=8,
+                    data_layout="NCHW4c",
+                    kernel_layout="OIHW4o",
+                    out_layout="NCHW4c",
+                )
+                codl0_gpu_1_add_4c = R.add(codl0_gpu_0_conv2d_4c, b0)
+                codl0_gpu_1_add = R.layout_transform(
+                    codl0_gpu_1_add_4c, index_map=lambda n, c, h, w, i: (n, c * 4 + i, h, w)
+                )
+                # the CPU part keeps buffers
+                codl0_cpu_in = R.strided_slice(x, axes=[1], begin=[8], end=[16])
+                codl0_cpu_0_conv2d = R.nn.conv2d(codl0_cpu_in, w1, padding=[1, 1, 1, 1], groups=8)
+                codl0_cpu_1_add = R.add(codl0_cpu_0_conv2d, b1)
+                codl0_out = R.concat((codl0_gpu_1_add, codl0_cpu_1_add), axis=1)
+                R.output(codl0_out)
+            return codl0_out
+
+    rng = np.random.default_rng(4)
+    w0, w1 = (rng.standard_normal((8, 1, 3, 3)).astype("float32") for _ in range(2))
+    b0, b1 = (rng.standard_normal((1, 8, 1, 1)).astype("float32") for _ in range(2))
+    gpu = ["codl0_gpu_in", "codl0_gpu_0_conv2d", "codl0_gpu_1_add"]
+    cpu = ["codl0_cpu_in", "codl0_cpu_0_conv2d", "codl0_cpu_1_add"]
+    before = _with_attrs(
+        _bound(Before, {"w0": w0, "b0": b0, "w1": w1, "b1": b1}),
+        **{PARTS_ATTR: _depthwise_record(gpu, cpu)},
+    )
+    packed_gpu = [
+        "codl0_gpu_in",
+        "codl0_gpu_in_4c",
+        "codl0_gpu_0_conv2d_4c",
+        "codl0_gpu_1_add_4c",
+        "codl0_gpu_1_add",
+    ]
+    # the input slice is data movement, not an operator: two operators, both packed
+    summary = [{"split": "conv2d_0", "dim": "OC", "data_type": "image", "packed_ops": "2/2"}]
+    expected = _with_attrs(
+        _bound(Expected, {"w0": pack_depthwise(w0), "b0": pack_bias(b0), "w1": w1, "b1": b1}),
+        **{
+            PARTS_ATTR: _depthwise_record(packed_gpu, cpu),
+            TEXTURE_PARTS_ATTR: json.dumps(summary),
+        },
     )
     verify_pack(before, expected)
 

@@ -1,13 +1,14 @@
 """Co-executed builds whose GPU parts compute on OpenCL images, against onnxruntime.
 
 The bundled small CNN under OC, H and a mixed plan (an H chain, a whole-GPU operator, a GPU
-part of 10 channels, the CPU as home), three benchmark models' logits (SqueezeNet and
-ResNet-50 split on channels, AlexNet on rows, SqueezeNet whole on the GPU; ``--runslow``),
-and ``codl-tvm compile --device coexec --gpu-data-type image`` end to end: the manifest's
-record of which GPU parts ran on images, ``run --check``, and what cannot be done
-(``float16``) falling back with its reason; coarse-grained SVM and buffer mode (forced, in a
-process of their own). Each split's record comes from the build
-(:func:`codl_tvm.build.texture_coexec.image_record`).
+part of 10 channels, the CPU as home), a MobileNet-like block (its depthwise conv's GPU part
+on images under OC and H splits, its global average pool packed behind a whole-GPU part),
+three benchmark models' logits (SqueezeNet and ResNet-50 split on channels, AlexNet on rows,
+SqueezeNet whole on the GPU; ``--runslow``), and ``codl-tvm compile --device coexec
+--gpu-data-type image`` end to end: the manifest's record of which GPU parts ran on images,
+``run --check``, and what cannot be done (``float16``) falling back with its reason;
+coarse-grained SVM and buffer mode (forced, in a process of their own). Each split's record
+comes from the build (:func:`codl_tvm.build.texture_coexec.image_record`).
 
 Tolerance: float32 with different summation orders, ``1e-4`` of the output's scale (a wrong
 row or channel is off by ``O(1)``).
@@ -88,11 +89,11 @@ def test_small_cnn_uniform_plan_matches_onnxruntime(opencl, dim):
     assert built.vm_devices == VM_DEVICES
     assert _error(built, proto, model) <= RTOL
     parts = {r["split"]: r for r in built.kernel_splits["gpu_parts"]}
-    # dense convs' GPU parts on images; the depthwise conv's and the pools at a part's start
-    # (packed only behind a packed producer) in buffers, each with its reason
+    # dense and depthwise convs' GPU parts on images; the pools at a part's start (packed only
+    # behind a packed producer) in buffers, each with its reason
     assert parts["conv2d_0"]["data_type"] == "image" and parts["conv2d_0"]["images"] >= 1
-    assert parts["conv2d_4"]["data_type"] == "buffer"
-    assert parts["conv2d_4"]["why"].startswith("conv2d: grouped or depthwise")
+    assert parts["conv2d_4"]["data_type"] == "image" and parts["conv2d_4"]["packed_ops"] == "3/3"
+    assert parts["max_pool2d_3"]["why"].startswith("max_pool2d: packed only behind")
     if dim == "OC":  # the dense layer splits on its output features only
         assert parts["matmul_8"]["why"] == "matmul: not covered by the texture layout"
 
@@ -112,8 +113,66 @@ def test_small_cnn_mixed_plan_matches_onnxruntime(opencl):
     assert parts["conv2d_1"]["why"] == "conv2d: 10 output channels, not a multiple of 4"
     # the chain's GPU part: conv, bias, ReLU, residual add, ReLU and the pool all packed
     assert parts["conv2d_2..max_pool2d_3"]["packed_ops"] == "5/5"
-    # the depthwise conv stays in buffers, the pointwise conv after it computes on images
-    assert parts["conv2d_4..conv2d_5"]["packed_ops"] == "3/6"
+    # the depthwise conv and the pointwise conv after it: one packed chain
+    assert parts["conv2d_4..conv2d_5"]["packed_ops"] == "6/6"
+
+
+def _mobile_block() -> onnx.ModelProto:
+    """MobileNet's block and head (as ``tests/test_texture_depthwise.py``'s): pointwise conv-relu
+    16 -> 32, depthwise 3x3 conv-relu, global average pool, pointwise conv 32 -> 8."""
+    rng = np.random.default_rng(5)
+    values = {
+        "w1": rng.standard_normal((32, 16, 1, 1)) / 4,
+        "b1": rng.standard_normal(32),
+        "wd": rng.standard_normal((32, 1, 3, 3)) / 3,
+        "bd": rng.standard_normal(32),
+        "w2": rng.standard_normal((8, 32, 1, 1)) / 6,
+        "b2": rng.standard_normal(8),
+    }
+    make = onnx.helper.make_node
+    nodes = [
+        make("Conv", ["x", "w1", "b1"], ["c1"]),
+        make("Relu", ["c1"], ["r1"]),
+        make("Conv", ["r1", "wd", "bd"], ["d"], pads=[1] * 4, group=32),
+        make("Relu", ["d"], ["r2"]),
+        make("GlobalAveragePool", ["r2"], ["g"]),
+        make("Conv", ["g", "w2", "b2"], ["y"]),
+    ]
+    info = onnx.helper.make_tensor_value_info
+    graph = onnx.helper.make_graph(
+        nodes,
+        "mobile_block",
+        [info("x", onnx.TensorProto.FLOAT, (1, 16, 14, 14))],
+        [info("y", onnx.TensorProto.FLOAT, (1, 8, 1, 1))],
+        [onnx.numpy_helper.from_array(v.astype("float32"), k) for k, v in values.items()],
+    )
+    proto = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 13)])
+    proto.ir_version = 8
+    return proto
+
+
+@pytest.mark.parametrize(
+    ("dim", "ratio", "depthwise"),
+    [
+        ("OC", 0.5, "image"),  # 16 of 32 channels: whole pixels
+        ("H", 0.5, "image"),  # 7 rows and the halo row above them
+        ("OC", 0.3, "buffer"),  # 10 channels: a pixel's zero channels would reach the output
+        ("OC", 1.0, "image"),  # whole on the GPU: the global pool behind it packed too
+    ],
+)
+def test_mobile_block_depthwise_gpu_part_on_images(opencl, dim, ratio, depthwise):
+    proto = _mobile_block()
+    model = load_onnx(proto)
+    built = compile_coexec(model.mod, uniform_plan(model.mod, dim, ratio), gpu_data_type="image")
+    assert _error(built, proto, model) <= RTOL
+    parts = {r["split"]: r for r in built.kernel_splits["gpu_parts"]}
+    assert parts["conv2d_1"]["data_type"] == depthwise, parts["conv2d_1"]
+    if depthwise == "buffer":
+        assert parts["conv2d_1"]["why"] == "conv2d: grouped or depthwise (groups=10)"
+    else:
+        assert parts["conv2d_1"]["packed_ops"] == "3/3"  # conv, bias, ReLU
+    if ratio == 1.0:  # the mean reads only the GPU part's packed result
+        assert parts[OUTSIDE]["packed_ops"] == "1"
 
 
 def _logits(proto: onnx.ModelProto) -> onnx.ModelProto:
