@@ -8,6 +8,8 @@
   output region each part produces.
 - :class:`SanitizeParamNames` (``param_names.py``): first in every pipeline, gives Relax
   parameters C-identifier names (TVM names kernel arguments after them).
+- :class:`~codl_tvm.passes.imported_clip.ImportedClip` (``imported_clip.py``): right after
+  import, makes the two kernels TVM's ONNX importer emits for Clip (ReLU6) one ``R.clip``.
 - :class:`FoldBatchNorm` (``fold_bn.py``): before partitioning, folds inference batch norms after
   constant-weight convs into the convs (keeps operator names and shapes).
 - :class:`PairwiseVariadic` (``variadic.py``): before partitioning, rewrites the ONNX frontend's

@@ -42,8 +42,8 @@ RTOL_FP16_MODEL = {
 }
 #: Models the half-precision build does not take yet, and why.
 NO_FP16 = {
-    "posenet": "TVM's ToMixedPrecision rejects the call_tir kernels TVM's ONNX importer makes "
-    "of Clip with min/max inputs (MobileNet's ReLU6)",
+    "posenet": "TVM 0.27's ToMixedPrecision rejects R.clip (codl.ImportedClip's ReLU6): it "
+    "has no policy for it and fails on its bounds, PrimValues ('Expected TensorType')",
 }
 
 

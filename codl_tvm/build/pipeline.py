@@ -2,7 +2,8 @@
 
 ``single_device_pipeline(target)`` builds a model for one processor: inference
 simplification (``codl.SanitizeParamNames``: parameters named like ``x/0`` get C identifiers,
-which OpenCL kernel arguments need; ``codl.FoldBatchNorm``: batch norms after convs with
+which OpenCL kernel arguments need; ``codl.ImportedClip``: the ONNX importer's Clip kernels
+become ``R.clip``; ``codl.FoldBatchNorm``: batch norms after convs with
 constant weights fold into them; ``codl.PairwiseVariadic``: ONNX Sum/Max/Min become binary
 ops that fuse; ``codl.LRNWindowSum``: LRN's channel-window pool becomes shifted adds),
 codl-tvm's algorithm selection (``codl.Conv2DWinograd``: qualifying 3x3 convs become Winograd
@@ -34,6 +35,7 @@ from tvm.relax.backend import gpu_generic
 from codl_tvm.passes import PartitionOperators
 from codl_tvm.passes.fold_bn import FoldBatchNorm
 from codl_tvm.passes.fused_targets import RecordFusedTargets, RestoreTargets
+from codl_tvm.passes.imported_clip import ImportedClip
 from codl_tvm.passes.issue_ahead import GPU_INPUTS_ATTR, IssueGpuAhead, gpu_inputs
 from codl_tvm.passes.kernel_splits import (
     KERNEL_SPLITS_ATTR,
@@ -79,10 +81,17 @@ def inference_passes() -> list[tvm.transform.Pass]:
     """Inference-only simplifications that keep every operator's name, order and shape (so a
     plan made for the imported module applies): first give parameters C-identifier names (TVM
     names kernel arguments after them; a hand-made module or TVM's own ``from_onnx`` may keep
-    names like ``x/0``), then fold batch norms into the convs before them, make the frontend's
-    stack-and-reduce Sum/Max/Min pairwise binary ops (fusable epilogues), and write LRN's
-    channel-window pools as shifted adds (one elementwise kernel per LRN)."""
-    return [SanitizeParamNames(), FoldBatchNorm(), PairwiseVariadic(), LRNWindowSum()]
+    names like ``x/0``), then make the importer's Clip kernels ``R.clip`` (an operator the
+    texture layout and mixed precision see), fold batch norms into the convs before them, make
+    the frontend's stack-and-reduce Sum/Max/Min pairwise binary ops (fusable epilogues), and
+    write LRN's channel-window pools as shifted adds (one elementwise kernel per LRN)."""
+    return [
+        SanitizeParamNames(),
+        ImportedClip(),
+        FoldBatchNorm(),
+        PairwiseVariadic(),
+        LRNWindowSum(),
+    ]
 
 
 def algorithm_passes(

@@ -12,7 +12,8 @@ The Relax pipeline, as phases (TVM's Adreno backend, ``tvm/relax/backend/adreno/
 with the pinned wheel's bugs worked around):
 
 0. **inference**: the inference simplifications of codl-tvm's other builds (parameter names,
-   batch norms folded into convs, pairwise Sum/Max/Min, LRN's window as shifted adds), and
+   the ONNX importer's Clip kernels as ``R.clip``, batch norms folded into convs, pairwise
+   Sum/Max/Min, LRN's window as shifted adds), and
    with ``dtype="float16"`` TVM's ``ToMixedPrecision`` (convs and matmuls accumulate in half;
    the inputs and outputs stay float32, cast at the model's ends).
 1. **layout**: ``FoldConstant`` (the frontend's bias reshapes become constants), then
@@ -92,6 +93,7 @@ from tvm.tirx import compilation_pipeline
 from codl_tvm.core.errors import DeviceSupportError
 from codl_tvm.core.plan import static_shape
 from codl_tvm.passes.fold_bn import FoldBatchNorm
+from codl_tvm.passes.imported_clip import ImportedClip
 from codl_tvm.passes.lrn import LRNWindowSum
 from codl_tvm.passes.param_names import SanitizeParamNames
 from codl_tvm.passes.rewrite import op_name
@@ -401,7 +403,13 @@ def install_texture_size_fix() -> None:
 def inference_passes(dtype: str = "float32") -> list[tvm.transform.Pass]:
     """The inference simplifications of codl-tvm's other builds (names, batch norms, variadic
     ops, LRN), then, for ``dtype="float16"``, TVM's ``ToMixedPrecision`` accumulating in half."""
-    passes = [SanitizeParamNames(), FoldBatchNorm(), PairwiseVariadic(), LRNWindowSum()]
+    passes = [
+        SanitizeParamNames(),
+        ImportedClip(),
+        FoldBatchNorm(),
+        PairwiseVariadic(),
+        LRNWindowSum(),
+    ]
     if dtype == "float16":
         passes += [
             relax.transform.ConvertToDataflow(),
