@@ -26,9 +26,11 @@ evaluated here). A maximum followed by a minimum that only it reads, both bounds
 with ONNX's ``min(max(x, lo), hi)``); any other such kernel becomes ``R.maximum`` /
 ``R.minimum`` with the bound as a constant (Clip with one bound, or ``min > max``). The guard's
 bindings and kernels nothing calls any more are dropped. Partitionable operators are not
-touched (plans, which name only those, still apply). NaN inputs: ``codl.PropagateNaN``
-covers the legalized ``clip`` as it did the kernels. Not covered: Clip of opset 6 (bounds as
-attributes, compiled into the kernel's code), rare in exported models.
+touched (plans, which name only those, still apply). With ``clip=False`` a pair becomes
+``R.maximum`` then ``R.minimum``: TVM 0.27's ``ToMixedPrecision`` rejects ``R.clip`` (no
+policy for it, and its bounds are PrimValues), so float16 builds ask for that. NaN inputs:
+``codl.PropagateNaN`` covers the legalized ``clip`` as it did the kernels. Not covered: Clip
+of opset 6 (bounds as attributes, compiled into the kernel's code), rare in exported models.
 
 Run right after import, before ``ToMixedPrecision`` and the texture layout (first among
 codl-tvm's inference passes).
@@ -136,7 +138,7 @@ def _replace(var: relax.Var, call: relax.Expr) -> list[relax.Binding]:
     return [relax.VarBinding(var, relax.BlockBuilder().normalize(call))]
 
 
-def _rewrite(func: relax.Function, finder: _Finder) -> tuple[relax.Function, int]:
+def _rewrite(func: relax.Function, finder: _Finder, clip: bool) -> tuple[relax.Function, int]:
     """``func`` with the importer's Clip kernels as Relax operators, and how many."""
     if not isinstance(func.body, relax.SeqExpr):
         return func, 0
@@ -156,7 +158,8 @@ def _rewrite(func: relax.Function, finder: _Finder) -> tuple[relax.Function, int
     for var, b in bounds.items():
         low = bounds.get(b.data) if isinstance(b.data, relax.Var) else None
         if (
-            b.kind == "minimum"
+            clip
+            and b.kind == "minimum"
             and low is not None
             and low.kind == "maximum"
             and scan.uses.get(b.data, 0) == 1
@@ -190,15 +193,17 @@ def _called(mod: tvm.IRModule) -> set[tvm.ir.GlobalVar]:
     return called
 
 
-def imported_clips(mod: tvm.IRModule) -> tuple[tvm.IRModule, int]:
+def imported_clips(mod: tvm.IRModule, clip: bool = True) -> tuple[tvm.IRModule, int]:
     """``mod`` with the importer's Clip kernels as Relax operators in every Relax function and
     the kernels nothing calls any more removed (see the module docstring), and how many calls
-    were replaced. The caller's module is never changed in place."""
+    were replaced. ``clip=False``: each kernel becomes ``R.maximum`` / ``R.minimum``, never
+    ``R.clip`` (which TVM 0.27's ``ToMixedPrecision`` rejects: its bounds are PrimValues).
+    The caller's module is never changed in place."""
     finder = _Finder(mod)
     updates, total = {}, 0
     for gv, func in mod.functions_items():
         if isinstance(func, relax.Function):
-            new, count = _rewrite(func, finder)
+            new, count = _rewrite(func, finder, clip)
             if count:
                 updates[gv], total = new, total + count
     if not updates:
@@ -214,7 +219,17 @@ def imported_clips(mod: tvm.IRModule) -> tuple[tvm.IRModule, int]:
 @tvm.transform.module_pass(opt_level=0, name="codl.ImportedClip")
 class ImportedClip:
     """Replace TVM's ONNX importer's Clip kernels by ``R.clip`` (or ``R.maximum`` /
-    ``R.minimum``) in every Relax function; see the module docstring."""
+    ``R.minimum``) in every Relax function; see the module docstring.
+
+    Parameters
+    ----------
+    clip
+        Whether a Clip with both bounds becomes one ``R.clip``; False (builds that run
+        ``ToMixedPrecision`` next): ``R.maximum`` then ``R.minimum``.
+    """
+
+    def __init__(self, clip: bool = True):
+        self.clip = clip
 
     def transform_module(self, mod: tvm.IRModule, _ctx: tvm.transform.PassContext):
-        return imported_clips(mod)[0]
+        return imported_clips(mod, self.clip)[0]

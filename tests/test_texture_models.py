@@ -41,10 +41,7 @@ RTOL_FP16_MODEL = {
     "fst": 1e-1,
 }
 #: Models the half-precision build does not take yet, and why.
-NO_FP16 = {
-    "posenet": "TVM 0.27's ToMixedPrecision rejects R.clip (codl.ImportedClip's ReLU6): it "
-    "has no policy for it and fails on its bounds, PrimValues ('Expected TensorType')",
-}
+NO_FP16: dict[str, str] = {}
 
 
 def _logits(proto: onnx.ModelProto) -> onnx.ModelProto:

@@ -405,7 +405,8 @@ def inference_passes(dtype: str = "float32") -> list[tvm.transform.Pass]:
     ops, LRN), then, for ``dtype="float16"``, TVM's ``ToMixedPrecision`` accumulating in half."""
     passes = [
         SanitizeParamNames(),
-        ImportedClip(),
+        # ToMixedPrecision rejects R.clip (PrimValue bounds): ReLU6 as maximum and minimum
+        ImportedClip(clip=dtype != "float16"),
         FoldBatchNorm(),
         PairwiseVariadic(),
         LRNWindowSum(),
