@@ -76,7 +76,9 @@ def _importer_kernel(kind: str, data_ty: relax.TensorType, bound_ty: relax.Tenso
     return next(f for _, f in bb.get().functions_items() if isinstance(f, tirx.PrimFunc))
 
 
-def _scalar(expr: relax.Expr, value_of: dict, seen: set[relax.Var]) -> float | None:
+def _scalar(
+    expr: relax.Expr, value_of: dict[relax.Var, relax.Expr], seen: set[relax.Var]
+) -> float | None:
     """The value of a one-element float constant, or of the importer's NaN guard of one (``where``
     of ``isnan`` over constants); the variables it read are added to ``seen``."""
     while isinstance(expr, relax.Var) and expr in value_of:
@@ -109,7 +111,10 @@ class _Finder:
         self._refs: dict[tuple, tirx.PrimFunc] = {}
         self.kernels: set[tvm.ir.GlobalVar] = set()
 
-    def bound(self, value: relax.Expr, value_of: dict, seen: set[relax.Var]) -> _Bound | None:
+    def bound(
+        self, value: relax.Expr, value_of: dict[relax.Var, relax.Expr], seen: set[relax.Var]
+    ) -> _Bound | None:
+        """The Clip bound ``value`` computes, if it calls one of the importer's kernels."""
         if op_name(value) != _CALL_TIR or len(value.args) != 2:
             return None
         gv, args = value.args[0], value.args[1]
