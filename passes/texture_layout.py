@@ -41,8 +41,8 @@ with zero channels in the packed input and the weights), max and average 2-D poo
 ``(1, C, 1, 1)`` / ``(C, 1, 1)`` or scalar constant, and concats along channels whose every
 input has whole pixels of channels (``C % 4 == 0``: SqueezeNet's and Inception's branches
 join without a conversion). Pools, elementwise ops and concats are packed only behind a packed
-producer (never at a chain's start). With :data:`FULL_COVERAGE` (:class:`ToTextureLayout`;
-co-executed GPU parts do not ask for it yet) also depthwise convs (``groups`` equal to the
+producer (never at a chain's start). With :data:`FULL_COVERAGE` (:class:`ToTextureLayout` and
+co-executed GPU parts, :mod:`.texture_parts`) also depthwise convs (``groups`` equal to the
 input and output channels, a multiple of 4; weights :func:`pack_depthwise`'s
 ``(C/4, 1, KH, KW, 4)``), packed like dense convs, and means over H and W keeping their dims
 (ONNX's GlobalAveragePool) behind a packed producer, as an NCHW4c
@@ -538,7 +538,7 @@ def pack_function(
     packed (in a co-executed build: operators outside the plan that read only GPU parts'
     packed results, which the placement then puts on the GPU, as it does every kernel whose
     inputs all come from it). ``coverage``: what else is packed (:class:`Coverage`; None:
-    none of it; :class:`ToTextureLayout` asks for all of it, co-executed GPU parts not yet).
+    none of it; :class:`ToTextureLayout` and co-executed GPU parts ask for all of it).
     """
     if not isinstance(func.body, relax.SeqExpr):
         return PackedFunction(func, 0)

@@ -250,9 +250,9 @@ def test_what_stays_nchw():
     assert unpacked_reason(calls[0]) == "conv2d: grouped or depthwise (groups=2)"
 
 
-def test_coexecuted_parts_keep_depthwise_and_means_in_buffers():
-    """``pack_function``'s default coverage (co-executed GPU parts): the depthwise conv and
-    the pool stay NCHW, the dense conv behind them is packed."""
+def test_default_coverage_keeps_depthwise_and_means_in_buffers():
+    """``pack_function``'s default coverage (None): the depthwise conv and the pool stay NCHW,
+    the dense conv behind them is packed."""
 
     @tvm.script.ir_module
     class Before:
