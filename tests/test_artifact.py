@@ -194,6 +194,7 @@ def test_given_plan_and_single_device_artifacts(tmp_path, capsys, opencl):
     np.testing.assert_allclose(outs[0], ref[1][0], rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_compile_with_winograd(tmp_path, monkeypatch, capsys, opencl):
     """``--winograd``: the 32->32 3x3 conv of the bundled CNN becomes a Winograd conv on both
     processors (H split), and the artifact still matches the unpartitioned direct model."""
@@ -324,6 +325,7 @@ def test_measured_model_plans_the_measured_best_split(tmp_path):
     json.loads(report.to_json())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("which", ["balanced", "cpu_heavy"])
 def test_compile_verify_keeps_the_fastest_build(
     tmp_path, balanced_model, cpu_heavy_model, opencl, which
@@ -356,6 +358,7 @@ def test_compile_verify_keeps_the_fastest_build(
         np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow
 def test_compile_verify_modes_times_more_plans(tmp_path, balanced_model, opencl):
     """``--verify-modes``: the other planner modes' plans (where they differ) are built and
     timed too; the fastest build is kept, and when it is another mode's plan the artifact's

@@ -389,6 +389,7 @@ def test_artifact_load_starts_the_thread_pool_beside_the_library(cpu_artifact, t
     _check_against_onnxruntime(cpu_artifact, outputs)
 
 
+@pytest.mark.slow
 @pytest.mark.opencl
 def test_concurrent_processes_fill_one_cache_safely(gpu_artifact, tmp_path):
     cache = tmp_path / "shared-cache"
@@ -536,6 +537,7 @@ def test_exit_while_programs_are_created_is_clean(gpu_artifact, tmp_path):
     assert list((tmp_path / "c" / "opencl-programs").glob("*.bin"))  # they were built
 
 
+@pytest.mark.slow
 def test_bench_cold_loads_the_runtime_library_alone_except_in_compiler_lib(tmp_path):
     """bench_cold.py run on a CPU build: the cold scenario loads libtvm_runtime alone, the
     compiler_lib one the compiler library too; both equal the stored reference, and the
@@ -603,6 +605,7 @@ def _pocl_objects(folder: Path) -> set[str]:
     return found
 
 
+@pytest.mark.slow
 @pytest.mark.opencl
 def test_pocl_binaries_taken_after_a_warm_up_leave_nothing_to_compile(gpu_artifact, tmp_path):
     """bench_cold.py binaries on PoCL (cold.sh's step) stores binaries taken after one run:

@@ -111,6 +111,7 @@ def _check_dataset(path, jobs, device_names=None):
     return data
 
 
+@pytest.mark.slow
 def test_farm_profiles_each_job_once_over_two_devices(procs, tracker, jobs, tmp_path, opencl):
     _start_servers(procs, tracker, "farm2", 2)
     out = tmp_path / "farm.jsonl"
@@ -128,6 +129,7 @@ def test_farm_profiles_each_job_once_over_two_devices(procs, tracker, jobs, tmp_
     _check_dataset(out, jobs)
 
 
+@pytest.mark.slow
 def test_killed_server_jobs_are_retried_elsewhere(procs, tracker, jobs, tmp_path, opencl):
     (victim, vport), _ = _start_servers(procs, tracker, "farmkill", 2)
 

@@ -203,6 +203,7 @@ def test_greedy_k_is_a_window():
         check_schedule(g, greedy_schedule(g, k=k))
 
 
+@pytest.mark.slow
 def test_time_limit_returns_a_feasible_schedule_with_its_gap():
     g = random_graph(random.Random(3), 70, 0.08)
     s = solve_exact(g, time_limit_s=0.3, max_nodes=1000, workers=1)

@@ -96,6 +96,7 @@ def test_gpu_kernels_are_issued_earlier(opencl, branches):
     assert host > ahead > gated == 0, (host, ahead, gated)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dim", ["H", "OC"])
 def test_split_chain_with_gates_equals_host_order(opencl, dim):
     """Every GPU part gated ahead of the CPU part before it (CoDL's split chain)."""

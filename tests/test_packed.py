@@ -755,6 +755,7 @@ def test_profile_packed_parts_and_fit_with_direct_data(opencl, tmp_path, capsys)
     assert "packed" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 @pytest.mark.opencl
 def test_cpu_alone_kernel_dataset_makes_coexec_builds_use_them(opencl, tmp_path, capsys):
     """``profile --packed --cpu-alone`` records the CPU-alone settings (a dataset of its own);
@@ -966,6 +967,7 @@ def test_squeezenet_with_packed_stem_and_rounded_classifier_matches_onnxruntime(
     assert algos.count("packed") == before.count("packed") + 2
 
 
+@pytest.mark.slow
 @pytest.mark.opencl
 def test_coexec_cpu_alone_kernels_switch(opencl, tmp_path, capsys, monkeypatch):
     """``compile --coexec-cpu-alone-kernels``: the CPU functions of a co-executed build get the

@@ -59,6 +59,7 @@ def test_the_operator_an_error_names():
     assert error_summary(link) == "Compilation error: /usr/bin/ld: error adding symbols"
 
 
+@pytest.mark.slow
 @pytest.mark.opencl
 def test_default_compile_builds_each_processor_alone_in_a_worker(
     tmp_path, opencl, caplog, monkeypatch

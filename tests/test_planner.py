@@ -501,6 +501,7 @@ def test_planned_model_equals_unpartitioned(model, high_sharing, opencl):
     np.testing.assert_allclose(out, reference, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.slow
 @pytest.mark.opencl
 def test_planner_tutorial_runs(opencl, monkeypatch, tmp_path):
     import runpy

@@ -298,6 +298,7 @@ def test_refine_rejects_what_it_cannot_refine(opencl, tmp_path, capsys):
         refine_artifact(art, tmp_path / "z", traces=1, log=lambda _m: None)
 
 
+@pytest.mark.slow
 def test_verify_times_a_refined_candidate(opencl, tmp_path, capsys):
     """``compile --verify N --refine 1``: the plan's build is traced, refined and built again,
     and every build is timed; whichever is kept computes the model."""

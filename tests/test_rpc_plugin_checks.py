@@ -90,6 +90,7 @@ def test_coexec_on_a_device_without_svm_runs_on_host_mapped_buffers(opencl, tmp_
             proc.wait(timeout=10)
 
 
+@pytest.mark.slow
 @pytest.mark.rpc
 @pytest.mark.opencl
 def test_stock_server_with_preloaded_plugin_coexecutes(opencl, tmp_path):

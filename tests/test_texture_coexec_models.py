@@ -285,6 +285,7 @@ print(json.dumps({"svm": runtime.svm_mode(), "err": err}))
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("svm", ["coarse", "buffer"])
 def test_images_beside_coarse_svm_and_buffers(opencl, tmp_path, svm):
     """NVIDIA's coarse-grained SVM and drivers without SVM (forced here: the mode is chosen

@@ -16,6 +16,7 @@ def test_coexec_quickstart(opencl, monkeypatch, tmp_path):
     runpy.run_path(str(TUTORIALS / "coexec_quickstart.py"), run_name="__main__")
 
 
+@pytest.mark.slow
 @pytest.mark.rpc
 @pytest.mark.opencl  # the tutorial's server loads codl-tvm's OpenCL plugin
 def test_deploy_rpc(monkeypatch, tmp_path):
@@ -23,6 +24,7 @@ def test_deploy_rpc(monkeypatch, tmp_path):
     runpy.run_path(str(TUTORIALS / "deploy_rpc.py"), run_name="__main__")
 
 
+@pytest.mark.slow
 @pytest.mark.opencl
 def test_cost_model_tutorial(opencl, monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)

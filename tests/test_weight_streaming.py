@@ -115,6 +115,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 def test_plan_cli_takes_weight_rates(tmp_path):
     report = tmp_path / "report.json"
     done = _cli(

@@ -246,6 +246,7 @@ def _check_coexec(name: str, hw: tuple[int, int], plan=None) -> None:
         _close(g, e, f"{name}/{spec.name} vs onnxruntime")
 
 
+@pytest.mark.slow
 @pytest.mark.opencl
 def test_coexec_fst(opencl):
     _check_coexec("fst", (16, 16))
@@ -261,6 +262,7 @@ def _alternating_whole_plan(mod) -> PartitionPlan:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.opencl
 def test_coexec_retinaface_mixed_placement(opencl):
     """RetinaFace's SSH heads concatenate batch-norm outputs (no activation in between) of
@@ -317,6 +319,7 @@ def test_make_zoo_models_script(tmp_path, capsys):
     )
 
 
+@pytest.mark.slow
 @pytest.mark.opencl
 def test_artifact_instance_norm_split_on_channels_or_kept_whole(tmp_path, opencl):
     """``compile`` splits FST's InstanceNorms on channels after each split conv (placement.json
