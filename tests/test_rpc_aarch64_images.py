@@ -105,17 +105,21 @@ def test_gpu_image_build_of_the_bundled_cnn(tracker, servers, tmp_path, capsys):
     assert manifest["vm_devices"] == ["opencl"] * VM_DEVICE_SLOTS
 
 
-@pytest.mark.xfail(
-    reason="the emulated aarch64 server segfaults (in free, under TVM's RPCServerLoop) while "
-    "running main of the co-executed image build; the same artifact for x86 runs through a "
-    "local x86 PoCL server",
+# Seen here: the OC split's run segfaults the emulated server (in free, under TVM's
+# RPCServerLoop, while main runs); the H split of the same build, the OC split with buffers on
+# the same device and the OC split with images through a local x86 PoCL server all pass.
+_OC_CRASH = pytest.mark.xfail(
+    reason="the emulated aarch64 server segfaults running the OC-split co-executed image build",
     strict=False,
 )
-def test_coexec_image_build_of_the_bundled_cnn(tracker, servers, tmp_path, capsys):  # noqa: F811
+
+
+@pytest.mark.parametrize("dim", ["H", pytest.param("OC", marks=_OC_CRASH)])
+def test_coexec_image_build_of_the_bundled_cnn(tracker, servers, tmp_path, capsys, dim):  # noqa: F811
     """``--device coexec --gpu-data-type image``: GPU parts on images, CPU parts on buffers."""
-    key = servers.start("emu-img-co")
+    key = servers.start(f"emu-img-co-{dim}")
     manifest = _compile_and_run(
-        tracker, key, tmp_path / "co", capsys, "--device", "coexec", "--dim", "OC",
+        tracker, key, tmp_path / "co", capsys, "--device", "coexec", "--dim", dim,
         "--ratio", "0.5",
     )  # fmt: skip
     assert manifest["gpu"]["data_type"] == "image"
