@@ -126,14 +126,18 @@ class _Finder:
             isinstance(a.ty, relax.TensorType) and a.ty.shape is not None for a in args.fields
         ):
             return None
+        # The bound first: a Clip's is a one-element constant, and the reference kernels are
+        # built only for such pairs (a matmul's operands do not even broadcast).
+        read: set[relax.Var] = set()
+        scalar = _scalar(bound, value_of, read)
+        if scalar is None:
+            return None
         for kind in _KERNELS:
             key = (kind, str(data.ty), str(bound.ty))
             if key not in self._refs:
                 self._refs[key] = _importer_kernel(kind, data.ty, bound.ty)
             if tvm_ffi.structural_equal(func, self._refs[key], map_free_vars=True):
-                scalar = _scalar(bound, value_of, seen)
-                if scalar is None:
-                    return None
+                seen |= read
                 self.kernels.add(gv)
                 return _Bound(kind, data, scalar)
         return None

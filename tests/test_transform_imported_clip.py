@@ -254,3 +254,16 @@ def test_imported_clip_matches_onnxruntime(lo, hi, ops):
     got = vm["main"](tvm.runtime.tensor(x)).numpy()
     want = ort.InferenceSession(proto.SerializeToString()).run(None, {"x": x})[0]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_two_operand_kernels_that_cannot_be_a_clip_stay():
+    """A kernel of two tensors that do not broadcast (a matmul's operands) is not a Clip bound:
+    the pass leaves it unchanged instead of building a reference kernel for the pair."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((2, 96), "float32"))
+    w = relax.Var("w", relax.TensorType((96, 50), "float32"))
+    with bb.function("main", [x, w]):
+        out = bb.emit_te(tvm.topi.matmul, x, w)
+        bb.emit_func_output(out)
+    before = bb.get()
+    verify(before, before)
