@@ -68,8 +68,10 @@ __all__ = [
     "gpu_gates_available",
     "inference_passes",
     "legalize_passes",
+    "run_phases",
     "schedule_passes",
     "single_device_pipeline",
+    "take_kernel_splits",
     "weights_passes",
 ]
 
@@ -223,9 +225,12 @@ def _dump_dir(dump_ir: str | Path | None) -> Path | None:
     return Path(alias) if alias else None
 
 
-def _run_phases(
-    mod: tvm.IRModule, phases: list[tuple[str, list]], dump: Path | None
+def run_phases(
+    mod: tvm.IRModule, phases: list[tuple[str, list]], dump_ir: str | Path | None
 ) -> tvm.IRModule:
+    """``mod`` through the named phases in order, the IR after each written to ``dump_ir`` (or
+    the folder :data:`DUMP_IR_ENV` names) where one is given."""
+    dump = _dump_dir(dump_ir)
     for i, (name, passes) in enumerate(phases):
         if passes:
             mod = tvm.transform.Sequential(passes)(mod)
@@ -265,7 +270,7 @@ def single_device_pipeline(
             if weights is not None:
                 device = "opencl" if "gpu" in target.keys else "cpu"
                 phases.append(("weights", weights_passes(weights, device)))
-            return _run_phases(mod, phases, _dump_dir(dump_ir))
+            return run_phases(mod, phases, dump_ir)
 
     return _pipeline
 
@@ -341,16 +346,21 @@ def coexec_pipeline(
             ]
             if weights is not None:
                 phases.append(("weights", weights_passes(weights, "opencl")))
-            mod = _run_phases(mod, phases, _dump_dir(dump_ir))
-        if kernel_splits is not None:
-            # the record is the module's attribute; the caller's dictionary gets it, since
-            # tvm.compile returns the executable, not the module
-            kernel_splits.clear()
-            kernel_splits.update(recorded_kernel_splits(mod) or {})
-            # which CPU kernel calls each GPU kernel call waits for (host-caused GPU idle)
-            kernel_splits["gpu_inputs"] = {str(k): v for k, v in gpu_inputs(mod).items()}
-            mod = mod.without_attr(KERNEL_SPLITS_ATTR)
-        mod = mod.without_attr(GPU_INPUTS_ATTR)
-        return mod
+            mod = run_phases(mod, phases, dump_ir)
+        return take_kernel_splits(mod, kernel_splits)
 
     return _pipeline
+
+
+def take_kernel_splits(mod: tvm.IRModule, kernel_splits: dict | None) -> tvm.IRModule:
+    """``mod`` without the kernel-split and GPU-input attributes of a co-execution pipeline,
+    which go to ``kernel_splits`` (None: dropped): the record is the module's attribute, and
+    the caller's dictionary gets it, since ``tvm.compile`` returns the executable, not the
+    module."""
+    if kernel_splits is not None:
+        kernel_splits.clear()
+        kernel_splits.update(recorded_kernel_splits(mod) or {})
+        # which CPU kernel calls each GPU kernel call waits for (host-caused GPU idle)
+        kernel_splits["gpu_inputs"] = {str(k): v for k, v in gpu_inputs(mod).items()}
+        mod = mod.without_attr(KERNEL_SPLITS_ATTR)
+    return mod.without_attr(GPU_INPUTS_ATTR)

@@ -51,8 +51,6 @@ from codl_tvm.build import texture
 from codl_tvm.core.errors import DeviceSupportError
 from codl_tvm.passes import PartitionOperators
 from codl_tvm.passes.fused_targets import RecordFusedTargets, RestoreTargets
-from codl_tvm.passes.issue_ahead import GPU_INPUTS_ATTR, gpu_inputs
-from codl_tvm.passes.kernel_splits import KERNEL_SPLITS_ATTR, recorded_kernel_splits
 from codl_tvm.passes.merge import MergePartsInPlace
 from codl_tvm.passes.nan_semantics import PropagateNaN
 from codl_tvm.passes.order import OrderSplits
@@ -306,7 +304,7 @@ def coexec_texture_pipeline(
                     coexec.algorithm_passes(gpu_target, cpu_target, settings=settings),
                 ),
                 ("legalize-place-fuse", legalize_place_fuse_passes(gpu_target, place)),
-                ("scope", scope_passes(gpu_target, caps)),
+                ("scope", [*scope_passes(gpu_target, caps), _take_image_record(record)]),
                 (
                     "schedule",
                     [
@@ -326,36 +324,30 @@ def coexec_texture_pipeline(
             ]
             if weights is not None:
                 phases.append(("weights", coexec.weights_passes(weights, "opencl")))
-            mod = _run(mod, phases, dump_ir, record)
-        if kernel_splits is not None:
-            kernel_splits.clear()
-            kernel_splits.update(recorded_kernel_splits(mod) or {})
-            kernel_splits["gpu_inputs"] = {str(k): v for k, v in gpu_inputs(mod).items()}
-            mod = mod.without_attr(KERNEL_SPLITS_ATTR)
+            mod = coexec.run_phases(mod, phases, dump_ir)
         if record is not None:
             record["vm_devices"] = vm_device_names(mod)
-        return mod.without_attr(GPU_INPUTS_ATTR)
+        return coexec.take_kernel_splits(mod, kernel_splits)
 
     return _pipeline
 
 
-def _run(mod, phases, dump_ir, record) -> tvm.IRModule:
-    """The phases in order, the GPU parts' record taken after the scope phase and its
-    attributes dropped."""
-    for i, (name, passes) in enumerate(phases):
-        mod = tvm.transform.Sequential(passes)(mod)
-        if name == "scope":
-            if record is not None:
-                record["gpu_parts"] = image_record(mod)
-            main = mod.get_global_var("main")
-            mod = mod.clone()
-            mod.update_func(
-                main, mod[main].without_attr(TEXTURE_PARTS_ATTR).without_attr(IMAGE_TENSORS_ATTR)
-            )
-        if dump_ir is not None:
-            Path(dump_ir).mkdir(parents=True, exist_ok=True)
-            (Path(dump_ir) / f"{i:02d}-{name}.py").write_text(mod.script(show_meta=False))
-    return mod
+def _take_image_record(record: dict | None) -> tvm.transform.Pass:
+    """After the scope phase: the GPU parts' record to ``record["gpu_parts"]`` (None: dropped),
+    and their attributes off ``main``."""
+
+    @tvm.transform.module_pass(opt_level=0, name="codl.TakeImageRecord")
+    def _take(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        if record is not None:
+            record["gpu_parts"] = image_record(mod)
+        main = mod.get_global_var("main")
+        mod = mod.clone()
+        mod.update_func(
+            main, mod[main].without_attr(TEXTURE_PARTS_ATTR).without_attr(IMAGE_TENSORS_ATTR)
+        )
+        return mod
+
+    return _take
 
 
 def compile_coexec_images(
