@@ -20,9 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
-import onnx
 import pytest
-from onnx import TensorProto, helper
 
 from codl_tvm.build.texture import VM_DEVICE_SLOTS
 from codl_tvm.cli import main
@@ -35,6 +33,7 @@ from codl_tvm.rpc.remote_vm import remote_image_caps
 from codl_tvm.runtime.artifact import LIBRARY, load_artifact
 from codl_tvm.runtime.images import image_caps
 from tests.rpc_support import free_port, logged_lines, server_command, tracker_command
+from tests.texture_graphs import conv_pool_model
 
 pytestmark = [pytest.mark.rpc, pytest.mark.opencl]
 
@@ -42,37 +41,7 @@ KEY = "images"
 
 
 def _conv_pool_model(path: Path, h: int = 12, w: int = 12) -> Path:
-    """RGB input, conv + leaky relu, conv, residual add, relu, max pool 1x2: every operator
-    on images in a texture build."""
-    rng = np.random.default_rng(0)
-    inits = [
-        helper.make_tensor(name, TensorProto.FLOAT, v.shape, v.ravel())
-        for name, v in (
-            ("w1", (rng.standard_normal((8, 3, 3, 3)) / 3).astype("float32")),
-            ("b1", rng.standard_normal(8).astype("float32")),
-            ("w2", (rng.standard_normal((8, 8, 3, 3)) / 8).astype("float32")),
-        )
-    ]
-    nodes = [
-        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
-        helper.make_node("LeakyRelu", ["c1"], ["a"], alpha=0.1),
-        helper.make_node("Conv", ["a", "w2"], ["c2"], pads=[1, 1, 1, 1]),
-        helper.make_node("Add", ["a", "c2"], ["s"]),
-        helper.make_node("Relu", ["s"], ["r"]),
-        helper.make_node("MaxPool", ["r"], ["y"], kernel_shape=[1, 2], strides=[1, 2]),
-    ]
-    graph = helper.make_graph(
-        nodes,
-        "conv_pool",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, (1, 3, h, w))],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, (1, 8, h, w // 2))],
-        inits,
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    model.ir_version = 8
-    onnx.checker.check_model(model)
-    onnx.save(model, path)
-    return path
+    return conv_pool_model(path, h, w)
 
 
 def _stop(proc: subprocess.Popen) -> None:

@@ -14,9 +14,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import onnx
 import pytest
-from onnx import TensorProto, helper
 
 from codl_tvm.build import texture
 from codl_tvm.build.cache import Libraries
@@ -28,42 +26,9 @@ from codl_tvm.objectives.measure import MEASURE_ROUNDS, gpu_data_measurement
 from codl_tvm.options import CompileOptions, OptionsError
 from codl_tvm.runtime.artifact import Manifest, ModelRecord, file_sha256, load_artifact
 from codl_tvm.runtime.images import ImageCaps, image_caps
+from tests.texture_graphs import conv_pool_model
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-def _conv_pool_model(path: Path, h: int = 20, w: int = 20, seed: int = 0) -> Path:
-    """RGB input, conv-leaky relu, conv, residual add, relu, max pool 1x2: every operator
-    covered by the texture layout."""
-    rng = np.random.default_rng(seed)
-    inits = [
-        helper.make_tensor(name, TensorProto.FLOAT, v.shape, v.ravel())
-        for name, v in (
-            ("w1", (rng.standard_normal((8, 3, 3, 3)) / 3).astype("float32")),
-            ("b1", rng.standard_normal(8).astype("float32")),
-            ("w2", (rng.standard_normal((8, 8, 3, 3)) / 8).astype("float32")),
-        )
-    ]
-    nodes = [
-        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
-        helper.make_node("LeakyRelu", ["c1"], ["a"], alpha=0.1),
-        helper.make_node("Conv", ["a", "w2"], ["c2"], pads=[1, 1, 1, 1]),
-        helper.make_node("Add", ["a", "c2"], ["s"]),
-        helper.make_node("Relu", ["s"], ["r"]),
-        helper.make_node("MaxPool", ["r"], ["y"], kernel_shape=[1, 2], strides=[1, 2]),
-    ]
-    graph = helper.make_graph(
-        nodes,
-        "conv_pool",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, (1, 3, h, w))],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, (1, 8, h, w // 2))],
-        inits,
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    model.ir_version = 8
-    onnx.checker.check_model(model)
-    onnx.save(model, path)
-    return path
 
 
 def _compile(capsys, *argv: str) -> tuple[int, str, str]:
@@ -86,7 +51,7 @@ def _against_onnxruntime(artifact: Path, model: Path, seed: int = 3) -> float:
 
 @pytest.mark.opencl
 def test_compile_on_images_matches_onnxruntime(opencl, tmp_path, capsys):
-    model = _conv_pool_model(tmp_path / "m.onnx")
+    model = conv_pool_model(tmp_path / "m.onnx")
     out = tmp_path / "art"
     code, _, err = _compile(
         capsys, str(model), "-o", str(out), "--device", "opencl", "--gpu-data-type", "image"
@@ -106,7 +71,7 @@ def test_compile_on_images_matches_onnxruntime(opencl, tmp_path, capsys):
 
 @pytest.mark.opencl
 def test_buffers_stay_the_default(opencl, tmp_path, capsys):
-    model = _conv_pool_model(tmp_path / "m.onnx")
+    model = conv_pool_model(tmp_path / "m.onnx")
     out = tmp_path / "art"
     code, _, err = _compile(capsys, str(model), "-o", str(out), "--device", "opencl")
     assert code == 0, err
@@ -124,7 +89,7 @@ def _wide(caps: ImageCaps) -> int:
 @pytest.mark.opencl
 def test_image_beyond_the_device_limits_is_one_line(opencl, tmp_path, capsys):
     caps = image_caps()
-    model = _conv_pool_model(tmp_path / "wide.onnx", h=1, w=_wide(caps))
+    model = conv_pool_model(tmp_path / "wide.onnx", h=1, w=_wide(caps))
     out = tmp_path / "art"
     code, stdout, err = _compile(
         capsys, str(model), "-o", str(out), "--device", "opencl", "--gpu-data-type", "image"
@@ -140,7 +105,7 @@ def test_image_beyond_the_device_limits_is_one_line(opencl, tmp_path, capsys):
 @pytest.mark.opencl
 def test_auto_builds_buffers_where_images_do_not_fit(opencl, tmp_path, capsys, caplog):
     caps = image_caps()
-    model = _conv_pool_model(tmp_path / "wide.onnx", h=1, w=_wide(caps))
+    model = conv_pool_model(tmp_path / "wide.onnx", h=1, w=_wide(caps))
     out = tmp_path / "art"
     code, _, err = _compile(
         capsys, str(model), "-o", str(out), "--device", "opencl", "--gpu-data-type", "auto"
@@ -162,7 +127,7 @@ def test_auto_builds_buffers_where_images_do_not_fit(opencl, tmp_path, capsys, c
 @pytest.mark.opencl
 def test_auto_takes_images_where_they_fit_without_measuring(opencl, tmp_path, capsys, caplog):
     """``--no-measure``: the capability rule, recorded as unchecked, nothing timed."""
-    model = _conv_pool_model(tmp_path / "m.onnx")
+    model = conv_pool_model(tmp_path / "m.onnx")
     out = tmp_path / "art"
     code, _, err = _compile(
         capsys,
@@ -209,7 +174,7 @@ def test_float16_on_a_device_without_cl_khr_fp16_is_one_line(opencl, tmp_path):
         pytest.skip("PoCL is not installed")
     if caps["fp16"]:
         pytest.skip(f"PoCL's device '{caps['device']}' has cl_khr_fp16 here")
-    model = _conv_pool_model(tmp_path / "m.onnx")
+    model = conv_pool_model(tmp_path / "m.onnx")
     out = tmp_path / "art"
     argv = ["compile", str(model), "-o", str(out), "--device", "opencl", "--gpu-dtype", "float16"]
     proc = subprocess.run(
@@ -266,7 +231,7 @@ def _caps(**changes) -> ImageCaps:
 def test_device_checks(tmp_path):
     """No device here lacks images, so what a driver without them reports
     (``CL_DEVICE_IMAGE_SUPPORT`` false) is given as the device's caps."""
-    mod = load_onnx(_conv_pool_model(tmp_path / "m.onnx", h=16, w=64)).mod
+    mod = load_onnx(conv_pool_model(tmp_path / "m.onnx", h=16, w=64)).mod
     assert texture.check_device(mod, _caps(), "image", "float32") == ("image", "")
     assert texture.check_device(mod, _caps(), "buffer", "float32") == ("buffer", "")
 
@@ -302,7 +267,7 @@ def test_image_extents_follow_the_scopes():
 
 
 def test_packed_tensors_are_the_convs_and_pools(tmp_path):
-    mod = load_onnx(_conv_pool_model(tmp_path / "m.onnx", h=16, w=64)).mod
+    mod = load_onnx(conv_pool_model(tmp_path / "m.onnx", h=16, w=64)).mod
     found = dict((shape, op) for op, shape in texture.packed_tensors(mod))
     # the RGB input padded to a pixel, the convs' outputs, the pool's output
     assert found == {
@@ -320,7 +285,7 @@ def test_half_precision_on_the_gpu(opencl, tmp_path, capsys, data_type):
     caps = image_caps()
     if not caps.fp16:
         pytest.skip(f"OpenCL device '{caps.device}' lacks cl_khr_fp16")
-    model = _conv_pool_model(tmp_path / "m.onnx")
+    model = conv_pool_model(tmp_path / "m.onnx")
     out = tmp_path / "art"
     code, _, err = _compile(
         capsys,
@@ -343,7 +308,7 @@ def test_half_precision_on_the_gpu(opencl, tmp_path, capsys, data_type):
 
 @pytest.mark.opencl
 def test_images_with_weights_beside(opencl, tmp_path, capsys):
-    model = _conv_pool_model(tmp_path / "m.onnx")
+    model = conv_pool_model(tmp_path / "m.onnx")
     out = tmp_path / "art"
     code, _, err = _compile(
         capsys,
@@ -362,7 +327,7 @@ def test_the_build_spec_carries_the_gpu_data(opencl, tmp_path, caplog):
     """The GPU-alone library's spec (and so its cache key) carries images and half; a
     co-executed compile's GPU parts take images in float32 (half noted), its GPU-alone
     library keeping buffers."""
-    path = _conv_pool_model(tmp_path / "m.onnx")
+    path = conv_pool_model(tmp_path / "m.onnx")
     model = load_onnx(path)
     manifest = Manifest(model=ModelRecord(str(path), file_sha256(path), [], []))
     libraries = Libraries(tmp_path, None, model, manifest, get_preset("opencl"))
@@ -393,7 +358,7 @@ def test_measured_auto_keeps_the_faster_data_type(opencl, tmp_path, capsys, capl
     """Both builds timed on this machine; the artifact is the one with the lower median
     (which one is faster here says nothing about a phone: only the record's consistency is
     checked)."""
-    model = _conv_pool_model(tmp_path / "m.onnx")
+    model = conv_pool_model(tmp_path / "m.onnx")
     out = tmp_path / "art"
     code, _, err = _compile(
         capsys, str(model), "-o", str(out), "--device", "opencl", "--gpu-data-type", "auto"
@@ -427,7 +392,7 @@ def test_measured_auto_keeps_the_faster_data_type(opencl, tmp_path, capsys, capl
 def test_measured_auto_with_weights_beside(opencl, tmp_path, capsys):
     """The candidates are timed with embedded weights; the kept one is built again with its
     weights beside (as for co-execution)."""
-    model = _conv_pool_model(tmp_path / "m.onnx")
+    model = conv_pool_model(tmp_path / "m.onnx")
     out = tmp_path / "art"
     code, _, err = _compile(
         capsys,
@@ -480,7 +445,7 @@ def test_auto_measures_where_the_target_is_reachable():
 
 @pytest.mark.opencl
 def test_auto_candidates_differ_in_the_data_type_only(opencl, tmp_path):
-    path = _conv_pool_model(tmp_path / "m.onnx")
+    path = conv_pool_model(tmp_path / "m.onnx")
     model = load_onnx(path)
     manifest = Manifest(model=ModelRecord(str(path), file_sha256(path), [], []))
     libraries = Libraries(tmp_path, None, model, manifest, get_preset("opencl"))
@@ -503,7 +468,7 @@ def test_auto_in_a_coexecuted_compile_keeps_buffers(opencl, tmp_path, capsys, ca
     """A co-executed compile whose plan falls back to the GPU alone keeps buffers there (its
     record says so, and that nothing was measured): auto measures the co-executed plan's
     types (tests/test_texture_coexec_auto.py), and the GPU alone's only with --device opencl."""
-    model = _conv_pool_model(tmp_path / "m.onnx")
+    model = conv_pool_model(tmp_path / "m.onnx")
     out = tmp_path / "art"
     code, _, err = _compile(
         capsys,
