@@ -41,3 +41,9 @@ def test_hope_placement_tutorial(opencl, monkeypatch, tmp_path):
 def test_pipeline_stream_tutorial(opencl, monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     runpy.run_path(str(TUTORIALS / "pipeline_stream.py"), run_name="__main__")
+
+
+@pytest.mark.opencl
+def test_gpu_images_tutorial(opencl, monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    runpy.run_path(str(TUTORIALS / "gpu_images.py"), run_name="__main__")
