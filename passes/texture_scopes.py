@@ -16,6 +16,10 @@ into image reads and writes. After fusion ``main`` reads::
 
 and after this pass ``lv``'s type is ``R.Tensor((1, 2, 64, 64, 4), "float32",
 vdevice="opencl:1:global.texture")`` (the second OpenCL VDevice, the third of the list).
+A packed tensor of ``float16`` (GPU parts packed in half,
+:class:`~codl_tvm.passes.texture_parts.PackGpuParts`) gets the same scopes: its image's format
+follows the tensor's type (the runtime creates ``CL_HALF_FLOAT`` RGBA images for it, and the
+kernels read and write it with ``read_imageh``/``write_imageh``, as in GPU-alone half builds).
 Kept in buffers: a packed tensor the CPU, a fence, a tuple or ``main``'s result reads (only
 GPU kernels read images), and one whose image would
 exceed the device's limits in both layouts (``limits``: ``(max width, max height, max
@@ -57,6 +61,7 @@ IMAGE_TENSORS_ATTR = "codl_image_tensors"
 #: axes before it, but the first, are layers; from it to the pixel axis, pixels of a row).
 TEXTURE_SCOPE_AXIS = {"global.texture": 3, "global.texture-weight": 1, "global.texture-nhwc": 2}
 
+#: The packed tensors' types images hold (RGBA CL_FLOAT or CL_HALF_FLOAT pixels).
 _FLOATS = ("float32", "float16")
 
 

@@ -6,7 +6,7 @@ on images under OC and H splits, its global average pool packed behind a whole-G
 three benchmark models' logits (SqueezeNet and ResNet-50 split on channels, AlexNet on rows,
 SqueezeNet whole on the GPU; ``--runslow``), and ``codl-tvm compile --device coexec
 --gpu-data-type image`` end to end: the manifest's record of which GPU parts ran on images,
-``run --check``, and what cannot be done (``float16``) falling back with its reason;
+``run --check``, and what cannot be done (``float16`` buffers) falling back with its reason;
 coarse-grained SVM and buffer mode (forced, in a process of their own). Each split's record
 comes from the build (:func:`codl_tvm.build.texture_coexec.image_record`).
 
@@ -246,19 +246,18 @@ def test_compile_coexec_on_images(opencl, tmp_path, capsys):
 
 
 def test_what_coexec_cannot_do_falls_back_with_its_reason(opencl, tmp_path, capsys, caplog):
-    """float16 GPU parts are not built yet: images in float32, the reason in one line. (auto:
-    tests/test_texture_coexec_auto.py.)"""
+    """float16 buffer GPU parts are not built: float32, the reason in one line (half image GPU
+    parts: tests/test_texture_coexec_fp16.py; auto: tests/test_texture_coexec_auto.py)."""
     caplog.set_level(logging.INFO, logger="codl_tvm")
-    flags = ("--gpu-data-type", "image", "--gpu-dtype", "float16")
+    flags = ("--gpu-data-type", "buffer", "--gpu-dtype", "float16")
     code, err, manifest = _compile(capsys, tmp_path, *flags)
     assert code == 0, err
-    why = "gpu_dtype 'float16' applies to builds for the GPU alone"
+    why = "gpu_dtype 'float16' applies to co-executed GPU parts on images"
     gpu = manifest["gpu"]
     assert gpu["dtype"] == "float32" and why in gpu["why"]
-    assert gpu["data_type"] == "image"
+    assert gpu["data_type"] == "buffer"
     notes = [r.getMessage() for r in caplog.records if why in r.getMessage()]
     assert len(notes) == 1 and "\n" not in notes[0]  # the note, one line
-    assert "gpu_parts" in (manifest["kernel_splits"] or {})
 
 
 # --- devices without fine-grained SVM ----------------------------------------------------------

@@ -325,7 +325,7 @@ def test_images_with_weights_beside(opencl, tmp_path, capsys):
 @pytest.mark.opencl
 def test_the_build_spec_carries_the_gpu_data(opencl, tmp_path, caplog):
     """The GPU-alone library's spec (and so its cache key) carries images and half; a
-    co-executed compile's GPU parts take images in float32 (half noted), its GPU-alone
+    co-executed compile's GPU parts take half images (the spec carries both), its GPU-alone
     library keeping buffers."""
     path = conv_pool_model(tmp_path / "m.onnx")
     model = load_onnx(path)
@@ -336,9 +336,10 @@ def test_the_build_spec_carries_the_gpu_data(opencl, tmp_path, caplog):
 
     with caplog.at_level(logging.INFO, logger="codl_tvm.build.cache"):
         coexec = libraries.set_gpu_data("image", "float16", "coexec")
-    assert (coexec["data_type"], coexec["dtype"]) == ("image", "float32")
-    assert "co-executed GPU parts compute in float32" in caplog.text
+    assert (coexec["data_type"], coexec["dtype"]) == ("image", "float16")
+    assert "float32" not in caplog.text  # half image GPU parts: nothing to note
     assert libraries.spec("coexec", None).gpu_data_type == "image"
+    assert libraries.spec("coexec", None).gpu_dtype == "float16"
     assert libraries.spec("opencl", None) == buffers
     assert libraries.gpu_vm_devices() == ["opencl", "cpu", "opencl", "opencl"]
 

@@ -140,7 +140,8 @@ class BuildSpec:
         (:meth:`Libraries.spec`), never ``"auto"`` here.
     gpu_dtype
         A build for the GPU alone: ``"float32"`` or ``"float16"`` GPU tensors (inputs and
-        outputs stay float32).
+        outputs stay float32); a co-executed build on images: what its GPU parts compute in
+        (``"float16"``: half images; the CPU parts and the shared tensors stay float32).
     code, tvm_version
         codl-tvm's sources (:func:`code_digest`) and TVM's version.
     """
@@ -298,7 +299,9 @@ def _build_coexec_images(
     from codl_tvm.schedules import use_settings
 
     caps = None if preset_obj.is_cross else image_caps()
-    logger.info("building %s for co-execution, GPU parts on images", Path(path).stem)
+    logger.info(
+        "building %s for co-execution, GPU parts on %s images", Path(path).stem, spec.gpu_dtype
+    )
     with use_settings(spec_settings(spec, preset_obj)):
         executable, record = compile_coexec_images(
             mod,
@@ -311,6 +314,7 @@ def _build_coexec_images(
             issue_ahead=spec.issue_ahead,
             kernel_splits=splits,
             weights=weights,
+            dtype=spec.gpu_dtype,
         )
     splits["gpu_parts"] = record["gpu_parts"]
     export_library(executable, path, preset_obj)
@@ -431,8 +435,9 @@ class Libraries:
         ``asked``, ``data_type``, ``dtype`` and, where ``auto`` chose buffers, ``why``), or
         None where ``device`` is ``"cpu"`` (a note says so where other settings were asked).
         For ``"coexec"`` the record describes the GPU parts of the co-executed builds (images
-        where ``"image"`` is asked, and for ``auto`` where the device has images; float16 keeps
-        float32, with the reason: :func:`~codl_tvm.build.texture_coexec.coexec_gpu_data_type`);
+        where ``"image"`` is asked, and for ``auto`` where the device has images; float16 on
+        images where the device has ``cl_khr_fp16``, buffer GPU parts float32 with the reason:
+        :func:`~codl_tvm.build.texture_coexec.coexec_gpu_data_type`);
         the builds for one processor keep float32 buffers.
 
         ``auto`` decides by capability here (images wherever the device can hold them); a
@@ -445,11 +450,18 @@ class Libraries:
             The device cannot do what was asked.
         """
         if device == "coexec" and (data_type, dtype) != ("buffer", "float32"):
-            from codl_tvm.build.texture_coexec import coexec_gpu_data_type  # deferred
+            from codl_tvm.build.texture_coexec import (  # deferred
+                coexec_gpu_data_type,
+                coexec_gpu_dtype,
+            )
 
             caps = None if self.preset.is_cross else image_caps()
             built, why = coexec_gpu_data_type(caps, data_type, dtype)
-            self.gpu_data = {"asked": data_type, "data_type": built, "dtype": "float32"}
+            self.gpu_data = {
+                "asked": data_type,
+                "data_type": built,
+                "dtype": coexec_gpu_dtype(caps, built, dtype),
+            }
             self.gpu_data_device = "coexec"
             if why:
                 self.gpu_data["why"] = why

@@ -133,6 +133,7 @@ def compile_coexec(
     issue_ahead: bool = True,
     gates: bool | None = False,
     gpu_data_type: str = "buffer",
+    gpu_dtype: str = "float32",
 ) -> CoexecModule:
     """Build ``mod`` so that ``plan``'s operators co-execute on the GPU and the CPU.
 
@@ -157,13 +158,19 @@ def compile_coexec(
         Enqueue each GPU kernel as early as its inputs allow, and with ``gates`` also ahead of
         the CPU kernels producing them (None: where this machine's device can hold GPU work
         for the CPU; off by default); see :func:`codl_tvm.build.pipeline.coexec_pipeline`.
+    gpu_data_type
+        The GPU parts' tensors: ``"buffer"`` or ``"image"`` (:mod:`codl_tvm.build.texture_coexec`).
+    gpu_dtype
+        What image GPU parts compute in: ``"float32"``, or ``"float16"`` (half images; needs
+        ``cl_khr_fp16``; the CPU parts and the shared tensors stay float32).
 
     Raises
     ------
     PlanError
         ``plan`` does not fit ``mod``.
     DeviceSupportError
-        ``gpu_data_type`` is ``"image"`` and this machine's device has no usable images.
+        ``gpu_data_type`` is ``"image"`` and this machine's device has no usable images (or,
+        ``gpu_dtype`` float16, no ``cl_khr_fp16``).
     BuildError
         TVM could not build or export the co-executed model; the message names ``model`` and
         the first line of the cause (the original exception is its ``__cause__``).
@@ -173,6 +180,11 @@ def compile_coexec(
 
     if gpu_data_type not in ("buffer", "image"):
         raise ValueError(f"gpu_data_type: 'buffer' or 'image', got {gpu_data_type!r}")
+    if gpu_dtype not in ("float32", "float16") or (gpu_dtype, gpu_data_type) == (
+        "float16",
+        "buffer",
+    ):
+        raise ValueError(f"gpu_dtype: 'float32', or 'float16' with images, got {gpu_dtype!r}")
     gpu, cpu = _targets(gpu, cpu)
     plan.validate(mod)
     runtime.load()
@@ -188,7 +200,7 @@ def compile_coexec(
         from codl_tvm.runtime.images import image_caps
 
         caps = image_caps()
-        coexec_gpu_data_type(caps, "image", "float32")  # a device without images: raise
+        coexec_gpu_data_type(caps, "image", gpu_dtype)  # a device without images/fp16: raise
         with runtime.build_errors(model, "coexec"):
             ex, record = compile_coexec_images(
                 mod,
@@ -199,6 +211,7 @@ def compile_coexec(
                 kernel_splits=splits,
                 row_blocks=row_blocks,
                 issue_ahead=issue_ahead,
+                dtype=gpu_dtype,
             )
         splits["gpu_parts"] = record["gpu_parts"]
         vm_devices = VM_DEVICES

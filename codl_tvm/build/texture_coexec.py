@@ -77,6 +77,7 @@ from codl_tvm.schedules.settings import current_settings
 __all__ = [
     "VM_DEVICES",
     "coexec_gpu_data_type",
+    "coexec_gpu_dtype",
     "coexec_texture_pipeline",
     "compile_coexec_images",
     "image_record",
@@ -105,20 +106,28 @@ def coexec_gpu_data_type(caps: ImageCaps | None, data_type: str, dtype: str) -> 
     ``"auto"`` decides by capability here (images where the device has them, else buffers and
     why); a compile that measures then times both
     (:func:`codl_tvm.objectives.gpu_data.prepare_coexec_gpu_data`). ``"float16"`` GPU parts
-    are not built yet: they stay float32 (the reason says so).
+    compute on half images (:func:`coexec_gpu_dtype`); buffer GPU parts stay float32 (the
+    reason says so).
 
     Raises
     ------
     DeviceSupportError
-        ``"image"`` on a device without usable images (one line naming the device and limit).
+        ``"image"`` on a device without usable images, or ``"image"`` in float16 on one
+        without ``cl_khr_fp16`` or half images (one line naming the device and what it lacks).
     """
     notes = []
-    if dtype != "float32":
+    missing = "" if caps is None else texture.missing_image_support(caps, "float32")
+    if dtype == "float16" and not missing and data_type != "buffer" and caps is not None:
+        half = _missing_half(caps)
+        if half and data_type == "image":
+            raise DeviceSupportError(f"{half}, which gpu_dtype 'float16' needs", ("gpu_dtype",))
+        if half:  # auto: float32 images, and why
+            notes.append(f"{half}: the GPU parts compute in float32")
+    if dtype != "float32" and (data_type == "buffer" or missing):
         notes.append(
-            f"gpu_dtype {dtype!r} applies to builds for the GPU alone; co-executed GPU parts "
+            f"gpu_dtype {dtype!r} applies to co-executed GPU parts on images; buffer GPU parts "
             "compute in float32"
         )
-    missing = "" if caps is None else texture.missing_image_support(caps, "float32")
     if data_type == "auto" and missing:
         # auto never fails on a device without images: buffers, and why
         return "buffer", "; ".join([*notes, f"{missing}: the GPU parts keep buffers"])
@@ -127,6 +136,24 @@ def coexec_gpu_data_type(caps: ImageCaps | None, data_type: str, dtype: str) -> 
             f"{missing}; gpu_data_type 'image' needs images (use 'buffer')", ("gpu_data_type",)
         )
     return ("image" if data_type == "auto" else data_type), "; ".join(notes)
+
+
+def _missing_half(caps: ImageCaps) -> str:
+    """What the device ``caps`` describes lacks for half images (``cl_khr_fp16``, RGBA
+    CL_HALF_FLOAT image2d arrays), or ``""``."""
+    if not caps.fp16:
+        return f"OpenCL device '{caps.device}' lacks cl_khr_fp16"
+    return texture.missing_image_support(caps, "float16")
+
+
+def coexec_gpu_dtype(caps: ImageCaps | None, data_type: str, dtype: str) -> str:
+    """What a co-executed build's GPU parts compute in, given what :func:`coexec_gpu_data_type`
+    decided (``data_type``, ``"image"`` or ``"buffer"``) and the asked ``dtype``: float16 on
+    images of a device with ``cl_khr_fp16`` and half images (``caps`` None: a cross-compiling
+    preset, as asked), float32 otherwise (buffer GPU parts, the CPU parts: float32 always)."""
+    if dtype != "float16" or data_type != "image":
+        return "float32"
+    return "float16" if caps is None or not _missing_half(caps) else "float32"
 
 
 def _packed_kernel(func: tirx.PrimFunc) -> bool:
@@ -275,6 +302,7 @@ def coexec_texture_pipeline(
     weights: dict | None = None,
     issue_ahead: bool = True,
     record: dict | None = None,
+    dtype: str = "float32",
 ) -> tvm.transform.Pass:
     """The co-execution pipeline with the GPU parts on images (phases in the module docstring).
 
@@ -283,6 +311,9 @@ def coexec_texture_pipeline(
     presets), and ``caps``, the device's image limits (None:
     TVM's defaults), and ``record``, a dictionary receiving ``"gpu_parts"`` (each split's GPU
     part data type, :func:`image_record`) and ``"vm_devices"`` (:func:`vm_device_names`).
+    ``dtype``: what the GPU parts' packed operators compute in (``"float16"``: half images,
+    cast at the parts' conversions, :class:`~codl_tvm.passes.texture_parts.PackGpuParts`; the
+    CPU parts and the shared tensors float32).
     """
     tex_target = texture.texture_target(gpu_target, caps)
 
@@ -298,7 +329,7 @@ def coexec_texture_pipeline(
             phases = [
                 ("inference", coexec.inference_passes()),
                 ("partition", partition),
-                ("texture-layout", [relax.transform.FoldConstant(), PackGpuParts()]),
+                ("texture-layout", [relax.transform.FoldConstant(), PackGpuParts(dtype)]),
                 (
                     "algorithm",
                     coexec.algorithm_passes(gpu_target, cpu_target, settings=settings),
@@ -360,8 +391,9 @@ def compile_coexec_images(
 ) -> tuple[tvm.runtime.Executable, dict]:
     """Build ``mod`` co-executing ``plan`` with the GPU parts on images.
 
-    ``options`` are :func:`coexec_texture_pipeline`'s other keyword arguments. Returns the
-    executable and the record (``gpu_parts``, ``vm_devices``; see :func:`coexec_texture_pipeline`).
+    ``options`` are :func:`coexec_texture_pipeline`'s other keyword arguments (``dtype``:
+    ``"float16"`` GPU parts on half images). Returns the executable and the record
+    (``gpu_parts``, ``vm_devices``; see :func:`coexec_texture_pipeline`).
     """
     record: dict = {}
     pipeline = coexec_texture_pipeline(
@@ -371,9 +403,10 @@ def compile_coexec_images(
     executable = tvm.compile(mod, target=gpu_target, relax_pipeline=pipeline, tir_pipeline=tir)
     images = [r["split"] for r in record["gpu_parts"] if r["data_type"] == "image"]
     logger.info(
-        "co-executed build: the GPU parts of %d of %d splits compute on images%s",
+        "co-executed build: the GPU parts of %d of %d splits compute on %s images%s",
         len(images),
         len(record["gpu_parts"]),
+        options.get("dtype", "float32"),
         "" if len(images) == len(record["gpu_parts"]) else "; the record says why not the others",
     )
     return executable, record
