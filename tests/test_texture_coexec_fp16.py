@@ -32,7 +32,7 @@ from codl_tvm.cli.run import CHECK_TOLERANCE
 from codl_tvm.core.errors import DeviceSupportError
 from codl_tvm.core.plan import uniform_plan
 from codl_tvm.frontend.importer import load_onnx, random_inputs
-from codl_tvm.runtime.images import ImageCaps
+from codl_tvm.runtime.images import ImageCaps, image_caps
 from tests.texture_graphs import conv_pool_model
 
 CPU_PART = ["codl0_cpu_0_conv2d", "codl0_cpu_1_add", "codl0_cpu_2_relu"]
@@ -237,11 +237,18 @@ def _library_bytes(built) -> bytes:
     return Path(built.library).read_bytes()
 
 
+def _needs_fp16() -> None:
+    caps = image_caps()
+    if not caps.fp16:  # PoCL from pip has no cl_khr_fp16 on some CPUs
+        pytest.skip(f"OpenCL device '{caps.device}' lacks cl_khr_fp16")
+
+
 @pytest.mark.opencl
 @pytest.mark.parametrize("dim", ["H", "OC"])
 def test_conv_pool_half_gpu_parts_match_onnxruntime(opencl, tmp_path, dim):
     """OC 0.5 of 8 channels: 4 for the GPU, a whole pixel; H 0.5: half the rows."""
     ort = pytest.importorskip("onnxruntime")
+    _needs_fp16()
     proto = onnx.load(conv_pool_model(tmp_path / "m.onnx"))
     model = load_onnx(proto)
     plan = uniform_plan(model.mod, dim, 0.5)
@@ -261,6 +268,7 @@ def test_conv_pool_half_gpu_parts_match_onnxruntime(opencl, tmp_path, dim):
 
 @pytest.mark.opencl
 def test_compile_coexec_half_images_end_to_end(opencl, tmp_path, capsys):
+    _needs_fp16()
     _, model = onnx.load(bundled_model_path()), load_onnx(onnx.load(bundled_model_path()))
     plan = tmp_path / "plan.json"
     plan.write_text(uniform_plan(model.mod, "OC", 0.5).to_json())
