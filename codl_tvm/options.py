@@ -192,10 +192,11 @@ class CompileOptions:
         mixed precision, convs accumulating in half; inputs and outputs stay float32). Needs
         ``cl_khr_fp16`` on a device of this machine.
     tune_budget_s
-        Seconds to spend measuring, on this machine, the operators the cost model flags as
-        outside its data (``device="coexec"``, planned): whole on each processor and split at a
-        few GPU shares, the most expensive first (:func:`codl_tvm.objectives.tune.tune_operators`);
-        the planner then plans them on the measurements. Resumable: the measurements are kept
+        Seconds to spend measuring, on this machine (or the device behind ``tracker``), the
+        operators the cost model flags as outside its data (``device="coexec"``, planned):
+        whole on each processor and split at a few GPU shares, the most expensive first
+        (:func:`codl_tvm.objectives.tune.tune_operators`); the planner then plans them on the
+        measurements (recorded in the manifest's ``"tune"``). Resumable: the measurements are kept
         in ``tune/`` of ``build_cache`` (else of the user's cache directory) and a later compile
         measures only what is missing. None: no tuning.
     """
@@ -345,14 +346,15 @@ class CompileOptions:
             )
 
     def _check_tune(self) -> None:
-        """``tune_budget_s`` times operator parts on this machine for the planner."""
+        """``tune_budget_s`` times operator parts on this machine (or the tracker's device) for
+        the planner."""
         preset = get_preset(self.preset or "opencl")
+        cross = f"preset {preset.name!r} cross-compiles (give tracker and key to tune there)"
         for name, bad, why in (
-            ("preset", preset.is_cross, f"preset {preset.name!r} cross-compiles"),
+            ("preset", preset.is_cross and self.tracker is None, cross),
             ("device", self.device != "coexec", f"device is {self.device!r}, not 'coexec'"),
             ("plan", self.plan is not None, "a plan is given, the planner does not run"),
             ("measure", not self.measure, "measuring is switched off (measure=False)"),
-            ("tracker", self.tracker is not None, "the target is the tracker's device"),
         ):
             if bad:
                 raise OptionsError(

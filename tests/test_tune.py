@@ -49,10 +49,9 @@ def model():
     return load_onnx(bundled_model_path())
 
 
-@pytest.fixture(scope="module")
-def cost_model():
+def novel_cost_model():
     """The synthetic pair with a stored error (20% at p80) and the synthetic data's ranges:
-    some of the bundled CNN's operators lie outside them (novel)."""
+    some of the bundled CNN's operators lie outside them (novel). Also tests/test_tune_rpc.py's."""
     fitted = synthetic_cost_model(SyntheticDevice())
     stats = ErrorStats(1000, {"p80": 0.2, "p90": 0.4})
     roles = {"whole": stats, "split": stats, "all": stats}
@@ -63,6 +62,11 @@ def cost_model():
         "data_ranges": DataRanges.of(synthetic_records(SyntheticDevice())).to_json(),
     }
     return out
+
+
+@pytest.fixture(scope="module")
+def cost_model():
+    return novel_cost_model()
 
 
 @pytest.fixture(scope="module")
@@ -279,6 +283,105 @@ def test_plan_tune_follows_a_fed_cache(
     assert measured == {c.name for c in found}
 
 
+# -- what a compile records (manifest.json "tune") ---------------------------------------------
+
+
+def _fed_cache(config, cost_model, model, build_cache, skip_last: bool = True):
+    """The tune cache of a compile with ``build_cache``, fed with records of every part of every
+    flagged operator but the last (the cheapest: the compile measures it), the first's making
+    the GPU alone far cheaper. Returns the flagged operators and the fed records."""
+    found = tune_candidates(model.mod, cost_model, config)
+    path = tune_cache_file(tune_cache_dir(build_cache))
+    preset = get_preset(PRESET)
+    device = device_description(LocalSession(), preset.target("gpu"), preset.target("cpu"))
+    fed = {found[0].name: _fake_records(found[0], 100.0, 0.01, 50.0, device)}
+    for c in found[1:-1] if skip_last else found[1:]:
+        fed[c.name] = _fake_records(c, 1.0, 2.0, 1.5, device)
+    writer, _ = open_dataset(path, {"command": "test"}, TUNE_TIMING)
+    with writer:
+        for records in fed.values():
+            writer.extend(records)
+    return found, fed
+
+
+def _check_record(record, found, plan_ops):
+    """The counts of a manifest's "tune" add up, and each measured operator is the plan's."""
+    assert record["flagged"] == len(found)
+    assert record["measured"] + record["predicted"] == record["flagged"]
+    assert record["measured_fresh"] + record["measured_cached"] == record["measured"]
+    assert len(record["left"]) == record["predicted"]
+    assert record["on"] == "this machine" and record["device"]["remote"] is False
+    assert record["budget_s"] == 600 and 0 <= record["spent_s"]
+    names = [o["name"] for o in record["operators"]]
+    assert len(names) == record["measured"] and set(names) <= plan_ops
+    for o in record["operators"]:
+        assert o["whole_cpu_ms"] > 0 and o["whole_gpu_ms"] > 0 and o["splits"]
+        assert all(s["cpu_ms"] or s["gpu_ms"] for s in o["splits"])
+    return {o["name"]: o for o in record["operators"]}
+
+
+@pytest.mark.opencl
+def test_compile_records_tuning_in_its_manifest(
+    opencl, model, cost_model, cost_model_file, tmp_path, capsys
+):
+    """``compile --tune``'s manifest says what was flagged, measured (here, from the cache)
+    and left predicted, and the part times the plan was made on; a second compile with the
+    same cache takes every operator from it; a compile without --tune records nothing."""
+    cache = tmp_path / "build_cache"
+    with planning_context(PRESET, cost_model_file) as config:
+        found, fed = _fed_cache(config, cost_model, model, cache)
+    common = [str(bundled_model_path()), "--cost-model", str(cost_model_file)]
+    common += ["--build-cache", str(cache)]
+    art = tmp_path / "art"
+    assert main(["compile", *common, "-o", str(art), "--tune", "600"]) == 0
+    capsys.readouterr()
+    record = json.loads((art / "manifest.json").read_text())["tune"]
+    plan_ops = {e["op"] for e in json.loads((art / "plan.json").read_text())["ops"]}
+    ops = _check_record(record, found, plan_ops)
+    assert (record["measured_cached"], record["measured_fresh"]) == (len(fed), 1)
+    assert record["parts_measured"] == len(found[-1].jobs) and record["predicted"] == 0
+    assert record["cache"] == str(tune_cache_file(tune_cache_dir(cache)).resolve())
+    assert [n for n, o in ops.items() if not o["from_cache"]] == [found[-1].name]
+    # the fed times are the ones the plan was made on
+    first = ops[found[0].name]
+    assert (first["whole_cpu_ms"], first["whole_gpu_ms"]) == (100.0, 0.01)
+    assert {s[f"{p}_ms"] for s in first["splits"] for p in ("cpu", "gpu")} <= {50.0, None}
+    # the same cache again: nothing measured, every operator from it
+    again = tmp_path / "again"
+    assert main(["compile", *common, "-o", str(again), "--tune", "600"]) == 0
+    record = json.loads((again / "manifest.json").read_text())["tune"]
+    ops = _check_record(record, found, plan_ops)
+    assert record["measured_cached"] == len(found) and record["parts_measured"] == 0
+    assert all(o["from_cache"] for o in ops.values())
+    # no --tune, no record
+    plain = tmp_path / "plain"
+    assert main(["compile", *common, "-o", str(plain), "--no-measure"]) == 0
+    assert "tune" not in json.loads((plain / "manifest.json").read_text())
+
+
+@pytest.mark.opencl
+def test_plan_tune_report_records_tuning(
+    opencl, model, cost_model, cost_model_file, tmp_path, monkeypatch, capsys
+):
+    """``plan --tune --report R.json`` writes the record a compile's manifest gets; a budget
+    spent at once leaves every flagged operator predicted."""
+    monkeypatch.setenv("CODL_TVM_CACHE_DIR", str(tmp_path / "cache"))
+    with planning_context(PRESET, cost_model_file) as config:
+        found = tune_candidates(model.mod, cost_model, config)
+    out_report = tmp_path / "report.json"
+    args = ["plan", str(bundled_model_path()), "--cost-model", str(cost_model_file)]
+    assert main([*args, "--tune", "1e-9", "--report", str(out_report)]) == 0
+    assert "decision(s) measured" in capsys.readouterr().out
+    report = json.loads(out_report.read_text())
+    record = report["tune"]
+    counts = (record["flagged"], record["measured"], record["predicted"])
+    assert counts == (len(found), 0, len(found))
+    assert record["left"] == [c.name for c in found] and record["operators"] == []
+    assert all(d["provenance"] == "predicted" for d in report["decisions"])
+    assert main([*args, "--report", str(out_report)]) == 0
+    assert "tune" not in json.loads(out_report.read_text())
+
+
 # -- the command line ----------------------------------------------------------------------------
 
 
@@ -291,7 +394,6 @@ def test_plan_tune_follows_a_fed_cache(
         (["--tune", "5", "--preset", "linux-arm64-mali"], "'linux-arm64-mali' cross-compiles"),
         (["--tune", "5", "--device", "cpu"], "--device is 'cpu', not 'coexec'"),
         (["--tune", "5", "--dim", "H"], "a --plan is given"),
-        (["--tune", "5", "--tracker", "h:1", "--key", "k"], "the --tracker's device"),
         (["--tune", "5", "--objective", "throughput", "--groups", "gpu"], "--tune apply to"),
         (["--tune", "5", "--objective", "cold"], "--tune applies to --objective latency"),
     ],

@@ -12,7 +12,11 @@ that needs TVM's compiler (it runs with a runtime-only TVM, e.g. on a phone or a
 ``manifest.json``
     Format and version, the model (file, SHA-256, inputs, outputs), the processor set and VM
     device order, the targets, how the plan was made (planner mode, cost model file and its
-    SHA-256), codl-tvm and TVM versions, and the SHA-256 of every file in the directory.
+    SHA-256), codl-tvm and TVM versions, and the SHA-256 of every file in the directory. With
+    ``--tune``, ``"tune"``: the budget and seconds spent, where and on what the operators were
+    measured, the cache file, how many operators were flagged, measured (fresh or from the
+    cache) and left predicted, and each measured operator's part times the plan was made on
+    (:meth:`~codl_tvm.objectives.tune.TuneResult.record`).
 ``plan.json``, ``plan_report.json``, ``plan_report.txt``, ``placement.json``
     The partition plan, the planner's report (one row per operator or chain with its reason)
     and where each part runs (co-execution only).

@@ -507,7 +507,8 @@ def _verify_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--tracker",
         metavar="HOST:PORT",
-        help="with --verify: time the builds on a device behind this TVM RPC tracker",
+        help="with --verify: time the builds on a device behind this TVM RPC tracker; with "
+        "--tune: measure the tuned operators there too",
     )
     p.add_argument("--key", help="with --tracker: the device key")
 

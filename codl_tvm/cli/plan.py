@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 from pathlib import Path
 
 from codl_tvm.build.targets import PRESETS, get_preset
@@ -37,10 +38,11 @@ __all__ = [
 ]
 
 TUNE_HELP = (
-    "measure the operators outside the cost model's data on this machine (whole on each "
-    "processor and at a few GPU shares, the most expensive first) for up to SECONDS, and plan "
-    "them on the measurements (the report says measured); resumable: the measurements are "
-    "cached (compile: in --build-cache DIR/tune; else $CODL_TVM_CACHE_DIR or "
+    "measure the operators outside the cost model's data on this machine (compile: or on "
+    "--tracker's device; whole on each processor and at a few GPU shares, the most expensive "
+    "first) for up to SECONDS, and plan them on the measurements (the report says measured; "
+    "compile's manifest and plan --report record what was measured); resumable: the "
+    "measurements are cached (compile: in --build-cache DIR/tune; else $CODL_TVM_CACHE_DIR or "
     "~/.cache/codl-tvm, in tune/) and a rerun measures only what is missing"
 )
 
@@ -137,6 +139,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     model = load_onnx(args.model)
     placement = PlacementConfig(greedy_k=args.greedy_k, time_limit_s=args.time_limit_s)
     # the kernels `compile --preset P` builds (Winograd, packed, CPU-alone settings)
+    tuned = None
     with planning_context(preset, path, **settings) as config:
         if args.tune is not None:  # measured inside the context: the parts get its kernels
             tuned = tune_operators(
@@ -153,7 +156,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
         plan.save(args.output)
         print(f"wrote plan {args.output}")
     if args.report:
-        report.save(args.report)
+        record = report.to_dict()
+        if tuned is not None:  # what was measured, as a compile's manifest records it
+            record["tune"] = tuned.record()
+        Path(args.report).write_text(json.dumps(record, indent=2) + "\n")
         print(f"wrote report {args.report}")
     return 0
 

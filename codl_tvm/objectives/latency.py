@@ -326,14 +326,14 @@ class _Compile:
                 f"preset {self.preset.name!r} has no GPU; use device 'cpu'", ("device",)
             )
         self._coexec_cpu_kernels()
-        self.planner_config = dataclasses.replace(
+        config = dataclasses.replace(
             planner_config(self.preset),
             weight_gbps=o.weight_gbps,
             processor_scale=o.processor_scale,
             split_margin=o.split_margin,
             gpu_channels=planner_channels(self.libraries),
         )
-        self.planner_config = tuned_config(self.model.mod, self.planner_config, o, self.preset)
+        self.planner_config = tuned_config(self.model.mod, config, o, self.preset, manifest)
         self.start_candidate_builds()  # after tuning, whose timings they would disturb
         try:
             choice = resolve_plan(
