@@ -22,7 +22,7 @@ from codl_tvm.runtime.weights import PLACEMENTS
 __all__ = ["GPU_DATA_TYPES", "GPU_DTYPES", "CompileOptions", "OptionsError"]
 
 #: Where a GPU-alone build keeps its tensors: buffers, OpenCL images, or images where the device
-#: can hold them.
+#: can hold them (``CompileOptions.gpu_data_type`` None: the cost model's profile decides).
 GPU_DATA_TYPES = ("buffer", "image", "auto")
 
 #: The GPU tensors' type of a GPU-alone build.
@@ -170,8 +170,14 @@ class CompileOptions:
         runs, each awaited before its first use (:mod:`codl_tvm.runtime.weights`). ``verify``
         times embedded builds; the chosen one is built again with its weights beside.
     gpu_data_type
-        A build for the GPU alone (``device="opencl"``): its tensors in buffers (``"buffer"``,
-        the default) or, for the operators the texture layout covers (convs, pools, elementwise
+        None (default): the data type the cost model's profile chose for the device the compile
+        builds for (its ``meta["gpu_data_type"]``, ``codl-tvm profile --data-type``; images
+        where the model's tensors fit them, ``manifest["gpu"]["source"]`` ``"profile"``), for
+        the GPU alone and the GPU parts of co-executed builds; buffers where the cost model has
+        no profile or one of another device (a note says so,
+        :func:`codl_tvm.objectives.gpu_data.prepare_gpu_data`). A build for the GPU alone
+        (``device="opencl"``): its tensors in buffers (``"buffer"``) or, for the operators
+        the texture layout covers (convs, pools, elementwise
         ops), in OpenCL images (``"image"``, :func:`codl_tvm.build.texture.build_texture_gpu`,
         CoDL's GPU data type); a device without images, or whose images cannot hold the model's
         tensors, is an error (:class:`~codl_tvm.core.errors.DeviceSupportError`). ``"auto"``:
@@ -228,7 +234,7 @@ class CompileOptions:
     processor_scale: tuple[float, float] = (1.0, 1.0)
     weights: str = "embedded"
     split_margin: str = "novel"
-    gpu_data_type: str = "buffer"
+    gpu_data_type: str | None = None
     gpu_dtype: str = "float32"
     tune_budget_s: float | None = None
 
@@ -269,7 +275,8 @@ class CompileOptions:
                 f"weights {self.weights!r} is not one of {', '.join(PLACEMENTS)}", ("weights",)
             )
         for name, allowed in (("gpu_data_type", GPU_DATA_TYPES), ("gpu_dtype", GPU_DTYPES)):
-            if getattr(self, name) not in allowed:
+            value = getattr(self, name)
+            if value not in allowed and not (name == "gpu_data_type" and value is None):
                 raise OptionsError(
                     f"{name} {getattr(self, name)!r} is not one of {', '.join(allowed)}", (name,)
                 )
@@ -331,7 +338,7 @@ class CompileOptions:
                 "the CPU alone use those kernels already)",
                 ("coexec_cpu_alone", "device"),
             )
-        gpu = self.gpu_data_type != "buffer" or self.gpu_dtype != "float32"
+        gpu = self.gpu_data_type not in (None, "buffer") or self.gpu_dtype != "float32"
         if gpu and self.device == "cpu":
             raise OptionsError(
                 "gpu_data_type and gpu_dtype describe GPU builds; device is 'cpu'",

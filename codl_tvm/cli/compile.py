@@ -164,7 +164,7 @@ def _compile_throughput(args: argparse.Namespace, model_path: str) -> int:
             ("--device", args.device != "coexec"),
             ("--mode", args.mode != "codl"),
             ("--weights", args.weights is not None),
-            ("--gpu-data-type", args.gpu_data_type != "buffer"),
+            ("--gpu-data-type", args.gpu_data_type is not None),
             ("--gpu-dtype", args.gpu_dtype != "float32"),
             ("--tune", args.tune is not None),
         )
@@ -406,8 +406,10 @@ def _kernel_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--gpu-data-type",
         choices=GPU_DATA_TYPES,
-        default="buffer",
-        help="--device opencl: keep GPU tensors in buffers (default) or, for convs, pools and "
+        default=None,
+        help="default: the data type the cost model's profile chose for this device (`codl-tvm "
+        "profile --data-type`), else buffers. --device opencl: keep GPU tensors in buffers or, "
+        "for convs, pools and "
         "elementwise ops, in OpenCL images (CoDL's GPU data type; a device without images or "
         "too small for the model's tensors is an error); auto: build both (images where the "
         "device can hold them), time them on this machine (or on --tracker's device) and "

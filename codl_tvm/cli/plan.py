@@ -20,6 +20,7 @@ from codl_tvm.core.plan import PlanError
 from codl_tvm.cost_model.base import load_model
 from codl_tvm.cost_model.defaults import cost_model_path
 from codl_tvm.frontend.importer import OnnxModel, load_onnx
+from codl_tvm.objectives.gpu_data import profiled_data_type
 from codl_tvm.objectives.tune import tune_cache_dir, tune_operators, tune_unreachable
 from codl_tvm.planner.placement.modes import ALL_MODES, PlacementConfig, make_plan
 from codl_tvm.planner.policy import DEFAULT_PRESET, PlanChoice, planning_context, resolve_plan
@@ -136,6 +137,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     _check_tune(args.tune, preset)
     path = cost_model_path(args.cost_model, preset)
     cost_model = load_model(path)
+    if profiled_data_type(path, get_preset(preset)).data_type == "image":
+        settings["gpu_channels"] = 4  # compile's GPU parts go on images: whole RGBA pixels
     model = load_onnx(args.model)
     placement = PlacementConfig(greedy_k=args.greedy_k, time_limit_s=args.time_limit_s)
     # the kernels `compile --preset P` builds (Winograd, packed, CPU-alone settings)

@@ -25,16 +25,34 @@ their own dataset, fitted together with the direct one::
 
     codl-tvm profile --sample 20 --winograd --packed -o data/local-algos.jsonl
     codl-tvm cost-model fit data/local.jsonl data/local-algos.jsonl --kind gbdt -o m.json
+
+The GPU data type of this machine's OpenCL device, buffers against images on common operators
+(:mod:`codl_tvm.profiling.data_type`), into a copy of a cost model (``meta["gpu_data_type"]``,
+which ``compile`` then follows on this device) or a file of its own::
+
+    codl-tvm profile --data-type --cost-model m.json --out m-images.json
+    codl-tvm profile --data-type --out gpu-data-type.json
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+from pathlib import Path
 
 from codl_tvm.core.errors import CliError, ProfileError
+from codl_tvm.cost_model.base import CostModel
+from codl_tvm.cost_model.defaults import cost_model_path
 from codl_tvm.cost_model.features import DIMS
 from codl_tvm.cost_model.part_ir import algorithm_switches
+from codl_tvm.profiling.data_type import (
+    META_KEY,
+    OPERATORS,
+    operators_named,
+    profile_data_type,
+    write_record,
+    write_with_record,
+)
 from codl_tvm.profiling.farm import FarmOptions, profile_farm
 from codl_tvm.profiling.profile import (
     compile_jobs,
@@ -88,6 +106,11 @@ def cmd_profile(args: argparse.Namespace) -> int:
     # with a runtime-only TVM
     from codl_tvm.schedules import cpu_alone_settings, packed_enabled, winograd_enabled
 
+    if args.data_type:
+        return _profile_data_type(args)
+    for flag, given in (("--cost-model", args.cost_model), ("--data-type-ops", args.data_type_ops)):
+        if given:
+            raise CliError(f"{flag} goes with --data-type")
     if args.cpu_alone and not (args.winograd or args.packed):
         raise CliError(
             "--cpu-alone changes only the Winograd and packed CPU kernels: add --winograd "
@@ -164,6 +187,57 @@ def _profile(args: argparse.Namespace) -> int:
             remote.close()
 
 
+def _profile_data_type(args: argparse.Namespace) -> int:
+    """``--data-type``: buffers against images on this machine's OpenCL device, recorded."""
+    others = [
+        flag
+        for flag, given in (
+            ("--model", args.model),
+            ("--sample", args.sample),
+            ("--compile-dir", args.compile_dir),
+            ("--run-dir", args.run_dir),
+            ("--rpc", args.rpc),
+            ("--farm", args.farm),
+            ("--winograd", args.winograd),
+            ("--packed", args.packed),
+            ("--cpu-alone", args.cpu_alone),
+        )
+        if given
+    ]
+    if others:
+        raise CliError(
+            f"--data-type measures this machine's OpenCL device on its own operators; drop "
+            f"{', '.join(others)}"
+        )
+    if not args.output:
+        raise CliError(
+            "--data-type needs --out FILE.json: the record, or with --cost-model M the copy of M "
+            "that carries it"
+        )
+    out = Path(args.output)
+    if out.exists():
+        raise CliError(f"--out {out} exists; give a new file (nothing is overwritten)")
+    source = None
+    if args.cost_model:
+        source = cost_model_path(args.cost_model)
+        CostModel.load(source)  # a file that is no cost model fails now, not after measuring
+    operators = operators_named(args.data_type_ops) if args.data_type_ops else OPERATORS
+    if args.tvm_cpus:
+        _pin(args)
+    record = profile_data_type(operators, args.repeats, args.preset or "opencl", args.work_dir)
+    if source is None:
+        write_record(record, out)
+        print(f"GPU data type {record.data_type}: wrote {out}")
+    else:
+        write_with_record(source, record, out)
+        print(f"GPU data type {record.data_type}: wrote {out}, {source.name} with meta.{META_KEY}")
+    return 0
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(n.strip() for n in text.split(",") if n.strip())
+
+
 #: The flag of each FarmOptions field that ``--farm`` sets.
 _FARM_FLAGS = {
     "tracker": "--rpc",
@@ -236,7 +310,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-gflops", type=float, default=2.0, help="reject sampled shapes above this")
     p.add_argument("--ratios", type=_floats, default=(0.0, 0.25, 0.5, 0.75, 1.0))
     p.add_argument("--dims", type=_dims, default=("H", "OC"))
-    p.add_argument("-o", "--output", help="dataset to write or resume (.jsonl)")
+    p.add_argument(
+        "-o",
+        "--output",
+        "--out",
+        help="dataset to write or resume (.jsonl); with --data-type the record's new file",
+    )
     g = p.add_mutually_exclusive_group()
     g.add_argument("--compile-dir", help="only compile the parts into DIR (run with --run-dir)")
     g.add_argument("--run-dir", help="measure the parts compiled into DIR")
@@ -314,4 +393,25 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--job-timeout", type=float, default=300.0, help="seconds per job (--farm)")
     p.add_argument("--retries", type=int, default=2, help="extra attempts per failed job (--farm)")
+    p.add_argument(
+        "--data-type",
+        action="store_true",
+        help="measure this machine's OpenCL device's GPU data type instead: common operators "
+        "built for the GPU alone with buffers and with images, timed round-robin (--repeats "
+        "rounds, the median kept); images are kept only where clearly faster (geometric mean "
+        "below 0.95x); a device without images records buffers and why. Written to --out, "
+        "or with --cost-model into a copy of that model (meta.gpu_data_type), which compile "
+        "follows on this device",
+    )
+    p.add_argument(
+        "--cost-model",
+        help="with --data-type: the cost model (a file or a shipped model's name) to copy to "
+        "--out with the record (the file itself is never changed)",
+    )
+    p.add_argument(
+        "--data-type-ops",
+        type=_names,
+        metavar="NAMES",
+        help=f"with --data-type: only these operators ({', '.join(o.name for o in OPERATORS)})",
+    )
     p.set_defaults(func=cmd_profile)

@@ -21,6 +21,7 @@ from codl_tvm.options import CompileOptions
 from codl_tvm.runtime.cpu_features import missing_cpu_features
 
 __all__ = [
+    "LOCAL_PRESETS",
     "MEASURE_ROUNDS",
     "cost_model_mismatch",
     "gpu_data_measurement",
@@ -31,7 +32,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 #: Presets that build for this machine's own OpenCL device and CPU.
-_LOCAL_PRESETS = ("opencl", "host", "pocl")
+LOCAL_PRESETS = ("opencl", "host", "pocl")
 
 #: Rounds of timing when ``compile`` measures by default (each round times every build twice,
 #: round-robin, so drift does not favour one; the median decides).
@@ -118,7 +119,7 @@ def cost_model_mismatch(
 ) -> str | None:
     """Why the cost model at ``path`` does not describe the device a compile for ``preset``
     runs on here (None: it does, or the build is for another machine), logged once."""
-    if preset.name not in _LOCAL_PRESETS or options.remote is not None:
+    if preset.name not in LOCAL_PRESETS or options.remote is not None:
         return None  # built for another machine: its device is not this one's
     here = local_device()
     meta = json.loads(path.read_text()).get("meta", {})
