@@ -424,8 +424,9 @@ def _kernel_flags(p: argparse.ArgumentParser) -> None:
         "--gpu-dtype",
         choices=GPU_DTYPES,
         default="float32",
-        help="--device opencl: GPU tensors in float32 (default) or float16 (convs accumulate "
-        "in half; inputs and outputs stay float32; needs cl_khr_fp16)",
+        help="GPU tensors in float32 (default) or float16 (convs accumulate in half; inputs "
+        "and outputs stay float32; needs cl_khr_fp16): the GPU alone (--device opencl), or "
+        "the GPU parts on images of co-executed builds",
     )
     p.add_argument(
         "--split-channel-blocks",

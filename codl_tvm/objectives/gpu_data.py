@@ -223,6 +223,8 @@ def record_coexec_gpu_data(
     gpu.update(measured_ms=ms, samples_ms=samples_ms, measured_on=where)
     gpu["rounds"] = rounds
     gpu["data_type"] = "image" if chosen == IMAGE_CANDIDATE else "buffer"
+    if gpu["data_type"] == "buffer":
+        gpu["dtype"] = "float32"  # float16 GPU parts exist only on images
     if chosen in names.values():
         manifest.vm_devices = libraries.gpu_vm_devices()
         kept = f"keeping {gpu['data_type']}s"
