@@ -32,8 +32,8 @@ from pathlib import Path
 import tvm
 from tvm.runtime.vm import VirtualMachine
 
+import codl_tvm
 from codl_tvm import runtime
-from codl_tvm.build.coexec import compile_coexec
 from codl_tvm.build.runner import build, default_target, max_abs_difference
 from codl_tvm.build.texture import build_texture_gpu, check_device, packed_tensors
 from codl_tvm.core.plan import ChainPlan, OpPartition, PartitionPlan
@@ -110,7 +110,7 @@ plan = PartitionPlan(
     ops=(OpPartition("conv2d_1", "OC", 0.4),),
     chains=(ChainPlan(("conv2d_4", "conv2d_5", "conv2d_6", "avg_pool2d_7"), "H", 0.5),),
 )
-coexec = compile_coexec(model.mod, plan, gpu_data_type="image")
+coexec = codl_tvm.compile(model.mod, plan, gpu_data_type="image")
 for part in coexec.kernel_splits["gpu_parts"]:
     print(f"  {part['split']:24} {part['data_type']:6} {part.get('why', '')}".rstrip())
 chain = "conv2d_4..avg_pool2d_7"
