@@ -56,8 +56,12 @@ if TYPE_CHECKING:
     from codl_tvm.cost_model.measured import MeasuredModel
 
 __all__ = [
+    "GPU_DATA_TYPE_META",
+    "IMAGE_CONVERSION_KINDS",
+    "IMAGE_SHARING_KINDS",
     "MODEL_FORMAT",
     "MODEL_KINDS",
+    "MODEL_SHARING_KINDS",
     "MODEL_VERSION",
     "CoexecLatency",
     "CostModel",
@@ -103,6 +107,23 @@ def finite_number(obj: Mapping, key: str) -> float:
 # Data-sharing costs (CoDL section 5.1).
 
 
+#: The key of a cost model's ``meta`` where ``codl-tvm profile --data-type`` records the GPU
+#: data type it measured and the image conversions' fit
+#: (:data:`codl_tvm.profiling.data_type.META_KEY`).
+GPU_DATA_TYPE_META = "gpu_data_type"
+
+#: The image conversions of CoDL's hybrid data type, by direction, as sharing kinds: ``pack``
+#: (an NCHW float32 buffer to an NCHW4c image, where a GPU part on images starts) and
+#: ``unpack`` (back, where it ends); linear in the buffer's bytes. Measured by
+#: ``codl-tvm profile --data-type`` (the record's ``"conversion"``), not by the sharing
+#: profiler: :meth:`SharingModel.with_conversion` adds them to a model.
+IMAGE_CONVERSION_KINDS: dict[str, str] = {"pack": "image_pack", "unpack": "image_unpack"}
+IMAGE_SHARING_KINDS: tuple[str, ...] = tuple(IMAGE_CONVERSION_KINDS.values())
+
+#: Every kind a :class:`SharingModel` predicts: the dataset's and the image conversions.
+MODEL_SHARING_KINDS: tuple[str, ...] = (*SHARING_KINDS, *IMAGE_SHARING_KINDS)
+
+
 @dataclass(frozen=True)
 class _Linear:
     intercept_ms: float
@@ -113,9 +134,18 @@ class _Linear:
         return self.intercept_ms + self.ms_per_byte * nbytes
 
 
+def _fit_line(nbytes: Sequence[float], latency_ms: np.ndarray) -> _Linear:
+    """``latency_ms ~ intercept + slope * nbytes``, non-negative (one sample: a constant)."""
+    x = np.array(nbytes, dtype=np.float64)
+    a = np.stack([np.ones_like(x), x], axis=1)
+    coef = nnls(a, latency_ms) if len(x) > 1 else np.array([latency_ms[0], 0.0])
+    return _Linear(float(coef[0]), float(coef[1]), len(x))
+
+
 class SharingModel:
-    """Data-sharing latency per kind: linear in bytes (transform, map, unmap) or a constant
-    upper bound (pre-sync, post-sync: no pattern in bytes, CoDL Fig. 14b).
+    """Data-sharing latency per kind: linear in bytes (transform, map, unmap, and the image
+    conversions of :data:`IMAGE_SHARING_KINDS`) or a constant upper bound (pre-sync, post-sync:
+    no pattern in bytes, CoDL Fig. 14b).
 
     Coefficients are non-negative (non-negative least squares).
     """
@@ -141,16 +171,52 @@ class SharingModel:
             if kind in cls.CONSTANT_KINDS:
                 constant[kind] = float(np.quantile(y, presync_quantile))
                 continue
-            x = np.array([r.nbytes for r in recs], dtype=np.float64)
-            a = np.stack([np.ones_like(x), x], axis=1)
-            coef = nnls(a, y) if len(recs) > 1 else np.array([y[0], 0.0])
-            linear[kind] = _Linear(float(coef[0]), float(coef[1]), len(recs))
+            linear[kind] = _fit_line([r.nbytes for r in recs], y)
         return cls(linear, constant)
+
+    @classmethod
+    def fit_samples(cls, samples: Mapping[str, Sequence[tuple[float, float]]]) -> SharingModel:
+        """Fit linear kinds from ``kind -> [(nbytes, latency_ms), ...]`` (the image
+        conversions, which no dataset record holds), as :meth:`fit` fits a linear kind:
+        non-negative least squares, one sample giving a constant.
+
+        Raises
+        ------
+        ValueError
+            A kind that is not linear, or one without samples.
+        """
+        linear = {}
+        for kind, pairs in samples.items():
+            if kind not in MODEL_SHARING_KINDS or kind in cls.CONSTANT_KINDS or not pairs:
+                raise ValueError(f"fit_samples: {kind!r} needs samples of a linear sharing kind")
+            linear[kind] = _fit_line([b for b, _ in pairs], np.array([ms for _, ms in pairs]))
+        return cls(linear)
+
+    def with_conversion(self, conversion: Mapping[str, Mapping]) -> SharingModel:
+        """A copy with the image conversions of ``conversion`` (a data-type record's
+        ``"conversion"``: ``{"pack": {"intercept_ms", "ms_per_byte", "n"}, "unpack": ...}``,
+        :data:`IMAGE_CONVERSION_KINDS`) as linear kinds; other keys are ignored.
+
+        Raises
+        ------
+        ValueError
+            A direction's fit is not finite numbers.
+        """
+        linear = dict(self.linear)
+        for direction, kind in IMAGE_CONVERSION_KINDS.items():
+            fit = conversion.get(direction)
+            if fit is not None:
+                linear[kind] = _Linear(
+                    finite_number(fit, "intercept_ms"),
+                    finite_number(fit, "ms_per_byte"),
+                    int(fit["n"]),
+                )
+        return SharingModel(linear, self.constant_ms)
 
     def predict(self, kind: str, nbytes: float) -> float:
         """Latency in ms of one ``kind`` step sharing ``nbytes`` (0 where never measured)."""
-        if kind not in SHARING_KINDS:
-            raise ValueError(f"sharing kind {kind!r} is not one of {SHARING_KINDS}")
+        if kind not in MODEL_SHARING_KINDS:
+            raise ValueError(f"sharing kind {kind!r} is not one of {MODEL_SHARING_KINDS}")
         if kind in self.constant_ms:
             return self.constant_ms[kind]
         if kind in self.linear:
@@ -175,7 +241,7 @@ class SharingModel:
             for k, v in obj["linear"].items()
         }
         for k in (*linear, *obj["constant_ms"]):
-            if k not in SHARING_KINDS:
+            if k not in MODEL_SHARING_KINDS:
                 raise ValueError(f"unknown sharing kind {k!r}")
         return cls(linear, {k: finite_number(obj["constant_ms"], k) for k in obj["constant_ms"]})
 

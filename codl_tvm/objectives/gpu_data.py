@@ -262,6 +262,9 @@ def kept_gpu_data(manifest: Manifest, libraries: Libraries, built: Path) -> None
 def planner_channels(libraries: Libraries) -> int:
     """The planner's ``gpu_channels`` for a compile (:class:`~codl_tvm.planner.PlannerConfig`):
     4, one RGBA pixel, where co-executed GPU parts may compute on images (``image`` asked, or
-    ``auto`` where the device has them), so OC cuts give the GPU whole pixels; else 1."""
+    ``auto`` where the device has them), so OC cuts give the GPU whole pixels; else 1. The
+    planner then also charges each GPU part its image conversions
+    (``PlannerConfig.gpu_images``, on where ``gpu_channels > 1``), predicted by the conversion
+    fit of the cost model's profile (``codl-tvm profile --data-type``) where it has one."""
     images = libraries.gpu_data["data_type"] == "image" or libraries.measure_images
     return 4 if libraries.gpu_data_device == "coexec" and images else 1

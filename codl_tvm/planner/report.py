@@ -60,6 +60,11 @@ class Decision:
     margin_ms
         The gain the operator's best split had to predict to be chosen
         (``PlannerConfig.split_margin``); ``None`` where no margin applied.
+    conversion_ms
+        For a split operator or a chain whose GPU parts are on images
+        (``PlannerConfig.gpu_images``): the part of ``sharing_ms`` that is the GPU part's image
+        conversions (the pack of its input, the unpack of its output); ``None`` otherwise, and
+        then left out of :meth:`to_dict`.
     """
 
     ops: tuple[str, ...]
@@ -79,6 +84,7 @@ class Decision:
     expected_error: float | None = None
     novel: tuple[str, ...] = ()
     margin_ms: float | None = None
+    conversion_ms: float | None = None
 
     @property
     def source(self) -> str:
@@ -96,6 +102,8 @@ class Decision:
         out = asdict(self)
         out["ops"] = list(self.ops)
         out["novel"] = list(self.novel)
+        if self.conversion_ms is None:  # GPU parts on buffers: the report as before images
+            del out["conversion_ms"]
         return out
 
 

@@ -14,6 +14,12 @@ their geometric-mean time over the operators is clearly below the buffers'
 (:data:`IMAGE_THRESHOLD`). A device without image support gets buffers, with the reason, and
 nothing is built.
 
+Where images are timed, the conversions between the two layouts are timed alone too
+(:func:`codl_tvm.profiling.image_conversion.measure_conversions`: packing an NCHW float32
+buffer into an NCHW4c image and unpacking it back, at a few sizes, a line fitted to each
+direction): the record's ``"conversion"``, which the planner charges to the GPU parts of a
+plan on images (:func:`codl_tvm.planner.split.predict.calibrated_model`).
+
 The result, a :class:`DataTypeRecord`, goes into a copy of a cost model file, as its
 ``meta["gpu_data_type"]`` beside ``meta["device"]`` (:func:`write_with_record`), or a file of
 its own (:func:`write_record`); a compile whose cost model carries one measured on its device
@@ -45,8 +51,13 @@ from codl_tvm import runtime
 from codl_tvm.build.cache import BuildSpec, build_library
 from codl_tvm.build.targets import TargetPreset, cpu_record, get_preset
 from codl_tvm.core.errors import ModelFileError, ProfileError
-from codl_tvm.cost_model.base import CostModel
+from codl_tvm.cost_model.base import GPU_DATA_TYPE_META, CostModel
 from codl_tvm.cost_model.fitted_device import describe_device, local_device
+from codl_tvm.profiling.image_conversion import (
+    CONVERSION_SIZES,
+    ConversionTiming,
+    measure_conversions,
+)
 from codl_tvm.profiling.timing import TimingConfig, runs_per_sample
 from codl_tvm.runtime.cpu_features import missing_cpu_features
 from codl_tvm.runtime.images import image_caps
@@ -56,6 +67,7 @@ __all__ = [
     "IMAGE_THRESHOLD",
     "META_KEY",
     "OPERATORS",
+    "ConversionTiming",
     "DataTypeOp",
     "DataTypeRecord",
     "OperatorTiming",
@@ -69,7 +81,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 #: The key of the record in a cost model file's ``meta``.
-META_KEY = "gpu_data_type"
+META_KEY = GPU_DATA_TYPE_META
 
 #: Images are chosen only where their geometric-mean time over the operators is below this
 #: fraction of the buffers': a tie (within the run-to-run noise of a few percent) keeps
@@ -293,6 +305,9 @@ class DataTypeRecord:
         Each operator's medians.
     rounds
         Rounds of timing.
+    conversion
+        The image conversions timed alone (None: not timed, a device without images or a
+        conversion build that failed).
     """
 
     data_type: str
@@ -302,6 +317,7 @@ class DataTypeRecord:
     threshold: float = IMAGE_THRESHOLD
     operators: tuple[OperatorTiming, ...] = ()
     rounds: int = 0
+    conversion: ConversionTiming | None = None
     version: int = field(default=RECORD_VERSION)
 
     def describe_device(self) -> str:
@@ -319,6 +335,7 @@ class DataTypeRecord:
             "device_description": self.describe_device(),
             "rounds": self.rounds,
             "operators": [t.to_json() for t in self.operators],
+            **({} if self.conversion is None else {"conversion": self.conversion.to_json()}),
         }
 
     @classmethod
@@ -339,6 +356,9 @@ class DataTypeRecord:
                 float(obj.get("threshold", IMAGE_THRESHOLD)),
                 tuple(OperatorTiming.from_json(t) for t in obj.get("operators", ())),
                 int(obj.get("rounds", 0)),
+                None
+                if obj.get("conversion") is None
+                else ConversionTiming.from_json(obj["conversion"]),
             )
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
             what = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)
@@ -350,9 +370,12 @@ def profile_data_type(
     rounds: int = DEFAULT_ROUNDS,
     preset: str | TargetPreset = "opencl",
     work_dir: str | Path | None = None,
+    conversion_sizes: Sequence[tuple[int, int, int]] = CONVERSION_SIZES,
 ) -> DataTypeRecord:
     """Measure buffers against images for ``operators`` on this machine's OpenCL device (the
-    one the runtime selects: ``CODL_OPENCL_PLATFORM``, ``CODL_OPENCL_DEVICE``) and choose.
+    one the runtime selects: ``CODL_OPENCL_PLATFORM``, ``CODL_OPENCL_DEVICE``) and choose;
+    time the image conversions alone at ``conversion_sizes``
+    (:func:`~codl_tvm.profiling.image_conversion.measure_conversions`).
 
     Parameters
     ----------
@@ -364,12 +387,16 @@ def profile_data_type(
         A target preset of this machine with a GPU (``opencl``, ``pocl``).
     work_dir
         Where the libraries are built (default: a temporary folder, removed).
+    conversion_sizes
+        The NCHW ``(channels, height, width)`` tensors whose conversions are timed (default
+        :data:`~codl_tvm.profiling.image_conversion.CONVERSION_SIZES`; empty: none, the
+        record has no ``"conversion"``).
 
     Returns
     -------
     DataTypeRecord
-        Each operator's medians and the choice (:func:`choose_data_type`); on a device
-        without images, ``"buffer"`` and why, nothing built.
+        Each operator's medians, the choice (:func:`choose_data_type`) and the conversions'
+        medians and fits; on a device without images, ``"buffer"`` and why, nothing built.
 
     Raises
     ------
@@ -411,8 +438,16 @@ def profile_data_type(
         folder = Path(work_dir) if work_dir is not None else Path(tmp)
         folder.mkdir(parents=True, exist_ok=True)
         timings = _measure(tuple(operators), rounds, preset_obj, folder)
+        conversion = None
+        if conversion_sizes:
+            try:
+                conversion = measure_conversions(conversion_sizes, rounds, preset_obj, folder)
+            except ProfileError as exc:  # the choice stands without them
+                logger.warning("GPU data type: image conversions not timed: %s", exc)
     data_type, ratio, reason = choose_data_type(timings)
-    record = DataTypeRecord(data_type, reason, device, ratio, IMAGE_THRESHOLD, timings, rounds)
+    record = DataTypeRecord(
+        data_type, reason, device, ratio, IMAGE_THRESHOLD, timings, rounds, conversion
+    )
     logger.info("GPU data type on %s: %s", record.describe_device(), reason)
     return record
 

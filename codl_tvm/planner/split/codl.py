@@ -77,8 +77,17 @@ def _whole(op: OpEstimate, prefer: str | None = None) -> tuple[str, float]:
 
 
 def _parts(s: SplitEstimate) -> dict[str, float]:
-    """A split's predicted parts, as :class:`Decision` records them."""
-    return {"cpu_part_ms": s.cpu_ms, "gpu_part_ms": s.gpu_ms, "sharing_ms": s.sharing_ms}
+    """A split's predicted parts, as :class:`Decision` records them (the image conversions
+    where the GPU parts are on images)."""
+    parts = {"cpu_part_ms": s.cpu_ms, "gpu_part_ms": s.gpu_ms, "sharing_ms": s.sharing_ms}
+    if s.conversion_ms is not None:
+        parts["conversion_ms"] = s.conversion_ms
+    return parts
+
+
+def _of_it_conversion(ms: float | None) -> str:
+    """``, 0.120 of it image conversions`` where a GPU part on images converts, else ``""``."""
+    return "" if not ms else f", {ms:.3f} of it image conversions"
 
 
 def _op_decision(
@@ -117,7 +126,7 @@ def _dense_conv(op: OpEstimate) -> bool:
 def _fmt_split(s: SplitEstimate) -> str:
     return (
         f"{s.dim}@{s.ratio:g} {s.total_ms:.3f} ms (cpu part {s.cpu_ms:.3f}, gpu part "
-        f"{s.gpu_ms:.3f}, sharing {s.sharing_ms:.3f})"
+        f"{s.gpu_ms:.3f}, sharing {s.sharing_ms:.3f}{_of_it_conversion(s.conversion_ms)})"
     )
 
 
@@ -272,10 +281,14 @@ class SplitPlanner:
                 )
         return notes
 
-    def switch_ms(self, op: OpEstimate, dim: str) -> float:
-        """Sharing costs of moving a whole operator's input and output between processors."""
+    def switch_ms(self, op: OpEstimate, dim: str, to: str = "cpu") -> float:
+        """Sharing costs of moving a whole operator's input and output between processors
+        (``to`` the GPU: with the image conversions of its input and output where the GPU
+        parts are on images, :meth:`~codl_tvm.planner.split.predict.Predictor.\
+whole_conversion_ms`)."""
         nbytes = shared_nbytes(op.params, Partition(dim, 0.0), self.config.dtype_bytes)
-        return self.pred.sharing_ms(nbytes)
+        conversion = self.pred.whole_conversion_ms(op) if to == "gpu" else None
+        return self.pred.sharing_ms(nbytes) + (conversion or 0.0)
 
     def decide(
         self, op: OpEstimate, home: str | None = None
@@ -288,16 +301,21 @@ class SplitPlanner:
         switch = ""
         if home is not None and self.config.switch_costs:
             away = "cpu" if home == "gpu" else "gpu"
-            moved = self.switch_ms(op, dim0)
+            moved = self.switch_ms(op, dim0, away)
             cost = {home: _whole(op, home)[1], away: _whole(op, away)[1] + moved}
             proc = min(cost, key=cost.get)
             whole_ms = cost[proc]
+            converts = self.pred.whole_conversion_ms(op) if away == "gpu" else None
             if proc == away:
-                switch = f", {moved:.3f} ms of it moving data from/to the {home.upper()}"
+                switch = (
+                    f", {moved:.3f} ms of it moving data from/to the {home.upper()}"
+                    f"{_of_it_conversion(converts)}"
+                )
             elif _whole(op)[0] == away:
                 switch = (
                     f"; the {away.upper()} alone is faster but not by the "
                     f"{moved:.3f} ms of moving data from/to the {home.upper()}"
+                    f"{_of_it_conversion(converts)}"
                 )
         split = self.best_split(op, self.config.dims)
         ratio = 1.0 if proc == "gpu" else 0.0
@@ -491,7 +509,8 @@ class SplitPlanner:
                 nochain = sum(singles[n][0].coexec_ms for n in names)
                 reason = (
                     f"chain {s.dim}@{s.ratio:g}: {s.total_ms:.3f} ms (cpu parts {s.cpu_ms:.3f}, "
-                    f"gpu parts {s.gpu_ms:.3f}, sharing at entry/exit {s.sharing_ms:.3f}) vs "
+                    f"gpu parts {s.gpu_ms:.3f}, sharing at entry/exit {s.sharing_ms:.3f}"
+                    f"{_of_it_conversion(s.conversion_ms)}) vs "
                     f"{nochain:.3f} ms planned one by one: gains {gain:.3f} ms"
                 )
                 rows.append(

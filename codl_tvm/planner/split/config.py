@@ -129,6 +129,19 @@ class PlannerConfig:
     gpu_channels_slack
         How much slower (a fraction of its predicted latency) a rounded split may be predicted
         than the best split and still be taken.
+    gpu_images
+        The GPU parts compute on images (CoDL's hybrid data type,
+        :class:`~codl_tvm.passes.texture_parts.PackGpuParts`), so each pays the image
+        conversions at its ends, in its sharing cost: a split's GPU part the pack of its input
+        and the unpack of its output, a chain's only at its ends, and a
+        whole operator moved to the GPU from a CPU home the conversions of its input and
+        output (:meth:`~codl_tvm.planner.split.predict.Predictor.conversion_ms`; convs, the
+        operators whose GPU parts go on images). The cost comes from the cost model's
+        ``image_pack`` / ``image_unpack`` sharing kinds, or from the conversion fit of its
+        ``meta["gpu_data_type"]`` record (``codl-tvm profile --data-type``); without either,
+        it is 0 and the plan is the buffers' one. None (default): on exactly where
+        ``gpu_channels > 1``, which a compile sets where its GPU parts go on images
+        (:func:`codl_tvm.objectives.gpu_data.planner_channels`). :attr:`images` resolves it.
     """
 
     ratios: tuple[float, ...] = DEFAULT_RATIOS
@@ -150,6 +163,7 @@ class PlannerConfig:
     tuned_parts: MeasuredModel | None = None
     gpu_channels: int = 1
     gpu_channels_slack: float = 0.05
+    gpu_images: bool | None = None
 
     def __post_init__(self) -> None:
         ratios = tuple(sorted({float(r) for r in self.ratios}))
@@ -197,11 +211,21 @@ class PlannerConfig:
             raise PlannerError(
                 f"planner: gpu_channels_slack must be in [0, 1), got {self.gpu_channels_slack!r}"
             )
+        if self.gpu_images is not None and not isinstance(self.gpu_images, bool):
+            raise PlannerError(
+                f"planner: gpu_images must be True, False or None, got {self.gpu_images!r}"
+            )
         for triple in self.impls:
             if len(triple) != 3 or triple[1] not in ("cpu", "gpu"):
                 raise PlannerError(
                     f"planner: impls entries are (op kind, 'cpu'|'gpu', impl), got {triple!r}"
                 )
+
+    @property
+    def images(self) -> bool:
+        """Whether the GPU parts pay image conversions (``gpu_images``; None: where
+        ``gpu_channels > 1``)."""
+        return self.gpu_channels > 1 if self.gpu_images is None else self.gpu_images
 
     @property
     def split_ratios(self) -> tuple[float, ...]:

@@ -6,16 +6,28 @@ chain's predicted latency (:class:`SplitEstimate`, CoDL Eq. 2), the cached
 :class:`Predictor` over a cost model, the implementation choice the schedules make
 (:func:`expected_impl`, :func:`covered_impls`) and the calibration every planner mode applies
 (:func:`calibrated_model`).
+
+Where the GPU parts compute on images (``PlannerConfig.images``), a GPU part pays the image
+conversions at its ends (:meth:`Predictor.conversion_ms`, CoDL's hybrid data type): they are
+part of its split's (or chain's) sharing cost, :attr:`SplitEstimate.conversion_ms` saying how
+much.
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from codl_tvm.core.errors import PlannerError
 from codl_tvm.core.plan import OpInfo, PartitionDim
-from codl_tvm.cost_model.base import CostModel
+from codl_tvm.cost_model.base import (
+    GPU_DATA_TYPE_META,
+    IMAGE_CONVERSION_KINDS,
+    IMAGE_SHARING_KINDS,
+    CostModel,
+    SharingModel,
+)
 from codl_tvm.cost_model.features import OpParams, Partition, PartShape, op_features, part_shape
 from codl_tvm.planner.split.config import PlannerConfig
 from codl_tvm.planner.split.part_shapes import chain_parts
@@ -29,6 +41,8 @@ __all__ = [
     "covered_impls",
     "expected_impl",
     "flops_model",
+    "image_conversion_model",
+    "on_images",
 ]
 
 # The data-sharing costs a split pays at its boundaries (the cost model's unmap and postsync
@@ -60,7 +74,8 @@ novelty`; empty inside)."""
 @dataclass(frozen=True)
 class SplitEstimate:
     """A split's (or a chain's) predicted latency: ``total_ms`` is the sharing plus the slower
-    processor's parts (CoDL Eq. 2)."""
+    processor's parts (CoDL Eq. 2); ``conversion_ms``, the part of ``sharing_ms`` that is the
+    GPU part's image conversions (None: the GPU parts are on buffers)."""
 
     dim: str
     ratio: float
@@ -68,6 +83,17 @@ class SplitEstimate:
     cpu_ms: float
     gpu_ms: float
     sharing_ms: float
+    conversion_ms: float | None = None
+
+
+def on_images(params: OpParams) -> bool:
+    """Whether an operator's GPU part computes on images where the GPU parts are on images:
+    a conv, dense or depthwise (:class:`~codl_tvm.passes.texture_parts.PackGpuParts`' full
+    coverage; a part without whole pixels of channels stays in buffers, which the planner
+    does not tell apart: it charges the conversions of the plan it intends)."""
+    if params.op != "conv2d":
+        return False
+    return params.groups == 1 or params.groups == params.ic == params.oc
 
 
 def covered_impls(model: CostModel, op: str, proc: str) -> list[str]:
@@ -163,6 +189,31 @@ class Predictor:
     def sharing_ms(self, nbytes: int) -> float:
         return sum(self.model.predict_sharing(k, nbytes) for k in SPLIT_SHARING_KINDS)
 
+    def conversion_ms(
+        self, ops: Sequence[OpEstimate], gpu_parts: Sequence[PartShape]
+    ) -> float | None:
+        """The image conversions of the GPU part of ``ops`` (one operator, or a chain's in
+        order) whose parts are ``gpu_parts``: None where the GPU parts are on buffers
+        (``config.images`` off); 0 where none of ``ops`` computes on images (:func:`on_images`);
+        else the pack of the input of the first operator that does (the texture layout packs
+        from there on: pools and elementwise operators behind it too) and the unpack of the
+        last part's output, each predicted from its bytes by the cost model's ``image_pack`` /
+        ``image_unpack`` kinds (0 where not measured)."""
+        if not self.config.images:
+            return None
+        first = next((s for o, s in zip(ops, gpu_parts, strict=True) if on_images(o.params)), None)
+        if first is None:
+            return 0.0
+        last, b = gpu_parts[-1], self.config.dtype_bytes
+        pack, unpack = IMAGE_SHARING_KINDS
+        return self.model.predict_sharing(
+            pack, b * first.in_h * first.in_w * first.ic
+        ) + self.model.predict_sharing(unpack, b * last.out_h * last.out_w * last.oc)
+
+    def whole_conversion_ms(self, op: OpEstimate) -> float | None:
+        """:meth:`conversion_ms` of ``op`` run whole on the GPU."""
+        return self.conversion_ms([op], [part_shape(op.params, Partition("none", 1.0), "gpu")])
+
     def split(self, op: OpEstimate, dim: str, ratio: float) -> SplitEstimate | None:
         """Eq. 2 of one operator split alone (None when one processor gets nothing)."""
         key = (op.name, dim, ratio)
@@ -192,9 +243,16 @@ class Predictor:
             dtype_bytes=self.config.dtype_bytes,
         )
         for partition, lat in zip(todo, lats, strict=True):
-            share = lat.transform_ms + lat.map_ms + lat.presync_ms
+            conversion = self.conversion_ms([op], [part_shape(op.params, partition, "gpu")])
+            share = lat.transform_ms + lat.map_ms + lat.presync_ms + (conversion or 0.0)
             self._splits[(op.name, partition.dim, partition.ratio)] = SplitEstimate(
-                partition.dim, partition.ratio, lat.total_ms, lat.cpu_ms, lat.gpu_ms, share
+                partition.dim,
+                partition.ratio,
+                lat.total_ms + (conversion or 0.0),
+                lat.cpu_ms,
+                lat.gpu_ms,
+                share,
+                conversion,
             )
 
     def prefetch_parts(
@@ -245,9 +303,11 @@ class Predictor:
             nbytes = self.config.dtype_bytes * (
                 first.in_h * first.in_w * first.ic + last.out_h * last.out_w * last.oc
             )
-            share = self.sharing_ms(nbytes)
+            # a chain's GPU part converts at its ends only
+            conversion = self.conversion_ms(ops, parts.gpu)
+            share = self.sharing_ms(nbytes) + (conversion or 0.0)
             total = share + max(sums["cpu"], sums["gpu"])
-            result = SplitEstimate(dim, ratio, total, sums["cpu"], sums["gpu"], share)
+            result = SplitEstimate(dim, ratio, total, sums["cpu"], sums["gpu"], share, conversion)
         self._chains[key] = result
         return result
 
@@ -299,4 +359,50 @@ def calibrated_model(cost_model: CostModel, config: PlannerConfig) -> tuple[Cost
             "operators tuned on this device (--tune) are planned on their measured "
             "parts: whole, or split at a measured share, never in a chain"
         )
+    if config.images:
+        cost_model, note = image_conversion_model(cost_model)
+        notes.append(note)
     return cost_model, notes
+
+
+def image_conversion_model(cost_model: CostModel) -> tuple[CostModel, str]:
+    """``cost_model`` able to predict the image conversions (the sharing kinds ``image_pack``
+    and ``image_unpack``) where it can, and a report note saying where from: its own sharing
+    model's kinds where it has them, else the conversion fit of its ``meta["gpu_data_type"]``
+    record (``codl-tvm profile --data-type``; a shallow copy with them added, ``cost_model``
+    unchanged), else none: the conversions are predicted 0 ms.
+
+    Raises
+    ------
+    PlannerError
+        The record's conversion fit is malformed.
+    """
+    sharing = cost_model.sharing
+    words = "GPU parts on images pay their image conversions"
+    if sharing is not None and all(k in sharing.linear for k in IMAGE_SHARING_KINDS):
+        return cost_model, f"{words} ({_describe_conversion(sharing)}, the cost model's)"
+    record = cost_model.meta.get(GPU_DATA_TYPE_META)
+    conversion = record.get("conversion") if isinstance(record, dict) else None
+    if not isinstance(conversion, dict):
+        return cost_model, (
+            f"{words}, but the cost model has no measurement of them (codl-tvm profile "
+            "--data-type measures them): predicted 0 ms"
+        )
+    try:
+        sharing = (sharing or SharingModel()).with_conversion(conversion)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise PlannerError(
+            f"the cost model's meta.{GPU_DATA_TYPE_META}.conversion is malformed ({exc})"
+        ) from None
+    model = copy.copy(cost_model)
+    model.sharing = sharing
+    return model, f"{words} ({_describe_conversion(sharing)}, profiled with --data-type)"
+
+
+def _describe_conversion(sharing: SharingModel) -> str:
+    """``pack 0.010 ms + 0.80 ms/MB, unpack ...``."""
+    return ", ".join(
+        f"{direction} {line.intercept_ms:.3f} ms + {line.ms_per_byte * 1e6:.3g} ms/MB"
+        for direction, kind in IMAGE_CONVERSION_KINDS.items()
+        if (line := sharing.linear.get(kind)) is not None
+    )
