@@ -4,7 +4,8 @@
 
     codl-tvm cost-model fit DATA.jsonl -o MODEL.json [--kind codl|gbdt|flops|measured]
         [--holdout 0.3] [--seed 0] [--preset NAME] [--trees N]
-        [--recipe codl|wave|wave-guards|wave-tir|wave-tir-nv] [--kernel-info NVINFO.json]
+        [--recipe codl|wave|wave-share|wave-guards|wave-tir|wave-tir-nv]
+        [--kernel-info NVINFO.json]
         [--drop-inconsistent 3]
     codl-tvm cost-model eval MODEL.json DATA.jsonl [--json] [--plot OUT.png] [--all] [--no-lomo]
         [--kernel-info NVINFO.json]
@@ -112,6 +113,8 @@ def cmd_fit(args: argparse.Namespace) -> int:
         trees = {} if args.trees is None else {"n_estimators": args.trees}
         if args.recipe == "wave":
             options["config"] = GbdtConfig.wave(**trees)
+        elif args.recipe == "wave-share":
+            options["config"] = GbdtConfig.wave(feature_set="dispatch-share", **trees)
         elif args.recipe == "wave-guards":
             options["config"] = GbdtConfig.wave(feature_set="guards", **trees)
         elif args.recipe == "wave-tir":
@@ -325,12 +328,13 @@ def _register_fit(group: argparse._SubParsersAction) -> None:
     f.add_argument("--trees", type=int, help="boosting rounds of the gbdt model")
     f.add_argument(
         "--recipe",
-        choices=("codl", "wave", "wave-guards", "wave-tir", "wave-tir-nv"),
+        choices=("codl", "wave", "wave-share", "wave-guards", "wave-tir", "wave-tir-nv"),
         default="codl",
         help="gbdt recipe: trees on CoDL's analytical model (codl, default) or on the "
         "dispatch-shape wave base with dispatch-shape features (wave; GbdtConfig.wave), "
-        "wave-guards adds the GPU direct conv's bounds checks, wave-tir counts read from "
-        "each GPU part's scheduled kernel (loads, stores, flops, guards per thread), "
+        "wave-share adds the part's share of its operator (the emulated SoC's k = 12 split "
+        "decisions), wave-guards adds the GPU direct conv's bounds checks, wave-tir counts read "
+        "from each GPU part's scheduled kernel (loads, stores, flops, guards per thread), "
         "wave-tir-nv adds what NVIDIA's compiler says of it (--kernel-info)",
     )
     f.add_argument(

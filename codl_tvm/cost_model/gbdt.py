@@ -26,6 +26,10 @@ Its ``"tir"`` feature set adds counts read from each built GPU part's kernel
 and 32% -> 37% over three seeds, not shipped because one split decision got worse; ``"tir-nv"``
 adds what NVIDIA's compiler says of the kernel (:data:`NV_FEATURE_NAMES`, measured on an H100):
 54% and 40%, within seed noise of ``"tir"`` on the random split, not shipped.
+Its ``"dispatch-share"`` feature set (``cost-model fit --recipe wave-share``) adds the part's share
+of its operator (:func:`part_share`): on the emulated SoC at k = 12 it picks the measured best
+split (within 5%) for 79% of the benchmark operators leave-one-model-out, against 74% for the
+shipped CoDL-based recipe and 77% for the wave recipe without it (docs/benchmarks.md).
 Boosters are stored inside the model's JSON file as xgboost's own JSON model (``save_raw("json")``),
 so a reloaded model predicts bit-identically. xgboost is imported only inside the functions that use
 it.
@@ -56,6 +60,7 @@ __all__ = [
     "KERNEL_FEATURE_NAMES",
     "KERNEL_FEATURE_SETS",
     "NV_FEATURE_NAMES",
+    "SHARE_FEATURE_NAMES",
     "GbdtConfig",
     "GbdtModel",
     "KernelReader",
@@ -63,6 +68,7 @@ __all__ = [
     "derived_features",
     "device_compute_units",
     "device_gpu_target",
+    "part_share",
     "strip_training_stats",
 ]
 
@@ -143,16 +149,21 @@ NV_FEATURE_NAMES: tuple[str, ...] = (
     "nv_occupancy",  # resident warps / the SM's 64, the lowest
 )
 
+#: The part's share of its operator (:func:`part_share`), after the dispatch-shape features in
+#: the ``"dispatch-share"`` feature set.
+SHARE_FEATURE_NAMES: tuple[str, ...] = ("share",)
+
 #: Feature sets: ``"v1"`` (the files written before dispatch-shape features), ``"dispatch"`` (v1
 #: plus :data:`~codl_tvm.cost_model.dispatch_shape.SHAPE_FEATURE_NAMES`), ``"guards"`` (dispatch
 #: plus :data:`~codl_tvm.cost_model.tiling_features.GUARD_FEATURE_NAMES`; its wave base has the
 #: row-guard term of :class:`WaveBase`) and ``"tir"`` (dispatch plus :data:`KERNEL_FEATURE_NAMES`,
 #: read from the GPU part's scheduled kernel by a ``GbdtModel``'s ``kernel_reader``) and
 #: ``"tir-nv"`` (tir plus :data:`NV_FEATURE_NAMES`, the reader joining the device's measured kernel
-#: info).
+#: info); ``"dispatch-share"`` (dispatch plus :data:`SHARE_FEATURE_NAMES`).
 FEATURE_SETS: dict[str, tuple[str, ...]] = {
     "v1": FEATURE_NAMES,
     "dispatch": FEATURE_NAMES + SHAPE_FEATURE_NAMES,
+    "dispatch-share": FEATURE_NAMES + SHAPE_FEATURE_NAMES + SHARE_FEATURE_NAMES,
     "guards": FEATURE_NAMES + SHAPE_FEATURE_NAMES + GUARD_FEATURE_NAMES,
     "tir": FEATURE_NAMES + SHAPE_FEATURE_NAMES + KERNEL_FEATURE_NAMES,
     "tir-nv": FEATURE_NAMES + SHAPE_FEATURE_NAMES + KERNEL_FEATURE_NAMES + NV_FEATURE_NAMES,
@@ -214,7 +225,8 @@ class GbdtConfig:
         (``cost-model fit --recipe wave-guards``); ``feature_set="tir"`` the counts read from each
         GPU part's scheduled kernel (``kernel_counts``; ``cost-model fit --recipe wave-tir``),
         ``feature_set="tir-nv"`` those and the compiler's registers, spills and occupancy
-        (``--recipe wave-tir-nv``).
+        (``--recipe wave-tir-nv``), ``feature_set="dispatch-share"`` the part's share of its
+        operator (:func:`part_share`; ``--recipe wave-share``).
 
         On the H100 and the emulated SoC (k = 8) datasets it beat the CoDL-based recipe on both
         processors and both splits (docs/benchmarks.md, "How accurate are the cost models?");
@@ -261,6 +273,19 @@ def strip_training_stats(raw: dict) -> dict:
     return raw
 
 
+def part_share(f: OpFeatures) -> float:
+    """The part's share of its operator along the split dimension: the GPU ratio for a GPU
+    part, one minus it for a CPU part, 1 for a whole operator.
+
+    The split decisions compare parts of one operator at several shares on both processors;
+    the partition's ``ratio`` alone is the GPU's share, so a CPU part's share is a reflection
+    the trees would have to learn separately in each CPU group. Its own feature lets a split
+    on the share apply alike to both processors' parts and to whole operators (share 1)."""
+    if f.partition.dim == "none":
+        return 1.0
+    return f.partition.ratio if f.processor == "gpu" else 1.0 - f.partition.ratio
+
+
 def derived_features(f: OpFeatures) -> list[float]:
     """Work the part does and how the built kernel splits it: output and input elements,
     reduction length K, MACs, parallel items (GPU work-items = wg_size * wg_count, CPU parallel
@@ -304,8 +329,10 @@ def _matrix(
     for f in features:
         n = f.numeric()
         row = [n[k] for k in _BASE_NAMES] + derived_features(f)
-        if feature_set in ("dispatch", "guards", "tir", "tir-nv"):
+        if feature_set in ("dispatch", "dispatch-share", "guards", "tir", "tir-nv"):
             row += shape_features(f, compute_units)
+        if feature_set == "dispatch-share":
+            row.append(part_share(f))
         if feature_set == "guards":
             row += conv_guards(f)
         if feature_set in KERNEL_FEATURE_SETS:
