@@ -29,7 +29,7 @@ from codl_tvm.cost_model.base import (
 from codl_tvm.cost_model.synthetic import SyntheticDevice, synthetic_cost_model
 from codl_tvm.planner import PlannerConfig, chain_parts, plan_model
 from codl_tvm.planner.split.codl import SplitPlanner
-from codl_tvm.planner.split.predict import image_conversion_model, on_images
+from codl_tvm.planner.split.predict import PIXEL_CHANNELS, image_conversion_model, on_images
 from codl_tvm.profiling.data_type import DataTypeRecord, operators_named, profile_data_type
 from codl_tvm.profiling.image_conversion import ConversionTiming
 
@@ -151,19 +151,27 @@ def test_zero_conversion_cost_plans_as_today(mod, base_model):
     assert any("predicted 0 ms" in n for n in plan_model(mod, base_model, config=images)[1].notes)
 
 
-def test_costly_conversions_keep_operators_whole(mod, base_model):
-    """Conversions dearer than any split's gain: every conv split before runs whole, and the
-    reports say what the conversions cost."""
+def test_costly_conversions_leave_no_split_paying_them(mod, base_model):
+    """Conversions dearer than any split's gain: no conv split pays them. The convs split
+    before run whole or split by channels with a GPU part short of whole pixels (which stays
+    in buffers, converting nothing), and the plan is predicted slower than without."""
     plan, _ = plan_model(mod, base_model)
     before = _split_convs(plan, mod)
     assert before, "some conv split without conversions"
     costly = _with_conversion(base_model, 5.0)
     plan2, report2 = plan_model(mod, costly, config=PlannerConfig(gpu_images=True))
-    assert not _split_convs(plan2, mod)
-    whole = [d for d in report2.decisions if d.ops[0] in before]
-    assert whole and all(not d.is_chain and d.ratio in (0.0, 1.0) for d in whole)
-    assert all("of it image conversions" in d.reason for d in whole), [d.reason for d in whole]
+    decided = [d for d in report2.decisions if d.ops[0] in before]
+    assert decided
+    for d in decided:
+        if 0.0 < d.ratio < 1.0:
+            assert d.dim == "OC" and d.conversion_ms == 0.0, d
     assert report2.summary.predicted_ms > plan_model(mod, base_model)[1].summary.predicted_ms
+    # without the whole-pixel rule's way out (H splits only) every one of them runs whole
+    h_only = PlannerConfig(gpu_images=True, dims=("H",))
+    plan_h, report_h = plan_model(mod, costly, config=h_only)
+    assert not _split_convs(plan_h, mod)
+    whole = [d for d in report_h.decisions if d.ops[0] in before]
+    assert all("of it image conversions" in d.reason for d in whole), [d.reason for d in whole]
     # the same cost read from the profile's record in the cost model's meta
     in_meta = _with_conversion(base_model, 5.0, in_meta=True)
     plan3, report3 = plan_model(mod, in_meta, config=PlannerConfig(gpu_images=True))
@@ -203,6 +211,20 @@ def test_a_chain_converts_at_its_ends_only(mod, base_model):
     one_by_one = sum(planner.pred.split(o, "H", 0.5).conversion_ms for o in pair)
     assert chain.conversion_ms < one_by_one
     assert chain.sharing_ms >= chain.conversion_ms
+
+
+def test_an_oc_part_short_of_whole_pixels_converts_nothing(mod, base_model):
+    """PackGpuParts leaves an OC part whose channels are not a multiple of 4 in buffers: the
+    planner charges it no conversion, and a whole-pixel OC part its pack and unpack."""
+    model = _with_conversion(base_model, 0.5)
+    planner = SplitPlanner(mod, model, PlannerConfig(gpu_images=True), "codl")
+    conv = next(o for o in planner.ops if o.params is not None and on_images(o.params))
+    oc = conv.params.oc
+    assert oc % PIXEL_CHANNELS == 0 and oc > PIXEL_CHANNELS
+    whole = planner.pred.split(conv, "OC", PIXEL_CHANNELS / oc)
+    short = planner.pred.split(conv, "OC", (PIXEL_CHANNELS + 1) / oc)
+    assert whole.conversion_ms == pytest.approx(1.0)  # 0.5 ms each way
+    assert short.conversion_ms == 0.0
 
 
 def test_a_malformed_conversion_record_is_a_planner_error(base_model):

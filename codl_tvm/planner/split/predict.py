@@ -33,6 +33,7 @@ from codl_tvm.planner.split.config import PlannerConfig
 from codl_tvm.planner.split.part_shapes import chain_parts
 
 __all__ = [
+    "PIXEL_CHANNELS",
     "SPLIT_SHARING_KINDS",
     "OpEstimate",
     "Predictor",
@@ -86,14 +87,20 @@ class SplitEstimate:
     conversion_ms: float | None = None
 
 
-def on_images(params: OpParams) -> bool:
+#: Channels one image pixel holds (RGBA: the NCHW4c layout of a GPU part on images).
+PIXEL_CHANNELS = 4
+
+
+def on_images(params: OpParams, part: PartShape | None = None) -> bool:
     """Whether an operator's GPU part computes on images where the GPU parts are on images:
     a conv, dense or depthwise (:class:`~codl_tvm.passes.texture_parts.PackGpuParts`' full
-    coverage; a part without whole pixels of channels stays in buffers, which the planner
-    does not tell apart: it charges the conversions of the plan it intends)."""
+    coverage), and with ``part`` (the GPU's part) one of whole pixels: an OC part whose
+    channel count is not a multiple of 4 stays in buffers, so it converts nothing."""
     if params.op != "conv2d":
         return False
-    return params.groups == 1 or params.groups == params.ic == params.oc
+    if not (params.groups == 1 or params.groups == params.ic == params.oc):
+        return False
+    return part is None or part.oc == params.oc or part.oc % PIXEL_CHANNELS == 0
 
 
 def covered_impls(model: CostModel, op: str, proc: str) -> list[str]:
@@ -201,7 +208,9 @@ class Predictor:
         ``image_unpack`` kinds (0 where not measured)."""
         if not self.config.images:
             return None
-        first = next((s for o, s in zip(ops, gpu_parts, strict=True) if on_images(o.params)), None)
+        first = next(
+            (s for o, s in zip(ops, gpu_parts, strict=True) if on_images(o.params, s)), None
+        )
         if first is None:
             return 0.0
         last, b = gpu_parts[-1], self.config.dtype_bytes
