@@ -227,6 +227,7 @@ def test_shipped_models_change_nothing(opencl, tmp_path):
     assert gpu == {"asked": "buffer", "data_type": "buffer", "dtype": "float32"}
 
 
+@pytest.mark.slow  # 25 s on 2 cores; CI keeps the GPU-alone compile that follows the profile
 @pytest.mark.opencl
 def test_coexec_gpu_parts_follow_the_profile(opencl, tmp_path, capsys):
     """A co-executed build with a given split: its GPU parts on images, checked against

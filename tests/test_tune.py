@@ -320,6 +320,7 @@ def _check_record(record, found, plan_ops):
     return {o["name"]: o for o in record["operators"]}
 
 
+@pytest.mark.slow  # about 50 s on 2 cores; the record's fast test is the plan report's below
 @pytest.mark.opencl
 def test_compile_records_tuning_in_its_manifest(
     opencl, model, cost_model, cost_model_file, tmp_path, capsys
