@@ -74,22 +74,31 @@ build() {  # models: the SoC's builds (CPU, PoCL, codl at k = 14) beside the H10
   # at k = 12 (its CPU and GPU builds copied: they do not depend on k)
   local models=$1
   local jobs=15; [[ $plat == *,h100,* ]] && jobs=10
-  CODL_OPENCL_PLATFORM=portable python3 scripts/bench_planner.py compile --jobs $jobs \
-    --models "$models" "${k14[@]}" --out $b/k14 >> $r/k14_compile.log 2>&1 &
+  local k12_beside=0
+  if [[ $plat == *,k14,* ]]; then
+    CODL_OPENCL_PLATFORM=portable python3 scripts/bench_planner.py compile --jobs $jobs \
+      --models "$models" "${k14[@]}" --out $b/k14 >> $r/k14_compile.log 2>&1 &
+  elif [[ $plat == *,k12,* ]]; then  # nothing to copy from k = 14: k = 12 builds beside the H100
+    k12_beside=1
+    CODL_OPENCL_PLATFORM=portable python3 scripts/bench_planner.py compile --jobs $jobs \
+      --models "$models" "${k12[@]}" --out $b/k12 >> $r/k12_compile.log 2>&1 &
+  fi
   if [[ $plat == *,h100,* ]]; then
     CODL_OPENCL_PLATFORM=nvidia python3 scripts/bench_planner.py compile --jobs 6 \
       --models "$models" "${h100[@]}" --out $b/h100 >> $r/h100_compile.log 2>&1 &
   fi
   wait
   if [[ $plat == *,k12,* ]]; then
-    for m in ${models//,/ }; do
-      mkdir -p $b/k12/$m && cp -r $b/k14/$m/cpu $b/k14/$m/gpu $b/k12/$m/ 2>/dev/null
-    done
-    python3 scripts/bench_planner.py compile --jobs 15 --models "$models" "${k12[@]}" \
-      --out $b/k12 >> $r/k12_compile.log 2>&1
+    if [ $k12_beside = 0 ]; then
+      for m in ${models//,/ }; do
+        mkdir -p $b/k12/$m && cp -r $b/k14/$m/cpu $b/k14/$m/gpu $b/k12/$m/ 2>/dev/null
+      done
+      python3 scripts/bench_planner.py compile --jobs 15 --models "$models" "${k12[@]}" \
+        --out $b/k12 >> $r/k12_compile.log 2>&1
+    fi
     warm $b/k12 portable 12
   fi
-  warm $b/k14 portable 14
+  [[ $plat == *,k14,* ]] && warm $b/k14 portable 14
   [[ $plat == *,h100,* ]] && warm $b/h100 nvidia 1
 }
 compile_time() {  # a default compile's time against --no-measure (one compile at a time, no

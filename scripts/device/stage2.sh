@@ -5,7 +5,7 @@
 set -euo pipefail
 pipeline=${1:?usage: stage2.sh PIPELINE.sh}
 test -f /tmp/tvmc.part.aa || { echo "stage1.sh has not run on this machine" >&2; exit 3; }
-pkill -f "bash /tmp/code/(soc|h100|all|soc_algos|soc_k|soc_alone|soc_ab_h100|ksweep|cpu|cpu_soc|kernels|kernels_cpu|kernels_cpu_h100|soc_noise|noise_ab|refine|dense_pocl|dense_refit|verify_refine|balance|cold|hope|pipeline|never_slower|images_h100|seq).sh" || true
+pkill -f "bash /tmp/code/(soc|h100|all|soc_algos|soc_k|soc_alone|soc_ab_h100|ksweep|cpu|cpu_soc|kernels|kernels_cpu|kernels_cpu_h100|soc_noise|noise_ab|refine|dense_pocl|dense_refit|verify_refine|balance|cold|hope|pipeline|never_slower|images_h100|dtype_h100|seq).sh" || true
 pkill -f "scripts/bench_" || true
 rm -rf /tmp/res /tmp/b /tmp/code
 mkdir -p /tmp/res /tmp/code
