@@ -7,7 +7,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Decision", "PlanReport", "PlanSummary"]
+__all__ = ["Decision", "PlanReport", "PlanSummary", "of_it_conversions"]
+
+
+def of_it_conversions(ms: float | None) -> str:
+    """``, 0.120 of it image conversions`` where GPU work on images converts, else ``""``: the
+    words every planner mode's reasons append to a cost that includes image conversions."""
+    return "" if not ms else f", {ms:.3f} of it image conversions"
 
 
 def _ms(value: float | None) -> str:
@@ -63,8 +69,10 @@ class Decision:
     conversion_ms
         For a split operator or a chain whose GPU parts are on images
         (``PlannerConfig.gpu_images``): the part of ``sharing_ms`` that is the GPU part's image
-        conversions (the pack of its input, the unpack of its output); ``None`` otherwise, and
-        then left out of :meth:`to_dict`.
+        conversions (the pack of its input, the unpack of its output); for an operator a
+        placement mode runs whole on the GPU, the conversions its edges across processors pay
+        (the pack of each tensor it reads from the CPU, the unpack of its result for the CPU);
+        ``None`` otherwise, and then left out of :meth:`to_dict`.
     """
 
     ops: tuple[str, ...]

@@ -123,7 +123,9 @@ def _solve_piece(
     horizon_ms += sum(
         max(graph.nodes[i].latency_ms(p) for p in graph.nodes[i].choices()) for i in nodes
     )
-    horizon_ms += sum(graph.transfer_ms(j, i) for i in nodes for j in graph.preds(i))
+    horizon_ms += sum(
+        max(graph.cross_ms(j, i, p) for p in PROCESSORS) for i in nodes for j in graph.preds(i)
+    )
     scale = _TICKS / horizon_ms if horizon_ms > 0 else 1.0
 
     def ticks(ms: float) -> int:
@@ -166,16 +168,19 @@ def _solve_piece(
 
     for i in nodes:
         for j in graph.preds(i):
-            t = ticks(graph.transfer_ms(j, i))
+            # the transfer (and image conversion) each way: to the GPU, to the CPU
+            to_gpu, to_cpu = (ticks(graph.cross_ms(j, i, p)) for p in ("gpu", "cpu"))
             end_j = end[j] if j in inside else ticks(finish[j])
-            # the transfer when the two run whole on different processors: the expressions are
-            # 1 exactly then, <= 0 otherwise (a split on either end has no transfer)
+            # the delay when the two run whole on different processors: the expressions are
+            # 1 exactly then (i on the GPU, j on the CPU; the other way), <= 0 otherwise (a
+            # split on either end has no transfer)
             gi, gj = placed(i, "gpu"), placed(j, "gpu")
             si, sj = placed(i, SPLIT), placed(j, SPLIT)
             m.Add(start[i] >= end_j)
-            if t > 0:
-                m.Add(start[i] >= end_j + t * (gi - gj - si - sj))
-                m.Add(start[i] >= end_j + t * (gj - gi - si - sj))
+            if to_gpu > 0:
+                m.Add(start[i] >= end_j + to_gpu * (gi - gj - si - sj))
+            if to_cpu > 0:
+                m.Add(start[i] >= end_j + to_cpu * (gj - gi - si - sj))
         if graph.nodes[i].follows:
             # PlaceParts: the one processor the producers run whole on, else home (split
             # producers do not count). With home h and other o, the node is on o exactly when

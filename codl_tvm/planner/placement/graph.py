@@ -29,6 +29,18 @@ presync kinds, as a split pays for its input), paid when the two ends run on dif
 processors. A transfer is a delay, not work on either processor, so several readers on the
 other processor see the same arrival time: a tensor moved once stays available to every reader.
 Tensors of the model's inputs are not modelled (both processors read them).
+
+Where the GPU's operators compute on images (``PlannerConfig.images``, CoDL's hybrid data type)
+an edge also carries the image conversion of its tensor, paid in the one direction the build
+converts it (:class:`~codl_tvm.passes.texture_parts.PackGpuParts`: packed values flow from GPU
+operator to GPU operator, converted only where a buffer reads them): ``pack_ms`` from the CPU to
+a GPU node whose head is a conv on images (:func:`~codl_tvm.planner.split.predict.on_images`),
+``unpack_ms`` from a GPU node whose result is an image (a conv on images with covered followers;
+a pool or a join behind such nodes only) to the CPU. Both are the calibrated cost model's
+``image_pack`` / ``image_unpack`` sharing kinds of the edge's bytes, as the split planner
+charges a GPU part, and 0 where images are off or the conversions were not measured. The
+pairwise model assumes a pool's or a join's producers run where it runs; a join reading both
+processors (the build unpacks its GPU operands on the GPU) is not charged.
 """
 
 from __future__ import annotations
@@ -40,9 +52,10 @@ from dataclasses import dataclass, field
 
 from codl_tvm.core.errors import PlannerError
 from codl_tvm.core.plan import partitionable_bindings, static_shape
-from codl_tvm.cost_model.base import CostModel
+from codl_tvm.cost_model.base import IMAGE_SHARING_KINDS, CostModel
 from codl_tvm.planner.split.codl import SplitPlanner
 from codl_tvm.planner.split.config import PlannerConfig
+from codl_tvm.planner.split.predict import on_images
 
 __all__ = ["PROCESSORS", "SPLIT", "CoexecCosts", "DagEdge", "DagNode", "OpGraph", "build_graph"]
 
@@ -77,6 +90,10 @@ class DagNode:
     split_ms, split_dim, split_ratio
         The operator's best CoDL split (Eq. 2: both processors busy, the sharing of its input
         and output included), a third placement choice; None when not offered.
+    split_conversion_ms
+        The part of ``split_ms`` that is the GPU part's image conversions where the GPU parts
+        are on images (:attr:`~codl_tvm.planner.split.predict.SplitEstimate.conversion_ms`),
+        else None.
     """
 
     name: str
@@ -90,6 +107,7 @@ class DagNode:
     split_ms: float | None = None
     split_dim: str | None = None
     split_ratio: float | None = None
+    split_conversion_ms: float | None = None
 
     def latency_ms(self, processor: str) -> float:
         """Predicted latency on ``processor`` (``"cpu"``, ``"gpu"`` or :data:`SPLIT`)."""
@@ -106,12 +124,16 @@ class DagNode:
 
 @dataclass(frozen=True)
 class DagEdge:
-    """``dst`` reads tensors of ``src``: ``nbytes`` of them, ``transfer_ms`` across processors."""
+    """``dst`` reads tensors of ``src``: ``nbytes`` of them, ``transfer_ms`` across processors,
+    plus ``pack_ms`` where ``src`` runs on the CPU and ``dst`` on the GPU, ``unpack_ms`` the
+    other way (the image conversions of the tensor; 0 on buffers)."""
 
     src: str
     dst: str
     transfer_ms: float
     nbytes: int = 0
+    pack_ms: float = 0.0
+    unpack_ms: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -198,6 +220,8 @@ class OpGraph:
     _preds: tuple[tuple[int, ...], ...] = field(init=False, repr=False, compare=False)
     _succs: tuple[tuple[int, ...], ...] = field(init=False, repr=False, compare=False)
     _transfer: dict[tuple[int, int], float] = field(init=False, repr=False, compare=False)
+    # (src, dst) -> {processor dst runs on: the image conversion paid on the way there}
+    _convert: dict[tuple[int, int], dict[str, float]] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "nodes", tuple(self.nodes))
@@ -220,6 +244,7 @@ class OpGraph:
         preds: list[list[int]] = [[] for _ in self.nodes]
         succs: list[list[int]] = [[] for _ in self.nodes]
         transfer: dict[tuple[int, int], float] = {}
+        convert: dict[tuple[int, int], dict[str, float]] = {}
         for e in self.edges:
             if e.src not in index or e.dst not in index:
                 missing = e.src if e.src not in index else e.dst
@@ -232,18 +257,21 @@ class OpGraph:
                 )
             if (s, d) in transfer:
                 raise PlannerError(f"graph: edge {e.src} -> {e.dst} appears twice")
-            if not e.transfer_ms >= 0.0 or e.transfer_ms == float("inf"):
-                raise PlannerError(
-                    f"graph: edge {e.src} -> {e.dst} needs a finite transfer_ms >= 0, got "
-                    f"{e.transfer_ms!r}"
-                )
+            for what in ("transfer_ms", "pack_ms", "unpack_ms"):
+                v = getattr(e, what)
+                if not v >= 0.0 or v == float("inf"):
+                    raise PlannerError(
+                        f"graph: edge {e.src} -> {e.dst} needs a finite {what} >= 0, got {v!r}"
+                    )
             transfer[(s, d)] = float(e.transfer_ms)
+            convert[(s, d)] = {"gpu": float(e.pack_ms), "cpu": float(e.unpack_ms)}
             preds[d].append(s)
             succs[s].append(d)
         object.__setattr__(self, "_index", index)
         object.__setattr__(self, "_preds", tuple(tuple(p) for p in preds))
         object.__setattr__(self, "_succs", tuple(tuple(s) for s in succs))
         object.__setattr__(self, "_transfer", transfer)
+        object.__setattr__(self, "_convert", convert)
 
     def __len__(self) -> int:
         return len(self.nodes)
@@ -264,16 +292,30 @@ class OpGraph:
         return self._succs[i]
 
     def transfer_ms(self, src: int, dst: int) -> float:
-        """Transfer delay of the edge ``src -> dst`` when its ends run on different processors."""
+        """Transfer delay of the edge ``src -> dst`` when its ends run on different processors
+        (the conversions of images aside: :meth:`cross_ms`)."""
         return self._transfer[(src, dst)]
 
+    def conversion_ms(self, src: int, dst: int, to: str) -> float:
+        """The image conversion the edge ``src -> dst`` pays when ``dst`` runs whole on ``to``
+        and ``src`` whole on the other processor: the pack of its tensor to the GPU, the unpack
+        to the CPU (0 on buffers)."""
+        return self._convert[(src, dst)][to]
+
+    def cross_ms(self, src: int, dst: int, to: str) -> float:
+        """The edge's delay when ``dst`` runs whole on ``to`` and ``src`` whole on the other
+        processor: its transfer plus its image conversion that way."""
+        conversion = self._convert[(src, dst)][to]
+        # added only where there is one: buffers' delays stay the same floats
+        return self._transfer[(src, dst)] + conversion if conversion else self._transfer[(src, dst)]
+
     def delay_ms(self, src: int, dst: int, src_on: str, dst_on: str) -> float:
-        """The edge's delay for these placements: its transfer when the ends run whole on
-        different processors; none next to a split, whose Eq. 2 includes the sharing of its
-        input and output."""
+        """The edge's delay for these placements: its transfer (and image conversion,
+        :meth:`cross_ms`) when the ends run whole on different processors; none next to a
+        split, whose Eq. 2 includes the sharing (and conversions) of its input and output."""
         if src_on == dst_on or SPLIT in (src_on, dst_on):
             return 0.0
-        return self._transfer[(src, dst)]
+        return self.cross_ms(src, dst, dst_on)
 
     def follow(self, i: int, placement: Mapping[int, str] | Sequence[str]) -> str:
         """PlaceParts' rule for a follow node: the one processor its producers run whole on,
@@ -327,8 +369,8 @@ class OpGraph:
 
         ``node`` takes the place of the chain's last node (every outside producer of the chain
         comes before it, every outside reader after it). Edges into and out of the chain keep
-        their transfer; two from the same producer become one with the larger (one tensor
-        moved per reader, the chain's input read by its first node).
+        their transfer and conversions; two from the same producer become one with the larger
+        of each (one tensor moved per reader, the chain's input read by its first node).
         """
         if len(names) < 2 or any(n not in self._index for n in names):
             return None
@@ -347,8 +389,17 @@ class OpGraph:
             if src == dst:
                 continue
             old = edges.get((src, dst))
-            if old is None or e.transfer_ms > old.transfer_ms:
-                edges[(src, dst)] = DagEdge(src, dst, e.transfer_ms, e.nbytes)
+            if old is None:
+                edges[(src, dst)] = dataclasses.replace(e, src=src, dst=dst)
+                continue
+            keep = e if e.transfer_ms > old.transfer_ms else old
+            edges[(src, dst)] = dataclasses.replace(
+                keep,
+                src=src,
+                dst=dst,
+                pack_ms=max(old.pack_ms, e.pack_ms),
+                unpack_ms=max(old.unpack_ms, e.unpack_ms),
+            )
         nodes = tuple(
             node if i == last else n
             for i, n in enumerate(self.nodes)
@@ -417,7 +468,11 @@ def _collect_nodes(folded, planner: SplitPlanner, config: PlannerConfig, splits:
         if info is None and len(producers) == 1:
             # HOPE's super-op: PlaceParts runs a kernel with one producer where that one ran
             (out.node_of[b.var],) = producers
-            out.nodes[out.node_of[b.var]]["members"].append(b.var.name)
+            node = out.nodes[out.node_of[b.var]]
+            node["members"].append(b.var.name)
+            # a kernel the texture layout does not cover reads NCHW: the node's result leaves
+            # it as a buffer (unpacked inside the node, whoever reads it)
+            node["image_out"] = node["image_out"] and _packed_follower(b.value)
             out.count_unpredicted(b.value)
             continue
         if info is None and not producers and not any(v in params for v in used):
@@ -425,6 +480,7 @@ def _collect_nodes(folded, planner: SplitPlanner, config: PlannerConfig, splits:
         if info is not None:
             op = by_op[info.name]
             free = op.params is not None
+            packs = free and on_images(op.params)
             node = {
                 "name": info.name,
                 "kind": info.kind,
@@ -434,20 +490,51 @@ def _collect_nodes(folded, planner: SplitPlanner, config: PlannerConfig, splits:
                 "cpu": op.cpu_ms if free else 0.0,
                 "gpu": op.gpu_ms if free else 0.0,
                 "split": planner.best_split(op, config.dims) if free and splits else None,
+                "packs": packs,
+                # a pool is packed only behind packed producers
+                "image_out": packs
+                or (free and info.kind in _POOL_KINDS and _behind_images(out, producers)),
             }
         else:
             out.count_unpredicted(b.value)
             node = {"name": b.var.name, "kind": _kind(b.value), "op": None, "follows": True}
-            node.update(note="", cpu=0.0, gpu=0.0, split=None)
+            # a join is packed where every tensor it reads is (PackGpuParts' behind_packed)
+            node.update(note="", cpu=0.0, gpu=0.0, split=None, packs=False)
+            node["image_out"] = _behind_images(out, producers) and _packed_follower(b.value)
         node["members"] = [b.var.name]
         out.node_of[b.var] = len(out.nodes)
         out.nodes.append(node)
     return out
 
 
+#: Plan operators that the texture layout packs behind a packed producer.
+_POOL_KINDS = ("max_pool2d", "avg_pool2d")
+
+
+def _behind_images(found: _Nodes, producers: set[int]) -> bool:
+    """Whether every one of ``producers`` (some) leaves its result as an image on the GPU."""
+    return bool(producers) and all(found.nodes[p]["image_out"] for p in producers)
+
+
+def _packed_follower(value) -> bool:
+    """Whether the texture layout computes ``value`` on packed operands (a kernel a GPU
+    operator's image result flows through without a conversion)."""
+    import tvm  # deferred: see _nbytes
+
+    # deferred: the passes need TVM's compiler, which `import codl_tvm.planner` does not load
+    from codl_tvm.passes.texture_layout import BINARY_OPS, MEAN_OP, POOL_OPS, UNARY_OPS
+
+    op = getattr(value, "op", None)
+    if not isinstance(op, tvm.ir.Op):
+        return False
+    return op.name in UNARY_OPS | BINARY_OPS | POOL_OPS | {MEAN_OP, "relax.concat"}
+
+
 def _edges(folded, found: _Nodes, names: Sequence[str], planner: SplitPlanner) -> list[DagEdge]:
     """One edge per pair of nodes where one reads the other's variables (its members' reads
-    included), its transfer the predicted sharing of those tensors."""
+    included), its transfer the predicted sharing of those tensors and, where the GPU computes
+    on images, their pack into a GPU node that computes on images and their unpack out of a
+    GPU node whose result is an image (the cost model's image conversion kinds)."""
     from tvm import relax  # deferred: see _nbytes
 
     # node -> {producer node -> the producer's variables it reads}
@@ -460,11 +547,22 @@ def _edges(folded, found: _Nodes, names: Sequence[str], planner: SplitPlanner) -
             src = found.node_of.get(v)
             if src is not None and src != here:
                 reads[here].setdefault(src, set()).add(v)
+    images = planner.config.images
+    pack, unpack = IMAGE_SHARING_KINDS
     edges = []
     for dst, srcs in enumerate(reads):
         for src, tensors in sorted(srcs.items()):
             nbytes = sum(_nbytes(v) for v in tensors)
-            edges.append(DagEdge(names[src], names[dst], planner.pred.sharing_ms(nbytes), nbytes))
+            edge = DagEdge(names[src], names[dst], planner.pred.sharing_ms(nbytes), nbytes)
+            if images and found.nodes[dst]["packs"]:
+                edge = dataclasses.replace(
+                    edge, pack_ms=planner.pred.model.predict_sharing(pack, nbytes)
+                )
+            if images and found.nodes[src]["image_out"]:
+                edge = dataclasses.replace(
+                    edge, unpack_ms=planner.pred.model.predict_sharing(unpack, nbytes)
+                )
+            edges.append(edge)
     return edges
 
 
@@ -492,6 +590,7 @@ def _dag_node(name: str, n: dict) -> DagNode:
         tuple(n["members"]),
         n["note"],
         *((None, None, None) if split is None else (split.total_ms, split.dim, split.ratio)),
+        None if split is None else split.conversion_ms,
     )
 
 

@@ -235,10 +235,11 @@ def mosaic_schedule(graph: OpGraph) -> Schedule:
     on one processor, chosen by dynamic programming.
 
     A slice ``[j, m)`` on processor ``p`` costs its nodes' latencies on ``p`` plus, when ``j >
-    0``, the transfers into it: each tensor computed before ``j`` and read inside the slice,
-    moved once (MOSAIC sees the model as a linear sequence, so the slice before is taken to be
-    on the other processor). The placement is then timed like every other
-    (:func:`simulate`, nodes in graph order); follow nodes keep their rule.
+    0``, the transfers into it (with the image conversions on the way to ``p``): each tensor
+    computed before ``j`` and read inside the slice, moved once (MOSAIC sees the model as a
+    linear sequence, so the slice before is taken to be on the other processor). The
+    placement is then timed like every other (:func:`simulate`, nodes in graph order);
+    follow nodes keep their rule.
     """
     n = len(graph)
     if n == 0:
@@ -248,12 +249,12 @@ def mosaic_schedule(graph: OpGraph) -> Schedule:
         for p in PROCESSORS:
             prefix[p].append(prefix[p][-1] + node.latency_ms(p))
 
-    def into(j: int, m: int) -> float:
+    def into(j: int, m: int, p: str) -> float:
         moved: dict[int, float] = {}
         for i in range(j, m):
             for src in graph.preds(i):
                 if src < j:
-                    moved[src] = max(moved.get(src, 0.0), graph.transfer_ms(src, i))
+                    moved[src] = max(moved.get(src, 0.0), graph.cross_ms(src, i, p))
         return sum(moved.values())
 
     # best[m][p]: the first m nodes, the last slice on p
@@ -262,8 +263,8 @@ def mosaic_schedule(graph: OpGraph) -> Schedule:
     best[0] = dict.fromkeys(PROCESSORS, 0.0)
     for m in range(1, n + 1):
         for j in range(m):
-            moved = into(j, m) if j > 0 else 0.0
             for p in PROCESSORS:
+                moved = into(j, m, p) if j > 0 else 0.0
                 other = next(q for q in PROCESSORS if q != p)
                 before = best[j][other] if j > 0 else 0.0
                 cost = before + moved + prefix[p][m] - prefix[p][j]

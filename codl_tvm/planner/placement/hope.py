@@ -9,7 +9,8 @@ validates:
   model does not describe, occupies no processor);
 - a node starts after each producer finished, plus the edge's transfer delay when the two run on
   different processors (a delay, not work of either processor, so a tensor moved once serves every
-  reader on the other side);
+  reader on the other side), with the tensor's image pack (to the GPU) or unpack (to the CPU)
+  where the GPU computes on images (:meth:`~codl_tvm.planner.placement.graph.OpGraph.cross_ms`);
 - a follow node (concat, residual add:
   :attr:`~codl_tvm.planner.placement.graph.DagNode.follows`) runs where ``codl.PlaceParts`` puts
   it: its producers' one processor, else the graph's ``home``;

@@ -87,7 +87,7 @@ from codl_tvm.planner.placement.schedule import (
     dispatch_order,
     simulate,
 )
-from codl_tvm.planner.report import Decision, PlanReport, PlanSummary
+from codl_tvm.planner.report import Decision, PlanReport, PlanSummary, of_it_conversions
 from codl_tvm.planner.split.config import MODES, PlannerConfig, ideal_latency
 from codl_tvm.planner.split.predict import calibrated_model
 from codl_tvm.planner.split.search import plan_model
@@ -215,6 +215,7 @@ def _with_codl_chains(
             split_ms=row.coexec_ms,
             split_dim=chain.dim.value,
             split_ratio=chain.ratio,
+            split_conversion_ms=row.conversion_ms,
         )
         contracted = graph.contract(chain.ops, node)
         if contracted is None:
@@ -384,11 +385,14 @@ def _chain_rows(
                     None,
                     min(node.cpu_ms, node.gpu_ms) - node.split_ms,
                     f"{mode}: CoDL chain {chain.dim.value}@{chain.ratio:g} on both {span} "
-                    f"({node.split_ms:.3f} ms with sharing at entry and exit; whole CPU "
+                    f"({node.split_ms:.3f} ms with sharing at entry and exit"
+                    f"{of_it_conversions(node.split_conversion_ms)}; whole CPU "
                     f"{node.cpu_ms:.3f}, GPU {node.gpu_ms:.3f} ms)",
+                    conversion_ms=node.split_conversion_ms,
                 )
             )
             continue
+        crossing = _crossing_words(graph, schedule, i) if p == "gpu" else ""
         for op in chain.ops:
             dim = _entry_dim(infos[op], config)
             entries.append(OpPartition(op, dim, 1.0 if p == "gpu" else 0.0))
@@ -404,10 +408,35 @@ def _chain_rows(
                     None,
                     0.0,
                     f"{mode}: CoDL's chain {name} whole on {p.upper()} {span} ({node.cpu_ms:.3f} "
-                    f"ms on the CPU, {node.gpu_ms:.3f} on the GPU for the chain)",
+                    f"ms on the CPU, {node.gpu_ms:.3f} on the GPU for the chain{crossing})",
                 )
             )
     return entries, chain_entries, rows
+
+
+def _crossing(graph: OpGraph, schedule: Schedule, i: int) -> tuple[float, float]:
+    """What node ``i``, run whole on the GPU, pays on its edges across processors: their delay
+    (transfers and image conversions) and the image conversions of it, the pack of each
+    tensor it reads from the CPU and the unpack of its result (once: the largest) for the
+    CPU."""
+    procs = schedule.processor
+    into = [j for j in graph.preds(i) if procs[j] == "cpu"]
+    out = [k for k in graph.succs(i) if procs[k] == "cpu"]
+    moved = sum(graph.cross_ms(j, i, "gpu") for j in into)
+    moved += max((graph.cross_ms(i, k, "cpu") for k in out), default=0.0)
+    converted = sum(graph.conversion_ms(j, i, "gpu") for j in into)
+    converted += max((graph.conversion_ms(i, k, "cpu") for k in out), default=0.0)
+    return moved, converted
+
+
+def _crossing_words(graph: OpGraph, schedule: Schedule, i: int) -> str:
+    """``; 0.300 ms moving data from/to the CPU, 0.200 of it image conversions`` where node
+    ``i`` on the GPU converts images on its edges across processors, else ``""`` (buffers'
+    reasons as before)."""
+    moved, converted = _crossing(graph, schedule, i)
+    if not converted:
+        return ""
+    return f"; {moved:.3f} ms moving data from/to the CPU{of_it_conversions(converted)}"
 
 
 def _entry_dim(info: OpInfo, config: PlannerConfig) -> str:
@@ -449,11 +478,14 @@ def _op_row(
             None,
             min(node.cpu_ms, node.gpu_ms) - node.split_ms,
             f"{mode}: split {node.split_dim}@{node.split_ratio:g} on both {span} "
-            f"({node.split_ms:.3f} ms with sharing; whole CPU {node.cpu_ms:.3f}, GPU "
-            f"{node.gpu_ms:.3f} ms)",
+            f"({node.split_ms:.3f} ms with sharing{of_it_conversions(node.split_conversion_ms)}; "
+            f"whole CPU {node.cpu_ms:.3f}, GPU {node.gpu_ms:.3f} ms)",
+            conversion_ms=node.split_conversion_ms,
         )
     dim = _entry_dim(info, config)
     other = "cpu" if p == "gpu" else "gpu"
+    # an operator on the GPU on images: the conversions of its edges across processors
+    converted = _crossing(graph, schedule, i)[1] if p == "gpu" and config.images else None
     return OpPartition(info.name, dim, 1.0 if p == "gpu" else 0.0), Decision(
         (info.name,),
         dim,
@@ -465,7 +497,9 @@ def _op_row(
         None,
         node.latency_ms(other) - node.latency_ms(p),
         f"{mode}: whole on {p.upper()} {span} ({node.latency_ms(p):.3f} ms; "
-        f"{other.upper()} {node.latency_ms(other):.3f} ms)",
+        f"{other.upper()} {node.latency_ms(other):.3f} ms"
+        f"{_crossing_words(graph, schedule, i) if p == 'gpu' else ''})",
+        conversion_ms=converted,
     )
 
 

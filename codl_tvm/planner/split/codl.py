@@ -26,7 +26,7 @@ from codl_tvm.core.plan import (
 )
 from codl_tvm.cost_model.base import CostModel, shared_nbytes
 from codl_tvm.cost_model.features import FeatureError, Partition, part_shape
-from codl_tvm.planner.report import Decision
+from codl_tvm.planner.report import Decision, of_it_conversions
 from codl_tvm.planner.split.config import PlannerConfig
 from codl_tvm.planner.split.margin import Uncertainty
 from codl_tvm.planner.split.part_shapes import chain_parts, op_params
@@ -85,11 +85,6 @@ def _parts(s: SplitEstimate) -> dict[str, float]:
     return parts
 
 
-def _of_it_conversion(ms: float | None) -> str:
-    """``, 0.120 of it image conversions`` where a GPU part on images converts, else ``""``."""
-    return "" if not ms else f", {ms:.3f} of it image conversions"
-
-
 def _op_decision(
     op: OpEstimate,
     dim: str,
@@ -126,7 +121,7 @@ def _dense_conv(op: OpEstimate) -> bool:
 def _fmt_split(s: SplitEstimate) -> str:
     return (
         f"{s.dim}@{s.ratio:g} {s.total_ms:.3f} ms (cpu part {s.cpu_ms:.3f}, gpu part "
-        f"{s.gpu_ms:.3f}, sharing {s.sharing_ms:.3f}{_of_it_conversion(s.conversion_ms)})"
+        f"{s.gpu_ms:.3f}, sharing {s.sharing_ms:.3f}{of_it_conversions(s.conversion_ms)})"
     )
 
 
@@ -309,13 +304,13 @@ whole_conversion_ms`)."""
             if proc == away:
                 switch = (
                     f", {moved:.3f} ms of it moving data from/to the {home.upper()}"
-                    f"{_of_it_conversion(converts)}"
+                    f"{of_it_conversions(converts)}"
                 )
             elif _whole(op)[0] == away:
                 switch = (
                     f"; the {away.upper()} alone is faster but not by the "
                     f"{moved:.3f} ms of moving data from/to the {home.upper()}"
-                    f"{_of_it_conversion(converts)}"
+                    f"{of_it_conversions(converts)}"
                 )
         split = self.best_split(op, self.config.dims)
         ratio = 1.0 if proc == "gpu" else 0.0
@@ -510,7 +505,7 @@ whole_conversion_ms`)."""
                 reason = (
                     f"chain {s.dim}@{s.ratio:g}: {s.total_ms:.3f} ms (cpu parts {s.cpu_ms:.3f}, "
                     f"gpu parts {s.gpu_ms:.3f}, sharing at entry/exit {s.sharing_ms:.3f}"
-                    f"{_of_it_conversion(s.conversion_ms)}) vs "
+                    f"{of_it_conversions(s.conversion_ms)}) vs "
                     f"{nochain:.3f} ms planned one by one: gains {gain:.3f} ms"
                 )
                 rows.append(

@@ -94,13 +94,16 @@ PIXEL_CHANNELS = 4
 def on_images(params: OpParams, part: PartShape | None = None) -> bool:
     """Whether an operator's GPU part computes on images where the GPU parts are on images:
     a conv, dense or depthwise (:class:`~codl_tvm.passes.texture_parts.PackGpuParts`' full
-    coverage), and with ``part`` (the GPU's part) one of whole pixels: an OC part whose
-    channel count is not a multiple of 4 stays in buffers, so it converts nothing."""
-    if params.op != "conv2d":
+    coverage) of whole pixels, and with ``part`` (the GPU's part) one of whole pixels: a conv
+    or an OC part whose channel count is not a multiple of 4 stays in buffers, so it converts
+    nothing."""
+    if params.op != "conv2d" or params.oc % PIXEL_CHANNELS:
+        # the texture layout packs only convs writing whole pixels (a padded pixel's zero
+        # channels would reach every consumer)
         return False
     if not (params.groups == 1 or params.groups == params.ic == params.oc):
         return False
-    return part is None or part.oc == params.oc or part.oc % PIXEL_CHANNELS == 0
+    return part is None or part.oc % PIXEL_CHANNELS == 0
 
 
 def covered_impls(model: CostModel, op: str, proc: str) -> list[str]:
