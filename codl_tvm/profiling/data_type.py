@@ -31,7 +31,6 @@ build); reading and writing records needs neither.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import math
@@ -458,15 +457,7 @@ def _build(op: DataTypeOp, data_type: str, preset: TargetPreset, folder: Path) -
     from codl_tvm.frontend.importer import load_onnx
 
     proto = op.onnx_model()
-    spec = BuildSpec(
-        device="opencl",
-        plan=None,
-        model_sha256=hashlib.sha256(proto.SerializeToString()).hexdigest(),
-        preset=preset.name,
-        cpu_target=str(preset.target("cpu")),
-        gpu_target=str(preset.target("gpu")),
-        gpu_data_type=data_type,
-    )
+    spec = BuildSpec.gpu_alone(proto.SerializeToString(), preset, data_type)
     path = folder / f"{op.name}-{data_type}.so"
     build_library(path, spec, load_onnx(proto).mod, preset)
     return path

@@ -23,7 +23,6 @@ build); reading records needs neither.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import statistics
 from collections.abc import Mapping, Sequence
@@ -133,15 +132,7 @@ def _image_vm(
     from codl_tvm.frontend.importer import load_onnx
 
     proto = conversion_model(sizes)
-    spec = BuildSpec(
-        device="opencl",
-        plan=None,
-        model_sha256=hashlib.sha256(proto.SerializeToString()).hexdigest(),
-        preset=preset.name,
-        cpu_target=str(preset.target("cpu")),
-        gpu_target=str(preset.target("gpu")),
-        gpu_data_type="image",
-    )
+    spec = BuildSpec.gpu_alone(proto.SerializeToString(), preset, "image")
     path = folder / "conversions-image.so"
     build_library(path, spec, load_onnx(proto).mod, preset)
     dev = tvm.opencl(0)
