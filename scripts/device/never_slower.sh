@@ -84,7 +84,8 @@ build() {  # models: the SoC's builds (CPU, PoCL, codl at k = 14) beside the H10
       --models "$models" "${k12[@]}" --out $b/k12 >> $r/k12_compile.log 2>&1 &
   fi
   if [[ $plat == *,h100,* ]]; then
-    CODL_OPENCL_PLATFORM=nvidia python3 scripts/bench_planner.py compile --jobs 6 \
+    local h100_jobs=6; [[ $plat == ,h100, ]] && h100_jobs=14  # alone: all the cores
+    CODL_OPENCL_PLATFORM=nvidia python3 scripts/bench_planner.py compile --jobs $h100_jobs \
       --models "$models" "${h100[@]}" --out $b/h100 >> $r/h100_compile.log 2>&1 &
   fi
   wait
