@@ -216,12 +216,19 @@ def test_a_profile_of_another_device_keeps_buffers_with_a_note(opencl, tmp_path,
 
 
 @pytest.mark.opencl
-def test_shipped_models_change_nothing(opencl, tmp_path):
-    """No shipped cost model carries a profile: a compile without the flag keeps buffers and
-    its record as before."""
-    for name in ("emulated-soc", "device-h100", "emulated-soc-k12", "emulated-soc-k12-alone"):
+def test_shipped_models_carry_only_the_h100s_profile(opencl, tmp_path):
+    """The H100's model carries the profile measured on it (buffers: images took several times
+    their time there), with its conversions; the emulated SoC's models none (their GPU is
+    PoCL on whatever CPU emulates it). A compile here without the flag keeps buffers and its
+    record as before."""
+    for name in ("emulated-soc", "emulated-soc-k12", "emulated-soc-k12-alone"):
         meta = json.loads(shipped_model_path(name).read_text())["meta"]
         assert META_KEY not in meta, name
+    meta = json.loads(shipped_model_path("device-h100").read_text())["meta"]
+    record = DataTypeRecord.from_json(meta[META_KEY])
+    assert record.data_type == "buffer" and record.ratio > 1 / IMAGE_THRESHOLD
+    assert record.device["gpu"] == meta["device"]["gpu"] == "NVIDIA H100 80GB HBM3"
+    assert len(record.operators) == len(OPERATORS) and record.conversion is not None
     out = compile_artifact(SMALL_CNN, tmp_path / "art", CompileOptions(device="opencl"))
     gpu = json.loads((out / "manifest.json").read_text())["gpu"]
     assert gpu == {"asked": "buffer", "data_type": "buffer", "dtype": "float32"}
