@@ -621,6 +621,7 @@ def test_pocl_binaries_taken_after_a_warm_up_leave_nothing_to_compile(gpu_artifa
     _check_pocl_cold_start_compiles_nothing(art, tmp_path, devices=2)  # Intel's kept
 
 
+@pytest.mark.slow  # 30 s on 2 cores; CI keeps the failed warm-up sibling below
 @pytest.mark.opencl
 def test_compile_on_pocl_stores_binaries_taken_after_a_warm_up(tmp_path):
     """``codl-tvm compile`` on PoCL stores the binaries taken after one run of the artifact:

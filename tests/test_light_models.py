@@ -10,8 +10,9 @@ from codl_tvm.build.runner import build
 from codl_tvm.frontend.importer import load_onnx, random_inputs
 from codl_tvm.frontend.models import light_model
 
-FAST = ["squeezenet", "bvlc_alexnet"]
-SLOW = ["vgg19", "resnet50", "inception_v1"]
+# AlexNet (about 30 s on 2 cores) runs with --runslow; SqueezeNet keeps the CI check
+FAST = ["squeezenet"]
+SLOW = ["bvlc_alexnet", "vgg19", "resnet50", "inception_v1"]
 # Tolerance relative to the output's scale (fp32, different summation orders).
 RTOL = 1e-4
 

@@ -242,6 +242,7 @@ def test_identical_splits_share_kernels_and_are_told_apart(opencl, tmp_path):
         np.testing.assert_allclose(built([feeds["input"]])[0], want, rtol=0, atol=1e-4)
 
 
+@pytest.mark.slow  # 17 s on 2 cores; CI keeps the split-kernel numerics above
 def test_refined_artifact_is_numerically_the_model(opencl, tmp_path):
     art_dir = tmp_path / "art"
     PLAN.save(tmp_path / "plan.json")

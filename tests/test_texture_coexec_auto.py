@@ -68,6 +68,7 @@ def _check_against_onnxruntime(artifact: Path) -> None:
     assert _error(got, _onnxruntime(proto, x)) <= RTOL
 
 
+@pytest.mark.slow  # 20 s on 2 cores; CI keeps test_default_compile_measures_auto
 @pytest.mark.opencl
 def test_measured_auto_times_both_types_and_keeps_the_record(opencl, tmp_path, capsys, caplog):
     """``--verify 2`` measures a given plan: the buffer build, the image build and each

@@ -92,6 +92,7 @@ def test_opencl_weights_beside_equal_embedded_and_onnxruntime(tmp_path, opencl):
     _check_beside(tmp_path, device="opencl")
 
 
+@pytest.mark.slow  # 16 s on 2 cores; CI keeps the GPU-alone and CPU siblings
 @pytest.mark.opencl
 def test_coexec_weights_beside_equal_embedded_and_onnxruntime(tmp_path, opencl):
     plan = uniform_plan(load_onnx(bundled_model_path()).mod, "OC", 0.5)
