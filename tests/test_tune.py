@@ -228,7 +228,9 @@ def test_a_run_killed_mid_write_resumes(tuned, model, cost_model, tmp_path):
 def test_plan_report_marks_tuned_operators_measured(tuned, model, cost_model):
     _, config, result = tuned
     plan_config = PlannerConfig(cpu=config.cpu, gpu=config.gpu, tuned_parts=result.table)
-    _, report = plan_model(model.mod, cost_model, "codl", plan_config)
+    # without chains each operator keeps a row of its own: which chains the measured parts
+    # make depends on this machine's timings
+    _, report = plan_model(model.mod, cost_model, "codl_no_chain", plan_config)
     for name in result.tuned:
         d = _decision(report, name)
         assert d.provenance == "measured" and d.expected_error is None and d.margin_ms is None
