@@ -6,8 +6,15 @@ TVM or to codl-tvm (plain TVM's build of the same case), and appends one JSON li
 ``--out`` (a run that stops resumes where it was). ``summary`` prints the counts as the docs
 show them (docs/onnx-node-tests.md).
 
+``--gpu-data-type image`` runs the GPU alone on OpenCL images instead (the ``opencl-image``
+path, float32, held to rtol 1e-4), over the cases and their widened variants that the texture
+layout covers (:func:`codl_tvm.build.node_tests.image_variant`); a case with no image kernel is
+``n/a``. Pick the OpenCL platform with ``CODL_OPENCL_PLATFORM`` (``pocl`` for the docs' numbers).
+
     python scripts/onnx_node_report.py run --out /tmp/onnx-node.jsonl
     python scripts/onnx_node_report.py summary /tmp/onnx-node.jsonl
+    CODL_OPENCL_PLATFORM=pocl python scripts/onnx_node_report.py run --gpu-data-type image \
+        --out benchmarks/onnx_node_images_pocl.jsonl
 """
 
 from __future__ import annotations
@@ -20,15 +27,20 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 from codl_tvm.build.node_tests import (
+    IMAGE_PATH,
     NOT_APPLICABLE,
     PASS,
     PATHS,
     CaseResult,
     PathResult,
     attribute,
+    image_variant,
     node_cases,
     run_case,
 )
+
+#: Every path a row can hold, in the order the tables show them.
+ALL_PATHS = (*PATHS, IMAGE_PATH)
 
 
 def _done(out: Path) -> set[str]:
@@ -45,10 +57,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.ops:
         ops = set(args.ops.split(","))
         cases = [c for c in cases if c.op_type in ops]
+    paths = PATHS
+    if args.gpu_data_type == "image":
+        paths = (IMAGE_PATH,)
+        # each case as generated, followed by its widened variant where it has one
+        cases = [v for c in cases for v in (c, image_variant(c)) if v is not None]
     todo = [c for c in cases if c.name not in done]
     print(f"{len(cases)} cases, {len(cases) - len(todo)} already in {out}", flush=True)
     for i, case in enumerate(todo, 1):
-        result = run_case(case)
+        result = run_case(case, paths)
         row = result.to_json()
         row["owner"] = attribute(case, result)
         with out.open("a") as f:
@@ -69,6 +86,8 @@ def summarize(rows: list[dict]) -> str:
     failure and refusal grouped by operator, step and reason."""
     results = [CaseResult.from_json(r) for r in rows]
     owners = {r["name"]: r.get("owner", {}) for r in rows}
+    # the paths the rows hold (an image run holds the image path only)
+    paths = [p for p in ALL_PATHS if any(p in r.paths for r in results)]
     imported = [r for r in results if r.imported.outcome == PASS]
     lines = [
         f"Cases: {len(results)}; imported: {len(imported)}",
@@ -76,7 +95,7 @@ def summarize(rows: list[dict]) -> str:
         "| path | applicable | passed | failed (TVM's) | failed (ours) |",
         "|---|---:|---:|---:|---:|",
     ]
-    for path in PATHS:
+    for path in paths:
         # rows written before a path existed lack it: not applicable to them
         applicable = [r for r in imported if r.paths.get(path, _NONE).outcome != NOT_APPLICABLE]
         passed = [r for r in applicable if r.paths[path].outcome == PASS]
@@ -92,8 +111,8 @@ def summarize(rows: list[dict]) -> str:
         f"Not imported: {len(refused)} (TVM's frontend or a TVM bug: {by_owner['tvm']}, "
         f"codl-tvm's own checks on cases plain TVM runs: {by_owner['ours']})",
         "",
-        f"| operator | cases | imported | {' | '.join(PATHS)} |",
-        "|---|---:|---:|" + "---:|" * len(PATHS),
+        f"| operator | cases | imported | {' | '.join(paths)} |",
+        "|---|---:|---:|" + "---:|" * len(paths),
     ]
     by_op: dict[str, list[CaseResult]] = defaultdict(list)
     for r in results:
@@ -110,7 +129,7 @@ def summarize(rows: list[dict]) -> str:
     for op in sorted(by_op):
         rs = by_op[op]
         n_imp = sum(r.imported.outcome == PASS for r in rs)
-        cells = " | ".join(cell(rs, p) for p in PATHS)
+        cells = " | ".join(cell(rs, p) for p in paths)
         lines.append(f"| {op} | {len(rs)} | {n_imp} | {cells} |")
     lines += [
         "",
@@ -153,6 +172,12 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--out", required=True, help="JSON-lines file (appended, resumed)")
     run.add_argument("--ops", help="comma-separated ONNX operator types (default: all selected)")
     run.add_argument("--names", help="comma-separated case names")
+    run.add_argument(
+        "--gpu-data-type",
+        choices=("buffer", "image"),
+        default="buffer",
+        help="buffer: every path of the default run; image: the GPU alone on OpenCL images",
+    )
     run.set_defaults(func=cmd_run)
     summary = sub.add_parser("summary", help="print the tables of a run")
     summary.add_argument("jsonl")

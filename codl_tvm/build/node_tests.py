@@ -16,7 +16,13 @@ frontend);
 - ``beside``: the CPU build with its weights beside the library (``compile --weights
   beside``): every constant, however small (the cases' constants are mostly under
   :data:`~codl_tvm.passes.stream_weights.MIN_BYTES`), is fetched through ``codl.weights.get``
-  from a ``weights.bin`` that :mod:`codl_tvm.runtime.weights` loads on its thread.
+  from a ``weights.bin`` that :mod:`codl_tvm.runtime.weights` loads on its thread;
+- ``opencl-image`` (:data:`IMAGE_PATH`, not in the default :data:`PATHS`): the GPU alone on
+  OpenCL images, float32 (:func:`codl_tvm.build.texture.build_texture_gpu`, what ``compile
+  --device opencl --gpu-data-type image`` builds), run through codl-tvm's OpenCL runtime with
+  one VM device per memory scope. ``n/a`` where no kernel of the build reads or writes an image
+  (the texture layout covers none of the case's operators). Held to :data:`IMAGE_RTOL` as well
+  as the case's own tolerances; its ``detail`` keeps the largest error either way.
 
 Outputs are compared with the expected ones as onnx's backend runner does (same shape and dtype,
 ``np.testing.assert_allclose`` with the case's ``rtol``/``atol``, NaN equal to NaN). A failure is
@@ -31,6 +37,7 @@ passes on every path; a refusal is a :class:`~codl_tvm.core.errors.CodlError`, n
 from __future__ import annotations
 
 import functools
+import logging
 import tempfile
 import traceback
 import warnings
@@ -48,17 +55,22 @@ from tvm.relax.frontend.onnx import from_onnx
 from codl_tvm import runtime
 from codl_tvm.build.coexec import compile_coexec
 from codl_tvm.build.pipeline import single_device_pipeline
-from codl_tvm.build.runner import build, default_target
+from codl_tvm.build.runner import build, default_target, max_abs_difference
+from codl_tvm.build.texture import build_texture_gpu
 from codl_tvm.core.errors import CodlError
 from codl_tvm.core.plan import uniform_plan
 from codl_tvm.frontend.importer import check_inputs, load_onnx
 from codl_tvm.passes.stream_weights import StreamWeights
 from codl_tvm.runtime import weights
+from codl_tvm.runtime.images import image_caps
 from codl_tvm.runtime.vm import flatten_outputs
 
 __all__ = [
     "CONSTANT_OPERAND_OPS",
     "ERROR",
+    "IMAGE_PATH",
+    "IMAGE_RTOL",
+    "IMAGE_VARIANT_SUFFIX",
     "INITIALIZERS_SUFFIX",
     "MISMATCH",
     "NOT_APPLICABLE",
@@ -75,10 +87,13 @@ __all__ = [
     "PathResult",
     "attribute",
     "compare_outputs",
+    "image_variant",
     "node_cases",
     "plain_tvm_status",
     "run_case",
 ]
+
+logger = logging.getLogger(__name__)
 
 # The operators of the selection, grouped as the docs report them. Only cases whose graph
 # holds nodes of exactly one of these types are taken (onnx's "_expanded" function bodies are
@@ -129,8 +144,22 @@ CONSTANT_OPERAND_OPS: tuple[str, ...] = (
     "Unsqueeze",
 )
 INITIALIZERS_SUFFIX = "_initializers"
+#: Names :func:`image_variant`'s cases: a conv or pool case widened to whole pixels of channels.
+IMAGE_VARIANT_SUFFIX = "_on_images"
+#: Channels in one image pixel (RGBA): the texture layout packs channels four at a time.
+_PIXEL = 4
+#: The 2-D pools whose cases :func:`image_variant` widens: those the texture layout packs
+#: (GlobalMaxPool, a max over H and W, stays NCHW).
+_POOLS_2D = ("AveragePool", "MaxPool", "GlobalAveragePool")
 
 PATHS: tuple[str, ...] = ("cpu", "opencl", "coexec-H", "coexec-OC", "beside")
+#: The GPU alone on OpenCL images: a path of its own (``run_case(case, (IMAGE_PATH,))``), not in
+#: :data:`PATHS`: it needs an OpenCL device with images, and TVM alone has no such build to
+#: attribute a failure to.
+IMAGE_PATH = "opencl-image"
+#: The image path's relative tolerance (issue 46: images equal the reference within 1e-4 in
+#: float32), tighter than onnx's default 1e-3; each case's atol is kept.
+IMAGE_RTOL = 1e-4
 
 # Outcomes of one path.
 PASS = "pass"
@@ -248,6 +277,74 @@ def _with_initializers(case: NodeCase) -> NodeCase:
     )
 
 
+def image_variant(case: NodeCase) -> NodeCase | None:
+    """``case``'s conv or pool widened so that the texture layout covers it, with expected
+    outputs derived exactly from ``case``'s; None for other cases.
+
+    ONNX's conv cases have one output channel and its pools read the graph input; the texture
+    layout packs convs with whole pixels of output channels (4) and constant weights, and pools
+    only behind a packed producer, so no case as generated reaches an image. The variant keeps
+    the operator and its attributes and changes only channels, so every output channel equals
+    one of the original's (``np.tile`` of the expected outputs along C):
+
+    - a 2-D conv (``group=1``) gets its weights (and bias) repeated 4 times along the output
+      channels, as initializers;
+    - a float32 2-D pool gets a conv in front that repeats the input's C channels 4 times
+      (weights 1 and 0: exact in float32 for finite inputs), so it reads a packed tensor.
+    """
+    graph = case.model.graph
+    node = graph.node[0]
+    if len(graph.node) != 1 or len(node.output) != 1 or case.inputs[0].dtype != np.float32:
+        return None
+    if case.inputs[0].ndim != 4:
+        return None
+    expected = (np.tile(case.expected[0], (1, _PIXEL, 1, 1)),)
+    model = onnx.ModelProto()
+    model.CopyFrom(case.model)
+    graph = model.graph
+    if case.op_type == "Conv":
+        if any(a.name == "group" and a.i != 1 for a in node.attribute):
+            return None
+        operands = list(graph.input[1:])
+        del graph.input[1:]
+        for info, value in zip(operands, case.inputs[1:]):
+            wide = np.tile(value, (_PIXEL,) + (1,) * (value.ndim - 1))
+            graph.initializer.append(numpy_helper.from_array(wide, info.name))
+    elif case.op_type in _POOLS_2D:
+        channels = case.inputs[0].shape[1]
+        # a 3 x 3 conv (padded by 1) with the weight on its centre tap and a zero bias, as a
+        # model's conv before a pool: behind a 1 x 1 conv, or a conv with neither bias nor
+        # activation, TVM's scope annotation keeps the pool's input in a buffer
+        repeat = np.zeros((_PIXEL * channels, channels, 3, 3), np.float32)
+        out_channels = np.arange(_PIXEL * channels)
+        repeat[out_channels, out_channels % channels, 1, 1] = 1.0
+        x = graph.input[0].name
+        repeated, weights, bias = f"{x}_repeated", f"{x}_repeat_weights", f"{x}_repeat_bias"
+        graph.initializer.append(numpy_helper.from_array(repeat, weights))
+        graph.initializer.append(
+            numpy_helper.from_array(np.zeros(_PIXEL * channels, np.float32), bias)
+        )
+        conv = onnx.helper.make_node("Conv", [x, weights, bias], [repeated], pads=[1, 1, 1, 1])
+        graph.node.insert(0, conv)
+        graph.node[1].input[0] = repeated
+    else:
+        return None
+    # the output's declared shape grows with its channels
+    out = graph.output[0]
+    del out.type.tensor_type.shape.dim[:]
+    for extent in expected[0].shape:
+        out.type.tensor_type.shape.dim.add().dim_value = extent
+    return NodeCase(
+        name=case.name + IMAGE_VARIANT_SUFFIX,
+        op_type=case.op_type,
+        model=model,
+        inputs=case.inputs[:1],
+        expected=expected,
+        rtol=case.rtol,
+        atol=case.atol,
+    )
+
+
 def node_cases(names: Iterable[str] | None = None) -> list[NodeCase]:
     """The selected node cases (all, or those named, in the order given)."""
     cases = _all_cases()
@@ -331,9 +428,69 @@ def _run_beside(mod, inputs: list[np.ndarray], name: str) -> list[np.ndarray]:
         return got
 
 
+def _onnxruntime_outputs(case: NodeCase) -> list[np.ndarray] | None:
+    """``case``'s model run by onnxruntime's CPU provider, or None where onnxruntime is missing
+    or cannot run it."""
+    try:
+        # deferred: onnxruntime is a test dependency, needed by the image path only
+        import onnxruntime
+    except ImportError:
+        return None
+    graph = case.model.graph
+    initializers = {t.name for t in graph.initializer}
+    names = [i.name for i in graph.input if i.name not in initializers]
+    try:
+        sess = onnxruntime.InferenceSession(
+            case.model.SerializeToString(), providers=["CPUExecutionProvider"]
+        )
+        return list(sess.run(None, dict(zip(names, case.inputs))))
+    except Exception as exc:  # onnxruntime's own errors have no common base class
+        logger.info("%s: onnxruntime cannot run it (%s)", case.name, _one_line(exc))
+        return None
+
+
+def _run_image(mod, inputs: list[np.ndarray], case: NodeCase) -> PathResult:
+    """Build ``mod`` for the GPU alone on images (float32), run it once and compare it with
+    ``case``'s expected outputs at the case's tolerances (as every other path) and with
+    onnxruntime's at :data:`IMAGE_RTOL` (ONNX stores some expected outputs rounded to four
+    decimals, as AveragePool's ``ceil_last_window_starts_on_pad``: 0.1511 for 0.151056);
+    ``n/a`` where no kernel uses an image."""
+    runtime.load()
+    with runtime.build_errors(f"node test {case.name}", "opencl"):
+        built = build_texture_gpu(mod, default_target("opencl"), caps=image_caps())
+    if built.image_kernels == 0:
+        return PathResult(
+            NOT_APPLICABLE, detail=f"none of its {len(built.kernels)} kernels uses an image"
+        )
+    dev = tvm.opencl(0)
+    with tempfile.TemporaryDirectory(prefix="codl-node-") as tmp:
+        lib_path = Path(tmp) / "images.so"
+        with runtime.build_errors(f"node test {case.name}", "opencl"):
+            built.executable.export_library(str(lib_path))
+            lib = tvm.runtime.load_module(str(lib_path))
+    vm = relax.VirtualMachine(lib, built.vm_devices(dev))
+    got = flatten_outputs(vm["main"](*[tvm.runtime.tensor(x, dev) for x in inputs]))
+    why = compare_outputs(got, case.expected, case.rtol, case.atol)
+    if why:
+        return PathResult(MISMATCH, detail=f"against onnx's expected outputs: {why}")
+    reference = _onnxruntime_outputs(case)
+    source = "onnxruntime"
+    if reference is None:
+        reference, source = list(case.expected), "onnx's expected outputs"
+    why = compare_outputs(got, reference, min(case.rtol, IMAGE_RTOL), case.atol)
+    # the largest error is kept for passes too: how close to the tolerance a case came
+    err = f"max abs error {max_abs_difference(got, reference):.3g} against {source}"
+    if why:
+        return PathResult(MISMATCH, detail=f"{why}; {err}")
+    images = ", ".join(name for name, image in built.kernels if image)
+    return PathResult(PASS, detail=f"image kernels: {images}; {err}")
+
+
 def _run_path(path: str, model, case: NodeCase) -> PathResult:
     try:
         inputs = _ordered_inputs(model, case)
+        if path == IMAGE_PATH:
+            return _run_image(model.mod, inputs, case)
         if path == "beside":
             got = _run_beside(model.mod, inputs, case.name)
             why = compare_outputs(got, case.expected, case.rtol, case.atol)
@@ -402,8 +559,10 @@ def attribute(case: NodeCase, result: CaseResult) -> dict[str, str]:
     - A refusal at import is TVM's when TVM's frontend is what refused (plain ``from_onnx``
       fails too), ours when codl-tvm's own checks refuse a case plain TVM imports and runs.
     - A CPU or OpenCL failure is TVM's when plain TVM's build for that device fails too.
-    - A co-executed or ``beside`` failure is ours when the CPU build passed (co-execution and
-      streamed weights must then work); otherwise it shares the CPU failure's attribution.
+    - A co-executed, ``beside`` or image failure is ours when the CPU build passed or did not
+      run (co-execution, streamed weights and images must then work; TVM's own texture build
+      does not run on a desktop driver to compare with); otherwise it shares the CPU failure's
+      attribution.
     """
     owners: dict[str, str] = {}
     plain: dict[str, PathResult] = {}
@@ -421,7 +580,7 @@ def attribute(case: NodeCase, result: CaseResult) -> dict[str, str]:
         if res is not None and res.outcome not in (PASS, NOT_APPLICABLE, SKIPPED):
             owners[path] = OURS if plain_ok(path) else TVM
     cpu = result.paths.get("cpu")
-    for path in ("coexec-H", "coexec-OC", "beside"):
+    for path in ("coexec-H", "coexec-OC", "beside", IMAGE_PATH):
         res = result.paths.get(path)
         if res is None or res.outcome in (PASS, NOT_APPLICABLE, SKIPPED):
             continue
