@@ -167,21 +167,6 @@ class BuildSpec:
     code: str = field(default_factory=code_digest)
     tvm_version: str = field(default_factory=_tvm_version)
 
-    @classmethod
-    def gpu_alone(cls, model: bytes, preset: TargetPreset, data_type: str) -> BuildSpec:
-        """The spec of a build of the serialized ONNX ``model`` for ``preset``'s GPU alone,
-        its tensors in ``data_type`` (``"buffer"`` or ``"image"``), the preset's defaults
-        otherwise (what the profilers build: :mod:`codl_tvm.profiling.data_type`)."""
-        return cls(
-            device="opencl",
-            plan=None,
-            model_sha256=hashlib.sha256(model).hexdigest(),
-            preset=preset.name,
-            cpu_target=str(preset.target("cpu")),
-            gpu_target=str(preset.target("gpu")),
-            gpu_data_type=data_type,
-        )
-
     def key(self) -> str:
         """The cache key: a digest of every field."""
         text = json.dumps(dataclasses.asdict(self), sort_keys=True)

@@ -47,7 +47,7 @@ import tvm
 from tvm.runtime.vm import VirtualMachine
 
 from codl_tvm import runtime
-from codl_tvm.build.cache import BuildSpec, build_library
+from codl_tvm.build.cache import build_library
 from codl_tvm.build.targets import TargetPreset, cpu_record, get_preset
 from codl_tvm.core.errors import ModelFileError, ProfileError
 from codl_tvm.cost_model.base import GPU_DATA_TYPE_META, CostModel
@@ -55,6 +55,7 @@ from codl_tvm.cost_model.fitted_device import describe_device, local_device
 from codl_tvm.profiling.image_conversion import (
     CONVERSION_SIZES,
     ConversionTiming,
+    gpu_alone_spec,
     measure_conversions,
 )
 from codl_tvm.profiling.timing import TimingConfig, runs_per_sample
@@ -457,7 +458,7 @@ def _build(op: DataTypeOp, data_type: str, preset: TargetPreset, folder: Path) -
     from codl_tvm.frontend.importer import load_onnx
 
     proto = op.onnx_model()
-    spec = BuildSpec.gpu_alone(proto.SerializeToString(), preset, data_type)
+    spec = gpu_alone_spec(proto.SerializeToString(), preset, data_type)
     path = folder / f"{op.name}-{data_type}.so"
     build_library(path, spec, load_onnx(proto).mod, preset)
     return path

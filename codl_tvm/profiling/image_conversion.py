@@ -23,6 +23,7 @@ build); reading records needs neither.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import statistics
 from collections.abc import Mapping, Sequence
@@ -40,7 +41,13 @@ from codl_tvm.build.targets import TargetPreset
 from codl_tvm.core.errors import ProfileError
 from codl_tvm.cost_model.base import IMAGE_CONVERSION_KINDS, SharingModel
 
-__all__ = ["CONVERSION_SIZES", "ConversionTiming", "conversion_model", "measure_conversions"]
+__all__ = [
+    "CONVERSION_SIZES",
+    "ConversionTiming",
+    "conversion_model",
+    "gpu_alone_spec",
+    "measure_conversions",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -99,6 +106,21 @@ class ConversionTiming:
         return cls(samples)
 
 
+def gpu_alone_spec(model: bytes, preset: TargetPreset, data_type: str) -> BuildSpec:
+    """The spec of a build of the serialized ONNX ``model`` for ``preset``'s GPU alone, its
+    tensors in ``data_type`` (``"buffer"`` or ``"image"``), the preset's defaults otherwise:
+    what the data-type profilers build (here and :mod:`codl_tvm.profiling.data_type`)."""
+    return BuildSpec(
+        device="opencl",
+        plan=None,
+        model_sha256=hashlib.sha256(model).hexdigest(),
+        preset=preset.name,
+        cpu_target=str(preset.target("cpu")),
+        gpu_target=str(preset.target("gpu")),
+        gpu_data_type=data_type,
+    )
+
+
 def conversion_model(sizes: Sequence[tuple[int, int, int]]) -> Any:
     """An ONNX model (``onnx.ModelProto``) with one input per ``(channels, height, width)``
     of ``sizes``, each through a depthwise 1x1 conv of unit weights (on images: pack, conv,
@@ -132,7 +154,7 @@ def _image_vm(
     from codl_tvm.frontend.importer import load_onnx
 
     proto = conversion_model(sizes)
-    spec = BuildSpec.gpu_alone(proto.SerializeToString(), preset, "image")
+    spec = gpu_alone_spec(proto.SerializeToString(), preset, "image")
     path = folder / "conversions-image.so"
     build_library(path, spec, load_onnx(proto).mod, preset)
     dev = tvm.opencl(0)
