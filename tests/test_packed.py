@@ -849,6 +849,7 @@ def test_planner_predicts_the_packed_kernels_the_build_makes():
     assert notes and "profile --packed" in notes[0]
 
 
+@pytest.mark.slow  # 11 s on 2 cores; CI keeps the co-executed build with --packed given
 @pytest.mark.opencl
 def test_coexec_cpu_parts_use_packed_when_the_cost_model_covers_it(
     opencl, tmp_path, capsys, monkeypatch

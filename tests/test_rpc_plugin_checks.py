@@ -42,6 +42,7 @@ def test_remote_plugin_reads_the_servers_report():
     assert rpc_plugin.remote_plugin(info) == {"machine": "aarch64", "tvm": "0.27.0"}
 
 
+@pytest.mark.slow  # 10 s on 2 cores; CI runs it on the emulated aarch64 device (RPC step)
 @pytest.mark.rpc
 @pytest.mark.opencl
 def test_coexec_on_a_device_without_svm_runs_on_host_mapped_buffers(opencl, tmp_path):
