@@ -13,10 +13,7 @@ from __future__ import annotations
 
 import copy
 
-import numpy as np
-import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
 
 from codl_tvm.core.errors import PlannerError
 from codl_tvm.cost_model.base import IMAGE_SHARING_KINDS
@@ -34,6 +31,8 @@ from codl_tvm.planner.placement.hope import (
 from codl_tvm.planner.placement.modes import PlacementConfig, make_plan, schedule_placement
 from codl_tvm.planner.split.config import PlannerConfig
 from codl_tvm.planner.split.predict import calibrated_model, on_images
+
+from .test_hope import inception_like
 
 PACK, UNPACK = IMAGE_SHARING_KINDS
 PLAIN = PlacementConfig(costs=CoexecCosts())
@@ -57,46 +56,11 @@ def _with_conversion(model, intercept_ms: float, ms_per_byte: float = 0.0):
     return out
 
 
-def _inception_like(c: int = 8, hw: int = 16) -> onnx.ModelProto:
-    """A stem conv and an Inception module (1x1; 1x1 -> 3x3; maxpool -> 1x1; concat)."""
-    rng = np.random.default_rng(0)
-
-    def init(name, shape):
-        return numpy_helper.from_array((rng.standard_normal(shape) * 0.2).astype("float32"), name)
-
-    node = helper.make_node
-    nodes = [
-        node("Conv", ["x", "w0", "b0"], ["s"], pads=[1, 1, 1, 1]),
-        node("Relu", ["s"], ["sr"]),
-        node("Conv", ["sr", "wa", "ba"], ["a"]),
-        node("Relu", ["a"], ["ar"]),
-        node("Conv", ["sr", "wb1", "bb1"], ["b1"]),
-        node("Relu", ["b1"], ["b1r"]),
-        node("Conv", ["b1r", "wb2", "bb2"], ["b2"], pads=[1, 1, 1, 1]),
-        node("Relu", ["b2"], ["b2r"]),
-        node("MaxPool", ["sr"], ["p"], kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
-        node("Conv", ["p", "wc", "bc"], ["cc"]),
-        node("Relu", ["cc"], ["cr"]),
-        node("Concat", ["ar", "b2r", "cr"], ["y"], axis=1),
-    ]
-    inits = [init("w0", (c, 3, 3, 3)), init("b0", (c,))]
-    for name, k in (("a", 1), ("b1", 1), ("b2", 3), ("c", 1)):
-        inits += [init(f"w{name}", (c, c, k, k)), init(f"b{name}", (c,))]
-    g = helper.make_graph(
-        nodes,
-        "inception_like",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, hw, hw])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3 * c, hw, hw])],
-        inits,
-    )
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
-
-
 @pytest.fixture(scope="module")
 def mod():
     from codl_tvm.frontend.importer import load_onnx
 
-    return load_onnx(_inception_like()).mod
+    return load_onnx(inception_like()).mod
 
 
 @pytest.fixture(scope="module")
