@@ -29,9 +29,10 @@ from codl_tvm.cost_model.base import (
 from codl_tvm.cost_model.synthetic import SyntheticDevice, synthetic_cost_model
 from codl_tvm.planner import PlannerConfig, chain_parts, plan_model
 from codl_tvm.planner.split.codl import SplitPlanner
-from codl_tvm.planner.split.predict import PIXEL_CHANNELS, image_conversion_model, on_images
+from codl_tvm.planner.split.predict import image_conversion_model, on_images
 from codl_tvm.profiling.data_type import DataTypeRecord, operators_named, profile_data_type
 from codl_tvm.profiling.image_conversion import ConversionTiming
+from codl_tvm.runtime.images import PIXEL_CHANNELS
 
 PACK, UNPACK = IMAGE_SHARING_KINDS
 

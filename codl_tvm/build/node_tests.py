@@ -62,7 +62,7 @@ from codl_tvm.core.plan import uniform_plan
 from codl_tvm.frontend.importer import check_inputs, load_onnx
 from codl_tvm.passes.stream_weights import StreamWeights
 from codl_tvm.runtime import weights
-from codl_tvm.runtime.images import image_caps
+from codl_tvm.runtime.images import PIXEL_CHANNELS, image_caps
 from codl_tvm.runtime.vm import flatten_outputs
 
 __all__ = [
@@ -146,8 +146,6 @@ CONSTANT_OPERAND_OPS: tuple[str, ...] = (
 INITIALIZERS_SUFFIX = "_initializers"
 #: Names :func:`image_variant`'s cases: a conv or pool case widened to whole pixels of channels.
 IMAGE_VARIANT_SUFFIX = "_on_images"
-#: Channels in one image pixel (RGBA): the texture layout packs channels four at a time.
-_PIXEL = 4
 #: The 2-D pools whose cases :func:`image_variant` widens: those the texture layout packs
 #: (GlobalMaxPool, a max over H and W, stays NCHW).
 _POOLS_2D = ("AveragePool", "MaxPool", "GlobalAveragePool")
@@ -298,7 +296,7 @@ def image_variant(case: NodeCase) -> NodeCase | None:
         return None
     if case.inputs[0].ndim != 4:
         return None
-    expected = (np.tile(case.expected[0], (1, _PIXEL, 1, 1)),)
+    expected = (np.tile(case.expected[0], (1, PIXEL_CHANNELS, 1, 1)),)
     model = onnx.ModelProto()
     model.CopyFrom(case.model)
     graph = model.graph
@@ -308,21 +306,21 @@ def image_variant(case: NodeCase) -> NodeCase | None:
         operands = list(graph.input[1:])
         del graph.input[1:]
         for info, value in zip(operands, case.inputs[1:]):
-            wide = np.tile(value, (_PIXEL,) + (1,) * (value.ndim - 1))
+            wide = np.tile(value, (PIXEL_CHANNELS,) + (1,) * (value.ndim - 1))
             graph.initializer.append(numpy_helper.from_array(wide, info.name))
     elif case.op_type in _POOLS_2D:
         channels = case.inputs[0].shape[1]
         # a 3 x 3 conv (padded by 1) with the weight on its centre tap and a zero bias, as a
         # model's conv before a pool: behind a 1 x 1 conv, or a conv with neither bias nor
         # activation, TVM's scope annotation keeps the pool's input in a buffer
-        repeat = np.zeros((_PIXEL * channels, channels, 3, 3), np.float32)
-        out_channels = np.arange(_PIXEL * channels)
+        repeat = np.zeros((PIXEL_CHANNELS * channels, channels, 3, 3), np.float32)
+        out_channels = np.arange(PIXEL_CHANNELS * channels)
         repeat[out_channels, out_channels % channels, 1, 1] = 1.0
         x = graph.input[0].name
         repeated, weights, bias = f"{x}_repeated", f"{x}_repeat_weights", f"{x}_repeat_bias"
         graph.initializer.append(numpy_helper.from_array(repeat, weights))
         graph.initializer.append(
-            numpy_helper.from_array(np.zeros(_PIXEL * channels, np.float32), bias)
+            numpy_helper.from_array(np.zeros(PIXEL_CHANNELS * channels, np.float32), bias)
         )
         conv = onnx.helper.make_node("Conv", [x, weights, bias], [repeated], pads=[1, 1, 1, 1])
         graph.node.insert(0, conv)

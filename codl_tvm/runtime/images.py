@@ -26,6 +26,7 @@ from codl_tvm.core.errors import ImageError
 from codl_tvm.runtime import load, plugin_function
 
 __all__ = [
+    "PIXEL_CHANNELS",
     "TEXTURE_SCOPES",
     "ImageCaps",
     "ImageError",
@@ -40,6 +41,9 @@ __all__ = [
     "read_region",
     "write_region",
 ]
+
+#: Channels one image pixel holds (RGBA: the NCHW4c layout of tensors on images).
+PIXEL_CHANNELS = 4
 
 #: TVM's texture memory scopes that the runtime stores as images.
 TEXTURE_SCOPES = ("global.texture", "global.texture-nhwc", "global.texture-weight")

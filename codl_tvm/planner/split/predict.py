@@ -31,9 +31,9 @@ from codl_tvm.cost_model.base import (
 from codl_tvm.cost_model.features import OpParams, Partition, PartShape, op_features, part_shape
 from codl_tvm.planner.split.config import PlannerConfig
 from codl_tvm.planner.split.part_shapes import chain_parts
+from codl_tvm.runtime.images import PIXEL_CHANNELS
 
 __all__ = [
-    "PIXEL_CHANNELS",
     "SPLIT_SHARING_KINDS",
     "OpEstimate",
     "Predictor",
@@ -85,10 +85,6 @@ class SplitEstimate:
     gpu_ms: float
     sharing_ms: float
     conversion_ms: float | None = None
-
-
-#: Channels one image pixel holds (RGBA: the NCHW4c layout of a GPU part on images).
-PIXEL_CHANNELS = 4
 
 
 def on_images(params: OpParams, part: PartShape | None = None) -> bool:
