@@ -28,7 +28,7 @@ from typing import Any
 
 import tvm
 
-from codl_tvm.build.parallel import BackgroundBuilds, BuildJob, default_workers
+from codl_tvm.build.parallel import BackgroundBuilds, BuildJob, default_workers, vm_devices
 from codl_tvm.build.targets import TargetPreset, export_library
 from codl_tvm.core.errors import BuildError
 from codl_tvm.core.plan import PartitionPlan
@@ -389,6 +389,8 @@ class Libraries:
         # a co-executed compile's measured auto: the primary plan is also built with its GPU
         # parts on images (image_variant), the other co-executed builds keep buffers
         self.measure_images = False
+        # a compile timing here on PoCL: each worker warms its OpenCL library up (parallel.py)
+        self.warm_up = False
         # library name -> its kernel calls and their splits (co-executed builds)
         self.kernel_splits: dict[str, dict] = {}
         # library name -> the spec it was built from, and (weights beside) its weights record
@@ -561,7 +563,7 @@ class Libraries:
     def _start(self, specs: dict[str, BuildSpec], workers) -> None:
         """Start the builds of ``specs`` (name -> spec) the cache lacks in worker processes."""
         jobs = [
-            BuildJob(name, spec, self._path(name))
+            BuildJob(name, spec, self._path(name), self._warm_devices(spec))
             for name, spec in specs.items()
             if self._cached(spec) is None
         ]
@@ -573,6 +575,10 @@ class Libraries:
                 Path(self.model.path), self._model, self.preset, jobs, build_library, workers
             )
         )
+
+    def _warm_devices(self, spec: BuildSpec) -> tuple[str, ...]:
+        warm = self.warm_up and spec.device != "cpu"  # CPU code needs no compiling at its run
+        return vm_devices(spec) if warm else ()
 
     def close(self) -> None:
         """Stop the worker processes still building (a compile that ends early)."""
@@ -641,6 +647,7 @@ class Libraries:
             "source": "worker",
             "s": round(result.seconds, 3),
             "waited_s": round(waited, 3),
+            **({} if result.warm_s is None else {"warm_s": round(result.warm_s, 3)}),
         }
         if result.error is not None:
             raise BuildError(

@@ -11,6 +11,11 @@ the target preset and a :class:`~codl_tvm.build.cache.BuildSpec` per library. Th
 (``Libraries``' module-level builder, passed by reference) reads every schedule setting from
 the spec, so a worker builds what an in-process build of the same spec would.
 
+Where the compile times the libraries on this machine and its OpenCL platform compiles
+kernels serially (PoCL), a worker also runs each OpenCL library once in parallel processes
+after building it (:func:`~codl_tvm.runtime.warm_up.warm_up`, a job's ``warm`` devices), so its
+kernels are compiled into the on-disk caches while the compile plans, not at its first timed run.
+
 Workers are spawned, never forked: TVM's state is not fork-safe. They ignore SIGINT (the
 compile decides what a Ctrl-C stops) and end with the compile: :meth:`BackgroundBuilds.close`
 terminates those still running, and on Linux a worker also dies with its parent.
@@ -19,12 +24,11 @@ terminates those still running, and on Linux a worker also dies with its parent.
 from __future__ import annotations
 
 import contextlib
-import ctypes
+import dataclasses
 import logging
 import multiprocessing
 import os
 import signal
-import sys
 import threading
 import time
 import traceback
@@ -35,10 +39,12 @@ from pathlib import Path
 from typing import Any
 
 from codl_tvm.build.targets import TargetPreset
+from codl_tvm.core.interrupts import die_with_parent
 from codl_tvm.frontend.importer import load_onnx
 from codl_tvm.runtime.artifact import file_sha256
+from codl_tvm.runtime.warm_up import warm_up
 
-__all__ = ["BackgroundBuilds", "BuildJob", "BuildResult", "default_workers"]
+__all__ = ["BackgroundBuilds", "BuildJob", "BuildResult", "default_workers", "vm_devices"]
 
 logger = logging.getLogger(__name__)
 
@@ -53,13 +59,30 @@ def default_workers(jobs: int) -> int:
     return max(0, min(jobs, (os.cpu_count() or 1) - 1))
 
 
+def vm_devices(spec) -> tuple[str, ...]:
+    """The VM's devices of the library ``spec`` (a :class:`~codl_tvm.build.cache.BuildSpec`)
+    describes, one per slot, as its timing gives them: an image build's texture scopes take
+    slots of their own (the co-executed one's after the CPU's)."""
+    from codl_tvm.build.texture import VM_DEVICE_SLOTS  # deferred: TVM's compiler
+    from codl_tvm.build.texture_coexec import VM_DEVICES
+
+    if spec.device == "cpu":
+        return ("cpu",)
+    if spec.device == "opencl":
+        return ("opencl",) * (VM_DEVICE_SLOTS if spec.gpu_data_type == "image" else 1)
+    return tuple(VM_DEVICES)
+
+
 @dataclass(frozen=True)
 class BuildJob:
-    """One library to build: its name in the compile, its spec and where it goes."""
+    """One library to build: its name in the compile, its spec, where it goes and, to warm
+    it up after the build (:func:`~codl_tvm.runtime.warm_up.warm_up`), its VM's devices
+    (empty: no warm-up)."""
 
     name: str
     spec: Any  # a codl_tvm.build.cache.BuildSpec (not imported: cache imports this module)
     path: Path
+    warm: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -77,6 +100,8 @@ class BuildResult:
         splits, a weights-beside build's weights record), or None.
     error
         The build's error message (None: the library is at its job's path).
+    warm_s
+        Seconds of its warm-up after the build (None: not warmed up).
     """
 
     name: str
@@ -84,6 +109,7 @@ class BuildResult:
     splits: dict | None = None
     weights: dict | None = None
     error: str | None = None
+    warm_s: float | None = None
 
 
 # build(path, spec, mod, preset) -> (splits, weights record): exports the library to path
@@ -234,15 +260,6 @@ class _PipeHandler(logging.Handler):
             self.writer.send(("log", record.name, record.levelno, record.getMessage()))
 
 
-def _die_with_parent() -> None:
-    """Linux: have the kernel send SIGTERM to this process when its parent dies, so a compile
-    killed outright (SIGKILL) leaves no worker behind."""
-    if sys.platform.startswith("linux"):
-        with contextlib.suppress(Exception):  # only a missed safety net
-            pr_set_pdeathsig = 1
-            ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
-
-
 def _error_text(exc: BaseException) -> str:
     """The message of a failed build (TVM's errors carry the failing function in it)."""
     text = str(exc).strip()
@@ -262,7 +279,7 @@ def _work(
     log records at ``level`` and above, which the compile logs)."""
     # a terminal's Ctrl-C reaches the whole process group: the compile terminates its workers
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _die_with_parent()
+    die_with_parent()
     package = logging.getLogger("codl_tvm")
     package.setLevel(level)
     package.addHandler(_PipeHandler(writer))
@@ -270,7 +287,8 @@ def _work(
     try:
         if file_sha256(Path(model_path)) != model_sha256:
             raise RuntimeError(f"{model_path} changed since the compile read it")
-        mod = load_onnx(model_path).mod
+        model = load_onnx(model_path)
+        mod, inputs = model.mod, [(spec.shape, spec.dtype) for spec in model.inputs]
     except Exception as exc:
         writer.send(("setup-failed", _error_text(exc)))
         writer.close()
@@ -284,5 +302,11 @@ def _work(
         except Exception as exc:  # reported to the compile, which drops the candidate
             logging.getLogger(__name__).debug("%s", traceback.format_exc())
             result = BuildResult(job.name, time.perf_counter() - start, error=_error_text(exc))
+        if job.warm and result.error is None:
+            # sent once warm: the compile's timing must not overlap the warm-up
+            try:
+                result = dataclasses.replace(result, warm_s=warm_up(job.path, job.warm, inputs))
+            except Exception as exc:  # a missed warm-up only leaves the compiling to the timing
+                logging.getLogger(__name__).info("note: no warm-up of %s: %s", job.name, exc)
         writer.send(("built", result))
     writer.close()

@@ -12,12 +12,13 @@ while it is active (and raises ``KeyboardInterrupt`` as Python's own handler doe
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import signal
 import sys
 import threading
 from collections.abc import Iterator
 
-__all__ = ["is_interrupt", "sigint_count", "watching_sigint"]
+__all__ = ["die_with_parent", "is_interrupt", "sigint_count", "watching_sigint"]
 
 _received = [0]  # SIGINTs seen by the handler of watching_sigint, since the process started
 
@@ -85,3 +86,13 @@ def is_interrupt(exc: BaseException, since: int | None = None) -> bool:
             return True
         e = e.__cause__ or e.__context__
     return False
+
+
+def die_with_parent() -> None:
+    """Linux: have the kernel send SIGTERM to this process when its parent dies, so a helper
+    process (a build worker, a warm-up shard) of a compile killed outright (SIGKILL) does not
+    run on."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(Exception):  # only a missed safety net
+            pr_set_pdeathsig = 1
+            ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)

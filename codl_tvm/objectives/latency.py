@@ -47,7 +47,7 @@ from codl_tvm.core.plan import PartitionPlan
 from codl_tvm.cost_model.defaults import default_model_path
 from codl_tvm.frontend.importer import OnnxModel, load_onnx, random_inputs
 from codl_tvm.objectives.gpu_data import kept_gpu_data, planner_channels, prepare_gpu_data
-from codl_tvm.objectives.measure import cost_model_mismatch, measurement
+from codl_tvm.objectives.measure import cost_model_mismatch, measurement, warms_up
 from codl_tvm.objectives.tune import tuned_config
 from codl_tvm.objectives.verify import build_candidate, gpu_data_auto, refined_candidates
 from codl_tvm.objectives.verify import verify as verify_builds
@@ -231,6 +231,7 @@ class _Compile:
         # is built again with its weights beside in finalize
         rounds, unchecked = measurement(options, preset)
         libraries.weights_placement = "embedded" if rounds else options.weights
+        libraries.warm_up = warms_up(options)
         gpu = prepare_gpu_data(options, libraries)  # as asked, else the cost model's profile
         if gpu is not None:  # a build for the GPU alone: images, half (checked on the device)
             manifest.extra["gpu"], manifest.vm_devices = gpu, libraries.gpu_vm_devices()

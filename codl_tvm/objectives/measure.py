@@ -19,6 +19,7 @@ from codl_tvm.build.targets import TargetPreset, cpu_record
 from codl_tvm.cost_model.fitted_device import device_mismatch, fitted_device, local_device
 from codl_tvm.options import CompileOptions
 from codl_tvm.runtime.cpu_features import missing_cpu_features
+from codl_tvm.runtime.warm_up import worth_warming
 
 __all__ = [
     "LOCAL_PRESETS",
@@ -27,6 +28,7 @@ __all__ = [
     "gpu_data_measurement",
     "measurement",
     "unreachable",
+    "warms_up",
 ]
 
 logger = logging.getLogger(__name__)
@@ -97,6 +99,14 @@ def gpu_data_measurement(options: CompileOptions, preset: TargetPreset) -> tuple
         why,
     )
     return 0, why
+
+
+def warms_up(options: CompileOptions) -> bool:
+    """Whether the OpenCL builds a compile times on this machine are first run in parallel
+    warm-up processes (:func:`~codl_tvm.runtime.warm_up.warm_up`): where the platform compiles
+    serially within a process (PoCL), so their first timed run does not compile every kernel
+    one after the other; builds timed through a tracker are not (their device compiles)."""
+    return options.remote is None and worth_warming()
 
 
 def unreachable(preset: TargetPreset) -> str | None:

@@ -37,6 +37,7 @@ from codl_tvm.rpc.remote_vm import RemoteVM, remote_image_caps, vm_devices_for
 from codl_tvm.runtime.artifact import PROCESSOR_NAMES, Manifest
 from codl_tvm.runtime.program_binaries import build_threads, opencl_modules
 from codl_tvm.runtime.vm import time_vm
+from codl_tvm.runtime.warm_up import warm_up
 
 __all__ = [
     "build_candidate",
@@ -101,6 +102,7 @@ def verify(
         if not libs:
             samples, where = {}, "this machine" if remote is None else f"RPC key {remote[1]}"
         elif remote is None:
+            warm_built_here(libs, libraries, model)
             samples, where = time_here(libs, inputs, rounds, failed), "this machine"
         else:
             samples, where = time_remote(libs, inputs, rounds, *remote, failed=failed)
@@ -243,6 +245,7 @@ def gpu_data_auto(
     failed: dict[str, Exception] = {}
     devices = {n: libraries.gpu_vm_devices(t) for t, n in names.items()}
     if options.remote is None:
+        warm_built_here(libs, libraries, model, devices)
         samples, where = time_here(libs, inputs, rounds, failed, devices), "this machine"
     else:
         samples, where = time_remote(libs, inputs, rounds, *options.remote, failed, devices)
@@ -459,14 +462,7 @@ def time_here(
     runtime.load()
     vms = {}
     for name, path in libs.items():
-        # coexec: an image build's texture scopes take the slots after the CPU's (a buffer
-        # build leaves them unused)
-        coexec = [tvm.opencl(0), tvm.cpu(0), tvm.opencl(0), tvm.opencl(0)]
-        devices = {"coexec": coexec, "cpu": [tvm.cpu(0)]}.get(
-            name.split(":", 1)[0], [tvm.opencl(0)]
-        )
-        if vm_devices is not None and name in vm_devices:
-            devices = [tvm.device(d, 0) for d in vm_devices[name]]
+        devices = [tvm.device(d, 0) for d in device_names(name, vm_devices)]
         try:
             lib = tvm.runtime.load_module(str(path))
             # every candidate's OpenCL programs are created on threads from here on, all at
@@ -490,6 +486,37 @@ def time_here(
                 failed[name] = exc
                 del vms[name], samples[name]
     return samples
+
+
+def device_names(name: str, vm_devices: dict[str, list[str]] | None = None) -> list[str]:
+    """The VM devices of build ``name`` as :func:`time_here` gives them: ``vm_devices[name]``
+    where given, else by the name's processor set."""
+    if vm_devices is not None and name in vm_devices:
+        return list(vm_devices[name])
+    # coexec: an image build's texture scopes take the slots after the CPU's (a buffer build
+    # leaves them unused)
+    coexec = ["opencl", "cpu", "opencl", "opencl"]
+    return {"coexec": coexec, "cpu": ["cpu"]}.get(name.split(":", 1)[0], ["opencl"])
+
+
+def warm_built_here(
+    libs: dict[str, Path],
+    libraries: Libraries,
+    model: OnnxModel,
+    vm_devices: dict[str, list[str]] | None = None,
+) -> None:
+    """Where ``libraries.warm_up`` says so, warm up (:func:`~codl_tvm.runtime.warm_up.warm_up`)
+    each OpenCL build of ``libs`` this process built, before its first timed run; worker builds
+    were warmed by their worker, cached ones by the compile that built them. The seconds go to
+    ``libraries.builds[name]``."""
+    if not libraries.warm_up:
+        return
+    inputs = [(spec.shape, spec.dtype) for spec in model.inputs]
+    for name, path in libs.items():
+        record = libraries.builds.get(name, {})
+        if record.get("source") != "here" or "warm_s" in record or name == "cpu":
+            continue
+        record["warm_s"] = round(warm_up(path, device_names(name, vm_devices), inputs), 3)
 
 
 def time_remote(

@@ -665,6 +665,20 @@ class BlobReader {
 
 class OpenCLModuleObj;
 
+// A warm-up shard (codl.opencl.set_warm_shard): this process launches only the kernels whose
+// name hashes to `index` modulo `count`, the others return at once. Several processes, one per
+// shard, then create the programs and compile the work-group functions of one library in
+// parallel (PoCL does both serially within a process) into the drivers' on-disk caches, for the
+// process that times the library. Their outputs are meaningless: a skipped kernel writes nothing.
+namespace {
+std::atomic<uint64_t> g_warm_index{0}, g_warm_count{0};
+
+bool SkippedByWarmShard(const std::string& name) {
+  uint64_t count = g_warm_count.load();
+  return count > 1 && Fnv1a(name, 14695981039346656037ULL) % count != g_warm_index.load();
+}
+}  // namespace
+
 /*! \brief One kernel of a module: argument layout, launch tags and per-thread kernel objects. */
 class KernelFunction {
  public:
@@ -953,6 +967,7 @@ cl_mem ViewBuffer(Workspace* w, int dev_id, cl_command_queue queue, BufferDescri
 }  // namespace
 
 void KernelFunction::Launch(ffi::PackedArgs args) {
+  if (SkippedByWarmShard(info_.name)) return;
   Workspace* w = Workspace::Global();
   w->UnmapAll();  // coarse-grained SVM: the host's mapping ends before the GPU touches memory
   int dev_id = tls_device_id;
@@ -1323,6 +1338,15 @@ TVM_FFI_STATIC_INIT_BLOCK() {
              }
              Workspace::Global()->Device(dev_id);  // context first, outside the threads
              static_cast<OpenCLModuleObj*>(mod.operator->())->BuildAll(dev_id, threads, wait);
+           })
+      .def("codl.opencl.set_warm_shard",
+           [](int64_t index, int64_t count) {
+             if (count < 0 || index < 0 || (count > 0 && index >= count)) {
+               TVM_FFI_THROW(ValueError) << "warm shard " << index << " of " << count
+                                         << ": needs 0 <= index < count";
+             }
+             g_warm_index = static_cast<uint64_t>(index);
+             g_warm_count = static_cast<uint64_t>(count);
            })
       .def("codl.opencl.workspace_stats",
            []() { return ffi::String(OpenCLSVMDeviceAPI::Global()->PoolStatsJson()); })

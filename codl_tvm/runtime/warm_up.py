@@ -1,0 +1,165 @@
+"""Compile a library's OpenCL kernels in parallel processes before it is timed.
+
+A library's first run creates every kernel's program and, on PoCL, compiles each kernel's
+work-group function; PoCL does both one kernel at a time within a process (its LLVM context is
+locked), so the first run of a model of 100 kernels takes tens of seconds on the emulated SoC,
+most of a default compile's timing. Both land in on-disk caches that later processes read: the
+runtime's program cache (``CODL_TVM_CACHE_DIR``) and PoCL's kernel cache (``POCL_CACHE_DIR``).
+
+:func:`warm_up` runs the library once in ``shards`` fresh processes, each of which launches
+only its share of the kernels (the runtime plugin skips the others, whose outputs are then
+never written: the numbers of such a run mean nothing), so the shards compile the kernels in
+parallel; the process that times the library afterwards finds them compiled. It is done where
+the OpenCL platform is PoCL and cores are to spare (:func:`worth_warming`): other drivers
+create programs on the runtime's threads at load
+(:func:`~codl_tvm.runtime.program_binaries.build_threads`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import tvm
+from tvm.runtime.vm import VirtualMachine
+
+from codl_tvm import runtime
+from codl_tvm.core.interrupts import die_with_parent
+from codl_tvm.runtime.program_binaries import is_pocl
+
+__all__ = ["WARM_UP_TIMEOUT_S", "default_shards", "warm_up", "worth_warming"]
+
+logger = logging.getLogger(__name__)
+
+#: Seconds a warm-up shard may run before it is stopped (its kernels then compile at the
+#: timed library's first run, as without a warm-up).
+WARM_UP_TIMEOUT_S = 600.0
+
+
+def default_shards() -> int:
+    """Warm-up processes: one a core but one (left to the compile), at most 8."""
+    return max(1, min(8, (os.cpu_count() or 1) - 1))
+
+
+def worth_warming() -> bool:
+    """Whether this machine's OpenCL platform compiles serially within a process and keeps
+    what it compiled on disk (PoCL), and the machine has cores for two warm-up processes
+    beside the compile, so that they shorten a first run (on two cores they lengthen the
+    compile: the kernels compile no faster, and each process imports TVM).
+
+    ``CODL_OPENCL_WARM_UP=1`` warms up wherever an OpenCL device is (``0``: nowhere).
+    """
+    forced = os.environ.get("CODL_OPENCL_WARM_UP", "").strip().lower()
+    if forced in ("0", "off", "false", "no"):
+        return False
+    if not runtime.is_available():
+        return False
+    if forced in ("1", "on", "true", "yes"):
+        return True
+    return default_shards() >= 2 and is_pocl(runtime.info())
+
+
+def warm_up(
+    library: Path,
+    vm_devices: Sequence[str],
+    inputs: Sequence[tuple[Sequence[int], str]],
+    shards: int | None = None,
+) -> float:
+    """Run ``library`` once in ``shards`` parallel processes, each launching its share of the
+    OpenCL kernels, so that their programs and work-group functions are in the on-disk caches.
+
+    Parameters
+    ----------
+    library
+        An exported library with OpenCL kernels.
+    vm_devices
+        The VM's devices, one per slot (``"opencl"``, ``"cpu"``), as the timing gives them.
+    inputs
+        ``(shape, dtype)`` of each input of ``main``, in order (zeros are passed).
+    shards
+        Processes (default :func:`default_shards`).
+
+    Returns
+    -------
+    float
+        Seconds the warm-up took. A shard that fails or runs past :data:`WARM_UP_TIMEOUT_S`
+        is logged and left: its kernels compile at the timed run instead.
+    """
+    count = max(1, shards or default_shards())
+    spec = {
+        "library": str(library),
+        "devices": list(vm_devices),
+        "inputs": [[list(shape), str(dtype)] for shape, dtype in inputs],
+        "count": count,
+    }
+    start = time.perf_counter()
+    procs: list[subprocess.Popen] = []
+    try:
+        for index in range(count):
+            code = (
+                "from codl_tvm.runtime.warm_up import run_shard; "
+                f"run_shard({json.dumps({**spec, 'index': index})!r})"
+            )
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-c", code],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
+            )
+        for index, proc in enumerate(procs):
+            _wait(proc, index, library, WARM_UP_TIMEOUT_S - (time.perf_counter() - start))
+    finally:  # a Ctrl-C (or any error) here leaves no shard running
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    seconds = time.perf_counter() - start
+    logger.info(
+        "compiled the OpenCL kernels of %s in %d processes (%.1f s)", library.name, count, seconds
+    )
+    return seconds
+
+
+def _wait(proc: subprocess.Popen, index: int, library: Path, seconds: float) -> None:
+    """Wait up to ``seconds`` for warm-up shard ``index``; a note where it failed or ran late."""
+    try:
+        _, err = proc.communicate(timeout=max(1.0, seconds))
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        logger.info(
+            "note: warm-up shard %d of %s stopped after %.0f s", index, library.name, seconds
+        )
+        return
+    if proc.returncode != 0:
+        tail = (err or "").strip().splitlines()[-1:] or [f"exit code {proc.returncode}"]
+        logger.info("note: warm-up shard %d of %s failed: %s", index, library, tail[0])
+
+
+def run_shard(spec_json: str) -> None:
+    """One warm-up process (:func:`warm_up`): the library once, its share of kernels only."""
+    # the compile (or its build worker) ends the shards: a Ctrl-C is its to handle
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    die_with_parent()
+    spec = json.loads(spec_json)
+    runtime.load()
+    runtime.plugin_function("codl.opencl.set_warm_shard")(spec["index"], spec["count"])
+    lib = tvm.runtime.load_module(spec["library"])
+    devices = [tvm.device(name, 0) for name in spec["devices"]]
+    vm = VirtualMachine(lib, devices)
+    args = [
+        tvm.runtime.tensor(np.zeros(shape, dtype), devices[0]) for shape, dtype in spec["inputs"]
+    ]
+    vm["main"](*args)
+    for dev in {str(d): d for d in devices}.values():
+        dev.sync()
