@@ -311,8 +311,9 @@ def image_variant(case: NodeCase) -> NodeCase | None:
     elif case.op_type in _POOLS_2D:
         channels = case.inputs[0].shape[1]
         # a 3 x 3 conv (padded by 1) with the weight on its centre tap and a zero bias, as a
-        # model's conv before a pool: behind a 1 x 1 conv, or a conv with neither bias nor
-        # activation, TVM's scope annotation keeps the pool's input in a buffer
+        # model's conv before a pool; a 1 x 1 conv or one without bias would do as well (the
+        # pool reads its image either way: tests/test_texture_pool_input.py); kept so that the
+        # variants stay those benchmarks/onnx_node_images_pocl.jsonl records
         repeat = np.zeros((PIXEL_CHANNELS * channels, channels, 3, 3), np.float32)
         out_channels = np.arange(PIXEL_CHANNELS * channels)
         repeat[out_channels, out_channels % channels, 1, 1] = 1.0

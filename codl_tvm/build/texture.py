@@ -452,8 +452,17 @@ def depthwise_conv2d_nchw4c(data, kernel, strides, padding, dilation, out_dtype:
 def legalize_conv2d(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
     """TVM's Adreno legalization for dense NCHW4c convs, :func:`depthwise_conv2d_nchw4c` for
     depthwise ones, TVM's default one for convs left NCHW (grouped convs); a ``LegalizeOps``
-    customization for ``relax.nn.conv2d``."""
+    customization for ``relax.nn.conv2d``. The kernel's output gets the type
+    ``AnnotateCustomMemoryScope`` gave the call (its ``ty_args``, as TVM's Adreno legalization):
+    ``call_te`` alone takes the VDevice of a positional tensor argument (the dense conv has
+    none), and a conv without epilogue then left its output, and the pool behind it (which TVM
+    types by its input), in buffers. Calls without ``ty_args`` (co-executed builds) keep it."""
     a = call.attrs
+    ty_args = list(call.ty_args)  # [] lets call_te type the output itself
+    vdevice = ty_args[0].vdevice if ty_args else None
+    # the kernel carries the VDevice's target, else LegalizeOps renames a copy of it "..._opencl"
+    attrs = None if vdevice is None else {"target": vdevice.target}
+    typed = {"ty_args": ty_args, "primfunc_attrs": attrs}
     if str(a.data_layout) != "NCHW4c":
         return tvm.ir.Op.get("relax.nn.conv2d").get_attr("FLegalize")(bb, call)
     if int(a.groups) != 1:  # codl.ToTextureLayout packs depthwise convs only
@@ -465,6 +474,7 @@ def legalize_conv2d(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
             a.padding,
             a.dilation,
             str(call.ty.dtype),
+            **typed,
             primfunc_name_hint="depthwise_conv2d_NCHW4c",
         )
     # TVM's legalization (legalize_ops/adreno) leaves out out_dtype: float32 whatever the
@@ -479,6 +489,7 @@ def legalize_conv2d(bb: relax.BlockBuilder, call: relax.Call) -> relax.Expr:
         layout=a.data_layout,
         out_layout=a.out_layout,
         out_dtype=str(call.ty.dtype),
+        **typed,
         primfunc_name_hint="conv2d_NCHWc_OIHWo",
     )
 
