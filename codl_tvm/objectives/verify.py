@@ -140,7 +140,7 @@ def verify(
         "chosen": chosen,
         "dropped": dict(dropped),
         "builds": {k: libraries.builds[k] for k in (*libs, *dropped) if k in libraries.builds},
-        # loading, the first runs (which create the OpenCL programs) and the rounds
+        # warm-ups of the builds made here (their warm_s), loading, first runs and the rounds
         "measure_s": round(time.perf_counter() - start, 3),
     }
     if first is not None:

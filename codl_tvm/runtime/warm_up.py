@@ -33,7 +33,7 @@ from tvm.runtime.vm import VirtualMachine
 
 from codl_tvm import runtime
 from codl_tvm.core.interrupts import die_with_parent
-from codl_tvm.runtime.program_binaries import is_pocl
+from codl_tvm.runtime.program_binaries import is_pocl, opencl_modules
 
 __all__ = ["WARM_UP_TIMEOUT_S", "default_shards", "warm_up", "worth_warming"]
 
@@ -155,6 +155,8 @@ def run_shard(spec_json: str) -> None:
     runtime.load()
     runtime.plugin_function("codl.opencl.set_warm_shard")(spec["index"], spec["count"])
     lib = tvm.runtime.load_module(spec["library"])
+    for mod in opencl_modules(lib):  # the shard's programs, those of kernels never launched too
+        runtime.build_programs(mod, 0, 1, wait=True)
     devices = [tvm.device(name, 0) for name in spec["devices"]]
     vm = VirtualMachine(lib, devices)
     args = [

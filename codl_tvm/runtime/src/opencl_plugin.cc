@@ -665,18 +665,14 @@ class BlobReader {
 
 class OpenCLModuleObj;
 
-// A warm-up shard (codl.opencl.set_warm_shard): this process launches only the kernels whose
-// name hashes to `index` modulo `count`, the others return at once. Several processes, one per
-// shard, then create the programs and compile the work-group functions of one library in
-// parallel (PoCL does both serially within a process) into the drivers' on-disk caches, for the
-// process that times the library. Their outputs are meaningless: a skipped kernel writes nothing.
+// A warm-up shard (codl.opencl.set_warm_shard): this process creates the programs of, and
+// launches, only the kernels whose rank in its module's sorted names is `index` modulo `count`;
+// the others are not built and their launches return at once. Several processes, one per shard,
+// then create the programs and compile the work-group functions of one library in parallel
+// (PoCL does both serially within a process) into the drivers' on-disk caches, for the process
+// that times the library. Their outputs are meaningless: a skipped kernel writes nothing.
 namespace {
 std::atomic<uint64_t> g_warm_index{0}, g_warm_count{0};
-
-bool SkippedByWarmShard(const std::string& name) {
-  uint64_t count = g_warm_count.load();
-  return count > 1 && Fnv1a(name, 14695981039346656037ULL) % count != g_warm_index.load();
-}
 }  // namespace
 
 /*! \brief One kernel of a module: argument layout, launch tags and per-thread kernel objects. */
@@ -707,7 +703,19 @@ class OpenCLModuleObj : public ffi::ModuleObj {
       programs_[f.name] = std::make_unique<ProgramSlot>();
       fmap_[f.name] = std::move(f);
     }
+    std::vector<std::string> names;
+    for (const auto& kv : fmap_) names.push_back(kv.first);
+    std::sort(names.begin(), names.end());
+    for (size_t i = 0; i < names.size(); ++i) rank_[names[i]] = i;
     SplitSource();
+  }
+
+  /*! \brief Whether this process's warm-up shard (if any) holds kernel `func`. */
+  bool InWarmShard(const std::string& func) const {
+    uint64_t count = g_warm_count.load();
+    if (count <= 1) return true;
+    auto it = rank_.find(func);
+    return it == rank_.end() || it->second % count == g_warm_index.load();
   }
   ~OpenCLModuleObj() {
     for (auto& t : builders_) t.join();
@@ -725,7 +733,9 @@ class OpenCLModuleObj : public ffi::ModuleObj {
    */
   void BuildAll(int dev_id, int threads, bool wait) {
     auto names = std::make_shared<std::vector<std::string>>();
-    for (const auto& kv : fmap_) names->push_back(kv.first);
+    for (const auto& kv : fmap_) {
+      if (InWarmShard(kv.first)) names->push_back(kv.first);
+    }
     auto next = std::make_shared<std::atomic<size_t>>(0);
     auto work = [this, names, next, dev_id]() {
       for (size_t i = (*next)++; i < names->size(); i = (*next)++) {
@@ -840,6 +850,7 @@ class OpenCLModuleObj : public ffi::ModuleObj {
   std::unordered_map<std::string, FunctionInfo> fmap_;
   std::string source_;
   std::unordered_map<std::string, std::string> sources_;
+  std::unordered_map<std::string, size_t> rank_;  // kernel -> rank among the sorted names
   struct ProgramSlot {
     std::mutex mu;
     std::vector<cl_program> progs;
@@ -967,7 +978,7 @@ cl_mem ViewBuffer(Workspace* w, int dev_id, cl_command_queue queue, BufferDescri
 }  // namespace
 
 void KernelFunction::Launch(ffi::PackedArgs args) {
-  if (SkippedByWarmShard(info_.name)) return;
+  if (!mod_->InWarmShard(info_.name)) return;
   Workspace* w = Workspace::Global();
   w->UnmapAll();  // coarse-grained SVM: the host's mapping ends before the GPU touches memory
   int dev_id = tls_device_id;
