@@ -112,6 +112,10 @@ def model_row(name: str, rows: dict) -> dict:
         "selection_median_ms": verify.get("median_ms"),
         "speedup_vs_best_single": versus.to_json(),
         "meets_floor": versus.median >= FLOOR,
+        # the default kept the faster processor's own library (by SHA-256, where the run
+        # recorded it): never slower by construction, whatever the rounds say
+        "same_library_as_best": rows["default"].get("library_sha256") is not None
+        and rows["default"].get("library_sha256") == rows[best].get("library_sha256"),
         # the compile's three rounds chose `kept`; did the evaluation rounds rank it best too?
         "kept_is_fastest_in_evaluation": kept is not None
         and float(np.median(rows[kept if kept != "coexec" else "default"]["samples_ms"]))
@@ -154,6 +158,9 @@ def cmd_report(args: argparse.Namespace) -> int:
         group: {
             "models": len(sel),
             "meets_floor": sum(r["meets_floor"] for r in sel),
+            "below_floor_with_the_best_library": sum(
+                not r["meets_floor"] and r["same_library_as_best"] for r in sel
+            ),
             "worst": min((r["speedup_vs_best_single"]["median_ratio"] for r in sel), default=None),
         }
         for group, sel in (

@@ -388,6 +388,9 @@ def _stats(manifest: dict, art_dir: Path) -> dict:
         "device": manifest["device"],
         "fallback": plan.get("fallback"),
         "planning_s": plan.get("planning_s"),
+        # the library's SHA-256: two tags with the same one ran the same code (their latencies
+        # differ by the machine's noise only)
+        "library_sha256": (manifest.get("files") or {}).get("model.so"),
     }
     if manifest.get("verify"):
         out["verify"] = manifest["verify"]

@@ -335,11 +335,18 @@ def test_never_slower_report_pairs_the_default_with_the_faster_processor(tmp_pat
             "mobilenet_v2": {"cpu": [2.0, 2.0, 2.0], "gpu": [5.0, 5.0, 5.0], "default": [2.0] * 3},
             # a known model whose default build lost to the GPU alone in every round
             "vgg19": {"cpu": [9.0, 9.0, 9.0], "gpu": [4.0, 4.0, 4.0], "default": [5.0, 5.0, 4.8]},
+            # kept the CPU alone's very library, timed below the floor against itself
+            "posenet": {"cpu": [13.0] * 3, "gpu": [80.0] * 3, "default": [14.2, 14.2, 12.5]},
         },
     )
     data = json.loads(Path(run).read_text())
-    data["results"]["models"]["mobilenet_v2"]["rows"]["default"]["verify"] = {"chosen": "cpu"}
-    data["results"]["models"]["vgg19"]["rows"]["default"]["verify"] = {"chosen": "coexec"}
+    models = data["results"]["models"]
+    models["mobilenet_v2"]["rows"]["default"]["verify"] = {"chosen": "cpu"}
+    models["vgg19"]["rows"]["default"]["verify"] = {"chosen": "coexec"}
+    models["posenet"]["rows"]["default"]["verify"] = {"chosen": "cpu"}
+    for name, tag, sha in (("posenet", "default", "aa"), ("posenet", "cpu", "aa"),
+                           ("vgg19", "default", "bb"), ("vgg19", "gpu", "cc")):  # fmt: skip
+        models[name]["rows"][tag]["library_sha256"] = sha
     Path(run).write_text(json.dumps(data))
     out = tmp_path / "ns.json"
     with script_module("bench_never_slower") as ns:
@@ -358,5 +365,12 @@ def test_never_slower_report_pairs_the_default_with_the_faster_processor(tmp_pat
     assert vgg["speedup_vs_best_single"]["median_ratio"] == pytest.approx(0.8)
     assert vgg["speedup_vs_best_single"]["rounds_a_faster"] == 3
     assert not vgg["meets_floor"] and not vgg["kept_is_fastest_in_evaluation"]
-    assert got["summary"]["known"] == {"models": 1, "meets_floor": 0, "worst": pytest.approx(0.8)}
+    assert not vgg["same_library_as_best"] and not mob["same_library_as_best"]  # no hashes
+    assert rows["posenet"]["same_library_as_best"] and not rows["posenet"]["meets_floor"]
+    assert got["summary"]["known"] == {
+        "models": 2,
+        "meets_floor": 0,
+        "below_floor_with_the_best_library": 1,
+        "worst": pytest.approx(0.8),
+    }
     assert "vgg19" in capsys.readouterr().out
