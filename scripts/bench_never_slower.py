@@ -49,10 +49,11 @@ FLOOR = 0.95
 
 
 def _compile_once(model: Path, preset: str, cost_model: str | None, measure: bool):
-    """One ``codl-tvm compile`` in a fresh process: its seconds and its manifest."""
+    """One ``codl-tvm compile`` in a fresh process: its seconds and its manifest, with its log
+    lines on warm-ups (``"warm_ups"``: where each warm-up's time went)."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "art"
-        cmd = [sys.executable, "-m", "codl_tvm.cli", "-q", "compile", str(model), "-o", str(out)]
+        cmd = [sys.executable, "-m", "codl_tvm.cli", "-v", "compile", str(model), "-o", str(out)]
         cmd += ["--preset", preset, "--no-reference"]
         if cost_model:
             cmd += ["--cost-model", cost_model]
@@ -63,7 +64,10 @@ def _compile_once(model: Path, preset: str, cost_model: str | None, measure: boo
         seconds = time.perf_counter() - t0
         if proc.returncode != 0:
             return seconds, {"error": (proc.stderr or proc.stdout).strip().splitlines()[-1:]}
-        return seconds, json.loads((out / "manifest.json").read_text())
+        manifest = json.loads((out / "manifest.json").read_text())
+        lines = (proc.stderr + proc.stdout).splitlines()
+        manifest["warm_ups"] = [line for line in lines if "compiled the OpenCL kernels" in line]
+        return seconds, manifest
 
 
 def cmd_compile_time(args: argparse.Namespace) -> int:
@@ -85,6 +89,7 @@ def cmd_compile_time(args: argparse.Namespace) -> int:
                     verify = manifest.get("verify") or {}
                     row["default_builds"] = verify.get("builds")
                     row["default_measure_s"] = verify.get("measure_s")
+                    row["default_warm_ups"] = manifest.get("warm_ups")
             row["ratio"] = round(row["default_s"] / row["no_measure_s"], 3)
             rows.append(row)
             print(json.dumps(row), flush=True)

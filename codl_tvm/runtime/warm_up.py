@@ -101,8 +101,9 @@ def warm_up(
         "inputs": [[list(shape), str(dtype)] for shape, dtype in inputs],
         "count": count,
     }
-    start = time.perf_counter()
+    start, spawned = time.perf_counter(), time.time()
     procs: list[subprocess.Popen] = []
+    phases: list[dict] = []
     try:
         for index in range(count):
             code = (
@@ -112,39 +113,61 @@ def warm_up(
             procs.append(
                 subprocess.Popen(
                     [sys.executable, "-c", code],
-                    stdout=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE,
                     text=True,
                 )
             )
         for index, proc in enumerate(procs):
-            _wait(proc, index, library, WARM_UP_TIMEOUT_S - (time.perf_counter() - start))
+            left = WARM_UP_TIMEOUT_S - (time.perf_counter() - start)
+            phases += [p for p in [_wait(proc, index, library, left)] if p is not None]
     finally:  # a Ctrl-C (or any error) here leaves no shard running
         for proc in procs:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
     seconds = time.perf_counter() - start
+    # where a shard's time goes (its start: the interpreter and imports), to tune the count
+    spans = {
+        key: f"{min(p[key] for p in phases):.1f}-{max(p[key] for p in phases):.1f} s"
+        for key in ("programs_s", "run_s")
+        if phases
+    }
+    if phases:
+        started = [p["started"] - spawned for p in phases]
+        spans["started after"] = f"{min(started):.1f}-{max(started):.1f} s"
     logger.info(
-        "compiled the OpenCL kernels of %s in %d processes (%.1f s)", library.name, count, seconds
+        "compiled the OpenCL kernels of %s in %d process%s (%.1f s; %s)",
+        library.name,
+        count,
+        "" if count == 1 else "es",
+        seconds,
+        ", ".join(f"{k.removesuffix('_s')} {v}" for k, v in spans.items()) or "no shard finished",
     )
     return seconds
 
 
-def _wait(proc: subprocess.Popen, index: int, library: Path, seconds: float) -> None:
-    """Wait up to ``seconds`` for warm-up shard ``index``; a note where it failed or ran late."""
+def _wait(proc: subprocess.Popen, index: int, library: Path, seconds: float) -> dict | None:
+    """Wait up to ``seconds`` for warm-up shard ``index``: its phases (:func:`run_shard`), or
+    None with a note where it failed or ran late."""
     try:
-        _, err = proc.communicate(timeout=max(1.0, seconds))
+        out, err = proc.communicate(timeout=max(1.0, seconds))
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.communicate()
         logger.info(
             "note: warm-up shard %d of %s stopped after %.0f s", index, library.name, seconds
         )
-        return
+        return None
     if proc.returncode != 0:
         tail = (err or "").strip().splitlines()[-1:] or [f"exit code {proc.returncode}"]
         logger.info("note: warm-up shard %d of %s failed: %s", index, library, tail[0])
+        return None
+    lines = (out or "").strip().splitlines()
+    try:
+        return json.loads(lines[-1]) if lines else None
+    except ValueError:  # something else wrote last: the timing is only a log line's
+        return None
 
 
 def run_shard(spec_json: str) -> None:
@@ -152,12 +175,15 @@ def run_shard(spec_json: str) -> None:
     # the compile (or its build worker) ends the shards: a Ctrl-C is its to handle
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     die_with_parent()
+    started = time.time()
     spec = json.loads(spec_json)
     runtime.load()
     runtime.plugin_function("codl.opencl.set_warm_shard")(spec["index"], spec["count"])
     lib = tvm.runtime.load_module(spec["library"])
+    loaded = time.perf_counter()
     for mod in opencl_modules(lib):  # the shard's programs, those of kernels never launched too
         runtime.build_programs(mod, 0, 1, wait=True)
+    built = time.perf_counter()
     devices = [tvm.device(name, 0) for name in spec["devices"]]
     vm = VirtualMachine(lib, devices)
     args = [
@@ -166,3 +192,7 @@ def run_shard(spec_json: str) -> None:
     vm["main"](*args)
     for dev in {str(d): d for d in devices}.values():
         dev.sync()
+    ran = time.perf_counter() - built
+    phases = {"started": started, "programs_s": built - loaded, "run_s": ran}
+    # the parent reads the last line of stdout
+    sys.stdout.write(json.dumps(phases) + "\n")
