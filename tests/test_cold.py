@@ -623,13 +623,16 @@ def test_pocl_binaries_taken_after_a_warm_up_leave_nothing_to_compile(gpu_artifa
 
 @pytest.mark.slow  # 30 s on 2 cores; CI keeps the failed warm-up sibling below
 @pytest.mark.opencl
-def test_compile_on_pocl_stores_binaries_taken_after_a_warm_up(tmp_path):
-    """``codl-tvm compile`` on PoCL stores the binaries taken after one run of the artifact:
-    a cold process compiles nothing and equals onnxruntime."""
+@pytest.mark.parametrize("warm_up", ["0", "3"])
+def test_compile_on_pocl_stores_binaries_taken_after_a_warm_up(tmp_path, warm_up):
+    """``codl-tvm compile`` on PoCL stores the binaries taken after one run of the artifact
+    (in one process, or shared out to three warm-up processes): a cold process compiles
+    nothing and equals onnxruntime."""
     art = tmp_path / "art"
     cmd = [sys.executable, "-m", "codl_tvm.cli", "compile", str(bundled_model_path())]
     cmd += ["-o", str(art), "--device", "opencl"]
     env = {**os.environ, "CODL_OPENCL_PLATFORM": "portable", "POCL_CACHE_DIR": str(tmp_path / "p")}
+    env["CODL_OPENCL_WARM_UP"] = warm_up
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr
     _check_pocl_cold_start_compiles_nothing(art, tmp_path, devices=1)

@@ -26,7 +26,7 @@ from codl_tvm.frontend.importer import load_onnx, random_inputs
 from codl_tvm.objectives.latency import compile_artifact
 from codl_tvm.options import CompileOptions
 from codl_tvm.runtime.program_binaries import opencl_modules
-from codl_tvm.runtime.warm_up import warm_up, worth_warming
+from codl_tvm.runtime.warm_up import default_shards, warm_up, worth_warming
 
 pytestmark = pytest.mark.opencl
 
@@ -114,6 +114,8 @@ def test_warm_up_fills_the_program_cache_for_a_fresh_process(builds, tmp_path, m
 def test_automatic_only_with_cores_to_spare_and_off_when_asked(opencl, monkeypatch):
     monkeypatch.setenv("CODL_OPENCL_WARM_UP", "1")
     assert worth_warming()
+    monkeypatch.setenv("CODL_OPENCL_WARM_UP", "5")
+    assert worth_warming() and default_shards() == 5
     monkeypatch.setenv("CODL_OPENCL_WARM_UP", "0")
     assert not worth_warming()
     monkeypatch.delenv("CODL_OPENCL_WARM_UP")

@@ -186,17 +186,23 @@ def embed_after_warm_up(
             "CODL_OPENCL_AOT": "0",
             "CODL_OPENCL_PLATFORM": info.platform,
         }
-        # the artifact is loaded by the child (store imports this module: no import here)
+        # the artifact is loaded by the child (store imports this module: no import here);
+        # where PoCL has cores to spare the run is shared out to parallel warm-up processes
+        # (runtime.warm_up, which imports this module), each compiling its share of kernels
         art = f"load_artifact({str(path)!r}, verify=False, check_cpu=False)"
         calls = {
-            "_warm_up_run": art,
-            "_embed_json": f"{str(library)!r}, {str(path)!r}, {json.dumps(dict(record or {}))!r}",
+            "_warm_up_run": (
+                f"warm_up_artifact(Path({str(path)!r})) if worth_warming() else _warm_up_run({art})"
+            ),
+            "_embed_json": f"_embed_json({str(library)!r}, {str(path)!r}, "
+            f"{json.dumps(dict(record or {}))!r})",
         }
         out = ""
-        for step, args in calls.items():
+        for step, call in calls.items():
             code = (
-                "from codl_tvm.runtime.artifact import load_artifact; "
-                f"from codl_tvm.runtime.program_binaries import {step}; {step}({args})"
+                "from pathlib import Path; from codl_tvm.runtime.artifact import load_artifact; "
+                "from codl_tvm.runtime.warm_up import warm_up_artifact, worth_warming; "
+                f"from codl_tvm.runtime.program_binaries import {step}; {call}"
             )
             # an empty program cache per step: a program created from a binary (as the first
             # step's cached one) gives back that binary, not PoCL's filled cache

@@ -34,9 +34,10 @@ from tvm.runtime.vm import VirtualMachine
 
 from codl_tvm import runtime
 from codl_tvm.core.interrupts import die_with_parent
+from codl_tvm.runtime.artifact import load_artifact
 from codl_tvm.runtime.program_binaries import is_pocl, opencl_modules
 
-__all__ = ["WARM_UP_TIMEOUT_S", "default_shards", "warm_up", "worth_warming"]
+__all__ = ["WARM_UP_TIMEOUT_S", "default_shards", "warm_up", "warm_up_artifact", "worth_warming"]
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +47,11 @@ WARM_UP_TIMEOUT_S = 600.0
 
 
 def default_shards() -> int:
-    """Warm-up processes: one a core but one (left to the compile), at most 8."""
+    """Warm-up processes: one a core but one (left to the compile), at most 8; or the count
+    ``CODL_OPENCL_WARM_UP`` gives (2 or more)."""
+    forced = os.environ.get("CODL_OPENCL_WARM_UP", "").strip()
+    if forced.isdigit() and int(forced) > 1:
+        return int(forced)
     return max(1, min(8, (os.cpu_count() or 1) - 1))
 
 
@@ -56,14 +61,15 @@ def worth_warming() -> bool:
     beside the compile, so that they shorten a first run (on two cores they lengthen the
     compile: the kernels compile no faster, and each process imports TVM).
 
-    ``CODL_OPENCL_WARM_UP=1`` warms up wherever an OpenCL device is (``0``: nowhere).
+    ``CODL_OPENCL_WARM_UP=1`` warms up wherever an OpenCL device is (``0``: nowhere; a
+    count of 2 or more: in that many processes).
     """
     forced = os.environ.get("CODL_OPENCL_WARM_UP", "").strip().lower()
     if forced in ("0", "off", "false", "no"):
         return False
     if not runtime.is_available():
         return False
-    if forced in ("1", "on", "true", "yes"):
+    if forced in ("1", "on", "true", "yes") or (forced.isdigit() and int(forced) > 1):
         return True
     return default_shards() >= 2 and is_pocl(runtime.info())
 
@@ -94,13 +100,38 @@ def warm_up(
         Seconds the warm-up took. A shard that fails or runs past :data:`WARM_UP_TIMEOUT_S`
         is logged and left: its kernels compile at the timed run instead.
     """
-    count = max(1, shards or default_shards())
     spec = {
         "library": str(library),
         "devices": list(vm_devices),
         "inputs": [[list(shape), str(dtype)] for shape, dtype in inputs],
-        "count": count,
     }
+    return _run_shards(spec, library.name, shards)[0]
+
+
+def warm_up_artifact(path: Path, shards: int | None = None) -> float:
+    """:func:`warm_up` of the artifact directory ``path`` (loaded as ``run`` loads it, its
+    weights and devices included): the first step of
+    :func:`~codl_tvm.runtime.program_binaries.embed_after_warm_up` where
+    :func:`worth_warming`. Its seconds.
+
+    Raises
+    ------
+    RuntimeError
+        A shard failed or ran late: binaries taken now would lack its kernels' work-group
+        functions.
+    """
+    seconds, finished = _run_shards({"artifact": str(path)}, path.name, shards)
+    count = max(1, shards or default_shards())
+    if finished < count:
+        raise RuntimeError(f"{count - finished} of {count} warm-up processes of {path} failed")
+    return seconds
+
+
+def _run_shards(spec: dict, name: str, shards: int | None) -> tuple[float, int]:
+    """Run :func:`run_shard` of ``spec`` in ``shards`` processes at once: their seconds, and
+    how many finished."""
+    count = max(1, shards or default_shards())
+    spec = {**spec, "count": count}
     start, spawned = time.perf_counter(), time.time()
     procs: list[subprocess.Popen] = []
     phases: list[dict] = []
@@ -120,7 +151,7 @@ def warm_up(
             )
         for index, proc in enumerate(procs):
             left = WARM_UP_TIMEOUT_S - (time.perf_counter() - start)
-            phases += [p for p in [_wait(proc, index, library, left)] if p is not None]
+            phases += [p for p in [_wait(proc, index, name, left)] if p is not None]
     finally:  # a Ctrl-C (or any error) here leaves no shard running
         for proc in procs:
             if proc.poll() is None:
@@ -138,16 +169,16 @@ def warm_up(
         spans["started after"] = f"{min(started):.1f}-{max(started):.1f} s"
     logger.info(
         "compiled the OpenCL kernels of %s in %d process%s (%.1f s; %s)",
-        library.name,
+        name,
         count,
         "" if count == 1 else "es",
         seconds,
         ", ".join(f"{k.removesuffix('_s')} {v}" for k, v in spans.items()) or "no shard finished",
     )
-    return seconds
+    return seconds, len(phases)
 
 
-def _wait(proc: subprocess.Popen, index: int, library: Path, seconds: float) -> dict | None:
+def _wait(proc: subprocess.Popen, index: int, name: str, seconds: float) -> dict | None:
     """Wait up to ``seconds`` for warm-up shard ``index``: its phases (:func:`run_shard`), or
     None with a note where it failed or ran late."""
     try:
@@ -155,13 +186,11 @@ def _wait(proc: subprocess.Popen, index: int, library: Path, seconds: float) -> 
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.communicate()
-        logger.info(
-            "note: warm-up shard %d of %s stopped after %.0f s", index, library.name, seconds
-        )
+        logger.info("note: warm-up shard %d of %s stopped after %.0f s", index, name, seconds)
         return None
     if proc.returncode != 0:
         tail = (err or "").strip().splitlines()[-1:] or [f"exit code {proc.returncode}"]
-        logger.info("note: warm-up shard %d of %s failed: %s", index, library, tail[0])
+        logger.info("note: warm-up shard %d of %s failed: %s", index, name, tail[0])
         return None
     lines = (out or "").strip().splitlines()
     try:
@@ -179,6 +208,13 @@ def run_shard(spec_json: str) -> None:
     spec = json.loads(spec_json)
     runtime.load()
     runtime.plugin_function("codl.opencl.set_warm_shard")(spec["index"], spec["count"])
+    if "artifact" in spec:
+        art = load_artifact(spec["artifact"], verify=False, check_cpu=False)
+        loaded = time.perf_counter()  # its programs are created on threads as the run starts
+        art([np.zeros(s.shape, s.dtype) for s in art.model.inputs])
+        ran = time.perf_counter() - loaded
+        sys.stdout.write(json.dumps({"started": started, "programs_s": 0.0, "run_s": ran}) + "\n")
+        return
     lib = tvm.runtime.load_module(spec["library"])
     loaded = time.perf_counter()
     for mod in opencl_modules(lib):  # the shard's programs, those of kernels never launched too
