@@ -105,19 +105,22 @@ def test_gpu_image_build_of_the_bundled_cnn(tracker, servers, tmp_path, capsys):
     assert manifest["vm_devices"] == ["opencl"] * VM_DEVICE_SLOTS
 
 
-# Seen here: the OC split's run segfaults the emulated server (in free, under TVM's
-# RPCServerLoop, while main runs); the H split of the same build, the OC split with buffers on
-# the same device and the OC split with images through a local x86 PoCL server all pass.
-_OC_CRASH = pytest.mark.xfail(
-    reason="the emulated aarch64 server segfaults running the OC-split co-executed image build",
-    strict=False,
-)
+# The device's own kernel compiler crashes on one kernel of the OC split (issue 46): Debian's
+# arm64 PoCL 3.1-3+deb12u1 (LLVM 15.0.6) under qemu, building the GPU part of the split 1x1
+# conv (fused_conv2d_NCHWc_OIHWo*_add*_relu*: 32 accumulators, no bounds guards) with its
+# default work-group method, loopvec, segfaults in LLVM (InlineFunction ->
+# ShuffleVectorInst::clone), standalone too (clBuildProgram, then CL_PROGRAM_BINARIES, of that
+# source alone, without TVM or codl-tvm); the server died "in free" while main ran. The same
+# source builds with POCL_WORK_GROUP_METHOD=cbs or -cl-opt-disable, and with x86 PoCL; the
+# plugin built with AddressSanitizer reports nothing (x86 PoCL; aarch64 under qemu with cbs).
+# Not checked on arm64 hardware. So the OC server uses cbs; the H split keeps the default.
+_POCL_WORKAROUND = {"OC": ("--env", "POCL_WORK_GROUP_METHOD=cbs")}
 
 
-@pytest.mark.parametrize("dim", ["H", pytest.param("OC", marks=_OC_CRASH)])
+@pytest.mark.parametrize("dim", ["H", "OC"])
 def test_coexec_image_build_of_the_bundled_cnn(tracker, servers, tmp_path, capsys, dim):  # noqa: F811
     """``--device coexec --gpu-data-type image``: GPU parts on images, CPU parts on buffers."""
-    key = servers.start(f"emu-img-co-{dim}")
+    key = servers.start(f"emu-img-co-{dim}", *_POCL_WORKAROUND.get(dim, ()))
     manifest = _compile_and_run(
         tracker, key, tmp_path / "co", capsys, "--device", "coexec", "--dim", dim,
         "--ratio", "0.5",
