@@ -119,8 +119,11 @@ def test_automatic_only_with_cores_to_spare_and_off_when_asked(opencl, monkeypat
     monkeypatch.setenv("CODL_OPENCL_WARM_UP", "0")
     assert not worth_warming()
     monkeypatch.delenv("CODL_OPENCL_WARM_UP")
-    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    two = {0, 1}
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: two)
     assert not worth_warming()  # two warm-up processes need a third core
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
+    assert default_shards() == 8
 
 
 @pytest.mark.slow
