@@ -24,6 +24,7 @@ from tvm.runtime.vm import VirtualMachine
 
 from codl_tvm import runtime
 from codl_tvm.build.cache import Libraries
+from codl_tvm.build.parallel import vm_devices
 from codl_tvm.build.targets import TargetPreset, cpu_record
 from codl_tvm.core.errors import ArtifactError, RemoteFailure
 from codl_tvm.frontend.importer import OnnxModel, random_inputs
@@ -245,7 +246,7 @@ def gpu_data_auto(
     failed: dict[str, Exception] = {}
     devices = {n: libraries.gpu_vm_devices(t) for t, n in names.items()}
     if options.remote is None:
-        warm_built_here(libs, libraries, model, devices)
+        warm_built_here(libs, libraries, model)
         samples, where = time_here(libs, inputs, rounds, failed, devices), "this machine"
     else:
         samples, where = time_remote(libs, inputs, rounds, *options.remote, failed, devices)
@@ -462,7 +463,14 @@ def time_here(
     runtime.load()
     vms = {}
     for name, path in libs.items():
-        devices = [tvm.device(d, 0) for d in device_names(name, vm_devices)]
+        # coexec: an image build's texture scopes take the slots after the CPU's (a buffer
+        # build leaves them unused)
+        coexec = [tvm.opencl(0), tvm.cpu(0), tvm.opencl(0), tvm.opencl(0)]
+        devices = {"coexec": coexec, "cpu": [tvm.cpu(0)]}.get(
+            name.split(":", 1)[0], [tvm.opencl(0)]
+        )
+        if vm_devices is not None and name in vm_devices:
+            devices = [tvm.device(d, 0) for d in vm_devices[name]]
         try:
             lib = tvm.runtime.load_module(str(path))
             # every candidate's OpenCL programs are created on threads from here on, all at
@@ -488,35 +496,20 @@ def time_here(
     return samples
 
 
-def device_names(name: str, vm_devices: dict[str, list[str]] | None = None) -> list[str]:
-    """The VM devices of build ``name`` as :func:`time_here` gives them: ``vm_devices[name]``
-    where given, else by the name's processor set."""
-    if vm_devices is not None and name in vm_devices:
-        return list(vm_devices[name])
-    # coexec: an image build's texture scopes take the slots after the CPU's (a buffer build
-    # leaves them unused)
-    coexec = ["opencl", "cpu", "opencl", "opencl"]
-    return {"coexec": coexec, "cpu": ["cpu"]}.get(name.split(":", 1)[0], ["opencl"])
-
-
-def warm_built_here(
-    libs: dict[str, Path],
-    libraries: Libraries,
-    model: OnnxModel,
-    vm_devices: dict[str, list[str]] | None = None,
-) -> None:
+def warm_built_here(libs: dict[str, Path], libraries: Libraries, model: OnnxModel) -> None:
     """Where ``libraries.warm_up`` says so, warm up (:func:`~codl_tvm.runtime.warm_up.warm_up`)
-    each OpenCL build of ``libs`` this process built, before its first timed run; worker builds
-    were warmed by their worker, cached ones by the compile that built them. The seconds go to
-    ``libraries.builds[name]``."""
+    each OpenCL build of ``libs`` this process built, before its first timed run, on the VM
+    devices its spec gives (:func:`~codl_tvm.build.parallel.vm_devices`, as a worker warms its
+    build); worker builds were warmed by their worker, cached ones by the compile that built
+    them. The seconds go to ``libraries.builds[name]``."""
     if not libraries.warm_up:
         return
     inputs = [(spec.shape, spec.dtype) for spec in model.inputs]
     for name, path in libs.items():
-        record = libraries.builds.get(name, {})
-        if record.get("source") != "here" or "warm_s" in record or name == "cpu":
-            continue
-        record["warm_s"] = round(warm_up(path, device_names(name, vm_devices), inputs), 3)
+        record, spec = libraries.builds.get(name, {}), libraries.specs[name]
+        if record.get("source") != "here" or "warm_s" in record or spec.device == "cpu":
+            continue  # CPU code needs no compiling at its run
+        record["warm_s"] = round(warm_up(path, vm_devices(spec), inputs), 3)
 
 
 def time_remote(
