@@ -82,6 +82,35 @@ def test_shards_launch_disjoint_shares_covering_every_kernel(builds):
     assert {e.name for e in events} == kernels
 
 
+def _kernel_sources(library) -> dict[str, int]:
+    """Each kernel's source size as the plugin compiles it: the preamble before TVM's first
+    ``// Function:`` line, then the kernel's own text."""
+    sizes = {}
+    for module in opencl_modules(tvm.runtime.load_module(str(library))):
+        text = module.inspect_source()
+        marker = "// Function: "
+        preamble, *parts = text.split(marker)
+        for part in parts:
+            sizes[part.split("\n", 1)[0].rstrip("\r ")] = len(preamble) + len(marker) + len(part)
+    return sizes
+
+
+def test_shards_are_dealt_longest_source_first_to_the_least_loaded(builds):
+    """Two shards: the kernels go out longest first, each to the shard holding the least source
+    so far, so the shards' source totals differ by at most one kernel's."""
+    _, inputs, gpu, _, kernels = builds
+    sizes = _kernel_sources(gpu.library)
+    assert kernels <= set(sizes)
+    load, expected = [0, 0], [set(), set()]
+    for name in sorted(sizes, key=lambda n: (-sizes[n], n)):
+        least = load.index(min(load))
+        expected[least].add(name)
+        load[least] += sizes[name]
+    assert abs(load[0] - load[1]) <= max(sizes.values())
+    for index in range(2):
+        assert _launched(gpu, inputs, index, 2) == expected[index] & kernels
+
+
 def test_a_shard_out_of_range_is_refused(opencl):
     with pytest.raises(ValueError, match="warm shard 3 of 3"):
         runtime.plugin_function("codl.opencl.set_warm_shard")(3, 3)

@@ -7,9 +7,10 @@ most of a default compile's timing. Both land in on-disk caches that later proce
 runtime's program cache (``CODL_TVM_CACHE_DIR``) and PoCL's kernel cache (``POCL_CACHE_DIR``).
 
 :func:`warm_up` runs the library once in ``shards`` fresh processes, each of which creates the
-programs of, and launches, only its share of the kernels (every ``shards``-th of the module's
-sorted kernel names; the runtime plugin skips the others, whose outputs are then never
-written: the numbers of such a run mean nothing), so the shards compile the kernels in
+programs of, and launches, only its share of the kernels (the runtime plugin deals a module's
+kernels out longest source first, each to the shard with the least source so far, and skips
+the others, whose outputs are then never written: the numbers of such a run mean nothing),
+so the shards compile the kernels in
 parallel; the process that times the library afterwards finds them compiled. It is done where
 the OpenCL platform is PoCL and cores are to spare (:func:`worth_warming`): other drivers
 create programs on the runtime's threads at load

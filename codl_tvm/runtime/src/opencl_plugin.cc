@@ -666,8 +666,10 @@ class BlobReader {
 class OpenCLModuleObj;
 
 // A warm-up shard (codl.opencl.set_warm_shard): this process creates the programs of, and
-// launches, only the kernels whose rank in its module's sorted names is `index` modulo `count`;
-// the others are not built and their launches return at once. Several processes, one per shard,
+// launches, only the kernels of its module that shard `index` of `count` holds; the others are
+// not built and their launches return at once. Kernels are dealt out longest source first, each
+// to the shard with the least source so far: compile time grows with a kernel's source, and one
+// process drawing the large convolutions would finish last. Several processes, one per shard,
 // then create the programs and compile the work-group functions of one library in parallel
 // (PoCL does both serially within a process) into the drivers' on-disk caches, for the process
 // that times the library. Their outputs are meaningless: a skipped kernel writes nothing.
@@ -703,19 +705,31 @@ class OpenCLModuleObj : public ffi::ModuleObj {
       programs_[f.name] = std::make_unique<ProgramSlot>();
       fmap_[f.name] = std::move(f);
     }
-    std::vector<std::string> names;
-    for (const auto& kv : fmap_) names.push_back(kv.first);
-    std::sort(names.begin(), names.end());
-    for (size_t i = 0; i < names.size(); ++i) rank_[names[i]] = i;
     SplitSource();
+    for (const auto& kv : fmap_) by_size_.push_back(kv.first);
+    // longest source first; names break ties, so every shard's process deals the same way
+    std::sort(by_size_.begin(), by_size_.end(), [this](const std::string& a, const std::string& b) {
+      size_t sa = SourceSize(a), sb = SourceSize(b);
+      return sa != sb ? sa > sb : a < b;
+    });
   }
 
   /*! \brief Whether this process's warm-up shard (if any) holds kernel `func`. */
-  bool InWarmShard(const std::string& func) const {
+  bool InWarmShard(const std::string& func) {
     uint64_t count = g_warm_count.load();
     if (count <= 1) return true;
-    auto it = rank_.find(func);
-    return it == rank_.end() || it->second % count == g_warm_index.load();
+    std::lock_guard<std::mutex> lock(shard_mu_);
+    if (shard_count_ != count) {  // deal the kernels out again for this count
+      std::vector<size_t> load(count, 0);
+      for (const auto& name : by_size_) {
+        size_t least = std::min_element(load.begin(), load.end()) - load.begin();
+        shard_of_[name] = least;
+        load[least] += SourceSize(name);
+      }
+      shard_count_ = count;
+    }
+    auto it = shard_of_.find(func);
+    return it == shard_of_.end() || it->second == g_warm_index.load();
   }
   ~OpenCLModuleObj() {
     for (auto& t : builders_) t.join();
@@ -850,7 +864,14 @@ class OpenCLModuleObj : public ffi::ModuleObj {
   std::unordered_map<std::string, FunctionInfo> fmap_;
   std::string source_;
   std::unordered_map<std::string, std::string> sources_;
-  std::unordered_map<std::string, size_t> rank_;  // kernel -> rank among the sorted names
+  size_t SourceSize(const std::string& func) const {
+    auto it = sources_.find(func);
+    return it != sources_.end() ? it->second.size() : 0;
+  }
+  std::vector<std::string> by_size_;  // kernels by source size, longest first
+  std::mutex shard_mu_;
+  uint64_t shard_count_{0};  // the shard count shard_of_ was dealt for
+  std::unordered_map<std::string, size_t> shard_of_;
   struct ProgramSlot {
     std::mutex mu;
     std::vector<cl_program> progs;
