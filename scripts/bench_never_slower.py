@@ -10,6 +10,8 @@ Two parts, both run on the benchmark machine:
         python3 scripts/bench_never_slower.py compile-time --models squeezenet,mobilenet_v2 \\
             --model-dir /tmp/unseen --preset emulated-soc --out $OUT/compile_time.json
 
+    ``--warm-up-counts 4,15`` times the default compile again with that many warm-up processes.
+
 ``report``
     From ``bench_planner.py run`` JSONs holding the tags ``cpu``, ``gpu`` and ``default``
     (``bench_planner.py compile --default``): per model and platform, the default build against
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -48,9 +51,12 @@ KNOWN = (*LIGHT_MODELS, *ZOO_MODELS)
 FLOOR = 0.95
 
 
-def _compile_once(model: Path, preset: str, cost_model: str | None, measure: bool):
+def _compile_once(
+    model: Path, preset: str, cost_model: str | None, measure: bool, warm_ups: int | None = None
+):
     """One ``codl-tvm compile`` in a fresh process: its seconds and its manifest, with its log
-    lines on warm-ups (``"warm_ups"``: where each warm-up's time went)."""
+    lines on warm-ups (``"warm_ups"``: where each warm-up's time went); ``warm_ups`` sets the
+    warm-up's process count (``CODL_OPENCL_WARM_UP``)."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "art"
         cmd = [sys.executable, "-m", "codl_tvm.cli", "-v", "compile", str(model), "-o", str(out)]
@@ -60,7 +66,10 @@ def _compile_once(model: Path, preset: str, cost_model: str | None, measure: boo
         if not measure:
             cmd.append("--no-measure")
         t0 = time.perf_counter()
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        env = dict(os.environ)
+        if warm_ups is not None:
+            env["CODL_OPENCL_WARM_UP"] = str(warm_ups)
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
         seconds = time.perf_counter() - t0
         if proc.returncode != 0:
             return seconds, {"error": (proc.stderr or proc.stdout).strip().splitlines()[-1:]}
@@ -91,6 +100,17 @@ def cmd_compile_time(args: argparse.Namespace) -> int:
                     row["default_measure_s"] = verify.get("measure_s")
                     row["default_warm_ups"] = manifest.get("warm_ups")
             row["ratio"] = round(row["default_s"] / row["no_measure_s"], 3)
+            for count in args.warm_up_counts:  # the default again with N warm-up processes
+                seconds, manifest = _compile_once(
+                    model, args.preset, args.cost_model, True, warm_ups=count
+                )
+                row.setdefault("default_by_warm_ups", {})[str(count)] = {
+                    "s": round(seconds, 2),
+                    "ratio": round(seconds / row["no_measure_s"], 3),
+                    "kept": manifest.get("device", manifest.get("error")),
+                    "builds": (manifest.get("verify") or {}).get("builds"),
+                    "warm_ups": manifest.get("warm_ups"),
+                }
             rows.append(row)
             print(json.dumps(row), flush=True)
             write_json(args.out, envelope(sys.argv, {"preset": args.preset, "models": rows}))
@@ -186,6 +206,12 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--model-dir")
     c.add_argument("--preset", required=True)
     c.add_argument("--cost-model")
+    c.add_argument(
+        "--warm-up-counts",
+        type=lambda t: [int(x) for x in t.split(",") if x.strip()],
+        default=[],
+        help="also time the default compile with these warm-up process counts (e.g. 4,15)",
+    )
     c.add_argument("--out", required=True)
     c.set_defaults(func=cmd_compile_time)
     r = sub.add_parser("report", help="never slower? from bench_planner.py run JSONs")

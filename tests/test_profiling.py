@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
+import sys
 import warnings
 
 import numpy as np
@@ -236,6 +239,44 @@ def test_compile_dir_then_run_dir(opencl, tmp_path):
     (tmp_path / "bad" / "manifest.json").write_text('{"format": "other"}')
     with pytest.raises(ProfileError, match="manifest"):
         run_compiled(tmp_path / "bad", out, progress=False)
+
+
+_RUN_DIR = """
+import json, sys
+from codl_tvm import runtime
+from codl_tvm.profiling.profile import run_compiled
+from codl_tvm.profiling.timing import TimingConfig
+timing = TimingConfig(warmup=1, repeats=2, number=1)
+counts = run_compiled(sys.argv[1], sys.argv[2], timing=timing, sharing_sizes=(), progress=False)
+print(json.dumps({**counts, **runtime.cache_stats()}))
+"""
+
+
+@pytest.mark.opencl
+@pytest.mark.parametrize("warm", ["2", "0"])
+def test_run_dir_compiles_the_gpu_parts_in_parallel_first(opencl, tmp_path, warm):
+    """With a warm-up (forced here: two cores), the measuring process finds every GPU part's
+    program in the cache the warm-up processes filled and builds none from source; without,
+    it builds each; the records are the same parts either way."""
+    jobs = make_jobs(OPS, DIMS, (0.5,))
+    compile_jobs(jobs, tmp_path / "build", progress=False)
+    env = {
+        **os.environ,
+        "CODL_OPENCL_WARM_UP": warm,
+        "CODL_TVM_CACHE_DIR": str(tmp_path / "cache"),
+        "POCL_CACHE_DIR": str(tmp_path / "pocl"),
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", _RUN_DIR, str(tmp_path / "build"), str(tmp_path / "run.jsonl")],
+        capture_output=True, text=True, check=True, env=env,
+    )  # fmt: skip
+    stats = json.loads(proc.stdout.strip().splitlines()[-1])
+    gpu = [r for r in load_dataset(tmp_path / "run.jsonl").op_records if r.processor == "gpu"]
+    assert stats["measured"] == len(jobs) and len(gpu) == len(OPS) * len(DIMS)
+    if warm == "2":
+        assert stats["source_builds"] == 0 and stats["disk_hits"] >= len(gpu)
+    else:
+        assert stats["source_builds"] >= len(gpu)
 
 
 @pytest.mark.opencl

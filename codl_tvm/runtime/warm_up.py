@@ -25,6 +25,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -38,7 +39,14 @@ from codl_tvm.core.interrupts import die_with_parent
 from codl_tvm.runtime.artifact import load_artifact
 from codl_tvm.runtime.program_binaries import is_pocl, opencl_modules
 
-__all__ = ["WARM_UP_TIMEOUT_S", "default_shards", "warm_up", "warm_up_artifact", "worth_warming"]
+__all__ = [
+    "WARM_UP_TIMEOUT_S",
+    "default_shards",
+    "warm_up",
+    "warm_up_artifact",
+    "warm_up_libraries",
+    "worth_warming",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -108,7 +116,9 @@ def warm_up(
         "devices": list(vm_devices),
         "inputs": [[list(shape), str(dtype)] for shape, dtype in inputs],
     }
-    return _run_shards(spec, library.name, shards)[0]
+    count = max(1, shards or default_shards())
+    specs = [{**spec, "index": i, "count": count} for i in range(count)]
+    return _run_shards(specs, library.name)[0]
 
 
 def warm_up_artifact(path: Path, shards: int | None = None) -> float:
@@ -123,27 +133,66 @@ def warm_up_artifact(path: Path, shards: int | None = None) -> float:
         A shard failed or ran late: binaries taken now would lack its kernels' work-group
         functions.
     """
-    seconds, finished = _run_shards({"artifact": str(path)}, path.name, shards)
     count = max(1, shards or default_shards())
+    specs = [{"artifact": str(path), "index": i, "count": count} for i in range(count)]
+    seconds, finished = _run_shards(specs, path.name)
     if finished < count:
         raise RuntimeError(f"{count - finished} of {count} warm-up processes of {path} failed")
     return seconds
 
 
-def _run_shards(spec: dict, name: str, shards: int | None) -> tuple[float, int]:
-    """Run :func:`run_shard` of ``spec`` in ``shards`` processes at once: their seconds, and
-    how many finished."""
-    count = max(1, shards or default_shards())
-    spec = {**spec, "count": count}
+def warm_up_libraries(
+    libraries: Sequence[tuple[Path, Sequence[str], Sequence[tuple[Sequence[int], str]]]],
+    name: str,
+    processes: int | None = None,
+) -> float:
+    """Run each of many small libraries once, whole, in ``processes`` parallel processes (the
+    libraries dealt out largest file first, each to the process with the fewest bytes so
+    far): a profiling campaign's GPU parts, one or two kernels each, whose compiling is most
+    of their profiling on PoCL.
+
+    Parameters
+    ----------
+    libraries
+        ``(library, vm_devices, inputs)`` of each, as :func:`warm_up` takes them.
+    name
+        What the libraries are, for the log line.
+    processes
+        Processes (default :func:`default_shards`).
+
+    Returns
+    -------
+    float
+        Seconds the warm-up took. A library that fails to load or run is passed over (its
+        timing reports it); a process that fails or runs late is logged and left.
+    """
+    count = max(1, min(processes or default_shards(), len(libraries)))
+    shares: list[list] = [[] for _ in range(count)]
+    load = [0] * count
+    for lib, devices, inputs in sorted(libraries, key=lambda e: -Path(e[0]).stat().st_size):
+        least = load.index(min(load))
+        shares[least].append(
+            [str(lib), list(devices), [[list(shape), str(dt)] for shape, dt in inputs]]
+        )
+        load[least] += Path(lib).stat().st_size
+    specs = [{"libraries": share, "index": i, "count": count} for i, share in enumerate(shares)]
+    return _run_shards(specs, name)[0]
+
+
+def _run_shards(specs: Sequence[dict], name: str) -> tuple[float, int]:
+    """Run :func:`run_shard` of each spec in a process of its own, all at once: their seconds,
+    and how many finished."""
+    count = len(specs)
     start, spawned = time.perf_counter(), time.time()
     procs: list[subprocess.Popen] = []
     phases: list[dict] = []
+    # in files: a campaign's share of libraries can outgrow a command line or a pipe's buffer
+    folder = tempfile.TemporaryDirectory(prefix="codl-warm-up-")
     try:
-        for index in range(count):
-            code = (
-                "from codl_tvm.runtime.warm_up import run_shard; "
-                f"run_shard({json.dumps({**spec, 'index': index})!r})"
-            )
+        for index, spec in enumerate(specs):
+            path = Path(folder.name) / f"{index}.json"
+            path.write_text(json.dumps(spec))
+            code = f"from codl_tvm.runtime.warm_up import run_shard; run_shard({str(path)!r})"
             procs.append(
                 subprocess.Popen(
                     [sys.executable, "-c", code],
@@ -160,6 +209,7 @@ def _run_shards(spec: dict, name: str, shards: int | None) -> tuple[float, int]:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+        folder.cleanup()
     seconds = time.perf_counter() - start
     # where a shard's time goes (its start: the interpreter and imports), to tune the count
     spans = {
@@ -202,14 +252,26 @@ def _wait(proc: subprocess.Popen, index: int, name: str, seconds: float) -> dict
         return None
 
 
-def run_shard(spec_json: str) -> None:
-    """One warm-up process (:func:`warm_up`): the library once, its share of kernels only."""
+def run_shard(spec_path: str) -> None:
+    """One warm-up process, its spec in the JSON file ``spec_path``: the library once with its
+    share of the kernels only (:func:`warm_up`), the artifact so (:func:`warm_up_artifact`), or
+    its share of many libraries, each whole (:func:`warm_up_libraries`)."""
     # the compile (or its build worker) ends the shards: a Ctrl-C is its to handle
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     die_with_parent()
     started = time.time()
-    spec = json.loads(spec_json)
+    spec = json.loads(Path(spec_path).read_text())
     runtime.load()
+    if "libraries" in spec:
+        loaded = time.perf_counter()
+        for library, devices, inputs in spec["libraries"]:
+            try:
+                _run_once(tvm.runtime.load_module(library), devices, inputs)
+            except Exception:  # the part's timing reports what is wrong with it
+                continue
+        phases = {"started": started, "programs_s": 0.0, "run_s": time.perf_counter() - loaded}
+        sys.stdout.write(json.dumps(phases) + "\n")
+        return
     runtime.plugin_function("codl.opencl.set_warm_shard")(spec["index"], spec["count"])
     if "artifact" in spec:
         art = load_artifact(spec["artifact"], verify=False, check_cpu=False)
@@ -223,15 +285,18 @@ def run_shard(spec_json: str) -> None:
     for mod in opencl_modules(lib):  # the shard's programs, those of kernels never launched too
         runtime.build_programs(mod, 0, 1, wait=True)
     built = time.perf_counter()
-    devices = [tvm.device(name, 0) for name in spec["devices"]]
-    vm = VirtualMachine(lib, devices)
-    args = [
-        tvm.runtime.tensor(np.zeros(shape, dtype), devices[0]) for shape, dtype in spec["inputs"]
-    ]
-    vm["main"](*args)
-    for dev in {str(d): d for d in devices}.values():
-        dev.sync()
+    _run_once(lib, spec["devices"], spec["inputs"])
     ran = time.perf_counter() - built
     phases = {"started": started, "programs_s": built - loaded, "run_s": ran}
     # the parent reads the last line of stdout
     sys.stdout.write(json.dumps(phases) + "\n")
+
+
+def _run_once(lib, device_names: Sequence[str], inputs: Sequence) -> None:
+    """``main`` of the loaded library ``lib`` once on zeros, waited for."""
+    devices = [tvm.device(name, 0) for name in device_names]
+    vm = VirtualMachine(lib, devices)
+    args = [tvm.runtime.tensor(np.zeros(shape, dtype), devices[0]) for shape, dtype in inputs]
+    vm["main"](*args)
+    for dev in {str(d): d for d in devices}.values():
+        dev.sync()

@@ -110,6 +110,7 @@ compile_time() {  # a default compile's time against --no-measure (one compile a
     python3 scripts/bench_never_slower.py compile-time \
       --models "${NS_COMPILE_MODELS:-squeezenet,mobilenet_v2}" --model-dir /tmp/unseen \
       --preset emulated-soc --cost-model $cm/emulated-soc-k12.json \
+      --warm-up-counts "${NS_WARM_UP_COUNTS:-}" \
       --out $r/compile_time.json > $r/compile_time.log 2>&1
   )
   touch $r/COMPILE_TIME_DONE

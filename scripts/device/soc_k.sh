@@ -25,6 +25,8 @@ print('' if 'timing' in h.get('meta', {}) else '--repeats 5 --number 3 --min-rep
 done
 cp $p/emulated_soc_k$K*.jsonl $r/
 touch $r/PROFILED
+# SOC_K_FIT=0: a campaign cut by PROFILE_LIMIT stops here (fitted here once it is complete)
+if [ "${SOC_K_FIT:-1}" = 0 ]; then touch $r/DONE; exit 0; fi
 # Evaluated on a held-out 30% (a model fitted without it), shipped fitted on everything: the
 # campaign holds the benchmarked models' own parts, and a model that never saw 30% of them
 # planned VGG16's fc layers from guesses (k = 12: 187 ms against 84 on the CPU).
