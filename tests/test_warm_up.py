@@ -153,6 +153,7 @@ def test_automatic_only_with_cores_to_spare_and_off_when_asked(opencl, monkeypat
     assert not worth_warming()  # two warm-up processes need a third core
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
     assert default_shards() == 8
+    assert default_shards(most=None) == 15  # a profiling run: nothing else needs the cores
 
 
 @pytest.mark.slow

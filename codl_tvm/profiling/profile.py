@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 import tempfile
 import warnings
@@ -36,7 +37,7 @@ from codl_tvm.profiling.part_build import CompiledPart, compile_part
 from codl_tvm.profiling.sessions import LocalSession, device_description
 from codl_tvm.profiling.sharing import measure_sharing
 from codl_tvm.profiling.timing import LEGACY_TIMING, TimingConfig, measure_op
-from codl_tvm.runtime.warm_up import warm_up_libraries, worth_warming
+from codl_tvm.runtime.warm_up import default_shards, warm_up_libraries, worth_warming
 
 __all__ = [
     "MANIFEST",
@@ -435,12 +436,24 @@ def _warm_gpu_parts(directory: Path, parts: Sequence[CompiledPart]) -> None:
     at its first run, one at a time within a process, which is most of a part's profiling;
     the timing then finds them in its caches. The timed runs are the same either way."""
     gpu = [c for c in parts if c.processor == "gpu"]
-    if len(gpu) < 2 or not worth_warming():
+    if len(gpu) < 2:
         return
-    libraries = [
-        (directory / c.library, ("opencl",), [(s, "float32") for s in c.inputs]) for c in gpu
-    ]
-    warm_up_libraries(libraries, f"{len(gpu)} GPU parts")
+    # --tvm-cpus pins this thread to the CPU's cores for the timing; the warm-up, before any
+    # timing, takes every core (its processes inherit this thread's cores)
+    pinned = os.sched_getaffinity(0) if hasattr(os, "sched_setaffinity") else None
+    if pinned is not None:
+        os.sched_setaffinity(0, range(os.cpu_count() or 1))
+    try:
+        if worth_warming():
+            libraries = [
+                (directory / c.library, ("opencl",), [(s, "float32") for s in c.inputs])
+                for c in gpu
+            ]
+            # nothing else runs beside a profiling run: one process a core but one
+            warm_up_libraries(libraries, f"{len(gpu)} GPU parts", default_shards(most=None))
+    finally:
+        if pinned is not None:
+            os.sched_setaffinity(0, pinned)
 
 
 def run_compiled(

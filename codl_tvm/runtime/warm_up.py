@@ -55,15 +55,15 @@ logger = logging.getLogger(__name__)
 WARM_UP_TIMEOUT_S = 600.0
 
 
-def default_shards() -> int:
+def default_shards(most: int | None = 8) -> int:
     """Warm-up processes: one a core this process may run on but one (left to the compile),
-    at most 8; or the count ``CODL_OPENCL_WARM_UP`` gives (2 or more)."""
+    at most ``most`` (None: no bound); or the count ``CODL_OPENCL_WARM_UP`` gives (2 or more)."""
     forced = os.environ.get("CODL_OPENCL_WARM_UP", "").strip()
     if forced.isdigit() and int(forced) > 1:
         return int(forced)
     # a compile pinned to some cores (taskset) starts its warm-up processes on those
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return max(1, min(8, (cores or 1) - 1))
+    return max(1, min(most or cores or 1, (cores or 1) - 1))
 
 
 def worth_warming() -> bool:

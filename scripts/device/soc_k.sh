@@ -3,8 +3,9 @@
 # that split, fit its cost model and measured oracle, then soc.sh with them.
 # SOC_K_PROFILE_ONLY=1 stops after the fit (then soc.sh on another machine, with the dataset and
 # model committed); PROFILE_LIMIT (seconds, default 840) bounds each campaign's profiling, which
-# resumes where a cut one stopped. Trim the campaigns to the benchmarked models
-# (scripts/device/subset_campaign.py) to fit one machine.
+# resumes where a cut one stopped (PROFILE_LIMIT_ALGOS: the algorithms' campaign's own bound).
+# Trim the campaigns to the benchmarked models (scripts/device/subset_campaign.py) to fit one
+# machine.
 #   here: python scripts/profile_campaign.py --preset emulated-soc --threads $((16-K)) ... \
 #           --out .device/prof_kK (direct, GPU and CPU parts) and --algorithms winograd,packed
 #           --out .device/prof_kK_algos; carry both .tar.xz in call 2 (stage2 copies them)
@@ -19,11 +20,13 @@ for t in prof_k$K prof_k${K}_algos; do
   timing=$(python3 -c "import json,sys; h=json.loads(open(sys.argv[1]).readline()); \
 print('' if 'timing' in h.get('meta', {}) else '--repeats 5 --number 3 --min-repeat-ms 0')" \
     "$out" 2>/dev/null || true)
+  limit=${PROFILE_LIMIT:-840}
+  if [ "$t" != "prof_k$K" ]; then limit=${PROFILE_LIMIT_ALGOS:-$limit}; fi
   # shellcheck disable=SC2086
-  timeout "${PROFILE_LIMIT:-840}" python3 -m codl_tvm.cli profile --run-dir /tmp/prof/$t --tvm-cpus $K-15 \
+  timeout "$limit" python3 -m codl_tvm.cli -v profile --run-dir /tmp/prof/$t --tvm-cpus $K-15 \
     $timing -o "$out" > $r/profile_$t.log 2>&1
+  cp "$out" $r/  # each campaign's records as soon as it ends (a lease may end first)
 done
-cp $p/emulated_soc_k$K*.jsonl $r/
 touch $r/PROFILED
 # SOC_K_FIT=0: a campaign cut by PROFILE_LIMIT stops here (fitted here once it is complete)
 if [ "${SOC_K_FIT:-1}" = 0 ]; then touch $r/DONE; exit 0; fi
