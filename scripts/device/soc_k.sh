@@ -7,21 +7,25 @@
 # Trim the campaigns to the benchmarked models (scripts/device/subset_campaign.py) to fit one
 # machine.
 #   here: python scripts/profile_campaign.py --preset emulated-soc --threads $((16-K)) ... \
-#           --out .device/prof_kK (direct, GPU and CPU parts) and --algorithms winograd,packed
-#           --out .device/prof_kK_algos; carry both .tar.xz in call 2 (stage2 copies them)
+#           --out .device/prof_kK (direct, GPU and CPU parts), --codl/--pow2 without --models
+#           --out .device/prof_kK_sampled (optional) and --algorithms winograd,packed
+#           --out .device/prof_kK_algos; carry the .tar.xz in call 2 (stage2 copies them)
 #   there: SOC_K=K bash /tmp/code/soc_k.sh (started by stage2.sh soc_k.sh with SOC_K exported)
 . /tmp/code/split_env.sh  # K, r, p, cm and the split's environment
 mkdir -p /tmp/prof
-for t in prof_k$K prof_k${K}_algos; do
+# the sampled shapes (prof_kK_sampled, when carried) go into the direct dataset
+for t in prof_k$K prof_k${K}_sampled prof_k${K}_algos; do
+  [ -f /tmp/code/$t.tar.xz ] || continue
   tar -xJf /tmp/code/$t.tar.xz -C /tmp/prof
-  out=$p/emulated_soc_k$K${t#prof_k$K}.jsonl
+  sfx=${t#prof_k$K}
+  out=$p/emulated_soc_k$K${sfx/_sampled/}.jsonl
   # A dataset measured before its header recorded the timing protocol resumes only with the
   # protocol of then (codl-tvm profile refuses another); new datasets take the defaults.
   timing=$(python3 -c "import json,sys; h=json.loads(open(sys.argv[1]).readline()); \
 print('' if 'timing' in h.get('meta', {}) else '--repeats 5 --number 3 --min-repeat-ms 0')" \
     "$out" 2>/dev/null || true)
   limit=${PROFILE_LIMIT:-840}
-  if [ "$t" != "prof_k$K" ]; then limit=${PROFILE_LIMIT_ALGOS:-$limit}; fi
+  if [ "$sfx" = _algos ]; then limit=${PROFILE_LIMIT_ALGOS:-$limit}; fi
   # shellcheck disable=SC2086
   timeout "$limit" python3 -m codl_tvm.cli -v profile --run-dir /tmp/prof/$t --tvm-cpus $K-15 \
     $timing -o "$out" > $r/profile_$t.log 2>&1
