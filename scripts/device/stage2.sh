@@ -13,6 +13,8 @@ cat /tmp/tvmc.part.aa .device/tvmc2/tvmc.part.a[b-z] | xz -d -T4 > /tmp/site/tvm
 cp -r codl_tvm scripts /tmp/code/
 # Plain copies of the shipped datasets: the pipelines read them by these names and append to them.
 gunzip -kf /tmp/code/codl_tvm/data/cost_models/datasets/*.jsonl.gz
+# A dataset a cut profiling run left (carried in .device/datasets/): the run resumes it.
+for f in .device/datasets/*.jsonl; do if [ -f "$f" ]; then cp "$f" /tmp/code/codl_tvm/data/cost_models/datasets/; fi; done
 rm -rf /tmp/code/codl_tvm/passes /tmp/code/codl_tvm/schedules
 cp -r passes /tmp/code/codl_tvm/passes
 cp -r schedules /tmp/code/codl_tvm/schedules
