@@ -1,13 +1,20 @@
 """What the RPC tests share: a free local port, the command of TVM's tracker on it, the command
-of codl-tvm's RPC server, and the lines the library logs."""
+of codl-tvm's RPC server, the processes a test module starts (the tracker among them), and the
+lines the library logs."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import signal
 import socket
+import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
+
+from codl_tvm.rpc import client as rpc_client
 
 
 def free_port() -> int:
@@ -32,6 +39,49 @@ def server_command(tracker: str, key: str, port: int, *extra: str) -> list[str]:
         *(sys.executable, "-m", "codl_tvm.cli", "serve", "--tracker", tracker, "--key", key),
         *("--port", str(port), "--port-end", str(port + 1), "--silent", *extra),
     ]
+
+
+class Processes:
+    """Processes started by the tests, each in its own process group, killed by :meth:`close`."""
+
+    def __init__(self) -> None:
+        self.procs: list[subprocess.Popen] = []
+
+    def start(self, cmd: list[str]) -> subprocess.Popen:
+        proc = subprocess.Popen(
+            cmd, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        self.procs.append(proc)
+        return proc
+
+    @staticmethod
+    def kill(proc: subprocess.Popen) -> None:
+        if proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait(timeout=10)
+
+    def close(self) -> None:
+        for proc in self.procs:
+            self.kill(proc)
+
+
+def start_tracker(procs: Processes, seconds: float = 60.0) -> str:
+    """TVM's tracker started among ``procs`` on a free port: its ``host:port`` once it answers."""
+    port = free_port()
+    procs.start(tracker_command(port))
+    addr = f"127.0.0.1:{port}"
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            rpc_client.tracker_summary(addr, timeout_s=2)
+            return addr
+        except rpc_client.TrackerUnreachable:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
 
 
 @contextlib.contextmanager

@@ -6,8 +6,6 @@ plugin (``codl-tvm serve --opencl``, as ``python -m codl_tvm.cli serve``) on fre
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import threading
 import time
@@ -21,59 +19,23 @@ from codl_tvm.profiling.farm import FarmOptions, profile_farm
 from codl_tvm.profiling.profile import job_key, make_jobs
 from codl_tvm.profiling.timing import TimingConfig
 from codl_tvm.rpc import client as rpc_utils
-from tests.rpc_support import free_port, logged_lines, server_command, tracker_command
+from tests.rpc_support import Processes, free_port, logged_lines, server_command, start_tracker
 
 pytestmark = [pytest.mark.rpc, pytest.mark.opencl]
 
 TIMING = TimingConfig(warmup=0, repeats=1, number=1)
 
 
-class _Processes:
-    def __init__(self) -> None:
-        self.procs: list[subprocess.Popen] = []
-
-    def start(self, cmd: list[str]) -> subprocess.Popen:
-        proc = subprocess.Popen(
-            cmd, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-        )
-        self.procs.append(proc)
-        return proc
-
-    @staticmethod
-    def kill(proc: subprocess.Popen) -> None:
-        if proc.poll() is None:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            proc.wait(timeout=10)
-
-    def close(self) -> None:
-        for proc in self.procs:
-            self.kill(proc)
-
-
 @pytest.fixture(scope="module")
 def procs():
-    p = _Processes()
+    p = Processes()
     yield p
     p.close()
 
 
 @pytest.fixture(scope="module")
 def tracker(procs) -> str:
-    port = free_port()
-    procs.start(tracker_command(port))
-    addr = f"127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            rpc_utils.tracker_summary(addr, timeout_s=2)
-            return addr
-        except rpc_utils.TrackerUnreachable:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
+    return start_tracker(procs)
 
 
 def _start_servers(procs, tracker: str, key: str, n: int) -> list[tuple[subprocess.Popen, int]]:
@@ -135,7 +97,7 @@ def test_killed_server_jobs_are_retried_elsewhere(procs, tracker, jobs, tmp_path
 
     def kill_after_compiling(line: str) -> None:
         if line.startswith("compiled "):  # devices connected, nothing measured yet: kill one
-            threading.Thread(target=_Processes.kill, args=(victim,), daemon=True).start()
+            threading.Thread(target=Processes.kill, args=(victim,), daemon=True).start()
             time.sleep(0.5)
 
     out = tmp_path / "kill.jsonl"

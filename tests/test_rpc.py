@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -27,7 +26,7 @@ from codl_tvm.objectives import deploy
 from codl_tvm.objectives.deploy import DeployOptions
 from codl_tvm.rpc import client as rpc_utils
 from codl_tvm.rpc.farm import DeviceFarm
-from tests.rpc_support import free_port, tracker_command
+from tests.rpc_support import Processes, free_port, start_tracker
 
 pytestmark = pytest.mark.rpc
 
@@ -71,57 +70,19 @@ def _onnxruntime(path: Path, inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
     return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, inputs)
 
 
-class _Processes:
-    """Processes started by the tests, each in its own process group."""
-
-    def __init__(self) -> None:
-        self.procs: list[subprocess.Popen] = []
-
-    def start(self, cmd: list[str]) -> subprocess.Popen:
-        proc = subprocess.Popen(
-            cmd, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-        )
-        self.procs.append(proc)
-        return proc
-
-    @staticmethod
-    def kill(proc: subprocess.Popen) -> None:
-        if proc.poll() is None:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            proc.wait(timeout=10)
-
-    def close(self) -> None:
-        for proc in self.procs:
-            self.kill(proc)
-
-
 @pytest.fixture(scope="module")
 def procs():
-    p = _Processes()
+    p = Processes()
     yield p
     p.close()
 
 
 @pytest.fixture(scope="module")
 def tracker(procs) -> str:
-    port = free_port()
-    procs.start(tracker_command(port))
-    addr = f"127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            rpc_utils.tracker_summary(addr, timeout_s=2)
-            return addr
-        except rpc_utils.TrackerUnreachable:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.2)
+    return start_tracker(procs)
 
 
-def _start_server(procs: _Processes, tracker: str, key: str, extra=()) -> subprocess.Popen:
+def _start_server(procs: Processes, tracker: str, key: str, extra=()) -> subprocess.Popen:
     before = _free(tracker, key)
     port = free_port()
     proc = procs.start(
@@ -338,7 +299,7 @@ def test_remote_dies_mid_run(procs, tracker, cnn, cnn_library):
     server = _start_server(procs, tracker, "doomed")
     remote = rpc_utils.request_remote(tracker, "doomed", timeout_s=10)
     inputs = [random_inputs(cnn[1], 0)["x"]]
-    killer = threading.Timer(3.0, _Processes.kill, args=(server,))
+    killer = threading.Timer(3.0, Processes.kill, args=(server,))
     killer.start()
     t0 = time.monotonic()
     try:
