@@ -66,7 +66,11 @@ def _compile_once(
         if not measure:
             cmd.append("--no-measure")
         t0 = time.perf_counter()
+        # caches of its own: a first compile (the kernels another compile compiled into the
+        # shared PoCL and program caches would make its warm-up free)
         env = dict(os.environ)
+        env["CODL_TVM_CACHE_DIR"] = str(Path(tmp) / "cache")
+        env["POCL_CACHE_DIR"] = str(Path(tmp) / "pocl")
         if warm_ups is not None:
             env["CODL_OPENCL_WARM_UP"] = str(warm_ups)
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env)

@@ -26,7 +26,7 @@ from codl_tvm.frontend.importer import load_onnx, random_inputs
 from codl_tvm.objectives.latency import compile_artifact
 from codl_tvm.options import CompileOptions
 from codl_tvm.runtime.program_binaries import opencl_modules
-from codl_tvm.runtime.warm_up import default_shards, warm_up, worth_warming
+from codl_tvm.runtime.warm_up import WarmUpProcesses, default_shards, warm_up, worth_warming
 
 pytestmark = pytest.mark.opencl
 
@@ -138,6 +138,25 @@ def test_warm_up_fills_the_program_cache_for_a_fresh_process(builds, tmp_path, m
     stats = json.loads(proc.stdout.strip().splitlines()[-1])
     assert stats["source_builds"] == 0 and stats["disk_hits"] == len(kernels)
     np.testing.assert_allclose(np.load(tmp_path / "out.npy"), cpu(inputs)[0], atol=1e-4)
+
+
+def test_processes_started_ahead_do_the_warm_up_and_unused_ones_stop(builds, tmp_path, monkeypatch):
+    """Processes started before the library exists (as a build worker starts them) wait, then
+    create every program when given the library; a set never used stops when closed."""
+    model, _, gpu, _, _ = builds
+    monkeypatch.setenv("CODL_TVM_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("POCL_CACHE_DIR", str(tmp_path / "pocl"))
+    ahead = WarmUpProcesses(2)
+    assert all(p.poll() is None for p in ahead.procs)  # waiting for their spec
+    specs = [(s.shape, s.dtype) for s in model.inputs]
+    assert warm_up(gpu.library, ["opencl"], specs, processes=ahead) > 0
+    assert [p.returncode for p in ahead.procs] == [0, 0]
+    modules = opencl_modules(tvm.runtime.load_module(str(gpu.library)))
+    programs = list((tmp_path / "cache" / "opencl-programs").glob("*.bin"))
+    assert len(programs) == sum(m.inspect_source().count("// Function: ") for m in modules)
+    unused = WarmUpProcesses(2)
+    unused.close()
+    assert all(p.returncode is not None for p in unused.procs)
 
 
 def test_automatic_only_with_cores_to_spare_and_off_when_asked(opencl, monkeypatch):

@@ -35,6 +35,7 @@ from codl_tvm.core.plan import PartitionPlan
 from codl_tvm.runtime import build_error
 from codl_tvm.runtime.artifact import PROCESSOR_NAMES, Manifest, replace_file
 from codl_tvm.runtime.images import image_caps
+from codl_tvm.runtime.warm_up import WarmUpProcesses
 from codl_tvm.runtime.weights import write_weights
 
 __all__ = [
@@ -77,8 +78,7 @@ def switch_on(
 
 
 def source_files() -> list[tuple[str, Path]]:
-    """codl-tvm's Python sources as ``(name, path)``: the package, its passes and its schedules
-    (mapped from their own folders)."""
+    """codl-tvm's Python sources as ``(name, path)``: the package, its passes, its schedules."""
     files = []
     for package in ("codl_tvm", "codl_tvm.passes", "codl_tvm.schedules"):
         spec = importlib.util.find_spec(package)  # found, not imported
@@ -391,6 +391,7 @@ class Libraries:
         self.measure_images = False
         # a compile timing here on PoCL: each worker warms its OpenCL library up (parallel.py)
         self.warm_up = False
+        self.warm_ahead: WarmUpProcesses | None = None  # started as a build here began
         # library name -> its kernel calls and their splits (co-executed builds)
         self.kernel_splits: dict[str, dict] = {}
         # library name -> the spec it was built from, and (weights beside) its weights record

@@ -42,7 +42,7 @@ from codl_tvm.build.targets import TargetPreset
 from codl_tvm.core.interrupts import die_with_parent
 from codl_tvm.frontend.importer import load_onnx
 from codl_tvm.runtime.artifact import file_sha256
-from codl_tvm.runtime.warm_up import warm_up
+from codl_tvm.runtime.warm_up import WarmUpProcesses, warm_up
 
 __all__ = ["BackgroundBuilds", "BuildJob", "BuildResult", "default_workers", "vm_devices"]
 
@@ -284,29 +284,45 @@ def _work(
     package.setLevel(level)
     package.addHandler(_PipeHandler(writer))
     package.propagate = False
+    # The first warm-up's processes start now: their start (Python, TVM's runtime; seconds
+    # when many start at once) overlaps the model's import and the build instead of following.
+    ahead = WarmUpProcesses() if any(job.warm for job in jobs) else None
     try:
         if file_sha256(Path(model_path)) != model_sha256:
             raise RuntimeError(f"{model_path} changed since the compile read it")
         model = load_onnx(model_path)
         mod, inputs = model.mod, [(spec.shape, spec.dtype) for spec in model.inputs]
     except Exception as exc:
+        if ahead is not None:
+            ahead.close()
         writer.send(("setup-failed", _error_text(exc)))
         writer.close()
         return
     writer.send(("started",))
-    for job in jobs:
-        start = time.perf_counter()
-        try:
-            splits, weights = build(job.path, job.spec, mod, preset)
-            result = BuildResult(job.name, time.perf_counter() - start, splits, weights)
-        except Exception as exc:  # reported to the compile, which drops the candidate
-            logging.getLogger(__name__).debug("%s", traceback.format_exc())
-            result = BuildResult(job.name, time.perf_counter() - start, error=_error_text(exc))
-        if job.warm and result.error is None:
-            # sent once warm: the compile's timing must not overlap the warm-up
-            try:
-                result = dataclasses.replace(result, warm_s=warm_up(job.path, job.warm, inputs))
-            except Exception as exc:  # a missed warm-up only leaves the compiling to the timing
-                logging.getLogger(__name__).info("note: no warm-up of %s: %s", job.name, exc)
-        writer.send(("built", result))
+    try:
+        for job in jobs:
+            result = _build_job(job, build, mod, preset)
+            if job.warm and result.error is None:
+                # sent once warm: the compile's timing must not overlap the warm-up
+                try:
+                    seconds = warm_up(job.path, job.warm, inputs, processes=ahead)
+                    result = dataclasses.replace(result, warm_s=seconds)
+                except Exception as exc:  # a missed warm-up leaves the compiling to the timing
+                    logging.getLogger(__name__).info("note: no warm-up of %s: %s", job.name, exc)
+                ahead = None  # taken (and closed) by that warm-up
+            writer.send(("built", result))
+    finally:
+        if ahead is not None:  # no job warmed up: nothing to run
+            ahead.close()
     writer.close()
+
+
+def _build_job(job: BuildJob, build: Builder, mod, preset: TargetPreset) -> BuildResult:
+    """Build ``job`` with ``build``: its result, with the error where it failed."""
+    start = time.perf_counter()
+    try:
+        splits, weights = build(job.path, job.spec, mod, preset)
+        return BuildResult(job.name, time.perf_counter() - start, splits, weights)
+    except Exception as exc:  # reported to the compile, which drops the candidate
+        logging.getLogger(__name__).debug("%s", traceback.format_exc())
+        return BuildResult(job.name, time.perf_counter() - start, error=_error_text(exc))

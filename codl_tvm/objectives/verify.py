@@ -38,7 +38,7 @@ from codl_tvm.rpc.remote_vm import RemoteVM, remote_image_caps, vm_devices_for
 from codl_tvm.runtime.artifact import PROCESSOR_NAMES, Manifest
 from codl_tvm.runtime.program_binaries import build_threads, opencl_modules
 from codl_tvm.runtime.vm import time_vm
-from codl_tvm.runtime.warm_up import warm_up
+from codl_tvm.runtime.warm_up import WarmUpProcesses, warm_up
 
 __all__ = [
     "build_candidate",
@@ -343,6 +343,9 @@ def build_candidate(
 ) -> Path | None:
     """``build()``, the library of candidate ``name``; None where it fails: the candidate is
     then dropped (:func:`drop`) and the others decide."""
+    if libraries.warm_up and libraries.warm_ahead is None:
+        # the warm-up's processes start with a build made here: their start overlaps it
+        libraries.warm_ahead = WarmUpProcesses()
     try:
         return build()
     except Exception as exc:  # a kernel that does not build for its device, and any other
@@ -505,11 +508,17 @@ def warm_built_here(libs: dict[str, Path], libraries: Libraries, model: OnnxMode
     if not libraries.warm_up:
         return
     inputs = [(spec.shape, spec.dtype) for spec in model.inputs]
-    for name, path in libs.items():
-        record, spec = libraries.builds.get(name, {}), libraries.specs[name]
-        if record.get("source") != "here" or "warm_s" in record or spec.device == "cpu":
-            continue  # CPU code needs no compiling at its run
-        record["warm_s"] = round(warm_up(path, vm_devices(spec), inputs), 3)
+    ahead, libraries.warm_ahead = libraries.warm_ahead, None  # for the first, if started
+    try:
+        for name, path in libs.items():
+            record, spec = libraries.builds.get(name, {}), libraries.specs[name]
+            if record.get("source") != "here" or "warm_s" in record or spec.device == "cpu":
+                continue  # CPU code needs no compiling at its run
+            seconds = warm_up(path, vm_devices(spec), inputs, processes=ahead)
+            record["warm_s"], ahead = round(seconds, 3), None
+    finally:
+        if ahead is not None:  # nothing built here needed them (a cached build)
+            ahead.close()
 
 
 def time_remote(

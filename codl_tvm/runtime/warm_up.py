@@ -41,6 +41,7 @@ from codl_tvm.runtime.program_binaries import is_pocl, opencl_modules
 
 __all__ = [
     "WARM_UP_TIMEOUT_S",
+    "WarmUpProcesses",
     "default_shards",
     "warm_up",
     "warm_up_artifact",
@@ -85,11 +86,55 @@ def worth_warming() -> bool:
     return default_shards() >= 2 and is_pocl(runtime.info())
 
 
+class WarmUpProcesses:
+    """Warm-up processes started before their work is known: each starts Python and imports
+    TVM's runtime (not its compiler library: ``TVM_USE_RUNTIME_LIB=1``), then waits for its
+    spec. Started when a build begins, their start (seconds when many start at once) overlaps
+    the build instead of following it; :func:`warm_up` takes them (once).
+
+    Parameters
+    ----------
+    count
+        Processes (default :func:`default_shards`).
+    """
+
+    def __init__(self, count: int | None = None) -> None:
+        self.count = max(1, count or default_shards())
+        self.spawned = time.time()
+        env = {**os.environ, "TVM_USE_RUNTIME_LIB": os.environ.get("TVM_USE_RUNTIME_LIB", "1")}
+        self.procs = [
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-c",
+                    "from codl_tvm.runtime.warm_up import run_shard; run_shard()",
+                ],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=env,
+            )
+            for _ in range(self.count)
+        ]
+
+    def close(self) -> None:
+        """Stop the processes still running (unused ones, or a warm-up cut short)."""
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            for stream in (proc.stdin, proc.stdout, proc.stderr):
+                if stream is not None and not stream.closed:
+                    stream.close()
+
+
 def warm_up(
     library: Path,
     vm_devices: Sequence[str],
     inputs: Sequence[tuple[Sequence[int], str]],
     shards: int | None = None,
+    processes: WarmUpProcesses | None = None,
 ) -> float:
     """Run ``library`` once in ``shards`` parallel processes, each launching its share of the
     OpenCL kernels, so that their programs and work-group functions are in the on-disk caches.
@@ -104,6 +149,8 @@ def warm_up(
         ``(shape, dtype)`` of each input of ``main``, in order (zeros are passed).
     shards
         Processes (default :func:`default_shards`).
+    processes
+        Processes started ahead (their count is the shards'); this call closes them.
 
     Returns
     -------
@@ -116,9 +163,9 @@ def warm_up(
         "devices": list(vm_devices),
         "inputs": [[list(shape), str(dtype)] for shape, dtype in inputs],
     }
-    count = max(1, shards or default_shards())
+    count = processes.count if processes is not None else max(1, shards or default_shards())
     specs = [{**spec, "index": i, "count": count} for i in range(count)]
-    return _run_shards(specs, library.name)[0]
+    return _run_shards(specs, library.name, processes)[0]
 
 
 def warm_up_artifact(path: Path, shards: int | None = None) -> float:
@@ -179,36 +226,31 @@ def warm_up_libraries(
     return _run_shards(specs, name)[0]
 
 
-def _run_shards(specs: Sequence[dict], name: str) -> tuple[float, int]:
-    """Run :func:`run_shard` of each spec in a process of its own, all at once: their seconds,
-    and how many finished."""
+def _run_shards(
+    specs: Sequence[dict], name: str, processes: WarmUpProcesses | None = None
+) -> tuple[float, int]:
+    """Run :func:`run_shard` of each spec in a process of its own (``processes``, started
+    ahead, or started now), all at once: their seconds, and how many finished."""
     count = len(specs)
-    start, spawned = time.perf_counter(), time.time()
-    procs: list[subprocess.Popen] = []
+    start = time.perf_counter()
     phases: list[dict] = []
-    # in files: a campaign's share of libraries can outgrow a command line or a pipe's buffer
+    # in files: a campaign's share of libraries can outgrow a pipe's buffer
     folder = tempfile.TemporaryDirectory(prefix="codl-warm-up-")
+    procs = processes if processes is not None else WarmUpProcesses(count)
     try:
-        for index, spec in enumerate(specs):
+        for index, (spec, proc) in enumerate(zip(specs, procs.procs, strict=True)):
             path = Path(folder.name) / f"{index}.json"
             path.write_text(json.dumps(spec))
-            code = f"from codl_tvm.runtime.warm_up import run_shard; run_shard({str(path)!r})"
-            procs.append(
-                subprocess.Popen(
-                    [sys.executable, "-c", code],
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                    text=True,
-                )
-            )
-        for index, proc in enumerate(procs):
+            try:  # communicate() (in _wait) closes stdin
+                proc.stdin.write(f"{path}\n")
+                proc.stdin.flush()
+            except BrokenPipeError:  # it died starting: _wait reports it
+                pass
+        for index, proc in enumerate(procs.procs):
             left = WARM_UP_TIMEOUT_S - (time.perf_counter() - start)
             phases += [p for p in [_wait(proc, index, name, left)] if p is not None]
     finally:  # a Ctrl-C (or any error) here leaves no shard running
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+        procs.close()
         folder.cleanup()
     seconds = time.perf_counter() - start
     # where a shard's time goes (its start: the interpreter and imports), to tune the count
@@ -217,9 +259,9 @@ def _run_shards(specs: Sequence[dict], name: str) -> tuple[float, int]:
         for key in ("programs_s", "run_s")
         if phases
     }
-    if phases:
-        started = [p["started"] - spawned for p in phases]
-        spans["started after"] = f"{min(started):.1f}-{max(started):.1f} s"
+    if phases:  # when each was ready for its spec, from its start (before the spec came)
+        ready = [p["ready"] - procs.spawned for p in phases]
+        spans["ready after"] = f"{min(ready):.1f}-{max(ready):.1f} s"
     logger.info(
         "compiled the OpenCL kernels of %s in %d process%s (%.1f s; %s)",
         name,
@@ -252,16 +294,20 @@ def _wait(proc: subprocess.Popen, index: int, name: str, seconds: float) -> dict
         return None
 
 
-def run_shard(spec_path: str) -> None:
-    """One warm-up process, its spec in the JSON file ``spec_path``: the library once with its
-    share of the kernels only (:func:`warm_up`), the artifact so (:func:`warm_up_artifact`), or
-    its share of many libraries, each whole (:func:`warm_up_libraries`)."""
+def run_shard() -> None:
+    """One warm-up process (:class:`WarmUpProcesses`): once ready, it reads the path of its
+    spec (JSON) on stdin, then runs the library once with its share of the kernels only
+    (:func:`warm_up`), the artifact so (:func:`warm_up_artifact`), or its share of many
+    libraries, each whole (:func:`warm_up_libraries`)."""
     # the compile (or its build worker) ends the shards: a Ctrl-C is its to handle
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     die_with_parent()
-    started = time.time()
-    spec = json.loads(Path(spec_path).read_text())
     runtime.load()
+    ready = time.time()
+    line = sys.stdin.readline().strip()
+    if not line:  # closed unused
+        return
+    spec = json.loads(Path(line).read_text())
     if "libraries" in spec:
         loaded = time.perf_counter()
         for library, devices, inputs in spec["libraries"]:
@@ -269,7 +315,7 @@ def run_shard(spec_path: str) -> None:
                 _run_once(tvm.runtime.load_module(library), devices, inputs)
             except Exception:  # the part's timing reports what is wrong with it
                 continue
-        phases = {"started": started, "programs_s": 0.0, "run_s": time.perf_counter() - loaded}
+        phases = {"ready": ready, "programs_s": 0.0, "run_s": time.perf_counter() - loaded}
         sys.stdout.write(json.dumps(phases) + "\n")
         return
     runtime.plugin_function("codl.opencl.set_warm_shard")(spec["index"], spec["count"])
@@ -278,7 +324,7 @@ def run_shard(spec_path: str) -> None:
         loaded = time.perf_counter()  # its programs are created on threads as the run starts
         art([np.zeros(s.shape, s.dtype) for s in art.model.inputs])
         ran = time.perf_counter() - loaded
-        sys.stdout.write(json.dumps({"started": started, "programs_s": 0.0, "run_s": ran}) + "\n")
+        sys.stdout.write(json.dumps({"ready": ready, "programs_s": 0.0, "run_s": ran}) + "\n")
         return
     lib = tvm.runtime.load_module(spec["library"])
     loaded = time.perf_counter()
@@ -287,7 +333,7 @@ def run_shard(spec_path: str) -> None:
     built = time.perf_counter()
     _run_once(lib, spec["devices"], spec["inputs"])
     ran = time.perf_counter() - built
-    phases = {"started": started, "programs_s": built - loaded, "run_s": ran}
+    phases = {"ready": ready, "programs_s": built - loaded, "run_s": ran}
     # the parent reads the last line of stdout
     sys.stdout.write(json.dumps(phases) + "\n")
 
