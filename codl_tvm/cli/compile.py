@@ -351,7 +351,8 @@ def _planning_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--cost-model",
         help="cost model: a .json file or a shipped model's name (emulated-soc, device-h100, "
-        "emulated-soc-k12, emulated-soc-k12-alone; default: the shipped model for the preset)",
+        "emulated-soc-k12, emulated-soc-k12-alone, emulated-soc-k14; default: the shipped model "
+        "for the preset)",
     )
     p.add_argument("--plan", help="a PartitionPlan JSON instead of planning")
     p.add_argument("--dim", choices=("H", "OC"), help="split every operator along this dim")

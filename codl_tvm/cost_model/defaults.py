@@ -11,7 +11,9 @@ tree beside the models (``codl_tvm/data/cost_models/datasets/``; each model's
 - ``device-h100``: NVIDIA H100 through NVIDIA's OpenCL + 16 Xeon cores;
 - ``emulated-soc-k12`` and ``emulated-soc-k12-alone``: the emulated SoC with PoCL on 12 cores
   and TVM's kernels on 4 (the GPU-weak point of the benchmark report), the second fitted with
-  the CPU-alone kernels' dataset too.
+  the CPU-alone kernels' dataset too;
+- ``emulated-soc-k14``: PoCL on 14 cores and TVM's kernels on 2, where the two processors are
+  within 2x of each other on the ten benchmark models, as a phone's are.
 
 Each records the device it was fitted on (``meta["device"]``,
 :mod:`codl_tvm.cost_model.fitted_device`). ``--cost-model`` takes a file or one of these names
@@ -34,7 +36,13 @@ __all__ = [
     "shipped_model_path",
 ]
 
-SHIPPED = ("emulated-soc", "device-h100", "emulated-soc-k12", "emulated-soc-k12-alone")
+SHIPPED = (
+    "emulated-soc",
+    "device-h100",
+    "emulated-soc-k12",
+    "emulated-soc-k12-alone",
+    "emulated-soc-k14",
+)
 # Presets whose device pair one shipped model describes.
 _BY_PRESET = {"emulated-soc": "emulated-soc", "pocl": "emulated-soc", "device-h100": "device-h100"}
 

@@ -4,8 +4,9 @@
 # machine, keeps the fastest) against each processor alone, in evaluation rounds apart from the
 # compile's own, on models outside the ten the cost models were fitted on (exported here from
 # torchvision's and timm's definitions with seeded random weights: scripts/export_unseen_models.py)
-# and on the ten, each on three platforms: the emulated SoC at k = 14 and k = 12, planned with
-# the shipped k = 12 cost model (at k = 14 scaled by core counts, as the balance sweep does), and
+# and on the ten, each on three platforms: the emulated SoC at k = 14 and k = 12, each planned
+# with its own shipped cost model (`NS_K14_MODEL=scaled`: k = 14 with the k = 12 model scaled
+# by core counts, as the balance sweep does), and
 # the H100 (NVIDIA OpenCL + 16 threads). `NS_UNSEEN=none` or `NS_KNOWN=none` skips that set, `NS_PLATFORMS` platforms.
 # Each platform's end is a flag; after the last set's H100 comes the compile time of a default compile against
 # `--no-measure` (one compile at a time, no build cache). onnxruntime on the CPU stand-in's
@@ -20,8 +21,14 @@ rounds=${NS_ROUNDS:-5}
 plat=",${NS_PLATFORMS:-k14,h100,k12},"  # which of the three, e.g. k14,h100 on a short lease
 k12=(--preset emulated-soc --modes "${NS_MODES:-codl}" --cost-model $cm/emulated-soc-k12.json
      --model-dir /tmp/unseen --build-cache $b/cache_soc --keep-build-cache)
-# k = 14: TVM's CPU x 4/2, PoCL x 12/14 (compile_artifact's processor_scale)
-k14=("${k12[@]}" --processor-scale 2,0.857143)
+# k = 14: its own cost model (profiled at that split); NS_K14_MODEL=scaled: the k = 12 model
+# with TVM's CPU x 4/2, PoCL x 12/14 (compile_artifact's processor_scale), as runs before it
+if [ "${NS_K14_MODEL:-own}" = scaled ]; then
+  k14=("${k12[@]}" --processor-scale 2,0.857143)
+else
+  k14=(--preset emulated-soc --modes "${NS_MODES:-codl}" --cost-model $cm/emulated-soc-k14.json
+       --model-dir /tmp/unseen --build-cache $b/cache_soc --keep-build-cache)
+fi
 h100=(--preset device-h100 --modes "${NS_MODES:-codl}" --cost-model $cm/device-h100.json
       --model-dir /tmp/unseen --keep-build-cache)
 # NS_TRACE=TAGS: timelines of codl and these co-executed modes (e.g. codl_hostorder, with
