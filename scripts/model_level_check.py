@@ -16,7 +16,8 @@ choice on these measurements::
         --out out/model_level.json
 
 Re-plan with the planner settings of the measured run (``--chain-min-gain 0`` for runs made
-before the chain margin existed), or codl's predictions describe another plan.
+before the chain margin existed, ``--processor-scale`` for runs planned with a scaled model), or
+codl's predictions describe another plan.
 
 ``--aggregate A.json,B.json,...`` reads earlier outputs of this script instead (no re-planning)
 and reports the margins over all their co-executed plans, with each margin's summed latency
@@ -93,6 +94,11 @@ def main(argv: list[str] | None = None) -> None:
         help="the planner setting the measured builds were planned with (0 for runs made "
         "before the chain margin existed); default: the planner's current default",
     )
+    p.add_argument(
+        "--processor-scale",
+        help="CPU,GPU: the cost model's predictions scaled as the measured builds were planned "
+        "(compile --processor-scale; e.g. 2,0.857143: the k = 12 model at k = 14)",
+    )
     args = p.parse_args(argv)
     if args.aggregate:
         aggregate(args.aggregate.split(","), args.out)
@@ -109,6 +115,8 @@ def main(argv: list[str] | None = None) -> None:
     from codl_tvm.planner import plan_model
 
     settings = {} if args.chain_min_gain is None else {"chain_min_gain": args.chain_min_gain}
+    if args.processor_scale:
+        settings["processor_scale"] = tuple(float(x) for x in args.processor_scale.split(","))
     bench = json.loads(Path(args.results).read_text())
     model = load_model(args.cost_model)
     rows = {}
