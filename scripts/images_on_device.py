@@ -1,0 +1,105 @@
+"""The benchmark models on OpenCL images, run on a device behind an RPC tracker, against
+onnxruntime on this machine.
+
+For each model: ``codl-tvm compile --preset P --device opencl --gpu-data-type image
+--no-measure`` (the GPU alone, every operator that can on images), the artifact run on a device
+of ``--key`` (``deploy.run_artifact``: its library uploaded and run there), and its output
+compared with onnxruntime's on the same seeded input (float32: within 1e-4 of the output's
+largest magnitude, as ``tests/test_texture_models.py`` does on this machine). One JSON line a
+model, written as each ends, so a run cut short keeps the models it finished::
+
+    python scripts/images_on_device.py --tracker 127.0.0.1:9190 --key aarch64-emu-cl \\
+        --preset linux-arm64-pocl --models squeezenet --out images_aarch64.jsonl
+
+The emulated aarch64 device: ``python scripts/emulated_aarch64.py serve --opencl --tracker
+127.0.0.1:9190 --key aarch64-emu-cl --port 9301`` (as root; a tracker on that port first).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+from bench_util import envelope
+
+from codl_tvm.cli import main as cli
+from codl_tvm.frontend.importer import load_onnx, random_inputs
+from codl_tvm.frontend.models import benchmark_model
+from codl_tvm.objectives import deploy
+from codl_tvm.runtime.artifact import LIBRARY
+
+#: float32: different summation orders only.
+RTOL = 1e-4
+
+
+def check(name: str, preset: str, tracker: str, key: str, work: Path, timeout_s: float) -> dict:
+    """Model ``name`` on images on the device: its error against onnxruntime."""
+    import onnx
+    import onnxruntime as ort
+
+    proto = benchmark_model(name)
+    path = work / f"{name}.onnx"
+    onnx.save(proto, str(path))
+    out = work / name
+    start = time.perf_counter()
+    argv = ["compile", str(path), "--preset", preset, "--device", "opencl"]
+    argv += ["--gpu-data-type", "image", "--no-measure", "--no-reference", "-o", str(out)]
+    code = cli(argv)
+    if code != 0:
+        return {"model": name, "error": f"compile exited {code}"}
+    built_s = time.perf_counter() - start
+    source = (out / LIBRARY).read_bytes()
+    model = load_onnx(proto)
+    feeds = random_inputs(model, seed=7)
+    inputs = [feeds[s.name] for s in model.inputs]
+    start = time.perf_counter()
+    run = deploy.run_artifact(out, tracker, key, inputs, number=1, repeat=1,
+                              request_timeout_s=timeout_s)  # fmt: skip
+    ran_s = time.perf_counter() - start
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    ref = session.run(None, {i.name: feeds[i.name] for i in session.get_inputs()})[0]
+    got = np.asarray(run.outputs[0]).reshape(ref.shape)
+    scale = max(1.0, float(np.max(np.abs(ref))))
+    error = float(np.max(np.abs(got - ref))) / scale
+    return {
+        "model": name,
+        "image_kernels": source.count(b"write_imagef") > 0,
+        "error": error,
+        "within": error <= RTOL,
+        "compile_s": round(built_s, 1),
+        "run_s": round(ran_s, 1),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--tracker", required=True)
+    p.add_argument("--key", required=True)
+    p.add_argument("--preset", required=True)
+    p.add_argument("--models", required=True, help="comma list of benchmark models")
+    p.add_argument("--timeout", type=float, default=1800.0, help="seconds a run may take")
+    p.add_argument("--out", required=True, help="JSON lines: the run's envelope, then a model each")
+    args = p.parse_args(argv)
+    out = Path(args.out)
+    out.write_text(json.dumps(envelope(sys.argv, {"preset": args.preset, "rtol": RTOL})) + "\n")
+    ok = True
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.models.split(","):
+            try:
+                row = check(name, args.preset, args.tracker, args.key, Path(tmp), args.timeout)
+            except Exception as exc:  # one model's failure is its row, the others still run
+                row = {"model": name, "error": f"{type(exc).__name__}: {exc}"[:400]}
+            ok = ok and bool(row.get("within"))
+            print(json.dumps(row), flush=True)
+            with out.open("a") as f:
+                f.write(json.dumps(row) + "\n")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
