@@ -30,7 +30,7 @@ from bench_util import envelope
 
 from codl_tvm.cli import main as cli
 from codl_tvm.frontend.importer import load_onnx, random_inputs
-from codl_tvm.frontend.models import benchmark_model
+from codl_tvm.frontend.models import benchmark_model, without_final_softmax
 from codl_tvm.objectives import deploy
 from codl_tvm.runtime.artifact import LIBRARY
 
@@ -38,28 +38,12 @@ from codl_tvm.runtime.artifact import LIBRARY
 RTOL = 1e-4
 
 
-def _logits(proto):
-    """``proto`` without a final Softmax (a saturated softmax hides errors before it)."""
-    import onnx
-
-    graph = proto.graph
-    last = graph.node[-1]
-    if last.op_type != "Softmax" or last.output[0] != graph.output[0].name:
-        return proto
-    out = onnx.ModelProto()
-    out.CopyFrom(proto)
-    del out.graph.node[-1]
-    del out.graph.output[:]
-    out.graph.output.extend([onnx.helper.make_empty_tensor_value_info(last.input[0])])
-    return out
-
-
 def check(name: str, preset: str, tracker: str, key: str, work: Path, timeout_s: float) -> dict:
     """Model ``name`` on images on the device: its error against onnxruntime."""
     import onnx
     import onnxruntime as ort
 
-    proto = _logits(benchmark_model(name))
+    proto = without_final_softmax(benchmark_model(name))
     path = work / f"{name}.onnx"
     onnx.save(proto, str(path))
     out = work / name

@@ -39,7 +39,7 @@ from codl_tvm.core.plan import (
     uniform_plan,
 )
 from codl_tvm.frontend.importer import load_onnx, random_inputs
-from codl_tvm.frontend.models import light_model
+from codl_tvm.frontend.models import light_model, without_final_softmax
 
 pytestmark = pytest.mark.opencl
 
@@ -175,20 +175,6 @@ def test_mobile_block_depthwise_gpu_part_on_images(opencl, dim, ratio, depthwise
         assert parts[OUTSIDE]["packed_ops"] == "1"
 
 
-def _logits(proto: onnx.ModelProto) -> onnx.ModelProto:
-    """``proto`` without a final Softmax (a saturated softmax hides errors before it), as
-    ``tests/test_texture_models.py`` compares."""
-    last = proto.graph.node[-1]
-    if last.op_type != "Softmax" or last.output[0] != proto.graph.output[0].name:
-        return proto
-    out = onnx.ModelProto()
-    out.CopyFrom(proto)
-    del out.graph.node[-1]
-    del out.graph.output[:]
-    out.graph.output.extend([onnx.helper.make_empty_tensor_value_info(last.input[0])])
-    return out
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("name", "dim", "ratio"),
@@ -202,7 +188,7 @@ def _logits(proto: onnx.ModelProto) -> onnx.ModelProto:
     ],
 )
 def test_benchmark_models_match_onnxruntime(opencl, name, dim, ratio):
-    proto = _logits(light_model(name, seed=3))
+    proto = without_final_softmax(light_model(name, seed=3))
     model = load_onnx(proto)
     plan = uniform_plan(model.mod, dim, ratio)
     built = compile_coexec(model.mod, plan, gpu_data_type="image")

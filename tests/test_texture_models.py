@@ -20,7 +20,7 @@ from tvm.runtime.vm import VirtualMachine
 
 from codl_tvm.build import texture
 from codl_tvm.frontend.importer import load_onnx, random_inputs
-from codl_tvm.frontend.models import LIGHT_MODELS, light_model
+from codl_tvm.frontend.models import LIGHT_MODELS, light_model, without_final_softmax
 from codl_tvm.frontend.zoo import ZOO_MODELS, build_model
 from codl_tvm.runtime.images import image_caps
 
@@ -44,23 +44,9 @@ RTOL_FP16_MODEL = {
 NO_FP16: dict[str, str] = {}
 
 
-def _logits(proto: onnx.ModelProto) -> onnx.ModelProto:
-    """``proto`` without a final Softmax: its input becomes the graph's output."""
-    graph = proto.graph
-    last = graph.node[-1]
-    if last.op_type != "Softmax" or last.output[0] != graph.output[0].name:
-        return proto
-    out = onnx.ModelProto()
-    out.CopyFrom(proto)
-    del out.graph.node[-1]
-    del out.graph.output[:]
-    out.graph.output.extend([onnx.helper.make_empty_tensor_value_info(last.input[0])])
-    return out
-
-
 def _model(name: str) -> onnx.ModelProto:
     proto = light_model(name, seed=3) if name in LIGHT_MODELS else build_model(name)
-    return _logits(proto)
+    return without_final_softmax(proto)
 
 
 def check_model(name: str, dtype: str, tmp_path) -> dict:
@@ -147,7 +133,7 @@ def test_model_on_half_images_slow(opencl, name, tmp_path):
 def test_logits_leave_out_a_final_softmax():
     proto = light_model("squeezenet", seed=3)
     assert proto.graph.node[-1].op_type == "Softmax"
-    cut = _logits(proto)
+    cut = without_final_softmax(proto)
     assert cut.graph.node[-1].op_type != "Softmax"
     assert cut.graph.output[0].name == proto.graph.node[-1].input[0]
-    assert _logits(cut) is cut
+    assert without_final_softmax(cut) is cut

@@ -27,6 +27,7 @@ __all__ = [
     "pretranspose_gemm_weights",
     "sanitize_names",
     "with_random_weights",
+    "without_final_softmax",
 ]
 
 LIGHT_MODELS = ("squeezenet", "bvlc_alexnet", "resnet50", "inception_v1", "vgg19")
@@ -179,3 +180,19 @@ def benchmark_model(name: str):
     if name in LIGHT_MODELS:
         return light_model(name, tiled=True)
     return compressible_weights(build_model(name))
+
+
+def without_final_softmax(proto: onnx.ModelProto) -> onnx.ModelProto:
+    """``proto`` without a final Softmax, its input the graph's output (a copy; ``proto`` as it
+    is where it ends otherwise): numerics checks compare logits, since a saturated softmax
+    hides any error in the layers before it."""
+    graph = proto.graph
+    last = graph.node[-1]
+    if last.op_type != "Softmax" or last.output[0] != graph.output[0].name:
+        return proto
+    out = onnx.ModelProto()
+    out.CopyFrom(proto)
+    del out.graph.node[-1]
+    del out.graph.output[:]
+    out.graph.output.extend([helper.make_empty_tensor_value_info(last.input[0])])
+    return out
