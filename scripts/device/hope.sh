@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Branch placement (HOPE) on the emulated SoC at k = 12: PoCL on cores 0..11 is the GPU, TVM's
-# CPU kernels on 12..15. Per model: the single-processor builds (cpu_only, gpu_only: tags cpu and
+# Branch placement (HOPE) on the emulated SoC at k = HOPE_K (default 12): PoCL on cores 0..k-1 is
+# the GPU, TVM's CPU kernels on k..15. Per model: the single-processor builds (cpu_only, gpu_only: tags cpu and
 # gpu), ulayer_like and codl, the placement baselines (starpu, mosaic) and modes (hope,
-# hope_greedy, codl_hope), all planned with the shipped emulated-soc-k12 cost model and built in
+# hope_greedy, codl_hope), all planned with k's shipped cost model (HOPE_COST_MODEL: another) and built in
 # parallel; codl_hope also with `--verify 3` on the models with parallel branches (tag
 # codl_hope_verify: compile's measured calibration, keeping the fastest of codl_hope and each
 # processor alone); then every model timed round-robin with T*c, and the timelines of codl, hope
@@ -20,9 +20,9 @@ cd /tmp/code
 models=${HOPE_MODELS:-vgg19,vgg16,yolov2,fst,retinaface,posenet,inception_v1,resnet50,squeezenet,bvlc_alexnet}
 verify_models=${HOPE_VERIFY_MODELS:-inception_v1,retinaface,squeezenet}
 modes=${HOPE_MODES:-ulayer_like,codl,starpu,mosaic,hope,hope_greedy,codl_hope}
-cm=codl_tvm/data/cost_models/emulated-soc-k12.json
+k=${HOPE_K:-12}
+cm=${HOPE_COST_MODEL:-codl_tvm/data/cost_models/emulated-soc-k$k.json}
 b=/tmp/b/hope r=/tmp/res
-k=12
 export POCL_CPU_MAX_CU_COUNT=$k POCL_AFFINITY=1 TVM_NUM_THREADS=$((16 - k)) CODL_OPENCL_PLATFORM=portable
 tvm_cpus=$k-15
 python3 scripts/bench_planner.py compile --jobs 12 --preset emulated-soc --models "$models" \
@@ -45,7 +45,7 @@ for m in ${models//,/ }; do
   python3 scripts/bench_planner.py run --dir $b --models "$m" --platform portable \
     --tvm-cpus $tvm_cpus --rounds "${HOPE_ROUNDS:-3}" --number 2 --concurrent-s 1 \
     --plan-repeat 1 --trace-dir $r/traces_hope --trace-also hope,hope_greedy,starpu,codl_hope --append \
-    --out $r/hope_emulated_soc_k12.json >> $r/hope_run.log 2>&1
+    --out $r/hope_emulated_soc_k$k.json >> $r/hope_run.log 2>&1
 done
 rm -rf $r/traces_hope/*.png
 touch $r/DONE
