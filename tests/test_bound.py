@@ -153,3 +153,26 @@ def test_serial_trace_runs_every_kernel_alone(opencl):
     b = gap_breakdown(trace, bound_ms=0.5 * trace.span_us() / 1e3, alone=alone)
     assert sum(b.terms.values()) == pytest.approx(b.gap_ms)
     assert b.cpu.alone_ms > 0 and b.gpu.alone_ms > 0
+
+
+def test_sync_latency_is_the_part_of_each_wait_after_the_gpu_ended():
+    # wait 1 [500, 600): the GPU's last kernel before it ends at 400, so all 100 us are the
+    # wait's own latency; wait 2 [1100, 1300): g1 runs to 1250, then 50 us of latency
+    trace = Trace(
+        [
+            _ev("GPU", "g0", 0, 400),
+            _ev("CPU", "c0", 0, 500),
+            _ev("sync", "wait", 500, 600),
+            _ev("CPU", "c1", 600, 1100),
+            _ev("GPU", "g1", 700, 1250),
+            _ev("sync", "wait", 1100, 1300),
+            _ev("CPU", "c2", 1300, 1400),
+        ]
+    )
+    b = gap_breakdown(trace, bound_ms=1.0)
+    assert b.cpu.sync_wait_ms == pytest.approx(0.3)
+    assert b.cpu.sync_latency_ms == pytest.approx(0.15)
+    assert b.gpu.sync_latency_ms == 0.0
+    # informational: not an idle term, the identity still holds
+    assert sum(v for v in b.terms.values() if v is not None) == pytest.approx(b.gap_ms)
+    assert b.to_dict()["cpu"]["sync_latency_ms"] == pytest.approx(0.15)

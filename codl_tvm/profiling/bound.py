@@ -29,9 +29,10 @@ IssueGpuAhead`) removes; traces without enqueue times count none.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 from collections import defaultdict
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from codl_tvm.profiling.trace import Trace, TraceEvent
 
@@ -64,6 +65,10 @@ class LaneTime:
     head_ms: float
     tail_ms: float
     host_issue_ms: float = 0.0
+    #: Of the host's waits, the time after the GPU had ended the last kernel before each wait
+    #: returned: the wait's own latency (waking, the event's completion), not the GPU's work.
+    #: Part of ``sync_wait_ms`` (CPU lane only), not an idle term of its own.
+    sync_latency_ms: float = 0.0
 
     @property
     def contention_ms(self) -> float | None:
@@ -198,6 +203,8 @@ def gap_breakdown(
             None if alone_us is None else alone_us[lane],
             host_gap_us,
         )
+    gpu_ends = sorted(e.end_us for e in kernels if e.lane == "GPU")
+    lanes["CPU"] = replace(lanes["CPU"], sync_latency_ms=_sync_latency_us(waits, gpu_ends) / 1e3)
     return GapBreakdown((t1 - t0) / 1e3, bound_ms, lanes["CPU"], lanes["GPU"])
 
 
@@ -239,6 +246,17 @@ def _lane_time(
         tail_ms=(t1 - merged[-1][1]) / 1e3,
         host_issue_ms=issue / 1e3,
     )
+
+
+def _sync_latency_us(waits: list[TraceEvent], gpu_ends: list[float]) -> float:
+    """Summed over the waits, the time from the later of the wait's start and the end of the
+    last GPU kernel ended by the wait's end, to the wait's end."""
+    total = 0.0
+    for w in waits:
+        i = bisect.bisect_right(gpu_ends, w.end_us)
+        since = w.start_us if i == 0 else max(w.start_us, gpu_ends[i - 1])
+        total += w.end_us - since
+    return total
 
 
 def _not_issued(event: TraceEvent | None, idle_from: float) -> float:
