@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# Branch placement (HOPE) on the emulated SoC at k = HOPE_K (default 12): PoCL on cores 0..k-1 is
-# the GPU, TVM's CPU kernels on k..15. Per model: the single-processor builds (cpu_only, gpu_only: tags cpu and
-# gpu), ulayer_like and codl, the placement baselines (starpu, mosaic) and modes (hope,
-# hope_greedy, codl_hope), all planned with k's shipped cost model (HOPE_COST_MODEL: another) and built in
-# parallel; codl_hope also with `--verify 3` on the models with parallel branches (tag
-# codl_hope_verify: compile's measured calibration, keeping the fastest of codl_hope and each
-# processor alone); then every model timed round-robin with T*c, and the timelines of codl, hope
-# and codl_hope traced. The run JSON gives per model and build the plan's predicted makespan
-# (predicted_ms), the measured median (median_ms) and their ratio (measured_over_predicted).
+# Branch placement (HOPE) on the emulated SoC at k = HOPE_K (default 12): PoCL on cores 0..k-1
+# is the GPU, TVM's CPU kernels on k..15. Per model: the single-processor builds (cpu_only,
+# gpu_only: tags cpu and gpu), ulayer_like and codl, the placement baselines (starpu, mosaic)
+# and modes (hope, hope_greedy, codl_hope), all planned with k's shipped cost model
+# (HOPE_COST_MODEL: another) and built in parallel; codl_hope also with `--verify 3` on the
+# models with parallel branches (tag codl_hope_verify: compile's measured calibration, keeping
+# the fastest of codl_hope and each processor alone); then every model timed round-robin with
+# T*c and onnxruntime on the CPU stand-in's cores (what a user runs instead), and the timelines
+# of codl, hope and codl_hope traced. The run JSON gives per model and build the plan's
+# predicted makespan (predicted_ms), the measured median (median_ms) and their ratio
+# (measured_over_predicted).
 #
 # Duration on the 16-core machine (after stage 2): builds 6-8 min (10 models x 9 builds),
 # warming 3-4, --verify about 1.5 min per verified model, the run 4-5 min (3 rounds): about 16
@@ -44,7 +46,7 @@ touch $r/HOPE_VERIFIED
 for m in ${models//,/ }; do
   python3 scripts/bench_planner.py run --dir $b --models "$m" --platform portable \
     --tvm-cpus $tvm_cpus --rounds "${HOPE_ROUNDS:-3}" --number 2 --concurrent-s 1 \
-    --plan-repeat 1 --trace-dir $r/traces_hope --trace-also hope,hope_greedy,starpu,codl_hope --append \
+    --plan-repeat 1 --onnxruntime --trace-dir $r/traces_hope --trace-also hope,hope_greedy,starpu,codl_hope --append \
     --out $r/hope_emulated_soc_k$k.json >> $r/hope_run.log 2>&1
 done
 rm -rf $r/traces_hope/*.png
