@@ -48,6 +48,11 @@ def _sleep(path, spec, mod, preset):
     time.sleep(600)
 
 
+def _touch(path, spec, mod, preset):
+    path.write_bytes(b"")
+    return None, None
+
+
 def test_the_operator_an_error_names():
     ir = "Did you forget to bind?\n@T.prim_func\ndef fused_conv2d_add_relu(x: T.handle):\n ..."
     assert operator_named(ir) == "fused_conv2d_add_relu"
@@ -137,3 +142,20 @@ def test_closing_stops_the_workers(tmp_path):
     assert len(procs) == 2 and all(p.is_alive() for p in procs)
     builds.close()
     assert not any(p.is_alive() for p in procs)
+
+
+def test_a_result_says_how_long_its_worker_took_to_set_up(tmp_path):
+    """Each result carries its worker's set-up time (spawn to the model imported), which the
+    compile records beside the build's own seconds."""
+    model = bundled_model_path()
+    spec = BuildSpec("cpu", None, file_sha256(model), "opencl", "llvm", None)
+    jobs = [BuildJob(n, spec, tmp_path / f"{n}.so") for n in ("a", "b")]
+    begun = time.perf_counter()
+    with BackgroundBuilds(model, spec.model_sha256, get_preset("opencl"), jobs, _touch, 1) as bg:
+        first, second = bg.result("a"), bg.result("b")
+    elapsed = time.perf_counter() - begun
+    assert first.error is None and (tmp_path / "a.so").is_file()
+    # one worker built both: one set-up, before the first build
+    assert 0 < first.setup_s == second.setup_s < elapsed
+    assert first.setup_s > first.seconds  # a worker starts Python and TVM; the build touches
+    assert first.phases() == {"setup_s": round(first.setup_s, 3)}

@@ -648,7 +648,7 @@ class Libraries:
             "source": "worker",
             "s": round(result.seconds, 3),
             "waited_s": round(waited, 3),
-            **({} if result.warm_s is None else {"warm_s": round(result.warm_s, 3)}),
+            **result.phases(),
         }
         if result.error is not None:
             raise BuildError(

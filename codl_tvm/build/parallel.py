@@ -102,6 +102,9 @@ class BuildResult:
         The build's error message (None: the library is at its job's path).
     warm_s
         Seconds of its warm-up after the build (None: not warmed up).
+    setup_s
+        Seconds from its worker's spawn to the model imported there (Python, codl-tvm and
+        TVM starting, the model's import), before the worker's first build began.
     """
 
     name: str
@@ -110,6 +113,12 @@ class BuildResult:
     weights: dict | None = None
     error: str | None = None
     warm_s: float | None = None
+    setup_s: float | None = None
+
+    def phases(self) -> dict[str, float]:
+        """``setup_s`` and ``warm_s`` where known, in seconds to the millisecond."""
+        pairs = (("setup_s", self.setup_s), ("warm_s", self.warm_s))
+        return {key: round(value, 3) for key, value in pairs if value is not None}
 
 
 # build(path, spec, mod, preset) -> (splits, weights record): exports the library to path
@@ -152,6 +161,8 @@ class BackgroundBuilds:
         self._procs: list[tuple[multiprocessing.Process, Connection]] = []
         self._started: set[int] = set()
         self._ended: set[int] = set()
+        self._spawned: dict[int, float] = {}  # worker -> perf_counter at its spawn
+        self._setup_s: dict[int, float] = {}
         # the readers (one thread a worker) fill the results; result() waits on this
         self._changed = threading.Condition()
         level = logging.getLogger("codl_tvm").getEffectiveLevel()
@@ -166,6 +177,7 @@ class BackgroundBuilds:
                 name=f"codl-build-{'+'.join(j.name for j in share)}",
                 daemon=True,  # never outlives the compile's interpreter
             )
+            self._spawned[index] = time.perf_counter()
             proc.start()
             writer.close()  # the worker holds the only writer: its exit ends our reads
             self._procs.append((proc, reader))
@@ -220,10 +232,12 @@ class BackgroundBuilds:
             with self._changed:
                 if kind == "started":
                     self._started.add(index)
+                    self._setup_s[index] = time.perf_counter() - self._spawned[index]
                 elif kind == "setup-failed":
                     logger.info("a build worker could not set up: %s", rest[0])
                 else:  # "built"
-                    self._results[rest[0].name] = rest[0]
+                    setup = self._setup_s.get(index)
+                    self._results[rest[0].name] = dataclasses.replace(rest[0], setup_s=setup)
                 self._changed.notify_all()
         with self._changed:
             self._ended.add(index)
