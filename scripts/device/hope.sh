@@ -22,6 +22,14 @@ cd /tmp/code
 models=${HOPE_MODELS:-vgg19,vgg16,yolov2,fst,retinaface,posenet,inception_v1,resnet50,squeezenet,bvlc_alexnet}
 verify_models=${HOPE_VERIFY_MODELS:-inception_v1,retinaface,squeezenet}
 modes=${HOPE_MODES:-ulayer_like,codl,starpu,mosaic,hope,hope_greedy,codl_hope}
+# hope and codl_hope need OR-Tools' CP-SAT (`.whl2`, scripts/device/README.md): without it, say
+# so once and stop before minutes of builds that cannot give the placement modes.
+if [[ ",$modes," =~ ,(hope|codl_hope), ]] \
+  && ! python3 -c "import ortools.sat.python.cp_model" 2> /dev/null; then
+  echo "hope.sh: OR-Tools is not installed (install .whl2 first); not building $modes" \
+    | tee /tmp/res/hope_NO_ORTOOLS
+  exit 1
+fi
 k=${HOPE_K:-12}
 cm=${HOPE_COST_MODEL:-codl_tvm/data/cost_models/emulated-soc-k$k.json}
 b=/tmp/b/hope r=/tmp/res
