@@ -152,3 +152,30 @@ def test_the_compile_option_sets_the_issue_order(opencl, tmp_path):
         splits = SimpleNamespace(kernel_splits=art.manifest["kernel_splits"])
         before[ahead] = _cpu_calls_before_gpu_calls(splits)
     assert before[False] > before[True], before
+
+
+def test_gates_hold_gpu_parts_on_images_too(opencl, branches):
+    """The same placement with the GPU's operators on images: gated, the GPU work (image
+    kernels and conversions) is issued before every CPU call and held on the device; the
+    numbers equal the ungated image build exactly and onnxruntime."""
+    _, x, want = branches
+    proto = inception_like(c=16, hw=32)
+    model = load_onnx(proto)
+    infos = partitionable_ops(model.mod)
+    plan = PartitionPlan(
+        tuple(OpPartition(i.name, "H", RATIOS[i.name]) for i in infos),
+        (),
+        model_fingerprint(model.mod, infos),
+        home="gpu",
+    )
+    ahead, gated = (
+        compile_coexec(model.mod, plan, gates=gates, gpu_data_type="image")
+        for gates in (False, True)
+    )
+    # the GPU's parts really compute on images
+    assert any(r["data_type"] == "image" for r in gated.kernel_splits["gpu_parts"])
+    assert _cpu_calls_before_gpu_calls(ahead) > _cpu_calls_before_gpu_calls(gated) == 0
+    ref = ahead([x])[0]
+    assert_close(ref, want)
+    for _ in range(3):  # later runs pass the gates of the queue the earlier ones left
+        np.testing.assert_array_equal(gated([x])[0], ref)

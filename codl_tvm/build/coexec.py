@@ -212,6 +212,7 @@ def compile_coexec(
                 row_blocks=row_blocks,
                 issue_ahead=issue_ahead,
                 dtype=gpu_dtype,
+                gates=gates,
             )
         splits["gpu_parts"] = record["gpu_parts"]
         vm_devices = VM_DEVICES

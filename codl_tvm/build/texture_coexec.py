@@ -303,11 +303,13 @@ def coexec_texture_pipeline(
     issue_ahead: bool = True,
     record: dict | None = None,
     dtype: str = "float32",
+    gates: bool | None = False,
 ) -> tvm.transform.Pass:
     """The co-execution pipeline with the GPU parts on images (phases in the module docstring).
 
-    The arguments are :func:`~codl_tvm.build.pipeline.coexec_pipeline`'s (no gates: a gate's
-    barrier is untested with image kernels; no fixed CPU/OpenCL configs: each target's
+    The arguments are :func:`~codl_tvm.build.pipeline.coexec_pipeline`'s (``gates`` as
+    there: a gate holds the queue, image kernels and conversions included, until the CPU
+    kernel it waits for signals; no fixed CPU/OpenCL configs: each target's
     presets), and ``caps``, the device's image limits (None:
     TVM's defaults), and ``record``, a dictionary receiving ``"gpu_parts"`` (each split's GPU
     part data type, :func:`image_record`) and ``"vm_devices"`` (:func:`vm_device_names`).
@@ -316,6 +318,8 @@ def coexec_texture_pipeline(
     CPU parts and the shared tensors float32).
     """
     tex_target = texture.texture_target(gpu_target, caps)
+    if gates is None:
+        gates = issue_ahead and weights is None and coexec.gpu_gates_available()
 
     @tvm.transform.module_pass(opt_level=0, name="codl.CoexecTexturePipeline")
     def _pipeline(mod: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
@@ -347,7 +351,7 @@ def coexec_texture_pipeline(
                 (
                     "dataflow-lower",
                     coexec.coexec_dataflow_lower_passes(
-                        gpu_target, kernel_splits, issue_ahead, False
+                        gpu_target, kernel_splits, issue_ahead, bool(gates)
                     ),
                 ),
                 ("finalize", coexec.finalize_passes(gpu_target)),
