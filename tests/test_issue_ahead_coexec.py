@@ -42,17 +42,18 @@ RATIOS = {
 BUILDS = {"host order": {"issue_ahead": False}, "ahead": {"gates": False}, "gated": {"gates": True}}
 
 
+def _placement(model) -> PartitionPlan:
+    """RATIOS as a plan of ``model`` (the inception-like module), the GPU its home."""
+    infos = partitionable_ops(model.mod)
+    ops = tuple(OpPartition(i.name, "H", RATIOS[i.name]) for i in infos)
+    return PartitionPlan(ops, (), model_fingerprint(model.mod, infos), home="gpu")
+
+
 @pytest.fixture(scope="module")
 def branches():
     proto = inception_like(c=16, hw=32)
     model = load_onnx(proto)
-    infos = partitionable_ops(model.mod)
-    plan = PartitionPlan(
-        tuple(OpPartition(i.name, "H", RATIOS[i.name]) for i in infos),
-        (),
-        model_fingerprint(model.mod, infos),
-        home="gpu",
-    )
+    plan = _placement(model)
     feeds = random_inputs(model, seed=3)
     (want,) = onnxruntime_outputs(proto, feeds)
     x = feeds[model.inputs[0].name]
@@ -134,13 +135,7 @@ def test_the_compile_option_sets_the_issue_order(opencl, tmp_path):
     path = tmp_path / "m.onnx"
     onnx.save(proto, path)
     model = load_onnx(path)
-    infos = partitionable_ops(model.mod)
-    plan = PartitionPlan(
-        tuple(OpPartition(i.name, "H", RATIOS[i.name]) for i in infos),
-        (),
-        model_fingerprint(model.mod, infos),
-        home="gpu",
-    )
+    plan = _placement(model)
     feeds = random_inputs(model, seed=3)
     (want,) = onnxruntime_outputs(proto, feeds)
     before = {}
@@ -159,15 +154,8 @@ def test_gates_hold_gpu_parts_on_images_too(opencl, branches):
     kernels and conversions) is issued before every CPU call and held on the device; the
     numbers equal the ungated image build exactly and onnxruntime."""
     _, x, want = branches
-    proto = inception_like(c=16, hw=32)
-    model = load_onnx(proto)
-    infos = partitionable_ops(model.mod)
-    plan = PartitionPlan(
-        tuple(OpPartition(i.name, "H", RATIOS[i.name]) for i in infos),
-        (),
-        model_fingerprint(model.mod, infos),
-        home="gpu",
-    )
+    model = load_onnx(inception_like(c=16, hw=32))
+    plan = _placement(model)
     ahead, gated = (
         compile_coexec(model.mod, plan, gates=gates, gpu_data_type="image")
         for gates in (False, True)
