@@ -6,8 +6,9 @@ For each model: ``codl-tvm compile --preset P --device opencl --gpu-data-type im
 of ``--key`` (``deploy.run_artifact``: its library uploaded and run there), and its output
 compared with onnxruntime's on the same seeded input (the logits: a final Softmax is left
 out; float32: within 1e-4 of their largest magnitude, as ``tests/test_texture_models.py`` does
-on this machine). One JSON line a
-model, written as each ends, so a run cut short keeps the models it finished::
+on this machine); ``--gpu-data-type buffer`` builds on buffers instead, ``--save-outputs DIR``
+keeps each output (``NAME_DATA_TYPE.npy``, e.g. for ``scripts/float64_reference.py``). One JSON
+line a model, written as each ends, so a run cut short keeps the models it finished::
 
     python scripts/images_on_device.py --tracker 127.0.0.1:9190 --key aarch64-emu-cl \\
         --preset linux-arm64-pocl --models squeezenet --out images_aarch64.jsonl
@@ -38,8 +39,18 @@ from codl_tvm.runtime.artifact import LIBRARY
 RTOL = 1e-4
 
 
-def check(name: str, preset: str, tracker: str, key: str, work: Path, timeout_s: float) -> dict:
-    """Model ``name`` on images on the device: its error against onnxruntime."""
+def check(
+    name: str,
+    preset: str,
+    tracker: str,
+    key: str,
+    work: Path,
+    timeout_s: float,
+    data_type: str = "image",
+    save: Path | None = None,
+) -> dict:
+    """Model ``name`` on the device, on images (``data_type``: or buffers): its error against
+    onnxruntime; its output saved as ``save/NAME_DATA_TYPE.npy`` when ``save`` is given."""
     import onnx
     import onnxruntime as ort
 
@@ -49,7 +60,7 @@ def check(name: str, preset: str, tracker: str, key: str, work: Path, timeout_s:
     out = work / name
     start = time.perf_counter()
     argv = ["compile", str(path), "--preset", preset, "--device", "opencl"]
-    argv += ["--gpu-data-type", "image", "--no-measure", "--no-reference", "-o", str(out)]
+    argv += ["--gpu-data-type", data_type, "--no-measure", "--no-reference", "-o", str(out)]
     code = cli(argv)
     if code != 0:
         return {"model": name, "error": f"compile exited {code}"}
@@ -67,8 +78,11 @@ def check(name: str, preset: str, tracker: str, key: str, work: Path, timeout_s:
     got = np.asarray(run.outputs[0]).reshape(ref.shape)
     scale = max(1.0, float(np.max(np.abs(ref))))
     error = float(np.max(np.abs(got - ref))) / scale
+    if save is not None:
+        np.save(save / f"{name}_{data_type}.npy", got)
     return {
         "model": name,
+        "gpu_data_type": data_type,
         "image_kernels": source.count(b"write_imagef") > 0,
         "error": error,
         "within": error <= RTOL,
@@ -84,15 +98,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--preset", required=True)
     p.add_argument("--models", required=True, help="comma list of benchmark models")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds a run may take")
+    p.add_argument("--gpu-data-type", choices=("image", "buffer"), default="image",
+                   help="the GPU's tensors on images (default) or buffers")  # fmt: skip
+    p.add_argument("--save-outputs", default="", help="folder: each model's output as .npy")
     p.add_argument("--out", required=True, help="JSON lines: the run's envelope, then a model each")
     args = p.parse_args(argv)
     out = Path(args.out)
-    out.write_text(json.dumps(envelope(sys.argv, {"preset": args.preset, "rtol": RTOL})) + "\n")
+    save = Path(args.save_outputs) if args.save_outputs else None
+    if save is not None:
+        save.mkdir(parents=True, exist_ok=True)
+    head = {"preset": args.preset, "rtol": RTOL, "gpu_data_type": args.gpu_data_type}
+    out.write_text(json.dumps(envelope(sys.argv, head)) + "\n")
     ok = True
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models.split(","):
             try:
-                row = check(name, args.preset, args.tracker, args.key, Path(tmp), args.timeout)
+                row = check(name, args.preset, args.tracker, args.key, Path(tmp), args.timeout,
+                            args.gpu_data_type, save)  # fmt: skip
             except Exception as exc:  # one model's failure is its row, the others still run
                 row = {"model": name, "error": f"{type(exc).__name__}: {exc}"[:400]}
             ok = ok and bool(row.get("within"))
