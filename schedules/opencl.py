@@ -26,7 +26,12 @@ layout choice). Parameters per device class come from
     only innermost loops and would otherwise run the reduction in scalar code; padding then
     runs as its own kernel.
 ``pool``
-    One work-item per output element; the window is reduced serially in a register.
+    One work-item per output element; the window is reduced serially in a register. A window
+    of more than :data:`SERIAL_WINDOW_MAX` elements (a mean over a whole feature map, as
+    InstanceNorm is imported) is declined: one work-item per channel would sum thousands of
+    values in float32 one after another (FST's 256x256 maps: 3e-4 from an exact answer, ten
+    times onnxruntime's error) on a handful of work-items; dlight's cross-thread reduction
+    takes it instead.
 
 Dense/matmul, GEMV, other reductions and everything else fall back to dlight's GPU rules, wrapped
 so that their kernels record ``codl.*`` attributes too (see
@@ -127,6 +132,9 @@ def conv_thread_tile(
 
 
 _STAGE_TOO_BIG = "local-memory stage larger than the device allows"
+#: The largest pooling window one work-item reduces (the global pools of the benchmark CNNs:
+#: 7x7 to 13x13).
+SERIAL_WINDOW_MAX = 256
 
 
 class OpenCLConv2D(OpenCLRule):
@@ -428,6 +436,11 @@ class OpenCLPool2D(OpenCLRule):
         info = match_pool2d(sch, blocks)
         if isinstance(info, str):
             return f"not a pool2d: {info}"
+        if math.prod(info.window) > SERIAL_WINDOW_MAX:
+            return (
+                f"a {info.window[0]}x{info.window[1]} window is more than {SERIAL_WINDOW_MAX} "
+                "values to sum in one work-item"
+            )
         inline_prologue(sch, blocks, cfg.pool_threads)
         pool = blocks.main
         n, ch, y, x, ky, _ = sch.get_loops(pool)

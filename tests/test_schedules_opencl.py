@@ -184,6 +184,47 @@ def test_pool_and_dense_get_recorded_schedules():
     assert "__kernel" in opencl_source(tvm.compile(mod, target=OPENCL))
 
 
+def centred_module(shape):
+    """``x - mean(x)`` over each channel's map (InstanceNorm's first step, as imported): a mean
+    FuseOps fuses with the broadcast subtract after it."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType(shape, "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            mean = bb.emit(relax.op.mean(x, axis=[2, 3], keepdims=True))
+            out = bb.emit_output(bb.emit(relax.op.subtract(x, mean)))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def test_a_mean_over_a_large_map_is_a_cross_thread_reduction():
+    """A 7x7 global pool stays one work-item's window; a mean over a 128x128 map is declined
+    by the pool rule and becomes dlight's cross-thread reduction, one kernel with its
+    subtract (the pool rule's serial sum was four kernels and 16384 float32 additions in a
+    row per channel)."""
+    small = legalize(centred_module((1, 4, 7, 7)))
+    (func,) = prim_funcs(small).values()
+    assert explain(func, OPENCL)["OpenCLPool2D"] is None
+    large = legalize(centred_module((1, 4, 128, 128)))
+    (func,) = prim_funcs(large).values()
+    assert "128x128 window is more than 256 values" in explain(func, OPENCL)["OpenCLPool2D"]
+    mod = schedule(centred_module((1, 4, 128, 128)), OPENCL)
+    (func,) = prim_funcs(mod).values()
+    assert func.attrs["codl.algorithm"] == "reduction"
+    launches = kernel_launches(func)
+    assert len(launches) == 1 and launches[0]["threadIdx.x"] > 1, launches
+
+
+@pytest.mark.opencl
+def test_a_large_mean_sums_as_accurately_as_a_pairwise_sum(opencl):
+    """Positive values on a 256x256 map: the float32 mean within 1e-6 of the float64 one (here
+    2e-8; one work-item adding the 65536 values in a row is off by 1.3e-6)."""
+    x = np.random.default_rng(0).uniform(0.0, 1.0, (1, 2, 256, 256)).astype("float32")
+    got = run_opencl(centred_module(x.shape), OPENCL, [x])
+    mean = x.astype(np.float64).mean(axis=(2, 3), keepdims=True)
+    np.testing.assert_allclose(x - got, np.broadcast_to(mean, x.shape), rtol=0, atol=1e-6)
+
+
 def test_opencl_rules_decline_with_reason():
     pool = legalize(pool_module((1, 4, 8, 8), "max", (2, 2), (2, 2), (0, 0, 0, 0)))
     (pool_func,) = prim_funcs(pool).values()
