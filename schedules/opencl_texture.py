@@ -59,6 +59,8 @@ DEPTHWISE_BLOCK = "depthwise_conv2d_NCHW4c"
 
 #: Channels of one RGBA pixel.
 _LANES = 4
+#: A sum window of more pixels than this is summed row by row (:func:`schedule_window`).
+ROW_SUM_WINDOW = 256
 
 
 def is_texture_scope(scope: str) -> bool:
@@ -262,9 +264,12 @@ def schedule_window(sch: s_tir.Schedule, blocks: list, index: int, target: Targe
     a global average pool, a depthwise conv); None when scheduled, else why not.
 
     ``blocks[index]`` is the reduction: data-parallel iterators ending with the 4-lane pixel,
-    then two window iterators. The blocks before it (the padding) are inlined as a bounds test
-    around each read; those after it (a division, a bias, an activation) are computed in the
-    work-item's registers, and the pixel is written once. Every image the window reads is read
+    then two window iterators. A sum over more than :data:`ROW_SUM_WINDOW` pixels is summed
+    row by row (``rfactor`` over the rows): each row's sum in registers, then added to the
+    total, so float32 loses the digits of a row's length, not of the whole map's. The blocks
+    before it (the padding) are inlined as a bounds test around each read; those after it (a
+    division, a bias, an activation) are computed in the work-item's registers, and the pixel
+    is written once. Every image the window reads is read
     as whole pixels into registers, as is a buffer operand with the lane innermost (a depthwise
     conv's packed weights: one vector load per tap).
     """
@@ -285,6 +290,16 @@ def schedule_window(sch: s_tir.Schedule, blocks: list, index: int, target: Targe
     bx, tx = sch.split(fused, [None, _threads(target, int(sch.get(fused).extent))])
     sch.bind(bx, "blockIdx.x")
     sch.bind(tx, "threadIdx.x")
+    window = int(sch.get(r0).extent) * int(sch.get(r1).extent)
+    rows = None
+    if window > ROW_SUM_WINDOW and isinstance(sch.get(red).body.value, tirx.Add):
+        # A sum over a whole map (InstanceNorm's mean of a 256x256 map: 65536 values) in one
+        # float32 accumulator loses digits with every row; each row summed apart first, its
+        # sum then added, keeps the error of a row's length instead of the map's.
+        rows = sch.rfactor(r0, factor_axis=0)  # the loops are made anew
+        sch.reverse_compute_at(red, sch.get_loops(rows)[2])  # each row's sum added after it
+        sch.set_scope(rows, 0, "local")
+        tx = sch.get_loops(rows)[1]
     if epilogue:
         sch.set_scope(red, 0, "local")  # the window sum lives in registers
         for b in epilogue[:-1]:
@@ -294,16 +309,22 @@ def schedule_window(sch: s_tir.Schedule, blocks: list, index: int, target: Targe
         last = sch.cache_write(red, 0, "local")
     sch.reverse_compute_at(last, tx)
     sch.vectorize(sch.get_loops(last)[-1])
-    init = sch.decompose_reduction(red, r0)
+    init = sch.decompose_reduction(red, sch.get_loops(red)[2])
     sch.vectorize(sch.get_loops(init)[-1])
+    reader = red
+    if rows is not None:
+        reader = rows
+        row_init = sch.decompose_reduction(rows, sch.get_loops(rows)[3])
+        sch.vectorize(sch.get_loops(row_init)[-1])
+        sch.unroll(sch.get_loops(red)[-1])
     # each window pixel is read whole into registers (one read_imagef, the padding's bounds
     # test around it); the update itself cannot be vectorised inside the window loops
-    written = {w.source for w in sch.get(red).writes}  # the accumulator, in registers
-    for i, region in enumerate(sch.get(red).reads):
+    written = {w.source for w in sch.get(reader).writes}  # the accumulator, in registers
+    for i, region in enumerate(sch.get(reader).reads):
         buf = region.source
         if buf not in written and len(buf.shape) == 5 and int(buf.shape[-1]) == _LANES:
-            pixel = sch.cache_read(red, i, "local")
-            sch.compute_at(pixel, r1)
+            pixel = sch.cache_read(reader, i, "local")
+            sch.compute_at(pixel, sch.get_loops(reader)[-2])
             sch.vectorize(sch.get_loops(pixel)[-1])
-    sch.unroll(sch.get_loops(red)[-1])
+    sch.unroll(sch.get_loops(reader)[-1])
     return None

@@ -628,3 +628,45 @@ def test_concat_of_whole_pixels_computes_packed():
     w2 = rng.standard_normal((4, 4, 1, 1)).astype("float32")
     before = _bound(Before, {"w1": w1, "w2": w2})
     verify(before, _bound(Expected, {"w1": pack_oihw(w1), "w2": pack_oihw(w2)}))
+
+
+def _onnx_instance_norm(hw: int):
+    """A conv to 8 channels (offset by 3: a mean far from zero), InstanceNorm and ReLU on an
+    ``hw`` x ``hw`` map, and its float64 answer on a seeded input."""
+    rng = np.random.default_rng(0)
+    w = (rng.standard_normal((8, 4, 3, 3)) * 0.3).astype("float32")
+    b = rng.standard_normal(8).astype("float32") + 3
+    s, t = (rng.standard_normal(8).astype("float32") for _ in range(2))
+    graph = helper.make_graph(
+        [
+            helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1] * 4),
+            helper.make_node("InstanceNormalization", ["c", "s", "t"], ["n"], epsilon=1e-5),
+            helper.make_node("Relu", ["n"], ["y"]),
+        ],
+        "instance_norm",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, (1, 4, hw, hw))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, (1, 8, hw, hw))],
+        [onnx.numpy_helper.from_array(a, n) for a, n in ((w, "w"), (b, "b"), (s, "s"), (t, "t"))],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    x = rng.uniform(0.0, 1.0, (1, 4, hw, hw)).astype("float32")
+    padded = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (1, 1), (1, 1)))
+    windows = np.lib.stride_tricks.sliding_window_view(padded, (3, 3), axis=(2, 3))
+    c = np.einsum("nchwij,ocij->nohw", windows, w.astype(np.float64)) + b[:, None, None]
+    mean, var = c.mean(axis=(2, 3), keepdims=True), c.var(axis=(2, 3), keepdims=True)
+    y = (c - mean) / np.sqrt(var + 1e-5) * s[:, None, None] + t[:, None, None]
+    return model, x, np.maximum(y, 0.0)
+
+
+@pytest.mark.opencl
+def test_a_mean_over_a_whole_image_is_summed_row_by_row():
+    """InstanceNorm's mean of a 256x256 image (65536 pixels): each row summed apart in a
+    register, then added; from the float64 answer 5e-6 (one accumulator for the whole map:
+    1.1e-4, beyond the builds' 1e-4 tolerance)."""
+    model, x, want = _onnx_instance_norm(256)
+    runner = TextureRunner.for_model(from_onnx(model), GPU)
+    (pool,) = (f for _, _, f in _calls(runner, "adaptive_avg_pool2d"))
+    assert "texture" in pool.params[0].scope()
+    assert "adaptive_pool_sum_rf" in pool.script()  # the row sums
+    assert np.abs(runner.run(x) - want).max() < 2e-5
