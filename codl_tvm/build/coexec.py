@@ -180,10 +180,8 @@ def compile_coexec(
 
     if gpu_data_type not in ("buffer", "image"):
         raise ValueError(f"gpu_data_type: 'buffer' or 'image', got {gpu_data_type!r}")
-    if gpu_dtype not in ("float32", "float16") or (gpu_dtype, gpu_data_type) == (
-        "float16",
-        "buffer",
-    ):
+    half_buffers = (gpu_dtype, gpu_data_type) == ("float16", "buffer")
+    if gpu_dtype not in ("float32", "float16") or half_buffers:
         raise ValueError(f"gpu_dtype: 'float32', or 'float16' with images, got {gpu_dtype!r}")
     gpu, cpu = _targets(gpu, cpu)
     plan.validate(mod)

@@ -40,7 +40,6 @@ as the co-execution sync expects.
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 
 import tvm
 from tvm import relax, tirx
@@ -298,7 +297,6 @@ def coexec_texture_pipeline(
     channel_blocks: bool = True,
     kernel_splits: dict | None = None,
     row_blocks: bool = False,
-    dump_ir: str | Path | None = None,
     weights: dict | None = None,
     issue_ahead: bool = True,
     record: dict | None = None,
@@ -309,13 +307,14 @@ def coexec_texture_pipeline(
 
     The arguments are :func:`~codl_tvm.build.pipeline.coexec_pipeline`'s (``gates`` as
     there: a gate holds the queue, image kernels and conversions included, until the CPU
-    kernel it waits for signals; no fixed CPU/OpenCL configs: each target's
-    presets), and ``caps``, the device's image limits (None:
-    TVM's defaults), and ``record``, a dictionary receiving ``"gpu_parts"`` (each split's GPU
-    part data type, :func:`image_record`) and ``"vm_devices"`` (:func:`vm_device_names`).
-    ``dtype``: what the GPU parts' packed operators compute in (``"float16"``: half images,
-    cast at the parts' conversions, :class:`~codl_tvm.passes.texture_parts.PackGpuParts`; the
-    CPU parts and the shared tensors float32).
+    kernel it waits for signals; no fixed CPU/OpenCL configs: each target's presets; no
+    ``dump_ir``: ``CODL_TVM_DUMP_IR`` names the folder), and ``caps``, the device's image
+    limits (None: TVM's defaults), and ``record``, a dictionary receiving ``"gpu_parts"``
+    (each split's GPU part data type, :func:`image_record`) and ``"vm_devices"``
+    (:func:`vm_device_names`). ``dtype``: what the GPU parts' packed operators compute in
+    (``"float16"``: half images, cast at the parts' conversions,
+    :class:`~codl_tvm.passes.texture_parts.PackGpuParts`; the CPU parts and the shared
+    tensors float32).
     """
     tex_target = texture.texture_target(gpu_target, caps)
     if gates is None:
@@ -359,7 +358,7 @@ def coexec_texture_pipeline(
             ]
             if weights is not None:
                 phases.append(("weights", coexec.weights_passes(weights, "opencl")))
-            mod = coexec.run_phases(mod, phases, dump_ir)
+            mod = coexec.run_phases(mod, phases, None)  # CODL_TVM_DUMP_IR: the IR of each phase
         if record is not None:
             record["vm_devices"] = vm_device_names(mod)
         return coexec.take_kernel_splits(mod, kernel_splits)
