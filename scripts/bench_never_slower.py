@@ -73,13 +73,22 @@ def _compile_once(
         env["POCL_CACHE_DIR"] = str(Path(tmp) / "pocl")
         if warm_ups is not None:
             env["CODL_OPENCL_WARM_UP"] = str(warm_ups)
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        # each log line stamped with its arrival (seconds since the start): where the default
+        # compile's extra time goes, phase by phase (the workers' lines come through the compile)
+        timeline: list[tuple[float, str]] = []
+        proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+        )
+        for line in proc.stdout:
+            timeline.append((round(time.perf_counter() - t0, 3), line.rstrip()))
+        proc.wait()
         seconds = time.perf_counter() - t0
+        lines = [line for _, line in timeline]
         if proc.returncode != 0:
-            return seconds, {"error": (proc.stderr or proc.stdout).strip().splitlines()[-1:]}
+            return seconds, {"error": lines[-1:], "timeline": timeline}
         manifest = json.loads((out / "manifest.json").read_text())
-        lines = (proc.stderr + proc.stdout).splitlines()
         manifest["warm_ups"] = [line for line in lines if "compiled the OpenCL kernels" in line]
+        manifest["timeline"] = timeline
         return seconds, manifest
 
 
@@ -103,6 +112,7 @@ def cmd_compile_time(args: argparse.Namespace) -> int:
                     row["default_builds"] = verify.get("builds")
                     row["default_measure_s"] = verify.get("measure_s")
                     row["default_warm_ups"] = manifest.get("warm_ups")
+                row[f"{key}_timeline"] = manifest.get("timeline")
             row["ratio"] = round(row["default_s"] / row["no_measure_s"], 3)
             for count in args.warm_up_counts:  # the default again with N warm-up processes
                 seconds, manifest = _compile_once(
@@ -114,6 +124,7 @@ def cmd_compile_time(args: argparse.Namespace) -> int:
                     "kept": manifest.get("device", manifest.get("error")),
                     "builds": (manifest.get("verify") or {}).get("builds"),
                     "warm_ups": manifest.get("warm_ups"),
+                    "timeline": manifest.get("timeline"),
                 }
             rows.append(row)
             print(json.dumps(row), flush=True)

@@ -233,6 +233,7 @@ class BackgroundBuilds:
                 if kind == "started":
                     self._started.add(index)
                     self._setup_s[index] = time.perf_counter() - self._spawned[index]
+                    logger.debug("build worker %d set up in %.1f s", index, self._setup_s[index])
                 elif kind == "setup-failed":
                     logger.info("a build worker could not set up: %s", rest[0])
                 else:  # "built"
