@@ -168,6 +168,7 @@ class BackgroundBuilds:
         level = logging.getLogger("codl_tvm").getEffectiveLevel()
         ctx = multiprocessing.get_context("spawn")
         count = max(1, min(workers, len(jobs)))
+        logger.debug("starting build workers from a thread allowed %s cores", _allowed_cores())
         shares = [list(jobs[i::count]) for i in range(count)]
         for index, share in enumerate(shares):
             reader, writer = ctx.Pipe(duplex=False)
@@ -233,7 +234,14 @@ class BackgroundBuilds:
                 if kind == "started":
                     self._started.add(index)
                     self._setup_s[index] = time.perf_counter() - self._spawned[index]
-                    logger.debug("build worker %d set up in %.1f s", index, self._setup_s[index])
+                    # the cores it may run on: a worker spawned from a thread TVM's pool
+                    # pinned inherits that thread's narrower mask, and so do its warm-ups
+                    logger.debug(
+                        "build worker %d set up in %.1f s (%s cores allowed)",
+                        index,
+                        self._setup_s[index],
+                        rest[0] if rest else "?",
+                    )
                 elif kind == "setup-failed":
                     logger.info("a build worker could not set up: %s", rest[0])
                 else:  # "built"
@@ -313,7 +321,7 @@ def _work(
         writer.send(("setup-failed", _error_text(exc)))
         writer.close()
         return
-    writer.send(("started",))
+    writer.send(("started", _allowed_cores()))
     try:
         for job in jobs:
             result = _build_job(job, build, mod, preset)
@@ -330,6 +338,11 @@ def _work(
         if ahead is not None:  # no job warmed up: nothing to run
             ahead.close()
     writer.close()
+
+
+def _allowed_cores() -> int | None:
+    """The cores this process may run on (None where the platform does not say)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
 
 
 def _build_job(job: BuildJob, build: Builder, mod, preset: TargetPreset) -> BuildResult:
