@@ -11,6 +11,8 @@ Two parts, both run on the benchmark machine:
             --model-dir /tmp/unseen --preset emulated-soc --out $OUT/compile_time.json
 
     ``--warm-up-counts 4,15`` times the default compile again with that many warm-up processes.
+    Each compile's log lines (``-v``) are kept with their arrival in seconds
+    (``default_timeline``, ``no_measure_timeline``): where the time goes, phase by phase.
 
 ``report``
     From ``bench_planner.py run`` JSONs holding the tags ``cpu``, ``gpu`` and ``default``

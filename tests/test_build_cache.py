@@ -106,3 +106,22 @@ def test_a_build_reads_its_switches_from_its_spec():
     coexec = _spec(coexec_cpu_algorithms=("packed",), coexec_cpu_alone=True)
     settings = spec_settings(coexec, preset)
     assert settings.packed == {cpu_config(preset.target("cpu")).name} and settings.cpu_alone
+
+
+def test_warm_up_processes_start_only_with_an_opencl_build_made_here(tmp_path):
+    """A compile that times on PoCL starts its warm-up processes as it begins an OpenCL
+    build of its own (their start overlaps the build); a CPU build starts none, and closing
+    the libraries stops the ones never used."""
+    model = load_onnx(bundled_model_path())
+    manifest = Manifest(
+        model=ModelRecord(str(model.path), "1" * 64, list(model.inputs), list(model.outputs))
+    )
+    libs = Libraries(tmp_path, None, model, manifest, get_preset("opencl"))
+    libs.warm_up = True
+    libs.single("cpu")
+    assert libs.builds["cpu"]["source"] == "here" and libs.warm_ahead is None
+    libs.single("opencl")
+    ahead = libs.warm_ahead
+    assert ahead is not None and all(p.poll() is None for p in ahead.procs)
+    libs.close()
+    assert all(p.returncode is not None for p in ahead.procs)

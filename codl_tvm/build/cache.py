@@ -534,10 +534,6 @@ class Libraries:
             return list(VM_DEVICES) if data_type == "image" else ["opencl", "cpu"]
         return ["opencl"] * (VM_DEVICE_SLOTS if data_type == "image" else 1)
 
-    def key(self, device: str, plan: PartitionPlan | None) -> str:
-        """The build-cache key of the library of ``device`` (with ``plan``)."""
-        return self.spec(device, plan).key()
-
     def _path(self, name: str) -> Path:
         return self.work / f"{name.replace(':', '_')}.so"
 
@@ -582,10 +578,13 @@ class Libraries:
         return vm_devices(spec) if warm else ()
 
     def close(self) -> None:
-        """Stop the worker processes still building (a compile that ends early)."""
+        """Stop the worker processes still building and the unused warm-up processes (a
+        compile that ends early)."""
         for background in self._background:
             background.close()
         self._background = []
+        if self.warm_ahead is not None:
+            self.warm_ahead.close()
 
     def get(self, name: str, spec: BuildSpec) -> Path:
         """The library ``name`` described by ``spec``: from the cache, from a worker started
@@ -619,6 +618,8 @@ class Libraries:
             return path
         splits, record, source = self._built_elsewhere(name, spec)
         if source is None:
+            if self.warm_up and self.warm_ahead is None and spec.device != "cpu":
+                self.warm_ahead = WarmUpProcesses()  # their start overlaps this build
             try:
                 splits, record = build_library(path, spec, self.model.mod, self.preset)
             except Exception as exc:  # a kernel that does not build: the caller decides
@@ -656,9 +657,7 @@ class Libraries:
             )
         logger.info(
             "the %s library was built in a worker process (%.1f s; waited %.1f s for it)",
-            name,
-            result.seconds,
-            waited,
+            *(name, result.seconds, waited),
         )
         return result.splits, result.weights, "worker"
 

@@ -38,7 +38,7 @@ from codl_tvm.rpc.remote_vm import RemoteVM, remote_image_caps, vm_devices_for
 from codl_tvm.runtime.artifact import PROCESSOR_NAMES, Manifest
 from codl_tvm.runtime.program_binaries import build_threads, opencl_modules
 from codl_tvm.runtime.vm import time_vm
-from codl_tvm.runtime.warm_up import WarmUpProcesses, warm_up
+from codl_tvm.runtime.warm_up import warm_up
 
 __all__ = [
     "build_candidate",
@@ -343,9 +343,6 @@ def build_candidate(
 ) -> Path | None:
     """``build()``, the library of candidate ``name``; None where it fails: the candidate is
     then dropped (:func:`drop`) and the others decide."""
-    if libraries.warm_up and libraries.warm_ahead is None:
-        # the warm-up's processes start with a build made here: their start overlaps it
-        libraries.warm_ahead = WarmUpProcesses()
     try:
         return build()
     except Exception as exc:  # a kernel that does not build for its device, and any other
