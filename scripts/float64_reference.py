@@ -23,6 +23,9 @@ error against float64 after each Conv and InstanceNormalization, where it grows:
 
     CODL_OPENCL_PLATFORM=pocl python scripts/float64_reference.py --model fst \\
         --build buffer,image --out benchmarks/fst_float64_reference.json
+
+``--weights own`` takes the zoo model's own seeded random weights instead of the benchmarks'
+separable ones (which compress, and make FST's InstanceNorms ill-conditioned).
 """
 
 from __future__ import annotations
@@ -222,6 +225,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--no-check", action="store_true", help="skip onnx.reference's float64 cross-check"
     )
+    parser.add_argument(
+        "--weights",
+        choices=("benchmark", "own"),
+        default="benchmark",
+        help="benchmark: the separable seeded weights the benchmarks build (compressible); "
+        "own: the model's own seeded random weights (a zoo model as its definition makes it)",
+    )
     parser.add_argument("--save", default="", help="folder: the float64 and float32 outputs")
     parser.add_argument("--out", required=True, help="JSON file")
     args = parser.parse_args(argv)
@@ -230,8 +240,10 @@ def main(argv: list[str] | None = None) -> int:
 
     from codl_tvm.frontend.importer import load_onnx, random_inputs
     from codl_tvm.frontend.models import benchmark_model, without_final_softmax
+    from codl_tvm.frontend.zoo import build_model
 
-    proto = without_final_softmax(benchmark_model(args.model))
+    own = args.weights == "own"
+    proto = without_final_softmax(build_model(args.model) if own else benchmark_model(args.model))
     model = load_onnx(proto)
     feeds = random_inputs(model, seed=args.seed)
     feeds = {s.name: np.asarray(feeds[s.name], dtype=np.float32) for s in model.inputs}
@@ -311,6 +323,7 @@ def main(argv: list[str] | None = None) -> int:
     results = {
         "model": args.model,
         "seed": args.seed,
+        "weights": args.weights,
         "output": output,
         "output_max_abs_float64": float(np.max(np.abs(ref64))),
         "opencl_platform": os.environ.get("CODL_OPENCL_PLATFORM", "") or "default",

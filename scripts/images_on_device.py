@@ -32,6 +32,7 @@ from bench_util import envelope
 from codl_tvm.cli import main as cli
 from codl_tvm.frontend.importer import load_onnx, random_inputs
 from codl_tvm.frontend.models import benchmark_model, without_final_softmax
+from codl_tvm.frontend.zoo import build_model
 from codl_tvm.objectives import deploy
 from codl_tvm.runtime.artifact import LIBRARY
 
@@ -48,13 +49,15 @@ def check(
     timeout_s: float,
     data_type: str = "image",
     save: Path | None = None,
+    own_weights: bool = False,
 ) -> dict:
     """Model ``name`` on the device, on images (``data_type``: or buffers): its error against
     onnxruntime; its output saved as ``save/NAME_DATA_TYPE.npy`` when ``save`` is given."""
     import onnx
     import onnxruntime as ort
 
-    proto = without_final_softmax(benchmark_model(name))
+    # the benchmarks' separable weights (compressible), or a zoo model's own seeded ones
+    proto = without_final_softmax(build_model(name) if own_weights else benchmark_model(name))
     path = work / f"{name}.onnx"
     onnx.save(proto, str(path))
     out = work / name
@@ -101,6 +104,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gpu-data-type", choices=("image", "buffer"), default="image",
                    help="the GPU's tensors on images (default) or buffers")  # fmt: skip
     p.add_argument("--save-outputs", default="", help="folder: each model's output as .npy")
+    p.add_argument("--weights", choices=("benchmark", "own"), default="benchmark",
+                   help="own: a zoo model's own seeded weights, not the benchmarks' separable "
+                   "ones")  # fmt: skip
     p.add_argument("--out", required=True, help="JSON lines: the run's envelope, then a model each")
     args = p.parse_args(argv)
     out = Path(args.out)
@@ -108,13 +114,14 @@ def main(argv: list[str] | None = None) -> int:
     if save is not None:
         save.mkdir(parents=True, exist_ok=True)
     head = {"preset": args.preset, "rtol": RTOL, "gpu_data_type": args.gpu_data_type}
+    head["weights"] = args.weights
     out.write_text(json.dumps(envelope(sys.argv, head)) + "\n")
     ok = True
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models.split(","):
             try:
                 row = check(name, args.preset, args.tracker, args.key, Path(tmp), args.timeout,
-                            args.gpu_data_type, save)  # fmt: skip
+                            args.gpu_data_type, save, args.weights == "own")  # fmt: skip
             except Exception as exc:  # one model's failure is its row, the others still run
                 row = {"model": name, "error": f"{type(exc).__name__}: {exc}"[:400]}
             ok = ok and bool(row.get("within"))
