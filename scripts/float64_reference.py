@@ -24,8 +24,8 @@ error against float64 after each Conv and InstanceNormalization, where it grows:
     CODL_OPENCL_PLATFORM=pocl python scripts/float64_reference.py --model fst \\
         --build buffer,image --out benchmarks/fst_float64_reference.json
 
-``--weights own`` takes the zoo model's own seeded random weights instead of the benchmarks'
-separable ones (which compress, and make FST's InstanceNorms ill-conditioned).
+``--weights own`` takes the model's own seeded random weights (``seeded_model``) instead of the
+benchmarks' separable ones (which compress, and make FST's InstanceNorms ill-conditioned).
 """
 
 from __future__ import annotations
@@ -230,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
         choices=("benchmark", "own"),
         default="benchmark",
         help="benchmark: the separable seeded weights the benchmarks build (compressible); "
-        "own: the model's own seeded random weights (a zoo model as its definition makes it)",
+        "own: the model's own seeded random weights (seeded_model)",
     )
     parser.add_argument("--save", default="", help="folder: the float64 and float32 outputs")
     parser.add_argument("--out", required=True, help="JSON file")
@@ -239,11 +239,10 @@ def main(argv: list[str] | None = None) -> int:
     import onnx
 
     from codl_tvm.frontend.importer import load_onnx, random_inputs
-    from codl_tvm.frontend.models import benchmark_model, without_final_softmax
-    from codl_tvm.frontend.zoo import build_model
+    from codl_tvm.frontend.models import benchmark_model, seeded_model, without_final_softmax
 
-    own = args.weights == "own"
-    proto = without_final_softmax(build_model(args.model) if own else benchmark_model(args.model))
+    weights = seeded_model if args.weights == "own" else benchmark_model
+    proto = without_final_softmax(weights(args.model))
     model = load_onnx(proto)
     feeds = random_inputs(model, seed=args.seed)
     feeds = {s.name: np.asarray(feeds[s.name], dtype=np.float32) for s in model.inputs}

@@ -31,8 +31,7 @@ from bench_util import envelope
 
 from codl_tvm.cli import main as cli
 from codl_tvm.frontend.importer import load_onnx, random_inputs
-from codl_tvm.frontend.models import benchmark_model, without_final_softmax
-from codl_tvm.frontend.zoo import build_model
+from codl_tvm.frontend.models import benchmark_model, seeded_model, without_final_softmax
 from codl_tvm.objectives import deploy
 from codl_tvm.runtime.artifact import LIBRARY
 
@@ -56,8 +55,8 @@ def check(
     import onnx
     import onnxruntime as ort
 
-    # the benchmarks' separable weights (compressible), or a zoo model's own seeded ones
-    proto = without_final_softmax(build_model(name) if own_weights else benchmark_model(name))
+    # the benchmarks' separable weights (compressible), or the model's own seeded ones
+    proto = without_final_softmax((seeded_model if own_weights else benchmark_model)(name))
     path = work / f"{name}.onnx"
     onnx.save(proto, str(path))
     out = work / name
@@ -105,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="the GPU's tensors on images (default) or buffers")  # fmt: skip
     p.add_argument("--save-outputs", default="", help="folder: each model's output as .npy")
     p.add_argument("--weights", choices=("benchmark", "own"), default="benchmark",
-                   help="own: a zoo model's own seeded weights, not the benchmarks' separable "
+                   help="own: the model's own seeded weights, not the benchmarks' separable "
                    "ones")  # fmt: skip
     p.add_argument("--out", required=True, help="JSON lines: the run's envelope, then a model each")
     args = p.parse_args(argv)

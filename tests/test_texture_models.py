@@ -20,8 +20,13 @@ from tvm.runtime.vm import VirtualMachine
 
 from codl_tvm.build import texture
 from codl_tvm.frontend.importer import load_onnx, random_inputs
-from codl_tvm.frontend.models import LIGHT_MODELS, light_model, without_final_softmax
-from codl_tvm.frontend.zoo import ZOO_MODELS, build_model
+from codl_tvm.frontend.models import (
+    LIGHT_MODELS,
+    light_model,
+    seeded_model,
+    without_final_softmax,
+)
+from codl_tvm.frontend.zoo import ZOO_MODELS
 from codl_tvm.runtime.images import image_caps
 
 logger = logging.getLogger(__name__)
@@ -45,8 +50,7 @@ NO_FP16: dict[str, str] = {}
 
 
 def _model(name: str) -> onnx.ModelProto:
-    proto = light_model(name, seed=3) if name in LIGHT_MODELS else build_model(name)
-    return without_final_softmax(proto)
+    return without_final_softmax(seeded_model(name))
 
 
 def check_model(name: str, dtype: str, tmp_path) -> dict:

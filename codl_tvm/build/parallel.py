@@ -240,7 +240,7 @@ class BackgroundBuilds:
                         "build worker %d set up in %.1f s (%s cores allowed)",
                         index,
                         self._setup_s[index],
-                        rest[0] if rest else "?",
+                        rest[0],
                     )
                 elif kind == "setup-failed":
                     logger.info("a build worker could not set up: %s", rest[0])

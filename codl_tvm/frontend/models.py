@@ -26,6 +26,7 @@ __all__ = [
     "light_model_path",
     "pretranspose_gemm_weights",
     "sanitize_names",
+    "seeded_model",
     "with_random_weights",
     "without_final_softmax",
 ]
@@ -180,6 +181,14 @@ def benchmark_model(name: str):
     if name in LIGHT_MODELS:
         return light_model(name, tiled=True)
     return compressible_weights(build_model(name))
+
+
+def seeded_model(name: str):
+    """Model ``name`` (one of the ten) with its own dense seeded random weights: a light model
+    as :func:`light_model` makes it, a zoo model as its definition does. Numerics checks use
+    it: :func:`benchmark_model`'s separable weights compress, but can leave a model
+    ill-conditioned (FST's InstanceNorms divide by small spreads)."""
+    return light_model(name) if name in LIGHT_MODELS else build_model(name)
 
 
 def without_final_softmax(proto: onnx.ModelProto) -> onnx.ModelProto:
